@@ -1,0 +1,109 @@
+/* policy.h -- the one interface every routing policy implements.
+ *
+ * A policy is a pure function of read-only state: it sees a snapshot of the workers (load figures the
+ * router tracks itself, figures scraped from each worker's /metrics, and how many of this request's
+ * prefix blocks the cache index believes each worker still holds) plus the request's routing
+ * features, and returns the index of the worker to use or KVR_POLICY_NONE. It never touches sockets,
+ * libuv or HTTP, so every policy is testable without a loop.
+ *
+ * A policy object is an ops table (kvr_policy_ops_t, const, one per policy file) plus a derived
+ * struct whose first member is `kvr_policy_t super` (h2o's balancer pattern). It may keep private
+ * mutable state of its own (a round-robin cursor, a seeded RNG) but nothing shared.
+ *
+ * The registry (policy.c) is an explicit static table: no constructor self-registration, because the
+ * linker drops unreferenced objects from static libraries.
+ *
+ * Retries: `tried` is a bitmask of worker indexes already attempted for this request; a policy must
+ * never return one of them (h2o's select(..., tried)).
+ */
+#ifndef KVR_POLICY_H
+#define KVR_POLICY_H
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVR_POLICY_NONE (-1)
+#define KVR_MAX_WORKERS 64 /* bounded so `tried` fits one uint64_t */
+
+typedef struct kvr_policy_s kvr_policy_t;
+typedef struct kvr_policy_ops_s kvr_policy_ops_t;
+
+/* What the router knows about one worker at decision time. */
+typedef struct kvr_worker_snap_s {
+  uint32_t id;             /* stable worker id (admin API), not the index */
+  bool usable;             /* up and not draining; a policy never picks an unusable worker */
+  uint32_t inflight;       /* requests the router has outstanding on this worker (exact) */
+  uint64_t active_tokens;  /* router estimate: prompt + generated tokens of in-flight requests */
+  uint64_t queued_prefill_tokens; /* router estimate: uncached prompt tokens not yet answered */
+  /* Scraped from the worker's /metrics; valid only when metrics_fresh. */
+  bool metrics_fresh;
+  double num_requests_running;
+  double num_requests_waiting;
+  double kv_cache_usage;   /* 0..1 */
+  uint64_t cache_capacity_blocks; /* router's model of the worker's KV capacity, in router blocks */
+  /* Filled per request from the cache index: how many of the request's leading blocks this worker
+   * probably holds (longest matching prefix, in blocks). */
+  size_t matched_blocks;
+} kvr_worker_snap_t;
+
+/* Routing features of one request (see prompt.h for how they are derived). */
+typedef struct kvr_route_req_s {
+  const uint64_t *blocks; /* chained prefix-block hashes, leading block first; may be NULL */
+  size_t nblocks;
+  size_t block_chars;     /* characters per block (tokens ~= chars / 4) */
+  uint64_t prompt_tokens; /* estimated prompt tokens */
+  uint64_t max_tokens;    /* requested output bound, 0 if unknown */
+} kvr_route_req_t;
+
+/* Per-worker line of a decision's explanation (POST /admin/route/explain). */
+typedef struct kvr_policy_score_s {
+  double cost;   /* policy's score for this worker (lower is better unless the policy says so) */
+  bool eligible; /* usable and not tried */
+} kvr_policy_score_t;
+
+struct kvr_policy_ops_s {
+  const char *name;        /* registry key, e.g. "kv_aware" */
+  const char *description; /* one line for --help and GET /admin/policy */
+  /* Creates an instance from params (a JSON object or NULL for defaults). On a bad parameter returns
+   * NULL and writes "params.<field>: <reason>" into err. seed makes any randomness reproducible. */
+  kvr_policy_t *(*create)(const cJSON *params, uint64_t seed, char *err, size_t errlen);
+  /* Picks a worker index in [0, nworkers) that is usable and not in tried, or KVR_POLICY_NONE.
+   * scores, if not NULL, has nworkers entries and receives each worker's score. */
+  int (*select)(kvr_policy_t *p, const kvr_worker_snap_t *workers, size_t nworkers,
+                const kvr_route_req_t *req, uint64_t tried, kvr_policy_score_t *scores);
+  /* Adds the instance's effective parameters to obj (for GET /admin/policy). */
+  void (*params)(const kvr_policy_t *p, cJSON *obj);
+  void (*destroy)(kvr_policy_t *p);
+};
+
+struct kvr_policy_s {
+  const kvr_policy_ops_t *ops;
+};
+
+/* The static registry, in display order; NULL-terminated. */
+extern const kvr_policy_ops_t *const kvr_policy_registry[];
+
+/* Looks a policy up by name; NULL if unknown. */
+const kvr_policy_ops_t *kvr_policy_find(const char *name);
+
+/* Writes "round_robin, least_load, ..." into buf. */
+void kvr_policy_names(char *buf, size_t len);
+
+/* Creates a policy by name: returns NULL and a one-line err naming the valid choices or the bad field. */
+kvr_policy_t *kvr_policy_create(const char *name, const cJSON *params, uint64_t seed, char *err,
+                                size_t errlen);
+
+/* Convenience wrappers over the ops table. destroy accepts NULL. */
+int kvr_policy_select(kvr_policy_t *p, const kvr_worker_snap_t *workers, size_t nworkers,
+                      const kvr_route_req_t *req, uint64_t tried, kvr_policy_score_t *scores);
+void kvr_policy_destroy(kvr_policy_t *p);
+const char *kvr_policy_name(const kvr_policy_t *p);
+
+/* Helpers shared by policies. */
+static inline bool kvr_policy_eligible(const kvr_worker_snap_t *w, size_t i, uint64_t tried) {
+  return w->usable && !(tried & (UINT64_C(1) << i));
+}
+
+#endif

@@ -1,0 +1,121 @@
+/* buf.c -- growable byte buffer; see buf.h for the ownership rules. */
+#include "buf.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void *xrealloc(void *p, size_t n) {
+  void *q = realloc(p, n);
+  if (q == NULL) {
+    fprintf(stderr, "kvrouter: out of memory allocating %zu bytes\n", n);
+    abort();
+  }
+  return q;
+}
+
+void kvr_buf_init(kvr_buf_t *b) {
+  b->data = NULL;
+  b->len = 0;
+  b->cap = 0;
+}
+
+void kvr_buf_free(kvr_buf_t *b) {
+  if (b == NULL)
+    return;
+  free(b->data);
+  kvr_buf_init(b);
+}
+
+void kvr_buf_reset(kvr_buf_t *b) {
+  b->len = 0;
+  if (b->data)
+    b->data[0] = '\0';
+}
+
+void kvr_buf_reserve(kvr_buf_t *b, size_t extra) {
+  size_t need = b->len + extra + 1;
+  if (need <= b->cap)
+    return;
+  size_t cap = b->cap ? b->cap : 64;
+  while (cap < need)
+    cap *= 2;
+  b->data = xrealloc(b->data, cap);
+  b->cap = cap;
+}
+
+void kvr_buf_append(kvr_buf_t *b, const void *data, size_t len) {
+  kvr_buf_reserve(b, len);
+  if (len)
+    memcpy(b->data + b->len, data, len);
+  b->len += len;
+  b->data[b->len] = '\0';
+}
+
+void kvr_buf_puts(kvr_buf_t *b, const char *s) {
+  kvr_buf_append(b, s, strlen(s));
+}
+
+void kvr_buf_vprintf(kvr_buf_t *b, const char *fmt, va_list ap) {
+  va_list cp;
+  va_copy(cp, ap);
+  int n = vsnprintf(NULL, 0, fmt, cp);
+  va_end(cp);
+  if (n < 0)
+    return;
+  kvr_buf_reserve(b, (size_t)n);
+  vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+  b->len += (size_t)n;
+}
+
+void kvr_buf_printf(kvr_buf_t *b, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  kvr_buf_vprintf(b, fmt, ap);
+  va_end(ap);
+}
+
+void kvr_buf_consume(kvr_buf_t *b, size_t n) {
+  if (n >= b->len) {
+    kvr_buf_reset(b);
+    return;
+  }
+  memmove(b->data, b->data + n, b->len - n);
+  b->len -= n;
+  b->data[b->len] = '\0';
+}
+
+char *kvr_buf_steal(kvr_buf_t *b) {
+  char *p = b->data;
+  if (p == NULL)
+    p = calloc(1, 1);
+  kvr_buf_init(b);
+  return p;
+}
+
+void kvr_buf_json_str(kvr_buf_t *b, const char *s, size_t len) {
+  static const char hex[] = "0123456789abcdef";
+  kvr_buf_reserve(b, len + 2);
+  kvr_buf_append(b, "\"", 1);
+  size_t start = 0;
+  for (size_t i = 0; i < len; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c >= 0x20 && c != '"' && c != '\\')
+      continue;
+    kvr_buf_append(b, s + start, i - start);
+    start = i + 1;
+    switch (c) {
+    case '"': kvr_buf_append(b, "\\\"", 2); break;
+    case '\\': kvr_buf_append(b, "\\\\", 2); break;
+    case '\n': kvr_buf_append(b, "\\n", 2); break;
+    case '\r': kvr_buf_append(b, "\\r", 2); break;
+    case '\t': kvr_buf_append(b, "\\t", 2); break;
+    default: {
+      char esc[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+      kvr_buf_append(b, esc, 6);
+    }
+    }
+  }
+  kvr_buf_append(b, s + start, len - start);
+  kvr_buf_append(b, "\"", 1);
+}

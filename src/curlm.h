@@ -1,0 +1,47 @@
+/* curlm.h -- libcurl's multi-socket API driven by a libuv loop (the upstream client side).
+ *
+ * One kvr_curlm_t wraps one CURLM. As in curl's docs/examples/multi-uv.c it keeps one uv_timer_t
+ * for curl's timeout and one uv_poll_t per socket curl asks to watch. Connections to the same host
+ * are kept alive and reused by curl's connection cache.
+ *
+ * A transfer is an easy handle the caller configures (URL, headers, write callback...) and then
+ * hands over with kvr_curlm_add(). When curl reports it finished, the easy handle is removed from the
+ * multi *before* done() is called, so done() may free or reuse it. If kvr_curlm_add() fails, done()
+ * is never called.
+ *
+ * Cancelling: kvr_curlm_cancel() removes a transfer at once; done() is not called afterwards. It must
+ * not be called from inside one of curl's own callbacks (write/header/read) for that handle: from
+ * there, return an error from the callback instead (curl then finishes the transfer with an error
+ * and done() fires).
+ */
+#ifndef KVR_CURLM_H
+#define KVR_CURLM_H
+
+#include <curl/curl.h>
+#include <uv.h>
+
+typedef struct kvr_curlm_s kvr_curlm_t;
+
+/* Called once per finished transfer with curl's result; easy is no longer in the multi. */
+typedef void (*kvr_curlm_done_cb)(CURL *easy, CURLcode result, void *data);
+
+/* Creates the multi on loop. Returns NULL on failure. Calls curl_global_init() once per process. */
+kvr_curlm_t *kvr_curlm_new(uv_loop_t *loop);
+
+/* Adds a configured easy handle. Returns 0, or KVR_EIO if curl refused it (done is never called). */
+int kvr_curlm_add(kvr_curlm_t *m, CURL *easy, kvr_curlm_done_cb done, void *data);
+
+/* Removes a transfer that has not finished; done() is not called for it. Not from curl callbacks. */
+void kvr_curlm_cancel(kvr_curlm_t *m, CURL *easy);
+
+/* Number of transfers added and not yet finished or cancelled. */
+size_t kvr_curlm_active(const kvr_curlm_t *m);
+
+/* Cancels every remaining transfer (without done callbacks), closes the uv handles and frees m once
+ * they are closed. The loop must run afterwards for the close callbacks. Accepts NULL. */
+void kvr_curlm_close(kvr_curlm_t *m);
+
+/* Sets max total connections and max per host (0 = unlimited). */
+void kvr_curlm_set_limits(kvr_curlm_t *m, long max_total, long max_per_host);
+
+#endif

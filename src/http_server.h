@@ -1,0 +1,168 @@
+/* http_server.h -- the HTTP/1.1 server side of kvrouter: listener, client connections, requests.
+ *
+ * One kvr_http_server_t listens on one address (public API, admin API, or a simulated worker) and
+ * owns its client connections. llhttp parses each connection's bytes with every lenient flag off.
+ * The server enforces the configured limits before anything is allocated for them:
+ *
+ *   request line > max_url        -> 414      headers > max_header_bytes/fields -> 431
+ *   Content-Length > max_body     -> 413      malformed / TE+CL / dup CL       -> 400
+ *   Upgrade                       -> 501      CONNECT                          -> 405
+ *   headers not complete by header_timeout_ms -> 408
+ *
+ * and answers those itself with an OpenAI-style JSON error, then closes the connection.
+ *
+ * Flow of a request:
+ *
+ *   bytes -> llhttp -> kvr_http_req_t (method, path, headers, buffered body)
+ *         -> on_request(req) handler, once the whole body has arrived
+ *         -> handler answers with kvr_http_respond()/kvr_http_error() (one shot), or streams with
+ *            kvr_http_start() + kvr_http_write()* + kvr_http_finish()
+ *
+ * Pipelining: requests on one connection are answered strictly in order. While a request is with its
+ * handler the connection stops reading; the next pipelined request is parsed from the buffered
+ * bytes once the current one is finished.
+ *
+ * Ownership and lifetime: the handler holds exactly one reference to req from on_request until it
+ * calls kvr_http_finish() (kvr_http_respond()/kvr_http_error() call it for you). req stays valid
+ * until then even if the client went away: in that case req->on_close (if set) is called once, from
+ * the loop (never from inside kvr_http_write()), and further writes fail with KVR_ECLOSED. The
+ * connection is freed after both the socket is closed and no request is held.
+ *
+ * Back-pressure: kvr_http_write() queues bytes on the socket; kvr_http_pending() tells how many are
+ * still unwritten. A handler that wants to stop producing sets req->on_drain and is called once the
+ * queue falls to zero.
+ */
+#ifndef KVR_HTTP_SERVER_H
+#define KVR_HTTP_SERVER_H
+
+#include "buf.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+typedef struct kvr_http_server_s kvr_http_server_t;
+typedef struct kvr_http_conn_s kvr_http_conn_t;
+typedef struct kvr_http_req_s kvr_http_req_t;
+
+typedef void (*kvr_http_request_cb)(kvr_http_req_t *req, void *data);
+typedef void (*kvr_http_req_cb)(kvr_http_req_t *req);
+
+typedef struct kvr_http_header_s {
+  char *name; /* owned by the request, NUL-terminated */
+  char *value;
+} kvr_http_header_t;
+
+typedef struct kvr_http_limits_s {
+  size_t max_url;           /* request-target bytes; default 8192 */
+  size_t max_header_bytes;  /* all header names+values; default 32768 */
+  size_t max_header_fields; /* default 100 */
+  size_t max_body;          /* default 8 MiB */
+  uint64_t header_timeout_ms;    /* first byte to end of headers; default 10000 */
+  uint64_t keepalive_timeout_ms; /* idle between requests; default 75000 */
+  size_t max_connections;        /* 0 = unlimited; over it new clients get 503 and close */
+} kvr_http_limits_t;
+
+/* Fills limits with the defaults above. */
+void kvr_http_limits_default(kvr_http_limits_t *limits);
+
+struct kvr_http_req_s {
+  kvr_http_conn_t *conn;  /* owner; do not touch */
+  int method;             /* llhttp_method_t (HTTP_GET, HTTP_POST, ...) */
+  const char *method_str; /* "GET" */
+  char *target;           /* full request-target as received, NUL-terminated */
+  char *path;             /* target without query string, NUL-terminated */
+  const char *query;      /* points into target after '?', or "" */
+  kvr_http_header_t *headers;
+  size_t nheaders;
+  kvr_buf_t body;         /* complete request body (bounded by max_body) */
+  int http_major, http_minor;
+  bool keep_alive;        /* what the client asked for; the response may still close */
+  char peer[64];          /* client address as text, for X-Forwarded-For and logs */
+  uint64_t start_ns;      /* when the first byte of this request was read */
+
+  /* Set by the handler. */
+  void *data;
+  kvr_http_req_cb on_close; /* client went away before kvr_http_finish(); called once */
+  kvr_http_req_cb on_drain; /* the write queue emptied after kvr_http_pending() was > 0 */
+
+  /* Response state, read-only for handlers. */
+  int status;             /* status sent, 0 before kvr_http_start() */
+  uint64_t bytes_sent;    /* body bytes passed to kvr_http_write() */
+  bool closed;            /* the client connection is gone */
+  bool started, finished;
+  bool chunked;
+};
+
+/* Creates a server on loop; on_request is called for every complete request with data. Returns NULL
+ * on allocation failure. Nothing listens until kvr_http_server_listen(). */
+kvr_http_server_t *kvr_http_server_new(uv_loop_t *loop, const kvr_http_limits_t *limits,
+                                       kvr_http_request_cb on_request, void *data);
+
+/* Binds and listens on "HOST:PORT" ("127.0.0.1:0" picks a free port, "[::1]:8000" for IPv6).
+ * Returns 0 or a negative KVR_E* code; errbuf gets a one-line reason. */
+int kvr_http_server_listen(kvr_http_server_t *srv, const char *hostport, char *errbuf, size_t errlen);
+
+/* The port actually bound (useful after listening on port 0), or -1. */
+int kvr_http_server_port(const kvr_http_server_t *srv);
+
+/* Stops accepting, closes idle connections, and lets active requests finish; calls done(data)
+ * from the loop when every connection is gone and the server may be freed. */
+void kvr_http_server_close(kvr_http_server_t *srv, void (*done)(void *data), void *data);
+
+/* Frees a closed server (after done fired). Accepts NULL. */
+void kvr_http_server_free(kvr_http_server_t *srv);
+
+/* Number of open client connections and of requests held by handlers. */
+size_t kvr_http_server_connections(const kvr_http_server_t *srv);
+
+/* Case-insensitive header lookup; returns the first value or NULL. */
+const char *kvr_http_header(const kvr_http_req_t *req, const char *name);
+
+/* Sends a complete response with Content-Length and finishes the request. extra_headers is either
+ * NULL or a block of "Name: value\r\n" lines. content_type may be NULL (no Content-Type). */
+void kvr_http_respond(kvr_http_req_t *req, int status, const char *content_type,
+                      const char *extra_headers, const void *body, size_t len);
+
+/* Sends an OpenAI-style error {"error":{"message","type","code"}} and finishes the request. code may be
+ * NULL (JSON null); type defaults from the status (invalid_request_error, server_error, ...). */
+void kvr_http_error(kvr_http_req_t *req, int status, const char *type, const char *code,
+                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Like kvr_http_error() but also adds extra_headers (e.g. "Retry-After: 1\r\n"). */
+void kvr_http_error_h(kvr_http_req_t *req, int status, const char *extra_headers, const char *type,
+                      const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* Builds the OpenAI-style error body into out (no HTTP framing). */
+void kvr_http_error_body(kvr_buf_t *out, const char *message, const char *type, const char *code);
+
+/* Default error "type" for a status: 4xx invalid_request_error, 404 not_found_error,
+ * 503 service_unavailable, others server_error. */
+const char *kvr_http_error_type(int status);
+
+/* Reason phrase for a status code ("Bad Request"). */
+const char *kvr_http_reason(int status);
+
+/* Starts a streamed response: status line, the given header block ("Name: value\r\n"...; may be NULL),
+ * and Transfer-Encoding: chunked (HTTP/1.1) or connection-close framing (HTTP/1.0). Returns 0 or
+ * KVR_ECLOSED. Must not be called twice. */
+int kvr_http_start(kvr_http_req_t *req, int status, const char *headers);
+
+/* Queues body bytes of a streamed response (one chunk). Returns 0 or KVR_ECLOSED. Never calls the
+ * request's callbacks synchronously. */
+int kvr_http_write(kvr_http_req_t *req, const void *data, size_t len);
+
+/* Bytes queued on the client socket and not yet written. */
+size_t kvr_http_pending(const kvr_http_req_t *req);
+
+/* Ends the response (terminating chunk if chunked) and releases the handler's reference. If the
+ * response was never started, a 500 error is sent. abort_conn = true closes the connection without
+ * a clean end (used when a body cannot be completed and the framing must show truncation). */
+void kvr_http_finish(kvr_http_req_t *req);
+void kvr_http_abort(kvr_http_req_t *req);
+
+/* Parses "HOST:PORT" / "[V6]:PORT" into a sockaddr_storage. Returns 0 or KVR_EINVAL. */
+int kvr_parse_hostport(const char *hostport, struct sockaddr_storage *out);
+
+#endif

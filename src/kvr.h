@@ -1,0 +1,55 @@
+/* kvr.h -- definitions every kvrouter module shares.
+ *
+ * Error codes: every fallible function returns 0 or a negative KVR_E* code. The codes, and the
+ * strings kvr_strerror() gives for them, come from the one X-macro list KVR_ERRNO_MAP so that the
+ * two can never drift apart. Foreign errors (errno, libuv, CURLcode, llhttp) are translated at the
+ * boundary of the module that calls the foreign library.
+ *
+ * Time: kvr_now_ms()/kvr_now_ns() read CLOCK_MONOTONIC; they are what latency figures are made of.
+ */
+#ifndef KVR_H
+#define KVR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVR_ERRNO_MAP(XX)                                                                          \
+  XX(EINVAL, "invalid argument")                                                                   \
+  XX(ENOMEM, "out of memory")                                                                      \
+  XX(ERANGE, "value out of range")                                                                 \
+  XX(ENOENT, "not found")                                                                          \
+  XX(EEXIST, "already exists")                                                                     \
+  XX(EPARSE, "malformed input")                                                                    \
+  XX(ELIMIT, "configured limit exceeded")                                                          \
+  XX(EIO, "input/output error")                                                                    \
+  XX(ECLOSED, "connection closed")                                                                 \
+  XX(ENOWORKER, "no usable worker")                                                                \
+  XX(ETIMEDOUT, "timed out")                                                                       \
+  XX(EUPSTREAM, "upstream error")
+
+typedef enum {
+  KVR_OK = 0,
+#define KVR__ERR_ENUM(code, str) KVR_##code,
+  KVR__ERR_FIRST = -100,
+  KVR_ERRNO_MAP(KVR__ERR_ENUM)
+#undef KVR__ERR_ENUM
+} kvr_errno_t;
+
+/* Returns a static string describing a KVR_E* code (or "success" for 0, "unknown error"). */
+const char *kvr_strerror(int err);
+/* Returns the symbolic name of a KVR_E* code ("EINVAL"), or "UNKNOWN". */
+const char *kvr_errname(int err);
+
+/* Monotonic clock readings. */
+uint64_t kvr_now_ns(void);
+double kvr_now_ms(void);
+
+/* Wall-clock time as "2026-11-21T03:04:05Z" into buf (at least 21 bytes). */
+void kvr_utc_iso8601(char *buf, size_t size);
+
+#define KVR_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define KVR_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define KVR_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define KVR_CONTAINER_OF(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+
+#endif
