@@ -54,6 +54,7 @@ struct kvr_sim_engine_s {
   uint32_t bucket_mask;
   int32_t free_head, free_tail;
   uint32_t nfree;
+  uint32_t nfree_hashed; /* free blocks still holding a hash (evictable cache) */
   kvr_sim_req_t **running;
   uint32_t nrunning;
   kvr_sim_req_t *wait_head, *wait_tail;
@@ -92,10 +93,10 @@ void kvr_sim_config_default(kvr_sim_config_t *cfg) {
   cfg->max_num_batched_tokens = 8192;
   cfg->max_model_len = 131072;
   cfg->enable_prefix_caching = true;
-  cfg->cost.fixed_ms = 19.0;
+  cfg->cost.fixed_ms = 22.0;
   cfg->cost.per_seq_ms = 0.06;
   cfg->cost.prefill_tok_us = 55.0;
-  cfg->cost.decode_ctx_ns = 70.0;
+  cfg->cost.decode_ctx_ns = 60.0;
   cfg->cost.attn_pair_ns = 2.0;
 }
 
@@ -149,6 +150,7 @@ static void free_push_tail(kvr_sim_engine_t *eng, int32_t id) {
   eng->free_tail = id;
   b->in_free = true;
   eng->nfree++;
+  eng->nfree_hashed += b->hashed;
 }
 
 static void free_remove(kvr_sim_engine_t *eng, int32_t id) {
@@ -164,6 +166,7 @@ static void free_remove(kvr_sim_engine_t *eng, int32_t id) {
   b->fprev = b->fnext = -1;
   b->in_free = false;
   eng->nfree--;
+  eng->nfree_hashed -= b->hashed;
 }
 
 /* ---- hash index: chained buckets through block_t.hnext ---- */
@@ -288,9 +291,7 @@ void kvr_sim_engine_stats(const kvr_sim_engine_t *eng, kvr_sim_stats_t *out) {
   out->running = eng->nrunning;
   out->waiting = eng->nwaiting;
   out->blocks_used = eng->cfg.num_gpu_blocks - eng->nfree;
-  out->blocks_cached = 0;
-  for (int32_t id = eng->free_head; id >= 0; id = eng->blocks[id].fnext)
-    out->blocks_cached += eng->blocks[id].hashed;
+  out->blocks_cached = eng->nfree_hashed;
 }
 
 /* ---- queues ---- */
