@@ -37,12 +37,15 @@
 #include "sim_tokens.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <llhttp.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/timerfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #define BOS_TOKEN 128000u /* Llama-3's <|begin_of_text|>, prepended to text prompts */
 #define LAG_RESET_NS (50 * 1000000ull)
@@ -90,14 +93,18 @@ struct kvr_sim_server_s {
   kvr_sim_server_opts_t opts;
   char *listen, *admin_listen, *model; /* owned copies of the opts strings */
   char bound[160];                     /* main listener's "HOST:PORT" as bound, to listen again */
+  int port;                            /* its port, also while refusing */
   kvr_sim_engine_t *eng;
   kvr_http_limits_t limits;
   kvr_http_server_t *http, *admin;
-  uv_timer_t step_timer, refuse_timer;
-  bool timer_active; /* step_timer armed or its callback running */
+  int step_fd;          /* timerfd of the engine clock (nanosecond precision) */
+  uv_poll_t step_poll;  /* watches step_fd */
+  uv_timer_t refuse_timer;
+  bool timer_active; /* the engine clock is armed or its callback running */
   bool have_step;    /* step holds events not yet delivered */
   kvr_sim_step_t step;
   uint64_t due_ns;
+  double late_ns; /* moving average of how late timers fire after their due time */
   kvr_sim_fault_t fault;
   stream_t *streams;
   size_t nstreams, ngone, nfixed, nhung;
@@ -397,7 +404,36 @@ static bool stream_emit(stream_t *s) {
 
 /* ---- the engine clock ---- */
 
-static void on_step(uv_timer_t *t);
+/* Fixed-latency streams use libuv timers, which have millisecond resolution and run off a coarse
+ * clock, so they fire on average about a millisecond after the time asked for. They are armed
+ * against an absolute due time, and the average lateness observed so far is subtracted from the
+ * wait: errors stay below a millisecond and do not accumulate. */
+static void timer_arm(kvr_sim_server_t *srv, uv_timer_t *t, uv_timer_cb cb, uint64_t due_ns) {
+  uv_update_time(srv->loop);
+  double wait_ns = (double)due_ns - (double)kvr_now_ns() - srv->late_ns;
+  uv_timer_start(t, cb, wait_ns > 0 ? (uint64_t)(wait_ns / 1e6 + 0.5) : 0, 0);
+}
+
+static void timer_fired(kvr_sim_server_t *srv, uint64_t due_ns) {
+  double late = (double)kvr_now_ns() - (double)due_ns;
+  if (late > -2e6 && late < 5e6)
+    srv->late_ns = 0.95 * srv->late_ns + 0.05 * late;
+}
+
+static void on_step(uv_poll_t *p, int status, int events);
+
+/* The engine clock is a timerfd armed at an absolute CLOCK_MONOTONIC time (the clock kvr_now_ns()
+ * reads), watched by one uv_poll_t: steps of 2 ms at --time-scale 10 keep their exact length,
+ * which libuv's millisecond timers could not give. */
+static void step_clock_arm(kvr_sim_server_t *srv, uint64_t due_ns) {
+  struct itimerspec its;
+  memset(&its, 0, sizeof(its));
+  due_ns = KVR_MAX(due_ns, 1u); /* 0 would disarm; a time in the past fires at once */
+  its.it_value.tv_sec = (time_t)(due_ns / 1000000000u);
+  its.it_value.tv_nsec = (long)(due_ns % 1000000000u);
+  timerfd_settime(srv->step_fd, TFD_TIMER_ABSTIME, &its, NULL);
+  uv_poll_start(&srv->step_poll, UV_READABLE, on_step);
+}
 
 static void engine_kick(kvr_sim_server_t *srv) {
   if (srv->timer_active || srv->closing)
@@ -405,7 +441,7 @@ static void engine_kick(kvr_sim_server_t *srv) {
   srv->timer_active = true;
   srv->have_step = false;
   srv->due_ns = kvr_now_ns();
-  uv_timer_start(&srv->step_timer, on_step, 0, 0);
+  step_clock_arm(srv, srv->due_ns);
 }
 
 static void reap_gone(kvr_sim_server_t *srv) {
@@ -427,8 +463,12 @@ static void deliver(kvr_sim_server_t *srv, const kvr_sim_step_t *st) {
   }
 }
 
-static void on_step(uv_timer_t *t) {
-  kvr_sim_server_t *srv = t->data;
+static void on_step(uv_poll_t *p, int status, int events) {
+  kvr_sim_server_t *srv = p->data;
+  uint64_t expirations;
+  if (read(srv->step_fd, &expirations, sizeof(expirations)) < 0 && status == 0)
+    return; /* spurious wake-up: not expired yet */
+  uv_poll_stop(p);
   if (srv->have_step)
     deliver(srv, &srv->step);
   srv->have_step = false;
@@ -445,18 +485,17 @@ static void on_step(uv_timer_t *t) {
   if (d <= 0)
     d = 1e-4;
   srv->due_ns += (uint64_t)(d * 1e9 / srv->opts.time_scale);
-  uv_update_time(srv->loop);
   uint64_t now = kvr_now_ns();
   if (srv->due_ns + LAG_RESET_NS < now)
     srv->due_ns = now; /* the process fell behind: do not burst to catch up */
-  uint64_t wait_ms = srv->due_ns > now ? (srv->due_ns - now + 500000) / 1000000 : 0;
-  uv_timer_start(t, on_step, wait_ms, 0);
+  step_clock_arm(srv, srv->due_ns);
 }
 
 /* Fixed-latency mode: each stream has its own timer, first token at ttft, then one every itl. */
 static void on_fixed_timer(uv_timer_t *t) {
   stream_t *s = t->data;
   kvr_sim_server_t *srv = s->srv;
+  timer_fired(srv, s->due_ns);
   if (stream_emit(s)) {
     if (!s->gone)
       stream_destroy(s);
@@ -466,10 +505,7 @@ static void on_fixed_timer(uv_timer_t *t) {
   if (srv->fault.mode == KVR_SIM_FAULT_SLOW)
     itl += srv->fault.delay_ms;
   s->due_ns += wall_ns_of_sim_ms(srv, itl);
-  uv_update_time(srv->loop);
-  uint64_t now = kvr_now_ns();
-  uv_timer_start(t, on_fixed_timer, s->due_ns > now ? (s->due_ns - now + 500000) / 1000000 : 0,
-                 0);
+  timer_arm(srv, t, on_fixed_timer, s->due_ns);
 }
 
 /* ---- request parsing ---- */
@@ -718,10 +754,7 @@ static void handle_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool c
     s->has_timer = true;
     srv->nfixed++;
     s->due_ns = s->arrival_ns + wall_ns_of_sim_ms(srv, srv->opts.fixed_ttft_ms);
-    uint64_t now = kvr_now_ns();
-    uv_update_time(srv->loop);
-    uv_timer_start(&s->timer, on_fixed_timer,
-                   s->due_ns > now ? (s->due_ns - now + 500000) / 1000000 : 0, 0);
+    timer_arm(srv, &s->timer, on_fixed_timer, s->due_ns);
     return;
   }
   s->ereq = kvr_sim_engine_add(srv->eng, p.prompt.v, (uint32_t)p.prompt.n, target, s->stop_reason,
@@ -1028,6 +1061,7 @@ kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_
     snprintf(err, errlen, "out of memory");
     return NULL;
   }
+  srv->port = -1;
   srv->eng = kvr_sim_engine_new(&cfg);
   if (srv->eng == NULL) {
     free(srv);
@@ -1048,8 +1082,19 @@ kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_
   kvr_hist_init(&srv->ttft, ttft_buckets, KVR_ARRAY_SIZE(ttft_buckets));
   kvr_hist_init(&srv->itl, itl_buckets, KVR_ARRAY_SIZE(itl_buckets));
   kvr_hist_init(&srv->e2e, e2e_buckets, KVR_ARRAY_SIZE(e2e_buckets));
-  uv_timer_init(loop, &srv->step_timer);
-  srv->step_timer.data = srv;
+  srv->step_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (srv->step_fd < 0 || uv_poll_init(loop, &srv->step_poll, srv->step_fd) != 0) {
+    snprintf(err, errlen, "timerfd: %s", strerror(errno));
+    if (srv->step_fd >= 0)
+      close(srv->step_fd);
+    kvr_sim_engine_free(srv->eng);
+    free(srv->listen);
+    free(srv->admin_listen);
+    free(srv->model);
+    free(srv);
+    return NULL;
+  }
+  srv->step_poll.data = srv;
   uv_timer_init(loop, &srv->refuse_timer);
   srv->refuse_timer.data = srv;
   kvr_sim_fault_default(&srv->fault, KVR_SIM_FAULT_NONE);
@@ -1063,8 +1108,8 @@ int kvr_sim_server_start(kvr_sim_server_t *srv, char *err, size_t errlen) {
   /* remember the bound port so that the refuse fault can listen again on the same one */
   const char *colon = strrchr(srv->listen, ':');
   int hostlen = colon ? (int)(colon - srv->listen) : 0;
-  snprintf(srv->bound, sizeof(srv->bound), "%.*s:%d", hostlen, srv->listen,
-           kvr_http_server_port(srv->http));
+  srv->port = kvr_http_server_port(srv->http);
+  snprintf(srv->bound, sizeof(srv->bound), "%.*s:%d", hostlen, srv->listen, srv->port);
   if (srv->admin_listen) {
     srv->admin = kvr_http_server_new(srv->loop, &srv->limits, on_request, srv);
     rc = srv->admin ? kvr_http_server_listen(srv->admin, srv->admin_listen, err, errlen) : KVR_ENOMEM;
@@ -1077,7 +1122,7 @@ int kvr_sim_server_start(kvr_sim_server_t *srv, char *err, size_t errlen) {
 }
 
 int kvr_sim_server_port(const kvr_sim_server_t *srv) {
-  return srv->http ? kvr_http_server_port(srv->http) : -1;
+  return srv->port;
 }
 
 int kvr_sim_server_admin_port(const kvr_sim_server_t *srv) {
@@ -1094,6 +1139,13 @@ static void on_handle_close(uv_handle_t *h) {
   }
 }
 
+static void on_step_poll_close(uv_handle_t *h) {
+  kvr_sim_server_t *srv = h->data;
+  close(srv->step_fd);
+  srv->step_fd = -1;
+  on_handle_close(h);
+}
+
 void kvr_sim_server_close(kvr_sim_server_t *srv, void (*done)(void *data), void *data) {
   srv->closing = true;
   srv->done = done;
@@ -1106,7 +1158,7 @@ void kvr_sim_server_close(kvr_sim_server_t *srv, void (*done)(void *data), void 
     stream_destroy(s);
   }
   srv->pending_closes += 2;
-  uv_close((uv_handle_t *)&srv->step_timer, on_handle_close);
+  uv_close((uv_handle_t *)&srv->step_poll, on_step_poll_close);
   uv_close((uv_handle_t *)&srv->refuse_timer, on_handle_close);
   if (srv->http) {
     retire_http(srv, srv->http);

@@ -75,7 +75,7 @@ kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_
  * reason in err. */
 int kvr_sim_server_start(kvr_sim_server_t *srv, char *err, size_t errlen);
 
-/* The bound port of the main listener (after start), or -1. */
+/* The bound port of the main listener (after start, kept while the refuse fault holds), or -1. */
 int kvr_sim_server_port(const kvr_sim_server_t *srv);
 int kvr_sim_server_admin_port(const kvr_sim_server_t *srv);
 
