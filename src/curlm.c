@@ -19,6 +19,7 @@
 #include "kvr.h"
 #include "log.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 
 typedef struct sock_ctx_s sock_ctx_t;

@@ -2,6 +2,7 @@
 #include "metrics.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 const double kvr_hist_latency_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25,
