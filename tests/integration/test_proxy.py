@@ -346,14 +346,17 @@ class Conn:
             resp.headers.append((name.decode("latin-1").lower(), value.strip().decode("latin-1")))
         resp.t_head = time.monotonic()
 
-    def read_response(self, method="GET", on_data=None):
-        """Reads one response. Body bytes are passed to on_data(bytes, t) as they arrive; a body cut
-        short by the peer leaves complete False instead of raising."""
+    def read_response(self, method="GET", on_data=None, on_head=None):
+        """Reads one response. on_head(resp) is called once the head is in; body bytes are passed to
+        on_data(bytes, t) as they arrive; a body cut short by the peer leaves complete False instead
+        of raising."""
         resp = Response()
         self.read_head(resp)
         while 100 <= resp.status < 200:  # interim responses
             resp.headers = []
             self.read_head(resp)
+        if on_head:
+            on_head(resp)
 
         def data(d):
             t = time.monotonic()
