@@ -204,7 +204,9 @@ def test_sigterm_exits_zero_after_in_flight_stream():
         # SIGINT behaves the same.
         r3 = c.add(Router([sim], *FAST))
         r3.signal(signal.SIGINT)
-        assert r3.wait(5) == 0
+        rc = r3.wait(5)
+        assert rc == 0, "exit %r after SIGINT; stderr tail:\n%s" % (rc, "\n".join(
+            ln for ln in r3.stderr_lines() if "ERROR" in ln or "SUMMARY" in ln or " #" in ln)[:1500])
 
 
 if __name__ == "__main__":

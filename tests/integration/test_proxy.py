@@ -198,9 +198,35 @@ class Router(Proc):
         assert r.status == 200, r.status
         return r.text()
 
+    def stop(self):
+        """Graceful stop: SIGTERM (a second one aborts what is still in flight), then SIGKILL as a
+        last resort. Returns a description of what went wrong at shutdown, or None: exit status not
+        0, or a sanitizer report (ASan/LSan/UBSan) anywhere in stderr."""
+        problems = []
+        if self.alive():
+            self.signal(signal.SIGTERM)
+            rc = self.wait(3.0)
+            if rc is None:
+                self.signal(signal.SIGTERM)
+                rc = self.wait(3.0)
+            if rc is None:
+                problems.append("did not exit within 6 s of SIGTERM")
+            elif rc != 0:
+                problems.append("exit status %d after SIGTERM" % rc)
+        self.kill()
+        text = "\n".join(self.stderr_lines())
+        for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
+                       "handles still open"):
+            i = text.find(marker)
+            if i >= 0:
+                problems.append(text[max(0, text.rfind("\n", 0, i)):i + 600].strip())
+        return "; ".join(problems) or None
+
 
 class Cleanup:
-    """Collects processes and servers started by a test and stops them all, last first."""
+    """Collects processes and servers started by a test and stops them all, last first. Routers
+    are stopped gracefully and must exit 0 without sanitizer reports; otherwise the test fails
+    (unless it is already failing for another reason)."""
 
     def __init__(self):
         self.items = []
@@ -212,12 +238,20 @@ class Cleanup:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
+        problems = []
         for item in reversed(self.items):
             try:
-                item.kill()
+                if isinstance(item, Router):
+                    p = item.stop()
+                    if p:
+                        problems.append("router pid %d: %s" % (item.pid, p))
+                else:
+                    item.kill()
             except Exception as e:  # keep stopping the others
                 sys.stderr.write("cleanup: %r\n" % e)
+        if problems and exc_type is None:
+            raise AssertionError("unclean router shutdown: " + " | ".join(problems))
         return False
 
 
