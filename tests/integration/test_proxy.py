@@ -995,7 +995,12 @@ def test_silent_worker_first_byte_timeout_504():
         r = c.add(Router([sim], *FAST, "--first-byte-timeout-ms", "400"))
         for stream in (False, True):
             t0 = time.monotonic()
-            resp = request(r.port, "POST", "/v1/chat/completions", chat_body(stream=stream))
+            try:
+                resp = request(r.port, "POST", "/v1/chat/completions", chat_body(stream=stream),
+                               timeout=2.5)
+            except socket.timeout:
+                raise AssertionError("no answer within 2.5 s (stream=%s) with a 400 ms first-byte "
+                                     "timeout" % stream)
             dt = time.monotonic() - t0
             assert_openai_error(resp, 504)
             assert 0.35 < dt < 2.0, "504 after %.3fs with a 400 ms first-byte timeout" % dt
@@ -1106,6 +1111,7 @@ def test_slow_client_backpressure_bounded_memory():
             peak = max(peak, r.rss_kib())
             time.sleep(0.01)
         conn.sock.settimeout(20)
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)  # now read fast
         head_end = resp_data.find(b"\r\n\r\n")
         assert head_end > 0
         conn.buf[:0] = resp_data[head_end + 4:]
@@ -1194,6 +1200,138 @@ def test_access_log_one_line_per_request_without_prompt():
             assert path in line and str(status) in line, (path, status, line)
         leaked = [ln for ln in r.stderr_lines() if secret in ln]
         assert not leaked, "prompt text in the router's log: %r" % leaked[:2]
+
+
+@test(timeout=20)
+def test_slow_client_not_cut_by_idle_timeout():
+    """A client that stops reading for longer than --idle-timeout-ms while the worker keeps
+    producing: the worker is not idle (the router paused it), so the stream must complete intact."""
+    with Cleanup() as c:
+        sim = c.add(Sim(fixed=(0, 0.01)))
+        r = c.add(Router([sim], *FAST, "--idle-timeout-ms", "500"))
+        n = 30000
+        conn = c.add(Conn(r.port, timeout=10, rcvbuf=4096))
+        conn.send(build_request("POST", "/v1/chat/completions", chat_body(max_tokens=n, stream=True)))
+        time.sleep(1.5)
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)  # now read fast
+        resp = conn.read_response("POST")
+        assert resp.status == 200 and resp.complete, resp
+        events = sse_events(resp.body)
+        assert events[-1] == "[DONE]", events[-1:]
+        assert not any(e.startswith('{"error"') for e in events), \
+            "stream cut: %s" % [e for e in events if e.startswith('{"error"')][0][:200]
+        assert token_events(events) == n, (token_events(events), n)
+
+
+@test(timeout=15)
+def test_worker_error_status_passes_through():
+    """A worker's own error answer (status and body) reaches the client unchanged, not retried."""
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        r = c.add(Router([sim], *FAST))
+        sim.fault("error", status=503)
+        direct = request(sim.port, "POST", "/v1/chat/completions", chat_body())
+        via = request(r.port, "POST", "/v1/chat/completions", chat_body())
+        assert via.status == direct.status == 503, (via, direct)
+        assert via.body == direct.body, (via.body[:200], direct.body[:200])
+        assert via.header("x-kvrouter-worker") is not None
+        sim.fault("none")
+        # A worker-side validation error (context too long) passes through too.
+        direct = request(sim.port, "POST", "/v1/chat/completions", chat_body(max_tokens=10 ** 7))
+        via = request(r.port, "POST", "/v1/chat/completions", chat_body(max_tokens=10 ** 7))
+        assert via.status == direct.status and via.status >= 400, (via, direct)
+        assert via.json() == direct.json(), (via.body[:200], direct.body[:200])
+
+
+@test(timeout=15)
+def test_query_string_and_chunked_request_body():
+    with Cleanup() as c:
+        up = c.add(RecordingUpstream())
+        r = c.add(Router([up], "--scrape-interval-ms", "0"))
+        body = json.dumps(chat_body("chunked " * 500)).encode()
+        parts = [body[:100], body[100:1500], body[1500:]]
+        chunked = b"".join(b"%x\r\n%s\r\n" % (len(x), x) for x in parts) + b"0\r\n\r\n"
+        conn = c.add(Conn(r.port))
+        conn.send(b"POST /v1/chat/completions?api-version=2024-01&x=%2F HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked)
+        resp = conn.read_response("POST")
+        assert resp.status == 200, (resp, resp.body[:200])
+        rec = up.requests[-1]
+        assert rec["path"] == "/v1/chat/completions?api-version=2024-01&x=%2F", rec["path"]
+        assert rec["body_len"] == len(body) and rec["body_sha"] == hashlib.sha256(body).hexdigest()
+        got = dict(rec["headers"])
+        assert "transfer-encoding" not in got or got.get("content-length") is None, got
+
+
+@test(timeout=15)
+def test_max_connections_and_keepalive_timeout():
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        r = c.add(Router([sim], *FAST, "--max-connections", "2", "--keepalive-timeout-ms", "400"))
+        a = c.add(Conn(r.port))
+        b = c.add(Conn(r.port))
+        for x in (a, b):
+            x.send(build_request("GET", "/v1/models"))
+            resp = x.read_response()
+            assert resp.status == 200, resp
+        third = c.add(Conn(r.port))
+        third.send(build_request("GET", "/v1/models"))
+        assert_openai_error(third.read_response(), 503)
+        assert third.closed_by_peer(2.0)
+        # The idle ones are closed after the keep-alive timeout, which frees the slots.
+        t0 = time.monotonic()
+        assert a.closed_by_peer(3.0) and b.closed_by_peer(3.0), "idle connections not closed"
+        dt = time.monotonic() - t0
+        assert dt < 1.5, "idle connection closed after %.2fs with a 400 ms keep-alive timeout" % dt
+        wait_for(lambda: request(r.port, "GET", "/v1/models").status == 200, 1.0,
+                 "a connection slot to be free again")
+
+
+@test(timeout=15)
+def test_client_disconnect_before_first_byte_aborts_upstream():
+    with Cleanup() as c:
+        sim = c.add(Sim("--fault", "hang"))
+        r = c.add(Router([sim], *FAST))
+        for stream in (False, True):
+            before = prom_value(sim.metrics(), "vllm:request_success_total", finished_reason="abort")
+            conn = Conn(r.port)
+            conn.send(build_request("POST", "/v1/chat/completions", chat_body(stream=stream)))
+            time.sleep(0.2)
+            conn.close()
+            wait_for(lambda: prom_value(sim.metrics(), "vllm:request_success_total",
+                                        finished_reason="abort") == before + 1, 1.0,
+                     "the worker to see the abort (stream=%s)" % stream)
+        wait_for(lambda: all(w["in_flight"] == 0 for w in r.workers()), 1.0, "in_flight 0")
+
+
+@test(timeout=20)
+def test_many_concurrent_streams_complete():
+    with Cleanup() as c:
+        sims = [c.add(Sim(fixed=(20, 5))) for _ in range(2)]
+        r = c.add(Router(sims, *FAST, "--policy", "least_load"))
+        n, k = 40, 20
+        results = [None] * k
+
+        def one(i):
+            try:
+                resp = request(r.port, "POST", "/v1/chat/completions",
+                               chat_body("client %d says hello" % i, max_tokens=n, stream=True),
+                               timeout=10)
+                ev = sse_events(resp.body)
+                results[i] = (resp.status, resp.complete, token_events(ev), ev[-1] if ev else None,
+                              resp.header("x-kvrouter-worker"))
+            except Exception as e:  # reported below
+                results[i] = repr(e)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(k)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        bad = [x for x in results if not (isinstance(x, tuple) and x[:4] == (200, True, n, "[DONE]"))]
+        assert not bad, bad[:3]
+        assert len({x[4] for x in results}) == 2, "all streams on one worker with least_load"
+        wait_for(lambda: all(w["in_flight"] == 0 for w in r.workers()), 1.0, "in_flight 0")
 
 
 if __name__ == "__main__":
