@@ -1334,5 +1334,67 @@ def test_many_concurrent_streams_complete():
         wait_for(lambda: all(w["in_flight"] == 0 for w in r.workers()), 1.0, "in_flight 0")
 
 
+@test(timeout=15)
+def test_connection_semantics_close_head_chunked_limits():
+    """Connection: close is honoured; a bad request pipelined after a good one gets the good answer
+    first, then 400 and a close; a chunked body over --max-body-bytes is refused with 413; a
+    non-streaming answer larger than --response-buffer-bytes still arrives whole; HEAD works where
+    GET does (RFC 9110 9.3.2)."""
+    with Cleanup() as c:
+        sim = c.add(Sim(fixed=(0, 0)))
+        r = c.add(Router([sim], *FAST, "--max-body-bytes", "100000", "--response-buffer-bytes", "1000"))
+
+        def conn_close():
+            conn = Conn(r.port)
+            try:
+                conn.send(build_request("GET", "/v1/models", headers=[("Connection", "close")]))
+                resp = conn.read_response()
+                assert resp.status == 200 and (resp.header("connection") or "").lower() == "close"
+                assert conn.closed_by_peer(1.0), "not closed after Connection: close"
+            finally:
+                conn.close()
+
+        def pipelined_good_then_bad():
+            conn = Conn(r.port)
+            try:
+                conn.send(build_request("GET", "/v1/models") + b"BROKEN\r\n\r\n")
+                assert conn.read_response().status == 200
+                assert_openai_error(conn.read_response(), 400)
+                assert conn.closed_by_peer(1.0)
+            finally:
+                conn.close()
+
+        def chunked_over_limit():
+            conn = Conn(r.port)
+            try:
+                conn.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                          b"Transfer-Encoding: chunked\r\n\r\n")
+                try:
+                    for _ in range(40):  # 160 KiB in 4 KiB chunks
+                        conn.send(b"1000\r\n" + b"a" * 4096 + b"\r\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+                assert_openai_error(conn.read_response(), 413)
+            finally:
+                conn.close()
+
+        def big_non_streaming():
+            resp = request(r.port, "POST", "/v1/chat/completions", chat_body(max_tokens=600))
+            assert resp.status == 200 and resp.complete and len(resp.body) > 1000, resp
+            assert resp.json()["usage"]["completion_tokens"] == 600
+
+        def head_models():
+            direct = request(sim.port, "HEAD", "/v1/models")
+            via = request(r.port, "HEAD", "/v1/models")
+            assert via.status == direct.status == 200, (via, direct)
+            assert via.body == b""
+
+        _check_all([("Connection: close", conn_close),
+                    ("good then malformed, pipelined", pipelined_good_then_bad),
+                    ("chunked body over the limit -> 413", chunked_over_limit),
+                    ("answer over --response-buffer-bytes", big_non_streaming),
+                    ("HEAD /v1/models", head_models)])
+
+
 if __name__ == "__main__":
     sys.exit(run(TESTS, description=__doc__.splitlines()[0]))
