@@ -1393,5 +1393,52 @@ def test_connection_semantics_close_head_chunked_limits():
                     ("HEAD /v1/models", head_models)])
 
 
+@test(timeout=15)
+def test_paths_are_forwarded_verbatim_or_refused():
+    """The router either forwards the request-target byte for byte or refuses it: targets that
+    curl or a worker could resolve to another path (dot segments, plain or percent-encoded,
+    backslashes) are 400, and nothing outside /v1/ reaches a worker."""
+    with Cleanup() as c:
+        up = c.add(RecordingUpstream())
+        r = c.add(Router([up], "--scrape-interval-ms", "0"))
+        refused = ["/v1/../metrics", "/v1/./models", "/v1/models/..", "/v1/models/.",
+                   "/v1/%2e%2e/metrics", "/v1/%2E./admin", "/v1/.%2e/x", "/v1/models/%2e"]
+        not_found = ["//v1/models", "/v1", "/metrics", "/admin/workers", "/v2/models",
+                     "http://127.0.0.1:1/v1/models"]
+        verbatim = ["/v1/models", "/v1/mo%64els", "/v1/models?x=/../y&z=%2e%2e",
+                    "/v1/models;param", "/v1/models/...", "/v1/models/..x", "/v1/embeddings"]
+
+        def expect(target, statuses):
+            n0 = len(up.requests)
+            conn = Conn(r.port)
+            try:
+                conn.send(("GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % target).encode())
+                resp = conn.read_response()
+            finally:
+                conn.close()
+            assert resp.status in statuses, "%s -> %d %r" % (target, resp.status, resp.body[:120])
+            forwarded = [x["path"] for x in up.requests[n0:]]
+            return resp, forwarded
+
+        cases = []
+        for t in refused:
+            def f(t=t):
+                resp, fwd = expect(t, (400,))
+                assert_openai_error(resp, 400)
+                assert not fwd, "%s forwarded as %r" % (t, fwd)
+            cases.append(("refused " + t, f))
+        for t in not_found:
+            def f(t=t):
+                resp, fwd = expect(t, (400, 404))
+                assert not fwd, "%s forwarded as %r" % (t, fwd)
+            cases.append(("not routed " + t, f))
+        for t in verbatim:
+            def f(t=t):
+                resp, fwd = expect(t, (200,))
+                assert fwd == [t], "%s reached the worker as %r" % (t, fwd)
+            cases.append(("verbatim " + t, f))
+        _check_all(cases)
+
+
 if __name__ == "__main__":
     sys.exit(run(TESTS, description=__doc__.splitlines()[0]))
