@@ -90,6 +90,7 @@ def test_bad_flags_and_values_named():
         (("--worker", W, "--header-timeout-ms"), ["--header-timeout-ms"]),
         (("--worker", W, "stray"), ["stray"]),
         ((), ["worker"]),
+        (("--worker", W, "--worker", W + "/"), ["127.0.0.1:9"]),  # the same worker twice
         (("--config", "/nonexistent/kvr.json", "--worker", W), ["/nonexistent/kvr.json"]),
     ]
     failed = []

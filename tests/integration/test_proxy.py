@@ -579,11 +579,14 @@ def wait_for(pred, timeout, what, interval=0.05):
 
 class RecordingUpstream:
     """A tiny threaded http.server that records each request's headers and body and answers
-    OpenAI-shaped JSON, with a set of hop-by-hop response headers the proxy must not forward."""
+    OpenAI-shaped JSON, with a set of hop-by-hop response headers the proxy must not forward.
+    GET /v1/status/NNN answers status NNN with no body; GET /metrics answers after metrics_delay
+    seconds (a worker whose metrics page is slow)."""
 
-    def __init__(self):
+    def __init__(self, metrics_delay=0.0):
         self.requests = []
         self.lock = threading.Lock()
+        self.metrics_delay = metrics_delay
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -595,6 +598,24 @@ class RecordingUpstream:
             def _answer(self):
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n) if n else b""
+                if self.path == "/metrics":
+                    time.sleep(outer.metrics_delay)
+                    page = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", str(len(page)))
+                    self.end_headers()
+                    self.wfile.write(page)
+                    return
+                m = re.match(r"/v1/status/(\d{3})$", self.path)
+                if m:
+                    with outer.lock:
+                        outer.requests.append({"method": self.command, "path": self.path,
+                                               "headers": [], "body_len": len(body), "body_sha": ""})
+                    self.send_response(int(m.group(1)))
+                    self.send_header("X-Status-Test", "1")
+                    self.end_headers()
+                    return
                 with outer.lock:
                     outer.requests.append({"method": self.command, "path": self.path,
                                            "headers": [(k.lower(), v) for k, v in self.headers.items()],
@@ -1438,6 +1459,96 @@ def test_paths_are_forwarded_verbatim_or_refused():
                 assert fwd == [t], "%s reached the worker as %r" % (t, fwd)
             cases.append(("verbatim " + t, f))
         _check_all(cases)
+
+
+class Blackhole:
+    """A loopback port whose accept queue is full: connects to it neither succeed nor get refused
+    (the SYNs are dropped), which is how a frozen worker host looks to the router."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(0)
+        self.port = self.sock.getsockname()[1]
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.fillers = []
+        for _ in range(3):  # fill the accept queue (never accepted)
+            f = socket.socket()
+            f.setblocking(False)
+            try:
+                f.connect(("127.0.0.1", self.port))
+            except BlockingIOError:
+                pass
+            self.fillers.append(f)
+        time.sleep(0.05)
+
+    def kill(self):
+        for f in self.fillers + [self.sock]:
+            f.close()
+
+
+@test(timeout=15)
+def test_connect_timeout_retried_on_another_worker():
+    with Cleanup() as c:
+        hole = c.add(Blackhole())
+        sim = c.add(Sim())
+        r = c.add(Router([hole.url, sim], *FAST, "--policy", "round_robin", "--fail-threshold", "100",
+                         "--connect-timeout-ms", "300"))
+        ids = {w["url"]: str(w["id"]) for w in r.workers()}
+        for _ in range(2):  # one of the two goes to the black hole first
+            t0 = time.monotonic()
+            resp = request(r.port, "POST", "/v1/chat/completions", chat_body())
+            assert resp.status == 200, (resp, resp.body[:200])
+            assert resp.header("x-kvrouter-worker") == ids[sim.url]
+            assert time.monotonic() - t0 < 2.0
+        m = parse_prom_samples(r.metrics_text())
+        assert prom_value(m, "kvrouter_worker_retries_total", worker=ids[hole.url]) >= 1
+
+
+@test(timeout=15)
+def test_slow_metrics_page_does_not_mark_worker_down():
+    with Cleanup() as c:
+        up = c.add(RecordingUpstream(metrics_delay=1.5))
+        r = c.add(Router([up], "--scrape-interval-ms", "100", "--fail-threshold", "1"))
+        time.sleep(1.0)  # several scrapes are now stuck waiting for the slow page
+        for _ in range(3):
+            assert request(r.port, "POST", "/v1/chat/completions", chat_body()).status == 200
+            time.sleep(0.3)
+        states = [w["state"] for w in r.workers()]
+        assert states == ["up"], states
+        assert request(r.port, "GET", "/health").status == 200
+
+
+@test(timeout=15)
+def test_no_body_statuses_and_client_abort_accounting():
+    """A worker's 204/304 pass through without body framing; a client that goes away is logged 499
+    and not counted against the worker."""
+    with Cleanup() as c:
+        up = c.add(RecordingUpstream())
+        sim = c.add(Sim(fixed=(10, 20)))
+        r = c.add(Router([up], "--scrape-interval-ms", "0"))
+        for status in (204, 304):
+            conn = c.add(Conn(r.port))
+            conn.send(build_request("GET", "/v1/status/%d" % status))
+            resp = conn.read_response()
+            assert resp.status == status, resp
+            assert resp.header("transfer-encoding") is None, resp.headers
+            assert resp.header("content-length") in (None, "0"), resp.headers
+            # The connection is still in sync: a second request on it works.
+            conn.send(build_request("GET", "/v1/models"))
+            assert conn.read_response().status == 200
+        r2 = c.add(Router([sim], *FAST))
+        conn = Conn(r2.port)
+        conn.send(build_request("POST", "/v1/chat/completions", chat_body(max_tokens=500, stream=True)))
+        got = b""
+        while len(sse_events(got)) < 2:
+            got += conn.read_some(4096)
+        conn.close()
+        line = r2.wait_line(r"access: .*outcome=client_closed", timeout=2.0).string
+        assert "status=499" in line, line
+        wait_for(lambda: r2.workers()[0]["in_flight"] == 0, 1.0, "in_flight 0")
+        w = r2.workers()[0]
+        assert w["errors_total"] == 0 and w["state"] == "up", w
 
 
 if __name__ == "__main__":
