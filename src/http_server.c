@@ -419,7 +419,15 @@ int kvr_http_start(kvr_http_req_t *req, int status, const char *headers) {
   head_begin(&h, req, status);
   if (headers)
     kvr_buf_puts(&h, headers);
-  if (req->http_minor >= 1 && req->http_major == 1) {
+  if (status < 200 || status == 204 || status == 304) {
+    /* No body may follow: no framing either; writes are refused (req->finished stays false). */
+    if (!conn_keeps_alive(req) || req->http_minor == 0) {
+      kvr_buf_puts(&h, "Connection: close\r\n");
+      req->conn->close_after_write = true;
+    }
+    req->chunked = false;
+    req->no_body = true;
+  } else if (req->http_minor >= 1 && req->http_major == 1) {
     req->chunked = true;
     kvr_buf_puts(&h, "Transfer-Encoding: chunked\r\n");
     if (!conn_keeps_alive(req)) {
@@ -440,7 +448,7 @@ int kvr_http_start(kvr_http_req_t *req, int status, const char *headers) {
 int kvr_http_write(kvr_http_req_t *req, const void *data, size_t len) {
   if (req->closed || req->conn->closing)
     return KVR_ECLOSED;
-  if (!req->started || req->finished)
+  if (!req->started || req->finished || req->no_body)
     return KVR_EINVAL;
   if (len == 0)
     return 0;
@@ -475,7 +483,12 @@ void kvr_http_respond(kvr_http_req_t *req, int status, const char *content_type,
       kvr_buf_printf(&h, "Content-Type: %s\r\n", content_type);
     if (extra_headers)
       kvr_buf_puts(&h, extra_headers);
-    kvr_buf_printf(&h, "Content-Length: %zu\r\n", len);
+    /* 1xx, 204 and 304 carry no body and no Content-Length (RFC 9110 8.6, 15.3.5). */
+    bool no_body = status < 200 || status == 204 || status == 304;
+    if (no_body)
+      len = 0;
+    else
+      kvr_buf_printf(&h, "Content-Length: %zu\r\n", len);
     if (!conn_keeps_alive(req) || req->http_minor == 0) {
       if (req->http_minor == 0 && conn_keeps_alive(req))
         kvr_buf_puts(&h, "Connection: keep-alive\r\n");
@@ -937,10 +950,13 @@ void kvr_http_server_close(kvr_http_server_t *srv, void (*done)(void *data), voi
   srv->close_data = data;
   /* Idle connections go now; busy ones close when their active request finishes. */
   for (kvr_http_conn_t *c = srv->conns; c; c = c->next) {
-    if (c->active == NULL)
+    if (c->active == NULL && c->pending_write == 0 && !c->lingering) {
       conn_close(c);
-    else
+    } else {
+      /* Busy, or a finished response still flushing: close once it has been written. */
       c->close_after_write = true;
+      maybe_close_after_write(c);
+    }
   }
   if (srv->listener_open && !uv_is_closing((uv_handle_t *)&srv->listener)) {
     uv_close((uv_handle_t *)&srv->listener, on_listener_close);

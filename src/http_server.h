@@ -93,6 +93,7 @@ struct kvr_http_req_s {
   bool closed;            /* the client connection is gone */
   bool started, finished;
   bool chunked;
+  bool no_body;           /* the status forbids a body (1xx, 204, 304) */
 };
 
 /* Creates a server on loop; on_request is called for every complete request with data. Returns NULL

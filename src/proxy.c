@@ -65,7 +65,7 @@ struct px_s {
   kvr_worker_t *w;
   CURL *easy;
   struct curl_slist *hdrs;
-  char url[1024];
+  kvr_buf_t url;
   bool transfer_active;
   bool paused;
   int attempts;
@@ -170,16 +170,25 @@ static void start_client_response(px_t *px) {
   px->streaming = true;
 }
 
+/* Learning from routing: a worker that accepted the request will prefill the prompt and hold its
+ * blocks. Recorded when the worker first answers, so an attempt that failed to connect teaches the
+ * index nothing. */
+static void learn_dispatch(px_t *px) {
+  if (px->has_prompt && px->w)
+    kvr_cache_index_insert(px->r->index, (size_t)px->w->slot, px->prompt.blocks,
+                           px->prompt.nblocks);
+}
+
 static size_t on_header(char *data, size_t size, size_t n, void *ud) {
   px_t *px = ud;
   size_t len = size * n;
   if (!px->got_byte) {
+    /* The worker answered: it is reachable, and from now on a failure is not retried. The
+     * first-byte timer keeps running until the first body byte, because vLLM sends its SSE head
+     * before the request has been scheduled and prefilled. */
     px->got_byte = true;
-    px->t_first_byte_ns = kvr_now_ns();
     kvr_router_worker_result(px->w, true);
-    timer_set(px, TM_IDLE, px->r->cfg->idle_timeout_ms);
-  } else {
-    timer_set(px, TM_IDLE, px->r->cfg->idle_timeout_ms);
+    learn_dispatch(px);
   }
   if (len >= 5 && memcmp(data, "HTTP/", 5) == 0) {
     /* Status line: a new response head (after a 1xx, or the first). */
@@ -324,8 +333,15 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud) {
   if (px->req == NULL || px->req->closed)
     return 0; /* the client is gone: abort (curl reports a write error) */
   if (px->streaming && kvr_http_pending(px->req) > HIGH_WATER) {
+    /* Not consumed: curl delivers it again after unpausing. The idle timer stops meanwhile: the
+     * worker is not silent, the client is slow. */
     px->paused = true;
-    return CURL_WRITEFUNC_PAUSE; /* not consumed: curl delivers it again after unpausing */
+    timer_set(px, TM_NONE, 0);
+    return CURL_WRITEFUNC_PAUSE;
+  }
+  if (px->t_first_byte_ns == 0) {
+    px->t_first_byte_ns = kvr_now_ns();
+    kvr_hist_observe(&px->r->ttfb_seconds, (double)(px->t_first_byte_ns - px->t_start_ns) / 1e9);
   }
   timer_set(px, TM_IDLE, px->r->cfg->idle_timeout_ms);
   if (px->sse) {
@@ -356,6 +372,7 @@ static void on_client_drain(kvr_http_req_t *req) {
   px_t *px = req->data;
   if (px && px->paused && px->transfer_active) {
     px->paused = false;
+    timer_set(px, TM_IDLE, px->r->cfg->idle_timeout_ms);
     curl_easy_pause(px->easy, CURLPAUSE_CONT);
   }
 }
@@ -393,6 +410,7 @@ static void on_timer_closed(uv_handle_t *h) {
   kvr_buf_free(&px->body);
   kvr_buf_free(&px->line);
   kvr_buf_free(&px->answer);
+  kvr_buf_free(&px->url);
   free(px);
 }
 
@@ -428,8 +446,9 @@ static kvr_http_req_t *detach(px_t *px, int status) {
 static void px_end(px_t *px) {
   transfer_release(px);
   account_end(px);
+  /* 499 (nginx's "client closed request") keeps client aborts out of 5xx counts in the log. */
   if (px->req)
-    kvr_http_finish(detach(px, px->req->status ? px->req->status : 500));
+    kvr_http_finish(detach(px, px->req->closed ? 499 : px->req->status ? px->req->status : 500));
   kvr_proxy_t *p = px->proxy;
   if (px->prev)
     px->prev->next = px->next;
@@ -445,7 +464,7 @@ static void fail(px_t *px, int status, const char *code, const char *outcome, co
                  const char *detail) {
   kvr_router_t *r = px->r;
   px->outcome = outcome;
-  if (status >= 500)
+  if (status == 502 || status == 504)
     r->upstream_failures_total++;
   if (px->req && !px->req->started) {
     char extra[64] = "";
@@ -502,7 +521,6 @@ static void learn(px_t *px) {
 
 static void on_done(CURL *easy, CURLcode rc, void *data) {
   px_t *px = data;
-  (void)easy;
   px->transfer_active = false;
   timer_set(px, TM_NONE, 0);
   kvr_router_t *r = px->r;
@@ -534,16 +552,30 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
     return;
   }
 
-  /* The transfer failed. */
+  /* The transfer failed. A client that went away is not the worker's fault. */
+  if (px->req == NULL || px->req->closed) {
+    px->outcome = "client_closed";
+    r->client_aborts_total++;
+    px_end(px);
+    return;
+  }
   const char *why = curl_easy_strerror(rc);
   kvr_worker_t *w = px->w;
   if (w)
     w->errors_total++;
-  bool connect_failed = !px->got_byte && rc != CURLE_OPERATION_TIMEDOUT;
-  if (w && connect_failed)
+  /* "Never connected" (refused, unresolvable, or a connect timeout: curl reports that as
+   * CURLE_OPERATION_TIMEDOUT with no connect time) is safe to retry and counts towards DOWN. A
+   * failure after connecting but before any response byte is retried too (the worker never
+   * answered), except a timeout, which would double the wait. */
+  curl_off_t connect_us = 0;
+  curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connect_us);
+  bool never_connected = !px->got_byte && (rc == CURLE_COULDNT_CONNECT ||
+                                           rc == CURLE_COULDNT_RESOLVE_HOST ||
+                                           (rc == CURLE_OPERATION_TIMEDOUT && connect_us == 0));
+  if (w && never_connected)
     kvr_router_worker_result(w, false);
-  if (!px->got_byte && retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT &&
-      px->attempts < MAX_ATTEMPTS && px->req && !px->req->closed) {
+  if (!px->got_byte && (never_connected || (retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT)) &&
+      px->attempts < MAX_ATTEMPTS) {
     KVR_WARN("proxy", "worker %s failed before responding (%s); retrying elsewhere",
              w ? w->label : "-", why);
     if (w)
@@ -551,10 +583,6 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
     transfer_release(px);
     account_end(px);
     attempt(px);
-    return;
-  }
-  if (px->req == NULL || px->req->closed) {
-    px_end(px);
     return;
   }
   if (!px->streaming) {
@@ -580,12 +608,14 @@ static void on_timer(uv_timer_t *t) {
   px->transfer_active = false;
   if (px->w)
     px->w->errors_total++;
-  px->r->upstream_failures_total++;
-  if (kind == TM_FIRST_BYTE || !px->streaming) {
+  if (kind == TM_FIRST_BYTE && !px->got_byte && px->w)
+    kvr_router_worker_result(px->w, false); /* accepted but never answered */
+  if (!px->streaming) {
     fail(px, 504, "upstream_timeout", "worker_timeout", "%s",
          kind == TM_FIRST_BYTE ? "upstream worker did not start responding in time"
                                : "upstream worker stalled while responding");
   } else {
+    px->r->upstream_failures_total++;
     px->outcome = "stream_idle_timeout";
     broken_stream(px, "no data within the idle timeout");
   }
@@ -687,11 +717,10 @@ static void attempt(px_t *px) {
   if (px->has_prompt) {
     w->prompt_tokens_total += prompt_tokens;
     w->predicted_cached_tokens_total += px->predicted_cached;
-    /* Learning from routing: once this prompt is prefilled the worker holds its blocks. */
-    kvr_cache_index_insert(r->index, (size_t)slot, px->prompt.blocks, px->prompt.nblocks);
   }
 
-  snprintf(px->url, sizeof px->url, "%s%s", w->url, req->target);
+  kvr_buf_reset(&px->url);
+  kvr_buf_printf(&px->url, "%s%s", w->url, req->target);
   CURL *e = curl_easy_init();
   if (e == NULL) {
     fail(px, 502, "upstream_error", "internal", "%s", "cannot create an upstream transfer");
@@ -700,7 +729,9 @@ static void attempt(px_t *px) {
   }
   px->easy = e;
   px->hdrs = upstream_headers(req);
-  curl_easy_setopt(e, CURLOPT_URL, px->url);
+  curl_easy_setopt(e, CURLOPT_URL, px->url.data);
+  /* The target was validated (no dot segments); curl must not normalise it into another path. */
+  curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
   curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
@@ -765,6 +796,21 @@ int kvr__proxy_features(kvr_router_t *r, kvr_http_req_t *req, kvr_route_t route,
   return 0;
 }
 
+/* True for targets curl or the worker could resolve to another path: dot segments (plain or
+ * percent-encoded) and backslashes. Only /v1/... and /health are public. */
+static bool unsafe_path(const char *p) {
+  for (const char *s = p; *s; s++) {
+    if (*s == '\\')
+      return true;
+    if (*s == '%' && s[1] == '2' && (s[2] == 'e' || s[2] == 'E'))
+      return true;
+    if (*s == '/' && s[1] == '.' &&
+        (s[2] == '/' || s[2] == '\0' || (s[2] == '.' && (s[3] == '/' || s[3] == '\0'))))
+      return true;
+  }
+  return false;
+}
+
 static void health(kvr_router_t *r, kvr_http_req_t *req) {
   size_t usable = 0, total = 0;
   for (size_t i = 0; i < r->nslots; i++) {
@@ -791,6 +837,12 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
       return;
     }
     health(r, req);
+    return;
+  }
+  if (unsafe_path(path)) {
+    r->client_errors_total++;
+    kvr_http_error(req, 400, NULL, "invalid_path", "%s",
+                   "dot segments and backslashes are not allowed in the path");
     return;
   }
   if (strncmp(path, "/v1/", 4) != 0) {

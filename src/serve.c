@@ -94,6 +94,7 @@ int kvr_serve_main(int argc, char **argv) {
   if (s->router == NULL) {
     fprintf(stderr, "kvrouter serve: %s\n", err);
     exit_code = 2;
+    uv_run(&s->loop, UV_RUN_DEFAULT); /* runs the close callbacks of what was set up */
     goto out_loop;
   }
   s->proxy = kvr_proxy_new(s->router);
