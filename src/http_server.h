@@ -157,9 +157,11 @@ int kvr_http_write(kvr_http_req_t *req, const void *data, size_t len);
 size_t kvr_http_pending(const kvr_http_req_t *req);
 
 /* Ends the response (terminating chunk if chunked) and releases the handler's reference. If the
- * response was never started, a 500 error is sent. abort_conn = true closes the connection without
- * a clean end (used when a body cannot be completed and the framing must show truncation). */
+ * response was never started, a 500 error is sent. */
 void kvr_http_finish(kvr_http_req_t *req);
+
+/* Releases the handler's reference and closes the connection without a clean end, so the client's
+ * HTTP framing shows the body as truncated (used when a body already started cannot be completed). */
 void kvr_http_abort(kvr_http_req_t *req);
 
 /* Parses "HOST:PORT" / "[V6]:PORT" into a sockaddr_storage. Returns 0 or KVR_EINVAL. */
