@@ -214,7 +214,7 @@ static void verdict(const kvr_level_t *lv, char *buf, size_t size) {
     snprintf(buf, size, "PASS%s", lv->interrupted ? " (partial)" : "");
     return;
   }
-  char names[64];
+  char names[40];
   kvr_stats_fail_names(lv->fail_mask, names, sizeof(names));
   snprintf(buf, size, "FAIL (%s)%s", names, lv->interrupted ? " (partial)" : "");
 }
@@ -452,7 +452,7 @@ void kvr_report_markdown(const kvr_results_t *res, kvr_buf_t *out) {
     kvr_buf_printf(out, "| %s |", a);
     for (size_t r = 0; r < res->nruns; r++) {
       const kvr_level_t *lv = find_load(&res->runs[r], loads[i]);
-      char v[64];
+      char v[96];
       if (lv)
         verdict(lv, v, sizeof(v));
       else
