@@ -86,6 +86,7 @@ struct kvr_loadgen_s {
   uint64_t *arrivals;    /* rate mode: real ns offsets from start_ns */
   size_t total, sent, done, failed, next_arrival;
   uint64_t next_conv;
+  conv_t *spare;         /* the next new conversation, generated ahead of its send; owned */
   conv_t **convs;        /* every conversation opened this level, owned */
   size_t nconvs, capconvs;
   req_t *inflight;
@@ -425,7 +426,7 @@ static void on_done(CURL *easy, CURLcode result, void *data) {
   schedule(lg);
 }
 
-static conv_t *conv_open(kvr_loadgen_t *lg, unsigned user) {
+static conv_t *conv_make(kvr_loadgen_t *lg) {
   conv_t *cv = calloc(1, sizeof(*cv));
   if (cv == NULL)
     abort();
@@ -433,6 +434,14 @@ static conv_t *conv_open(kvr_loadgen_t *lg, unsigned user) {
   cv->answers = calloc(cv->conv.nturns ? cv->conv.nturns : 1, sizeof(char *));
   if (cv->answers == NULL)
     abort();
+  return cv;
+}
+
+/* Opens the level's next conversation. Generating one can take a while (unique control text), so
+ * the next one is made ahead of time, after the send (see schedule()), off the send path. */
+static conv_t *conv_open(kvr_loadgen_t *lg, unsigned user) {
+  conv_t *cv = lg->spare ? lg->spare : conv_make(lg);
+  lg->spare = NULL;
   cv->user = user;
   if (lg->nconvs == lg->capconvs) {
     lg->capconvs = lg->capconvs ? lg->capconvs * 2 : 64;
@@ -586,6 +595,8 @@ static void schedule(kvr_loadgen_t *lg) {
     uv_stop(lg->loop);
     return;
   }
+  if (lg->spare == NULL && lg->sent < lg->total)
+    lg->spare = conv_make(lg);
   if (lg->sent < lg->total && next_due != UINT64_MAX)
     arm(lg, next_due, now);
   else
@@ -732,6 +743,9 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
   kvr_stats_level_finish(lv, slo);
   for (size_t i = 0; i < lg->nconvs; i++)
     conv_free(lg->convs[i]);
+  if (lg->spare)
+    conv_free(lg->spare);
+  lg->spare = NULL;
   free(lg->convs);
   lg->convs = NULL;
   lg->nconvs = lg->capconvs = 0;

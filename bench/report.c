@@ -304,8 +304,8 @@ static void observations(const kvr_results_t *res, kvr_buf_t *out) {
                      "%d. **%s binds first for `%s`.** Its first failing load is %s %s (FAIL (%s)).\n\n",
                      n++, names, res->runs[r].label, a, unit, names);
     } else if (res->runs[r].nlevels > 0) {
-      kvr_buf_printf(out, "%d. **`%s` passed every measured load.** The search range did not "
-                          "reach its limit.\n\n",
+      kvr_buf_printf(out, "%d. **`%s` passed every measured load.** Its limit lies above the "
+                          "highest load measured.\n\n",
                      n++, res->runs[r].label);
     }
   }
