@@ -181,6 +181,18 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
         c->quiet = true;
       continue;
     }
+    static const char *const valued[] = {
+        "url", "model", "api-key", "api", "workload", "rates", "concurrency", "ab", "labels",
+        "num-prompts", "warmup", "seed", "turns", "starters", "documents", "questions",
+        "output-min", "output-max", "output-mean", "output-std", "think-s", "burstiness",
+        "time-scale", "request-timeout-s", "cooldown-s", "slo-ttft-ms", "slo-tpot-ms",
+        "max-failed-frac", "search-start", "search-max", "search-resolution", "admin", "out",
+        "title"};
+    bool known = false;
+    for (size_t f = 0; f < KVR_ARRAY_SIZE(valued); f++)
+      known |= strcmp(name, valued[f]) == 0;
+    if (!known)
+      return bad("unknown option '--%s'%s", name, "");
     if (val == NULL) {
       if (i + 1 >= argc)
         return bad("option '--%s' needs a value%s", name, "");
