@@ -51,7 +51,9 @@ def test_quick(kvrouter, tmp):
 
     # Summary: max SLO-compliant rate per phase and the gain.
     assert re.search(r"phase0\s+\d+\.\d+ RPS", p.stdout), p.stdout
-    assert re.search(r"phase3\s+\d+\.\d+ RPS\s+\([+-]\d+% vs phase0\)", p.stdout), p.stdout
+    # The gain, or (when a slow build fails every level) that the baseline passed nowhere.
+    assert re.search(r"phase3\s+\d+\.\d+ RPS\s+\(([+-]\d+% vs phase0|baseline passed at no load)\)",
+                     p.stdout), p.stdout
 
     md = open(os.path.join(out, "report.md")).read()
     for heading in ["## Configuration", "## SLO Targets", "## Results \u2014 TTFT p99 (ms)",
