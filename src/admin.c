@@ -190,6 +190,7 @@ static void explain(kvr_router_t *r, kvr_http_req_t *req) {
     cJSON_AddNumberToObject(x, "num_requests_waiting", s->num_requests_waiting);
     cJSON_AddNumberToObject(x, "kv_cache_usage_perc", s->kv_cache_usage);
     cJSON_AddBoolToObject(x, "eligible", d->scores[i].eligible);
+    cJSON_AddBoolToObject(x, "capped", d->scores[i].capped);
     cJSON_AddNumberToObject(x, "cost", d->scores[i].cost);
     cJSON_AddBoolToObject(x, "chosen", (int)i == chosen);
     cJSON_AddItemToArray(arr, x);

@@ -483,7 +483,9 @@ int kvr_config_validate(const kvr_config_t *cfg, char *err, size_t errlen) {
     snprintf(err, errlen, "no workers: give at least one --worker URL");
     return KVR_EINVAL;
   }
-  if (strcmp(cfg->listen, cfg->admin_listen) == 0) {
+  size_t llen = strlen(cfg->listen);
+  bool ephemeral = llen >= 2 && strcmp(cfg->listen + llen - 2, ":0") == 0;
+  if (strcmp(cfg->listen, cfg->admin_listen) == 0 && !ephemeral) {
     snprintf(err, errlen, "--admin-listen: must differ from --listen (%s)", cfg->listen);
     return KVR_EINVAL;
   }
