@@ -77,6 +77,7 @@ struct px_s {
   /* Response. */
   int status;
   kvr_buf_t resp_headers; /* filtered "Name: value\r\n" lines for the client */
+  kvr_buf_t conn_tokens;  /* ",a,b," names listed in the response's Connection header */
   bool headers_done;
   bool got_byte;
   bool sse;
@@ -179,6 +180,35 @@ static void learn_dispatch(px_t *px) {
                            px->prompt.nblocks);
 }
 
+/* Removes from resp_headers every header named in the response's Connection header. */
+static void drop_connection_named(px_t *px) {
+  if (px->conn_tokens.len == 0)
+    return;
+  kvr_buf_t kept = KVR_BUF_INIT;
+  const char *p = px->resp_headers.data, *end = p + px->resp_headers.len;
+  while (p < end) {
+    const char *eol = memchr(p, '\n', (size_t)(end - p));
+    const char *next = eol ? eol + 1 : end;
+    const char *colon = memchr(p, ':', (size_t)(next - p));
+    bool drop = false;
+    if (colon && colon - p < 120) {
+      char key[128];
+      size_t n = 0;
+      key[n++] = ',';
+      for (const char *c = p; c < colon; c++)
+        key[n++] = (char)(*c >= 'A' && *c <= 'Z' ? *c + 32 : *c);
+      key[n++] = ',';
+      key[n] = '\0';
+      drop = strstr(px->conn_tokens.data, key) != NULL;
+    }
+    if (!drop)
+      kvr_buf_append(&kept, p, (size_t)(next - p));
+    p = next;
+  }
+  kvr_buf_free(&px->resp_headers);
+  px->resp_headers = kept;
+}
+
 static size_t on_header(char *data, size_t size, size_t n, void *ud) {
   px_t *px = ud;
   size_t len = size * n;
@@ -195,13 +225,16 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud) {
     const char *sp = memchr(data, ' ', len);
     px->status = sp ? atoi(sp + 1) : 502;
     kvr_buf_reset(&px->resp_headers);
+    kvr_buf_reset(&px->conn_tokens);
     px->headers_done = false;
     px->sse = false;
     return len;
   }
   if (len <= 2) { /* blank line: end of a head */
-    if (px->status >= 200)
+    if (px->status >= 200) {
       px->headers_done = true;
+      drop_connection_named(px);
+    }
     return len;
   }
   const char *colon = memchr(data, ':', len);
@@ -219,6 +252,17 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud) {
     v++;
   while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' '))
     end--;
+  if (strcasecmp(name, "connection") == 0) {
+    /* Remember the names it lists: those headers are hop-by-hop too (RFC 9110 7.6.1). */
+    if (px->conn_tokens.len == 0)
+      kvr_buf_puts(&px->conn_tokens, ",");
+    for (const char *t = v; t < end; t++)
+      if (*t != ' ' && *t != '\t') {
+        char c = (char)(*t >= 'A' && *t <= 'Z' ? *t + 32 : *t);
+        kvr_buf_append(&px->conn_tokens, &c, 1);
+      }
+    kvr_buf_puts(&px->conn_tokens, ",");
+  }
   if (strcasecmp(name, "content-type") == 0 && (size_t)(end - v) >= 17 &&
       strncasecmp(v, "text/event-stream", 17) == 0)
     px->sse = true;
@@ -411,6 +455,7 @@ static void on_timer_closed(uv_handle_t *h) {
   kvr_buf_free(&px->line);
   kvr_buf_free(&px->answer);
   kvr_buf_free(&px->url);
+  kvr_buf_free(&px->conn_tokens);
   free(px);
 }
 
@@ -764,36 +809,44 @@ static void attempt(px_t *px) {
   timer_set(px, TM_FIRST_BYTE, r->cfg->first_byte_timeout_ms);
 }
 
-int kvr__proxy_features(kvr_router_t *r, kvr_http_req_t *req, kvr_route_t route,
-                        kvr_prompt_t *prompt) {
+int kvr__proxy_features(kvr_router_t *r, const kvr_http_req_t *req, kvr_route_t route,
+                        kvr_prompt_t *prompt, char *err, size_t errlen, const char **code) {
   kvr_prompt_init(prompt);
   if (req->body.len == 0) {
-    r->client_errors_total++;
-    kvr_http_error(req, 400, "invalid_request_error", "missing_body", "%s",
-                   "the request body must be a JSON object");
+    snprintf(err, errlen, "the request body must be a JSON object");
+    *code = "missing_body";
     return KVR_EINVAL;
   }
   cJSON *body = cJSON_ParseWithLength(req->body.data, req->body.len);
   if (body == NULL || !cJSON_IsObject(body)) {
     cJSON_Delete(body);
-    r->client_errors_total++;
-    kvr_http_error(req, 400, "invalid_request_error", "invalid_json", "%s",
-                   "the request body is not a valid JSON object");
+    snprintf(err, errlen, "the request body is not a valid JSON object");
+    *code = "invalid_json";
     return KVR_EINVAL;
   }
-  char err[256];
   int rc = kvr_prompt_from_json(body, route == KVR_ROUTE_CHAT ? KVR_PROMPT_CHAT
                                                               : KVR_PROMPT_COMPLETIONS,
-                                r->cfg->block_chars, prompt, err, sizeof err);
+                                r->cfg->block_chars, prompt, err, errlen);
   cJSON_Delete(body);
   if (rc != 0) {
-    r->client_errors_total++;
-    kvr_http_error(req, 400, "invalid_request_error",
-                   prompt->err_code ? prompt->err_code : "invalid_value", "%s", err);
+    *code = prompt->err_code ? prompt->err_code : "invalid_value";
     kvr_prompt_free(prompt);
     return rc;
   }
   return 0;
+}
+
+/* The access-log line of a request the router answers itself (no worker involved). */
+static void local_log(kvr_router_t *r, const kvr_http_req_t *req, int status, const char *outcome) {
+  if (status >= 400 && status < 500)
+    r->client_errors_total++;
+  if (!r->cfg->access_log)
+    return;
+  kvr_log(KVR_LOG_INFO, "access",
+          "method=%s path=%s status=%d worker=- policy=%s bytes=0 ttfb_ms=-1.0 total_ms=%.1f "
+          "attempts=0 outcome=%s client=%s",
+          req->method_str, req->path, status, kvr_policy_name(r->policy),
+          (double)(kvr_now_ns() - req->start_ns) / 1e6, outcome, req->peer);
 }
 
 /* True for targets curl or the worker could resolve to another path: dot segments (plain or
@@ -822,6 +875,7 @@ static void health(kvr_router_t *r, kvr_http_req_t *req) {
   char body[128];
   int n = snprintf(body, sizeof body, "{\"status\":\"%s\",\"usable_workers\":%zu,\"workers\":%zu}\n",
                    usable ? "ok" : "unavailable", usable, total);
+  local_log(r, req, usable ? 200 : 503, "local");
   kvr_http_respond(req, usable ? 200 : 503, "application/json", NULL, body, (size_t)n);
 }
 
@@ -832,7 +886,7 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
   const char *path = req->path;
   if (strcmp(path, "/health") == 0) {
     if (req->method != HTTP_GET && req->method != HTTP_HEAD) {
-      r->client_errors_total++;
+      local_log(r, req, 405, "rejected");
       kvr_http_error(req, 405, NULL, "method_not_allowed", "%s", "use GET /health");
       return;
     }
@@ -840,13 +894,13 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
     return;
   }
   if (unsafe_path(path)) {
-    r->client_errors_total++;
+    local_log(r, req, 400, "rejected");
     kvr_http_error(req, 400, NULL, "invalid_path", "%s",
                    "dot segments and backslashes are not allowed in the path");
     return;
   }
   if (strncmp(path, "/v1/", 4) != 0) {
-    r->client_errors_total++;
+    local_log(r, req, 404, "rejected");
     kvr_http_error(req, 404, NULL, "not_found", "no route for %s %s", req->method_str, path);
     return;
   }
@@ -858,12 +912,12 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
   else if (strcmp(path, "/v1/models") == 0)
     route = KVR_ROUTE_MODELS;
   if ((route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS) && req->method != HTTP_POST) {
-    r->client_errors_total++;
+    local_log(r, req, 405, "rejected");
     kvr_http_error(req, 405, NULL, "method_not_allowed", "use POST %s", path);
     return;
   }
   if (route == KVR_ROUTE_MODELS && req->method != HTTP_GET) {
-    r->client_errors_total++;
+    local_log(r, req, 405, "rejected");
     kvr_http_error(req, 405, NULL, "method_not_allowed", "%s", "use GET /v1/models");
     return;
   }
@@ -878,8 +932,12 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
   px->t_start_ns = req->start_ns;
   kvr_prompt_init(&px->prompt);
   if (route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS) {
-    if (kvr__proxy_features(r, req, route, &px->prompt) != 0) {
+    char err[256];
+    const char *code = NULL;
+    if (kvr__proxy_features(r, req, route, &px->prompt, err, sizeof err, &code) != 0) {
       free(px);
+      local_log(r, req, 400, "invalid_request");
+      kvr_http_error(req, 400, "invalid_request_error", code, "%s", err);
       return;
     }
     px->has_prompt = true;

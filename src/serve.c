@@ -102,6 +102,7 @@ int kvr_serve_main(int argc, char **argv) {
   kvr_http_limits_t admin_limits = s->cfg.limits;
   admin_limits.max_connections = 0;
   s->admin = kvr_http_server_new(&s->loop, &admin_limits, kvr_admin_on_request, s->router);
+  kvr_http_server_log_rejects(s->pub, s->cfg.access_log);
   uv_signal_init(&s->loop, &s->sigint);
   uv_signal_init(&s->loop, &s->sigterm);
   uv_timer_init(&s->loop, &s->grace);
