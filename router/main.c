@@ -2,13 +2,15 @@
  *
  *   kvrouter serve  the KV-cache-aware router (src/serve.c)
  *   kvrouter sim    a simulated vLLM worker (bench/sim_main.c)
- *   kvrouter bench  the load generator and A/B report (bench/bench_main.c)
+ *   kvrouter bench  the load generator and A/B report (bench/bench_main.c);
+ *                   `kvrouter bench routing` times routing decisions (bench/route_bench.c)
  *   kvrouter demo   4 simulated workers + router + A/B benchmark + report (bench/demo.c)
  *
  * Everything else lives in the libraries so it can be tested; this file only dispatches.
  */
 #include "bench.h"
 #include "demo.h"
+#include "route_bench.h"
 #include "serve.h"
 #include "sim.h"
 
@@ -51,6 +53,9 @@ int main(int argc, char **argv) {
     printf("kvrouter %s\n", KVR_VERSION);
     return 0;
   }
+  /* `kvrouter bench routing` is the routing-decision micro-benchmark (bench/route_bench.c). */
+  if (strcmp(argv[1], "bench") == 0 && argc > 2 && strcmp(argv[2], "routing") == 0)
+    return kvr_route_bench_main(argc - 2, argv + 2);
   for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
     if (strcmp(argv[1], subcommands[i].name) == 0)
       return subcommands[i].main(argc - 1, argv + 1);

@@ -142,8 +142,12 @@ static void explain(kvr_router_t *r, kvr_http_req_t *req) {
            !memmem(req->body.data, req->body.len, "\"messages\"", 10))
     route = KVR_ROUTE_COMPLETIONS;
   kvr_prompt_t prompt;
-  if (kvr__proxy_features(r, req, route, &prompt) != 0)
-    return; /* answered with 400 */
+  char err[256];
+  const char *code = NULL;
+  if (kvr__proxy_features(r, req, route, &prompt, err, sizeof err, &code) != 0) {
+    kvr_http_error(req, 400, "invalid_request_error", code, "%s", err);
+    return;
+  }
   kvr_route_req_t rr;
   kvr_prompt_route_req(&prompt, &rr);
   kvr_decision_t *d = malloc(sizeof *d);
@@ -190,6 +194,7 @@ static void explain(kvr_router_t *r, kvr_http_req_t *req) {
     cJSON_AddNumberToObject(x, "num_requests_waiting", s->num_requests_waiting);
     cJSON_AddNumberToObject(x, "kv_cache_usage_perc", s->kv_cache_usage);
     cJSON_AddBoolToObject(x, "eligible", d->scores[i].eligible);
+    cJSON_AddBoolToObject(x, "capped", d->scores[i].capped);
     cJSON_AddNumberToObject(x, "cost", d->scores[i].cost);
     cJSON_AddBoolToObject(x, "chosen", (int)i == chosen);
     cJSON_AddItemToArray(arr, x);
@@ -227,7 +232,8 @@ void kvr_admin_on_request(kvr_http_req_t *req, void *data) {
   } else if (strcmp(path, "/admin/route/explain") == 0 && m == HTTP_POST) {
     explain(r, req);
   } else if (strcmp(path, "/metrics") == 0 || strcmp(path, "/health") == 0 ||
-             strncmp(path, "/admin/", 7) == 0) {
+             strcmp(path, "/admin/workers") == 0 || strncmp(path, "/admin/workers/", 15) == 0 ||
+             strcmp(path, "/admin/policy") == 0 || strcmp(path, "/admin/route/explain") == 0) {
     kvr_http_error(req, 405, NULL, "method_not_allowed", "%s is not allowed on %s",
                    req->method_str, path);
   } else {

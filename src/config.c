@@ -148,6 +148,12 @@ int kvr_config_add_worker(kvr_config_t *cfg, const char *url, char *err, size_t 
   char norm[512];
   if (kvr_worker_url_check(url, norm, sizeof norm, err, errlen) != 0)
     return KVR_EINVAL;
+  for (size_t i = 0; i < cfg->nworkers; i++) {
+    if (strcmp(cfg->workers[i], norm) == 0) {
+      snprintf(err, errlen, "worker %s is listed twice", norm);
+      return KVR_EINVAL;
+    }
+  }
   if (cfg->nworkers >= KVR_MAX_WORKERS) {
     snprintf(err, errlen, "too many workers (at most %d)", KVR_MAX_WORKERS);
     return KVR_ELIMIT;
@@ -483,7 +489,9 @@ int kvr_config_validate(const kvr_config_t *cfg, char *err, size_t errlen) {
     snprintf(err, errlen, "no workers: give at least one --worker URL");
     return KVR_EINVAL;
   }
-  if (strcmp(cfg->listen, cfg->admin_listen) == 0) {
+  size_t llen = strlen(cfg->listen);
+  bool ephemeral = llen >= 2 && strcmp(cfg->listen + llen - 2, ":0") == 0;
+  if (strcmp(cfg->listen, cfg->admin_listen) == 0 && !ephemeral) {
     snprintf(err, errlen, "--admin-listen: must differ from --listen (%s)", cfg->listen);
     return KVR_EINVAL;
   }

@@ -32,7 +32,7 @@ struct kvr_curlm_s {
   size_t active;
   xfer_t *xfers;     /* transfers in the multi, so close can detach them */
   sock_ctx_t *socks; /* watched sockets, so close can stop any curl did not remove */
-  int closing_handles; /* uv handles still to be closed during kvr_curlm_close() */
+  int closing_handles; /* uv close callbacks still to run */
   bool closing;
 };
 
@@ -125,19 +125,25 @@ static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp) {
   return 0;
 }
 
+/* m is freed once it is closing and no uv close callback is pending: every close is counted,
+ * whenever it was started, so no callback can run after the free. */
+static void maybe_free(kvr_curlm_t *m) {
+  if (m->closing && m->closing_handles == 0)
+    free(m);
+}
+
 static void on_sock_close(uv_handle_t *h) {
   sock_ctx_t *ctx = h->data;
   kvr_curlm_t *m = ctx->m;
   free(ctx);
-  if (m->closing && --m->closing_handles == 0)
-    free(m);
+  m->closing_handles--;
+  maybe_free(m);
 }
 
 static void sock_close(kvr_curlm_t *m, sock_ctx_t *ctx) {
   LIST_REMOVE(m->socks, ctx);
   uv_poll_stop(&ctx->poll);
-  if (m->closing)
-    m->closing_handles++;
+  m->closing_handles++;
   uv_close((uv_handle_t *)&ctx->poll, on_sock_close);
 }
 
@@ -246,15 +252,15 @@ size_t kvr_curlm_active(const kvr_curlm_t *m) {
 
 static void on_close_handle(uv_handle_t *h) {
   kvr_curlm_t *m = h->data;
-  if (--m->closing_handles == 0)
-    free(m);
+  m->closing_handles--;
+  maybe_free(m);
 }
 
 void kvr_curlm_close(kvr_curlm_t *m) {
   if (m == NULL || m->closing)
     return;
   m->closing = true;
-  m->closing_handles = 1; /* the timer */
+  m->closing_handles++; /* the timer */
   /* Easy handles still attached belong to their callers: detach them without callbacks. Cleaning up
    * the multi closes its cached connections, reported through CURL_POLL_REMOVE; any socket curl
    * did not report is stopped here. */

@@ -62,6 +62,7 @@ struct kvr_http_server_s {
   void (*close_done)(void *);
   void *close_data;
   int port;
+  bool log_rejects;
 };
 
 struct kvr_http_conn_s {
@@ -389,7 +390,19 @@ static void send_error_and_close(kvr_http_conn_t *conn, int status, const char *
                  "Connection: close\r\n\r\n",
                  status, kvr_http_reason(status), body.len);
   kvr_buf_append(&head, body.data, body.len);
-  KVR_DEBUG("http", "rejecting request: %d %s", status, msg);
+  if (conn->srv->log_rejects) {
+    char peer[64] = "-";
+    struct sockaddr_storage ss;
+    int sl = sizeof ss;
+    if (uv_tcp_getpeername(&conn->tcp, (struct sockaddr *)&ss, &sl) == 0) {
+      if (ss.ss_family == AF_INET6)
+        uv_ip6_name((struct sockaddr_in6 *)&ss, peer, sizeof peer);
+      else
+        uv_ip4_name((struct sockaddr_in *)&ss, peer, sizeof peer);
+    }
+    kvr_log(KVR_LOG_INFO, "access", "method=- path=- status=%d outcome=rejected code=%s client=%s",
+            status, code ? code : "-", peer);
+  }
   if (conn_write(conn, head.data, head.len) == 0) {
     conn->close_after_write = true;
     timer_stop(conn);
@@ -419,7 +432,15 @@ int kvr_http_start(kvr_http_req_t *req, int status, const char *headers) {
   head_begin(&h, req, status);
   if (headers)
     kvr_buf_puts(&h, headers);
-  if (req->http_minor >= 1 && req->http_major == 1) {
+  if (status < 200 || status == 204 || status == 304) {
+    /* No body may follow: no framing either; writes are refused (req->finished stays false). */
+    if (!conn_keeps_alive(req) || req->http_minor == 0) {
+      kvr_buf_puts(&h, "Connection: close\r\n");
+      req->conn->close_after_write = true;
+    }
+    req->chunked = false;
+    req->no_body = true;
+  } else if (req->http_minor >= 1 && req->http_major == 1) {
     req->chunked = true;
     kvr_buf_puts(&h, "Transfer-Encoding: chunked\r\n");
     if (!conn_keeps_alive(req)) {
@@ -440,7 +461,7 @@ int kvr_http_start(kvr_http_req_t *req, int status, const char *headers) {
 int kvr_http_write(kvr_http_req_t *req, const void *data, size_t len) {
   if (req->closed || req->conn->closing)
     return KVR_ECLOSED;
-  if (!req->started || req->finished)
+  if (!req->started || req->finished || req->no_body)
     return KVR_EINVAL;
   if (len == 0)
     return 0;
@@ -475,7 +496,12 @@ void kvr_http_respond(kvr_http_req_t *req, int status, const char *content_type,
       kvr_buf_printf(&h, "Content-Type: %s\r\n", content_type);
     if (extra_headers)
       kvr_buf_puts(&h, extra_headers);
-    kvr_buf_printf(&h, "Content-Length: %zu\r\n", len);
+    /* 1xx, 204 and 304 carry no body and no Content-Length (RFC 9110 8.6, 15.3.5). */
+    bool no_body = status < 200 || status == 204 || status == 304;
+    if (no_body)
+      len = 0;
+    else
+      kvr_buf_printf(&h, "Content-Length: %zu\r\n", len);
     if (!conn_keeps_alive(req) || req->http_minor == 0) {
       if (req->http_minor == 0 && conn_keeps_alive(req))
         kvr_buf_puts(&h, "Connection: keep-alive\r\n");
@@ -632,11 +658,28 @@ static int on_header_value(llhttp_t *p, const char *at, size_t len) {
   return 0;
 }
 
+/* RFC 9110 5.6.2 token characters. llhttp 8 lets a space inside a name or before the colon
+ * through; forwarding such a name is how request desync between proxy and worker starts. */
+static bool is_token(const char *s, size_t n) {
+  static const char extra[] = "!#$%&'*+-.^_`|~";
+  if (n == 0)
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+          (c && strchr(extra, c))))
+      return false;
+  }
+  return true;
+}
+
 static int on_header_value_complete(llhttp_t *p) {
   kvr_http_conn_t *conn = conn_of(p);
   kvr_http_req_t *req = conn->cur;
   if (++conn->header_fields > conn->srv->limits.max_header_fields)
     return reject(conn, 431, "too_many_headers", "request has more header fields than allowed");
+  if (!is_token(conn->hfield.data, conn->hfield.len))
+    return reject(conn, 400, "invalid_header", "header field name is not a valid token");
   /* llhttp (strict) already refuses CR, LF and NUL inside values; the check is kept as a second
    * line of defence because header values are copied to upstream requests verbatim. */
   if (conn->hvalue.len && memchr(conn->hvalue.data, '\0', conn->hvalue.len))
@@ -913,6 +956,10 @@ int kvr_http_server_listen(kvr_http_server_t *srv, const char *hostport, char *e
   return 0;
 }
 
+void kvr_http_server_log_rejects(kvr_http_server_t *srv, bool on) {
+  srv->log_rejects = on;
+}
+
 int kvr_http_server_port(const kvr_http_server_t *srv) {
   return srv->port;
 }
@@ -937,10 +984,13 @@ void kvr_http_server_close(kvr_http_server_t *srv, void (*done)(void *data), voi
   srv->close_data = data;
   /* Idle connections go now; busy ones close when their active request finishes. */
   for (kvr_http_conn_t *c = srv->conns; c; c = c->next) {
-    if (c->active == NULL)
+    if (c->active == NULL && c->pending_write == 0 && !c->lingering) {
       conn_close(c);
-    else
+    } else {
+      /* Busy, or a finished response still flushing: close once it has been written. */
       c->close_after_write = true;
+      maybe_close_after_write(c);
+    }
   }
   if (srv->listener_open && !uv_is_closing((uv_handle_t *)&srv->listener)) {
     uv_close((uv_handle_t *)&srv->listener, on_listener_close);

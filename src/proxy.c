@@ -65,7 +65,7 @@ struct px_s {
   kvr_worker_t *w;
   CURL *easy;
   struct curl_slist *hdrs;
-  char url[1024];
+  kvr_buf_t url;
   bool transfer_active;
   bool paused;
   int attempts;
@@ -77,6 +77,7 @@ struct px_s {
   /* Response. */
   int status;
   kvr_buf_t resp_headers; /* filtered "Name: value\r\n" lines for the client */
+  kvr_buf_t conn_tokens;  /* ",a,b," names listed in the response's Connection header */
   bool headers_done;
   bool got_byte;
   bool sse;
@@ -170,29 +171,70 @@ static void start_client_response(px_t *px) {
   px->streaming = true;
 }
 
+/* Learning from routing: a worker that accepted the request will prefill the prompt and hold its
+ * blocks. Recorded when the worker first answers, so an attempt that failed to connect teaches the
+ * index nothing. */
+static void learn_dispatch(px_t *px) {
+  if (px->has_prompt && px->w)
+    kvr_cache_index_insert(px->r->index, (size_t)px->w->slot, px->prompt.blocks,
+                           px->prompt.nblocks);
+}
+
+/* Removes from resp_headers every header named in the response's Connection header. */
+static void drop_connection_named(px_t *px) {
+  if (px->conn_tokens.len == 0)
+    return;
+  kvr_buf_t kept = KVR_BUF_INIT;
+  const char *p = px->resp_headers.data, *end = p + px->resp_headers.len;
+  while (p < end) {
+    const char *eol = memchr(p, '\n', (size_t)(end - p));
+    const char *next = eol ? eol + 1 : end;
+    const char *colon = memchr(p, ':', (size_t)(next - p));
+    bool drop = false;
+    if (colon && colon - p < 120) {
+      char key[128];
+      size_t n = 0;
+      key[n++] = ',';
+      for (const char *c = p; c < colon; c++)
+        key[n++] = (char)(*c >= 'A' && *c <= 'Z' ? *c + 32 : *c);
+      key[n++] = ',';
+      key[n] = '\0';
+      drop = strstr(px->conn_tokens.data, key) != NULL;
+    }
+    if (!drop)
+      kvr_buf_append(&kept, p, (size_t)(next - p));
+    p = next;
+  }
+  kvr_buf_free(&px->resp_headers);
+  px->resp_headers = kept;
+}
+
 static size_t on_header(char *data, size_t size, size_t n, void *ud) {
   px_t *px = ud;
   size_t len = size * n;
   if (!px->got_byte) {
+    /* The worker answered: it is reachable, and from now on a failure is not retried. The
+     * first-byte timer keeps running until the first body byte, because vLLM sends its SSE head
+     * before the request has been scheduled and prefilled. */
     px->got_byte = true;
-    px->t_first_byte_ns = kvr_now_ns();
     kvr_router_worker_result(px->w, true);
-    timer_set(px, TM_IDLE, px->r->cfg->idle_timeout_ms);
-  } else {
-    timer_set(px, TM_IDLE, px->r->cfg->idle_timeout_ms);
+    learn_dispatch(px);
   }
   if (len >= 5 && memcmp(data, "HTTP/", 5) == 0) {
     /* Status line: a new response head (after a 1xx, or the first). */
     const char *sp = memchr(data, ' ', len);
     px->status = sp ? atoi(sp + 1) : 502;
     kvr_buf_reset(&px->resp_headers);
+    kvr_buf_reset(&px->conn_tokens);
     px->headers_done = false;
     px->sse = false;
     return len;
   }
   if (len <= 2) { /* blank line: end of a head */
-    if (px->status >= 200)
+    if (px->status >= 200) {
       px->headers_done = true;
+      drop_connection_named(px);
+    }
     return len;
   }
   const char *colon = memchr(data, ':', len);
@@ -210,6 +252,17 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud) {
     v++;
   while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' '))
     end--;
+  if (strcasecmp(name, "connection") == 0) {
+    /* Remember the names it lists: those headers are hop-by-hop too (RFC 9110 7.6.1). */
+    if (px->conn_tokens.len == 0)
+      kvr_buf_puts(&px->conn_tokens, ",");
+    for (const char *t = v; t < end; t++)
+      if (*t != ' ' && *t != '\t') {
+        char c = (char)(*t >= 'A' && *t <= 'Z' ? *t + 32 : *t);
+        kvr_buf_append(&px->conn_tokens, &c, 1);
+      }
+    kvr_buf_puts(&px->conn_tokens, ",");
+  }
   if (strcasecmp(name, "content-type") == 0 && (size_t)(end - v) >= 17 &&
       strncasecmp(v, "text/event-stream", 17) == 0)
     px->sse = true;
@@ -324,8 +377,15 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud) {
   if (px->req == NULL || px->req->closed)
     return 0; /* the client is gone: abort (curl reports a write error) */
   if (px->streaming && kvr_http_pending(px->req) > HIGH_WATER) {
+    /* Not consumed: curl delivers it again after unpausing. The idle timer stops meanwhile: the
+     * worker is not silent, the client is slow. */
     px->paused = true;
-    return CURL_WRITEFUNC_PAUSE; /* not consumed: curl delivers it again after unpausing */
+    timer_set(px, TM_NONE, 0);
+    return CURL_WRITEFUNC_PAUSE;
+  }
+  if (px->t_first_byte_ns == 0) {
+    px->t_first_byte_ns = kvr_now_ns();
+    kvr_hist_observe(&px->r->ttfb_seconds, (double)(px->t_first_byte_ns - px->t_start_ns) / 1e9);
   }
   timer_set(px, TM_IDLE, px->r->cfg->idle_timeout_ms);
   if (px->sse) {
@@ -356,6 +416,7 @@ static void on_client_drain(kvr_http_req_t *req) {
   px_t *px = req->data;
   if (px && px->paused && px->transfer_active) {
     px->paused = false;
+    timer_set(px, TM_IDLE, px->r->cfg->idle_timeout_ms);
     curl_easy_pause(px->easy, CURLPAUSE_CONT);
   }
 }
@@ -393,6 +454,8 @@ static void on_timer_closed(uv_handle_t *h) {
   kvr_buf_free(&px->body);
   kvr_buf_free(&px->line);
   kvr_buf_free(&px->answer);
+  kvr_buf_free(&px->url);
+  kvr_buf_free(&px->conn_tokens);
   free(px);
 }
 
@@ -428,8 +491,9 @@ static kvr_http_req_t *detach(px_t *px, int status) {
 static void px_end(px_t *px) {
   transfer_release(px);
   account_end(px);
+  /* 499 (nginx's "client closed request") keeps client aborts out of 5xx counts in the log. */
   if (px->req)
-    kvr_http_finish(detach(px, px->req->status ? px->req->status : 500));
+    kvr_http_finish(detach(px, px->req->closed ? 499 : px->req->status ? px->req->status : 500));
   kvr_proxy_t *p = px->proxy;
   if (px->prev)
     px->prev->next = px->next;
@@ -445,7 +509,7 @@ static void fail(px_t *px, int status, const char *code, const char *outcome, co
                  const char *detail) {
   kvr_router_t *r = px->r;
   px->outcome = outcome;
-  if (status >= 500)
+  if (status == 502 || status == 504)
     r->upstream_failures_total++;
   if (px->req && !px->req->started) {
     char extra[64] = "";
@@ -502,7 +566,6 @@ static void learn(px_t *px) {
 
 static void on_done(CURL *easy, CURLcode rc, void *data) {
   px_t *px = data;
-  (void)easy;
   px->transfer_active = false;
   timer_set(px, TM_NONE, 0);
   kvr_router_t *r = px->r;
@@ -534,16 +597,30 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
     return;
   }
 
-  /* The transfer failed. */
+  /* The transfer failed. A client that went away is not the worker's fault. */
+  if (px->req == NULL || px->req->closed) {
+    px->outcome = "client_closed";
+    r->client_aborts_total++;
+    px_end(px);
+    return;
+  }
   const char *why = curl_easy_strerror(rc);
   kvr_worker_t *w = px->w;
   if (w)
     w->errors_total++;
-  bool connect_failed = !px->got_byte && rc != CURLE_OPERATION_TIMEDOUT;
-  if (w && connect_failed)
+  /* "Never connected" (refused, unresolvable, or a connect timeout: curl reports that as
+   * CURLE_OPERATION_TIMEDOUT with no connect time) is safe to retry and counts towards DOWN. A
+   * failure after connecting but before any response byte is retried too (the worker never
+   * answered), except a timeout, which would double the wait. */
+  curl_off_t connect_us = 0;
+  curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connect_us);
+  bool never_connected = !px->got_byte && (rc == CURLE_COULDNT_CONNECT ||
+                                           rc == CURLE_COULDNT_RESOLVE_HOST ||
+                                           (rc == CURLE_OPERATION_TIMEDOUT && connect_us == 0));
+  if (w && never_connected)
     kvr_router_worker_result(w, false);
-  if (!px->got_byte && retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT &&
-      px->attempts < MAX_ATTEMPTS && px->req && !px->req->closed) {
+  if (!px->got_byte && (never_connected || (retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT)) &&
+      px->attempts < MAX_ATTEMPTS) {
     KVR_WARN("proxy", "worker %s failed before responding (%s); retrying elsewhere",
              w ? w->label : "-", why);
     if (w)
@@ -551,10 +628,6 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
     transfer_release(px);
     account_end(px);
     attempt(px);
-    return;
-  }
-  if (px->req == NULL || px->req->closed) {
-    px_end(px);
     return;
   }
   if (!px->streaming) {
@@ -580,12 +653,14 @@ static void on_timer(uv_timer_t *t) {
   px->transfer_active = false;
   if (px->w)
     px->w->errors_total++;
-  px->r->upstream_failures_total++;
-  if (kind == TM_FIRST_BYTE || !px->streaming) {
+  if (kind == TM_FIRST_BYTE && !px->got_byte && px->w)
+    kvr_router_worker_result(px->w, false); /* accepted but never answered */
+  if (!px->streaming) {
     fail(px, 504, "upstream_timeout", "worker_timeout", "%s",
          kind == TM_FIRST_BYTE ? "upstream worker did not start responding in time"
                                : "upstream worker stalled while responding");
   } else {
+    px->r->upstream_failures_total++;
     px->outcome = "stream_idle_timeout";
     broken_stream(px, "no data within the idle timeout");
   }
@@ -687,11 +762,10 @@ static void attempt(px_t *px) {
   if (px->has_prompt) {
     w->prompt_tokens_total += prompt_tokens;
     w->predicted_cached_tokens_total += px->predicted_cached;
-    /* Learning from routing: once this prompt is prefilled the worker holds its blocks. */
-    kvr_cache_index_insert(r->index, (size_t)slot, px->prompt.blocks, px->prompt.nblocks);
   }
 
-  snprintf(px->url, sizeof px->url, "%s%s", w->url, req->target);
+  kvr_buf_reset(&px->url);
+  kvr_buf_printf(&px->url, "%s%s", w->url, req->target);
   CURL *e = curl_easy_init();
   if (e == NULL) {
     fail(px, 502, "upstream_error", "internal", "%s", "cannot create an upstream transfer");
@@ -700,7 +774,9 @@ static void attempt(px_t *px) {
   }
   px->easy = e;
   px->hdrs = upstream_headers(req);
-  curl_easy_setopt(e, CURLOPT_URL, px->url);
+  curl_easy_setopt(e, CURLOPT_URL, px->url.data);
+  /* The target was validated (no dot segments); curl must not normalise it into another path. */
+  curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
   curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
@@ -733,36 +809,59 @@ static void attempt(px_t *px) {
   timer_set(px, TM_FIRST_BYTE, r->cfg->first_byte_timeout_ms);
 }
 
-int kvr__proxy_features(kvr_router_t *r, kvr_http_req_t *req, kvr_route_t route,
-                        kvr_prompt_t *prompt) {
+int kvr__proxy_features(kvr_router_t *r, const kvr_http_req_t *req, kvr_route_t route,
+                        kvr_prompt_t *prompt, char *err, size_t errlen, const char **code) {
   kvr_prompt_init(prompt);
   if (req->body.len == 0) {
-    r->client_errors_total++;
-    kvr_http_error(req, 400, "invalid_request_error", "missing_body", "%s",
-                   "the request body must be a JSON object");
+    snprintf(err, errlen, "the request body must be a JSON object");
+    *code = "missing_body";
     return KVR_EINVAL;
   }
   cJSON *body = cJSON_ParseWithLength(req->body.data, req->body.len);
   if (body == NULL || !cJSON_IsObject(body)) {
     cJSON_Delete(body);
-    r->client_errors_total++;
-    kvr_http_error(req, 400, "invalid_request_error", "invalid_json", "%s",
-                   "the request body is not a valid JSON object");
+    snprintf(err, errlen, "the request body is not a valid JSON object");
+    *code = "invalid_json";
     return KVR_EINVAL;
   }
-  char err[256];
   int rc = kvr_prompt_from_json(body, route == KVR_ROUTE_CHAT ? KVR_PROMPT_CHAT
                                                               : KVR_PROMPT_COMPLETIONS,
-                                r->cfg->block_chars, prompt, err, sizeof err);
+                                r->cfg->block_chars, prompt, err, errlen);
   cJSON_Delete(body);
   if (rc != 0) {
-    r->client_errors_total++;
-    kvr_http_error(req, 400, "invalid_request_error",
-                   prompt->err_code ? prompt->err_code : "invalid_value", "%s", err);
+    *code = prompt->err_code ? prompt->err_code : "invalid_value";
     kvr_prompt_free(prompt);
     return rc;
   }
   return 0;
+}
+
+/* The access-log line of a request the router answers itself (no worker involved). */
+static void local_log(kvr_router_t *r, const kvr_http_req_t *req, int status, const char *outcome) {
+  if (status >= 400 && status < 500)
+    r->client_errors_total++;
+  if (!r->cfg->access_log)
+    return;
+  kvr_log(KVR_LOG_INFO, "access",
+          "method=%s path=%s status=%d worker=- policy=%s bytes=0 ttfb_ms=-1.0 total_ms=%.1f "
+          "attempts=0 outcome=%s client=%s",
+          req->method_str, req->path, status, kvr_policy_name(r->policy),
+          (double)(kvr_now_ns() - req->start_ns) / 1e6, outcome, req->peer);
+}
+
+/* True for targets curl or the worker could resolve to another path: dot segments (plain or
+ * percent-encoded) and backslashes. Only /v1/... and /health are public. */
+static bool unsafe_path(const char *p) {
+  for (const char *s = p; *s; s++) {
+    if (*s == '\\')
+      return true;
+    if (*s == '%' && s[1] == '2' && (s[2] == 'e' || s[2] == 'E'))
+      return true;
+    if (*s == '/' && s[1] == '.' &&
+        (s[2] == '/' || s[2] == '\0' || (s[2] == '.' && (s[3] == '/' || s[3] == '\0'))))
+      return true;
+  }
+  return false;
 }
 
 static void health(kvr_router_t *r, kvr_http_req_t *req) {
@@ -776,6 +875,7 @@ static void health(kvr_router_t *r, kvr_http_req_t *req) {
   char body[128];
   int n = snprintf(body, sizeof body, "{\"status\":\"%s\",\"usable_workers\":%zu,\"workers\":%zu}\n",
                    usable ? "ok" : "unavailable", usable, total);
+  local_log(r, req, usable ? 200 : 503, "local");
   kvr_http_respond(req, usable ? 200 : 503, "application/json", NULL, body, (size_t)n);
 }
 
@@ -786,15 +886,21 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
   const char *path = req->path;
   if (strcmp(path, "/health") == 0) {
     if (req->method != HTTP_GET && req->method != HTTP_HEAD) {
-      r->client_errors_total++;
+      local_log(r, req, 405, "rejected");
       kvr_http_error(req, 405, NULL, "method_not_allowed", "%s", "use GET /health");
       return;
     }
     health(r, req);
     return;
   }
+  if (unsafe_path(path)) {
+    local_log(r, req, 400, "rejected");
+    kvr_http_error(req, 400, NULL, "invalid_path", "%s",
+                   "dot segments and backslashes are not allowed in the path");
+    return;
+  }
   if (strncmp(path, "/v1/", 4) != 0) {
-    r->client_errors_total++;
+    local_log(r, req, 404, "rejected");
     kvr_http_error(req, 404, NULL, "not_found", "no route for %s %s", req->method_str, path);
     return;
   }
@@ -806,12 +912,12 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
   else if (strcmp(path, "/v1/models") == 0)
     route = KVR_ROUTE_MODELS;
   if ((route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS) && req->method != HTTP_POST) {
-    r->client_errors_total++;
+    local_log(r, req, 405, "rejected");
     kvr_http_error(req, 405, NULL, "method_not_allowed", "use POST %s", path);
     return;
   }
   if (route == KVR_ROUTE_MODELS && req->method != HTTP_GET) {
-    r->client_errors_total++;
+    local_log(r, req, 405, "rejected");
     kvr_http_error(req, 405, NULL, "method_not_allowed", "%s", "use GET /v1/models");
     return;
   }
@@ -826,8 +932,12 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
   px->t_start_ns = req->start_ns;
   kvr_prompt_init(&px->prompt);
   if (route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS) {
-    if (kvr__proxy_features(r, req, route, &px->prompt) != 0) {
+    char err[256];
+    const char *code = NULL;
+    if (kvr__proxy_features(r, req, route, &px->prompt, err, sizeof err, &code) != 0) {
       free(px);
+      local_log(r, req, 400, "invalid_request");
+      kvr_http_error(req, 400, "invalid_request_error", code, "%s", err);
       return;
     }
     px->has_prompt = true;

@@ -151,6 +151,7 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t trie
     s->kv_cache_usage = w->kv_cache_usage;
     s->cache_capacity_blocks = w->cache_capacity_blocks;
     s->matched_blocks = matched[i];
+    s->cached_blocks = kvr_cache_index_entries(r->index, i);
   }
   d->chosen = kvr_policy_select(r->policy, d->snaps, d->nsnaps, req, tried, d->scores);
   d->seconds = (double)(kvr_now_ns() - t0) / 1e9;

@@ -161,8 +161,12 @@ static void on_probe_done(CURL *easy, CURLcode result, void *data) {
   kvr_worker_t *w = p->w;
   w->scrape = NULL;
   long status = 0;
+  curl_off_t connect_us = 0;
   curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
-  if (result == CURLE_OK || status > 0) {
+  curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connect_us);
+  /* Reachable is what health means: a slow or failing /metrics (busy API process) leaves the
+   * worker up with stale figures; only a failure to connect counts towards DOWN. */
+  if (result == CURLE_OK || status > 0 || connect_us > 0) {
     kvr_router_worker_result(w, true);
     if (result == CURLE_OK && status == 200)
       kvr_scrape_parse(w, p->body.data ? p->body.data : "", p->body.len, kvr_now_ns() / 1000000u);
@@ -185,7 +189,7 @@ static void probe_start(kvr_router_t *r, kvr_worker_t *w) {
     return;
   }
   snprintf(p->url, sizeof p->url, "%s/metrics", w->url);
-  uint64_t timeout = KVR_MAX(r->cfg->scrape_interval_ms, (uint64_t)1000);
+  uint64_t timeout = KVR_MAX(2 * r->cfg->scrape_interval_ms, (uint64_t)5000);
   curl_easy_setopt(p->easy, CURLOPT_URL, p->url);
   curl_easy_setopt(p->easy, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(p->easy, CURLOPT_TIMEOUT_MS, (long)timeout);

@@ -94,6 +94,7 @@ int kvr_serve_main(int argc, char **argv) {
   if (s->router == NULL) {
     fprintf(stderr, "kvrouter serve: %s\n", err);
     exit_code = 2;
+    uv_run(&s->loop, UV_RUN_DEFAULT); /* runs the close callbacks of what was set up */
     goto out_loop;
   }
   s->proxy = kvr_proxy_new(s->router);
@@ -101,6 +102,7 @@ int kvr_serve_main(int argc, char **argv) {
   kvr_http_limits_t admin_limits = s->cfg.limits;
   admin_limits.max_connections = 0;
   s->admin = kvr_http_server_new(&s->loop, &admin_limits, kvr_admin_on_request, s->router);
+  kvr_http_server_log_rejects(s->pub, s->cfg.access_log);
   uv_signal_init(&s->loop, &s->sigint);
   uv_signal_init(&s->loop, &s->sigterm);
   uv_timer_init(&s->loop, &s->grace);

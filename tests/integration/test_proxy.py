@@ -255,6 +255,24 @@ class Cleanup:
         return False
 
 
+_SANITIZED = None
+
+
+def sanitized():
+    """True when the binary under test is a sanitizer build (KVR_SANITIZED set, or the binary
+    carries ASan's runtime symbols)."""
+    global _SANITIZED
+    if _SANITIZED is None:
+        _SANITIZED = bool(os.environ.get("KVR_SANITIZED"))
+        if not _SANITIZED:
+            try:
+                with open(KVROUTER, "rb") as f:
+                    _SANITIZED = b"__asan_init" in f.read()
+            except OSError:
+                pass
+    return _SANITIZED
+
+
 def closed_port():
     """A loopback port nothing listens on (bound then closed: connections are refused)."""
     s = socket.socket()
@@ -1156,7 +1174,10 @@ def test_slow_client_backpressure_bounded_memory():
         events = sse_events(resp.body)
         assert events[-1] == "[DONE]" and token_events(events) == n, (token_events(events), n)
         growth = peak - base
-        assert growth < 6 * 1024, "router RSS grew by %d KiB while the worker pushed %.1f MiB" % (
+        # ASan's allocator (shadow memory, quarantine, redzones) roughly doubles what RSS shows for
+        # the same live data; the bound stays well below what the worker pushed either way.
+        bound_kib = (12 if sanitized() else 6) * 1024
+        assert growth < bound_kib, "router RSS grew by %d KiB while the worker pushed %.1f MiB" % (
             growth, produced * per_token / (1 << 20))
 
 

@@ -1,0 +1,89 @@
+/* sim_server.h -- the simulated vLLM worker's HTTP side: vLLM's OpenAI API, /metrics, fault modes.
+ *
+ * A kvr_sim_server_t owns one kvr_sim_engine_t and drives it from one uv_timer_t: run a step, wait
+ * its simulated duration divided by time_scale, deliver the tokens that step produced to the
+ * streams, run the next step. An idle engine has no timer armed.
+ *
+ * Endpoints (as vLLM's OpenAI server): POST /v1/chat/completions, POST /v1/completions,
+ * GET /v1/models, GET /health, GET /metrics; and the admin path GET/POST /sim/fault.
+ */
+#ifndef KVR_SIM_SERVER_H
+#define KVR_SIM_SERVER_H
+
+#include "sim_engine.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+/* Fault modes, switchable by flag and at runtime through POST /sim/fault. */
+#define KVR_SIM_FAULT_MAP(XX)                                                                      \
+  XX(NONE, "none")             /* normal operation */                                              \
+  XX(ERROR, "error")           /* answer completions with `status` (500) for a `rate` fraction */  \
+  XX(HANG, "hang")             /* accept completions, never produce a first token */               \
+  XX(DISCONNECT, "disconnect") /* close the connection after `after_tokens` tokens */              \
+  XX(SLOW, "slow")             /* add `delay_ms` (simulated) to every token */                     \
+  XX(REFUSE, "refuse")         /* stop listening for `duration_ms` wall-clock ms (0: until reset) */
+
+typedef enum {
+#define KVR__SIM_FAULT_ENUM(name, str) KVR_SIM_FAULT_##name,
+  KVR_SIM_FAULT_MAP(KVR__SIM_FAULT_ENUM)
+#undef KVR__SIM_FAULT_ENUM
+      KVR_SIM_FAULT_COUNT
+} kvr_sim_fault_mode_t;
+
+typedef struct kvr_sim_fault_s {
+  kvr_sim_fault_mode_t mode;
+  int status;             /* ERROR: HTTP status, default 500 */
+  double rate;            /* ERROR: fraction of requests that fail, default 1 */
+  uint32_t after_tokens;  /* DISCONNECT: tokens sent before the close, default 0 */
+  double delay_ms;        /* SLOW: extra simulated ms per token, default 100 */
+  double duration_ms;     /* REFUSE: wall-clock ms before listening again; 0 = until reset */
+} kvr_sim_fault_t;
+
+typedef struct kvr_sim_server_opts_s {
+  kvr_sim_config_t engine;
+  const char *listen;       /* "HOST:PORT"; default 127.0.0.1:8000 */
+  const char *admin_listen; /* optional second listener (same API), reachable while refusing */
+  const char *model;        /* served model name */
+  double time_scale;        /* > 0; simulated durations are divided by it */
+  uint64_t seed;            /* seeds generated text and the error-rate coin */
+  uint32_t output_len_mean; /* natural answer length (EOS) when ignore_eos is off; 0 = never EOS */
+  double fixed_ttft_ms;     /* >= 0: bypass the engine: first token after this (simulated) ... */
+  double fixed_itl_ms;      /* ... and then one token every fixed_itl_ms; < 0 = off */
+  kvr_sim_fault_t fault;    /* initial fault */
+} kvr_sim_server_opts_t;
+
+typedef struct kvr_sim_server_s kvr_sim_server_t;
+
+/* Defaults: engine defaults, 127.0.0.1:8000, model "meta-llama/Llama-3.3-70B-Instruct", scale 1,
+ * seed 0, output_len_mean 830, fixed latency off, no fault. */
+void kvr_sim_server_opts_default(kvr_sim_server_opts_t *opts);
+void kvr_sim_fault_default(kvr_sim_fault_t *fault, kvr_sim_fault_mode_t mode);
+
+/* "none" -> KVR_SIM_FAULT_NONE...; returns 0 or KVR_EINVAL. */
+int kvr_sim_fault_parse_mode(const char *s, kvr_sim_fault_mode_t *out);
+const char *kvr_sim_fault_mode_name(kvr_sim_fault_mode_t mode);
+
+/* Creates the server and its engine on loop (opts and its strings are copied). Returns NULL with a
+ * reason in err when the engine configuration is invalid. */
+kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_t *opts, char *err,
+                                     size_t errlen);
+
+/* Starts listening (and applies the initial fault). Returns 0 or a negative KVR_E* code with a
+ * reason in err. */
+int kvr_sim_server_start(kvr_sim_server_t *srv, char *err, size_t errlen);
+
+/* The bound port of the main listener (after start), or -1. */
+int kvr_sim_server_port(const kvr_sim_server_t *srv);
+int kvr_sim_server_admin_port(const kvr_sim_server_t *srv);
+
+/* Aborts every request in flight, stops the engine and the listeners; done(data) is called from the
+ * loop once every handle is closed and the server may be freed. */
+void kvr_sim_server_close(kvr_sim_server_t *srv, void (*done)(void *data), void *data);
+
+/* Frees a closed server. Accepts NULL. */
+void kvr_sim_server_free(kvr_sim_server_t *srv);
+
+#endif
