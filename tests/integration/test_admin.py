@@ -418,6 +418,48 @@ def test_route_explain_shows_cache_match():
         assert_openai_error(admin(r, "POST", "/admin/route/explain", {"model": MODEL}), 400)
 
 
+@test(timeout=20)
+def test_every_policy_serves_and_switches_mid_stream():
+    """Each registered policy, switched in at run time, routes real requests; a switch while a
+    stream is in flight leaves that stream alone; with every worker down explain chooses none."""
+    with Cleanup() as c:
+        a = c.add(Sim(fixed=(10, 10)))
+        b = c.add(Sim(fixed=(10, 10)))
+        r = c.add(Router([a, b], *FAST, "--fail-threshold", "1"))
+        names = [p["name"] if isinstance(p, dict) else p
+                 for p in admin(r, "GET", "/admin/policy").json()["available"]]
+        assert len(names) >= 2, names
+        conn = c.add(Conn(r.port, timeout=10))
+        conn.send(build_request("POST", "/v1/chat/completions", chat_body(max_tokens=60, stream=True)))
+        seen = {}
+
+        def on_head(resp):
+            for name in names:  # switch through every policy while the stream runs
+                p = admin(r, "PUT", "/admin/policy", {"policy": name})
+                assert p.status == 200 and p.json()["policy"] == name, (name, p.body[:200])
+                served = set()
+                for i in range(4):
+                    x = request(r.port, "POST", "/v1/chat/completions",
+                                chat_body("policy %s request %d" % (name, i), stream=i % 2 == 1))
+                    assert x.status == 200 and x.complete, (name, x)
+                    served.add(x.header("x-kvrouter-worker"))
+                seen[name] = served
+
+        resp = conn.read_response("POST", on_head=on_head)
+        assert set(seen) == set(names), seen
+        assert resp.status == 200 and resp.complete, resp
+        events = sse_events(resp.body)
+        assert events[-1] == "[DONE]" and token_events(events) == 60
+        fams = parse_prometheus(r.metrics_text())
+        for name in names:
+            assert metric(fams, "kvrouter_routing_decisions_by_policy_total", policy=name) >= 4, name
+        a.fault("refuse")
+        b.fault("refuse")
+        wait_for(lambda: all(w["state"] == "down" for w in r.workers()), 3.0, "workers down")
+        e = admin(r, "POST", "/admin/route/explain", chat_body("anything"))
+        assert e.status == 200 and e.json()["choice"] is None, e.body[:300]
+
+
 @test(timeout=15)
 def test_metrics_strict_prometheus_and_counters():
     with Cleanup() as c:
