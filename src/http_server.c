@@ -76,6 +76,7 @@ struct kvr_http_conn_s {
   kvr_http_req_t *cur;    /* being parsed; owned by the connection */
   kvr_http_req_t *active; /* with the handler; released by kvr_http_finish() */
   kvr_buf_t hfield, hvalue;
+  kvr_buf_t head; /* a streamed response's head, held until its first body bytes (one write) */
   size_t header_bytes, header_fields, url_bytes;
   size_t pending_write;
   int refs;
@@ -208,6 +209,7 @@ static void conn_unref(kvr_http_conn_t *conn) {
   kvr_buf_free(&conn->inbuf);
   kvr_buf_free(&conn->hfield);
   kvr_buf_free(&conn->hvalue);
+  kvr_buf_free(&conn->head);
   free(conn);
   if (srv->closing && srv->nconns == 0 && !srv->listener_open && srv->close_done) {
     void (*done)(void *) = srv->close_done;
@@ -453,8 +455,21 @@ int kvr_http_start(kvr_http_req_t *req, int status, const char *headers) {
     req->conn->close_after_write = true;
   }
   kvr_buf_puts(&h, "\r\n");
-  int rc = conn_write(req->conn, h.data, h.len);
+  /* Held until the first body bytes or the end, so the head and the first event of a stream
+   * leave in one write (one packet) instead of two. */
+  kvr_buf_reset(&req->conn->head);
+  kvr_buf_append(&req->conn->head, h.data, h.len);
   kvr_buf_free(&h);
+  return 0;
+}
+
+/* Writes a held response head together with what follows it. */
+static int write_with_head(kvr_http_conn_t *conn, const void *data, size_t len) {
+  if (conn->head.len == 0)
+    return conn_write(conn, data, len);
+  kvr_buf_append(&conn->head, data, len);
+  int rc = conn_write(conn, conn->head.data, conn->head.len);
+  kvr_buf_reset(&conn->head);
   return rc;
 }
 
@@ -467,7 +482,7 @@ int kvr_http_write(kvr_http_req_t *req, const void *data, size_t len) {
     return 0;
   req->bytes_sent += len;
   if (!req->chunked)
-    return conn_write(req->conn, data, len);
+    return write_with_head(req->conn, data, len);
   char hdr[24];
   int n = snprintf(hdr, sizeof hdr, "%zx\r\n", len);
   /* One buffer per chunk keeps a chunk's framing and payload in a single write. */
@@ -476,7 +491,7 @@ int kvr_http_write(kvr_http_req_t *req, const void *data, size_t len) {
   kvr_buf_append(&b, hdr, (size_t)n);
   kvr_buf_append(&b, data, len);
   kvr_buf_append(&b, "\r\n", 2);
-  int rc = conn_write(req->conn, b.data, b.len);
+  int rc = write_with_head(req->conn, b.data, b.len);
   kvr_buf_free(&b);
   return rc;
 }
@@ -556,8 +571,13 @@ void kvr_http_finish(kvr_http_req_t *req) {
   }
   req->finished = true;
   kvr_http_conn_t *conn = req->conn;
-  if (req->chunked && !req->closed)
-    conn_write(conn, "0\r\n\r\n", 5);
+  if (!req->closed) {
+    if (req->chunked)
+      write_with_head(conn, "0\r\n\r\n", 5);
+    else
+      write_with_head(conn, "", 0);
+  }
+  kvr_buf_reset(&conn->head);
   conn->active = NULL;
   req_free(req);
   if (conn->closing) {
@@ -582,6 +602,7 @@ void kvr_http_abort(kvr_http_req_t *req) {
   req->finished = true;
   conn->active = NULL;
   req_free(req);
+  kvr_buf_reset(&conn->head);
   conn_close(conn);
   conn_unref(conn);
 }

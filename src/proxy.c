@@ -916,7 +916,7 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
     kvr_http_error(req, 405, NULL, "method_not_allowed", "use POST %s", path);
     return;
   }
-  if (route == KVR_ROUTE_MODELS && req->method != HTTP_GET) {
+  if (route == KVR_ROUTE_MODELS && req->method != HTTP_GET && req->method != HTTP_HEAD) {
     local_log(r, req, 405, "rejected");
     kvr_http_error(req, 405, NULL, "method_not_allowed", "%s", "use GET /v1/models");
     return;
