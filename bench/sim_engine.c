@@ -93,10 +93,10 @@ void kvr_sim_config_default(kvr_sim_config_t *cfg) {
   cfg->max_num_batched_tokens = 8192;
   cfg->max_model_len = 131072;
   cfg->enable_prefix_caching = true;
-  cfg->cost.fixed_ms = 19.0;
+  cfg->cost.fixed_ms = 22.0;
   cfg->cost.per_seq_ms = 0.06;
   cfg->cost.prefill_tok_us = 55.0;
-  cfg->cost.decode_ctx_ns = 70.0;
+  cfg->cost.decode_ctx_ns = 60.0;
   cfg->cost.attn_pair_ns = 2.0;
 }
 

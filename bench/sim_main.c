@@ -39,7 +39,7 @@ typedef struct cli_s {
   kvr_sim_server_opts_t opts;
   bool help, print_costs, calibrate, no_prefix_caching;
   const char *cal_rates;
-  uint32_t cal_requests, cal_output_mean;
+  uint32_t cal_requests, cal_output_mean, cal_answer_mean;
   kvr_log_level_t log_level;
 } cli_t;
 
@@ -160,53 +160,55 @@ static void push_ids(kvr_sim_toks_t *t, uint64_t key, uint32_t n) {
 }
 
 static void calibrate_rate(const kvr_sim_config_t *cfg, double rate, uint32_t nreq,
-                           uint32_t out_mean, uint64_t seed) {
+                           uint32_t out_mean, uint32_t answer_mean, uint64_t seed) {
   kvr_sim_engine_t *eng = kvr_sim_engine_new(cfg);
-  uint32_t nconv = (nreq + 4) / 5;
-  conv_t *convs = calloc(nconv, sizeof(*convs));
-  creq_t *reqs = calloc((size_t)nconv * 5, sizeof(*reqs));
-  double *next_at = calloc(nconv, sizeof(double)); /* when the conversation's next turn is sent */
+  /* Requests arrive as a Poisson process at `rate`. Each arrival is the next turn of a conversation
+   * whose previous turn has finished (oldest first), or the first turn of a new conversation when
+   * none is ready: many users chatting, each resending the whole history with the answer. */
+  conv_t *convs = calloc(nreq, sizeof(*convs));
+  uint32_t *ready = calloc(nreq, sizeof(uint32_t));
+  uint32_t ready_head = 0, ready_tail = 0, nconv = 0;
+  creq_t *reqs = calloc(nreq, sizeof(*reqs));
+  double *arrivals = calloc(nreq, sizeof(double));
   double *itls = NULL;
   size_t nitl = 0, citl = 0;
   uint64_t rs = seed * 7919 + (uint64_t)(rate * 1000);
-  double t0 = 0;
-  for (uint32_t c = 0; c < nconv; c++) {
-    t0 += exp_draw(&rs, rate / 5.0); /* conversations start at rate/5, 5 turns each */
-    next_at[c] = t0;
-    uint32_t starter = c % 10;
-    kvr_sim_toks_push(&convs[c].ctx, 128000u);
-    push_ids(&convs[c].ctx, 1 + starter, 3500 + (starter * 53) % 500);
+  double t = 0;
+  for (uint32_t i = 0; i < nreq; i++) {
+    t += exp_draw(&rs, rate);
+    arrivals[i] = t;
   }
   uint32_t sent = 0, done = 0, running_max = 0;
   double now = 0, conc_area = 0;
-  while (done < nconv * 5) {
-    /* send every turn due by now */
-    for (uint32_t c = 0; c < nconv; c++) {
-      if (next_at[c] > now || convs[c].turn >= 5)
-        continue;
+  while (done < nreq) {
+    for (; sent < nreq && arrivals[sent] <= now; sent++) {
+      uint32_t c;
+      if (ready_head < ready_tail) {
+        c = ready[ready_head++];
+      } else {
+        c = nconv++;
+        uint32_t starter = c % 10;
+        kvr_sim_toks_push(&convs[c].ctx, 128000u);
+        push_ids(&convs[c].ctx, 1 + starter, 3500 + (starter * 53) % 500);
+      }
       conv_t *cv = &convs[c];
       push_ids(&cv->ctx, 0x10000000ull + c * 16 + cv->turn, 20); /* the user's follow-up */
       uint32_t out =
           out_mean / 2 + (uint32_t)(kvr_sim_tokens_mix(rs++) % (out_mean + 1)); /* U[m/2, 3m/2] */
       creq_t *r = &reqs[sent];
       r->conv = c;
-      r->arrival = next_at[c];
+      r->arrival = arrivals[sent];
       r->ninput = (uint32_t)cv->ctx.n;
       kvr_sim_engine_add(eng, cv->ctx.v, (uint32_t)cv->ctx.n, out, KVR_SIM_FINISH_LENGTH,
                          kvr_sim_tokens_mix(sent), r);
-      sent++;
       cv->turn++;
-      next_at[c] = INFINITY;
+    }
+    if (!kvr_sim_engine_busy(eng)) {
+      now = arrivals[sent];
+      continue;
     }
     kvr_sim_stats_t st;
     kvr_sim_engine_stats(eng, &st);
-    if (!kvr_sim_engine_busy(eng)) {
-      double next = INFINITY;
-      for (uint32_t c = 0; c < nconv; c++)
-        next = fmin(next, next_at[c]);
-      now = next;
-      continue;
-    }
     uint32_t inflight = st.running + st.waiting;
     running_max = KVR_MAX(running_max, inflight);
     kvr_sim_step_t step;
@@ -233,9 +235,15 @@ static void calibrate_rate(const kvr_sim_config_t *cfg, double rate, uint32_t nr
       if (ev->finished) {
         conv_t *cv = &convs[r->conv];
         cv->ctx.n = 0;
-        for (uint32_t k = 0; k < ev->req->ntokens; k++)
+        /* the history resent next turn: the generated answer, or a dataset's reference answer */
+        uint32_t keep = answer_mean ? ev->req->num_prompt : ev->req->ntokens;
+        for (uint32_t k = 0; k < keep; k++)
           kvr_sim_toks_push(&cv->ctx, ev->req->tokens[k]);
-        next_at[r->conv] = now; /* the user sends the next turn at once */
+        if (answer_mean)
+          push_ids(&cv->ctx, 0x20000000ull + r->conv * 16 + cv->turn,
+                   answer_mean / 2 + (uint32_t)(kvr_sim_tokens_mix(rs++) % (answer_mean + 1)));
+        if (cv->turn < 5)
+          ready[ready_tail++] = r->conv;
         kvr_sim_engine_remove(eng, ev->req);
         done++;
       }
@@ -264,8 +272,9 @@ static void calibrate_rate(const kvr_sim_config_t *cfg, double rate, uint32_t nr
   for (uint32_t c = 0; c < nconv; c++)
     kvr_sim_toks_free(&convs[c].ctx);
   free(convs);
+  free(ready);
   free(reqs);
-  free(next_at);
+  free(arrivals);
   free(itls);
   free(ttft);
   free(tpot);
@@ -273,9 +282,11 @@ static void calibrate_rate(const kvr_sim_config_t *cfg, double rate, uint32_t nr
 }
 
 static int calibrate(const cli_t *cli) {
-  printf("multi-turn workload in virtual time: %u requests per rate, 5-turn conversations over 10 "
-         "shared 3.5-4k-token starters, answers resent verbatim, output U[%u,%u] tokens\n",
-         cli->cal_requests, cli->cal_output_mean / 2, cli->cal_output_mean * 3 / 2);
+  printf("multi-turn workload in virtual time: %u Poisson requests per rate, each the next turn of a "
+         "finished conversation (5 turns over 10 shared 3.5-4k-token starters) or a new one; output "
+         "U[%u,%u] tokens; history answers: %s %u\n",
+         cli->cal_requests, cli->cal_output_mean / 2, cli->cal_output_mean * 3 / 2,
+         cli->cal_answer_mean ? "dataset, mean" : "generated", cli->cal_answer_mean);
   printf(" rate  reqs  in_avg out_avg cached conc  max ttft50 ttft99  tpot50  tpot99   itl50   "
          "itl99  tok/s preempt\n");
   const char *p = cli->cal_rates;
@@ -287,7 +298,7 @@ static int calibrate(const cli_t *cli) {
       return 2;
     }
     calibrate_rate(&cli->opts.engine, rate, cli->cal_requests, cli->cal_output_mean,
-                   cli->opts.seed);
+                   cli->cal_answer_mean, cli->opts.seed);
     fflush(stdout);
     p = *end == ',' ? end + 1 : end;
   }
@@ -371,7 +382,8 @@ int kvr_sim_main(int argc, char **argv) {
   kvr_sim_server_opts_default(&cli.opts);
   cli.cal_rates = "0.5,1,1.5,2,2.5,3";
   cli.cal_requests = 300;
-  cli.cal_output_mean = 650;
+  cli.cal_output_mean = 500;
+  cli.cal_answer_mean = 900;
   cli.log_level = KVR_LOG_INFO;
   kvr_sim_config_t *e = &cli.opts.engine;
   kvr_sim_fault_t *f = &cli.opts.fault;
@@ -395,13 +407,13 @@ int kvr_sim_main(int argc, char **argv) {
       {"output-len-mean", F_U32, &cli.opts.output_len_mean,
        "mean natural answer length when ignore_eos is off: EOS after U[N/2, 3N/2] tokens "
        "(default 830; 0 = run to max_tokens)"},
-      {"cost-fixed-ms", F_DBL, &e->cost.fixed_ms, "step cost: fixed ms per step (default 19)"},
+      {"cost-fixed-ms", F_DBL, &e->cost.fixed_ms, "step cost: fixed ms per step (default 22)"},
       {"cost-per-seq-ms", F_DBL, &e->cost.per_seq_ms,
        "step cost: ms per scheduled sequence (default 0.06)"},
       {"cost-prefill-tok-us", F_DBL, &e->cost.prefill_tok_us,
        "step cost: us per prefilled token (default 55)"},
       {"cost-decode-ctx-ns", F_DBL, &e->cost.decode_ctx_ns,
-       "step cost: ns per context token of each decoding sequence (default 70)"},
+       "step cost: ns per context token of each decoding sequence (default 60)"},
       {"cost-attn-pair-ns", F_DBL, &e->cost.attn_pair_ns,
        "step cost: ns per query-key pair of prefill attention (default 2)"},
       {"fixed-ttft-ms", F_DBL, &cli.opts.fixed_ttft_ms,
@@ -421,7 +433,11 @@ int kvr_sim_main(int argc, char **argv) {
       {"cal-rates", F_STR, &cli.cal_rates, "calibrate: comma-separated request rates (default 0.5,1,1.5,2,2.5,3)"},
       {"cal-requests", F_U32, &cli.cal_requests, "calibrate: requests per rate (default 300)"},
       {"cal-output-mean", F_U32, &cli.cal_output_mean,
-       "calibrate: mean output tokens, uniform over [N/2, 3N/2] (default 650)"},
+       "calibrate: mean output tokens, uniform over [N/2, 3N/2] (default 500)"},
+      {"cal-answer-mean", F_U32, &cli.cal_answer_mean,
+       "calibrate: the history carries a dataset answer of U[N/2, 3N/2] tokens instead of the "
+       "generated one, as with a pre-recorded multi-turn dataset (default 900; 0 = resend the "
+       "generated answer)"},
       {"help", F_FLAG, &cli.help, "this text"},
   };
   for (int i = 1; i < argc; i++) {
