@@ -1,17 +1,17 @@
 /* policy.h -- the one interface every routing policy implements.
  *
- * A policy is a pure function of read-only state: it sees a snapshot of the workers (load figures the
- * router tracks itself, figures scraped from each worker's /metrics, and how many of this request's
- * prefix blocks the cache index believes each worker still holds) plus the request's routing
- * features, and returns the index of the worker to use or KVR_POLICY_NONE. It never touches sockets,
- * libuv or HTTP, so every policy is testable without a loop.
+ * A policy is a pure function of read-only state: it sees a snapshot of the workers (load figures
+ * the router tracks itself, figures scraped from each worker's /metrics, and how many of this
+ * request's prefix blocks the cache index believes each worker still holds) plus the request's
+ * routing features, and returns the index of the worker to use or KVR_POLICY_NONE. It never touches
+ * sockets, libuv or HTTP, so every policy is testable without a loop.
  *
  * A policy object is an ops table (kvr_policy_ops_t, const, one per policy file) plus a derived
  * struct whose first member is `kvr_policy_t super` (h2o's balancer pattern). It may keep private
  * mutable state of its own (a round-robin cursor, a seeded RNG) but nothing shared.
  *
- * The registry (policy.c) is an explicit static table: no constructor self-registration, because the
- * linker drops unreferenced objects from static libraries.
+ * The registry (policy.c) is an explicit static table: no constructor self-registration, because
+ * the linker drops unreferenced objects from static libraries.
  *
  * Retries: `tried` is a bitmask of worker indexes already attempted for this request; a policy must
  * never return one of them (h2o's select(..., tried)).
@@ -32,17 +32,19 @@ typedef struct kvr_policy_ops_s kvr_policy_ops_t;
 
 /* What the router knows about one worker at decision time. */
 typedef struct kvr_worker_snap_s {
-  uint32_t id;             /* stable worker id (admin API), not the index */
-  bool usable;             /* up and not draining; a policy never picks an unusable worker */
-  uint32_t inflight;       /* requests the router has outstanding on this worker (exact) */
-  uint64_t active_tokens;  /* router estimate: prompt + generated tokens of in-flight requests */
+  uint32_t id;            /* stable worker id (admin API), not the index */
+  bool usable;            /* up and not draining; a policy never picks an unusable worker */
+  uint32_t inflight;      /* requests the router has outstanding on this worker (exact) */
+  uint64_t active_tokens; /* router estimate: prompt + generated tokens of in-flight requests */
   uint64_t queued_prefill_tokens; /* router estimate: uncached prompt tokens not yet answered */
   /* Scraped from the worker's /metrics; valid only when metrics_fresh. */
   bool metrics_fresh;
   double num_requests_running;
   double num_requests_waiting;
-  double kv_cache_usage;   /* 0..1 */
+  double kv_cache_usage;          /* 0..1 */
   uint64_t cache_capacity_blocks; /* router's model of the worker's KV capacity, in router blocks */
+  uint64_t
+      cached_blocks; /* blocks the cache index holds for this worker (kvr_cache_index_entries) */
   /* Filled per request from the cache index: how many of the request's leading blocks this worker
    * probably holds (longest matching prefix, in blocks). */
   size_t matched_blocks;
@@ -61,13 +63,15 @@ typedef struct kvr_route_req_s {
 typedef struct kvr_policy_score_s {
   double cost;   /* policy's score for this worker (lower is better unless the policy says so) */
   bool eligible; /* usable and not tried */
+  bool capped;   /* eligible but excluded by a load bound (kv_aware's bounded load) */
 } kvr_policy_score_t;
 
 struct kvr_policy_ops_s {
   const char *name;        /* registry key, e.g. "kv_aware" */
   const char *description; /* one line for --help and GET /admin/policy */
-  /* Creates an instance from params (a JSON object or NULL for defaults). On a bad parameter returns
-   * NULL and writes "params.<field>: <reason>" into err. seed makes any randomness reproducible. */
+  /* Creates an instance from params (a JSON object or NULL for defaults). On a bad parameter
+   * returns NULL and writes "params.<field>: <reason>" into err. seed makes any randomness
+   * reproducible. */
   kvr_policy_t *(*create)(const cJSON *params, uint64_t seed, char *err, size_t errlen);
   /* Picks a worker index in [0, nworkers) that is usable and not in tried, or KVR_POLICY_NONE.
    * scores, if not NULL, has nworkers entries and receives each worker's score. */
@@ -91,7 +95,8 @@ const kvr_policy_ops_t *kvr_policy_find(const char *name);
 /* Writes "round_robin, least_load, ..." into buf. */
 void kvr_policy_names(char *buf, size_t len);
 
-/* Creates a policy by name: returns NULL and a one-line err naming the valid choices or the bad field. */
+/* Creates a policy by name: returns NULL and a one-line err naming the valid choices or the bad
+ * field. */
 kvr_policy_t *kvr_policy_create(const char *name, const cJSON *params, uint64_t seed, char *err,
                                 size_t errlen);
 
@@ -105,5 +110,36 @@ const char *kvr_policy_name(const kvr_policy_t *p);
 static inline bool kvr_policy_eligible(const kvr_worker_snap_t *w, size_t i, uint64_t tried) {
   return w->usable && !(tried & (UINT64_C(1) << i));
 }
+
+/* splitmix64: the policies' seeded RNG (state advances on each call). */
+static inline uint64_t kvr_policy_rand(uint64_t *state) {
+  uint64_t z = (*state += UINT64_C(0x9E3779B97F4A7C15));
+  z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+  return z ^ (z >> 31);
+}
+
+/* One numeric parameter of a policy (policy.c validates a params object against a table of them).
+ */
+typedef struct kvr_policy_param_s {
+  const char *name;
+  double *value;   /* holds the default on entry, the parsed value on success */
+  double min, max; /* inclusive bounds */
+  bool integer;
+} kvr_policy_param_t;
+
+/* Validates params (NULL or a JSON object) against spec: every field must be listed, a number,
+ * within bounds, and integral when required. Returns 0, or KVR_EINVAL with err set to
+ * "params.<field>: <reason>" (an unknown field lists the valid ones). */
+int kvr_policy_parse_params(const cJSON *params, const kvr_policy_param_t *spec, size_t n,
+                            char *err, size_t errlen);
+/* Adds every parameter of spec with its current value to obj. */
+void kvr_policy_params_to_json(const kvr_policy_param_t *spec, size_t n, cJSON *obj);
+
+/* Among scores[i].eligible && !scores[i].capped picks the lowest cost; ties (within 1e-9
+ * relative) go, when load_ties, to the lower inflight, then the lower active_tokens; remaining
+ * ties are broken uniformly at random with rng. Returns KVR_POLICY_NONE when nothing qualifies. */
+int kvr_policy_pick_lowest(const kvr_worker_snap_t *workers, size_t nworkers,
+                           const kvr_policy_score_t *scores, bool load_ties, uint64_t *rng);
 
 #endif

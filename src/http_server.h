@@ -93,6 +93,7 @@ struct kvr_http_req_s {
   bool closed;            /* the client connection is gone */
   bool started, finished;
   bool chunked;
+  bool no_body;           /* the status forbids a body (1xx, 204, 304) */
 };
 
 /* Creates a server on loop; on_request is called for every complete request with data. Returns NULL
@@ -103,6 +104,10 @@ kvr_http_server_t *kvr_http_server_new(uv_loop_t *loop, const kvr_http_limits_t 
 /* Binds and listens on "HOST:PORT" ("127.0.0.1:0" picks a free port, "[::1]:8000" for IPv6).
  * Returns 0 or a negative KVR_E* code; errbuf gets a one-line reason. */
 int kvr_http_server_listen(kvr_http_server_t *srv, const char *hostport, char *errbuf, size_t errlen);
+
+/* When on, requests the server rejects itself (400/408/413/414/431/501/405 before any handler) are
+ * logged as one "access" line each, like handled requests. */
+void kvr_http_server_log_rejects(kvr_http_server_t *srv, bool on);
 
 /* The port actually bound (useful after listening on port 0), or -1. */
 int kvr_http_server_port(const kvr_http_server_t *srv);
@@ -157,9 +162,11 @@ int kvr_http_write(kvr_http_req_t *req, const void *data, size_t len);
 size_t kvr_http_pending(const kvr_http_req_t *req);
 
 /* Ends the response (terminating chunk if chunked) and releases the handler's reference. If the
- * response was never started, a 500 error is sent. abort_conn = true closes the connection without
- * a clean end (used when a body cannot be completed and the framing must show truncation). */
+ * response was never started, a 500 error is sent. */
 void kvr_http_finish(kvr_http_req_t *req);
+
+/* Releases the handler's reference and closes the connection without a clean end, so the client's
+ * HTTP framing shows the body as truncated (used when a body already started cannot be completed). */
 void kvr_http_abort(kvr_http_req_t *req);
 
 /* Parses "HOST:PORT" / "[V6]:PORT" into a sockaddr_storage. Returns 0 or KVR_EINVAL. */

@@ -1,0 +1,900 @@
+/* loadgen.c -- the open-loop engine of `kvrouter bench`: schedules, sends, streams and measures.
+ *
+ * Structs:
+ *   kvr_loadgen_t  options, the workload (borrowed), the kvr_curlm_t, one scheduler timer (`tick`),
+ *                  one progress timer, and the state of the level being run (`lv_*` fields).
+ *   conv_t         one open conversation of the level: the kvr_conv_t from the workload, the
+ *                  answers streamed so far, the next turn and when it becomes eligible.
+ *   req_t          one in-flight request: its easy handle, body, SSE line buffer, streamed answer,
+ *                  ITL samples and the kvr_req_rec_t being filled.
+ *
+ * Flow of a level:
+ *
+ *   run_level -> build arrival schedule (gamma gaps from level_seed) -> arm tick -> uv_run
+ *   tick: send every due arrival / eligible turn -> req_t -> kvr_curlm_add
+ *   curl header cb: status, x-kvrouter-worker      curl write cb: SSE lines -> cJSON -> tokens, usage
+ *   curl done cb: finish record -> kvr_stats_level_add -> conversation's next turn becomes eligible
+ *                 after think time -> re-arm tick
+ *   sent == total and nothing in flight -> uv_stop -> kvr_stats_level_finish -> return level
+ *
+ * Invariants: every req_t is on the in-flight list from kvr_curlm_add until its done callback (or
+ * an interrupt cancels it); a conv_t has at most one request in flight; requests are sent only from
+ * schedule() (the tick, or after a transfer's done callback), never inside curl's own callbacks. Durations recorded are real
+ * durations times the time scale; lag stays real.
+ */
+#include "loadgen.h"
+
+#include "buf.h"
+#include "curlm.h"
+#include "kvr.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define MAX_SSE_LINE ((size_t)1 << 20)
+#define MAX_ANSWER ((size_t)4 << 20)
+#define MAX_ERROR_BODY 2048
+
+typedef struct req_s req_t;
+
+typedef struct conv_s {
+  kvr_conv_t conv;
+  char **answers;        /* nturns entries, owned */
+  uint32_t next_turn;    /* 0-based turn to send next */
+  uint64_t eligible_ns;  /* when next_turn may be sent (valid while waiting) */
+  bool waiting;          /* next_turn is due to be sent and not in flight */
+  bool dead;             /* finished or abandoned after a failure */
+  unsigned user;         /* concurrency mode: the user running it */
+} conv_t;
+
+struct req_s {
+  kvr_loadgen_t *lg;
+  conv_t *cv;
+  uint32_t turn;
+  CURL *easy;
+  struct curl_slist *headers;
+  kvr_buf_t body, line, answer, errbody;
+  double *itls;
+  size_t nitl, capitl;
+  uint64_t sent_ns, first_ns, last_ns;
+  bool stream_error;
+  kvr_req_rec_t rec;
+  req_t *prev, *next;
+};
+
+struct kvr_loadgen_s {
+  uv_loop_t *loop;
+  kvr_loadgen_opts_t o;
+  char *url, *model, *api_key;
+  const kvr_workload_t *wl;
+  kvr_curlm_t *curlm;
+  uv_timer_t tick, progress, sleeper;
+  int open_handles;
+  bool interrupted;
+  bool running;          /* uv_run is in progress for a level, sleep or admin call */
+
+  /* Level state. */
+  kvr_level_t *lv;
+  const char *label;
+  double rate;           /* report req/s */
+  unsigned concurrency;
+  uint64_t level_seed;
+  uint64_t start_ns;
+  uint64_t *arrivals;    /* rate mode: real ns offsets from start_ns */
+  size_t total, sent, done, failed, next_arrival;
+  uint64_t next_conv;
+  conv_t *spare;         /* the next new conversation, generated ahead of its send; owned */
+  conv_t **convs;        /* every conversation opened this level, owned */
+  size_t nconvs, capconvs;
+  req_t *inflight;
+  size_t ninflight;
+  uint64_t last_progress_ns;
+  size_t progress_len;
+
+  /* Admin call state. */
+  int admin_status;
+  CURLcode admin_result;
+  bool admin_done;
+};
+
+void kvr_loadgen_opts_default(kvr_loadgen_opts_t *o) {
+  memset(o, 0, sizeof(*o));
+  o->url = "http://127.0.0.1:8000";
+  o->model = "default";
+  o->api = KVR_API_CHAT;
+  o->ignore_eos = true;
+  o->time_scale = 1;
+  o->burstiness = 1;
+  o->num_prompts = 300;
+  o->request_timeout_s = 600;
+}
+
+static double scale(const kvr_loadgen_t *lg) {
+  return lg->o.time_scale;
+}
+
+static void on_handle_closed(uv_handle_t *h) {
+  kvr_loadgen_t *lg = h->data;
+  lg->open_handles--;
+}
+
+kvr_loadgen_t *kvr_loadgen_new(uv_loop_t *loop, const kvr_loadgen_opts_t *o,
+                               const kvr_workload_t *wl, char *err, size_t errlen) {
+  if (o->url == NULL || strncmp(o->url, "http", 4) != 0 ||
+      !(o->time_scale >= 1e-6) || !(o->burstiness > 0) || o->num_prompts == 0) {
+    snprintf(err, errlen, "loadgen: need an http(s) URL, a model, time scale > 0, burstiness > 0 "
+                          "and at least one prompt");
+    return NULL;
+  }
+  kvr_loadgen_t *lg = calloc(1, sizeof(*lg));
+  if (lg == NULL)
+    abort();
+  lg->loop = loop;
+  lg->o = *o;
+  lg->wl = wl;
+  /* The endpoint: keep a full /v1/... path, else add the API's. */
+  kvr_buf_t u = KVR_BUF_INIT;
+  kvr_buf_puts(&u, o->url);
+  while (u.len > 0 && u.data[u.len - 1] == '/')
+    u.data[--u.len] = '\0';
+  if (strstr(u.data + 8, "/v1/") == NULL)
+    kvr_buf_puts(&u, o->api == KVR_API_CHAT ? "/v1/chat/completions" : "/v1/completions");
+  lg->url = kvr_buf_steal(&u);
+  lg->model = strdup(o->model ? o->model : "default");
+  lg->api_key = o->api_key ? strdup(o->api_key) : NULL;
+  lg->curlm = kvr_curlm_new(loop);
+  if (lg->curlm == NULL) {
+    snprintf(err, errlen, "loadgen: curl multi init failed");
+    free(lg->url);
+    free(lg->model);
+    free(lg->api_key);
+    free(lg);
+    return NULL;
+  }
+  uv_timer_init(loop, &lg->tick);
+  uv_timer_init(loop, &lg->progress);
+  uv_timer_init(loop, &lg->sleeper);
+  lg->tick.data = lg->progress.data = lg->sleeper.data = lg;
+  lg->open_handles = 3;
+  return lg;
+}
+
+void kvr_loadgen_free(kvr_loadgen_t *lg) {
+  if (lg == NULL)
+    return;
+  kvr_curlm_close(lg->curlm);
+  uv_close((uv_handle_t *)&lg->tick, on_handle_closed);
+  uv_close((uv_handle_t *)&lg->progress, on_handle_closed);
+  uv_close((uv_handle_t *)&lg->sleeper, on_handle_closed);
+  /* Bounded: the handles and curl's sockets close within a few loop iterations. */
+  for (int i = 0; i < 1000 && lg->open_handles > 0; i++)
+    uv_run(lg->loop, UV_RUN_NOWAIT);
+  uv_run(lg->loop, UV_RUN_NOWAIT);
+  free(lg->url);
+  free(lg->model);
+  free(lg->api_key);
+  free(lg);
+}
+
+bool kvr_loadgen_interrupted(const kvr_loadgen_t *lg) {
+  return lg->interrupted;
+}
+
+/* ---- requests -------------------------------------------------------------------------------- */
+
+static void req_free(req_t *r) {
+  if (r == NULL)
+    return;
+  if (r->easy)
+    curl_easy_cleanup(r->easy);
+  curl_slist_free_all(r->headers);
+  kvr_buf_free(&r->body);
+  kvr_buf_free(&r->line);
+  kvr_buf_free(&r->answer);
+  kvr_buf_free(&r->errbody);
+  free(r->itls);
+  free(r);
+}
+
+static void inflight_remove(kvr_loadgen_t *lg, req_t *r) {
+  if (r->prev)
+    r->prev->next = r->next;
+  else
+    lg->inflight = r->next;
+  if (r->next)
+    r->next->prev = r->prev;
+  r->prev = r->next = NULL;
+  lg->ninflight--;
+}
+
+static void set_error(req_t *r, const char *msg) {
+  if (r->rec.error[0] != '\0')
+    return;
+  size_t n = KVR_MIN(strlen(msg), sizeof(r->rec.error) - 1);
+  memcpy(r->rec.error, msg, n);
+  r->rec.error[n] = '\0';
+}
+
+static void on_token(req_t *r, uint64_t now) {
+  r->rec.chunks++;
+  if (r->first_ns == 0) {
+    r->first_ns = now;
+  } else {
+    if (r->nitl == r->capitl) {
+      r->capitl = r->capitl ? r->capitl * 2 : 256;
+      r->itls = realloc(r->itls, r->capitl * sizeof(double));
+      if (r->itls == NULL)
+        abort();
+    }
+    r->itls[r->nitl++] = (double)(now - r->last_ns) / 1e6 * scale(r->lg);
+  }
+  r->last_ns = now;
+}
+
+/* One SSE "data:" payload. */
+static void on_event(req_t *r, const char *data, size_t len, uint64_t now) {
+  if (len == 6 && memcmp(data, "[DONE]", 6) == 0)
+    return;
+  cJSON *j = cJSON_ParseWithLength(data, len);
+  if (j == NULL) {
+    r->stream_error = true;
+    set_error(r, "malformed SSE JSON");
+    return;
+  }
+  const cJSON *err = cJSON_GetObjectItemCaseSensitive(j, "error");
+  if (err && !cJSON_IsNull(err)) {
+    const cJSON *msg = cJSON_GetObjectItemCaseSensitive(err, "message");
+    r->stream_error = true;
+    set_error(r, cJSON_IsString(msg) ? msg->valuestring : "error event in stream");
+  }
+  const cJSON *choices = cJSON_GetObjectItemCaseSensitive(j, "choices");
+  const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
+  if (c0) {
+    const cJSON *text = NULL;
+    const cJSON *delta = cJSON_GetObjectItemCaseSensitive(c0, "delta");
+    if (delta) {
+      text = cJSON_GetObjectItemCaseSensitive(delta, "content");
+      if (!cJSON_IsString(text) || text->valuestring[0] == '\0')
+        text = cJSON_GetObjectItemCaseSensitive(delta, "reasoning_content");
+    } else {
+      text = cJSON_GetObjectItemCaseSensitive(c0, "text");
+    }
+    if (cJSON_IsString(text) && text->valuestring[0] != '\0') {
+      on_token(r, now);
+      size_t tl = strlen(text->valuestring);
+      if (r->answer.len + tl <= MAX_ANSWER)
+        kvr_buf_append(&r->answer, text->valuestring, tl);
+    }
+  }
+  const cJSON *usage = cJSON_GetObjectItemCaseSensitive(j, "usage");
+  if (cJSON_IsObject(usage)) {
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens");
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens");
+    const cJSON *det = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details");
+    const cJSON *cached = det ? cJSON_GetObjectItemCaseSensitive(det, "cached_tokens") : NULL;
+    if (cJSON_IsNumber(pt))
+      r->rec.prompt_tokens = (uint32_t)pt->valuedouble;
+    if (cJSON_IsNumber(ct)) {
+      r->rec.output_tokens = (uint32_t)ct->valuedouble;
+      r->rec.usage_seen = true;
+    }
+    if (cJSON_IsNumber(cached))
+      r->rec.cached_tokens = (uint32_t)cached->valuedouble;
+  }
+  cJSON_Delete(j);
+}
+
+static size_t on_write(char *ptr, size_t size, size_t nmemb, void *userdata) {
+  req_t *r = userdata;
+  size_t n = size * nmemb;
+  if (r->rec.status != 200) {
+    if (r->errbody.len < MAX_ERROR_BODY)
+      kvr_buf_append(&r->errbody, ptr, KVR_MIN(n, MAX_ERROR_BODY - r->errbody.len));
+    return n;
+  }
+  uint64_t now = uv_hrtime();
+  kvr_buf_append(&r->line, ptr, n);
+  size_t start = 0;
+  for (;;) {
+    char *nl = memchr(r->line.data + start, '\n', r->line.len - start);
+    if (nl == NULL)
+      break;
+    size_t end = (size_t)(nl - r->line.data);
+    size_t l = end - start;
+    const char *s = r->line.data + start;
+    if (l > 0 && s[l - 1] == '\r')
+      l--;
+    if (l >= 5 && memcmp(s, "data:", 5) == 0) {
+      size_t off = 5;
+      while (off < l && s[off] == ' ')
+        off++;
+      on_event(r, s + off, l - off, now);
+    }
+    start = end + 1;
+  }
+  kvr_buf_consume(&r->line, start);
+  if (r->line.len > MAX_SSE_LINE) {
+    set_error(r, "SSE line too long");
+    return 0; /* curl ends the transfer with CURLE_WRITE_ERROR */
+  }
+  return n;
+}
+
+static size_t on_header(char *ptr, size_t size, size_t nmemb, void *userdata) {
+  req_t *r = userdata;
+  size_t n = size * nmemb;
+  if (n > 5 && memcmp(ptr, "HTTP/", 5) == 0) {
+    const char *sp = memchr(ptr, ' ', n);
+    if (sp)
+      r->rec.status = atoi(sp + 1);
+    r->rec.worker[0] = '\0';
+    return n;
+  }
+  static const char name[] = "x-kvrouter-worker:";
+  if (n > sizeof(name) - 1 && strncasecmp(ptr, name, sizeof(name) - 1) == 0) {
+    const char *v = ptr + sizeof(name) - 1;
+    size_t vl = n - (sizeof(name) - 1);
+    while (vl > 0 && (*v == ' ' || *v == '\t'))
+      v++, vl--;
+    while (vl > 0 && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' '))
+      vl--;
+    vl = KVR_MIN(vl, sizeof(r->rec.worker) - 1);
+    memcpy(r->rec.worker, v, vl);
+    r->rec.worker[vl] = '\0';
+  }
+  return n;
+}
+
+static void schedule(kvr_loadgen_t *lg);
+
+/* Ends a conversation's current turn: store the answer, make the next turn eligible or close it. */
+static void conv_advance(kvr_loadgen_t *lg, conv_t *cv, req_t *r, bool ok, uint64_t now) {
+  if (!ok) {
+    cv->dead = true; /* without the answer the history cannot be resent faithfully */
+    return;
+  }
+  cv->answers[r->turn] = kvr_buf_steal(&r->answer);
+  if (cv->answers[r->turn] == NULL)
+    cv->answers[r->turn] = strdup("");
+  cv->next_turn = r->turn + 1;
+  if (cv->next_turn >= cv->conv.nturns) {
+    cv->dead = true;
+    return;
+  }
+  double think = cv->conv.turns[cv->next_turn].think_s / scale(lg);
+  cv->eligible_ns = now + (uint64_t)(think * 1e9);
+  cv->waiting = true;
+}
+
+static void finish_request(kvr_loadgen_t *lg, req_t *r, CURLcode result) {
+  uint64_t now = uv_hrtime();
+  kvr_req_rec_t *rec = &r->rec;
+  double s = scale(lg);
+  long code = 0;
+  if (r->easy)
+    curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &code);
+  if (code)
+    rec->status = (int)code;
+  rec->ok = result == CURLE_OK && rec->status == 200 && !r->stream_error && rec->chunks > 0;
+  if (result != CURLE_OK)
+    set_error(r, curl_easy_strerror(result));
+  else if (rec->status != 200) {
+    char msg[160];
+    snprintf(msg, sizeof(msg), "HTTP %d: %.120s", rec->status, r->errbody.data ? r->errbody.data : "");
+    set_error(r, msg);
+  } else if (rec->chunks == 0)
+    set_error(r, "stream carried no tokens");
+  if (!rec->usage_seen)
+    rec->output_tokens = rec->chunks;
+  rec->sent_s = (double)(r->sent_ns - lg->start_ns) / 1e9 * s;
+  if (rec->ok) {
+    rec->ttft_ms = (double)(r->first_ns - r->sent_ns) / 1e6 * s;
+    rec->e2e_ms = (double)(r->last_ns - r->sent_ns) / 1e6 * s;
+    rec->tpot_ms = rec->output_tokens > 1
+                       ? (rec->e2e_ms - rec->ttft_ms) / (double)(rec->output_tokens - 1)
+                       : -1;
+  } else {
+    rec->ttft_ms = r->first_ns ? (double)(r->first_ns - r->sent_ns) / 1e6 * s : -1;
+    rec->e2e_ms = (double)(now - r->sent_ns) / 1e6 * s;
+    rec->tpot_ms = -1;
+  }
+  rec->n_itl = (uint32_t)r->nitl;
+  double sum = 0, mx = 0;
+  for (size_t i = 0; i < r->nitl; i++) {
+    sum += r->itls[i];
+    mx = fmax(mx, r->itls[i]);
+  }
+  rec->itl_mean_ms = r->nitl ? sum / (double)r->nitl : 0;
+  rec->itl_max_ms = mx;
+  kvr_stats_level_add(lg->lv, rec, r->itls, r->nitl);
+  lg->done++;
+  if (!rec->ok && !rec->warmup)
+    lg->failed++;
+  conv_advance(lg, r->cv, r, rec->ok, now);
+}
+
+static void on_done(CURL *easy, CURLcode result, void *data) {
+  req_t *r = data;
+  kvr_loadgen_t *lg = r->lg;
+  (void)easy;
+  inflight_remove(lg, r);
+  finish_request(lg, r, result);
+  req_free(r);
+  schedule(lg);
+}
+
+static conv_t *conv_make(kvr_loadgen_t *lg) {
+  conv_t *cv = calloc(1, sizeof(*cv));
+  if (cv == NULL)
+    abort();
+  kvr_workload_conv(lg->wl, lg->level_seed, lg->next_conv++, &cv->conv);
+  cv->answers = calloc(cv->conv.nturns ? cv->conv.nturns : 1, sizeof(char *));
+  if (cv->answers == NULL)
+    abort();
+  return cv;
+}
+
+/* Opens the level's next conversation. Generating one can take a while (unique control text), so
+ * the next one is made ahead of time, after the send (see schedule()), off the send path. */
+static conv_t *conv_open(kvr_loadgen_t *lg, unsigned user) {
+  conv_t *cv = lg->spare ? lg->spare : conv_make(lg);
+  lg->spare = NULL;
+  cv->user = user;
+  if (lg->nconvs == lg->capconvs) {
+    lg->capconvs = lg->capconvs ? lg->capconvs * 2 : 64;
+    lg->convs = realloc(lg->convs, lg->capconvs * sizeof(*lg->convs));
+    if (lg->convs == NULL)
+      abort();
+  }
+  lg->convs[lg->nconvs++] = cv;
+  return cv;
+}
+
+static void conv_free(conv_t *cv) {
+  for (uint32_t t = 0; t < cv->conv.nturns; t++)
+    free(cv->answers[t]);
+  free(cv->answers);
+  kvr_workload_conv_free(&cv->conv);
+  free(cv);
+}
+
+/* Sends turn cv->next_turn now; target_ns is when it was due (for the lag). */
+static void send_turn(kvr_loadgen_t *lg, conv_t *cv, uint64_t target_ns) {
+  req_t *r = calloc(1, sizeof(*r));
+  if (r == NULL)
+    abort();
+  r->lg = lg;
+  r->cv = cv;
+  r->turn = cv->next_turn;
+  cv->waiting = false;
+  r->rec.conv = cv->conv.id;
+  r->rec.turn = r->turn + 1;
+  r->rec.warmup = lg->sent < lg->o.warmup;
+  r->rec.ttft_ms = r->rec.tpot_ms = -1;
+  kvr_workload_body(&cv->conv, r->turn, (const char *const *)cv->answers, lg->model, lg->o.api,
+                    lg->o.ignore_eos, &r->body);
+  r->easy = curl_easy_init();
+  if (r->easy == NULL)
+    abort();
+  r->headers = curl_slist_append(r->headers, "Content-Type: application/json");
+  r->headers = curl_slist_append(r->headers, "Accept: text/event-stream");
+  r->headers = curl_slist_append(r->headers, "Expect:");
+  if (lg->api_key) {
+    char auth[512];
+    snprintf(auth, sizeof(auth), "Authorization: Bearer %s", lg->api_key);
+    r->headers = curl_slist_append(r->headers, auth);
+  }
+  curl_easy_setopt(r->easy, CURLOPT_URL, lg->url);
+  curl_easy_setopt(r->easy, CURLOPT_HTTPHEADER, r->headers);
+  curl_easy_setopt(r->easy, CURLOPT_POSTFIELDS, r->body.data);
+  curl_easy_setopt(r->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)r->body.len);
+  curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, on_write);
+  curl_easy_setopt(r->easy, CURLOPT_WRITEDATA, r);
+  curl_easy_setopt(r->easy, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(r->easy, CURLOPT_HEADERDATA, r);
+  curl_easy_setopt(r->easy, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(r->easy, CURLOPT_TCP_NODELAY, 1L);
+  curl_easy_setopt(r->easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+  curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+  if (lg->o.request_timeout_s > 0)
+    curl_easy_setopt(r->easy, CURLOPT_TIMEOUT_MS, (long)(lg->o.request_timeout_s * 1000));
+  lg->sent++;
+  r->sent_ns = uv_hrtime();
+  r->rec.target_s = (double)(target_ns - lg->start_ns) / 1e9 * scale(lg);
+  r->rec.lag_ms = r->sent_ns > target_ns ? (double)(r->sent_ns - target_ns) / 1e6 : 0;
+  if (kvr_curlm_add(lg->curlm, r->easy, on_done, r) != 0) {
+    set_error(r, "curl refused the transfer");
+    finish_request(lg, r, CURLE_FAILED_INIT);
+    req_free(r);
+    return;
+  }
+  r->next = lg->inflight;
+  if (lg->inflight)
+    lg->inflight->prev = r;
+  lg->inflight = r;
+  lg->ninflight++;
+}
+
+/* The waiting conversation whose next turn became eligible first, NULL if none is due by now. */
+static conv_t *earliest_waiting(kvr_loadgen_t *lg, uint64_t *when) {
+  conv_t *best = NULL;
+  for (size_t i = 0; i < lg->nconvs; i++) {
+    conv_t *cv = lg->convs[i];
+    if (cv->waiting && !cv->dead && (best == NULL || cv->eligible_ns < best->eligible_ns))
+      best = cv;
+  }
+  if (best && when)
+    *when = best->eligible_ns;
+  return best;
+}
+
+static void arm(kvr_loadgen_t *lg, uint64_t due_ns, uint64_t now);
+static void on_tick(uv_timer_t *t);
+
+/* Sends whatever is due and re-arms the tick for the next event; stops the loop when the level is
+ * complete. Only ever called from the tick or after a request finished. */
+static void schedule(kvr_loadgen_t *lg) {
+  if (lg->lv == NULL || lg->interrupted)
+    return;
+  uint64_t now = uv_hrtime();
+  uint64_t next_due = UINT64_MAX;
+  if (lg->rate > 0 && !lg->o.sessions) {
+    /* Turn arrivals: each due arrival takes the oldest eligible follow-up, else a new conversation. */
+    while (lg->next_arrival < lg->total) {
+      uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
+      if (due > now) {
+        next_due = due;
+        break;
+      }
+      uint64_t when = 0;
+      conv_t *cv = earliest_waiting(lg, &when);
+      if (cv == NULL || when > now)
+        cv = conv_open(lg, 0);
+      lg->next_arrival++;
+      send_turn(lg, cv, due);
+    }
+  } else {
+    if (lg->rate > 0) {
+      /* Sessions: arrivals open conversations; eligible follow-ups go out on their own. */
+      while (lg->next_arrival < lg->total && lg->sent < lg->total) {
+        uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
+        if (due > now) {
+          next_due = due;
+          break;
+        }
+        lg->next_arrival++;
+        send_turn(lg, conv_open(lg, 0), due);
+      }
+    }
+    uint64_t when = 0;
+    conv_t *cv;
+    while (lg->sent < lg->total && (cv = earliest_waiting(lg, &when)) != NULL) {
+      if (when > now) {
+        next_due = KVR_MIN(next_due, when);
+        break;
+      }
+      send_turn(lg, cv, when);
+    }
+    if (lg->concurrency > 0) {
+      /* Closed loop: a user whose conversation ended starts the next one at once. */
+      for (size_t i = 0; i < lg->nconvs && lg->sent < lg->total; i++) {
+        conv_t *old = lg->convs[i];
+        if (!old->dead || old->user == UINT32_MAX)
+          continue;
+        unsigned user = old->user;
+        old->user = UINT32_MAX; /* hand the user over exactly once */
+        send_turn(lg, conv_open(lg, user), now);
+      }
+    }
+  }
+  if (lg->sent >= lg->total && lg->ninflight == 0) {
+    uv_timer_stop(&lg->tick);
+    uv_stop(lg->loop);
+    return;
+  }
+  if (lg->spare == NULL && lg->sent < lg->total)
+    lg->spare = conv_make(lg);
+  if (lg->sent < lg->total && next_due != UINT64_MAX)
+    arm(lg, next_due, now);
+  else
+    uv_timer_stop(&lg->tick);
+}
+
+static void arm(kvr_loadgen_t *lg, uint64_t due_ns, uint64_t now) {
+  /* Wake a millisecond early, then spin through the loop (timeout 0) to the exact instant. */
+  uint64_t delta_ms = due_ns > now ? (due_ns - now) / 1000000 : 0;
+  uv_timer_start(&lg->tick, on_tick, delta_ms > 1 ? delta_ms - 1 : 0, 0);
+}
+
+static void on_tick(uv_timer_t *t) {
+  schedule(t->data);
+}
+
+/* ---- progress -------------------------------------------------------------------------------- */
+
+static double running_p99(const kvr_level_t *lv, bool tpot) {
+  size_t n = 0;
+  double *v = malloc((lv->nrecs ? lv->nrecs : 1) * sizeof(double));
+  if (v == NULL)
+    abort();
+  for (size_t i = 0; i < lv->nrecs; i++) {
+    const kvr_req_rec_t *r = &lv->recs[i];
+    double x = tpot ? r->tpot_ms : r->ttft_ms;
+    if (r->ok && !r->warmup && x >= 0)
+      v[n++] = x;
+  }
+  kvr_dist_t d;
+  kvr_stats_dist(v, n, &d);
+  free(v);
+  return d.p99;
+}
+
+static void print_progress(kvr_loadgen_t *lg, bool final) {
+  FILE *f = lg->o.progress;
+  if (f == NULL || lg->lv == NULL)
+    return;
+  uint64_t now = uv_hrtime();
+  double elapsed = (double)(now - lg->start_ns) / 1e9;
+  double left = 0;
+  if (lg->rate > 0 && lg->total > 0 && !lg->o.sessions) {
+    double last = (double)lg->arrivals[lg->total - 1] / 1e9;
+    left = fmax(0, last - elapsed);
+  } else if (lg->done > 0) {
+    left = elapsed / (double)lg->done * (double)(lg->total - lg->done);
+  }
+  char load[48];
+  if (lg->concurrency)
+    snprintf(load, sizeof(load), "%u users", lg->concurrency);
+  else
+    snprintf(load, sizeof(load), "%.3g %s", lg->rate, lg->o.sessions ? "conv/s" : "req/s");
+  char line[256];
+  int n = snprintf(line, sizeof(line),
+                   "[%s %s] sent %zu/%zu done %zu inflight %zu errors %zu | TTFT p99 %.0f ms TPOT "
+                   "p99 %.1f ms | %.0fs left",
+                   lg->label ? lg->label : "", load, lg->sent, lg->total, lg->done, lg->ninflight,
+                   lg->failed, running_p99(lg->lv, false), running_p99(lg->lv, true),
+                   final ? 0.0 : left);
+  if (lg->o.progress_tty) {
+    fprintf(f, "\r%s", line);
+    for (size_t i = (size_t)n; i < lg->progress_len; i++)
+      fputc(' ', f);
+    lg->progress_len = (size_t)n;
+    if (final) {
+      fputc('\n', f);
+      lg->progress_len = 0;
+    }
+  } else {
+    fprintf(f, "%s\n", line);
+  }
+  fflush(f);
+}
+
+static void on_progress(uv_timer_t *t) {
+  kvr_loadgen_t *lg = t->data;
+  uint64_t now = uv_hrtime();
+  /* A terminal line is rewritten every second; plain lines every 10 s keep logs short. */
+  if (lg->o.progress_tty || now - lg->last_progress_ns >= 10000000000ull) {
+    lg->last_progress_ns = now;
+    print_progress(lg, false);
+  }
+}
+
+/* ---- levels ---------------------------------------------------------------------------------- */
+
+int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, unsigned concurrency,
+                          uint64_t level_seed, const kvr_slo_t *slo, kvr_level_t **out) {
+  *out = NULL;
+  if ((rate > 0) == (concurrency > 0) || !(rate >= 0))
+    return KVR_EINVAL;
+  kvr_level_t *lv = kvr_stats_level_new(rate, concurrency);
+  lg->lv = lv;
+  lg->label = label;
+  lg->rate = rate;
+  lg->concurrency = concurrency;
+  lg->level_seed = level_seed;
+  lg->total = lg->o.warmup + lg->o.num_prompts;
+  lg->sent = lg->done = lg->failed = lg->next_arrival = 0;
+  lg->next_conv = 0;
+  lg->arrivals = NULL;
+  if (rate > 0) {
+    /* Gamma gaps with mean 1/real_rate (vllm's burstiness: shape k, scale 1/(rate*k)). */
+    double real_rate = rate * scale(lg);
+    size_t narr = lg->total;
+    lg->arrivals = malloc(narr * sizeof(uint64_t));
+    if (lg->arrivals == NULL)
+      abort();
+    kvr_rng_t rng;
+    kvr_workload_rng_seed(&rng, kvr_workload_mix(level_seed, 0xA77));
+    double t = 0;
+    for (size_t i = 0; i < narr; i++) {
+      lg->arrivals[i] = (uint64_t)(t * 1e9);
+      t += kvr_workload_rng_gamma(&rng, lg->o.burstiness, 1.0 / (real_rate * lg->o.burstiness));
+    }
+  }
+  lg->start_ns = uv_hrtime();
+  lg->last_progress_ns = lg->start_ns;
+  if (lg->o.progress && !lg->o.progress_tty) {
+    fprintf(lg->o.progress, "[%s] level start: %s %.3g, %zu requests (%u warm-up)\n",
+            label ? label : "", concurrency ? "users" : "rate",
+            concurrency ? (double)concurrency : rate, lg->total, lg->o.warmup);
+    fflush(lg->o.progress);
+  }
+  if (concurrency > 0) {
+    for (unsigned u = 0; u < concurrency && lg->sent < lg->total; u++)
+      send_turn(lg, conv_open(lg, u), lg->start_ns);
+  }
+  if (lg->o.progress)
+    uv_timer_start(&lg->progress, on_progress, 1000, 1000);
+  if (!lg->interrupted) {
+    schedule(lg);
+    if (!(lg->sent >= lg->total && lg->ninflight == 0)) {
+      lg->running = true;
+      uv_run(lg->loop, UV_RUN_DEFAULT);
+      lg->running = false;
+    }
+  }
+  uv_timer_stop(&lg->tick);
+  uv_timer_stop(&lg->progress);
+  print_progress(lg, true);
+  lv->interrupted = lg->interrupted;
+  kvr_stats_level_finish(lv, slo);
+  for (size_t i = 0; i < lg->nconvs; i++)
+    conv_free(lg->convs[i]);
+  if (lg->spare)
+    conv_free(lg->spare);
+  lg->spare = NULL;
+  free(lg->convs);
+  lg->convs = NULL;
+  lg->nconvs = lg->capconvs = 0;
+  free(lg->arrivals);
+  lg->arrivals = NULL;
+  lg->lv = NULL;
+  *out = lv;
+  return 0;
+}
+
+void kvr_loadgen_interrupt(kvr_loadgen_t *lg) {
+  lg->interrupted = true;
+  while (lg->inflight) {
+    req_t *r = lg->inflight;
+    inflight_remove(lg, r);
+    kvr_curlm_cancel(lg->curlm, r->easy);
+    req_free(r);
+  }
+  uv_timer_stop(&lg->tick);
+  uv_timer_stop(&lg->sleeper);
+  if (lg->running)
+    uv_stop(lg->loop);
+}
+
+static void on_sleep_done(uv_timer_t *t) {
+  kvr_loadgen_t *lg = t->data;
+  uv_stop(lg->loop);
+}
+
+void kvr_loadgen_sleep(kvr_loadgen_t *lg, double real_seconds) {
+  if (lg->interrupted || real_seconds <= 0)
+    return;
+  uv_timer_start(&lg->sleeper, on_sleep_done, (uint64_t)(real_seconds * 1000), 0);
+  lg->running = true;
+  uv_run(lg->loop, UV_RUN_DEFAULT);
+  lg->running = false;
+  uv_timer_stop(&lg->sleeper);
+}
+
+/* ---- admin ----------------------------------------------------------------------------------- */
+
+static size_t on_admin_write(char *ptr, size_t size, size_t nmemb, void *userdata) {
+  kvr_buf_t *b = userdata;
+  size_t n = size * nmemb;
+  if (b->len < MAX_ERROR_BODY)
+    kvr_buf_append(b, ptr, KVR_MIN(n, MAX_ERROR_BODY - b->len));
+  return n;
+}
+
+static void on_admin_done(CURL *easy, CURLcode result, void *data) {
+  kvr_loadgen_t *lg = data;
+  long code = 0;
+  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &code);
+  lg->admin_status = (int)code;
+  lg->admin_result = result;
+  lg->admin_done = true;
+  uv_stop(lg->loop);
+}
+
+/* One small request (admin call, model list) on the loop, run to completion. resp gets at most
+ * MAX_ERROR_BODY bytes of the body. Returns 0 on a 2xx answer, else KVR_EIO (transport) or
+ * KVR_EUPSTREAM (status) with the reason in err. */
+static int simple_request(kvr_loadgen_t *lg, const char *method, const char *url, const char *body,
+                          kvr_buf_t *resp, char *err, size_t errlen) {
+  CURL *easy = curl_easy_init();
+  if (easy == NULL)
+    abort();
+  struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+  curl_easy_setopt(easy, CURLOPT_URL, url);
+  curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, method);
+  curl_easy_setopt(easy, CURLOPT_HTTPHEADER, h);
+  if (body) {
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(body));
+  }
+  curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_admin_write);
+  curl_easy_setopt(easy, CURLOPT_WRITEDATA, resp);
+  curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, 10000L);
+  lg->admin_done = false;
+  int rc = 0;
+  if (kvr_curlm_add(lg->curlm, easy, on_admin_done, lg) != 0) {
+    snprintf(err, errlen, "%s %s: curl refused the transfer", method, url);
+    rc = KVR_EIO;
+  } else {
+    lg->running = true;
+    while (!lg->admin_done && !lg->interrupted)
+      uv_run(lg->loop, UV_RUN_DEFAULT);
+    lg->running = false;
+    if (!lg->admin_done) {
+      kvr_curlm_cancel(lg->curlm, easy);
+      snprintf(err, errlen, "%s %s: interrupted", method, url);
+      rc = KVR_EIO;
+    } else if (lg->admin_result != CURLE_OK) {
+      snprintf(err, errlen, "%s %s: %s", method, url, curl_easy_strerror(lg->admin_result));
+      rc = KVR_EIO;
+    } else if (lg->admin_status < 200 || lg->admin_status > 299) {
+      snprintf(err, errlen, "%s %s: HTTP %d: %.200s", method, url, lg->admin_status,
+               resp->data ? resp->data : "");
+      rc = KVR_EUPSTREAM;
+    }
+  }
+  curl_easy_cleanup(easy);
+  curl_slist_free_all(h);
+  return rc;
+}
+
+int kvr_loadgen_set_policy(kvr_loadgen_t *lg, const char *admin_url, const char *policy, char *err,
+                           size_t errlen) {
+  kvr_buf_t url = KVR_BUF_INIT, body = KVR_BUF_INIT, resp = KVR_BUF_INIT;
+  kvr_buf_puts(&url, admin_url);
+  while (url.len > 0 && url.data[url.len - 1] == '/')
+    url.data[--url.len] = '\0';
+  kvr_buf_puts(&url, "/admin/policy");
+  kvr_buf_puts(&body, "{\"policy\":");
+  kvr_buf_json_str(&body, policy, strlen(policy));
+  kvr_buf_puts(&body, "}");
+  int rc = simple_request(lg, "PUT", url.data, body.data, &resp, err, errlen);
+  kvr_buf_free(&url);
+  kvr_buf_free(&body);
+  kvr_buf_free(&resp);
+  return rc;
+}
+
+int kvr_loadgen_fetch_model(kvr_loadgen_t *lg, char *model, size_t size, char *err, size_t errlen) {
+  /* The models list lives at the same /v1 root as the completions endpoint. */
+  kvr_buf_t url = KVR_BUF_INIT, resp = KVR_BUF_INIT;
+  kvr_buf_puts(&url, lg->url);
+  char *v1 = strstr(url.data + 8, "/v1/");
+  url.len = (size_t)(v1 - url.data);
+  url.data[url.len] = '\0';
+  kvr_buf_puts(&url, "/v1/models");
+  int rc = simple_request(lg, "GET", url.data, NULL, &resp, err, errlen);
+  if (rc == 0) {
+    cJSON *j = cJSON_Parse(resp.data ? resp.data : "");
+    const cJSON *data = j ? cJSON_GetObjectItemCaseSensitive(j, "data") : NULL;
+    const cJSON *m0 = cJSON_IsArray(data) ? cJSON_GetArrayItem(data, 0) : NULL;
+    const cJSON *id = m0 ? cJSON_GetObjectItemCaseSensitive(m0, "id") : NULL;
+    if (cJSON_IsString(id) && strlen(id->valuestring) < size) {
+      snprintf(model, size, "%s", id->valuestring);
+      free(lg->model);
+      lg->model = strdup(id->valuestring);
+    } else {
+      snprintf(err, errlen, "GET %s: no data[0].id in the answer", url.data);
+      rc = KVR_EPARSE;
+    }
+    cJSON_Delete(j);
+  }
+  kvr_buf_free(&url);
+  kvr_buf_free(&resp);
+  return rc;
+}

@@ -1,0 +1,92 @@
+/* loadgen.h -- the open-loop load generator of `kvrouter bench` (libuv + libcurl on one loop).
+ *
+ * One kvr_loadgen_t drives one OpenAI-compatible endpoint (the router, one worker or a vLLM server)
+ * with streaming chat or completions requests built by workload.h, and measures each one into a
+ * kvr_req_rec_t (stats.h). Transfers go through kvr_curlm_t (src/curlm.h) on the caller's loop.
+ *
+ * Load modes of kvr_loadgen_run_level():
+ *   rate > 0, !sessions   open loop: arrivals at `rate` req/s (gamma gaps, shape = burstiness;
+ *                         Poisson at 1). Each arrival sends the next *eligible* turn of an open
+ *                         conversation (eligible = previous turn done + think time), oldest first,
+ *                         else the first turn of a new conversation. So "rate" is requests/s of turn
+ *                         arrivals, the figure `vllm bench serve --request-rate` means.
+ *   rate > 0, sessions    arrivals start conversations; later turns follow their predecessor.
+ *   concurrency > 0       N closed-loop users, each running conversations turn after turn.
+ * A level sends warmup + num_prompts requests; the first `warmup` are flagged and not measured.
+ *
+ * Time scale N (matches `kvrouter sim --time-scale N`): a target rate R (simulated) is sent at R*N
+ * real req/s, think times are divided by N, and measured durations are multiplied by N, so every
+ * figure is in simulated time. Send lag stays in real time: it measures the generator itself.
+ *
+ * Scheduling precision: one uv_timer_t wakes the loop up to 1 ms before the next send, then re-arms
+ * with 0 ms (the loop keeps polling I/O) until the exact target, so lag is sub-millisecond without
+ * ever blocking the loop.
+ */
+#ifndef KVR_LOADGEN_H
+#define KVR_LOADGEN_H
+
+#include "stats.h"
+#include "workload.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <uv.h>
+
+typedef struct kvr_loadgen_s kvr_loadgen_t;
+
+typedef struct kvr_loadgen_opts_s {
+  const char *url;        /* http://HOST:PORT[/v1/chat/completions]; the API path is added if absent */
+  const char *model;      /* NULL: ask GET /v1/models (kvr_loadgen_fetch_model) */
+  const char *api_key;    /* sent as "Authorization: Bearer" when not NULL */
+  kvr_api_t api;
+  bool ignore_eos;        /* add "ignore_eos": true so outputs run to max_tokens (vLLM, the sim) */
+  double time_scale;      /* >= 1e-6; 1 = real time */
+  double burstiness;      /* gamma shape; 1 = Poisson */
+  bool sessions;          /* rate = conversation starts/s */
+  unsigned warmup;        /* requests per level excluded from metrics */
+  size_t num_prompts;     /* measured requests per level */
+  double request_timeout_s; /* real seconds per request; 0 = none */
+  FILE *progress;         /* progress lines go here; NULL = silent */
+  bool progress_tty;      /* rewrite one line with \r instead of printing plain lines */
+} kvr_loadgen_opts_t;
+
+/* Fills opts with defaults (chat, ignore_eos, time scale 1, Poisson, 300 prompts, no warm-up). */
+void kvr_loadgen_opts_default(kvr_loadgen_opts_t *opts);
+
+/* Creates a load generator on loop for workload wl (borrowed; must outlive the generator). Strings
+ * in opts are copied. Returns NULL with a reason in err. */
+kvr_loadgen_t *kvr_loadgen_new(uv_loop_t *loop, const kvr_loadgen_opts_t *opts,
+                               const kvr_workload_t *wl, char *err, size_t errlen);
+
+/* Closes the curl multi and the generator's handles, runs the loop until they are closed and frees
+ * lg. Accepts NULL. */
+void kvr_loadgen_free(kvr_loadgen_t *lg);
+
+/* Runs one level to completion on the loop (returns when every request finished, or at once after
+ * kvr_loadgen_interrupt()). Exactly one of rate (report req/s) and concurrency is > 0. The level's
+ * trace is a pure function of level_seed. label names the run in progress lines. On success *out is
+ * a finished level (SLO-checked against slo) owned by the caller. Returns 0 or KVR_EINVAL. */
+int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, unsigned concurrency,
+                          uint64_t level_seed, const kvr_slo_t *slo, kvr_level_t **out);
+
+/* Switches the router's policy: PUT admin_url/admin/policy with {"policy": NAME}. Runs the loop
+ * until the answer. Returns 0, or KVR_EUPSTREAM / KVR_EIO with the reason in err. */
+int kvr_loadgen_set_policy(kvr_loadgen_t *lg, const char *admin_url, const char *policy, char *err,
+                           size_t errlen);
+
+/* Asks the endpoint's GET /v1/models for the first model id (as `vllm bench serve` does when no
+ * model is given) and uses it from now on; copies it into model. Returns 0 or a KVR_E* code with
+ * the reason in err. */
+int kvr_loadgen_fetch_model(kvr_loadgen_t *lg, char *model, size_t size, char *err, size_t errlen);
+
+/* Waits real_seconds on the loop (cooldown); returns early after kvr_loadgen_interrupt(). */
+void kvr_loadgen_sleep(kvr_loadgen_t *lg, double real_seconds);
+
+/* Stops the running level or sleep: cancels in-flight transfers (their requests are not recorded),
+ * marks the level interrupted. Safe from a uv signal callback on the same loop; not from curl's own
+ * callbacks. Sticky: later levels return at once. */
+void kvr_loadgen_interrupt(kvr_loadgen_t *lg);
+bool kvr_loadgen_interrupted(const kvr_loadgen_t *lg);
+
+#endif

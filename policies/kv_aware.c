@@ -1,0 +1,144 @@
+/* kv_aware.c -- the default policy: the lowest estimated cost of serving this request, where the
+ * cost weighs the prompt tokens a worker would have to prefill against the load it already carries,
+ * under a bounded-load rule that keeps one popular prefix from making a hot spot.
+ *
+ * Cost of worker i, in prefill-token equivalents:
+ *
+ *   matched_i  = min(prompt_tokens, matched_blocks_i * block_chars / 4)
+ *   uncached_i = prompt_tokens - matched_i
+ *   cost_i     = prefill_weight  * (queued_prefill_tokens_i + uncached_i)   (prefill ahead of us)
+ *              + decode_weight   * active_tokens_i                          (decode batch we join)
+ *              + inflight_weight * inflight_i                               (per-sequence overhead)
+ *              + [metrics fresh]  waiting_weight  * num_requests_waiting_i
+ *                               + kv_usage_weight * kv_cache_usage_i
+ *
+ * Bounded load (consistent hashing with bounded loads, Mirrokni et al. 2018, as in HAProxy's
+ * hash-balance-factor): with F requests in flight over the n eligible workers, a worker is capped
+ * (not choosable) when inflight_i + 1 > max((1 + balance_epsilon) * (F + 1) / n,
+ * (F + 1) / n + balance_slack). The slack keeps affinity at low load, where one or two requests of
+ * imbalance are no hot spot; the epsilon term bounds the share of any worker under load. At least
+ * one eligible worker is always under the limit (the minimum is at most the mean).
+ *
+ * Lowest cost wins; ties go to the fewer in flight, then fewer active tokens, then random (seeded).
+ * With no shared prefixes every uncached_i is equal and the cost orders workers by load, so the
+ * policy degrades to least-loaded rather than below round-robin.
+ *
+ * State: the parameters and the RNG for ties. Scores: cost_i as above, capped per the bound.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "kvr.h"
+#include "policy.h"
+
+typedef struct kv_s {
+  kvr_policy_t super;
+  uint64_t rng;
+  double prefill_weight;
+  double decode_weight;
+  double inflight_weight;
+  double waiting_weight;
+  double kv_usage_weight;
+  double balance_epsilon;
+  double balance_slack;
+} kv_t;
+
+extern const kvr_policy_ops_t kvr__policy_kv_aware;
+
+#define KV_PARAMS(p)                                                                               \
+  {                                                                                                \
+    {"prefill_weight", &(p)->prefill_weight, 0, 1e9, false},                                       \
+        {"decode_weight", &(p)->decode_weight, 0, 1e9, false},                                     \
+        {"inflight_weight", &(p)->inflight_weight, 0, 1e12, false},                                \
+        {"waiting_weight", &(p)->waiting_weight, 0, 1e12, false},                                  \
+        {"kv_usage_weight", &(p)->kv_usage_weight, 0, 1e12, false},                                \
+        {"balance_epsilon", &(p)->balance_epsilon, 0, 1e6, false},                                 \
+        {"balance_slack", &(p)->balance_slack, 0, 1e9, false},                                     \
+  }
+
+static kvr_policy_t *kv_create(const cJSON *params, uint64_t seed, char *err, size_t errlen) {
+  kv_t *p = calloc(1, sizeof(*p));
+  if (p == NULL)
+    return NULL;
+  p->super.ops = &kvr__policy_kv_aware;
+  p->rng = seed;
+  p->prefill_weight = 1.0;
+  p->decode_weight = 0.1;
+  p->inflight_weight = 128;
+  p->waiting_weight = 512;
+  p->kv_usage_weight = 2048;
+  p->balance_epsilon = 0.5;
+  p->balance_slack = 2;
+  kvr_policy_param_t spec[] = KV_PARAMS(p);
+  if (kvr_policy_parse_params(params, spec, KVR_ARRAY_SIZE(spec), err, errlen)) {
+    free(p);
+    return NULL;
+  }
+  return &p->super;
+}
+
+static int kv_select(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t nworkers,
+                     const kvr_route_req_t *req, uint64_t tried, kvr_policy_score_t *scores) {
+  kv_t *p = (kv_t *)base;
+  kvr_policy_score_t local[KVR_MAX_WORKERS];
+  kvr_policy_score_t *s = scores ? scores : local;
+  size_t n = KVR_MIN(nworkers, (size_t)KVR_MAX_WORKERS);
+  uint64_t prompt = req ? req->prompt_tokens : 0;
+  size_t block_chars = req ? req->block_chars : 0;
+
+  size_t neligible = 0;
+  double inflight_sum = 0;
+  for (size_t i = 0; i < n; i++) {
+    const kvr_worker_snap_t *w = &workers[i];
+    s[i].eligible = kvr_policy_eligible(w, i, tried);
+    s[i].capped = false;
+    double matched = (double)w->matched_blocks * (double)block_chars / 4.0;
+    double uncached = (double)prompt - KVR_MIN(matched, (double)prompt);
+    double cost = p->prefill_weight * ((double)w->queued_prefill_tokens + uncached) +
+                  p->decode_weight * (double)w->active_tokens +
+                  p->inflight_weight * (double)w->inflight;
+    if (w->metrics_fresh)
+      cost += p->waiting_weight * w->num_requests_waiting + p->kv_usage_weight * w->kv_cache_usage;
+    s[i].cost = cost;
+    if (s[i].eligible) {
+      neligible++;
+      inflight_sum += w->inflight;
+    }
+  }
+  if (neligible == 0)
+    return KVR_POLICY_NONE;
+
+  double mean = (inflight_sum + 1) / (double)neligible;
+  double limit = KVR_MAX((1 + p->balance_epsilon) * mean, mean + p->balance_slack);
+  size_t open = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!s[i].eligible)
+      continue;
+    s[i].capped = (double)workers[i].inflight + 1 > limit;
+    open += !s[i].capped;
+  }
+  if (open == 0) /* cannot happen (min <= mean), but never refuse an eligible worker for it */
+    for (size_t i = 0; i < n; i++)
+      s[i].capped = false;
+  return kvr_policy_pick_lowest(workers, n, s, true, &p->rng);
+}
+
+static void kv_params(const kvr_policy_t *base, cJSON *obj) {
+  kv_t *p = (kv_t *)base;
+  kvr_policy_param_t spec[] = KV_PARAMS(p);
+  kvr_policy_params_to_json(spec, KVR_ARRAY_SIZE(spec), obj);
+}
+
+static void kv_destroy(kvr_policy_t *p) {
+  free(p);
+}
+
+const kvr_policy_ops_t kvr__policy_kv_aware = {
+    .name = "kv_aware",
+    .description =
+        "lowest prefill-plus-load cost from the cache index, with bounded load (default)",
+    .create = kv_create,
+    .select = kv_select,
+    .params = kv_params,
+    .destroy = kv_destroy,
+};

@@ -1,0 +1,178 @@
+/* policy.c -- the static policy registry, the wrappers over the ops table, and the helpers every
+ * policy shares (parameter validation, lowest-cost pick with tie-breaking).
+ *
+ * The registry is an explicit table in display order; each policy file defines one const ops
+ * table named kvr__policy_<name> (a cross-file internal, declared here only). Adding a policy means
+ * one file in policies/ and one line below.
+ *
+ * Parameter validation is table-driven: a policy lists its numeric parameters with defaults and
+ * bounds (kvr_policy_param_t); kvr_policy_parse_params() rejects a non-object, unknown fields
+ * (naming the valid ones), non-numbers, out-of-range and non-integral values, always as
+ * "params.<field>: <reason>". The same table writes the effective values back for GET
+ * /admin/policy, so what is accepted and what is shown never drift apart.
+ */
+#include "policy.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kvr.h"
+
+extern const kvr_policy_ops_t kvr__policy_round_robin;
+extern const kvr_policy_ops_t kvr__policy_least_load;
+extern const kvr_policy_ops_t kvr__policy_kv_aware;
+extern const kvr_policy_ops_t kvr__policy_gie_scorer;
+extern const kvr_policy_ops_t kvr__policy_sglang_cache_aware;
+
+const kvr_policy_ops_t *const kvr_policy_registry[] = {
+    &kvr__policy_round_robin, &kvr__policy_least_load,         &kvr__policy_kv_aware,
+    &kvr__policy_gie_scorer,  &kvr__policy_sglang_cache_aware, NULL,
+};
+
+const kvr_policy_ops_t *kvr_policy_find(const char *name) {
+  if (name == NULL)
+    return NULL;
+  for (size_t i = 0; kvr_policy_registry[i]; i++)
+    if (strcmp(kvr_policy_registry[i]->name, name) == 0)
+      return kvr_policy_registry[i];
+  return NULL;
+}
+
+void kvr_policy_names(char *buf, size_t len) {
+  if (len == 0)
+    return;
+  buf[0] = '\0';
+  size_t off = 0;
+  for (size_t i = 0; kvr_policy_registry[i]; i++) {
+    int n = snprintf(buf + off, len - off, "%s%s", i ? ", " : "", kvr_policy_registry[i]->name);
+    if (n < 0 || (size_t)n >= len - off)
+      return;
+    off += (size_t)n;
+  }
+}
+
+kvr_policy_t *kvr_policy_create(const char *name, const cJSON *params, uint64_t seed, char *err,
+                                size_t errlen) {
+  const kvr_policy_ops_t *ops = kvr_policy_find(name);
+  if (ops == NULL) {
+    char names[256];
+    kvr_policy_names(names, sizeof(names));
+    snprintf(err, errlen, "unknown policy '%s' (valid: %s)", name ? name : "(null)", names);
+    return NULL;
+  }
+  return ops->create(params, seed, err, errlen);
+}
+
+int kvr_policy_select(kvr_policy_t *p, const kvr_worker_snap_t *workers, size_t nworkers,
+                      const kvr_route_req_t *req, uint64_t tried, kvr_policy_score_t *scores) {
+  return p->ops->select(p, workers, nworkers, req, tried, scores);
+}
+
+void kvr_policy_destroy(kvr_policy_t *p) {
+  if (p)
+    p->ops->destroy(p);
+}
+
+const char *kvr_policy_name(const kvr_policy_t *p) {
+  return p->ops->name;
+}
+
+int kvr_policy_parse_params(const cJSON *params, const kvr_policy_param_t *spec, size_t n,
+                            char *err, size_t errlen) {
+  if (params == NULL || cJSON_IsNull(params))
+    return 0;
+  if (!cJSON_IsObject(params)) {
+    snprintf(err, errlen, "params: must be an object");
+    return KVR_EINVAL;
+  }
+  const cJSON *f;
+  cJSON_ArrayForEach(f, params) {
+    const kvr_policy_param_t *p = NULL;
+    for (size_t i = 0; i < n; i++)
+      if (strcmp(spec[i].name, f->string) == 0)
+        p = &spec[i];
+    if (p == NULL) {
+      char valid[256] = "none";
+      size_t off = 0;
+      for (size_t i = 0; i < n && off < sizeof(valid); i++) {
+        int k = snprintf(valid + off, sizeof(valid) - off, "%s%s", i ? ", " : "", spec[i].name);
+        if (k < 0)
+          break;
+        off += (size_t)k;
+      }
+      snprintf(err, errlen, "params.%s: unknown parameter (valid: %s)", f->string, valid);
+      return KVR_EINVAL;
+    }
+    if (!cJSON_IsNumber(f) || !isfinite(f->valuedouble)) {
+      snprintf(err, errlen, "params.%s: must be a number", p->name);
+      return KVR_EINVAL;
+    }
+    double v = f->valuedouble;
+    if (v < p->min) {
+      snprintf(err, errlen, "params.%s: must be >= %g", p->name, p->min);
+      return KVR_EINVAL;
+    }
+    if (v > p->max) {
+      snprintf(err, errlen, "params.%s: must be <= %g", p->name, p->max);
+      return KVR_EINVAL;
+    }
+    if (p->integer && v != floor(v)) {
+      snprintf(err, errlen, "params.%s: must be an integer", p->name);
+      return KVR_EINVAL;
+    }
+  }
+  /* Only assign once everything is valid, so a failed create leaves the defaults untouched. */
+  cJSON_ArrayForEach(f, params) {
+    for (size_t i = 0; i < n; i++)
+      if (strcmp(spec[i].name, f->string) == 0)
+        *spec[i].value = f->valuedouble;
+  }
+  return 0;
+}
+
+void kvr_policy_params_to_json(const kvr_policy_param_t *spec, size_t n, cJSON *obj) {
+  for (size_t i = 0; i < n; i++)
+    cJSON_AddNumberToObject(obj, spec[i].name, *spec[i].value);
+}
+
+/* Compares a against b: -1 when a is better (lower), 1 when worse, 0 when tied. */
+static int cmp_cost(double a, double b) {
+  double tol = 1e-9 * KVR_MAX(1.0, KVR_MAX(fabs(a), fabs(b)));
+  if (a < b - tol)
+    return -1;
+  if (a > b + tol)
+    return 1;
+  return 0;
+}
+
+int kvr_policy_pick_lowest(const kvr_worker_snap_t *workers, size_t nworkers,
+                           const kvr_policy_score_t *scores, bool load_ties, uint64_t *rng) {
+  int best = KVR_POLICY_NONE;
+  uint64_t nties = 0;
+  for (size_t i = 0; i < nworkers && i < KVR_MAX_WORKERS; i++) {
+    if (!scores[i].eligible || scores[i].capped)
+      continue;
+    int c = 0;
+    if (best != KVR_POLICY_NONE) {
+      c = cmp_cost(scores[i].cost, scores[best].cost);
+      if (c == 0 && load_ties) {
+        const kvr_worker_snap_t *a = &workers[i], *b = &workers[best];
+        if (a->inflight != b->inflight)
+          c = a->inflight < b->inflight ? -1 : 1;
+        else if (a->active_tokens != b->active_tokens)
+          c = a->active_tokens < b->active_tokens ? -1 : 1;
+      }
+    }
+    if (best == KVR_POLICY_NONE || c < 0) {
+      best = (int)i;
+      nties = 1;
+    } else if (c == 0) {
+      /* Reservoir sampling keeps each tied worker with probability 1/nties. */
+      nties++;
+      if (kvr_policy_rand(rng) % nties == 0)
+        best = (int)i;
+    }
+  }
+  return best;
+}

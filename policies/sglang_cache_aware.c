@@ -1,0 +1,130 @@
+/* sglang_cache_aware.c -- reference policy: SGLang router's cache_aware policy, on our state.
+ *
+ * Source: sgl-project/sglang sgl-router/src/policies/cache_aware.rs (algorithm) and
+ * sgl-router/src/policies/mod.rs (CacheAwareConfig defaults: cache_threshold 0.5,
+ * balance_abs_threshold 32, balance_rel_threshold 1.1).
+ *
+ * Algorithm, with load = requests in flight:
+ *   1. The system is imbalanced when max_load - min_load > balance_abs_threshold AND
+ *      max_load > balance_rel_threshold * min_load. Then: the least loaded worker.
+ *   2. Otherwise find the worker with the longest prefix match; match rate = matched / prompt
+ *      length. If rate > cache_threshold: that worker.
+ *   3. Else the worker with the smallest cache tree ("most available cache capacity").
+ *
+ * Our adaptation: SGLang's approximate radix tree over characters is replaced by our cache index
+ * (same idea: learned from routing, LRU-bounded), so match rate = matched_blocks / nblocks and tree
+ * size = cached_blocks. SGLang computes min/max load over all workers; we use the eligible ones
+ * (usable, not tried) so a drained worker does not force balancing mode. Ties, which SGLang leaves
+ * to iteration order, go to the lowest index, except the best-match tie, which goes to the least
+ * loaded (then lowest index).
+ *
+ * Scores: cost = inflight in balancing mode; 1 - match rate when routing by match; cached_blocks
+ * when routing to the smallest tree.
+ */
+#include <stdlib.h>
+
+#include "kvr.h"
+#include "policy.h"
+
+typedef struct sg_s {
+  kvr_policy_t super;
+  double cache_threshold;
+  double balance_abs_threshold;
+  double balance_rel_threshold;
+} sg_t;
+
+extern const kvr_policy_ops_t kvr__policy_sglang_cache_aware;
+
+#define SG_PARAMS(p)                                                                               \
+  {                                                                                                \
+    {"cache_threshold", &(p)->cache_threshold, 0, 1, false},                                       \
+        {"balance_abs_threshold", &(p)->balance_abs_threshold, 0, 1e9, true},                      \
+        {"balance_rel_threshold", &(p)->balance_rel_threshold, 0, 1e6, false},                     \
+  }
+
+static kvr_policy_t *sg_create(const cJSON *params, uint64_t seed, char *err, size_t errlen) {
+  sg_t *p = calloc(1, sizeof(*p));
+  if (p == NULL)
+    return NULL;
+  p->super.ops = &kvr__policy_sglang_cache_aware;
+  p->cache_threshold = 0.5;
+  p->balance_abs_threshold = 32;
+  p->balance_rel_threshold = 1.1;
+  kvr_policy_param_t spec[] = SG_PARAMS(p);
+  if (kvr_policy_parse_params(params, spec, KVR_ARRAY_SIZE(spec), err, errlen)) {
+    free(p);
+    return NULL;
+  }
+  return &p->super;
+}
+
+static int sg_select(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t nworkers,
+                     const kvr_route_req_t *req, uint64_t tried, kvr_policy_score_t *scores) {
+  sg_t *p = (sg_t *)base;
+  kvr_policy_score_t local[KVR_MAX_WORKERS];
+  kvr_policy_score_t *s = scores ? scores : local;
+  size_t n = KVR_MIN(nworkers, (size_t)KVR_MAX_WORKERS);
+  uint32_t lmin = 0, lmax = 0;
+  int least = KVR_POLICY_NONE, best = KVR_POLICY_NONE, smallest = KVR_POLICY_NONE;
+  for (size_t i = 0; i < n; i++) {
+    const kvr_worker_snap_t *w = &workers[i];
+    s[i].eligible = kvr_policy_eligible(w, i, tried);
+    s[i].capped = false;
+    if (!s[i].eligible)
+      continue;
+    if (least == KVR_POLICY_NONE) {
+      lmin = lmax = w->inflight;
+      least = best = smallest = (int)i;
+      continue;
+    }
+    lmin = KVR_MIN(lmin, w->inflight);
+    lmax = KVR_MAX(lmax, w->inflight);
+    if (w->inflight < workers[least].inflight)
+      least = (int)i;
+    const kvr_worker_snap_t *b = &workers[best];
+    if (w->matched_blocks > b->matched_blocks ||
+        (w->matched_blocks == b->matched_blocks && w->inflight < b->inflight))
+      best = (int)i;
+    if (w->cached_blocks < workers[smallest].cached_blocks)
+      smallest = (int)i;
+  }
+  if (least == KVR_POLICY_NONE)
+    return KVR_POLICY_NONE;
+
+  bool imbalanced = (double)(lmax - lmin) > p->balance_abs_threshold &&
+                    (double)lmax > p->balance_rel_threshold * (double)lmin;
+  size_t nblocks = req ? req->nblocks : 0;
+  double rate = nblocks ? (double)workers[best].matched_blocks / (double)nblocks : 0;
+  bool hit = !imbalanced && rate > p->cache_threshold;
+  for (size_t i = 0; i < n; i++) {
+    const kvr_worker_snap_t *w = &workers[i];
+    if (imbalanced)
+      s[i].cost = w->inflight;
+    else if (hit)
+      s[i].cost = 1.0 - (double)w->matched_blocks / (double)nblocks;
+    else
+      s[i].cost = (double)w->cached_blocks;
+  }
+  if (imbalanced)
+    return least;
+  return hit ? best : smallest;
+}
+
+static void sg_params(const kvr_policy_t *base, cJSON *obj) {
+  sg_t *p = (sg_t *)base;
+  kvr_policy_param_t spec[] = SG_PARAMS(p);
+  kvr_policy_params_to_json(spec, KVR_ARRAY_SIZE(spec), obj);
+}
+
+static void sg_destroy(kvr_policy_t *p) {
+  free(p);
+}
+
+const kvr_policy_ops_t kvr__policy_sglang_cache_aware = {
+    .name = "sglang_cache_aware",
+    .description = "reference: SGLang router cache_aware (balance thresholds, then longest match)",
+    .create = sg_create,
+    .select = sg_select,
+    .params = sg_params,
+    .destroy = sg_destroy,
+};

@@ -1,0 +1,23 @@
+/* admin.h -- the operators' listener: workers, policy, route explanation, metrics.
+ *
+ * Routes (JSON in and out, errors OpenAI-style):
+ *   GET    /admin/workers          every worker: URL, state, in-flight, totals, errors, scraped load
+ *   POST   /admin/workers          {"url": "http://host:port"} adds a worker (201)
+ *   DELETE /admin/workers/{id}     drains a worker: no new requests, in-flight ones finish (202)
+ *   GET    /admin/policy           the active policy, its effective parameters, the choices
+ *   PUT    /admin/policy           {"policy": NAME, "params": {...}} switches or retunes (200)
+ *   POST   /admin/route/explain    an OpenAI request body; answers each worker's matched blocks,
+ *                                  load figures and cost, and the choice, without sending anything
+ *   GET    /metrics                Prometheus text exposition
+ *   GET    /health                 as on the public listener
+ */
+#ifndef KVR_ADMIN_H
+#define KVR_ADMIN_H
+
+#include "http_server.h"
+#include "router.h"
+
+/* kvr_http_request_cb of the admin listener; data is the kvr_router_t. */
+void kvr_admin_on_request(kvr_http_req_t *req, void *data);
+
+#endif

@@ -1,0 +1,87 @@
+/* cache_index.h -- which workers probably hold which prefix blocks (approximate mode).
+ *
+ * The router learns each worker's prefix cache from its own routing decisions: when it sends a
+ * prompt to a worker (and when the response completes, prompt plus answer) it inserts the prompt's
+ * block hashes for that worker. Per worker the index is bounded by a capacity in blocks with
+ * least-recently-used eviction, so the router forgets what the worker itself would have evicted.
+ * A worker that restarts or is removed loses its state (kvr_cache_index_forget_worker).
+ *
+ * Lookups answer, for a request's chained block hashes, how many leading blocks each worker holds
+ * (the longest matching prefix); because a block hash names its whole prefix (see prompt.h), one
+ * exact lookup per block is enough.
+ *
+ * Memory: an open-addressing table of 16-byte slots (hash, worker bitmask) plus a 4-byte chain head
+ * per slot, and one 16-byte LRU node per (block, worker) entry; kvr_cache_index_stats() reports the
+ * bytes allocated. Limits: KVR_MAX_WORKERS (64) workers, 2^26 table slots (about 47 million
+ * distinct blocks), 2^32-1 entries.
+ *
+ * Not thread-safe: the router owns one index and uses it from the loop thread.
+ */
+#ifndef KVR_CACHE_INDEX_H
+#define KVR_CACHE_INDEX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvr_cache_index_s kvr_cache_index_t;
+
+typedef struct kvr_cache_index_stats_s {
+  uint64_t blocks;        /* distinct block hashes held by at least one worker */
+  uint64_t entries;       /* (block, worker) pairs */
+  uint64_t table_slots;   /* open-addressing slots allocated */
+  uint64_t node_slots;    /* LRU nodes allocated (in use or free) */
+  uint64_t bytes;         /* bytes allocated by the index (table + chain heads + nodes + workers) */
+  double bytes_per_entry; /* bytes / entries (0 when empty) */
+  uint64_t inserts;       /* new (block, worker) entries since creation */
+  uint64_t evictions;     /* entries evicted at capacity since creation */
+} kvr_cache_index_stats_t;
+
+/* Creates an index for worker indexes 0..max_workers-1 (1..KVR_MAX_WORKERS), each with capacity
+ * default_capacity blocks until set otherwise. Returns NULL on a bad argument or out of memory.
+ * The caller owns the result and frees it with kvr_cache_index_free(). */
+kvr_cache_index_t *kvr_cache_index_new(size_t max_workers, uint64_t default_capacity);
+
+/* Frees the index; accepts NULL. */
+void kvr_cache_index_free(kvr_cache_index_t *idx);
+
+/* Sets a worker's capacity in blocks (0: the worker caches nothing), evicting its least recently
+ * used entries at once if it holds more. Returns 0 or KVR_EINVAL for a bad worker. */
+int kvr_cache_index_set_capacity(kvr_cache_index_t *idx, size_t worker, uint64_t blocks);
+
+/* Returns a worker's capacity in blocks (0 for a bad worker). */
+uint64_t kvr_cache_index_capacity(const kvr_cache_index_t *idx, size_t worker);
+
+/* Records that worker holds blocks[0..n) (a request's chained hashes, leading block first):
+ * existing entries are touched, new ones inserted, and the worker's least recently used entries
+ * evicted at capacity. Blocks are touched from the last to the first so that the leading blocks are
+ * the most recently used: like vLLM, which frees a finished request's blocks tail first, the index
+ * evicts the deep end of a prefix before its shared beginning. With n above the capacity the worker
+ * keeps the first `capacity` blocks. Returns 0, KVR_EINVAL for a bad worker, or KVR_ELIMIT when the
+ * table would exceed its slot limit (the blocks inserted so far stay). */
+int kvr_cache_index_insert(kvr_cache_index_t *idx, size_t worker, const uint64_t *blocks, size_t n);
+
+/* For each worker w < max_workers writes into matched[w] how many leading blocks of blocks[0..n)
+ * it holds (the longest matching prefix). matched has max_workers entries. Does not touch LRU
+ * order: a lookup is not a use (the request may go elsewhere). */
+void kvr_cache_index_match(const kvr_cache_index_t *idx, const uint64_t *blocks, size_t n,
+                           size_t *matched);
+
+/* Drops every entry of a worker (restart, removal). Returns 0 or KVR_EINVAL. */
+int kvr_cache_index_forget_worker(kvr_cache_index_t *idx, size_t worker);
+
+/* Number of blocks a worker holds (0 for a bad worker). */
+uint64_t kvr_cache_index_entries(const kvr_cache_index_t *idx, size_t worker);
+
+/* Pre-sizes the table for nblocks distinct blocks (avoids rehashing while routing). Returns 0,
+ * KVR_ELIMIT or KVR_ENOMEM. */
+int kvr_cache_index_reserve(kvr_cache_index_t *idx, uint64_t nblocks);
+
+void kvr_cache_index_stats(const kvr_cache_index_t *idx, kvr_cache_index_stats_t *out);
+
+/* Capacity in router blocks of a vLLM worker from its vllm:cache_config_info labels: num_gpu_blocks
+ * blocks of block_size tokens at about 4 bytes of text per token, cut into block_chars-byte router
+ * blocks. Returns 0 if any argument is 0. */
+uint64_t kvr_cache_index_capacity_from_vllm(uint64_t num_gpu_blocks, uint64_t block_size_tokens,
+                                            size_t block_chars);
+
+#endif

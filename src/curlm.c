@@ -1,0 +1,274 @@
+/* curlm.c -- libcurl multi-socket API on a libuv loop (after curl's docs/examples/multi-uv.c).
+ *
+ * Structures:
+ *   kvr_curlm_t    the CURLM, one uv_timer_t for curl's timeout, the count of active transfers.
+ *   sock_ctx_t     one uv_poll_t per socket curl wants watched (CURLMOPT_SOCKETFUNCTION), attached
+ *                  to the socket with curl_multi_assign() and freed in the poll's close callback.
+ *   xfer_t         per easy handle: the done callback and its data, reached through CURLOPT_PRIVATE.
+ *
+ * Flow: curl tells us which sockets and events to watch and when to time out; libuv tells us when a
+ * socket is ready or the timer fired; we call curl_multi_socket_action() and then drain
+ * curl_multi_info_read() for finished transfers, removing each from the multi before calling its
+ * done callback (so the callback may free the easy handle).
+ *
+ * Invariant: an easy handle is removed from the multi exactly once: by check_done() when curl says it
+ * finished, or by kvr_curlm_cancel(). Never inside a curl callback (curl forbids that).
+ */
+#include "curlm.h"
+
+#include "kvr.h"
+#include "log.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+
+typedef struct sock_ctx_s sock_ctx_t;
+typedef struct xfer_s xfer_t;
+
+struct kvr_curlm_s {
+  uv_loop_t *loop;
+  CURLM *multi;
+  uv_timer_t timer;
+  size_t active;
+  xfer_t *xfers;     /* transfers in the multi, so close can detach them */
+  sock_ctx_t *socks; /* watched sockets, so close can stop any curl did not remove */
+  int closing_handles; /* uv close callbacks still to run */
+  bool closing;
+};
+
+struct sock_ctx_s {
+  uv_poll_t poll;
+  curl_socket_t fd;
+  kvr_curlm_t *m;
+  sock_ctx_t *prev, *next;
+};
+
+struct xfer_s {
+  kvr_curlm_done_cb done;
+  void *data;
+  CURL *easy;
+  xfer_t *prev, *next;
+};
+
+#define LIST_INSERT(head, e)                                                                       \
+  do {                                                                                             \
+    (e)->prev = NULL;                                                                              \
+    (e)->next = (head);                                                                            \
+    if (head)                                                                                      \
+      (head)->prev = (e);                                                                          \
+    (head) = (e);                                                                                  \
+  } while (0)
+#define LIST_REMOVE(head, e)                                                                       \
+  do {                                                                                             \
+    if ((e)->prev)                                                                                 \
+      (e)->prev->next = (e)->next;                                                                 \
+    else                                                                                           \
+      (head) = (e)->next;                                                                          \
+    if ((e)->next)                                                                                 \
+      (e)->next->prev = (e)->prev;                                                                 \
+  } while (0)
+
+static void check_done(kvr_curlm_t *m) {
+  CURLMsg *msg;
+  int left;
+  while ((msg = curl_multi_info_read(m->multi, &left)) != NULL) {
+    if (msg->msg != CURLMSG_DONE)
+      continue;
+    CURL *easy = msg->easy_handle;
+    CURLcode result = msg->data.result;
+    xfer_t *x = NULL;
+    curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+    curl_multi_remove_handle(m->multi, easy);
+    curl_easy_setopt(easy, CURLOPT_PRIVATE, NULL);
+    m->active--;
+    if (x) {
+      LIST_REMOVE(m->xfers, x);
+      kvr_curlm_done_cb done = x->done;
+      void *data = x->data;
+      free(x);
+      if (done)
+        done(easy, result, data);
+    }
+  }
+}
+
+static void on_poll(uv_poll_t *p, int status, int events) {
+  sock_ctx_t *ctx = p->data;
+  kvr_curlm_t *m = ctx->m;
+  int flags = 0;
+  if (status < 0)
+    flags = CURL_CSELECT_ERR;
+  if (events & UV_READABLE)
+    flags |= CURL_CSELECT_IN;
+  if (events & UV_WRITABLE)
+    flags |= CURL_CSELECT_OUT;
+  int running;
+  curl_multi_socket_action(m->multi, ctx->fd, flags, &running);
+  check_done(m);
+}
+
+static void on_timeout(uv_timer_t *t) {
+  kvr_curlm_t *m = t->data;
+  int running;
+  curl_multi_socket_action(m->multi, CURL_SOCKET_TIMEOUT, 0, &running);
+  check_done(m);
+}
+
+/* CURLMOPT_TIMERFUNCTION: -1 deletes the timer, 0 means "call socket_action soon". */
+static int on_curl_timer(CURLM *multi, long timeout_ms, void *userp) {
+  kvr_curlm_t *m = userp;
+  (void)multi;
+  if (timeout_ms < 0)
+    uv_timer_stop(&m->timer);
+  else
+    uv_timer_start(&m->timer, on_timeout, (uint64_t)(timeout_ms == 0 ? 0 : timeout_ms), 0);
+  return 0;
+}
+
+/* m is freed once it is closing and no uv close callback is pending: every close is counted,
+ * whenever it was started, so no callback can run after the free. */
+static void maybe_free(kvr_curlm_t *m) {
+  if (m->closing && m->closing_handles == 0)
+    free(m);
+}
+
+static void on_sock_close(uv_handle_t *h) {
+  sock_ctx_t *ctx = h->data;
+  kvr_curlm_t *m = ctx->m;
+  free(ctx);
+  m->closing_handles--;
+  maybe_free(m);
+}
+
+static void sock_close(kvr_curlm_t *m, sock_ctx_t *ctx) {
+  LIST_REMOVE(m->socks, ctx);
+  uv_poll_stop(&ctx->poll);
+  m->closing_handles++;
+  uv_close((uv_handle_t *)&ctx->poll, on_sock_close);
+}
+
+/* CURLMOPT_SOCKETFUNCTION: start, change or stop watching one socket. */
+static int on_curl_socket(CURL *easy, curl_socket_t s, int action, void *userp, void *socketp) {
+  kvr_curlm_t *m = userp;
+  sock_ctx_t *ctx = socketp;
+  (void)easy;
+  if (action == CURL_POLL_REMOVE) {
+    if (ctx) {
+      sock_close(m, ctx);
+      curl_multi_assign(m->multi, s, NULL);
+    }
+    return 0;
+  }
+  if (ctx == NULL) {
+    ctx = calloc(1, sizeof *ctx);
+    if (ctx == NULL)
+      return -1;
+    ctx->fd = s;
+    ctx->m = m;
+    if (uv_poll_init_socket(m->loop, &ctx->poll, s) != 0) {
+      free(ctx);
+      return -1;
+    }
+    ctx->poll.data = ctx;
+    LIST_INSERT(m->socks, ctx);
+    curl_multi_assign(m->multi, s, ctx);
+  }
+  int events = 0;
+  if (action == CURL_POLL_IN || action == CURL_POLL_INOUT)
+    events |= UV_READABLE;
+  if (action == CURL_POLL_OUT || action == CURL_POLL_INOUT)
+    events |= UV_WRITABLE;
+  uv_poll_start(&ctx->poll, events, on_poll);
+  return 0;
+}
+
+kvr_curlm_t *kvr_curlm_new(uv_loop_t *loop) {
+  static bool global_init;
+  if (!global_init) {
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+      return NULL;
+    global_init = true;
+  }
+  kvr_curlm_t *m = calloc(1, sizeof *m);
+  if (m == NULL)
+    return NULL;
+  m->loop = loop;
+  m->multi = curl_multi_init();
+  if (m->multi == NULL) {
+    free(m);
+    return NULL;
+  }
+  uv_timer_init(loop, &m->timer);
+  m->timer.data = m;
+  curl_multi_setopt(m->multi, CURLMOPT_SOCKETFUNCTION, on_curl_socket);
+  curl_multi_setopt(m->multi, CURLMOPT_SOCKETDATA, m);
+  curl_multi_setopt(m->multi, CURLMOPT_TIMERFUNCTION, on_curl_timer);
+  curl_multi_setopt(m->multi, CURLMOPT_TIMERDATA, m);
+  /* Keep enough idle connections to every worker for the concurrency a router sees. */
+  curl_multi_setopt(m->multi, CURLMOPT_MAXCONNECTS, 1024L);
+  return m;
+}
+
+void kvr_curlm_set_limits(kvr_curlm_t *m, long max_total, long max_per_host) {
+  curl_multi_setopt(m->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, max_total);
+  curl_multi_setopt(m->multi, CURLMOPT_MAX_HOST_CONNECTIONS, max_per_host);
+}
+
+int kvr_curlm_add(kvr_curlm_t *m, CURL *easy, kvr_curlm_done_cb done, void *data) {
+  if (m->closing)
+    return KVR_ECLOSED;
+  xfer_t *x = malloc(sizeof *x);
+  if (x == NULL)
+    return KVR_ENOMEM;
+  x->done = done;
+  x->data = data;
+  x->easy = easy;
+  curl_easy_setopt(easy, CURLOPT_PRIVATE, (char *)x);
+  if (curl_multi_add_handle(m->multi, easy) != CURLM_OK) {
+    curl_easy_setopt(easy, CURLOPT_PRIVATE, NULL);
+    free(x);
+    return KVR_EIO;
+  }
+  LIST_INSERT(m->xfers, x);
+  m->active++;
+  return 0;
+}
+
+void kvr_curlm_cancel(kvr_curlm_t *m, CURL *easy) {
+  xfer_t *x = NULL;
+  curl_easy_getinfo(easy, CURLINFO_PRIVATE, (char **)&x);
+  if (x == NULL)
+    return; /* not ours, or already finished */
+  curl_multi_remove_handle(m->multi, easy);
+  curl_easy_setopt(easy, CURLOPT_PRIVATE, NULL);
+  LIST_REMOVE(m->xfers, x);
+  free(x);
+  m->active--;
+}
+
+size_t kvr_curlm_active(const kvr_curlm_t *m) {
+  return m->active;
+}
+
+static void on_close_handle(uv_handle_t *h) {
+  kvr_curlm_t *m = h->data;
+  m->closing_handles--;
+  maybe_free(m);
+}
+
+void kvr_curlm_close(kvr_curlm_t *m) {
+  if (m == NULL || m->closing)
+    return;
+  m->closing = true;
+  m->closing_handles++; /* the timer */
+  /* Easy handles still attached belong to their callers: detach them without callbacks. Cleaning up
+   * the multi closes its cached connections, reported through CURL_POLL_REMOVE; any socket curl
+   * did not report is stopped here. */
+  while (m->xfers)
+    kvr_curlm_cancel(m, m->xfers->easy);
+  curl_multi_cleanup(m->multi);
+  m->multi = NULL;
+  while (m->socks)
+    sock_close(m, m->socks);
+  uv_close((uv_handle_t *)&m->timer, on_close_handle);
+}

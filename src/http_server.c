@@ -1,0 +1,1026 @@
+/* http_server.c -- HTTP/1.1 listener and client connections on libuv, parsed by llhttp.
+ *
+ * Structures:
+ *   kvr_http_server_t  one listening socket, the list of its connections, the limits, the handler.
+ *   kvr_http_conn_t    one accepted client: its uv_tcp_t and uv_timer_t (embedded), its llhttp parser,
+ *                      the bytes read and not yet parsed (inbuf), the request being parsed (cur) and
+ *                      the request held by the handler (active). At most one request is active.
+ *   kvr_http_req_t     one request: parsed head, buffered body, response state (see the header).
+ *
+ * Connection states and the bytes through them:
+ *
+ *     socket --read--> inbuf --llhttp_execute--> cur --(message complete, parser paused)--> active
+ *        ^                                                                                  |
+ *        |   uv_write <-- kvr_http_start/_write/_finish <-- handler <-----on_request--------+
+ *        |                                                                                  |
+ *        +---- kvr_http_finish(): active = NULL, parser resumed, next pipelined request ----+
+ *
+ * While a request is active the connection keeps reading (so a client that goes away is noticed at
+ * once and the handler's upstream work can be aborted) but stops parsing; unparsed bytes are bounded
+ * by KVR_HTTP_INBUF_MAX, past which reading stops until the active request finishes.
+ *
+ * Lifetime: a connection holds one reference per open uv handle (tcp, timer) and one for the active
+ * request. It is freed when the count drops to zero, so the handler's req stays valid after the
+ * client disconnects until kvr_http_finish(). on_close is called from the tcp handle's close callback,
+ * i.e. always from the loop, never synchronously inside a kvr_http_* call.
+ *
+ * Timers: one per connection, reused: header timeout from the first byte of a request (or accept)
+ * to the end of its headers (408), body idle timeout while the body streams in (408), keep-alive
+ * idle timeout between requests (silent close).
+ */
+#include "http_server.h"
+
+#include "kvr.h"
+#include "log.h"
+
+#include <llhttp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define KVR_HTTP_INBUF_MAX (256 * 1024)
+
+typedef enum { TIMER_NONE, TIMER_HEADERS, TIMER_BODY, TIMER_KEEPALIVE, TIMER_LINGER } timer_kind_t;
+
+/* After a response that closes the connection, keep reading (and discarding) for this long after
+ * our FIN, so that unread request bytes do not make the kernel reset the connection and destroy the
+ * response before the client reads it (the "lingering close" of Apache and nginx). */
+#define KVR_HTTP_LINGER_MS 2000
+
+struct kvr_http_server_s {
+  uv_loop_t *loop;
+  uv_tcp_t listener;
+  bool listener_open;
+  kvr_http_limits_t limits;
+  kvr_http_request_cb on_request;
+  void *data;
+  kvr_http_conn_t *conns; /* doubly linked list of open connections */
+  size_t nconns;
+  bool closing;
+  void (*close_done)(void *);
+  void *close_data;
+  int port;
+  bool log_rejects;
+};
+
+struct kvr_http_conn_s {
+  uv_tcp_t tcp;
+  uv_timer_t timer;
+  uv_shutdown_t shutdown;
+  kvr_http_server_t *srv;
+  kvr_http_conn_t *prev, *next;
+  llhttp_t parser;
+  kvr_buf_t inbuf;
+  kvr_http_req_t *cur;    /* being parsed; owned by the connection */
+  kvr_http_req_t *active; /* with the handler; released by kvr_http_finish() */
+  kvr_buf_t hfield, hvalue;
+  kvr_buf_t head; /* a streamed response's head, held until its first body bytes (one write) */
+  size_t header_bytes, header_fields, url_bytes;
+  size_t pending_write;
+  int refs;
+  int err_status; /* set by parser callbacks that reject the request */
+  const char *err_msg;
+  const char *err_code;
+  timer_kind_t timer_kind;
+  bool closing;
+  bool reading;
+  bool close_after_write;
+  bool in_process;
+  bool got_bytes;
+  bool lingering;
+};
+
+typedef struct {
+  uv_write_t req;
+  kvr_http_conn_t *conn;
+  size_t len;
+  char data[];
+} write_req_t;
+
+static void process(kvr_http_conn_t *conn);
+static void conn_close(kvr_http_conn_t *conn);
+static void send_error_and_close(kvr_http_conn_t *conn, int status, const char *code,
+                                 const char *msg);
+
+void kvr_http_limits_default(kvr_http_limits_t *l) {
+  l->max_url = 8192;
+  l->max_header_bytes = 32768;
+  l->max_header_fields = 100;
+  l->max_body = 8u << 20;
+  l->header_timeout_ms = 10000;
+  l->keepalive_timeout_ms = 75000;
+  l->max_connections = 0;
+}
+
+const char *kvr_http_reason(int status) {
+  switch (status) {
+  case 100: return "Continue";
+  case 200: return "OK";
+  case 201: return "Created";
+  case 202: return "Accepted";
+  case 204: return "No Content";
+  case 400: return "Bad Request";
+  case 401: return "Unauthorized";
+  case 403: return "Forbidden";
+  case 404: return "Not Found";
+  case 405: return "Method Not Allowed";
+  case 408: return "Request Timeout";
+  case 409: return "Conflict";
+  case 411: return "Length Required";
+  case 413: return "Content Too Large";
+  case 414: return "URI Too Long";
+  case 415: return "Unsupported Media Type";
+  case 422: return "Unprocessable Content";
+  case 429: return "Too Many Requests";
+  case 431: return "Request Header Fields Too Large";
+  case 500: return "Internal Server Error";
+  case 501: return "Not Implemented";
+  case 502: return "Bad Gateway";
+  case 503: return "Service Unavailable";
+  case 504: return "Gateway Timeout";
+  default: return status < 400 ? "OK" : "Error";
+  }
+}
+
+const char *kvr_http_error_type(int status) {
+  if (status == 404)
+    return "not_found_error";
+  if (status == 503)
+    return "service_unavailable";
+  if (status == 504)
+    return "timeout_error";
+  if (status >= 400 && status < 500)
+    return "invalid_request_error";
+  return "server_error";
+}
+
+/* ---- requests ---------------------------------------------------------------------------------- */
+
+static kvr_http_req_t *req_new(kvr_http_conn_t *conn) {
+  kvr_http_req_t *req = calloc(1, sizeof *req);
+  if (req == NULL)
+    abort();
+  req->conn = conn;
+  req->start_ns = kvr_now_ns();
+  kvr_buf_init(&req->body);
+  req->query = "";
+  struct sockaddr_storage ss;
+  int sl = sizeof ss;
+  req->peer[0] = '\0';
+  if (uv_tcp_getpeername(&conn->tcp, (struct sockaddr *)&ss, &sl) == 0) {
+    if (ss.ss_family == AF_INET6)
+      uv_ip6_name((struct sockaddr_in6 *)&ss, req->peer, sizeof req->peer);
+    else
+      uv_ip4_name((struct sockaddr_in *)&ss, req->peer, sizeof req->peer);
+  }
+  return req;
+}
+
+static void req_free(kvr_http_req_t *req) {
+  if (req == NULL)
+    return;
+  for (size_t i = 0; i < req->nheaders; i++) {
+    free(req->headers[i].name);
+    free(req->headers[i].value);
+  }
+  free(req->headers);
+  free(req->target);
+  free(req->path);
+  kvr_buf_free(&req->body);
+  free(req);
+}
+
+const char *kvr_http_header(const kvr_http_req_t *req, const char *name) {
+  for (size_t i = 0; i < req->nheaders; i++)
+    if (strcasecmp(req->headers[i].name, name) == 0)
+      return req->headers[i].value;
+  return NULL;
+}
+
+/* ---- connection lifetime ----------------------------------------------------------------------- */
+
+static void conn_unref(kvr_http_conn_t *conn) {
+  if (--conn->refs > 0)
+    return;
+  kvr_http_server_t *srv = conn->srv;
+  req_free(conn->cur);
+  kvr_buf_free(&conn->inbuf);
+  kvr_buf_free(&conn->hfield);
+  kvr_buf_free(&conn->hvalue);
+  kvr_buf_free(&conn->head);
+  free(conn);
+  if (srv->closing && srv->nconns == 0 && !srv->listener_open && srv->close_done) {
+    void (*done)(void *) = srv->close_done;
+    srv->close_done = NULL;
+    done(srv->close_data);
+  }
+}
+
+static void on_timer_close(uv_handle_t *h) {
+  conn_unref(h->data);
+}
+
+static void on_tcp_close(uv_handle_t *h) {
+  kvr_http_conn_t *conn = h->data;
+  kvr_http_server_t *srv = conn->srv;
+  if (conn->prev)
+    conn->prev->next = conn->next;
+  else
+    srv->conns = conn->next;
+  if (conn->next)
+    conn->next->prev = conn->prev;
+  srv->nconns--;
+  kvr_http_req_t *req = conn->active;
+  if (req && !req->finished && req->on_close) {
+    kvr_http_req_cb cb = req->on_close;
+    req->on_close = NULL;
+    cb(req);
+  }
+  conn_unref(conn);
+}
+
+/* Starts closing the connection. Safe to call more than once and from any callback: the handler is
+ * told through on_close from the close callback. */
+static void conn_close(kvr_http_conn_t *conn) {
+  if (conn->closing)
+    return;
+  conn->closing = true;
+  if (conn->active)
+    conn->active->closed = true;
+  uv_close((uv_handle_t *)&conn->timer, on_timer_close);
+  uv_close((uv_handle_t *)&conn->tcp, on_tcp_close);
+}
+
+static void on_timer(uv_timer_t *t) {
+  kvr_http_conn_t *conn = t->data;
+  timer_kind_t kind = conn->timer_kind;
+  conn->timer_kind = TIMER_NONE;
+  if (kind == TIMER_KEEPALIVE || kind == TIMER_LINGER || (kind == TIMER_HEADERS && !conn->got_bytes)) {
+    conn_close(conn);
+    return;
+  }
+  if (conn->active)
+    return; /* the request is complete; the handler owns the connection now */
+  send_error_and_close(conn, 408, "request_timeout",
+                       kind == TIMER_HEADERS ? "request headers not received in time"
+                                             : "request body not received in time");
+}
+
+static void timer_arm(kvr_http_conn_t *conn, timer_kind_t kind, uint64_t ms) {
+  if (conn->closing)
+    return;
+  conn->timer_kind = kind;
+  if (ms == 0) {
+    uv_timer_stop(&conn->timer);
+    return;
+  }
+  uv_timer_start(&conn->timer, on_timer, ms, 0);
+}
+
+static void timer_stop(kvr_http_conn_t *conn) {
+  conn->timer_kind = TIMER_NONE;
+  if (!conn->closing)
+    uv_timer_stop(&conn->timer);
+}
+
+/* ---- writing ----------------------------------------------------------------------------------- */
+
+static void read_control(kvr_http_conn_t *conn);
+
+static void on_shutdown(uv_shutdown_t *sreq, int status) {
+  kvr_http_conn_t *conn = sreq->data;
+  if (status < 0)
+    conn_close(conn);
+  else
+    timer_arm(conn, TIMER_LINGER, KVR_HTTP_LINGER_MS);
+  conn_unref(conn);
+}
+
+static void maybe_close_after_write(kvr_http_conn_t *conn) {
+  if (!conn->close_after_write || conn->pending_write || conn->active || conn->closing ||
+      conn->lingering)
+    return;
+  conn->lingering = true;
+  conn->shutdown.data = conn;
+  if (uv_shutdown(&conn->shutdown, (uv_stream_t *)&conn->tcp, on_shutdown) != 0) {
+    conn_close(conn);
+    return;
+  }
+  conn->refs++;
+  read_control(conn); /* keep draining until the client's EOF or the linger timer */
+}
+
+static void on_write(uv_write_t *w, int status) {
+  write_req_t *wr = (write_req_t *)w;
+  kvr_http_conn_t *conn = wr->conn;
+  conn->pending_write -= wr->len;
+  free(wr);
+  if (status < 0) {
+    conn_close(conn);
+  } else if (conn->pending_write == 0) {
+    kvr_http_req_t *req = conn->active;
+    if (req && req->on_drain && !conn->closing)
+      req->on_drain(req);
+    maybe_close_after_write(conn);
+  }
+  conn_unref(conn);
+}
+
+/* Queues bytes on the socket: tries a direct write first, copies what is left. */
+static int conn_write(kvr_http_conn_t *conn, const void *data, size_t len) {
+  if (conn->closing)
+    return KVR_ECLOSED;
+  if (len == 0)
+    return 0;
+  const char *p = data;
+  if (conn->pending_write == 0) {
+    uv_buf_t b = uv_buf_init((char *)p, (unsigned)len);
+    int n = uv_try_write((uv_stream_t *)&conn->tcp, &b, 1);
+    if (n == (int)len)
+      return 0;
+    if (n > 0) {
+      p += n;
+      len -= (size_t)n;
+    } else if (n != UV_EAGAIN && n != UV_ENOSYS) {
+      conn_close(conn);
+      return KVR_ECLOSED;
+    }
+  }
+  write_req_t *wr = malloc(sizeof *wr + len);
+  if (wr == NULL)
+    abort();
+  memcpy(wr->data, p, len);
+  wr->conn = conn;
+  wr->len = len;
+  uv_buf_t b = uv_buf_init(wr->data, (unsigned)len);
+  if (uv_write(&wr->req, (uv_stream_t *)&conn->tcp, &b, 1, on_write) != 0) {
+    free(wr);
+    conn_close(conn);
+    return KVR_ECLOSED;
+  }
+  conn->pending_write += len;
+  conn->refs++;
+  return 0;
+}
+
+size_t kvr_http_pending(const kvr_http_req_t *req) {
+  return req->conn->pending_write;
+}
+
+void kvr_http_error_body(kvr_buf_t *out, const char *message, const char *type, const char *code) {
+  kvr_buf_puts(out, "{\"error\":{\"message\":");
+  kvr_buf_json_str(out, message, strlen(message));
+  kvr_buf_puts(out, ",\"type\":");
+  kvr_buf_json_str(out, type, strlen(type));
+  kvr_buf_puts(out, ",\"param\":null,\"code\":");
+  if (code)
+    kvr_buf_json_str(out, code, strlen(code));
+  else
+    kvr_buf_puts(out, "null");
+  kvr_buf_puts(out, "}}\n");
+}
+
+/* Sends an error on a connection that has no active request (parser-level rejections). */
+static void send_error_and_close(kvr_http_conn_t *conn, int status, const char *code,
+                                 const char *msg) {
+  kvr_buf_t body = KVR_BUF_INIT, head = KVR_BUF_INIT;
+  kvr_http_error_body(&body, msg, kvr_http_error_type(status), code);
+  kvr_buf_printf(&head,
+                 "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                 "Connection: close\r\n\r\n",
+                 status, kvr_http_reason(status), body.len);
+  kvr_buf_append(&head, body.data, body.len);
+  if (conn->srv->log_rejects) {
+    char peer[64] = "-";
+    struct sockaddr_storage ss;
+    int sl = sizeof ss;
+    if (uv_tcp_getpeername(&conn->tcp, (struct sockaddr *)&ss, &sl) == 0) {
+      if (ss.ss_family == AF_INET6)
+        uv_ip6_name((struct sockaddr_in6 *)&ss, peer, sizeof peer);
+      else
+        uv_ip4_name((struct sockaddr_in *)&ss, peer, sizeof peer);
+    }
+    kvr_log(KVR_LOG_INFO, "access", "method=- path=- status=%d outcome=rejected code=%s client=%s",
+            status, code ? code : "-", peer);
+  }
+  if (conn_write(conn, head.data, head.len) == 0) {
+    conn->close_after_write = true;
+    timer_stop(conn);
+    maybe_close_after_write(conn);
+  }
+  kvr_buf_free(&head);
+  kvr_buf_free(&body);
+}
+
+static bool conn_keeps_alive(const kvr_http_req_t *req) {
+  return req->keep_alive && !req->conn->srv->closing && !req->conn->close_after_write;
+}
+
+static void head_begin(kvr_buf_t *h, kvr_http_req_t *req, int status) {
+  kvr_buf_printf(h, "HTTP/1.%d %d %s\r\n", req->http_minor == 0 ? 0 : 1, status,
+                 kvr_http_reason(status));
+}
+
+int kvr_http_start(kvr_http_req_t *req, int status, const char *headers) {
+  if (req->started)
+    return KVR_EINVAL;
+  req->started = true;
+  req->status = status;
+  if (req->closed)
+    return KVR_ECLOSED;
+  kvr_buf_t h = KVR_BUF_INIT;
+  head_begin(&h, req, status);
+  if (headers)
+    kvr_buf_puts(&h, headers);
+  if (status < 200 || status == 204 || status == 304) {
+    /* No body may follow: no framing either; writes are refused (req->finished stays false). */
+    if (!conn_keeps_alive(req) || req->http_minor == 0) {
+      kvr_buf_puts(&h, "Connection: close\r\n");
+      req->conn->close_after_write = true;
+    }
+    req->chunked = false;
+    req->no_body = true;
+  } else if (req->http_minor >= 1 && req->http_major == 1) {
+    req->chunked = true;
+    kvr_buf_puts(&h, "Transfer-Encoding: chunked\r\n");
+    if (!conn_keeps_alive(req)) {
+      kvr_buf_puts(&h, "Connection: close\r\n");
+      req->conn->close_after_write = true;
+    }
+  } else {
+    /* HTTP/1.0 has no chunked framing: the end of the body is the end of the connection. */
+    kvr_buf_puts(&h, "Connection: close\r\n");
+    req->conn->close_after_write = true;
+  }
+  kvr_buf_puts(&h, "\r\n");
+  /* Held until the first body bytes or the end, so the head and the first event of a stream
+   * leave in one write (one packet) instead of two. */
+  kvr_buf_reset(&req->conn->head);
+  kvr_buf_append(&req->conn->head, h.data, h.len);
+  kvr_buf_free(&h);
+  return 0;
+}
+
+/* Writes a held response head together with what follows it. */
+static int write_with_head(kvr_http_conn_t *conn, const void *data, size_t len) {
+  if (conn->head.len == 0)
+    return conn_write(conn, data, len);
+  kvr_buf_append(&conn->head, data, len);
+  int rc = conn_write(conn, conn->head.data, conn->head.len);
+  kvr_buf_reset(&conn->head);
+  return rc;
+}
+
+int kvr_http_write(kvr_http_req_t *req, const void *data, size_t len) {
+  if (req->closed || req->conn->closing)
+    return KVR_ECLOSED;
+  if (!req->started || req->finished || req->no_body)
+    return KVR_EINVAL;
+  if (len == 0)
+    return 0;
+  req->bytes_sent += len;
+  if (!req->chunked)
+    return write_with_head(req->conn, data, len);
+  char hdr[24];
+  int n = snprintf(hdr, sizeof hdr, "%zx\r\n", len);
+  /* One buffer per chunk keeps a chunk's framing and payload in a single write. */
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_buf_reserve(&b, (size_t)n + len + 2);
+  kvr_buf_append(&b, hdr, (size_t)n);
+  kvr_buf_append(&b, data, len);
+  kvr_buf_append(&b, "\r\n", 2);
+  int rc = write_with_head(req->conn, b.data, b.len);
+  kvr_buf_free(&b);
+  return rc;
+}
+
+void kvr_http_respond(kvr_http_req_t *req, int status, const char *content_type,
+                      const char *extra_headers, const void *body, size_t len) {
+  if (req->started) {
+    kvr_http_finish(req);
+    return;
+  }
+  req->started = true;
+  req->status = status;
+  if (!req->closed) {
+    kvr_buf_t h = KVR_BUF_INIT;
+    head_begin(&h, req, status);
+    if (content_type)
+      kvr_buf_printf(&h, "Content-Type: %s\r\n", content_type);
+    if (extra_headers)
+      kvr_buf_puts(&h, extra_headers);
+    /* 1xx, 204 and 304 carry no body and no Content-Length (RFC 9110 8.6, 15.3.5). */
+    bool no_body = status < 200 || status == 204 || status == 304;
+    if (no_body)
+      len = 0;
+    else
+      kvr_buf_printf(&h, "Content-Length: %zu\r\n", len);
+    if (!conn_keeps_alive(req) || req->http_minor == 0) {
+      if (req->http_minor == 0 && conn_keeps_alive(req))
+        kvr_buf_puts(&h, "Connection: keep-alive\r\n");
+      else {
+        kvr_buf_puts(&h, "Connection: close\r\n");
+        req->conn->close_after_write = true;
+      }
+    }
+    kvr_buf_puts(&h, "\r\n");
+    if (req->method != HTTP_HEAD)
+      kvr_buf_append(&h, body, len);
+    req->bytes_sent = len;
+    conn_write(req->conn, h.data, h.len);
+    kvr_buf_free(&h);
+  }
+  kvr_http_finish(req);
+}
+
+static void verror(kvr_http_req_t *req, int status, const char *extra, const char *type,
+                   const char *code, const char *fmt, va_list ap) {
+  kvr_buf_t msg = KVR_BUF_INIT, body = KVR_BUF_INIT;
+  kvr_buf_vprintf(&msg, fmt, ap);
+  kvr_http_error_body(&body, msg.data ? msg.data : "", type ? type : kvr_http_error_type(status),
+                      code);
+  kvr_http_respond(req, status, "application/json", extra, body.data, body.len);
+  kvr_buf_free(&msg);
+  kvr_buf_free(&body);
+}
+
+void kvr_http_error(kvr_http_req_t *req, int status, const char *type, const char *code,
+                    const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  verror(req, status, NULL, type, code, fmt, ap);
+  va_end(ap);
+}
+
+void kvr_http_error_h(kvr_http_req_t *req, int status, const char *extra_headers, const char *type,
+                      const char *code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  verror(req, status, extra_headers, type, code, fmt, ap);
+  va_end(ap);
+}
+
+void kvr_http_finish(kvr_http_req_t *req) {
+  if (req->finished)
+    return;
+  if (!req->started) {
+    kvr_http_error(req, 500, NULL, "no_response", "the handler produced no response");
+    return; /* kvr_http_error() finished it */
+  }
+  req->finished = true;
+  kvr_http_conn_t *conn = req->conn;
+  if (!req->closed) {
+    if (req->chunked)
+      write_with_head(conn, "0\r\n\r\n", 5);
+    else
+      write_with_head(conn, "", 0);
+  }
+  kvr_buf_reset(&conn->head);
+  conn->active = NULL;
+  req_free(req);
+  if (conn->closing) {
+    conn_unref(conn);
+    return;
+  }
+  conn->refs--; /* cannot reach zero: the tcp and timer handles are still open */
+  if (conn->close_after_write) {
+    maybe_close_after_write(conn);
+    return;
+  }
+  llhttp_resume(&conn->parser);
+  if (!conn->in_process)
+    process(conn);
+}
+
+void kvr_http_abort(kvr_http_req_t *req) {
+  if (req->finished)
+    return;
+  kvr_http_conn_t *conn = req->conn;
+  req->started = true;
+  req->finished = true;
+  conn->active = NULL;
+  req_free(req);
+  kvr_buf_reset(&conn->head);
+  conn_close(conn);
+  conn_unref(conn);
+}
+
+/* ---- parsing ----------------------------------------------------------------------------------- */
+
+static kvr_http_conn_t *conn_of(llhttp_t *p) {
+  return p->data;
+}
+
+static int reject(kvr_http_conn_t *conn, int status, const char *code, const char *msg) {
+  conn->err_status = status;
+  conn->err_code = code;
+  conn->err_msg = msg;
+  return -1;
+}
+
+static int on_message_begin(llhttp_t *p) {
+  kvr_http_conn_t *conn = conn_of(p);
+  req_free(conn->cur);
+  conn->cur = req_new(conn);
+  conn->header_bytes = conn->header_fields = conn->url_bytes = 0;
+  kvr_buf_reset(&conn->hfield);
+  kvr_buf_reset(&conn->hvalue);
+  conn->got_bytes = true;
+  timer_arm(conn, TIMER_HEADERS, conn->srv->limits.header_timeout_ms);
+  return 0;
+}
+
+static int on_url(llhttp_t *p, const char *at, size_t len) {
+  kvr_http_conn_t *conn = conn_of(p);
+  conn->url_bytes += len;
+  if (conn->url_bytes > conn->srv->limits.max_url)
+    return reject(conn, 414, "uri_too_long", "request target exceeds the configured limit");
+  kvr_buf_append(&conn->hfield, at, len); /* hfield doubles as the URL accumulator */
+  return 0;
+}
+
+static int on_url_complete(llhttp_t *p) {
+  kvr_http_conn_t *conn = conn_of(p);
+  kvr_http_req_t *req = conn->cur;
+  req->target = kvr_buf_steal(&conn->hfield);
+  char *q = strchr(req->target, '?');
+  size_t plen = q ? (size_t)(q - req->target) : strlen(req->target);
+  req->path = malloc(plen + 1);
+  if (req->path == NULL)
+    abort();
+  memcpy(req->path, req->target, plen);
+  req->path[plen] = '\0';
+  req->query = q ? q + 1 : "";
+  return 0;
+}
+
+static int header_budget(kvr_http_conn_t *conn, size_t len) {
+  conn->header_bytes += len;
+  if (conn->header_bytes > conn->srv->limits.max_header_bytes)
+    return reject(conn, 431, "headers_too_large", "request headers exceed the configured size limit");
+  return 0;
+}
+
+static int on_header_field(llhttp_t *p, const char *at, size_t len) {
+  kvr_http_conn_t *conn = conn_of(p);
+  if (header_budget(conn, len))
+    return -1;
+  kvr_buf_append(&conn->hfield, at, len);
+  return 0;
+}
+
+static int on_header_value(llhttp_t *p, const char *at, size_t len) {
+  kvr_http_conn_t *conn = conn_of(p);
+  if (header_budget(conn, len))
+    return -1;
+  kvr_buf_append(&conn->hvalue, at, len);
+  return 0;
+}
+
+/* RFC 9110 5.6.2 token characters. llhttp 8 lets a space inside a name or before the colon
+ * through; forwarding such a name is how request desync between proxy and worker starts. */
+static bool is_token(const char *s, size_t n) {
+  static const char extra[] = "!#$%&'*+-.^_`|~";
+  if (n == 0)
+    return false;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+          (c && strchr(extra, c))))
+      return false;
+  }
+  return true;
+}
+
+static int on_header_value_complete(llhttp_t *p) {
+  kvr_http_conn_t *conn = conn_of(p);
+  kvr_http_req_t *req = conn->cur;
+  if (++conn->header_fields > conn->srv->limits.max_header_fields)
+    return reject(conn, 431, "too_many_headers", "request has more header fields than allowed");
+  if (!is_token(conn->hfield.data, conn->hfield.len))
+    return reject(conn, 400, "invalid_header", "header field name is not a valid token");
+  /* llhttp (strict) already refuses CR, LF and NUL inside values; the check is kept as a second
+   * line of defence because header values are copied to upstream requests verbatim. */
+  if (conn->hvalue.len && memchr(conn->hvalue.data, '\0', conn->hvalue.len))
+    return reject(conn, 400, "invalid_header", "header value contains a NUL byte");
+  kvr_http_header_t *h = realloc(req->headers, (req->nheaders + 1) * sizeof *h);
+  if (h == NULL)
+    abort();
+  req->headers = h;
+  h[req->nheaders].name = kvr_buf_steal(&conn->hfield);
+  h[req->nheaders].value = kvr_buf_steal(&conn->hvalue);
+  req->nheaders++;
+  return 0;
+}
+
+static int on_headers_complete(llhttp_t *p) {
+  kvr_http_conn_t *conn = conn_of(p);
+  kvr_http_req_t *req = conn->cur;
+  const kvr_http_limits_t *lim = &conn->srv->limits;
+  req->method = p->method;
+  req->method_str = llhttp_method_name((llhttp_method_t)p->method);
+  req->http_major = p->http_major;
+  req->http_minor = p->http_minor;
+  req->keep_alive = llhttp_should_keep_alive(p);
+  if (req->path == NULL)
+    return reject(conn, 400, "invalid_request_target", "missing request target");
+  if (p->method == HTTP_CONNECT)
+    return reject(conn, 405, "method_not_allowed", "CONNECT is not supported");
+  if (p->upgrade || (p->flags & F_UPGRADE) || kvr_http_header(req, "upgrade"))
+    return reject(conn, 501, "upgrade_not_supported", "protocol upgrades are not supported");
+  if ((p->flags & F_CONTENT_LENGTH) && p->content_length > lim->max_body)
+    return reject(conn, 413, "body_too_large", "request body exceeds the configured limit");
+  timer_arm(conn, TIMER_BODY, lim->header_timeout_ms);
+  const char *expect = kvr_http_header(req, "expect");
+  if (expect && strcasecmp(expect, "100-continue") == 0 && req->http_minor >= 1)
+    conn_write(conn, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+  return 0;
+}
+
+static int on_body(llhttp_t *p, const char *at, size_t len) {
+  kvr_http_conn_t *conn = conn_of(p);
+  kvr_http_req_t *req = conn->cur;
+  if (req->body.len + len > conn->srv->limits.max_body)
+    return reject(conn, 413, "body_too_large", "request body exceeds the configured limit");
+  kvr_buf_append(&req->body, at, len);
+  timer_arm(conn, TIMER_BODY, conn->srv->limits.header_timeout_ms);
+  return 0;
+}
+
+static int on_message_complete(llhttp_t *p) {
+  /* Pause so that llhttp_execute() returns here: the request is dispatched from process(), outside
+   * the parser, and the bytes of any pipelined request stay in inbuf until this one is finished. */
+  (void)p;
+  return HPE_PAUSED;
+}
+
+static const llhttp_settings_t *parser_settings(void) {
+  static llhttp_settings_t s;
+  static bool init;
+  if (!init) {
+    llhttp_settings_init(&s);
+    s.on_message_begin = on_message_begin;
+    s.on_url = on_url;
+    s.on_url_complete = on_url_complete;
+    s.on_header_field = on_header_field;
+    s.on_header_value = on_header_value;
+    s.on_header_value_complete = on_header_value_complete;
+    s.on_headers_complete = on_headers_complete;
+    s.on_body = on_body;
+    s.on_message_complete = on_message_complete;
+    init = true;
+  }
+  return &s;
+}
+
+static void dispatch(kvr_http_conn_t *conn) {
+  kvr_http_req_t *req = conn->cur;
+  conn->cur = NULL;
+  conn->active = req;
+  conn->refs++;
+  timer_stop(conn);
+  kvr_http_server_t *srv = conn->srv;
+  srv->on_request(req, srv->data);
+}
+
+/* Parses buffered bytes and dispatches complete requests, one at a time. */
+static void process(kvr_http_conn_t *conn) {
+  conn->in_process = true;
+  while (!conn->closing && conn->active == NULL && !conn->close_after_write && conn->inbuf.len) {
+    const char *data = conn->inbuf.data;
+    llhttp_errno_t err = llhttp_execute(&conn->parser, data, conn->inbuf.len);
+    if (err == HPE_OK) {
+      kvr_buf_reset(&conn->inbuf);
+      break;
+    }
+    if (err == HPE_PAUSED) {
+      size_t used = (size_t)(llhttp_get_error_pos(&conn->parser) - data);
+      kvr_buf_consume(&conn->inbuf, used);
+      dispatch(conn);
+      continue; /* loops on only if the handler already finished the request */
+    }
+    if (err == HPE_PAUSED_UPGRADE) {
+      send_error_and_close(conn, 501, "upgrade_not_supported", "protocol upgrades are not supported");
+      break;
+    }
+    if (conn->err_status) {
+      send_error_and_close(conn, conn->err_status, conn->err_code, conn->err_msg);
+    } else {
+      char msg[160];
+      snprintf(msg, sizeof msg, "malformed HTTP request: %s", llhttp_get_error_reason(&conn->parser));
+      send_error_and_close(conn, 400, "bad_request", msg);
+    }
+    break;
+  }
+  conn->in_process = false;
+  if (!conn->closing && conn->active == NULL && !conn->close_after_write && conn->inbuf.len == 0 &&
+      conn->cur == NULL)
+    timer_arm(conn, TIMER_KEEPALIVE, conn->srv->limits.keepalive_timeout_ms);
+  read_control(conn);
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  static char slab[64 * 1024];
+  (void)h;
+  (void)suggested;
+  /* The loop is single-threaded and on_read copies out at once, so one static slab serves all. */
+  buf->base = slab;
+  buf->len = sizeof slab;
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  kvr_http_conn_t *conn = s->data;
+  if (nread < 0) {
+    conn_close(conn); /* EOF or error: the client is gone */
+    return;
+  }
+  if (nread == 0)
+    return;
+  if (conn->close_after_write)
+    return; /* answering with an error; anything more the client sends is dropped */
+  kvr_buf_append(&conn->inbuf, buf->base, (size_t)nread);
+  if (conn->active == NULL)
+    process(conn);
+  else
+    read_control(conn);
+}
+
+/* Reads while there is room for unparsed bytes, so a pipelining client cannot grow inbuf without
+ * bound while a request is with its handler. */
+static void read_control(kvr_http_conn_t *conn) {
+  if (conn->closing)
+    return;
+  bool want = conn->close_after_write || conn->inbuf.len < KVR_HTTP_INBUF_MAX;
+  if (want && !conn->reading) {
+    if (uv_read_start((uv_stream_t *)&conn->tcp, on_alloc, on_read) == 0)
+      conn->reading = true;
+  } else if (!want && conn->reading) {
+    uv_read_stop((uv_stream_t *)&conn->tcp);
+    conn->reading = false;
+  }
+}
+
+/* ---- listener ---------------------------------------------------------------------------------- */
+
+static void on_connection(uv_stream_t *ls, int status) {
+  kvr_http_server_t *srv = ls->data;
+  if (status < 0) {
+    KVR_WARN("http", "accept failed: %s", uv_strerror(status));
+    return;
+  }
+  kvr_http_conn_t *conn = calloc(1, sizeof *conn);
+  if (conn == NULL)
+    abort();
+  conn->srv = srv;
+  uv_tcp_init(srv->loop, &conn->tcp);
+  uv_timer_init(srv->loop, &conn->timer);
+  conn->tcp.data = conn;
+  conn->timer.data = conn;
+  conn->refs = 2;
+  conn->next = srv->conns;
+  if (srv->conns)
+    srv->conns->prev = conn;
+  srv->conns = conn;
+  srv->nconns++;
+  if (uv_accept(ls, (uv_stream_t *)&conn->tcp) != 0) {
+    conn_close(conn);
+    return;
+  }
+  uv_tcp_nodelay(&conn->tcp, 1);
+  llhttp_init(&conn->parser, HTTP_REQUEST, parser_settings());
+  conn->parser.data = conn;
+  if (srv->limits.max_connections && srv->nconns > srv->limits.max_connections) {
+    send_error_and_close(conn, 503, "too_many_connections", "connection limit reached");
+    return;
+  }
+  timer_arm(conn, TIMER_HEADERS, srv->limits.header_timeout_ms);
+  read_control(conn);
+}
+
+int kvr_parse_hostport(const char *hostport, struct sockaddr_storage *out) {
+  if (hostport == NULL)
+    return KVR_EINVAL;
+  char host[128];
+  const char *colon;
+  if (hostport[0] == '[') {
+    const char *end = strchr(hostport, ']');
+    if (end == NULL || end[1] != ':' || (size_t)(end - hostport - 1) >= sizeof host)
+      return KVR_EINVAL;
+    memcpy(host, hostport + 1, (size_t)(end - hostport - 1));
+    host[end - hostport - 1] = '\0';
+    colon = end + 1;
+  } else {
+    colon = strrchr(hostport, ':');
+    if (colon == NULL || (size_t)(colon - hostport) >= sizeof host)
+      return KVR_EINVAL;
+    memcpy(host, hostport, (size_t)(colon - hostport));
+    host[colon - hostport] = '\0';
+  }
+  char *endp;
+  long port = strtol(colon + 1, &endp, 10);
+  if (colon[1] == '\0' || *endp != '\0' || port < 0 || port > 65535)
+    return KVR_EINVAL;
+  if (strcmp(host, "localhost") == 0 || host[0] == '\0')
+    strcpy(host, "127.0.0.1");
+  memset(out, 0, sizeof *out);
+  if (strchr(host, ':')) {
+    if (uv_ip6_addr(host, (int)port, (struct sockaddr_in6 *)out) != 0)
+      return KVR_EINVAL;
+  } else if (uv_ip4_addr(host, (int)port, (struct sockaddr_in *)out) != 0) {
+    return KVR_EINVAL;
+  }
+  return 0;
+}
+
+kvr_http_server_t *kvr_http_server_new(uv_loop_t *loop, const kvr_http_limits_t *limits,
+                                       kvr_http_request_cb on_request, void *data) {
+  kvr_http_server_t *srv = calloc(1, sizeof *srv);
+  if (srv == NULL)
+    return NULL;
+  srv->loop = loop;
+  if (limits)
+    srv->limits = *limits;
+  else
+    kvr_http_limits_default(&srv->limits);
+  srv->on_request = on_request;
+  srv->data = data;
+  srv->port = -1;
+  return srv;
+}
+
+int kvr_http_server_listen(kvr_http_server_t *srv, const char *hostport, char *errbuf,
+                           size_t errlen) {
+  struct sockaddr_storage ss;
+  if (kvr_parse_hostport(hostport, &ss) != 0) {
+    snprintf(errbuf, errlen, "invalid listen address '%s' (expected HOST:PORT)", hostport);
+    return KVR_EINVAL;
+  }
+  uv_tcp_init(srv->loop, &srv->listener);
+  srv->listener.data = srv;
+  srv->listener_open = true;
+  int rc = uv_tcp_bind(&srv->listener, (struct sockaddr *)&ss, 0);
+  if (rc == 0)
+    rc = uv_listen((uv_stream_t *)&srv->listener, 511, on_connection);
+  if (rc != 0) {
+    snprintf(errbuf, errlen, "cannot listen on %s: %s", hostport, uv_strerror(rc));
+    srv->listener_open = false;
+    uv_close((uv_handle_t *)&srv->listener, NULL);
+    return KVR_EIO;
+  }
+  struct sockaddr_storage bound;
+  int len = sizeof bound;
+  if (uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&bound, &len) == 0)
+    srv->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                  : ((struct sockaddr_in *)&bound)->sin_port);
+  return 0;
+}
+
+void kvr_http_server_log_rejects(kvr_http_server_t *srv, bool on) {
+  srv->log_rejects = on;
+}
+
+int kvr_http_server_port(const kvr_http_server_t *srv) {
+  return srv->port;
+}
+
+size_t kvr_http_server_connections(const kvr_http_server_t *srv) {
+  return srv->nconns;
+}
+
+static void on_listener_close(uv_handle_t *h) {
+  kvr_http_server_t *srv = h->data;
+  srv->listener_open = false;
+  if (srv->nconns == 0 && srv->close_done) {
+    void (*done)(void *) = srv->close_done;
+    srv->close_done = NULL;
+    done(srv->close_data);
+  }
+}
+
+void kvr_http_server_close(kvr_http_server_t *srv, void (*done)(void *data), void *data) {
+  srv->closing = true;
+  srv->close_done = done;
+  srv->close_data = data;
+  /* Idle connections go now; busy ones close when their active request finishes. */
+  for (kvr_http_conn_t *c = srv->conns; c; c = c->next) {
+    if (c->active == NULL && c->pending_write == 0 && !c->lingering) {
+      conn_close(c);
+    } else {
+      /* Busy, or a finished response still flushing: close once it has been written. */
+      c->close_after_write = true;
+      maybe_close_after_write(c);
+    }
+  }
+  if (srv->listener_open && !uv_is_closing((uv_handle_t *)&srv->listener)) {
+    uv_close((uv_handle_t *)&srv->listener, on_listener_close);
+  } else if (srv->nconns == 0 && srv->close_done) {
+    srv->close_done = NULL;
+    done(data);
+  }
+}
+
+void kvr_http_server_free(kvr_http_server_t *srv) {
+  free(srv);
+}

@@ -1,0 +1,44 @@
+/* metrics.h -- Prometheus text exposition helpers: histograms and sample lines.
+ *
+ * A kvr_hist_t is a fixed set of cumulative-on-output buckets (upper bounds in the metric's unit)
+ * plus sum and count, as Prometheus' client libraries keep them. Rendering follows the text
+ * exposition format 0.0.4: one HELP and TYPE line per family, then the samples; label values are
+ * escaped (backslash, quote, newline).
+ */
+#ifndef KVR_METRICS_H
+#define KVR_METRICS_H
+
+#include "buf.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVR_HIST_MAX_BUCKETS 32
+
+typedef struct kvr_hist_s {
+  const double *bounds; /* static array of nbounds increasing upper bounds; +Inf is implicit */
+  size_t nbounds;
+  uint64_t counts[KVR_HIST_MAX_BUCKETS]; /* non-cumulative per bucket; [nbounds] is +Inf */
+  double sum;
+  uint64_t count;
+} kvr_hist_t;
+
+/* Bucket sets in seconds. */
+extern const double kvr_hist_latency_buckets[];   /* 1 ms .. 300 s, for request durations */
+extern const size_t kvr_hist_latency_nbuckets;
+extern const double kvr_hist_fast_buckets[];      /* 1 us .. 10 ms, for routing decisions */
+extern const size_t kvr_hist_fast_nbuckets;
+
+void kvr_hist_init(kvr_hist_t *h, const double *bounds, size_t nbounds);
+void kvr_hist_observe(kvr_hist_t *h, double v);
+
+/* Writes "# HELP name help\n# TYPE name type\n". */
+void kvr_metric_family(kvr_buf_t *out, const char *name, const char *type, const char *help);
+/* Writes one sample line: name{labels} value. labels is preformatted ("a=\"b\"") or NULL. */
+void kvr_metric_sample(kvr_buf_t *out, const char *name, const char *labels, double value);
+/* Writes the _bucket, _sum and _count samples of h with the given extra labels (or NULL). */
+void kvr_metric_hist(kvr_buf_t *out, const char *name, const char *labels, const kvr_hist_t *h);
+/* Appends a label value escaped for the text format (no quotes added). */
+void kvr_metric_escape(kvr_buf_t *out, const char *value);
+
+#endif

@@ -1,0 +1,971 @@
+/* proxy.c -- forwards client requests to workers and streams the answers back.
+ *
+ * One px_t per proxied request. Its life:
+ *
+ *   client request (kvr_http_req_t, body complete)
+ *     -> validate route and JSON, extract prompt features (prompt.c)
+ *     -> kvr_router_decide(): cache-index match + policy -> worker slot
+ *     -> attempt: a curl easy handle on the router's multi; load accounting begins on the worker
+ *          header callback: status and headers collected; first byte stops the first-byte timer
+ *          write callback:  SSE responses are written to the client as they arrive (one chunk per
+ *                           curl delivery, no buffering); other bodies are held (bounded by
+ *                           response_buffer_max, then streamed) so a failure is still a clean 502
+ *     -> transfer done: success -> finish the client response, teach the cache index the prompt
+ *                       plus the generated answer;
+ *                       failure before any response byte -> one retry on another worker (tried
+ *                       mask), then 502; first-byte timeout -> 504; failure mid-stream -> an SSE
+ *                       error event and a clean end (SSE) or a truncated body (other)
+ *     -> load accounting ends (exactly what was added), access-log line, px freed after its timer
+ *        handle has closed.
+ *
+ * Back-pressure: when more than HIGH_WATER bytes wait on the client socket the write callback
+ * returns CURL_WRITEFUNC_PAUSE (the data is redelivered later) and the client's on_drain resumes
+ * the transfer with curl_easy_pause(CURLPAUSE_CONT), so a slow reader holds at most about
+ * HIGH_WATER + one curl buffer per request.
+ *
+ * Client disconnect: the request's on_close cancels the transfer at once (curl closes the upstream
+ * connection, which makes vLLM abort the generation). on_close and timers run from the loop, never
+ * inside curl callbacks, so removing the easy handle there is allowed.
+ */
+#include "proxy.h"
+
+#include "kvr.h"
+#include "log.h"
+
+#include <llhttp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define HIGH_WATER (256u * 1024u)
+#define ANSWER_MAX (1u << 20)  /* answer text kept for the cache index */
+#define SSE_LINE_MAX (1u << 20) /* longer SSE lines are passed through but not inspected */
+#define MAX_ATTEMPTS 2
+
+typedef struct px_s px_t;
+
+struct kvr_proxy_s {
+  kvr_router_t *r;
+  px_t *head; /* in-flight requests */
+  size_t active;
+};
+
+typedef enum { TM_NONE, TM_FIRST_BYTE, TM_IDLE } tm_kind_t;
+
+struct px_s {
+  kvr_proxy_t *proxy;
+  kvr_router_t *r;
+  px_t *prev, *next;
+  kvr_http_req_t *req; /* NULL once finished */
+  kvr_route_t route;
+  kvr_prompt_t prompt;
+  bool has_prompt;
+  kvr_route_req_t rreq;
+  /* Current attempt. */
+  kvr_worker_t *w;
+  CURL *easy;
+  struct curl_slist *hdrs;
+  kvr_buf_t url;
+  bool transfer_active;
+  bool paused;
+  int attempts;
+  uint64_t tried;
+  uint64_t prefill_left;
+  uint64_t predicted_cached;
+  uint64_t generated;
+  bool accounted; /* load accounting open on w */
+  /* Response. */
+  int status;
+  kvr_buf_t resp_headers; /* filtered "Name: value\r\n" lines for the client */
+  kvr_buf_t conn_tokens;  /* ",a,b," names listed in the response's Connection header */
+  bool headers_done;
+  bool got_byte;
+  bool sse;
+  bool streaming; /* client response started and body bytes go straight through */
+  kvr_buf_t body; /* held non-SSE body */
+  kvr_buf_t line; /* SSE line being assembled */
+  bool line_overflow;
+  kvr_buf_t answer;
+  bool usage_seen;
+  uint64_t usage_prompt, usage_cached, usage_completion;
+  bool mid_stream_error;
+  /* Timing and outcome. */
+  uv_timer_t timer;
+  tm_kind_t tm;
+  uint64_t t_start_ns, t_first_byte_ns;
+  uint64_t bytes_out;
+  const char *outcome;
+  int final_status;
+  char worker_label[16];
+};
+
+static void attempt(px_t *px);
+static void px_end(px_t *px);
+
+kvr_proxy_t *kvr_proxy_new(kvr_router_t *r) {
+  kvr_proxy_t *p = calloc(1, sizeof *p);
+  if (p)
+    p->r = r;
+  return p;
+}
+
+void kvr_proxy_free(kvr_proxy_t *p) {
+  free(p);
+}
+
+size_t kvr_proxy_active(const kvr_proxy_t *p) {
+  return p->active;
+}
+
+/* ---- helpers ----------------------------------------------------------------------------------- */
+
+static bool is_hop_by_hop(const char *name) {
+  static const char *const hop[] = {"connection", "keep-alive", "te", "trailer", "trailers",
+                                    "transfer-encoding", "upgrade", "proxy-connection",
+                                    "proxy-authenticate", "proxy-authorization"};
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(hop); i++)
+    if (strcasecmp(name, hop[i]) == 0)
+      return true;
+  return strncasecmp(name, "proxy-", 6) == 0;
+}
+
+/* True if name is listed in a Connection header of the request (those are hop-by-hop too). */
+static bool named_by_connection(const kvr_http_req_t *req, const char *name) {
+  size_t n = strlen(name);
+  for (size_t i = 0; i < req->nheaders; i++) {
+    if (strcasecmp(req->headers[i].name, "connection") != 0)
+      continue;
+    const char *v = req->headers[i].value;
+    while (*v) {
+      while (*v == ' ' || *v == ',' || *v == '\t')
+        v++;
+      const char *e = v;
+      while (*e && *e != ',' && *e != ' ' && *e != '\t')
+        e++;
+      if ((size_t)(e - v) == n && strncasecmp(v, name, n) == 0)
+        return true;
+      v = e;
+    }
+  }
+  return false;
+}
+
+static bool has_ctl(const char *s) {
+  for (; *s; s++)
+    if (*s == '\r' || *s == '\n')
+      return true;
+  return false;
+}
+
+static void timer_set(px_t *px, tm_kind_t kind, uint64_t ms);
+
+/* ---- response side: curl callbacks --------------------------------------------------------------- */
+
+static void start_client_response(px_t *px) {
+  kvr_buf_t h = KVR_BUF_INIT;
+  kvr_buf_append(&h, px->resp_headers.data, px->resp_headers.len);
+  if (px->r->cfg->worker_header && px->w)
+    kvr_buf_printf(&h, "x-kvrouter-worker: %s\r\n", px->w->label);
+  kvr_http_start(px->req, px->status, h.data);
+  kvr_buf_free(&h);
+  px->streaming = true;
+}
+
+/* Learning from routing: a worker that accepted the request will prefill the prompt and hold its
+ * blocks. Recorded when the worker first answers, so an attempt that failed to connect teaches the
+ * index nothing. */
+static void learn_dispatch(px_t *px) {
+  if (px->has_prompt && px->w)
+    kvr_cache_index_insert(px->r->index, (size_t)px->w->slot, px->prompt.blocks,
+                           px->prompt.nblocks);
+}
+
+/* Removes from resp_headers every header named in the response's Connection header. */
+static void drop_connection_named(px_t *px) {
+  if (px->conn_tokens.len == 0)
+    return;
+  kvr_buf_t kept = KVR_BUF_INIT;
+  const char *p = px->resp_headers.data, *end = p + px->resp_headers.len;
+  while (p < end) {
+    const char *eol = memchr(p, '\n', (size_t)(end - p));
+    const char *next = eol ? eol + 1 : end;
+    const char *colon = memchr(p, ':', (size_t)(next - p));
+    bool drop = false;
+    if (colon && colon - p < 120) {
+      char key[128];
+      size_t n = 0;
+      key[n++] = ',';
+      for (const char *c = p; c < colon; c++)
+        key[n++] = (char)(*c >= 'A' && *c <= 'Z' ? *c + 32 : *c);
+      key[n++] = ',';
+      key[n] = '\0';
+      drop = strstr(px->conn_tokens.data, key) != NULL;
+    }
+    if (!drop)
+      kvr_buf_append(&kept, p, (size_t)(next - p));
+    p = next;
+  }
+  kvr_buf_free(&px->resp_headers);
+  px->resp_headers = kept;
+}
+
+static size_t on_header(char *data, size_t size, size_t n, void *ud) {
+  px_t *px = ud;
+  size_t len = size * n;
+  if (!px->got_byte) {
+    /* The worker answered: it is reachable, and from now on a failure is not retried. The
+     * first-byte timer keeps running until the first body byte, because vLLM sends its SSE head
+     * before the request has been scheduled and prefilled. */
+    px->got_byte = true;
+    kvr_router_worker_result(px->w, true);
+    learn_dispatch(px);
+  }
+  if (len >= 5 && memcmp(data, "HTTP/", 5) == 0) {
+    /* Status line: a new response head (after a 1xx, or the first). */
+    const char *sp = memchr(data, ' ', len);
+    px->status = sp ? atoi(sp + 1) : 502;
+    kvr_buf_reset(&px->resp_headers);
+    kvr_buf_reset(&px->conn_tokens);
+    px->headers_done = false;
+    px->sse = false;
+    return len;
+  }
+  if (len <= 2) { /* blank line: end of a head */
+    if (px->status >= 200) {
+      px->headers_done = true;
+      drop_connection_named(px);
+    }
+    return len;
+  }
+  const char *colon = memchr(data, ':', len);
+  if (colon == NULL)
+    return len;
+  char name[128];
+  size_t nlen = (size_t)(colon - data);
+  if (nlen == 0 || nlen >= sizeof name)
+    return len;
+  memcpy(name, data, nlen);
+  name[nlen] = '\0';
+  const char *v = colon + 1;
+  const char *end = data + len;
+  while (v < end && (*v == ' ' || *v == '\t'))
+    v++;
+  while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' '))
+    end--;
+  if (strcasecmp(name, "connection") == 0) {
+    /* Remember the names it lists: those headers are hop-by-hop too (RFC 9110 7.6.1). */
+    if (px->conn_tokens.len == 0)
+      kvr_buf_puts(&px->conn_tokens, ",");
+    for (const char *t = v; t < end; t++)
+      if (*t != ' ' && *t != '\t') {
+        char c = (char)(*t >= 'A' && *t <= 'Z' ? *t + 32 : *t);
+        kvr_buf_append(&px->conn_tokens, &c, 1);
+      }
+    kvr_buf_puts(&px->conn_tokens, ",");
+  }
+  if (strcasecmp(name, "content-type") == 0 && (size_t)(end - v) >= 17 &&
+      strncasecmp(v, "text/event-stream", 17) == 0)
+    px->sse = true;
+  if (is_hop_by_hop(name) || strcasecmp(name, "content-length") == 0 ||
+      strcasecmp(name, "x-kvrouter-worker") == 0 || strcasecmp(name, "date") == 0)
+    return len;
+  kvr_buf_append(&px->resp_headers, name, nlen);
+  kvr_buf_puts(&px->resp_headers, ": ");
+  kvr_buf_append(&px->resp_headers, v, (size_t)(end - v));
+  kvr_buf_puts(&px->resp_headers, "\r\n");
+  return len;
+}
+
+/* Reads usage figures from a parsed response object (streaming chunk or whole body). */
+static void take_usage(px_t *px, const cJSON *obj) {
+  const cJSON *usage = cJSON_GetObjectItemCaseSensitive(obj, "usage");
+  if (!cJSON_IsObject(usage))
+    return;
+  const cJSON *pt = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens");
+  const cJSON *ct = cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens");
+  const cJSON *det = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details");
+  const cJSON *cached = cJSON_IsObject(det) ? cJSON_GetObjectItemCaseSensitive(det, "cached_tokens")
+                                            : NULL;
+  if (cJSON_IsNumber(pt)) {
+    px->usage_seen = true;
+    px->usage_prompt = (uint64_t)pt->valuedouble;
+    px->usage_cached = cJSON_IsNumber(cached) ? (uint64_t)cached->valuedouble : 0;
+  }
+  if (cJSON_IsNumber(ct))
+    px->usage_completion = (uint64_t)ct->valuedouble;
+}
+
+/* Appends the generated text of one choice (delta.content, message.content or text). */
+static bool take_text(px_t *px, const cJSON *obj) {
+  const cJSON *choices = cJSON_GetObjectItemCaseSensitive(obj, "choices");
+  const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
+  if (!cJSON_IsObject(c0))
+    return false;
+  const cJSON *t = NULL;
+  const cJSON *d = cJSON_GetObjectItemCaseSensitive(c0, "delta");
+  if (!cJSON_IsObject(d))
+    d = cJSON_GetObjectItemCaseSensitive(c0, "message");
+  if (cJSON_IsObject(d))
+    t = cJSON_GetObjectItemCaseSensitive(d, "content");
+  if (!cJSON_IsString(t))
+    t = cJSON_GetObjectItemCaseSensitive(c0, "text");
+  if (!cJSON_IsString(t) || t->valuestring[0] == '\0')
+    return false;
+  size_t n = strlen(t->valuestring);
+  if (px->answer.len + n <= ANSWER_MAX)
+    kvr_buf_append(&px->answer, t->valuestring, n);
+  return true;
+}
+
+/* One complete SSE line: "data: {...}" events carry tokens and, at the end, usage. */
+static void sse_line(px_t *px, const char *line, size_t len) {
+  if (len < 6 || memcmp(line, "data:", 5) != 0)
+    return;
+  const char *p = line + 5;
+  while (p < line + len && *p == ' ')
+    p++;
+  if (p >= line + len || *p != '{')
+    return;
+  cJSON *obj = cJSON_ParseWithLength(p, (size_t)(line + len - p));
+  if (obj == NULL)
+    return;
+  if (take_text(px, obj)) {
+    if (px->generated == 0 && px->accounted) {
+      /* First token: the prompt has been prefilled. */
+      kvr_worker_t *w = px->w;
+      w->queued_prefill_tokens -= KVR_MIN(w->queued_prefill_tokens, px->prefill_left);
+      px->prefill_left = 0;
+    }
+    px->generated++;
+    if (px->accounted)
+      px->w->active_tokens++;
+  }
+  take_usage(px, obj);
+  if (cJSON_GetObjectItemCaseSensitive(obj, "error"))
+    px->mid_stream_error = true;
+  cJSON_Delete(obj);
+}
+
+static void sse_feed(px_t *px, const char *data, size_t len) {
+  const char *p = data, *end = data + len;
+  while (p < end) {
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+    if (!px->line_overflow) {
+      if (px->line.len + n > SSE_LINE_MAX)
+        px->line_overflow = true;
+      else
+        kvr_buf_append(&px->line, p, n);
+    }
+    if (nl == NULL)
+      break;
+    if (!px->line_overflow) {
+      size_t l = px->line.len;
+      if (l && px->line.data[l - 1] == '\r')
+        l--;
+      sse_line(px, px->line.data ? px->line.data : "", l);
+    }
+    kvr_buf_reset(&px->line);
+    px->line_overflow = false;
+    p = nl + 1;
+  }
+}
+
+static size_t on_body(char *data, size_t size, size_t n, void *ud) {
+  px_t *px = ud;
+  size_t len = size * n;
+  if (px->req == NULL || px->req->closed)
+    return 0; /* the client is gone: abort (curl reports a write error) */
+  if (px->streaming && kvr_http_pending(px->req) > HIGH_WATER) {
+    /* Not consumed: curl delivers it again after unpausing. The idle timer stops meanwhile: the
+     * worker is not silent, the client is slow. */
+    px->paused = true;
+    timer_set(px, TM_NONE, 0);
+    return CURL_WRITEFUNC_PAUSE;
+  }
+  if (px->t_first_byte_ns == 0) {
+    px->t_first_byte_ns = kvr_now_ns();
+    kvr_hist_observe(&px->r->ttfb_seconds, (double)(px->t_first_byte_ns - px->t_start_ns) / 1e9);
+  }
+  timer_set(px, TM_IDLE, px->r->cfg->idle_timeout_ms);
+  if (px->sse) {
+    if (!px->streaming)
+      start_client_response(px);
+    sse_feed(px, data, len);
+    kvr_http_write(px->req, data, len);
+    px->bytes_out += len;
+    return len;
+  }
+  if (px->streaming) {
+    kvr_http_write(px->req, data, len);
+    px->bytes_out += len;
+    return len;
+  }
+  kvr_buf_append(&px->body, data, len);
+  if (px->body.len > px->r->cfg->response_buffer_max) {
+    /* Too large to hold: stream from here on (a later failure shows as a truncated body). */
+    start_client_response(px);
+    kvr_http_write(px->req, px->body.data, px->body.len);
+    px->bytes_out += px->body.len;
+    kvr_buf_free(&px->body);
+  }
+  return len;
+}
+
+static void on_client_drain(kvr_http_req_t *req) {
+  px_t *px = req->data;
+  if (px && px->paused && px->transfer_active) {
+    px->paused = false;
+    timer_set(px, TM_IDLE, px->r->cfg->idle_timeout_ms);
+    curl_easy_pause(px->easy, CURLPAUSE_CONT);
+  }
+}
+
+/* ---- ending -------------------------------------------------------------------------------------- */
+
+static void account_end(px_t *px) {
+  if (!px->accounted)
+    return;
+  px->accounted = false;
+  uint64_t tokens = px->has_prompt ? px->prompt.prompt_tokens : 0;
+  kvr_worker_t *w = px->w;
+  px->w = NULL; /* the worker may be freed now if it was draining */
+  kvr_router_worker_end(w, tokens, px->prefill_left, px->generated);
+  px->prefill_left = 0;
+}
+
+static void transfer_release(px_t *px) {
+  if (px->easy) {
+    if (px->transfer_active)
+      kvr_curlm_cancel(px->r->curlm, px->easy);
+    curl_easy_cleanup(px->easy);
+    px->easy = NULL;
+  }
+  curl_slist_free_all(px->hdrs);
+  px->hdrs = NULL;
+  px->transfer_active = false;
+  px->paused = false;
+}
+
+static void on_timer_closed(uv_handle_t *h) {
+  px_t *px = h->data;
+  kvr_prompt_free(&px->prompt);
+  kvr_buf_free(&px->resp_headers);
+  kvr_buf_free(&px->body);
+  kvr_buf_free(&px->line);
+  kvr_buf_free(&px->answer);
+  kvr_buf_free(&px->url);
+  kvr_buf_free(&px->conn_tokens);
+  free(px);
+}
+
+static void access_log(px_t *px, const char *method, const char *path, const char *peer) {
+  if (!px->r->cfg->access_log)
+    return;
+  uint64_t now = kvr_now_ns();
+  double total = (double)(now - px->t_start_ns) / 1e6;
+  double ttfb = px->t_first_byte_ns ? (double)(px->t_first_byte_ns - px->t_start_ns) / 1e6 : -1;
+  kvr_log(KVR_LOG_INFO, "access",
+          "method=%s path=%s status=%d worker=%s policy=%s bytes=%llu ttfb_ms=%.1f total_ms=%.1f "
+          "attempts=%d outcome=%s client=%s",
+          method, path, px->final_status, px->worker_label[0] ? px->worker_label : "-",
+          kvr_policy_name(px->r->policy), (unsigned long long)px->bytes_out, ttfb, total,
+          px->attempts, px->outcome ? px->outcome : "ok", peer);
+}
+
+/* Hands the client request back from px (which must not touch it again), writing the access-log
+ * line and the duration sample for the status about to be sent. */
+static kvr_http_req_t *detach(px_t *px, int status) {
+  kvr_http_req_t *req = px->req;
+  px->req = NULL;
+  req->data = NULL;
+  req->on_close = NULL;
+  req->on_drain = NULL;
+  px->final_status = status;
+  access_log(px, req->method_str, req->path, req->peer);
+  kvr_hist_observe(&px->r->request_seconds, (double)(kvr_now_ns() - px->t_start_ns) / 1e9);
+  return req;
+}
+
+/* Ends the client side (if still held) and frees px once its timer has closed. */
+static void px_end(px_t *px) {
+  transfer_release(px);
+  account_end(px);
+  /* 499 (nginx's "client closed request") keeps client aborts out of 5xx counts in the log. */
+  if (px->req)
+    kvr_http_finish(detach(px, px->req->closed ? 499 : px->req->status ? px->req->status : 500));
+  kvr_proxy_t *p = px->proxy;
+  if (px->prev)
+    px->prev->next = px->next;
+  else
+    p->head = px->next;
+  if (px->next)
+    px->next->prev = px->prev;
+  p->active--;
+  uv_close((uv_handle_t *)&px->timer, on_timer_closed);
+}
+
+static void fail(px_t *px, int status, const char *code, const char *outcome, const char *fmt,
+                 const char *detail) {
+  kvr_router_t *r = px->r;
+  px->outcome = outcome;
+  if (status == 502 || status == 504)
+    r->upstream_failures_total++;
+  if (px->req && !px->req->started) {
+    char extra[64] = "";
+    if (status == 503)
+      snprintf(extra, sizeof extra, "Retry-After: %llu\r\n",
+               (unsigned long long)r->cfg->retry_after_s);
+    kvr_http_error_h(detach(px, status), status, extra, NULL, code, fmt, detail);
+  }
+}
+
+/* Client-visible end of a response whose transfer broke after the client response started. */
+static void broken_stream(px_t *px, const char *why) {
+  if (px->sse) {
+    kvr_buf_t ev = KVR_BUF_INIT, body = KVR_BUF_INIT, msg = KVR_BUF_INIT;
+    kvr_buf_printf(&msg, "upstream worker failed mid-stream: %s", why);
+    kvr_http_error_body(&body, msg.data, "server_error", "upstream_stream_broken");
+    /* vLLM's own shape for an error inside a stream: an error event, then [DONE]. */
+    while (body.len && body.data[body.len - 1] == '\n')
+      body.len--;
+    kvr_buf_puts(&ev, "data: ");
+    kvr_buf_append(&ev, body.data, body.len);
+    kvr_buf_puts(&ev, "\n\ndata: [DONE]\n\n");
+    kvr_http_write(px->req, ev.data, ev.len);
+    kvr_buf_free(&ev);
+    kvr_buf_free(&body);
+    kvr_buf_free(&msg);
+  } else {
+    /* No way to signal an error inside a plain body: close without the final chunk so the client
+     * sees a truncated message rather than a complete one. */
+    kvr_http_abort(detach(px, px->req->status));
+  }
+}
+
+static bool retryable(CURLcode rc) {
+  return rc == CURLE_COULDNT_CONNECT || rc == CURLE_GOT_NOTHING || rc == CURLE_RECV_ERROR ||
+         rc == CURLE_SEND_ERROR || rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_COULDNT_RESOLVE_HOST;
+}
+
+/* Records what the response taught: the worker now holds prompt + answer; usage vs prediction. */
+static void learn(px_t *px) {
+  kvr_worker_t *w = px->w;
+  if (!px->has_prompt || w == NULL)
+    return;
+  if (px->usage_seen) {
+    w->usage_prompt_tokens_total += px->usage_prompt;
+    w->usage_cached_tokens_total += px->usage_cached;
+    w->usage_predicted_cached_total += KVR_MIN(px->predicted_cached, px->usage_prompt);
+  }
+  if (px->answer.len && px->status == 200) {
+    kvr_prompt_extend_answer(&px->prompt, px->answer.data, px->answer.len);
+    kvr_cache_index_insert(px->r->index, (size_t)w->slot, px->prompt.blocks, px->prompt.nblocks);
+  }
+}
+
+static void on_done(CURL *easy, CURLcode rc, void *data) {
+  px_t *px = data;
+  px->transfer_active = false;
+  timer_set(px, TM_NONE, 0);
+  kvr_router_t *r = px->r;
+  if (rc == CURLE_OK) {
+    if (!px->sse && px->body.len && px->has_prompt) {
+      cJSON *obj = cJSON_ParseWithLength(px->body.data, px->body.len);
+      if (obj) {
+        take_text(px, obj);
+        take_usage(px, obj);
+        cJSON_Delete(obj);
+      }
+    }
+    if (px->status >= 500)
+      px->w->errors_total++;
+    learn(px);
+    if (!px->streaming) {
+      kvr_buf_t h = KVR_BUF_INIT;
+      kvr_buf_append(&h, px->resp_headers.data, px->resp_headers.len);
+      if (r->cfg->worker_header)
+        kvr_buf_printf(&h, "x-kvrouter-worker: %s\r\n", px->w->label);
+      px->bytes_out = px->body.len;
+      kvr_http_respond(detach(px, px->status), px->status, NULL, h.data, px->body.data,
+                       px->body.len);
+      kvr_buf_free(&h);
+    }
+    if (px->mid_stream_error)
+      px->outcome = "worker_stream_error";
+    px_end(px);
+    return;
+  }
+
+  /* The transfer failed. A client that went away is not the worker's fault. */
+  if (px->req == NULL || px->req->closed) {
+    px->outcome = "client_closed";
+    r->client_aborts_total++;
+    px_end(px);
+    return;
+  }
+  const char *why = curl_easy_strerror(rc);
+  kvr_worker_t *w = px->w;
+  if (w)
+    w->errors_total++;
+  /* "Never connected" (refused, unresolvable, or a connect timeout: curl reports that as
+   * CURLE_OPERATION_TIMEDOUT with no connect time) is safe to retry and counts towards DOWN. A
+   * failure after connecting but before any response byte is retried too (the worker never
+   * answered), except a timeout, which would double the wait. */
+  curl_off_t connect_us = 0;
+  curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connect_us);
+  bool never_connected = !px->got_byte && (rc == CURLE_COULDNT_CONNECT ||
+                                           rc == CURLE_COULDNT_RESOLVE_HOST ||
+                                           (rc == CURLE_OPERATION_TIMEDOUT && connect_us == 0));
+  if (w && never_connected)
+    kvr_router_worker_result(w, false);
+  if (!px->got_byte && (never_connected || (retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT)) &&
+      px->attempts < MAX_ATTEMPTS) {
+    KVR_WARN("proxy", "worker %s failed before responding (%s); retrying elsewhere",
+             w ? w->label : "-", why);
+    if (w)
+      w->retries_total++;
+    transfer_release(px);
+    account_end(px);
+    attempt(px);
+    return;
+  }
+  if (!px->streaming) {
+    fail(px, 502, "upstream_error", "worker_failed", "upstream worker failed: %s", why);
+  } else {
+    px->outcome = "broken_stream";
+    r->upstream_failures_total++;
+    broken_stream(px, why);
+  }
+  px_end(px);
+}
+
+/* ---- timers ------------------------------------------------------------------------------------- */
+
+static void on_timer(uv_timer_t *t) {
+  px_t *px = t->data;
+  tm_kind_t kind = px->tm;
+  px->tm = TM_NONE;
+  if (!px->transfer_active)
+    return;
+  /* Outside curl callbacks: the handle may be removed here. */
+  kvr_curlm_cancel(px->r->curlm, px->easy);
+  px->transfer_active = false;
+  if (px->w)
+    px->w->errors_total++;
+  if (kind == TM_FIRST_BYTE && !px->got_byte && px->w)
+    kvr_router_worker_result(px->w, false); /* accepted but never answered */
+  if (!px->streaming) {
+    fail(px, 504, "upstream_timeout", "worker_timeout", "%s",
+         kind == TM_FIRST_BYTE ? "upstream worker did not start responding in time"
+                               : "upstream worker stalled while responding");
+  } else {
+    px->r->upstream_failures_total++;
+    px->outcome = "stream_idle_timeout";
+    broken_stream(px, "no data within the idle timeout");
+  }
+  px_end(px);
+}
+
+static void timer_set(px_t *px, tm_kind_t kind, uint64_t ms) {
+  px->tm = kind;
+  if (kind == TM_NONE)
+    uv_timer_stop(&px->timer);
+  else
+    uv_timer_start(&px->timer, on_timer, ms, 0);
+}
+
+static void on_client_close(kvr_http_req_t *req) {
+  px_t *px = req->data;
+  if (px == NULL)
+    return;
+  px->r->client_aborts_total++;
+  px->outcome = "client_closed";
+  /* Cancelling closes the upstream connection at once, so the worker aborts the generation. */
+  timer_set(px, TM_NONE, 0);
+  px_end(px);
+}
+
+/* ---- request side ------------------------------------------------------------------------------ */
+
+static struct curl_slist *upstream_headers(const kvr_http_req_t *req) {
+  struct curl_slist *l = NULL;
+  kvr_buf_t line = KVR_BUF_INIT;
+  const char *xff = NULL;
+  for (size_t i = 0; i < req->nheaders; i++) {
+    const kvr_http_header_t *h = &req->headers[i];
+    if (is_hop_by_hop(h->name) || named_by_connection(req, h->name) ||
+        strcasecmp(h->name, "host") == 0 || strcasecmp(h->name, "content-length") == 0 ||
+        strcasecmp(h->name, "expect") == 0 || strcasecmp(h->name, "accept-encoding") == 0)
+      continue;
+    if (strcasecmp(h->name, "x-forwarded-for") == 0) {
+      xff = h->value;
+      continue;
+    }
+    if (has_ctl(h->name) || has_ctl(h->value))
+      continue; /* never reaches here after llhttp, kept as a guard */
+    kvr_buf_reset(&line);
+    /* "Name;" is curl's spelling of a header with an empty value. */
+    if (h->value[0] == '\0')
+      kvr_buf_printf(&line, "%s;", h->name);
+    else
+      kvr_buf_printf(&line, "%s: %s", h->name, h->value);
+    l = curl_slist_append(l, line.data);
+  }
+  kvr_buf_reset(&line);
+  if (xff && !has_ctl(xff))
+    kvr_buf_printf(&line, "X-Forwarded-For: %s, %s", xff, req->peer);
+  else
+    kvr_buf_printf(&line, "X-Forwarded-For: %s", req->peer);
+  l = curl_slist_append(l, line.data);
+  l = curl_slist_append(l, "Expect:");
+  kvr_buf_free(&line);
+  return l;
+}
+
+static void attempt(px_t *px) {
+  kvr_router_t *r = px->r;
+  kvr_http_req_t *req = px->req;
+  kvr_decision_t d;
+  int slot = kvr_router_decide(r, &px->rreq, px->tried, true, &d);
+  if (slot < 0) {
+    if (px->attempts == 0)
+      fail(px, 503, "no_worker_available", "no_worker", "%s",
+           "no usable worker is available; retry later");
+    else
+      fail(px, 502, "upstream_error", "worker_failed", "%s",
+           "upstream worker failed and no other worker could take the request");
+    px_end(px);
+    return;
+  }
+  kvr_worker_t *w = r->slots[slot];
+  px->w = w;
+  px->attempts++;
+  px->tried |= UINT64_C(1) << slot;
+  snprintf(px->worker_label, sizeof px->worker_label, "%s", w->label);
+  px->got_byte = false;
+  px->status = 0;
+  px->headers_done = false;
+  px->sse = false;
+  kvr_buf_reset(&px->resp_headers);
+  kvr_buf_reset(&px->body);
+  kvr_buf_reset(&px->line);
+  kvr_buf_reset(&px->answer);
+  px->generated = 0;
+
+  uint64_t prompt_tokens = px->has_prompt ? px->prompt.prompt_tokens : 0;
+  uint64_t cached = (uint64_t)d.snaps[slot].matched_blocks * r->cfg->block_chars / 4;
+  px->predicted_cached = KVR_MIN(cached, prompt_tokens);
+  px->prefill_left = prompt_tokens - px->predicted_cached;
+  kvr_router_worker_begin(w, prompt_tokens, px->prefill_left);
+  px->accounted = true;
+  if (px->has_prompt) {
+    w->prompt_tokens_total += prompt_tokens;
+    w->predicted_cached_tokens_total += px->predicted_cached;
+  }
+
+  kvr_buf_reset(&px->url);
+  kvr_buf_printf(&px->url, "%s%s", w->url, req->target);
+  CURL *e = curl_easy_init();
+  if (e == NULL) {
+    fail(px, 502, "upstream_error", "internal", "%s", "cannot create an upstream transfer");
+    px_end(px);
+    return;
+  }
+  px->easy = e;
+  px->hdrs = upstream_headers(req);
+  curl_easy_setopt(e, CURLOPT_URL, px->url.data);
+  /* The target was validated (no dot segments); curl must not normalise it into another path. */
+  curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+  curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)r->cfg->connect_timeout_ms);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, px->hdrs);
+  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(e, CURLOPT_HEADERDATA, px);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, px);
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http");
+  curl_easy_setopt(e, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
+  if (req->method == HTTP_GET) {
+    curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+  } else if (req->method == HTTP_HEAD) {
+    curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+  } else {
+    if (req->method != HTTP_POST)
+      curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, req->method_str);
+    if (req->method == HTTP_POST || req->body.len) {
+      curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body.len);
+      curl_easy_setopt(e, CURLOPT_POSTFIELDS, req->body.data ? req->body.data : "");
+    }
+  }
+  if (kvr_curlm_add(r->curlm, e, on_done, px) != 0) {
+    fail(px, 502, "upstream_error", "internal", "%s", "cannot start an upstream transfer");
+    px_end(px);
+    return;
+  }
+  px->transfer_active = true;
+  timer_set(px, TM_FIRST_BYTE, r->cfg->first_byte_timeout_ms);
+}
+
+int kvr__proxy_features(kvr_router_t *r, const kvr_http_req_t *req, kvr_route_t route,
+                        kvr_prompt_t *prompt, char *err, size_t errlen, const char **code) {
+  kvr_prompt_init(prompt);
+  if (req->body.len == 0) {
+    snprintf(err, errlen, "the request body must be a JSON object");
+    *code = "missing_body";
+    return KVR_EINVAL;
+  }
+  cJSON *body = cJSON_ParseWithLength(req->body.data, req->body.len);
+  if (body == NULL || !cJSON_IsObject(body)) {
+    cJSON_Delete(body);
+    snprintf(err, errlen, "the request body is not a valid JSON object");
+    *code = "invalid_json";
+    return KVR_EINVAL;
+  }
+  int rc = kvr_prompt_from_json(body, route == KVR_ROUTE_CHAT ? KVR_PROMPT_CHAT
+                                                              : KVR_PROMPT_COMPLETIONS,
+                                r->cfg->block_chars, prompt, err, errlen);
+  cJSON_Delete(body);
+  if (rc != 0) {
+    *code = prompt->err_code ? prompt->err_code : "invalid_value";
+    kvr_prompt_free(prompt);
+    return rc;
+  }
+  return 0;
+}
+
+/* The access-log line of a request the router answers itself (no worker involved). */
+static void local_log(kvr_router_t *r, const kvr_http_req_t *req, int status, const char *outcome) {
+  if (status >= 400 && status < 500)
+    r->client_errors_total++;
+  if (!r->cfg->access_log)
+    return;
+  kvr_log(KVR_LOG_INFO, "access",
+          "method=%s path=%s status=%d worker=- policy=%s bytes=0 ttfb_ms=-1.0 total_ms=%.1f "
+          "attempts=0 outcome=%s client=%s",
+          req->method_str, req->path, status, kvr_policy_name(r->policy),
+          (double)(kvr_now_ns() - req->start_ns) / 1e6, outcome, req->peer);
+}
+
+/* True for targets curl or the worker could resolve to another path: dot segments (plain or
+ * percent-encoded) and backslashes. Only /v1/... and /health are public. */
+static bool unsafe_path(const char *p) {
+  for (const char *s = p; *s; s++) {
+    if (*s == '\\')
+      return true;
+    if (*s == '%' && s[1] == '2' && (s[2] == 'e' || s[2] == 'E'))
+      return true;
+    if (*s == '/' && s[1] == '.' &&
+        (s[2] == '/' || s[2] == '\0' || (s[2] == '.' && (s[3] == '/' || s[3] == '\0'))))
+      return true;
+  }
+  return false;
+}
+
+static void health(kvr_router_t *r, kvr_http_req_t *req) {
+  size_t usable = 0, total = 0;
+  for (size_t i = 0; i < r->nslots; i++) {
+    if (r->slots[i] == NULL)
+      continue;
+    total++;
+    usable += r->slots[i]->state == KVR_WORKER_UP;
+  }
+  char body[128];
+  int n = snprintf(body, sizeof body, "{\"status\":\"%s\",\"usable_workers\":%zu,\"workers\":%zu}\n",
+                   usable ? "ok" : "unavailable", usable, total);
+  local_log(r, req, usable ? 200 : 503, "local");
+  kvr_http_respond(req, usable ? 200 : 503, "application/json", NULL, body, (size_t)n);
+}
+
+void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
+  kvr_proxy_t *p = data;
+  kvr_router_t *r = p->r;
+  r->requests_total++;
+  const char *path = req->path;
+  if (strcmp(path, "/health") == 0) {
+    if (req->method != HTTP_GET && req->method != HTTP_HEAD) {
+      local_log(r, req, 405, "rejected");
+      kvr_http_error(req, 405, NULL, "method_not_allowed", "%s", "use GET /health");
+      return;
+    }
+    health(r, req);
+    return;
+  }
+  if (unsafe_path(path)) {
+    local_log(r, req, 400, "rejected");
+    kvr_http_error(req, 400, NULL, "invalid_path", "%s",
+                   "dot segments and backslashes are not allowed in the path");
+    return;
+  }
+  if (strncmp(path, "/v1/", 4) != 0) {
+    local_log(r, req, 404, "rejected");
+    kvr_http_error(req, 404, NULL, "not_found", "no route for %s %s", req->method_str, path);
+    return;
+  }
+  kvr_route_t route = KVR_ROUTE_OTHER;
+  if (strcmp(path, "/v1/chat/completions") == 0)
+    route = KVR_ROUTE_CHAT;
+  else if (strcmp(path, "/v1/completions") == 0)
+    route = KVR_ROUTE_COMPLETIONS;
+  else if (strcmp(path, "/v1/models") == 0)
+    route = KVR_ROUTE_MODELS;
+  if ((route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS) && req->method != HTTP_POST) {
+    local_log(r, req, 405, "rejected");
+    kvr_http_error(req, 405, NULL, "method_not_allowed", "use POST %s", path);
+    return;
+  }
+  if (route == KVR_ROUTE_MODELS && req->method != HTTP_GET && req->method != HTTP_HEAD) {
+    local_log(r, req, 405, "rejected");
+    kvr_http_error(req, 405, NULL, "method_not_allowed", "%s", "use GET /v1/models");
+    return;
+  }
+  px_t *px = calloc(1, sizeof *px);
+  if (px == NULL) {
+    kvr_http_error(req, 500, NULL, "internal", "%s", "out of memory");
+    return;
+  }
+  px->proxy = p;
+  px->r = r;
+  px->route = route;
+  px->t_start_ns = req->start_ns;
+  kvr_prompt_init(&px->prompt);
+  if (route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS) {
+    char err[256];
+    const char *code = NULL;
+    if (kvr__proxy_features(r, req, route, &px->prompt, err, sizeof err, &code) != 0) {
+      free(px);
+      local_log(r, req, 400, "invalid_request");
+      kvr_http_error(req, 400, "invalid_request_error", code, "%s", err);
+      return;
+    }
+    px->has_prompt = true;
+    kvr_prompt_route_req(&px->prompt, &px->rreq);
+  }
+  px->req = req;
+  req->data = px;
+  req->on_close = on_client_close;
+  req->on_drain = on_client_drain;
+  uv_timer_init(r->loop, &px->timer);
+  px->timer.data = px;
+  px->next = p->head;
+  if (p->head)
+    p->head->prev = px;
+  p->head = px;
+  p->active++;
+  attempt(px);
+}
+
+void kvr_proxy_abort_all(kvr_proxy_t *p) {
+  while (p->head) {
+    px_t *px = p->head;
+    timer_set(px, TM_NONE, 0);
+    if (px->req && !px->req->started)
+      fail(px, 503, "shutting_down", "shutdown", "%s", "the router is shutting down");
+    else if (px->req && px->streaming)
+      broken_stream(px, "the router is shutting down");
+    px->outcome = "shutdown";
+    px_end(px);
+  }
+}

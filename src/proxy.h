@@ -1,0 +1,38 @@
+/* proxy.h -- the public OpenAI-compatible listener's request handler (reverse proxy to workers).
+ *
+ * kvr_proxy_t owns the list of proxied requests in flight, so that shutdown can abort them. It is
+ * the `data` of the public kvr_http_server_t's on_request callback (kvr_proxy_on_request).
+ */
+#ifndef KVR_PROXY_H
+#define KVR_PROXY_H
+
+#include "http_server.h"
+#include "router.h"
+
+typedef struct kvr_proxy_s kvr_proxy_t;
+
+kvr_proxy_t *kvr_proxy_new(kvr_router_t *r);
+/* Frees the proxy; every request must have ended (kvr_proxy_active() == 0). Accepts NULL. */
+void kvr_proxy_free(kvr_proxy_t *p);
+
+/* kvr_http_request_cb of the public listener; data is the kvr_proxy_t. */
+void kvr_proxy_on_request(kvr_http_req_t *req, void *data);
+
+/* Proxied requests still in flight. */
+size_t kvr_proxy_active(const kvr_proxy_t *p);
+
+/* Aborts every proxied request (shutdown): transfers are cancelled, clients get 503 or a broken-
+ * stream error event. */
+void kvr_proxy_abort_all(kvr_proxy_t *p);
+
+/* Route of an OpenAI request, from its path. */
+typedef enum { KVR_ROUTE_CHAT, KVR_ROUTE_COMPLETIONS, KVR_ROUTE_MODELS, KVR_ROUTE_OTHER } kvr_route_t;
+
+/* Parses and validates the JSON body of a chat/completions request into prompt features.
+ * On failure returns a negative code with an OpenAI-style message in err and an error code in
+ * *code (prompt is left empty); the caller answers 400. Shared by the proxy and
+ * POST /admin/route/explain. */
+int kvr__proxy_features(kvr_router_t *r, const kvr_http_req_t *req, kvr_route_t route,
+                        kvr_prompt_t *prompt, char *err, size_t errlen, const char **code);
+
+#endif
