@@ -12,7 +12,8 @@ Usage:
 start_sim() passes `--listen 127.0.0.1:0` unless the arguments contain --listen, reads the port
 from the `sim listening on HOST:PORT` line the process prints on stderr, then waits until
 GET /health answers 200. The process's stderr is collected in Proc.stderr_lines (a thread drains
-it so the pipe never fills). Processes are killed by PID only; Proc is also a context manager.
+it so the pipe never fills). Processes are killed by PID only; Proc is also a context manager whose
+exit stops the process and raises if it exited non-zero (crash or sanitizer report).
 """
 
 import asyncio
@@ -108,8 +109,12 @@ class Proc:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.stop()
+    def __exit__(self, exc_type, exc, tb):
+        """Stops the process; raises RuntimeError if it exited non-zero (a crash, or a sanitizer
+        report at exit) unless an exception is already propagating."""
+        rc = self.stop()
+        if rc != 0 and exc_type is None:
+            raise RuntimeError("kvrouter sim exited with %r:\n%s" % (rc, "\n".join(self.stderr_lines)))
 
 
 def start_sim(kvrouter, *args, timeout=10):
