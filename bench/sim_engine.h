@@ -46,7 +46,7 @@ typedef struct kvr_sim_cost_s {
 } kvr_sim_cost_t;
 
 typedef struct kvr_sim_config_s {
-  uint32_t num_gpu_blocks;         /* default 21771: 53.15 GiB / (163,840 B/token * 16) */
+  uint32_t num_gpu_blocks;         /* default 21770: 53.15 GiB / (163,840 B/token * 16) */
   uint32_t block_size;             /* tokens per block; default 16 */
   uint32_t max_num_seqs;           /* default 1024 */
   uint32_t max_num_batched_tokens; /* per-step token budget; default 8192 */

@@ -88,6 +88,8 @@ static void usage(FILE *out, const flag_t *flags, size_t n) {
     const char *arg = flags[i].kind == F_FLAG ? "" : flags[i].kind == F_STR ? " STR" : " N";
     if (flags[i].kind == F_FAULT)
       arg = " MODE";
+    if (flags[i].kind == F_LOG)
+      arg = " LEVEL";
     fprintf(out, "  --%s%s\n      %s\n", flags[i].name, arg, flags[i].help);
   }
 }
@@ -397,7 +399,7 @@ int kvr_sim_main(int argc, char **argv) {
        "run N times faster than real time; metrics report simulated time (default 1)"},
       {"seed", F_U64, &cli.opts.seed, "seed of generated text, ids and the error-rate coin (default 0)"},
       {"num-gpu-blocks", F_U32, &e->num_gpu_blocks,
-       "KV cache blocks (default 21771 = 53.15 GiB / 163,840 B per token / 16)"},
+       "KV cache blocks (default 21770 = 53.15 GiB / 163,840 B per token / 16)"},
       {"block-size", F_U32, &e->block_size, "tokens per KV block (default 16)"},
       {"max-num-seqs", F_U32, &e->max_num_seqs, "max running requests (default 1024)"},
       {"max-num-batched-tokens", F_U32, &e->max_num_batched_tokens,
