@@ -129,8 +129,9 @@ double kvr_sim_cost_step(const kvr_sim_cost_t *c, uint32_t seqs, uint32_t prefil
                          uint64_t decode_ctx, double attn_pairs) {
   if (seqs == 0)
     return 0.0;
-  return c->fixed_ms * 1e-3 + c->per_seq_ms * 1e-3 * seqs + c->prefill_tok_us * 1e-6 * prefill_tokens +
-         c->decode_ctx_ns * 1e-9 * (double)decode_ctx + c->attn_pair_ns * 1e-9 * attn_pairs;
+  return c->fixed_ms * 1e-3 + c->per_seq_ms * 1e-3 * seqs +
+         c->prefill_tok_us * 1e-6 * prefill_tokens + c->decode_ctx_ns * 1e-9 * (double)decode_ctx +
+         c->attn_pair_ns * 1e-9 * attn_pairs;
 }
 
 uint64_t kvr_sim_block_hash(uint64_t parent, const uint32_t *tokens, uint32_t block_size) {

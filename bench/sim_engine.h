@@ -7,24 +7,26 @@
  *
  * Model, following vLLM V1's scheduler and KV cache manager:
  *   - KV cache of num_gpu_blocks blocks of block_size tokens. A full block is hashed by chaining
- *     (hash of the parent block, its tokens) over prompt and generated tokens; a hashed block is
- *     found by later requests with the same prefix (prefix caching). Freed blocks keep their hash in
- *     an LRU free list and are evicted oldest first when a new block is needed; a request's blocks
- *     are freed tail first, so its tail blocks are evicted before its head.
- *   - Continuous batching: each step has a budget of max_num_batched_tokens. Running requests are
- *     served first in arrival order (a decode costs 1 token; a partially prefilled prompt takes what
- *     the budget allows), then waiting requests are admitted in FCFS order, up to max_num_seqs
- *     running, their prompt prefilled in chunks (chunked prefill).
+ *     (hash of the parent block, its tokens) over prompt and generated tokens; a hashed block
+ *     is found by later requests with the same prefix (prefix caching). Freed blocks keep their
+ *     hash in an LRU free list and are evicted oldest first when a new block is needed; a
+ *     request's blocks are freed tail first, so its tail blocks are evicted before its head.
+ *   - Continuous batching: each step has a budget of max_num_batched_tokens. Running requests
+ *     are served first in arrival order (a decode costs 1 token; a partially prefilled prompt
+ *     takes what the budget allows), then waiting requests are admitted in FCFS order, up to
+ *     max_num_seqs running, their prompt prefilled in chunks (chunked prefill).
  *   - When a running request needs a block and none is free, the most recently admitted running
- *     request is preempted (recompute): its blocks are freed and it goes back to the front of the
- *     waiting queue with its generated tokens, to be prefilled again (mostly from the prefix cache).
+ *     request is preempted (recompute): its blocks are freed and it goes back to the front of
+ *     the waiting queue with its generated tokens, to be prefilled again (mostly from the
+ *     prefix cache).
  *   - Step time = fixed + per_seq * seqs + prefill_tok * prefilled tokens
  *                 + decode_ctx * (context tokens of the decoding sequences)
  *                 + attn_pair * (query x key pairs of the prefill chunks' causal attention).
  *
- * Ownership: kvr_sim_engine_add() returns a request the caller owns: it stays valid until the caller
- * calls kvr_sim_engine_remove() (which aborts it first if it is still waiting or running). Events
- * returned by kvr_sim_engine_step() point at requests and stay valid until the next step or remove.
+ * Ownership: kvr_sim_engine_add() returns a request the caller owns: it stays valid until the
+ * caller calls kvr_sim_engine_remove() (which aborts it first if it is still waiting or running).
+ * Events returned by kvr_sim_engine_step() point at requests and stay valid until the next step or
+ * remove.
  */
 #ifndef KVR_SIM_ENGINE_H
 #define KVR_SIM_ENGINE_H
@@ -62,28 +64,32 @@ typedef enum {
   KVR_SIM_ABORTED
 } kvr_sim_state_t;
 
-typedef enum { KVR_SIM_FINISH_NONE = 0, KVR_SIM_FINISH_STOP, KVR_SIM_FINISH_LENGTH } kvr_sim_finish_t;
+typedef enum {
+  KVR_SIM_FINISH_NONE = 0,
+  KVR_SIM_FINISH_STOP,
+  KVR_SIM_FINISH_LENGTH
+} kvr_sim_finish_t;
 
 /* A request. Fields are read-only for the caller except data. */
 struct kvr_sim_req_s {
-  uint64_t id;          /* assigned by the engine, increasing */
-  void *data;           /* caller's */
-  uint32_t *tokens;     /* prompt then generated ids; owned */
-  uint32_t ntokens;     /* prompt + generated so far */
+  uint64_t id;      /* assigned by the engine, increasing */
+  void *data;       /* caller's */
+  uint32_t *tokens; /* prompt then generated ids; owned */
+  uint32_t ntokens; /* prompt + generated so far */
   uint32_t tokens_cap;
   uint32_t num_prompt;
-  uint32_t max_output;  /* the request finishes when it has generated this many tokens */
+  uint32_t max_output;          /* the request finishes when it has generated this many tokens */
   kvr_sim_finish_t stop_reason; /* what reaching max_output means: STOP (eos) or LENGTH */
-  uint64_t gen_seed;    /* seed of the generated words (kvr_sim_tokens_word_id) */
-  uint32_t num_computed;   /* tokens whose KV is in the cache (computed or prefix hit) */
-  int32_t num_cached;      /* prefix-cache hit tokens at first admission; -1 before */
+  uint64_t gen_seed;            /* seed of the generated words (kvr_sim_tokens_word_id) */
+  uint32_t num_computed;        /* tokens whose KV is in the cache (computed or prefix hit) */
+  int32_t num_cached;           /* prefix-cache hit tokens at first admission; -1 before */
   uint32_t num_preemptions;
   kvr_sim_state_t state;
   kvr_sim_finish_t finish;
   /* block table: block ids; nhashed of them are full and hashed in the cache */
   int32_t *blocks;
   uint32_t nblocks, blocks_cap, nhashed;
-  uint64_t last_hash;   /* hash of block nhashed-1 (chain parent) */
+  uint64_t last_hash;           /* hash of block nhashed-1 (chain parent) */
   kvr_sim_req_t *wprev, *wnext; /* waiting queue links */
 };
 
@@ -95,11 +101,11 @@ typedef struct kvr_sim_event_s {
 } kvr_sim_event_t;
 
 typedef struct kvr_sim_step_s {
-  double duration_s;      /* simulated time this step takes; 0 when nothing was scheduled */
-  uint32_t num_seqs;      /* sequences scheduled */
-  uint32_t num_decode;    /* of which decoding */
+  double duration_s;   /* simulated time this step takes; 0 when nothing was scheduled */
+  uint32_t num_seqs;   /* sequences scheduled */
+  uint32_t num_decode; /* of which decoding */
   uint32_t prefill_tokens;
-  uint64_t decode_ctx;    /* sum of the decoding sequences' context lengths */
+  uint64_t decode_ctx; /* sum of the decoding sequences' context lengths */
   double attn_pairs;
   kvr_sim_event_t *events; /* owned by the engine; valid until the next step */
   size_t nevents;
@@ -107,15 +113,15 @@ typedef struct kvr_sim_step_s {
 
 /* Cumulative counters, as vLLM exports them. */
 typedef struct kvr_sim_stats_s {
-  uint64_t prefix_queries;  /* tokens looked up in the prefix cache */
-  uint64_t prefix_hits;     /* of which found */
+  uint64_t prefix_queries; /* tokens looked up in the prefix cache */
+  uint64_t prefix_hits;    /* of which found */
   uint64_t preemptions;
-  uint64_t prompt_tokens;   /* prompt tokens of requests whose prefill completed */
+  uint64_t prompt_tokens; /* prompt tokens of requests whose prefill completed */
   uint64_t generation_tokens;
   uint64_t steps;
   uint32_t running, waiting;
-  uint32_t blocks_used;     /* blocks referenced by a request */
-  uint32_t blocks_cached;   /* free blocks still holding a hash */
+  uint32_t blocks_used;   /* blocks referenced by a request */
+  uint32_t blocks_cached; /* free blocks still holding a hash */
 } kvr_sim_stats_t;
 
 /* Fills cfg with the defaults (Llama-70B FP8 on one H200). */

@@ -266,11 +266,12 @@ static void calibrate_rate(const kvr_sim_config_t *cfg, double rate, uint32_t nr
   kvr_sim_stats_t st;
   kvr_sim_engine_stats(eng, &st);
   double span = last_end - first_arrival;
-  printf("%5.2f %5zu %6.0f %5.0f %5.1f%% %5.1f %4u %7.0f %7.0f %7.1f %7.1f %7.1f %7.1f %6.0f %5llu\n",
-         rate, n, in_sum / n, out_sum / n, 100 * cached_sum / in_sum, conc_area / span,
-         running_max, pct(ttft, n, 50) * 1e3, pct(ttft, n, 99) * 1e3, pct(tpot, n, 50) * 1e3,
-         pct(tpot, n, 99) * 1e3, pct(itls, nitl, 50) * 1e3, pct(itls, nitl, 99) * 1e3,
-         out_sum / span, (unsigned long long)st.preemptions);
+  printf(
+      "%5.2f %5zu %6.0f %5.0f %5.1f%% %5.1f %4u %7.0f %7.0f %7.1f %7.1f %7.1f %7.1f %6.0f %5llu\n",
+      rate, n, in_sum / n, out_sum / n, 100 * cached_sum / in_sum, conc_area / span, running_max,
+      pct(ttft, n, 50) * 1e3, pct(ttft, n, 99) * 1e3, pct(tpot, n, 50) * 1e3,
+      pct(tpot, n, 99) * 1e3, pct(itls, nitl, 50) * 1e3, pct(itls, nitl, 99) * 1e3, out_sum / span,
+      (unsigned long long)st.preemptions);
   for (uint32_t c = 0; c < nconv; c++)
     kvr_sim_toks_free(&convs[c].ctx);
   free(convs);
@@ -284,11 +285,12 @@ static void calibrate_rate(const kvr_sim_config_t *cfg, double rate, uint32_t nr
 }
 
 static int calibrate(const cli_t *cli) {
-  printf("multi-turn workload in virtual time: %u Poisson requests per rate, each the next turn of a "
-         "finished conversation (5 turns over 10 shared 3.5-4k-token starters) or a new one; output "
-         "U[%u,%u] tokens; history answers: %s %u\n",
-         cli->cal_requests, cli->cal_output_mean / 2, cli->cal_output_mean * 3 / 2,
-         cli->cal_answer_mean ? "dataset, mean" : "generated", cli->cal_answer_mean);
+  printf(
+      "multi-turn workload in virtual time: %u Poisson requests per rate, each the next turn of a "
+      "finished conversation (5 turns over 10 shared 3.5-4k-token starters) or a new one; output "
+      "U[%u,%u] tokens; history answers: %s %u\n",
+      cli->cal_requests, cli->cal_output_mean / 2, cli->cal_output_mean * 3 / 2,
+      cli->cal_answer_mean ? "dataset, mean" : "generated", cli->cal_answer_mean);
   printf(" rate  reqs  in_avg out_avg cached conc  max ttft50 ttft99  tpot50  tpot99   itl50   "
          "itl99  tok/s preempt\n");
   const char *p = cli->cal_rates;
@@ -391,13 +393,16 @@ int kvr_sim_main(int argc, char **argv) {
   kvr_sim_fault_t *f = &cli.opts.fault;
   uint32_t fault_status = 500;
   const flag_t flags[] = {
-      {"listen", F_STR, &cli.opts.listen, "HOST:PORT to serve on (default 127.0.0.1:8000; port 0 picks one)"},
+      {"listen", F_STR, &cli.opts.listen,
+       "HOST:PORT to serve on (default 127.0.0.1:8000; port 0 picks one)"},
       {"admin-listen", F_STR, &cli.opts.admin_listen,
        "optional second HOST:PORT serving the same API, reachable during the refuse fault"},
-      {"model", F_STR, &cli.opts.model, "served model name (default meta-llama/Llama-3.3-70B-Instruct)"},
+      {"model", F_STR, &cli.opts.model,
+       "served model name (default meta-llama/Llama-3.3-70B-Instruct)"},
       {"time-scale", F_DBL, &cli.opts.time_scale,
        "run N times faster than real time; metrics report simulated time (default 1)"},
-      {"seed", F_U64, &cli.opts.seed, "seed of generated text, ids and the error-rate coin (default 0)"},
+      {"seed", F_U64, &cli.opts.seed,
+       "seed of generated text, ids and the error-rate coin (default 0)"},
       {"num-gpu-blocks", F_U32, &e->num_gpu_blocks,
        "KV cache blocks (default 21770 = 53.15 GiB / 163,840 B per token / 16)"},
       {"block-size", F_U32, &e->block_size, "tokens per KV block (default 16)"},
@@ -420,19 +425,23 @@ int kvr_sim_main(int argc, char **argv) {
        "step cost: ns per query-key pair of prefill attention (default 2)"},
       {"fixed-ttft-ms", F_DBL, &cli.opts.fixed_ttft_ms,
        "bypass the engine: first token after X simulated ms (needs --fixed-itl-ms)"},
-      {"fixed-itl-ms", F_DBL, &cli.opts.fixed_itl_ms, "bypass the engine: then one token every Y ms"},
+      {"fixed-itl-ms", F_DBL, &cli.opts.fixed_itl_ms,
+       "bypass the engine: then one token every Y ms"},
       {"fault", F_FAULT, &f->mode, "initial fault: none, error, hang, disconnect, slow, refuse"},
       {"fault-status", F_U32, &fault_status, "error fault: HTTP status (default 500)"},
       {"fault-rate", F_DBL, &f->rate, "error fault: fraction of requests failed (default 1)"},
-      {"fault-after-tokens", F_U32, &f->after_tokens, "disconnect fault: tokens before the close (default 0)"},
-      {"fault-delay-ms", F_DBL, &f->delay_ms, "slow fault: extra simulated ms per token (default 100)"},
+      {"fault-after-tokens", F_U32, &f->after_tokens,
+       "disconnect fault: tokens before the close (default 0)"},
+      {"fault-delay-ms", F_DBL, &f->delay_ms,
+       "slow fault: extra simulated ms per token (default 100)"},
       {"fault-duration-ms", F_DBL, &f->duration_ms,
        "refuse fault: wall-clock ms before listening again (default 0 = until POST /sim/fault)"},
       {"log-level", F_LOG, &cli.log_level, "debug, info, warn, error, off (default info)"},
       {"print-costs", F_FLAG, &cli.print_costs, "print the cost model's sanity figures and exit"},
       {"calibrate", F_FLAG, &cli.calibrate,
        "simulate the multi-turn workload offline at --cal-rates and print latency percentiles"},
-      {"cal-rates", F_STR, &cli.cal_rates, "calibrate: comma-separated request rates (default 0.5,1,1.5,2,2.5,3)"},
+      {"cal-rates", F_STR, &cli.cal_rates,
+       "calibrate: comma-separated request rates (default 0.5,1,1.5,2,2.5,3)"},
       {"cal-requests", F_U32, &cli.cal_requests, "calibrate: requests per rate (default 300)"},
       {"cal-output-mean", F_U32, &cli.cal_output_mean,
        "calibrate: mean output tokens, uniform over [N/2, 3N/2] (default 500)"},

@@ -51,14 +51,13 @@
 #define LAG_RESET_NS (50 * 1000000ull)
 
 /* vLLM's bucket bounds for its three latency histograms (vllm/v1/metrics/loggers.py). */
-static const double ttft_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
-                                      0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0,
+static const double ttft_buckets[] = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                                      0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
                                       20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
-static const double itl_buckets[] = {0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2,
-                                     0.3,  0.4,   0.5,  0.75,  1.0,  2.5,  5.0,
-                                     7.5,  10.0,  20.0, 40.0,  80.0};
-static const double e2e_buckets[] = {0.3,  0.5,  0.8,  1.0,   1.5,   2.0,   2.5,
-                                     5.0,  10.0, 15.0, 20.0,  30.0,  40.0,  50.0,
+static const double itl_buckets[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                     0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+static const double e2e_buckets[] = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                     5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
                                      60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
 typedef struct stream_s stream_t;
@@ -97,8 +96,8 @@ struct kvr_sim_server_s {
   kvr_sim_engine_t *eng;
   kvr_http_limits_t limits;
   kvr_http_server_t *http, *admin;
-  int step_fd;          /* timerfd of the engine clock (nanosecond precision) */
-  uv_poll_t step_poll;  /* watches step_fd */
+  int step_fd;         /* timerfd of the engine clock (nanosecond precision) */
+  uv_poll_t step_poll; /* watches step_fd */
   uv_timer_t refuse_timer;
   bool timer_active; /* the engine clock is armed or its callback running */
   bool have_step;    /* step holds events not yet delivered */
@@ -287,8 +286,8 @@ static void stream_destroy(stream_t *s) {
   free(s);
 }
 
-/* The client went away or the fault closed it: count the abort and free what it holds, now or at the
- * next step boundary when the in-flight step's events may still point at it. */
+/* The client went away or the fault closed it: count the abort and free what it holds, now or at
+ * the next step boundary when the in-flight step's events may still point at it. */
 static void stream_gone(stream_t *s) {
   kvr_sim_server_t *srv = s->srv;
   if (s->gone)
@@ -522,7 +521,8 @@ static int get_int(const cJSON *body, const char *name, int64_t *out, char *err,
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, name);
   if (v == NULL || cJSON_IsNull(v))
     return 0;
-  if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 1e15) {
+  if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
+      fabs(v->valuedouble) > 1e15) {
     snprintf(err, errlen, "%s: Input should be a valid integer", name);
     return KVR_EINVAL;
   }
@@ -720,8 +720,9 @@ static void handle_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool c
   uint64_t idn = kvr_sim_tokens_mix(srv->opts.seed ^ ++srv->ids);
   snprintf(s->id, sizeof(s->id), "%s-%016llx%016llx", chat ? "chatcmpl" : "cmpl",
            (unsigned long long)idn, (unsigned long long)kvr_sim_tokens_mix(idn));
-  kvr_buf_printf(&s->prefix, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":",
-                 s->id, chat ? "chat.completion.chunk" : "text_completion", (long long)time(NULL));
+  kvr_buf_printf(&s->prefix,
+                 "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":", s->id,
+                 chat ? "chat.completion.chunk" : "text_completion", (long long)time(NULL));
   kvr_buf_json_str(&s->prefix, srv->model, strlen(srv->model));
   kvr_buf_puts(&s->prefix, ",");
 
@@ -777,7 +778,8 @@ static void handle_models(kvr_sim_server_t *srv, kvr_http_req_t *req) {
   long long created = (long long)time(NULL);
   kvr_buf_puts(b, "{\"object\":\"list\",\"data\":[{\"id\":");
   kvr_buf_json_str(b, srv->model, strlen(srv->model));
-  kvr_buf_printf(b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"vllm\",\"root\":", created);
+  kvr_buf_printf(b,
+                 ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"vllm\",\"root\":", created);
   kvr_buf_json_str(b, srv->model, strlen(srv->model));
   kvr_buf_printf(b,
                  ",\"parent\":null,\"max_model_len\":%u,\"permission\":[{\"id\":\"modelperm-sim\","
@@ -804,7 +806,8 @@ static void handle_metrics(kvr_sim_server_t *srv, kvr_http_req_t *req) {
   /* requests outside the engine (fixed-latency mode, hung by the fault) count as running */
   kvr_metric_sample(b, "vllm:num_requests_running", labels.data,
                     (double)(st.running + srv->nfixed + srv->nhung));
-  kvr_metric_family(b, "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.");
+  kvr_metric_family(b, "vllm:num_requests_waiting", "gauge",
+                    "Number of requests waiting to be processed.");
   kvr_metric_sample(b, "vllm:num_requests_waiting", labels.data, st.waiting);
   kvr_metric_family(b, "vllm:kv_cache_usage_perc", "gauge",
                     "KV-cache usage. 1 means 100 percent usage.");
@@ -819,7 +822,8 @@ static void handle_metrics(kvr_sim_server_t *srv, kvr_http_req_t *req) {
   kvr_metric_family(b, "vllm:num_preemptions_total", "counter",
                     "Cumulative number of preemption from the engine.");
   kvr_metric_sample(b, "vllm:num_preemptions_total", labels.data, (double)st.preemptions);
-  kvr_metric_family(b, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.");
+  kvr_metric_family(b, "vllm:prompt_tokens_total", "counter",
+                    "Number of prefill tokens processed.");
   kvr_metric_sample(b, "vllm:prompt_tokens_total", labels.data,
                     (double)(st.prompt_tokens + srv->fixed_prompt_tokens));
   kvr_metric_family(b, "vllm:generation_tokens_total", "counter",
@@ -835,7 +839,8 @@ static void handle_metrics(kvr_sim_server_t *srv, kvr_http_req_t *req) {
     kvr_buf_printf(&l2, "%s,finished_reason=\"%s\"", labels.data, reasons[i]);
     kvr_metric_sample(b, "vllm:request_success_total", l2.data, (double)counts[i]);
   }
-  kvr_metric_family(b, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
+  kvr_metric_family(b, "vllm:cache_config_info", "gauge",
+                    "Information of the LLMEngine CacheConfig");
   kvr_buf_reset(&l2);
   kvr_buf_printf(&l2,
                  "block_size=\"%u\",cache_dtype=\"fp8\",enable_prefix_caching=\"%s\",engine=\"0\","
@@ -862,8 +867,8 @@ static void fault_json(kvr_sim_server_t *srv, kvr_buf_t *b) {
   kvr_buf_printf(b,
                  "{\"mode\":\"%s\",\"status\":%d,\"rate\":%g,\"after_tokens\":%u,"
                  "\"delay_ms\":%g,\"duration_ms\":%g,\"listening\":%s}",
-                 kvr_sim_fault_mode_name(f->mode), f->status, f->rate, f->after_tokens,
-                 f->delay_ms, f->duration_ms, srv->http ? "true" : "false");
+                 kvr_sim_fault_mode_name(f->mode), f->status, f->rate, f->after_tokens, f->delay_ms,
+                 f->duration_ms, srv->http ? "true" : "false");
 }
 
 static void on_retired(void *data) {
@@ -958,8 +963,11 @@ static void handle_fault(kvr_sim_server_t *srv, kvr_http_req_t *req) {
     const struct {
       const char *name;
       double min, max;
-    } fields[] = {{"status", 100, 599},  {"rate", 0, 1},          {"after_tokens", 0, 1e9},
-                  {"delay_ms", 0, 1e7}, {"duration_ms", 0, 1e9}};
+    } fields[] = {{"status", 100, 599},
+                  {"rate", 0, 1},
+                  {"after_tokens", 0, 1e9},
+                  {"delay_ms", 0, 1e7},
+                  {"duration_ms", 0, 1e9}};
     double vals[5] = {f.status, f.rate, f.after_tokens, f.delay_ms, f.duration_ms};
     for (size_t i = 0; i < KVR_ARRAY_SIZE(fields); i++) {
       const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, fields[i].name);
@@ -1112,7 +1120,8 @@ int kvr_sim_server_start(kvr_sim_server_t *srv, char *err, size_t errlen) {
   snprintf(srv->bound, sizeof(srv->bound), "%.*s:%d", hostlen, srv->listen, srv->port);
   if (srv->admin_listen) {
     srv->admin = kvr_http_server_new(srv->loop, &srv->limits, on_request, srv);
-    rc = srv->admin ? kvr_http_server_listen(srv->admin, srv->admin_listen, err, errlen) : KVR_ENOMEM;
+    rc = srv->admin ? kvr_http_server_listen(srv->admin, srv->admin_listen, err, errlen)
+                    : KVR_ENOMEM;
     if (rc != 0)
       return rc;
   }

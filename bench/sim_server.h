@@ -35,11 +35,11 @@ typedef enum {
 
 typedef struct kvr_sim_fault_s {
   kvr_sim_fault_mode_t mode;
-  int status;             /* ERROR: HTTP status, default 500 */
-  double rate;            /* ERROR: fraction of requests that fail, default 1 */
-  uint32_t after_tokens;  /* DISCONNECT: tokens sent before the close, default 0 */
-  double delay_ms;        /* SLOW: extra simulated ms per token, default 100 */
-  double duration_ms;     /* REFUSE: wall-clock ms before listening again; 0 = until reset */
+  int status;            /* ERROR: HTTP status, default 500 */
+  double rate;           /* ERROR: fraction of requests that fail, default 1 */
+  uint32_t after_tokens; /* DISCONNECT: tokens sent before the close, default 0 */
+  double delay_ms;       /* SLOW: extra simulated ms per token, default 100 */
+  double duration_ms;    /* REFUSE: wall-clock ms before listening again; 0 = until reset */
 } kvr_sim_fault_t;
 
 typedef struct kvr_sim_server_opts_s {

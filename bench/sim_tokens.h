@@ -7,15 +7,15 @@
  *
  * Chat prompts are rendered with a fixed template before tokenizing:
  *
- *   for each message:  "<|" role "|>" spaces "\n"   (padded so the content starts on a 4-byte boundary)
- *                      content "\n" spaces           (padded so the next message starts on a boundary)
- *   then the generation prompt, which is exactly the assistant header "<|assistant|>" spaces "\n"
+ *   for each message:  "<|" role "|>" spaces "\n"   padded: the content starts on a 4-byte boundary
+ *                      content "\n" spaces           padded: the next message does too
+ *   then the generation prompt, exactly the assistant header "<|assistant|>" spaces "\n"
  *
- * Generated text is a sequence of pseudo-words of exactly 4 bytes (3 lowercase letters and a space),
- * one word per token, chosen by a per-request seed. Because the generation prompt equals the
- * assistant header and words are token-aligned, a follow-up turn that carries the previous answer
- * verbatim as the assistant message tokenizes to turn 1's prompt + answer + the new message, so it
- * hits every full block turn 1 cached, as it would on vLLM.
+ * Generated text is a sequence of pseudo-words of exactly 4 bytes (3 lowercase letters and a
+ * space), one word per token, chosen by a per-request seed. Because the generation prompt equals
+ * the assistant header and words are token-aligned, a follow-up turn that carries the previous
+ * answer verbatim as the assistant message tokenizes to turn 1's prompt + answer + the new message,
+ * so it hits every full block turn 1 cached, as it would on vLLM.
  */
 #ifndef KVR_SIM_TOKENS_H
 #define KVR_SIM_TOKENS_H

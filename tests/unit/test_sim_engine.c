@@ -142,7 +142,7 @@ static void test_eviction_order(void **state) {
   assert_false(kvr_sim_engine_has_hash(eng, ha1));
   assert_true(kvr_sim_engine_has_hash(eng, hb0) && kvr_sim_engine_has_hash(eng, hb1));
 
-  /* B's prompt still hits its first block (checked first: A's lookup would evict B's), A's misses */
+  /* B's prompt still hits its first block (looked up first: A's would evict B's); A's misses */
   kvr_sim_req_t *b2 = kvr_sim_engine_add(eng, pb, 32, 1, KVR_SIM_FINISH_STOP, 1, NULL);
   kvr_sim_engine_step(eng, &st);
   assert_int_equal(b2->num_cached, 16);
