@@ -531,16 +531,17 @@ int kvr_sim_engine_step(kvr_sim_engine_t *eng, kvr_sim_step_t *out) {
          eng->nrunning < cfg->max_num_seqs) {
     kvr_sim_req_t *req = eng->wait_head;
     uint32_t nhits = 0;
-    if (cfg->enable_prefix_caching) {
+    if (cfg->enable_prefix_caching)
       nhits = prefix_lookup(eng, req);
-      eng->stats.prefix_queries += req->ntokens;
-      eng->stats.prefix_hits += (uint64_t)nhits * cfg->block_size;
-    }
     req->num_computed = nhits * cfg->block_size;
     uint32_t num_new = KVR_MIN(req->ntokens - req->num_computed, budget);
     if (!allocate_slots(eng, req, num_new, nhits)) {
       req->num_computed = 0;
-      break;
+      break; /* retried next step; the lookup is counted once, when it admits */
+    }
+    if (cfg->enable_prefix_caching) {
+      eng->stats.prefix_queries += req->ntokens;
+      eng->stats.prefix_hits += (uint64_t)nhits * cfg->block_size;
     }
     if (req->num_cached < 0)
       req->num_cached = (int32_t)(nhits * cfg->block_size);
