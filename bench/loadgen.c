@@ -93,6 +93,7 @@ struct kvr_loadgen_s {
   size_t ninflight;
   uint64_t last_progress_ns;
   size_t progress_len;
+  bool replay;           /* this level replays pre-built multiturn conversations (see replay_slot) */
 
   /* Admin call state. */
   int admin_status;
@@ -352,6 +353,8 @@ static void schedule(kvr_loadgen_t *lg);
 
 /* Ends a conversation's current turn: store the answer, make the next turn eligible or close it. */
 static void conv_advance(kvr_loadgen_t *lg, conv_t *cv, req_t *r, bool ok, uint64_t now) {
+  if (lg->replay)
+    return; /* the schedule and the pre-built answers fix every turn: nothing to advance */
   if (!ok) {
     cv->dead = true; /* without the answer the history cannot be resent faithfully */
     return;
@@ -434,6 +437,9 @@ static conv_t *conv_make(kvr_loadgen_t *lg) {
   cv->answers = calloc(cv->conv.nturns ? cv->conv.nturns : 1, sizeof(char *));
   if (cv->answers == NULL)
     abort();
+  for (uint32_t t = 0; t < cv->conv.nturns; t++)
+    if (cv->conv.turns[t].answer)
+      cv->answers[t] = strdup(cv->conv.turns[t].answer);
   return cv;
 }
 
@@ -534,6 +540,18 @@ static conv_t *earliest_waiting(kvr_loadgen_t *lg, uint64_t *when) {
 static void arm(kvr_loadgen_t *lg, uint64_t due_ns, uint64_t now);
 static void on_tick(uv_timer_t *t);
 
+/* Replay order: blocks of W = replay_width conversations; a block sends turn 1 of its W
+ * conversations, then turn 2 of the same W, and so on. So turn t+1 of a conversation follows turn t
+ * W requests later (time for turn t's prefill to land in a cache), conversation k is opened in
+ * order k (lg->convs[k] is conversation k), and every full block carries each turn equally. */
+static void replay_slot(const kvr_loadgen_t *lg, size_t i, uint64_t *k, uint32_t *turn) {
+  const kvr_workload_opts_t *o = kvr_workload_opts(lg->wl);
+  size_t w = o->replay_width, block = w * o->turns;
+  size_t in = i % block;
+  *turn = (uint32_t)(in / w);
+  *k = (uint64_t)(i / block * w + in % w);
+}
+
 /* Sends whatever is due and re-arms the tick for the next event; stops the loop when the level is
  * complete. Only ever called from the tick or after a request finished. */
 static void schedule(kvr_loadgen_t *lg) {
@@ -541,7 +559,23 @@ static void schedule(kvr_loadgen_t *lg) {
     return;
   uint64_t now = uv_hrtime();
   uint64_t next_due = UINT64_MAX;
-  if (lg->rate > 0 && !lg->o.sessions) {
+  if (lg->replay) {
+    /* Replay: arrival i sends the pre-assigned turn of its conversation, done or not. */
+    while (lg->next_arrival < lg->total) {
+      uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
+      if (due > now) {
+        next_due = due;
+        break;
+      }
+      uint64_t k;
+      uint32_t turn;
+      replay_slot(lg, lg->next_arrival, &k, &turn);
+      conv_t *cv = turn == 0 || k >= lg->nconvs ? conv_open(lg, 0) : lg->convs[k];
+      cv->next_turn = KVR_MIN(turn, cv->conv.nturns - 1);
+      lg->next_arrival++;
+      send_turn(lg, cv, due);
+    }
+  } else if (lg->rate > 0 && !lg->o.sessions) {
     /* Turn arrivals: each due arrival takes the oldest eligible follow-up, else a new conversation. */
     while (lg->next_arrival < lg->total) {
       uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
@@ -699,6 +733,8 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
   lg->sent = lg->done = lg->failed = lg->next_arrival = 0;
   lg->next_conv = 0;
   lg->arrivals = NULL;
+  lg->replay = rate > 0 && !lg->o.sessions && kvr_workload_opts(lg->wl)->kind == KVR_WL_MULTITURN &&
+               kvr_workload_opts(lg->wl)->replay;
   if (rate > 0) {
     /* Gamma gaps with mean 1/real_rate (vllm's burstiness: shape k, scale 1/(rate*k)). */
     double real_rate = rate * scale(lg);

@@ -10,6 +10,12 @@
  *                         conversation (eligible = previous turn done + think time), oldest first,
  *                         else the first turn of a new conversation. So "rate" is requests/s of turn
  *                         arrivals, the figure `vllm bench serve --request-rate` means.
+ *   rate > 0, replay      (multiturn with opts.replay, the default): the seed's `vllm bench serve`
+ *                         shape. Arrival i sends a pre-assigned (conversation, turn) whose prompt
+ *                         is the full history with pre-built answers, without waiting for
+ *                         anything: blocks of replay_width conversations send turn 1 of each, then
+ *                         turn 2, ..., so turn t+1 follows turn t replay_width requests later and
+ *                         every level has the full, uniform turn mix.
  *   rate > 0, sessions    arrivals start conversations; later turns follow their predecessor.
  *   concurrency > 0       N closed-loop users, each running conversations turn after turn.
  * A level sends warmup + num_prompts requests; the first `warmup` are flagged and not measured.
