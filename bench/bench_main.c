@@ -86,6 +86,8 @@ static void usage(FILE *f) {
       "  --burstiness B         gamma shape of inter-arrival gaps (1 = Poisson)\n"
       "  --num-prompts N        measured requests per level (default 300)\n"
       "  --warmup N             extra requests at the start of each level, not measured\n"
+      "  --warmup-s S           rates: at least rate*S warm-up requests (simulated s)\n"
+      "  --min-level-s S        rates: at least rate*S measured requests (simulated s)\n"
       "  --cooldown-s S         pause between levels and after a policy switch (default 30)\n"
       "  --search               find the max SLO-compliant rate (bracket, then bisect)\n"
       "  --search-start R --search-max R --search-resolution R   (defaults 1, 64, 0.05)\n"
@@ -187,7 +189,7 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
     }
     static const char *const valued[] = {
         "url", "model", "api-key", "api", "workload", "rates", "concurrency", "ab", "labels",
-        "num-prompts", "warmup", "seed", "turns", "starters", "documents", "questions",
+        "num-prompts", "warmup", "warmup-s", "min-level-s", "seed", "turns", "starters", "documents", "questions",
         "output-min", "output-max", "output-mean", "output-std", "think-s", "burstiness",
         "multiturn-mode", "replay-width",
         "time-scale", "request-timeout-s", "cooldown-s", "slo-ttft-ms", "slo-tpot-ms",
@@ -276,6 +278,10 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
       UINT(c->lg.num_prompts, 10000000, 1);
     else if (strcmp(name, "warmup") == 0)
       UINT(c->lg.warmup, 1000000, 0);
+    else if (strcmp(name, "warmup-s") == 0)
+      DBL(c->lg.warmup_s, d >= 0 && d <= 1e5);
+    else if (strcmp(name, "min-level-s") == 0)
+      DBL(c->lg.min_level_s, d >= 0 && d <= 1e5);
     else if (strcmp(name, "seed") == 0)
       UINT(c->seed, ~0ull, 0);
     else if (strcmp(name, "turns") == 0)

@@ -93,6 +93,7 @@ struct kvr_loadgen_s {
   size_t ninflight;
   uint64_t last_progress_ns;
   size_t progress_len;
+  unsigned warmup;       /* warm-up requests of this level */
   bool replay;           /* this level replays pre-built multiturn conversations (see replay_slot) */
 
   /* Admin call state. */
@@ -478,7 +479,7 @@ static void send_turn(kvr_loadgen_t *lg, conv_t *cv, uint64_t target_ns) {
   cv->waiting = false;
   r->rec.conv = cv->conv.id;
   r->rec.turn = r->turn + 1;
-  r->rec.warmup = lg->sent < lg->o.warmup;
+  r->rec.warmup = lg->sent < lg->warmup;
   r->rec.ttft_ms = r->rec.tpot_ms = -1;
   kvr_workload_body(&cv->conv, r->turn, (const char *const *)cv->answers, lg->model, lg->o.api,
                     lg->o.ignore_eos, &r->body);
@@ -729,7 +730,13 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
   lg->rate = rate;
   lg->concurrency = concurrency;
   lg->level_seed = level_seed;
-  lg->total = lg->o.warmup + lg->o.num_prompts;
+  lg->warmup = lg->o.warmup;
+  size_t measured = lg->o.num_prompts;
+  if (rate > 0) {
+    lg->warmup = (unsigned)KVR_MAX((double)lg->warmup, ceil(rate * lg->o.warmup_s));
+    measured = (size_t)KVR_MAX((double)measured, ceil(rate * lg->o.min_level_s));
+  }
+  lg->total = lg->warmup + measured;
   lg->sent = lg->done = lg->failed = lg->next_arrival = 0;
   lg->next_conv = 0;
   lg->arrivals = NULL;
@@ -755,7 +762,7 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
   if (lg->o.progress && !lg->o.progress_tty) {
     fprintf(lg->o.progress, "[%s] level start: %s %.3g, %zu requests (%u warm-up)\n",
             label ? label : "", concurrency ? "users" : "rate",
-            concurrency ? (double)concurrency : rate, lg->total, lg->o.warmup);
+            concurrency ? (double)concurrency : rate, lg->total, lg->warmup);
     fflush(lg->o.progress);
   }
   if (concurrency > 0) {

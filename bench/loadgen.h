@@ -51,6 +51,10 @@ typedef struct kvr_loadgen_opts_s {
   double burstiness;      /* gamma shape; 1 = Poisson */
   bool sessions;          /* rate = conversation starts/s */
   unsigned warmup;        /* requests per level excluded from metrics */
+  double warmup_s;        /* rate mode: at least rate * warmup_s warm-up requests (simulated s), so
+                           * the measured part starts once the system has filled up */
+  double min_level_s;     /* rate mode: at least rate * min_level_s measured requests (simulated
+                           * s): a level must last several response times to measure capacity */
   size_t num_prompts;     /* measured requests per level */
   double request_timeout_s; /* real seconds per request; 0 = none */
   FILE *progress;         /* progress lines go here; NULL = silent */
