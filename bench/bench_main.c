@@ -304,7 +304,7 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
       if (kvr_workload_parse_mode(val, &c->wl) != 0)
         return bad("bad value '%s' for --%s (replay or session)", val, name);
     } else if (strcmp(name, "replay-width") == 0)
-      UINT(c->wl.replay_width, 100000, 1);
+      UINT(c->wl.replay_width, 256, 1);
     else if (strcmp(name, "think-s") == 0)
       DBL(c->wl.think_mean_s, d >= 0);
     else if (strcmp(name, "burstiness") == 0)

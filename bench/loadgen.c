@@ -542,15 +542,36 @@ static void arm(kvr_loadgen_t *lg, uint64_t due_ns, uint64_t now);
 static void on_tick(uv_timer_t *t);
 
 /* Replay order: blocks of W = replay_width conversations; a block sends turn 1 of its W
- * conversations, then turn 2 of the same W, and so on. So turn t+1 of a conversation follows turn t
- * W requests later (time for turn t's prefill to land in a cache), conversation k is opened in
- * order k (lg->convs[k] is conversation k), and every full block carries each turn equally. */
+ * conversations, then turn 2 of the same W, and so on, each round in its own seeded random order
+ * (as `vllm bench serve` sends a shuffled dataset: no fixed stride that a round-robin router could
+ * align with). So turn t+1 of a conversation follows turn t about W requests later (1..2W-1; time
+ * for turn t's prefill to land in a cache), and every full block carries each turn equally.
+ * Conversations are opened in order of their first turn, so lg->convs[j] is the j-th opened. */
 static void replay_slot(const kvr_loadgen_t *lg, size_t i, uint64_t *k, uint32_t *turn) {
   const kvr_workload_opts_t *o = kvr_workload_opts(lg->wl);
   size_t w = o->replay_width, block = w * o->turns;
-  size_t in = i % block;
+  size_t b = i / block, in = i % block, pos = in % w;
   *turn = (uint32_t)(in / w);
-  *k = (uint64_t)(i / block * w + in % w);
+  /* Position pos of round (b, turn) -> conversation: a seeded Fisher-Yates permutation of 0..w-1
+   * (w is small, recomputing it per send is cheap). Round 0 is the identity: conversations open in
+   * index order, so the j-th opened is conversation b*w + j. */
+  size_t c = pos;
+  if (*turn > 0) {
+    size_t perm[256];
+    size_t m = KVR_MIN(w, KVR_ARRAY_SIZE(perm));
+    for (size_t j = 0; j < m; j++)
+      perm[j] = j;
+    kvr_rng_t r;
+    kvr_workload_rng_seed(&r, kvr_workload_mix(kvr_workload_mix(lg->level_seed, 0x5E0), b * 64 + *turn));
+    for (size_t j = m - 1; j > 0; j--) {
+      size_t x = (size_t)kvr_workload_rng_range(&r, 0, j);
+      size_t t = perm[j];
+      perm[j] = perm[x];
+      perm[x] = t;
+    }
+    c = pos < m ? perm[pos] : pos;
+  }
+  *k = (uint64_t)(b * w + c);
 }
 
 /* Sends whatever is due and re-arms the tick for the next event; stops the loop when the level is
