@@ -18,7 +18,7 @@
  *   sent == total and nothing in flight -> uv_stop -> kvr_stats_level_finish -> return level
  *
  * Invariants: every req_t is on the in-flight list from kvr_curlm_add until its done callback (or
- * an interrupt cancels it); a conv_t has at most one request in flight; requests are sent only from
+ * an interrupt cancels it); a conv_t has at most one request in flight, except in replay mode where turns are pre-assigned to arrivals and answers are pre-built (nothing in the conversation changes when a request finishes); requests are sent only from
  * schedule() (the tick, or after a transfer's done callback), never inside curl's own callbacks. Durations recorded are real
  * durations times the time scale; lag stays real.
  */
