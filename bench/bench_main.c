@@ -189,7 +189,8 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
     }
     static const char *const valued[] = {
         "url", "model", "api-key", "api", "workload", "rates", "concurrency", "ab", "labels",
-        "num-prompts", "warmup", "warmup-s", "min-level-s", "seed", "turns", "starters", "documents", "questions",
+        "num-prompts", "warmup", "warmup-s", "min-level-s", "seed", "turns", "starters",
+        "documents", "questions",
         "output-min", "output-max", "output-mean", "output-std", "think-s", "burstiness",
         "multiturn-mode", "replay-width",
         "time-scale", "request-timeout-s", "cooldown-s", "slo-ttft-ms", "slo-tpot-ms",

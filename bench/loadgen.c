@@ -18,9 +18,11 @@
  *   sent == total and nothing in flight -> uv_stop -> kvr_stats_level_finish -> return level
  *
  * Invariants: every req_t is on the in-flight list from kvr_curlm_add until its done callback (or
- * an interrupt cancels it); a conv_t has at most one request in flight, except in replay mode where turns are pre-assigned to arrivals and answers are pre-built (nothing in the conversation changes when a request finishes); requests are sent only from
- * schedule() (the tick, or after a transfer's done callback), never inside curl's own callbacks. Durations recorded are real
- * durations times the time scale; lag stays real.
+ * an interrupt cancels it); a conv_t has at most one request in flight, except in replay mode where
+ * turns are pre-assigned to arrivals and answers are pre-built (nothing in the conversation changes
+ * when a request finishes); requests are sent only from schedule() (the tick, or after a transfer's
+ * done callback), never inside curl's own callbacks. Durations recorded are real durations times
+ * the time scale; lag stays real.
  */
 #include "loadgen.h"
 
@@ -94,7 +96,7 @@ struct kvr_loadgen_s {
   uint64_t last_progress_ns;
   size_t progress_len;
   unsigned warmup;       /* warm-up requests of this level */
-  bool replay;           /* this level replays pre-built multiturn conversations (see replay_slot) */
+  bool replay;           /* this level replays pre-built conversations (see replay_slot) */
 
   /* Admin call state. */
   int admin_status;
@@ -562,7 +564,8 @@ static void replay_slot(const kvr_loadgen_t *lg, size_t i, uint64_t *k, uint32_t
     for (size_t j = 0; j < m; j++)
       perm[j] = j;
     kvr_rng_t r;
-    kvr_workload_rng_seed(&r, kvr_workload_mix(kvr_workload_mix(lg->level_seed, 0x5E0), b * 64 + *turn));
+    kvr_workload_rng_seed(
+        &r, kvr_workload_mix(kvr_workload_mix(lg->level_seed, 0x5E0), b * 64 + *turn));
     for (size_t j = m - 1; j > 0; j--) {
       size_t x = (size_t)kvr_workload_rng_range(&r, 0, j);
       size_t t = perm[j];
@@ -761,8 +764,8 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
   lg->sent = lg->done = lg->failed = lg->next_arrival = 0;
   lg->next_conv = 0;
   lg->arrivals = NULL;
-  lg->replay = rate > 0 && !lg->o.sessions && kvr_workload_opts(lg->wl)->kind == KVR_WL_MULTITURN &&
-               kvr_workload_opts(lg->wl)->replay;
+  const kvr_workload_opts_t *wo = kvr_workload_opts(lg->wl);
+  lg->replay = rate > 0 && !lg->o.sessions && wo->kind == KVR_WL_MULTITURN && wo->replay;
   if (rate > 0) {
     /* Gamma gaps with mean 1/real_rate (vllm's burstiness: shape k, scale 1/(rate*k)). */
     double real_rate = rate * scale(lg);
