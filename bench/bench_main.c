@@ -73,7 +73,11 @@ static void usage(FILE *f) {
       "  --workload W           multiturn (default) | documents | control | file:PATH\n"
       "  --turns N --starters N --documents N --questions N\n"
       "  --output-mean T --output-std T --output-min T --output-max T   output tokens per turn\n"
-      "  --think-s S            mean think time between turns (simulated s, default 1)\n"
+      "  --multiturn-mode M     replay (default): pre-built conversations, any turn sent at its\n"
+      "                         arrival (the seed's vllm bench serve shape); session: closed-loop\n"
+      "                         conversations resending the streamed answers after think time\n"
+      "  --replay-width N       replay: conversations interleaved per block (default 16)\n"
+      "  --think-s S            mean think time between turns (session mode, default 1)\n"
       "  --seed N               seed of everything random (default 42)\n"
       "Load:\n"
       "  --rates LIST           request rates in req/s, e.g. 0.5,1,2 (simulated time)\n"
@@ -82,6 +86,8 @@ static void usage(FILE *f) {
       "  --burstiness B         gamma shape of inter-arrival gaps (1 = Poisson)\n"
       "  --num-prompts N        measured requests per level (default 300)\n"
       "  --warmup N             extra requests at the start of each level, not measured\n"
+      "  --warmup-s S           rates: at least rate*S warm-up requests (simulated s)\n"
+      "  --min-level-s S        rates: at least rate*S measured requests (simulated s)\n"
       "  --cooldown-s S         pause between levels and after a policy switch (default 30)\n"
       "  --search               find the max SLO-compliant rate (bracket, then bisect)\n"
       "  --search-start R --search-max R --search-resolution R   (defaults 1, 64, 0.05)\n"
@@ -183,8 +189,10 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
     }
     static const char *const valued[] = {
         "url", "model", "api-key", "api", "workload", "rates", "concurrency", "ab", "labels",
-        "num-prompts", "warmup", "seed", "turns", "starters", "documents", "questions",
+        "num-prompts", "warmup", "warmup-s", "min-level-s", "seed", "turns", "starters",
+        "documents", "questions",
         "output-min", "output-max", "output-mean", "output-std", "think-s", "burstiness",
+        "multiturn-mode", "replay-width",
         "time-scale", "request-timeout-s", "cooldown-s", "slo-ttft-ms", "slo-tpot-ms",
         "max-failed-frac", "search-start", "search-max", "search-resolution", "admin", "out",
         "title"};
@@ -271,6 +279,10 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
       UINT(c->lg.num_prompts, 10000000, 1);
     else if (strcmp(name, "warmup") == 0)
       UINT(c->lg.warmup, 1000000, 0);
+    else if (strcmp(name, "warmup-s") == 0)
+      DBL(c->lg.warmup_s, d >= 0 && d <= 1e5);
+    else if (strcmp(name, "min-level-s") == 0)
+      DBL(c->lg.min_level_s, d >= 0 && d <= 1e5);
     else if (strcmp(name, "seed") == 0)
       UINT(c->seed, ~0ull, 0);
     else if (strcmp(name, "turns") == 0)
@@ -289,6 +301,11 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
       DBL(c->wl.out_mean, d >= 1);
     else if (strcmp(name, "output-std") == 0)
       DBL(c->wl.out_std, d >= 0);
+    else if (strcmp(name, "multiturn-mode") == 0) {
+      if (kvr_workload_parse_mode(val, &c->wl) != 0)
+        return bad("bad value '%s' for --%s (replay or session)", val, name);
+    } else if (strcmp(name, "replay-width") == 0)
+      UINT(c->wl.replay_width, 256, 1);
     else if (strcmp(name, "think-s") == 0)
       DBL(c->wl.think_mean_s, d >= 0);
     else if (strcmp(name, "burstiness") == 0)

@@ -180,6 +180,7 @@ static void stop_all(child_t *kids, size_t n) {
 
 static void usage(FILE *f) {
   fputs("usage: kvrouter demo [--quick] [--out DIR] [--workers N] [--time-scale N] [--seed N]\n"
+        "                     [--workload W] [--ab LIST] [--labels LIST] [-- BENCH-OPTIONS...]\n"
         "\n"
         "Starts N (4) simulated vLLM workers and the router on 127.0.0.1, runs the round-robin\n"
         "(phase0) vs KV-aware (phase3) A/B on the multiturn workload with the simulators' clock\n"
@@ -190,7 +191,12 @@ static void usage(FILE *f) {
         "  --out DIR        results folder (default results/demo)\n"
         "  --workers N      simulated workers (default 4)\n"
         "  --time-scale N   simulator speed-up (default 10; 20 with --quick)\n"
-        "  --seed N         workload seed (default 42)\n",
+        "  --seed N         workload seed (default 42)\n"
+        "  --workload W     bench workload (default multiturn, replay mode)\n"
+        "  --ab LIST        policies to compare (default round_robin,kv_aware)\n"
+        "  --labels LIST    their labels (default phase0,phase3 for two policies)\n"
+        "  -- OPTIONS       everything after -- goes to kvrouter bench after the demo's own\n"
+        "                   options (later options win), e.g. -- --num-prompts 100\n",
         f);
 }
 
@@ -200,6 +206,8 @@ int kvr_demo_main(int argc, char **argv) {
   long workers = 4;
   double scale = 0;
   const char *seed = "42";
+  const char *workload = "multiturn", *ab = "round_robin,kv_aware", *labels = NULL;
+  int extra = argc; /* argv[extra..] go to the bench */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -209,6 +217,18 @@ int kvr_demo_main(int argc, char **argv) {
       return 0;
     } else if (strcmp(a, "--quick") == 0) {
       quick = true;
+    } else if (strcmp(a, "--") == 0) {
+      extra = i + 1;
+      break;
+    } else if (strcmp(a, "--workload") == 0 && v) {
+      workload = v;
+      i++;
+    } else if (strcmp(a, "--ab") == 0 && v) {
+      ab = v;
+      i++;
+    } else if (strcmp(a, "--labels") == 0 && v) {
+      labels = v;
+      i++;
     } else if (strcmp(a, "--out") == 0 && v) {
       out = v;
       i++;
@@ -241,6 +261,10 @@ int kvr_demo_main(int argc, char **argv) {
   }
   if (scale == 0)
     scale = quick ? 20 : 10;
+  if (argc - extra > 32) {
+    fprintf(stderr, "kvrouter demo: at most 32 options after --\n");
+    return 2;
+  }
 
   char exe[4096];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
@@ -341,7 +365,7 @@ int kvr_demo_main(int argc, char **argv) {
     char url[64], admin_url[64];
     snprintf(url, sizeof(url), "http://127.0.0.1:%d", kids[nkids - 1].port);
     snprintf(admin_url, sizeof(admin_url), "http://127.0.0.1:%d", admin_port);
-    char *bargs[64];
+    char *bargs[96];
     int k = 0;
     bargs[k++] = "bench";
     bargs[k++] = "--url";
@@ -349,9 +373,13 @@ int kvr_demo_main(int argc, char **argv) {
     bargs[k++] = "--admin";
     bargs[k++] = admin_url;
     bargs[k++] = "--ab";
-    bargs[k++] = "round_robin,kv_aware";
+    bargs[k++] = (char *)ab;
+    if (labels) {
+      bargs[k++] = "--labels";
+      bargs[k++] = (char *)labels;
+    }
     bargs[k++] = "--workload";
-    bargs[k++] = "multiturn";
+    bargs[k++] = (char *)workload;
     bargs[k++] = "--time-scale";
     bargs[k++] = scale_s;
     bargs[k++] = "--seed";
@@ -374,13 +402,21 @@ int kvr_demo_main(int argc, char **argv) {
       bargs[k++] = "--search";
       bargs[k++] = "--search-start";
       bargs[k++] = "6";
+      /* Levels must outlast a response (~35 s simulated) several times or they measure a burst,
+       * not a capacity: 30 s of warm-up, then at least 60 s (200 prompts) measured per level. */
       bargs[k++] = "--num-prompts";
       bargs[k++] = "200";
-      bargs[k++] = "--warmup";
-      bargs[k++] = "10";
+      bargs[k++] = "--warmup-s";
+      bargs[k++] = "30";
+      bargs[k++] = "--min-level-s";
+      bargs[k++] = "60";
+      bargs[k++] = "--search-resolution";
+      bargs[k++] = "0.25";
       bargs[k++] = "--cooldown-s";
       bargs[k++] = "10";
     }
+    for (int i = extra; i < argc; i++)
+      bargs[k++] = argv[i];
     bargs[k] = NULL;
     fprintf(stderr, "kvrouter demo: running the A/B (simulated time x%s)\n", scale_s);
     rc = kvr_bench_main(k, bargs);

@@ -18,9 +18,11 @@
  *   sent == total and nothing in flight -> uv_stop -> kvr_stats_level_finish -> return level
  *
  * Invariants: every req_t is on the in-flight list from kvr_curlm_add until its done callback (or
- * an interrupt cancels it); a conv_t has at most one request in flight; requests are sent only from
- * schedule() (the tick, or after a transfer's done callback), never inside curl's own callbacks. Durations recorded are real
- * durations times the time scale; lag stays real.
+ * an interrupt cancels it); a conv_t has at most one request in flight, except in replay mode where
+ * turns are pre-assigned to arrivals and answers are pre-built (nothing in the conversation changes
+ * when a request finishes); requests are sent only from schedule() (the tick, or after a transfer's
+ * done callback), never inside curl's own callbacks. Durations recorded are real durations times
+ * the time scale; lag stays real.
  */
 #include "loadgen.h"
 
@@ -93,6 +95,8 @@ struct kvr_loadgen_s {
   size_t ninflight;
   uint64_t last_progress_ns;
   size_t progress_len;
+  unsigned warmup;       /* warm-up requests of this level */
+  bool replay;           /* this level replays pre-built conversations (see replay_slot) */
 
   /* Admin call state. */
   int admin_status;
@@ -352,6 +356,8 @@ static void schedule(kvr_loadgen_t *lg);
 
 /* Ends a conversation's current turn: store the answer, make the next turn eligible or close it. */
 static void conv_advance(kvr_loadgen_t *lg, conv_t *cv, req_t *r, bool ok, uint64_t now) {
+  if (lg->replay)
+    return; /* the schedule and the pre-built answers fix every turn: nothing to advance */
   if (!ok) {
     cv->dead = true; /* without the answer the history cannot be resent faithfully */
     return;
@@ -434,6 +440,9 @@ static conv_t *conv_make(kvr_loadgen_t *lg) {
   cv->answers = calloc(cv->conv.nturns ? cv->conv.nturns : 1, sizeof(char *));
   if (cv->answers == NULL)
     abort();
+  for (uint32_t t = 0; t < cv->conv.nturns; t++)
+    if (cv->conv.turns[t].answer)
+      cv->answers[t] = strdup(cv->conv.turns[t].answer);
   return cv;
 }
 
@@ -472,7 +481,7 @@ static void send_turn(kvr_loadgen_t *lg, conv_t *cv, uint64_t target_ns) {
   cv->waiting = false;
   r->rec.conv = cv->conv.id;
   r->rec.turn = r->turn + 1;
-  r->rec.warmup = lg->sent < lg->o.warmup;
+  r->rec.warmup = lg->sent < lg->warmup;
   r->rec.ttft_ms = r->rec.tpot_ms = -1;
   kvr_workload_body(&cv->conv, r->turn, (const char *const *)cv->answers, lg->model, lg->o.api,
                     lg->o.ignore_eos, &r->body);
@@ -534,6 +543,40 @@ static conv_t *earliest_waiting(kvr_loadgen_t *lg, uint64_t *when) {
 static void arm(kvr_loadgen_t *lg, uint64_t due_ns, uint64_t now);
 static void on_tick(uv_timer_t *t);
 
+/* Replay order: blocks of W = replay_width conversations; a block sends turn 1 of its W
+ * conversations, then turn 2 of the same W, and so on, each round in its own seeded random order
+ * (as `vllm bench serve` sends a shuffled dataset: no fixed stride that a round-robin router could
+ * align with). So turn t+1 of a conversation follows turn t about W requests later (1..2W-1; time
+ * for turn t's prefill to land in a cache), and every full block carries each turn equally.
+ * Conversations are opened in order of their first turn, so lg->convs[j] is the j-th opened. */
+static void replay_slot(const kvr_loadgen_t *lg, size_t i, uint64_t *k, uint32_t *turn) {
+  const kvr_workload_opts_t *o = kvr_workload_opts(lg->wl);
+  size_t w = o->replay_width, block = w * o->turns;
+  size_t b = i / block, in = i % block, pos = in % w;
+  *turn = (uint32_t)(in / w);
+  /* Position pos of round (b, turn) -> conversation: a seeded Fisher-Yates permutation of 0..w-1
+   * (w is small, recomputing it per send is cheap). Round 0 is the identity: conversations open in
+   * index order, so the j-th opened is conversation b*w + j. */
+  size_t c = pos;
+  if (*turn > 0) {
+    size_t perm[256];
+    size_t m = KVR_MIN(w, KVR_ARRAY_SIZE(perm));
+    for (size_t j = 0; j < m; j++)
+      perm[j] = j;
+    kvr_rng_t r;
+    kvr_workload_rng_seed(
+        &r, kvr_workload_mix(kvr_workload_mix(lg->level_seed, 0x5E0), b * 64 + *turn));
+    for (size_t j = m - 1; j > 0; j--) {
+      size_t x = (size_t)kvr_workload_rng_range(&r, 0, j);
+      size_t t = perm[j];
+      perm[j] = perm[x];
+      perm[x] = t;
+    }
+    c = pos < m ? perm[pos] : pos;
+  }
+  *k = (uint64_t)(b * w + c);
+}
+
 /* Sends whatever is due and re-arms the tick for the next event; stops the loop when the level is
  * complete. Only ever called from the tick or after a request finished. */
 static void schedule(kvr_loadgen_t *lg) {
@@ -541,7 +584,23 @@ static void schedule(kvr_loadgen_t *lg) {
     return;
   uint64_t now = uv_hrtime();
   uint64_t next_due = UINT64_MAX;
-  if (lg->rate > 0 && !lg->o.sessions) {
+  if (lg->replay) {
+    /* Replay: arrival i sends the pre-assigned turn of its conversation, done or not. */
+    while (lg->next_arrival < lg->total) {
+      uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
+      if (due > now) {
+        next_due = due;
+        break;
+      }
+      uint64_t k;
+      uint32_t turn;
+      replay_slot(lg, lg->next_arrival, &k, &turn);
+      conv_t *cv = turn == 0 || k >= lg->nconvs ? conv_open(lg, 0) : lg->convs[k];
+      cv->next_turn = KVR_MIN(turn, cv->conv.nturns - 1);
+      lg->next_arrival++;
+      send_turn(lg, cv, due);
+    }
+  } else if (lg->rate > 0 && !lg->o.sessions) {
     /* Turn arrivals: each due arrival takes the oldest eligible follow-up, else a new conversation. */
     while (lg->next_arrival < lg->total) {
       uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
@@ -695,10 +754,18 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
   lg->rate = rate;
   lg->concurrency = concurrency;
   lg->level_seed = level_seed;
-  lg->total = lg->o.warmup + lg->o.num_prompts;
+  lg->warmup = lg->o.warmup;
+  size_t measured = lg->o.num_prompts;
+  if (rate > 0) {
+    lg->warmup = (unsigned)KVR_MAX((double)lg->warmup, ceil(rate * lg->o.warmup_s));
+    measured = (size_t)KVR_MAX((double)measured, ceil(rate * lg->o.min_level_s));
+  }
+  lg->total = lg->warmup + measured;
   lg->sent = lg->done = lg->failed = lg->next_arrival = 0;
   lg->next_conv = 0;
   lg->arrivals = NULL;
+  const kvr_workload_opts_t *wo = kvr_workload_opts(lg->wl);
+  lg->replay = rate > 0 && !lg->o.sessions && wo->kind == KVR_WL_MULTITURN && wo->replay;
   if (rate > 0) {
     /* Gamma gaps with mean 1/real_rate (vllm's burstiness: shape k, scale 1/(rate*k)). */
     double real_rate = rate * scale(lg);
@@ -719,7 +786,7 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
   if (lg->o.progress && !lg->o.progress_tty) {
     fprintf(lg->o.progress, "[%s] level start: %s %.3g, %zu requests (%u warm-up)\n",
             label ? label : "", concurrency ? "users" : "rate",
-            concurrency ? (double)concurrency : rate, lg->total, lg->o.warmup);
+            concurrency ? (double)concurrency : rate, lg->total, lg->warmup);
     fflush(lg->o.progress);
   }
   if (concurrency > 0) {

@@ -10,6 +10,12 @@
  *                         conversation (eligible = previous turn done + think time), oldest first,
  *                         else the first turn of a new conversation. So "rate" is requests/s of turn
  *                         arrivals, the figure `vllm bench serve --request-rate` means.
+ *   rate > 0, replay      (multiturn with opts.replay, the default): the seed's `vllm bench serve`
+ *                         shape. Arrival i sends a pre-assigned (conversation, turn) whose prompt
+ *                         is the full history with pre-built answers, without waiting for
+ *                         anything: blocks of replay_width conversations send turn 1 of each, then
+ *                         turn 2, ..., so turn t+1 follows turn t replay_width requests later and
+ *                         every level has the full, uniform turn mix.
  *   rate > 0, sessions    arrivals start conversations; later turns follow their predecessor.
  *   concurrency > 0       N closed-loop users, each running conversations turn after turn.
  * A level sends warmup + num_prompts requests; the first `warmup` are flagged and not measured.
@@ -45,6 +51,10 @@ typedef struct kvr_loadgen_opts_s {
   double burstiness;      /* gamma shape; 1 = Poisson */
   bool sessions;          /* rate = conversation starts/s */
   unsigned warmup;        /* requests per level excluded from metrics */
+  double warmup_s;        /* rate mode: at least rate * warmup_s warm-up requests (simulated s), so
+                           * the measured part starts once the system has filled up */
+  double min_level_s;     /* rate mode: at least rate * min_level_s measured requests (simulated
+                           * s): a level must last several response times to measure capacity */
   size_t num_prompts;     /* measured requests per level */
   double request_timeout_s; /* real seconds per request; 0 = none */
   FILE *progress;         /* progress lines go here; NULL = silent */

@@ -174,6 +174,18 @@ void kvr_workload_opts_default(kvr_workload_opts_t *o) {
   o->out_min = 64;
   o->out_max = 2048;
   o->think_mean_s = 1.0;
+  o->replay = true;
+  o->replay_width = 16;
+}
+
+int kvr_workload_parse_mode(const char *spec, kvr_workload_opts_t *o) {
+  if (strcmp(spec, "replay") == 0)
+    o->replay = true;
+  else if (strcmp(spec, "session") == 0)
+    o->replay = false;
+  else
+    return KVR_EINVAL;
+  return 0;
 }
 
 int kvr_workload_parse_kind(const char *spec, kvr_workload_opts_t *o) {
@@ -213,8 +225,10 @@ struct kvr_workload_s {
 static void file_conv_free(file_conv_t *c) {
   free(c->system);
   free(c->prefix);
-  for (uint32_t i = 0; i < c->nturns; i++)
+  for (uint32_t i = 0; i < c->nturns; i++) {
     free(c->turns[i].user);
+    free(c->turns[i].answer);
+  }
   free(c->turns);
 }
 
@@ -286,6 +300,7 @@ static void conv_push_turn(file_conv_t *c, const char *user, uint32_t max_tokens
   c->turns[c->nturns].user = strdup(user);
   c->turns[c->nturns].max_tokens = max_tokens;
   c->turns[c->nturns].think_s = think;
+  c->turns[c->nturns].answer = NULL;
   c->nturns++;
 }
 
@@ -433,8 +448,11 @@ kvr_workload_t *kvr_workload_new(const kvr_workload_opts_t *opts, char *err, siz
   if (o->turns < 1 || o->turns > 64 || o->starters < 1 || o->documents < 1 || o->questions < 1 ||
       o->prefix_min_tokens < 1 || o->prefix_max_tokens < o->prefix_min_tokens ||
       o->control_min_tokens < 1 || o->control_max_tokens < o->control_min_tokens ||
-      o->out_min < 1 || o->out_max < o->out_min || o->out_std < 0 || o->think_mean_s < 0) {
-    snprintf(err, errlen, "workload: inconsistent options (counts >= 1, min <= max, turns <= 64)");
+      o->out_min < 1 || o->out_max < o->out_min || o->out_std < 0 || o->think_mean_s < 0 ||
+      o->replay_width < 1 || o->replay_width > 256) {
+    snprintf(err, errlen,
+             "workload: inconsistent options (counts >= 1, min <= max, turns <= 64, replay width "
+             "<= 256)");
     return NULL;
   }
   kvr_workload_t *wl = calloc(1, sizeof(*wl));
@@ -505,10 +523,20 @@ void kvr_workload_describe(const kvr_workload_t *wl, kvr_buf_t *out) {
   case KVR_WL_MULTITURN:
     kvr_buf_printf(out,
                    "multiturn: %u shared starters of %u-%u tokens, %u turns per conversation, "
-                   "short follow-ups, output tokens normal(%.0f, %.0f) clipped to [%u, %u], "
-                   "think time exponential mean %.2f s",
+                   "short follow-ups, output tokens normal(%.0f, %.0f) clipped to [%u, %u], ",
                    o->starters, o->prefix_min_tokens, o->prefix_max_tokens, o->turns, o->out_mean,
-                   o->out_std, o->out_min, o->out_max, o->think_mean_s);
+                   o->out_std, o->out_min, o->out_max);
+    if (o->replay)
+      kvr_buf_printf(out,
+                     "mode replay: pre-built conversations with synthetic answers of max_tokens, "
+                     "every turn resends the full history, turns sent open loop in blocks of %u "
+                     "interleaved conversations (turn mix uniform per level)",
+                     o->replay_width);
+    else
+      kvr_buf_printf(out,
+                     "mode session: closed-loop conversations resending the answers streamed back, "
+                     "think time exponential mean %.2f s",
+                     o->think_mean_s);
     break;
   case KVR_WL_DOCUMENTS:
     kvr_buf_printf(out,
@@ -535,8 +563,10 @@ void kvr_workload_describe(const kvr_workload_t *wl, kvr_buf_t *out) {
 void kvr_workload_conv_free(kvr_conv_t *c) {
   if (c == NULL)
     return;
-  for (uint32_t i = 0; i < c->nturns; i++)
+  for (uint32_t i = 0; i < c->nturns; i++) {
     free(c->turns[i].user);
+    free(c->turns[i].answer);
+  }
   free(c->turns);
   free(c->prefix_owned);
   memset(c, 0, sizeof(*c));
@@ -574,6 +604,18 @@ void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k
       c->turns[t].user = strdup(u);
       c->turns[t].max_tokens = clip_tokens(o, o->out_mean + o->out_std * kvr_workload_rng_normal(&r));
       c->turns[t].think_s = t == 0 ? 0.0 : think(o, &r);
+    }
+    if (o->replay) {
+      /* Answers from their own stream so session mode's draws (above) stay unchanged. The last
+       * turn's answer is never resent: not generated. */
+      kvr_rng_t ar;
+      kvr_workload_rng_seed(&ar, kvr_workload_mix(kvr_workload_mix(o->seed, level_seed),
+                                                  k ^ 0xA45E000000000000ull));
+      for (uint32_t t = 0; t + 1 < o->turns; t++) {
+        kvr_buf_t b = KVR_BUF_INIT;
+        kvr_workload_text(&ar, (size_t)c->turns[t].max_tokens * KVR_WORKLOAD_CHARS_PER_TOKEN, &b);
+        c->turns[t].answer = kvr_buf_steal(&b);
+      }
     }
     break;
   case KVR_WL_DOCUMENTS: {

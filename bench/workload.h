@@ -71,20 +71,31 @@ typedef struct kvr_workload_opts_s {
   double out_mean, out_std;  /* output tokens per turn: normal(830, 300) clipped to [min, max] */
   unsigned out_min, out_max;
   double think_mean_s;       /* mean think time before turns 2.. (exponential), simulated seconds */
+  bool replay;               /* multiturn: pre-built conversations replayed open loop (the seed's
+                              * `vllm bench serve` shape): every turn carries a synthetic answer of
+                              * its max_tokens, so any turn can be sent without waiting for the
+                              * previous one. false: closed-loop sessions resending real answers */
+  unsigned replay_width;     /* replay: conversations interleaved per block (16), see loadgen.h */
 } kvr_workload_opts_t;
 
-/* Fills opts with the seed workload's defaults (multiturn, 10 starters x 5 turns, 830 tokens out). */
+/* Fills opts with the seed workload's defaults (multiturn replay, 10 starters x 5 turns, 830 tokens
+ * out). */
 void kvr_workload_opts_default(kvr_workload_opts_t *opts);
 
 /* Parses "multiturn", "documents", "control" or "file:PATH" into opts->kind/opts->path (path points
  * into spec). Returns 0 or KVR_EINVAL. */
 int kvr_workload_parse_kind(const char *spec, kvr_workload_opts_t *opts);
 
+/* Parses "replay" or "session" into opts->replay. Returns 0 or KVR_EINVAL. */
+int kvr_workload_parse_mode(const char *spec, kvr_workload_opts_t *opts);
+
 /* One user turn. */
 typedef struct kvr_turn_s {
   char *user;          /* owned: the user message (for turn 1 it follows the prefix) */
   uint32_t max_tokens; /* output tokens asked for */
   double think_s;      /* think time before this turn, simulated seconds (0 for turn 1) */
+  char *answer;        /* owned: multiturn replay only, the pre-built assistant answer of this turn
+                        * (max_tokens tokens of synthetic text) that later turns carry; else NULL */
 } kvr_turn_t;
 
 /* One conversation, owned by whoever called kvr_workload_conv(); free with kvr_workload_conv_free(). */

@@ -118,6 +118,64 @@ static void test_multiturn_shape(void **state) {
   kvr_workload_free(wl);
 }
 
+/* Replay mode (the default) pre-builds each turn's answer at its max_tokens, deterministically, and
+ * leaves every other draw as in session mode; the body of turn t carries answers 1..t-1. */
+static void test_multiturn_replay_answers(void **state) {
+  (void)state;
+  kvr_workload_opts_t o;
+  kvr_workload_opts_default(&o);
+  assert_true(o.replay);
+  char err[256];
+  kvr_workload_t *wl = kvr_workload_new(&o, err, sizeof(err));
+  assert_non_null(wl);
+  kvr_workload_opts_t os = o;
+  assert_int_equal(kvr_workload_parse_mode("session", &os), 0);
+  assert_false(os.replay);
+  assert_int_equal(kvr_workload_parse_mode("bogus", &os), KVR_EINVAL);
+  kvr_workload_t *ws = kvr_workload_new(&os, err, sizeof(err));
+  assert_non_null(ws);
+  for (uint64_t k = 0; k < 20; k++) {
+    kvr_conv_t c, d, e;
+    kvr_workload_conv(wl, 7, k, &c);
+    kvr_workload_conv(wl, 7, k, &d);
+    kvr_workload_conv(ws, 7, k, &e);
+    assert_int_equal(c.group, e.group);
+    for (uint32_t t = 0; t < c.nturns; t++) {
+      assert_string_equal(c.turns[t].user, e.turns[t].user);
+      assert_int_equal(c.turns[t].max_tokens, e.turns[t].max_tokens);
+      assert_null(e.turns[t].answer);
+      if (t + 1 == c.nturns) {
+        assert_null(c.turns[t].answer); /* never resent */
+        continue;
+      }
+      assert_non_null(c.turns[t].answer);
+      assert_string_equal(c.turns[t].answer, d.turns[t].answer);
+      size_t want = (size_t)c.turns[t].max_tokens * KVR_WORKLOAD_CHARS_PER_TOKEN;
+      assert_true(strlen(c.turns[t].answer) >= want && strlen(c.turns[t].answer) < want + 200);
+    }
+    if (k == 0) {
+      const char *answers[5];
+      for (uint32_t t = 0; t < 5; t++)
+        answers[t] = c.turns[t].answer;
+      kvr_buf_t body = KVR_BUF_INIT;
+      kvr_workload_body(&c, 3, answers, "m", KVR_API_CHAT, true, &body);
+      cJSON *j = cJSON_Parse(body.data);
+      assert_non_null(j);
+      const cJSON *msgs = cJSON_GetObjectItem(j, "messages");
+      assert_int_equal(cJSON_GetArraySize(msgs), 7);
+      assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(msgs, 5), "content")->valuestring,
+                          c.turns[2].answer);
+      cJSON_Delete(j);
+      kvr_buf_free(&body);
+    }
+    kvr_workload_conv_free(&c);
+    kvr_workload_conv_free(&d);
+    kvr_workload_conv_free(&e);
+  }
+  kvr_workload_free(wl);
+  kvr_workload_free(ws);
+}
+
 static void test_documents_exceed_one_worker(void **state) {
   (void)state;
   kvr_workload_opts_t o;
@@ -306,6 +364,7 @@ int main(void) {
       cmocka_unit_test(test_gamma_mean),
       cmocka_unit_test(test_text_length_and_determinism),
       cmocka_unit_test(test_multiturn_shape),
+      cmocka_unit_test(test_multiturn_replay_answers),
       cmocka_unit_test(test_documents_exceed_one_worker),
       cmocka_unit_test(test_control_never_shares),
       cmocka_unit_test(test_chat_body_resends_history),
