@@ -12,12 +12,12 @@
 #   KVROUTER    the binary (default build/kvrouter)
 #   OUT         results folder (default results/ab)
 #   AB_RESULTS  the summary file (default bench/AB_RESULTS.md)
-# Environment (the defaults fit ~10-12 minutes on a 2-core machine):
+# Environment (the defaults took 12.5 minutes on a 2-core machine):
 #   AB_WORKLOADS    "multiturn documents control"
 #   AB_TIME_SCALE   10      simulator speed-up
-#   AB_WARMUP_S     20      simulated seconds of warm-up per level
-#   AB_LEVEL_S      40      simulated seconds measured per level (at least 100 prompts)
-#   AB_RESOLUTION   0.5     search resolution, req/s
+#   AB_WARMUP_S     30      simulated seconds of warm-up per level
+#   AB_LEVEL_S      60      simulated seconds measured per level (at least 100 prompts)
+#   AB_RESOLUTION   1       search resolution, req/s
 #   AB_START        4       search start, req/s
 set -eu
 
@@ -26,9 +26,9 @@ OUT=${2:-results/ab}
 RES=${3:-bench/AB_RESULTS.md}
 WORKLOADS=${AB_WORKLOADS:-"multiturn documents control"}
 SCALE=${AB_TIME_SCALE:-10}
-WARM=${AB_WARMUP_S:-20}
-LEVEL=${AB_LEVEL_S:-40}
-RESOL=${AB_RESOLUTION:-0.5}
+WARM=${AB_WARMUP_S:-30}
+LEVEL=${AB_LEVEL_S:-60}
+RESOL=${AB_RESOLUTION:-1}
 START=${AB_START:-4}
 POLICIES=round_robin,kv_aware,gie_scorer,sglang_cache_aware
 LABELS=phase0,phase3,gie,sglang
@@ -56,7 +56,7 @@ bar() {
   case "$1" in
   documents) echo ">= 1.5x" ;;
   control) echo ">= 0.95x" ;;
-  *) echo "-" ;;
+  *) echo "none" ;;
   esac
 }
 verdict() {
