@@ -36,6 +36,24 @@ static const kvr_level_t *find_load(const kvr_run_t *run, double load) {
   return NULL;
 }
 
+/* The distinct worker names (x-kvrouter-worker) seen at load dl across all runs, in first-seen
+ * order, for the per-worker share table and chart. */
+static size_t worker_names(const kvr_results_t *res, double dl,
+                           char names[KVR_STATS_MAX_WORKERS][KVR_WORKER_NAME_MAX]) {
+  size_t nnames = 0;
+  for (size_t r = 0; r < res->nruns; r++) {
+    const kvr_level_t *lv = find_load(&res->runs[r], dl);
+    for (size_t w = 0; lv && w < lv->nworkers; w++) {
+      size_t k = 0;
+      while (k < nnames && strcmp(names[k], lv->workers[w].name) != 0)
+        k++;
+      if (k == nnames && nnames < KVR_STATS_MAX_WORKERS)
+        snprintf(names[nnames++], KVR_WORKER_NAME_MAX, "%s", lv->workers[w].name);
+    }
+  }
+  return nnames;
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -565,17 +583,7 @@ void kvr_report_markdown(const kvr_results_t *res, kvr_buf_t *out) {
 
     /* Worker share. */
     char names[KVR_STATS_MAX_WORKERS][KVR_WORKER_NAME_MAX];
-    size_t nnames = 0;
-    for (size_t r = 0; r < res->nruns; r++) {
-      const kvr_level_t *lv = find_load(&res->runs[r], dl);
-      for (size_t w = 0; lv && w < lv->nworkers; w++) {
-        size_t k = 0;
-        while (k < nnames && strcmp(names[k], lv->workers[w].name) != 0)
-          k++;
-        if (k == nnames && nnames < KVR_STATS_MAX_WORKERS)
-          snprintf(names[nnames++], KVR_WORKER_NAME_MAX, "%s", lv->workers[w].name);
-      }
-    }
+    size_t nnames = worker_names(res, dl, names);
     if (nnames > 0) {
       kvr_buf_printf(out, "## Worker Share at %s %s\n\nRequests per worker (x-kvrouter-worker).\n\n",
                      a, unit);
@@ -946,17 +954,7 @@ static void share_chart(const kvr_results_t *res, kvr_buf_t *out) {
   if (!detail_load(res, &dl, &passed))
     return;
   char names[KVR_STATS_MAX_WORKERS][KVR_WORKER_NAME_MAX];
-  size_t nnames = 0;
-  for (size_t r = 0; r < res->nruns; r++) {
-    const kvr_level_t *lv = find_load(&res->runs[r], dl);
-    for (size_t w = 0; lv && w < lv->nworkers; w++) {
-      size_t k = 0;
-      while (k < nnames && strcmp(names[k], lv->workers[w].name) != 0)
-        k++;
-      if (k == nnames && nnames < KVR_STATS_MAX_WORKERS)
-        snprintf(names[nnames++], KVR_WORKER_NAME_MAX, "%s", lv->workers[w].name);
-    }
-  }
+  size_t nnames = worker_names(res, dl, names);
   char a[32];
   fmt_load(res, dl, a, sizeof(a));
   double pw = CW - ML - MR, ph = CH - MT - MB;

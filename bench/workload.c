@@ -18,7 +18,6 @@
 #include "kvr.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -263,34 +262,11 @@ static uint32_t clip_tokens(const kvr_workload_opts_t *o, double v) {
 }
 
 static char *read_file(const char *path, size_t *len, char *err, size_t errlen) {
-  FILE *f = fopen(path, "rb");
-  if (f == NULL) {
-    snprintf(err, errlen, "%s: %s", path, strerror(errno));
-    return NULL;
-  }
   kvr_buf_t b = KVR_BUF_INIT;
-  char tmp[65536];
-  size_t n;
-  while ((n = fread(tmp, 1, sizeof(tmp), f)) > 0) {
-    if (b.len + n > MAX_FILE_BYTES) {
-      snprintf(err, errlen, "%s: larger than %zu bytes", path, MAX_FILE_BYTES);
-      fclose(f);
-      kvr_buf_free(&b);
-      return NULL;
-    }
-    kvr_buf_append(&b, tmp, n);
-  }
-  int bad = ferror(f);
-  fclose(f);
-  if (bad) {
-    snprintf(err, errlen, "%s: read error", path);
-    kvr_buf_free(&b);
+  if (kvr_buf_read_file(&b, path, MAX_FILE_BYTES, err, errlen) != 0)
     return NULL;
-  }
   *len = b.len;
-  if (b.data == NULL)
-    kvr_buf_append(&b, "", 0);
-  return kvr_buf_steal(&b);
+  return kvr_buf_steal(&b); /* NUL-terminated, "" for an empty file */
 }
 
 static void conv_push_turn(file_conv_t *c, const char *user, uint32_t max_tokens, double think) {

@@ -1,6 +1,10 @@
 /* buf.c -- growable byte buffer; see buf.h for the ownership rules. */
 #include "buf.h"
 
+#include "kvr.h"
+
+#include <errno.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +95,33 @@ char *kvr_buf_steal(kvr_buf_t *b) {
     p = calloc(1, 1);
   kvr_buf_init(b);
   return p;
+}
+
+int kvr_buf_read_file(kvr_buf_t *b, const char *path, size_t max, char *err, size_t errlen) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) {
+    snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+    return KVR_EIO;
+  }
+  char tmp[65536];
+  size_t n;
+  int rc = 0;
+  while (rc == 0 && (n = fread(tmp, 1, sizeof tmp, f)) > 0) {
+    if (b->len + n > max) {
+      snprintf(err, errlen, "'%s' is larger than %zu bytes", path, max);
+      rc = KVR_ELIMIT;
+    } else {
+      kvr_buf_append(b, tmp, n);
+    }
+  }
+  if (rc == 0 && ferror(f)) {
+    snprintf(err, errlen, "cannot read '%s'", path);
+    rc = KVR_EIO;
+  }
+  fclose(f);
+  if (rc != 0)
+    kvr_buf_free(b);
+  return rc;
 }
 
 void kvr_buf_json_str(kvr_buf_t *b, const char *s, size_t len) {

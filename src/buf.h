@@ -31,6 +31,10 @@ void kvr_buf_consume(kvr_buf_t *b, size_t n);
 /* Hands the storage to the caller (who frees it with free()) and leaves b empty. */
 char *kvr_buf_steal(kvr_buf_t *b);
 
+/* Appends the whole file at path. Returns 0, KVR_EIO (cannot open or read) or KVR_ELIMIT (larger
+ * than max bytes), with a one-line reason naming the path in err; on error b is left empty. */
+int kvr_buf_read_file(kvr_buf_t *b, const char *path, size_t max, char *err, size_t errlen);
+
 /* Appends s as a JSON string literal, quotes included, escaping per RFC 8259. */
 void kvr_buf_json_str(kvr_buf_t *b, const char *s, size_t len);
 

@@ -351,17 +351,12 @@ int kvr_config_apply_json(kvr_config_t *cfg, const char *json, size_t len, const
 }
 
 static int load_file(kvr_config_t *cfg, const char *path, char *err, size_t errlen) {
-  FILE *f = fopen(path, "rb");
-  if (f == NULL) {
-    snprintf(err, errlen, "--config: cannot open '%s': %s", path, strerror(errno));
+  kvr_buf_t b = KVR_BUF_INIT;
+  char e2[400];
+  if (kvr_buf_read_file(&b, path, 1u << 24, e2, sizeof e2) != 0) {
+    snprintf(err, errlen, "--config: %s", e2);
     return KVR_EINVAL;
   }
-  kvr_buf_t b = KVR_BUF_INIT;
-  char chunk[4096];
-  size_t n;
-  while ((n = fread(chunk, 1, sizeof chunk, f)) > 0 && b.len < (1u << 24))
-    kvr_buf_append(&b, chunk, n);
-  fclose(f);
   int rc = kvr_config_apply_json(cfg, b.data ? b.data : "", b.len, path, err, errlen);
   kvr_buf_free(&b);
   return rc;

@@ -158,6 +158,19 @@ const char *kvr_http_error_type(int status) {
 
 /* ---- requests ---------------------------------------------------------------------------------- */
 
+/* The client's address as text ("" if unknown). */
+static void peer_name(kvr_http_conn_t *conn, char *out, size_t len) {
+  struct sockaddr_storage ss;
+  int sl = sizeof ss;
+  out[0] = '\0';
+  if (uv_tcp_getpeername(&conn->tcp, (struct sockaddr *)&ss, &sl) != 0)
+    return;
+  if (ss.ss_family == AF_INET6)
+    uv_ip6_name((struct sockaddr_in6 *)&ss, out, len);
+  else
+    uv_ip4_name((struct sockaddr_in *)&ss, out, len);
+}
+
 static kvr_http_req_t *req_new(kvr_http_conn_t *conn) {
   kvr_http_req_t *req = calloc(1, sizeof *req);
   if (req == NULL)
@@ -166,15 +179,7 @@ static kvr_http_req_t *req_new(kvr_http_conn_t *conn) {
   req->start_ns = kvr_now_ns();
   kvr_buf_init(&req->body);
   req->query = "";
-  struct sockaddr_storage ss;
-  int sl = sizeof ss;
-  req->peer[0] = '\0';
-  if (uv_tcp_getpeername(&conn->tcp, (struct sockaddr *)&ss, &sl) == 0) {
-    if (ss.ss_family == AF_INET6)
-      uv_ip6_name((struct sockaddr_in6 *)&ss, req->peer, sizeof req->peer);
-    else
-      uv_ip4_name((struct sockaddr_in *)&ss, req->peer, sizeof req->peer);
-  }
+  peer_name(conn, req->peer, sizeof req->peer);
   return req;
 }
 
@@ -393,17 +398,10 @@ static void send_error_and_close(kvr_http_conn_t *conn, int status, const char *
                  status, kvr_http_reason(status), body.len);
   kvr_buf_append(&head, body.data, body.len);
   if (conn->srv->log_rejects) {
-    char peer[64] = "-";
-    struct sockaddr_storage ss;
-    int sl = sizeof ss;
-    if (uv_tcp_getpeername(&conn->tcp, (struct sockaddr *)&ss, &sl) == 0) {
-      if (ss.ss_family == AF_INET6)
-        uv_ip6_name((struct sockaddr_in6 *)&ss, peer, sizeof peer);
-      else
-        uv_ip4_name((struct sockaddr_in *)&ss, peer, sizeof peer);
-    }
+    char peer[64];
+    peer_name(conn, peer, sizeof peer);
     kvr_log(KVR_LOG_INFO, "access", "method=- path=- status=%d outcome=rejected code=%s client=%s",
-            status, code ? code : "-", peer);
+            status, code ? code : "-", peer[0] ? peer : "-");
   }
   if (conn_write(conn, head.data, head.len) == 0) {
     conn->close_after_write = true;

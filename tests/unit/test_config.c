@@ -68,6 +68,8 @@ static void test_errors(void **state) {
   expect_error("--admin-listen", 7, a8);
   char *a9[] = {"serve", "--worker"};
   expect_error("missing value", 2, a9);
+  char *a10[] = {"serve", "--config", "/nonexistent/kvr.json", "--worker", "http://a:1"};
+  expect_error("--config: cannot open '/nonexistent/kvr.json'", 5, a10);
 }
 
 static void test_json_and_precedence(void **state) {
