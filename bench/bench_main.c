@@ -77,6 +77,10 @@ static void usage(FILE *f) {
       "                         arrival (the seed's vllm bench serve shape); session: closed-loop\n"
       "                         conversations resending the streamed answers after think time\n"
       "  --replay-width N       replay: conversations interleaved per block (default 16)\n"
+      "  --replay-order O       replay: blocks (default) | sample: each arrival a random turn of\n"
+      "                         its own conversation (a dataset sampled at random; calibration)\n"
+      "  --answer-mean T --answer-std T   replay: tokens of the pre-built answers in the history\n"
+      "                         (default: each turn's max_tokens)\n"
       "  --think-s S            mean think time between turns (session mode, default 1)\n"
       "  --seed N               seed of everything random (default 42)\n"
       "Load:\n"
@@ -192,7 +196,7 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
         "num-prompts", "warmup", "warmup-s", "min-level-s", "seed", "turns", "starters",
         "documents", "questions",
         "output-min", "output-max", "output-mean", "output-std", "think-s", "burstiness",
-        "multiturn-mode", "replay-width",
+        "multiturn-mode", "replay-width", "replay-order", "answer-mean", "answer-std",
         "time-scale", "request-timeout-s", "cooldown-s", "slo-ttft-ms", "slo-tpot-ms",
         "max-failed-frac", "search-start", "search-max", "search-resolution", "admin", "out",
         "title"};
@@ -304,8 +308,15 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
     else if (strcmp(name, "multiturn-mode") == 0) {
       if (kvr_workload_parse_mode(val, &c->wl) != 0)
         return bad("bad value '%s' for --%s (replay or session)", val, name);
+    } else if (strcmp(name, "replay-order") == 0) {
+      if (kvr_workload_parse_order(val, &c->wl) != 0)
+        return bad("bad value '%s' for --%s (blocks or sample)", val, name);
     } else if (strcmp(name, "replay-width") == 0)
       UINT(c->wl.replay_width, 256, 1);
+    else if (strcmp(name, "answer-mean") == 0)
+      DBL(c->wl.answer_mean, d >= 0);
+    else if (strcmp(name, "answer-std") == 0)
+      DBL(c->wl.answer_std, d >= 0);
     else if (strcmp(name, "think-s") == 0)
       DBL(c->wl.think_mean_s, d >= 0);
     else if (strcmp(name, "burstiness") == 0)

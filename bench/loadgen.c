@@ -548,9 +548,18 @@ static void on_tick(uv_timer_t *t);
  * (as `vllm bench serve` sends a shuffled dataset: no fixed stride that a round-robin router could
  * align with). So turn t+1 of a conversation follows turn t about W requests later (1..2W-1; time
  * for turn t's prefill to land in a cache), and every full block carries each turn equally.
- * Conversations are opened in order of their first turn, so lg->convs[j] is the j-th opened. */
+ * Conversations are opened in order of their first turn, so lg->convs[j] is the j-th opened.
+ * With opts.replay_sample, arrival i is instead a random turn of a conversation of its own. */
 static void replay_slot(const kvr_loadgen_t *lg, size_t i, uint64_t *k, uint32_t *turn) {
   const kvr_workload_opts_t *o = kvr_workload_opts(lg->wl);
+  if (o->replay_sample) {
+    /* Sample order: arrival i is a seeded uniform turn of conversation i, never sent before. */
+    kvr_rng_t r;
+    kvr_workload_rng_seed(&r, kvr_workload_mix(kvr_workload_mix(lg->level_seed, 0x5A3), i));
+    *turn = (uint32_t)kvr_workload_rng_range(&r, 0, o->turns - 1);
+    *k = UINT64_MAX; /* a new conversation */
+    return;
+  }
   size_t w = o->replay_width, block = w * o->turns;
   size_t b = i / block, in = i % block, pos = in % w;
   *turn = (uint32_t)(in / w);

@@ -15,7 +15,10 @@
  *                         is the full history with pre-built answers, without waiting for
  *                         anything: blocks of replay_width conversations send turn 1 of each, then
  *                         turn 2, ..., so turn t+1 follows turn t replay_width requests later and
- *                         every level has the full, uniform turn mix.
+ *                         every level has the full, uniform turn mix. With opts.replay_sample
+ *                         (--replay-order sample) arrival i is instead a uniformly random turn of
+ *                         a conversation of its own: a dataset of prompts sampled at random, only
+ *                         the starters shared (the calibration shape).
  *   rate > 0, sessions    arrivals start conversations; later turns follow their predecessor.
  *   concurrency > 0       N closed-loop users, each running conversations turn after turn.
  * A level sends warmup + num_prompts requests; the first `warmup` are flagged and not measured.

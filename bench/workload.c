@@ -187,6 +187,16 @@ int kvr_workload_parse_mode(const char *spec, kvr_workload_opts_t *o) {
   return 0;
 }
 
+int kvr_workload_parse_order(const char *spec, kvr_workload_opts_t *o) {
+  if (strcmp(spec, "blocks") == 0)
+    o->replay_sample = false;
+  else if (strcmp(spec, "sample") == 0)
+    o->replay_sample = true;
+  else
+    return KVR_EINVAL;
+  return 0;
+}
+
 int kvr_workload_parse_kind(const char *spec, kvr_workload_opts_t *o) {
   if (strcmp(spec, "multiturn") == 0)
     o->kind = KVR_WL_MULTITURN;
@@ -425,7 +435,7 @@ kvr_workload_t *kvr_workload_new(const kvr_workload_opts_t *opts, char *err, siz
       o->prefix_min_tokens < 1 || o->prefix_max_tokens < o->prefix_min_tokens ||
       o->control_min_tokens < 1 || o->control_max_tokens < o->control_min_tokens ||
       o->out_min < 1 || o->out_max < o->out_min || o->out_std < 0 || o->think_mean_s < 0 ||
-      o->replay_width < 1 || o->replay_width > 256) {
+      o->replay_width < 1 || o->replay_width > 256 || o->answer_mean < 0 || o->answer_std < 0) {
     snprintf(err, errlen,
              "workload: inconsistent options (counts >= 1, min <= max, turns <= 64, replay width "
              "<= 256)");
@@ -502,11 +512,22 @@ void kvr_workload_describe(const kvr_workload_t *wl, kvr_buf_t *out) {
                    "short follow-ups, output tokens normal(%.0f, %.0f) clipped to [%u, %u], ",
                    o->starters, o->prefix_min_tokens, o->prefix_max_tokens, o->turns, o->out_mean,
                    o->out_std, o->out_min, o->out_max);
-    if (o->replay)
+    if (o->replay && o->answer_mean > 0)
+      kvr_buf_printf(out,
+                     "mode replay: pre-built conversations with synthetic answers of "
+                     "normal(%.0f, %.0f) tokens, every turn resends the full history, ",
+                     o->answer_mean, o->answer_std);
+    else if (o->replay)
       kvr_buf_printf(out,
                      "mode replay: pre-built conversations with synthetic answers of max_tokens, "
-                     "every turn resends the full history, turns sent open loop in blocks of %u "
-                     "interleaved conversations (turn mix uniform per level)",
+                     "every turn resends the full history, ");
+    if (o->replay && o->replay_sample)
+      kvr_buf_printf(out, "each arrival a uniformly random turn of its own conversation (a "
+                          "dataset sampled at random: only the starters are shared)");
+    else if (o->replay)
+      kvr_buf_printf(out,
+                     "turns sent open loop in blocks of %u interleaved conversations (turn mix "
+                     "uniform per level)",
                      o->replay_width);
     else
       kvr_buf_printf(out,
@@ -588,8 +609,11 @@ void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k
       kvr_workload_rng_seed(&ar, kvr_workload_mix(kvr_workload_mix(o->seed, level_seed),
                                                   k ^ 0xA45E000000000000ull));
       for (uint32_t t = 0; t + 1 < o->turns; t++) {
+        uint32_t len = o->answer_mean > 0
+                           ? clip_tokens(o, o->answer_mean + o->answer_std * kvr_workload_rng_normal(&ar))
+                           : c->turns[t].max_tokens;
         kvr_buf_t b = KVR_BUF_INIT;
-        kvr_workload_text(&ar, (size_t)c->turns[t].max_tokens * KVR_WORKLOAD_CHARS_PER_TOKEN, &b);
+        kvr_workload_text(&ar, (size_t)len * KVR_WORKLOAD_CHARS_PER_TOKEN, &b);
         c->turns[t].answer = kvr_buf_steal(&b);
       }
     }

@@ -76,6 +76,12 @@ typedef struct kvr_workload_opts_s {
                               * its max_tokens, so any turn can be sent without waiting for the
                               * previous one. false: closed-loop sessions resending real answers */
   unsigned replay_width;     /* replay: conversations interleaved per block (16), see loadgen.h */
+  bool replay_sample;        /* replay: every arrival is a random turn of its own conversation (a
+                              * dataset of single prompts sampled at random, as `vllm bench serve`
+                              * samples a custom dataset) instead of blocks; see loadgen.h */
+  double answer_mean, answer_std; /* replay: tokens of the pre-built answers carried in the history,
+                              * normal(mean, std) clipped to [out_min, out_max]; mean 0 = each
+                              * turn's max_tokens (the default) */
 } kvr_workload_opts_t;
 
 /* Fills opts with the seed workload's defaults (multiturn replay, 10 starters x 5 turns, 830 tokens
@@ -88,6 +94,9 @@ int kvr_workload_parse_kind(const char *spec, kvr_workload_opts_t *opts);
 
 /* Parses "replay" or "session" into opts->replay. Returns 0 or KVR_EINVAL. */
 int kvr_workload_parse_mode(const char *spec, kvr_workload_opts_t *opts);
+
+/* Parses "blocks" or "sample" into opts->replay_sample. Returns 0 or KVR_EINVAL. */
+int kvr_workload_parse_order(const char *spec, kvr_workload_opts_t *opts);
 
 /* One user turn. */
 typedef struct kvr_turn_s {
