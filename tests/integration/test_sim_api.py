@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """API tests of `kvrouter sim` over loopback: vLLM's SSE shape byte for byte, usage and cached
-tokens across turns, /metrics as valid Prometheus text with vLLM's names, vLLM-style errors, aborts
+tokens across turns, POST /reset_prefix_cache, /metrics as valid Prometheus text with vLLM's names, vLLM-style errors, aborts
 on client disconnect, every fault mode, fixed-latency mode, CLI errors and clean shutdown, and the
 time-scale check (the same small open-loop run at scale 1 and scale 10 gives the same latency
 distribution within 10% once scaled back).
@@ -159,6 +159,42 @@ def followup_hits_previous_turn(sim):
     check(t3["usage"]["prompt_tokens_details"]["cached_tokens"] == (p - 1) // 16 * 16, t3["usage"])
     check(t3["choices"][0]["message"]["content"] == t2["choices"][0]["message"]["content"],
           "a repeated request must produce the same answer")
+
+
+@test
+def reset_prefix_cache(sim):
+    def cached(msgs):
+        status, r = sim.post_json("/v1/chat/completions", {"messages": msgs, "max_tokens": 2})
+        check(status == 200, r)
+        return r["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    msgs = [{"role": "user", "content": "Reset me, then ask again. " * 40}]
+    cached(msgs)
+    check(cached(msgs) > 0, "the repeated prompt hits before the reset")
+    hits = sim.metric("vllm:prefix_cache_hits_total")
+    queries = sim.metric("vllm:prefix_cache_queries_total")
+    # vLLM's path and answer: POST, 200, empty body
+    status, _, body = sim.request("POST", "/reset_prefix_cache")
+    check(status == 200 and body == b"", (status, body))
+    check(cached(msgs) == 0, "the same prompt misses after the reset")
+    check(cached(msgs) > 0, "and is cached again afterwards")
+    # cumulative counters are not reset (Prometheus counters only go up)
+    check(sim.metric("vllm:prefix_cache_hits_total") > hits, "hits counter kept")
+    check(sim.metric("vllm:prefix_cache_queries_total") > queries, "queries counter kept")
+    # a running request's blocks keep their hashes: the same prompt still hits while it runs
+    s, _ = open_stream(sim, 30000, 2)
+    try:
+        status, _, body = sim.request("POST", "/reset_prefix_cache")
+        check(status == 200, status)
+        check(cached([{"role": "user", "content": "long " * 100}]) > 0,
+              "blocks of a running request survive the reset")
+    finally:
+        s.close()
+    wait_for(lambda: sim.metric("vllm:num_requests_running") == 0, what="abort")
+    status, _, _ = sim.request("GET", "/reset_prefix_cache")
+    check(status == 405, status)
+    status, _, body = sim.request("POST", "/reset_prefix_cache?reset_running_requests=true")
+    check(status == 501 and b"reset_running_requests" in body, (status, body))
 
 
 @test
