@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """API tests of `kvrouter sim` over loopback: vLLM's SSE shape byte for byte, usage and cached
-tokens across turns, POST /reset_prefix_cache, /metrics as valid Prometheus text with vLLM's names, vLLM-style errors, aborts
-on client disconnect, every fault mode, fixed-latency mode, CLI errors and clean shutdown, and the
-time-scale check (the same small open-loop run at scale 1 and scale 10 gives the same latency
-distribution within 10% once scaled back).
+tokens across turns, POST /reset_prefix_cache, /metrics as valid Prometheus text with vLLM's names,
+vLLM-style errors, aborts on client disconnect, every fault mode, fixed-latency mode, CLI errors and
+clean shutdown, and the time-scale check (the same small open-loop run at scale 1 and scale 10 gives
+the same latency distribution within 10% once scaled back).
 
     python3 test_sim_api.py --kvrouter build/kvrouter [--only NAME] [--verbose]
 """
