@@ -564,7 +564,7 @@ int kvr_bench_main(int argc, char **argv) {
     c.lg.model = model;
   }
   bool reset = c.reset_cache < 0 ? c.nab > 0 : c.reset_cache == 1;
-  b.mon = kvr_monitor_new(&b.loop, c.admin, c.lg.url, 500);
+  b.mon = kvr_monitor_new(&b.loop, c.admin, c.lg.url, 200);
   if (b.mon == NULL) {
     fprintf(stderr, "kvrouter bench: cannot set up the metrics monitor for %s\n", c.lg.url);
     kvr_loadgen_free(b.lg);

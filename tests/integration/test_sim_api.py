@@ -485,6 +485,38 @@ def cli_errors_and_shutdown(_):
     s.close()
 
 
+@separate
+def bench_reset_cache_and_preemptions(_):
+    """`kvrouter bench --reset-cache` against one worker resets it through URL/reset_prefix_cache
+    and the level JSON carries the worker's preemption count over the level and its KV peak."""
+    import glob
+    import tempfile
+    with tempfile.TemporaryDirectory() as out, \
+            start_sim(KVROUTER, "--time-scale", "4", "--num-gpu-blocks", "1500") as sim:
+        argv = [KVROUTER, "bench", "--url", sim.url, "--reset-cache", "--rates", "6",
+                "--num-prompts", "16", "--time-scale", "4", "--output-mean", "60",
+                "--output-min", "20", "--output-max", "120", "--cooldown-s", "0", "--out", out]
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=60)
+        check(p.returncode == 0, p.stderr[-2000:])
+        want = "prefix cache reset: worker reset (POST %s/reset_prefix_cache: HTTP 200)" % sim.url
+        check(want in p.stderr, p.stderr[-2000:])
+        files = glob.glob(os.path.join(out, "results", "*.json"))
+        check(len(files) == 1, files)
+        with open(files[0]) as f:
+            k = json.load(f)["kvrouter"]
+        check(k["prefix_cache_reset"].startswith("worker reset"), k["prefix_cache_reset"])
+        check(k["engine_metrics_workers"] == 1, k)
+        # the sim was fresh: every preemption it counted happened during the one level
+        check(k["preemptions"] == sim.metric("vllm:num_preemptions_total"),
+              (k["preemptions"], sim.metric("vllm:num_preemptions_total")))
+        check(0 < k["kv_cache_usage_peak"] <= 1, k)
+        with open(os.path.join(out, "report.md")) as f:
+            md = f.read()
+        check("| Prefix Cache Reset | before each run: POST /reset_prefix_cache" in md, md[:3000])
+        check("Preemptions (KV cache full)" in md, "preemptions table")
+
+
 def run_open_loop(sim, scale, n=12, gap_ms=400.0, out=30):
     """Sends n streamed requests at fixed simulated offsets from one asyncio loop; returns
     per-request TTFT and TPOT and all ITLs, measured on the client's clock and multiplied by scale
