@@ -409,8 +409,8 @@ void kvr_monitor_level_end(kvr_monitor_t *m, kvr_level_t *lv) {
       continue;
     lv->engine_workers++;
     /* A counter that went down means the worker restarted: all of its count is new. */
-    double d = t->preempt_last >= t->preempt_begin ? t->preempt_last - t->preempt_begin
-                                                   : t->preempt_last;
+    double d =
+        t->preempt_last >= t->preempt_begin ? t->preempt_last - t->preempt_begin : t->preempt_last;
     lv->preemptions += (uint64_t)llround(d);
   }
 }

@@ -57,7 +57,8 @@ void kvr_monitor_level_begin(kvr_monitor_t *m);
 void kvr_monitor_level_end(kvr_monitor_t *m, kvr_level_t *lv);
 
 /* Sums the samples of metric `name` in a Prometheus text page into *sum and their largest value
- * into *max. Returns the number of samples found (0: *sum and *max untouched). Exposed for tests. */
+ * into *max. Returns the number of samples found (0: *sum and *max untouched). Exposed for tests.
+ */
 size_t kvr_monitor_prom_value(const char *text, size_t len, const char *name, double *sum,
                               double *max);
 

@@ -213,7 +213,7 @@ static void explain(kvr_router_t *r, kvr_http_req_t *req) {
   send_json(req, 200, o);
 }
 
-/* ---- POST /admin/reset_prefix_cache ------------------------------------------------------------ */
+/* ---- POST /admin/reset_prefix_cache ----------------------------------------------------------- */
 
 #define RESET_TIMEOUT_MS 10000L
 #define RESET_MAX_BODY 512
