@@ -4,9 +4,15 @@
  * run itself is a kvr_loadgen_t on a private uv loop, filling a kvr_results_t that the report
  * writer turns into files.
  *
- * Flow: parse -> workload -> loadgen -> for each label: [PUT /admin/policy, cooldown] -> levels
- * (the list, or search: bracket up/down by doubling from a start rate, then bisect until the gap
- * between the last pass and the first fail is <= the resolution) -> report -> summary on stdout.
+ * Flow: parse -> workload -> loadgen + monitor -> for each label: [PUT /admin/policy, prefix-cache
+ * reset, cooldown] -> levels (the list, or search: bracket up/down by doubling from a start rate,
+ * then bisect until the gap between the last pass and the first fail is <= the resolution) ->
+ * report -> summary on stdout. Around each level the monitor (monitor.h) reads the workers'
+ * preemption counters and KV cache usage, so every level shows which limit it hit.
+ *
+ * Fair A/B: the labels replay identical prompts, so without a reset a later label would find the
+ * earlier label's prompts in the workers' prefix caches. --reset-cache (on by default with --ab)
+ * empties them (and the router's cache index) before each label.
  *
  * Invariants: a level's trace is seeded by (seed, load), so two labels at the same load send the
  * identical requests (a paired comparison); later labels start their search at the baseline's max
@@ -17,6 +23,7 @@
 
 #include "kvr.h"
 #include "loadgen.h"
+#include "monitor.h"
 #include "report.h"
 #include "stats.h"
 #include "workload.h"
@@ -53,6 +60,7 @@ typedef struct cfg_s {
   uint64_t seed;
   kvr_slo_t slo;
   double cooldown_s;
+  int reset_cache; /* -1: default (on with --ab), 0: off, 1: on */
   bool quiet;
 } cfg_t;
 
@@ -104,6 +112,11 @@ static void usage(FILE *f) {
       "  --ab LIST              policies, e.g. round_robin,kv_aware; needs --admin\n"
       "  --admin URL            router admin listener, e.g. http://127.0.0.1:8001\n"
       "  --labels LIST          run labels (default phase0,phase3 for two policies)\n"
+      "  --reset-cache          empty the prefix caches before each label: POST\n"
+      "                         ADMIN/admin/reset_prefix_cache (every worker and the router's\n"
+      "                         index), or URL/reset_prefix_cache without --admin (one worker;\n"
+      "                         vLLM needs VLLM_SERVER_DEV_MODE=1). Default on with --ab\n"
+      "  --no-reset-cache       keep the caches warm across labels\n"
       "Output:\n"
       "  --out DIR              results folder (default results/bench)\n"
       "  --title TEXT           report title\n"
@@ -170,7 +183,8 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
       snprintf(name, sizeof(name), "%s", arg + 2);
     }
     /* Flags without a value. */
-    static const char *const flags[] = {"help", "search", "sessions", "no-ignore-eos", "quiet"};
+    static const char *const flags[] = {"help",  "search",      "sessions",      "no-ignore-eos",
+                                        "quiet", "reset-cache", "no-reset-cache"};
     bool is_flag = false;
     for (size_t f = 0; f < KVR_ARRAY_SIZE(flags); f++)
       is_flag |= strcmp(name, flags[f]) == 0;
@@ -187,6 +201,10 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
         c->lg.sessions = true;
       else if (strcmp(name, "no-ignore-eos") == 0)
         c->lg.ignore_eos = false;
+      else if (strcmp(name, "reset-cache") == 0)
+        c->reset_cache = 1;
+      else if (strcmp(name, "no-reset-cache") == 0)
+        c->reset_cache = 0;
       else
         c->quiet = true;
       continue;
@@ -374,6 +392,7 @@ typedef struct bench_s {
   uv_loop_t loop;
   uv_signal_t sigint, sigterm;
   kvr_loadgen_t *lg;
+  kvr_monitor_t *mon;
   kvr_results_t *res;
 } bench_t;
 
@@ -403,18 +422,27 @@ static const kvr_level_t *run_one(bench_t *b, kvr_run_t *run, double load, bool 
     return NULL;
   bool conc = c->nconc > 0;
   kvr_level_t *lv = NULL;
+  kvr_monitor_level_begin(b->mon);
   if (kvr_loadgen_run_level(b->lg, run->label, conc ? 0 : load, conc ? (unsigned)load : 0,
-                            level_seed(c, load), &c->slo, &lv) != 0)
+                            level_seed(c, load), &c->slo, &lv) != 0) {
+    kvr_monitor_level_end(b->mon, NULL);
     return NULL;
+  }
+  kvr_monitor_level_end(b->mon, lv);
   kvr_stats_run_add(run, lv);
   if (!c->quiet) {
-    char names[64];
+    char names[64], engine[96];
     kvr_stats_fail_names(lv->fail_mask, names, sizeof(names));
+    if (lv->engine_workers)
+      snprintf(engine, sizeof(engine), "  preemptions %llu  KV peak %.0f%%",
+               (unsigned long long)lv->preemptions, 100.0 * lv->kv_usage_peak);
+    else
+      snprintf(engine, sizeof(engine), "  preemptions n/a");
     fprintf(stderr,
             "[%s] %s %g: %s  TTFT p99 %.0f ms  TPOT p99 %.1f ms  %zu ok %zu failed  "
-            "out %.0f tok/s  lag p99 %.3f ms\n",
+            "out %.0f tok/s  lag p99 %.3f ms%s\n",
             run->label, conc ? "users" : "rate", load, lv->pass ? "PASS" : "FAIL", lv->ttft.p99,
-            lv->tpot.p99, lv->completed, lv->failed, lv->output_throughput, lv->lag.p99);
+            lv->tpot.p99, lv->completed, lv->failed, lv->output_throughput, lv->lag.p99, engine);
     if (!lv->pass)
       fprintf(stderr, "[%s]   failing: %s\n", run->label, names);
   }
@@ -488,6 +516,7 @@ int kvr_bench_main(int argc, char **argv) {
   c.seed = 42;
   c.slo = (kvr_slo_t){1000, 60, 0};
   c.cooldown_s = 30;
+  c.reset_cache = -1;
   c.search_start = 1;
   c.search_max = 64;
   c.search_res = 0.05;
@@ -545,6 +574,17 @@ int kvr_bench_main(int argc, char **argv) {
     }
     c.lg.model = model;
   }
+  bool reset = c.reset_cache < 0 ? c.nab > 0 : c.reset_cache == 1;
+  b.mon = kvr_monitor_new(&b.loop, c.admin, c.lg.url, 200);
+  if (b.mon == NULL) {
+    fprintf(stderr, "kvrouter bench: cannot set up the metrics monitor for %s\n", c.lg.url);
+    kvr_loadgen_free(b.lg);
+    uv_loop_close(&b.loop);
+    kvr_workload_free(wl);
+    for (size_t i = 0; i < nowned; i++)
+      free(owned[i]);
+    return 1;
+  }
   uv_signal_init(&b.loop, &b.sigint);
   uv_signal_init(&b.loop, &b.sigterm);
   b.sigint.data = b.sigterm.data = &b;
@@ -579,6 +619,10 @@ int kvr_bench_main(int argc, char **argv) {
   res->time_scale = c.lg.time_scale;
   res->seed = c.seed;
   res->slo = c.slo;
+  if (reset)
+    res->cache_reset = c.admin ? "before each run: POST /admin/reset_prefix_cache (every worker's "
+                                 "prefix cache and the router's cache index)"
+                               : "before each run: POST /reset_prefix_cache on the endpoint";
 
   size_t nruns = c.nab ? c.nab : 1;
   bool first_level = true;
@@ -603,10 +647,17 @@ int kvr_bench_main(int argc, char **argv) {
       }
       if (!c.quiet)
         fprintf(stderr, "[%s] policy set to %s\n", label, policy);
-      if (r > 0) {
-        cooldown(&b);
-        first_level = true; /* the cooldown after the switch replaces the one before the level */
-      }
+    }
+    if (reset) {
+      /* Not fatal: a worker that cannot reset (vLLM without dev mode) is named in the report. */
+      int rrc = kvr_monitor_reset_cache(b.mon, run->cache_reset, sizeof(run->cache_reset));
+      if (!c.quiet)
+        fprintf(stderr, "[%s] prefix cache reset: %s%s\n", label, rrc ? "INCOMPLETE: " : "",
+                run->cache_reset);
+    }
+    if (policy && r > 0) {
+      cooldown(&b);
+      first_level = true; /* the cooldown after the switch replaces the one before the level */
     }
     if (c.search) {
       run->searched = true;
@@ -641,6 +692,7 @@ int kvr_bench_main(int argc, char **argv) {
 
   uv_close((uv_handle_t *)&b.sigint, NULL);
   uv_close((uv_handle_t *)&b.sigterm, NULL);
+  kvr_monitor_free(b.mon);
   kvr_loadgen_free(b.lg);
   uv_run(&b.loop, UV_RUN_DEFAULT);
   if (uv_loop_close(&b.loop) != 0)

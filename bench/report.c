@@ -125,6 +125,9 @@ static bool always(const kvr_level_t *lv) {
 static bool has_measured(const kvr_level_t *lv) {
   return lv->measured > 0;
 }
+static bool has_engine(const kvr_level_t *lv) {
+  return lv->engine_workers > 0;
+}
 
 #define GETTER(name, expr)                                                                         \
   static double name(const kvr_level_t *lv) {                                                     \
@@ -153,6 +156,8 @@ GETTER(g_failed, (double)lv->failed)
 GETTER(g_lag_p99, lv->lag.p99)
 GETTER(g_in_mean, lv->completed ? (double)lv->total_input / (double)lv->completed : 0)
 GETTER(g_out_mean, lv->completed ? (double)lv->total_output / (double)lv->completed : 0)
+GETTER(g_preempt, (double)lv->preemptions)
+GETTER(g_kv_peak, 100.0 * lv->kv_usage_peak)
 #undef GETTER
 
 static const metric_t per_load_metrics[] = {
@@ -162,6 +167,12 @@ static const metric_t per_load_metrics[] = {
     {"Request Throughput (req/s)", "%.2f", g_req_tps, has_data},
     {"Max Concurrent Requests", "%.0f", g_maxconc, has_measured},
     {"Cached Tokens (% of prompt tokens)", "%.0f%%", g_cached_pct, has_usage},
+};
+
+/* Which limit a level hit: shown when some level has the workers' engine counters. */
+static const metric_t engine_metrics[] = {
+    {"Preemptions (KV cache full)", "%.0f", g_preempt, has_engine},
+    {"KV Cache Usage Peak", "%.0f%%", g_kv_peak, has_engine},
 };
 
 static const metric_t detail_metrics[] = {
@@ -188,6 +199,8 @@ static const metric_t detail_metrics[] = {
     {"Send lag p99 (real ms)", "%.2f", g_lag_p99, has_measured},
     {"Completed", "%.0f", g_completed, always},
     {"Failed", "%.0f", g_failed, always},
+    {"Preemptions", "%.0f", g_preempt, has_engine},
+    {"KV cache usage peak", "%.0f%%", g_kv_peak, has_engine},
 };
 
 static void cell(kvr_buf_t *out, const metric_t *m, const kvr_level_t *lv) {
@@ -432,14 +445,26 @@ void kvr_report_markdown(const kvr_results_t *res, kvr_buf_t *out) {
   kvr_buf_printf(out, "# %s\n\n", res->title ? res->title : "kvrouter Benchmark Report");
   kvr_buf_printf(out, "**Generated:** %s\n\n", res->generated ? res->generated : "");
 
-  kvr_buf_puts(out, "## Configuration\n\n| # | Label | Policy | Description |\n"
-                    "|:-:|-------|--------|-------------|\n");
-  for (size_t r = 0; r < res->nruns; r++)
-    kvr_buf_printf(out, "| %zu | %s%s | %s | %s |\n", r, res->runs[r].label,
+  bool reset = res->cache_reset != NULL;
+  kvr_buf_printf(out, "## Configuration\n\n| # | Label | Policy | Description |%s\n"
+                      "|:-:|-------|--------|-------------|%s\n",
+                 reset ? " Prefix Cache Reset |" : "", reset ? "--------------------|" : "");
+  for (size_t r = 0; r < res->nruns; r++) {
+    kvr_buf_printf(out, "| %zu | %s%s | %s | %s |", r, res->runs[r].label,
                    r == 0 ? " (baseline)" : "",
                    res->runs[r].policy[0] ? res->runs[r].policy : DASH,
                    res->runs[r].description[0] ? res->runs[r].description : DASH);
+    if (reset)
+      kvr_buf_printf(out, " %s |", res->runs[r].cache_reset[0] ? res->runs[r].cache_reset : DASH);
+    kvr_buf_puts(out, "\n");
+  }
   kvr_buf_puts(out, "\n");
+  if (reset)
+    kvr_buf_printf(out, "Prefix caches were reset %s, so every run starts cold.\n\n",
+                   res->cache_reset);
+  else if (res->nruns > 1)
+    kvr_buf_puts(out, "Prefix caches were **not** reset between runs: later runs may find the "
+                      "earlier runs' identical prompts still cached.\n\n");
 
   kvr_buf_printf(out,
                  "## SLO Targets\n\n| Metric | Target |\n|--------|--------|\n"
@@ -457,6 +482,13 @@ void kvr_report_markdown(const kvr_results_t *res, kvr_buf_t *out) {
     static const metric_t achieved = {"Achieved Rate (req/s)", "%.2f", g_achieved, has_measured};
     metric_table(res, &achieved, loads, nloads, out);
   }
+  bool engine = false;
+  for (size_t r = 0; r < res->nruns; r++)
+    for (size_t i = 0; i < res->runs[r].nlevels; i++)
+      engine |= has_engine(res->runs[r].levels[i]);
+  if (engine)
+    for (size_t m = 0; m < KVR_ARRAY_SIZE(engine_metrics); m++)
+      metric_table(res, &engine_metrics[m], loads, nloads, out);
 
   /* SLO compliance matrix. */
   kvr_buf_printf(out,
@@ -539,7 +571,14 @@ void kvr_report_markdown(const kvr_results_t *res, kvr_buf_t *out) {
                      "## Detailed Comparison at Baseline's Lowest %s (%s %s; no load passed)\n\n",
                      load_header(res), a, unit);
     table_header(res, out, "Metric", false);
+    bool engine_at = false;
+    for (size_t r = 0; r < res->nruns; r++) {
+      const kvr_level_t *lv = find_load(&res->runs[r], dl);
+      engine_at |= lv && has_engine(lv);
+    }
     for (size_t m = 0; m < KVR_ARRAY_SIZE(detail_metrics); m++) {
+      if (detail_metrics[m].valid == has_engine && !engine_at)
+        continue; /* no worker /metrics were read (e.g. a router without --admin) */
       kvr_buf_printf(out, "| %s |", detail_metrics[m].title);
       for (size_t r = 0; r < res->nruns; r++)
         cell(out, &detail_metrics[m], find_load(&res->runs[r], dl));
@@ -645,6 +684,8 @@ void kvr_report_markdown(const kvr_results_t *res, kvr_buf_t *out) {
   kvr_buf_printf(out, "| Warm-up | first %u requests of each level, excluded from metrics |\n",
                  res->warmup);
   kvr_buf_printf(out, "| Cooldown Between Levels | %.0fs |\n", res->cooldown_s);
+  kvr_buf_printf(out, "| Prefix Cache Reset | %s |\n",
+                 res->cache_reset ? res->cache_reset : "none");
   kvr_buf_printf(out,
                  "| Time Scale | %g (durations are reported in simulated time; send lag in real "
                  "time) |\n",
@@ -747,6 +788,19 @@ void kvr_report_level_json(const kvr_results_t *res, const kvr_run_t *run, const
   cJSON_AddNumberToObject(k, "total_cached_tokens", (double)lv->total_cached);
   cJSON_AddNumberToObject(k, "requests_with_usage", (double)lv->usage_requests);
   cJSON_AddBoolToObject(k, "interrupted", lv->interrupted);
+  /* Which limit the level hit, from the workers' /metrics (null when none could be read). */
+  if (lv->engine_workers) {
+    cJSON_AddNumberToObject(k, "preemptions", (double)lv->preemptions);
+    cJSON_AddNumberToObject(k, "kv_cache_usage_peak", lv->kv_usage_peak);
+  } else {
+    cJSON_AddNullToObject(k, "preemptions");
+    cJSON_AddNullToObject(k, "kv_cache_usage_peak");
+  }
+  cJSON_AddNumberToObject(k, "engine_metrics_workers", (double)lv->engine_workers);
+  if (run->cache_reset[0])
+    cJSON_AddStringToObject(k, "prefix_cache_reset", run->cache_reset);
+  else
+    cJSON_AddNullToObject(k, "prefix_cache_reset");
   cJSON *ws = cJSON_AddObjectToObject(k, "worker_share");
   for (size_t w = 0; w < lv->nworkers; w++)
     cJSON_AddNumberToObject(ws, lv->workers[w].name[0] ? lv->workers[w].name : "(none)",

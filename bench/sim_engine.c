@@ -295,6 +295,26 @@ void kvr_sim_engine_stats(const kvr_sim_engine_t *eng, kvr_sim_stats_t *out) {
   out->blocks_cached = eng->nfree_hashed;
 }
 
+uint32_t kvr_sim_engine_reset_prefix_cache(kvr_sim_engine_t *eng, uint32_t *kept) {
+  uint32_t dropped = 0, held = 0;
+  for (uint32_t id = 0; id < eng->cfg.num_gpu_blocks; id++) {
+    block_t *b = &eng->blocks[id];
+    if (!b->hashed)
+      continue;
+    if (b->ref > 0) {
+      held++;
+      continue;
+    }
+    hash_remove(eng, (int32_t)id);
+    dropped++;
+  }
+  /* Every free block had ref 0, so none of them is hashed any more. */
+  eng->nfree_hashed = 0;
+  if (kept)
+    *kept = held;
+  return dropped;
+}
+
 /* ---- queues ---- */
 
 static void wait_push(kvr_sim_engine_t *eng, kvr_sim_req_t *req, bool front) {

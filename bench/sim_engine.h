@@ -157,6 +157,16 @@ int kvr_sim_engine_step(kvr_sim_engine_t *eng, kvr_sim_step_t *out);
 void kvr_sim_engine_stats(const kvr_sim_engine_t *eng, kvr_sim_stats_t *out);
 const kvr_sim_config_t *kvr_sim_engine_config(const kvr_sim_engine_t *eng);
 
+/* Resets the prefix cache, as vLLM's POST /reset_prefix_cache: every cached block no request holds
+ * (a free block still carrying its hash) loses its hash, so a later identical prompt misses.
+ * Blocks held by running requests keep theirs; vLLM's own block pool refuses the whole reset
+ * while any block is in use (answering 409 or, in older versions, 200 without resetting); the sim
+ * resets what it can, so a bench never sees a silent no-op. Free blocks keep their
+ * place in the eviction order; cumulative counters (prefix queries and hits, preemptions) are
+ * not touched. Writes into *kept (when not NULL) how many hashed blocks in use kept their hash.
+ * Returns the number of hashes dropped. Call between steps (the sim server's loop always is). */
+uint32_t kvr_sim_engine_reset_prefix_cache(kvr_sim_engine_t *eng, uint32_t *kept);
+
 /* Test hooks: whether the block holding the given chained hash is cached, and the block id the next
  * allocation would take (the eviction candidate), or -1 when none is free. */
 bool kvr_sim_engine_has_hash(const kvr_sim_engine_t *eng, uint64_t hash);

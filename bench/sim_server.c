@@ -996,6 +996,24 @@ static void handle_fault(kvr_sim_server_t *srv, kvr_http_req_t *req) {
   kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
 }
 
+/* POST /reset_prefix_cache, vLLM's dev-mode endpoint: 200 with an empty body. Free cached blocks
+ * lose their hash at once (the engine is never mid-step here: steps run inside the timer
+ * callback); blocks of requests still running keep theirs. vLLM's reset_running_requests=true
+ * (preempt everything first) is not modelled and answered 501 rather than silently ignored. */
+static void handle_reset_prefix_cache(kvr_sim_server_t *srv, kvr_http_req_t *req) {
+  if (strstr(req->query, "reset_running_requests=true") ||
+      strstr(req->query, "reset_running_requests=1")) {
+    static const char body[] =
+        "{\"detail\":\"reset_running_requests is not modelled by kvrouter sim\"}";
+    kvr_http_respond(req, 501, "application/json", NULL, body, sizeof(body) - 1);
+    return;
+  }
+  uint32_t kept = 0;
+  uint32_t dropped = kvr_sim_engine_reset_prefix_cache(srv->eng, &kept);
+  KVR_INFO("sim", "prefix cache reset: %u cached blocks dropped, %u in use kept", dropped, kept);
+  kvr_http_respond(req, 200, NULL, NULL, "", 0);
+}
+
 static void not_found(kvr_http_req_t *req) {
   static const char body[] = "{\"detail\":\"Not Found\"}";
   kvr_http_respond(req, 404, "application/json", NULL, body, sizeof(body) - 1);
@@ -1038,6 +1056,11 @@ static void on_request(kvr_http_req_t *req, void *data) {
       handle_metrics(srv, req);
     else
       method_not_allowed(req, "GET");
+  } else if (strcmp(path, "/reset_prefix_cache") == 0) {
+    if (post)
+      handle_reset_prefix_cache(srv, req);
+    else
+      method_not_allowed(req, "POST");
   } else if (strcmp(path, "/sim/fault") == 0) {
     if (get || post)
       handle_fault(srv, req);

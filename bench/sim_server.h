@@ -5,7 +5,8 @@
  * streams, run the next step. An idle engine has no timer armed.
  *
  * Endpoints (as vLLM's OpenAI server): POST /v1/chat/completions, POST /v1/completions,
- * GET /v1/models, GET /health, GET /metrics; and the admin path GET/POST /sim/fault.
+ * GET /v1/models, GET /health, GET /metrics, POST /reset_prefix_cache (vLLM's dev-mode endpoint:
+ * cached blocks no running request holds lose their hash); and the admin path GET/POST /sim/fault.
  */
 #ifndef KVR_SIM_SERVER_H
 #define KVR_SIM_SERVER_H

@@ -99,6 +99,12 @@ typedef struct kvr_level_s {
   bool pass;
   unsigned fail_mask;
 
+  /* Engine figures scraped from the workers' /metrics around the level (bench/monitor.c): which
+   * limit a level hit (KV cache: preemptions, usage near 1; compute: neither). */
+  size_t engine_workers;   /* workers whose /metrics was read before and after; 0 = unknown */
+  uint64_t preemptions;    /* increase of vllm:num_preemptions_total over the level, all workers */
+  double kv_usage_peak;    /* highest vllm:kv_cache_usage_perc (0-1) seen on any worker */
+
   kvr_req_rec_t *recs;     /* owned, in completion order */
   size_t nrecs, caprecs;
   double *itls;            /* owned ITL samples until finish (then freed); reservoir when full */
@@ -139,6 +145,7 @@ typedef struct kvr_run_s {
   kvr_level_t **levels;    /* owned, in the order they ran */
   size_t nlevels;
   bool searched;           /* levels came from the max-SLO-rate search */
+  char cache_reset[192];   /* outcome of the prefix-cache reset before this run, "" if none */
 } kvr_run_t;
 
 /* Appends a level (ownership moves to run). */
@@ -168,6 +175,7 @@ typedef struct kvr_results_s {
   double time_scale;
   uint64_t seed;
   kvr_slo_t slo;
+  const char *cache_reset; /* how prefix caches were reset before each run (static text), or NULL */
   kvr_run_t *runs;         /* owned; runs[0] is the baseline */
   size_t nruns;
 } kvr_results_t;

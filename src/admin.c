@@ -1,8 +1,17 @@
 /* admin.c -- the admin API handlers (see admin.h for the routes).
  *
- * Every handler answers synchronously from the router's state: nothing here waits on a worker, so
- * the admin listener stays responsive while the public one is saturated. Policy switches replace the
- * router's policy object whole (router.c); requests already routed keep their worker.
+ * Every handler but one answers synchronously from the router's state, so the admin listener stays
+ * responsive while the public one is saturated. Policy switches replace the router's policy object
+ * whole (router.c); requests already routed keep their worker.
+ *
+ * The exception is POST /admin/reset_prefix_cache, a fan-out: a reset_op_t holds the admin request
+ * and one reset_call_t per worker, each a libcurl POST WORKER/reset_prefix_cache on the router's
+ * curl multi (as scrape.c's probes). Each answer is recorded as it arrives; a worker that answered
+ * 2xx also has its entries in the cache index forgotten, so the index keeps modelling what the
+ * workers hold. When the last call is done the summary is sent and the op freed. Calls hold worker
+ * ids, not pointers, because a worker may be removed while its call is in flight. The op lives at
+ * most the calls' timeout; the admin listener's shutdown waits for it (it holds the request), and
+ * the router closes only after that, so the curl multi outlives every call.
  */
 #include "admin.h"
 
@@ -204,6 +213,142 @@ static void explain(kvr_router_t *r, kvr_http_req_t *req) {
   send_json(req, 200, o);
 }
 
+/* ---- POST /admin/reset_prefix_cache ----------------------------------------------------------- */
+
+#define RESET_TIMEOUT_MS 10000L
+#define RESET_MAX_BODY 512
+
+typedef struct reset_op_s reset_op_t;
+
+typedef struct reset_call_s {
+  reset_op_t *op;
+  CURL *easy;
+  uint32_t worker_id;
+  char url[600];
+  kvr_worker_state_t state; /* when the reset started */
+  kvr_buf_t body;           /* the worker's answer, first RESET_MAX_BODY bytes */
+  long status;              /* HTTP status, 0 when none arrived */
+  CURLcode result;
+  uint64_t forgotten; /* index entries forgotten after a 2xx */
+  bool forgot;        /* the worker still existed when its 2xx arrived */
+} reset_call_t;
+
+struct reset_op_s {
+  kvr_router_t *r;
+  kvr_http_req_t *req;
+  reset_call_t calls[KVR_MAX_WORKERS];
+  size_t ncalls, pending;
+};
+
+static size_t on_reset_body(char *data, size_t size, size_t n, void *ud) {
+  reset_call_t *c = ud;
+  size_t len = size * n;
+  if (c->body.len < RESET_MAX_BODY)
+    kvr_buf_append(&c->body, data, KVR_MIN(len, RESET_MAX_BODY - c->body.len));
+  return len;
+}
+
+static void reset_reply(reset_op_t *op) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON *arr = cJSON_AddArrayToObject(o, "workers");
+  size_t ok = 0;
+  for (size_t i = 0; i < op->ncalls; i++) {
+    reset_call_t *c = &op->calls[i];
+    bool good = c->result == CURLE_OK && c->status >= 200 && c->status <= 299;
+    ok += good;
+    cJSON *x = cJSON_CreateObject();
+    cJSON_AddNumberToObject(x, "id", c->worker_id);
+    cJSON_AddStringToObject(x, "url", c->url);
+    cJSON_AddStringToObject(x, "state", kvr_worker_state_name(c->state));
+    cJSON_AddBoolToObject(x, "ok", good);
+    if (c->status > 0)
+      cJSON_AddNumberToObject(x, "status", (double)c->status);
+    else
+      cJSON_AddNullToObject(x, "status");
+    if (good) {
+      cJSON_AddNullToObject(x, "error");
+    } else {
+      kvr_buf_t e = KVR_BUF_INIT;
+      if (c->result != CURLE_OK)
+        kvr_buf_puts(&e, curl_easy_strerror(c->result));
+      else
+        kvr_buf_printf(&e, "HTTP %ld: %.*s", c->status, (int)c->body.len,
+                       c->body.data ? c->body.data : "");
+      cJSON_AddStringToObject(x, "error", e.data ? e.data : "");
+      kvr_buf_free(&e);
+    }
+    cJSON_AddNumberToObject(x, "index_blocks_forgotten", (double)c->forgotten);
+    cJSON_AddItemToArray(arr, x);
+    curl_easy_cleanup(c->easy);
+    kvr_buf_free(&c->body);
+  }
+  cJSON_AddNumberToObject(o, "reset", (double)ok);
+  cJSON_AddNumberToObject(o, "failed", (double)(op->ncalls - ok));
+  KVR_INFO("admin", "prefix cache reset: %zu of %zu workers reset", ok, op->ncalls);
+  send_json(op->req, 200, o);
+  free(op);
+}
+
+static void on_reset_done(CURL *easy, CURLcode result, void *data) {
+  reset_call_t *c = data;
+  reset_op_t *op = c->op;
+  c->result = result;
+  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &c->status);
+  if (result == CURLE_OK && c->status >= 200 && c->status <= 299) {
+    kvr_worker_t *w = kvr_router_worker_by_id(op->r, c->worker_id);
+    if (w != NULL) {
+      c->forgotten = kvr_cache_index_entries(op->r->index, (size_t)w->slot);
+      kvr_cache_index_forget_worker(op->r->index, (size_t)w->slot);
+    }
+  }
+  if (--op->pending == 0)
+    reset_reply(op);
+}
+
+static void reset_prefix_cache(kvr_router_t *r, kvr_http_req_t *req) {
+  reset_op_t *op = calloc(1, sizeof *op);
+  if (op == NULL) {
+    kvr_http_error(req, 500, NULL, "internal", "%s", "out of memory");
+    return;
+  }
+  op->r = r;
+  op->req = req;
+  for (size_t i = 0; i < r->nslots; i++) {
+    kvr_worker_t *w = r->slots[i];
+    if (w == NULL)
+      continue;
+    reset_call_t *c = &op->calls[op->ncalls++];
+    c->op = op;
+    c->worker_id = w->id;
+    c->state = w->state;
+    snprintf(c->url, sizeof c->url, "%s", w->url);
+    c->easy = curl_easy_init();
+    if (c->easy == NULL) {
+      c->result = CURLE_FAILED_INIT;
+      continue;
+    }
+    char url[640];
+    snprintf(url, sizeof url, "%s/reset_prefix_cache", w->url);
+    curl_easy_setopt(c->easy, CURLOPT_URL, url);
+    curl_easy_setopt(c->easy, CURLOPT_POST, 1L);
+    curl_easy_setopt(c->easy, CURLOPT_POSTFIELDS, "");
+    curl_easy_setopt(c->easy, CURLOPT_POSTFIELDSIZE, 0L);
+    curl_easy_setopt(c->easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c->easy, CURLOPT_TIMEOUT_MS, RESET_TIMEOUT_MS);
+    curl_easy_setopt(c->easy, CURLOPT_CONNECTTIMEOUT_MS, (long)r->cfg->connect_timeout_ms);
+    curl_easy_setopt(c->easy, CURLOPT_WRITEFUNCTION, on_reset_body);
+    curl_easy_setopt(c->easy, CURLOPT_WRITEDATA, c);
+    op->pending++;
+    if (kvr_curlm_add(r->curlm, c->easy, on_reset_done, c) != 0) {
+      op->pending--;
+      c->result = CURLE_FAILED_INIT;
+    }
+  }
+  /* kvr_curlm_add never completes a transfer synchronously, so no call has finished yet. */
+  if (op->pending == 0)
+    reset_reply(op);
+}
+
 void kvr_admin_on_request(kvr_http_req_t *req, void *data) {
   kvr_router_t *r = data;
   const char *path = req->path;
@@ -231,9 +376,12 @@ void kvr_admin_on_request(kvr_http_req_t *req, void *data) {
     policy_put(r, req);
   } else if (strcmp(path, "/admin/route/explain") == 0 && m == HTTP_POST) {
     explain(r, req);
+  } else if (strcmp(path, "/admin/reset_prefix_cache") == 0 && m == HTTP_POST) {
+    reset_prefix_cache(r, req);
   } else if (strcmp(path, "/metrics") == 0 || strcmp(path, "/health") == 0 ||
              strcmp(path, "/admin/workers") == 0 || strncmp(path, "/admin/workers/", 15) == 0 ||
-             strcmp(path, "/admin/policy") == 0 || strcmp(path, "/admin/route/explain") == 0) {
+             strcmp(path, "/admin/policy") == 0 || strcmp(path, "/admin/route/explain") == 0 ||
+             strcmp(path, "/admin/reset_prefix_cache") == 0) {
     kvr_http_error(req, 405, NULL, "method_not_allowed", "%s is not allowed on %s",
                    req->method_str, path);
   } else {

@@ -2,7 +2,8 @@
 """Integration tests of the admin API of `kvrouter serve` (src/admin.c), through real processes.
 
 Covers GET/POST /admin/workers, DELETE /admin/workers/{id} (drain: in-flight requests finish),
-GET/PUT /admin/policy, POST /admin/route/explain, GET /health and GET /metrics, whose text is checked
+GET/PUT /admin/policy, POST /admin/route/explain, POST /admin/reset_prefix_cache (fan-out to real
+sims), GET /health and GET /metrics, whose text is checked
 by a strict parser of the Prometheus text exposition format (version 0.0.4) written here.
 
 Run:  python3 tests/integration/test_admin.py --kvrouter build/kvrouter [-k substring] [-v]
@@ -416,6 +417,73 @@ def test_route_explain_shows_cache_match():
         assert e2.status == 200 and e2.json()["choice"] is not None, e2.body[:300]
         assert_openai_error(admin(r, "POST", "/admin/route/explain", b"{x"), 400)
         assert_openai_error(admin(r, "POST", "/admin/route/explain", {"model": MODEL}), 400)
+
+
+def _closed_port():
+    """A loopback port nothing listens on (bound, then closed)."""
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@test(timeout=30)
+def test_reset_prefix_cache_fans_out_and_clears_index():
+    with Cleanup() as c:
+        a = c.add(Sim("--time-scale", "10", fixed=None))
+        b = c.add(Sim("--time-scale", "10", fixed=None))
+        r = c.add(Router([a, b], *FAST, "--policy", "kv_aware"))
+        doc = " ".join("line %d of a document the workers cache between requests." % i
+                       for i in range(60))
+        body = chat_body(doc, max_tokens=4)
+
+        def send():
+            x = request(r.port, "POST", "/v1/chat/completions", body)
+            assert x.status == 200, (x.status, x.body[:300])
+            return int(x.header("x-kvrouter-worker")), \
+                x.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+        wid, cached = send()
+        assert cached == 0, cached
+        wid2, cached = send()
+        assert wid2 == wid and cached > 0, (wid, wid2, cached)
+        by_id = {w["id"]: w for w in r.workers()}
+        assert by_id[wid]["index_blocks"] > 10, by_id
+
+        resp = admin(r, "POST", "/admin/reset_prefix_cache")
+        assert resp.status == 200, (resp.status, resp.body[:300])
+        j = resp.json()
+        assert j["reset"] == 2 and j["failed"] == 0, j
+        got = {w["id"]: w for w in j["workers"]}
+        assert set(got) == set(by_id), j
+        for w in got.values():
+            assert w["ok"] is True and w["status"] == 200 and w["error"] is None, w
+            assert w["state"] == "up" and w["url"] in (a.url, b.url), w
+        assert got[wid]["index_blocks_forgotten"] == by_id[wid]["index_blocks"], (got, by_id)
+        assert all(w["index_blocks"] == 0 for w in r.workers()), r.workers()
+        # The router's index and the worker's cache both forgot the prompt.
+        e = admin(r, "POST", "/admin/route/explain", body).json()
+        assert all(w["matched_blocks"] == 0 for w in e["workers"]), e["workers"]
+        _, cached = send()
+        assert cached == 0, cached
+        # Prometheus counters are cumulative: the workers' hit counters did not go back.
+        hits = sum(h.prom_value(s.metrics(), "vllm:prefix_cache_hits_total") for s in (a, b))
+        assert hits > 0, hits
+
+        # A worker that cannot reset (here: nothing listens) is reported, not fatal.
+        dead = "http://127.0.0.1:%d" % _closed_port()
+        add = admin(r, "POST", "/admin/workers", {"url": dead})
+        assert add.status == 201, add.body[:300]
+        resp = admin(r, "POST", "/admin/reset_prefix_cache")
+        assert resp.status == 200, (resp.status, resp.body[:300])
+        j = resp.json()
+        assert j["reset"] == 2 and j["failed"] == 1, j
+        bad = [w for w in j["workers"] if w["url"] == dead]
+        assert len(bad) == 1 and bad[0]["ok"] is False and bad[0]["status"] is None, bad
+        assert "connect" in bad[0]["error"].lower(), bad
+        assert_openai_error(admin(r, "GET", "/admin/reset_prefix_cache"), 405)
 
 
 @test(timeout=20)

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """API tests of `kvrouter sim` over loopback: vLLM's SSE shape byte for byte, usage and cached
-tokens across turns, /metrics as valid Prometheus text with vLLM's names, vLLM-style errors, aborts
-on client disconnect, every fault mode, fixed-latency mode, CLI errors and clean shutdown, and the
-time-scale check (the same small open-loop run at scale 1 and scale 10 gives the same latency
-distribution within 10% once scaled back).
+tokens across turns, POST /reset_prefix_cache, /metrics as valid Prometheus text with vLLM's names,
+vLLM-style errors, aborts on client disconnect, every fault mode, fixed-latency mode, CLI errors and
+clean shutdown, and the time-scale check (the same small open-loop run at scale 1 and scale 10 gives
+the same latency distribution within 10% once scaled back).
 
     python3 test_sim_api.py --kvrouter build/kvrouter [--only NAME] [--verbose]
 """
@@ -159,6 +159,42 @@ def followup_hits_previous_turn(sim):
     check(t3["usage"]["prompt_tokens_details"]["cached_tokens"] == (p - 1) // 16 * 16, t3["usage"])
     check(t3["choices"][0]["message"]["content"] == t2["choices"][0]["message"]["content"],
           "a repeated request must produce the same answer")
+
+
+@test
+def reset_prefix_cache(sim):
+    def cached(msgs):
+        status, r = sim.post_json("/v1/chat/completions", {"messages": msgs, "max_tokens": 2})
+        check(status == 200, r)
+        return r["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    msgs = [{"role": "user", "content": "Reset me, then ask again. " * 40}]
+    cached(msgs)
+    check(cached(msgs) > 0, "the repeated prompt hits before the reset")
+    hits = sim.metric("vllm:prefix_cache_hits_total")
+    queries = sim.metric("vllm:prefix_cache_queries_total")
+    # vLLM's path and answer: POST, 200, empty body
+    status, _, body = sim.request("POST", "/reset_prefix_cache")
+    check(status == 200 and body == b"", (status, body))
+    check(cached(msgs) == 0, "the same prompt misses after the reset")
+    check(cached(msgs) > 0, "and is cached again afterwards")
+    # cumulative counters are not reset (Prometheus counters only go up)
+    check(sim.metric("vllm:prefix_cache_hits_total") > hits, "hits counter kept")
+    check(sim.metric("vllm:prefix_cache_queries_total") > queries, "queries counter kept")
+    # a running request's blocks keep their hashes: the same prompt still hits while it runs
+    s, _ = open_stream(sim, 30000, 2)
+    try:
+        status, _, body = sim.request("POST", "/reset_prefix_cache")
+        check(status == 200, status)
+        check(cached([{"role": "user", "content": "long " * 100}]) > 0,
+              "blocks of a running request survive the reset")
+    finally:
+        s.close()
+    wait_for(lambda: sim.metric("vllm:num_requests_running") == 0, what="abort")
+    status, _, _ = sim.request("GET", "/reset_prefix_cache")
+    check(status == 405, status)
+    status, _, body = sim.request("POST", "/reset_prefix_cache?reset_running_requests=true")
+    check(status == 501 and b"reset_running_requests" in body, (status, body))
 
 
 @test
@@ -447,6 +483,38 @@ def cli_errors_and_shutdown(_):
     s, _ = open_stream(sim, 100000, 1)  # a stream in flight does not block shutdown
     check(sim.stop() == 0, "exit status %r" % sim.popen.returncode)
     s.close()
+
+
+@separate
+def bench_reset_cache_and_preemptions(_):
+    """`kvrouter bench --reset-cache` against one worker resets it through URL/reset_prefix_cache
+    and the level JSON carries the worker's preemption count over the level and its KV peak."""
+    import glob
+    import tempfile
+    with tempfile.TemporaryDirectory() as out, \
+            start_sim(KVROUTER, "--time-scale", "4", "--num-gpu-blocks", "1500") as sim:
+        argv = [KVROUTER, "bench", "--url", sim.url, "--reset-cache", "--rates", "6",
+                "--num-prompts", "16", "--time-scale", "4", "--output-mean", "60",
+                "--output-min", "20", "--output-max", "120", "--cooldown-s", "0", "--out", out]
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=60)
+        check(p.returncode == 0, p.stderr[-2000:])
+        want = "prefix cache reset: worker reset (POST %s/reset_prefix_cache: HTTP 200)" % sim.url
+        check(want in p.stderr, p.stderr[-2000:])
+        files = glob.glob(os.path.join(out, "results", "*.json"))
+        check(len(files) == 1, files)
+        with open(files[0]) as f:
+            k = json.load(f)["kvrouter"]
+        check(k["prefix_cache_reset"].startswith("worker reset"), k["prefix_cache_reset"])
+        check(k["engine_metrics_workers"] == 1, k)
+        # the sim was fresh: every preemption it counted happened during the one level
+        check(k["preemptions"] == sim.metric("vllm:num_preemptions_total"),
+              (k["preemptions"], sim.metric("vllm:num_preemptions_total")))
+        check(0 < k["kv_cache_usage_peak"] <= 1, k)
+        with open(os.path.join(out, "report.md")) as f:
+            md = f.read()
+        check("| Prefix Cache Reset | before each run: POST /reset_prefix_cache" in md, md[:3000])
+        check("Preemptions (KV cache full)" in md, "preemptions table")
 
 
 def run_open_loop(sim, scale, n=12, gap_ms=400.0, out=30):

@@ -256,11 +256,78 @@ static void test_write_files(void **state) {
   kvr_stats_results_free(res);
 }
 
+/* Engine figures (preemptions, KV peak) and the prefix-cache reset outcome in the Markdown and the
+ * level JSON; levels without engine figures show n/a / null, and without any the tables are left
+ * out. */
+static void test_engine_figures_and_reset(void **state) {
+  (void)state;
+  kvr_results_t *res = sample();
+  kvr_buf_t md = KVR_BUF_INIT;
+  kvr_report_markdown(res, &md);
+  assert_null(strstr(md.data, "Preemptions"));
+  assert_non_null(strstr(md.data, "Prefix caches were **not** reset between runs"));
+  assert_non_null(strstr(md.data, "| Prefix Cache Reset | none |"));
+  kvr_buf_reset(&md);
+
+  res->cache_reset = "before each run: POST /admin/reset_prefix_cache";
+  snprintf(res->runs[0].cache_reset, sizeof(res->runs[0].cache_reset), "2/2 workers reset");
+  snprintf(res->runs[1].cache_reset, sizeof(res->runs[1].cache_reset),
+           "1/2 workers reset; worker 1: HTTP 404");
+  kvr_level_t *a2 = res->runs[0].levels[1], *a3 = res->runs[0].levels[2];
+  kvr_level_t *b2 = res->runs[1].levels[0];
+  a2->engine_workers = 2, a2->preemptions = 0, a2->kv_usage_peak = 0.5;
+  a3->engine_workers = 2, a3->preemptions = 17, a3->kv_usage_peak = 0.99;
+  b2->engine_workers = 2, b2->preemptions = 0, b2->kv_usage_peak = 0.4;
+  kvr_report_markdown(res, &md);
+  const char *m = md.data;
+  const char *conf = section(m, "## Configuration");
+  assert_non_null(strstr(conf, "| # | Label | Policy | Description | Prefix Cache Reset |"));
+  assert_non_null(strstr(conf, "| 0 | phase0 (baseline) | round_robin | round robin | 2/2 workers "
+                               "reset |"));
+  assert_non_null(strstr(conf, "| kv aware | 1/2 workers reset; worker 1: HTTP 404 |"));
+  assert_non_null(strstr(conf, "Prefix caches were reset before each run: POST "
+                               "/admin/reset_prefix_cache, so every run starts cold."));
+  const char *pre = section(m, "## Results \xe2\x80\x94 Preemptions (KV cache full)");
+  assert_non_null(strstr(pre, "| 1.00 | n/a | \xe2\x80\x94 |"));
+  assert_non_null(strstr(pre, "| 2.00 | 0 | 0 |"));
+  assert_non_null(strstr(pre, "| 3.00 | 17 | n/a |"));
+  const char *kv = section(m, "## Results \xe2\x80\x94 KV Cache Usage Peak");
+  assert_non_null(strstr(kv, "| 3.00 | 99% | n/a |"));
+  const char *det = section(m, "## Detailed Comparison at Baseline Max Rate (2.00 RPS)");
+  assert_non_null(strstr(det, "| Preemptions | 0 | 0 |"));
+  assert_non_null(strstr(det, "| KV cache usage peak | 50% | 40% |"));
+  assert_non_null(strstr(m, "| Prefix Cache Reset | before each run: POST "
+                            "/admin/reset_prefix_cache |"));
+
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_report_level_json(res, &res->runs[0], a3, &b);
+  cJSON *j = cJSON_Parse(b.data);
+  cJSON *k = cJSON_GetObjectItem(j, "kvrouter");
+  assert_int_equal(cJSON_GetObjectItem(k, "preemptions")->valueint, 17);
+  assert_true(cJSON_GetObjectItem(k, "kv_cache_usage_peak")->valuedouble == 0.99);
+  assert_int_equal(cJSON_GetObjectItem(k, "engine_metrics_workers")->valueint, 2);
+  assert_string_equal(cJSON_GetObjectItem(k, "prefix_cache_reset")->valuestring,
+                      "2/2 workers reset");
+  cJSON_Delete(j);
+  kvr_buf_reset(&b);
+  kvr_report_level_json(res, &res->runs[1], res->runs[1].levels[1], &b);
+  j = cJSON_Parse(b.data);
+  k = cJSON_GetObjectItem(j, "kvrouter");
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(k, "preemptions")));
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(k, "kv_cache_usage_peak")));
+  assert_int_equal(cJSON_GetObjectItem(k, "engine_metrics_workers")->valueint, 0);
+  cJSON_Delete(j);
+  kvr_buf_free(&b);
+  kvr_buf_free(&md);
+  res->cache_reset = NULL;
+  kvr_stats_results_free(res);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_markdown_structure), cmocka_unit_test(test_no_improvement),
       cmocka_unit_test(test_html_charts),        cmocka_unit_test(test_level_json_and_jsonl),
-      cmocka_unit_test(test_write_files),
+      cmocka_unit_test(test_write_files),        cmocka_unit_test(test_engine_figures_and_reset),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

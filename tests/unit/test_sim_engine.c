@@ -286,6 +286,67 @@ static void test_max_num_seqs_and_abort(void **state) {
   free(p3);
 }
 
+/* reset_prefix_cache: an idle cached prompt misses afterwards, a running request's blocks keep
+ * their hashes (a later prompt sharing its prefix still hits), cumulative counters are untouched. */
+static void test_reset_prefix_cache(void **state) {
+  kvr_sim_engine_t *eng = small_engine(64, 8192, 16);
+  uint32_t *p = prompt_seq(1000, 64);
+  uint32_t *q = prompt_seq(5000, 48);
+  kvr_sim_req_t *a = kvr_sim_engine_add(eng, p, 64, 3, KVR_SIM_FINISH_LENGTH, 1, NULL);
+  run_until_done(eng, a);
+  uint64_t h0 = kvr_sim_block_hash(0, p, 16);
+  assert_true(kvr_sim_engine_has_hash(eng, h0));
+
+  /* r runs (prefilled, decoding) while the reset happens */
+  kvr_sim_req_t *r = kvr_sim_engine_add(eng, q, 48, 100, KVR_SIM_FINISH_LENGTH, 2, NULL);
+  kvr_sim_step_t st;
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(r->state, KVR_SIM_RUNNING);
+  kvr_sim_stats_t before, after;
+  kvr_sim_engine_stats(eng, &before);
+  assert_int_equal(before.blocks_cached, 4); /* a's 4 full blocks, free and hashed */
+
+  uint32_t kept = 99;
+  assert_int_equal(kvr_sim_engine_reset_prefix_cache(eng, &kept), 4);
+  assert_int_equal(kept, 3); /* r's 3 full prompt blocks */
+  kvr_sim_engine_stats(eng, &after);
+  assert_int_equal(after.blocks_cached, 0);
+  assert_int_equal(after.blocks_used, before.blocks_used);
+  assert_int_equal(after.prefix_queries, before.prefix_queries);
+  assert_int_equal(after.prefix_hits, before.prefix_hits);
+  assert_int_equal(after.preemptions, before.preemptions);
+  assert_false(kvr_sim_engine_has_hash(eng, h0));
+  assert_true(kvr_sim_engine_has_hash(eng, kvr_sim_block_hash(0, q, 16)));
+
+  /* the same prompt as a is now a miss */
+  kvr_sim_req_t *b = kvr_sim_engine_add(eng, p, 64, 1, KVR_SIM_FINISH_STOP, 1, NULL);
+  /* r's prompt still hits its 2 blocks the lookup may take (the last token is never a hit) */
+  kvr_sim_req_t *c = kvr_sim_engine_add(eng, q, 48, 1, KVR_SIM_FINISH_STOP, 3, NULL);
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(b->num_cached, 0);
+  assert_int_equal(c->num_cached, 32);
+  kvr_sim_engine_stats(eng, &after);
+  assert_int_equal(after.prefix_hits, before.prefix_hits + 32);
+  assert_int_equal(after.prefix_queries, before.prefix_queries + 64 + 48);
+
+  /* the engine keeps working: r runs to completion on its kept blocks */
+  run_until_done(eng, r);
+  assert_int_equal(r->ntokens, 148);
+  kvr_sim_engine_remove(eng, a);
+  kvr_sim_engine_remove(eng, b);
+  kvr_sim_engine_remove(eng, c);
+  kvr_sim_engine_remove(eng, r);
+  /* idle: everything cached goes; nothing is held */
+  kvr_sim_engine_stats(eng, &before);
+  assert_true(before.blocks_cached > 0);
+  assert_int_equal(kvr_sim_engine_reset_prefix_cache(eng, &kept), before.blocks_cached);
+  assert_int_equal(kept, 0);
+  assert_int_equal(kvr_sim_engine_reset_prefix_cache(eng, NULL), 0);
+  kvr_sim_engine_free(eng);
+  free(p);
+  free(q);
+}
+
 /* The engine frees requests it still holds when freed (no leak under ASan). */
 static void test_free_with_pending(void **state) {
   kvr_sim_engine_t *eng = small_engine(64, 8192, 1);
@@ -307,6 +368,7 @@ int main(void) {
       cmocka_unit_test(test_budget_and_chunked_prefill),
       cmocka_unit_test(test_max_num_seqs_and_abort),
       cmocka_unit_test(test_free_with_pending),
+      cmocka_unit_test(test_reset_prefix_cache),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
