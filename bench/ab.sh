@@ -15,10 +15,12 @@
 # Environment (the defaults took 12.5 minutes on a 2-core machine):
 #   AB_WORKLOADS    "multiturn documents control"
 #   AB_TIME_SCALE   10      simulator speed-up
-#   AB_WARMUP_S     30      simulated seconds of warm-up per level
+#   AB_WARMUP_S     60      simulated seconds of warm-up per level (single-turn workloads)
+#   AB_WARMUP_MT_S  120     the same for multiturn (sessions need ~2 min to reach their turn mix)
 #   AB_LEVEL_S      60      simulated seconds measured per level (at least 100 prompts)
-#   AB_RESOLUTION   1       search resolution, req/s
-#   AB_START        4       search start, req/s
+#   AB_RESOLUTION   0.25    search resolution, req/s
+#   AB_START        6       search start, req/s
+# multiturn runs in session mode (every turn resends the answer streamed back), as `kvrouter demo`.
 set -eu
 
 KVR=${1:-build/kvrouter}
@@ -26,10 +28,11 @@ OUT=${2:-results/ab}
 RES=${3:-bench/AB_RESULTS.md}
 WORKLOADS=${AB_WORKLOADS:-"multiturn documents control"}
 SCALE=${AB_TIME_SCALE:-10}
-WARM=${AB_WARMUP_S:-30}
+WARM1=${AB_WARMUP_S:-60}
+WARMMT=${AB_WARMUP_MT_S:-120}
 LEVEL=${AB_LEVEL_S:-60}
-RESOL=${AB_RESOLUTION:-1}
-START=${AB_START:-4}
+RESOL=${AB_RESOLUTION:-0.25}
+START=${AB_START:-6}
 POLICIES=round_robin,kv_aware,gie_scorer,sglang_cache_aware
 LABELS=phase0,phase3,gie,sglang
 
@@ -40,6 +43,8 @@ t0=$(date +%s)
 
 for w in $WORKLOADS; do
   echo "ab.sh: $w" >&2
+  WARM=$WARM1
+  [ "$w" = multiturn ] && WARM=$WARMMT
   "$KVR" demo --workload "$w" --ab "$POLICIES" --labels "$LABELS" --time-scale "$SCALE" \
     --out "$OUT/$w" -- --search --search-start "$START" --search-resolution "$RESOL" \
     --num-prompts 100 --warmup 0 --warmup-s "$WARM" --min-level-s "$LEVEL" --cooldown-s 10 \
@@ -68,11 +73,12 @@ verdict() {
 {
   echo "# Policy A/B on 4 simulated workers"
   echo
-  echo "Produced by \`bench/ab.sh $KVR $OUT $RES\` (AB_TIME_SCALE=$SCALE AB_WARMUP_S=$WARM"
-  echo "AB_LEVEL_S=$LEVEL AB_RESOLUTION=$RESOL AB_START=$START), started $started, took $((t1 - t0)) s"
+  echo "Produced by \`bench/ab.sh $KVR $OUT $RES\` (AB_TIME_SCALE=$SCALE AB_WARMUP_S=$WARM1"
+  echo "AB_WARMUP_MT_S=$WARMMT AB_LEVEL_S=$LEVEL AB_RESOLUTION=$RESOL AB_START=$START), started $started, took $((t1 - t0)) s"
   echo "on $(nproc) cores ($(uname -m)). Each workload: \`kvrouter demo --workload W --ab $POLICIES"
   echo "--labels $LABELS --time-scale $SCALE -- --search --search-start $START --search-resolution $RESOL"
-  echo "--num-prompts 100 --warmup 0 --warmup-s $WARM --min-level-s $LEVEL --cooldown-s 10\`."
+  echo "--num-prompts 100 --warmup 0 --warmup-s W --min-level-s $LEVEL --cooldown-s 10\` with W = $WARMMT s"
+  echo "for multiturn (session mode) and $WARM1 s otherwise; every label starts from reset prefix caches."
   echo "Max SLO-compliant rate = highest passing rate below the lowest failing one (TTFT p99 < 1000 ms,"
   echo "TPOT p99 < 60 ms, no failures), simulated req/s, search resolution $RESOL req/s: ratios"
   echo "closer than about one resolution step are within the noise. Full reports: $OUT/<workload>/report.md."

@@ -87,6 +87,8 @@ static void usage(FILE *f) {
       "  --replay-width N       replay: conversations interleaved per block (default 16)\n"
       "  --replay-order O       replay: blocks (default) | sample: each arrival a random turn of\n"
       "                         its own conversation (a dataset sampled at random; calibration)\n"
+      "  --replay-dataset N     replay sample: draw from one fixed dataset of N conversations\n"
+      "                         (the same at every level; default 0 = a fresh one per arrival)\n"
       "  --answer-mean T --answer-std T   replay: tokens of the pre-built answers in the history\n"
       "                         (default: each turn's max_tokens)\n"
       "  --think-s S            mean think time between turns (session mode, default 1)\n"
@@ -214,7 +216,7 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
         "num-prompts", "warmup", "warmup-s", "min-level-s", "seed", "turns", "starters",
         "documents", "questions",
         "output-min", "output-max", "output-mean", "output-std", "think-s", "burstiness",
-        "multiturn-mode", "replay-width", "replay-order", "answer-mean", "answer-std",
+        "multiturn-mode", "replay-width", "replay-order", "replay-dataset", "answer-mean", "answer-std",
         "time-scale", "request-timeout-s", "cooldown-s", "slo-ttft-ms", "slo-tpot-ms",
         "max-failed-frac", "search-start", "search-max", "search-resolution", "admin", "out",
         "title"};
@@ -331,6 +333,8 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
         return bad("bad value '%s' for --%s (blocks or sample)", val, name);
     } else if (strcmp(name, "replay-width") == 0)
       UINT(c->wl.replay_width, 256, 1);
+    else if (strcmp(name, "replay-dataset") == 0)
+      UINT(c->wl.replay_dataset, 1000000, 0);
     else if (strcmp(name, "answer-mean") == 0)
       DBL(c->wl.answer_mean, d >= 0);
     else if (strcmp(name, "answer-std") == 0)

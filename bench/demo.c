@@ -192,7 +192,7 @@ static void usage(FILE *f) {
         "  --workers N      simulated workers (default 4)\n"
         "  --time-scale N   simulator speed-up (default 10; 20 with --quick)\n"
         "  --seed N         workload seed (default 42)\n"
-        "  --workload W     bench workload (default multiturn, replay mode)\n"
+        "  --workload W     bench workload (default multiturn, session mode: answers resent)\n"
         "  --ab LIST        policies to compare (default round_robin,kv_aware)\n"
         "  --labels LIST    their labels (default phase0,phase3 for two policies)\n"
         "  -- OPTIONS       everything after -- goes to kvrouter bench after the demo's own\n"
@@ -389,6 +389,14 @@ int kvr_demo_main(int argc, char **argv) {
     bargs[k++] = "--title";
     bargs[k++] = quick ? "kvrouter demo (quick): round-robin vs KV-aware routing"
                        : "kvrouter demo: round-robin vs KV-aware routing";
+    bool own_load = false; /* the caller's --rates/--concurrency replace the search */
+    for (int i = extra; i < argc; i++)
+      own_load |= strcmp(argv[i], "--rates") == 0 || strcmp(argv[i], "--concurrency") == 0;
+    if (strcmp(workload, "multiturn") == 0) {
+      /* The multiturn: every turn resends the answer actually streamed back. */
+      bargs[k++] = "--multiturn-mode";
+      bargs[k++] = "session";
+    }
     if (quick) {
       /* Three paired rates: enough for every table of the report, well under a minute. */
       bargs[k++] = "--rates";
@@ -399,15 +407,17 @@ int kvr_demo_main(int argc, char **argv) {
       bargs[k++] = "5";
     } else {
       /* The max-SLO-rate search per phase, paired at the baseline's max rate. */
-      bargs[k++] = "--search";
+      if (!own_load)
+        bargs[k++] = "--search";
       bargs[k++] = "--search-start";
       bargs[k++] = "6";
       /* Levels must outlast a response (~35 s simulated) several times or they measure a burst,
-       * not a capacity: 30 s of warm-up, then at least 60 s (200 prompts) measured per level. */
+       * not a capacity; multi-turn sessions (5 turns of ~36 s) also need ~2 minutes to reach
+       * their steady turn mix: 120 s of warm-up, then at least 60 s (200 prompts) measured. */
       bargs[k++] = "--num-prompts";
       bargs[k++] = "200";
       bargs[k++] = "--warmup-s";
-      bargs[k++] = "30";
+      bargs[k++] = "120";
       bargs[k++] = "--min-level-s";
       bargs[k++] = "60";
       bargs[k++] = "--search-resolution";

@@ -553,10 +553,9 @@ static void on_tick(uv_timer_t *t);
 static void replay_slot(const kvr_loadgen_t *lg, size_t i, uint64_t *k, uint32_t *turn) {
   const kvr_workload_opts_t *o = kvr_workload_opts(lg->wl);
   if (o->replay_sample) {
-    /* Sample order: arrival i is a seeded uniform turn of conversation i, never sent before. */
-    kvr_rng_t r;
-    kvr_workload_rng_seed(&r, kvr_workload_mix(kvr_workload_mix(lg->level_seed, 0x5A3), i));
-    *turn = (uint32_t)kvr_workload_rng_range(&r, 0, o->turns - 1);
+    /* Sample order: arrival i opens conversation i of the level (see kvr_workload_sample_slot). */
+    uint64_t conv;
+    kvr_workload_sample_slot(lg->wl, lg->level_seed, i, &conv, turn);
     *k = UINT64_MAX; /* a new conversation */
     return;
   }

@@ -83,7 +83,9 @@ static int parse_value(const flag_t *f, const char *v) {
 
 static void usage(FILE *out, const flag_t *flags, size_t n) {
   fprintf(out, "usage: kvrouter sim [flags]\n"
-               "A simulated vLLM worker (Llama-70B FP8 on one H200). Flags:\n");
+               "A simulated vLLM worker (Llama-70B FP8 on one H200). Serves vLLM's OpenAI API\n"
+               "(/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics,\n"
+               "POST /reset_prefix_cache) and POST|GET /sim/fault; see bench/SIM.md. Flags:\n");
   for (size_t i = 0; i < n; i++) {
     const char *arg = flags[i].kind == F_FLAG ? "" : flags[i].kind == F_STR ? " STR" : " N";
     if (flags[i].kind == F_FAULT)

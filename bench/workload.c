@@ -521,7 +521,12 @@ void kvr_workload_describe(const kvr_workload_t *wl, kvr_buf_t *out) {
       kvr_buf_printf(out,
                      "mode replay: pre-built conversations with synthetic answers of max_tokens, "
                      "every turn resends the full history, ");
-    if (o->replay && o->replay_sample)
+    if (o->replay && o->replay_sample && o->replay_dataset > 0)
+      kvr_buf_printf(out,
+                     "arrivals draw the %u prompts of a fixed dataset of %u conversations (the "
+                     "same at every level), each pass in a new seeded order",
+                     o->replay_dataset * o->turns, o->replay_dataset);
+    else if (o->replay && o->replay_sample)
       kvr_buf_printf(out, "each arrival a uniformly random turn of its own conversation (a "
                           "dataset sampled at random: only the starters are shared)");
     else if (o->replay)
@@ -583,11 +588,48 @@ static double think(const kvr_workload_opts_t *o, kvr_rng_t *r) {
   return kvr_workload_rng_gamma(r, 1.0, o->think_mean_s);
 }
 
+static uint64_t gcd_u64(uint64_t a, uint64_t b) {
+  while (b) {
+    uint64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+void kvr_workload_sample_slot(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k,
+                              uint64_t *conv, uint32_t *turn) {
+  const kvr_workload_opts_t *o = &wl->opts;
+  kvr_rng_t r;
+  if (o->replay_dataset == 0) {
+    kvr_workload_rng_seed(&r, kvr_workload_mix(kvr_workload_mix(level_seed, 0x5A3), k));
+    *turn = (uint32_t)kvr_workload_rng_range(&r, 0, o->turns - 1);
+    *conv = k;
+    return;
+  }
+  /* Pass p over the D = N*turns prompts visits them in the order j -> (a*j + b) mod D, a seeded
+   * affine permutation (a coprime to D): every prompt once per pass, a new order each pass. */
+  uint64_t d = (uint64_t)o->replay_dataset * o->turns, pass = k / d, j = k % d;
+  kvr_workload_rng_seed(&r, kvr_workload_mix(kvr_workload_mix(level_seed, 0xDA7A), pass));
+  uint64_t a = d > 1 ? kvr_workload_rng_range(&r, 1, d - 1) : 1;
+  while (gcd_u64(a, d) != 1)
+    a = a % (d - 1) + 1;
+  uint64_t prompt = (a * j + kvr_workload_rng_range(&r, 0, d - 1)) % d;
+  *conv = prompt / o->turns;
+  *turn = (uint32_t)(prompt % o->turns);
+}
+
 void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k, kvr_conv_t *c) {
   const kvr_workload_opts_t *o = &wl->opts;
   memset(c, 0, sizeof(*c));
   c->id = k;
   c->group = -1;
+  if (o->kind == KVR_WL_MULTITURN && o->replay && o->replay_sample && o->replay_dataset > 0) {
+    /* A fixed dataset: the conversation depends on the dataset entry only, not on the level. */
+    uint32_t turn;
+    kvr_workload_sample_slot(wl, level_seed, k, &k, &turn);
+    level_seed = 0xDA7A5E7ull;
+  }
   kvr_rng_t r;
   kvr_workload_rng_seed(&r, kvr_workload_mix(kvr_workload_mix(o->seed, level_seed), k));
   switch (o->kind) {

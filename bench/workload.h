@@ -79,6 +79,10 @@ typedef struct kvr_workload_opts_s {
   bool replay_sample;        /* replay: every arrival is a random turn of its own conversation (a
                               * dataset of single prompts sampled at random, as `vllm bench serve`
                               * samples a custom dataset) instead of blocks; see loadgen.h */
+  unsigned replay_dataset;   /* replay sample: 0 = every arrival a fresh conversation; N = arrivals
+                              * draw the N*turns prompts of one fixed dataset of N conversations (the
+                              * same at every level), each pass over it in a new seeded order, as
+                              * `vllm bench serve` replays one dataset file at every rate */
   double answer_mean, answer_std; /* replay: tokens of the pre-built answers carried in the history,
                               * normal(mean, std) clipped to [out_min, out_max]; mean 0 = each
                               * turn's max_tokens (the default) */
@@ -138,6 +142,13 @@ size_t kvr_workload_file_size(const kvr_workload_t *wl);
  * overwritten (not freed) first; the caller frees it with kvr_workload_conv_free(). */
 void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k, kvr_conv_t *conv);
 void kvr_workload_conv_free(kvr_conv_t *conv); /* accepts NULL; leaves conv empty */
+
+/* Replay sample order (opts.replay_sample): arrival k of a level (k counts every arrival, warm-up
+ * included, and each opens conversation k of the level) sends turn *turn of dataset conversation
+ * *conv (k itself when opts.replay_dataset is 0). Pure function of (seed, level_seed, k); the
+ * workload's kvr_workload_conv() builds the same conversation for that k. */
+void kvr_workload_sample_slot(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k,
+                              uint64_t *conv, uint32_t *turn);
 
 /* Appends deterministic pseudo-English of about `chars` characters (never fewer) to out. */
 void kvr_workload_text(kvr_rng_t *r, size_t chars, kvr_buf_t *out);
