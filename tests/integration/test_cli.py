@@ -3,7 +3,9 @@
 
 --help, bad flags and values (non-zero exit, one line naming the flag), --config JSON files (settings
 applied, flags override the file, a bad key named with its path), and shutdown on SIGTERM/SIGINT
-(exit 0, in-flight streams allowed to finish).
+(exit 0, in-flight streams allowed to finish). Also `kvrouter bench`'s workload flags
+(bench/bench_main.c): --replay-order, --replay-dataset, --answer-mean/--answer-std listed by --help,
+bad values rejected before any request is sent.
 
 Run:  python3 tests/integration/test_cli.py --kvrouter build/kvrouter [-k substring] [-v]
 The harness (processes, raw HTTP client, runner) is test_proxy.py's.
@@ -208,6 +210,72 @@ def test_sigterm_exits_zero_after_in_flight_stream():
         rc = r3.wait(5)
         assert rc == 0, "exit %r after SIGINT; stderr tail:\n%s" % (rc, "\n".join(
             ln for ln in r3.stderr_lines() if "ERROR" in ln or "SUMMARY" in ln or " #" in ln)[:1500])
+
+
+def bench(*args, timeout=5):
+    """Runs `kvrouter bench ARGS` to completion; returns (exit code, stdout, stderr)."""
+    p = subprocess.run([h.KVROUTER, "bench"] + [str(a) for a in args], stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=timeout)
+    return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+
+NOWHERE = "http://127.0.0.1:1"  # nothing listens: a bench that got past its command line would fail
+
+
+@test(timeout=10)
+def test_bench_help_lists_workload_flags():
+    rc, out, err = bench("--help")
+    assert rc == 0, (rc, err)
+    for flag in ("--replay-order", "--replay-dataset", "--answer-mean", "--answer-std",
+                 "--replay-width", "--multiturn-mode"):
+        assert flag in out, "%s not in bench --help" % flag
+    line = next(ln for ln in out.splitlines() if "--replay-order" in ln)
+    assert "blocks" in line and "sample" in line, line
+
+
+@test(timeout=20)
+def test_bench_bad_workload_values_named():
+    cases = [
+        (("--replay-order", "bogus"), ["--replay-order", "bogus"]),
+        (("--replay-order", "Sample"), ["--replay-order", "Sample"]),
+        (("--replay-order=",), ["--replay-order"]),
+        (("--replay-order",), ["--replay-order"]),
+        (("--replay-dataset", "-1"), ["--replay-dataset", "-1"]),
+        (("--replay-dataset", "1.5"), ["--replay-dataset", "1.5"]),
+        (("--replay-dataset", "ten"), ["--replay-dataset", "ten"]),
+        (("--replay-dataset", "1000001"), ["--replay-dataset"]),
+        (("--answer-mean", "x"), ["--answer-mean", "x"]),
+        (("--answer-mean", "-1"), ["--answer-mean", "-1"]),
+        (("--answer-mean", "inf"), ["--answer-mean"]),
+        (("--answer-mean", "nan"), ["--answer-mean"]),
+        (("--answer-std", "-0.5"), ["--answer-std", "-0.5"]),
+        (("--answer-std", ""), ["--answer-std"]),
+    ]
+    failed = []
+    for args, names in cases:
+        try:
+            t0 = time.monotonic()
+            rc, out, err = bench("--url", NOWHERE, *args)
+            one_line_error(rc, err, *names)
+            # Rejected while parsing: nothing was run (no progress, no report) and no time spent.
+            assert out == "", "stdout %r" % out[:200]
+            assert time.monotonic() - t0 < 3, "took %.1f s" % (time.monotonic() - t0)
+        except (AssertionError, subprocess.TimeoutExpired) as e:
+            failed.append("%s: %s" % (" ".join(args), str(e)[:200]))
+    # Good values pass the parser: the one error is then the (deliberately) bad --rates after them.
+    good = [("--replay-order", "sample"), ("--replay-order=blocks",), ("--replay-dataset", "0"),
+            ("--replay-dataset", "1000000"), ("--answer-mean", "0"), ("--answer-mean", "350.5"),
+            ("--answer-std", "0"), ("--answer-std=120",)]
+    for args in good:
+        try:
+            rc, out, err = bench("--url", NOWHERE, *args, "--rates", "x")
+            line = one_line_error(rc, err, "--rates")
+            flag = args[0].split("=")[0]
+            assert flag not in line, "good value rejected: %r" % line
+        except (AssertionError, subprocess.TimeoutExpired) as e:
+            failed.append("%s: %s" % (" ".join(args), str(e)[:200]))
+    assert not failed, "%d of %d cases failed:\n      %s" % (len(failed), len(cases) + len(good),
+                                                           "\n      ".join(failed))
 
 
 if __name__ == "__main__":
