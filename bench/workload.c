@@ -588,15 +588,6 @@ static double think(const kvr_workload_opts_t *o, kvr_rng_t *r) {
   return kvr_workload_rng_gamma(r, 1.0, o->think_mean_s);
 }
 
-static uint64_t gcd_u64(uint64_t a, uint64_t b) {
-  while (b) {
-    uint64_t t = a % b;
-    a = b;
-    b = t;
-  }
-  return a;
-}
-
 void kvr_workload_sample_slot(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k,
                               uint64_t *conv, uint32_t *turn) {
   const kvr_workload_opts_t *o = &wl->opts;
@@ -607,14 +598,24 @@ void kvr_workload_sample_slot(const kvr_workload_t *wl, uint64_t level_seed, uin
     *conv = k;
     return;
   }
-  /* Pass p over the D = N*turns prompts visits them in the order j -> (a*j + b) mod D, a seeded
-   * affine permutation (a coprime to D): every prompt once per pass, a new order each pass. */
+  /* Pass p visits the D prompts in a seeded pseudo-random order: a 4-round Feistel permutation of
+   * [0, 4^h) >= D, cycle-walked into [0, D) (every prompt once per pass, no fixed stride). */
   uint64_t d = (uint64_t)o->replay_dataset * o->turns, pass = k / d, j = k % d;
-  kvr_workload_rng_seed(&r, kvr_workload_mix(kvr_workload_mix(level_seed, 0xDA7A), pass));
-  uint64_t a = d > 1 ? kvr_workload_rng_range(&r, 1, d - 1) : 1;
-  while (gcd_u64(a, d) != 1)
-    a = a % (d - 1) + 1;
-  uint64_t prompt = (a * j + kvr_workload_rng_range(&r, 0, d - 1)) % d;
+  uint64_t key = kvr_workload_mix(kvr_workload_mix(level_seed, 0xDA7A), pass);
+  unsigned h = 1;
+  while ((1ull << (2 * h)) < d)
+    h++;
+  uint64_t mask = (1ull << h) - 1, prompt = j;
+  do {
+    uint64_t l = prompt >> h, rr = prompt & mask;
+    for (uint64_t round = 0; round < 4; round++) {
+      uint64_t f = kvr_workload_mix(key, (round << 32) ^ rr) & mask;
+      uint64_t t = rr;
+      rr = l ^ f;
+      l = t;
+    }
+    prompt = (l << h) | rr;
+  } while (prompt >= d);
   *conv = prompt / o->turns;
   *turn = (uint32_t)(prompt % o->turns);
 }
