@@ -435,10 +435,18 @@ kvr_workload_t *kvr_workload_new(const kvr_workload_opts_t *opts, char *err, siz
       o->prefix_min_tokens < 1 || o->prefix_max_tokens < o->prefix_min_tokens ||
       o->control_min_tokens < 1 || o->control_max_tokens < o->control_min_tokens ||
       o->out_min < 1 || o->out_max < o->out_min || o->out_std < 0 || o->think_mean_s < 0 ||
-      o->replay_width < 1 || o->replay_width > 256 || o->answer_mean < 0 || o->answer_std < 0) {
+      o->replay_width < 1 || o->replay_width > 256) {
     snprintf(err, errlen,
              "workload: inconsistent options (counts >= 1, min <= max, turns <= 64, replay width "
              "<= 256)");
+    return NULL;
+  }
+  if (o->answer_mean < 0 || o->answer_std < 0) {
+    snprintf(err, errlen, "workload: --answer-mean and --answer-std must be >= 0");
+    return NULL;
+  }
+  if (o->replay_dataset > 0 && !(o->replay && o->replay_sample)) {
+    snprintf(err, errlen, "workload: --replay-dataset needs --replay-order sample (replay mode)");
     return NULL;
   }
   kvr_workload_t *wl = calloc(1, sizeof(*wl));

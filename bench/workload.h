@@ -145,7 +145,7 @@ void kvr_workload_conv_free(kvr_conv_t *conv); /* accepts NULL; leaves conv empt
 
 /* Replay sample order (opts.replay_sample): arrival k of a level (k counts every arrival, warm-up
  * included, and each opens conversation k of the level) sends turn *turn of dataset conversation
- * *conv (k itself when opts.replay_dataset is 0). Pure function of (seed, level_seed, k); the
+ * *conv (k itself when opts.replay_dataset is 0). Pure function of (level_seed, k); the
  * workload's kvr_workload_conv() builds the same conversation for that k. */
 void kvr_workload_sample_slot(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k,
                               uint64_t *conv, uint32_t *turn);

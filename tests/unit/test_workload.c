@@ -827,8 +827,13 @@ static void test_describe_sample_and_dataset(void **state) {
   assert_null(strstr(b.data, "answers of max_tokens"));
   assert_null(strstr(b.data, "blocks of"));
 
-  /* Session mode has no pre-built answers or replay order to describe. */
+  /* Session mode has no pre-built answers or replay order to describe; a dataset there is an
+   * error, not silently ignored. */
   o.replay = false;
+  char err[256];
+  assert_null(kvr_workload_new(&o, err, sizeof(err)));
+  assert_non_null(strstr(err, "--replay-dataset"));
+  o.replay_dataset = 0;
   describe(&o, &b);
   assert_non_null(strstr(b.data, "mode session"));
   assert_null(strstr(b.data, "dataset"));
