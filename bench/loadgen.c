@@ -5,24 +5,29 @@
  *                  one progress timer, and the state of the level being run (`lv_*` fields).
  *   conv_t         one open conversation of the level: the kvr_conv_t from the workload, the
  *                  answers streamed so far, the next turn and when it becomes eligible.
- *   req_t          one in-flight request: its easy handle, body, SSE line buffer, streamed answer,
- *                  ITL samples and the kvr_req_rec_t being filled.
+ *   req_t          one request: its easy handle, body, SSE line buffer, streamed answer (kept
+ *                  only when a later turn resends it), ITL samples and the kvr_req_rec_t being
+ *                  filled. At most one is prepared ahead of its send (lg->ready).
  *
  * Flow of a level:
  *
  *   run_level -> build arrival schedule (gamma gaps from level_seed) -> arm tick -> uv_run
- *   tick: send every due arrival / eligible turn -> req_t -> kvr_curlm_add
- *   curl header cb: status, x-kvrouter-worker      curl write cb: SSE lines -> cJSON -> tokens, usage
+ *   timerfd (or tick): send every due arrival / eligible turn: the prepared req_t -> kvr_curlm_add;
+ *         re-arm for the next arrival; prepare the request it will send (prepare_next)
+ *   curl header cb: status, x-kvrouter-worker
+ *   curl write cb: SSE lines -> token chunks by a scan (scan_token), anything else by cJSON ->
+ *                  tokens, usage, errors
  *   curl done cb: finish record -> kvr_stats_level_add -> conversation's next turn becomes eligible
- *                 after think time -> re-arm tick
+ *                 after think time -> schedule()
  *   sent == total and nothing in flight -> uv_stop -> kvr_stats_level_finish -> return level
  *
- * Invariants: every req_t is on the in-flight list from kvr_curlm_add until its done callback (or
- * an interrupt cancels it); a conv_t has at most one request in flight, except in replay mode where
- * turns are pre-assigned to arrivals and answers are pre-built (nothing in the conversation changes
- * when a request finishes); requests are sent only from schedule() (the tick, or after a transfer's
- * done callback), never inside curl's own callbacks. Durations recorded are real durations times
- * the time scale; lag stays real.
+ * Invariants: every req_t is lg->ready (prepared, not handed to curl) or on the in-flight list
+ * from kvr_curlm_add until its done callback (or an interrupt cancels it); a conv_t has at most
+ * one request in flight, except in replay mode where turns are pre-assigned to arrivals and
+ * answers are pre-built (nothing in the conversation changes when a request finishes); requests
+ * are sent only from schedule() (the timerfd or tick, or after a transfer's done callback), never
+ * inside curl's own callbacks. Durations recorded are real durations times the time scale; lag
+ * stays real.
  */
 #include "loadgen.h"
 
@@ -79,8 +84,9 @@ struct kvr_loadgen_s {
   const kvr_workload_t *wl;
   kvr_curlm_t *curlm;
   uv_timer_t tick, progress, sleeper;
-  int tfd;               /* Linux: timerfd waking the loop at the next send to the microsecond; -1
-                          * elsewhere (then `tick` wakes up to 1 ms early and spins) */
+  int tfd;               /* Linux: timerfd waking the loop SEND_EARLY_NS before the next send
+                          * (hrtimer precision); -1 elsewhere (`tick` then wakes up to 1 ms early
+                          * and re-arms with 0 ms until the send) */
   uv_poll_t tfd_poll;
   int open_handles;
   bool interrupted;
