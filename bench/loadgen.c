@@ -728,8 +728,11 @@ static void replay_slot(const kvr_loadgen_t *lg, size_t i, uint64_t *k, uint32_t
 /* How early the loop wakes up for an arrival. The wake-up is late whenever it falls inside a batch
  * of stream events the loop is working through (~10 us each, hundreds of microseconds with 1,000
  * streams); waking this much early and then waiting on the clock in place absorbs that, at the
- * cost of holding the loop for at most this long per send (a few % of a core at 100 req/s). */
-#define SEND_EARLY_NS 250000u
+ * cost of holding the loop for at most this long per send: at 100 req/s at most 5% of the time,
+ * during which arriving chunks are timestamped up to 0.5 ms late. Measured against 250 us and
+ * against spinning through the loop for the last millisecond (bench/ACCURACY.md): 500 us had the
+ * lowest send lag p99 (0.17-0.30 ms vs 0.39-0.54 ms with 1,000 streams). */
+#define SEND_EARLY_NS 500000u
 
 /* True when an arrival due at `due` is to be sent now: it is due, or due within SEND_EARLY_NS, in
  * which case this waits on the clock until the instant (*now is updated). */

@@ -26,7 +26,7 @@
  *
  * Scheduling precision (bench/ACCURACY.md has the measurements): the next request is prepared
  * (body rendered, easy handle set up) right after the previous send, so a send is only the
- * handover to curl. On Linux a timerfd with an absolute deadline wakes the loop 250 us before the
+ * handover to curl. On Linux a timerfd with an absolute deadline wakes the loop 500 us before the
  * arrival and the generator waits on the clock for the exact instant (holding the loop at most
  * that long), which absorbs a wake-up delayed by a batch of stream events; elsewhere a uv timer
  * wakes it up to 1 ms early and re-arms with 0 ms until then. Send lag = handed to curl - due.

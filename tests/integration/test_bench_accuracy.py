@@ -63,7 +63,7 @@ def check_fixed(kvrouter, tmp, api):
         assert r["output_tokens"] == tokens and r["chunks"] == tokens, r
         assert r["usage"] and r["itl_count"] == tokens - 1, r
         # TPOT = (E2E - TTFT) / (tokens - 1), the vllm bench serve definition.
-        assert abs(r["tpot_ms"] - (r["e2e_ms"] - r["ttft_ms"]) / (tokens - 1)) < 1e-6, r
+        assert abs(r["tpot_ms"] - (r["e2e_ms"] - r["ttft_ms"]) / (tokens - 1)) < 0.01, r  # printed to 3 decimals
     lag = level["kvrouter"]["send_lag_real_ms"]
     assert lag["n"] == n and lag["p50"] >= 0, lag
 
