@@ -201,7 +201,7 @@ L = []
 w = L.append
 w("# Load generator accuracy and time scale")
 w("")
-w("Produced by `%s %s %s %s` (parts: %s%s), started %s at commit %s, on %s cores (%s)."
+w("Produced by `%s %s %s %s` (parts run last: %s%s), last started %s at commit %s, on %s cores (%s)."
   % (script, kvr, out, md, parts, ", ACC_BASELINE=%s ACC_ROUNDS=%d" % (baseline_name, rounds)
      if baseline else "", started, rev, ncpu, arch))
 w("The machine is shared with other jobs: each table gives the 1-minute load average (`uptime`)")
@@ -218,7 +218,12 @@ w("loop, building the request) but not the time curl then takes to write the req
 w("socket (its next loop iteration); that time is part of the measured TTFT.")
 w("")
 
-if "a" in parts.split() or "b" in parts.split():
+# A part's table is written when its results are in OUT: parts not run this time (ACC_PARTS) keep
+# the figures of an earlier invocation into the same folder.
+def ran(part):
+    return bool(glob.glob(os.path.join(out, part + "*", "results", "*.json")))
+
+if ran("a") or ran("b"):
     w("## Fixed latencies (bar: TTFT and TPOT within 5% of the configured values)")
     w("")
     w("`kvrouter sim --fixed-ttft-ms 200 --fixed-itl-ms 20` (plus `--time-scale 10` in (b)), 100-token")
@@ -246,7 +251,7 @@ if "a" in parts.split() or "b" in parts.split():
     w("by 10 in simulated time.")
     w("")
 
-if "c" in parts.split():
+if ran("c_"):
     w("## 1,000+ concurrent streams (bar: send lag p99 < 1 ms)")
     w("")
     w("`kvrouter sim --fixed-ttft-ms 100 --fixed-itl-ms 50`, 200-token outputs, Poisson arrivals at")
@@ -274,7 +279,7 @@ if "c" in parts.split():
                  load(d)))
     w("")
 
-if "c" in parts.split():
+if ran("c_"):
     w("Where the send lag came from (profile of the generator before this change in run (c): `perf")
     w("record -g`, `strace -c`, and temporary loop instrumentation with uv_prepare/uv_check and the")
     w("thread CPU clock):")
@@ -307,7 +312,7 @@ if "c" in parts.split():
     w("that arrive meanwhile are timestamped up to 0.5 ms late.")
     w("")
 
-if "d" in parts.split():
+if ran("d_"):
     j1 = level(os.path.join(out, "d_scale1"))
     jn = level(os.path.join(out, "d_scale%s" % ts_scale))
     if j1 and jn:
