@@ -5,24 +5,29 @@
  *                  one progress timer, and the state of the level being run (`lv_*` fields).
  *   conv_t         one open conversation of the level: the kvr_conv_t from the workload, the
  *                  answers streamed so far, the next turn and when it becomes eligible.
- *   req_t          one in-flight request: its easy handle, body, SSE line buffer, streamed answer,
- *                  ITL samples and the kvr_req_rec_t being filled.
+ *   req_t          one request: its easy handle, body, SSE line buffer, streamed answer (kept
+ *                  only when a later turn resends it), ITL samples and the kvr_req_rec_t being
+ *                  filled. At most one is prepared ahead of its send (lg->ready).
  *
  * Flow of a level:
  *
  *   run_level -> build arrival schedule (gamma gaps from level_seed) -> arm tick -> uv_run
- *   tick: send every due arrival / eligible turn -> req_t -> kvr_curlm_add
- *   curl header cb: status, x-kvrouter-worker      curl write cb: SSE lines -> cJSON -> tokens, usage
+ *   timerfd (or tick): send every due arrival / eligible turn: the prepared req_t -> kvr_curlm_add;
+ *         re-arm for the next arrival; prepare the request it will send (prepare_next)
+ *   curl header cb: status, x-kvrouter-worker
+ *   curl write cb: SSE lines -> token chunks by a scan (scan_token), anything else by cJSON ->
+ *                  tokens, usage, errors
  *   curl done cb: finish record -> kvr_stats_level_add -> conversation's next turn becomes eligible
- *                 after think time -> re-arm tick
+ *                 after think time -> schedule()
  *   sent == total and nothing in flight -> uv_stop -> kvr_stats_level_finish -> return level
  *
- * Invariants: every req_t is on the in-flight list from kvr_curlm_add until its done callback (or
- * an interrupt cancels it); a conv_t has at most one request in flight, except in replay mode where
- * turns are pre-assigned to arrivals and answers are pre-built (nothing in the conversation changes
- * when a request finishes); requests are sent only from schedule() (the tick, or after a transfer's
- * done callback), never inside curl's own callbacks. Durations recorded are real durations times
- * the time scale; lag stays real.
+ * Invariants: every req_t is lg->ready (prepared, not handed to curl) or on the in-flight list
+ * from kvr_curlm_add until its done callback (or an interrupt cancels it); a conv_t has at most
+ * one request in flight, except in replay mode where turns are pre-assigned to arrivals and
+ * answers are pre-built (nothing in the conversation changes when a request finishes); requests
+ * are sent only from schedule() (the timerfd or tick, or after a transfer's done callback), never
+ * inside curl's own callbacks. Durations recorded are real durations times the time scale; lag
+ * stays real.
  */
 #include "loadgen.h"
 
@@ -35,6 +40,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/timerfd.h>
+#endif
 
 #define MAX_SSE_LINE ((size_t)1 << 20)
 #define MAX_ANSWER ((size_t)4 << 20)
@@ -63,6 +72,7 @@ struct req_s {
   size_t nitl, capitl;
   uint64_t sent_ns, first_ns, last_ns;
   bool stream_error;
+  bool keep_answer;      /* the streamed text is resent by a later turn (session mode) */
   kvr_req_rec_t rec;
   req_t *prev, *next;
 };
@@ -74,6 +84,10 @@ struct kvr_loadgen_s {
   const kvr_workload_t *wl;
   kvr_curlm_t *curlm;
   uv_timer_t tick, progress, sleeper;
+  int tfd;               /* Linux: timerfd waking the loop SEND_EARLY_NS before the next send
+                          * (hrtimer precision); -1 elsewhere (`tick` then wakes up to 1 ms early
+                          * and re-arms with 0 ms until the send) */
+  uv_poll_t tfd_poll;
   int open_handles;
   bool interrupted;
   bool running;          /* uv_run is in progress for a level, sleep or admin call */
@@ -89,6 +103,8 @@ struct kvr_loadgen_s {
   size_t total, sent, done, failed, next_arrival;
   uint64_t next_conv;
   conv_t *spare;         /* the next new conversation, generated ahead of its send; owned */
+  req_t *ready;          /* the next request, body rendered and easy handle set up ahead of its
+                          * send time (for ready->cv, turn ready->turn); owned, not in flight */
   conv_t **convs;        /* every conversation opened this level, owned */
   size_t nconvs, capconvs;
   req_t *inflight;
@@ -163,6 +179,20 @@ kvr_loadgen_t *kvr_loadgen_new(uv_loop_t *loop, const kvr_loadgen_opts_t *o,
   uv_timer_init(loop, &lg->sleeper);
   lg->tick.data = lg->progress.data = lg->sleeper.data = lg;
   lg->open_handles = 3;
+  lg->tfd = -1;
+#ifdef __linux__
+  /* uv_hrtime() reads CLOCK_MONOTONIC, so a send time is directly an absolute timerfd deadline. */
+  int fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (fd >= 0) {
+    if (uv_poll_init(loop, &lg->tfd_poll, fd) == 0) {
+      lg->tfd = fd;
+      lg->tfd_poll.data = lg;
+      lg->open_handles++;
+    } else {
+      close(fd);
+    }
+  }
+#endif
   return lg;
 }
 
@@ -173,10 +203,14 @@ void kvr_loadgen_free(kvr_loadgen_t *lg) {
   uv_close((uv_handle_t *)&lg->tick, on_handle_closed);
   uv_close((uv_handle_t *)&lg->progress, on_handle_closed);
   uv_close((uv_handle_t *)&lg->sleeper, on_handle_closed);
+  if (lg->tfd >= 0)
+    uv_close((uv_handle_t *)&lg->tfd_poll, on_handle_closed);
   /* Bounded: the handles and curl's sockets close within a few loop iterations. */
   for (int i = 0; i < 1000 && lg->open_handles > 0; i++)
     uv_run(lg->loop, UV_RUN_NOWAIT);
   uv_run(lg->loop, UV_RUN_NOWAIT);
+  if (lg->tfd >= 0)
+    close(lg->tfd); /* after its poll handle closed */
   free(lg->url);
   free(lg->model);
   free(lg->api_key);
@@ -238,10 +272,65 @@ static void on_token(req_t *r, uint64_t now) {
   r->last_ns = now;
 }
 
+static const char *find(const char *hay, size_t n, const char *needle, size_t nl) {
+  return memmem(hay, n, needle, nl);
+}
+#define FIND(hay, n, lit) find((hay), (n), (lit), sizeof(lit) - 1)
+
+/* The common chunk cheaply: a token chunk of one choice whose text has no escapes and which carries
+ * no usage and no error, e.g. {...,"choices":[{"index":0,"delta":{"content":"tok"},...}]}. Sets the
+ * token's raw text and returns true; returns false for anything else (role chunk, empty or escaped
+ * text, usage, error, reasoning_content, several choices...), which on_event() then parses with
+ * cJSON. Keys and quotes inside JSON string values are escaped, so an unescaped `"content":"` can
+ * only be a key: the scan never misreads a string value as structure. */
+static bool scan_token(const char *d, size_t n, kvr_api_t api, const char **text, size_t *tlen) {
+  if (FIND(d, n, "\"usage\"") || FIND(d, n, "\"error\""))
+    return false;
+  const char *ch = FIND(d, n, "\"choices\":[");
+  if (ch == NULL)
+    return false;
+  const char *p;
+  size_t kl;
+  if (api == KVR_API_CHAT) {
+    const char *delta = FIND(ch, n - (size_t)(ch - d), "\"delta\":{");
+    if (delta == NULL)
+      return false;
+    static const char key[] = "\"content\":\"";
+    kl = sizeof(key) - 1;
+    p = find(delta, n - (size_t)(delta - d), key, kl);
+    if (p != NULL && memchr(delta, '}', (size_t)(p - delta)) != NULL)
+      return false; /* not provably inside the delta object */
+  } else {
+    static const char key[] = "\"text\":\"";
+    kl = sizeof(key) - 1;
+    p = find(ch, n - (size_t)(ch - d), key, kl);
+  }
+  if (p == NULL)
+    return false;
+  const char *v = p + kl, *end = d + n;
+  const char *q = memchr(v, '"', (size_t)(end - v));
+  if (q == NULL || q == v || memchr(v, '\\', (size_t)(q - v)) != NULL)
+    return false;
+  /* One choice only: a second text key means n > 1 (vllm bench reads choices[0]). */
+  if (find(q, (size_t)(end - q), p, kl) != NULL || FIND(q, (size_t)(end - q), "\"index\":1"))
+    return false;
+  *text = v;
+  *tlen = (size_t)(q - v);
+  return true;
+}
+
 /* One SSE "data:" payload. */
 static void on_event(req_t *r, const char *data, size_t len, uint64_t now) {
   if (len == 6 && memcmp(data, "[DONE]", 6) == 0)
     return;
+  const char *tok;
+  size_t tl;
+  if (scan_token(data, len, r->lg->o.api, &tok, &tl)) {
+    on_token(r, now);
+    if (r->keep_answer && r->answer.len + tl <= MAX_ANSWER)
+      kvr_buf_append(&r->answer, tok, tl);
+    return;
+  }
   cJSON *j = cJSON_ParseWithLength(data, len);
   if (j == NULL) {
     r->stream_error = true;
@@ -268,9 +357,9 @@ static void on_event(req_t *r, const char *data, size_t len, uint64_t now) {
     }
     if (cJSON_IsString(text) && text->valuestring[0] != '\0') {
       on_token(r, now);
-      size_t tl = strlen(text->valuestring);
-      if (r->answer.len + tl <= MAX_ANSWER)
-        kvr_buf_append(&r->answer, text->valuestring, tl);
+      size_t n = strlen(text->valuestring);
+      if (r->keep_answer && r->answer.len + n <= MAX_ANSWER)
+        kvr_buf_append(&r->answer, text->valuestring, n);
     }
   }
   const cJSON *usage = cJSON_GetObjectItemCaseSensitive(j, "usage");
@@ -300,15 +389,23 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *userdata) {
     return n;
   }
   uint64_t now = uv_hrtime();
-  kvr_buf_append(&r->line, ptr, n);
+  /* Whole lines are read in place from curl's buffer; only a partial line is copied (into `line`,
+   * which then receives the rest of the data up to the next complete line). */
+  const char *base = ptr;
+  size_t len = n;
+  if (r->line.len > 0) {
+    kvr_buf_append(&r->line, ptr, n);
+    base = r->line.data;
+    len = r->line.len;
+  }
   size_t start = 0;
   for (;;) {
-    char *nl = memchr(r->line.data + start, '\n', r->line.len - start);
+    const char *nl = memchr(base + start, '\n', len - start);
     if (nl == NULL)
       break;
-    size_t end = (size_t)(nl - r->line.data);
+    size_t end = (size_t)(nl - base);
     size_t l = end - start;
-    const char *s = r->line.data + start;
+    const char *s = base + start;
     if (l > 0 && s[l - 1] == '\r')
       l--;
     if (l >= 5 && memcmp(s, "data:", 5) == 0) {
@@ -319,7 +416,12 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *userdata) {
     }
     start = end + 1;
   }
-  kvr_buf_consume(&r->line, start);
+  if (base == ptr) {
+    if (start < n)
+      kvr_buf_append(&r->line, ptr + start, n - start);
+  } else {
+    kvr_buf_consume(&r->line, start);
+  }
   if (r->line.len > MAX_SSE_LINE) {
     set_error(r, "SSE line too long");
     return 0; /* curl ends the transfer with CURLE_WRITE_ERROR */
@@ -470,19 +572,24 @@ static void conv_free(conv_t *cv) {
   free(cv);
 }
 
-/* Sends turn cv->next_turn now; target_ns is when it was due (for the lag). */
-static void send_turn(kvr_loadgen_t *lg, conv_t *cv, uint64_t target_ns) {
+/* Builds turn `turn` of cv as a request ready to hand to curl: body rendered, easy handle and
+ * headers set, ITL array sized for the turn's max_tokens. Nothing here depends on the send time, so
+ * it runs ahead of the send (see prepare_next()). */
+static req_t *req_prepare(kvr_loadgen_t *lg, conv_t *cv, uint32_t turn) {
   req_t *r = calloc(1, sizeof(*r));
   if (r == NULL)
     abort();
   r->lg = lg;
   r->cv = cv;
-  r->turn = cv->next_turn;
-  cv->waiting = false;
+  r->turn = turn;
+  r->keep_answer = !lg->replay && turn + 1 < cv->conv.nturns;
   r->rec.conv = cv->conv.id;
   r->rec.turn = r->turn + 1;
-  r->rec.warmup = lg->sent < lg->warmup;
   r->rec.ttft_ms = r->rec.tpot_ms = -1;
+  r->capitl = cv->conv.turns[turn].max_tokens > 1 ? cv->conv.turns[turn].max_tokens - 1 : 1;
+  r->itls = malloc(r->capitl * sizeof(double));
+  if (r->itls == NULL)
+    abort();
   kvr_workload_body(&cv->conv, r->turn, (const char *const *)cv->answers, lg->model, lg->o.api,
                     lg->o.ignore_eos, &r->body);
   r->easy = curl_easy_init();
@@ -510,7 +617,23 @@ static void send_turn(kvr_loadgen_t *lg, conv_t *cv, uint64_t target_ns) {
   curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
   if (lg->o.request_timeout_s > 0)
     curl_easy_setopt(r->easy, CURLOPT_TIMEOUT_MS, (long)(lg->o.request_timeout_s * 1000));
+  return r;
+}
+
+/* Sends turn cv->next_turn now; target_ns is when it was due (for the lag). The request prepared
+ * ahead is used when it is this one, else it is built now (and the lag shows the cost). */
+static void send_turn(kvr_loadgen_t *lg, conv_t *cv, uint64_t target_ns) {
+  req_t *r;
+  if (lg->ready != NULL && lg->ready->cv == cv && lg->ready->turn == cv->next_turn) {
+    r = lg->ready;
+    lg->ready = NULL;
+  } else {
+    r = req_prepare(lg, cv, cv->next_turn);
+  }
+  cv->waiting = false;
+  r->rec.warmup = lg->sent < lg->warmup;
   lg->sent++;
+  /* The send instant: the request is handed to curl right after this (send lag = this - due). */
   r->sent_ns = uv_hrtime();
   r->rec.target_s = (double)(target_ns - lg->start_ns) / 1e9 * scale(lg);
   r->rec.lag_ms = r->sent_ns > target_ns ? (double)(r->sent_ns - target_ns) / 1e6 : 0;
@@ -541,7 +664,32 @@ static conv_t *earliest_waiting(kvr_loadgen_t *lg, uint64_t *when) {
 }
 
 static void arm(kvr_loadgen_t *lg, uint64_t due_ns, uint64_t now);
+static void disarm(kvr_loadgen_t *lg);
 static void on_tick(uv_timer_t *t);
+static void replay_slot(const kvr_loadgen_t *lg, size_t i, uint64_t *k, uint32_t *turn);
+
+/* Prepares the request the next arrival will most likely send, so that at its send time only the
+ * handover to curl is left: in replay mode the next arrival's pre-assigned (conversation, turn),
+ * in the other rate modes the first turn of the next new conversation (a follow-up that became
+ * eligible meanwhile is built at its send instead). Concurrency mode has no send times. */
+static void prepare_next(kvr_loadgen_t *lg) {
+  if (lg->ready != NULL || lg->sent >= lg->total || lg->rate <= 0 || lg->interrupted)
+    return;
+  if (lg->spare == NULL)
+    lg->spare = conv_make(lg);
+  conv_t *cv = lg->spare;
+  uint32_t turn = 0;
+  if (lg->replay) {
+    if (lg->next_arrival >= lg->total)
+      return;
+    uint64_t k;
+    replay_slot(lg, lg->next_arrival, &k, &turn);
+    if (turn > 0 && k < lg->nconvs)
+      cv = lg->convs[k]; /* mirrors schedule(): else the arrival opens the spare */
+    turn = KVR_MIN(turn, cv->conv.nturns - 1);
+  }
+  lg->ready = req_prepare(lg, cv, turn);
+}
 
 /* Replay order: blocks of W = replay_width conversations; a block sends turn 1 of its W
  * conversations, then turn 2 of the same W, and so on, each round in its own seeded random order
@@ -585,6 +733,27 @@ static void replay_slot(const kvr_loadgen_t *lg, size_t i, uint64_t *k, uint32_t
   *k = (uint64_t)(b * w + c);
 }
 
+/* How early the loop wakes up for an arrival. The wake-up is late whenever it falls inside a batch
+ * of stream events the loop is working through (~10 us each, hundreds of microseconds with 1,000
+ * streams); waking this much early and then waiting on the clock in place absorbs that, at the
+ * cost of holding the loop for at most this long per send: at 100 req/s at most 5% of the time,
+ * during which arriving chunks are timestamped up to 0.5 ms late. Measured against 250 us and
+ * against spinning through the loop for the last millisecond (bench/ACCURACY.md): 500 us had the
+ * lowest send lag p99 (0.17-0.30 ms vs 0.39-0.54 ms with 1,000 streams). */
+#define SEND_EARLY_NS 500000u
+
+/* True when an arrival due at `due` is to be sent now: it is due, or due within SEND_EARLY_NS, in
+ * which case this waits on the clock until the instant (*now is updated). */
+static bool due_now(uint64_t due, uint64_t *now) {
+  if (due <= *now)
+    return true;
+  if (due - *now > SEND_EARLY_NS)
+    return false;
+  while ((*now = uv_hrtime()) < due) {
+  }
+  return true;
+}
+
 /* Sends whatever is due and re-arms the tick for the next event; stops the loop when the level is
  * complete. Only ever called from the tick or after a request finished. */
 static void schedule(kvr_loadgen_t *lg) {
@@ -596,8 +765,8 @@ static void schedule(kvr_loadgen_t *lg) {
     /* Replay: arrival i sends the pre-assigned turn of its conversation, done or not. */
     while (lg->next_arrival < lg->total) {
       uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
-      if (due > now) {
-        next_due = due;
+      if (!due_now(due, &now)) {
+        next_due = due - SEND_EARLY_NS;
         break;
       }
       uint64_t k;
@@ -612,8 +781,8 @@ static void schedule(kvr_loadgen_t *lg) {
     /* Turn arrivals: each due arrival takes the oldest eligible follow-up, else a new conversation. */
     while (lg->next_arrival < lg->total) {
       uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
-      if (due > now) {
-        next_due = due;
+      if (!due_now(due, &now)) {
+        next_due = due - SEND_EARLY_NS;
         break;
       }
       uint64_t when = 0;
@@ -628,8 +797,8 @@ static void schedule(kvr_loadgen_t *lg) {
       /* Sessions: arrivals open conversations; eligible follow-ups go out on their own. */
       while (lg->next_arrival < lg->total && lg->sent < lg->total) {
         uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
-        if (due > now) {
-          next_due = due;
+        if (!due_now(due, &now)) {
+          next_due = due - SEND_EARLY_NS;
           break;
         }
         lg->next_arrival++;
@@ -658,22 +827,63 @@ static void schedule(kvr_loadgen_t *lg) {
     }
   }
   if (lg->sent >= lg->total && lg->ninflight == 0) {
-    uv_timer_stop(&lg->tick);
+    disarm(lg);
     uv_stop(lg->loop);
     return;
   }
+  /* Arm first: preparing the next request takes tens of microseconds and must not delay the wake-up
+   * (the deadline is absolute, so the time spent here does not shift it). */
+  if (lg->sent < lg->total && next_due != UINT64_MAX)
+    arm(lg, next_due, uv_hrtime());
+  else
+    disarm(lg);
   if (lg->spare == NULL && lg->sent < lg->total)
     lg->spare = conv_make(lg);
-  if (lg->sent < lg->total && next_due != UINT64_MAX)
-    arm(lg, next_due, now);
-  else
-    uv_timer_stop(&lg->tick);
+  prepare_next(lg);
 }
 
+static void on_timerfd(uv_poll_t *p, int status, int events) {
+  kvr_loadgen_t *lg = p->data;
+  (void)events;
+  uint64_t expirations;
+  if (status == 0 && read(lg->tfd, &expirations, sizeof(expirations)) < 0) {
+    /* EAGAIN: re-armed since it became readable; schedule() below looks at the clock anyway */
+  }
+  schedule(lg);
+}
+
+/* Wakes the loop at due_ns. With a timerfd the kernel wakes it at that instant (hrtimer precision)
+ * and schedule() runs from the poll callback: no spinning. Without, the ms-grained uv timer wakes
+ * it up to 1 ms early and re-arms with 0 ms (the loop keeps polling I/O) until the instant. */
 static void arm(kvr_loadgen_t *lg, uint64_t due_ns, uint64_t now) {
-  /* Wake a millisecond early, then spin through the loop (timeout 0) to the exact instant. */
+#ifdef __linux__
+  if (lg->tfd >= 0) {
+    struct itimerspec its;
+    memset(&its, 0, sizeof(its));
+    its.it_value.tv_sec = (time_t)(due_ns / 1000000000u);
+    its.it_value.tv_nsec = (long)(due_ns % 1000000000u);
+    if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0)
+      its.it_value.tv_nsec = 1; /* zero would disarm */
+    timerfd_settime(lg->tfd, TFD_TIMER_ABSTIME, &its, NULL);
+    if (!uv_is_active((uv_handle_t *)&lg->tfd_poll))
+      uv_poll_start(&lg->tfd_poll, UV_READABLE, on_timerfd);
+    return;
+  }
+#endif
   uint64_t delta_ms = due_ns > now ? (due_ns - now) / 1000000 : 0;
   uv_timer_start(&lg->tick, on_tick, delta_ms > 1 ? delta_ms - 1 : 0, 0);
+}
+
+static void disarm(kvr_loadgen_t *lg) {
+  uv_timer_stop(&lg->tick);
+#ifdef __linux__
+  if (lg->tfd >= 0) {
+    struct itimerspec its;
+    memset(&its, 0, sizeof(its));
+    timerfd_settime(lg->tfd, 0, &its, NULL);
+    uv_poll_stop(&lg->tfd_poll);
+  }
+#endif
 }
 
 static void on_tick(uv_timer_t *t) {
@@ -742,6 +952,11 @@ static void print_progress(kvr_loadgen_t *lg, bool final) {
 static void on_progress(uv_timer_t *t) {
   kvr_loadgen_t *lg = t->data;
   uint64_t now = uv_hrtime();
+  /* Printing sorts every record for the running p99s (a millisecond or more at 10k records): never
+   * right before a send; the next tick prints instead. */
+  if (lg->rate > 0 && lg->next_arrival < lg->total &&
+      lg->start_ns + lg->arrivals[lg->next_arrival] < now + 5000000)
+    return;
   /* A terminal line is rewritten every second; plain lines every 10 s keep logs short. */
   if (lg->o.progress_tty || now - lg->last_progress_ns >= 10000000000ull) {
     lg->last_progress_ns = now;
@@ -789,6 +1004,8 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
       t += kvr_workload_rng_gamma(&rng, lg->o.burstiness, 1.0 / (real_rate * lg->o.burstiness));
     }
   }
+  /* Measured records keep their ITLs: size for the longest outputs so none is copied mid-level. */
+  kvr_stats_level_reserve(lv, lg->total, measured * KVR_MAX(wo->out_max, 1u));
   lg->start_ns = uv_hrtime();
   lg->last_progress_ns = lg->start_ns;
   if (lg->o.progress && !lg->o.progress_tty) {
@@ -811,13 +1028,15 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
       lg->running = false;
     }
   }
-  uv_timer_stop(&lg->tick);
+  disarm(lg);
   uv_timer_stop(&lg->progress);
   print_progress(lg, true);
   lv->interrupted = lg->interrupted;
   kvr_stats_level_finish(lv, slo);
   for (size_t i = 0; i < lg->nconvs; i++)
     conv_free(lg->convs[i]);
+  req_free(lg->ready); /* prepared, never handed to curl */
+  lg->ready = NULL;
   if (lg->spare)
     conv_free(lg->spare);
   lg->spare = NULL;
@@ -839,7 +1058,7 @@ void kvr_loadgen_interrupt(kvr_loadgen_t *lg) {
     kvr_curlm_cancel(lg->curlm, r->easy);
     req_free(r);
   }
-  uv_timer_stop(&lg->tick);
+  disarm(lg);
   uv_timer_stop(&lg->sleeper);
   if (lg->running)
     uv_stop(lg->loop);

@@ -27,9 +27,12 @@
  * real req/s, think times are divided by N, and measured durations are multiplied by N, so every
  * figure is in simulated time. Send lag stays in real time: it measures the generator itself.
  *
- * Scheduling precision: one uv_timer_t wakes the loop up to 1 ms before the next send, then re-arms
- * with 0 ms (the loop keeps polling I/O) until the exact target, so lag is sub-millisecond without
- * ever blocking the loop.
+ * Scheduling precision (bench/ACCURACY.md has the measurements): the next request is prepared
+ * (body rendered, easy handle set up) right after the previous send, so a send is only the
+ * handover to curl. On Linux a timerfd with an absolute deadline wakes the loop 500 us before the
+ * arrival and the generator waits on the clock for the exact instant (holding the loop at most
+ * that long), which absorbs a wake-up delayed by a batch of stream events; elsewhere a uv timer
+ * wakes it up to 1 ms early and re-arms with 0 ms until then. Send lag = handed to curl - due.
  */
 #ifndef KVR_LOADGEN_H
 #define KVR_LOADGEN_H

@@ -149,6 +149,18 @@ static uint64_t next_rand(uint64_t *s) {
   return z ^ (z >> 31);
 }
 
+void kvr_stats_level_reserve(kvr_level_t *lv, size_t nrecs, size_t nitls) {
+  if (nrecs > lv->caprecs) {
+    lv->caprecs = nrecs;
+    lv->recs = xrealloc(lv->recs, lv->caprecs * sizeof(*lv->recs));
+  }
+  nitls = nitls < KVR_STATS_ITL_CAP ? nitls : KVR_STATS_ITL_CAP;
+  if (nitls > lv->capitls) {
+    lv->capitls = nitls;
+    lv->itls = xrealloc(lv->itls, lv->capitls * sizeof(double));
+  }
+}
+
 void kvr_stats_level_add(kvr_level_t *lv, const kvr_req_rec_t *rec, const double *itls, size_t n) {
   if (lv->nrecs == lv->caprecs) {
     lv->caprecs = lv->caprecs ? lv->caprecs * 2 : 256;

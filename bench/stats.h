@@ -120,6 +120,11 @@ void kvr_stats_level_free(kvr_level_t *lv); /* accepts NULL */
 /* Cap on stored ITL samples per level; past it a uniform reservoir sample is kept. */
 #define KVR_STATS_ITL_CAP ((size_t)4 << 20)
 
+/* Sizes the record and ITL arrays for about nrecs records and nitls samples (ITLs capped at
+ * KVR_STATS_ITL_CAP), so that adding them while a level runs never copies a large array: a
+ * multi-megabyte realloc in a transfer's done callback would stall the load generator's loop. */
+void kvr_stats_level_reserve(kvr_level_t *lv, size_t nrecs, size_t nitls);
+
 /* Copies rec into the level and adds its ITL samples (report ms) unless it is a warm-up request. */
 void kvr_stats_level_add(kvr_level_t *lv, const kvr_req_rec_t *rec, const double *itls, size_t n);
 

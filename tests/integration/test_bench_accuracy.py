@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""test_bench_accuracy.py -- `kvrouter bench` measures known latencies correctly (real processes).
+
+Against `kvrouter sim` in fixed-latency mode on 127.0.0.1 at low load, the bench's TTFT and TPOT
+medians are within 5% of the configured values, every request streams the asked number of tokens,
+and the per-request records agree with the level's figures, for chat and completions. In session
+mode the answers the bench streamed are resent in the next turn (the streamed text is kept). No
+speed is asserted: bench/accuracy.sh measures that (bench/ACCURACY.md).
+
+Usage: python3 test_bench_accuracy.py --kvrouter PATH/TO/kvrouter
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from simlib import start_sim  # noqa: E402
+
+
+def run_bench(kvrouter, sim, out, *args):
+    argv = [kvrouter, "bench", "--url", sim.url, "--out", out, "--quiet", "--cooldown-s", "0"]
+    argv += [str(a) for a in args]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, "bench failed (%d):\n%s\n%s" % (p.returncode, p.stdout, p.stderr)
+    levels = sorted(glob.glob(os.path.join(out, "results", "*.json")))
+    assert len(levels) == 1, levels
+    level = json.load(open(levels[0]))
+    with open(os.path.join(out, "requests.jsonl")) as f:
+        reqs = [json.loads(line) for line in f if line.strip()]
+    return level, reqs
+
+
+def within(x, ref, frac):
+    return abs(x - ref) <= frac * ref
+
+
+def check_fixed(kvrouter, tmp, api):
+    ttft, itl, tokens, n = 200, 20, 30, 20
+    with start_sim(kvrouter, "--fixed-ttft-ms", ttft, "--fixed-itl-ms", itl, "--log-level",
+                   "warn") as sim:
+        level, reqs = run_bench(kvrouter, sim, os.path.join(tmp, "fixed_" + api), "--api", api,
+                                "--rates", 5, "--num-prompts", n, "--output-mean", tokens,
+                                "--output-std", 0, "--output-min", tokens, "--output-max", tokens)
+    assert level["completed"] == n and level["failed"] == 0, level
+    assert level["total_output_tokens"] == n * tokens, level["total_output_tokens"]
+    assert within(level["p50_ttft_ms"], ttft, 0.05), "TTFT p50 %.1f ms vs %d" % (
+        level["p50_ttft_ms"], ttft)
+    assert within(level["p50_tpot_ms"], itl, 0.05), "TPOT p50 %.2f ms vs %d" % (
+        level["p50_tpot_ms"], itl)
+    assert within(level["p50_itl_ms"], itl, 0.05), "ITL p50 %.2f ms vs %d" % (
+        level["p50_itl_ms"], itl)
+    # TTFT is never below the configured latency: the clock starts before the request leaves.
+    assert min(level["ttfts"]) >= ttft / 1000.0 * 0.99, min(level["ttfts"])
+    measured = [r for r in reqs if not r.get("warmup")]
+    assert len(measured) == n
+    for r in measured:
+        # Every token chunk was recognised (chunks) and agrees with usage.completion_tokens.
+        assert r["output_tokens"] == tokens and r["chunks"] == tokens, r
+        assert r["usage"] and r["itl_count"] == tokens - 1, r
+        # TPOT = (E2E - TTFT) / (tokens - 1), the vllm bench serve definition.
+        assert abs(r["tpot_ms"] - (r["e2e_ms"] - r["ttft_ms"]) / (tokens - 1)) < 0.01, r  # printed to 3 decimals
+    lag = level["kvrouter"]["send_lag_real_ms"]
+    assert lag["n"] == n and lag["p50"] >= 0, lag
+
+
+def test_fixed_latency_chat(kvrouter, tmp):
+    check_fixed(kvrouter, tmp, "chat")
+
+
+def test_fixed_latency_completions(kvrouter, tmp):
+    check_fixed(kvrouter, tmp, "completions")
+
+
+def test_session_answers_resent(kvrouter, tmp):
+    tokens = 40
+    with start_sim(kvrouter, "--fixed-ttft-ms", 10, "--fixed-itl-ms", 2, "--log-level",
+                   "warn") as sim:
+        _, reqs = run_bench(kvrouter, sim, os.path.join(tmp, "session"), "--multiturn-mode",
+                            "session", "--turns", 2, "--think-s", 0.05, "--rates", 8,
+                            "--num-prompts", 12, "--output-mean", tokens, "--output-std", 0,
+                            "--output-min", tokens, "--output-max", tokens)
+    by_conv = {}
+    for r in reqs:
+        assert r["ok"], r
+        by_conv.setdefault(r["conversation"], {})[r["turn"]] = r
+    pairs = [c for c in by_conv.values() if 1 in c and 2 in c]
+    assert pairs, by_conv
+    for c in pairs:
+        # Turn 2 carries turn 1's prompt, the streamed answer (~1 prompt token per answer token
+        # at the sim's 4 characters per token) and a short follow-up.
+        grew = c[2]["prompt_tokens"] - c[1]["prompt_tokens"]
+        assert grew >= 0.5 * c[1]["output_tokens"], (c[1], c[2])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvrouter", required=True)
+    args = ap.parse_args()
+    kvrouter = os.path.abspath(args.kvrouter)
+    tmp = tempfile.mkdtemp(prefix="kvr_bench_acc_test_")
+    try:
+        for t in (test_fixed_latency_chat, test_fixed_latency_completions,
+                  test_session_answers_resent):
+            t(kvrouter, tmp)
+            print("ok", t.__name__)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
