@@ -422,7 +422,7 @@ int kvr_sim_main(int argc, char **argv) {
       {"cost-prefill-tok-us", F_DBL, &e->cost.prefill_tok_us,
        "step cost: us per prefilled token (default 55)"},
       {"cost-decode-ctx-ns", F_DBL, &e->cost.decode_ctx_ns,
-       "step cost: ns per context token of each decoding sequence (default 60)"},
+       "step cost: ns per context token of each decoding sequence (default 35)"},
       {"cost-attn-pair-ns", F_DBL, &e->cost.attn_pair_ns,
        "step cost: ns per query-key pair of prefill attention (default 2)"},
       {"fixed-ttft-ms", F_DBL, &cli.opts.fixed_ttft_ms,
