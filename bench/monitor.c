@@ -22,6 +22,7 @@
 #include "buf.h"
 #include "curlm.h"
 #include "kvr.h"
+#include "metrics.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -254,30 +255,18 @@ void kvr_monitor_free(kvr_monitor_t *m) {
 
 size_t kvr_monitor_prom_value(const char *text, size_t len, const char *name, double *sum,
                               double *max) {
-  size_t nlen = strlen(name), found = 0;
+  size_t found = 0;
   double s = 0, mx = -INFINITY;
   const char *p = text, *end = text + len;
   while (p < end) {
     const char *eol = memchr(p, '\n', (size_t)(end - p));
     if (eol == NULL)
       eol = end;
-    if ((size_t)(eol - p) > nlen && memcmp(p, name, nlen) == 0 &&
-        (p[nlen] == '{' || p[nlen] == ' ')) {
-      /* The value follows the last space of the line (label values may hold spaces). */
-      const char *sp = eol;
-      while (sp > p && sp[-1] != ' ')
-        sp--;
-      char num[64];
-      size_t n = KVR_MIN((size_t)(eol - sp), sizeof(num) - 1);
-      memcpy(num, sp, n);
-      num[n] = '\0';
-      char *e;
-      double v = strtod(num, &e);
-      if (e != num && isfinite(v)) {
-        s += v;
-        mx = fmax(mx, v);
-        found++;
-      }
+    double v;
+    if (kvr_metric_line_is(p, eol, name) && kvr_metric_line_value(p, eol, &v) == 0 && isfinite(v)) {
+      s += v;
+      mx = fmax(mx, v);
+      found++;
     }
     p = eol + 1;
   }

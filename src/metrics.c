@@ -1,8 +1,11 @@
 /* metrics.c -- Prometheus text exposition helpers; see metrics.h. */
 #include "metrics.h"
 
+#include "kvr.h"
+
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 const double kvr_hist_latency_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25,
@@ -81,4 +84,41 @@ void kvr_metric_escape(kvr_buf_t *out, const char *value) {
     else
       kvr_buf_append(out, p, 1);
   }
+}
+
+/* ---- reading scraped pages ------------------------------------------------------------------- */
+
+bool kvr_metric_line_is(const char *line, const char *end, const char *name) {
+  size_t n = strlen(name);
+  return (size_t)(end - line) > n && memcmp(line, name, n) == 0 &&
+         (line[n] == '{' || line[n] == ' ');
+}
+
+int kvr_metric_line_value(const char *line, const char *end, double *out) {
+  const char *sp = line;
+  int depth = 0;
+  while (sp < end && (depth > 0 || (*sp != ' ' && *sp != '\t'))) {
+    if (*sp == '{')
+      depth++;
+    else if (*sp == '}')
+      depth--;
+    else if (*sp == '"' && depth > 0) { /* skip quoted label values, which may hold spaces */
+      sp++;
+      while (sp < end && *sp != '"') {
+        if (*sp == '\\')
+          sp++;
+        sp++;
+      }
+    }
+    sp++;
+  }
+  if (sp >= end)
+    return -1;
+  char num[64];
+  size_t n = KVR_MIN((size_t)(end - sp), sizeof num - 1);
+  memcpy(num, sp, n);
+  num[n] = '\0';
+  char *e;
+  *out = strtod(num, &e);
+  return e == num ? -1 : 0;
 }

@@ -3,13 +3,15 @@
  * A kvr_hist_t is a fixed set of cumulative-on-output buckets (upper bounds in the metric's unit)
  * plus sum and count, as Prometheus' client libraries keep them. Rendering follows the text
  * exposition format 0.0.4: one HELP and TYPE line per family, then the samples; label values are
- * escaped (backslash, quote, newline).
+ * escaped (backslash, quote, newline). Reading: kvr_metric_line_is()/kvr_metric_line_value() take
+ * one sample line of a scraped page apart (the router's worker scrape, the bench's monitor).
  */
 #ifndef KVR_METRICS_H
 #define KVR_METRICS_H
 
 #include "buf.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,5 +42,12 @@ void kvr_metric_sample(kvr_buf_t *out, const char *name, const char *labels, dou
 void kvr_metric_hist(kvr_buf_t *out, const char *name, const char *labels, const kvr_hist_t *h);
 /* Appends a label value escaped for the text format (no quotes added). */
 void kvr_metric_escape(kvr_buf_t *out, const char *value);
+
+/* Whether the sample line [line, end) is of metric `name`: the name followed by '{' or ' '. */
+bool kvr_metric_line_is(const char *line, const char *end, const char *name);
+/* Reads the value that follows the name and label set of the sample line [line, end) (quoted label
+ * values may hold spaces and escapes; an optional timestamp after the value is ignored). Returns 0,
+ * or -1 when the line has no number there. */
+int kvr_metric_line_value(const char *line, const char *end, double *out);
 
 #endif

@@ -19,6 +19,7 @@
 
 #include "kvr.h"
 #include "log.h"
+#include "metrics.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -48,36 +49,6 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud) {
   return len;
 }
 
-/* Reads the value after the label set of one sample line; returns 0 on success. */
-static int sample_value(const char *line, const char *end, double *out) {
-  const char *sp = line;
-  int depth = 0;
-  while (sp < end && (depth > 0 || (*sp != ' ' && *sp != '\t'))) {
-    if (*sp == '{')
-      depth++;
-    else if (*sp == '}')
-      depth--;
-    else if (*sp == '"' && depth > 0) { /* skip quoted label values, which may hold spaces */
-      sp++;
-      while (sp < end && *sp != '"') {
-        if (*sp == '\\')
-          sp++;
-        sp++;
-      }
-    }
-    sp++;
-  }
-  if (sp >= end)
-    return -1;
-  char num[64];
-  size_t n = KVR_MIN((size_t)(end - sp), sizeof num - 1);
-  memcpy(num, sp, n);
-  num[n] = '\0';
-  char *e;
-  *out = strtod(num, &e);
-  return e == num ? -1 : 0;
-}
-
 static uint64_t label_u64(const char *line, const char *end, const char *label) {
   char key[64];
   snprintf(key, sizeof key, "%s=\"", label);
@@ -97,12 +68,6 @@ static uint64_t label_u64(const char *line, const char *end, const char *label) 
   return 0;
 }
 
-static bool name_is(const char *line, const char *end, const char *name) {
-  size_t n = strlen(name);
-  return (size_t)(end - line) > n && memcmp(line, name, n) == 0 &&
-         (line[n] == '{' || line[n] == ' ');
-}
-
 int kvr_scrape_parse(kvr_worker_t *w, const char *text, size_t len, uint64_t now_ms) {
   double running = 0, waiting = 0, usage = 0;
   int nusage = 0, found = 0;
@@ -114,19 +79,19 @@ int kvr_scrape_parse(kvr_worker_t *w, const char *text, size_t len, uint64_t now
       eol = end;
     double v;
     if (*p != '#' && eol > p) {
-      if (name_is(p, eol, "vllm:num_requests_running") && sample_value(p, eol, &v) == 0) {
+      if (kvr_metric_line_is(p, eol, "vllm:num_requests_running") && kvr_metric_line_value(p, eol, &v) == 0) {
         running += v;
         found++;
-      } else if (name_is(p, eol, "vllm:num_requests_waiting") && sample_value(p, eol, &v) == 0) {
+      } else if (kvr_metric_line_is(p, eol, "vllm:num_requests_waiting") && kvr_metric_line_value(p, eol, &v) == 0) {
         waiting += v;
         found++;
-      } else if ((name_is(p, eol, "vllm:kv_cache_usage_perc") ||
-                  name_is(p, eol, "vllm:gpu_cache_usage_perc")) &&
-                 sample_value(p, eol, &v) == 0) {
+      } else if ((kvr_metric_line_is(p, eol, "vllm:kv_cache_usage_perc") ||
+                  kvr_metric_line_is(p, eol, "vllm:gpu_cache_usage_perc")) &&
+                 kvr_metric_line_value(p, eol, &v) == 0) {
         usage += v;
         nusage++;
         found++;
-      } else if (name_is(p, eol, "vllm:cache_config_info")) {
+      } else if (kvr_metric_line_is(p, eol, "vllm:cache_config_info")) {
         gpu_blocks = label_u64(p, eol, "num_gpu_blocks");
         block_size = label_u64(p, eol, "block_size");
       }

@@ -38,6 +38,11 @@ static void test_prom_value(void **state) {
   assert_true(sum == -1 && max == -1);
   assert_int_equal(kvr_monitor_prom_value(page, n, "vllm:num_preemptions", &sum, &max), 0);
   assert_int_equal(kvr_monitor_prom_value("", 0, "vllm:num_preemptions_total", &sum, &max), 0);
+  /* an optional timestamp after the value is not the value */
+  const char ts[] = "vllm:num_preemptions_total{engine=\"0\"} 4 1700000000000\n";
+  assert_int_equal(kvr_monitor_prom_value(ts, strlen(ts), "vllm:num_preemptions_total", &sum, &max),
+                   1);
+  assert_true(sum == 4 && max == 4);
 }
 
 int main(void) {
