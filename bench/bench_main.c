@@ -565,20 +565,6 @@ int kvr_bench_main(int argc, char **argv) {
       free(owned[i]);
     return 2;
   }
-  char model[256];
-  if (c.lg.model == NULL) {
-    if (kvr_loadgen_fetch_model(b.lg, model, sizeof(model), err, sizeof(err)) != 0) {
-      fprintf(stderr, "kvrouter bench: no --model given and %s\n", err);
-      kvr_loadgen_free(b.lg);
-      uv_loop_close(&b.loop);
-      kvr_workload_free(wl);
-      for (size_t i = 0; i < nowned; i++)
-        free(owned[i]);
-      return 1;
-    }
-    c.lg.model = model;
-  }
-  bool reset = c.reset_cache < 0 ? c.nab > 0 : c.reset_cache == 1;
   b.mon = kvr_monitor_new(&b.loop, c.admin, c.lg.url, 200);
   if (b.mon == NULL) {
     fprintf(stderr, "kvrouter bench: cannot set up the metrics monitor for %s\n", c.lg.url);
@@ -589,6 +575,23 @@ int kvr_bench_main(int argc, char **argv) {
       free(owned[i]);
     return 1;
   }
+  char model[256];
+  if (c.lg.model == NULL) {
+    if (kvr_monitor_fetch_model(b.mon, model, sizeof(model), err, sizeof(err)) != 0) {
+      fprintf(stderr, "kvrouter bench: no --model given and %s\n", err);
+      kvr_monitor_free(b.mon);
+      kvr_loadgen_free(b.lg);
+      uv_run(&b.loop, UV_RUN_DEFAULT); /* the monitor's close callbacks */
+      uv_loop_close(&b.loop);
+      kvr_workload_free(wl);
+      for (size_t i = 0; i < nowned; i++)
+        free(owned[i]);
+      return 1;
+    }
+    c.lg.model = model;
+    kvr_loadgen_set_model(b.lg, model);
+  }
+  bool reset = c.reset_cache < 0 ? c.nab > 0 : c.reset_cache == 1;
   uv_signal_init(&b.loop, &b.sigint);
   uv_signal_init(&b.loop, &b.sigterm);
   b.sigint.data = b.sigterm.data = &b;
@@ -644,7 +647,7 @@ int kvr_bench_main(int argc, char **argv) {
       snprintf(d, sizeof(d), "endpoint %s", c.lg.url);
     kvr_run_t *run = kvr_stats_results_add_run(res, label, policy, d);
     if (policy) {
-      if (kvr_loadgen_set_policy(b.lg, c.admin, policy, err, sizeof(err)) != 0) {
+      if (kvr_monitor_set_policy(b.mon, policy, err, sizeof(err)) != 0) {
         fprintf(stderr, "kvrouter bench: switching policy to %s: %s\n", policy, err);
         exit_code = 1;
         break;

@@ -90,7 +90,7 @@ struct kvr_loadgen_s {
   uv_poll_t tfd_poll;
   int open_handles;
   bool interrupted;
-  bool running;          /* uv_run is in progress for a level, sleep or admin call */
+  bool running;          /* uv_run is in progress for a level or a sleep */
 
   /* Level state. */
   kvr_level_t *lv;
@@ -113,11 +113,6 @@ struct kvr_loadgen_s {
   size_t progress_len;
   unsigned warmup;       /* warm-up requests of this level */
   bool replay;           /* this level replays pre-built conversations (see replay_slot) */
-
-  /* Admin call state. */
-  int admin_status;
-  CURLcode admin_result;
-  bool admin_done;
 };
 
 void kvr_loadgen_opts_default(kvr_loadgen_opts_t *o) {
@@ -1079,116 +1074,10 @@ void kvr_loadgen_sleep(kvr_loadgen_t *lg, double real_seconds) {
   uv_timer_stop(&lg->sleeper);
 }
 
-/* ---- admin ----------------------------------------------------------------------------------- */
-
-static size_t on_admin_write(char *ptr, size_t size, size_t nmemb, void *userdata) {
-  kvr_buf_t *b = userdata;
-  size_t n = size * nmemb;
-  if (b->len < MAX_ERROR_BODY)
-    kvr_buf_append(b, ptr, KVR_MIN(n, MAX_ERROR_BODY - b->len));
-  return n;
-}
-
-static void on_admin_done(CURL *easy, CURLcode result, void *data) {
-  kvr_loadgen_t *lg = data;
-  long code = 0;
-  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &code);
-  lg->admin_status = (int)code;
-  lg->admin_result = result;
-  lg->admin_done = true;
-  uv_stop(lg->loop);
-}
-
-/* One small request (admin call, model list) on the loop, run to completion. resp gets at most
- * MAX_ERROR_BODY bytes of the body. Returns 0 on a 2xx answer, else KVR_EIO (transport) or
- * KVR_EUPSTREAM (status) with the reason in err. */
-static int simple_request(kvr_loadgen_t *lg, const char *method, const char *url, const char *body,
-                          kvr_buf_t *resp, char *err, size_t errlen) {
-  CURL *easy = curl_easy_init();
-  if (easy == NULL)
+void kvr_loadgen_set_model(kvr_loadgen_t *lg, const char *model) {
+  char *m = strdup(model);
+  if (m == NULL)
     abort();
-  struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
-  curl_easy_setopt(easy, CURLOPT_URL, url);
-  curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, method);
-  curl_easy_setopt(easy, CURLOPT_HTTPHEADER, h);
-  if (body) {
-    curl_easy_setopt(easy, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(body));
-  }
-  curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_admin_write);
-  curl_easy_setopt(easy, CURLOPT_WRITEDATA, resp);
-  curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, 10000L);
-  lg->admin_done = false;
-  int rc = 0;
-  if (kvr_curlm_add(lg->curlm, easy, on_admin_done, lg) != 0) {
-    snprintf(err, errlen, "%s %s: curl refused the transfer", method, url);
-    rc = KVR_EIO;
-  } else {
-    lg->running = true;
-    while (!lg->admin_done && !lg->interrupted)
-      uv_run(lg->loop, UV_RUN_DEFAULT);
-    lg->running = false;
-    if (!lg->admin_done) {
-      kvr_curlm_cancel(lg->curlm, easy);
-      snprintf(err, errlen, "%s %s: interrupted", method, url);
-      rc = KVR_EIO;
-    } else if (lg->admin_result != CURLE_OK) {
-      snprintf(err, errlen, "%s %s: %s", method, url, curl_easy_strerror(lg->admin_result));
-      rc = KVR_EIO;
-    } else if (lg->admin_status < 200 || lg->admin_status > 299) {
-      snprintf(err, errlen, "%s %s: HTTP %d: %.200s", method, url, lg->admin_status,
-               resp->data ? resp->data : "");
-      rc = KVR_EUPSTREAM;
-    }
-  }
-  curl_easy_cleanup(easy);
-  curl_slist_free_all(h);
-  return rc;
-}
-
-int kvr_loadgen_set_policy(kvr_loadgen_t *lg, const char *admin_url, const char *policy, char *err,
-                           size_t errlen) {
-  kvr_buf_t url = KVR_BUF_INIT, body = KVR_BUF_INIT, resp = KVR_BUF_INIT;
-  kvr_buf_puts(&url, admin_url);
-  while (url.len > 0 && url.data[url.len - 1] == '/')
-    url.data[--url.len] = '\0';
-  kvr_buf_puts(&url, "/admin/policy");
-  kvr_buf_puts(&body, "{\"policy\":");
-  kvr_buf_json_str(&body, policy, strlen(policy));
-  kvr_buf_puts(&body, "}");
-  int rc = simple_request(lg, "PUT", url.data, body.data, &resp, err, errlen);
-  kvr_buf_free(&url);
-  kvr_buf_free(&body);
-  kvr_buf_free(&resp);
-  return rc;
-}
-
-int kvr_loadgen_fetch_model(kvr_loadgen_t *lg, char *model, size_t size, char *err, size_t errlen) {
-  /* The models list lives at the same /v1 root as the completions endpoint. */
-  kvr_buf_t url = KVR_BUF_INIT, resp = KVR_BUF_INIT;
-  kvr_buf_puts(&url, lg->url);
-  char *v1 = strstr(url.data + 8, "/v1/");
-  url.len = (size_t)(v1 - url.data);
-  url.data[url.len] = '\0';
-  kvr_buf_puts(&url, "/v1/models");
-  int rc = simple_request(lg, "GET", url.data, NULL, &resp, err, errlen);
-  if (rc == 0) {
-    cJSON *j = cJSON_Parse(resp.data ? resp.data : "");
-    const cJSON *data = j ? cJSON_GetObjectItemCaseSensitive(j, "data") : NULL;
-    const cJSON *m0 = cJSON_IsArray(data) ? cJSON_GetArrayItem(data, 0) : NULL;
-    const cJSON *id = m0 ? cJSON_GetObjectItemCaseSensitive(m0, "id") : NULL;
-    if (cJSON_IsString(id) && strlen(id->valuestring) < size) {
-      snprintf(model, size, "%s", id->valuestring);
-      free(lg->model);
-      lg->model = strdup(id->valuestring);
-    } else {
-      snprintf(err, errlen, "GET %s: no data[0].id in the answer", url.data);
-      rc = KVR_EPARSE;
-    }
-    cJSON_Delete(j);
-  }
-  kvr_buf_free(&url);
-  kvr_buf_free(&resp);
-  return rc;
+  free(lg->model);
+  lg->model = m;
 }

@@ -49,7 +49,7 @@ typedef struct kvr_loadgen_s kvr_loadgen_t;
 
 typedef struct kvr_loadgen_opts_s {
   const char *url;        /* http://HOST:PORT[/v1/chat/completions]; the API path is added if absent */
-  const char *model;      /* NULL: ask GET /v1/models (kvr_loadgen_fetch_model) */
+  const char *model;      /* NULL: ask GET /v1/models (kvr_monitor_fetch_model) */
   const char *api_key;    /* sent as "Authorization: Bearer" when not NULL */
   kvr_api_t api;
   bool ignore_eos;        /* add "ignore_eos": true so outputs run to max_tokens (vLLM, the sim) */
@@ -86,15 +86,8 @@ void kvr_loadgen_free(kvr_loadgen_t *lg);
 int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, unsigned concurrency,
                           uint64_t level_seed, const kvr_slo_t *slo, kvr_level_t **out);
 
-/* Switches the router's policy: PUT admin_url/admin/policy with {"policy": NAME}. Runs the loop
- * until the answer. Returns 0, or KVR_EUPSTREAM / KVR_EIO with the reason in err. */
-int kvr_loadgen_set_policy(kvr_loadgen_t *lg, const char *admin_url, const char *policy, char *err,
-                           size_t errlen);
-
-/* Asks the endpoint's GET /v1/models for the first model id (as `vllm bench serve` does when no
- * model is given) and uses it from now on; copies it into model. Returns 0 or a KVR_E* code with
- * the reason in err. */
-int kvr_loadgen_fetch_model(kvr_loadgen_t *lg, char *model, size_t size, char *err, size_t errlen);
+/* Uses model (copied) in the requests from now on. */
+void kvr_loadgen_set_model(kvr_loadgen_t *lg, const char *model);
 
 /* Waits real_seconds on the loop (cooldown); returns early after kvr_loadgen_interrupt(). */
 void kvr_loadgen_sleep(kvr_loadgen_t *lg, double real_seconds);

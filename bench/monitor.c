@@ -55,6 +55,7 @@ struct call_s {
   bool sync;
   bool done;
   kvr_buf_t body;
+  struct curl_slist *headers; /* calls with a JSON body */
   size_t max;
   long status;
   CURLcode result;
@@ -64,6 +65,7 @@ struct kvr_monitor_s {
   uv_loop_t *loop;
   kvr_curlm_t *curlm;
   char *admin; /* admin base URL or NULL */
+  char *url;   /* the benchmarked endpoint */
   char *base;  /* the endpoint's scheme://host:port */
   uint64_t poll_ms;
   uv_timer_t poll;
@@ -94,6 +96,7 @@ static void call_free(call_t *c) {
   if (c->next)
     c->next->prev = c->prev;
   curl_easy_cleanup(c->easy);
+  curl_slist_free_all(c->headers);
   kvr_buf_free(&c->body);
   free(c);
 }
@@ -117,9 +120,10 @@ static void on_call_done(CURL *easy, CURLcode result, void *data) {
   call_free(c);
 }
 
-/* Starts a transfer; returns the call or NULL when curl refused it. */
-static call_t *call_start(kvr_monitor_t *m, const char *method, const char *url, bool sync,
-                          int target, size_t max, long timeout_ms) {
+/* Starts a transfer of method on url with an optional JSON body (copied); returns the call or NULL
+ * when curl refused it. */
+static call_t *call_start(kvr_monitor_t *m, const char *method, const char *url, const char *json,
+                          bool sync, int target, size_t max, long timeout_ms) {
   call_t *c = calloc(1, sizeof(*c));
   if (c == NULL)
     abort();
@@ -133,10 +137,14 @@ static call_t *call_start(kvr_monitor_t *m, const char *method, const char *url,
     return NULL;
   }
   curl_easy_setopt(c->easy, CURLOPT_URL, url);
-  if (strcmp(method, "POST") == 0) {
-    curl_easy_setopt(c->easy, CURLOPT_POST, 1L);
-    curl_easy_setopt(c->easy, CURLOPT_POSTFIELDS, "");
-    curl_easy_setopt(c->easy, CURLOPT_POSTFIELDSIZE, 0L);
+  if (strcmp(method, "GET") != 0) {
+    curl_easy_setopt(c->easy, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(c->easy, CURLOPT_POSTFIELDSIZE, json ? (long)strlen(json) : 0L);
+    curl_easy_setopt(c->easy, CURLOPT_COPYPOSTFIELDS, json ? json : "");
+  }
+  if (json) {
+    c->headers = curl_slist_append(NULL, "Content-Type: application/json");
+    curl_easy_setopt(c->easy, CURLOPT_HTTPHEADER, c->headers);
   }
   curl_easy_setopt(c->easy, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(c->easy, CURLOPT_TIMEOUT_MS, timeout_ms);
@@ -181,6 +189,16 @@ static void call_error(const call_t *c, char *buf, size_t size) {
       *p = ' ';
 }
 
+/* Writes "METHOD URL: reason" of a failed call into err; returns KVR_EIO (transport) or
+ * KVR_EUPSTREAM (an HTTP error status). */
+static int call_failed(const call_t *c, const char *method, const char *url, char *err,
+                       size_t errlen) {
+  char why[200];
+  call_error(c, why, sizeof(why));
+  snprintf(err, errlen, "%s %s: %s", method, url, why);
+  return c && c->result == CURLE_OK ? KVR_EUPSTREAM : KVR_EIO;
+}
+
 /* ---- lifetime -------------------------------------------------------------------------------- */
 
 /* "http://h:p/v1/chat/completions" -> "http://h:p"; NULL when there is no scheme. */
@@ -218,11 +236,13 @@ kvr_monitor_t *kvr_monitor_new(uv_loop_t *loop, const char *admin_url, const cha
     abort();
   m->loop = loop;
   m->base = base;
+  m->url = trim_slash(url);
   m->admin = admin_url ? trim_slash(admin_url) : NULL;
   m->poll_ms = KVR_MAX(poll_ms, (uint64_t)50);
   m->curlm = kvr_curlm_new(loop);
   if (m->curlm == NULL) {
     free(m->base);
+    free(m->url);
     free(m->admin);
     free(m);
     return NULL;
@@ -235,6 +255,7 @@ kvr_monitor_t *kvr_monitor_new(uv_loop_t *loop, const char *admin_url, const cha
 static void on_poll_closed(uv_handle_t *h) {
   kvr_monitor_t *m = h->data;
   free(m->base);
+  free(m->url);
   free(m->admin);
   free(m);
 }
@@ -308,7 +329,7 @@ static void on_poll_timer(uv_timer_t *timer) {
     if (t->poll)
       continue;
     metrics_url(t, url, sizeof(url));
-    t->poll = call_start(m, "GET", url, false, (int)i, MON_METRICS_MAX, MON_TIMEOUT_MS);
+    t->poll = call_start(m, "GET", url, NULL, false, (int)i, MON_METRICS_MAX, MON_TIMEOUT_MS);
   }
 }
 
@@ -330,7 +351,7 @@ static void read_all(kvr_monitor_t *m, bool begin) {
   char url[600];
   for (size_t i = 0; i < m->ntargets; i++) {
     metrics_url(&m->targets[i], url, sizeof(url));
-    calls[i] = call_start(m, "GET", url, true, -1, MON_METRICS_MAX, MON_TIMEOUT_MS);
+    calls[i] = call_start(m, "GET", url, NULL, true, -1, MON_METRICS_MAX, MON_TIMEOUT_MS);
   }
   run_sync(m);
   for (size_t i = 0; i < m->ntargets; i++) {
@@ -357,7 +378,7 @@ static void find_targets(kvr_monitor_t *m) {
   }
   char url[600];
   snprintf(url, sizeof(url), "%s/admin/workers", m->admin);
-  call_t *c = call_start(m, "GET", url, true, -1, MON_JSON_MAX, MON_TIMEOUT_MS);
+  call_t *c = call_start(m, "GET", url, NULL, true, -1, MON_JSON_MAX, MON_TIMEOUT_MS);
   run_sync(m);
   cJSON *j = call_ok(c) ? cJSON_ParseWithLength(c->body.data, c->body.len) : NULL;
   const cJSON *ws = cJSON_GetObjectItemCaseSensitive(j, "workers");
@@ -438,25 +459,77 @@ static int reset_summary_admin(const call_t *c, char *summary, size_t size) {
 }
 
 int kvr_monitor_reset_cache(kvr_monitor_t *m, char *summary, size_t size) {
-  char url[600], err[200];
+  char url[600];
   cancel_polls(m);
   snprintf(url, sizeof(url), "%s%s", m->admin ? m->admin : m->base,
            m->admin ? "/admin/reset_prefix_cache" : "/reset_prefix_cache");
-  call_t *c = call_start(m, "POST", url, true, -1, MON_JSON_MAX, MON_RESET_TIMEOUT_MS);
+  call_t *c = call_start(m, "POST", url, NULL, true, -1, MON_JSON_MAX, MON_RESET_TIMEOUT_MS);
   run_sync(m);
   int rc;
   if (!call_ok(c)) {
-    call_error(c, err, sizeof(err));
-    snprintf(summary, size, "failed: POST %s: %s", url, err);
+    char why[400];
+    rc = call_failed(c, "POST", url, why, sizeof(why));
+    snprintf(summary, size, "failed: %s", why);
     for (char *p = summary; *p; p++)
       if (*p == '|')
         *p = ' ';
-    rc = c && c->result == CURLE_OK ? KVR_EUPSTREAM : KVR_EIO;
   } else if (m->admin) {
     rc = reset_summary_admin(c, summary, size);
   } else {
     snprintf(summary, size, "worker reset (POST %s: HTTP %ld)", url, c->status);
     rc = 0;
+  }
+  if (c)
+    call_free(c);
+  return rc;
+}
+
+/* ---- policy and model ------------------------------------------------------------------------ */
+
+int kvr_monitor_set_policy(kvr_monitor_t *m, const char *policy, char *err, size_t errlen) {
+  if (m->admin == NULL) {
+    snprintf(err, errlen, "no admin URL to switch the policy through");
+    return KVR_EINVAL;
+  }
+  char url[600];
+  snprintf(url, sizeof(url), "%s/admin/policy", m->admin);
+  kvr_buf_t body = KVR_BUF_INIT;
+  kvr_buf_puts(&body, "{\"policy\":");
+  kvr_buf_json_str(&body, policy, strlen(policy));
+  kvr_buf_puts(&body, "}");
+  call_t *c = call_start(m, "PUT", url, body.data, true, -1, MON_JSON_MAX, MON_TIMEOUT_MS);
+  kvr_buf_free(&body);
+  run_sync(m);
+  int rc = call_ok(c) ? 0 : call_failed(c, "PUT", url, err, errlen);
+  if (c)
+    call_free(c);
+  return rc;
+}
+
+int kvr_monitor_fetch_model(kvr_monitor_t *m, char *model, size_t size, char *err,
+                            size_t errlen) {
+  /* The models list lives at the same /v1 root as the benchmarked endpoint. */
+  char url[600];
+  const char *v1 = strstr(m->url, "/v1/");
+  int root = v1 ? (int)(v1 - m->url) : (int)strlen(m->base);
+  snprintf(url, sizeof(url), "%.*s/v1/models", root, m->url);
+  call_t *c = call_start(m, "GET", url, NULL, true, -1, MON_JSON_MAX, MON_TIMEOUT_MS);
+  run_sync(m);
+  int rc;
+  if (!call_ok(c)) {
+    rc = call_failed(c, "GET", url, err, errlen);
+  } else {
+    cJSON *j = cJSON_ParseWithLength(c->body.data ? c->body.data : "", c->body.len);
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(j, "data");
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(data, 0), "id");
+    if (cJSON_IsArray(data) && cJSON_IsString(id) && strlen(id->valuestring) < size) {
+      snprintf(model, size, "%s", id->valuestring);
+      rc = 0;
+    } else {
+      snprintf(err, errlen, "GET %s: no data[0].id in the answer", url);
+      rc = KVR_EPARSE;
+    }
+    cJSON_Delete(j);
   }
   if (c)
     call_free(c);

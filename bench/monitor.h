@@ -1,5 +1,6 @@
-/* monitor.h -- the bench's side channel to the system under test: prefix-cache resets between
- * runs, and the workers' engine counters around each level (which limit a level hit).
+/* monitor.h -- the bench's side channel to the system under test: the model name, policy switches
+ * and prefix-cache resets between runs, and the workers' engine counters around each level (which
+ * limit a level hit).
  *
  * A kvr_monitor_t has its own kvr_curlm_t on the bench's loop, separate from the load generator's,
  * so its calls never queue behind or share a connection with the measured traffic.
@@ -39,6 +40,16 @@ kvr_monitor_t *kvr_monitor_new(uv_loop_t *loop, const char *admin_url, const cha
 /* Stops polling, cancels transfers and closes the monitor's handles; the memory is freed once the
  * loop has run their close callbacks (the caller runs the loop afterwards). Accepts NULL. */
 void kvr_monitor_free(kvr_monitor_t *m);
+
+/* Asks GET /v1/models at the endpoint's /v1 root for the first model id (as `vllm bench serve`
+ * does when no model is given) and copies it into model. Runs the loop until the answer. Returns 0
+ * or KVR_EIO / KVR_EUPSTREAM / KVR_EPARSE with the reason in err. */
+int kvr_monitor_fetch_model(kvr_monitor_t *m, char *model, size_t size, char *err, size_t errlen);
+
+/* Switches the router's policy: PUT ADMIN/admin/policy with {"policy": NAME}. Runs the loop until
+ * the answer. Returns 0, KVR_EINVAL without an admin URL, or KVR_EUPSTREAM / KVR_EIO with the
+ * reason in err. */
+int kvr_monitor_set_policy(kvr_monitor_t *m, const char *policy, char *err, size_t errlen);
 
 /* Resets the prefix caches: POST ADMIN/admin/reset_prefix_cache when an admin URL was given (every
  * worker plus the router's cache index), else POST URL/reset_prefix_cache on the endpoint's server
