@@ -14,7 +14,7 @@
 #   AB_RESULTS  the summary file (default bench/AB_RESULTS.md)
 # Environment (the defaults took 12.5 minutes on a 2-core machine):
 #   AB_WORKLOADS    "multiturn documents control"
-#   AB_TIME_SCALE   10      simulator speed-up
+#   AB_TIME_SCALE   4       simulator speed-up (at 10 a 2-core machine, not the simulated cluster, limits capacity)
 #   AB_WARMUP_S     60      simulated seconds of warm-up per level (single-turn workloads)
 #   AB_WARMUP_MT_S  120     the same for multiturn (sessions need ~2 min to reach their turn mix)
 #   AB_LEVEL_S      60      simulated seconds measured per level (at least 100 prompts)
@@ -26,8 +26,8 @@ set -eu
 KVR=${1:-build/kvrouter}
 OUT=${2:-results/ab}
 RES=${3:-bench/AB_RESULTS.md}
-WORKLOADS=${AB_WORKLOADS:-"multiturn documents control"}
-SCALE=${AB_TIME_SCALE:-10}
+WORKLOADS=${AB_WORKLOADS:-"documents multiturn control"}
+SCALE=${AB_TIME_SCALE:-4}
 WARM1=${AB_WARMUP_S:-60}
 WARMMT=${AB_WARMUP_MT_S:-120}
 LEVEL=${AB_LEVEL_S:-60}

@@ -5,7 +5,8 @@
 applied, flags override the file, a bad key named with its path), and shutdown on SIGTERM/SIGINT
 (exit 0, in-flight streams allowed to finish). Also `kvrouter bench`'s workload flags
 (bench/bench_main.c): --replay-order, --replay-dataset, --answer-mean/--answer-std listed by --help,
-bad values rejected before any request is sent.
+bad values rejected before any request is sent; the model looked up and the policy switched
+through the bench's side channel (bench/monitor.c), their failures one line and exit 1.
 
 Run:  python3 tests/integration/test_cli.py --kvrouter build/kvrouter [-k substring] [-v]
 The harness (processes, raw HTTP client, runner) is test_proxy.py's.
@@ -276,6 +277,48 @@ def test_bench_bad_workload_values_named():
             failed.append("%s: %s" % (" ".join(args), str(e)[:200]))
     assert not failed, "%d of %d cases failed:\n      %s" % (len(failed), len(cases) + len(good),
                                                            "\n      ".join(failed))
+
+
+@test(timeout=40)
+def test_bench_model_lookup_and_policy_switch():
+    with tempfile.TemporaryDirectory() as out, Cleanup() as c:
+        # No server: the model lookup fails with one line naming the URL it asked, no report.
+        rc, _, err = bench("--url", NOWHERE + "/v1/chat/completions", "--rates", "1",
+                           "--num-prompts", "1", "--quiet", "--out", out)
+        line = one_line_error(rc, err, "no --model given", NOWHERE + "/v1/models")
+        assert rc == 1, (rc, line)
+        assert os.listdir(out) == [], os.listdir(out)
+
+        sim = c.add(Sim())
+        r = c.add(Router([sim]))
+        url = "http://127.0.0.1:%d/v1/chat/completions" % r.port
+        admin = "http://127.0.0.1:%d/" % r.admin_port  # trailing slash: trimmed
+        # An unknown policy: the router's 400 reaches the user, nothing is measured.
+        rc, _, err = bench("--url", url, "--admin", admin, "--ab", "nope,round_robin",
+                           "--rates", "2", "--num-prompts", "2", "--warmup", "0",
+                           "--quiet", "--out", out, timeout=20)
+        line = one_line_error(rc, err, "switching policy to nope", "/admin/policy", "HTTP 400")
+        assert rc == 1, (rc, line)
+        # Good policies: the model comes from GET /v1/models, each run switched the router.
+        rc, _, err = bench("--url", url, "--admin", admin, "--ab", "least_load,round_robin",
+                           "--rates", "2", "--num-prompts", "2", "--warmup", "0",
+                           "--cooldown-s", "0", "--output-mean", "20", "--output-std", "0",
+                           "--quiet", "--out", out, timeout=20)
+        assert rc == 0, (rc, err[-800:])
+        models = request(sim.port, "GET", "/v1/models").json()["data"][0]["id"]
+        with open(os.path.join(out, "requests.jsonl")) as f:
+            reqs = [json.loads(ln) for ln in f if ln.strip()]
+        assert len(reqs) == 4 and all(q.get("ok") for q in reqs), reqs[:2]
+        pol = request(r.admin_port, "GET", "/admin/policy").json()["policy"]
+        assert pol == "round_robin", pol
+        results = [f for f in os.listdir(os.path.join(out, "results")) if f.endswith(".json")]
+        assert len(results) == 2, results
+        found = set()
+        for name in results:
+            with open(os.path.join(out, "results", name)) as f:
+                doc = json.load(f)
+            found.add(doc.get("model_id"))
+        assert found == {models}, (found, models)
 
 
 if __name__ == "__main__":
