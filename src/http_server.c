@@ -494,6 +494,18 @@ int kvr_http_write(kvr_http_req_t *req, const void *data, size_t len) {
   return rc;
 }
 
+/* True when a "Name: value\r\n" header block has a Content-Length line. */
+static bool has_content_length(const char *headers) {
+  for (const char *p = headers; p && *p;) {
+    if (strncasecmp(p, "content-length:", 15) == 0)
+      return true;
+    p = strstr(p, "\r\n");
+    if (p)
+      p += 2;
+  }
+  return false;
+}
+
 void kvr_http_respond(kvr_http_req_t *req, int status, const char *content_type,
                       const char *extra_headers, const void *body, size_t len) {
   if (req->started) {
@@ -509,11 +521,12 @@ void kvr_http_respond(kvr_http_req_t *req, int status, const char *content_type,
       kvr_buf_printf(&h, "Content-Type: %s\r\n", content_type);
     if (extra_headers)
       kvr_buf_puts(&h, extra_headers);
-    /* 1xx, 204 and 304 carry no body and no Content-Length (RFC 9110 8.6, 15.3.5). */
+    /* 1xx, 204 and 304 carry no body and no Content-Length (RFC 9110 8.6, 15.3.5). A HEAD
+     * answer whose caller already gave the GET body's Content-Length (a proxied HEAD) keeps it. */
     bool no_body = status < 200 || status == 204 || status == 304;
     if (no_body)
       len = 0;
-    else
+    else if (!(req->method == HTTP_HEAD && has_content_length(extra_headers)))
       kvr_buf_printf(&h, "Content-Length: %zu\r\n", len);
     if (!conn_keeps_alive(req) || req->http_minor == 0) {
       if (req->http_minor == 0 && conn_keeps_alive(req))

@@ -81,6 +81,7 @@ struct px_s {
   bool headers_done;
   bool got_byte;
   bool sse;
+  bool head_req; /* a HEAD request: the answer's Content-Length describes the GET body */
   bool streaming; /* client response started and body bytes go straight through */
   kvr_buf_t body; /* held non-SSE body */
   kvr_buf_t line; /* SSE line being assembled */
@@ -266,7 +267,9 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud) {
   if (strcasecmp(name, "content-type") == 0 && (size_t)(end - v) >= 17 &&
       strncasecmp(v, "text/event-stream", 17) == 0)
     px->sse = true;
-  if (is_hop_by_hop(name) || strcasecmp(name, "content-length") == 0 ||
+  /* The router frames bodies itself; a HEAD answer has none, so its Content-Length (the size a
+   * GET would return, RFC 9110 9.3.2) is passed on and the server adds none of its own. */
+  if (is_hop_by_hop(name) || (strcasecmp(name, "content-length") == 0 && !px->head_req) ||
       strcasecmp(name, "x-kvrouter-worker") == 0 || strcasecmp(name, "date") == 0)
     return len;
   kvr_buf_append(&px->resp_headers, name, nlen);
@@ -944,6 +947,7 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
     kvr_prompt_route_req(&px->prompt, &px->rreq);
   }
   px->req = req;
+  px->head_req = req->method == HTTP_HEAD;
   req->data = px;
   req->on_close = on_client_close;
   req->on_drain = on_client_drain;

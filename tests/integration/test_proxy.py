@@ -1427,6 +1427,11 @@ def test_connection_semantics_close_head_chunked_limits():
             via = request(r.port, "HEAD", "/v1/models")
             assert via.status == direct.status == 200, (via, direct)
             assert via.body == b""
+            # The size a GET would return (RFC 9110 9.3.2), as the worker said, not 0.
+            n = int(direct.header("content-length"))
+            assert n > 0 and via.header_all("content-length") == [str(n)], (
+                direct.header("content-length"), via.header_all("content-length"))
+            assert n == len(request(r.port, "GET", "/v1/models").body)
 
         _check_all([("Connection: close", conn_close),
                     ("good then malformed, pipelined", pipelined_good_then_bad),
