@@ -22,15 +22,7 @@ import test_proxy as h  # noqa: E402  (the shared harness)
 from test_proxy import (FAST, MODEL, Cleanup, Conn, Router, Sim, assert_openai_error,  # noqa: E402
                         build_request, chat_body, request, sse_events, token_events, wait_for)
 
-TESTS = []
-
-
-def test(timeout=20):
-    def deco(fn):
-        fn.timeout = timeout
-        TESTS.append(fn)
-        return fn
-    return deco
+TESTS, test = h.registry()
 
 
 def admin(r, method, path, body=None):

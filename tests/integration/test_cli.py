@@ -26,15 +26,7 @@ import test_proxy as h  # noqa: E402  (the shared harness)
 from test_proxy import (FAST, Cleanup, Conn, Router, Sim, build_request, chat_body,  # noqa: E402
                         request, sse_events, token_events)
 
-TESTS = []
-
-
-def test(timeout=20):
-    def deco(fn):
-        fn.timeout = timeout
-        TESTS.append(fn)
-        return fn
-    return deco
+TESTS, test = h.registry()
 
 
 def serve(*args, timeout=5):

@@ -676,16 +676,21 @@ class RecordingUpstream:
 
 # ---- tiny runner -----------------------------------------------------------------------------------
 
-TESTS = []
+def registry():
+    """A test list and its decorator for one test file: @test(timeout=S) appends the function to
+    the list with its wall-clock deadline (seconds); run() takes the list."""
+    tests = []
+
+    def test(timeout=20):
+        def deco(fn):
+            fn.timeout = timeout
+            tests.append(fn)
+            return fn
+        return deco
+    return tests, test
 
 
-def test(timeout=20):
-    """Registers a test function with its wall-clock deadline (seconds)."""
-    def deco(fn):
-        fn.timeout = timeout
-        TESTS.append(fn)
-        return fn
-    return deco
+TESTS, test = registry()
 
 
 class Deadline(Exception):
