@@ -1,10 +1,10 @@
 /* config.c -- `kvrouter serve` settings: one table drives the flags, the JSON keys and --help.
  *
  * Each entry of `options` names a command-line flag, the JSON path of the same setting in the config
- * file, its type, where it lives in kvr_config_t, its default (as text, for --help) and one line of
- * help. Parsing a flag and parsing a JSON key go through the same set_value(), so the two spellings
- * of a setting can never disagree on validation. `worker` (a list) and `policy_params` (an object) are
- * the only special cases.
+ * file, its type, where it lives in kvr_config_t, its default (as text: kvr_config_init() parses it
+ * and --help prints it) and one line of help. Parsing a flag and parsing a JSON key go through the
+ * same set_value(), so the two spellings of a setting can never disagree on validation. `worker`
+ * (a list) and `policy_params` (an object) are the only special cases.
  */
 #include "config.h"
 
@@ -76,29 +76,6 @@ static const opt_t options[] = {
     {"log-level", "log_level", T_LOGLEVEL, OFF(log_level), "info", "debug, info, warn, error, off"},
     {"seed", "seed", T_U64, OFF(seed), "1", "seed of the policies' tie-breaking randomness"},
 };
-
-void kvr_config_init(kvr_config_t *cfg) {
-  memset(cfg, 0, sizeof *cfg);
-  kvr_http_limits_default(&cfg->limits);
-  cfg->listen = strdup("0.0.0.0:8000");
-  cfg->admin_listen = strdup("127.0.0.1:8001");
-  cfg->policy = strdup("kv_aware");
-  cfg->log_level = strdup("info");
-  cfg->connect_timeout_ms = 2000;
-  cfg->first_byte_timeout_ms = 300000;
-  cfg->idle_timeout_ms = 120000;
-  cfg->retry_after_s = 1;
-  cfg->response_buffer_max = 16u << 20;
-  cfg->block_chars = 64;
-  /* 53.15 GiB of FP8 KV at 163,840 bytes per token / 16 tokens per block (shared WORKLOAD.md). */
-  cfg->cache_capacity_blocks = 21766;
-  cfg->scrape_interval_ms = 1000;
-  cfg->scrape_stale_ms = 5000;
-  cfg->fail_threshold = 3;
-  cfg->worker_header = true;
-  cfg->access_log = true;
-  cfg->seed = 1;
-}
 
 void kvr_config_free(kvr_config_t *cfg) {
   if (cfg == NULL)
@@ -229,6 +206,19 @@ static int set_value(kvr_config_t *cfg, const opt_t *o, const char *text, const 
     return 0;
   }
   return KVR_EINVAL;
+}
+
+/* The defaults are the table's own texts, parsed like a flag: --help can never show one value
+ * while the program starts with another. Limits not in the table keep the server's defaults. */
+void kvr_config_init(kvr_config_t *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  kvr_http_limits_default(&cfg->limits);
+  char err[160];
+  for (size_t i = 0; i < sizeof options / sizeof options[0]; i++)
+    if (set_value(cfg, &options[i], options[i].defval, options[i].flag, err, sizeof err) != 0) {
+      fprintf(stderr, "kvrouter: bad built-in default: %s\n", err);
+      abort();
+    }
 }
 
 static const cJSON *json_path(const cJSON *root, const char *path) {

@@ -10,6 +10,7 @@
 #include "config.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int parse(kvr_config_t *cfg, char *err, size_t errlen, int argc, char **argv) {
@@ -35,6 +36,36 @@ static void test_flags(void **state) {
   assert_false(cfg.worker_header);
   assert_non_null(cfg.policy_params);
   kvr_config_free(&cfg);
+}
+
+/* The defaults come from the option table (the texts --help prints). */
+static void test_defaults(void **state) {
+  (void)state;
+  kvr_config_t cfg;
+  kvr_config_init(&cfg);
+  assert_string_equal(cfg.listen, "0.0.0.0:8000");
+  assert_string_equal(cfg.admin_listen, "127.0.0.1:8001");
+  assert_string_equal(cfg.policy, "kv_aware");
+  assert_string_equal(cfg.log_level, "info");
+  assert_int_equal(cfg.connect_timeout_ms, 2000);
+  assert_int_equal(cfg.first_byte_timeout_ms, 300000);
+  assert_int_equal(cfg.limits.header_timeout_ms, 10000);
+  assert_int_equal(cfg.limits.max_body, 8388608);
+  assert_int_equal(cfg.response_buffer_max, 16u << 20);
+  assert_int_equal(cfg.cache_capacity_blocks, 21766);
+  assert_true(cfg.worker_header);
+  assert_true(cfg.access_log);
+  assert_int_equal(cfg.nworkers, 0);
+  kvr_config_free(&cfg);
+  /* --help prints the same texts. */
+  char *text = NULL;
+  size_t len = 0;
+  FILE *mem = open_memstream(&text, &len);
+  kvr_config_usage(mem);
+  fclose(mem);
+  assert_non_null(strstr(text, "300000"));
+  assert_non_null(strstr(text, "21766"));
+  free(text);
 }
 
 static void expect_error(const char *needle, int argc, char **argv) {
@@ -111,6 +142,7 @@ static void test_json_and_precedence(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_defaults),
       cmocka_unit_test(test_flags),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_json_and_precedence),
