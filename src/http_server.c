@@ -844,7 +844,10 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   kvr_http_conn_t *conn = s->data;
   if (nread < 0) {
-    conn_close(conn); /* EOF or error: the client is gone */
+    /* EOF or error: the client is gone. A half-close (shutdown(SHUT_WR) after the request, rare
+     * for HTTP clients) is taken as a disconnect too, as vLLM's own server takes it: the worker
+     * stops generating for a client that may never read the answer. */
+    conn_close(conn);
     return;
   }
   if (nread == 0)
