@@ -20,6 +20,11 @@
 #include <curl/curl.h>
 #include <uv.h>
 
+/* CURLOPT_MAXAGE_CONN of every transfer (set by kvr_curlm_add()): a pooled connection idle for
+ * more than this many whole seconds, i.e. for 4 s or more, is closed rather than reused; below the
+ * 5 s keep-alive of vLLM's HTTP server. */
+#define KVR_CURL_MAX_IDLE_S 3L
+
 typedef struct kvr_curlm_s kvr_curlm_t;
 
 /* Called once per finished transfer with curl's result; easy is no longer in the multi. */

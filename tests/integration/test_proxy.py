@@ -638,7 +638,8 @@ class RecordingUpstream:
                     outer.requests.append({"method": self.command, "path": self.path,
                                            "headers": [(k.lower(), v) for k, v in self.headers.items()],
                                            "body_len": len(body),
-                                           "body_sha": hashlib.sha256(body).hexdigest()})
+                                           "body_sha": hashlib.sha256(body).hexdigest(),
+                                           "peer": self.client_address[1]})
                 out = json.dumps({"id": "cmpl-rec", "object": "chat.completion", "model": MODEL,
                                   "choices": [{"index": 0, "message": {"role": "assistant",
                                                                        "content": "ok"},
@@ -1443,6 +1444,28 @@ def test_connection_semantics_close_head_chunked_limits():
                     ("chunked body over the limit -> 413", chunked_over_limit),
                     ("answer over --response-buffer-bytes", big_non_streaming),
                     ("HEAD /v1/models", head_models)])
+
+
+@test(timeout=20)
+def test_idle_upstream_connection_not_reused_past_max_idle():
+    """A pooled worker connection is reused while it is fresh and replaced once it has been idle
+    longer than 4 s (vLLM's server closes idle connections after 5 s: writing a request into one
+    it is closing fails)."""
+    up = RecordingUpstream()
+    with Cleanup() as c:
+        c.add(up)
+        r = c.add(Router([up.url], "--scrape-interval-ms", "0"))
+
+        def ask():
+            resp = request(r.port, "POST", "/v1/chat/completions", chat_body(stream=False))
+            assert resp.status == 200, resp.status
+            return up.requests[-1]["peer"]
+
+        first = ask()
+        time.sleep(0.3)
+        assert ask() == first, "a fresh idle connection was not reused"
+        time.sleep(4.6)
+        assert ask() != first, "a connection idle for 4.6 s was reused"
 
 
 @test(timeout=15)
