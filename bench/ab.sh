@@ -12,8 +12,8 @@
 #   KVROUTER    the binary (default build/kvrouter)
 #   OUT         results folder (default results/ab)
 #   AB_RESULTS  the summary file (default bench/AB_RESULTS.md)
-# Environment (the defaults took 12.5 minutes on a 2-core machine):
-#   AB_WORKLOADS    "multiturn documents control"
+# Environment (at the defaults documents took 23 and multiturn 31 minutes on a 2-core machine):
+#   AB_WORKLOADS    "documents multiturn control"
 #   AB_TIME_SCALE   4       simulator speed-up (at 10 a 2-core machine, not the simulated cluster, limits capacity)
 #   AB_WARMUP_S     60      simulated seconds of warm-up per level (single-turn workloads)
 #   AB_WARMUP_MT_S  120     the same for multiturn (sessions need ~2 min to reach their turn mix)
