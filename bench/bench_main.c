@@ -542,51 +542,40 @@ int kvr_bench_main(int argc, char **argv) {
     c.nrates = 0;
   raise_fd_limit();
 
+  /* Every way out after this point goes through `done`, which frees what was set up. */
   char err[512];
-  kvr_workload_t *wl = kvr_workload_new(&c.wl, err, sizeof(err));
-  if (wl == NULL) {
-    fprintf(stderr, "kvrouter bench: %s\n", err);
-    for (size_t i = 0; i < nowned; i++)
-      free(owned[i]);
-    return 2;
-  }
+  int exit_code = 0;
+  kvr_results_t *res = NULL;
   bench_t b;
   memset(&b, 0, sizeof(b));
   b.c = &c;
   uv_loop_init(&b.loop);
+  kvr_workload_t *wl = kvr_workload_new(&c.wl, err, sizeof(err));
+  if (wl == NULL) {
+    fprintf(stderr, "kvrouter bench: %s\n", err);
+    exit_code = 2;
+    goto done;
+  }
   c.lg.progress = c.quiet ? NULL : stderr;
   c.lg.progress_tty = isatty(STDERR_FILENO);
   b.lg = kvr_loadgen_new(&b.loop, &c.lg, wl, err, sizeof(err));
   if (b.lg == NULL) {
     fprintf(stderr, "kvrouter bench: %s\n", err);
-    kvr_workload_free(wl);
-    uv_loop_close(&b.loop);
-    for (size_t i = 0; i < nowned; i++)
-      free(owned[i]);
-    return 2;
+    exit_code = 2;
+    goto done;
   }
   b.mon = kvr_monitor_new(&b.loop, c.admin, c.lg.url, 200);
   if (b.mon == NULL) {
     fprintf(stderr, "kvrouter bench: cannot set up the metrics monitor for %s\n", c.lg.url);
-    kvr_loadgen_free(b.lg);
-    uv_loop_close(&b.loop);
-    kvr_workload_free(wl);
-    for (size_t i = 0; i < nowned; i++)
-      free(owned[i]);
-    return 1;
+    exit_code = 1;
+    goto done;
   }
   char model[256];
   if (c.lg.model == NULL) {
     if (kvr_monitor_fetch_model(b.mon, model, sizeof(model), err, sizeof(err)) != 0) {
       fprintf(stderr, "kvrouter bench: no --model given and %s\n", err);
-      kvr_monitor_free(b.mon);
-      kvr_loadgen_free(b.lg);
-      uv_run(&b.loop, UV_RUN_DEFAULT); /* the monitor's close callbacks */
-      uv_loop_close(&b.loop);
-      kvr_workload_free(wl);
-      for (size_t i = 0; i < nowned; i++)
-        free(owned[i]);
-      return 1;
+      exit_code = 1;
+      goto done;
     }
     c.lg.model = model;
     kvr_loadgen_set_model(b.lg, model);
@@ -598,7 +587,7 @@ int kvr_bench_main(int argc, char **argv) {
   uv_signal_start(&b.sigint, on_signal, SIGINT);
   uv_signal_start(&b.sigterm, on_signal, SIGTERM);
 
-  kvr_results_t *res = kvr_stats_results_new();
+  res = kvr_stats_results_new();
   b.res = res;
   char now[32];
   kvr_utc_iso8601(now, sizeof(now));
@@ -633,7 +622,6 @@ int kvr_bench_main(int argc, char **argv) {
 
   size_t nruns = c.nab ? c.nab : 1;
   bool first_level = true;
-  int exit_code = 0;
   for (size_t r = 0; r < nruns && !kvr_loadgen_interrupted(b.lg); r++) {
     const char *policy = c.nab ? c.ab[r] : NULL;
     const char *label = c.nlabels ? c.labels[r]
@@ -699,6 +687,7 @@ int kvr_bench_main(int argc, char **argv) {
 
   uv_close((uv_handle_t *)&b.sigint, NULL);
   uv_close((uv_handle_t *)&b.sigterm, NULL);
+done:
   kvr_monitor_free(b.mon);
   kvr_loadgen_free(b.lg);
   uv_run(&b.loop, UV_RUN_DEFAULT);
