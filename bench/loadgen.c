@@ -27,7 +27,9 @@
  * answers are pre-built (nothing in the conversation changes when a request finishes); requests
  * are sent only from schedule() (the timerfd or tick, or after a transfer's done callback), never
  * inside curl's own callbacks. Durations recorded are real durations times the time scale; lag
- * stays real.
+ * stays real. Only the engine's share is compressed by a time-scaled simulator, so when the first
+ * chunk carries the simulator's "kvr_sim_engine_us" the rest of the TTFT (client, router and
+ * loopback: transport_ms) is counted once, at 1x, in TTFT and E2E; TPOT and ITL are unaffected.
  */
 #include "loadgen.h"
 
@@ -71,6 +73,7 @@ struct req_s {
   double *itls;
   size_t nitl, capitl;
   uint64_t sent_ns, first_ns, last_ns;
+  uint64_t engine_ns;    /* the simulator's engine share of the TTFT, wall ns; 0 if not reported */
   bool stream_error;
   bool keep_answer;      /* the streamed text is resent by a later turn (session mode) */
   kvr_req_rec_t rec;
@@ -320,6 +323,12 @@ static void on_event(req_t *r, const char *data, size_t len, uint64_t now) {
     return;
   const char *tok;
   size_t tl;
+  if (r->first_ns == 0) {
+    static const char key[] = "\"kvr_sim_engine_us\":";
+    const char *k = FIND(data, len, key);
+    if (k != NULL && k + sizeof(key) - 1 < data + len)
+      r->engine_ns = strtoull(k + sizeof(key) - 1, NULL, 10) * 1000u;
+  }
   if (scan_token(data, len, r->lg->o.api, &tok, &tl)) {
     on_token(r, now);
     if (r->keep_answer && r->answer.len + tl <= MAX_ANSWER)
@@ -494,8 +503,16 @@ static void finish_request(kvr_loadgen_t *lg, req_t *r, CURLcode result) {
     rec->output_tokens = rec->chunks;
   rec->sent_s = (double)(r->sent_ns - lg->start_ns) / 1e9 * s;
   if (rec->ok) {
-    rec->ttft_ms = (double)(r->first_ns - r->sent_ns) / 1e6 * s;
-    rec->e2e_ms = (double)(r->last_ns - r->sent_ns) / 1e6 * s;
+    /* Transport (the real TTFT minus the engine's share) is not sped up by the simulator, so it
+     * is not stretched either: ttft = transport + engine x scale, and E2E likewise. */
+    double ttft_real = (double)(r->first_ns - r->sent_ns);
+    double eng = (double)r->engine_ns, tr = 0;
+    if (eng > 0 && eng <= ttft_real) {
+      tr = ttft_real - eng;
+      rec->transport_ms = tr / 1e6;
+    }
+    rec->ttft_ms = (tr + (ttft_real - tr) * s) / 1e6;
+    rec->e2e_ms = (tr + ((double)(r->last_ns - r->sent_ns) - tr) * s) / 1e6;
     rec->tpot_ms = rec->output_tokens > 1
                        ? (rec->e2e_ms - rec->ttft_ms) / (double)(rec->output_tokens - 1)
                        : -1;
@@ -580,7 +597,7 @@ static req_t *req_prepare(kvr_loadgen_t *lg, conv_t *cv, uint32_t turn) {
   r->keep_answer = !lg->replay && turn + 1 < cv->conv.nturns;
   r->rec.conv = cv->conv.id;
   r->rec.turn = r->turn + 1;
-  r->rec.ttft_ms = r->rec.tpot_ms = -1;
+  r->rec.ttft_ms = r->rec.tpot_ms = r->rec.transport_ms = -1;
   r->capitl = cv->conv.turns[turn].max_tokens > 1 ? cv->conv.turns[turn].max_tokens - 1 : 1;
   r->itls = malloc(r->capitl * sizeof(double));
   if (r->itls == NULL)

@@ -687,8 +687,9 @@ void kvr_report_markdown(const kvr_results_t *res, kvr_buf_t *out) {
   kvr_buf_printf(out, "| Prefix Cache Reset | %s |\n",
                  res->cache_reset ? res->cache_reset : "none");
   kvr_buf_printf(out,
-                 "| Time Scale | %g (durations are reported in simulated time; send lag in real "
-                 "time) |\n",
+                 "| Time Scale | %g (durations are reported in simulated time: the simulator's "
+                 "engine time x scale, the rest of TTFT and E2E (client, router, loopback) at 1x; "
+                 "send lag in real time) |\n",
                  res->time_scale);
   kvr_buf_printf(out, "| Seed | %llu |\n", (unsigned long long)res->seed);
   if (res->command)
@@ -785,6 +786,7 @@ void kvr_report_level_json(const kvr_results_t *res, const kvr_run_t *run, const
   cJSON_AddNumberToObject(k, "measured_requests", (double)lv->measured);
   cJSON_AddNumberToObject(k, "achieved_rate", lv->achieved_rate);
   cJSON_AddItemToObject(k, "send_lag_real_ms", dist_obj(&lv->lag));
+  cJSON_AddItemToObject(k, "ttft_transport_real_ms", dist_obj(&lv->transport));
   cJSON_AddNumberToObject(k, "total_cached_tokens", (double)lv->total_cached);
   cJSON_AddNumberToObject(k, "requests_with_usage", (double)lv->usage_requests);
   cJSON_AddBoolToObject(k, "interrupted", lv->interrupted);
@@ -843,13 +845,13 @@ void kvr_report_jsonl(const kvr_run_t *run, const kvr_level_t *lv, kvr_buf_t *ou
     kvr_buf_printf(out,
                    ",\"conversation\":%llu,\"turn\":%u,\"warmup\":%s,\"ok\":%s,\"status\":%d,"
                    "\"target_s\":%.6f,\"sent_s\":%.6f,\"lag_ms\":%.4f,\"ttft_ms\":%.3f,"
-                   "\"tpot_ms\":%.3f,\"e2e_ms\":%.3f,\"itl_count\":%u,\"itl_mean_ms\":%.3f,"
-                   "\"itl_max_ms\":%.3f,\"output_tokens\":%u,\"chunks\":%u,\"prompt_tokens\":%u,"
-                   "\"cached_tokens\":%u,\"usage\":%s,\"worker\":",
+                   "\"transport_ms\":%.3f,\"tpot_ms\":%.3f,\"e2e_ms\":%.3f,\"itl_count\":%u,"
+                   "\"itl_mean_ms\":%.3f,\"itl_max_ms\":%.3f,\"output_tokens\":%u,\"chunks\":%u,"
+                   "\"prompt_tokens\":%u,\"cached_tokens\":%u,\"usage\":%s,\"worker\":",
                    (unsigned long long)r->conv, r->turn, r->warmup ? "true" : "false",
                    r->ok ? "true" : "false", r->status, r->target_s, r->sent_s, r->lag_ms,
-                   r->ttft_ms, r->tpot_ms, r->e2e_ms, r->n_itl, r->itl_mean_ms, r->itl_max_ms,
-                   r->output_tokens, r->chunks, r->prompt_tokens, r->cached_tokens,
+                   r->ttft_ms, r->transport_ms, r->tpot_ms, r->e2e_ms, r->n_itl, r->itl_mean_ms,
+                   r->itl_max_ms, r->output_tokens, r->chunks, r->prompt_tokens, r->cached_tokens,
                    r->usage_seen ? "true" : "false");
     kvr_buf_json_str(out, r->worker, strlen(r->worker));
     kvr_buf_puts(out, ",\"error\":");

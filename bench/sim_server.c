@@ -202,10 +202,16 @@ static const char *finish_name(kvr_sim_finish_t f) {
   return f == KVR_SIM_FINISH_STOP ? "stop" : "length";
 }
 
-/* Appends the SSE chunk carrying token `word` (4 bytes); final adds finish_reason. */
+/* Appends the SSE chunk carrying token `word` (4 bytes); final adds finish_reason. The first
+ * chunk also carries "kvr_sim_engine_us": the wall-clock microseconds from the whole request
+ * having been read to this chunk, the part of the client's TTFT the time scale compresses (the
+ * load generator scales only that part; clients of the OpenAI API ignore unknown keys). */
 static void chunk_token(kvr_buf_t *b, const stream_t *s, const char *word, size_t wlen, bool first,
-                        bool final) {
+                        bool final, uint64_t now) {
   kvr_buf_append(b, s->prefix.data, s->prefix.len);
+  if (first)
+    kvr_buf_printf(b, "\"kvr_sim_engine_us\":%llu,",
+                   (unsigned long long)((now - s->arrival_ns) / 1000u));
   if (s->chat) {
     kvr_buf_puts(b, "\"choices\":[{\"index\":0,\"delta\":{");
     if (first)
@@ -375,7 +381,7 @@ static bool stream_emit(stream_t *s) {
   } else {
     kvr_buf_t *b = &srv->scratch;
     kvr_buf_reset(b);
-    chunk_token(b, s, word, sizeof(word), first, final);
+    chunk_token(b, s, word, sizeof(word), first, final, now);
     if (final) {
       if (s->include_usage) {
         kvr_buf_append(b, s->prefix.data, s->prefix.len);

@@ -195,9 +195,10 @@ void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo) {
   double *tpot = xrealloc(NULL, n * sizeof(double));
   double *e2e = xrealloc(NULL, n * sizeof(double));
   double *lag = xrealloc(NULL, n * sizeof(double));
+  double *transport = xrealloc(NULL, n * sizeof(double));
   double *st = xrealloc(NULL, n * sizeof(double));
   double *en = xrealloc(NULL, n * sizeof(double));
-  size_t nttft = 0, ntpot = 0, ne2e = 0, nlag = 0, nint = 0;
+  size_t nttft = 0, ntpot = 0, ne2e = 0, nlag = 0, ntransport = 0, nint = 0;
   double first_send = INFINITY, last_send = -INFINITY, last_end = -INFINITY;
 
   lv->measured = lv->completed = lv->failed = 0;
@@ -246,6 +247,8 @@ void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo) {
     lv->usage_requests += r->usage_seen;
     if (r->ttft_ms >= 0)
       ttft[nttft++] = r->ttft_ms;
+    if (r->transport_ms >= 0)
+      transport[ntransport++] = r->transport_ms;
     if (r->tpot_ms >= 0)
       tpot[ntpot++] = r->tpot_ms;
     e2e[ne2e++] = r->e2e_ms;
@@ -287,6 +290,7 @@ void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo) {
   kvr_stats_dist(tpot, ntpot, &lv->tpot);
   kvr_stats_dist(e2e, ne2e, &lv->e2e);
   kvr_stats_dist(lag, nlag, &lv->lag);
+  kvr_stats_dist(transport, ntransport, &lv->transport);
   if (lv->itls != NULL) {
     kvr_stats_dist(lv->itls, lv->nitls, &lv->itl);
     free(lv->itls);
@@ -321,6 +325,7 @@ void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo) {
   free(tpot);
   free(e2e);
   free(lag);
+  free(transport);
   free(st);
   free(en);
 }

@@ -35,6 +35,7 @@ typedef struct kvr_req_rec_s {
   double sent_s;          /* actual send time since level start, report seconds */
   double lag_ms;          /* actual - scheduled, real ms (0 in concurrency mode) */
   double ttft_ms;         /* < 0 when no token arrived */
+  double transport_ms;    /* TTFT outside the simulator's engine, real ms; < 0 if not reported */
   double e2e_ms;
   double tpot_ms;         /* < 0 when output_tokens < 2 */
   uint32_t n_itl;         /* ITL samples this request produced */
@@ -87,6 +88,7 @@ typedef struct kvr_level_s {
   size_t measured;         /* non-warm-up requests */
   size_t completed, failed;
   kvr_dist_t ttft, tpot, itl, e2e, lag;
+  kvr_dist_t transport;    /* TTFT outside the simulator's engine, real ms; n = 0 if not reported */
   double request_throughput, output_throughput, total_token_throughput;
   double achieved_rate;    /* measured sends per report second over the send window */
   unsigned max_concurrent;
