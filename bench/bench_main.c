@@ -49,6 +49,7 @@ typedef struct cfg_s {
   unsigned conc[MAX_LIST];
   size_t nconc;
   bool search;
+  bool no_early_stop;
   double search_start, search_max, search_res;
   char *ab[MAX_LIST];
   size_t nab;
@@ -105,6 +106,8 @@ static void usage(FILE *f) {
       "  --cooldown-s S         pause between levels and after a policy switch (default 30)\n"
       "  --search               find the max SLO-compliant rate (bracket, then bisect)\n"
       "  --search-start R --search-max R --search-resolution R   (defaults 1, 64, 0.05)\n"
+      "  --no-early-stop        run every search level to its end, even once its TTFT p99\n"
+      "                         has certainly missed the SLO (by default it stops there)\n"
       "  --time-scale N         target runs N times faster than real time (kvrouter sim)\n"
       "SLOs:\n"
       "  --slo-ttft-ms MS       TTFT p99 target (default 1000)\n"
@@ -185,8 +188,9 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
       snprintf(name, sizeof(name), "%s", arg + 2);
     }
     /* Flags without a value. */
-    static const char *const flags[] = {"help",  "search",      "sessions",      "no-ignore-eos",
-                                        "quiet", "reset-cache", "no-reset-cache"};
+    static const char *const flags[] = {"help",           "search",      "sessions",
+                                        "no-ignore-eos",  "quiet",       "reset-cache",
+                                        "no-reset-cache", "no-early-stop"};
     bool is_flag = false;
     for (size_t f = 0; f < KVR_ARRAY_SIZE(flags); f++)
       is_flag |= strcmp(name, flags[f]) == 0;
@@ -207,6 +211,8 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
         c->reset_cache = 1;
       else if (strcmp(name, "no-reset-cache") == 0)
         c->reset_cache = 0;
+      else if (strcmp(name, "no-early-stop") == 0)
+        c->no_early_stop = true;
       else
         c->quiet = true;
       continue;
@@ -449,6 +455,11 @@ static const kvr_level_t *run_one(bench_t *b, kvr_run_t *run, double load, bool 
             lv->tpot.p99, lv->completed, lv->failed, lv->output_throughput, lv->lag.p99, engine);
     if (!lv->pass)
       fprintf(stderr, "[%s]   failing: %s\n", run->label, names);
+    if (lv->stopped_early)
+      fprintf(stderr,
+              "[%s]   stopped early: %zu measured requests had a TTFT at or over %.0f ms, so "
+              "TTFT p99 had missed the SLO\n",
+              run->label, lv->ttft_over_slo, c->slo.ttft_p99_ms);
   }
   return lv;
 }
@@ -556,6 +567,7 @@ int kvr_bench_main(int argc, char **argv) {
     exit_code = 2;
     goto done;
   }
+  c.lg.early_stop = c.search && !c.no_early_stop;
   c.lg.progress = c.quiet ? NULL : stderr;
   c.lg.progress_tty = isatty(STDERR_FILENO);
   b.lg = kvr_loadgen_new(&b.loop, &c.lg, wl, err, sizeof(err));

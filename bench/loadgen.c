@@ -104,6 +104,9 @@ struct kvr_loadgen_s {
   uint64_t start_ns;
   uint64_t *arrivals;    /* rate mode: real ns offsets from start_ns */
   size_t total, sent, done, failed, next_arrival;
+  double stop_ttft_ms;   /* early stop: the TTFT SLO (simulated ms); 0 = never stop early */
+  size_t ttft_over, ttft_over_stop; /* measured first tokens at or over it; how many end the level */
+  bool stopped_early;
   uint64_t next_conv;
   conv_t *spare;         /* the next new conversation, generated ahead of its send; owned */
   req_t *ready;          /* the next request, body rendered and easy handle set up ahead of its
@@ -254,10 +257,31 @@ static void set_error(req_t *r, const char *msg) {
   r->rec.error[n] = '\0';
 }
 
+/* The request's TTFT in simulated ms and the transport share in real ms (-1 when the server did
+ * not report its engine time). Transport (the real TTFT minus the engine's share) is not sped up
+ * by the simulator, so it is not stretched either: ttft = transport + engine x scale. */
+static double ttft_sim_ms(const req_t *r, double *transport_ms) {
+  double ttft_real = (double)(r->first_ns - r->sent_ns);
+  double eng = (double)r->engine_ns, tr = 0;
+  *transport_ms = -1;
+  if (eng > 0 && eng <= ttft_real) {
+    tr = ttft_real - eng;
+    *transport_ms = tr / 1e6;
+  }
+  return (tr + (ttft_real - tr) * scale(r->lg)) / 1e6;
+}
+
+static void on_stop_early(uv_timer_t *t);
+
 static void on_token(req_t *r, uint64_t now) {
   r->rec.chunks++;
   if (r->first_ns == 0) {
     r->first_ns = now;
+    kvr_loadgen_t *lg = r->lg;
+    double tr;
+    if (lg->stop_ttft_ms > 0 && !r->rec.warmup && ttft_sim_ms(r, &tr) >= lg->stop_ttft_ms &&
+        ++lg->ttft_over == lg->ttft_over_stop)
+      uv_timer_start(&lg->sleeper, on_stop_early, 0, 0); /* cancel from the loop, not from curl */
   } else {
     if (r->nitl == r->capitl) {
       r->capitl = r->capitl ? r->capitl * 2 : 256;
@@ -503,15 +527,8 @@ static void finish_request(kvr_loadgen_t *lg, req_t *r, CURLcode result) {
     rec->output_tokens = rec->chunks;
   rec->sent_s = (double)(r->sent_ns - lg->start_ns) / 1e9 * s;
   if (rec->ok) {
-    /* Transport (the real TTFT minus the engine's share) is not sped up by the simulator, so it
-     * is not stretched either: ttft = transport + engine x scale, and E2E likewise. */
-    double ttft_real = (double)(r->first_ns - r->sent_ns);
-    double eng = (double)r->engine_ns, tr = 0;
-    if (eng > 0 && eng <= ttft_real) {
-      tr = ttft_real - eng;
-      rec->transport_ms = tr / 1e6;
-    }
-    rec->ttft_ms = (tr + (ttft_real - tr) * s) / 1e6;
+    rec->ttft_ms = ttft_sim_ms(r, &rec->transport_ms);
+    double tr = rec->transport_ms > 0 ? rec->transport_ms * 1e6 : 0; /* E2E likewise */
     rec->e2e_ms = (tr + ((double)(r->last_ns - r->sent_ns) - tr) * s) / 1e6;
     rec->tpot_ms = rec->output_tokens > 1
                        ? (rec->e2e_ms - rec->ttft_ms) / (double)(rec->output_tokens - 1)
@@ -997,6 +1014,14 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
   }
   lg->total = lg->warmup + measured;
   lg->sent = lg->done = lg->failed = lg->next_arrival = 0;
+  /* p99 = s[lo] + (s[hi] - s[lo]) * frac with lo = floor(0.99 (n - 1)) over the n completed: it
+   * misses once n - lo values are at or over the SLO. n - lo grows with n, so n = measured is the
+   * safe count, plus the failures the SLO tolerates (they could be the slow ones and drop out). */
+  lg->stop_ttft_ms = lg->o.early_stop ? slo->ttft_p99_ms : 0;
+  lg->ttft_over = 0;
+  lg->ttft_over_stop = measured - (size_t)floor(0.99 * (double)(measured - 1)) +
+                       (size_t)floor(slo->max_failed_frac * (double)measured);
+  lg->stopped_early = false;
   lg->next_conv = 0;
   lg->arrivals = NULL;
   const kvr_workload_opts_t *wo = kvr_workload_opts(lg->wl);
@@ -1044,6 +1069,8 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
   uv_timer_stop(&lg->progress);
   print_progress(lg, true);
   lv->interrupted = lg->interrupted;
+  lv->stopped_early = lg->stopped_early;
+  lv->ttft_over_slo = lg->ttft_over;
   kvr_stats_level_finish(lv, slo);
   for (size_t i = 0; i < lg->nconvs; i++)
     conv_free(lg->convs[i]);
@@ -1062,8 +1089,8 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
   return 0;
 }
 
-void kvr_loadgen_interrupt(kvr_loadgen_t *lg) {
-  lg->interrupted = true;
+/* Cancels every transfer in flight (not recorded) and leaves the level's uv_run. */
+static void stop_level(kvr_loadgen_t *lg) {
   while (lg->inflight) {
     req_t *r = lg->inflight;
     inflight_remove(lg, r);
@@ -1074,6 +1101,21 @@ void kvr_loadgen_interrupt(kvr_loadgen_t *lg) {
   uv_timer_stop(&lg->sleeper);
   if (lg->running)
     uv_stop(lg->loop);
+}
+
+/* The level's TTFT p99 has certainly missed the SLO: nothing the rest could do changes that. */
+static void on_stop_early(uv_timer_t *t) {
+  kvr_loadgen_t *lg = t->data;
+  if (lg->lv == NULL || lg->interrupted)
+    return;
+  lg->stopped_early = true;
+  lg->sent = lg->total; /* nothing more is sent */
+  stop_level(lg);
+}
+
+void kvr_loadgen_interrupt(kvr_loadgen_t *lg) {
+  lg->interrupted = true;
+  stop_level(lg);
 }
 
 static void on_sleep_done(uv_timer_t *t) {

@@ -63,6 +63,8 @@ typedef struct kvr_loadgen_opts_s {
                            * s): a level must last several response times to measure capacity */
   size_t num_prompts;     /* measured requests per level */
   double request_timeout_s; /* real seconds per request; 0 = none */
+  bool early_stop;        /* end a level as soon as its TTFT p99 is certain to miss the SLO (see
+                           * kvr_loadgen_run_level); for searches, where only pass/fail counts */
   FILE *progress;         /* progress lines go here; NULL = silent */
   bool progress_tty;      /* rewrite one line with \r instead of printing plain lines */
 } kvr_loadgen_opts_t;
@@ -82,7 +84,11 @@ void kvr_loadgen_free(kvr_loadgen_t *lg);
 /* Runs one level to completion on the loop (returns when every request finished, or at once after
  * kvr_loadgen_interrupt()). Exactly one of rate (report req/s) and concurrency is > 0. The level's
  * trace is a pure function of level_seed. label names the run in progress lines. On success *out is
- * a finished level (SLO-checked against slo) owned by the caller. Returns 0 or KVR_EINVAL. */
+ * a finished level (SLO-checked against slo) owned by the caller. Returns 0 or KVR_EINVAL.
+ * With opts.early_stop the level ends (in-flight requests cancelled, not recorded) once so many
+ * measured requests have had a first token at or over slo->ttft_p99_ms that the level's TTFT p99
+ * would miss the SLO whatever the rest do (even if the failures the SLO allows were among them);
+ * the level is then marked stopped_early and fails on TTFT. */
 int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, unsigned concurrency,
                           uint64_t level_seed, const kvr_slo_t *slo, kvr_level_t **out);
 

@@ -247,7 +247,8 @@ static void verdict(const kvr_level_t *lv, char *buf, size_t size) {
   }
   char names[40];
   kvr_stats_fail_names(lv->fail_mask, names, sizeof(names));
-  snprintf(buf, size, "FAIL (%s)%s", names, lv->interrupted ? " (partial)" : "");
+  snprintf(buf, size, "FAIL (%s)%s", names,
+           lv->interrupted ? " (partial)" : lv->stopped_early ? " (stopped early)" : "");
 }
 
 /* The load the detailed comparison uses: the baseline's max SLO-compliant load, or when nothing
@@ -512,6 +513,16 @@ void kvr_report_markdown(const kvr_results_t *res, kvr_buf_t *out) {
     kvr_buf_puts(out, "\n");
   }
   kvr_buf_puts(out, "\n");
+  bool stopped = false;
+  for (size_t r = 0; r < res->nruns; r++)
+    for (size_t i = 0; i < res->runs[r].nlevels; i++)
+      stopped |= res->runs[r].levels[i]->stopped_early;
+  if (stopped)
+    kvr_buf_printf(out,
+                   "\"Stopped early\": the search ended the level once so many measured requests "
+                   "had a TTFT of %.0f ms or more that its TTFT p99 could no longer pass; its "
+                   "figures in the tables above cover the requests that had finished by then.\n\n",
+                   res->slo.ttft_p99_ms);
 
   /* Winner identification. */
   double base = res->nruns ? kvr_stats_run_max_load(&res->runs[0]) : 0;
@@ -790,6 +801,12 @@ void kvr_report_level_json(const kvr_results_t *res, const kvr_run_t *run, const
   cJSON_AddNumberToObject(k, "total_cached_tokens", (double)lv->total_cached);
   cJSON_AddNumberToObject(k, "requests_with_usage", (double)lv->usage_requests);
   cJSON_AddBoolToObject(k, "interrupted", lv->interrupted);
+  char failing[40];
+  kvr_stats_fail_names(lv->fail_mask, failing, sizeof(failing));
+  cJSON_AddBoolToObject(k, "slo_pass", lv->pass);
+  cJSON_AddStringToObject(k, "slo_failing", lv->pass ? "" : failing);
+  cJSON_AddBoolToObject(k, "stopped_early", lv->stopped_early);
+  cJSON_AddNumberToObject(k, "ttft_over_slo_when_stopped", (double)lv->ttft_over_slo);
   /* Which limit the level hit, from the workers' /metrics (null when none could be read). */
   if (lv->engine_workers) {
     cJSON_AddNumberToObject(k, "preemptions", (double)lv->preemptions);

@@ -318,6 +318,8 @@ void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo) {
     if (lv->tpot.n > 0 && !(lv->tpot.p99 < slo->tpot_p99_ms))
       lv->fail_mask |= KVR_SLO_FAIL_TPOT;
   }
+  if (lv->stopped_early)
+    lv->fail_mask |= KVR_SLO_FAIL_TTFT; /* certain, though the slow ones never finished */
   if ((double)lv->failed > slo->max_failed_frac * (double)lv->measured)
     lv->fail_mask |= KVR_SLO_FAIL_ERRORS;
   lv->pass = lv->fail_mask == 0;

@@ -82,6 +82,9 @@ typedef struct kvr_level_s {
   double rate;             /* target rate in report req/s; 0 in concurrency mode */
   unsigned concurrency;    /* users in concurrency mode; 0 in rate mode */
   bool interrupted;        /* stopped early (Ctrl-C): figures cover what finished */
+  bool stopped_early;      /* ended once its TTFT p99 certainly missed the SLO (kvr_loadgen early
+                            * stop): fails on TTFT; figures cover the requests finished by then */
+  size_t ttft_over_slo;    /* measured first tokens at or over the TTFT SLO when it stopped */
 
   /* Filled by kvr_stats_level_finish(). */
   double duration_s;       /* first measured send -> last measured completion, report seconds */

@@ -6,7 +6,8 @@ medians are within 5% of the configured values, every request streams the asked 
 and the per-request records agree with the level's figures, for chat and completions. At a time
 scale only the simulator's engine share of TTFT is stretched (the transport the simulator does not
 speed up is counted at 1x, and reported). In session mode the answers the bench streamed are
-resent in the next turn (the streamed text is kept). No speed is asserted: bench/accuracy.sh measures that (bench/ACCURACY.md).
+resent in the next turn (the streamed text is kept). A search ends a level as soon as its TTFT p99
+has certainly failed, and only then. No speed is asserted: bench/accuracy.sh measures that (bench/ACCURACY.md).
 
 Usage: python3 test_bench_accuracy.py --kvrouter PATH/TO/kvrouter
 """
@@ -104,6 +105,46 @@ def test_time_scale_stretches_engine_time_only(kvrouter, tmp):
     assert within(level["p50_tpot_ms"], itl, 0.05), level["p50_tpot_ms"]
 
 
+def search_levels(kvrouter, sim, out, *args):
+    argv = [kvrouter, "bench", "--url", sim.url, "--out", out, "--quiet", "--cooldown-s", "0",
+            "--time-scale", 20, "--search", "--search-start", 0.4, "--search-resolution", 0.2,
+            "--num-prompts", 50, "--output-mean", 4, "--output-std", 0, "--output-min", 4,
+            "--output-max", 4]
+    p = subprocess.run([str(a) for a in argv + list(args)], capture_output=True, text=True,
+                       timeout=90)
+    assert p.returncode == 0, "bench failed (%d):\n%s\n%s" % (p.returncode, p.stdout, p.stderr)
+    levels = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(out, "results", "*.json")))]
+    return sorted(levels, key=lambda lv: lv["request_rate"]), open(os.path.join(out, "report.md")).read()
+
+
+def test_search_stops_level_once_ttft_p99_failed(kvrouter, tmp):
+    # TTFT 1500 simulated ms against the 1000 ms SLO: every level fails (0.4, then 0.2 req/s). Of
+    # 50 measured requests, p99 = s[48] + ...: two at or over the SLO decide it, and the level ends
+    # there with nothing more sent.
+    with start_sim(kvrouter, "--fixed-ttft-ms", 1500, "--fixed-itl-ms", 20, "--time-scale", 20,
+                   "--log-level", "warn") as sim:
+        levels, report = search_levels(kvrouter, sim, os.path.join(tmp, "stop"))
+        full, _ = search_levels(kvrouter, sim, os.path.join(tmp, "nostop"), "--no-early-stop")
+    assert [lv["request_rate"] for lv in levels] == [0.2, 0.4], levels
+    for lv in levels:
+        k = lv["kvrouter"]
+        assert k["stopped_early"] and k["ttft_over_slo_when_stopped"] == 2, k
+        assert lv["completed"] < 50 and lv["failed"] == 0, lv
+        assert not k["slo_pass"] and "ttft" in k["slo_failing"].lower(), k
+    assert "FAIL (TTFT) (stopped early)" in report and '"Stopped early"' in report, report
+    for lv in full:
+        assert not lv["kvrouter"]["stopped_early"] and lv["completed"] == 50, lv
+        assert not lv["kvrouter"]["slo_pass"], lv["kvrouter"]
+    # A level whose p99 passes is never cut: TTFT 200 ms passes at 0.4 and at the 0.8 cap.
+    with start_sim(kvrouter, "--fixed-ttft-ms", 200, "--fixed-itl-ms", 20, "--time-scale", 20,
+                   "--log-level", "warn") as sim:
+        ok, _ = search_levels(kvrouter, sim, os.path.join(tmp, "pass"), "--search-max", 0.8)
+    assert [lv["request_rate"] for lv in ok] == [0.4, 0.8], ok
+    for lv in ok:
+        assert not lv["kvrouter"]["stopped_early"] and lv["completed"] == 50, lv
+        assert lv["kvrouter"]["slo_pass"], lv["kvrouter"]
+
+
 def test_session_answers_resent(kvrouter, tmp):
     tokens = 40
     with start_sim(kvrouter, "--fixed-ttft-ms", 10, "--fixed-itl-ms", 2, "--log-level",
@@ -133,7 +174,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="kvr_bench_acc_test_")
     try:
         for t in (test_fixed_latency_chat, test_fixed_latency_completions,
-                  test_time_scale_stretches_engine_time_only, test_session_answers_resent):
+                  test_time_scale_stretches_engine_time_only,
+                  test_search_stops_level_once_ttft_p99_failed, test_session_answers_resent):
             t(kvrouter, tmp)
             print("ok", t.__name__)
     finally:
