@@ -350,8 +350,12 @@ static void on_event(req_t *r, const char *data, size_t len, uint64_t now) {
   if (r->first_ns == 0) {
     static const char key[] = "\"kvr_sim_engine_us\":";
     const char *k = FIND(data, len, key);
-    if (k != NULL && k + sizeof(key) - 1 < data + len)
-      r->engine_ns = strtoull(k + sizeof(key) - 1, NULL, 10) * 1000u;
+    if (k != NULL) { /* digits parsed within len: the payload is not NUL-terminated */
+      uint64_t us = 0;
+      for (const char *d = k + sizeof(key) - 1; d < data + len && *d >= '0' && *d <= '9'; d++)
+        us = KVR_MIN(us * 10 + (uint64_t)(*d - '0'), (uint64_t)UINT32_MAX);
+      r->engine_ns = us * 1000u;
+    }
   }
   if (scan_token(data, len, r->lg->o.api, &tok, &tl)) {
     on_token(r, now);
