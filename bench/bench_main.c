@@ -448,18 +448,18 @@ static const kvr_level_t *run_one(bench_t *b, kvr_run_t *run, double load, bool 
                (unsigned long long)lv->preemptions, 100.0 * lv->kv_usage_peak);
     else
       snprintf(engine, sizeof(engine), "  preemptions n/a");
-    fprintf(stderr,
-            "[%s] %s %g: %s  TTFT p99 %.0f ms  TPOT p99 %.1f ms  %zu ok %zu failed  "
-            "out %.0f tok/s  lag p99 %.3f ms%s\n",
-            run->label, conc ? "users" : "rate", load, lv->pass ? "PASS" : "FAIL", lv->ttft.p99,
-            lv->tpot.p99, lv->completed, lv->failed, lv->output_throughput, lv->lag.p99, engine);
-    if (!lv->pass)
-      fprintf(stderr, "[%s]   failing: %s\n", run->label, names);
+    const char *what = conc ? "users" : "rate";
     if (lv->stopped_early)
+      fprintf(stderr, "[%s] %s %g: FAIL  stopped early: %zu measured TTFTs of %.0f ms or more%s\n",
+              run->label, what, load, lv->ttft_over_slo, c->slo.ttft_p99_ms, engine);
+    else
       fprintf(stderr,
-              "[%s]   stopped early: %zu measured requests had a TTFT at or over %.0f ms, so "
-              "TTFT p99 had missed the SLO\n",
-              run->label, lv->ttft_over_slo, c->slo.ttft_p99_ms);
+              "[%s] %s %g: %s  TTFT p99 %.0f ms  TPOT p99 %.1f ms  %zu ok %zu failed  "
+              "out %.0f tok/s  lag p99 %.3f ms%s\n",
+              run->label, what, load, lv->pass ? "PASS" : "FAIL", lv->ttft.p99, lv->tpot.p99,
+              lv->completed, lv->failed, lv->output_throughput, lv->lag.p99, engine);
+    if (!lv->pass && !lv->stopped_early)
+      fprintf(stderr, "[%s]   failing: %s\n", run->label, names);
   }
   return lv;
 }

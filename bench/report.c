@@ -207,7 +207,7 @@ static void cell(kvr_buf_t *out, const metric_t *m, const kvr_level_t *lv) {
   if (lv == NULL) {
     kvr_buf_puts(out, " " DASH " |");
   } else if (!m->valid(lv)) {
-    kvr_buf_puts(out, " n/a |");
+    kvr_buf_puts(out, lv->stopped_early ? " stopped early |" : " n/a |");
   } else {
     char tmp[64];
     snprintf(tmp, sizeof(tmp), m->fmt, m->get(lv));

@@ -310,7 +310,7 @@ void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo) {
       lv->measured > 1 && last_send > first_send ? (double)(lv->measured - 1) / (last_send - first_send) : 0;
 
   lv->fail_mask = 0;
-  if (lv->completed == 0)
+  if (lv->completed == 0 && !lv->stopped_early)
     lv->fail_mask |= KVR_SLO_FAIL_NODATA;
   else {
     if (!(lv->ttft.p99 < slo->ttft_p99_ms))
