@@ -424,13 +424,16 @@ static void observations(const kvr_results_t *res, kvr_buf_t *out) {
       const kvr_level_t *lv = res->runs[r].levels[i];
       worst_lag = fmax(worst_lag, lv->lag.p99);
       failed += lv->failed;
-      if (!res->concurrency_mode && lv->rate > 0 && lv->achieved_rate > 0)
+      /* A level cut short measured too few sends for a meaningful rate. */
+      if (!res->concurrency_mode && lv->rate > 0 && lv->achieved_rate > 0 && !lv->stopped_early &&
+          !lv->interrupted)
         worst_ratio = fmin(worst_ratio, lv->achieved_rate / lv->rate);
     }
   if (!res->concurrency_mode && isfinite(worst_ratio))
     kvr_buf_printf(out,
                    "%d. **The load generator kept to its schedule:** worst send lag p99 %.2f ms "
-                   "(real time); achieved rate was at least %.0f%% of target at every level.\n\n",
+                   "(real time); achieved rate was at least %.0f%% of target at every level run "
+                   "to its end.\n\n",
                    n++, worst_lag, 100.0 * worst_ratio);
   if (failed > 0)
     kvr_buf_printf(out, "%d. **%zu requests failed** across all levels; see requests.jsonl.\n\n",

@@ -61,7 +61,7 @@ def prompt_tokens(messages):
 
 # ---- stream shape ----
 
-def expected_chat_stream(cid, created, words, finish, usage):
+def expected_chat_stream(cid, created, engine_us, words, finish, usage):
     head = '{"id":"%s","object":"chat.completion.chunk","created":%d,"model":"%s",' % (
         cid, created, MODEL)
     out = ""
@@ -69,8 +69,10 @@ def expected_chat_stream(cid, created, words, finish, usage):
         delta = ('{"role":"assistant","content":%s}' if i == 0 else '{"content":%s}') % json.dumps(w)
         last = i == len(words) - 1
         tail = ('"%s","stop_reason":null' % finish) if last else "null"
-        out += 'data: %s"choices":[{"index":0,"delta":%s,"logprobs":null,"finish_reason":%s}]}\n\n' % (
-            head, delta, tail)
+        # the one key vLLM does not send: the engine's share of the TTFT, first chunk only
+        extra = '"kvr_sim_engine_us":%d,' % engine_us if i == 0 else ""
+        out += 'data: %s%s"choices":[{"index":0,"delta":%s,"logprobs":null,"finish_reason":%s}]}\n\n' % (
+            head, extra, delta, tail)
     if usage is not None:
         out += 'data: %s"choices":[],"usage":%s}\n\n' % (head, json.dumps(usage, separators=(",", ":")))
     return (out + "data: [DONE]\n\n").encode()
@@ -96,7 +98,9 @@ def stream_shape_and_usage(sim):
     ptoks = prompt_tokens(msgs)
     usage = {"prompt_tokens": ptoks, "total_tokens": ptoks + 6, "completion_tokens": 6,
              "prompt_tokens_details": {"cached_tokens": 0}}
-    expect = expected_chat_stream(first["id"], first["created"], words, "length", usage)
+    engine_us = first["kvr_sim_engine_us"]
+    check(isinstance(engine_us, int) and 0 <= engine_us < 10_000_000, first)
+    expect = expected_chat_stream(first["id"], first["created"], engine_us, words, "length", usage)
     check(r["raw"] == expect, "stream differs:\n%s\n---- expected ----\n%s" % (
         r["raw"].decode(), expect.decode()))
     check(full["usage"]["prompt_tokens"] == ptoks, full["usage"])
