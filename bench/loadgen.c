@@ -257,18 +257,18 @@ static void set_error(req_t *r, const char *msg) {
   r->rec.error[n] = '\0';
 }
 
-/* The request's TTFT in simulated ms and the transport share in real ms (-1 when the server did
- * not report its engine time). Transport (the real TTFT minus the engine's share) is not sped up
- * by the simulator, so it is not stretched either: ttft = transport + engine x scale. */
-static double ttft_sim_ms(const req_t *r, double *transport_ms) {
-  double ttft_real = (double)(r->first_ns - r->sent_ns);
-  double eng = (double)r->engine_ns, tr = 0;
-  *transport_ms = -1;
-  if (eng > 0 && eng <= ttft_real) {
-    tr = ttft_real - eng;
-    *transport_ms = tr / 1e6;
-  }
-  return (tr + (ttft_real - tr) * scale(r->lg)) / 1e6;
+/* The transport share of the request's real TTFT, wall ns: all of it but the engine's share the
+ * simulator reported in its first chunk; -1 when none was reported (vLLM). */
+static double transport_ns(const req_t *r) {
+  double ttft_real = (double)(r->first_ns - r->sent_ns), eng = (double)r->engine_ns;
+  return eng > 0 && eng <= ttft_real ? ttft_real - eng : -1;
+}
+
+/* The real time from the send to until_ns in simulated ms. Transport is not sped up by the
+ * simulator, so it is not stretched either: transport + the rest x scale (TTFT, E2E). */
+static double sim_ms(const req_t *r, uint64_t until_ns) {
+  double real = (double)(until_ns - r->sent_ns), tr = fmax(transport_ns(r), 0);
+  return (tr + (real - tr) * scale(r->lg)) / 1e6;
 }
 
 static void on_stop_early(uv_timer_t *t);
@@ -278,8 +278,7 @@ static void on_token(req_t *r, uint64_t now) {
   if (r->first_ns == 0) {
     r->first_ns = now;
     kvr_loadgen_t *lg = r->lg;
-    double tr;
-    if (lg->stop_ttft_ms > 0 && !r->rec.warmup && ttft_sim_ms(r, &tr) >= lg->stop_ttft_ms &&
+    if (lg->stop_ttft_ms > 0 && !r->rec.warmup && sim_ms(r, now) >= lg->stop_ttft_ms &&
         ++lg->ttft_over == lg->ttft_over_stop)
       uv_timer_start(&lg->sleeper, on_stop_early, 0, 0); /* cancel from the loop, not from curl */
   } else {
@@ -531,9 +530,10 @@ static void finish_request(kvr_loadgen_t *lg, req_t *r, CURLcode result) {
     rec->output_tokens = rec->chunks;
   rec->sent_s = (double)(r->sent_ns - lg->start_ns) / 1e9 * s;
   if (rec->ok) {
-    rec->ttft_ms = ttft_sim_ms(r, &rec->transport_ms);
-    double tr = rec->transport_ms > 0 ? rec->transport_ms * 1e6 : 0; /* E2E likewise */
-    rec->e2e_ms = (tr + ((double)(r->last_ns - r->sent_ns) - tr) * s) / 1e6;
+    double tr = transport_ns(r);
+    rec->transport_ms = tr >= 0 ? tr / 1e6 : -1;
+    rec->ttft_ms = sim_ms(r, r->first_ns);
+    rec->e2e_ms = sim_ms(r, r->last_ns);
     rec->tpot_ms = rec->output_tokens > 1
                        ? (rec->e2e_ms - rec->ttft_ms) / (double)(rec->output_tokens - 1)
                        : -1;
