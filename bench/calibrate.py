@@ -5,9 +5,9 @@ Owns the calibration of `kvrouter sim` against the phase0 column of the team's t
 (shared/seeds/002_03f57bbc2fe6bc6c.txt, copied below as SEED so the table needs no other file).
 
 Flow: start one `kvrouter sim` on 127.0.0.1 (a free port, --time-scale N), run `kvrouter bench`
-against it with the seed's load shape (300 prompts per rate drawn from one fixed dataset of 300
-5-turn `multiturn` conversations, the same dataset at every rate as `vllm bench serve` replays one
-file; Poisson arrivals, rates 0.5-3.0 req/s, ~500 output tokens per request, the history carrying
+against it with the seed's load shape (300 prompts per rate drawn from one fixed dataset of 100
+5-turn `multiturn` conversations, 500 prompts, the same dataset at every rate as `vllm bench serve`
+replays one file; Poisson arrivals, rates 0.5-3.0 req/s, ~500 output tokens per request, the history carrying
 dataset answers of normal(1000, 700) tokens so prompts average ~5.8k tokens), stop the sim by its PID,
 then read the bench's per-level results JSON and write a Markdown table: for each rate the seed's
 TTFT p99, TPOT p99, output tok/s and max concurrent next to the simulator's, the difference in
@@ -47,7 +47,7 @@ TOLERANCE = 0.20
 # The seed's load shape, as `kvrouter bench` options.
 BENCH_ARGS = [
     "--workload", "multiturn", "--multiturn-mode", "replay", "--replay-order", "sample",
-    "--replay-dataset", "300", "--answer-mean", "1000", "--answer-std", "700",
+    "--replay-dataset", "100", "--answer-mean", "1000", "--answer-std", "700",
     "--output-mean", "500", "--output-std", "150", "--output-min", "64", "--output-max", "2048",
     "--num-prompts", "300", "--warmup", "10", "--burstiness", "1", "--cooldown-s", "5",
 ]

@@ -95,7 +95,7 @@ void kvr_sim_config_default(kvr_sim_config_t *cfg) {
   cfg->enable_prefix_caching = true;
   cfg->cost.fixed_ms = 22.0;
   cfg->cost.per_seq_ms = 0.06;
-  cfg->cost.prefill_tok_us = 55.0;
+  cfg->cost.prefill_tok_us = 96.0;
   cfg->cost.decode_ctx_ns = 35.0;
   cfg->cost.attn_pair_ns = 2.0;
 }

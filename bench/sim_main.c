@@ -420,7 +420,7 @@ int kvr_sim_main(int argc, char **argv) {
       {"cost-per-seq-ms", F_DBL, &e->cost.per_seq_ms,
        "step cost: ms per scheduled sequence (default 0.06)"},
       {"cost-prefill-tok-us", F_DBL, &e->cost.prefill_tok_us,
-       "step cost: us per prefilled token (default 55)"},
+       "step cost: us per prefilled token (default 96)"},
       {"cost-decode-ctx-ns", F_DBL, &e->cost.decode_ctx_ns,
        "step cost: ns per context token of each decoding sequence (default 35)"},
       {"cost-attn-pair-ns", F_DBL, &e->cost.attn_pair_ns,
