@@ -529,17 +529,17 @@ static void finish_request(kvr_loadgen_t *lg, req_t *r, CURLcode result) {
   if (!rec->usage_seen)
     rec->output_tokens = rec->chunks;
   rec->sent_s = (double)(r->sent_ns - lg->start_ns) / 1e9 * s;
+  /* Failed requests convert the same way (a first token may have come before the failure). */
+  double tr = r->first_ns ? transport_ns(r) : -1;
+  rec->transport_ms = tr >= 0 ? tr / 1e6 : -1;
+  rec->ttft_ms = r->first_ns ? sim_ms(r, r->first_ns) : -1;
   if (rec->ok) {
-    double tr = transport_ns(r);
-    rec->transport_ms = tr >= 0 ? tr / 1e6 : -1;
-    rec->ttft_ms = sim_ms(r, r->first_ns);
     rec->e2e_ms = sim_ms(r, r->last_ns);
     rec->tpot_ms = rec->output_tokens > 1
                        ? (rec->e2e_ms - rec->ttft_ms) / (double)(rec->output_tokens - 1)
                        : -1;
   } else {
-    rec->ttft_ms = r->first_ns ? (double)(r->first_ns - r->sent_ns) / 1e6 * s : -1;
-    rec->e2e_ms = (double)(now - r->sent_ns) / 1e6 * s;
+    rec->e2e_ms = sim_ms(r, now);
     rec->tpot_ms = -1;
   }
   rec->n_itl = (uint32_t)r->nitl;

@@ -5,7 +5,7 @@ Against `kvrouter sim` in fixed-latency mode on 127.0.0.1 at low load, the bench
 medians are within 5% of the configured values, every request streams the asked number of tokens,
 and the per-request records agree with the level's figures, for chat and completions. At a time
 scale only the simulator's engine share of TTFT is stretched (the transport the simulator does not
-speed up is counted at 1x, and reported). In session mode the answers the bench streamed are
+speed up is counted at 1x, and reported), for failed requests too. In session mode the answers the bench streamed are
 resent in the next turn (the streamed text is kept). A search ends a level as soon as its TTFT p99
 has certainly failed, and only then. No speed is asserted: bench/accuracy.sh measures that (bench/ACCURACY.md).
 
@@ -104,6 +104,31 @@ def test_time_scale_stretches_engine_time_only(kvrouter, tmp):
     assert within(level["p50_ttft_ms"], ttft, 0.05), level["p50_ttft_ms"]
 
 
+def test_failed_requests_convert_time_like_completed(kvrouter, tmp):
+    # The sim cuts every stream after 3 tokens: each request fails after its first token, and its
+    # record must still split TTFT into transport (1x) + engine x scale, as a completed one does.
+    ttft, itl, n, scale = 400, 50, 10, 10
+    with start_sim(kvrouter, "--fixed-ttft-ms", ttft, "--fixed-itl-ms", itl, "--time-scale",
+                   scale, "--fault", "disconnect", "--fault-after-tokens", 3, "--log-level",
+                   "warn") as sim:
+        out = os.path.join(tmp, "failed")
+        argv = [kvrouter, "bench", "--url", sim.url, "--out", out, "--quiet", "--cooldown-s", 0,
+                "--time-scale", scale, "--rates", 2, "--num-prompts", n, "--output-mean", 10,
+                "--output-std", 0, "--output-min", 10, "--output-max", 10]
+        p = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=60)
+    assert os.path.exists(os.path.join(out, "requests.jsonl")), p.stderr
+    with open(os.path.join(out, "requests.jsonl")) as f:
+        reqs = [json.loads(line) for line in f if line.strip()]
+    measured = [r for r in reqs if not r.get("warmup")]
+    assert len(measured) == n and not any(r["ok"] for r in measured), measured
+    engines = []
+    for r in measured:
+        assert r["error"] and 0 <= r["transport_ms"] < r["ttft_ms"] <= r["e2e_ms"], r
+        engines.append(r["ttft_ms"] - r["transport_ms"])
+    engines.sort()
+    assert within(engines[len(engines) // 2], ttft, 0.05), engines
+
+
 def search_levels(kvrouter, sim, out, *args):
     argv = [kvrouter, "bench", "--url", sim.url, "--out", out, "--quiet", "--cooldown-s", "0",
             "--time-scale", 20, "--search", "--search-start", 0.4, "--search-resolution", 0.2,
@@ -174,7 +199,7 @@ def main():
     try:
         for t in (test_fixed_latency_chat, test_fixed_latency_completions,
                   test_time_scale_stretches_engine_time_only,
-                  test_search_stops_level_once_ttft_p99_failed, test_session_answers_resent):
+                  test_failed_requests_convert_time_like_completed, test_search_stops_level_once_ttft_p99_failed, test_session_answers_resent):
             t(kvrouter, tmp)
             print("ok", t.__name__)
     finally:
