@@ -7,11 +7,12 @@ Owns the calibration of `kvrouter sim` against the phase0 column of the team's t
 Flow: start one `kvrouter sim` on 127.0.0.1 (a free port, --time-scale N), run `kvrouter bench`
 against it with the seed's load shape (300 prompts per rate drawn from one fixed dataset of 100
 5-turn `multiturn` conversations, 500 prompts, the same dataset at every rate as `vllm bench serve`
-replays one file; Poisson arrivals, rates 0.5-3.0 req/s, ~500 output tokens per request, the history carrying
-dataset answers of normal(1000, 700) tokens so prompts average ~5.8k tokens), stop the sim by its PID,
-then read the bench's per-level results JSON and write a Markdown table: for each rate the seed's
-TTFT p99, TPOT p99, output tok/s and max concurrent next to the simulator's, the difference in
-percent, whether it is within the tolerance (20%), and the max SLO-compliant rate of both.
+replays one file; Poisson arrivals, rates 0.5-3.0 req/s, ~500 output tokens per request, the
+history carrying dataset answers of normal(1000, 700) tokens so prompts average ~5.8k tokens), stop
+the sim by its PID, then read the bench's per-level results JSON and write a Markdown table: for
+each rate the seed's TTFT p99, TPOT p99, output tok/s and max concurrent next to the simulator's,
+the difference in percent, whether it is within the tolerance (20%), and the max SLO-compliant
+rate of both.
 
 usage: bench/calibrate.py [--kvrouter build/kvrouter] [--out DIR] [--md bench/CALIBRATION.md]
                           [--time-scale 10] [--sim-arg=--cost-fixed-ms=22 ...] [--bench-arg=...]

@@ -258,8 +258,10 @@ static void set_error(req_t *r, const char *msg) {
 }
 
 /* The transport share of the request's real TTFT, wall ns: all of it but the engine's share the
- * simulator reported in its first chunk; -1 when none was reported (vLLM). */
+ * simulator reported in its first chunk; -1 when none was reported (vLLM) or no token came. */
 static double transport_ns(const req_t *r) {
+  if (r->first_ns == 0)
+    return -1;
   double ttft_real = (double)(r->first_ns - r->sent_ns), eng = (double)r->engine_ns;
   return eng > 0 && eng <= ttft_real ? ttft_real - eng : -1;
 }
@@ -530,7 +532,7 @@ static void finish_request(kvr_loadgen_t *lg, req_t *r, CURLcode result) {
     rec->output_tokens = rec->chunks;
   rec->sent_s = (double)(r->sent_ns - lg->start_ns) / 1e9 * s;
   /* Failed requests convert the same way (a first token may have come before the failure). */
-  double tr = r->first_ns ? transport_ns(r) : -1;
+  double tr = transport_ns(r);
   rec->transport_ms = tr >= 0 ? tr / 1e6 : -1;
   rec->ttft_ms = r->first_ns ? sim_ms(r, r->first_ns) : -1;
   if (rec->ok) {

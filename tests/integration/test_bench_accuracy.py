@@ -5,9 +5,10 @@ Against `kvrouter sim` in fixed-latency mode on 127.0.0.1 at low load, the bench
 medians are within 5% of the configured values, every request streams the asked number of tokens,
 and the per-request records agree with the level's figures, for chat and completions. At a time
 scale only the simulator's engine share of TTFT is stretched (the transport the simulator does not
-speed up is counted at 1x, and reported), for failed requests too. In session mode the answers the bench streamed are
-resent in the next turn (the streamed text is kept). A search ends a level as soon as its TTFT p99
-has certainly failed, and only then. No speed is asserted: bench/accuracy.sh measures that (bench/ACCURACY.md).
+speed up is counted at 1x, and reported), for failed requests too. In session mode the answers the
+bench streamed are resent in the next turn (the streamed text is kept). A search ends a level as
+soon as its TTFT p99 has certainly failed, and only then. No speed is asserted: bench/accuracy.sh
+measures that (bench/ACCURACY.md).
 
 Usage: python3 test_bench_accuracy.py --kvrouter PATH/TO/kvrouter
 """
@@ -199,7 +200,8 @@ def main():
     try:
         for t in (test_fixed_latency_chat, test_fixed_latency_completions,
                   test_time_scale_stretches_engine_time_only,
-                  test_failed_requests_convert_time_like_completed, test_search_stops_level_once_ttft_p99_failed, test_session_answers_resent):
+                  test_failed_requests_convert_time_like_completed,
+                  test_search_stops_level_once_ttft_p99_failed, test_session_answers_resent):
             t(kvrouter, tmp)
             print("ok", t.__name__)
     finally:
