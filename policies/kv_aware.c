@@ -6,7 +6,7 @@
  *
  *   matched_i  = min(prompt_tokens, matched_blocks_i * block_chars / 4)
  *   uncached_i = prompt_tokens - matched_i
- *   cost_i     = prefill_weight  * (queued_prefill_tokens_i + uncached_i)   (prefill ahead of us)
+ *   cost_i     = prefill_weight  * (prefill_backlog_tokens_i + uncached_i)  (prefill ahead of us)
  *              + decode_weight   * active_tokens_i                          (decode batch we join)
  *              + inflight_weight * inflight_i                               (per-sequence overhead)
  *              + [metrics fresh]  waiting_weight  * num_requests_waiting_i
@@ -18,6 +18,10 @@
  * (F + 1) / n + balance_slack). The slack keeps affinity at low load, where one or two requests of
  * imbalance are no hot spot; the epsilon term bounds the share of any worker under load. At least
  * one eligible worker is always under the limit (the minimum is at most the mean).
+ *
+ * prefill_backlog_tokens is the part of the worker's queued prefill it has probably not reached yet
+ * (prefill_clock.h): when every worker is busy prefilling, the request joins the one closest to
+ * done, not the one that happens to carry the least decode load.
  *
  * Lowest cost wins; ties go to the fewer in flight, then fewer active tokens, then random (seeded).
  * With no shared prefixes every uncached_i is equal and the cost orders workers by load, so the
@@ -94,7 +98,7 @@ static int kv_select(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_
     s[i].capped = false;
     double matched = (double)w->matched_blocks * (double)block_chars / 4.0;
     double uncached = (double)prompt - KVR_MIN(matched, (double)prompt);
-    double cost = p->prefill_weight * ((double)w->queued_prefill_tokens + uncached) +
+    double cost = p->prefill_weight * ((double)w->prefill_backlog_tokens + uncached) +
                   p->decode_weight * (double)w->active_tokens +
                   p->inflight_weight * (double)w->inflight;
     if (w->metrics_fresh)

@@ -37,6 +37,10 @@ typedef struct kvr_worker_snap_s {
   uint32_t inflight;      /* requests the router has outstanding on this worker (exact) */
   uint64_t active_tokens; /* router estimate: prompt + generated tokens of in-flight requests */
   uint64_t queued_prefill_tokens; /* router estimate: uncached prompt tokens not yet answered */
+  /* Router estimate: of queued_prefill_tokens, those the worker has probably not prefilled yet,
+   * from its measured prefill rate and the time since dispatch (prefill_clock.h); equal to
+   * queued_prefill_tokens until the rate is measured. */
+  uint64_t prefill_backlog_tokens;
   /* Scraped from the worker's /metrics; valid only when metrics_fresh. */
   bool metrics_fresh;
   double num_requests_running;

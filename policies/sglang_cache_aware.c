@@ -15,8 +15,12 @@
  * (same idea: learned from routing, LRU-bounded), so match rate = matched_blocks / nblocks and tree
  * size = cached_blocks. SGLang computes min/max load over all workers; we use the eligible ones
  * (usable, not tried) so a drained worker does not force balancing mode. Ties, which SGLang leaves
- * to iteration order, go to the lowest index, except the best-match tie, which goes to the least
- * loaded (then lowest index).
+ * to iteration order, go to the lowest index, except two that go to the least loaded (then lowest
+ * index): the best-match tie, and the smallest-tree tie. SGLang's trees count characters and grow
+ * with every request routed to them until its periodic eviction, so the worker just chosen stops
+ * being the smallest and unmatched requests rotate over the workers. Our index is LRU-bounded per
+ * worker: once full, every worker holds exactly its capacity and the tie would send every
+ * unmatched request to worker 0, a hot spot SGLang does not have.
  *
  * Scores: cost = inflight in balancing mode; 1 - match rate when routing by match; cached_blocks
  * when routing to the smallest tree.
@@ -85,7 +89,9 @@ static int sg_select(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_
     if (w->matched_blocks > b->matched_blocks ||
         (w->matched_blocks == b->matched_blocks && w->inflight < b->inflight))
       best = (int)i;
-    if (w->cached_blocks < workers[smallest].cached_blocks)
+    const kvr_worker_snap_t *sm = &workers[smallest];
+    if (w->cached_blocks < sm->cached_blocks ||
+        (w->cached_blocks == sm->cached_blocks && w->inflight < sm->inflight))
       smallest = (int)i;
   }
   if (least == KVR_POLICY_NONE)

@@ -198,6 +198,7 @@ static void explain(kvr_router_t *r, kvr_http_req_t *req) {
     cJSON_AddNumberToObject(x, "in_flight", s->inflight);
     cJSON_AddNumberToObject(x, "active_tokens", (double)s->active_tokens);
     cJSON_AddNumberToObject(x, "queued_prefill_tokens", (double)s->queued_prefill_tokens);
+    cJSON_AddNumberToObject(x, "prefill_backlog_tokens", (double)s->prefill_backlog_tokens);
     cJSON_AddBoolToObject(x, "metrics_fresh", s->metrics_fresh);
     cJSON_AddNumberToObject(x, "num_requests_running", s->num_requests_running);
     cJSON_AddNumberToObject(x, "num_requests_waiting", s->num_requests_waiting);

@@ -71,6 +71,8 @@ struct px_s {
   int attempts;
   uint64_t tried;
   uint64_t prefill_left;
+  uint64_t dispatched_ns; /* when the current attempt was accounted on w */
+  bool prefill_alone;     /* no other prefill was pending on w at dispatch (a rate sample) */
   uint64_t predicted_cached;
   uint64_t generated;
   bool accounted; /* load accounting open on w */
@@ -335,8 +337,7 @@ static void sse_line(px_t *px, const char *line, size_t len) {
   if (take_text(px, obj)) {
     if (px->generated == 0 && px->accounted) {
       /* First token: the prompt has been prefilled. */
-      kvr_worker_t *w = px->w;
-      w->queued_prefill_tokens -= KVR_MIN(w->queued_prefill_tokens, px->prefill_left);
+      kvr_router_worker_prefilled(px->w, px->prefill_left, px->dispatched_ns, px->prefill_alone);
       px->prefill_left = 0;
     }
     px->generated++;
@@ -760,6 +761,8 @@ static void attempt(px_t *px) {
   uint64_t cached = (uint64_t)d.snaps[slot].matched_blocks * r->cfg->block_chars / 4;
   px->predicted_cached = KVR_MIN(cached, prompt_tokens);
   px->prefill_left = prompt_tokens - px->predicted_cached;
+  px->prefill_alone = w->queued_prefill_tokens == 0;
+  px->dispatched_ns = kvr_now_ns();
   kvr_router_worker_begin(w, prompt_tokens, px->prefill_left);
   px->accounted = true;
   if (px->has_prompt) {

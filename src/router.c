@@ -145,6 +145,8 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t trie
     s->inflight = w->inflight;
     s->active_tokens = w->active_tokens;
     s->queued_prefill_tokens = w->queued_prefill_tokens;
+    s->prefill_backlog_tokens =
+        kvr_prefill_clock_backlog(&w->prefill, w->queued_prefill_tokens, t0);
     s->metrics_fresh = w->metrics_seen && now - w->scraped_at_ms <= r->cfg->scrape_stale_ms;
     s->num_requests_running = w->num_requests_running;
     s->num_requests_waiting = w->num_requests_waiting;
@@ -171,6 +173,14 @@ void kvr_router_worker_begin(kvr_worker_t *w, uint64_t prompt_tokens, uint64_t p
   w->requests_total++;
   w->active_tokens += prompt_tokens;
   w->queued_prefill_tokens += prefill_tokens;
+  kvr_prefill_clock_dispatch(&w->prefill, prefill_tokens, kvr_now_ns());
+}
+
+void kvr_router_worker_prefilled(kvr_worker_t *w, uint64_t prefill_tokens, uint64_t dispatched_ns,
+                                 bool alone) {
+  w->queued_prefill_tokens -= KVR_MIN(w->queued_prefill_tokens, prefill_tokens);
+  kvr_prefill_clock_first_token(&w->prefill, prefill_tokens, dispatched_ns, alone,
+                                w->queued_prefill_tokens, kvr_now_ns());
 }
 
 void kvr_router_worker_end(kvr_worker_t *w, uint64_t prompt_tokens, uint64_t prefill_left,
@@ -295,6 +305,10 @@ static double f_retries(const kvr_worker_t *w) { return (double)w->retries_total
 static double f_inflight(const kvr_worker_t *w) { return w->inflight; }
 static double f_active(const kvr_worker_t *w) { return (double)w->active_tokens; }
 static double f_prefill(const kvr_worker_t *w) { return (double)w->queued_prefill_tokens; }
+static double f_backlog(const kvr_worker_t *w) {
+  return (double)kvr_prefill_clock_backlog(&w->prefill, w->queued_prefill_tokens, kvr_now_ns());
+}
+static double f_prefill_rate(const kvr_worker_t *w) { return w->prefill.rate; }
 static double f_up(const kvr_worker_t *w) { return w->state == KVR_WORKER_UP; }
 static double f_prompt(const kvr_worker_t *w) { return (double)w->prompt_tokens_total; }
 static double f_pred(const kvr_worker_t *w) { return (double)w->predicted_cached_tokens_total; }
@@ -335,6 +349,14 @@ void kvr_router_metrics(kvr_router_t *r, kvr_buf_t *out) {
                 "Router estimate of prompt plus generated tokens of in-flight requests", f_active);
   worker_family(r, out, "kvrouter_worker_queued_prefill_tokens", "gauge",
                 "Router estimate of uncached prompt tokens not yet answered", f_prefill);
+  worker_family(r, out, "kvrouter_worker_prefill_backlog_tokens", "gauge",
+                "Router estimate of the queued prefill tokens the worker has not reached yet, "
+                "from its measured prefill rate",
+                f_backlog);
+  worker_family(r, out, "kvrouter_worker_prefill_rate_tokens_per_second", "gauge",
+                "Prefill rate measured from requests dispatched to an idle prefill queue "
+                "(EWMA; 0 until measured)",
+                f_prefill_rate);
   worker_family(r, out, "kvrouter_worker_prompt_tokens_total", "counter",
                 "Estimated prompt tokens routed to the worker", f_prompt);
   worker_family(r, out, "kvrouter_worker_predicted_cached_tokens_total", "counter",
@@ -427,6 +449,10 @@ cJSON *kvr_router_workers_json(kvr_router_t *r) {
     cJSON_AddNumberToObject(o, "errors_total", (double)w->errors_total);
     cJSON_AddNumberToObject(o, "active_tokens", (double)w->active_tokens);
     cJSON_AddNumberToObject(o, "queued_prefill_tokens", (double)w->queued_prefill_tokens);
+    cJSON_AddNumberToObject(
+        o, "prefill_backlog_tokens",
+        (double)kvr_prefill_clock_backlog(&w->prefill, w->queued_prefill_tokens, kvr_now_ns()));
+    cJSON_AddNumberToObject(o, "prefill_rate_tokens_per_second", w->prefill.rate);
     cJSON_AddNumberToObject(o, "index_blocks", (double)kvr_cache_index_entries(r->index, w->slot));
     cJSON_AddNumberToObject(o, "cache_capacity_blocks", (double)w->cache_capacity_blocks);
     cJSON *m = cJSON_AddObjectToObject(o, "scraped");

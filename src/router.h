@@ -20,6 +20,7 @@
 #include "curlm.h"
 #include "metrics.h"
 #include "policy.h"
+#include "prefill_clock.h"
 #include "prompt.h"
 
 #include <stdbool.h>
@@ -52,6 +53,7 @@ typedef struct kvr_worker_s {
   uint32_t inflight;
   uint64_t active_tokens;
   uint64_t queued_prefill_tokens;
+  kvr_prefill_clock_t prefill; /* how much of queued_prefill_tokens is still ahead (prefill_clock.h) */
   /* Counters. */
   uint64_t requests_total, errors_total, retries_total;
   uint64_t prompt_tokens_total, predicted_cached_tokens_total;
@@ -136,6 +138,11 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t trie
 void kvr_router_worker_begin(kvr_worker_t *w, uint64_t prompt_tokens, uint64_t prefill_tokens);
 void kvr_router_worker_end(kvr_worker_t *w, uint64_t prompt_tokens, uint64_t prefill_left,
                            uint64_t generated);
+/* A streamed request's first token arrived: its prefill_tokens are no longer queued, and its
+ * time since dispatched_ns (kvr_now_ns()) is a prefill-rate sample when it was dispatched alone
+ * (no prefill pending on w then). */
+void kvr_router_worker_prefilled(kvr_worker_t *w, uint64_t prefill_tokens, uint64_t dispatched_ns,
+                                 bool alone);
 
 /* Connection-level outcome of a request to w: resets or counts consecutive failures (DOWN at the
  * configured threshold). */

@@ -102,6 +102,7 @@ static void random_snaps(kvr_worker_snap_t *w, size_t n, kvr_route_req_t *req) {
     w[i].inflight = (uint32_t)(rnd() % 8);
     w[i].active_tokens = rnd() % 50000;
     w[i].queued_prefill_tokens = rnd() % 20000;
+    w[i].prefill_backlog_tokens = w[i].queued_prefill_tokens / (1 + rnd() % 4);
     w[i].metrics_fresh = rnd() % 2;
     w[i].num_requests_waiting = (double)(rnd() % 4);
     w[i].num_requests_running = (double)(rnd() % 8);
@@ -255,6 +256,32 @@ static void test_round_robin_and_least_load(void **state) {
   kvr_policy_destroy(ll);
 }
 
+/* Every worker is busy prefilling a long prompt (the no-sharing control at load): the request
+ * joins the worker closest to done, even when that worker carries more decode load, because the
+ * remaining prefill is what delays its first token. */
+static void test_kv_aware_joins_the_prefill_closest_to_done(void **state) {
+  (void)state;
+  kvr_policy_t *p = make("kv_aware", NULL);
+  kvr_worker_snap_t w[4];
+  kvr_policy_score_t s[4];
+  kvr_route_req_t req = {NULL, 0, 64, 6000, 800};
+  idle_workers(w, 4);
+  const uint64_t backlog[4] = {6500, 5200, 900, 4000};
+  for (int i = 0; i < 4; i++) {
+    w[i].inflight = 12;
+    w[i].active_tokens = 12 * 6000;
+    w[i].queued_prefill_tokens = 6500; /* the same pending count everywhere */
+    w[i].prefill_backlog_tokens = backlog[i];
+  }
+  w[2].inflight = 15; /* three more decoding sequences than the others */
+  w[2].active_tokens = 15 * 6000;
+  assert_int_equal(kvr_policy_select(p, w, 4, &req, 0, s), 2);
+  assert_true(s[2].cost < s[3].cost && s[3].cost < s[1].cost && s[1].cost < s[0].cost);
+  /* The cost counts the backlog, not the pending count. */
+  assert_true(fabs((s[0].cost - s[1].cost) - (6500 - 5200)) < 1e-6);
+  kvr_policy_destroy(p);
+}
+
 static void test_kv_aware_rules(void **state) {
   (void)state;
   kvr_policy_t *p = make("kv_aware", NULL);
@@ -272,9 +299,12 @@ static void test_kv_aware_rules(void **state) {
 
   /* Load outweighs a small match: 10 blocks (160 tokens) do not beat 5,000 queued tokens. */
   w[2].matched_blocks = 10;
-  w[2].queued_prefill_tokens = 5000;
+  w[2].queued_prefill_tokens = w[2].prefill_backlog_tokens = 5000;
   assert_true(kvr_policy_select(p, w, 4, &req, 0, s) != 2);
-  w[2].queued_prefill_tokens = 0;
+  /* ... unless the worker is nearly through them: the backlog is what counts. */
+  w[2].prefill_backlog_tokens = 100;
+  assert_int_equal(kvr_policy_select(p, w, 4, &req, 0, s), 2);
+  w[2].queued_prefill_tokens = w[2].prefill_backlog_tokens = 0;
 
   /* Bounded load: 9 of 12 in flight on worker 2 caps it whatever it holds. */
   w[2].matched_blocks = 100;
@@ -370,6 +400,14 @@ static void test_sglang_rules(void **state) {
   w[2].cached_blocks = 7;
   w[3].cached_blocks = 9;
   assert_int_equal(kvr_policy_select(p, w, 4, &req, 0, NULL), 0);
+  /* Full trees tie (our index is LRU-bounded): the less loaded, not always worker 0. */
+  for (int i = 0; i < 4; i++) {
+    w[i].cached_blocks = 20000;
+    w[i].inflight = (uint32_t)(4 - i % 3);
+  }
+  assert_int_equal(kvr_policy_select(p, w, 4, &req, 0, NULL), 2);
+  for (int i = 0; i < 4; i++)
+    w[i].inflight = 0;
   /* Imbalanced (40 - 5 > 32 and 40 > 1.1 * 5): the least loaded, whatever the match. */
   w[3].matched_blocks = 100;
   w[0].inflight = 40;
@@ -442,6 +480,7 @@ static int sim_route(sim_t *s, flight_t *f) {
   s->w[k].inflight++;
   s->w[k].active_tokens += p;
   s->w[k].queued_prefill_tokens += f->uncached;
+  s->w[k].prefill_backlog_tokens += f->uncached;
   kvr_cache_index_insert(s->idx, (size_t)k, f->prompt.blocks, f->prompt.nblocks);
   s->routed[k]++;
   s->prompt_tokens += p;
@@ -454,6 +493,7 @@ static void sim_prefilled(sim_t *s, flight_t *f) {
     return;
   f->prefilled = true;
   s->w[f->worker].queued_prefill_tokens -= f->uncached;
+  s->w[f->worker].prefill_backlog_tokens -= f->uncached;
 }
 
 /* Completion: the worker caches prompt + answer as the assistant message the next turn carries. */
@@ -701,6 +741,7 @@ int main(void) {
       cmocka_unit_test(test_contract_all_policies),
       cmocka_unit_test(test_round_robin_and_least_load),
       cmocka_unit_test(test_kv_aware_rules),
+      cmocka_unit_test(test_kv_aware_joins_the_prefill_closest_to_done),
       cmocka_unit_test(test_gie_scorer_rules),
       cmocka_unit_test(test_sglang_rules),
       cmocka_unit_test(test_multiturn_sticks_under_kv_aware),

@@ -73,14 +73,22 @@ static void test_accounting_and_drain(void **state) {
   assert_int_equal(w->inflight, 2);
   assert_int_equal(w->active_tokens, 1500);
   assert_int_equal(w->queued_prefill_tokens, 1100);
+  /* The first request's first token: its 600 prefill tokens leave the queue; it was dispatched
+   * alone, so it is a rate sample, and the snapshot's backlog is the 500 still pending at most. */
+  kvr_router_worker_prefilled(w, 600, kvr_now_ns() - 60 * 1000000ull, true);
+  assert_int_equal(w->queued_prefill_tokens, 500);
+  assert_int_equal(w->prefill.samples, 1);
+  assert_true(w->prefill.rate > 0);
   /* least_load must now avoid worker 0. */
   kvr_route_req_t req = {0};
   kvr_decision_t d;
   assert_int_equal(kvr_router_decide(f.r, &req, 0, false, &d), 1);
+  assert_int_equal(d.snaps[0].queued_prefill_tokens, 500);
+  assert_true(d.snaps[0].prefill_backlog_tokens >= 50 && d.snaps[0].prefill_backlog_tokens <= 500);
   kvr_router_drain_worker(f.r, w);
   assert_int_equal(w->state, KVR_WORKER_DRAINING);
   assert_int_equal(kvr_router_decide(f.r, &req, 0x2, false, &d), KVR_POLICY_NONE);
-  kvr_router_worker_end(w, 1000, 600, 10);
+  kvr_router_worker_end(w, 1000, 0, 10);
   assert_non_null(f.r->slots[0]); /* one request still in flight */
   kvr_router_worker_end(w, 500, 500, 0);
   assert_null(f.r->slots[0]); /* freed when the last one ended */
