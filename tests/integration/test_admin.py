@@ -549,6 +549,37 @@ def test_metrics_strict_prometheus_and_counters():
             "time-to-first-byte histogram not observed"
 
 
+@test(timeout=20)
+def test_prefill_rate_measured_from_a_lone_stream():
+    """The router learns a worker's prefill rate from the TTFT of a streamed request that found no
+    other prefill pending (src/prefill_clock.c), and shows it in /metrics and /admin/workers."""
+    with Cleanup() as c:
+        sim = c.add(Sim(fixed=(200, 5)))
+        r = c.add(Router([sim], *FAST, "--policy", "kv_aware"))
+        before = parse_prometheus(r.metrics_text())
+        assert metric(before, "kvrouter_worker_prefill_rate_tokens_per_second") == 0
+        # ~1,000 estimated prompt tokens (4 characters each), none cached: a rate sample.
+        doc = " ".join("word%04d" % i for i in range(450))
+        x = request(r.port, "POST", "/v1/chat/completions", chat_body(doc, max_tokens=4,
+                                                                       stream=True))
+        assert x.status == 200 and token_events(sse_events(x.body)) == 4, x.body[:300]
+        after = parse_prometheus(r.metrics_text())
+        rate = metric(after, "kvrouter_worker_prefill_rate_tokens_per_second")
+        # tokens / TTFT with a 200 ms TTFT: at most ~5,000 tokens/s, less by the transport time.
+        assert 2000 < rate <= 5200, rate
+        assert metric(after, "kvrouter_worker_queued_prefill_tokens") == 0
+        assert metric(after, "kvrouter_worker_prefill_backlog_tokens") == 0
+        w = r.workers()[0]
+        assert abs(w["prefill_rate_tokens_per_second"] - rate) < 1e-6 * rate, (w, rate)
+        assert w["prefill_backlog_tokens"] == 0, w
+        # A short request is no sample: the rate stays as it was.
+        assert request(r.port, "POST", "/v1/chat/completions",
+                       chat_body("short", max_tokens=2, stream=True)).status == 200
+        again = metric(parse_prometheus(r.metrics_text()),
+                       "kvrouter_worker_prefill_rate_tokens_per_second")
+        assert again == rate, (again, rate)
+
+
 @test(timeout=10)
 def test_admin_health_and_public_routes_separate():
     with Cleanup() as c:
