@@ -81,7 +81,34 @@ static int parse_value(const flag_t *f, const char *v) {
   return KVR_EINVAL;
 }
 
-static void usage(FILE *out, const flag_t *flags, size_t n) {
+/* A flag's current value as text, for "(default ...)" in --help; "" when it has none to show (a
+ * switch, an unset string, the -1 of an option that is off). */
+static void flag_value(const flag_t *f, char *buf, size_t len) {
+  buf[0] = '\0';
+  switch (f->kind) {
+  case F_U32:
+    snprintf(buf, len, "%u", *(const uint32_t *)f->dst);
+    break;
+  case F_U64:
+    snprintf(buf, len, "%llu", (unsigned long long)*(const uint64_t *)f->dst);
+    break;
+  case F_DBL:
+    if (*(const double *)f->dst >= 0)
+      snprintf(buf, len, "%g", *(const double *)f->dst);
+    break;
+  case F_STR:
+    if (*(const char *const *)f->dst != NULL)
+      snprintf(buf, len, "%s", *(const char *const *)f->dst);
+    break;
+  default:
+    break;
+  }
+}
+
+/* defaults[i] is flags[i]'s value before the command line was parsed: the help derives every
+ * default from the structures' initializers (kvr_sim_server_opts_default and the ones above),
+ * so the two cannot disagree. */
+static void usage(FILE *out, const flag_t *flags, size_t n, char (*defaults)[64]) {
   fprintf(out, "usage: kvrouter sim [flags]\n"
                "A simulated vLLM worker (Llama-70B FP8 on one H200). Serves vLLM's OpenAI API\n"
                "(/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics,\n"
@@ -92,7 +119,10 @@ static void usage(FILE *out, const flag_t *flags, size_t n) {
       arg = " MODE";
     if (flags[i].kind == F_LOG)
       arg = " LEVEL";
-    fprintf(out, "  --%s%s\n      %s\n", flags[i].name, arg, flags[i].help);
+    fprintf(out, "  --%s%s\n      %s", flags[i].name, arg, flags[i].help);
+    if (defaults[i][0] != '\0')
+      fprintf(out, " (default %s)", defaults[i]);
+    fputc('\n', out);
   }
 }
 
@@ -396,63 +426,65 @@ int kvr_sim_main(int argc, char **argv) {
   uint32_t fault_status = 500;
   const flag_t flags[] = {
       {"listen", F_STR, &cli.opts.listen,
-       "HOST:PORT to serve on (default 127.0.0.1:8000; port 0 picks one)"},
+       "HOST:PORT to serve on; port 0 picks one"},
       {"admin-listen", F_STR, &cli.opts.admin_listen,
        "optional second HOST:PORT serving the same API, reachable during the refuse fault"},
       {"model", F_STR, &cli.opts.model,
-       "served model name (default meta-llama/Llama-3.3-70B-Instruct)"},
+       "served model name"},
       {"time-scale", F_DBL, &cli.opts.time_scale,
-       "run N times faster than real time; metrics report simulated time (default 1)"},
+       "run N times faster than real time; metrics report simulated time"},
       {"seed", F_U64, &cli.opts.seed,
-       "seed of generated text, ids and the error-rate coin (default 0)"},
+       "seed of generated text, ids and the error-rate coin"},
       {"num-gpu-blocks", F_U32, &e->num_gpu_blocks,
-       "KV cache blocks (default 21770 = 53.15 GiB / 163,840 B per token / 16)"},
-      {"block-size", F_U32, &e->block_size, "tokens per KV block (default 16)"},
-      {"max-num-seqs", F_U32, &e->max_num_seqs, "max running requests (default 1024)"},
+       "KV cache blocks: 53.15 GiB / 163,840 B per token / 16 tokens per block"},
+      {"block-size", F_U32, &e->block_size, "tokens per KV block"},
+      {"max-num-seqs", F_U32, &e->max_num_seqs, "max running requests"},
       {"max-num-batched-tokens", F_U32, &e->max_num_batched_tokens,
-       "token budget per engine step (default 8192)"},
-      {"max-model-len", F_U32, &e->max_model_len, "prompt + output limit (default 131072)"},
+       "token budget per engine step"},
+      {"max-model-len", F_U32, &e->max_model_len, "prompt + output limit"},
       {"no-enable-prefix-caching", F_FLAG, &cli.no_prefix_caching, "disable prefix caching"},
       {"output-len-mean", F_U32, &cli.opts.output_len_mean,
-       "mean natural answer length when ignore_eos is off: EOS after U[N/2, 3N/2] tokens "
-       "(default 830; 0 = run to max_tokens)"},
-      {"cost-fixed-ms", F_DBL, &e->cost.fixed_ms, "step cost: fixed ms per step (default 22)"},
+       "mean natural answer length when ignore_eos is off: EOS after U[N/2, 3N/2] tokens; 0 = "
+       "run to max_tokens"},
+      {"cost-fixed-ms", F_DBL, &e->cost.fixed_ms, "step cost: fixed ms per step"},
       {"cost-per-seq-ms", F_DBL, &e->cost.per_seq_ms,
-       "step cost: ms per scheduled sequence (default 0.06)"},
+       "step cost: ms per scheduled sequence"},
       {"cost-prefill-tok-us", F_DBL, &e->cost.prefill_tok_us,
-       "step cost: us per prefilled token (default 96)"},
+       "step cost: us per prefilled token"},
       {"cost-decode-ctx-ns", F_DBL, &e->cost.decode_ctx_ns,
-       "step cost: ns per context token of each decoding sequence (default 35)"},
+       "step cost: ns per context token of each decoding sequence"},
       {"cost-attn-pair-ns", F_DBL, &e->cost.attn_pair_ns,
-       "step cost: ns per query-key pair of prefill attention (default 2)"},
+       "step cost: ns per query-key pair of prefill attention"},
       {"fixed-ttft-ms", F_DBL, &cli.opts.fixed_ttft_ms,
        "bypass the engine: first token after X simulated ms (needs --fixed-itl-ms)"},
       {"fixed-itl-ms", F_DBL, &cli.opts.fixed_itl_ms,
        "bypass the engine: then one token every Y ms"},
       {"fault", F_FAULT, &f->mode, "initial fault: none, error, hang, disconnect, slow, refuse"},
-      {"fault-status", F_U32, &fault_status, "error fault: HTTP status (default 500)"},
-      {"fault-rate", F_DBL, &f->rate, "error fault: fraction of requests failed (default 1)"},
+      {"fault-status", F_U32, &fault_status, "error fault: HTTP status"},
+      {"fault-rate", F_DBL, &f->rate, "error fault: fraction of requests failed"},
       {"fault-after-tokens", F_U32, &f->after_tokens,
-       "disconnect fault: tokens before the close (default 0)"},
+       "disconnect fault: tokens before the close"},
       {"fault-delay-ms", F_DBL, &f->delay_ms,
-       "slow fault: extra simulated ms per token (default 100)"},
+       "slow fault: extra simulated ms per token"},
       {"fault-duration-ms", F_DBL, &f->duration_ms,
-       "refuse fault: wall-clock ms before listening again (default 0 = until POST /sim/fault)"},
+       "refuse fault: wall-clock ms before listening again; 0 = until POST /sim/fault"},
       {"log-level", F_LOG, &cli.log_level, "debug, info, warn, error, off (default info)"},
       {"print-costs", F_FLAG, &cli.print_costs, "print the cost model's sanity figures and exit"},
       {"calibrate", F_FLAG, &cli.calibrate,
        "simulate the multi-turn workload offline at --cal-rates and print latency percentiles"},
       {"cal-rates", F_STR, &cli.cal_rates,
-       "calibrate: comma-separated request rates (default 0.5,1,1.5,2,2.5,3)"},
-      {"cal-requests", F_U32, &cli.cal_requests, "calibrate: requests per rate (default 300)"},
+       "calibrate: comma-separated request rates"},
+      {"cal-requests", F_U32, &cli.cal_requests, "calibrate: requests per rate"},
       {"cal-output-mean", F_U32, &cli.cal_output_mean,
-       "calibrate: mean output tokens, uniform over [N/2, 3N/2] (default 500)"},
+       "calibrate: mean output tokens, uniform over [N/2, 3N/2]"},
       {"cal-answer-mean", F_U32, &cli.cal_answer_mean,
        "calibrate: the history carries a dataset answer of U[N/2, 3N/2] tokens instead of the "
-       "generated one, as with a pre-recorded multi-turn dataset (default 900; 0 = resend the "
-       "generated answer)"},
+       "generated one, as with a pre-recorded multi-turn dataset; 0 = resend the generated answer"},
       {"help", F_FLAG, &cli.help, "this text"},
   };
+  char defaults[KVR_ARRAY_SIZE(flags)][64];
+  for (size_t k = 0; k < KVR_ARRAY_SIZE(flags); k++)
+    flag_value(&flags[k], defaults[k], sizeof(defaults[k]));
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (strncmp(a, "--", 2) != 0) {
@@ -490,7 +522,7 @@ int kvr_sim_main(int argc, char **argv) {
     }
   }
   if (cli.help) {
-    usage(stdout, flags, KVR_ARRAY_SIZE(flags));
+    usage(stdout, flags, KVR_ARRAY_SIZE(flags), defaults);
     return 0;
   }
   f->status = (int)KVR_MIN(fault_status, 1000u);

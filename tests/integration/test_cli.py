@@ -6,7 +6,8 @@ applied, flags override the file, a bad key named with its path), and shutdown o
 (exit 0, in-flight streams allowed to finish). Also `kvrouter bench`'s workload flags
 (bench/bench_main.c): --replay-order, --replay-dataset, --answer-mean/--answer-std listed by --help,
 bad values rejected before any request is sent; the model looked up and the policy switched
-through the bench's side channel (bench/monitor.c), their failures one line and exit 1.
+through the bench's side channel (bench/monitor.c), their failures one line and exit 1. And
+`kvrouter sim --help`: its defaults are the live ones (bench/sim_main.c).
 
 Run:  python3 tests/integration/test_cli.py --kvrouter build/kvrouter [-k substring] [-v]
 The harness (processes, raw HTTP client, runner) is test_proxy.py's.
@@ -311,6 +312,31 @@ def test_bench_model_lookup_and_policy_switch():
                 doc = json.load(f)
             found.add(doc.get("model_id"))
         assert found == {models}, (found, models)
+
+
+@test(timeout=10)
+def test_sim_help_defaults_are_the_live_defaults():
+    """`kvrouter sim --help` derives each "(default X)" from the option structures, so it agrees
+    with what the sim runs (its --print-costs line), and flags given before --help do not leak in."""
+    def run(*args):
+        p = subprocess.run([h.KVROUTER, "sim"] + list(args), stdin=subprocess.DEVNULL,
+                           capture_output=True, timeout=5)
+        assert p.returncode == 0, (args, p.returncode, p.stderr[-300:])
+        return p.stdout.decode()
+    costs = run("--print-costs").splitlines()[0]  # "cost model: fixed_ms=22 per_seq_ms=..."
+    live = dict(kv.split("=") for kv in costs.split(": ", 1)[1].split())
+    out = run("--cost-prefill-tok-us", "5", "--cost-fixed-ms=1", "--help")
+    lines = out.splitlines()
+    for flag, key in (("cost-fixed-ms", "fixed_ms"), ("cost-per-seq-ms", "per_seq_ms"),
+                      ("cost-prefill-tok-us", "prefill_tok_us"),
+                      ("cost-decode-ctx-ns", "decode_ctx_ns"), ("cost-attn-pair-ns", "attn_pair_ns")):
+        i = next(k for k, ln in enumerate(lines) if ln.strip().startswith("--" + flag + " "))
+        assert lines[i + 1].endswith("(default %s)" % live[key]), (flag, lines[i + 1], live)
+    blocks = run("--print-costs").splitlines()[1].split()[2]  # "kv cache: 21770 blocks x ..."
+    assert "(default %s)" % blocks in out, (blocks, out[:400])
+    # Off and unset options show no default.
+    i = next(k for k, ln in enumerate(lines) if ln.strip().startswith("--fixed-ttft-ms "))
+    assert "(default" not in lines[i + 1], lines[i + 1]
 
 
 if __name__ == "__main__":
