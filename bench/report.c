@@ -544,7 +544,7 @@ void kvr_report_markdown(const kvr_results_t *res, kvr_buf_t *out) {
     else
       fmt_pct_change(base, m, cap, sizeof(cap));
     fmt_load(res, m, a, sizeof(a));
-    bool winner = r > 0 && best > 0 && m == best;
+    bool winner = r > 0 && best > base && m == best; /* a tie with the baseline wins nothing */
     kvr_buf_printf(out, "| %s%s | %s | %s |\n", res->runs[r].label, winner ? " **WINNER**" : "",
                    a, cap);
   }

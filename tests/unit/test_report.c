@@ -133,9 +133,12 @@ static void test_no_improvement(void **state) {
   kvr_stats_run_add(a, level(&res->slo, 1, 300, 30, 0, 1));
   kvr_run_t *b = kvr_stats_results_add_run(res, "worse", "", "");
   kvr_stats_run_add(b, level(&res->slo, 1, 1300, 30, 0, 1));
+  kvr_run_t *c = kvr_stats_results_add_run(res, "tied", "", "");
+  kvr_stats_run_add(c, level(&res->slo, 1, 300, 30, 0, 1));
   kvr_buf_t md = KVR_BUF_INIT;
   kvr_report_markdown(res, &md);
   assert_non_null(strstr(md.data, "| worse | 0.00 | -100% |"));
+  assert_non_null(strstr(md.data, "| tied | 1.00 | +0% |")); /* equal to the baseline: no winner */
   assert_non_null(strstr(md.data, "**No configuration improved over baseline.**"));
   assert_non_null(strstr(md.data, "| 1.00 | PASS | FAIL (TTFT) |"));
   assert_null(strstr(md.data, "WINNER"));
