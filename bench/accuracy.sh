@@ -382,14 +382,13 @@ if ran("d_"):
         w("")
         w("| uncached tokens | requests, scale 1 | requests, scale %s | TTFT p50, scale 1 (ms) | TTFT p50, scale %s (ms) | difference |" % (ts_scale, ts_scale))
         w("|---|---|---|---|---|---|")
-        for lo, hi in edges:
-            a = [t for u, t in r1 if lo <= u < hi]
-            b = [t for u, t in rn if lo <= u < hi]
+        buckets = [([t for u, t in r1 if lo <= u < hi], [t for u, t in rn if lo <= u < hi])
+                   for lo, hi in edges]
+        for (lo, hi), (a, b) in zip(edges, buckets):
             label = "%d-%d" % (lo, hi - 1) if hi < (1 << 40) else "%d or more" % lo
             if a and b:
                 w("| %s | %d | %d | %.1f | %.1f | %+.1f%% |" % (label, len(a), len(b), p50(a), p50(b), pct(p50(b), p50(a))))
-        n1 = sum(1 for u, _ in r1 if u < 200)
-        nn = sum(1 for u, _ in rn if u < 200)
+        n1, nn = len(buckets[0][0]), len(buckets[0][1])  # the hits: under edges[0][1] tokens
         w("")
         w("Requests with under 200 uncached tokens: %d of %d at scale 1, %d of %d at scale %s (the"
           % (n1, len(r1), nn, len(rn), ts_scale))

@@ -126,6 +126,11 @@ static size_t policy_index(const kvr_policy_t *p) {
   return 15;
 }
 
+/* The part of w's queued prefill it has probably not reached yet (prefill_clock.h). */
+static uint64_t worker_backlog(const kvr_worker_t *w, uint64_t now_ns) {
+  return kvr_prefill_clock_backlog(&w->prefill, w->queued_prefill_tokens, now_ns);
+}
+
 int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t tried, bool record,
                       kvr_decision_t *d) {
   uint64_t t0 = kvr_now_ns();
@@ -145,8 +150,7 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t trie
     s->inflight = w->inflight;
     s->active_tokens = w->active_tokens;
     s->queued_prefill_tokens = w->queued_prefill_tokens;
-    s->prefill_backlog_tokens =
-        kvr_prefill_clock_backlog(&w->prefill, w->queued_prefill_tokens, t0);
+    s->prefill_backlog_tokens = worker_backlog(w, t0);
     s->metrics_fresh = w->metrics_seen && now - w->scraped_at_ms <= r->cfg->scrape_stale_ms;
     s->num_requests_running = w->num_requests_running;
     s->num_requests_waiting = w->num_requests_waiting;
@@ -306,7 +310,7 @@ static double f_inflight(const kvr_worker_t *w) { return w->inflight; }
 static double f_active(const kvr_worker_t *w) { return (double)w->active_tokens; }
 static double f_prefill(const kvr_worker_t *w) { return (double)w->queued_prefill_tokens; }
 static double f_backlog(const kvr_worker_t *w) {
-  return (double)kvr_prefill_clock_backlog(&w->prefill, w->queued_prefill_tokens, kvr_now_ns());
+  return (double)worker_backlog(w, kvr_now_ns());
 }
 static double f_prefill_rate(const kvr_worker_t *w) { return w->prefill.rate; }
 static double f_up(const kvr_worker_t *w) { return w->state == KVR_WORKER_UP; }
@@ -449,9 +453,7 @@ cJSON *kvr_router_workers_json(kvr_router_t *r) {
     cJSON_AddNumberToObject(o, "errors_total", (double)w->errors_total);
     cJSON_AddNumberToObject(o, "active_tokens", (double)w->active_tokens);
     cJSON_AddNumberToObject(o, "queued_prefill_tokens", (double)w->queued_prefill_tokens);
-    cJSON_AddNumberToObject(
-        o, "prefill_backlog_tokens",
-        (double)kvr_prefill_clock_backlog(&w->prefill, w->queued_prefill_tokens, kvr_now_ns()));
+    cJSON_AddNumberToObject(o, "prefill_backlog_tokens", (double)worker_backlog(w, kvr_now_ns()));
     cJSON_AddNumberToObject(o, "prefill_rate_tokens_per_second", w->prefill.rate);
     cJSON_AddNumberToObject(o, "index_blocks", (double)kvr_cache_index_entries(r->index, w->slot));
     cJSON_AddNumberToObject(o, "cache_capacity_blocks", (double)w->cache_capacity_blocks);

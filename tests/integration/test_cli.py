@@ -323,8 +323,9 @@ def test_sim_help_defaults_are_the_live_defaults():
                            capture_output=True, timeout=5)
         assert p.returncode == 0, (args, p.returncode, p.stderr[-300:])
         return p.stdout.decode()
-    costs = run("--print-costs").splitlines()[0]  # "cost model: fixed_ms=22 per_seq_ms=..."
-    live = dict(kv.split("=") for kv in costs.split(": ", 1)[1].split())
+    costs = run("--print-costs").splitlines()
+    # "cost model: fixed_ms=22 per_seq_ms=...", then "kv cache: 21770 blocks x 16 tokens = ..."
+    live = dict(kv.split("=") for kv in costs[0].split(": ", 1)[1].split())
     out = run("--cost-prefill-tok-us", "5", "--cost-fixed-ms=1", "--help")
     lines = out.splitlines()
     for flag, key in (("cost-fixed-ms", "fixed_ms"), ("cost-per-seq-ms", "per_seq_ms"),
@@ -332,7 +333,7 @@ def test_sim_help_defaults_are_the_live_defaults():
                       ("cost-decode-ctx-ns", "decode_ctx_ns"), ("cost-attn-pair-ns", "attn_pair_ns")):
         i = next(k for k, ln in enumerate(lines) if ln.strip().startswith("--" + flag + " "))
         assert lines[i + 1].endswith("(default %s)" % live[key]), (flag, lines[i + 1], live)
-    blocks = run("--print-costs").splitlines()[1].split()[2]  # "kv cache: 21770 blocks x ..."
+    blocks = costs[1].split()[2]
     assert "(default %s)" % blocks in out, (blocks, out[:400])
     # Off and unset options show no default.
     i = next(k for k, ln in enumerate(lines) if ln.strip().startswith("--fixed-ttft-ms "))
