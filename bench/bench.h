@@ -3,7 +3,8 @@
  * kvr_bench_main() parses argv (argv[0] is "bench"), builds the workload, runs every label (an A/B
  * label switches the router's policy through the admin API first) over the given rates or
  * concurrency levels or the max-SLO-rate search, and writes the report (report.h) into --out.
- * Ctrl-C (SIGINT/SIGTERM) stops the current level, and the report of what finished is still written.
+ * Ctrl-C (SIGINT/SIGTERM) stops the current level, and the report of what finished is still
+ * written.
  */
 #ifndef KVR_BENCH_H
 #define KVR_BENCH_H

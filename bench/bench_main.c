@@ -188,9 +188,8 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
       snprintf(name, sizeof(name), "%s", arg + 2);
     }
     /* Flags without a value. */
-    static const char *const flags[] = {"help",           "search",      "sessions",
-                                        "no-ignore-eos",  "quiet",       "reset-cache",
-                                        "no-reset-cache", "no-early-stop"};
+    static const char *const flags[] = {"help",  "search",      "sessions",       "no-ignore-eos",
+                                        "quiet", "reset-cache", "no-reset-cache", "no-early-stop"};
     bool is_flag = false;
     for (size_t f = 0; f < KVR_ARRAY_SIZE(flags); f++)
       is_flag |= strcmp(name, flags[f]) == 0;
@@ -217,15 +216,48 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
         c->quiet = true;
       continue;
     }
-    static const char *const valued[] = {
-        "url", "model", "api-key", "api", "workload", "rates", "concurrency", "ab", "labels",
-        "num-prompts", "warmup", "warmup-s", "min-level-s", "seed", "turns", "starters",
-        "documents", "questions",
-        "output-min", "output-max", "output-mean", "output-std", "think-s", "burstiness",
-        "multiturn-mode", "replay-width", "replay-order", "replay-dataset", "answer-mean", "answer-std",
-        "time-scale", "request-timeout-s", "cooldown-s", "slo-ttft-ms", "slo-tpot-ms",
-        "max-failed-frac", "search-start", "search-max", "search-resolution", "admin", "out",
-        "title"};
+    static const char *const valued[] = {"url",
+                                         "model",
+                                         "api-key",
+                                         "api",
+                                         "workload",
+                                         "rates",
+                                         "concurrency",
+                                         "ab",
+                                         "labels",
+                                         "num-prompts",
+                                         "warmup",
+                                         "warmup-s",
+                                         "min-level-s",
+                                         "seed",
+                                         "turns",
+                                         "starters",
+                                         "documents",
+                                         "questions",
+                                         "output-min",
+                                         "output-max",
+                                         "output-mean",
+                                         "output-std",
+                                         "think-s",
+                                         "burstiness",
+                                         "multiturn-mode",
+                                         "replay-width",
+                                         "replay-order",
+                                         "replay-dataset",
+                                         "answer-mean",
+                                         "answer-std",
+                                         "time-scale",
+                                         "request-timeout-s",
+                                         "cooldown-s",
+                                         "slo-ttft-ms",
+                                         "slo-tpot-ms",
+                                         "max-failed-frac",
+                                         "search-start",
+                                         "search-max",
+                                         "search-resolution",
+                                         "admin",
+                                         "out",
+                                         "title"};
     bool known = false;
     for (size_t f = 0; f < KVR_ARRAY_SIZE(valued); f++)
       known |= strcmp(name, valued[f]) == 0;
@@ -246,7 +278,7 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
   } while (0)
 #define UINT(field, max, minv)                                                                     \
   do {                                                                                             \
-    if (!parse_uint(val, max, &u) || u + 1 < (minv) + 1ull)                                         \
+    if (!parse_uint(val, max, &u) || u + 1 < (minv) + 1ull)                                        \
       return bad("bad value '%s' for --%s", val, name);                                            \
     field = u;                                                                                     \
   } while (0)
@@ -265,8 +297,7 @@ static int parse_args(int argc, char **argv, cfg_t *c, char **owned, size_t *now
         return bad("bad value '%s' for --%s (chat or completions)", val, name);
     } else if (strcmp(name, "workload") == 0) {
       if (kvr_workload_parse_kind(val, &c->wl) != 0)
-        return bad("bad value '%s' for --%s (multiturn, documents, control, file:PATH)", val,
-                   name);
+        return bad("bad value '%s' for --%s (multiturn, documents, control, file:PATH)", val, name);
     } else if (strcmp(name, "rates") == 0 || strcmp(name, "concurrency") == 0 ||
                strcmp(name, "ab") == 0 || strcmp(name, "labels") == 0) {
       /* List arguments are split in place in a copy, so argv stays untouched. */
@@ -636,7 +667,7 @@ int kvr_bench_main(int argc, char **argv) {
   bool first_level = true;
   for (size_t r = 0; r < nruns && !kvr_loadgen_interrupted(b.lg); r++) {
     const char *policy = c.nab ? c.ab[r] : NULL;
-    const char *label = c.nlabels ? c.labels[r]
+    const char *label = c.nlabels    ? c.labels[r]
                         : c.nab == 2 ? (r == 0 ? "phase0" : "phase3")
                         : c.nab      ? c.ab[r]
                                      : "bench";

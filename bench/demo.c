@@ -307,7 +307,8 @@ int kvr_demo_main(int argc, char **argv) {
     char listen[64], seed_s[32];
     snprintf(listen, sizeof(listen), "127.0.0.1:%d", c->port);
     snprintf(seed_s, sizeof(seed_s), "%ld", w);
-    char *args[] = {exe, "sim", "--listen", listen, "--time-scale", scale_s, "--seed", seed_s, NULL};
+    char *args[] = {exe,     "sim",    "--listen", listen, "--time-scale",
+                    scale_s, "--seed", seed_s,     NULL};
     snprintf(log_path, sizeof(log_path), "%s/worker-%ld.log", logs, w);
     if (c->port < 0 || spawn(c, exe, args, log_path) != 0) {
       rc = 1;

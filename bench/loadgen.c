@@ -55,12 +55,12 @@ typedef struct req_s req_t;
 
 typedef struct conv_s {
   kvr_conv_t conv;
-  char **answers;        /* nturns entries, owned */
-  uint32_t next_turn;    /* 0-based turn to send next */
-  uint64_t eligible_ns;  /* when next_turn may be sent (valid while waiting) */
-  bool waiting;          /* next_turn is due to be sent and not in flight */
-  bool dead;             /* finished or abandoned after a failure */
-  unsigned user;         /* concurrency mode: the user running it */
+  char **answers;       /* nturns entries, owned */
+  uint32_t next_turn;   /* 0-based turn to send next */
+  uint64_t eligible_ns; /* when next_turn may be sent (valid while waiting) */
+  bool waiting;         /* next_turn is due to be sent and not in flight */
+  bool dead;            /* finished or abandoned after a failure */
+  unsigned user;        /* concurrency mode: the user running it */
 } conv_t;
 
 struct req_s {
@@ -73,9 +73,9 @@ struct req_s {
   double *itls;
   size_t nitl, capitl;
   uint64_t sent_ns, first_ns, last_ns;
-  uint64_t engine_ns;    /* the simulator's engine share of the TTFT, wall ns; 0 if not reported */
+  uint64_t engine_ns; /* the simulator's engine share of the TTFT, wall ns; 0 if not reported */
   bool stream_error;
-  bool keep_answer;      /* the streamed text is resent by a later turn (session mode) */
+  bool keep_answer; /* the streamed text is resent by a later turn (session mode) */
   kvr_req_rec_t rec;
   req_t *prev, *next;
 };
@@ -87,38 +87,39 @@ struct kvr_loadgen_s {
   const kvr_workload_t *wl;
   kvr_curlm_t *curlm;
   uv_timer_t tick, progress, sleeper;
-  int tfd;               /* Linux: timerfd waking the loop SEND_EARLY_NS before the next send
-                          * (hrtimer precision); -1 elsewhere (`tick` then wakes up to 1 ms early
-                          * and re-arms with 0 ms until the send) */
+  int tfd; /* Linux: timerfd waking the loop SEND_EARLY_NS before the next send
+            * (hrtimer precision); -1 elsewhere (`tick` then wakes up to 1 ms early
+            * and re-arms with 0 ms until the send) */
   uv_poll_t tfd_poll;
   int open_handles;
   bool interrupted;
-  bool running;          /* uv_run is in progress for a level or a sleep */
+  bool running; /* uv_run is in progress for a level or a sleep */
 
   /* Level state. */
   kvr_level_t *lv;
   const char *label;
-  double rate;           /* report req/s */
+  double rate; /* report req/s */
   unsigned concurrency;
   uint64_t level_seed;
   uint64_t start_ns;
-  uint64_t *arrivals;    /* rate mode: real ns offsets from start_ns */
+  uint64_t *arrivals; /* rate mode: real ns offsets from start_ns */
   size_t total, sent, done, failed, next_arrival;
-  double stop_ttft_ms;   /* early stop: the TTFT SLO (simulated ms); 0 = never stop early */
-  size_t ttft_over, ttft_over_stop; /* measured first tokens at or over it; how many end the level */
+  double stop_ttft_ms; /* early stop: the TTFT SLO (simulated ms); 0 = never stop early */
+  size_t ttft_over,
+      ttft_over_stop; /* measured first tokens at or over it; how many end the level */
   bool stopped_early;
   uint64_t next_conv;
-  conv_t *spare;         /* the next new conversation, generated ahead of its send; owned */
-  req_t *ready;          /* the next request, body rendered and easy handle set up ahead of its
-                          * send time (for ready->cv, turn ready->turn); owned, not in flight */
-  conv_t **convs;        /* every conversation opened this level, owned */
+  conv_t *spare;  /* the next new conversation, generated ahead of its send; owned */
+  req_t *ready;   /* the next request, body rendered and easy handle set up ahead of its
+                   * send time (for ready->cv, turn ready->turn); owned, not in flight */
+  conv_t **convs; /* every conversation opened this level, owned */
   size_t nconvs, capconvs;
   req_t *inflight;
   size_t ninflight;
   uint64_t last_progress_ns;
   size_t progress_len;
-  unsigned warmup;       /* warm-up requests of this level */
-  bool replay;           /* this level replays pre-built conversations (see replay_slot) */
+  unsigned warmup; /* warm-up requests of this level */
+  bool replay;     /* this level replays pre-built conversations (see replay_slot) */
 };
 
 void kvr_loadgen_opts_default(kvr_loadgen_opts_t *o) {
@@ -144,10 +145,11 @@ static void on_handle_closed(uv_handle_t *h) {
 
 kvr_loadgen_t *kvr_loadgen_new(uv_loop_t *loop, const kvr_loadgen_opts_t *o,
                                const kvr_workload_t *wl, char *err, size_t errlen) {
-  if (o->url == NULL || strncmp(o->url, "http", 4) != 0 ||
-      !(o->time_scale >= 1e-6) || !(o->burstiness > 0) || o->num_prompts == 0) {
-    snprintf(err, errlen, "loadgen: need an http(s) URL, a model, time scale > 0, burstiness > 0 "
-                          "and at least one prompt");
+  if (o->url == NULL || strncmp(o->url, "http", 4) != 0 || !(o->time_scale >= 1e-6) ||
+      !(o->burstiness > 0) || o->num_prompts == 0) {
+    snprintf(err, errlen,
+             "loadgen: need an http(s) URL, a model, time scale > 0, burstiness > 0 "
+             "and at least one prompt");
     return NULL;
   }
   kvr_loadgen_t *lg = calloc(1, sizeof(*lg));
@@ -524,7 +526,8 @@ static void finish_request(kvr_loadgen_t *lg, req_t *r, CURLcode result) {
     set_error(r, curl_easy_strerror(result));
   else if (rec->status != 200) {
     char msg[160];
-    snprintf(msg, sizeof(msg), "HTTP %d: %.120s", rec->status, r->errbody.data ? r->errbody.data : "");
+    snprintf(msg, sizeof(msg), "HTTP %d: %.120s", rec->status,
+             r->errbody.data ? r->errbody.data : "");
     set_error(r, msg);
   } else if (rec->chunks == 0)
     set_error(r, "stream carried no tokens");
@@ -813,7 +816,8 @@ static void schedule(kvr_loadgen_t *lg) {
       send_turn(lg, cv, due);
     }
   } else if (lg->rate > 0 && !lg->o.sessions) {
-    /* Turn arrivals: each due arrival takes the oldest eligible follow-up, else a new conversation. */
+    /* Turn arrivals: each due arrival takes the oldest eligible follow-up, else a new conversation.
+     */
     while (lg->next_arrival < lg->total) {
       uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
       if (!due_now(due, &now)) {

@@ -8,14 +8,13 @@
  *   rate > 0, !sessions   open loop: arrivals at `rate` req/s (gamma gaps, shape = burstiness;
  *                         Poisson at 1). Each arrival sends the next *eligible* turn of an open
  *                         conversation (eligible = previous turn done + think time), oldest first,
- *                         else the first turn of a new conversation. So "rate" is requests/s of turn
- *                         arrivals, the figure `vllm bench serve --request-rate` means.
- *   rate > 0, replay      (multiturn with opts.replay, the default): the seed's `vllm bench serve`
- *                         shape. Arrival i sends a pre-assigned (conversation, turn) whose prompt
- *                         is the full history with pre-built answers, without waiting for
- *                         anything: blocks of replay_width conversations send turn 1 of each, then
- *                         turn 2, ..., so turn t+1 follows turn t replay_width requests later and
- *                         every level has the full, uniform turn mix. With opts.replay_sample
+ *                         else the first turn of a new conversation. So "rate" is requests/s of
+ * turn arrivals, the figure `vllm bench serve --request-rate` means. rate > 0, replay (multiturn
+ * with opts.replay, the default): the seed's `vllm bench serve` shape. Arrival i sends a
+ * pre-assigned (conversation, turn) whose prompt is the full history with pre-built answers,
+ * without waiting for anything: blocks of replay_width conversations send turn 1 of each, then turn
+ * 2, ..., so turn t+1 follows turn t replay_width requests later and every level has the full,
+ * uniform turn mix. With opts.replay_sample
  *                         (--replay-order sample) arrival i is instead a uniformly random turn of
  *                         a conversation of its own: a dataset of prompts sampled at random, only
  *                         the starters shared (the calibration shape).
@@ -48,25 +47,25 @@
 typedef struct kvr_loadgen_s kvr_loadgen_t;
 
 typedef struct kvr_loadgen_opts_s {
-  const char *url;        /* http://HOST:PORT[/v1/chat/completions]; the API path is added if absent */
-  const char *model;      /* NULL: ask GET /v1/models (kvr_monitor_fetch_model) */
-  const char *api_key;    /* sent as "Authorization: Bearer" when not NULL */
+  const char *url;     /* http://HOST:PORT[/v1/chat/completions]; the API path is added if absent */
+  const char *model;   /* NULL: ask GET /v1/models (kvr_monitor_fetch_model) */
+  const char *api_key; /* sent as "Authorization: Bearer" when not NULL */
   kvr_api_t api;
-  bool ignore_eos;        /* add "ignore_eos": true so outputs run to max_tokens (vLLM, the sim) */
-  double time_scale;      /* >= 1e-6; 1 = real time */
-  double burstiness;      /* gamma shape; 1 = Poisson */
-  bool sessions;          /* rate = conversation starts/s */
-  unsigned warmup;        /* requests per level excluded from metrics */
-  double warmup_s;        /* rate mode: at least rate * warmup_s warm-up requests (simulated s), so
-                           * the measured part starts once the system has filled up */
-  double min_level_s;     /* rate mode: at least rate * min_level_s measured requests (simulated
-                           * s): a level must last several response times to measure capacity */
-  size_t num_prompts;     /* measured requests per level */
+  bool ignore_eos;    /* add "ignore_eos": true so outputs run to max_tokens (vLLM, the sim) */
+  double time_scale;  /* >= 1e-6; 1 = real time */
+  double burstiness;  /* gamma shape; 1 = Poisson */
+  bool sessions;      /* rate = conversation starts/s */
+  unsigned warmup;    /* requests per level excluded from metrics */
+  double warmup_s;    /* rate mode: at least rate * warmup_s warm-up requests (simulated s), so
+                       * the measured part starts once the system has filled up */
+  double min_level_s; /* rate mode: at least rate * min_level_s measured requests (simulated
+                       * s): a level must last several response times to measure capacity */
+  size_t num_prompts; /* measured requests per level */
   double request_timeout_s; /* real seconds per request; 0 = none */
-  bool early_stop;        /* end a level as soon as its TTFT p99 is certain to miss the SLO (see
-                           * kvr_loadgen_run_level); for searches, where only pass/fail counts */
-  FILE *progress;         /* progress lines go here; NULL = silent */
-  bool progress_tty;      /* rewrite one line with \r instead of printing plain lines */
+  bool early_stop;          /* end a level as soon as its TTFT p99 is certain to miss the SLO (see
+                             * kvr_loadgen_run_level); for searches, where only pass/fail counts */
+  FILE *progress;           /* progress lines go here; NULL = silent */
+  bool progress_tty;        /* rewrite one line with \r instead of printing plain lines */
 } kvr_loadgen_opts_t;
 
 /* Fills opts with defaults (chat, ignore_eos, time scale 1, Poisson, 300 prompts, no warm-up). */

@@ -506,8 +506,7 @@ int kvr_monitor_set_policy(kvr_monitor_t *m, const char *policy, char *err, size
   return rc;
 }
 
-int kvr_monitor_fetch_model(kvr_monitor_t *m, char *model, size_t size, char *err,
-                            size_t errlen) {
+int kvr_monitor_fetch_model(kvr_monitor_t *m, char *model, size_t size, char *err, size_t errlen) {
   /* The models list lives at the same /v1 root as the benchmarked endpoint. */
   char url[600];
   const char *v1 = strstr(m->url, "/v1/");

@@ -1,4 +1,5 @@
-/* report.c -- renders collected benchmark results as Markdown, JSON, JSONL and HTML with SVG charts.
+/* report.c -- renders collected benchmark results as Markdown, JSON, JSONL and HTML with SVG
+ * charts.
  *
  * Structs: none of its own beyond small tables of metric accessors (metric_t) and chart series
  * (series_t); everything is read from kvr_results_t / kvr_run_t / kvr_level_t (stats.h).
@@ -130,7 +131,7 @@ static bool has_engine(const kvr_level_t *lv) {
 }
 
 #define GETTER(name, expr)                                                                         \
-  static double name(const kvr_level_t *lv) {                                                     \
+  static double name(const kvr_level_t *lv) {                                                      \
     return (expr);                                                                                 \
   }
 GETTER(g_ttft_p50, lv->ttft.p50)
@@ -149,7 +150,8 @@ GETTER(g_e2e_p99, lv->e2e.p99)
 GETTER(g_out_tps, lv->output_throughput)
 GETTER(g_req_tps, lv->request_throughput)
 GETTER(g_maxconc, (double)lv->max_concurrent)
-GETTER(g_cached_pct, lv->total_input ? 100.0 * (double)lv->total_cached / (double)lv->total_input : 0)
+GETTER(g_cached_pct,
+       lv->total_input ? 100.0 * (double)lv->total_cached / (double)lv->total_input : 0)
 GETTER(g_achieved, lv->achieved_rate)
 GETTER(g_completed, (double)lv->completed)
 GETTER(g_failed, (double)lv->failed)
@@ -248,7 +250,9 @@ static void verdict(const kvr_level_t *lv, char *buf, size_t size) {
   char names[40];
   kvr_stats_fail_names(lv->fail_mask, names, sizeof(names));
   snprintf(buf, size, "FAIL (%s)%s", names,
-           lv->interrupted ? " (partial)" : lv->stopped_early ? " (stopped early)" : "");
+           lv->interrupted     ? " (partial)"
+           : lv->stopped_early ? " (stopped early)"
+                               : "");
 }
 
 /* The load the detailed comparison uses: the baseline's max SLO-compliant load, or when nothing
@@ -332,12 +336,13 @@ static void observations(const kvr_results_t *res, kvr_buf_t *out) {
     if (first_failure(&res->runs[r], &fl, &mask)) {
       kvr_stats_fail_names(mask, names, sizeof(names));
       fmt_load(res, fl, a, sizeof(a));
-      kvr_buf_printf(out,
-                     "%d. **%s binds first for `%s`.** Its first failing load is %s %s (FAIL (%s)).\n\n",
-                     n++, names, res->runs[r].label, a, unit, names);
+      kvr_buf_printf(
+          out, "%d. **%s binds first for `%s`.** Its first failing load is %s %s (FAIL (%s)).\n\n",
+          n++, names, res->runs[r].label, a, unit, names);
     } else if (res->runs[r].nlevels > 0) {
-      kvr_buf_printf(out, "%d. **`%s` passed every measured load.** Its limit lies above the "
-                          "highest load measured.\n\n",
+      kvr_buf_printf(out,
+                     "%d. **`%s` passed every measured load.** Its limit lies above the "
+                     "highest load measured.\n\n",
                      n++, res->runs[r].label);
     }
   }
@@ -450,13 +455,13 @@ void kvr_report_markdown(const kvr_results_t *res, kvr_buf_t *out) {
   kvr_buf_printf(out, "**Generated:** %s\n\n", res->generated ? res->generated : "");
 
   bool reset = res->cache_reset != NULL;
-  kvr_buf_printf(out, "## Configuration\n\n| # | Label | Policy | Description |%s\n"
-                      "|:-:|-------|--------|-------------|%s\n",
+  kvr_buf_printf(out,
+                 "## Configuration\n\n| # | Label | Policy | Description |%s\n"
+                 "|:-:|-------|--------|-------------|%s\n",
                  reset ? " Prefix Cache Reset |" : "", reset ? "--------------------|" : "");
   for (size_t r = 0; r < res->nruns; r++) {
     kvr_buf_printf(out, "| %zu | %s%s | %s | %s |", r, res->runs[r].label,
-                   r == 0 ? " (baseline)" : "",
-                   res->runs[r].policy[0] ? res->runs[r].policy : DASH,
+                   r == 0 ? " (baseline)" : "", res->runs[r].policy[0] ? res->runs[r].policy : DASH,
                    res->runs[r].description[0] ? res->runs[r].description : DASH);
     if (reset)
       kvr_buf_printf(out, " %s |", res->runs[r].cache_reset[0] ? res->runs[r].cache_reset : DASH);
@@ -545,8 +550,8 @@ void kvr_report_markdown(const kvr_results_t *res, kvr_buf_t *out) {
       fmt_pct_change(base, m, cap, sizeof(cap));
     fmt_load(res, m, a, sizeof(a));
     bool winner = r > 0 && best > base && m == best; /* a tie with the baseline wins nothing */
-    kvr_buf_printf(out, "| %s%s | %s | %s |\n", res->runs[r].label, winner ? " **WINNER**" : "",
-                   a, cap);
+    kvr_buf_printf(out, "| %s%s | %s | %s |\n", res->runs[r].label, winner ? " **WINNER**" : "", a,
+                   cap);
   }
   kvr_buf_puts(out, "\n");
   if (res->nruns > 1) {
@@ -562,8 +567,9 @@ void kvr_report_markdown(const kvr_results_t *res, kvr_buf_t *out) {
       fmt_load(res, base, a, sizeof(a));
       fmt_load(res, best, b, sizeof(b));
       if (base > 0)
-        kvr_buf_printf(out, " improved max SLO-compliant load over baseline: %s -> %s %s (%+.0f%%).**\n\n",
-                       a, b, unit, (best / base - 1) * 100);
+        kvr_buf_printf(
+            out, " improved max SLO-compliant load over baseline: %s -> %s %s (%+.0f%%).**\n\n", a,
+            b, unit, (best / base - 1) * 100);
       else
         kvr_buf_printf(out, " passed up to %s %s; the baseline passed at no measured load.**\n\n",
                        b, unit);
@@ -578,8 +584,8 @@ void kvr_report_markdown(const kvr_results_t *res, kvr_buf_t *out) {
   if (detail_load(res, &dl, &passed)) {
     fmt_load(res, dl, a, sizeof(a));
     if (passed)
-      kvr_buf_printf(out, "## Detailed Comparison at Baseline Max %s (%s %s)\n\n",
-                     load_header(res), a, unit);
+      kvr_buf_printf(out, "## Detailed Comparison at Baseline Max %s (%s %s)\n\n", load_header(res),
+                     a, unit);
     else
       kvr_buf_printf(out,
                      "## Detailed Comparison at Baseline's Lowest %s (%s %s; no load passed)\n\n",
@@ -608,10 +614,11 @@ void kvr_report_markdown(const kvr_results_t *res, kvr_buf_t *out) {
         maxturn = KVR_MAX(maxturn, lv->nturns);
     }
     if (maxturn > 0) {
-      kvr_buf_printf(out,
-                     "## Per-Turn TTFT at %s %s\n\nTTFT p50 / p99 (ms), mean prompt tokens, share of "
-                     "them cached.\n\n",
-                     a, unit);
+      kvr_buf_printf(
+          out,
+          "## Per-Turn TTFT at %s %s\n\nTTFT p50 / p99 (ms), mean prompt tokens, share of "
+          "them cached.\n\n",
+          a, unit);
       table_header(res, out, "Turn", false);
       for (size_t t = 0; t < maxturn; t++) {
         kvr_buf_printf(out, "| %zu |", t + 1);
@@ -638,8 +645,8 @@ void kvr_report_markdown(const kvr_results_t *res, kvr_buf_t *out) {
     char names[KVR_STATS_MAX_WORKERS][KVR_WORKER_NAME_MAX];
     size_t nnames = worker_names(res, dl, names);
     if (nnames > 0) {
-      kvr_buf_printf(out, "## Worker Share at %s %s\n\nRequests per worker (x-kvrouter-worker).\n\n",
-                     a, unit);
+      kvr_buf_printf(
+          out, "## Worker Share at %s %s\n\nRequests per worker (x-kvrouter-worker).\n\n", a, unit);
       table_header(res, out, "Worker", false);
       for (size_t k = 0; k < nnames; k++) {
         kvr_buf_printf(out, "| %s |", names[k][0] ? names[k] : "(no header)");
@@ -682,8 +689,9 @@ void kvr_report_markdown(const kvr_results_t *res, kvr_buf_t *out) {
   }
   kvr_buf_printf(out, " %s |\n", unit);
   if (res->concurrency_mode)
-    kvr_buf_puts(out, "| Load | N closed-loop users, each running its conversations turn after turn "
-                      "with think time |\n");
+    kvr_buf_puts(out,
+                 "| Load | N closed-loop users, each running its conversations turn after turn "
+                 "with think time |\n");
   else if (res->sessions)
     kvr_buf_puts(out, "| Rate Meaning | conversation starts per second; later turns follow their "
                       "predecessor after think time |\n");
@@ -747,9 +755,8 @@ void kvr_report_level_json(const kvr_results_t *res, const kvr_run_t *run, const
                            kvr_buf_t *out) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "date", res->generated ? res->generated : "");
-  cJSON_AddStringToObject(o, "backend", res->api && strcmp(res->api, "completions") == 0
-                                            ? "openai"
-                                            : "openai-chat");
+  cJSON_AddStringToObject(
+      o, "backend", res->api && strcmp(res->api, "completions") == 0 ? "openai" : "openai-chat");
   cJSON_AddStringToObject(o, "label", run->label);
   cJSON_AddStringToObject(o, "model_id", res->model ? res->model : "");
   cJSON_AddNumberToObject(o, "num_prompts", (double)lv->nrecs);
@@ -791,9 +798,10 @@ void kvr_report_level_json(const kvr_results_t *res, const kvr_run_t *run, const
   cJSON *k = cJSON_AddObjectToObject(o, "kvrouter");
   cJSON_AddStringToObject(k, "policy", run->policy);
   cJSON_AddStringToObject(k, "workload", res->workload ? res->workload : "");
-  cJSON_AddStringToObject(k, "rate_meaning", res->concurrency_mode ? "users"
-                                             : res->sessions ? "conversation starts per second"
-                                                             : "turn arrivals per second");
+  cJSON_AddStringToObject(k, "rate_meaning",
+                          res->concurrency_mode ? "users"
+                          : res->sessions       ? "conversation starts per second"
+                                                : "turn arrivals per second");
   cJSON_AddNumberToObject(k, "time_scale", res->time_scale);
   cJSON_AddNumberToObject(k, "seed", (double)res->seed);
   cJSON_AddNumberToObject(k, "warmup_requests", res->warmup);
@@ -971,7 +979,8 @@ static void line_chart(const kvr_results_t *res, kvr_buf_t *out, const char *id,
                    "<line class=\"grid\" x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>"
                    "<text class=\"tick\" x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%g</text>\n",
                    ML, Y(yv), ML + pw, Y(yv), ML - 6, Y(yv) + 4, yv);
-    kvr_buf_printf(out, "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%g</text>\n",
+    kvr_buf_printf(out,
+                   "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%g</text>\n",
                    X(xv), MT + ph + 18, xv);
   }
   kvr_buf_printf(out,
@@ -985,11 +994,12 @@ static void line_chart(const kvr_results_t *res, kvr_buf_t *out, const char *id,
                  ML + pw / 2, CH - 10, res->concurrency_mode ? "users" : "target rate",
                  load_unit(res), MT + ph / 2, ylabel);
   if (slo > 0)
-    kvr_buf_printf(out,
-                   "<line class=\"slo\" x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
-                   "stroke=\"#d00\" stroke-dasharray=\"6 4\"/>"
-                   "<text class=\"slo-label\" x=\"%.1f\" y=\"%.1f\" fill=\"#d00\">SLO %g ms</text>\n",
-                   ML, Y(slo), ML + pw, Y(slo), ML + pw - 80, Y(slo) - 5, slo);
+    kvr_buf_printf(
+        out,
+        "<line class=\"slo\" x1=\"%d\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+        "stroke=\"#d00\" stroke-dasharray=\"6 4\"/>"
+        "<text class=\"slo-label\" x=\"%.1f\" y=\"%.1f\" fill=\"#d00\">SLO %g ms</text>\n",
+        ML, Y(slo), ML + pw, Y(slo), ML + pw - 80, Y(slo) - 5, slo);
   /* One polyline per run. */
   for (size_t r = 0; r < res->nruns; r++) {
     const char *color = palette[r % KVR_ARRAY_SIZE(palette)];
@@ -1014,7 +1024,8 @@ static void line_chart(const kvr_results_t *res, kvr_buf_t *out, const char *id,
     kvr_buf_printf(out,
                    "<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"%s\"/>"
                    "<text class=\"legend\" x=\"%.1f\" y=\"%.1f\">",
-                   ML + pw + 16, MT + 20.0 * (double)r, color, ML + pw + 34, MT + 20.0 * (double)r + 10);
+                   ML + pw + 16, MT + 20.0 * (double)r, color, ML + pw + 34,
+                   MT + 20.0 * (double)r + 10);
     html_esc(out, res->runs[r].label);
     kvr_buf_puts(out, "</text></g>\n");
   }
@@ -1034,12 +1045,13 @@ static void share_chart(const kvr_results_t *res, kvr_buf_t *out) {
   char a[32];
   fmt_load(res, dl, a, sizeof(a));
   double pw = CW - ML - MR, ph = CH - MT - MB;
-  kvr_buf_printf(out,
-                 "<figure><svg class=\"chart\" id=\"worker-share\" "
-                 "xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d "
-                 "%d\" role=\"img\">\n<title>Share of requests per worker at %s %s</title>\n"
-                 "<text x=\"%d\" y=\"22\" class=\"title\">Share of requests per worker at %s %s</text>\n",
-                 CW, CH, CW, CH, a, load_unit(res), ML, a, load_unit(res));
+  kvr_buf_printf(
+      out,
+      "<figure><svg class=\"chart\" id=\"worker-share\" "
+      "xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d "
+      "%d\" role=\"img\">\n<title>Share of requests per worker at %s %s</title>\n"
+      "<text x=\"%d\" y=\"22\" class=\"title\">Share of requests per worker at %s %s</text>\n",
+      CW, CH, CW, CH, a, load_unit(res), ML, a, load_unit(res));
   for (int t = 0; t <= 4; t++) {
     double y = MT + ph - ph * t / 4.0;
     kvr_buf_printf(out,

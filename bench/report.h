@@ -1,8 +1,9 @@
 /* report.h -- the benchmark report: Markdown, per-level results JSON, per-request JSONL, HTML+SVG.
  *
  * Every renderer is a pure function of a kvr_results_t (see stats.h): it reads the collected
- * figures and appends text to a kvr_buf_t. Nothing here touches the network or a loop, so the report
- * is unit-tested on hand-built results. kvr_report_write() is the only function that touches files.
+ * figures and appends text to a kvr_buf_t. Nothing here touches the network or a loop, so the
+ * report is unit-tested on hand-built results. kvr_report_write() is the only function that touches
+ * files.
  *
  * The Markdown follows the team's report form (shared/seeds/002_*.txt): configuration, SLO targets,
  * one table per metric by load and label, the SLO compliance matrix naming the failing SLO, the
@@ -27,7 +28,8 @@ void kvr_report_html(const kvr_results_t *res, kvr_buf_t *out);
 
 /* Appends one level's results JSON, keyed like `vllm bench serve --save-result` where the meaning
  * matches (mean_ttft_ms, p99_tpot_ms, request_throughput, ...) plus a "kvrouter" object with the
- * figures vllm does not have (send lag, cached tokens, worker share, per-turn TTFT, SLO verdict). */
+ * figures vllm does not have (send lag, cached tokens, worker share, per-turn TTFT, SLO verdict).
+ */
 void kvr_report_level_json(const kvr_results_t *res, const kvr_run_t *run, const kvr_level_t *lv,
                            kvr_buf_t *out);
 

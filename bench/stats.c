@@ -9,8 +9,8 @@
  * once the level is over -> kvr_stats_run_add() -> report.
  *
  * Invariants: warm-up records are stored (for the JSONL) but never counted; ITL samples are bounded
- * by KVR_STATS_ITL_CAP per level (a seeded uniform reservoir past it) and freed at finish, so memory
- * per level is records plus at most the cap.
+ * by KVR_STATS_ITL_CAP per level (a seeded uniform reservoir past it) and freed at finish, so
+ * memory per level is records plus at most the cap.
  */
 #include "stats.h"
 
@@ -113,8 +113,7 @@ void kvr_stats_fail_names(unsigned mask, char *buf, size_t size) {
   for (size_t i = 0; i < KVR_ARRAY_SIZE(names); i++) {
     if (!(mask & names[i].bit))
       continue;
-    int w = snprintf(buf + len, size > len ? size - len : 0, "%s%s", len ? "+" : "",
-                     names[i].name);
+    int w = snprintf(buf + len, size > len ? size - len : 0, "%s%s", len ? "+" : "", names[i].name);
     if (w > 0)
       len += (size_t)w;
     if (len >= size)
@@ -306,8 +305,9 @@ void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo) {
   } else {
     lv->request_throughput = lv->output_throughput = lv->total_token_throughput = 0;
   }
-  lv->achieved_rate =
-      lv->measured > 1 && last_send > first_send ? (double)(lv->measured - 1) / (last_send - first_send) : 0;
+  lv->achieved_rate = lv->measured > 1 && last_send > first_send
+                          ? (double)(lv->measured - 1) / (last_send - first_send)
+                          : 0;
 
   lv->fail_mask = 0;
   if (lv->completed == 0 && !lv->stopped_early)

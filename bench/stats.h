@@ -26,19 +26,19 @@
 
 /* One request as the load generator saw it. */
 typedef struct kvr_req_rec_s {
-  uint64_t conv;          /* conversation index within the level */
-  uint32_t turn;          /* 1-based */
-  bool warmup;            /* excluded from every metric */
-  bool ok;                /* HTTP 200 and a complete stream */
-  int status;             /* HTTP status, 0 if none arrived */
-  double target_s;        /* scheduled send time since level start, report seconds */
-  double sent_s;          /* actual send time since level start, report seconds */
-  double lag_ms;          /* actual - scheduled, real ms (0 in concurrency mode) */
-  double ttft_ms;         /* < 0 when no token arrived */
-  double transport_ms;    /* TTFT outside the simulator's engine, real ms; < 0 if not reported */
+  uint64_t conv;       /* conversation index within the level */
+  uint32_t turn;       /* 1-based */
+  bool warmup;         /* excluded from every metric */
+  bool ok;             /* HTTP 200 and a complete stream */
+  int status;          /* HTTP status, 0 if none arrived */
+  double target_s;     /* scheduled send time since level start, report seconds */
+  double sent_s;       /* actual send time since level start, report seconds */
+  double lag_ms;       /* actual - scheduled, real ms (0 in concurrency mode) */
+  double ttft_ms;      /* < 0 when no token arrived */
+  double transport_ms; /* TTFT outside the simulator's engine, real ms; < 0 if not reported */
   double e2e_ms;
-  double tpot_ms;         /* < 0 when output_tokens < 2 */
-  uint32_t n_itl;         /* ITL samples this request produced */
+  double tpot_ms; /* < 0 when output_tokens < 2 */
+  uint32_t n_itl; /* ITL samples this request produced */
   double itl_mean_ms, itl_max_ms;
   uint32_t output_tokens; /* usage.completion_tokens, else content-bearing chunks */
   uint32_t chunks;        /* content-bearing chunks */
@@ -46,7 +46,7 @@ typedef struct kvr_req_rec_s {
   uint32_t cached_tokens; /* usage.prompt_tokens_details.cached_tokens, 0 if absent */
   bool usage_seen;
   char worker[KVR_WORKER_NAME_MAX]; /* x-kvrouter-worker response header, "" if absent */
-  char error[128];        /* "" when ok */
+  char error[128];                  /* "" when ok */
 } kvr_req_rec_t;
 
 typedef struct kvr_dist_s {
@@ -55,8 +55,8 @@ typedef struct kvr_dist_s {
 } kvr_dist_t;
 
 typedef struct kvr_slo_s {
-  double ttft_p99_ms;   /* pass when TTFT p99 < this (1000) */
-  double tpot_p99_ms;   /* pass when TPOT p99 < this (60) */
+  double ttft_p99_ms;     /* pass when TTFT p99 < this (1000) */
+  double tpot_p99_ms;     /* pass when TPOT p99 < this (60) */
   double max_failed_frac; /* pass when failed <= this fraction of measured requests (0) */
 } kvr_slo_t;
 
@@ -79,24 +79,24 @@ typedef struct kvr_turn_stats_s {
 
 /* One load level (one rate or one concurrency) of one run. */
 typedef struct kvr_level_s {
-  double rate;             /* target rate in report req/s; 0 in concurrency mode */
-  unsigned concurrency;    /* users in concurrency mode; 0 in rate mode */
-  bool interrupted;        /* stopped early (Ctrl-C): figures cover what finished */
-  bool stopped_early;      /* ended once its TTFT p99 certainly missed the SLO (kvr_loadgen early
-                            * stop): fails on TTFT; figures cover the requests finished by then */
-  size_t ttft_over_slo;    /* measured first tokens at or over the TTFT SLO when it stopped */
+  double rate;          /* target rate in report req/s; 0 in concurrency mode */
+  unsigned concurrency; /* users in concurrency mode; 0 in rate mode */
+  bool interrupted;     /* stopped early (Ctrl-C): figures cover what finished */
+  bool stopped_early;   /* ended once its TTFT p99 certainly missed the SLO (kvr_loadgen early
+                         * stop): fails on TTFT; figures cover the requests finished by then */
+  size_t ttft_over_slo; /* measured first tokens at or over the TTFT SLO when it stopped */
 
   /* Filled by kvr_stats_level_finish(). */
-  double duration_s;       /* first measured send -> last measured completion, report seconds */
-  size_t measured;         /* non-warm-up requests */
+  double duration_s; /* first measured send -> last measured completion, report seconds */
+  size_t measured;   /* non-warm-up requests */
   size_t completed, failed;
   kvr_dist_t ttft, tpot, itl, e2e, lag;
-  kvr_dist_t transport;    /* TTFT outside the simulator's engine, real ms; n = 0 if not reported */
+  kvr_dist_t transport; /* TTFT outside the simulator's engine, real ms; n = 0 if not reported */
   double request_throughput, output_throughput, total_token_throughput;
-  double achieved_rate;    /* measured sends per report second over the send window */
+  double achieved_rate; /* measured sends per report second over the send window */
   unsigned max_concurrent;
   uint64_t total_input, total_output, total_cached;
-  size_t usage_requests;   /* completed requests whose stream carried usage */
+  size_t usage_requests;       /* completed requests whose stream carried usage */
   kvr_worker_share_t *workers; /* owned, sorted by name */
   size_t nworkers;
   kvr_turn_stats_t *turns; /* owned, by turn */
@@ -106,15 +106,15 @@ typedef struct kvr_level_s {
 
   /* Engine figures scraped from the workers' /metrics around the level (bench/monitor.c): which
    * limit a level hit (KV cache: preemptions, usage near 1; compute: neither). */
-  size_t engine_workers;   /* workers whose /metrics was read before and after; 0 = unknown */
-  uint64_t preemptions;    /* increase of vllm:num_preemptions_total over the level, all workers */
-  double kv_usage_peak;    /* highest vllm:kv_cache_usage_perc (0-1) seen on any worker */
+  size_t engine_workers; /* workers whose /metrics was read before and after; 0 = unknown */
+  uint64_t preemptions;  /* increase of vllm:num_preemptions_total over the level, all workers */
+  double kv_usage_peak;  /* highest vllm:kv_cache_usage_perc (0-1) seen on any worker */
 
-  kvr_req_rec_t *recs;     /* owned, in completion order */
+  kvr_req_rec_t *recs; /* owned, in completion order */
   size_t nrecs, caprecs;
-  double *itls;            /* owned ITL samples until finish (then freed); reservoir when full */
+  double *itls; /* owned ITL samples until finish (then freed); reservoir when full */
   size_t nitls, capitls;
-  uint64_t itl_seen;       /* samples offered, for the reservoir */
+  uint64_t itl_seen; /* samples offered, for the reservoir */
   uint64_t itl_rng;
 } kvr_level_t;
 
@@ -144,18 +144,19 @@ void kvr_stats_dist(double *values, size_t n, kvr_dist_t *d);
 /* Peak number of overlapping [start, end] intervals (ends before starts at equal times). */
 unsigned kvr_stats_max_overlap(const double *start, const double *end, size_t n);
 
-/* "TTFT", "TPOT", "TTFT+TPOT", "errors", "TTFT+errors", "no data"... into buf; "" when mask == 0. */
+/* "TTFT", "TPOT", "TTFT+TPOT", "errors", "TTFT+errors", "no data"... into buf; "" when mask == 0.
+ */
 void kvr_stats_fail_names(unsigned mask, char *buf, size_t size);
 
 /* A run: one label (one policy / configuration) over a list of levels. */
 typedef struct kvr_run_s {
   char label[64];
-  char policy[64];         /* policy set through the admin API, "" if none */
+  char policy[64]; /* policy set through the admin API, "" if none */
   char description[256];
-  kvr_level_t **levels;    /* owned, in the order they ran */
+  kvr_level_t **levels; /* owned, in the order they ran */
   size_t nlevels;
-  bool searched;           /* levels came from the max-SLO-rate search */
-  char cache_reset[192];   /* outcome of the prefix-cache reset before this run, "" if none */
+  bool searched;         /* levels came from the max-SLO-rate search */
+  char cache_reset[192]; /* outcome of the prefix-cache reset before this run, "" if none */
 } kvr_run_t;
 
 /* Appends a level (ownership moves to run). */
@@ -169,15 +170,15 @@ double kvr_stats_run_max_load(const kvr_run_t *run);
 typedef struct kvr_results_s {
   /* Configuration, for the report. Strings owned. */
   char *title;
-  char *generated;         /* UTC ISO-8601 */
+  char *generated; /* UTC ISO-8601 */
   char *url;
   char *model;
-  char *api;               /* "chat" or "completions" */
-  char *workload;          /* name */
+  char *api;      /* "chat" or "completions" */
+  char *workload; /* name */
   char *workload_desc;
-  char *command;           /* the command line */
+  char *command; /* the command line */
   bool concurrency_mode;
-  bool sessions;           /* rate = conversation starts/s instead of turn arrivals/s */
+  bool sessions; /* rate = conversation starts/s instead of turn arrivals/s */
   size_t num_prompts;
   unsigned warmup;
   double cooldown_s;

@@ -87,23 +87,23 @@ uint64_t kvr_workload_mix(uint64_t a, uint64_t b) {
 /* ---- synthetic text -------------------------------------------------------------------------- */
 
 static const char *const words[] = {
-    "the",        "system",     "memory",      "request",   "cache",      "model",      "token",
-    "server",     "process",    "network",     "data",      "layer",      "attention",  "batch",
-    "latency",    "throughput", "scheduler",   "kernel",    "device",     "buffer",     "queue",
-    "of",         "and",        "to",          "in",        "is",         "for",        "with",
-    "that",       "on",         "as",         "by",        "from",       "each",       "which",
-    "when",       "a",          "an",          "its",       "their",      "this",       "every",
-    "large",      "small",      "shared",      "distributed", "parallel", "efficient",  "stable",
-    "history",    "river",      "mountain",    "city",      "century",    "empire",     "language",
-    "culture",    "economy",    "population",  "region",    "trade",      "science",    "theory",
-    "experiment", "energy",     "structure",   "function",  "protein",    "cell",       "species",
-    "computes",   "stores",     "reuses",      "describes", "explains",   "measures",   "transfers",
-    "improves",   "reduces",    "increases",   "follows",   "contains",   "supports",   "produces",
-    "early",      "modern",     "ancient",     "northern",  "important",  "complex",    "simple",
-    "between",    "through",    "during",      "after",     "before",     "under",      "across",
-    "algorithm",  "protocol",   "interface",   "decoder",   "encoder",    "sequence",   "vector",
-    "matrix",     "gradient",   "parameter",   "weights",   "prefix",     "block",      "worker",
-    "router",     "policy",     "balance",     "load",      "traffic",    "session",    "user",
+    "the",        "system",     "memory",     "request",     "cache",     "model",     "token",
+    "server",     "process",    "network",    "data",        "layer",     "attention", "batch",
+    "latency",    "throughput", "scheduler",  "kernel",      "device",    "buffer",    "queue",
+    "of",         "and",        "to",         "in",          "is",        "for",       "with",
+    "that",       "on",         "as",         "by",          "from",      "each",      "which",
+    "when",       "a",          "an",         "its",         "their",     "this",      "every",
+    "large",      "small",      "shared",     "distributed", "parallel",  "efficient", "stable",
+    "history",    "river",      "mountain",   "city",        "century",   "empire",    "language",
+    "culture",    "economy",    "population", "region",      "trade",     "science",   "theory",
+    "experiment", "energy",     "structure",  "function",    "protein",   "cell",      "species",
+    "computes",   "stores",     "reuses",     "describes",   "explains",  "measures",  "transfers",
+    "improves",   "reduces",    "increases",  "follows",     "contains",  "supports",  "produces",
+    "early",      "modern",     "ancient",    "northern",    "important", "complex",   "simple",
+    "between",    "through",    "during",     "after",       "before",    "under",     "across",
+    "algorithm",  "protocol",   "interface",  "decoder",     "encoder",   "sequence",  "vector",
+    "matrix",     "gradient",   "parameter",  "weights",     "prefix",    "block",     "worker",
+    "router",     "policy",     "balance",    "load",        "traffic",   "session",   "user",
 };
 
 static const char *const openers[] = {
@@ -114,12 +114,9 @@ static const char *const openers[] = {
 };
 
 static const char *const followups[] = {
-    "Can you elaborate further on that?",
-    "Please explain that in more detail.",
-    "What are the implications of this?",
-    "Can you give a concrete example?",
-    "How does this compare with the alternatives?",
-    "Why does that matter?",
+    "Can you elaborate further on that?",           "Please explain that in more detail.",
+    "What are the implications of this?",           "Can you give a concrete example?",
+    "How does this compare with the alternatives?", "Why does that matter?",
 };
 
 static const char *const questions[] = {
@@ -223,9 +220,9 @@ typedef struct file_conv_s {
 
 struct kvr_workload_s {
   kvr_workload_opts_t opts;
-  char *path;        /* owned copy of opts.path */
+  char *path; /* owned copy of opts.path */
   char name[96];
-  char **pool;       /* starters (multiturn) or documents; owned */
+  char **pool; /* starters (multiturn) or documents; owned */
   size_t npool;
   file_conv_t *convs; /* file workloads; owned */
   size_t nconvs;
@@ -381,9 +378,8 @@ static int load_jsonl(kvr_workload_t *wl, char *text, char *err, size_t errlen) 
       const cJSON *th = cJSON_GetObjectItemCaseSensitive(t, "think_s");
       if (!cJSON_IsString(user) || (mt && (!cJSON_IsNumber(mt) || mt->valuedouble < 1)) ||
           (th && (!cJSON_IsNumber(th) || th->valuedouble < 0))) {
-        snprintf(err, errlen,
-                 "%s:%zu: turns[%d]: need string user, max_tokens >= 1, think_s >= 0", wl->path,
-                 lineno, ti);
+        snprintf(err, errlen, "%s:%zu: turns[%d]: need string user, max_tokens >= 1, think_s >= 0",
+                 wl->path, lineno, ti);
         file_conv_free(&c);
         cJSON_Delete(o);
         return KVR_EPARSE;
@@ -650,19 +646,21 @@ void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k
       const char *u = t == 0 ? openers[kvr_workload_rng_u64(&r) % KVR_ARRAY_SIZE(openers)]
                              : followups[kvr_workload_rng_u64(&r) % KVR_ARRAY_SIZE(followups)];
       c->turns[t].user = strdup(u);
-      c->turns[t].max_tokens = clip_tokens(o, o->out_mean + o->out_std * kvr_workload_rng_normal(&r));
+      c->turns[t].max_tokens =
+          clip_tokens(o, o->out_mean + o->out_std * kvr_workload_rng_normal(&r));
       c->turns[t].think_s = t == 0 ? 0.0 : think(o, &r);
     }
     if (o->replay) {
       /* Answers from their own stream so session mode's draws (above) stay unchanged. The last
        * turn's answer is never resent: not generated. */
       kvr_rng_t ar;
-      kvr_workload_rng_seed(&ar, kvr_workload_mix(kvr_workload_mix(o->seed, level_seed),
-                                                  k ^ 0xA45E000000000000ull));
+      kvr_workload_rng_seed(
+          &ar, kvr_workload_mix(kvr_workload_mix(o->seed, level_seed), k ^ 0xA45E000000000000ull));
       for (uint32_t t = 0; t + 1 < o->turns; t++) {
-        uint32_t len = o->answer_mean > 0
-                           ? clip_tokens(o, o->answer_mean + o->answer_std * kvr_workload_rng_normal(&ar))
-                           : c->turns[t].max_tokens;
+        uint32_t len =
+            o->answer_mean > 0
+                ? clip_tokens(o, o->answer_mean + o->answer_std * kvr_workload_rng_normal(&ar))
+                : c->turns[t].max_tokens;
         kvr_buf_t b = KVR_BUF_INIT;
         kvr_workload_text(&ar, (size_t)len * KVR_WORKLOAD_CHARS_PER_TOKEN, &b);
         c->turns[t].answer = kvr_buf_steal(&b);
@@ -692,7 +690,8 @@ void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k
     break;
   }
   case KVR_WL_FILE: {
-    /* Each level walks the file from its own seeded offset: distinct conversations, in file order. */
+    /* Each level walks the file from its own seeded offset: distinct conversations, in file order.
+     */
     size_t i = (size_t)((kvr_workload_mix(o->seed, level_seed) + k) % wl->nconvs);
     const file_conv_t *f = &wl->convs[i];
     c->group = (int32_t)i;

@@ -58,34 +58,34 @@ typedef enum { KVR_API_CHAT = 0, KVR_API_COMPLETIONS } kvr_api_t;
 
 typedef struct kvr_workload_opts_s {
   kvr_workload_kind_t kind;
-  const char *path;          /* KVR_WL_FILE: the file (copied) */
-  uint64_t seed;             /* text pool seed */
-  unsigned turns;            /* multiturn: turns per conversation (5) */
-  unsigned starters;         /* multiturn: shared starters (10) */
-  unsigned documents;        /* documents: distinct documents (150) */
-  unsigned questions;        /* documents: questions per document (4) */
+  const char *path;           /* KVR_WL_FILE: the file (copied) */
+  uint64_t seed;              /* text pool seed */
+  unsigned turns;             /* multiturn: turns per conversation (5) */
+  unsigned starters;          /* multiturn: shared starters (10) */
+  unsigned documents;         /* documents: distinct documents (150) */
+  unsigned questions;         /* documents: questions per document (4) */
   unsigned prefix_min_tokens; /* starter/document length range (3500..4000) */
   unsigned prefix_max_tokens;
   unsigned control_min_tokens; /* control prompt length range (3500..7000: the multiturn mix) */
   unsigned control_max_tokens;
-  double out_mean, out_std;  /* output tokens per turn: normal(830, 300) clipped to [min, max] */
+  double out_mean, out_std; /* output tokens per turn: normal(830, 300) clipped to [min, max] */
   unsigned out_min, out_max;
-  double think_mean_s;       /* mean think time before turns 2.. (exponential), simulated seconds */
-  bool replay;               /* multiturn: pre-built conversations replayed open loop (the seed's
-                              * `vllm bench serve` shape): every turn carries a synthetic answer of
-                              * its max_tokens, so any turn can be sent without waiting for the
-                              * previous one. false: closed-loop sessions resending real answers */
-  unsigned replay_width;     /* replay: conversations interleaved per block (16), see loadgen.h */
-  bool replay_sample;        /* replay: every arrival is a random turn of its own conversation (a
-                              * dataset of single prompts sampled at random, as `vllm bench serve`
-                              * samples a custom dataset) instead of blocks; see loadgen.h */
-  unsigned replay_dataset;   /* replay sample: 0 = every arrival a fresh conversation; N = arrivals
-                              * draw the N*turns prompts of one fixed dataset of N conversations (the
-                              * same at every level), each pass over it in a new seeded order, as
-                              * `vllm bench serve` replays one dataset file at every rate */
+  double think_mean_s;     /* mean think time before turns 2.. (exponential), simulated seconds */
+  bool replay;             /* multiturn: pre-built conversations replayed open loop (the seed's
+                            * `vllm bench serve` shape): every turn carries a synthetic answer of
+                            * its max_tokens, so any turn can be sent without waiting for the
+                            * previous one. false: closed-loop sessions resending real answers */
+  unsigned replay_width;   /* replay: conversations interleaved per block (16), see loadgen.h */
+  bool replay_sample;      /* replay: every arrival is a random turn of its own conversation (a
+                            * dataset of single prompts sampled at random, as `vllm bench serve`
+                            * samples a custom dataset) instead of blocks; see loadgen.h */
+  unsigned replay_dataset; /* replay sample: 0 = every arrival a fresh conversation; N = arrivals
+                            * draw the N*turns prompts of one fixed dataset of N conversations (the
+                            * same at every level), each pass over it in a new seeded order, as
+                            * `vllm bench serve` replays one dataset file at every rate */
   double answer_mean, answer_std; /* replay: tokens of the pre-built answers carried in the history,
-                              * normal(mean, std) clipped to [out_min, out_max]; mean 0 = each
-                              * turn's max_tokens (the default) */
+                                   * normal(mean, std) clipped to [out_min, out_max]; mean 0 = each
+                                   * turn's max_tokens (the default) */
 } kvr_workload_opts_t;
 
 /* Fills opts with the seed workload's defaults (multiturn replay, 10 starters x 5 turns, 830 tokens
@@ -111,15 +111,16 @@ typedef struct kvr_turn_s {
                         * (max_tokens tokens of synthetic text) that later turns carry; else NULL */
 } kvr_turn_t;
 
-/* One conversation, owned by whoever called kvr_workload_conv(); free with kvr_workload_conv_free(). */
+/* One conversation, owned by whoever called kvr_workload_conv(); free with
+ * kvr_workload_conv_free(). */
 typedef struct kvr_conv_s {
-  uint64_t id;         /* k, the conversation's index within its level */
-  const char *prefix;  /* borrowed from the workload (shared starter/document) or NULL */
-  char *prefix_owned;  /* owned unique prefix (control), NULL otherwise; prefix points at it */
-  const char *system;  /* borrowed system prompt, or NULL */
-  kvr_turn_t *turns;   /* owned */
+  uint64_t id;        /* k, the conversation's index within its level */
+  const char *prefix; /* borrowed from the workload (shared starter/document) or NULL */
+  char *prefix_owned; /* owned unique prefix (control), NULL otherwise; prefix points at it */
+  const char *system; /* borrowed system prompt, or NULL */
+  kvr_turn_t *turns;  /* owned */
   uint32_t nturns;
-  int32_t group;       /* starter/document index shared with other conversations, -1 if none */
+  int32_t group; /* starter/document index shared with other conversations, -1 if none */
 } kvr_conv_t;
 
 typedef struct kvr_workload_s kvr_workload_t;
@@ -156,8 +157,8 @@ void kvr_workload_text(kvr_rng_t *r, size_t chars, kvr_buf_t *out);
 /* Builds the JSON request body for turn `turn` (0-based) of conv. answers[0..turn-1] are the
  * assistant answers actually streamed for the earlier turns (NULL entries count as empty).
  * Chat: {"model", "messages": [system?, user, assistant, ..., user], "max_tokens", "stream": true,
- * "stream_options": {"include_usage": true}, "ignore_eos"?}; completions: the same history rendered as
- * one "prompt" text. out is reset first. */
+ * "stream_options": {"include_usage": true}, "ignore_eos"?}; completions: the same history rendered
+ * as one "prompt" text. out is reset first. */
 void kvr_workload_body(const kvr_conv_t *conv, uint32_t turn, const char *const *answers,
                        const char *model, kvr_api_t api, bool ignore_eos, kvr_buf_t *out);
 

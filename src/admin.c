@@ -125,8 +125,8 @@ static void policy_put(kvr_router_t *r, kvr_http_req_t *req) {
     return;
   }
   if (name == NULL && params == NULL) {
-    kvr_http_error(req, 400, NULL, "missing_required_parameter",
-                   "policy: required, one of: %s", names);
+    kvr_http_error(req, 400, NULL, "missing_required_parameter", "policy: required, one of: %s",
+                   names);
     cJSON_Delete(body);
     return;
   }
@@ -214,7 +214,8 @@ static void explain(kvr_router_t *r, kvr_http_req_t *req) {
   send_json(req, 200, o);
 }
 
-/* ---- POST /admin/reset_prefix_cache ----------------------------------------------------------- */
+/* ---- POST /admin/reset_prefix_cache -----------------------------------------------------------
+ */
 
 #define RESET_TIMEOUT_MS 10000L
 #define RESET_MAX_BODY 512
@@ -383,8 +384,8 @@ void kvr_admin_on_request(kvr_http_req_t *req, void *data) {
              strcmp(path, "/admin/workers") == 0 || strncmp(path, "/admin/workers/", 15) == 0 ||
              strcmp(path, "/admin/policy") == 0 || strcmp(path, "/admin/route/explain") == 0 ||
              strcmp(path, "/admin/reset_prefix_cache") == 0) {
-    kvr_http_error(req, 405, NULL, "method_not_allowed", "%s is not allowed on %s",
-                   req->method_str, path);
+    kvr_http_error(req, 405, NULL, "method_not_allowed", "%s is not allowed on %s", req->method_str,
+                   path);
   } else {
     kvr_http_error(req, 404, NULL, "not_found", "no admin route %s", path);
   }

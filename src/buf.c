@@ -136,11 +136,21 @@ void kvr_buf_json_str(kvr_buf_t *b, const char *s, size_t len) {
     kvr_buf_append(b, s + start, i - start);
     start = i + 1;
     switch (c) {
-    case '"': kvr_buf_append(b, "\\\"", 2); break;
-    case '\\': kvr_buf_append(b, "\\\\", 2); break;
-    case '\n': kvr_buf_append(b, "\\n", 2); break;
-    case '\r': kvr_buf_append(b, "\\r", 2); break;
-    case '\t': kvr_buf_append(b, "\\t", 2); break;
+    case '"':
+      kvr_buf_append(b, "\\\"", 2);
+      break;
+    case '\\':
+      kvr_buf_append(b, "\\\\", 2);
+      break;
+    case '\n':
+      kvr_buf_append(b, "\\n", 2);
+      break;
+    case '\r':
+      kvr_buf_append(b, "\\r", 2);
+      break;
+    case '\t':
+      kvr_buf_append(b, "\\t", 2);
+      break;
     default: {
       char esc[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
       kvr_buf_append(b, esc, 6);

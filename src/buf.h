@@ -16,10 +16,11 @@ typedef struct kvr_buf_s {
   size_t cap;
 } kvr_buf_t;
 
-#define KVR_BUF_INIT {NULL, 0, 0}
+#define KVR_BUF_INIT                                                                               \
+  { NULL, 0, 0 }
 
 void kvr_buf_init(kvr_buf_t *b);
-void kvr_buf_free(kvr_buf_t *b); /* accepts NULL; leaves b empty and reusable */
+void kvr_buf_free(kvr_buf_t *b);  /* accepts NULL; leaves b empty and reusable */
 void kvr_buf_reset(kvr_buf_t *b); /* len = 0, keeps storage */
 void kvr_buf_reserve(kvr_buf_t *b, size_t extra);
 void kvr_buf_append(kvr_buf_t *b, const void *data, size_t len);

@@ -1,10 +1,10 @@
 /* config.c -- `kvrouter serve` settings: one table drives the flags, the JSON keys and --help.
  *
- * Each entry of `options` names a command-line flag, the JSON path of the same setting in the config
- * file, its type, where it lives in kvr_config_t, its default (as text: kvr_config_init() parses it
- * and --help prints it) and one line of help. Parsing a flag and parsing a JSON key go through the
- * same set_value(), so the two spellings of a setting can never disagree on validation. `worker`
- * (a list) and `policy_params` (an object) are the only special cases.
+ * Each entry of `options` names a command-line flag, the JSON path of the same setting in the
+ * config file, its type, where it lives in kvr_config_t, its default (as text: kvr_config_init()
+ * parses it and --help prints it) and one line of help. Parsing a flag and parsing a JSON key go
+ * through the same set_value(), so the two spellings of a setting can never disagree on validation.
+ * `worker` (a list) and `policy_params` (an object) are the only special cases.
  */
 #include "config.h"
 
@@ -37,8 +37,8 @@ static const opt_t options[] = {
     {"policy", "policy", T_STR, OFF(policy), "kv_aware", "routing policy (see --help list below)"},
     {"connect-timeout-ms", "timeouts.connect_ms", T_U64, OFF(connect_timeout_ms), "2000",
      "TCP connect to a worker"},
-    {"first-byte-timeout-ms", "timeouts.first_byte_ms", T_U64, OFF(first_byte_timeout_ms),
-     "300000", "request sent to a worker -> first response byte (queued long prefills)"},
+    {"first-byte-timeout-ms", "timeouts.first_byte_ms", T_U64, OFF(first_byte_timeout_ms), "300000",
+     "request sent to a worker -> first response byte (queued long prefills)"},
     {"idle-timeout-ms", "timeouts.idle_ms", T_U64, OFF(idle_timeout_ms), "120000",
      "longest silence inside a streaming response"},
     {"header-timeout-ms", "timeouts.client_header_ms", T_U64, LOFF(header_timeout_ms), "10000",
@@ -71,8 +71,7 @@ static const opt_t options[] = {
      "consecutive connection failures that mark a worker down"},
     {"worker-header", "worker_header", T_BOOL, OFF(worker_header), "true",
      "add x-kvrouter-worker (the serving worker's id) to responses"},
-    {"access-log", "access_log", T_BOOL, OFF(access_log), "true",
-     "one line per request on stderr"},
+    {"access-log", "access_log", T_BOOL, OFF(access_log), "true", "one line per request on stderr"},
     {"log-level", "log_level", T_LOGLEVEL, OFF(log_level), "info", "debug, info, warn, error, off"},
     {"seed", "seed", T_U64, OFF(seed), "1", "seed of the policies' tie-breaking randomness"},
 };
@@ -235,7 +234,8 @@ static const cJSON *json_path(const cJSON *root, const char *path) {
   return node;
 }
 
-/* Rejects keys the table does not know, so a typo in a config file is an error, not a silent default. */
+/* Rejects keys the table does not know, so a typo in a config file is an error, not a silent
+ * default. */
 static int check_unknown_keys(const cJSON *obj, const char *prefix, const char *source, char *err,
                               size_t errlen) {
   for (const cJSON *it = obj->child; it; it = it->next) {
@@ -370,7 +370,9 @@ void kvr_config_usage(FILE *out) {
     const opt_t *o = &options[i];
     char flag[64];
     snprintf(flag, sizeof flag, "--%s %s", o->flag,
-             o->type == T_BOOL ? "BOOL" : (o->type == T_U64 || o->type == T_SIZE) ? "N" : "VALUE");
+             o->type == T_BOOL                         ? "BOOL"
+             : (o->type == T_U64 || o->type == T_SIZE) ? "N"
+                                                       : "VALUE");
     fprintf(out, "  %-28s %s (default %s; JSON: %s)\n", flag, o->help, o->defval, o->jpath);
   }
   fprintf(out, "  -h, --help                   this text\n\npolicies: %s\n", names);
@@ -490,7 +492,8 @@ int kvr_config_validate(const kvr_config_t *cfg, char *err, size_t errlen) {
     snprintf(err, errlen, "--block-chars: must be between 8 and 4096");
     return KVR_EINVAL;
   }
-  if (cfg->first_byte_timeout_ms == 0 || cfg->connect_timeout_ms == 0 || cfg->idle_timeout_ms == 0) {
+  if (cfg->first_byte_timeout_ms == 0 || cfg->connect_timeout_ms == 0 ||
+      cfg->idle_timeout_ms == 0) {
     snprintf(err, errlen, "timeouts: connect, first byte and idle timeouts must be positive");
     return KVR_EINVAL;
   }

@@ -1,9 +1,10 @@
 /* config.h -- settings of `kvrouter serve`, from the command line and an optional JSON file.
  *
  * Precedence: defaults < --config FILE.json < command-line flags. Every error names the offending
- * flag or JSON path in one line ("config.json: timeouts.first_byte_ms: must be a positive integer").
- * The reference of every key, with defaults, is kvr_config_usage() (printed by `serve --help`) and the
- * README's configuration section; both are generated from the same table in config.c.
+ * flag or JSON path in one line ("config.json: timeouts.first_byte_ms: must be a positive
+ * integer"). The reference of every key, with defaults, is kvr_config_usage() (printed by `serve
+ * --help`) and the README's configuration section; both are generated from the same table in
+ * config.c.
  */
 #ifndef KVR_CONFIG_H
 #define KVR_CONFIG_H
@@ -20,8 +21,8 @@ typedef struct kvr_config_s {
   char *admin_listen; /* operators' listener, default 127.0.0.1:8001 */
   char **workers;     /* worker base URLs ("http://127.0.0.1:9001"), owned */
   size_t nworkers;
-  char *policy;           /* default "kv_aware" */
-  cJSON *policy_params;   /* owned JSON object or NULL */
+  char *policy;         /* default "kv_aware" */
+  cJSON *policy_params; /* owned JSON object or NULL */
   kvr_http_limits_t limits;
   uint64_t connect_timeout_ms;    /* TCP connect to a worker, default 2000 */
   uint64_t first_byte_timeout_ms; /* request sent -> first response byte, default 300000 */
@@ -29,14 +30,15 @@ typedef struct kvr_config_s {
   uint64_t retry_after_s;         /* Retry-After on 503, default 1 */
   size_t response_buffer_max;     /* non-streaming bodies buffered up to this, default 16 MiB */
   size_t block_chars;             /* prefix block size in characters, default 64 */
-  uint64_t cache_capacity_blocks; /* per worker, before /metrics tells; default from 21,766 GPU blocks */
-  uint64_t scrape_interval_ms;    /* /metrics scrape period, default 1000; 0 disables */
-  uint64_t scrape_stale_ms;       /* scraped data older than this is ignored, default 5000 */
-  uint64_t fail_threshold;        /* consecutive connect failures before a worker is DOWN, default 3 */
-  bool worker_header;             /* add x-kvrouter-worker to responses, default true */
-  bool access_log;                /* default true */
-  char *log_level;                /* default "info" */
-  uint64_t seed;                  /* policy randomness, default 1 */
+  uint64_t
+      cache_capacity_blocks; /* per worker, before /metrics tells; default from 21,766 GPU blocks */
+  uint64_t scrape_interval_ms; /* /metrics scrape period, default 1000; 0 disables */
+  uint64_t scrape_stale_ms;    /* scraped data older than this is ignored, default 5000 */
+  uint64_t fail_threshold;     /* consecutive connect failures before a worker is DOWN, default 3 */
+  bool worker_header;          /* add x-kvrouter-worker to responses, default true */
+  bool access_log;             /* default true */
+  char *log_level;             /* default "info" */
+  uint64_t seed;               /* policy randomness, default 1 */
 } kvr_config_t;
 
 void kvr_config_init(kvr_config_t *cfg);
@@ -54,7 +56,8 @@ int kvr_config_apply_json(kvr_config_t *cfg, const char *json, size_t len, const
 /* Checks cross-field rules (at least one worker, URLs well-formed, listeners differ). */
 int kvr_config_validate(const kvr_config_t *cfg, char *err, size_t errlen);
 
-/* Adds a worker URL (validated: http://host:port with no path beyond "/"). Returns 0 or KVR_EINVAL. */
+/* Adds a worker URL (validated: http://host:port with no path beyond "/"). Returns 0 or KVR_EINVAL.
+ */
 int kvr_config_add_worker(kvr_config_t *cfg, const char *url, char *err, size_t errlen);
 
 /* Checks a worker URL; on success writes the normalized form (no trailing slash) into out. */

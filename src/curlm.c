@@ -4,15 +4,16 @@
  *   kvr_curlm_t    the CURLM, one uv_timer_t for curl's timeout, the count of active transfers.
  *   sock_ctx_t     one uv_poll_t per socket curl wants watched (CURLMOPT_SOCKETFUNCTION), attached
  *                  to the socket with curl_multi_assign() and freed in the poll's close callback.
- *   xfer_t         per easy handle: the done callback and its data, reached through CURLOPT_PRIVATE.
+ *   xfer_t         per easy handle: the done callback and its data, reached through
+ * CURLOPT_PRIVATE.
  *
  * Flow: curl tells us which sockets and events to watch and when to time out; libuv tells us when a
  * socket is ready or the timer fired; we call curl_multi_socket_action() and then drain
  * curl_multi_info_read() for finished transfers, removing each from the multi before calling its
  * done callback (so the callback may free the easy handle).
  *
- * Invariant: an easy handle is removed from the multi exactly once: by check_done() when curl says it
- * finished, or by kvr_curlm_cancel(). Never inside a curl callback (curl forbids that).
+ * Invariant: an easy handle is removed from the multi exactly once: by check_done() when curl says
+ * it finished, or by kvr_curlm_cancel(). Never inside a curl callback (curl forbids that).
  */
 #include "curlm.h"
 
@@ -30,8 +31,8 @@ struct kvr_curlm_s {
   CURLM *multi;
   uv_timer_t timer;
   size_t active;
-  xfer_t *xfers;     /* transfers in the multi, so close can detach them */
-  sock_ctx_t *socks; /* watched sockets, so close can stop any curl did not remove */
+  xfer_t *xfers;       /* transfers in the multi, so close can detach them */
+  sock_ctx_t *socks;   /* watched sockets, so close can stop any curl did not remove */
   int closing_handles; /* uv close callbacks still to run */
   bool closing;
 };

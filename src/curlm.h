@@ -5,14 +5,14 @@
  * are kept alive and reused by curl's connection cache.
  *
  * A transfer is an easy handle the caller configures (URL, headers, write callback...) and then
- * hands over with kvr_curlm_add(). When curl reports it finished, the easy handle is removed from the
- * multi *before* done() is called, so done() may free or reuse it. If kvr_curlm_add() fails, done()
- * is never called.
+ * hands over with kvr_curlm_add(). When curl reports it finished, the easy handle is removed from
+ * the multi *before* done() is called, so done() may free or reuse it. If kvr_curlm_add() fails,
+ * done() is never called.
  *
- * Cancelling: kvr_curlm_cancel() removes a transfer at once; done() is not called afterwards. It must
- * not be called from inside one of curl's own callbacks (write/header/read) for that handle: from
- * there, return an error from the callback instead (curl then finishes the transfer with an error
- * and done() fires).
+ * Cancelling: kvr_curlm_cancel() removes a transfer at once; done() is not called afterwards. It
+ * must not be called from inside one of curl's own callbacks (write/header/read) for that handle:
+ * from there, return an error from the callback instead (curl then finishes the transfer with an
+ * error and done() fires).
  */
 #ifndef KVR_CURLM_H
 #define KVR_CURLM_H
@@ -33,10 +33,12 @@ typedef void (*kvr_curlm_done_cb)(CURL *easy, CURLcode result, void *data);
 /* Creates the multi on loop. Returns NULL on failure. Calls curl_global_init() once per process. */
 kvr_curlm_t *kvr_curlm_new(uv_loop_t *loop);
 
-/* Adds a configured easy handle. Returns 0, or KVR_EIO if curl refused it (done is never called). */
+/* Adds a configured easy handle. Returns 0, or KVR_EIO if curl refused it (done is never called).
+ */
 int kvr_curlm_add(kvr_curlm_t *m, CURL *easy, kvr_curlm_done_cb done, void *data);
 
-/* Removes a transfer that has not finished; done() is not called for it. Not from curl callbacks. */
+/* Removes a transfer that has not finished; done() is not called for it. Not from curl callbacks.
+ */
 void kvr_curlm_cancel(kvr_curlm_t *m, CURL *easy);
 
 /* Number of transfers added and not yet finished or cancelled. */

@@ -2,10 +2,10 @@
  *
  * Structures:
  *   kvr_http_server_t  one listening socket, the list of its connections, the limits, the handler.
- *   kvr_http_conn_t    one accepted client: its uv_tcp_t and uv_timer_t (embedded), its llhttp parser,
- *                      the bytes read and not yet parsed (inbuf), the request being parsed (cur) and
- *                      the request held by the handler (active). At most one request is active.
- *   kvr_http_req_t     one request: parsed head, buffered body, response state (see the header).
+ *   kvr_http_conn_t    one accepted client: its uv_tcp_t and uv_timer_t (embedded), its llhttp
+ * parser, the bytes read and not yet parsed (inbuf), the request being parsed (cur) and the request
+ * held by the handler (active). At most one request is active. kvr_http_req_t     one request:
+ * parsed head, buffered body, response state (see the header).
  *
  * Connection states and the bytes through them:
  *
@@ -16,13 +16,13 @@
  *        +---- kvr_http_finish(): active = NULL, parser resumed, next pipelined request ----+
  *
  * While a request is active the connection keeps reading (so a client that goes away is noticed at
- * once and the handler's upstream work can be aborted) but stops parsing; unparsed bytes are bounded
- * by KVR_HTTP_INBUF_MAX, past which reading stops until the active request finishes.
+ * once and the handler's upstream work can be aborted) but stops parsing; unparsed bytes are
+ * bounded by KVR_HTTP_INBUF_MAX, past which reading stops until the active request finishes.
  *
  * Lifetime: a connection holds one reference per open uv handle (tcp, timer) and one for the active
  * request. It is freed when the count drops to zero, so the handler's req stays valid after the
- * client disconnects until kvr_http_finish(). on_close is called from the tcp handle's close callback,
- * i.e. always from the loop, never synchronously inside a kvr_http_* call.
+ * client disconnects until kvr_http_finish(). on_close is called from the tcp handle's close
+ * callback, i.e. always from the loop, never synchronously inside a kvr_http_* call.
  *
  * Timers: one per connection, reused: header timeout from the first byte of a request (or accept)
  * to the end of its headers (408), body idle timeout while the body streams in (408), keep-alive
@@ -116,31 +116,56 @@ void kvr_http_limits_default(kvr_http_limits_t *l) {
 
 const char *kvr_http_reason(int status) {
   switch (status) {
-  case 100: return "Continue";
-  case 200: return "OK";
-  case 201: return "Created";
-  case 202: return "Accepted";
-  case 204: return "No Content";
-  case 400: return "Bad Request";
-  case 401: return "Unauthorized";
-  case 403: return "Forbidden";
-  case 404: return "Not Found";
-  case 405: return "Method Not Allowed";
-  case 408: return "Request Timeout";
-  case 409: return "Conflict";
-  case 411: return "Length Required";
-  case 413: return "Content Too Large";
-  case 414: return "URI Too Long";
-  case 415: return "Unsupported Media Type";
-  case 422: return "Unprocessable Content";
-  case 429: return "Too Many Requests";
-  case 431: return "Request Header Fields Too Large";
-  case 500: return "Internal Server Error";
-  case 501: return "Not Implemented";
-  case 502: return "Bad Gateway";
-  case 503: return "Service Unavailable";
-  case 504: return "Gateway Timeout";
-  default: return status < 400 ? "OK" : "Error";
+  case 100:
+    return "Continue";
+  case 200:
+    return "OK";
+  case 201:
+    return "Created";
+  case 202:
+    return "Accepted";
+  case 204:
+    return "No Content";
+  case 400:
+    return "Bad Request";
+  case 401:
+    return "Unauthorized";
+  case 403:
+    return "Forbidden";
+  case 404:
+    return "Not Found";
+  case 405:
+    return "Method Not Allowed";
+  case 408:
+    return "Request Timeout";
+  case 409:
+    return "Conflict";
+  case 411:
+    return "Length Required";
+  case 413:
+    return "Content Too Large";
+  case 414:
+    return "URI Too Long";
+  case 415:
+    return "Unsupported Media Type";
+  case 422:
+    return "Unprocessable Content";
+  case 429:
+    return "Too Many Requests";
+  case 431:
+    return "Request Header Fields Too Large";
+  case 500:
+    return "Internal Server Error";
+  case 501:
+    return "Not Implemented";
+  case 502:
+    return "Bad Gateway";
+  case 503:
+    return "Service Unavailable";
+  case 504:
+    return "Gateway Timeout";
+  default:
+    return status < 400 ? "OK" : "Error";
   }
 }
 
@@ -156,7 +181,8 @@ const char *kvr_http_error_type(int status) {
   return "server_error";
 }
 
-/* ---- requests ---------------------------------------------------------------------------------- */
+/* ---- requests ----------------------------------------------------------------------------------
+ */
 
 /* The client's address as text ("" if unknown). */
 static void peer_name(kvr_http_conn_t *conn, char *out, size_t len) {
@@ -204,7 +230,8 @@ const char *kvr_http_header(const kvr_http_req_t *req, const char *name) {
   return NULL;
 }
 
-/* ---- connection lifetime ----------------------------------------------------------------------- */
+/* ---- connection lifetime -----------------------------------------------------------------------
+ */
 
 static void conn_unref(kvr_http_conn_t *conn) {
   if (--conn->refs > 0)
@@ -262,7 +289,8 @@ static void on_timer(uv_timer_t *t) {
   kvr_http_conn_t *conn = t->data;
   timer_kind_t kind = conn->timer_kind;
   conn->timer_kind = TIMER_NONE;
-  if (kind == TIMER_KEEPALIVE || kind == TIMER_LINGER || (kind == TIMER_HEADERS && !conn->got_bytes)) {
+  if (kind == TIMER_KEEPALIVE || kind == TIMER_LINGER ||
+      (kind == TIMER_HEADERS && !conn->got_bytes)) {
     conn_close(conn);
     return;
   }
@@ -290,7 +318,8 @@ static void timer_stop(kvr_http_conn_t *conn) {
     uv_timer_stop(&conn->timer);
 }
 
-/* ---- writing ----------------------------------------------------------------------------------- */
+/* ---- writing -----------------------------------------------------------------------------------
+ */
 
 static void read_control(kvr_http_conn_t *conn);
 
@@ -618,7 +647,8 @@ void kvr_http_abort(kvr_http_req_t *req) {
   conn_unref(conn);
 }
 
-/* ---- parsing ----------------------------------------------------------------------------------- */
+/* ---- parsing -----------------------------------------------------------------------------------
+ */
 
 static kvr_http_conn_t *conn_of(llhttp_t *p) {
   return p->data;
@@ -670,7 +700,8 @@ static int on_url_complete(llhttp_t *p) {
 static int header_budget(kvr_http_conn_t *conn, size_t len) {
   conn->header_bytes += len;
   if (conn->header_bytes > conn->srv->limits.max_header_bytes)
-    return reject(conn, 431, "headers_too_large", "request headers exceed the configured size limit");
+    return reject(conn, 431, "headers_too_large",
+                  "request headers exceed the configured size limit");
   return 0;
 }
 
@@ -813,14 +844,16 @@ static void process(kvr_http_conn_t *conn) {
       continue; /* loops on only if the handler already finished the request */
     }
     if (err == HPE_PAUSED_UPGRADE) {
-      send_error_and_close(conn, 501, "upgrade_not_supported", "protocol upgrades are not supported");
+      send_error_and_close(conn, 501, "upgrade_not_supported",
+                           "protocol upgrades are not supported");
       break;
     }
     if (conn->err_status) {
       send_error_and_close(conn, conn->err_status, conn->err_code, conn->err_msg);
     } else {
       char msg[160];
-      snprintf(msg, sizeof msg, "malformed HTTP request: %s", llhttp_get_error_reason(&conn->parser));
+      snprintf(msg, sizeof msg, "malformed HTTP request: %s",
+               llhttp_get_error_reason(&conn->parser));
       send_error_and_close(conn, 400, "bad_request", msg);
     }
     break;
@@ -876,7 +909,8 @@ static void read_control(kvr_http_conn_t *conn) {
   }
 }
 
-/* ---- listener ---------------------------------------------------------------------------------- */
+/* ---- listener ----------------------------------------------------------------------------------
+ */
 
 static void on_connection(uv_stream_t *ls, int status) {
   kvr_http_server_t *srv = ls->data;

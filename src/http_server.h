@@ -18,8 +18,8 @@
  *         -> handler answers with kvr_http_respond()/kvr_http_error() (one shot), or streams with
  *            kvr_http_start() + kvr_http_write()* + kvr_http_finish()
  *
- * Pipelining: requests on one connection are answered strictly in order. While a request is with its
- * handler the connection stops reading; the next pipelined request is parsed from the buffered
+ * Pipelining: requests on one connection are answered strictly in order. While a request is with
+ * its handler the connection stops reading; the next pipelined request is parsed from the buffered
  * bytes once the current one is finished.
  *
  * Ownership and lifetime: the handler holds exactly one reference to req from on_request until it
@@ -55,10 +55,10 @@ typedef struct kvr_http_header_s {
 } kvr_http_header_t;
 
 typedef struct kvr_http_limits_s {
-  size_t max_url;           /* request-target bytes; default 8192 */
-  size_t max_header_bytes;  /* all header names+values; default 32768 */
-  size_t max_header_fields; /* default 100 */
-  size_t max_body;          /* default 8 MiB */
+  size_t max_url;                /* request-target bytes; default 8192 */
+  size_t max_header_bytes;       /* all header names+values; default 32768 */
+  size_t max_header_fields;      /* default 100 */
+  size_t max_body;               /* default 8 MiB */
   uint64_t header_timeout_ms;    /* first byte to end of headers; default 10000 */
   uint64_t keepalive_timeout_ms; /* idle between requests; default 75000 */
   size_t max_connections;        /* 0 = unlimited; over it new clients get 503 and close */
@@ -76,11 +76,11 @@ struct kvr_http_req_s {
   const char *query;      /* points into target after '?', or "" */
   kvr_http_header_t *headers;
   size_t nheaders;
-  kvr_buf_t body;         /* complete request body (bounded by max_body) */
+  kvr_buf_t body; /* complete request body (bounded by max_body) */
   int http_major, http_minor;
-  bool keep_alive;        /* what the client asked for; the response may still close */
-  char peer[64];          /* client address as text, for X-Forwarded-For and logs */
-  uint64_t start_ns;      /* when the first byte of this request was read */
+  bool keep_alive;   /* what the client asked for; the response may still close */
+  char peer[64];     /* client address as text, for X-Forwarded-For and logs */
+  uint64_t start_ns; /* when the first byte of this request was read */
 
   /* Set by the handler. */
   void *data;
@@ -88,12 +88,12 @@ struct kvr_http_req_s {
   kvr_http_req_cb on_drain; /* the write queue emptied after kvr_http_pending() was > 0 */
 
   /* Response state, read-only for handlers. */
-  int status;             /* status sent, 0 before kvr_http_start() */
-  uint64_t bytes_sent;    /* body bytes passed to kvr_http_write() */
-  bool closed;            /* the client connection is gone */
+  int status;          /* status sent, 0 before kvr_http_start() */
+  uint64_t bytes_sent; /* body bytes passed to kvr_http_write() */
+  bool closed;         /* the client connection is gone */
   bool started, finished;
   bool chunked;
-  bool no_body;           /* the status forbids a body (1xx, 204, 304) */
+  bool no_body; /* the status forbids a body (1xx, 204, 304) */
 };
 
 /* Creates a server on loop; on_request is called for every complete request with data. Returns NULL
@@ -103,7 +103,8 @@ kvr_http_server_t *kvr_http_server_new(uv_loop_t *loop, const kvr_http_limits_t 
 
 /* Binds and listens on "HOST:PORT" ("127.0.0.1:0" picks a free port, "[::1]:8000" for IPv6).
  * Returns 0 or a negative KVR_E* code; errbuf gets a one-line reason. */
-int kvr_http_server_listen(kvr_http_server_t *srv, const char *hostport, char *errbuf, size_t errlen);
+int kvr_http_server_listen(kvr_http_server_t *srv, const char *hostport, char *errbuf,
+                           size_t errlen);
 
 /* When on, requests the server rejects itself (400/408/413/414/431/501/405 before any handler) are
  * logged as one "access" line each, like handled requests. */
@@ -130,8 +131,9 @@ const char *kvr_http_header(const kvr_http_req_t *req, const char *name);
 void kvr_http_respond(kvr_http_req_t *req, int status, const char *content_type,
                       const char *extra_headers, const void *body, size_t len);
 
-/* Sends an OpenAI-style error {"error":{"message","type","code"}} and finishes the request. code may be
- * NULL (JSON null); type defaults from the status (invalid_request_error, server_error, ...). */
+/* Sends an OpenAI-style error {"error":{"message","type","code"}} and finishes the request. code
+ * may be NULL (JSON null); type defaults from the status (invalid_request_error, server_error,
+ * ...). */
 void kvr_http_error(kvr_http_req_t *req, int status, const char *type, const char *code,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
@@ -149,9 +151,9 @@ const char *kvr_http_error_type(int status);
 /* Reason phrase for a status code ("Bad Request"). */
 const char *kvr_http_reason(int status);
 
-/* Starts a streamed response: status line, the given header block ("Name: value\r\n"...; may be NULL),
- * and Transfer-Encoding: chunked (HTTP/1.1) or connection-close framing (HTTP/1.0). Returns 0 or
- * KVR_ECLOSED. Must not be called twice. */
+/* Starts a streamed response: status line, the given header block ("Name: value\r\n"...; may be
+ * NULL), and Transfer-Encoding: chunked (HTTP/1.1) or connection-close framing (HTTP/1.0). Returns
+ * 0 or KVR_ECLOSED. Must not be called twice. */
 int kvr_http_start(kvr_http_req_t *req, int status, const char *headers);
 
 /* Queues body bytes of a streamed response (one chunk). Returns 0 or KVR_ECLOSED. Never calls the
@@ -166,7 +168,8 @@ size_t kvr_http_pending(const kvr_http_req_t *req);
 void kvr_http_finish(kvr_http_req_t *req);
 
 /* Releases the handler's reference and closes the connection without a clean end, so the client's
- * HTTP framing shows the body as truncated (used when a body already started cannot be completed). */
+ * HTTP framing shows the body as truncated (used when a body already started cannot be completed).
+ */
 void kvr_http_abort(kvr_http_req_t *req);
 
 /* Parses "HOST:PORT" / "[V6]:PORT" into a sockaddr_storage. Returns 0 or KVR_EINVAL. */

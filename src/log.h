@@ -6,7 +6,13 @@
 #ifndef KVR_LOG_H
 #define KVR_LOG_H
 
-typedef enum { KVR_LOG_DEBUG = 0, KVR_LOG_INFO, KVR_LOG_WARN, KVR_LOG_ERROR, KVR_LOG_OFF } kvr_log_level_t;
+typedef enum {
+  KVR_LOG_DEBUG = 0,
+  KVR_LOG_INFO,
+  KVR_LOG_WARN,
+  KVR_LOG_ERROR,
+  KVR_LOG_OFF
+} kvr_log_level_t;
 
 void kvr_log_set_level(kvr_log_level_t level);
 kvr_log_level_t kvr_log_get_level(void);

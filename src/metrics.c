@@ -8,14 +8,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-const double kvr_hist_latency_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25,
-                                           0.5,   0.75,  1.0,  2.5,  5.0,  7.5,  10.0, 20.0, 40.0,
-                                           80.0,  160.0, 300.0};
+const double kvr_hist_latency_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06,  0.08,
+                                           0.1,   0.25,  0.5,  0.75, 1.0,  2.5,   5.0,
+                                           7.5,   10.0,  20.0, 40.0, 80.0, 160.0, 300.0};
 const size_t kvr_hist_latency_nbuckets =
     sizeof kvr_hist_latency_buckets / sizeof kvr_hist_latency_buckets[0];
-const double kvr_hist_fast_buckets[] = {1e-6,   2.5e-6, 5e-6,   1e-5, 2.5e-5, 5e-5,
-                                        1e-4,   2.5e-4, 5e-4,   1e-3, 2.5e-3, 1e-2};
-const size_t kvr_hist_fast_nbuckets = sizeof kvr_hist_fast_buckets / sizeof kvr_hist_fast_buckets[0];
+const double kvr_hist_fast_buckets[] = {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5,
+                                        1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2};
+const size_t kvr_hist_fast_nbuckets =
+    sizeof kvr_hist_fast_buckets / sizeof kvr_hist_fast_buckets[0];
 
 void kvr_hist_init(kvr_hist_t *h, const double *bounds, size_t nbounds) {
   memset(h, 0, sizeof *h);

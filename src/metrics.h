@@ -26,9 +26,9 @@ typedef struct kvr_hist_s {
 } kvr_hist_t;
 
 /* Bucket sets in seconds. */
-extern const double kvr_hist_latency_buckets[];   /* 1 ms .. 300 s, for request durations */
+extern const double kvr_hist_latency_buckets[]; /* 1 ms .. 300 s, for request durations */
 extern const size_t kvr_hist_latency_nbuckets;
-extern const double kvr_hist_fast_buckets[];      /* 1 us .. 10 ms, for routing decisions */
+extern const double kvr_hist_fast_buckets[]; /* 1 us .. 10 ms, for routing decisions */
 extern const size_t kvr_hist_fast_nbuckets;
 
 void kvr_hist_init(kvr_hist_t *h, const double *bounds, size_t nbounds);

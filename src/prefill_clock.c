@@ -15,15 +15,17 @@ void kvr_prefill_clock_first_token(kvr_prefill_clock_t *c, uint64_t tokens, uint
                                    bool alone, uint64_t pending_after, uint64_t now_ns) {
   if (alone && tokens >= KVR_PREFILL_SAMPLE_MIN_TOKENS && now_ns > dispatched_ns) {
     double sample = (double)tokens / ((double)(now_ns - dispatched_ns) / 1e9);
-    c->rate = c->samples == 0 ? sample
-                              : (1 - KVR_PREFILL_RATE_ALPHA) * c->rate + KVR_PREFILL_RATE_ALPHA * sample;
+    c->rate = c->samples == 0
+                  ? sample
+                  : (1 - KVR_PREFILL_RATE_ALPHA) * c->rate + KVR_PREFILL_RATE_ALPHA * sample;
     c->samples++;
   }
   if (c->rate > 0)
     c->busy_until_ns = now_ns + (uint64_t)((double)pending_after / c->rate * 1e9);
 }
 
-uint64_t kvr_prefill_clock_backlog(const kvr_prefill_clock_t *c, uint64_t pending, uint64_t now_ns) {
+uint64_t kvr_prefill_clock_backlog(const kvr_prefill_clock_t *c, uint64_t pending,
+                                   uint64_t now_ns) {
   if (c->rate <= 0 || pending == 0)
     return pending;
   double overdue = (double)pending * KVR_PREFILL_OVERDUE_SHARE;

@@ -38,7 +38,7 @@
 #include <strings.h>
 
 #define HIGH_WATER (256u * 1024u)
-#define ANSWER_MAX (1u << 20)  /* answer text kept for the cache index */
+#define ANSWER_MAX (1u << 20)   /* answer text kept for the cache index */
 #define SSE_LINE_MAX (1u << 20) /* longer SSE lines are passed through but not inspected */
 #define MAX_ATTEMPTS 2
 
@@ -83,7 +83,7 @@ struct px_s {
   bool headers_done;
   bool got_byte;
   bool sse;
-  bool head_req; /* a HEAD request: the answer's Content-Length describes the GET body */
+  bool head_req;  /* a HEAD request: the answer's Content-Length describes the GET body */
   bool streaming; /* client response started and body bytes go straight through */
   kvr_buf_t body; /* held non-SSE body */
   kvr_buf_t line; /* SSE line being assembled */
@@ -120,12 +120,14 @@ size_t kvr_proxy_active(const kvr_proxy_t *p) {
   return p->active;
 }
 
-/* ---- helpers ----------------------------------------------------------------------------------- */
+/* ---- helpers -----------------------------------------------------------------------------------
+ */
 
 static bool is_hop_by_hop(const char *name) {
-  static const char *const hop[] = {"connection", "keep-alive", "te", "trailer", "trailers",
-                                    "transfer-encoding", "upgrade", "proxy-connection",
-                                    "proxy-authenticate", "proxy-authorization"};
+  static const char *const hop[] = {
+      "connection",         "keep-alive",         "te",      "trailer",
+      "trailers",           "transfer-encoding",  "upgrade", "proxy-connection",
+      "proxy-authenticate", "proxy-authorization"};
   for (size_t i = 0; i < KVR_ARRAY_SIZE(hop); i++)
     if (strcasecmp(name, hop[i]) == 0)
       return true;
@@ -162,7 +164,8 @@ static bool has_ctl(const char *s) {
 
 static void timer_set(px_t *px, tm_kind_t kind, uint64_t ms);
 
-/* ---- response side: curl callbacks --------------------------------------------------------------- */
+/* ---- response side: curl callbacks
+ * --------------------------------------------------------------- */
 
 static void start_client_response(px_t *px) {
   kvr_buf_t h = KVR_BUF_INIT;
@@ -289,8 +292,8 @@ static void take_usage(px_t *px, const cJSON *obj) {
   const cJSON *pt = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens");
   const cJSON *ct = cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens");
   const cJSON *det = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details");
-  const cJSON *cached = cJSON_IsObject(det) ? cJSON_GetObjectItemCaseSensitive(det, "cached_tokens")
-                                            : NULL;
+  const cJSON *cached =
+      cJSON_IsObject(det) ? cJSON_GetObjectItemCaseSensitive(det, "cached_tokens") : NULL;
   if (cJSON_IsNumber(pt)) {
     px->usage_seen = true;
     px->usage_prompt = (uint64_t)pt->valuedouble;
@@ -425,7 +428,8 @@ static void on_client_drain(kvr_http_req_t *req) {
   }
 }
 
-/* ---- ending -------------------------------------------------------------------------------------- */
+/* ---- ending
+ * -------------------------------------------------------------------------------------- */
 
 static void account_end(px_t *px) {
   if (!px->accounted)
@@ -549,7 +553,8 @@ static void broken_stream(px_t *px, const char *why) {
 
 static bool retryable(CURLcode rc) {
   return rc == CURLE_COULDNT_CONNECT || rc == CURLE_GOT_NOTHING || rc == CURLE_RECV_ERROR ||
-         rc == CURLE_SEND_ERROR || rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_COULDNT_RESOLVE_HOST;
+         rc == CURLE_SEND_ERROR || rc == CURLE_OPERATION_TIMEDOUT ||
+         rc == CURLE_COULDNT_RESOLVE_HOST;
 }
 
 /* Records what the response taught: the worker now holds prompt + answer; usage vs prediction. */
@@ -618,9 +623,9 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
    * answered), except a timeout, which would double the wait. */
   curl_off_t connect_us = 0;
   curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connect_us);
-  bool never_connected = !px->got_byte && (rc == CURLE_COULDNT_CONNECT ||
-                                           rc == CURLE_COULDNT_RESOLVE_HOST ||
-                                           (rc == CURLE_OPERATION_TIMEDOUT && connect_us == 0));
+  bool never_connected =
+      !px->got_byte && (rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ||
+                        (rc == CURLE_OPERATION_TIMEDOUT && connect_us == 0));
   if (w && never_connected)
     kvr_router_worker_result(w, false);
   if (!px->got_byte && (never_connected || (retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT)) &&
@@ -644,7 +649,8 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
   px_end(px);
 }
 
-/* ---- timers ------------------------------------------------------------------------------------- */
+/* ---- timers -------------------------------------------------------------------------------------
+ */
 
 static void on_timer(uv_timer_t *t) {
   px_t *px = t->data;
@@ -690,7 +696,8 @@ static void on_client_close(kvr_http_req_t *req) {
   px_end(px);
 }
 
-/* ---- request side ------------------------------------------------------------------------------ */
+/* ---- request side ------------------------------------------------------------------------------
+ */
 
 static struct curl_slist *upstream_headers(const kvr_http_req_t *req) {
   struct curl_slist *l = NULL;
@@ -830,9 +837,9 @@ int kvr__proxy_features(kvr_router_t *r, const kvr_http_req_t *req, kvr_route_t 
     *code = "invalid_json";
     return KVR_EINVAL;
   }
-  int rc = kvr_prompt_from_json(body, route == KVR_ROUTE_CHAT ? KVR_PROMPT_CHAT
-                                                              : KVR_PROMPT_COMPLETIONS,
-                                r->cfg->block_chars, prompt, err, errlen);
+  int rc =
+      kvr_prompt_from_json(body, route == KVR_ROUTE_CHAT ? KVR_PROMPT_CHAT : KVR_PROMPT_COMPLETIONS,
+                           r->cfg->block_chars, prompt, err, errlen);
   cJSON_Delete(body);
   if (rc != 0) {
     *code = prompt->err_code ? prompt->err_code : "invalid_value";
@@ -879,8 +886,9 @@ static void health(kvr_router_t *r, kvr_http_req_t *req) {
     usable += r->slots[i]->state == KVR_WORKER_UP;
   }
   char body[128];
-  int n = snprintf(body, sizeof body, "{\"status\":\"%s\",\"usable_workers\":%zu,\"workers\":%zu}\n",
-                   usable ? "ok" : "unavailable", usable, total);
+  int n =
+      snprintf(body, sizeof body, "{\"status\":\"%s\",\"usable_workers\":%zu,\"workers\":%zu}\n",
+               usable ? "ok" : "unavailable", usable, total);
   local_log(r, req, usable ? 200 : 503, "local");
   kvr_http_respond(req, usable ? 200 : 503, "application/json", NULL, body, (size_t)n);
 }

@@ -26,7 +26,12 @@ size_t kvr_proxy_active(const kvr_proxy_t *p);
 void kvr_proxy_abort_all(kvr_proxy_t *p);
 
 /* Route of an OpenAI request, from its path. */
-typedef enum { KVR_ROUTE_CHAT, KVR_ROUTE_COMPLETIONS, KVR_ROUTE_MODELS, KVR_ROUTE_OTHER } kvr_route_t;
+typedef enum {
+  KVR_ROUTE_CHAT,
+  KVR_ROUTE_COMPLETIONS,
+  KVR_ROUTE_MODELS,
+  KVR_ROUTE_OTHER
+} kvr_route_t;
 
 /* Parses and validates the JSON body of a chat/completions request into prompt features.
  * On failure returns a negative code with an OpenAI-style message in err and an error code in

@@ -2,9 +2,9 @@
  *
  * Decision flow (kvr_router_decide):
  *   request blocks --kvr_cache_index_match--> matched blocks per slot
- *   worker fields + matched blocks ----------> kvr_worker_snap_t[] (one per slot, empty slots unusable)
- *   snapshots + route req + tried -----------> policy->select() --> slot
- * The decision is timed with the monotonic clock for the routing-decision latency histogram.
+ *   worker fields + matched blocks ----------> kvr_worker_snap_t[] (one per slot, empty slots
+ * unusable) snapshots + route req + tried -----------> policy->select() --> slot The decision is
+ * timed with the monotonic clock for the routing-decision latency histogram.
  *
  * Worker removal: kvr_router_drain_worker() marks a worker DRAINING; the last request to finish on
  * it (kvr_router_worker_end) or the drain call itself when nothing is in flight frees it, after the
@@ -279,7 +279,8 @@ void kvr_router_close(kvr_router_t *r) {
   uv_close((uv_handle_t *)&r->scrape_timer, on_scrape_timer_close);
 }
 
-/* ---- exposition -------------------------------------------------------------------------------- */
+/* ---- exposition --------------------------------------------------------------------------------
+ */
 
 static void worker_labels(kvr_buf_t *l, const kvr_worker_t *w) {
   kvr_buf_reset(l);
@@ -303,22 +304,48 @@ static void worker_family(kvr_router_t *r, kvr_buf_t *out, const char *name, con
   kvr_buf_free(&l);
 }
 
-static double f_requests(const kvr_worker_t *w) { return (double)w->requests_total; }
-static double f_errors(const kvr_worker_t *w) { return (double)w->errors_total; }
-static double f_retries(const kvr_worker_t *w) { return (double)w->retries_total; }
-static double f_inflight(const kvr_worker_t *w) { return w->inflight; }
-static double f_active(const kvr_worker_t *w) { return (double)w->active_tokens; }
-static double f_prefill(const kvr_worker_t *w) { return (double)w->queued_prefill_tokens; }
+static double f_requests(const kvr_worker_t *w) {
+  return (double)w->requests_total;
+}
+static double f_errors(const kvr_worker_t *w) {
+  return (double)w->errors_total;
+}
+static double f_retries(const kvr_worker_t *w) {
+  return (double)w->retries_total;
+}
+static double f_inflight(const kvr_worker_t *w) {
+  return w->inflight;
+}
+static double f_active(const kvr_worker_t *w) {
+  return (double)w->active_tokens;
+}
+static double f_prefill(const kvr_worker_t *w) {
+  return (double)w->queued_prefill_tokens;
+}
 static double f_backlog(const kvr_worker_t *w) {
   return (double)worker_backlog(w, kvr_now_ns());
 }
-static double f_prefill_rate(const kvr_worker_t *w) { return w->prefill.rate; }
-static double f_up(const kvr_worker_t *w) { return w->state == KVR_WORKER_UP; }
-static double f_prompt(const kvr_worker_t *w) { return (double)w->prompt_tokens_total; }
-static double f_pred(const kvr_worker_t *w) { return (double)w->predicted_cached_tokens_total; }
-static double f_uprompt(const kvr_worker_t *w) { return (double)w->usage_prompt_tokens_total; }
-static double f_upred(const kvr_worker_t *w) { return (double)w->usage_predicted_cached_total; }
-static double f_ucached(const kvr_worker_t *w) { return (double)w->usage_cached_tokens_total; }
+static double f_prefill_rate(const kvr_worker_t *w) {
+  return w->prefill.rate;
+}
+static double f_up(const kvr_worker_t *w) {
+  return w->state == KVR_WORKER_UP;
+}
+static double f_prompt(const kvr_worker_t *w) {
+  return (double)w->prompt_tokens_total;
+}
+static double f_pred(const kvr_worker_t *w) {
+  return (double)w->predicted_cached_tokens_total;
+}
+static double f_uprompt(const kvr_worker_t *w) {
+  return (double)w->usage_prompt_tokens_total;
+}
+static double f_upred(const kvr_worker_t *w) {
+  return (double)w->usage_predicted_cached_total;
+}
+static double f_ucached(const kvr_worker_t *w) {
+  return (double)w->usage_cached_tokens_total;
+}
 static double f_pred_frac(const kvr_worker_t *w) {
   return w->usage_prompt_tokens_total
              ? (double)w->usage_predicted_cached_total / (double)w->usage_prompt_tokens_total
@@ -332,10 +359,18 @@ static double f_act_frac(const kvr_worker_t *w) {
 static double f_index(const kvr_worker_t *w) {
   return (double)kvr_cache_index_entries(w->router->index, w->slot);
 }
-static double f_capacity(const kvr_worker_t *w) { return (double)w->cache_capacity_blocks; }
-static double f_running(const kvr_worker_t *w) { return w->num_requests_running; }
-static double f_waiting(const kvr_worker_t *w) { return w->num_requests_waiting; }
-static double f_kvuse(const kvr_worker_t *w) { return w->kv_cache_usage; }
+static double f_capacity(const kvr_worker_t *w) {
+  return (double)w->cache_capacity_blocks;
+}
+static double f_running(const kvr_worker_t *w) {
+  return w->num_requests_running;
+}
+static double f_waiting(const kvr_worker_t *w) {
+  return w->num_requests_waiting;
+}
+static double f_kvuse(const kvr_worker_t *w) {
+  return w->kv_cache_usage;
+}
 
 void kvr_router_metrics(kvr_router_t *r, kvr_buf_t *out) {
   worker_family(r, out, "kvrouter_worker_up", "gauge", "1 if the worker takes new requests", f_up);

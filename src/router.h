@@ -1,7 +1,7 @@
 /* router.h -- the state of `kvrouter serve`: workers, the active policy, the cache index, counters.
  *
- * kvr_router_t is owned by serve.c and shared by the public proxy (proxy.c), the admin API (admin.c)
- * and the /metrics scraper (scrape.c). Everything runs on one libuv loop, so no locking.
+ * kvr_router_t is owned by serve.c and shared by the public proxy (proxy.c), the admin API
+ * (admin.c) and the /metrics scraper (scrape.c). Everything runs on one libuv loop, so no locking.
  *
  * Workers live in slots 0..KVR_MAX_WORKERS-1. A worker's slot is its index in policy snapshots, in
  * the `tried` mask and in the cache index, so it never changes while the worker exists; a removed
@@ -44,16 +44,17 @@ typedef struct kvr_router_s kvr_router_t;
 
 typedef struct kvr_worker_s {
   kvr_router_t *router;
-  uint32_t id;   /* stable, shown in the admin API and the x-kvrouter-worker header */
-  int slot;      /* index in snapshots, tried masks and the cache index */
-  char *url;     /* owned, normalized base URL without trailing slash */
+  uint32_t id;    /* stable, shown in the admin API and the x-kvrouter-worker header */
+  int slot;       /* index in snapshots, tried masks and the cache index */
+  char *url;      /* owned, normalized base URL without trailing slash */
   char label[16]; /* id as text for metric labels and headers */
   kvr_worker_state_t state;
   /* Load the router tracks itself. */
   uint32_t inflight;
   uint64_t active_tokens;
   uint64_t queued_prefill_tokens;
-  kvr_prefill_clock_t prefill; /* how much of queued_prefill_tokens is still ahead (prefill_clock.h) */
+  kvr_prefill_clock_t
+      prefill; /* how much of queued_prefill_tokens is still ahead (prefill_clock.h) */
   /* Counters. */
   uint64_t requests_total, errors_total, retries_total;
   uint64_t prompt_tokens_total, predicted_cached_tokens_total;
@@ -74,7 +75,7 @@ struct kvr_router_s {
   kvr_config_t *cfg;  /* owned by serve.c, outlives the router */
   kvr_curlm_t *curlm; /* owned */
   kvr_worker_t *slots[KVR_MAX_WORKERS];
-  size_t nslots;      /* highest used slot + 1 */
+  size_t nslots; /* highest used slot + 1 */
   uint32_t next_id;
   kvr_policy_t *policy; /* owned; replaced whole by kvr_router_set_policy() */
   cJSON *policy_params; /* owned copy of the params the policy was created from, or NULL */

@@ -1,7 +1,7 @@
 /* scrape.c -- periodic GET /metrics of every worker, on the router's loop and curl multi.
  *
- * Every scrape_interval_ms a timer starts one probe per worker that has none in flight. A probe is a
- * libcurl GET of URL/metrics whose body is collected (bounded at 4 MiB) and parsed for the series
+ * Every scrape_interval_ms a timer starts one probe per worker that has none in flight. A probe is
+ * a libcurl GET of URL/metrics whose body is collected (bounded at 4 MiB) and parsed for the series
  * the policies read:
  *   vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc (0..1),
  *   vllm:cache_config_info{block_size=..., num_gpu_blocks=...}
@@ -79,10 +79,12 @@ int kvr_scrape_parse(kvr_worker_t *w, const char *text, size_t len, uint64_t now
       eol = end;
     double v;
     if (*p != '#' && eol > p) {
-      if (kvr_metric_line_is(p, eol, "vllm:num_requests_running") && kvr_metric_line_value(p, eol, &v) == 0) {
+      if (kvr_metric_line_is(p, eol, "vllm:num_requests_running") &&
+          kvr_metric_line_value(p, eol, &v) == 0) {
         running += v;
         found++;
-      } else if (kvr_metric_line_is(p, eol, "vllm:num_requests_waiting") && kvr_metric_line_value(p, eol, &v) == 0) {
+      } else if (kvr_metric_line_is(p, eol, "vllm:num_requests_waiting") &&
+                 kvr_metric_line_value(p, eol, &v) == 0) {
         waiting += v;
         found++;
       } else if ((kvr_metric_line_is(p, eol, "vllm:kv_cache_usage_perc") ||
@@ -182,7 +184,8 @@ static void on_scrape_timer(uv_timer_t *t) {
 
 void kvr_scrape_start(kvr_router_t *r) {
   uint64_t period = r->cfg->scrape_interval_ms ? r->cfg->scrape_interval_ms : 1000;
-  uv_timer_start(&r->scrape_timer, on_scrape_timer, r->cfg->scrape_interval_ms ? 0 : period, period);
+  uv_timer_start(&r->scrape_timer, on_scrape_timer, r->cfg->scrape_interval_ms ? 0 : period,
+                 period);
 }
 
 void kvr_scrape_stop(kvr_router_t *r) {

@@ -118,8 +118,9 @@ int kvr_serve_main(int argc, char **argv) {
   } else {
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
-    KVR_INFO("serve", "kvrouter %s listening on %s (port %d), admin on %s (port %d), policy %s, "
-                      "%zu workers",
+    KVR_INFO("serve",
+             "kvrouter %s listening on %s (port %d), admin on %s (port %d), policy %s, "
+             "%zu workers",
              KVR_VERSION, s->cfg.listen, kvr_http_server_port(s->pub), s->cfg.admin_listen,
              kvr_http_server_port(s->admin), s->cfg.policy, s->cfg.nworkers);
   }

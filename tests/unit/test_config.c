@@ -25,9 +25,9 @@ static void test_flags(void **state) {
   (void)state;
   char err[512];
   kvr_config_t cfg;
-  char *argv[] = {"serve", "--worker", "http://127.0.0.1:9001/", "--worker=http://h:2",
-                  "--policy", "round_robin", "--max-body-bytes", "1024", "--worker-header", "false",
-                  "--policy-params", "{}"};
+  char *argv[] = {"serve",           "--worker",    "http://127.0.0.1:9001/", "--worker=http://h:2",
+                  "--policy",        "round_robin", "--max-body-bytes",       "1024",
+                  "--worker-header", "false",       "--policy-params",        "{}"};
   assert_int_equal(parse(&cfg, err, sizeof err, 12, argv), 0);
   assert_int_equal(cfg.nworkers, 2);
   assert_string_equal(cfg.workers[0], "http://127.0.0.1:9001");
@@ -94,8 +94,8 @@ static void test_errors(void **state) {
   expect_error("--listen", 5, a6);
   char *a7[] = {"serve", "--worker", "http://a:1/v1"};
   expect_error("no path", 3, a7);
-  char *a8[] = {"serve", "--worker", "http://a:1", "--listen", "127.0.0.1:9", "--admin-listen",
-                "127.0.0.1:9"};
+  char *a8[] = {"serve",       "--worker",       "http://a:1", "--listen",
+                "127.0.0.1:9", "--admin-listen", "127.0.0.1:9"};
   expect_error("--admin-listen", 7, a8);
   char *a9[] = {"serve", "--worker"};
   expect_error("missing value", 2, a9);

@@ -102,7 +102,8 @@ static void test_markdown_structure(void **state) {
   const char *win = section(m, "## Winner Identification");
   assert_non_null(strstr(win, "| phase0 | 2.00 | \xe2\x80\x94 |"));
   assert_non_null(strstr(win, "| phase3 **WINNER** | 3.00 | +50% |"));
-  assert_non_null(strstr(win, "improved max SLO-compliant load over baseline: 2.00 -> 3.00 RPS (+50%)"));
+  assert_non_null(
+      strstr(win, "improved max SLO-compliant load over baseline: 2.00 -> 3.00 RPS (+50%)"));
   const char *det = section(m, "## Detailed Comparison at Baseline Max Rate (2.00 RPS)");
   assert_non_null(strstr(det, "| TTFT p99 (ms) | 700 | 400 |"));
   assert_non_null(strstr(det, "| Completed | 20 | 20 |"));
@@ -113,7 +114,8 @@ static void test_markdown_structure(void **state) {
   assert_non_null(strstr(share, "| w0 | 5 (25%) | 10 (50%) |"));
   assert_non_null(strstr(share, "| w3 | 5 (25%) | 0 (0%) |"));
   const char *obs = section(m, "## Key Observations");
-  assert_non_null(strstr(obs, "`phase3` raises the max SLO-compliant load from 2.00 to 3.00 RPS (+50%)"));
+  assert_non_null(
+      strstr(obs, "`phase3` raises the max SLO-compliant load from 2.00 to 3.00 RPS (+50%)"));
   assert_non_null(strstr(obs, "TPOT binds first for `phase0`"));
   assert_non_null(strstr(obs, "errors binds first for `phase3`"));
   assert_non_null(strstr(obs, "changes TTFT p99 by -43% (700 -> 400 ms)"));
@@ -243,8 +245,8 @@ static void test_write_files(void **state) {
   char sub[256], err[256], path[512];
   snprintf(sub, sizeof(sub), "%s/out/nested", dir);
   assert_int_equal(kvr_report_write(res, sub, err, sizeof(err)), 0);
-  const char *files[] = {"report.md", "report.html", "requests.jsonl", "results/phase0_rate1.00.json",
-                         "results/phase3_rate4.00.json"};
+  const char *files[] = {"report.md", "report.html", "requests.jsonl",
+                         "results/phase0_rate1.00.json", "results/phase3_rate4.00.json"};
   struct stat st;
   for (size_t i = 0; i < KVR_ARRAY_SIZE(files); i++) {
     snprintf(path, sizeof(path), "%s/%s", sub, files[i]);

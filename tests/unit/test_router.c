@@ -1,6 +1,6 @@
 /* test_router.c -- router state: decisions over slots, exact load accounting, draining, policy
- * switching, and parsing of a vLLM /metrics page. Runs a real loop (the router owns a curl multi and
- * a scrape timer) and asserts that closing the router leaves no libuv handle behind. */
+ * switching, and parsing of a vLLM /metrics page. Runs a real loop (the router owns a curl multi
+ * and a scrape timer) and asserts that closing the router leaves no libuv handle behind. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -144,7 +144,8 @@ static void test_scrape_parse(void **state) {
   assert_true(w->kv_cache_usage == 0.5);
   assert_int_equal(w->num_gpu_blocks, 2000);
   assert_int_equal(w->block_size, 16);
-  assert_int_equal(w->cache_capacity_blocks, 2000); /* 16-token GPU blocks = 64-byte router blocks */
+  assert_int_equal(w->cache_capacity_blocks,
+                   2000); /* 16-token GPU blocks = 64-byte router blocks */
   assert_int_equal(w->scraped_at_ms, 42);
   const char *junk = "something_else 1\n";
   assert_int_equal(kvr_scrape_parse(w, junk, strlen(junk), 43), KVR_EPARSE);
@@ -153,10 +154,8 @@ static void test_scrape_parse(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_round_robin_and_tried),
-      cmocka_unit_test(test_accounting_and_drain),
-      cmocka_unit_test(test_failures_mark_down),
-      cmocka_unit_test(test_policy_switch),
+      cmocka_unit_test(test_round_robin_and_tried), cmocka_unit_test(test_accounting_and_drain),
+      cmocka_unit_test(test_failures_mark_down),    cmocka_unit_test(test_policy_switch),
       cmocka_unit_test(test_scrape_parse),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -287,7 +287,8 @@ static void test_max_num_seqs_and_abort(void **state) {
 }
 
 /* reset_prefix_cache: an idle cached prompt misses afterwards, a running request's blocks keep
- * their hashes (a later prompt sharing its prefix still hits), cumulative counters are untouched. */
+ * their hashes (a later prompt sharing its prefix still hits), cumulative counters are untouched.
+ */
 static void test_reset_prefix_cache(void **state) {
   kvr_sim_engine_t *eng = small_engine(64, 8192, 16);
   uint32_t *p = prompt_seq(1000, 64);

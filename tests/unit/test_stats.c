@@ -153,7 +153,7 @@ static void test_run_max_load(void **state) {
   kvr_results_t *res = kvr_stats_results_new();
   kvr_run_t *run = kvr_stats_results_add_run(res, "phase0", "round_robin", "x");
   assert_true(kvr_stats_run_max_load(run) == 0);
-  kvr_stats_run_add(run, verdict_level(4.0, 100));  /* passes, but above a failure */
+  kvr_stats_run_add(run, verdict_level(4.0, 100)); /* passes, but above a failure */
   kvr_stats_run_add(run, verdict_level(1.0, 100));
   kvr_stats_run_add(run, verdict_level(3.0, 1500)); /* fails */
   kvr_stats_run_add(run, verdict_level(2.0, 999));
@@ -169,7 +169,7 @@ static void test_run_max_load(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_percentile_linear), cmocka_unit_test(test_max_overlap),
-      cmocka_unit_test(test_level_aggregates), cmocka_unit_test(test_empty_level_fails_nodata),
+      cmocka_unit_test(test_level_aggregates),  cmocka_unit_test(test_empty_level_fails_nodata),
       cmocka_unit_test(test_run_max_load),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

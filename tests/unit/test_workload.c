@@ -239,8 +239,8 @@ static void test_chat_body_resends_history(void **state) {
   assert_non_null(j);
   assert_string_equal(cJSON_GetObjectItem(j, "model")->valuestring, "m1");
   assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "stream")));
-  assert_true(cJSON_IsTrue(
-      cJSON_GetObjectItem(cJSON_GetObjectItem(j, "stream_options"), "include_usage")));
+  assert_true(
+      cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "stream_options"), "include_usage")));
   assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "ignore_eos")));
   assert_int_equal(cJSON_GetObjectItem(j, "max_tokens")->valueint, c.turns[2].max_tokens);
   cJSON *msgs = cJSON_GetObjectItem(j, "messages");
@@ -283,10 +283,9 @@ static char *write_tmp(const char *text) {
 
 static void test_file_jsonl(void **state) {
   (void)state;
-  char *path = write_tmp(
-      "{\"system\":\"be brief\",\"turns\":[{\"user\":\"hi\",\"max_tokens\":7},"
-      "{\"user\":\"more\",\"think_s\":2.5}]}\n\n"
-      "{\"prefix\":\"DOC\",\"turns\":[{\"user\":\"q\"}]}\n");
+  char *path = write_tmp("{\"system\":\"be brief\",\"turns\":[{\"user\":\"hi\",\"max_tokens\":7},"
+                         "{\"user\":\"more\",\"think_s\":2.5}]}\n\n"
+                         "{\"prefix\":\"DOC\",\"turns\":[{\"user\":\"q\"}]}\n");
   kvr_workload_opts_t o;
   kvr_workload_opts_default(&o);
   char spec[128];
@@ -328,11 +327,11 @@ static void test_file_jsonl(void **state) {
 
 static void test_file_sharegpt(void **state) {
   (void)state;
-  char *path = write_tmp(
-      "[{\"id\":\"a\",\"conversations\":[{\"from\":\"human\",\"value\":\"hello\"},"
-      "{\"from\":\"gpt\",\"value\":\"0123456789012345678901234567890123456789\"},"
-      "{\"from\":\"human\",\"value\":\"again\"}]},"
-      "{\"id\":\"empty\",\"conversations\":[{\"from\":\"gpt\",\"value\":\"x\"}]}]");
+  char *path =
+      write_tmp("[{\"id\":\"a\",\"conversations\":[{\"from\":\"human\",\"value\":\"hello\"},"
+                "{\"from\":\"gpt\",\"value\":\"0123456789012345678901234567890123456789\"},"
+                "{\"from\":\"human\",\"value\":\"again\"}]},"
+                "{\"id\":\"empty\",\"conversations\":[{\"from\":\"gpt\",\"value\":\"x\"}]}]");
   kvr_workload_opts_t o;
   kvr_workload_opts_default(&o);
   o.kind = KVR_WL_FILE;
