@@ -7,6 +7,11 @@ cd "$(dirname "$0")/.."
 bash deploy/install-deps.sh
 jobs=$(nproc)
 
+echo "== format (clang-format --dry-run -Werror, .clang-format)"
+find router src policies bench tests -name '*.[ch]' -print0 | xargs -0 -r clang-format --dry-run -Werror \
+  || { echo "format: run  find router src policies bench tests -name '*.[ch]' | xargs clang-format -i" >&2
+       exit 1; }
+
 echo "== build (RelWithDebInfo)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$jobs" >/dev/null

@@ -23,8 +23,8 @@
  */
 #include <stdlib.h>
 
-#include "kvr.h"
 #include "policy.h"
+#include "src/kvr.h"
 
 typedef struct gie_s {
   kvr_policy_t super;

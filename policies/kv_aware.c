@@ -32,8 +32,8 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "kvr.h"
 #include "policy.h"
+#include "src/kvr.h"
 
 typedef struct kv_s {
   kvr_policy_t super;

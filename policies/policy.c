@@ -17,7 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "kvr.h"
+#include "src/kvr.h"
 
 extern const kvr_policy_ops_t kvr__policy_round_robin;
 extern const kvr_policy_ops_t kvr__policy_least_load;

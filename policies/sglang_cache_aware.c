@@ -27,8 +27,8 @@
  */
 #include <stdlib.h>
 
-#include "kvr.h"
 #include "policy.h"
+#include "src/kvr.h"
 
 typedef struct sg_s {
   kvr_policy_t super;

@@ -1,18 +1,14 @@
-/* main.c -- the kvrouter binary: picks a subcommand and hands argv to the library.
+/* main.c -- the kvrouter binary: one table of subcommands, each in its own file of router/.
  *
- *   kvrouter serve  the KV-cache-aware router (src/serve.c)
- *   kvrouter sim    a simulated vLLM worker (bench/sim_main.c)
- *   kvrouter bench  the load generator and A/B report (bench/bench_main.c);
- *                   `kvrouter bench routing` times routing decisions (bench/route_bench.c)
- *   kvrouter demo   4 simulated workers + router + A/B benchmark + report (bench/demo.c)
+ *   kvrouter serve  the KV-cache-aware router (router/serve.c over src/ and policies/)
+ *   kvrouter sim    a simulated vLLM worker (router/sim.c over bench/sim/)
+ *   kvrouter bench  the load generator and A/B report (router/bench.c over bench/loadgen/);
+ *                   `kvrouter bench routing` times routing decisions (bench/routing/)
+ *   kvrouter demo   4 simulated workers + router + A/B benchmark + report (router/demo.c)
  *
  * Everything else lives in the libraries so it can be tested; this file only dispatches.
  */
-#include "bench.h"
-#include "demo.h"
-#include "route_bench.h"
-#include "serve.h"
-#include "sim.h"
+#include "commands.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -54,9 +50,6 @@ int main(int argc, char **argv) {
     printf("kvrouter %s\n", KVR_VERSION);
     return 0;
   }
-  /* `kvrouter bench routing` is the routing-decision micro-benchmark (bench/route_bench.c). */
-  if (strcmp(argv[1], "bench") == 0 && argc > 2 && strcmp(argv[2], "routing") == 0)
-    return kvr_route_bench_main(argc - 2, argv + 2);
   for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
     if (strcmp(argv[1], subcommands[i].name) == 0)
       return subcommands[i].main(argc - 1, argv + 1);

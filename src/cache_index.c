@@ -34,7 +34,7 @@
 #include <sys/mman.h>
 
 #include "kvr.h"
-#include "policy.h"
+#include "policies/policy.h"
 
 #define NIL UINT32_MAX
 #define SLOT_BITS 26

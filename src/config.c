@@ -9,7 +9,7 @@
 #include "config.h"
 
 #include "kvr.h"
-#include "policy.h"
+#include "policies/policy.h"
 
 #include <errno.h>
 #include <stddef.h>

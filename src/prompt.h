@@ -33,7 +33,7 @@
 #include <stdint.h>
 
 #include "buf.h"
-#include "policy.h"
+#include "policies/policy.h"
 
 #define KVR_PROMPT_BLOCK_CHARS_DEFAULT 64
 #define KVR_PROMPT_BLOCK_CHARS_MAX 65536

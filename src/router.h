@@ -19,7 +19,7 @@
 #include "config.h"
 #include "curlm.h"
 #include "metrics.h"
-#include "policy.h"
+#include "policies/policy.h"
 #include "prefill_clock.h"
 #include "prompt.h"
 

@@ -1,0 +1,1152 @@
+/* loadgen.c -- the open-loop engine of `kvrouter bench`: schedules, sends, streams and measures.
+ *
+ * Structs:
+ *   kvr_loadgen_t  options, the workload (borrowed), the kvr_curlm_t, one scheduler timer (`tick`),
+ *                  one progress timer, and the state of the level being run (`lv_*` fields).
+ *   conv_t         one open conversation of the level: the kvr_conv_t from the workload, the
+ *                  answers streamed so far, the next turn and when it becomes eligible.
+ *   req_t          one request: its easy handle, body, SSE line buffer, streamed answer (kept
+ *                  only when a later turn resends it), ITL samples and the kvr_req_rec_t being
+ *                  filled. At most one is prepared ahead of its send (lg->ready).
+ *
+ * Flow of a level:
+ *
+ *   run_level -> build arrival schedule (gamma gaps from level_seed) -> arm tick -> uv_run
+ *   timerfd (or tick): send every due arrival / eligible turn: the prepared req_t -> kvr_curlm_add;
+ *         re-arm for the next arrival; prepare the request it will send (prepare_next)
+ *   curl header cb: status, x-kvrouter-worker
+ *   curl write cb: SSE lines -> token chunks by a scan (scan_token), anything else by cJSON ->
+ *                  tokens, usage, errors
+ *   curl done cb: finish record -> kvr_stats_level_add -> conversation's next turn becomes eligible
+ *                 after think time -> schedule()
+ *   sent == total and nothing in flight -> uv_stop -> kvr_stats_level_finish -> return level
+ *
+ * Invariants: every req_t is lg->ready (prepared, not handed to curl) or on the in-flight list
+ * from kvr_curlm_add until its done callback (or an interrupt cancels it); a conv_t has at most
+ * one request in flight, except in replay mode where turns are pre-assigned to arrivals and
+ * answers are pre-built (nothing in the conversation changes when a request finishes); requests
+ * are sent only from schedule() (the timerfd or tick, or after a transfer's done callback), never
+ * inside curl's own callbacks. Durations recorded are real durations times the time scale; lag
+ * stays real. Only the engine's share is compressed by a time-scaled simulator, so when the first
+ * chunk carries the simulator's "kvr_sim_engine_us" the rest of the TTFT (client, router and
+ * loopback: transport_ms) is counted once, at 1x, in TTFT and E2E; TPOT and ITL are unaffected.
+ */
+#include "loadgen.h"
+
+#include "src/buf.h"
+#include "src/curlm.h"
+#include "src/kvr.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/timerfd.h>
+#endif
+
+#define MAX_SSE_LINE ((size_t)1 << 20)
+#define MAX_ANSWER ((size_t)4 << 20)
+#define MAX_ERROR_BODY 2048
+
+typedef struct req_s req_t;
+
+typedef struct conv_s {
+  kvr_conv_t conv;
+  char **answers;       /* nturns entries, owned */
+  uint32_t next_turn;   /* 0-based turn to send next */
+  uint64_t eligible_ns; /* when next_turn may be sent (valid while waiting) */
+  bool waiting;         /* next_turn is due to be sent and not in flight */
+  bool dead;            /* finished or abandoned after a failure */
+  unsigned user;        /* concurrency mode: the user running it */
+} conv_t;
+
+struct req_s {
+  kvr_loadgen_t *lg;
+  conv_t *cv;
+  uint32_t turn;
+  CURL *easy;
+  struct curl_slist *headers;
+  kvr_buf_t body, line, answer, errbody;
+  double *itls;
+  size_t nitl, capitl;
+  uint64_t sent_ns, first_ns, last_ns;
+  uint64_t engine_ns; /* the simulator's engine share of the TTFT, wall ns; 0 if not reported */
+  bool stream_error;
+  bool keep_answer; /* the streamed text is resent by a later turn (session mode) */
+  kvr_req_rec_t rec;
+  req_t *prev, *next;
+};
+
+struct kvr_loadgen_s {
+  uv_loop_t *loop;
+  kvr_loadgen_opts_t o;
+  char *url, *model, *api_key;
+  const kvr_workload_t *wl;
+  kvr_curlm_t *curlm;
+  uv_timer_t tick, progress, sleeper;
+  int tfd; /* Linux: timerfd waking the loop SEND_EARLY_NS before the next send
+            * (hrtimer precision); -1 elsewhere (`tick` then wakes up to 1 ms early
+            * and re-arms with 0 ms until the send) */
+  uv_poll_t tfd_poll;
+  int open_handles;
+  bool interrupted;
+  bool running; /* uv_run is in progress for a level or a sleep */
+
+  /* Level state. */
+  kvr_level_t *lv;
+  const char *label;
+  double rate; /* report req/s */
+  unsigned concurrency;
+  uint64_t level_seed;
+  uint64_t start_ns;
+  uint64_t *arrivals; /* rate mode: real ns offsets from start_ns */
+  size_t total, sent, done, failed, next_arrival;
+  double stop_ttft_ms; /* early stop: the TTFT SLO (simulated ms); 0 = never stop early */
+  size_t ttft_over,
+      ttft_over_stop; /* measured first tokens at or over it; how many end the level */
+  bool stopped_early;
+  uint64_t next_conv;
+  conv_t *spare;  /* the next new conversation, generated ahead of its send; owned */
+  req_t *ready;   /* the next request, body rendered and easy handle set up ahead of its
+                   * send time (for ready->cv, turn ready->turn); owned, not in flight */
+  conv_t **convs; /* every conversation opened this level, owned */
+  size_t nconvs, capconvs;
+  req_t *inflight;
+  size_t ninflight;
+  uint64_t last_progress_ns;
+  size_t progress_len;
+  unsigned warmup; /* warm-up requests of this level */
+  bool replay;     /* this level replays pre-built conversations (see replay_slot) */
+};
+
+void kvr_loadgen_opts_default(kvr_loadgen_opts_t *o) {
+  memset(o, 0, sizeof(*o));
+  o->url = "http://127.0.0.1:8000";
+  o->model = "default";
+  o->api = KVR_API_CHAT;
+  o->ignore_eos = true;
+  o->time_scale = 1;
+  o->burstiness = 1;
+  o->num_prompts = 300;
+  o->request_timeout_s = 600;
+}
+
+static double scale(const kvr_loadgen_t *lg) {
+  return lg->o.time_scale;
+}
+
+static void on_handle_closed(uv_handle_t *h) {
+  kvr_loadgen_t *lg = h->data;
+  lg->open_handles--;
+}
+
+kvr_loadgen_t *kvr_loadgen_new(uv_loop_t *loop, const kvr_loadgen_opts_t *o,
+                               const kvr_workload_t *wl, char *err, size_t errlen) {
+  if (o->url == NULL || strncmp(o->url, "http", 4) != 0 || !(o->time_scale >= 1e-6) ||
+      !(o->burstiness > 0) || o->num_prompts == 0) {
+    snprintf(err, errlen,
+             "loadgen: need an http(s) URL, a model, time scale > 0, burstiness > 0 "
+             "and at least one prompt");
+    return NULL;
+  }
+  kvr_loadgen_t *lg = calloc(1, sizeof(*lg));
+  if (lg == NULL)
+    abort();
+  lg->loop = loop;
+  lg->o = *o;
+  lg->wl = wl;
+  /* The endpoint: keep a full /v1/... path, else add the API's. */
+  kvr_buf_t u = KVR_BUF_INIT;
+  kvr_buf_puts(&u, o->url);
+  while (u.len > 0 && u.data[u.len - 1] == '/')
+    u.data[--u.len] = '\0';
+  if (strstr(u.data + 8, "/v1/") == NULL)
+    kvr_buf_puts(&u, o->api == KVR_API_CHAT ? "/v1/chat/completions" : "/v1/completions");
+  lg->url = kvr_buf_steal(&u);
+  lg->model = strdup(o->model ? o->model : "default");
+  lg->api_key = o->api_key ? strdup(o->api_key) : NULL;
+  lg->curlm = kvr_curlm_new(loop);
+  if (lg->curlm == NULL) {
+    snprintf(err, errlen, "loadgen: curl multi init failed");
+    free(lg->url);
+    free(lg->model);
+    free(lg->api_key);
+    free(lg);
+    return NULL;
+  }
+  uv_timer_init(loop, &lg->tick);
+  uv_timer_init(loop, &lg->progress);
+  uv_timer_init(loop, &lg->sleeper);
+  lg->tick.data = lg->progress.data = lg->sleeper.data = lg;
+  lg->open_handles = 3;
+  lg->tfd = -1;
+#ifdef __linux__
+  /* uv_hrtime() reads CLOCK_MONOTONIC, so a send time is directly an absolute timerfd deadline. */
+  int fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (fd >= 0) {
+    if (uv_poll_init(loop, &lg->tfd_poll, fd) == 0) {
+      lg->tfd = fd;
+      lg->tfd_poll.data = lg;
+      lg->open_handles++;
+    } else {
+      close(fd);
+    }
+  }
+#endif
+  return lg;
+}
+
+void kvr_loadgen_free(kvr_loadgen_t *lg) {
+  if (lg == NULL)
+    return;
+  kvr_curlm_close(lg->curlm);
+  uv_close((uv_handle_t *)&lg->tick, on_handle_closed);
+  uv_close((uv_handle_t *)&lg->progress, on_handle_closed);
+  uv_close((uv_handle_t *)&lg->sleeper, on_handle_closed);
+  if (lg->tfd >= 0)
+    uv_close((uv_handle_t *)&lg->tfd_poll, on_handle_closed);
+  /* Bounded: the handles and curl's sockets close within a few loop iterations. */
+  for (int i = 0; i < 1000 && lg->open_handles > 0; i++)
+    uv_run(lg->loop, UV_RUN_NOWAIT);
+  uv_run(lg->loop, UV_RUN_NOWAIT);
+  if (lg->tfd >= 0)
+    close(lg->tfd); /* after its poll handle closed */
+  free(lg->url);
+  free(lg->model);
+  free(lg->api_key);
+  free(lg);
+}
+
+bool kvr_loadgen_interrupted(const kvr_loadgen_t *lg) {
+  return lg->interrupted;
+}
+
+/* ---- requests -------------------------------------------------------------------------------- */
+
+static void req_free(req_t *r) {
+  if (r == NULL)
+    return;
+  if (r->easy)
+    curl_easy_cleanup(r->easy);
+  curl_slist_free_all(r->headers);
+  kvr_buf_free(&r->body);
+  kvr_buf_free(&r->line);
+  kvr_buf_free(&r->answer);
+  kvr_buf_free(&r->errbody);
+  free(r->itls);
+  free(r);
+}
+
+static void inflight_remove(kvr_loadgen_t *lg, req_t *r) {
+  if (r->prev)
+    r->prev->next = r->next;
+  else
+    lg->inflight = r->next;
+  if (r->next)
+    r->next->prev = r->prev;
+  r->prev = r->next = NULL;
+  lg->ninflight--;
+}
+
+static void set_error(req_t *r, const char *msg) {
+  if (r->rec.error[0] != '\0')
+    return;
+  size_t n = KVR_MIN(strlen(msg), sizeof(r->rec.error) - 1);
+  memcpy(r->rec.error, msg, n);
+  r->rec.error[n] = '\0';
+}
+
+/* The transport share of the request's real TTFT, wall ns: all of it but the engine's share the
+ * simulator reported in its first chunk; -1 when none was reported (vLLM) or no token came. */
+static double transport_ns(const req_t *r) {
+  if (r->first_ns == 0)
+    return -1;
+  double ttft_real = (double)(r->first_ns - r->sent_ns), eng = (double)r->engine_ns;
+  return eng > 0 && eng <= ttft_real ? ttft_real - eng : -1;
+}
+
+/* The real time from the send to until_ns in simulated ms. Transport is not sped up by the
+ * simulator, so it is not stretched either: transport + the rest x scale (TTFT, E2E). */
+static double sim_ms(const req_t *r, uint64_t until_ns) {
+  double real = (double)(until_ns - r->sent_ns), tr = fmax(transport_ns(r), 0);
+  return (tr + (real - tr) * scale(r->lg)) / 1e6;
+}
+
+static void on_stop_early(uv_timer_t *t);
+
+static void on_token(req_t *r, uint64_t now) {
+  r->rec.chunks++;
+  if (r->first_ns == 0) {
+    r->first_ns = now;
+    kvr_loadgen_t *lg = r->lg;
+    if (lg->stop_ttft_ms > 0 && !r->rec.warmup && sim_ms(r, now) >= lg->stop_ttft_ms &&
+        ++lg->ttft_over == lg->ttft_over_stop)
+      uv_timer_start(&lg->sleeper, on_stop_early, 0, 0); /* cancel from the loop, not from curl */
+  } else {
+    if (r->nitl == r->capitl) {
+      r->capitl = r->capitl ? r->capitl * 2 : 256;
+      r->itls = realloc(r->itls, r->capitl * sizeof(double));
+      if (r->itls == NULL)
+        abort();
+    }
+    r->itls[r->nitl++] = (double)(now - r->last_ns) / 1e6 * scale(r->lg);
+  }
+  r->last_ns = now;
+}
+
+static const char *find(const char *hay, size_t n, const char *needle, size_t nl) {
+  return memmem(hay, n, needle, nl);
+}
+#define FIND(hay, n, lit) find((hay), (n), (lit), sizeof(lit) - 1)
+
+/* The common chunk cheaply: a token chunk of one choice whose text has no escapes and which carries
+ * no usage and no error, e.g. {...,"choices":[{"index":0,"delta":{"content":"tok"},...}]}. Sets the
+ * token's raw text and returns true; returns false for anything else (role chunk, empty or escaped
+ * text, usage, error, reasoning_content, several choices...), which on_event() then parses with
+ * cJSON. Keys and quotes inside JSON string values are escaped, so an unescaped `"content":"` can
+ * only be a key: the scan never misreads a string value as structure. */
+static bool scan_token(const char *d, size_t n, kvr_api_t api, const char **text, size_t *tlen) {
+  if (FIND(d, n, "\"usage\"") || FIND(d, n, "\"error\""))
+    return false;
+  const char *ch = FIND(d, n, "\"choices\":[");
+  if (ch == NULL)
+    return false;
+  const char *p;
+  size_t kl;
+  if (api == KVR_API_CHAT) {
+    const char *delta = FIND(ch, n - (size_t)(ch - d), "\"delta\":{");
+    if (delta == NULL)
+      return false;
+    static const char key[] = "\"content\":\"";
+    kl = sizeof(key) - 1;
+    p = find(delta, n - (size_t)(delta - d), key, kl);
+    if (p != NULL && memchr(delta, '}', (size_t)(p - delta)) != NULL)
+      return false; /* not provably inside the delta object */
+  } else {
+    static const char key[] = "\"text\":\"";
+    kl = sizeof(key) - 1;
+    p = find(ch, n - (size_t)(ch - d), key, kl);
+  }
+  if (p == NULL)
+    return false;
+  const char *v = p + kl, *end = d + n;
+  const char *q = memchr(v, '"', (size_t)(end - v));
+  if (q == NULL || q == v || memchr(v, '\\', (size_t)(q - v)) != NULL)
+    return false;
+  /* One choice only: a second text key means n > 1 (vllm bench reads choices[0]). */
+  if (find(q, (size_t)(end - q), p, kl) != NULL || FIND(q, (size_t)(end - q), "\"index\":1"))
+    return false;
+  *text = v;
+  *tlen = (size_t)(q - v);
+  return true;
+}
+
+/* One SSE "data:" payload. */
+static void on_event(req_t *r, const char *data, size_t len, uint64_t now) {
+  if (len == 6 && memcmp(data, "[DONE]", 6) == 0)
+    return;
+  const char *tok;
+  size_t tl;
+  if (r->first_ns == 0) {
+    static const char key[] = "\"kvr_sim_engine_us\":";
+    const char *k = FIND(data, len, key);
+    if (k != NULL) { /* digits parsed within len: the payload is not NUL-terminated */
+      uint64_t us = 0;
+      for (const char *d = k + sizeof(key) - 1; d < data + len && *d >= '0' && *d <= '9'; d++)
+        us = KVR_MIN(us * 10 + (uint64_t)(*d - '0'), (uint64_t)UINT32_MAX);
+      r->engine_ns = us * 1000u;
+    }
+  }
+  if (scan_token(data, len, r->lg->o.api, &tok, &tl)) {
+    on_token(r, now);
+    if (r->keep_answer && r->answer.len + tl <= MAX_ANSWER)
+      kvr_buf_append(&r->answer, tok, tl);
+    return;
+  }
+  cJSON *j = cJSON_ParseWithLength(data, len);
+  if (j == NULL) {
+    r->stream_error = true;
+    set_error(r, "malformed SSE JSON");
+    return;
+  }
+  const cJSON *err = cJSON_GetObjectItemCaseSensitive(j, "error");
+  if (err && !cJSON_IsNull(err)) {
+    const cJSON *msg = cJSON_GetObjectItemCaseSensitive(err, "message");
+    r->stream_error = true;
+    set_error(r, cJSON_IsString(msg) ? msg->valuestring : "error event in stream");
+  }
+  const cJSON *choices = cJSON_GetObjectItemCaseSensitive(j, "choices");
+  const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
+  if (c0) {
+    const cJSON *text = NULL;
+    const cJSON *delta = cJSON_GetObjectItemCaseSensitive(c0, "delta");
+    if (delta) {
+      text = cJSON_GetObjectItemCaseSensitive(delta, "content");
+      if (!cJSON_IsString(text) || text->valuestring[0] == '\0')
+        text = cJSON_GetObjectItemCaseSensitive(delta, "reasoning_content");
+    } else {
+      text = cJSON_GetObjectItemCaseSensitive(c0, "text");
+    }
+    if (cJSON_IsString(text) && text->valuestring[0] != '\0') {
+      on_token(r, now);
+      size_t n = strlen(text->valuestring);
+      if (r->keep_answer && r->answer.len + n <= MAX_ANSWER)
+        kvr_buf_append(&r->answer, text->valuestring, n);
+    }
+  }
+  const cJSON *usage = cJSON_GetObjectItemCaseSensitive(j, "usage");
+  if (cJSON_IsObject(usage)) {
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens");
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens");
+    const cJSON *det = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details");
+    const cJSON *cached = det ? cJSON_GetObjectItemCaseSensitive(det, "cached_tokens") : NULL;
+    if (cJSON_IsNumber(pt))
+      r->rec.prompt_tokens = (uint32_t)pt->valuedouble;
+    if (cJSON_IsNumber(ct)) {
+      r->rec.output_tokens = (uint32_t)ct->valuedouble;
+      r->rec.usage_seen = true;
+    }
+    if (cJSON_IsNumber(cached))
+      r->rec.cached_tokens = (uint32_t)cached->valuedouble;
+  }
+  cJSON_Delete(j);
+}
+
+static size_t on_write(char *ptr, size_t size, size_t nmemb, void *userdata) {
+  req_t *r = userdata;
+  size_t n = size * nmemb;
+  if (r->rec.status != 200) {
+    if (r->errbody.len < MAX_ERROR_BODY)
+      kvr_buf_append(&r->errbody, ptr, KVR_MIN(n, MAX_ERROR_BODY - r->errbody.len));
+    return n;
+  }
+  uint64_t now = uv_hrtime();
+  /* Whole lines are read in place from curl's buffer; only a partial line is copied (into `line`,
+   * which then receives the rest of the data up to the next complete line). */
+  const char *base = ptr;
+  size_t len = n;
+  if (r->line.len > 0) {
+    kvr_buf_append(&r->line, ptr, n);
+    base = r->line.data;
+    len = r->line.len;
+  }
+  size_t start = 0;
+  for (;;) {
+    const char *nl = memchr(base + start, '\n', len - start);
+    if (nl == NULL)
+      break;
+    size_t end = (size_t)(nl - base);
+    size_t l = end - start;
+    const char *s = base + start;
+    if (l > 0 && s[l - 1] == '\r')
+      l--;
+    if (l >= 5 && memcmp(s, "data:", 5) == 0) {
+      size_t off = 5;
+      while (off < l && s[off] == ' ')
+        off++;
+      on_event(r, s + off, l - off, now);
+    }
+    start = end + 1;
+  }
+  if (base == ptr) {
+    if (start < n)
+      kvr_buf_append(&r->line, ptr + start, n - start);
+  } else {
+    kvr_buf_consume(&r->line, start);
+  }
+  if (r->line.len > MAX_SSE_LINE) {
+    set_error(r, "SSE line too long");
+    return 0; /* curl ends the transfer with CURLE_WRITE_ERROR */
+  }
+  return n;
+}
+
+static size_t on_header(char *ptr, size_t size, size_t nmemb, void *userdata) {
+  req_t *r = userdata;
+  size_t n = size * nmemb;
+  if (n > 5 && memcmp(ptr, "HTTP/", 5) == 0) {
+    const char *sp = memchr(ptr, ' ', n);
+    if (sp)
+      r->rec.status = atoi(sp + 1);
+    r->rec.worker[0] = '\0';
+    return n;
+  }
+  static const char name[] = "x-kvrouter-worker:";
+  if (n > sizeof(name) - 1 && strncasecmp(ptr, name, sizeof(name) - 1) == 0) {
+    const char *v = ptr + sizeof(name) - 1;
+    size_t vl = n - (sizeof(name) - 1);
+    while (vl > 0 && (*v == ' ' || *v == '\t'))
+      v++, vl--;
+    while (vl > 0 && (v[vl - 1] == '\r' || v[vl - 1] == '\n' || v[vl - 1] == ' '))
+      vl--;
+    vl = KVR_MIN(vl, sizeof(r->rec.worker) - 1);
+    memcpy(r->rec.worker, v, vl);
+    r->rec.worker[vl] = '\0';
+  }
+  return n;
+}
+
+static void schedule(kvr_loadgen_t *lg);
+
+/* Ends a conversation's current turn: store the answer, make the next turn eligible or close it. */
+static void conv_advance(kvr_loadgen_t *lg, conv_t *cv, req_t *r, bool ok, uint64_t now) {
+  if (lg->replay)
+    return; /* the schedule and the pre-built answers fix every turn: nothing to advance */
+  if (!ok) {
+    cv->dead = true; /* without the answer the history cannot be resent faithfully */
+    return;
+  }
+  cv->answers[r->turn] = kvr_buf_steal(&r->answer);
+  if (cv->answers[r->turn] == NULL)
+    cv->answers[r->turn] = strdup("");
+  cv->next_turn = r->turn + 1;
+  if (cv->next_turn >= cv->conv.nturns) {
+    cv->dead = true;
+    return;
+  }
+  double think = cv->conv.turns[cv->next_turn].think_s / scale(lg);
+  cv->eligible_ns = now + (uint64_t)(think * 1e9);
+  cv->waiting = true;
+}
+
+static void finish_request(kvr_loadgen_t *lg, req_t *r, CURLcode result) {
+  uint64_t now = uv_hrtime();
+  kvr_req_rec_t *rec = &r->rec;
+  double s = scale(lg);
+  long code = 0;
+  if (r->easy)
+    curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &code);
+  if (code)
+    rec->status = (int)code;
+  rec->ok = result == CURLE_OK && rec->status == 200 && !r->stream_error && rec->chunks > 0;
+  if (result != CURLE_OK)
+    set_error(r, curl_easy_strerror(result));
+  else if (rec->status != 200) {
+    char msg[160];
+    snprintf(msg, sizeof(msg), "HTTP %d: %.120s", rec->status,
+             r->errbody.data ? r->errbody.data : "");
+    set_error(r, msg);
+  } else if (rec->chunks == 0)
+    set_error(r, "stream carried no tokens");
+  if (!rec->usage_seen)
+    rec->output_tokens = rec->chunks;
+  rec->sent_s = (double)(r->sent_ns - lg->start_ns) / 1e9 * s;
+  /* Failed requests convert the same way (a first token may have come before the failure). */
+  double tr = transport_ns(r);
+  rec->transport_ms = tr >= 0 ? tr / 1e6 : -1;
+  rec->ttft_ms = r->first_ns ? sim_ms(r, r->first_ns) : -1;
+  if (rec->ok) {
+    rec->e2e_ms = sim_ms(r, r->last_ns);
+    rec->tpot_ms = rec->output_tokens > 1
+                       ? (rec->e2e_ms - rec->ttft_ms) / (double)(rec->output_tokens - 1)
+                       : -1;
+  } else {
+    rec->e2e_ms = sim_ms(r, now);
+    rec->tpot_ms = -1;
+  }
+  rec->n_itl = (uint32_t)r->nitl;
+  double sum = 0, mx = 0;
+  for (size_t i = 0; i < r->nitl; i++) {
+    sum += r->itls[i];
+    mx = fmax(mx, r->itls[i]);
+  }
+  rec->itl_mean_ms = r->nitl ? sum / (double)r->nitl : 0;
+  rec->itl_max_ms = mx;
+  kvr_stats_level_add(lg->lv, rec, r->itls, r->nitl);
+  lg->done++;
+  if (!rec->ok && !rec->warmup)
+    lg->failed++;
+  conv_advance(lg, r->cv, r, rec->ok, now);
+}
+
+static void on_done(CURL *easy, CURLcode result, void *data) {
+  req_t *r = data;
+  kvr_loadgen_t *lg = r->lg;
+  (void)easy;
+  inflight_remove(lg, r);
+  finish_request(lg, r, result);
+  req_free(r);
+  schedule(lg);
+}
+
+static conv_t *conv_make(kvr_loadgen_t *lg) {
+  conv_t *cv = calloc(1, sizeof(*cv));
+  if (cv == NULL)
+    abort();
+  kvr_workload_conv(lg->wl, lg->level_seed, lg->next_conv++, &cv->conv);
+  cv->answers = calloc(cv->conv.nturns ? cv->conv.nturns : 1, sizeof(char *));
+  if (cv->answers == NULL)
+    abort();
+  for (uint32_t t = 0; t < cv->conv.nturns; t++)
+    if (cv->conv.turns[t].answer)
+      cv->answers[t] = strdup(cv->conv.turns[t].answer);
+  return cv;
+}
+
+/* Opens the level's next conversation. Generating one can take a while (unique control text), so
+ * the next one is made ahead of time, after the send (see schedule()), off the send path. */
+static conv_t *conv_open(kvr_loadgen_t *lg, unsigned user) {
+  conv_t *cv = lg->spare ? lg->spare : conv_make(lg);
+  lg->spare = NULL;
+  cv->user = user;
+  if (lg->nconvs == lg->capconvs) {
+    lg->capconvs = lg->capconvs ? lg->capconvs * 2 : 64;
+    lg->convs = realloc(lg->convs, lg->capconvs * sizeof(*lg->convs));
+    if (lg->convs == NULL)
+      abort();
+  }
+  lg->convs[lg->nconvs++] = cv;
+  return cv;
+}
+
+static void conv_free(conv_t *cv) {
+  for (uint32_t t = 0; t < cv->conv.nturns; t++)
+    free(cv->answers[t]);
+  free(cv->answers);
+  kvr_workload_conv_free(&cv->conv);
+  free(cv);
+}
+
+/* Builds turn `turn` of cv as a request ready to hand to curl: body rendered, easy handle and
+ * headers set, ITL array sized for the turn's max_tokens. Nothing here depends on the send time, so
+ * it runs ahead of the send (see prepare_next()). */
+static req_t *req_prepare(kvr_loadgen_t *lg, conv_t *cv, uint32_t turn) {
+  req_t *r = calloc(1, sizeof(*r));
+  if (r == NULL)
+    abort();
+  r->lg = lg;
+  r->cv = cv;
+  r->turn = turn;
+  r->keep_answer = !lg->replay && turn + 1 < cv->conv.nturns;
+  r->rec.conv = cv->conv.id;
+  r->rec.turn = r->turn + 1;
+  r->rec.ttft_ms = r->rec.tpot_ms = r->rec.transport_ms = -1;
+  r->capitl = cv->conv.turns[turn].max_tokens > 1 ? cv->conv.turns[turn].max_tokens - 1 : 1;
+  r->itls = malloc(r->capitl * sizeof(double));
+  if (r->itls == NULL)
+    abort();
+  kvr_workload_body(&cv->conv, r->turn, (const char *const *)cv->answers, lg->model, lg->o.api,
+                    lg->o.ignore_eos, &r->body);
+  r->easy = curl_easy_init();
+  if (r->easy == NULL)
+    abort();
+  r->headers = curl_slist_append(r->headers, "Content-Type: application/json");
+  r->headers = curl_slist_append(r->headers, "Accept: text/event-stream");
+  r->headers = curl_slist_append(r->headers, "Expect:");
+  if (lg->api_key) {
+    char auth[512];
+    snprintf(auth, sizeof(auth), "Authorization: Bearer %s", lg->api_key);
+    r->headers = curl_slist_append(r->headers, auth);
+  }
+  curl_easy_setopt(r->easy, CURLOPT_URL, lg->url);
+  curl_easy_setopt(r->easy, CURLOPT_HTTPHEADER, r->headers);
+  curl_easy_setopt(r->easy, CURLOPT_POSTFIELDS, r->body.data);
+  curl_easy_setopt(r->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)r->body.len);
+  curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, on_write);
+  curl_easy_setopt(r->easy, CURLOPT_WRITEDATA, r);
+  curl_easy_setopt(r->easy, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(r->easy, CURLOPT_HEADERDATA, r);
+  curl_easy_setopt(r->easy, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(r->easy, CURLOPT_TCP_NODELAY, 1L);
+  curl_easy_setopt(r->easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+  curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+  if (lg->o.request_timeout_s > 0)
+    curl_easy_setopt(r->easy, CURLOPT_TIMEOUT_MS, (long)(lg->o.request_timeout_s * 1000));
+  return r;
+}
+
+/* Sends turn cv->next_turn now; target_ns is when it was due (for the lag). The request prepared
+ * ahead is used when it is this one, else it is built now (and the lag shows the cost). */
+static void send_turn(kvr_loadgen_t *lg, conv_t *cv, uint64_t target_ns) {
+  req_t *r;
+  if (lg->ready != NULL && lg->ready->cv == cv && lg->ready->turn == cv->next_turn) {
+    r = lg->ready;
+    lg->ready = NULL;
+  } else {
+    r = req_prepare(lg, cv, cv->next_turn);
+  }
+  cv->waiting = false;
+  r->rec.warmup = lg->sent < lg->warmup;
+  lg->sent++;
+  /* The send instant: the request is handed to curl right after this (send lag = this - due). */
+  r->sent_ns = uv_hrtime();
+  r->rec.target_s = (double)(target_ns - lg->start_ns) / 1e9 * scale(lg);
+  r->rec.lag_ms = r->sent_ns > target_ns ? (double)(r->sent_ns - target_ns) / 1e6 : 0;
+  if (kvr_curlm_add(lg->curlm, r->easy, on_done, r) != 0) {
+    set_error(r, "curl refused the transfer");
+    finish_request(lg, r, CURLE_FAILED_INIT);
+    req_free(r);
+    return;
+  }
+  r->next = lg->inflight;
+  if (lg->inflight)
+    lg->inflight->prev = r;
+  lg->inflight = r;
+  lg->ninflight++;
+}
+
+/* The waiting conversation whose next turn became eligible first, NULL if none is due by now. */
+static conv_t *earliest_waiting(kvr_loadgen_t *lg, uint64_t *when) {
+  conv_t *best = NULL;
+  for (size_t i = 0; i < lg->nconvs; i++) {
+    conv_t *cv = lg->convs[i];
+    if (cv->waiting && !cv->dead && (best == NULL || cv->eligible_ns < best->eligible_ns))
+      best = cv;
+  }
+  if (best && when)
+    *when = best->eligible_ns;
+  return best;
+}
+
+static void arm(kvr_loadgen_t *lg, uint64_t due_ns, uint64_t now);
+static void disarm(kvr_loadgen_t *lg);
+static void on_tick(uv_timer_t *t);
+static void replay_slot(const kvr_loadgen_t *lg, size_t i, uint64_t *k, uint32_t *turn);
+
+/* Prepares the request the next arrival will most likely send, so that at its send time only the
+ * handover to curl is left: in replay mode the next arrival's pre-assigned (conversation, turn),
+ * in the other rate modes the first turn of the next new conversation (a follow-up that became
+ * eligible meanwhile is built at its send instead). Concurrency mode has no send times. */
+static void prepare_next(kvr_loadgen_t *lg) {
+  if (lg->ready != NULL || lg->sent >= lg->total || lg->rate <= 0 || lg->interrupted)
+    return;
+  if (lg->spare == NULL)
+    lg->spare = conv_make(lg);
+  conv_t *cv = lg->spare;
+  uint32_t turn = 0;
+  if (lg->replay) {
+    if (lg->next_arrival >= lg->total)
+      return;
+    uint64_t k;
+    replay_slot(lg, lg->next_arrival, &k, &turn);
+    if (turn > 0 && k < lg->nconvs)
+      cv = lg->convs[k]; /* mirrors schedule(): else the arrival opens the spare */
+    turn = KVR_MIN(turn, cv->conv.nturns - 1);
+  }
+  lg->ready = req_prepare(lg, cv, turn);
+}
+
+/* Replay order: blocks of W = replay_width conversations; a block sends turn 1 of its W
+ * conversations, then turn 2 of the same W, and so on, each round in its own seeded random order
+ * (as `vllm bench serve` sends a shuffled dataset: no fixed stride that a round-robin router could
+ * align with). So turn t+1 of a conversation follows turn t about W requests later (1..2W-1; time
+ * for turn t's prefill to land in a cache), and every full block carries each turn equally.
+ * Conversations are opened in order of their first turn, so lg->convs[j] is the j-th opened.
+ * With opts.replay_sample, arrival i is instead a random turn of a conversation of its own. */
+static void replay_slot(const kvr_loadgen_t *lg, size_t i, uint64_t *k, uint32_t *turn) {
+  const kvr_workload_opts_t *o = kvr_workload_opts(lg->wl);
+  if (o->replay_sample) {
+    /* Sample order: arrival i opens conversation i of the level (see kvr_workload_sample_slot). */
+    uint64_t conv;
+    kvr_workload_sample_slot(lg->wl, lg->level_seed, i, &conv, turn);
+    *k = UINT64_MAX; /* a new conversation */
+    return;
+  }
+  size_t w = o->replay_width, block = w * o->turns;
+  size_t b = i / block, in = i % block, pos = in % w;
+  *turn = (uint32_t)(in / w);
+  /* Position pos of round (b, turn) -> conversation: a seeded Fisher-Yates permutation of 0..w-1
+   * (w is small, recomputing it per send is cheap). Round 0 is the identity: conversations open in
+   * index order, so the j-th opened is conversation b*w + j. */
+  size_t c = pos;
+  if (*turn > 0) {
+    size_t perm[256];
+    size_t m = KVR_MIN(w, KVR_ARRAY_SIZE(perm));
+    for (size_t j = 0; j < m; j++)
+      perm[j] = j;
+    kvr_rng_t r;
+    kvr_workload_rng_seed(
+        &r, kvr_workload_mix(kvr_workload_mix(lg->level_seed, 0x5E0), b * 64 + *turn));
+    for (size_t j = m - 1; j > 0; j--) {
+      size_t x = (size_t)kvr_workload_rng_range(&r, 0, j);
+      size_t t = perm[j];
+      perm[j] = perm[x];
+      perm[x] = t;
+    }
+    c = pos < m ? perm[pos] : pos;
+  }
+  *k = (uint64_t)(b * w + c);
+}
+
+/* How early the loop wakes up for an arrival. The wake-up is late whenever it falls inside a batch
+ * of stream events the loop is working through (~10 us each, hundreds of microseconds with 1,000
+ * streams); waking this much early and then waiting on the clock in place absorbs that, at the
+ * cost of holding the loop for at most this long per send: at 100 req/s at most 5% of the time,
+ * during which arriving chunks are timestamped up to 0.5 ms late. Measured against 250 us and
+ * against spinning through the loop for the last millisecond (bench/results/ACCURACY.md): 500 us
+ * had the lowest send lag p99 (0.17-0.30 ms vs 0.39-0.54 ms with 1,000 streams). */
+#define SEND_EARLY_NS 500000u
+
+/* True when an arrival due at `due` is to be sent now: it is due, or due within SEND_EARLY_NS, in
+ * which case this waits on the clock until the instant (*now is updated). */
+static bool due_now(uint64_t due, uint64_t *now) {
+  if (due <= *now)
+    return true;
+  if (due - *now > SEND_EARLY_NS)
+    return false;
+  while ((*now = uv_hrtime()) < due) {
+  }
+  return true;
+}
+
+/* Sends whatever is due and re-arms the tick for the next event; stops the loop when the level is
+ * complete. Only ever called from the tick or after a request finished. */
+static void schedule(kvr_loadgen_t *lg) {
+  if (lg->lv == NULL || lg->interrupted)
+    return;
+  uint64_t now = uv_hrtime();
+  uint64_t next_due = UINT64_MAX;
+  if (lg->replay) {
+    /* Replay: arrival i sends the pre-assigned turn of its conversation, done or not. */
+    while (lg->next_arrival < lg->total) {
+      uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
+      if (!due_now(due, &now)) {
+        next_due = due - SEND_EARLY_NS;
+        break;
+      }
+      uint64_t k;
+      uint32_t turn;
+      replay_slot(lg, lg->next_arrival, &k, &turn);
+      conv_t *cv = turn == 0 || k >= lg->nconvs ? conv_open(lg, 0) : lg->convs[k];
+      cv->next_turn = KVR_MIN(turn, cv->conv.nturns - 1);
+      lg->next_arrival++;
+      send_turn(lg, cv, due);
+    }
+  } else if (lg->rate > 0 && !lg->o.sessions) {
+    /* Turn arrivals: each due arrival takes the oldest eligible follow-up, else a new conversation.
+     */
+    while (lg->next_arrival < lg->total) {
+      uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
+      if (!due_now(due, &now)) {
+        next_due = due - SEND_EARLY_NS;
+        break;
+      }
+      uint64_t when = 0;
+      conv_t *cv = earliest_waiting(lg, &when);
+      if (cv == NULL || when > now)
+        cv = conv_open(lg, 0);
+      lg->next_arrival++;
+      send_turn(lg, cv, due);
+    }
+  } else {
+    if (lg->rate > 0) {
+      /* Sessions: arrivals open conversations; eligible follow-ups go out on their own. */
+      while (lg->next_arrival < lg->total && lg->sent < lg->total) {
+        uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
+        if (!due_now(due, &now)) {
+          next_due = due - SEND_EARLY_NS;
+          break;
+        }
+        lg->next_arrival++;
+        send_turn(lg, conv_open(lg, 0), due);
+      }
+    }
+    uint64_t when = 0;
+    conv_t *cv;
+    while (lg->sent < lg->total && (cv = earliest_waiting(lg, &when)) != NULL) {
+      if (when > now) {
+        next_due = KVR_MIN(next_due, when);
+        break;
+      }
+      send_turn(lg, cv, when);
+    }
+    if (lg->concurrency > 0) {
+      /* Closed loop: a user whose conversation ended starts the next one at once. */
+      for (size_t i = 0; i < lg->nconvs && lg->sent < lg->total; i++) {
+        conv_t *old = lg->convs[i];
+        if (!old->dead || old->user == UINT32_MAX)
+          continue;
+        unsigned user = old->user;
+        old->user = UINT32_MAX; /* hand the user over exactly once */
+        send_turn(lg, conv_open(lg, user), now);
+      }
+    }
+  }
+  if (lg->sent >= lg->total && lg->ninflight == 0) {
+    disarm(lg);
+    uv_stop(lg->loop);
+    return;
+  }
+  /* Arm first: preparing the next request takes tens of microseconds and must not delay the wake-up
+   * (the deadline is absolute, so the time spent here does not shift it). */
+  if (lg->sent < lg->total && next_due != UINT64_MAX)
+    arm(lg, next_due, uv_hrtime());
+  else
+    disarm(lg);
+  if (lg->spare == NULL && lg->sent < lg->total)
+    lg->spare = conv_make(lg);
+  prepare_next(lg);
+}
+
+static void on_timerfd(uv_poll_t *p, int status, int events) {
+  kvr_loadgen_t *lg = p->data;
+  (void)events;
+  uint64_t expirations;
+  if (status == 0 && read(lg->tfd, &expirations, sizeof(expirations)) < 0) {
+    /* EAGAIN: re-armed since it became readable; schedule() below looks at the clock anyway */
+  }
+  schedule(lg);
+}
+
+/* Wakes the loop at due_ns. With a timerfd the kernel wakes it at that instant (hrtimer precision)
+ * and schedule() runs from the poll callback: no spinning. Without, the ms-grained uv timer wakes
+ * it up to 1 ms early and re-arms with 0 ms (the loop keeps polling I/O) until the instant. */
+static void arm(kvr_loadgen_t *lg, uint64_t due_ns, uint64_t now) {
+#ifdef __linux__
+  if (lg->tfd >= 0) {
+    struct itimerspec its;
+    memset(&its, 0, sizeof(its));
+    its.it_value.tv_sec = (time_t)(due_ns / 1000000000u);
+    its.it_value.tv_nsec = (long)(due_ns % 1000000000u);
+    if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0)
+      its.it_value.tv_nsec = 1; /* zero would disarm */
+    timerfd_settime(lg->tfd, TFD_TIMER_ABSTIME, &its, NULL);
+    if (!uv_is_active((uv_handle_t *)&lg->tfd_poll))
+      uv_poll_start(&lg->tfd_poll, UV_READABLE, on_timerfd);
+    return;
+  }
+#endif
+  uint64_t delta_ms = due_ns > now ? (due_ns - now) / 1000000 : 0;
+  uv_timer_start(&lg->tick, on_tick, delta_ms > 1 ? delta_ms - 1 : 0, 0);
+}
+
+static void disarm(kvr_loadgen_t *lg) {
+  uv_timer_stop(&lg->tick);
+#ifdef __linux__
+  if (lg->tfd >= 0) {
+    struct itimerspec its;
+    memset(&its, 0, sizeof(its));
+    timerfd_settime(lg->tfd, 0, &its, NULL);
+    uv_poll_stop(&lg->tfd_poll);
+  }
+#endif
+}
+
+static void on_tick(uv_timer_t *t) {
+  schedule(t->data);
+}
+
+/* ---- progress -------------------------------------------------------------------------------- */
+
+static double running_p99(const kvr_level_t *lv, bool tpot) {
+  size_t n = 0;
+  double *v = malloc((lv->nrecs ? lv->nrecs : 1) * sizeof(double));
+  if (v == NULL)
+    abort();
+  for (size_t i = 0; i < lv->nrecs; i++) {
+    const kvr_req_rec_t *r = &lv->recs[i];
+    double x = tpot ? r->tpot_ms : r->ttft_ms;
+    if (r->ok && !r->warmup && x >= 0)
+      v[n++] = x;
+  }
+  kvr_dist_t d;
+  kvr_stats_dist(v, n, &d);
+  free(v);
+  return d.p99;
+}
+
+static void print_progress(kvr_loadgen_t *lg, bool final) {
+  FILE *f = lg->o.progress;
+  if (f == NULL || lg->lv == NULL)
+    return;
+  uint64_t now = uv_hrtime();
+  double elapsed = (double)(now - lg->start_ns) / 1e9;
+  double left = 0;
+  if (lg->rate > 0 && lg->total > 0 && !lg->o.sessions) {
+    double last = (double)lg->arrivals[lg->total - 1] / 1e9;
+    left = fmax(0, last - elapsed);
+  } else if (lg->done > 0) {
+    left = elapsed / (double)lg->done * (double)(lg->total - lg->done);
+  }
+  char load[48];
+  if (lg->concurrency)
+    snprintf(load, sizeof(load), "%u users", lg->concurrency);
+  else
+    snprintf(load, sizeof(load), "%.3g %s", lg->rate, lg->o.sessions ? "conv/s" : "req/s");
+  char line[256];
+  int n = snprintf(line, sizeof(line),
+                   "[%s %s] sent %zu/%zu done %zu inflight %zu errors %zu | TTFT p99 %.0f ms TPOT "
+                   "p99 %.1f ms | %.0fs left",
+                   lg->label ? lg->label : "", load, lg->sent, lg->total, lg->done, lg->ninflight,
+                   lg->failed, running_p99(lg->lv, false), running_p99(lg->lv, true),
+                   final ? 0.0 : left);
+  if (lg->o.progress_tty) {
+    fprintf(f, "\r%s", line);
+    for (size_t i = (size_t)n; i < lg->progress_len; i++)
+      fputc(' ', f);
+    lg->progress_len = (size_t)n;
+    if (final) {
+      fputc('\n', f);
+      lg->progress_len = 0;
+    }
+  } else {
+    fprintf(f, "%s\n", line);
+  }
+  fflush(f);
+}
+
+static void on_progress(uv_timer_t *t) {
+  kvr_loadgen_t *lg = t->data;
+  uint64_t now = uv_hrtime();
+  /* Printing sorts every record for the running p99s (a millisecond or more at 10k records): never
+   * right before a send; the next tick prints instead. */
+  if (lg->rate > 0 && lg->next_arrival < lg->total &&
+      lg->start_ns + lg->arrivals[lg->next_arrival] < now + 5000000)
+    return;
+  /* A terminal line is rewritten every second; plain lines every 10 s keep logs short. */
+  if (lg->o.progress_tty || now - lg->last_progress_ns >= 10000000000ull) {
+    lg->last_progress_ns = now;
+    print_progress(lg, false);
+  }
+}
+
+/* ---- levels ---------------------------------------------------------------------------------- */
+
+int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, unsigned concurrency,
+                          uint64_t level_seed, const kvr_slo_t *slo, kvr_level_t **out) {
+  *out = NULL;
+  if ((rate > 0) == (concurrency > 0) || !(rate >= 0))
+    return KVR_EINVAL;
+  kvr_level_t *lv = kvr_stats_level_new(rate, concurrency);
+  lg->lv = lv;
+  lg->label = label;
+  lg->rate = rate;
+  lg->concurrency = concurrency;
+  lg->level_seed = level_seed;
+  lg->warmup = lg->o.warmup;
+  size_t measured = lg->o.num_prompts;
+  if (rate > 0) {
+    lg->warmup = (unsigned)KVR_MAX((double)lg->warmup, ceil(rate * lg->o.warmup_s));
+    measured = (size_t)KVR_MAX((double)measured, ceil(rate * lg->o.min_level_s));
+  }
+  lg->total = lg->warmup + measured;
+  lg->sent = lg->done = lg->failed = lg->next_arrival = 0;
+  /* p99 = s[lo] + (s[hi] - s[lo]) * frac with lo = floor(0.99 (n - 1)) over the n completed: it
+   * misses once n - lo values are at or over the SLO. n - lo grows with n, so n = measured is the
+   * safe count, plus the failures the SLO tolerates (they could be the slow ones and drop out). */
+  lg->stop_ttft_ms = lg->o.early_stop ? slo->ttft_p99_ms : 0;
+  lg->ttft_over = 0;
+  lg->ttft_over_stop = measured - (size_t)floor(0.99 * (double)(measured - 1)) +
+                       (size_t)floor(slo->max_failed_frac * (double)measured);
+  lg->stopped_early = false;
+  lg->next_conv = 0;
+  lg->arrivals = NULL;
+  const kvr_workload_opts_t *wo = kvr_workload_opts(lg->wl);
+  lg->replay = rate > 0 && !lg->o.sessions && wo->kind == KVR_WL_MULTITURN && wo->replay;
+  if (rate > 0) {
+    /* Gamma gaps with mean 1/real_rate (vllm's burstiness: shape k, scale 1/(rate*k)). */
+    double real_rate = rate * scale(lg);
+    size_t narr = lg->total;
+    lg->arrivals = malloc(narr * sizeof(uint64_t));
+    if (lg->arrivals == NULL)
+      abort();
+    kvr_rng_t rng;
+    kvr_workload_rng_seed(&rng, kvr_workload_mix(level_seed, 0xA77));
+    double t = 0;
+    for (size_t i = 0; i < narr; i++) {
+      lg->arrivals[i] = (uint64_t)(t * 1e9);
+      t += kvr_workload_rng_gamma(&rng, lg->o.burstiness, 1.0 / (real_rate * lg->o.burstiness));
+    }
+  }
+  /* Measured records keep their ITLs: size for the longest outputs so none is copied mid-level. */
+  kvr_stats_level_reserve(lv, lg->total, measured * KVR_MAX(wo->out_max, 1u));
+  lg->start_ns = uv_hrtime();
+  lg->last_progress_ns = lg->start_ns;
+  if (lg->o.progress && !lg->o.progress_tty) {
+    fprintf(lg->o.progress, "[%s] level start: %s %.3g, %zu requests (%u warm-up)\n",
+            label ? label : "", concurrency ? "users" : "rate",
+            concurrency ? (double)concurrency : rate, lg->total, lg->warmup);
+    fflush(lg->o.progress);
+  }
+  if (concurrency > 0) {
+    for (unsigned u = 0; u < concurrency && lg->sent < lg->total; u++)
+      send_turn(lg, conv_open(lg, u), lg->start_ns);
+  }
+  if (lg->o.progress)
+    uv_timer_start(&lg->progress, on_progress, 1000, 1000);
+  if (!lg->interrupted) {
+    schedule(lg);
+    if (!(lg->sent >= lg->total && lg->ninflight == 0)) {
+      lg->running = true;
+      uv_run(lg->loop, UV_RUN_DEFAULT);
+      lg->running = false;
+    }
+  }
+  disarm(lg);
+  uv_timer_stop(&lg->progress);
+  print_progress(lg, true);
+  lv->interrupted = lg->interrupted;
+  lv->stopped_early = lg->stopped_early;
+  lv->ttft_over_slo = lg->ttft_over;
+  kvr_stats_level_finish(lv, slo);
+  for (size_t i = 0; i < lg->nconvs; i++)
+    conv_free(lg->convs[i]);
+  req_free(lg->ready); /* prepared, never handed to curl */
+  lg->ready = NULL;
+  if (lg->spare)
+    conv_free(lg->spare);
+  lg->spare = NULL;
+  free(lg->convs);
+  lg->convs = NULL;
+  lg->nconvs = lg->capconvs = 0;
+  free(lg->arrivals);
+  lg->arrivals = NULL;
+  lg->lv = NULL;
+  *out = lv;
+  return 0;
+}
+
+/* Cancels every transfer in flight (not recorded) and leaves the level's uv_run. */
+static void stop_level(kvr_loadgen_t *lg) {
+  while (lg->inflight) {
+    req_t *r = lg->inflight;
+    inflight_remove(lg, r);
+    kvr_curlm_cancel(lg->curlm, r->easy);
+    req_free(r);
+  }
+  disarm(lg);
+  uv_timer_stop(&lg->sleeper);
+  if (lg->running)
+    uv_stop(lg->loop);
+}
+
+/* The level's TTFT p99 has certainly missed the SLO: nothing the rest could do changes that. */
+static void on_stop_early(uv_timer_t *t) {
+  kvr_loadgen_t *lg = t->data;
+  if (lg->lv == NULL || lg->interrupted)
+    return;
+  lg->stopped_early = true;
+  lg->sent = lg->total; /* nothing more is sent */
+  stop_level(lg);
+}
+
+void kvr_loadgen_interrupt(kvr_loadgen_t *lg) {
+  lg->interrupted = true;
+  stop_level(lg);
+}
+
+static void on_sleep_done(uv_timer_t *t) {
+  kvr_loadgen_t *lg = t->data;
+  uv_stop(lg->loop);
+}
+
+void kvr_loadgen_sleep(kvr_loadgen_t *lg, double real_seconds) {
+  if (lg->interrupted || real_seconds <= 0)
+    return;
+  uv_timer_start(&lg->sleeper, on_sleep_done, (uint64_t)(real_seconds * 1000), 0);
+  lg->running = true;
+  uv_run(lg->loop, UV_RUN_DEFAULT);
+  lg->running = false;
+  uv_timer_stop(&lg->sleeper);
+}
+
+void kvr_loadgen_set_model(kvr_loadgen_t *lg, const char *model) {
+  char *m = strdup(model);
+  if (m == NULL)
+    abort();
+  free(lg->model);
+  lg->model = m;
+}

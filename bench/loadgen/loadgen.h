@@ -1,0 +1,106 @@
+/* loadgen.h -- the open-loop load generator of `kvrouter bench` (libuv + libcurl on one loop).
+ *
+ * One kvr_loadgen_t drives one OpenAI-compatible endpoint (the router, one worker or a vLLM server)
+ * with streaming chat or completions requests built by workload.h, and measures each one into a
+ * kvr_req_rec_t (stats.h). Transfers go through kvr_curlm_t (src/curlm.h) on the caller's loop.
+ *
+ * Load modes of kvr_loadgen_run_level():
+ *   rate > 0, !sessions   open loop: arrivals at `rate` req/s (gamma gaps, shape = burstiness;
+ *                         Poisson at 1). Each arrival sends the next *eligible* turn of an open
+ *                         conversation (eligible = previous turn done + think time), oldest first,
+ *                         else the first turn of a new conversation. So "rate" is requests/s of
+ * turn arrivals, the figure `vllm bench serve --request-rate` means. rate > 0, replay (multiturn
+ * with opts.replay, the default): the seed's `vllm bench serve` shape. Arrival i sends a
+ * pre-assigned (conversation, turn) whose prompt is the full history with pre-built answers,
+ * without waiting for anything: blocks of replay_width conversations send turn 1 of each, then turn
+ * 2, ..., so turn t+1 follows turn t replay_width requests later and every level has the full,
+ * uniform turn mix. With opts.replay_sample
+ *                         (--replay-order sample) arrival i is instead a uniformly random turn of
+ *                         a conversation of its own: a dataset of prompts sampled at random, only
+ *                         the starters shared (the calibration shape).
+ *   rate > 0, sessions    arrivals start conversations; later turns follow their predecessor.
+ *   concurrency > 0       N closed-loop users, each running conversations turn after turn.
+ * A level sends warmup + num_prompts requests; the first `warmup` are flagged and not measured.
+ *
+ * Time scale N (matches `kvrouter sim --time-scale N`): a target rate R (simulated) is sent at R*N
+ * real req/s, think times are divided by N, and measured durations are multiplied by N, so every
+ * figure is in simulated time. Send lag stays in real time: it measures the generator itself.
+ *
+ * Scheduling precision (bench/results/ACCURACY.md has the measurements): the next request is
+ * prepared (body rendered, easy handle set up) right after the previous send, so a send is only the
+ * handover to curl. On Linux a timerfd with an absolute deadline wakes the loop 500 us before the
+ * arrival and the generator waits on the clock for the exact instant (holding the loop at most
+ * that long), which absorbs a wake-up delayed by a batch of stream events; elsewhere a uv timer
+ * wakes it up to 1 ms early and re-arms with 0 ms until then. Send lag = handed to curl - due.
+ */
+#ifndef KVR_LOADGEN_H
+#define KVR_LOADGEN_H
+
+#include "stats.h"
+#include "workload.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <uv.h>
+
+typedef struct kvr_loadgen_s kvr_loadgen_t;
+
+typedef struct kvr_loadgen_opts_s {
+  const char *url;     /* http://HOST:PORT[/v1/chat/completions]; the API path is added if absent */
+  const char *model;   /* NULL: ask GET /v1/models (kvr_monitor_fetch_model) */
+  const char *api_key; /* sent as "Authorization: Bearer" when not NULL */
+  kvr_api_t api;
+  bool ignore_eos;    /* add "ignore_eos": true so outputs run to max_tokens (vLLM, the sim) */
+  double time_scale;  /* >= 1e-6; 1 = real time */
+  double burstiness;  /* gamma shape; 1 = Poisson */
+  bool sessions;      /* rate = conversation starts/s */
+  unsigned warmup;    /* requests per level excluded from metrics */
+  double warmup_s;    /* rate mode: at least rate * warmup_s warm-up requests (simulated s), so
+                       * the measured part starts once the system has filled up */
+  double min_level_s; /* rate mode: at least rate * min_level_s measured requests (simulated
+                       * s): a level must last several response times to measure capacity */
+  size_t num_prompts; /* measured requests per level */
+  double request_timeout_s; /* real seconds per request; 0 = none */
+  bool early_stop;          /* end a level as soon as its TTFT p99 is certain to miss the SLO (see
+                             * kvr_loadgen_run_level); for searches, where only pass/fail counts */
+  FILE *progress;           /* progress lines go here; NULL = silent */
+  bool progress_tty;        /* rewrite one line with \r instead of printing plain lines */
+} kvr_loadgen_opts_t;
+
+/* Fills opts with defaults (chat, ignore_eos, time scale 1, Poisson, 300 prompts, no warm-up). */
+void kvr_loadgen_opts_default(kvr_loadgen_opts_t *opts);
+
+/* Creates a load generator on loop for workload wl (borrowed; must outlive the generator). Strings
+ * in opts are copied. Returns NULL with a reason in err. */
+kvr_loadgen_t *kvr_loadgen_new(uv_loop_t *loop, const kvr_loadgen_opts_t *opts,
+                               const kvr_workload_t *wl, char *err, size_t errlen);
+
+/* Closes the curl multi and the generator's handles, runs the loop until they are closed and frees
+ * lg. Accepts NULL. */
+void kvr_loadgen_free(kvr_loadgen_t *lg);
+
+/* Runs one level to completion on the loop (returns when every request finished, or at once after
+ * kvr_loadgen_interrupt()). Exactly one of rate (report req/s) and concurrency is > 0. The level's
+ * trace is a pure function of level_seed. label names the run in progress lines. On success *out is
+ * a finished level (SLO-checked against slo) owned by the caller. Returns 0 or KVR_EINVAL.
+ * With opts.early_stop the level ends (in-flight requests cancelled, not recorded) once so many
+ * measured requests have had a first token at or over slo->ttft_p99_ms that the level's TTFT p99
+ * would miss the SLO whatever the rest do (even if the failures the SLO allows were among them);
+ * the level is then marked stopped_early and fails on TTFT. */
+int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, unsigned concurrency,
+                          uint64_t level_seed, const kvr_slo_t *slo, kvr_level_t **out);
+
+/* Uses model (copied) in the requests from now on. */
+void kvr_loadgen_set_model(kvr_loadgen_t *lg, const char *model);
+
+/* Waits real_seconds on the loop (cooldown); returns early after kvr_loadgen_interrupt(). */
+void kvr_loadgen_sleep(kvr_loadgen_t *lg, double real_seconds);
+
+/* Stops the running level or sleep: cancels in-flight transfers (their requests are not recorded),
+ * marks the level interrupted. Safe from a uv signal callback on the same loop; not from curl's own
+ * callbacks. Sticky: later levels return at once. */
+void kvr_loadgen_interrupt(kvr_loadgen_t *lg);
+bool kvr_loadgen_interrupted(const kvr_loadgen_t *lg);
+
+#endif

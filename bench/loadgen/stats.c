@@ -1,0 +1,414 @@
+/* stats.c -- percentiles, per-level aggregation and SLO verdicts for `kvrouter bench`.
+ *
+ * Structs (see stats.h): kvr_level_t collects kvr_req_rec_t records and ITL samples while a level
+ * runs; kvr_stats_level_finish() turns them into kvr_dist_t figures, throughput, peak concurrency,
+ * worker shares and per-turn TTFT, and decides pass/fail against a kvr_slo_t. kvr_run_t and
+ * kvr_results_t group levels by label for the report.
+ *
+ * Flow: load generator -> kvr_stats_level_add() per finished request -> kvr_stats_level_finish()
+ * once the level is over -> kvr_stats_run_add() -> report.
+ *
+ * Invariants: warm-up records are stored (for the JSONL) but never counted; ITL samples are bounded
+ * by KVR_STATS_ITL_CAP per level (a seeded uniform reservoir past it) and freed at finish, so
+ * memory per level is records plus at most the cap.
+ */
+#include "stats.h"
+
+#include "src/kvr.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void *xrealloc(void *p, size_t n) {
+  void *q = realloc(p, n ? n : 1);
+  if (q == NULL)
+    abort();
+  return q;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+double kvr_stats_percentile(const double *sorted, size_t n, double p) {
+  if (n == 0)
+    return 0;
+  if (p <= 0)
+    return sorted[0];
+  if (p >= 100)
+    return sorted[n - 1];
+  double rank = p / 100.0 * (double)(n - 1);
+  size_t lo = (size_t)floor(rank);
+  size_t hi = lo + 1 < n ? lo + 1 : lo;
+  double frac = rank - (double)lo;
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * frac;
+}
+
+void kvr_stats_dist(double *v, size_t n, kvr_dist_t *d) {
+  memset(d, 0, sizeof(*d));
+  d->n = n;
+  if (n == 0)
+    return;
+  qsort(v, n, sizeof(double), cmp_double);
+  double sum = 0;
+  for (size_t i = 0; i < n; i++)
+    sum += v[i];
+  d->mean = sum / (double)n;
+  double ss = 0;
+  for (size_t i = 0; i < n; i++)
+    ss += (v[i] - d->mean) * (v[i] - d->mean);
+  d->std = sqrt(ss / (double)n);
+  d->p50 = kvr_stats_percentile(v, n, 50);
+  d->p90 = kvr_stats_percentile(v, n, 90);
+  d->p95 = kvr_stats_percentile(v, n, 95);
+  d->p99 = kvr_stats_percentile(v, n, 99);
+  d->max = v[n - 1];
+}
+
+typedef struct edge_s {
+  double t;
+  int delta;
+} edge_t;
+
+static int cmp_edge(const void *a, const void *b) {
+  const edge_t *x = a, *y = b;
+  if (x->t != y->t)
+    return (x->t > y->t) - (x->t < y->t);
+  return x->delta - y->delta; /* -1 (end) before +1 (start) */
+}
+
+unsigned kvr_stats_max_overlap(const double *start, const double *end, size_t n) {
+  if (n == 0)
+    return 0;
+  edge_t *e = xrealloc(NULL, 2 * n * sizeof(*e));
+  for (size_t i = 0; i < n; i++) {
+    e[2 * i] = (edge_t){start[i], +1};
+    e[2 * i + 1] = (edge_t){end[i], -1};
+  }
+  qsort(e, 2 * n, sizeof(*e), cmp_edge);
+  int cur = 0, best = 0;
+  for (size_t i = 0; i < 2 * n; i++) {
+    cur += e[i].delta;
+    if (cur > best)
+      best = cur;
+  }
+  free(e);
+  return (unsigned)best;
+}
+
+void kvr_stats_fail_names(unsigned mask, char *buf, size_t size) {
+  static const struct {
+    unsigned bit;
+    const char *name;
+  } names[] = {{KVR_SLO_FAIL_NODATA, "no data"},
+               {KVR_SLO_FAIL_TTFT, "TTFT"},
+               {KVR_SLO_FAIL_TPOT, "TPOT"},
+               {KVR_SLO_FAIL_ERRORS, "errors"}};
+  size_t len = 0;
+  if (size)
+    buf[0] = '\0';
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(names); i++) {
+    if (!(mask & names[i].bit))
+      continue;
+    int w = snprintf(buf + len, size > len ? size - len : 0, "%s%s", len ? "+" : "", names[i].name);
+    if (w > 0)
+      len += (size_t)w;
+    if (len >= size)
+      break;
+  }
+}
+
+kvr_level_t *kvr_stats_level_new(double rate, unsigned concurrency) {
+  kvr_level_t *lv = calloc(1, sizeof(*lv));
+  if (lv == NULL)
+    abort();
+  lv->rate = rate;
+  lv->concurrency = concurrency;
+  lv->itl_rng = 0x1234567u ^ (uint64_t)(rate * 1000.0) ^ concurrency;
+  return lv;
+}
+
+void kvr_stats_level_free(kvr_level_t *lv) {
+  if (lv == NULL)
+    return;
+  free(lv->recs);
+  free(lv->itls);
+  free(lv->workers);
+  free(lv->turns);
+  free(lv);
+}
+
+static uint64_t next_rand(uint64_t *s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+void kvr_stats_level_reserve(kvr_level_t *lv, size_t nrecs, size_t nitls) {
+  if (nrecs > lv->caprecs) {
+    lv->caprecs = nrecs;
+    lv->recs = xrealloc(lv->recs, lv->caprecs * sizeof(*lv->recs));
+  }
+  nitls = nitls < KVR_STATS_ITL_CAP ? nitls : KVR_STATS_ITL_CAP;
+  if (nitls > lv->capitls) {
+    lv->capitls = nitls;
+    lv->itls = xrealloc(lv->itls, lv->capitls * sizeof(double));
+  }
+}
+
+void kvr_stats_level_add(kvr_level_t *lv, const kvr_req_rec_t *rec, const double *itls, size_t n) {
+  if (lv->nrecs == lv->caprecs) {
+    lv->caprecs = lv->caprecs ? lv->caprecs * 2 : 256;
+    lv->recs = xrealloc(lv->recs, lv->caprecs * sizeof(*lv->recs));
+  }
+  lv->recs[lv->nrecs++] = *rec;
+  if (rec->warmup || !rec->ok)
+    return;
+  for (size_t i = 0; i < n; i++) {
+    lv->itl_seen++;
+    if (lv->nitls < KVR_STATS_ITL_CAP) {
+      if (lv->nitls == lv->capitls) {
+        lv->capitls = lv->capitls ? lv->capitls * 2 : 4096;
+        lv->itls = xrealloc(lv->itls, lv->capitls * sizeof(double));
+      }
+      lv->itls[lv->nitls++] = itls[i];
+    } else {
+      uint64_t j = next_rand(&lv->itl_rng) % lv->itl_seen;
+      if (j < KVR_STATS_ITL_CAP)
+        lv->itls[j] = itls[i];
+    }
+  }
+}
+
+static int cmp_worker(const void *a, const void *b) {
+  return strcmp(((const kvr_worker_share_t *)a)->name, ((const kvr_worker_share_t *)b)->name);
+}
+
+void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo) {
+  size_t n = lv->nrecs;
+  double *ttft = xrealloc(NULL, n * sizeof(double));
+  double *tpot = xrealloc(NULL, n * sizeof(double));
+  double *e2e = xrealloc(NULL, n * sizeof(double));
+  double *lag = xrealloc(NULL, n * sizeof(double));
+  double *transport = xrealloc(NULL, n * sizeof(double));
+  double *st = xrealloc(NULL, n * sizeof(double));
+  double *en = xrealloc(NULL, n * sizeof(double));
+  size_t nttft = 0, ntpot = 0, ne2e = 0, nlag = 0, ntransport = 0, nint = 0;
+  double first_send = INFINITY, last_send = -INFINITY, last_end = -INFINITY;
+
+  lv->measured = lv->completed = lv->failed = 0;
+  lv->total_input = lv->total_output = lv->total_cached = 0;
+  lv->usage_requests = 0;
+  free(lv->workers);
+  lv->workers = NULL;
+  lv->nworkers = 0;
+  free(lv->turns);
+  lv->turns = NULL;
+  lv->nturns = 0;
+  uint32_t max_turn = 0;
+
+  for (size_t i = 0; i < n; i++) {
+    const kvr_req_rec_t *r = &lv->recs[i];
+    if (r->warmup)
+      continue;
+    lv->measured++;
+    lag[nlag++] = r->lag_ms;
+    double end = r->sent_s + (r->e2e_ms > 0 ? r->e2e_ms / 1000.0 : 0);
+    st[nint] = r->sent_s;
+    en[nint++] = end;
+    first_send = fmin(first_send, r->sent_s);
+    last_send = fmax(last_send, r->sent_s);
+    last_end = fmax(last_end, end);
+    /* Worker share counts every measured request the router placed, failed or not. */
+    size_t w = 0;
+    while (w < lv->nworkers && strcmp(lv->workers[w].name, r->worker) != 0)
+      w++;
+    if (w == lv->nworkers && lv->nworkers < KVR_STATS_MAX_WORKERS) {
+      lv->workers = xrealloc(lv->workers, (lv->nworkers + 1) * sizeof(*lv->workers));
+      memset(&lv->workers[w], 0, sizeof(lv->workers[w]));
+      snprintf(lv->workers[w].name, sizeof(lv->workers[w].name), "%s", r->worker);
+      lv->nworkers++;
+    }
+    if (w < lv->nworkers)
+      lv->workers[w].count++;
+    if (!r->ok) {
+      lv->failed++;
+      continue;
+    }
+    lv->completed++;
+    lv->total_input += r->prompt_tokens;
+    lv->total_output += r->output_tokens;
+    lv->total_cached += r->cached_tokens;
+    lv->usage_requests += r->usage_seen;
+    if (r->ttft_ms >= 0)
+      ttft[nttft++] = r->ttft_ms;
+    if (r->transport_ms >= 0)
+      transport[ntransport++] = r->transport_ms;
+    if (r->tpot_ms >= 0)
+      tpot[ntpot++] = r->tpot_ms;
+    e2e[ne2e++] = r->e2e_ms;
+    if (r->turn > max_turn)
+      max_turn = KVR_MIN(r->turn, KVR_STATS_MAX_TURNS);
+  }
+  if (lv->nworkers > 1)
+    qsort(lv->workers, lv->nworkers, sizeof(*lv->workers), cmp_worker);
+
+  /* Per-turn TTFT and token figures. */
+  if (max_turn > 0) {
+    lv->turns = calloc(max_turn, sizeof(*lv->turns));
+    if (lv->turns == NULL)
+      abort();
+    lv->nturns = max_turn;
+    double *tv = xrealloc(NULL, n * sizeof(double));
+    for (uint32_t t = 1; t <= max_turn; t++) {
+      size_t k = 0;
+      double sp = 0, sc = 0;
+      for (size_t i = 0; i < n; i++) {
+        const kvr_req_rec_t *r = &lv->recs[i];
+        if (r->warmup || !r->ok || r->turn != t)
+          continue;
+        if (r->ttft_ms >= 0)
+          tv[k++] = r->ttft_ms;
+        sp += r->prompt_tokens;
+        sc += r->cached_tokens;
+      }
+      kvr_turn_stats_t *ts = &lv->turns[t - 1];
+      ts->turn = t;
+      kvr_stats_dist(tv, k, &ts->ttft);
+      ts->mean_prompt_tokens = k ? sp / (double)k : 0;
+      ts->mean_cached_tokens = k ? sc / (double)k : 0;
+    }
+    free(tv);
+  }
+
+  kvr_stats_dist(ttft, nttft, &lv->ttft);
+  kvr_stats_dist(tpot, ntpot, &lv->tpot);
+  kvr_stats_dist(e2e, ne2e, &lv->e2e);
+  kvr_stats_dist(lag, nlag, &lv->lag);
+  kvr_stats_dist(transport, ntransport, &lv->transport);
+  if (lv->itls != NULL) {
+    kvr_stats_dist(lv->itls, lv->nitls, &lv->itl);
+    free(lv->itls);
+    lv->itls = NULL;
+    lv->nitls = lv->capitls = 0;
+  }
+  lv->max_concurrent = kvr_stats_max_overlap(st, en, nint);
+  lv->duration_s = lv->measured ? last_end - first_send : 0;
+  if (lv->duration_s > 0) {
+    lv->request_throughput = (double)lv->completed / lv->duration_s;
+    lv->output_throughput = (double)lv->total_output / lv->duration_s;
+    lv->total_token_throughput = (double)(lv->total_input + lv->total_output) / lv->duration_s;
+  } else {
+    lv->request_throughput = lv->output_throughput = lv->total_token_throughput = 0;
+  }
+  lv->achieved_rate = lv->measured > 1 && last_send > first_send
+                          ? (double)(lv->measured - 1) / (last_send - first_send)
+                          : 0;
+
+  lv->fail_mask = 0;
+  if (lv->completed == 0 && !lv->stopped_early)
+    lv->fail_mask |= KVR_SLO_FAIL_NODATA;
+  else {
+    if (!(lv->ttft.p99 < slo->ttft_p99_ms))
+      lv->fail_mask |= KVR_SLO_FAIL_TTFT;
+    if (lv->tpot.n > 0 && !(lv->tpot.p99 < slo->tpot_p99_ms))
+      lv->fail_mask |= KVR_SLO_FAIL_TPOT;
+  }
+  if (lv->stopped_early)
+    lv->fail_mask |= KVR_SLO_FAIL_TTFT; /* certain, though the slow ones never finished */
+  if ((double)lv->failed > slo->max_failed_frac * (double)lv->measured)
+    lv->fail_mask |= KVR_SLO_FAIL_ERRORS;
+  lv->pass = lv->fail_mask == 0;
+  free(ttft);
+  free(tpot);
+  free(e2e);
+  free(lag);
+  free(transport);
+  free(st);
+  free(en);
+}
+
+void kvr_stats_run_add(kvr_run_t *run, kvr_level_t *lv) {
+  run->levels = xrealloc(run->levels, (run->nlevels + 1) * sizeof(*run->levels));
+  run->levels[run->nlevels++] = lv;
+}
+
+const kvr_level_t *kvr_stats_run_find(const kvr_run_t *run, double rate, unsigned concurrency) {
+  for (size_t i = 0; i < run->nlevels; i++) {
+    const kvr_level_t *lv = run->levels[i];
+    if (fabs(lv->rate - rate) < 1e-9 && lv->concurrency == concurrency)
+      return lv;
+  }
+  return NULL;
+}
+
+static double load_of(const kvr_level_t *lv) {
+  return lv->concurrency ? (double)lv->concurrency : lv->rate;
+}
+
+double kvr_stats_run_max_load(const kvr_run_t *run) {
+  double lowest_fail = INFINITY;
+  for (size_t i = 0; i < run->nlevels; i++)
+    if (!run->levels[i]->pass && !run->levels[i]->interrupted)
+      lowest_fail = fmin(lowest_fail, load_of(run->levels[i]));
+  double best = 0;
+  for (size_t i = 0; i < run->nlevels; i++) {
+    const kvr_level_t *lv = run->levels[i];
+    if (lv->pass && !lv->interrupted && load_of(lv) < lowest_fail)
+      best = fmax(best, load_of(lv));
+  }
+  return best;
+}
+
+kvr_results_t *kvr_stats_results_new(void) {
+  kvr_results_t *res = calloc(1, sizeof(*res));
+  if (res == NULL)
+    abort();
+  res->slo.ttft_p99_ms = 1000;
+  res->slo.tpot_p99_ms = 60;
+  res->time_scale = 1;
+  res->burstiness = 1;
+  return res;
+}
+
+void kvr_stats_set_str(char **field, const char *value) {
+  free(*field);
+  *field = value ? strdup(value) : NULL;
+  if (value && *field == NULL)
+    abort();
+}
+
+kvr_run_t *kvr_stats_results_add_run(kvr_results_t *res, const char *label, const char *policy,
+                                     const char *description) {
+  res->runs = xrealloc(res->runs, (res->nruns + 1) * sizeof(*res->runs));
+  kvr_run_t *run = &res->runs[res->nruns++];
+  memset(run, 0, sizeof(*run));
+  snprintf(run->label, sizeof(run->label), "%s", label ? label : "");
+  snprintf(run->policy, sizeof(run->policy), "%s", policy ? policy : "");
+  snprintf(run->description, sizeof(run->description), "%s", description ? description : "");
+  return run;
+}
+
+void kvr_stats_results_free(kvr_results_t *res) {
+  if (res == NULL)
+    return;
+  for (size_t i = 0; i < res->nruns; i++) {
+    for (size_t j = 0; j < res->runs[i].nlevels; j++)
+      kvr_stats_level_free(res->runs[i].levels[j]);
+    free(res->runs[i].levels);
+  }
+  free(res->runs);
+  free(res->title);
+  free(res->generated);
+  free(res->url);
+  free(res->model);
+  free(res->api);
+  free(res->workload);
+  free(res->workload_desc);
+  free(res->command);
+  free(res);
+}

@@ -1,0 +1,204 @@
+/* stats.h -- per-request records, per-level aggregation and SLO checks for `kvrouter bench`.
+ *
+ * Definitions follow `vllm bench serve`:
+ *   TTFT  request sent -> first chunk carrying a token
+ *   ITL   gap between successive token-carrying chunks
+ *   TPOT  (E2E - TTFT) / (output_tokens - 1), per request with at least 2 output tokens
+ *   E2E   request sent -> last token
+ * Percentiles interpolate linearly between closest ranks (numpy's default, as vllm uses).
+ *
+ * All durations in records and levels are in report time: real time multiplied by the time scale
+ * (see bench/loadgen/README.md), except send lag, which measures the load generator itself and
+ * stays in real ms.
+ *
+ * Ownership: a kvr_results_t owns its runs, a run owns its levels, a level owns its records. The
+ * report writer only reads them; it never needs a network or a loop.
+ */
+#ifndef KVR_STATS_H
+#define KVR_STATS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVR_WORKER_NAME_MAX 48
+#define KVR_STATS_MAX_WORKERS 64
+#define KVR_STATS_MAX_TURNS 64
+
+/* One request as the load generator saw it. */
+typedef struct kvr_req_rec_s {
+  uint64_t conv;       /* conversation index within the level */
+  uint32_t turn;       /* 1-based */
+  bool warmup;         /* excluded from every metric */
+  bool ok;             /* HTTP 200 and a complete stream */
+  int status;          /* HTTP status, 0 if none arrived */
+  double target_s;     /* scheduled send time since level start, report seconds */
+  double sent_s;       /* actual send time since level start, report seconds */
+  double lag_ms;       /* actual - scheduled, real ms (0 in concurrency mode) */
+  double ttft_ms;      /* < 0 when no token arrived */
+  double transport_ms; /* TTFT outside the simulator's engine, real ms; < 0 if not reported */
+  double e2e_ms;
+  double tpot_ms; /* < 0 when output_tokens < 2 */
+  uint32_t n_itl; /* ITL samples this request produced */
+  double itl_mean_ms, itl_max_ms;
+  uint32_t output_tokens; /* usage.completion_tokens, else content-bearing chunks */
+  uint32_t chunks;        /* content-bearing chunks */
+  uint32_t prompt_tokens; /* usage.prompt_tokens, 0 if absent */
+  uint32_t cached_tokens; /* usage.prompt_tokens_details.cached_tokens, 0 if absent */
+  bool usage_seen;
+  char worker[KVR_WORKER_NAME_MAX]; /* x-kvrouter-worker response header, "" if absent */
+  char error[128];                  /* "" when ok */
+} kvr_req_rec_t;
+
+typedef struct kvr_dist_s {
+  size_t n;
+  double mean, std, p50, p90, p95, p99, max;
+} kvr_dist_t;
+
+typedef struct kvr_slo_s {
+  double ttft_p99_ms;     /* pass when TTFT p99 < this (1000) */
+  double tpot_p99_ms;     /* pass when TPOT p99 < this (60) */
+  double max_failed_frac; /* pass when failed <= this fraction of measured requests (0) */
+} kvr_slo_t;
+
+/* Bits of kvr_level_t.fail_mask: which SLO a level missed. */
+#define KVR_SLO_FAIL_TTFT 1u
+#define KVR_SLO_FAIL_TPOT 2u
+#define KVR_SLO_FAIL_ERRORS 4u
+#define KVR_SLO_FAIL_NODATA 8u
+
+typedef struct kvr_worker_share_s {
+  char name[KVR_WORKER_NAME_MAX]; /* "" = no header */
+  size_t count;
+} kvr_worker_share_t;
+
+typedef struct kvr_turn_stats_s {
+  uint32_t turn;
+  kvr_dist_t ttft;
+  double mean_prompt_tokens, mean_cached_tokens;
+} kvr_turn_stats_t;
+
+/* One load level (one rate or one concurrency) of one run. */
+typedef struct kvr_level_s {
+  double rate;          /* target rate in report req/s; 0 in concurrency mode */
+  unsigned concurrency; /* users in concurrency mode; 0 in rate mode */
+  bool interrupted;     /* stopped early (Ctrl-C): figures cover what finished */
+  bool stopped_early;   /* ended once its TTFT p99 certainly missed the SLO (kvr_loadgen early
+                         * stop): fails on TTFT; figures cover the requests finished by then */
+  size_t ttft_over_slo; /* measured first tokens at or over the TTFT SLO when it stopped */
+
+  /* Filled by kvr_stats_level_finish(). */
+  double duration_s; /* first measured send -> last measured completion, report seconds */
+  size_t measured;   /* non-warm-up requests */
+  size_t completed, failed;
+  kvr_dist_t ttft, tpot, itl, e2e, lag;
+  kvr_dist_t transport; /* TTFT outside the simulator's engine, real ms; n = 0 if not reported */
+  double request_throughput, output_throughput, total_token_throughput;
+  double achieved_rate; /* measured sends per report second over the send window */
+  unsigned max_concurrent;
+  uint64_t total_input, total_output, total_cached;
+  size_t usage_requests;       /* completed requests whose stream carried usage */
+  kvr_worker_share_t *workers; /* owned, sorted by name */
+  size_t nworkers;
+  kvr_turn_stats_t *turns; /* owned, by turn */
+  size_t nturns;
+  bool pass;
+  unsigned fail_mask;
+
+  /* Engine figures scraped from the workers' /metrics around the level (bench/monitor.c): which
+   * limit a level hit (KV cache: preemptions, usage near 1; compute: neither). */
+  size_t engine_workers; /* workers whose /metrics was read before and after; 0 = unknown */
+  uint64_t preemptions;  /* increase of vllm:num_preemptions_total over the level, all workers */
+  double kv_usage_peak;  /* highest vllm:kv_cache_usage_perc (0-1) seen on any worker */
+
+  kvr_req_rec_t *recs; /* owned, in completion order */
+  size_t nrecs, caprecs;
+  double *itls; /* owned ITL samples until finish (then freed); reservoir when full */
+  size_t nitls, capitls;
+  uint64_t itl_seen; /* samples offered, for the reservoir */
+  uint64_t itl_rng;
+} kvr_level_t;
+
+/* Creates an empty level for a target rate (rate mode) or a number of users (concurrency mode). */
+kvr_level_t *kvr_stats_level_new(double rate, unsigned concurrency);
+void kvr_stats_level_free(kvr_level_t *lv); /* accepts NULL */
+
+/* Cap on stored ITL samples per level; past it a uniform reservoir sample is kept. */
+#define KVR_STATS_ITL_CAP ((size_t)4 << 20)
+
+/* Sizes the record and ITL arrays for about nrecs records and nitls samples (ITLs capped at
+ * KVR_STATS_ITL_CAP), so that adding them while a level runs never copies a large array: a
+ * multi-megabyte realloc in a transfer's done callback would stall the load generator's loop. */
+void kvr_stats_level_reserve(kvr_level_t *lv, size_t nrecs, size_t nitls);
+
+/* Copies rec into the level and adds its ITL samples (report ms) unless it is a warm-up request. */
+void kvr_stats_level_add(kvr_level_t *lv, const kvr_req_rec_t *rec, const double *itls, size_t n);
+
+/* Computes every aggregate from the records and checks slo; frees the ITL samples. May be called
+ * again after more records were added. */
+void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo);
+
+/* Percentile p (0..100) of sorted[0..n-1] with linear interpolation; 0 when n == 0. */
+double kvr_stats_percentile(const double *sorted, size_t n, double p);
+/* Fills d from values (sorted in place). */
+void kvr_stats_dist(double *values, size_t n, kvr_dist_t *d);
+/* Peak number of overlapping [start, end] intervals (ends before starts at equal times). */
+unsigned kvr_stats_max_overlap(const double *start, const double *end, size_t n);
+
+/* "TTFT", "TPOT", "TTFT+TPOT", "errors", "TTFT+errors", "no data"... into buf; "" when mask == 0.
+ */
+void kvr_stats_fail_names(unsigned mask, char *buf, size_t size);
+
+/* A run: one label (one policy / configuration) over a list of levels. */
+typedef struct kvr_run_s {
+  char label[64];
+  char policy[64]; /* policy set through the admin API, "" if none */
+  char description[256];
+  kvr_level_t **levels; /* owned, in the order they ran */
+  size_t nlevels;
+  bool searched;         /* levels came from the max-SLO-rate search */
+  char cache_reset[192]; /* outcome of the prefix-cache reset before this run, "" if none */
+} kvr_run_t;
+
+/* Appends a level (ownership moves to run). */
+void kvr_stats_run_add(kvr_run_t *run, kvr_level_t *lv);
+/* Finds the level with this rate (within 1e-9) or concurrency, NULL if none. */
+const kvr_level_t *kvr_stats_run_find(const kvr_run_t *run, double rate, unsigned concurrency);
+/* Max SLO-compliant load: the highest passing rate (or concurrency) below the lowest failing one;
+ * 0 when none passes. */
+double kvr_stats_run_max_load(const kvr_run_t *run);
+
+typedef struct kvr_results_s {
+  /* Configuration, for the report. Strings owned. */
+  char *title;
+  char *generated; /* UTC ISO-8601 */
+  char *url;
+  char *model;
+  char *api;      /* "chat" or "completions" */
+  char *workload; /* name */
+  char *workload_desc;
+  char *command; /* the command line */
+  bool concurrency_mode;
+  bool sessions; /* rate = conversation starts/s instead of turn arrivals/s */
+  size_t num_prompts;
+  unsigned warmup;
+  double cooldown_s;
+  double burstiness;
+  double time_scale;
+  uint64_t seed;
+  kvr_slo_t slo;
+  const char *cache_reset; /* how prefix caches were reset before each run (static text), or NULL */
+  kvr_run_t *runs;         /* owned; runs[0] is the baseline */
+  size_t nruns;
+} kvr_results_t;
+
+kvr_results_t *kvr_stats_results_new(void);
+/* Adds a run with label/policy/description and returns it (owned by res; the pointer stays valid
+ * until the next kvr_stats_results_add_run()). */
+kvr_run_t *kvr_stats_results_add_run(kvr_results_t *res, const char *label, const char *policy,
+                                     const char *description);
+void kvr_stats_results_free(kvr_results_t *res); /* accepts NULL */
+/* Replaces *field with a copy of value (NULL allowed). */
+void kvr_stats_set_str(char **field, const char *value);
+
+#endif

@@ -1,0 +1,773 @@
+/* workload.c -- synthetic workloads, file loaders and request bodies for `kvrouter bench`.
+ *
+ * Structs: kvr_workload_t owns the options, the shared text pool (multiturn starters or documents,
+ * generated once from the workload seed) and, for file workloads, the loaded conversations.
+ * kvr_conv_t is one conversation handed to the load generator; it borrows shared text from the
+ * workload and owns its turns.
+ *
+ * Flow: kvr_workload_new() builds the pool or parses the file; the load generator asks for
+ * conversation k of a level with kvr_workload_conv() and renders each turn's request with
+ * kvr_workload_body(), passing the answers it actually streamed back.
+ *
+ * Invariants: every random choice comes from a kvr_rng_t seeded by kvr_workload_mix() of the
+ * workload seed, the level seed and k, so a conversation never depends on what was generated before
+ * it (levels and A/B labels are paired exactly). Text is generated at ~4 characters per token.
+ */
+#include "workload.h"
+
+#include "src/kvr.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_FILE_BYTES ((size_t)1 << 30)
+
+/* ---- PRNG ------------------------------------------------------------------------------------ */
+
+void kvr_workload_rng_seed(kvr_rng_t *r, uint64_t seed) {
+  r->s = seed;
+}
+
+uint64_t kvr_workload_rng_u64(kvr_rng_t *r) {
+  uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+double kvr_workload_rng_unit(kvr_rng_t *r) {
+  return (double)(kvr_workload_rng_u64(r) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+uint64_t kvr_workload_rng_range(kvr_rng_t *r, uint64_t lo, uint64_t hi) {
+  if (hi <= lo)
+    return lo;
+  return lo + kvr_workload_rng_u64(r) % (hi - lo + 1);
+}
+
+double kvr_workload_rng_normal(kvr_rng_t *r) {
+  double u1 = kvr_workload_rng_unit(r);
+  double u2 = kvr_workload_rng_unit(r);
+  if (u1 < 1e-300)
+    u1 = 1e-300;
+  return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+double kvr_workload_rng_gamma(kvr_rng_t *r, double shape, double scale) {
+  if (shape < 1.0) {
+    /* Boost: Gamma(a) = Gamma(a + 1) * U^(1/a). */
+    double u = kvr_workload_rng_unit(r);
+    return kvr_workload_rng_gamma(r, shape + 1.0, scale) * pow(u > 0 ? u : 1e-300, 1.0 / shape);
+  }
+  double d = shape - 1.0 / 3.0, c = 1.0 / sqrt(9.0 * d);
+  for (;;) {
+    double x, v;
+    do {
+      x = kvr_workload_rng_normal(r);
+      v = 1.0 + c * x;
+    } while (v <= 0.0);
+    v = v * v * v;
+    double u = kvr_workload_rng_unit(r);
+    if (u < 1.0 - 0.0331 * x * x * x * x)
+      return d * v * scale;
+    if (log(u > 0 ? u : 1e-300) < 0.5 * x * x + d * (1.0 - v + log(v)))
+      return d * v * scale;
+  }
+}
+
+uint64_t kvr_workload_mix(uint64_t a, uint64_t b) {
+  kvr_rng_t r = {a ^ (b * 0xD1B54A32D192ED03ull + 0x8CB92BA72F3D8DD7ull)};
+  kvr_workload_rng_u64(&r);
+  return kvr_workload_rng_u64(&r);
+}
+
+/* ---- synthetic text -------------------------------------------------------------------------- */
+
+static const char *const words[] = {
+    "the",        "system",     "memory",     "request",     "cache",     "model",     "token",
+    "server",     "process",    "network",    "data",        "layer",     "attention", "batch",
+    "latency",    "throughput", "scheduler",  "kernel",      "device",    "buffer",    "queue",
+    "of",         "and",        "to",         "in",          "is",        "for",       "with",
+    "that",       "on",         "as",         "by",          "from",      "each",      "which",
+    "when",       "a",          "an",         "its",         "their",     "this",      "every",
+    "large",      "small",      "shared",     "distributed", "parallel",  "efficient", "stable",
+    "history",    "river",      "mountain",   "city",        "century",   "empire",    "language",
+    "culture",    "economy",    "population", "region",      "trade",     "science",   "theory",
+    "experiment", "energy",     "structure",  "function",    "protein",   "cell",      "species",
+    "computes",   "stores",     "reuses",     "describes",   "explains",  "measures",  "transfers",
+    "improves",   "reduces",    "increases",  "follows",     "contains",  "supports",  "produces",
+    "early",      "modern",     "ancient",    "northern",    "important", "complex",   "simple",
+    "between",    "through",    "during",     "after",       "before",    "under",     "across",
+    "algorithm",  "protocol",   "interface",  "decoder",     "encoder",   "sequence",  "vector",
+    "matrix",     "gradient",   "parameter",  "weights",     "prefix",    "block",     "worker",
+    "router",     "policy",     "balance",    "load",        "traffic",   "session",   "user",
+};
+
+static const char *const openers[] = {
+    "Summarize the key points of the text above.",
+    "Explain the main ideas of the text above in detail.",
+    "What are the most important facts in the text above?",
+    "Write a detailed technical explanation of the text above.",
+};
+
+static const char *const followups[] = {
+    "Can you elaborate further on that?",           "Please explain that in more detail.",
+    "What are the implications of this?",           "Can you give a concrete example?",
+    "How does this compare with the alternatives?", "Why does that matter?",
+};
+
+static const char *const questions[] = {
+    "What is the main argument of the document above?",
+    "Which numbers in the document above are the most important, and why?",
+    "List the people or systems the document above mentions and their roles.",
+    "What would a critic say about the document above?",
+    "Summarize the second half of the document above.",
+    "What questions does the document above leave open?",
+    "Explain the document above to a newcomer.",
+    "What are the causes and effects described in the document above?",
+};
+
+void kvr_workload_text(kvr_rng_t *r, size_t chars, kvr_buf_t *out) {
+  size_t start = out->len;
+  kvr_buf_reserve(out, chars + 32);
+  while (out->len - start < chars) {
+    unsigned n = (unsigned)kvr_workload_rng_range(r, 8, 20);
+    for (unsigned i = 0; i < n; i++) {
+      const char *w = words[kvr_workload_rng_u64(r) % KVR_ARRAY_SIZE(words)];
+      if (i == 0) {
+        char cap = w[0] >= 'a' && w[0] <= 'z' ? (char)(w[0] - 'a' + 'A') : w[0];
+        kvr_buf_append(out, &cap, 1);
+        kvr_buf_puts(out, w + 1);
+      } else {
+        kvr_buf_append(out, " ", 1);
+        kvr_buf_puts(out, w);
+      }
+    }
+    /* Paragraph breaks every few sentences, as prose has. */
+    kvr_buf_puts(out, kvr_workload_rng_u64(r) % 6 == 0 ? ".\n\n" : ". ");
+  }
+}
+
+/* ---- options --------------------------------------------------------------------------------- */
+
+void kvr_workload_opts_default(kvr_workload_opts_t *o) {
+  memset(o, 0, sizeof(*o));
+  o->kind = KVR_WL_MULTITURN;
+  o->seed = 42;
+  o->turns = 5;
+  o->starters = 10;
+  o->documents = 150;
+  o->questions = 4;
+  o->prefix_min_tokens = 3500;
+  o->prefix_max_tokens = 4000;
+  o->control_min_tokens = 3500;
+  o->control_max_tokens = 7000;
+  o->out_mean = 830;
+  o->out_std = 300;
+  o->out_min = 64;
+  o->out_max = 2048;
+  o->think_mean_s = 1.0;
+  o->replay = true;
+  o->replay_width = 16;
+}
+
+int kvr_workload_parse_mode(const char *spec, kvr_workload_opts_t *o) {
+  if (strcmp(spec, "replay") == 0)
+    o->replay = true;
+  else if (strcmp(spec, "session") == 0)
+    o->replay = false;
+  else
+    return KVR_EINVAL;
+  return 0;
+}
+
+int kvr_workload_parse_order(const char *spec, kvr_workload_opts_t *o) {
+  if (strcmp(spec, "blocks") == 0)
+    o->replay_sample = false;
+  else if (strcmp(spec, "sample") == 0)
+    o->replay_sample = true;
+  else
+    return KVR_EINVAL;
+  return 0;
+}
+
+int kvr_workload_parse_kind(const char *spec, kvr_workload_opts_t *o) {
+  if (strcmp(spec, "multiturn") == 0)
+    o->kind = KVR_WL_MULTITURN;
+  else if (strcmp(spec, "documents") == 0)
+    o->kind = KVR_WL_DOCUMENTS;
+  else if (strcmp(spec, "control") == 0)
+    o->kind = KVR_WL_CONTROL;
+  else if (strncmp(spec, "file:", 5) == 0 && spec[5] != '\0') {
+    o->kind = KVR_WL_FILE;
+    o->path = spec + 5;
+  } else
+    return KVR_EINVAL;
+  return 0;
+}
+
+/* ---- the workload ---------------------------------------------------------------------------- */
+
+typedef struct file_conv_s {
+  char *system;
+  char *prefix;
+  kvr_turn_t *turns;
+  uint32_t nturns;
+} file_conv_t;
+
+struct kvr_workload_s {
+  kvr_workload_opts_t opts;
+  char *path; /* owned copy of opts.path */
+  char name[96];
+  char **pool; /* starters (multiturn) or documents; owned */
+  size_t npool;
+  file_conv_t *convs; /* file workloads; owned */
+  size_t nconvs;
+};
+
+static void file_conv_free(file_conv_t *c) {
+  free(c->system);
+  free(c->prefix);
+  for (uint32_t i = 0; i < c->nturns; i++) {
+    free(c->turns[i].user);
+    free(c->turns[i].answer);
+  }
+  free(c->turns);
+}
+
+void kvr_workload_free(kvr_workload_t *wl) {
+  if (wl == NULL)
+    return;
+  for (size_t i = 0; i < wl->npool; i++)
+    free(wl->pool[i]);
+  free(wl->pool);
+  for (size_t i = 0; i < wl->nconvs; i++)
+    file_conv_free(&wl->convs[i]);
+  free(wl->convs);
+  free(wl->path);
+  free(wl);
+}
+
+static char *pool_text(uint64_t seed, uint64_t i, const char *kind, unsigned tokens) {
+  kvr_rng_t r;
+  kvr_workload_rng_seed(&r, kvr_workload_mix(seed, i));
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_buf_printf(&b, "%s %llu.\n\n", kind, (unsigned long long)i + 1);
+  kvr_workload_text(&r, (size_t)tokens * KVR_WORKLOAD_CHARS_PER_TOKEN - b.len, &b);
+  return kvr_buf_steal(&b);
+}
+
+static uint32_t clip_tokens(const kvr_workload_opts_t *o, double v) {
+  if (v < o->out_min)
+    v = o->out_min;
+  if (v > o->out_max)
+    v = o->out_max;
+  return (uint32_t)llround(v);
+}
+
+static char *read_file(const char *path, size_t *len, char *err, size_t errlen) {
+  kvr_buf_t b = KVR_BUF_INIT;
+  if (kvr_buf_read_file(&b, path, MAX_FILE_BYTES, err, errlen) != 0)
+    return NULL;
+  *len = b.len;
+  return kvr_buf_steal(&b); /* NUL-terminated, "" for an empty file */
+}
+
+static void conv_push_turn(file_conv_t *c, const char *user, uint32_t max_tokens, double think) {
+  c->turns = realloc(c->turns, (c->nturns + 1) * sizeof(*c->turns));
+  if (c->turns == NULL)
+    abort();
+  c->turns[c->nturns].user = strdup(user);
+  c->turns[c->nturns].max_tokens = max_tokens;
+  c->turns[c->nturns].think_s = think;
+  c->turns[c->nturns].answer = NULL;
+  c->nturns++;
+}
+
+static void push_conv(kvr_workload_t *wl, file_conv_t *c) {
+  wl->convs = realloc(wl->convs, (wl->nconvs + 1) * sizeof(*wl->convs));
+  if (wl->convs == NULL)
+    abort();
+  wl->convs[wl->nconvs++] = *c;
+}
+
+/* ShareGPT: [{"conversations": [{"from": "human"|"gpt"|"system", "value": "..."}, ...]}, ...]. The
+ * recorded reply after each human message sets that turn's max_tokens (~4 chars per token). */
+static int load_sharegpt(kvr_workload_t *wl, const cJSON *root, char *err, size_t errlen) {
+  size_t idx = 0;
+  const cJSON *item;
+  cJSON_ArrayForEach(item, root) {
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(item, "conversations");
+    if (!cJSON_IsArray(msgs))
+      msgs = cJSON_GetObjectItemCaseSensitive(item, "conversation");
+    if (!cJSON_IsArray(msgs)) {
+      snprintf(err, errlen, "%s: [%zu].conversations: missing or not an array", wl->path, idx);
+      return KVR_EPARSE;
+    }
+    file_conv_t c = {0};
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+      const cJSON *from = cJSON_GetObjectItemCaseSensitive(m, "from");
+      const cJSON *value = cJSON_GetObjectItemCaseSensitive(m, "value");
+      if (!cJSON_IsString(from) || !cJSON_IsString(value)) {
+        snprintf(err, errlen, "%s: [%zu].conversations: entries need string from/value", wl->path,
+                 idx);
+        file_conv_free(&c);
+        return KVR_EPARSE;
+      }
+      const char *f = from->valuestring;
+      if (strcmp(f, "human") == 0 || strcmp(f, "user") == 0) {
+        conv_push_turn(&c, value->valuestring, clip_tokens(&wl->opts, wl->opts.out_mean),
+                       c.nturns ? wl->opts.think_mean_s : 0.0);
+      } else if ((strcmp(f, "gpt") == 0 || strcmp(f, "assistant") == 0) && c.nturns > 0) {
+        size_t chars = strlen(value->valuestring);
+        uint32_t t = (uint32_t)(chars / KVR_WORKLOAD_CHARS_PER_TOKEN);
+        c.turns[c.nturns - 1].max_tokens = t < 1 ? 1 : KVR_MIN(t, wl->opts.out_max);
+      } else if (strcmp(f, "system") == 0 && c.system == NULL) {
+        c.system = strdup(value->valuestring);
+      }
+    }
+    if (c.nturns == 0)
+      file_conv_free(&c); /* nothing to send */
+    else
+      push_conv(wl, &c);
+    idx++;
+  }
+  return 0;
+}
+
+/* JSONL: one conversation per line:
+ * {"system": "...", "prefix": "...", "turns": [{"user": "...", "max_tokens": 200, "think_s": 1.5}]}
+ * system, prefix, max_tokens and think_s are optional. */
+static int load_jsonl(kvr_workload_t *wl, char *text, char *err, size_t errlen) {
+  size_t lineno = 0;
+  char *save = NULL;
+  for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    lineno++;
+    while (*line == ' ' || *line == '\t' || *line == '\r')
+      line++;
+    if (*line == '\0')
+      continue;
+    cJSON *o = cJSON_Parse(line);
+    if (!cJSON_IsObject(o)) {
+      snprintf(err, errlen, "%s:%zu: not a JSON object", wl->path, lineno);
+      cJSON_Delete(o);
+      return KVR_EPARSE;
+    }
+    const cJSON *turns = cJSON_GetObjectItemCaseSensitive(o, "turns");
+    if (!cJSON_IsArray(turns) || cJSON_GetArraySize(turns) == 0) {
+      snprintf(err, errlen, "%s:%zu: turns: missing, empty or not an array", wl->path, lineno);
+      cJSON_Delete(o);
+      return KVR_EPARSE;
+    }
+    file_conv_t c = {0};
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "system");
+    if (cJSON_IsString(s))
+      c.system = strdup(s->valuestring);
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prefix");
+    if (cJSON_IsString(p))
+      c.prefix = strdup(p->valuestring);
+    const cJSON *t;
+    int ti = 0;
+    cJSON_ArrayForEach(t, turns) {
+      const cJSON *user = cJSON_GetObjectItemCaseSensitive(t, "user");
+      const cJSON *mt = cJSON_GetObjectItemCaseSensitive(t, "max_tokens");
+      const cJSON *th = cJSON_GetObjectItemCaseSensitive(t, "think_s");
+      if (!cJSON_IsString(user) || (mt && (!cJSON_IsNumber(mt) || mt->valuedouble < 1)) ||
+          (th && (!cJSON_IsNumber(th) || th->valuedouble < 0))) {
+        snprintf(err, errlen, "%s:%zu: turns[%d]: need string user, max_tokens >= 1, think_s >= 0",
+                 wl->path, lineno, ti);
+        file_conv_free(&c);
+        cJSON_Delete(o);
+        return KVR_EPARSE;
+      }
+      uint32_t max_tokens =
+          mt ? (uint32_t)mt->valuedouble : clip_tokens(&wl->opts, wl->opts.out_mean);
+      double think = th ? th->valuedouble : (ti ? wl->opts.think_mean_s : 0.0);
+      conv_push_turn(&c, user->valuestring, max_tokens, think);
+      ti++;
+    }
+    push_conv(wl, &c);
+    cJSON_Delete(o);
+  }
+  return 0;
+}
+
+static int load_file(kvr_workload_t *wl, char *err, size_t errlen) {
+  size_t len = 0;
+  char *text = read_file(wl->path, &len, err, errlen);
+  if (text == NULL)
+    return KVR_EIO;
+  const char *p = text;
+  while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
+    p++;
+  int rc;
+  if (*p == '[') {
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!cJSON_IsArray(root)) {
+      snprintf(err, errlen, "%s: malformed JSON (expected a ShareGPT array)", wl->path);
+      rc = KVR_EPARSE;
+    } else {
+      rc = load_sharegpt(wl, root, err, errlen);
+    }
+    cJSON_Delete(root);
+  } else {
+    rc = load_jsonl(wl, text, err, errlen);
+  }
+  free(text);
+  if (rc == 0 && wl->nconvs == 0) {
+    snprintf(err, errlen, "%s: no conversations", wl->path);
+    rc = KVR_EPARSE;
+  }
+  return rc;
+}
+
+kvr_workload_t *kvr_workload_new(const kvr_workload_opts_t *opts, char *err, size_t errlen) {
+  const kvr_workload_opts_t *o = opts;
+  if (o->turns < 1 || o->turns > 64 || o->starters < 1 || o->documents < 1 || o->questions < 1 ||
+      o->prefix_min_tokens < 1 || o->prefix_max_tokens < o->prefix_min_tokens ||
+      o->control_min_tokens < 1 || o->control_max_tokens < o->control_min_tokens ||
+      o->out_min < 1 || o->out_max < o->out_min || o->out_std < 0 || o->think_mean_s < 0 ||
+      o->replay_width < 1 || o->replay_width > 256) {
+    snprintf(err, errlen,
+             "workload: inconsistent options (counts >= 1, min <= max, turns <= 64, replay width "
+             "<= 256)");
+    return NULL;
+  }
+  if (o->answer_mean < 0 || o->answer_std < 0) {
+    snprintf(err, errlen, "workload: --answer-mean and --answer-std must be >= 0");
+    return NULL;
+  }
+  if (o->replay_dataset > 0 && !(o->replay && o->replay_sample)) {
+    snprintf(err, errlen, "workload: --replay-dataset needs --replay-order sample (replay mode)");
+    return NULL;
+  }
+  kvr_workload_t *wl = calloc(1, sizeof(*wl));
+  if (wl == NULL)
+    abort();
+  wl->opts = *o;
+  switch (o->kind) {
+  case KVR_WL_MULTITURN:
+  case KVR_WL_DOCUMENTS: {
+    bool docs = o->kind == KVR_WL_DOCUMENTS;
+    wl->npool = docs ? o->documents : o->starters;
+    wl->pool = calloc(wl->npool, sizeof(char *));
+    if (wl->pool == NULL)
+      abort();
+    kvr_rng_t r;
+    kvr_workload_rng_seed(&r, kvr_workload_mix(o->seed, docs ? 0xD0C5 : 0x5747));
+    for (size_t i = 0; i < wl->npool; i++) {
+      unsigned tokens =
+          (unsigned)kvr_workload_rng_range(&r, o->prefix_min_tokens, o->prefix_max_tokens);
+      wl->pool[i] = pool_text(kvr_workload_mix(o->seed, docs ? 0xD0C5 : 0x5747), i,
+                              docs ? "Document" : "Conversation starter", tokens);
+    }
+    snprintf(wl->name, sizeof(wl->name), "%s", docs ? "documents" : "multiturn");
+    break;
+  }
+  case KVR_WL_CONTROL:
+    snprintf(wl->name, sizeof(wl->name), "control");
+    break;
+  case KVR_WL_FILE: {
+    if (o->path == NULL || o->path[0] == '\0') {
+      snprintf(err, errlen, "workload: file: needs a path");
+      kvr_workload_free(wl);
+      return NULL;
+    }
+    wl->path = strdup(o->path);
+    wl->opts.path = wl->path;
+    if (load_file(wl, err, errlen) != 0) {
+      kvr_workload_free(wl);
+      return NULL;
+    }
+    const char *base = strrchr(wl->path, '/');
+    snprintf(wl->name, sizeof(wl->name), "file:%s", base ? base + 1 : wl->path);
+    break;
+  }
+  default:
+    snprintf(err, errlen, "workload: unknown kind");
+    kvr_workload_free(wl);
+    return NULL;
+  }
+  return wl;
+}
+
+const char *kvr_workload_name(const kvr_workload_t *wl) {
+  return wl->name;
+}
+
+const kvr_workload_opts_t *kvr_workload_opts(const kvr_workload_t *wl) {
+  return &wl->opts;
+}
+
+size_t kvr_workload_file_size(const kvr_workload_t *wl) {
+  return wl->nconvs;
+}
+
+void kvr_workload_describe(const kvr_workload_t *wl, kvr_buf_t *out) {
+  const kvr_workload_opts_t *o = &wl->opts;
+  switch (o->kind) {
+  case KVR_WL_MULTITURN:
+    kvr_buf_printf(out,
+                   "multiturn: %u shared starters of %u-%u tokens, %u turns per conversation, "
+                   "short follow-ups, output tokens normal(%.0f, %.0f) clipped to [%u, %u], ",
+                   o->starters, o->prefix_min_tokens, o->prefix_max_tokens, o->turns, o->out_mean,
+                   o->out_std, o->out_min, o->out_max);
+    if (o->replay && o->answer_mean > 0)
+      kvr_buf_printf(out,
+                     "mode replay: pre-built conversations with synthetic answers of "
+                     "normal(%.0f, %.0f) tokens, every turn resends the full history, ",
+                     o->answer_mean, o->answer_std);
+    else if (o->replay)
+      kvr_buf_printf(out,
+                     "mode replay: pre-built conversations with synthetic answers of max_tokens, "
+                     "every turn resends the full history, ");
+    if (o->replay && o->replay_sample && o->replay_dataset > 0)
+      kvr_buf_printf(out,
+                     "arrivals draw the %u prompts of a fixed dataset of %u conversations (the "
+                     "same at every level), each pass in a new seeded order",
+                     o->replay_dataset * o->turns, o->replay_dataset);
+    else if (o->replay && o->replay_sample)
+      kvr_buf_printf(out, "each arrival a uniformly random turn of its own conversation (a "
+                          "dataset sampled at random: only the starters are shared)");
+    else if (o->replay)
+      kvr_buf_printf(out,
+                     "turns sent open loop in blocks of %u interleaved conversations (turn mix "
+                     "uniform per level)",
+                     o->replay_width);
+    else
+      kvr_buf_printf(out,
+                     "mode session: closed-loop conversations resending the answers streamed back, "
+                     "think time exponential mean %.2f s",
+                     o->think_mean_s);
+    break;
+  case KVR_WL_DOCUMENTS:
+    kvr_buf_printf(out,
+                   "documents: %u distinct documents of %u-%u tokens (~%.0fk tokens in all), %u "
+                   "questions each, single-turn, output tokens normal(%.0f, %.0f) clipped to "
+                   "[%u, %u]",
+                   o->documents, o->prefix_min_tokens, o->prefix_max_tokens,
+                   o->documents * (o->prefix_min_tokens + o->prefix_max_tokens) / 2000.0,
+                   o->questions, o->out_mean, o->out_std, o->out_min, o->out_max);
+    break;
+  case KVR_WL_CONTROL:
+    kvr_buf_printf(out,
+                   "control: single-turn prompts of %u-%u tokens of unique text (no shared "
+                   "prefixes), output tokens normal(%.0f, %.0f) clipped to [%u, %u]",
+                   o->control_min_tokens, o->control_max_tokens, o->out_mean, o->out_std,
+                   o->out_min, o->out_max);
+    break;
+  case KVR_WL_FILE:
+    kvr_buf_printf(out, "%s: %zu conversations from %s", wl->name, wl->nconvs, wl->path);
+    break;
+  }
+}
+
+void kvr_workload_conv_free(kvr_conv_t *c) {
+  if (c == NULL)
+    return;
+  for (uint32_t i = 0; i < c->nturns; i++) {
+    free(c->turns[i].user);
+    free(c->turns[i].answer);
+  }
+  free(c->turns);
+  free(c->prefix_owned);
+  memset(c, 0, sizeof(*c));
+  c->group = -1;
+}
+
+static void conv_alloc(kvr_conv_t *c, uint32_t nturns) {
+  c->turns = calloc(nturns, sizeof(*c->turns));
+  if (c->turns == NULL)
+    abort();
+  c->nturns = nturns;
+}
+
+static double think(const kvr_workload_opts_t *o, kvr_rng_t *r) {
+  if (o->think_mean_s <= 0)
+    return 0;
+  return kvr_workload_rng_gamma(r, 1.0, o->think_mean_s);
+}
+
+void kvr_workload_sample_slot(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k,
+                              uint64_t *conv, uint32_t *turn) {
+  const kvr_workload_opts_t *o = &wl->opts;
+  kvr_rng_t r;
+  if (o->replay_dataset == 0) {
+    kvr_workload_rng_seed(&r, kvr_workload_mix(kvr_workload_mix(level_seed, 0x5A3), k));
+    *turn = (uint32_t)kvr_workload_rng_range(&r, 0, o->turns - 1);
+    *conv = k;
+    return;
+  }
+  /* Pass p visits the D prompts in a seeded pseudo-random order: a 4-round Feistel permutation of
+   * [0, 4^h) >= D, cycle-walked into [0, D) (every prompt once per pass, no fixed stride). */
+  uint64_t d = (uint64_t)o->replay_dataset * o->turns, pass = k / d, j = k % d;
+  uint64_t key = kvr_workload_mix(kvr_workload_mix(level_seed, 0xDA7A), pass);
+  unsigned h = 1;
+  while ((1ull << (2 * h)) < d)
+    h++;
+  uint64_t mask = (1ull << h) - 1, prompt = j;
+  do {
+    uint64_t l = prompt >> h, rr = prompt & mask;
+    for (uint64_t round = 0; round < 4; round++) {
+      uint64_t f = kvr_workload_mix(key, (round << 32) ^ rr) & mask;
+      uint64_t t = rr;
+      rr = l ^ f;
+      l = t;
+    }
+    prompt = (l << h) | rr;
+  } while (prompt >= d);
+  *conv = prompt / o->turns;
+  *turn = (uint32_t)(prompt % o->turns);
+}
+
+void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k, kvr_conv_t *c) {
+  const kvr_workload_opts_t *o = &wl->opts;
+  memset(c, 0, sizeof(*c));
+  c->id = k;
+  c->group = -1;
+  if (o->kind == KVR_WL_MULTITURN && o->replay && o->replay_sample && o->replay_dataset > 0) {
+    /* A fixed dataset: the conversation depends on the dataset entry only, not on the level. */
+    uint32_t turn;
+    kvr_workload_sample_slot(wl, level_seed, k, &k, &turn);
+    level_seed = 0xDA7A5E7ull;
+  }
+  kvr_rng_t r;
+  kvr_workload_rng_seed(&r, kvr_workload_mix(kvr_workload_mix(o->seed, level_seed), k));
+  switch (o->kind) {
+  case KVR_WL_MULTITURN:
+    c->group = (int32_t)kvr_workload_rng_range(&r, 0, wl->npool - 1);
+    c->prefix = wl->pool[c->group];
+    conv_alloc(c, o->turns);
+    for (uint32_t t = 0; t < o->turns; t++) {
+      const char *u = t == 0 ? openers[kvr_workload_rng_u64(&r) % KVR_ARRAY_SIZE(openers)]
+                             : followups[kvr_workload_rng_u64(&r) % KVR_ARRAY_SIZE(followups)];
+      c->turns[t].user = strdup(u);
+      c->turns[t].max_tokens =
+          clip_tokens(o, o->out_mean + o->out_std * kvr_workload_rng_normal(&r));
+      c->turns[t].think_s = t == 0 ? 0.0 : think(o, &r);
+    }
+    if (o->replay) {
+      /* Answers from their own stream so session mode's draws (above) stay unchanged. The last
+       * turn's answer is never resent: not generated. */
+      kvr_rng_t ar;
+      kvr_workload_rng_seed(
+          &ar, kvr_workload_mix(kvr_workload_mix(o->seed, level_seed), k ^ 0xA45E000000000000ull));
+      for (uint32_t t = 0; t + 1 < o->turns; t++) {
+        uint32_t len =
+            o->answer_mean > 0
+                ? clip_tokens(o, o->answer_mean + o->answer_std * kvr_workload_rng_normal(&ar))
+                : c->turns[t].max_tokens;
+        kvr_buf_t b = KVR_BUF_INIT;
+        kvr_workload_text(&ar, (size_t)len * KVR_WORKLOAD_CHARS_PER_TOKEN, &b);
+        c->turns[t].answer = kvr_buf_steal(&b);
+      }
+    }
+    break;
+  case KVR_WL_DOCUMENTS: {
+    uint64_t doc = kvr_workload_rng_range(&r, 0, wl->npool - 1);
+    uint64_t q = kvr_workload_rng_range(&r, 0, o->questions - 1);
+    c->group = (int32_t)doc;
+    c->prefix = wl->pool[doc];
+    conv_alloc(c, 1);
+    c->turns[0].user = strdup(questions[(doc * o->questions + q) % KVR_ARRAY_SIZE(questions)]);
+    c->turns[0].max_tokens = clip_tokens(o, o->out_mean + o->out_std * kvr_workload_rng_normal(&r));
+    break;
+  }
+  case KVR_WL_CONTROL: {
+    unsigned tokens =
+        (unsigned)kvr_workload_rng_range(&r, o->control_min_tokens, o->control_max_tokens);
+    kvr_buf_t b = KVR_BUF_INIT;
+    kvr_workload_text(&r, (size_t)tokens * KVR_WORKLOAD_CHARS_PER_TOKEN, &b);
+    c->prefix_owned = kvr_buf_steal(&b);
+    c->prefix = c->prefix_owned;
+    conv_alloc(c, 1);
+    c->turns[0].user = strdup(openers[kvr_workload_rng_u64(&r) % KVR_ARRAY_SIZE(openers)]);
+    c->turns[0].max_tokens = clip_tokens(o, o->out_mean + o->out_std * kvr_workload_rng_normal(&r));
+    break;
+  }
+  case KVR_WL_FILE: {
+    /* Each level walks the file from its own seeded offset: distinct conversations, in file order.
+     */
+    size_t i = (size_t)((kvr_workload_mix(o->seed, level_seed) + k) % wl->nconvs);
+    const file_conv_t *f = &wl->convs[i];
+    c->group = (int32_t)i;
+    c->prefix = f->prefix;
+    c->system = f->system;
+    conv_alloc(c, f->nturns);
+    for (uint32_t t = 0; t < f->nturns; t++) {
+      c->turns[t].user = strdup(f->turns[t].user);
+      c->turns[t].max_tokens = f->turns[t].max_tokens;
+      c->turns[t].think_s = f->turns[t].think_s;
+    }
+    break;
+  }
+  }
+}
+
+/* The user message of turn t: turn 0 carries the prefix (starter/document) before the question. */
+static void user_text(const kvr_conv_t *c, uint32_t t, kvr_buf_t *tmp) {
+  kvr_buf_reset(tmp);
+  if (t == 0 && c->prefix) {
+    kvr_buf_puts(tmp, c->prefix);
+    kvr_buf_puts(tmp, "\n\n");
+  }
+  kvr_buf_puts(tmp, c->turns[t].user);
+}
+
+void kvr_workload_body(const kvr_conv_t *c, uint32_t turn, const char *const *answers,
+                       const char *model, kvr_api_t api, bool ignore_eos, kvr_buf_t *out) {
+  kvr_buf_t tmp = KVR_BUF_INIT;
+  kvr_buf_reset(out);
+  kvr_buf_puts(out, "{\"model\":");
+  kvr_buf_json_str(out, model, strlen(model));
+  if (api == KVR_API_CHAT) {
+    kvr_buf_puts(out, ",\"messages\":[");
+    if (c->system) {
+      kvr_buf_puts(out, "{\"role\":\"system\",\"content\":");
+      kvr_buf_json_str(out, c->system, strlen(c->system));
+      kvr_buf_puts(out, "},");
+    }
+    for (uint32_t t = 0; t <= turn; t++) {
+      user_text(c, t, &tmp);
+      kvr_buf_puts(out, t ? ",{\"role\":\"user\",\"content\":" : "{\"role\":\"user\",\"content\":");
+      kvr_buf_json_str(out, tmp.data, tmp.len);
+      kvr_buf_puts(out, "}");
+      if (t < turn) {
+        const char *a = answers && answers[t] ? answers[t] : "";
+        kvr_buf_puts(out, ",{\"role\":\"assistant\",\"content\":");
+        kvr_buf_json_str(out, a, strlen(a));
+        kvr_buf_puts(out, "}");
+      }
+    }
+    kvr_buf_puts(out, "]");
+  } else {
+    kvr_buf_t prompt = KVR_BUF_INIT;
+    if (c->system)
+      kvr_buf_printf(&prompt, "System: %s\n\n", c->system);
+    for (uint32_t t = 0; t <= turn; t++) {
+      user_text(c, t, &tmp);
+      kvr_buf_puts(&prompt, "User: ");
+      kvr_buf_append(&prompt, tmp.data, tmp.len);
+      kvr_buf_puts(&prompt, "\n\nAssistant:");
+      if (t < turn) {
+        kvr_buf_puts(&prompt, " ");
+        kvr_buf_puts(&prompt, answers && answers[t] ? answers[t] : "");
+        kvr_buf_puts(&prompt, "\n\n");
+      }
+    }
+    kvr_buf_puts(out, ",\"prompt\":");
+    kvr_buf_json_str(out, prompt.data, prompt.len);
+    kvr_buf_free(&prompt);
+  }
+  kvr_buf_printf(out,
+                 ",\"max_tokens\":%u,\"stream\":true,\"stream_options\":{\"include_usage\":true}",
+                 c->turns[turn].max_tokens);
+  if (ignore_eos)
+    kvr_buf_puts(out, ",\"ignore_eos\":true");
+  kvr_buf_puts(out, "}");
+  kvr_buf_free(&tmp);
+}

@@ -1,0 +1,166 @@
+/* workload.h -- seeded, reproducible workloads for `kvrouter bench`.
+ *
+ * A workload is a source of conversations. A conversation is a list of user turns (plus an optional
+ * shared prefix text and system prompt); the load generator sends turn t of a conversation with the
+ * whole history, including the answers it actually streamed back for turns 1..t-1.
+ *
+ * Kinds (kvr_workload_kind_t):
+ *   multiturn  the seed workload (shared/WORKLOAD.md): `starters` shared conversation starters of
+ *              starter_min..starter_max tokens of deterministic synthetic text, `turns` turns per
+ *              conversation, short follow-ups, output tokens drawn from a clipped normal.
+ *   documents  `documents` distinct long documents, each asked `questions` single-turn questions:
+ *              a working set larger than one worker's KV cache, where placement matters most.
+ *   control    single-turn prompts of unique synthetic text: no prefix is ever shared.
+ *   file       conversations from a ShareGPT JSON array or the JSONL form documented in
+ * bench/loadgen/README.md.
+ *
+ * Reproducibility: conversation k of a level is a pure function of (workload seed, level seed, k).
+ * The shared text pool (starters, documents) depends on the workload seed only, so every level and
+ * every A/B label sends byte-identical starters. Text is ~4 characters per token, the simulator's
+ * tokenization rate, so a 3,500-token starter is ~14,000 characters.
+ */
+#ifndef KVR_WORKLOAD_H
+#define KVR_WORKLOAD_H
+
+#include "src/buf.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVR_WORKLOAD_CHARS_PER_TOKEN 4
+
+/* A small seeded PRNG (splitmix64): every random choice in bench/ goes through one of these. */
+typedef struct kvr_rng_s {
+  uint64_t s;
+} kvr_rng_t;
+
+void kvr_workload_rng_seed(kvr_rng_t *r, uint64_t seed);
+uint64_t kvr_workload_rng_u64(kvr_rng_t *r);
+/* Uniform in [0, 1). */
+double kvr_workload_rng_unit(kvr_rng_t *r);
+/* Uniform integer in [lo, hi] (hi >= lo). */
+uint64_t kvr_workload_rng_range(kvr_rng_t *r, uint64_t lo, uint64_t hi);
+/* Standard normal (Box-Muller). */
+double kvr_workload_rng_normal(kvr_rng_t *r);
+/* Gamma(shape, scale) (Marsaglia-Tsang); shape > 0. Exponential when shape == 1. */
+double kvr_workload_rng_gamma(kvr_rng_t *r, double shape, double scale);
+/* Mixes two 64-bit values into a seed (used for per-level and per-conversation seeds). */
+uint64_t kvr_workload_mix(uint64_t a, uint64_t b);
+
+typedef enum {
+  KVR_WL_MULTITURN = 0,
+  KVR_WL_DOCUMENTS,
+  KVR_WL_CONTROL,
+  KVR_WL_FILE,
+} kvr_workload_kind_t;
+
+typedef enum { KVR_API_CHAT = 0, KVR_API_COMPLETIONS } kvr_api_t;
+
+typedef struct kvr_workload_opts_s {
+  kvr_workload_kind_t kind;
+  const char *path;           /* KVR_WL_FILE: the file (copied) */
+  uint64_t seed;              /* text pool seed */
+  unsigned turns;             /* multiturn: turns per conversation (5) */
+  unsigned starters;          /* multiturn: shared starters (10) */
+  unsigned documents;         /* documents: distinct documents (150) */
+  unsigned questions;         /* documents: questions per document (4) */
+  unsigned prefix_min_tokens; /* starter/document length range (3500..4000) */
+  unsigned prefix_max_tokens;
+  unsigned control_min_tokens; /* control prompt length range (3500..7000: the multiturn mix) */
+  unsigned control_max_tokens;
+  double out_mean, out_std; /* output tokens per turn: normal(830, 300) clipped to [min, max] */
+  unsigned out_min, out_max;
+  double think_mean_s;     /* mean think time before turns 2.. (exponential), simulated seconds */
+  bool replay;             /* multiturn: pre-built conversations replayed open loop (the seed's
+                            * `vllm bench serve` shape): every turn carries a synthetic answer of
+                            * its max_tokens, so any turn can be sent without waiting for the
+                            * previous one. false: closed-loop sessions resending real answers */
+  unsigned replay_width;   /* replay: conversations interleaved per block (16), see loadgen.h */
+  bool replay_sample;      /* replay: every arrival is a random turn of its own conversation (a
+                            * dataset of single prompts sampled at random, as `vllm bench serve`
+                            * samples a custom dataset) instead of blocks; see loadgen.h */
+  unsigned replay_dataset; /* replay sample: 0 = every arrival a fresh conversation; N = arrivals
+                            * draw the N*turns prompts of one fixed dataset of N conversations (the
+                            * same at every level), each pass over it in a new seeded order, as
+                            * `vllm bench serve` replays one dataset file at every rate */
+  double answer_mean, answer_std; /* replay: tokens of the pre-built answers carried in the history,
+                                   * normal(mean, std) clipped to [out_min, out_max]; mean 0 = each
+                                   * turn's max_tokens (the default) */
+} kvr_workload_opts_t;
+
+/* Fills opts with the seed workload's defaults (multiturn replay, 10 starters x 5 turns, 830 tokens
+ * out). */
+void kvr_workload_opts_default(kvr_workload_opts_t *opts);
+
+/* Parses "multiturn", "documents", "control" or "file:PATH" into opts->kind/opts->path (path points
+ * into spec). Returns 0 or KVR_EINVAL. */
+int kvr_workload_parse_kind(const char *spec, kvr_workload_opts_t *opts);
+
+/* Parses "replay" or "session" into opts->replay. Returns 0 or KVR_EINVAL. */
+int kvr_workload_parse_mode(const char *spec, kvr_workload_opts_t *opts);
+
+/* Parses "blocks" or "sample" into opts->replay_sample. Returns 0 or KVR_EINVAL. */
+int kvr_workload_parse_order(const char *spec, kvr_workload_opts_t *opts);
+
+/* One user turn. */
+typedef struct kvr_turn_s {
+  char *user;          /* owned: the user message (for turn 1 it follows the prefix) */
+  uint32_t max_tokens; /* output tokens asked for */
+  double think_s;      /* think time before this turn, simulated seconds (0 for turn 1) */
+  char *answer;        /* owned: multiturn replay only, the pre-built assistant answer of this turn
+                        * (max_tokens tokens of synthetic text) that later turns carry; else NULL */
+} kvr_turn_t;
+
+/* One conversation, owned by whoever called kvr_workload_conv(); free with
+ * kvr_workload_conv_free(). */
+typedef struct kvr_conv_s {
+  uint64_t id;        /* k, the conversation's index within its level */
+  const char *prefix; /* borrowed from the workload (shared starter/document) or NULL */
+  char *prefix_owned; /* owned unique prefix (control), NULL otherwise; prefix points at it */
+  const char *system; /* borrowed system prompt, or NULL */
+  kvr_turn_t *turns;  /* owned */
+  uint32_t nturns;
+  int32_t group; /* starter/document index shared with other conversations, -1 if none */
+} kvr_conv_t;
+
+typedef struct kvr_workload_s kvr_workload_t;
+
+/* Creates a workload: generates the shared text pool or loads the file. Returns NULL and writes a
+ * one-line reason into err on failure (bad option, unreadable or malformed file). */
+kvr_workload_t *kvr_workload_new(const kvr_workload_opts_t *opts, char *err, size_t errlen);
+void kvr_workload_free(kvr_workload_t *wl); /* accepts NULL */
+
+/* Short name for reports ("multiturn", "documents", "control", "file:NAME"). */
+const char *kvr_workload_name(const kvr_workload_t *wl);
+/* One line describing the workload's parameters, for the report. */
+void kvr_workload_describe(const kvr_workload_t *wl, kvr_buf_t *out);
+/* The options the workload was created with. */
+const kvr_workload_opts_t *kvr_workload_opts(const kvr_workload_t *wl);
+/* Number of conversations a file holds (0 for synthetic workloads, which are unbounded). */
+size_t kvr_workload_file_size(const kvr_workload_t *wl);
+
+/* Fills conv with conversation k of the level seeded level_seed. Deterministic. conv is
+ * overwritten (not freed) first; the caller frees it with kvr_workload_conv_free(). */
+void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k, kvr_conv_t *conv);
+void kvr_workload_conv_free(kvr_conv_t *conv); /* accepts NULL; leaves conv empty */
+
+/* Replay sample order (opts.replay_sample): arrival k of a level (k counts every arrival, warm-up
+ * included, and each opens conversation k of the level) sends turn *turn of dataset conversation
+ * *conv (k itself when opts.replay_dataset is 0). Pure function of (level_seed, k); the
+ * workload's kvr_workload_conv() builds the same conversation for that k. */
+void kvr_workload_sample_slot(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k,
+                              uint64_t *conv, uint32_t *turn);
+
+/* Appends deterministic pseudo-English of about `chars` characters (never fewer) to out. */
+void kvr_workload_text(kvr_rng_t *r, size_t chars, kvr_buf_t *out);
+
+/* Builds the JSON request body for turn `turn` (0-based) of conv. answers[0..turn-1] are the
+ * assistant answers actually streamed for the earlier turns (NULL entries count as empty).
+ * Chat: {"model", "messages": [system?, user, assistant, ..., user], "max_tokens", "stream": true,
+ * "stream_options": {"include_usage": true}, "ignore_eos"?}; completions: the same history rendered
+ * as one "prompt" text. out is reset first. */
+void kvr_workload_body(const kvr_conv_t *conv, uint32_t turn, const char *const *answers,
+                       const char *model, kvr_api_t api, bool ignore_eos, kvr_buf_t *out);
+
+#endif

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""proxy_overhead.py -- what the router adds on loopback, compared with going straight to the worker.
+
+Starts one `kvrouter sim` in fixed-latency mode (--fixed-ttft-ms/--fixed-itl-ms: no engine, so the
+worker's own timing is constant) and one `kvrouter serve` in front of it, then runs the same
+closed-loop load twice, once against the sim directly and once through the router:
+
+  small non-streaming requests   one chat completion with max_tokens 1, answered at once by the sim
+                                 (TTFT 0): requests per second and latency p50/p99, at concurrency 1
+                                 (pure added latency) and at --concurrency (throughput)
+  streaming requests             max_tokens --tokens with a fixed TTFT and inter-token latency: time
+                                 to first token event and the gap between successive events, p50/p99
+
+Each client is a separate process (no GIL contention) holding one keep-alive connection and
+sending the next request as soon as the previous answer is complete. The result is a Markdown table
+with a "router - direct" row per scenario. On a 2-core machine the clients, the router and the sim
+share the cores, so absolute throughput is a floor, not a ceiling; the differences are what count.
+
+Run:  python3 bench/scripts/proxy_overhead.py --kvrouter build/kvrouter [--duration 3] [--concurrency 4]
+
+The process and raw-HTTP helpers are the integration tests' (tests/router/test_proxy.py).
+"""
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "router"))
+import test_proxy as h  # noqa: E402
+
+
+def pct(values, p):
+    """Nearest-rank percentile (p in 0..100) of a list; NaN when empty."""
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    k = max(0, min(len(v) - 1, int(round(p / 100.0 * len(v) + 0.5)) - 1))
+    return v[k]
+
+
+def client_small(port, duration, body, start_at, out):
+    """Closed loop of non-streaming requests on one connection until start_at + duration."""
+    conn = h.Conn(port, timeout=10)
+    req = h.build_request("POST", "/v1/chat/completions", body)
+    lat = []
+    errors = 0
+    while time.time() < start_at:
+        time.sleep(0.001)
+    end = start_at + duration
+    while time.time() < end:
+        t0 = time.perf_counter()
+        conn.send(req)
+        resp = conn.read_response("POST")
+        dt = time.perf_counter() - t0
+        if resp.status != 200 or not resp.complete:
+            errors += 1
+        else:
+            lat.append(dt)
+    conn.close()
+    out.put({"lat": lat, "errors": errors})
+
+
+def client_stream(port, duration, body, start_at, out):
+    """Closed loop of streaming requests; records time to the first event and gaps between events."""
+    conn = h.Conn(port, timeout=10)
+    req = h.build_request("POST", "/v1/chat/completions", body)
+    ttft, gaps = [], []
+    errors = done = 0
+    while time.time() < start_at:
+        time.sleep(0.001)
+    end = start_at + duration
+    while time.time() < end:
+        state = {"tail": b"", "events": 0, "last": None}
+        t0 = time.perf_counter()
+
+        def on_data(d, _t, state=state):
+            now = time.perf_counter()
+            data = state["tail"] + d
+            n = data.count(b"\n\n")
+            state["tail"] = data[data.rfind(b"\n\n") + 2:] if n else data
+            for _ in range(n):
+                if state["events"] == 0:
+                    ttft.append(now - t0)
+                else:
+                    gaps.append(now - state["last"])
+                state["last"] = now
+                state["events"] += 1
+
+        conn.send(req)
+        resp = conn.read_response("POST", on_data=on_data)
+        if resp.status != 200 or not resp.complete:
+            errors += 1
+        else:
+            done += 1
+    conn.close()
+    out.put({"ttft": ttft, "gaps": gaps, "errors": errors, "done": done})
+
+
+def run_load(target, port, duration, concurrency, body, stream):
+    """Runs concurrency client processes against port; returns merged figures."""
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    start_at = time.time() + 0.3
+    fn = client_stream if stream else client_small
+    procs = [ctx.Process(target=fn, args=(port, duration, body, start_at, q))
+             for _ in range(concurrency)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=duration + 30) for _ in procs]
+    for p in procs:
+        p.join(10)
+    merged = {"target": target, "concurrency": concurrency, "duration": duration,
+              "errors": sum(r["errors"] for r in results)}
+    if stream:
+        merged["ttft"] = [x for r in results for x in r["ttft"]]
+        merged["gaps"] = [x for r in results for x in r["gaps"]]
+        merged["done"] = sum(r["done"] for r in results)
+    else:
+        merged["lat"] = [x for r in results for x in r["lat"]]
+    return merged
+
+
+def ms(x):
+    return "%.3f" % (x * 1e3) if x == x else "n/a"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kvrouter", required=True)
+    ap.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
+    ap.add_argument("--concurrency", type=int, default=4, help="client processes for throughput")
+    ap.add_argument("--stream-concurrency", type=int, default=8)
+    ap.add_argument("--ttft-ms", type=float, default=20.0, help="sim's fixed TTFT (streaming)")
+    ap.add_argument("--itl-ms", type=float, default=10.0, help="sim's fixed inter-token latency")
+    ap.add_argument("--tokens", type=int, default=50, help="tokens per streaming request")
+    ap.add_argument("--json", help="also write the raw figures here")
+    args = ap.parse_args()
+    h.KVROUTER = os.path.abspath(args.kvrouter)
+
+    rows, raw = [], {}
+    with h.Cleanup() as c:
+        fast = c.add(h.Sim("--log-level", "error", fixed=(0, 0)))
+        timed = c.add(h.Sim("--log-level", "error", fixed=(args.ttft_ms, args.itl_ms)))
+        r_fast = c.add(h.Router([fast], "--access-log", "false"))
+        r_timed = c.add(h.Router([timed], "--access-log", "false"))
+        small = h.chat_body("What is the capital of France?", max_tokens=1)
+        streamb = h.chat_body("Tell me a story about a router.", max_tokens=args.tokens, stream=True)
+        # Warm up both paths (connections, allocations).
+        for port in (fast.port, r_fast.port):
+            run_load("warmup", port, 0.5, 1, small, False)
+        for port in (timed.port, r_timed.port):
+            run_load("warmup", port, 0.5, 1, streamb, True)
+
+        for conc in sorted({1, args.concurrency}):
+            res = {}
+            for target, port in (("direct", fast.port), ("router", r_fast.port)):
+                m = run_load(target, port, args.duration, conc, small, False)
+                res[target] = m
+                rows.append(("small non-streaming", target, conc, len(m["lat"]) / args.duration,
+                             pct(m["lat"], 50), pct(m["lat"], 99), None, None, m["errors"]))
+            d, rt = res["direct"], res["router"]
+            rows.append(("small non-streaming", "**router - direct**", conc,
+                         "%+.0f%%" % (100.0 * (len(rt["lat"]) / max(1, len(d["lat"])) - 1)),
+                         pct(rt["lat"], 50) - pct(d["lat"], 50), pct(rt["lat"], 99) - pct(d["lat"], 99),
+                         None, None, None))
+            raw["small_c%d" % conc] = {k: {"n": len(v["lat"]), "p50": pct(v["lat"], 50),
+                                           "p99": pct(v["lat"], 99), "errors": v["errors"]}
+                                       for k, v in res.items()}
+        res = {}
+        conc = args.stream_concurrency
+        for target, port in (("direct", timed.port), ("router", r_timed.port)):
+            m = run_load(target, port, args.duration, conc, streamb, True)
+            res[target] = m
+            rows.append(("streaming %d tok" % args.tokens, target, conc, m["done"] / args.duration,
+                         pct(m["ttft"], 50), pct(m["ttft"], 99), pct(m["gaps"], 50),
+                         pct(m["gaps"], 99), m["errors"]))
+        d, rt = res["direct"], res["router"]
+        rows.append(("streaming %d tok" % args.tokens, "**router - direct**", conc,
+                     "%+.0f%%" % (100.0 * (rt["done"] / max(1, d["done"]) - 1)),
+                     pct(rt["ttft"], 50) - pct(d["ttft"], 50), pct(rt["ttft"], 99) - pct(d["ttft"], 99),
+                     pct(rt["gaps"], 50) - pct(d["gaps"], 50), pct(rt["gaps"], 99) - pct(d["gaps"], 99),
+                     None))
+        raw["stream"] = {k: {"done": v["done"], "ttft_p50": pct(v["ttft"], 50),
+                             "ttft_p99": pct(v["ttft"], 99), "gap_p50": pct(v["gaps"], 50),
+                             "gap_p99": pct(v["gaps"], 99), "errors": v["errors"]}
+                         for k, v in res.items()}
+
+    print("## Router overhead on loopback (%d s per cell, sim fixed latency; stream: TTFT %g ms, "
+          "ITL %g ms, %d tokens)\n" % (args.duration, args.ttft_ms, args.itl_ms, args.tokens))
+    print("| scenario | path | clients | req/s | latency or TTFT p50 ms | p99 ms | "
+          "event gap p50 ms | gap p99 ms | errors |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for scen, target, conc, rps, p50, p99, g50, g99, err in rows:
+        print("| %s | %s | %d | %s | %s | %s | %s | %s | %s |" % (
+            scen, target, conc, rps if isinstance(rps, str) else "%.0f" % rps, ms(p50), ms(p99), ms(g50) if g50 is not None else "",
+            ms(g99) if g99 is not None else "", "" if err is None else err))
+    print("\nlatency = request written -> complete response read (non-streaming); TTFT = request "
+          "written -> first SSE event read; gap = time between successive SSE events as read by the "
+          "client. cores: %d" % os.cpu_count())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(raw, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

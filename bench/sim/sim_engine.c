@@ -1,0 +1,615 @@
+/* sim_engine.c -- the simulated vLLM V1 engine: KV block pool with prefix caching, FCFS scheduler
+ * with chunked prefill and recompute preemption, and the step cost model. See sim_engine.h.
+ *
+ * Structs:
+ *   block_t        one KV block: reference count, chained hash, links in the hash chain of its
+ *                  bucket and in the free list. Blocks live in one array indexed by block id.
+ *   kvr_sim_engine_t  the block array, the hash buckets (hash -> block id, chained through
+ *                  block_t.hnext), the free list (doubly linked through fprev/fnext, head = next to
+ *                  evict), the running array (admission order) and the waiting queue (linked list,
+ *                  preempted requests go to its front).
+ *
+ * Flow of kvr_sim_engine_step():
+ *   1. schedule running requests in order, each taking min(remaining tokens, budget); if its blocks
+ *      cannot be allocated, preempt the last running request and retry (maybe preempting itself);
+ *   2. if nobody was preempted, admit waiting requests in order while budget, blocks and
+ *      max_num_seqs allow, after looking their prefix up in the cache;
+ *   3. cost the batch; advance num_computed; a request whose tokens are all computed samples one
+ *      token; one that has max_output tokens finishes and frees its blocks.
+ *
+ * Invariants: a block with ref > 0 is never in the free list; a block in the free list has ref 0;
+ * a hashed block is in exactly one bucket chain and no two hashed blocks share a hash; a request's
+ * first nhashed blocks are full; the blocks a request holds cover its num_computed tokens (plus
+ * the ones scheduled this step). Every waiting request fits in the cache on its own (checked at
+ * add), so an idle engine can always admit its queue head.
+ */
+#include "sim_engine.h"
+
+#include "sim_tokens.h"
+#include "src/kvr.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+typedef struct block_s {
+  uint64_t hash;
+  int32_t ref;
+  int32_t hnext;        /* next block in the same hash bucket */
+  int32_t fprev, fnext; /* free list links */
+  bool hashed;
+  bool in_free;
+} block_t;
+
+typedef struct sched_s {
+  kvr_sim_req_t *req;
+  uint32_t num_new;
+} sched_t;
+
+struct kvr_sim_engine_s {
+  kvr_sim_config_t cfg;
+  block_t *blocks;
+  int32_t *buckets;
+  uint32_t bucket_mask;
+  int32_t free_head, free_tail;
+  uint32_t nfree;
+  uint32_t nfree_hashed; /* free blocks still holding a hash (evictable cache) */
+  kvr_sim_req_t **running;
+  uint32_t nrunning;
+  kvr_sim_req_t *wait_head, *wait_tail;
+  uint32_t nwaiting;
+  sched_t *sched;          /* this step's scheduled requests, max_num_seqs entries */
+  kvr_sim_event_t *events; /* this step's events, 2 * max_num_seqs + 1 entries */
+  int32_t *scratch;        /* prefix lookup result, max_model_len / block_size + 1 entries */
+  kvr_sim_stats_t stats;
+  uint64_t next_id;
+};
+
+static void *xcalloc(size_t n, size_t size) {
+  void *p = calloc(n ? n : 1, size);
+  if (p == NULL) {
+    fprintf(stderr, "kvrouter: out of memory\n");
+    abort();
+  }
+  return p;
+}
+
+static void *xrealloc(void *p, size_t size) {
+  void *q = realloc(p, size);
+  if (q == NULL) {
+    fprintf(stderr, "kvrouter: out of memory\n");
+    abort();
+  }
+  return q;
+}
+
+void kvr_sim_config_default(kvr_sim_config_t *cfg) {
+  memset(cfg, 0, sizeof(*cfg));
+  /* 53.15 GiB of FP8 KV / 163,840 bytes per token / 16 tokens per block */
+  cfg->num_gpu_blocks = (uint32_t)(53.15 * 1024 * 1024 * 1024 / 163840.0 / 16);
+  cfg->block_size = 16;
+  cfg->max_num_seqs = 1024;
+  cfg->max_num_batched_tokens = 8192;
+  cfg->max_model_len = 131072;
+  cfg->enable_prefix_caching = true;
+  cfg->cost.fixed_ms = 22.0;
+  cfg->cost.per_seq_ms = 0.06;
+  cfg->cost.prefill_tok_us = 96.0;
+  cfg->cost.decode_ctx_ns = 35.0;
+  cfg->cost.attn_pair_ns = 2.0;
+}
+
+int kvr_sim_config_check(const kvr_sim_config_t *cfg, char *err, size_t errlen) {
+#define CHECK(cond, field, msg)                                                                    \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      snprintf(err, errlen, "%s: %s", field, msg);                                                 \
+      return KVR_EINVAL;                                                                           \
+    }                                                                                              \
+  } while (0)
+  CHECK(cfg->block_size >= 1 && cfg->block_size <= 4096, "block_size", "must be in [1, 4096]");
+  CHECK(cfg->num_gpu_blocks >= 1 && cfg->num_gpu_blocks <= (1u << 30), "num_gpu_blocks",
+        "must be in [1, 2^30]");
+  CHECK(cfg->max_num_seqs >= 1 && cfg->max_num_seqs <= 65536, "max_num_seqs",
+        "must be in [1, 65536]");
+  CHECK(cfg->max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1");
+  CHECK(cfg->max_model_len >= 2 && cfg->max_model_len <= (1u << 24), "max_model_len",
+        "must be in [2, 2^24]");
+  CHECK(cfg->cost.fixed_ms >= 0, "cost.fixed_ms", "must be >= 0");
+  CHECK(cfg->cost.per_seq_ms >= 0, "cost.per_seq_ms", "must be >= 0");
+  CHECK(cfg->cost.prefill_tok_us >= 0, "cost.prefill_tok_us", "must be >= 0");
+  CHECK(cfg->cost.decode_ctx_ns >= 0, "cost.decode_ctx_ns", "must be >= 0");
+  CHECK(cfg->cost.attn_pair_ns >= 0, "cost.attn_pair_ns", "must be >= 0");
+#undef CHECK
+  return 0;
+}
+
+double kvr_sim_cost_step(const kvr_sim_cost_t *c, uint32_t seqs, uint32_t prefill_tokens,
+                         uint64_t decode_ctx, double attn_pairs) {
+  if (seqs == 0)
+    return 0.0;
+  return c->fixed_ms * 1e-3 + c->per_seq_ms * 1e-3 * seqs +
+         c->prefill_tok_us * 1e-6 * prefill_tokens + c->decode_ctx_ns * 1e-9 * (double)decode_ctx +
+         c->attn_pair_ns * 1e-9 * attn_pairs;
+}
+
+uint64_t kvr_sim_block_hash(uint64_t parent, const uint32_t *tokens, uint32_t block_size) {
+  return XXH3_64bits_withSeed(tokens, block_size * sizeof(*tokens), parent);
+}
+
+/* ---- free list: head is the least recently freed block, evicted first ---- */
+
+static void free_push_tail(kvr_sim_engine_t *eng, int32_t id) {
+  block_t *b = &eng->blocks[id];
+  b->fprev = eng->free_tail;
+  b->fnext = -1;
+  if (eng->free_tail >= 0)
+    eng->blocks[eng->free_tail].fnext = id;
+  else
+    eng->free_head = id;
+  eng->free_tail = id;
+  b->in_free = true;
+  eng->nfree++;
+  eng->nfree_hashed += b->hashed;
+}
+
+static void free_remove(kvr_sim_engine_t *eng, int32_t id) {
+  block_t *b = &eng->blocks[id];
+  if (b->fprev >= 0)
+    eng->blocks[b->fprev].fnext = b->fnext;
+  else
+    eng->free_head = b->fnext;
+  if (b->fnext >= 0)
+    eng->blocks[b->fnext].fprev = b->fprev;
+  else
+    eng->free_tail = b->fprev;
+  b->fprev = b->fnext = -1;
+  b->in_free = false;
+  eng->nfree--;
+  eng->nfree_hashed -= b->hashed;
+}
+
+/* ---- hash index: chained buckets through block_t.hnext ---- */
+
+static int32_t hash_find(const kvr_sim_engine_t *eng, uint64_t h) {
+  for (int32_t id = eng->buckets[h & eng->bucket_mask]; id >= 0; id = eng->blocks[id].hnext) {
+    if (eng->blocks[id].hash == h)
+      return id;
+  }
+  return -1;
+}
+
+static void hash_insert(kvr_sim_engine_t *eng, int32_t id, uint64_t h) {
+  block_t *b = &eng->blocks[id];
+  uint32_t slot = (uint32_t)(h & eng->bucket_mask);
+  b->hash = h;
+  b->hashed = true;
+  b->hnext = eng->buckets[slot];
+  eng->buckets[slot] = id;
+}
+
+static void hash_remove(kvr_sim_engine_t *eng, int32_t id) {
+  block_t *b = &eng->blocks[id];
+  int32_t *link = &eng->buckets[b->hash & eng->bucket_mask];
+  while (*link != id)
+    link = &eng->blocks[*link].hnext;
+  *link = b->hnext;
+  b->hnext = -1;
+  b->hashed = false;
+  b->hash = 0;
+}
+
+/* Takes the least recently freed block, evicting its cached hash. Caller checked nfree > 0. */
+static int32_t block_take(kvr_sim_engine_t *eng) {
+  int32_t id = eng->free_head;
+  free_remove(eng, id);
+  if (eng->blocks[id].hashed)
+    hash_remove(eng, id);
+  eng->blocks[id].ref = 1;
+  return id;
+}
+
+static void block_release(kvr_sim_engine_t *eng, int32_t id) {
+  if (--eng->blocks[id].ref == 0)
+    free_push_tail(eng, id);
+}
+
+/* ---- engine lifetime ---- */
+
+kvr_sim_engine_t *kvr_sim_engine_new(const kvr_sim_config_t *cfg) {
+  char err[128];
+  if (kvr_sim_config_check(cfg, err, sizeof(err)) != 0)
+    return NULL;
+  kvr_sim_engine_t *eng = xcalloc(1, sizeof(*eng));
+  eng->cfg = *cfg;
+  uint32_t nb = cfg->num_gpu_blocks;
+  eng->blocks = xcalloc(nb, sizeof(block_t));
+  uint32_t nbuckets = 1;
+  while (nbuckets < nb)
+    nbuckets <<= 1;
+  eng->buckets = xcalloc(nbuckets, sizeof(int32_t));
+  eng->bucket_mask = nbuckets - 1;
+  for (uint32_t i = 0; i < nbuckets; i++)
+    eng->buckets[i] = -1;
+  eng->free_head = eng->free_tail = -1;
+  for (uint32_t i = 0; i < nb; i++) {
+    eng->blocks[i].hnext = -1;
+    free_push_tail(eng, (int32_t)i);
+  }
+  eng->running = xcalloc(cfg->max_num_seqs, sizeof(*eng->running));
+  eng->sched = xcalloc(cfg->max_num_seqs, sizeof(*eng->sched));
+  eng->events = xcalloc(2 * (size_t)cfg->max_num_seqs + 1, sizeof(*eng->events));
+  eng->scratch = xcalloc(cfg->max_model_len / cfg->block_size + 1, sizeof(int32_t));
+  eng->next_id = 1;
+  return eng;
+}
+
+static void req_free_mem(kvr_sim_req_t *req) {
+  free(req->tokens);
+  free(req->blocks);
+  free(req);
+}
+
+void kvr_sim_engine_free(kvr_sim_engine_t *eng) {
+  if (eng == NULL)
+    return;
+  /* Requests still queued belong to callers that never removed them; the engine was their last
+   * reference holder, so it frees them rather than leak. */
+  for (uint32_t i = 0; i < eng->nrunning; i++)
+    req_free_mem(eng->running[i]);
+  for (kvr_sim_req_t *r = eng->wait_head, *next; r != NULL; r = next) {
+    next = r->wnext;
+    req_free_mem(r);
+  }
+  free(eng->blocks);
+  free(eng->buckets);
+  free(eng->running);
+  free(eng->sched);
+  free(eng->events);
+  free(eng->scratch);
+  free(eng);
+}
+
+const kvr_sim_config_t *kvr_sim_engine_config(const kvr_sim_engine_t *eng) {
+  return &eng->cfg;
+}
+
+bool kvr_sim_engine_busy(const kvr_sim_engine_t *eng) {
+  return eng->nrunning > 0 || eng->nwaiting > 0;
+}
+
+bool kvr_sim_engine_has_hash(const kvr_sim_engine_t *eng, uint64_t hash) {
+  return hash_find(eng, hash) >= 0;
+}
+
+int32_t kvr_sim_engine_next_victim(const kvr_sim_engine_t *eng) {
+  return eng->free_head;
+}
+
+void kvr_sim_engine_stats(const kvr_sim_engine_t *eng, kvr_sim_stats_t *out) {
+  *out = eng->stats;
+  out->running = eng->nrunning;
+  out->waiting = eng->nwaiting;
+  out->blocks_used = eng->cfg.num_gpu_blocks - eng->nfree;
+  out->blocks_cached = eng->nfree_hashed;
+}
+
+uint32_t kvr_sim_engine_reset_prefix_cache(kvr_sim_engine_t *eng, uint32_t *kept) {
+  uint32_t dropped = 0, held = 0;
+  for (uint32_t id = 0; id < eng->cfg.num_gpu_blocks; id++) {
+    block_t *b = &eng->blocks[id];
+    if (!b->hashed)
+      continue;
+    if (b->ref > 0) {
+      held++;
+      continue;
+    }
+    hash_remove(eng, (int32_t)id);
+    dropped++;
+  }
+  /* Every free block had ref 0, so none of them is hashed any more. */
+  eng->nfree_hashed = 0;
+  if (kept)
+    *kept = held;
+  return dropped;
+}
+
+/* ---- queues ---- */
+
+static void wait_push(kvr_sim_engine_t *eng, kvr_sim_req_t *req, bool front) {
+  req->wprev = req->wnext = NULL;
+  if (eng->wait_head == NULL) {
+    eng->wait_head = eng->wait_tail = req;
+  } else if (front) {
+    req->wnext = eng->wait_head;
+    eng->wait_head->wprev = req;
+    eng->wait_head = req;
+  } else {
+    req->wprev = eng->wait_tail;
+    eng->wait_tail->wnext = req;
+    eng->wait_tail = req;
+  }
+  req->state = KVR_SIM_WAITING;
+  eng->nwaiting++;
+}
+
+static void wait_unlink(kvr_sim_engine_t *eng, kvr_sim_req_t *req) {
+  if (req->wprev)
+    req->wprev->wnext = req->wnext;
+  else
+    eng->wait_head = req->wnext;
+  if (req->wnext)
+    req->wnext->wprev = req->wprev;
+  else
+    eng->wait_tail = req->wprev;
+  req->wprev = req->wnext = NULL;
+  eng->nwaiting--;
+}
+
+static void req_free_blocks(kvr_sim_engine_t *eng, kvr_sim_req_t *req) {
+  /* Tail first, as vLLM does: the tail of a sequence is the least likely to be shared, so it
+   * should be evicted before the head. */
+  for (uint32_t i = req->nblocks; i > 0; i--)
+    block_release(eng, req->blocks[i - 1]);
+  req->nblocks = 0;
+  req->nhashed = 0;
+  req->last_hash = 0;
+}
+
+kvr_sim_req_t *kvr_sim_engine_add(kvr_sim_engine_t *eng, const uint32_t *prompt, uint32_t nprompt,
+                                  uint32_t max_output, kvr_sim_finish_t stop_reason,
+                                  uint64_t gen_seed, void *data) {
+  const kvr_sim_config_t *cfg = &eng->cfg;
+  if (nprompt == 0 || max_output == 0 || nprompt > cfg->max_model_len ||
+      max_output > cfg->max_model_len - nprompt)
+    return NULL;
+  uint64_t need_blocks = ((uint64_t)nprompt + max_output + cfg->block_size - 1) / cfg->block_size;
+  if (need_blocks > cfg->num_gpu_blocks)
+    return NULL;
+  kvr_sim_req_t *req = xcalloc(1, sizeof(*req));
+  req->id = eng->next_id++;
+  req->data = data;
+  req->tokens_cap = nprompt + KVR_MIN(max_output, 1024u);
+  req->tokens = xcalloc(req->tokens_cap, sizeof(uint32_t));
+  memcpy(req->tokens, prompt, nprompt * sizeof(uint32_t));
+  req->ntokens = req->num_prompt = nprompt;
+  req->max_output = max_output;
+  req->stop_reason = stop_reason;
+  req->gen_seed = gen_seed;
+  req->num_cached = -1;
+  wait_push(eng, req, false);
+  return req;
+}
+
+static void running_remove(kvr_sim_engine_t *eng, kvr_sim_req_t *req) {
+  for (uint32_t i = 0; i < eng->nrunning; i++) {
+    if (eng->running[i] == req) {
+      memmove(&eng->running[i], &eng->running[i + 1],
+              (eng->nrunning - i - 1) * sizeof(*eng->running));
+      eng->nrunning--;
+      return;
+    }
+  }
+}
+
+void kvr_sim_engine_remove(kvr_sim_engine_t *eng, kvr_sim_req_t *req) {
+  if (req == NULL)
+    return;
+  if (req->state == KVR_SIM_WAITING) {
+    wait_unlink(eng, req);
+  } else if (req->state == KVR_SIM_RUNNING) {
+    running_remove(eng, req);
+  }
+  req_free_blocks(eng, req);
+  req_free_mem(req);
+}
+
+/* ---- scheduling ---- */
+
+/* Looks req's full blocks up in the cache, stopping at the first miss; the last token is never a
+ * hit (it must be computed to sample). Fills eng->scratch; returns the number of hit blocks. */
+static uint32_t prefix_lookup(kvr_sim_engine_t *eng, const kvr_sim_req_t *req) {
+  uint32_t bs = eng->cfg.block_size;
+  uint32_t max_blocks = (req->ntokens - 1) / bs;
+  uint64_t parent = 0;
+  uint32_t n = 0;
+  for (; n < max_blocks; n++) {
+    uint64_t h = kvr_sim_block_hash(parent, req->tokens + (size_t)n * bs, bs);
+    int32_t id = hash_find(eng, h);
+    if (id < 0)
+      break;
+    eng->scratch[n] = id;
+    parent = h;
+  }
+  return n;
+}
+
+/* Hashes the request's blocks that are full of known tokens, up to upto tokens. A block whose hash
+ * is already cached elsewhere stays unhashed (a duplicate) but the chain continues. */
+static void cache_full_blocks(kvr_sim_engine_t *eng, kvr_sim_req_t *req, uint32_t upto) {
+  if (!eng->cfg.enable_prefix_caching)
+    return;
+  uint32_t bs = eng->cfg.block_size;
+  uint32_t full = KVR_MIN(upto, req->ntokens) / bs;
+  full = KVR_MIN(full, req->nblocks);
+  for (uint32_t i = req->nhashed; i < full; i++) {
+    uint64_t h = kvr_sim_block_hash(req->last_hash, req->tokens + (size_t)i * bs, bs);
+    int32_t id = req->blocks[i];
+    if (!eng->blocks[id].hashed && hash_find(eng, h) < 0)
+      hash_insert(eng, id, h);
+    req->last_hash = h;
+  }
+  if (full > req->nhashed)
+    req->nhashed = full;
+}
+
+static void req_reserve_blocks(kvr_sim_req_t *req, uint32_t n) {
+  if (n <= req->blocks_cap)
+    return;
+  uint32_t cap = req->blocks_cap ? req->blocks_cap : 16;
+  while (cap < n)
+    cap *= 2;
+  req->blocks = xrealloc(req->blocks, cap * sizeof(int32_t));
+  req->blocks_cap = cap;
+}
+
+/* Gives req blocks for num_new more tokens after its num_computed ones, first taking the nhits
+ * prefix-hit blocks in eng->scratch (admission only). Returns false, changing nothing, when the
+ * free list cannot supply them. */
+static bool allocate_slots(kvr_sim_engine_t *eng, kvr_sim_req_t *req, uint32_t num_new,
+                           uint32_t nhits) {
+  uint32_t bs = eng->cfg.block_size;
+  uint32_t total = (req->num_computed + num_new + bs - 1) / bs;
+  uint32_t have = req->nblocks + nhits;
+  uint32_t need = total > have ? total - have : 0;
+  uint32_t evictable_hits = 0;
+  for (uint32_t i = 0; i < nhits; i++)
+    evictable_hits += eng->blocks[eng->scratch[i]].ref == 0;
+  if (need + evictable_hits > eng->nfree)
+    return false;
+  req_reserve_blocks(req, KVR_MAX(total, have));
+  uint64_t parent = 0;
+  for (uint32_t i = 0; i < nhits; i++) {
+    int32_t id = eng->scratch[i];
+    if (eng->blocks[id].ref++ == 0)
+      free_remove(eng, id);
+    req->blocks[req->nblocks++] = id;
+    parent = eng->blocks[id].hash;
+  }
+  if (nhits > 0) {
+    req->nhashed = nhits;
+    req->last_hash = parent;
+  }
+  for (uint32_t i = 0; i < need; i++)
+    req->blocks[req->nblocks++] = block_take(eng);
+  cache_full_blocks(eng, req, req->num_computed + num_new);
+  return true;
+}
+
+static kvr_sim_event_t *event_add(kvr_sim_engine_t *eng, kvr_sim_step_t *out, kvr_sim_req_t *req) {
+  kvr_sim_event_t *ev = &out->events[out->nevents++];
+  memset(ev, 0, sizeof(*ev));
+  ev->req = req;
+  return ev;
+}
+
+static void preempt(kvr_sim_engine_t *eng, kvr_sim_step_t *out, kvr_sim_req_t *req) {
+  req_free_blocks(eng, req);
+  req->num_computed = 0;
+  req->num_preemptions++;
+  eng->stats.preemptions++;
+  wait_push(eng, req, true);
+  event_add(eng, out, req)->preempted = true;
+}
+
+static void req_append_token(kvr_sim_req_t *req) {
+  if (req->ntokens == req->tokens_cap) {
+    uint32_t cap = req->tokens_cap * 2;
+    req->tokens = xrealloc(req->tokens, cap * sizeof(uint32_t));
+    req->tokens_cap = cap;
+  }
+  uint32_t k = req->ntokens - req->num_prompt;
+  req->tokens[req->ntokens++] = kvr_sim_tokens_word_id(req->gen_seed, k);
+}
+
+int kvr_sim_engine_step(kvr_sim_engine_t *eng, kvr_sim_step_t *out) {
+  const kvr_sim_config_t *cfg = &eng->cfg;
+  memset(out, 0, sizeof(*out));
+  out->events = eng->events;
+  uint32_t budget = cfg->max_num_batched_tokens;
+  uint32_t nsched = 0;
+  bool preempted_any = false;
+
+  /* 1. running requests, in admission order */
+  for (uint32_t i = 0; i < eng->nrunning && budget > 0;) {
+    kvr_sim_req_t *req = eng->running[i];
+    uint32_t num_new = KVR_MIN(req->ntokens - req->num_computed, budget);
+    if (num_new == 0) {
+      i++;
+      continue;
+    }
+    bool self_preempted = false;
+    while (!allocate_slots(eng, req, num_new, 0)) {
+      kvr_sim_req_t *victim = eng->running[--eng->nrunning];
+      preempt(eng, out, victim);
+      preempted_any = true;
+      if (victim == req) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted)
+      break;
+    eng->sched[nsched++] = (sched_t){req, num_new};
+    budget -= num_new;
+    i++;
+  }
+
+  /* 2. admit waiting requests (vLLM skips this in a step that had to preempt) */
+  while (!preempted_any && eng->wait_head != NULL && budget > 0 &&
+         eng->nrunning < cfg->max_num_seqs) {
+    kvr_sim_req_t *req = eng->wait_head;
+    uint32_t nhits = 0;
+    if (cfg->enable_prefix_caching)
+      nhits = prefix_lookup(eng, req);
+    req->num_computed = nhits * cfg->block_size;
+    uint32_t num_new = KVR_MIN(req->ntokens - req->num_computed, budget);
+    if (!allocate_slots(eng, req, num_new, nhits)) {
+      req->num_computed = 0;
+      break; /* retried next step; the lookup is counted once, when it admits */
+    }
+    if (cfg->enable_prefix_caching) {
+      eng->stats.prefix_queries += req->ntokens;
+      eng->stats.prefix_hits += (uint64_t)nhits * cfg->block_size;
+    }
+    if (req->num_cached < 0)
+      req->num_cached = (int32_t)(nhits * cfg->block_size);
+    wait_unlink(eng, req);
+    req->state = KVR_SIM_RUNNING;
+    eng->running[eng->nrunning++] = req;
+    eng->sched[nsched++] = (sched_t){req, num_new};
+    budget -= num_new;
+  }
+
+  /* 3. cost the batch, advance, sample */
+  for (uint32_t i = 0; i < nsched; i++) {
+    kvr_sim_req_t *req = eng->sched[i].req;
+    uint32_t n = eng->sched[i].num_new;
+    bool decode = n == 1 && req->ntokens > req->num_prompt && req->num_computed + 1 == req->ntokens;
+    if (decode) {
+      out->num_decode++;
+      out->decode_ctx += req->ntokens;
+    } else {
+      out->prefill_tokens += n;
+      out->attn_pairs += (double)n * ((double)req->num_computed + (double)(n + 1) / 2.0);
+    }
+    req->num_computed += n;
+    kvr_sim_event_t *ev = event_add(eng, out, req);
+    if (req->num_computed < req->ntokens)
+      continue; /* prefill chunk, more to come */
+    if (req->ntokens == req->num_prompt)
+      eng->stats.prompt_tokens += req->num_prompt;
+    req_append_token(req);
+    ev->new_tokens = 1;
+    eng->stats.generation_tokens++;
+    if (req->ntokens - req->num_prompt >= req->max_output) {
+      req->finish = req->stop_reason;
+      req->state = KVR_SIM_FINISHED;
+      req_free_blocks(eng, req);
+      ev->finished = true;
+    }
+  }
+  out->num_seqs = nsched;
+  uint32_t kept = 0;
+  for (uint32_t i = 0; i < eng->nrunning; i++) {
+    if (eng->running[i]->state == KVR_SIM_RUNNING)
+      eng->running[kept++] = eng->running[i];
+  }
+  eng->nrunning = kept;
+  out->duration_s =
+      kvr_sim_cost_step(&cfg->cost, nsched, out->prefill_tokens, out->decode_ctx, out->attn_pairs);
+  if (nsched > 0)
+    eng->stats.steps++;
+  return 0;
+}

@@ -1,0 +1,178 @@
+/* sim_engine.h -- a discrete-time model of one vLLM V1 engine (scheduler + KV cache + step cost).
+ *
+ * Pure: no libuv, no HTTP, no clock. Requests go in as token arrays; kvr_sim_engine_step() runs one
+ * engine iteration (schedule, "execute", sample) and returns how long that iteration takes on the
+ * modelled GPU plus what happened to each request (tokens emitted, finished, preempted). The caller
+ * (sim_server.c, or a test, or the calibration driver) decides when simulated time passes.
+ *
+ * Model, following vLLM V1's scheduler and KV cache manager:
+ *   - KV cache of num_gpu_blocks blocks of block_size tokens. A full block is hashed by chaining
+ *     (hash of the parent block, its tokens) over prompt and generated tokens; a hashed block
+ *     is found by later requests with the same prefix (prefix caching). Freed blocks keep their
+ *     hash in an LRU free list and are evicted oldest first when a new block is needed; a
+ *     request's blocks are freed tail first, so its tail blocks are evicted before its head.
+ *   - Continuous batching: each step has a budget of max_num_batched_tokens. Running requests
+ *     are served first in arrival order (a decode costs 1 token; a partially prefilled prompt
+ *     takes what the budget allows), then waiting requests are admitted in FCFS order, up to
+ *     max_num_seqs running, their prompt prefilled in chunks (chunked prefill).
+ *   - When a running request needs a block and none is free, the most recently admitted running
+ *     request is preempted (recompute): its blocks are freed and it goes back to the front of
+ *     the waiting queue with its generated tokens, to be prefilled again (mostly from the
+ *     prefix cache).
+ *   - Step time = fixed + per_seq * seqs + prefill_tok * prefilled tokens
+ *                 + decode_ctx * (context tokens of the decoding sequences)
+ *                 + attn_pair * (query x key pairs of the prefill chunks' causal attention).
+ *
+ * Ownership: kvr_sim_engine_add() returns a request the caller owns: it stays valid until the
+ * caller calls kvr_sim_engine_remove() (which aborts it first if it is still waiting or running).
+ * Events returned by kvr_sim_engine_step() point at requests and stay valid until the next step or
+ * remove.
+ */
+#ifndef KVR_SIM_ENGINE_H
+#define KVR_SIM_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvr_sim_engine_s kvr_sim_engine_t;
+typedef struct kvr_sim_req_s kvr_sim_req_t;
+
+/* Cost model of one engine step; see bench/sim/README.md for where the defaults come from. */
+typedef struct kvr_sim_cost_s {
+  double fixed_ms;       /* per step: weight reads, launch overhead (memory-bound decode floor) */
+  double per_seq_ms;     /* per scheduled sequence: sampling, bookkeeping */
+  double prefill_tok_us; /* per prefilled token: the dense layers' compute */
+  double decode_ctx_ns;  /* per context token of each decoding sequence: KV reads */
+  double attn_pair_ns;   /* per (query, key) pair of prefill attention: the quadratic term */
+} kvr_sim_cost_t;
+
+typedef struct kvr_sim_config_s {
+  uint32_t num_gpu_blocks;         /* default 21770: 53.15 GiB / (163,840 B/token * 16) */
+  uint32_t block_size;             /* tokens per block; default 16 */
+  uint32_t max_num_seqs;           /* default 1024 */
+  uint32_t max_num_batched_tokens; /* per-step token budget; default 8192 */
+  uint32_t max_model_len;          /* prompt + output limit; default 131072 */
+  bool enable_prefix_caching;      /* default true */
+  kvr_sim_cost_t cost;
+} kvr_sim_config_t;
+
+typedef enum {
+  KVR_SIM_WAITING = 0,
+  KVR_SIM_RUNNING,
+  KVR_SIM_FINISHED,
+  KVR_SIM_ABORTED
+} kvr_sim_state_t;
+
+typedef enum {
+  KVR_SIM_FINISH_NONE = 0,
+  KVR_SIM_FINISH_STOP,
+  KVR_SIM_FINISH_LENGTH
+} kvr_sim_finish_t;
+
+/* A request. Fields are read-only for the caller except data. */
+struct kvr_sim_req_s {
+  uint64_t id;      /* assigned by the engine, increasing */
+  void *data;       /* caller's */
+  uint32_t *tokens; /* prompt then generated ids; owned */
+  uint32_t ntokens; /* prompt + generated so far */
+  uint32_t tokens_cap;
+  uint32_t num_prompt;
+  uint32_t max_output;          /* the request finishes when it has generated this many tokens */
+  kvr_sim_finish_t stop_reason; /* what reaching max_output means: STOP (eos) or LENGTH */
+  uint64_t gen_seed;            /* seed of the generated words (kvr_sim_tokens_word_id) */
+  uint32_t num_computed;        /* tokens whose KV is in the cache (computed or prefix hit) */
+  int32_t num_cached;           /* prefix-cache hit tokens at first admission; -1 before */
+  uint32_t num_preemptions;
+  kvr_sim_state_t state;
+  kvr_sim_finish_t finish;
+  /* block table: block ids; nhashed of them are full and hashed in the cache */
+  int32_t *blocks;
+  uint32_t nblocks, blocks_cap, nhashed;
+  uint64_t last_hash;           /* hash of block nhashed-1 (chain parent) */
+  kvr_sim_req_t *wprev, *wnext; /* waiting queue links */
+};
+
+typedef struct kvr_sim_event_s {
+  kvr_sim_req_t *req;
+  uint32_t new_tokens; /* tokens generated in this step (0 or 1) */
+  bool finished;       /* req->finish says why; its blocks are already freed */
+  bool preempted;      /* req went back to the waiting queue */
+} kvr_sim_event_t;
+
+typedef struct kvr_sim_step_s {
+  double duration_s;   /* simulated time this step takes; 0 when nothing was scheduled */
+  uint32_t num_seqs;   /* sequences scheduled */
+  uint32_t num_decode; /* of which decoding */
+  uint32_t prefill_tokens;
+  uint64_t decode_ctx; /* sum of the decoding sequences' context lengths */
+  double attn_pairs;
+  kvr_sim_event_t *events; /* owned by the engine; valid until the next step */
+  size_t nevents;
+} kvr_sim_step_t;
+
+/* Cumulative counters, as vLLM exports them. */
+typedef struct kvr_sim_stats_s {
+  uint64_t prefix_queries; /* tokens looked up in the prefix cache */
+  uint64_t prefix_hits;    /* of which found */
+  uint64_t preemptions;
+  uint64_t prompt_tokens; /* prompt tokens of requests whose prefill completed */
+  uint64_t generation_tokens;
+  uint64_t steps;
+  uint32_t running, waiting;
+  uint32_t blocks_used;   /* blocks referenced by a request */
+  uint32_t blocks_cached; /* free blocks still holding a hash */
+} kvr_sim_stats_t;
+
+/* Fills cfg with the defaults (Llama-70B FP8 on one H200). */
+void kvr_sim_config_default(kvr_sim_config_t *cfg);
+
+/* Checks a configuration; returns 0 or KVR_EINVAL with the offending field named in err. */
+int kvr_sim_config_check(const kvr_sim_config_t *cfg, char *err, size_t errlen);
+
+/* The modelled duration (seconds) of a step with these contents; the cost model alone. */
+double kvr_sim_cost_step(const kvr_sim_cost_t *cost, uint32_t seqs, uint32_t prefill_tokens,
+                         uint64_t decode_ctx, double attn_pairs);
+
+/* Creates an engine (copies cfg). Returns NULL on a bad config or out of memory. */
+kvr_sim_engine_t *kvr_sim_engine_new(const kvr_sim_config_t *cfg);
+void kvr_sim_engine_free(kvr_sim_engine_t *eng); /* accepts NULL; frees requests it still holds */
+
+/* Adds a request at the back of the waiting queue. prompt is copied. max_output >= 1 generated
+ * tokens; reaching it finishes the request with stop_reason. Returns the request (owned by the
+ * caller, see above) or NULL if nprompt is 0 or prompt + max_output exceed max_model_len. */
+kvr_sim_req_t *kvr_sim_engine_add(kvr_sim_engine_t *eng, const uint32_t *prompt, uint32_t nprompt,
+                                  uint32_t max_output, kvr_sim_finish_t stop_reason,
+                                  uint64_t gen_seed, void *data);
+
+/* Aborts req if it is waiting or running (frees its blocks) and frees it. Accepts NULL. */
+void kvr_sim_engine_remove(kvr_sim_engine_t *eng, kvr_sim_req_t *req);
+
+/* True when some request is waiting or running, i.e. a step would do something. */
+bool kvr_sim_engine_busy(const kvr_sim_engine_t *eng);
+
+/* Runs one iteration. out describes it (events valid until the next call). Returns 0. */
+int kvr_sim_engine_step(kvr_sim_engine_t *eng, kvr_sim_step_t *out);
+
+void kvr_sim_engine_stats(const kvr_sim_engine_t *eng, kvr_sim_stats_t *out);
+const kvr_sim_config_t *kvr_sim_engine_config(const kvr_sim_engine_t *eng);
+
+/* Resets the prefix cache, as vLLM's POST /reset_prefix_cache: every cached block no request holds
+ * (a free block still carrying its hash) loses its hash, so a later identical prompt misses.
+ * Blocks held by running requests keep theirs; vLLM's own block pool refuses the whole reset
+ * while any block is in use (answering 409 or, in older versions, 200 without resetting); the sim
+ * resets what it can, so a bench never sees a silent no-op. Free blocks keep their
+ * place in the eviction order; cumulative counters (prefix queries and hits, preemptions) are
+ * not touched. Writes into *kept (when not NULL) how many hashed blocks in use kept their hash.
+ * Returns the number of hashes dropped. Call between steps (the sim server's loop always is). */
+uint32_t kvr_sim_engine_reset_prefix_cache(kvr_sim_engine_t *eng, uint32_t *kept);
+
+/* Test hooks: whether the block holding the given chained hash is cached, and the block id the next
+ * allocation would take (the eviction candidate), or -1 when none is free. */
+bool kvr_sim_engine_has_hash(const kvr_sim_engine_t *eng, uint64_t hash);
+int32_t kvr_sim_engine_next_victim(const kvr_sim_engine_t *eng);
+
+/* Chained hash of a full block: parent is the previous block's hash (or 0 for the first). */
+uint64_t kvr_sim_block_hash(uint64_t parent, const uint32_t *tokens, uint32_t block_size);
+
+#endif

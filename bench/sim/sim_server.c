@@ -1,0 +1,1225 @@
+/* sim_server.c -- the simulated vLLM worker's HTTP front: vLLM's OpenAI API over the pure engine.
+ *
+ * Structs:
+ *   kvr_sim_server_t  the engine, the listener(s), one step timer, the list of live streams, the
+ *                     current fault, and the Prometheus figures vLLM exports.
+ *   stream_t          one completion request: its HTTP request (until finished or aborted), its
+ *                     engine request, its response framing (chat or completions, streamed or not),
+ *                     its timestamps. Owned by the server's stream list.
+ *
+ * Flow:
+ *
+ *   POST -> parse + validate (400/404 as vLLM) -> tokens -> kvr_sim_engine_add -> engine_kick
+ *
+ *   step timer fires (at most one armed; none when the engine is idle):
+ *     deliver the events of the step that just "ran" (one SSE chunk per token, final chunk with
+ *     finish_reason, usage chunk, [DONE]) -> reap streams whose client went away (their engine
+ *     request is removed, freeing slot and blocks) -> kvr_sim_engine_step() -> re-arm the timer for
+ *     duration / time_scale, scheduled against an absolute due time so rounding never drifts.
+ *
+ * Engine state is only changed at step boundaries: a client that disconnects while a step is in
+ * flight is marked gone and reaped at the next tick, because that step's events still point at its
+ * engine request. Streams outside the engine (fixed-latency mode, hung by the fault) have their own
+ * timer or none and are freed at once.
+ *
+ * Times reported (metrics) are simulated time: wall-clock intervals multiplied by time_scale.
+ *
+ * Invariants: a stream with http == NULL has been finished or aborted and will get no more writes;
+ * every stream in the engine has ereq->data == stream; pending_closes counts handles and listeners
+ * being closed, and done fires only when it is zero after kvr_sim_server_close().
+ */
+#include "sim_server.h"
+
+#include "sim_tokens.h"
+#include "src/http_server.h"
+#include "src/kvr.h"
+#include "src/log.h"
+#include "src/metrics.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <llhttp.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/timerfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BOS_TOKEN 128000u /* Llama-3's <|begin_of_text|>, prepended to text prompts */
+#define LAG_RESET_NS (50 * 1000000ull)
+
+/* vLLM's bucket bounds for its three latency histograms (vllm/v1/metrics/loggers.py). */
+static const double ttft_buckets[] = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                                      0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
+                                      20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+static const double itl_buckets[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                     0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+static const double e2e_buckets[] = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2.5,
+                                     5.0,  10.0,  15.0,  20.0,  30.0,  40.0,   50.0,
+                                     60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+typedef struct stream_s stream_t;
+
+struct stream_s {
+  kvr_sim_server_t *srv;
+  kvr_http_req_t *http;  /* NULL once finished or aborted */
+  kvr_sim_req_t *ereq;   /* engine request; NULL in fixed-latency mode or when hung */
+  stream_t *prev, *next; /* srv->streams */
+  uv_timer_t timer;      /* fixed-latency mode only */
+  bool has_timer;
+  bool chat, stream, include_usage, continuous_usage;
+  bool gone; /* the client went away; reaped at the next step boundary */
+  bool hung; /* held by the hang fault */
+  uint32_t prompt_tokens, cached_tokens, max_output, sent;
+  kvr_sim_finish_t stop_reason;
+  uint64_t gen_seed;
+  uint32_t disconnect_after; /* UINT32_MAX: never */
+  uint64_t arrival_ns, last_ns, due_ns;
+  kvr_buf_t prefix; /* 'data: {"id":...,"model":...,' shared by every chunk */
+  kvr_buf_t text;   /* the answer so far, for non-streamed responses */
+  char id[48];
+};
+
+typedef struct retire_s {
+  kvr_sim_server_t *srv;
+  kvr_http_server_t *http;
+} retire_t;
+
+struct kvr_sim_server_s {
+  uv_loop_t *loop;
+  kvr_sim_server_opts_t opts;
+  char *listen, *admin_listen, *model; /* owned copies of the opts strings */
+  char bound[160];                     /* main listener's "HOST:PORT" as bound, to listen again */
+  int port;                            /* its port, also while refusing */
+  kvr_sim_engine_t *eng;
+  kvr_http_limits_t limits;
+  kvr_http_server_t *http, *admin;
+  int step_fd;         /* timerfd of the engine clock (nanosecond precision) */
+  uv_poll_t step_poll; /* watches step_fd */
+  uv_timer_t refuse_timer;
+  bool timer_active; /* the engine clock is armed or its callback running */
+  bool have_step;    /* step holds events not yet delivered */
+  kvr_sim_step_t step;
+  uint64_t due_ns;
+  double late_ns; /* moving average of how late timers fire after their due time */
+  kvr_sim_fault_t fault;
+  stream_t *streams;
+  size_t nstreams, ngone, nfixed, nhung;
+  uint64_t rng, ids;
+  /* figures for /metrics beyond the engine's counters */
+  kvr_hist_t ttft, itl, e2e;
+  uint64_t finished_stop, finished_length, finished_abort;
+  uint64_t fixed_prompt_tokens, fixed_generation_tokens;
+  bool closing;
+  int pending_closes;
+  void (*done)(void *data);
+  void *done_data;
+  kvr_buf_t scratch;
+};
+
+/* ---- options and faults ---- */
+
+static const char *const fault_names[] = {
+#define XX(name, str) str,
+    KVR_SIM_FAULT_MAP(XX)
+#undef XX
+};
+
+const char *kvr_sim_fault_mode_name(kvr_sim_fault_mode_t mode) {
+  return mode < KVR_SIM_FAULT_COUNT ? fault_names[mode] : "unknown";
+}
+
+int kvr_sim_fault_parse_mode(const char *s, kvr_sim_fault_mode_t *out) {
+  for (int i = 0; i < KVR_SIM_FAULT_COUNT; i++) {
+    if (strcmp(s, fault_names[i]) == 0) {
+      *out = (kvr_sim_fault_mode_t)i;
+      return 0;
+    }
+  }
+  return KVR_EINVAL;
+}
+
+void kvr_sim_fault_default(kvr_sim_fault_t *fault, kvr_sim_fault_mode_t mode) {
+  memset(fault, 0, sizeof(*fault));
+  fault->mode = mode;
+  fault->status = 500;
+  fault->rate = 1.0;
+  fault->after_tokens = 0;
+  fault->delay_ms = 100.0;
+  fault->duration_ms = 0.0;
+}
+
+void kvr_sim_server_opts_default(kvr_sim_server_opts_t *opts) {
+  memset(opts, 0, sizeof(*opts));
+  kvr_sim_config_default(&opts->engine);
+  opts->listen = "127.0.0.1:8000";
+  opts->admin_listen = NULL;
+  opts->model = "meta-llama/Llama-3.3-70B-Instruct";
+  opts->time_scale = 1.0;
+  opts->seed = 0;
+  opts->output_len_mean = 830;
+  opts->fixed_ttft_ms = -1;
+  opts->fixed_itl_ms = -1;
+  kvr_sim_fault_default(&opts->fault, KVR_SIM_FAULT_NONE);
+}
+
+static char *xstrdup(const char *s) {
+  if (s == NULL)
+    return NULL;
+  char *d = strdup(s);
+  if (d == NULL) {
+    fprintf(stderr, "kvrouter: out of memory\n");
+    abort();
+  }
+  return d;
+}
+
+static double sim_seconds(const kvr_sim_server_t *srv, uint64_t wall_ns) {
+  return (double)wall_ns * 1e-9 * srv->opts.time_scale;
+}
+
+static uint64_t wall_ns_of_sim_ms(const kvr_sim_server_t *srv, double sim_ms) {
+  return (uint64_t)(sim_ms * 1e6 / srv->opts.time_scale);
+}
+
+static double rng_uniform(kvr_sim_server_t *srv) {
+  return (double)(kvr_sim_tokens_mix(srv->opts.seed ^ kvr_sim_tokens_mix(++srv->rng)) >> 11) *
+         0x1.0p-53;
+}
+
+/* ---- streams: chunks and endings ---- */
+
+static void usage_json(kvr_buf_t *b, const stream_t *s) {
+  kvr_buf_printf(b,
+                 "{\"prompt_tokens\":%u,\"total_tokens\":%u,\"completion_tokens\":%u,"
+                 "\"prompt_tokens_details\":{\"cached_tokens\":%u}}",
+                 s->prompt_tokens, s->prompt_tokens + s->sent, s->sent, s->cached_tokens);
+}
+
+static const char *finish_name(kvr_sim_finish_t f) {
+  return f == KVR_SIM_FINISH_STOP ? "stop" : "length";
+}
+
+/* Appends the SSE chunk carrying token `word` (4 bytes); final adds finish_reason. The first
+ * chunk also carries "kvr_sim_engine_us": the wall-clock microseconds from the whole request
+ * having been read to this chunk, the part of the client's TTFT the time scale compresses (the
+ * load generator scales only that part; clients of the OpenAI API ignore unknown keys). */
+static void chunk_token(kvr_buf_t *b, const stream_t *s, const char *word, size_t wlen, bool first,
+                        bool final, uint64_t now) {
+  kvr_buf_append(b, s->prefix.data, s->prefix.len);
+  if (first)
+    kvr_buf_printf(b, "\"kvr_sim_engine_us\":%llu,",
+                   (unsigned long long)((now - s->arrival_ns) / 1000u));
+  if (s->chat) {
+    kvr_buf_puts(b, "\"choices\":[{\"index\":0,\"delta\":{");
+    if (first)
+      kvr_buf_puts(b, "\"role\":\"assistant\",");
+    kvr_buf_puts(b, "\"content\":");
+    kvr_buf_json_str(b, word, wlen);
+    kvr_buf_puts(b, "},\"logprobs\":null,\"finish_reason\":");
+  } else {
+    kvr_buf_puts(b, "\"choices\":[{\"index\":0,\"text\":");
+    kvr_buf_json_str(b, word, wlen);
+    kvr_buf_puts(b, ",\"logprobs\":null,\"finish_reason\":");
+  }
+  if (final)
+    kvr_buf_printf(b, "\"%s\",\"stop_reason\":null}]", finish_name(s->stop_reason));
+  else
+    kvr_buf_puts(b, s->chat ? "null}]" : "null,\"stop_reason\":null}]");
+  if (s->continuous_usage) {
+    kvr_buf_puts(b, ",\"usage\":");
+    usage_json(b, s);
+  }
+  kvr_buf_puts(b, "}\n\n");
+}
+
+static void stream_release(stream_t *s, bool abort_conn) {
+  if (s->http == NULL)
+    return;
+  kvr_http_req_t *req = s->http;
+  s->http = NULL;
+  req->data = NULL;
+  req->on_close = NULL;
+  if (abort_conn)
+    kvr_http_abort(req);
+  else
+    kvr_http_finish(req);
+}
+
+static void on_stream_timer_close(uv_handle_t *h) {
+  stream_t *s = h->data;
+  kvr_sim_server_t *srv = s->srv;
+  kvr_buf_free(&s->prefix);
+  kvr_buf_free(&s->text);
+  free(s);
+  srv->pending_closes--;
+  if (srv->closing && srv->pending_closes == 0 && srv->done) {
+    void (*done)(void *) = srv->done;
+    srv->done = NULL;
+    done(srv->done_data);
+  }
+}
+
+/* Unlinks and frees s (its HTTP request must have been released). */
+static void stream_destroy(stream_t *s) {
+  kvr_sim_server_t *srv = s->srv;
+  stream_release(s, true);
+  if (s->prev)
+    s->prev->next = s->next;
+  else
+    srv->streams = s->next;
+  if (s->next)
+    s->next->prev = s->prev;
+  srv->nstreams--;
+  if (s->gone)
+    srv->ngone--;
+  if (s->hung)
+    srv->nhung--;
+  if (s->ereq) {
+    kvr_sim_engine_remove(srv->eng, s->ereq);
+    s->ereq = NULL;
+  }
+  if (s->has_timer) {
+    srv->nfixed--;
+    srv->pending_closes++;
+    uv_close((uv_handle_t *)&s->timer, on_stream_timer_close);
+    return;
+  }
+  kvr_buf_free(&s->prefix);
+  kvr_buf_free(&s->text);
+  free(s);
+}
+
+/* The client went away or the fault closed it: count the abort and free what it holds, now or at
+ * the next step boundary when the in-flight step's events may still point at it. */
+static void stream_gone(stream_t *s) {
+  kvr_sim_server_t *srv = s->srv;
+  if (s->gone)
+    return;
+  s->gone = true;
+  srv->ngone++;
+  srv->finished_abort++;
+  stream_release(s, true);
+  if (s->has_timer)
+    uv_timer_stop(&s->timer);
+  if (s->ereq == NULL || !srv->have_step)
+    stream_destroy(s);
+}
+
+static void on_req_close(kvr_http_req_t *req) {
+  stream_t *s = req->data;
+  if (s != NULL)
+    stream_gone(s);
+}
+
+/* Sends the non-streamed response with the whole answer. */
+static void respond_full(stream_t *s) {
+  kvr_sim_server_t *srv = s->srv;
+  kvr_buf_t *b = &srv->scratch;
+  kvr_buf_reset(b);
+  const char *fin = finish_name(s->stop_reason);
+  /* the chunk prefix minus its "data: " is the response's id/object/created/model head */
+  kvr_buf_puts(b, "{\"id\":\"");
+  kvr_buf_puts(b, s->id);
+  kvr_buf_printf(b, "\",\"object\":\"%s\",\"created\":%lld,\"model\":",
+                 s->chat ? "chat.completion" : "text_completion", (long long)time(NULL));
+  kvr_buf_json_str(b, srv->model, strlen(srv->model));
+  if (s->chat) {
+    kvr_buf_puts(b, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
+    kvr_buf_json_str(b, s->text.data ? s->text.data : "", s->text.len);
+    kvr_buf_printf(b,
+                   ",\"tool_calls\":[]},\"logprobs\":null,\"finish_reason\":\"%s\","
+                   "\"stop_reason\":null}],\"usage\":",
+                   fin);
+    usage_json(b, s);
+    kvr_buf_puts(b, ",\"prompt_logprobs\":null}");
+  } else {
+    kvr_buf_puts(b, ",\"choices\":[{\"index\":0,\"text\":");
+    kvr_buf_json_str(b, s->text.data ? s->text.data : "", s->text.len);
+    kvr_buf_printf(b,
+                   ",\"logprobs\":null,\"finish_reason\":\"%s\",\"stop_reason\":null,"
+                   "\"prompt_logprobs\":null}],\"usage\":",
+                   fin);
+    usage_json(b, s);
+    kvr_buf_puts(b, "}");
+  }
+  kvr_http_req_t *req = s->http;
+  s->http = NULL;
+  req->data = NULL;
+  req->on_close = NULL;
+  kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
+}
+
+/* Delivers the stream's next token; returns true when the stream has ended (and may be freed). */
+static bool stream_emit(stream_t *s) {
+  kvr_sim_server_t *srv = s->srv;
+  uint64_t now = kvr_now_ns();
+  if (s->sent >= s->disconnect_after) {
+    stream_gone(s);
+    return true;
+  }
+  if (s->sent == 0)
+    kvr_hist_observe(&srv->ttft, sim_seconds(srv, now - s->arrival_ns));
+  else
+    kvr_hist_observe(&srv->itl, sim_seconds(srv, now - s->last_ns));
+  s->last_ns = now;
+  if (s->ereq != NULL && s->ereq->num_cached > 0)
+    s->cached_tokens = (uint32_t)s->ereq->num_cached;
+  char word[KVR_SIM_TOKEN_BYTES];
+  kvr_sim_tokens_word(s->gen_seed, s->sent, word);
+  bool first = s->sent == 0;
+  s->sent++;
+  bool final = s->sent >= s->max_output;
+  if (s->ereq == NULL)
+    srv->fixed_generation_tokens++;
+  if (!s->stream) {
+    kvr_buf_append(&s->text, word, sizeof(word));
+    if (!final)
+      return false;
+  } else {
+    kvr_buf_t *b = &srv->scratch;
+    kvr_buf_reset(b);
+    chunk_token(b, s, word, sizeof(word), first, final, now);
+    if (final) {
+      if (s->include_usage) {
+        kvr_buf_append(b, s->prefix.data, s->prefix.len);
+        kvr_buf_puts(b, "\"choices\":[],\"usage\":");
+        usage_json(b, s);
+        kvr_buf_puts(b, "}\n\n");
+      }
+      kvr_buf_puts(b, "data: [DONE]\n\n");
+    }
+    kvr_http_write(s->http, b->data, b->len);
+    if (!final)
+      return false;
+  }
+  kvr_hist_observe(&srv->e2e, sim_seconds(srv, now - s->arrival_ns));
+  if (s->stop_reason == KVR_SIM_FINISH_STOP)
+    srv->finished_stop++;
+  else
+    srv->finished_length++;
+  if (s->stream)
+    stream_release(s, false);
+  else
+    respond_full(s);
+  return true;
+}
+
+/* ---- the engine clock ---- */
+
+/* Fixed-latency streams use libuv timers, which have millisecond resolution and run off a coarse
+ * clock, so they fire on average about a millisecond after the time asked for. They are armed
+ * against an absolute due time, and the average lateness observed so far is subtracted from the
+ * wait: errors stay below a millisecond and do not accumulate. */
+static void timer_arm(kvr_sim_server_t *srv, uv_timer_t *t, uv_timer_cb cb, uint64_t due_ns) {
+  uv_update_time(srv->loop);
+  double wait_ns = (double)due_ns - (double)kvr_now_ns() - srv->late_ns;
+  uv_timer_start(t, cb, wait_ns > 0 ? (uint64_t)(wait_ns / 1e6 + 0.5) : 0, 0);
+}
+
+static void timer_fired(kvr_sim_server_t *srv, uint64_t due_ns) {
+  double late = (double)kvr_now_ns() - (double)due_ns;
+  if (late > -2e6 && late < 5e6)
+    srv->late_ns = 0.95 * srv->late_ns + 0.05 * late;
+}
+
+static void on_step(uv_poll_t *p, int status, int events);
+
+/* The engine clock is a timerfd armed at an absolute CLOCK_MONOTONIC time (the clock kvr_now_ns()
+ * reads), watched by one uv_poll_t: steps of 2 ms at --time-scale 10 keep their exact length,
+ * which libuv's millisecond timers could not give. */
+static void step_clock_arm(kvr_sim_server_t *srv, uint64_t due_ns) {
+  struct itimerspec its;
+  memset(&its, 0, sizeof(its));
+  due_ns = KVR_MAX(due_ns, 1u); /* 0 would disarm; a time in the past fires at once */
+  its.it_value.tv_sec = (time_t)(due_ns / 1000000000u);
+  its.it_value.tv_nsec = (long)(due_ns % 1000000000u);
+  timerfd_settime(srv->step_fd, TFD_TIMER_ABSTIME, &its, NULL);
+  uv_poll_start(&srv->step_poll, UV_READABLE, on_step);
+}
+
+static void engine_kick(kvr_sim_server_t *srv) {
+  if (srv->timer_active || srv->closing)
+    return;
+  srv->timer_active = true;
+  srv->have_step = false;
+  srv->due_ns = kvr_now_ns();
+  step_clock_arm(srv, srv->due_ns);
+}
+
+static void reap_gone(kvr_sim_server_t *srv) {
+  for (stream_t *s = srv->streams, *next; s != NULL && srv->ngone > 0; s = next) {
+    next = s->next;
+    if (s->gone)
+      stream_destroy(s);
+  }
+}
+
+static void deliver(kvr_sim_server_t *srv, const kvr_sim_step_t *st) {
+  for (size_t i = 0; i < st->nevents; i++) {
+    const kvr_sim_event_t *ev = &st->events[i];
+    stream_t *s = ev->req->data;
+    if (s == NULL || s->gone || ev->new_tokens == 0)
+      continue;
+    if (stream_emit(s) && !s->gone)
+      stream_destroy(s);
+  }
+}
+
+static void on_step(uv_poll_t *p, int status, int events) {
+  kvr_sim_server_t *srv = p->data;
+  uint64_t expirations;
+  if (read(srv->step_fd, &expirations, sizeof(expirations)) < 0 && status == 0)
+    return; /* spurious wake-up: not expired yet */
+  uv_poll_stop(p);
+  if (srv->have_step)
+    deliver(srv, &srv->step);
+  srv->have_step = false;
+  reap_gone(srv);
+  if (!kvr_sim_engine_busy(srv->eng)) {
+    srv->timer_active = false;
+    return;
+  }
+  kvr_sim_engine_step(srv->eng, &srv->step);
+  srv->have_step = true;
+  double d = srv->step.duration_s;
+  if (srv->fault.mode == KVR_SIM_FAULT_SLOW)
+    d += srv->fault.delay_ms * 1e-3;
+  if (d <= 0)
+    d = 1e-4;
+  srv->due_ns += (uint64_t)(d * 1e9 / srv->opts.time_scale);
+  uint64_t now = kvr_now_ns();
+  if (srv->due_ns + LAG_RESET_NS < now)
+    srv->due_ns = now; /* the process fell behind: do not burst to catch up */
+  step_clock_arm(srv, srv->due_ns);
+}
+
+/* Fixed-latency mode: each stream has its own timer, first token at ttft, then one every itl. */
+static void on_fixed_timer(uv_timer_t *t) {
+  stream_t *s = t->data;
+  kvr_sim_server_t *srv = s->srv;
+  timer_fired(srv, s->due_ns);
+  if (stream_emit(s)) {
+    if (!s->gone)
+      stream_destroy(s);
+    return;
+  }
+  double itl = srv->opts.fixed_itl_ms;
+  if (srv->fault.mode == KVR_SIM_FAULT_SLOW)
+    itl += srv->fault.delay_ms;
+  s->due_ns += wall_ns_of_sim_ms(srv, itl);
+  timer_arm(srv, t, on_fixed_timer, s->due_ns);
+}
+
+/* ---- request parsing ---- */
+
+typedef struct parsed_s {
+  kvr_sim_toks_t prompt;
+  bool stream, include_usage, continuous_usage, ignore_eos;
+  int64_t max_tokens; /* -1: not given */
+  int64_t min_tokens;
+  uint64_t seed;
+} parsed_t;
+
+static int get_int(const cJSON *body, const char *name, int64_t *out, char *err, size_t errlen) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, name);
+  if (v == NULL || cJSON_IsNull(v))
+    return 0;
+  if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
+      fabs(v->valuedouble) > 1e15) {
+    snprintf(err, errlen, "%s: Input should be a valid integer", name);
+    return KVR_EINVAL;
+  }
+  *out = (int64_t)v->valuedouble;
+  return 1;
+}
+
+static int get_bool(const cJSON *obj, const char *name, bool *out, char *err, size_t errlen) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+  if (v == NULL || cJSON_IsNull(v))
+    return 0;
+  if (!cJSON_IsBool(v)) {
+    snprintf(err, errlen, "%s: Input should be a valid boolean", name);
+    return KVR_EINVAL;
+  }
+  *out = cJSON_IsTrue(v);
+  return 1;
+}
+
+/* Reads the fields kvrouter sim honours; returns 0, or an HTTP status (400/404) with err set. */
+static int parse_request(kvr_sim_server_t *srv, const cJSON *body, bool chat, parsed_t *p,
+                         char *err, size_t errlen) {
+  memset(p, 0, sizeof(*p));
+  p->max_tokens = -1;
+  const cJSON *model = cJSON_GetObjectItemCaseSensitive(body, "model");
+  if (model != NULL && !cJSON_IsNull(model)) {
+    if (!cJSON_IsString(model)) {
+      snprintf(err, errlen, "model: Input should be a valid string");
+      return 400;
+    }
+    if (strcmp(model->valuestring, srv->model) != 0) {
+      snprintf(err, errlen, "The model `%.200s` does not exist.", model->valuestring);
+      return 404;
+    }
+  }
+  if (get_bool(body, "stream", &p->stream, err, errlen) < 0 ||
+      get_bool(body, "ignore_eos", &p->ignore_eos, err, errlen) < 0)
+    return 400;
+  const cJSON *so = cJSON_GetObjectItemCaseSensitive(body, "stream_options");
+  if (so != NULL && !cJSON_IsNull(so)) {
+    if (!cJSON_IsObject(so)) {
+      snprintf(err, errlen, "stream_options: Input should be a valid dictionary");
+      return 400;
+    }
+    if (!p->stream) {
+      snprintf(err, errlen, "Stream options can only be defined when `stream=True`.");
+      return 400;
+    }
+    if (get_bool(so, "include_usage", &p->include_usage, err, errlen) < 0 ||
+        get_bool(so, "continuous_usage_stats", &p->continuous_usage, err, errlen) < 0)
+      return 400;
+  }
+  int64_t n = 1, seed = 0;
+  if (get_int(body, "n", &n, err, errlen) < 0)
+    return 400;
+  if (n != 1) {
+    snprintf(err, errlen, "n: kvrouter sim only supports n=1");
+    return 400;
+  }
+  int rc = chat ? get_int(body, "max_completion_tokens", &p->max_tokens, err, errlen) : 0;
+  if (rc == 0)
+    rc = get_int(body, "max_tokens", &p->max_tokens, err, errlen);
+  if (rc < 0 || get_int(body, "min_tokens", &p->min_tokens, err, errlen) < 0 ||
+      get_int(body, "seed", &seed, err, errlen) < 0)
+    return 400;
+  if (rc > 0 && p->max_tokens < 1) {
+    snprintf(err, errlen, "max_tokens must be at least 1, got %lld.", (long long)p->max_tokens);
+    return 400;
+  }
+  if (p->min_tokens < 0) {
+    snprintf(err, errlen, "min_tokens must be greater than or equal to 0, got %lld.",
+             (long long)p->min_tokens);
+    return 400;
+  }
+  if (p->max_tokens > 0 && p->min_tokens > p->max_tokens) {
+    snprintf(err, errlen, "min_tokens must be less than or equal to max_tokens=%lld, got %lld.",
+             (long long)p->max_tokens, (long long)p->min_tokens);
+    return 400;
+  }
+  p->seed = (uint64_t)seed;
+
+  if (chat) {
+    kvr_buf_t text = KVR_BUF_INIT;
+    const cJSON *messages = cJSON_GetObjectItemCaseSensitive(body, "messages");
+    if (messages == NULL) {
+      snprintf(err, errlen, "messages: Field required");
+      return 400;
+    }
+    if (kvr_sim_tokens_render_chat(messages, &text, err, errlen) != 0) {
+      kvr_buf_free(&text);
+      return 400;
+    }
+    kvr_sim_toks_push(&p->prompt, BOS_TOKEN);
+    kvr_sim_tokens_encode(text.data, text.len, &p->prompt);
+    kvr_buf_free(&text);
+  } else {
+    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(body, "prompt");
+    if (cJSON_IsArray(prompt) && cJSON_GetArraySize(prompt) == 1 &&
+        cJSON_IsString(cJSON_GetArrayItem(prompt, 0)))
+      prompt = cJSON_GetArrayItem(prompt, 0);
+    if (cJSON_IsString(prompt)) {
+      kvr_sim_toks_push(&p->prompt, BOS_TOKEN);
+      kvr_sim_tokens_encode(prompt->valuestring, strlen(prompt->valuestring), &p->prompt);
+    } else if (cJSON_IsArray(prompt) && cJSON_GetArraySize(prompt) > 0) {
+      const cJSON *id;
+      cJSON_ArrayForEach(id, prompt) {
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= KVR_SIM_VOCAB + 256 ||
+            id->valuedouble != floor(id->valuedouble)) {
+          snprintf(err, errlen,
+                   "prompt: must be a string, a list with one string, or a list of token ids");
+          return 400;
+        }
+        kvr_sim_toks_push(&p->prompt, (uint32_t)id->valuedouble);
+      }
+    } else {
+      snprintf(err, errlen,
+               prompt ? "prompt: must be a string, a list with one string, or a list of token ids"
+                      : "prompt: Field required");
+      return 400;
+    }
+  }
+  uint32_t max_len = srv->opts.engine.max_model_len;
+  if (p->prompt.n >= max_len) {
+    snprintf(err, errlen,
+             "This model's maximum context length is %u tokens. However, your request has %zu "
+             "input tokens. Please reduce the length of the input messages.",
+             max_len, p->prompt.n);
+    return 400;
+  }
+  if (p->max_tokens < 0)
+    p->max_tokens = chat ? (int64_t)(max_len - p->prompt.n) : 16;
+  if ((uint64_t)p->prompt.n + (uint64_t)p->max_tokens > max_len) {
+    snprintf(err, errlen,
+             "This model's maximum context length is %u tokens. However, you requested %llu "
+             "tokens (%zu in the messages, %lld in the completion). Please reduce the length of "
+             "the messages or completion.",
+             max_len, (unsigned long long)(p->prompt.n + (uint64_t)p->max_tokens), p->prompt.n,
+             (long long)p->max_tokens);
+    return 400;
+  }
+  return 0;
+}
+
+static void handle_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool chat) {
+  char err[512];
+  cJSON *body = cJSON_ParseWithLength(req->body.data ? req->body.data : "", req->body.len);
+  if (body == NULL || !cJSON_IsObject(body)) {
+    cJSON_Delete(body);
+    kvr_http_error(req, 400, "BadRequestError", NULL, "Request body is not a valid JSON object");
+    return;
+  }
+  parsed_t p;
+  int status = parse_request(srv, body, chat, &p, err, sizeof(err));
+  cJSON_Delete(body);
+  if (status != 0) {
+    kvr_sim_toks_free(&p.prompt);
+    kvr_http_error(req, status, status == 404 ? "NotFoundError" : "BadRequestError", NULL, "%s",
+                   err);
+    return;
+  }
+  if (srv->fault.mode == KVR_SIM_FAULT_ERROR && rng_uniform(srv) < srv->fault.rate) {
+    kvr_sim_toks_free(&p.prompt);
+    kvr_http_error(req, srv->fault.status, NULL, NULL, "simulated fault (kvrouter sim)");
+    return;
+  }
+
+  stream_t *s = calloc(1, sizeof(*s));
+  if (s == NULL) {
+    kvr_sim_toks_free(&p.prompt);
+    kvr_http_error(req, 500, NULL, NULL, "out of memory");
+    return;
+  }
+  s->srv = srv;
+  s->http = req;
+  s->chat = chat;
+  s->stream = p.stream;
+  s->include_usage = p.include_usage;
+  s->continuous_usage = p.continuous_usage;
+  s->arrival_ns = kvr_now_ns();
+  s->prompt_tokens = (uint32_t)p.prompt.n;
+  s->gen_seed = kvr_sim_tokens_seed(p.prompt.v, p.prompt.n, srv->opts.seed ^ p.seed);
+  /* the natural answer length (where the model would emit EOS), deterministic per request */
+  uint32_t maxt = (uint32_t)p.max_tokens;
+  uint32_t target = maxt;
+  uint32_t mean = srv->opts.output_len_mean;
+  if (!p.ignore_eos && mean > 0) {
+    uint32_t eos = mean / 2 + (uint32_t)(kvr_sim_tokens_mix(s->gen_seed) % (mean + 1));
+    eos = KVR_MAX(eos, (uint32_t)p.min_tokens);
+    target = KVR_MAX(KVR_MIN(eos, maxt), 1u);
+  }
+  s->max_output = target;
+  s->stop_reason = target < maxt ? KVR_SIM_FINISH_STOP : KVR_SIM_FINISH_LENGTH;
+  s->disconnect_after =
+      srv->fault.mode == KVR_SIM_FAULT_DISCONNECT ? srv->fault.after_tokens : UINT32_MAX;
+  uint64_t idn = kvr_sim_tokens_mix(srv->opts.seed ^ ++srv->ids);
+  snprintf(s->id, sizeof(s->id), "%s-%016llx%016llx", chat ? "chatcmpl" : "cmpl",
+           (unsigned long long)idn, (unsigned long long)kvr_sim_tokens_mix(idn));
+  kvr_buf_printf(&s->prefix,
+                 "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":", s->id,
+                 chat ? "chat.completion.chunk" : "text_completion", (long long)time(NULL));
+  kvr_buf_json_str(&s->prefix, srv->model, strlen(srv->model));
+  kvr_buf_puts(&s->prefix, ",");
+
+  s->next = srv->streams;
+  if (srv->streams)
+    srv->streams->prev = s;
+  srv->streams = s;
+  srv->nstreams++;
+  req->data = s;
+  req->on_close = on_req_close;
+  if (s->stream)
+    kvr_http_start(req, 200, "Content-Type: text/event-stream; charset=utf-8\r\n");
+
+  if (srv->fault.mode == KVR_SIM_FAULT_HANG) {
+    s->hung = true;
+    srv->nhung++;
+    kvr_sim_toks_free(&p.prompt);
+    return; /* held until the client goes away or the server closes */
+  }
+  if (s->disconnect_after == 0) {
+    kvr_sim_toks_free(&p.prompt);
+    stream_gone(s);
+    return;
+  }
+  if (srv->opts.fixed_ttft_ms >= 0) {
+    srv->fixed_prompt_tokens += p.prompt.n;
+    kvr_sim_toks_free(&p.prompt);
+    uv_timer_init(srv->loop, &s->timer);
+    s->timer.data = s;
+    s->has_timer = true;
+    srv->nfixed++;
+    s->due_ns = s->arrival_ns + wall_ns_of_sim_ms(srv, srv->opts.fixed_ttft_ms);
+    timer_arm(srv, &s->timer, on_fixed_timer, s->due_ns);
+    return;
+  }
+  s->ereq = kvr_sim_engine_add(srv->eng, p.prompt.v, (uint32_t)p.prompt.n, target, s->stop_reason,
+                               s->gen_seed, s);
+  kvr_sim_toks_free(&p.prompt);
+  if (s->ereq == NULL) {
+    /* only possible when the KV cache is smaller than max_model_len (tiny test configs) */
+    stream_release(s, true);
+    stream_destroy(s);
+    return;
+  }
+  engine_kick(srv);
+}
+
+/* ---- other endpoints ---- */
+
+static void handle_models(kvr_sim_server_t *srv, kvr_http_req_t *req) {
+  kvr_buf_t *b = &srv->scratch;
+  kvr_buf_reset(b);
+  long long created = (long long)time(NULL);
+  kvr_buf_puts(b, "{\"object\":\"list\",\"data\":[{\"id\":");
+  kvr_buf_json_str(b, srv->model, strlen(srv->model));
+  kvr_buf_printf(b,
+                 ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"vllm\",\"root\":", created);
+  kvr_buf_json_str(b, srv->model, strlen(srv->model));
+  kvr_buf_printf(b,
+                 ",\"parent\":null,\"max_model_len\":%u,\"permission\":[{\"id\":\"modelperm-sim\","
+                 "\"object\":\"model_permission\",\"created\":%lld,\"allow_create_engine\":false,"
+                 "\"allow_sampling\":true,\"allow_logprobs\":true,\"allow_search_indices\":false,"
+                 "\"allow_view\":true,\"allow_fine_tuning\":false,\"organization\":\"*\","
+                 "\"group\":null,\"is_blocking\":false}]}]}",
+                 srv->opts.engine.max_model_len, created);
+  kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
+}
+
+static void handle_metrics(kvr_sim_server_t *srv, kvr_http_req_t *req) {
+  kvr_sim_stats_t st;
+  kvr_sim_engine_stats(srv->eng, &st);
+  const kvr_sim_config_t *cfg = &srv->opts.engine;
+  kvr_buf_t labels = KVR_BUF_INIT, l2 = KVR_BUF_INIT;
+  kvr_buf_puts(&labels, "engine=\"0\",model_name=\"");
+  kvr_metric_escape(&labels, srv->model);
+  kvr_buf_puts(&labels, "\"");
+  kvr_buf_t *b = &srv->scratch;
+  kvr_buf_reset(b);
+  kvr_metric_family(b, "vllm:num_requests_running", "gauge",
+                    "Number of requests in model execution batches.");
+  /* requests outside the engine (fixed-latency mode, hung by the fault) count as running */
+  kvr_metric_sample(b, "vllm:num_requests_running", labels.data,
+                    (double)(st.running + srv->nfixed + srv->nhung));
+  kvr_metric_family(b, "vllm:num_requests_waiting", "gauge",
+                    "Number of requests waiting to be processed.");
+  kvr_metric_sample(b, "vllm:num_requests_waiting", labels.data, st.waiting);
+  kvr_metric_family(b, "vllm:kv_cache_usage_perc", "gauge",
+                    "KV-cache usage. 1 means 100 percent usage.");
+  kvr_metric_sample(b, "vllm:kv_cache_usage_perc", labels.data,
+                    (double)st.blocks_used / (double)cfg->num_gpu_blocks);
+  kvr_metric_family(b, "vllm:prefix_cache_queries_total", "counter",
+                    "Prefix cache queries, in terms of number of queried tokens.");
+  kvr_metric_sample(b, "vllm:prefix_cache_queries_total", labels.data, (double)st.prefix_queries);
+  kvr_metric_family(b, "vllm:prefix_cache_hits_total", "counter",
+                    "Prefix cache hits, in terms of number of cached tokens.");
+  kvr_metric_sample(b, "vllm:prefix_cache_hits_total", labels.data, (double)st.prefix_hits);
+  kvr_metric_family(b, "vllm:num_preemptions_total", "counter",
+                    "Cumulative number of preemption from the engine.");
+  kvr_metric_sample(b, "vllm:num_preemptions_total", labels.data, (double)st.preemptions);
+  kvr_metric_family(b, "vllm:prompt_tokens_total", "counter",
+                    "Number of prefill tokens processed.");
+  kvr_metric_sample(b, "vllm:prompt_tokens_total", labels.data,
+                    (double)(st.prompt_tokens + srv->fixed_prompt_tokens));
+  kvr_metric_family(b, "vllm:generation_tokens_total", "counter",
+                    "Number of generation tokens processed.");
+  kvr_metric_sample(b, "vllm:generation_tokens_total", labels.data,
+                    (double)(st.generation_tokens + srv->fixed_generation_tokens));
+  kvr_metric_family(b, "vllm:request_success_total", "counter",
+                    "Count of successfully processed requests.");
+  const char *reasons[] = {"stop", "length", "abort"};
+  uint64_t counts[] = {srv->finished_stop, srv->finished_length, srv->finished_abort};
+  for (int i = 0; i < 3; i++) {
+    kvr_buf_reset(&l2);
+    kvr_buf_printf(&l2, "%s,finished_reason=\"%s\"", labels.data, reasons[i]);
+    kvr_metric_sample(b, "vllm:request_success_total", l2.data, (double)counts[i]);
+  }
+  kvr_metric_family(b, "vllm:cache_config_info", "gauge",
+                    "Information of the LLMEngine CacheConfig");
+  kvr_buf_reset(&l2);
+  kvr_buf_printf(&l2,
+                 "block_size=\"%u\",cache_dtype=\"fp8\",enable_prefix_caching=\"%s\",engine=\"0\","
+                 "gpu_memory_utilization=\"0.9\",num_cpu_blocks=\"None\",num_gpu_blocks=\"%u\"",
+                 cfg->block_size, cfg->enable_prefix_caching ? "True" : "False",
+                 cfg->num_gpu_blocks);
+  kvr_metric_sample(b, "vllm:cache_config_info", l2.data, 1.0);
+  kvr_metric_family(b, "vllm:time_to_first_token_seconds", "histogram",
+                    "Histogram of time to first token in seconds.");
+  kvr_metric_hist(b, "vllm:time_to_first_token_seconds", labels.data, &srv->ttft);
+  kvr_metric_family(b, "vllm:inter_token_latency_seconds", "histogram",
+                    "Histogram of inter-token latency in seconds.");
+  kvr_metric_hist(b, "vllm:inter_token_latency_seconds", labels.data, &srv->itl);
+  kvr_metric_family(b, "vllm:e2e_request_latency_seconds", "histogram",
+                    "Histogram of e2e request latency in seconds.");
+  kvr_metric_hist(b, "vllm:e2e_request_latency_seconds", labels.data, &srv->e2e);
+  kvr_buf_free(&labels);
+  kvr_buf_free(&l2);
+  kvr_http_respond(req, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b->data, b->len);
+}
+
+static void fault_json(kvr_sim_server_t *srv, kvr_buf_t *b) {
+  const kvr_sim_fault_t *f = &srv->fault;
+  kvr_buf_printf(b,
+                 "{\"mode\":\"%s\",\"status\":%d,\"rate\":%g,\"after_tokens\":%u,"
+                 "\"delay_ms\":%g,\"duration_ms\":%g,\"listening\":%s}",
+                 kvr_sim_fault_mode_name(f->mode), f->status, f->rate, f->after_tokens, f->delay_ms,
+                 f->duration_ms, srv->http ? "true" : "false");
+}
+
+static void on_retired(void *data) {
+  retire_t *r = data;
+  kvr_sim_server_t *srv = r->srv;
+  kvr_http_server_free(r->http);
+  free(r);
+  srv->pending_closes--;
+  if (srv->closing && srv->pending_closes == 0 && srv->done) {
+    void (*done)(void *) = srv->done;
+    srv->done = NULL;
+    done(srv->done_data);
+  }
+}
+
+static void retire_http(kvr_sim_server_t *srv, kvr_http_server_t *http) {
+  retire_t *r = malloc(sizeof(*r));
+  if (r == NULL)
+    abort();
+  r->srv = srv;
+  r->http = http;
+  srv->pending_closes++;
+  kvr_http_server_close(http, on_retired, r);
+}
+
+static void on_request(kvr_http_req_t *req, void *data);
+
+static int listen_main(kvr_sim_server_t *srv, const char *hostport, char *err, size_t errlen) {
+  srv->http = kvr_http_server_new(srv->loop, &srv->limits, on_request, srv);
+  if (srv->http == NULL) {
+    snprintf(err, errlen, "out of memory");
+    return KVR_ENOMEM;
+  }
+  int rc = kvr_http_server_listen(srv->http, hostport, err, errlen);
+  if (rc != 0) {
+    kvr_http_server_t *h = srv->http;
+    srv->http = NULL;
+    retire_http(srv, h);
+  }
+  return rc;
+}
+
+static void refuse_end(kvr_sim_server_t *srv);
+
+static void on_refuse_timer(uv_timer_t *t) {
+  kvr_sim_server_t *srv = t->data;
+  if (srv->fault.mode == KVR_SIM_FAULT_REFUSE)
+    kvr_sim_fault_default(&srv->fault, KVR_SIM_FAULT_NONE);
+  refuse_end(srv);
+}
+
+static void refuse_end(kvr_sim_server_t *srv) {
+  uv_timer_stop(&srv->refuse_timer);
+  if (srv->http != NULL || srv->closing)
+    return;
+  char err[256];
+  if (listen_main(srv, srv->bound, err, sizeof(err)) != 0) {
+    KVR_WARN("sim", "listening again on %s failed (%s); retrying", srv->bound, err);
+    uv_timer_start(&srv->refuse_timer, on_refuse_timer, 100, 0);
+  }
+}
+
+static void apply_fault(kvr_sim_server_t *srv, const kvr_sim_fault_t *f) {
+  srv->fault = *f;
+  if (f->mode == KVR_SIM_FAULT_REFUSE) {
+    if (srv->http != NULL) {
+      kvr_http_server_t *h = srv->http;
+      srv->http = NULL;
+      retire_http(srv, h);
+    }
+    uv_timer_stop(&srv->refuse_timer);
+    if (f->duration_ms > 0)
+      uv_timer_start(&srv->refuse_timer, on_refuse_timer, (uint64_t)f->duration_ms, 0);
+  } else {
+    refuse_end(srv);
+  }
+}
+
+static void handle_fault(kvr_sim_server_t *srv, kvr_http_req_t *req) {
+  if (req->method == HTTP_POST) {
+    cJSON *body = cJSON_ParseWithLength(req->body.data ? req->body.data : "", req->body.len);
+    const cJSON *mode = cJSON_GetObjectItemCaseSensitive(body, "mode");
+    kvr_sim_fault_t f;
+    kvr_sim_fault_mode_t m;
+    if (!cJSON_IsString(mode) || kvr_sim_fault_parse_mode(mode->valuestring, &m) != 0) {
+      cJSON_Delete(body);
+      kvr_http_error(req, 400, "BadRequestError", NULL,
+                     "mode: must be one of none, error, hang, disconnect, slow, refuse");
+      return;
+    }
+    kvr_sim_fault_default(&f, m);
+    const struct {
+      const char *name;
+      double min, max;
+    } fields[] = {{"status", 100, 599},
+                  {"rate", 0, 1},
+                  {"after_tokens", 0, 1e9},
+                  {"delay_ms", 0, 1e7},
+                  {"duration_ms", 0, 1e9}};
+    double vals[5] = {f.status, f.rate, f.after_tokens, f.delay_ms, f.duration_ms};
+    for (size_t i = 0; i < KVR_ARRAY_SIZE(fields); i++) {
+      const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, fields[i].name);
+      if (v == NULL)
+        continue;
+      if (!cJSON_IsNumber(v) || v->valuedouble < fields[i].min || v->valuedouble > fields[i].max) {
+        cJSON_Delete(body);
+        kvr_http_error(req, 400, "BadRequestError", NULL, "%s: must be a number in [%g, %g]",
+                       fields[i].name, fields[i].min, fields[i].max);
+        return;
+      }
+      vals[i] = v->valuedouble;
+    }
+    cJSON_Delete(body);
+    f.status = (int)vals[0];
+    f.rate = vals[1];
+    f.after_tokens = (uint32_t)vals[2];
+    f.delay_ms = vals[3];
+    f.duration_ms = vals[4];
+    KVR_INFO("sim", "fault mode %s", kvr_sim_fault_mode_name(f.mode));
+    apply_fault(srv, &f);
+  }
+  kvr_buf_t *b = &srv->scratch;
+  kvr_buf_reset(b);
+  fault_json(srv, b);
+  kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
+}
+
+/* POST /reset_prefix_cache, vLLM's dev-mode endpoint: 200 with an empty body. Free cached blocks
+ * lose their hash at once (the engine is never mid-step here: steps run inside the timer
+ * callback); blocks of requests still running keep theirs. vLLM's reset_running_requests=true
+ * (preempt everything first) is not modelled and answered 501 rather than silently ignored. */
+static void handle_reset_prefix_cache(kvr_sim_server_t *srv, kvr_http_req_t *req) {
+  if (strstr(req->query, "reset_running_requests=true") ||
+      strstr(req->query, "reset_running_requests=1")) {
+    static const char body[] =
+        "{\"detail\":\"reset_running_requests is not modelled by kvrouter sim\"}";
+    kvr_http_respond(req, 501, "application/json", NULL, body, sizeof(body) - 1);
+    return;
+  }
+  uint32_t kept = 0;
+  uint32_t dropped = kvr_sim_engine_reset_prefix_cache(srv->eng, &kept);
+  KVR_INFO("sim", "prefix cache reset: %u cached blocks dropped, %u in use kept", dropped, kept);
+  kvr_http_respond(req, 200, NULL, NULL, "", 0);
+}
+
+static void not_found(kvr_http_req_t *req) {
+  static const char body[] = "{\"detail\":\"Not Found\"}";
+  kvr_http_respond(req, 404, "application/json", NULL, body, sizeof(body) - 1);
+}
+
+static void method_not_allowed(kvr_http_req_t *req, const char *allow) {
+  static const char body[] = "{\"detail\":\"Method Not Allowed\"}";
+  char hdr[64];
+  snprintf(hdr, sizeof(hdr), "Allow: %s\r\n", allow);
+  kvr_http_respond(req, 405, "application/json", hdr, body, sizeof(body) - 1);
+}
+
+static void on_request(kvr_http_req_t *req, void *data) {
+  kvr_sim_server_t *srv = data;
+  const char *path = req->path;
+  bool get = req->method == HTTP_GET || req->method == HTTP_HEAD;
+  bool post = req->method == HTTP_POST;
+  if (srv->closing) {
+    kvr_http_error(req, 503, NULL, NULL, "server is shutting down");
+    return;
+  }
+  if (strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0) {
+    if (!post) {
+      method_not_allowed(req, "POST");
+      return;
+    }
+    handle_completion(srv, req, path[4] == 'c' && path[5] == 'h');
+  } else if (strcmp(path, "/health") == 0) {
+    if (get)
+      kvr_http_respond(req, 200, NULL, NULL, "", 0);
+    else
+      method_not_allowed(req, "GET");
+  } else if (strcmp(path, "/v1/models") == 0) {
+    if (get)
+      handle_models(srv, req);
+    else
+      method_not_allowed(req, "GET");
+  } else if (strcmp(path, "/metrics") == 0) {
+    if (get)
+      handle_metrics(srv, req);
+    else
+      method_not_allowed(req, "GET");
+  } else if (strcmp(path, "/reset_prefix_cache") == 0) {
+    if (post)
+      handle_reset_prefix_cache(srv, req);
+    else
+      method_not_allowed(req, "POST");
+  } else if (strcmp(path, "/sim/fault") == 0) {
+    if (get || post)
+      handle_fault(srv, req);
+    else
+      method_not_allowed(req, "GET, POST");
+  } else {
+    not_found(req);
+  }
+}
+
+/* ---- lifetime ---- */
+
+kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_t *opts, char *err,
+                                     size_t errlen) {
+  if (!(opts->time_scale > 0) || opts->time_scale > 1e6) {
+    snprintf(err, errlen, "time_scale: must be in (0, 1e6]");
+    return NULL;
+  }
+  kvr_sim_config_t cfg = opts->engine;
+  if (kvr_sim_config_check(&cfg, err, errlen) != 0)
+    return NULL;
+  /* vLLM refuses to start when max_model_len does not fit the cache; the sim shrinks it instead so
+   * that tiny caches stay usable in tests. */
+  uint64_t cache_tokens = (uint64_t)cfg.num_gpu_blocks * cfg.block_size;
+  if (cfg.max_model_len > cache_tokens)
+    cfg.max_model_len = (uint32_t)KVR_MAX(cache_tokens, 2u);
+  kvr_sim_server_t *srv = calloc(1, sizeof(*srv));
+  if (srv == NULL) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  srv->port = -1;
+  srv->eng = kvr_sim_engine_new(&cfg);
+  if (srv->eng == NULL) {
+    free(srv);
+    snprintf(err, errlen, "engine: out of memory");
+    return NULL;
+  }
+  srv->loop = loop;
+  srv->opts = *opts;
+  srv->opts.engine = cfg;
+  srv->listen = xstrdup(opts->listen);
+  srv->admin_listen = xstrdup(opts->admin_listen);
+  srv->model = xstrdup(opts->model);
+  srv->opts.listen = srv->listen;
+  srv->opts.admin_listen = srv->admin_listen;
+  srv->opts.model = srv->model;
+  kvr_http_limits_default(&srv->limits);
+  srv->limits.max_body = 64 * 1024 * 1024;
+  kvr_hist_init(&srv->ttft, ttft_buckets, KVR_ARRAY_SIZE(ttft_buckets));
+  kvr_hist_init(&srv->itl, itl_buckets, KVR_ARRAY_SIZE(itl_buckets));
+  kvr_hist_init(&srv->e2e, e2e_buckets, KVR_ARRAY_SIZE(e2e_buckets));
+  srv->step_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (srv->step_fd < 0 || uv_poll_init(loop, &srv->step_poll, srv->step_fd) != 0) {
+    snprintf(err, errlen, "timerfd: %s", strerror(errno));
+    if (srv->step_fd >= 0)
+      close(srv->step_fd);
+    kvr_sim_engine_free(srv->eng);
+    free(srv->listen);
+    free(srv->admin_listen);
+    free(srv->model);
+    free(srv);
+    return NULL;
+  }
+  srv->step_poll.data = srv;
+  uv_timer_init(loop, &srv->refuse_timer);
+  srv->refuse_timer.data = srv;
+  kvr_sim_fault_default(&srv->fault, KVR_SIM_FAULT_NONE);
+  return srv;
+}
+
+int kvr_sim_server_start(kvr_sim_server_t *srv, char *err, size_t errlen) {
+  int rc = listen_main(srv, srv->listen, err, errlen);
+  if (rc != 0)
+    return rc;
+  /* remember the bound port so that the refuse fault can listen again on the same one */
+  const char *colon = strrchr(srv->listen, ':');
+  int hostlen = colon ? (int)(colon - srv->listen) : 0;
+  srv->port = kvr_http_server_port(srv->http);
+  snprintf(srv->bound, sizeof(srv->bound), "%.*s:%d", hostlen, srv->listen, srv->port);
+  if (srv->admin_listen) {
+    srv->admin = kvr_http_server_new(srv->loop, &srv->limits, on_request, srv);
+    rc = srv->admin ? kvr_http_server_listen(srv->admin, srv->admin_listen, err, errlen)
+                    : KVR_ENOMEM;
+    if (rc != 0)
+      return rc;
+  }
+  if (srv->opts.fault.mode != KVR_SIM_FAULT_NONE)
+    apply_fault(srv, &srv->opts.fault);
+  return 0;
+}
+
+int kvr_sim_server_port(const kvr_sim_server_t *srv) {
+  return srv->port;
+}
+
+int kvr_sim_server_admin_port(const kvr_sim_server_t *srv) {
+  return srv->admin ? kvr_http_server_port(srv->admin) : -1;
+}
+
+static void on_handle_close(uv_handle_t *h) {
+  kvr_sim_server_t *srv = h->data;
+  srv->pending_closes--;
+  if (srv->closing && srv->pending_closes == 0 && srv->done) {
+    void (*done)(void *) = srv->done;
+    srv->done = NULL;
+    done(srv->done_data);
+  }
+}
+
+static void on_step_poll_close(uv_handle_t *h) {
+  kvr_sim_server_t *srv = h->data;
+  close(srv->step_fd);
+  srv->step_fd = -1;
+  on_handle_close(h);
+}
+
+void kvr_sim_server_close(kvr_sim_server_t *srv, void (*done)(void *data), void *data) {
+  srv->closing = true;
+  srv->done = done;
+  srv->done_data = data;
+  srv->pending_closes++; /* held until the end of this function */
+  srv->have_step = false;
+  while (srv->streams != NULL) {
+    stream_t *s = srv->streams;
+    stream_release(s, true);
+    stream_destroy(s);
+  }
+  srv->pending_closes += 2;
+  uv_close((uv_handle_t *)&srv->step_poll, on_step_poll_close);
+  uv_close((uv_handle_t *)&srv->refuse_timer, on_handle_close);
+  if (srv->http) {
+    retire_http(srv, srv->http);
+    srv->http = NULL;
+  }
+  if (srv->admin) {
+    retire_http(srv, srv->admin);
+    srv->admin = NULL;
+  }
+  srv->pending_closes--;
+  if (srv->pending_closes == 0 && srv->done) {
+    srv->done = NULL;
+    done(data);
+  }
+}
+
+void kvr_sim_server_free(kvr_sim_server_t *srv) {
+  if (srv == NULL)
+    return;
+  kvr_sim_engine_free(srv->eng);
+  free(srv->listen);
+  free(srv->admin_listen);
+  free(srv->model);
+  kvr_buf_free(&srv->scratch);
+  free(srv);
+}

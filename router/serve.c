@@ -1,0 +1,140 @@
+/* serve.c -- `kvrouter serve`: wires config, router, public proxy and admin API onto one loop.
+ *
+ * Start-up: parse flags and config (one-line error and exit 2 on any bad value), create the router
+ * (workers, policy, cache index, scraper), listen on the public and admin addresses, run the loop.
+ *
+ * Shutdown on SIGINT/SIGTERM: both listeners stop accepting and idle connections close; requests in
+ * flight get up to SHUTDOWN_GRACE_MS to finish, then (or at a second signal) they are aborted. When
+ * the last connection is gone the router closes its handles and the loop ends; the process exits 0
+ * with every handle closed (uv_loop_close() succeeds).
+ */
+
+#include "commands.h"
+
+#include "src/admin.h"
+#include "src/config.h"
+#include "src/http_server.h"
+#include "src/kvr.h"
+#include "src/log.h"
+#include "src/proxy.h"
+#include "src/router.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SHUTDOWN_GRACE_MS 10000
+
+typedef struct {
+  uv_loop_t loop;
+  kvr_config_t cfg;
+  kvr_router_t *router;
+  kvr_proxy_t *proxy;
+  kvr_http_server_t *pub, *admin;
+  uv_signal_t sigint, sigterm;
+  uv_timer_t grace;
+  int servers_open;
+  bool stopping;
+} serve_t;
+
+static void on_handle_closed(uv_handle_t *h) {
+  (void)h;
+}
+
+static void on_server_closed(void *data) {
+  serve_t *s = data;
+  if (--s->servers_open > 0)
+    return;
+  kvr_router_close(s->router);
+  uv_close((uv_handle_t *)&s->sigint, on_handle_closed);
+  uv_close((uv_handle_t *)&s->sigterm, on_handle_closed);
+  uv_close((uv_handle_t *)&s->grace, on_handle_closed);
+}
+
+static void on_grace(uv_timer_t *t) {
+  serve_t *s = t->data;
+  if (kvr_proxy_active(s->proxy))
+    KVR_WARN("serve", "aborting %zu requests still in flight", kvr_proxy_active(s->proxy));
+  kvr_proxy_abort_all(s->proxy);
+}
+
+static void on_signal(uv_signal_t *sig, int signum) {
+  serve_t *s = sig->data;
+  if (s->stopping) {
+    on_grace(&s->grace);
+    return;
+  }
+  s->stopping = true;
+  KVR_INFO("serve", "signal %d: shutting down (%zu requests in flight)", signum,
+           kvr_proxy_active(s->proxy));
+  uv_timer_start(&s->grace, on_grace, SHUTDOWN_GRACE_MS, 0);
+  kvr_http_server_close(s->pub, on_server_closed, s);
+  kvr_http_server_close(s->admin, on_server_closed, s);
+}
+
+int kvr_serve_main(int argc, char **argv) {
+  serve_t *s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return 1;
+  char err[1024] = "";
+  int exit_code = 0;
+  kvr_config_init(&s->cfg);
+  int rc = kvr_config_parse_args(&s->cfg, argc, argv, stdout, err, sizeof err);
+  if (rc != 0) {
+    if (rc < 0)
+      fprintf(stderr, "kvrouter serve: %s\n", err);
+    kvr_config_free(&s->cfg);
+    free(s);
+    return rc > 0 ? 0 : 2;
+  }
+  kvr_log_level_t lvl;
+  if (kvr_log_parse_level(s->cfg.log_level, &lvl) == 0)
+    kvr_log_set_level(lvl);
+  uv_loop_init(&s->loop);
+  s->router = kvr_router_new(&s->loop, &s->cfg, err, sizeof err);
+  if (s->router == NULL) {
+    fprintf(stderr, "kvrouter serve: %s\n", err);
+    exit_code = 2;
+    uv_run(&s->loop, UV_RUN_DEFAULT); /* runs the close callbacks of what was set up */
+    goto out_loop;
+  }
+  s->proxy = kvr_proxy_new(s->router);
+  s->pub = kvr_http_server_new(&s->loop, &s->cfg.limits, kvr_proxy_on_request, s->proxy);
+  kvr_http_limits_t admin_limits = s->cfg.limits;
+  admin_limits.max_connections = 0;
+  s->admin = kvr_http_server_new(&s->loop, &admin_limits, kvr_admin_on_request, s->router);
+  kvr_http_server_log_rejects(s->pub, s->cfg.access_log);
+  uv_signal_init(&s->loop, &s->sigint);
+  uv_signal_init(&s->loop, &s->sigterm);
+  uv_timer_init(&s->loop, &s->grace);
+  s->sigint.data = s->sigterm.data = s->grace.data = s;
+  s->servers_open = 2;
+  if (kvr_http_server_listen(s->pub, s->cfg.listen, err, sizeof err) != 0 ||
+      kvr_http_server_listen(s->admin, s->cfg.admin_listen, err, sizeof err) != 0) {
+    fprintf(stderr, "kvrouter serve: %s\n", err);
+    exit_code = 1;
+    s->stopping = true;
+    kvr_http_server_close(s->pub, on_server_closed, s);
+    kvr_http_server_close(s->admin, on_server_closed, s);
+  } else {
+    uv_signal_start(&s->sigint, on_signal, SIGINT);
+    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    KVR_INFO("serve",
+             "kvrouter %s listening on %s (port %d), admin on %s (port %d), policy %s, "
+             "%zu workers",
+             KVR_VERSION, s->cfg.listen, kvr_http_server_port(s->pub), s->cfg.admin_listen,
+             kvr_http_server_port(s->admin), s->cfg.policy, s->cfg.nworkers);
+  }
+  uv_run(&s->loop, UV_RUN_DEFAULT);
+  kvr_http_server_free(s->pub);
+  kvr_http_server_free(s->admin);
+  kvr_proxy_free(s->proxy);
+out_loop:
+  if (uv_loop_close(&s->loop) != 0) {
+    KVR_ERROR("serve", "event loop closed with handles still open");
+    exit_code = exit_code ? exit_code : 1;
+  }
+  kvr_config_free(&s->cfg);
+  free(s);
+  return exit_code;
+}

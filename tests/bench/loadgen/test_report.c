@@ -1,0 +1,338 @@
+/* test_report.c -- golden-structure tests of the report renderers on hand-built results. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "bench/loadgen/report.h"
+#include "bench/loadgen/stats.h"
+#include "src/kvr.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* A level of 20 requests with constant TTFT/TPOT (so every percentile equals them), spread
+ * round-robin over nworkers named w0.., plus nfail failed requests. */
+static kvr_level_t *level(const kvr_slo_t *slo, double rate, double ttft, double tpot, int nfail,
+                          int nworkers) {
+  kvr_level_t *lv = kvr_stats_level_new(rate, 0);
+  for (int i = 0; i < 20 + nfail; i++) {
+    kvr_req_rec_t r;
+    memset(&r, 0, sizeof(r));
+    r.conv = (uint64_t)i / 2;
+    r.turn = 1 + i % 2;
+    r.sent_s = r.target_s = i / rate;
+    r.ok = i < 20;
+    r.status = r.ok ? 200 : 503;
+    r.ttft_ms = r.ok ? ttft : -1;
+    r.output_tokens = r.ok ? 101 : 0;
+    r.tpot_ms = r.ok ? tpot : -1;
+    r.e2e_ms = r.ok ? ttft + 100 * tpot : 5;
+    r.prompt_tokens = r.ok ? 4000 : 0;
+    r.cached_tokens = r.ok ? 3000 : 0;
+    r.usage_seen = r.ok;
+    snprintf(r.worker, sizeof(r.worker), "w%d", i % nworkers);
+    if (!r.ok)
+      snprintf(r.error, sizeof(r.error), "HTTP 503");
+    double itl[3] = {tpot, tpot, tpot};
+    kvr_stats_level_add(lv, &r, itl, r.ok ? 3 : 0);
+  }
+  kvr_stats_level_finish(lv, slo);
+  return lv;
+}
+
+/* phase0 passes at 1 and 2, fails TPOT at 3 and TTFT+TPOT at 4; phase3 passes up to 3, has no
+ * level at 1, and fails on errors at 4. */
+static kvr_results_t *sample(void) {
+  kvr_results_t *res = kvr_stats_results_new();
+  kvr_stats_set_str(&res->title, "A/B <test>");
+  kvr_stats_set_str(&res->generated, "2026-01-01T00:00:00Z");
+  kvr_stats_set_str(&res->url, "http://127.0.0.1:1");
+  kvr_stats_set_str(&res->model, "m");
+  kvr_stats_set_str(&res->workload, "multiturn");
+  res->num_prompts = 20;
+  kvr_run_t *a = kvr_stats_results_add_run(res, "phase0", "round_robin", "round robin");
+  kvr_stats_run_add(a, level(&res->slo, 1, 300, 30, 0, 4));
+  kvr_stats_run_add(a, level(&res->slo, 2, 700, 50, 0, 4));
+  kvr_stats_run_add(a, level(&res->slo, 3, 900, 70, 0, 4));
+  kvr_stats_run_add(a, level(&res->slo, 4, 1200, 90, 0, 4));
+  kvr_run_t *b = kvr_stats_results_add_run(res, "phase3", "kv_aware", "kv aware");
+  kvr_stats_run_add(b, level(&res->slo, 2, 400, 40, 0, 2));
+  kvr_stats_run_add(b, level(&res->slo, 3, 600, 55, 0, 2));
+  kvr_stats_run_add(b, level(&res->slo, 4, 800, 58, 3, 2));
+  return res;
+}
+
+static const char *section(const char *md, const char *heading) {
+  const char *s = strstr(md, heading);
+  assert_non_null(s);
+  return s;
+}
+
+static void test_markdown_structure(void **state) {
+  (void)state;
+  kvr_results_t *res = sample();
+  kvr_buf_t md = KVR_BUF_INIT;
+  kvr_report_markdown(res, &md);
+  const char *m = md.data;
+  section(m, "# A/B <test>");
+  section(m, "## Configuration");
+  section(m, "| 0 | phase0 (baseline) | round_robin | round robin |");
+  section(m, "| TTFT p99 | < 1000ms |");
+  section(m, "## Results \xe2\x80\x94 TTFT p99 (ms)");
+  section(m, "## Results \xe2\x80\x94 TPOT p99 (ms)");
+  section(m, "## Results \xe2\x80\x94 Output Throughput (tok/s)");
+  section(m, "## Results \xe2\x80\x94 Max Concurrent Requests");
+  /* phase3 has no level at 1.00: an em dash. */
+  const char *ttft = section(m, "## Results \xe2\x80\x94 TTFT p99 (ms)");
+  assert_true(strstr(ttft, "| 1.00 | 300 | \xe2\x80\x94 |") != NULL);
+  assert_true(strstr(ttft, "| 4.00 | 1200 | 800 |") != NULL);
+  /* The compliance matrix names the failing SLO. */
+  const char *matrix = section(m, "## SLO Compliance Matrix");
+  assert_non_null(strstr(matrix, "| 2.00 | PASS | PASS |"));
+  assert_non_null(strstr(matrix, "| 3.00 | FAIL (TPOT) | PASS |"));
+  assert_non_null(strstr(matrix, "| 4.00 | FAIL (TTFT+TPOT) | FAIL (errors) |"));
+  /* Winner: phase0 max 2, phase3 max 3 -> +50%. */
+  const char *win = section(m, "## Winner Identification");
+  assert_non_null(strstr(win, "| phase0 | 2.00 | \xe2\x80\x94 |"));
+  assert_non_null(strstr(win, "| phase3 **WINNER** | 3.00 | +50% |"));
+  assert_non_null(
+      strstr(win, "improved max SLO-compliant load over baseline: 2.00 -> 3.00 RPS (+50%)"));
+  const char *det = section(m, "## Detailed Comparison at Baseline Max Rate (2.00 RPS)");
+  assert_non_null(strstr(det, "| TTFT p99 (ms) | 700 | 400 |"));
+  assert_non_null(strstr(det, "| Completed | 20 | 20 |"));
+  assert_non_null(strstr(det, "| Cached tokens (% of prompt) | 75% | 75% |"));
+  const char *turns = section(m, "## Per-Turn TTFT at 2.00 RPS");
+  assert_non_null(strstr(turns, "| 2 | 700 / 700, 4000 tok, 75% cached | 400 / 400"));
+  const char *share = section(m, "## Worker Share at 2.00 RPS");
+  assert_non_null(strstr(share, "| w0 | 5 (25%) | 10 (50%) |"));
+  assert_non_null(strstr(share, "| w3 | 5 (25%) | 0 (0%) |"));
+  const char *obs = section(m, "## Key Observations");
+  assert_non_null(
+      strstr(obs, "`phase3` raises the max SLO-compliant load from 2.00 to 3.00 RPS (+50%)"));
+  assert_non_null(strstr(obs, "TPOT binds first for `phase0`"));
+  assert_non_null(strstr(obs, "errors binds first for `phase3`"));
+  assert_non_null(strstr(obs, "changes TTFT p99 by -43% (700 -> 400 ms)"));
+  assert_non_null(strstr(obs, "75.0% of prompt tokens were served from the KV cache"));
+  assert_non_null(strstr(obs, "3 requests failed"));
+  section(m, "## Workload Parameters");
+  section(m, "| Rate Meaning | requests per second of turn arrivals");
+  section(m, "| Arrival Distribution | Poisson (burstiness=1.0) |");
+  kvr_buf_free(&md);
+  kvr_stats_results_free(res);
+}
+
+static void test_no_improvement(void **state) {
+  (void)state;
+  kvr_results_t *res = kvr_stats_results_new();
+  kvr_run_t *a = kvr_stats_results_add_run(res, "base", "", "");
+  kvr_stats_run_add(a, level(&res->slo, 1, 300, 30, 0, 1));
+  kvr_run_t *b = kvr_stats_results_add_run(res, "worse", "", "");
+  kvr_stats_run_add(b, level(&res->slo, 1, 1300, 30, 0, 1));
+  kvr_run_t *c = kvr_stats_results_add_run(res, "tied", "", "");
+  kvr_stats_run_add(c, level(&res->slo, 1, 300, 30, 0, 1));
+  kvr_buf_t md = KVR_BUF_INIT;
+  kvr_report_markdown(res, &md);
+  assert_non_null(strstr(md.data, "| worse | 0.00 | -100% |"));
+  assert_non_null(strstr(md.data, "| tied | 1.00 | +0% |")); /* equal to the baseline: no winner */
+  assert_non_null(strstr(md.data, "**No configuration improved over baseline.**"));
+  assert_non_null(strstr(md.data, "| 1.00 | PASS | FAIL (TTFT) |"));
+  assert_null(strstr(md.data, "WINNER"));
+  kvr_buf_t sum = KVR_BUF_INIT;
+  kvr_report_summary(res, &sum);
+  assert_non_null(strstr(sum.data, "(-100% vs base)"));
+  kvr_buf_free(&sum);
+  kvr_buf_free(&md);
+  kvr_stats_results_free(res);
+}
+
+static size_t count(const char *s, const char *needle) {
+  size_t n = 0;
+  for (const char *p = strstr(s, needle); p; p = strstr(p + 1, needle))
+    n++;
+  return n;
+}
+
+static const char *svg_by_id(const char *html, const char *id, char *buf, size_t size) {
+  char needle[64];
+  snprintf(needle, sizeof(needle), "id=\"%s\"", id);
+  const char *s = strstr(html, needle);
+  assert_non_null(s);
+  const char *e = strstr(s, "</svg>");
+  assert_non_null(e);
+  size_t n = KVR_MIN((size_t)(e - s), size - 1);
+  memcpy(buf, s, n);
+  buf[n] = '\0';
+  return buf;
+}
+
+static void test_html_charts(void **state) {
+  (void)state;
+  kvr_results_t *res = sample();
+  kvr_buf_t html = KVR_BUF_INIT;
+  kvr_report_html(res, &html);
+  const char *h = html.data;
+  assert_int_equal(count(h, "<svg"), 4);
+  assert_int_equal(count(h, "</svg>"), 4);
+  static char buf[65536];
+  svg_by_id(h, "ttft-p99", buf, sizeof(buf));
+  assert_int_equal(count(buf, "class=\"slo\""), 1);
+  assert_non_null(strstr(buf, "SLO 1000 ms"));
+  assert_int_equal(count(buf, "<polyline"), 2);
+  assert_non_null(strstr(buf, "data-label=\"phase3\""));
+  svg_by_id(h, "tpot-p99", buf, sizeof(buf));
+  assert_non_null(strstr(buf, "SLO 60 ms"));
+  svg_by_id(h, "throughput", buf, sizeof(buf));
+  assert_null(strstr(buf, "class=\"slo\""));
+  svg_by_id(h, "worker-share", buf, sizeof(buf));
+  /* 4 workers x phase0 + 4 x phase3 (two of them with zero share). */
+  assert_int_equal(count(buf, "class=\"bar\""), 8);
+  /* Labels and titles are escaped. */
+  assert_non_null(strstr(h, "<h1>A/B &lt;test&gt;</h1>"));
+  assert_non_null(strstr(h, "<td>FAIL (TPOT)</td>"));
+  kvr_buf_free(&html);
+  kvr_stats_results_free(res);
+}
+
+static void test_level_json_and_jsonl(void **state) {
+  (void)state;
+  kvr_results_t *res = sample();
+  const kvr_run_t *run = &res->runs[0];
+  const kvr_level_t *lv = run->levels[2];
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_report_level_json(res, run, lv, &b);
+  cJSON *j = cJSON_Parse(b.data);
+  assert_non_null(j);
+  assert_true(cJSON_GetObjectItem(j, "request_rate")->valuedouble == 3.0);
+  assert_true(cJSON_GetObjectItem(j, "p99_ttft_ms")->valuedouble == 900.0);
+  assert_true(cJSON_GetObjectItem(j, "median_tpot_ms")->valuedouble == 70.0);
+  assert_int_equal(cJSON_GetObjectItem(j, "completed")->valueint, 20);
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "ttfts")), 20);
+  cJSON *k = cJSON_GetObjectItem(j, "kvrouter");
+  assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(k, "slo"), "failed")->valuestring,
+                      "TPOT");
+  assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(k, "worker_share"), "w1")->valueint, 5);
+  cJSON_Delete(j);
+
+  kvr_buf_reset(&b);
+  kvr_report_jsonl(&res->runs[1], res->runs[1].levels[2], &b);
+  assert_int_equal(count(b.data, "\n"), 23);
+  char *save = NULL;
+  int failed = 0;
+  for (char *line = strtok_r(b.data, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    cJSON *o = cJSON_Parse(line);
+    assert_non_null(o);
+    assert_string_equal(cJSON_GetObjectItem(o, "label")->valuestring, "phase3");
+    failed += cJSON_IsFalse(cJSON_GetObjectItem(o, "ok"));
+    cJSON_Delete(o);
+  }
+  assert_int_equal(failed, 3);
+  kvr_buf_free(&b);
+  kvr_stats_results_free(res);
+}
+
+static void test_write_files(void **state) {
+  (void)state;
+  kvr_results_t *res = sample();
+  char dir[] = "/tmp/kvr_report_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char sub[256], err[256], path[512];
+  snprintf(sub, sizeof(sub), "%s/out/nested", dir);
+  assert_int_equal(kvr_report_write(res, sub, err, sizeof(err)), 0);
+  const char *files[] = {"report.md", "report.html", "requests.jsonl",
+                         "results/phase0_rate1.00.json", "results/phase3_rate4.00.json"};
+  struct stat st;
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(files); i++) {
+    snprintf(path, sizeof(path), "%s/%s", sub, files[i]);
+    assert_int_equal(stat(path, &st), 0);
+    assert_true(st.st_size > 0);
+  }
+  char cmd[600];
+  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+  assert_int_equal(kvr_report_write(res, "/proc/kvr-no-such/x", err, sizeof(err)), KVR_EIO);
+  assert_non_null(strstr(err, "/proc/kvr-no-such"));
+  kvr_stats_results_free(res);
+}
+
+/* Engine figures (preemptions, KV peak) and the prefix-cache reset outcome in the Markdown and the
+ * level JSON; levels without engine figures show n/a / null, and without any the tables are left
+ * out. */
+static void test_engine_figures_and_reset(void **state) {
+  (void)state;
+  kvr_results_t *res = sample();
+  kvr_buf_t md = KVR_BUF_INIT;
+  kvr_report_markdown(res, &md);
+  assert_null(strstr(md.data, "Preemptions"));
+  assert_non_null(strstr(md.data, "Prefix caches were **not** reset between runs"));
+  assert_non_null(strstr(md.data, "| Prefix Cache Reset | none |"));
+  kvr_buf_reset(&md);
+
+  res->cache_reset = "before each run: POST /admin/reset_prefix_cache";
+  snprintf(res->runs[0].cache_reset, sizeof(res->runs[0].cache_reset), "2/2 workers reset");
+  snprintf(res->runs[1].cache_reset, sizeof(res->runs[1].cache_reset),
+           "1/2 workers reset; worker 1: HTTP 404");
+  kvr_level_t *a2 = res->runs[0].levels[1], *a3 = res->runs[0].levels[2];
+  kvr_level_t *b2 = res->runs[1].levels[0];
+  a2->engine_workers = 2, a2->preemptions = 0, a2->kv_usage_peak = 0.5;
+  a3->engine_workers = 2, a3->preemptions = 17, a3->kv_usage_peak = 0.99;
+  b2->engine_workers = 2, b2->preemptions = 0, b2->kv_usage_peak = 0.4;
+  kvr_report_markdown(res, &md);
+  const char *m = md.data;
+  const char *conf = section(m, "## Configuration");
+  assert_non_null(strstr(conf, "| # | Label | Policy | Description | Prefix Cache Reset |"));
+  assert_non_null(strstr(conf, "| 0 | phase0 (baseline) | round_robin | round robin | 2/2 workers "
+                               "reset |"));
+  assert_non_null(strstr(conf, "| kv aware | 1/2 workers reset; worker 1: HTTP 404 |"));
+  assert_non_null(strstr(conf, "Prefix caches were reset before each run: POST "
+                               "/admin/reset_prefix_cache, so every run starts cold."));
+  const char *pre = section(m, "## Results \xe2\x80\x94 Preemptions (KV cache full)");
+  assert_non_null(strstr(pre, "| 1.00 | n/a | \xe2\x80\x94 |"));
+  assert_non_null(strstr(pre, "| 2.00 | 0 | 0 |"));
+  assert_non_null(strstr(pre, "| 3.00 | 17 | n/a |"));
+  const char *kv = section(m, "## Results \xe2\x80\x94 KV Cache Usage Peak");
+  assert_non_null(strstr(kv, "| 3.00 | 99% | n/a |"));
+  const char *det = section(m, "## Detailed Comparison at Baseline Max Rate (2.00 RPS)");
+  assert_non_null(strstr(det, "| Preemptions | 0 | 0 |"));
+  assert_non_null(strstr(det, "| KV cache usage peak | 50% | 40% |"));
+  assert_non_null(strstr(m, "| Prefix Cache Reset | before each run: POST "
+                            "/admin/reset_prefix_cache |"));
+
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_report_level_json(res, &res->runs[0], a3, &b);
+  cJSON *j = cJSON_Parse(b.data);
+  cJSON *k = cJSON_GetObjectItem(j, "kvrouter");
+  assert_int_equal(cJSON_GetObjectItem(k, "preemptions")->valueint, 17);
+  assert_true(cJSON_GetObjectItem(k, "kv_cache_usage_peak")->valuedouble == 0.99);
+  assert_int_equal(cJSON_GetObjectItem(k, "engine_metrics_workers")->valueint, 2);
+  assert_string_equal(cJSON_GetObjectItem(k, "prefix_cache_reset")->valuestring,
+                      "2/2 workers reset");
+  cJSON_Delete(j);
+  kvr_buf_reset(&b);
+  kvr_report_level_json(res, &res->runs[1], res->runs[1].levels[1], &b);
+  j = cJSON_Parse(b.data);
+  k = cJSON_GetObjectItem(j, "kvrouter");
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(k, "preemptions")));
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(k, "kv_cache_usage_peak")));
+  assert_int_equal(cJSON_GetObjectItem(k, "engine_metrics_workers")->valueint, 0);
+  cJSON_Delete(j);
+  kvr_buf_free(&b);
+  kvr_buf_free(&md);
+  res->cache_reset = NULL;
+  kvr_stats_results_free(res);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_markdown_structure), cmocka_unit_test(test_no_improvement),
+      cmocka_unit_test(test_html_charts),        cmocka_unit_test(test_level_json_and_jsonl),
+      cmocka_unit_test(test_write_files),        cmocka_unit_test(test_engine_figures_and_reset),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,375 @@
+/* test_sim_engine.c -- the simulated vLLM engine: prefix-cache hit accounting, LRU eviction order
+ * (tail blocks first), preemption by recompute, the per-step token budget with chunked prefill,
+ * max_num_seqs, aborts, and the cost model's bookkeeping. */
+#include "bench/sim/sim_engine.h"
+#include "bench/sim/sim_tokens.h"
+#include "src/kvr.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+/* Prompt ids base, base+1, ...: distinct bases give distinct prompts. */
+static uint32_t *prompt_seq(uint32_t base, uint32_t n) {
+  uint32_t *p = malloc(n * sizeof(uint32_t));
+  for (uint32_t i = 0; i < n; i++)
+    p[i] = base + i;
+  return p;
+}
+
+static kvr_sim_engine_t *small_engine(uint32_t blocks, uint32_t budget, uint32_t seqs) {
+  kvr_sim_config_t cfg;
+  kvr_sim_config_default(&cfg);
+  cfg.num_gpu_blocks = blocks;
+  cfg.max_num_batched_tokens = budget;
+  cfg.max_num_seqs = seqs;
+  cfg.max_model_len = 4096;
+  kvr_sim_engine_t *eng = kvr_sim_engine_new(&cfg);
+  assert_non_null(eng);
+  return eng;
+}
+
+static void run_until_done(kvr_sim_engine_t *eng, kvr_sim_req_t *req) {
+  kvr_sim_step_t st;
+  for (int i = 0; i < 10000 && req->state != KVR_SIM_FINISHED; i++)
+    kvr_sim_engine_step(eng, &st);
+  assert_int_equal(req->state, KVR_SIM_FINISHED);
+}
+
+static void test_defaults(void **state) {
+  kvr_sim_config_t cfg;
+  char err[128];
+  kvr_sim_config_default(&cfg);
+  /* 53.15 GiB / 163,840 B per token / 16 = ~21.7k blocks (WORKLOAD.md) */
+  assert_true(cfg.num_gpu_blocks > 21700 && cfg.num_gpu_blocks < 21800);
+  assert_int_equal(kvr_sim_config_check(&cfg, err, sizeof(err)), 0);
+  cfg.block_size = 0;
+  assert_int_equal(kvr_sim_config_check(&cfg, err, sizeof(err)), KVR_EINVAL);
+  assert_non_null(strstr(err, "block_size"));
+  assert_null(kvr_sim_engine_new(&cfg));
+  kvr_sim_engine_free(NULL);
+  kvr_sim_engine_remove(NULL, NULL);
+}
+
+static void test_prefix_hits(void **state) {
+  kvr_sim_engine_t *eng = small_engine(64, 8192, 16);
+  uint32_t *p = prompt_seq(1000, 64);
+  kvr_sim_req_t *a = kvr_sim_engine_add(eng, p, 64, 3, KVR_SIM_FINISH_LENGTH, 1, NULL);
+  run_until_done(eng, a);
+  assert_int_equal(a->num_cached, 0);
+  assert_int_equal(a->finish, KVR_SIM_FINISH_LENGTH);
+  kvr_sim_stats_t s;
+  kvr_sim_engine_stats(eng, &s);
+  assert_int_equal(s.prefix_queries, 64);
+  assert_int_equal(s.prefix_hits, 0);
+  assert_int_equal(s.prompt_tokens, 64);
+  assert_int_equal(s.generation_tokens, 3);
+  assert_int_equal(s.blocks_used, 0);
+  /* 64 prompt + 2 computed outputs = 66 tokens: 4 full blocks hashed and kept after the free */
+  assert_int_equal(s.blocks_cached, 4);
+
+  /* same prompt: the last token must be recomputed, so 3 of its 4 blocks hit */
+  kvr_sim_req_t *b = kvr_sim_engine_add(eng, p, 64, 1, KVR_SIM_FINISH_STOP, 1, NULL);
+  kvr_sim_step_t st;
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(b->num_cached, 48);
+  assert_int_equal(st.prefill_tokens, 16);
+  assert_true(st.events[0].finished);
+  assert_int_equal(b->finish, KVR_SIM_FINISH_STOP);
+  kvr_sim_engine_stats(eng, &s);
+  assert_int_equal(s.prefix_queries, 128);
+  assert_int_equal(s.prefix_hits, 48);
+
+  /* a prompt sharing only the first 20 tokens hits exactly one block */
+  uint32_t *q = prompt_seq(1000, 64);
+  for (uint32_t i = 20; i < 64; i++)
+    q[i] = 7;
+  kvr_sim_req_t *c = kvr_sim_engine_add(eng, q, 64, 1, KVR_SIM_FINISH_STOP, 1, NULL);
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(c->num_cached, 16);
+  /* a generated token sequence continues the hash chain: a prompt equal to a's prompt + its first
+   * two outputs hits 4 blocks (64 + 2 - 1 computed tokens -> 4 full blocks) */
+  uint32_t ext[67];
+  memcpy(ext, a->tokens, 66 * sizeof(uint32_t));
+  ext[66] = 5;
+  kvr_sim_req_t *d = kvr_sim_engine_add(eng, ext, 67, 1, KVR_SIM_FINISH_STOP, 1, NULL);
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(d->num_cached, 64);
+
+  kvr_sim_engine_remove(eng, a);
+  kvr_sim_engine_remove(eng, b);
+  kvr_sim_engine_remove(eng, c);
+  kvr_sim_engine_remove(eng, d);
+  kvr_sim_engine_free(eng);
+  free(p);
+  free(q);
+}
+
+static void test_eviction_order(void **state) {
+  /* 8 blocks. A and B each cache 2 blocks then free them tail first; C takes the 4 never-used
+   * blocks; D then has to evict, and must take A's blocks (freed before B's) tail first. */
+  kvr_sim_engine_t *eng = small_engine(8, 8192, 16);
+  uint32_t *pa = prompt_seq(100, 32), *pb = prompt_seq(200, 32), *pc = prompt_seq(300, 64);
+  uint32_t *pd = prompt_seq(400, 17);
+  kvr_sim_req_t *a = kvr_sim_engine_add(eng, pa, 32, 1, KVR_SIM_FINISH_STOP, 1, NULL);
+  run_until_done(eng, a);
+  int32_t a1 = 1; /* A took blocks 0 and 1, the head of the initial free list */
+  kvr_sim_req_t *b = kvr_sim_engine_add(eng, pb, 32, 1, KVR_SIM_FINISH_STOP, 1, NULL);
+  run_until_done(eng, b);
+  uint64_t ha0 = kvr_sim_block_hash(0, pa, 16), ha1 = kvr_sim_block_hash(ha0, pa + 16, 16);
+  uint64_t hb0 = kvr_sim_block_hash(0, pb, 16), hb1 = kvr_sim_block_hash(hb0, pb + 16, 16);
+  assert_true(kvr_sim_engine_has_hash(eng, ha0) && kvr_sim_engine_has_hash(eng, ha1));
+  assert_true(kvr_sim_engine_has_hash(eng, hb0) && kvr_sim_engine_has_hash(eng, hb1));
+
+  kvr_sim_req_t *c = kvr_sim_engine_add(eng, pc, 64, 1, KVR_SIM_FINISH_STOP, 1, NULL);
+  kvr_sim_step_t st;
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(c->state, KVR_SIM_FINISHED);
+  /* c's own blocks went to the tail; the head is now A's tail block */
+  assert_int_equal(kvr_sim_engine_next_victim(eng), a1);
+  kvr_sim_engine_remove(eng, c);
+
+  /* the free list is [a1, a0, b1, b0, c3, c2, c1, c0]: D needs 2 blocks and takes a1 then a0 */
+  kvr_sim_req_t *d = kvr_sim_engine_add(eng, pd, 17, 1, KVR_SIM_FINISH_STOP, 1, NULL);
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(d->state, KVR_SIM_FINISHED);
+  assert_false(kvr_sim_engine_has_hash(eng, ha0));
+  assert_false(kvr_sim_engine_has_hash(eng, ha1));
+  assert_true(kvr_sim_engine_has_hash(eng, hb0) && kvr_sim_engine_has_hash(eng, hb1));
+
+  /* B's prompt still hits its first block (looked up first: A's would evict B's); A's misses */
+  kvr_sim_req_t *b2 = kvr_sim_engine_add(eng, pb, 32, 1, KVR_SIM_FINISH_STOP, 1, NULL);
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(b2->num_cached, 16);
+  kvr_sim_req_t *a2 = kvr_sim_engine_add(eng, pa, 32, 1, KVR_SIM_FINISH_STOP, 1, NULL);
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(a2->num_cached, 0);
+
+  kvr_sim_engine_remove(eng, a);
+  kvr_sim_engine_remove(eng, b);
+  kvr_sim_engine_remove(eng, d);
+  kvr_sim_engine_remove(eng, a2);
+  kvr_sim_engine_remove(eng, b2);
+  kvr_sim_engine_free(eng);
+  free(pa);
+  free(pb);
+  free(pc);
+  free(pd);
+}
+
+static void test_preemption(void **state) {
+  /* 6 blocks of 16; two requests of 40 prompt + 40 output need 5 blocks each: the later admitted
+   * one is preempted when the earlier one grows, and both still produce their exact outputs. */
+  kvr_sim_engine_t *eng = small_engine(6, 8192, 16);
+  uint32_t *pa = prompt_seq(100, 40), *pb = prompt_seq(900, 40);
+  kvr_sim_req_t *a = kvr_sim_engine_add(eng, pa, 40, 40, KVR_SIM_FINISH_LENGTH, 11, NULL);
+  kvr_sim_req_t *b = kvr_sim_engine_add(eng, pb, 40, 40, KVR_SIM_FINISH_LENGTH, 22, NULL);
+  kvr_sim_step_t st;
+  uint32_t out_a = 0, out_b = 0, preempt_a = 0, preempt_b = 0;
+  for (int i = 0; i < 1000 && kvr_sim_engine_busy(eng); i++) {
+    kvr_sim_engine_step(eng, &st);
+    for (size_t e = 0; e < st.nevents; e++) {
+      kvr_sim_event_t *ev = &st.events[e];
+      *(ev->req == a ? &out_a : &out_b) += ev->new_tokens;
+      if (ev->preempted)
+        (*(ev->req == a ? &preempt_a : &preempt_b))++;
+    }
+    kvr_sim_stats_t s;
+    kvr_sim_engine_stats(eng, &s);
+    assert_true(s.blocks_used <= 6);
+  }
+  assert_int_equal(a->state, KVR_SIM_FINISHED);
+  assert_int_equal(b->state, KVR_SIM_FINISHED);
+  assert_int_equal(out_a, 40);
+  assert_int_equal(out_b, 40);
+  assert_int_equal(preempt_a, 0);
+  assert_true(preempt_b >= 1);
+  assert_int_equal(b->num_preemptions, preempt_b);
+  kvr_sim_stats_t s;
+  kvr_sim_engine_stats(eng, &s);
+  assert_int_equal(s.preemptions, preempt_b);
+  assert_int_equal(s.blocks_used, 0);
+  /* outputs are the seeded words regardless of the preemption */
+  for (uint32_t k = 0; k < 40; k++) {
+    assert_int_equal(a->tokens[40 + k], kvr_sim_tokens_word_id(11, k));
+    assert_int_equal(b->tokens[40 + k], kvr_sim_tokens_word_id(22, k));
+  }
+  /* b's prompt tokens were counted once, not once per prefill */
+  assert_int_equal(s.prompt_tokens, 80);
+  kvr_sim_engine_remove(eng, a);
+  kvr_sim_engine_remove(eng, b);
+  kvr_sim_engine_free(eng);
+  free(pa);
+  free(pb);
+}
+
+static void test_budget_and_chunked_prefill(void **state) {
+  kvr_sim_engine_t *eng = small_engine(256, 100, 16);
+  uint32_t *pa = prompt_seq(100, 80), *pb = prompt_seq(300, 80), *pc = prompt_seq(500, 80);
+  kvr_sim_req_t *a = kvr_sim_engine_add(eng, pa, 80, 10, KVR_SIM_FINISH_LENGTH, 1, NULL);
+  kvr_sim_req_t *b = kvr_sim_engine_add(eng, pb, 80, 10, KVR_SIM_FINISH_LENGTH, 2, NULL);
+  kvr_sim_req_t *c = kvr_sim_engine_add(eng, pc, 80, 10, KVR_SIM_FINISH_LENGTH, 3, NULL);
+  kvr_sim_step_t st;
+  kvr_sim_engine_step(eng, &st);
+  /* a fully prefilled (and sampled), b got the 20 left of the budget, c waits */
+  assert_int_equal(st.num_seqs, 2);
+  assert_int_equal(st.prefill_tokens, 100);
+  assert_int_equal(a->num_computed, 80);
+  assert_int_equal(a->ntokens, 81);
+  assert_int_equal(b->num_computed, 20);
+  assert_int_equal(b->ntokens, 80);
+  assert_int_equal(c->state, KVR_SIM_WAITING);
+  assert_int_equal(st.nevents, 2);
+  assert_int_equal(st.events[0].new_tokens, 1);
+  assert_int_equal(st.events[1].new_tokens, 0);
+  /* step 2: a decodes first (1), b finishes its prompt (60), c gets the remaining 39 */
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(st.num_decode, 1);
+  assert_int_equal(st.decode_ctx, 81);
+  assert_int_equal(st.prefill_tokens, 99);
+  assert_int_equal(b->num_computed, 80);
+  assert_int_equal(c->num_computed, 39);
+  /* duration is the cost model applied to what was scheduled */
+  const kvr_sim_config_t *cfg = kvr_sim_engine_config(eng);
+  double expect = kvr_sim_cost_step(&cfg->cost, 3, 99, 81, st.attn_pairs);
+  assert_true(st.duration_s == expect);
+  /* attention pairs: b's chunk of 60 after 20, c's 39 from 0 */
+  assert_true(st.attn_pairs == 60.0 * (20 + 61 / 2.0) + 39.0 * (0 + 40 / 2.0));
+  kvr_sim_engine_remove(eng, a);
+  kvr_sim_engine_remove(eng, b);
+  kvr_sim_engine_remove(eng, c);
+  kvr_sim_engine_free(eng);
+  free(pa);
+  free(pb);
+  free(pc);
+}
+
+static void test_max_num_seqs_and_abort(void **state) {
+  kvr_sim_engine_t *eng = small_engine(256, 8192, 2);
+  uint32_t *p1 = prompt_seq(1, 20), *p2 = prompt_seq(100, 20), *p3 = prompt_seq(200, 20);
+  kvr_sim_req_t *a = kvr_sim_engine_add(eng, p1, 20, 50, KVR_SIM_FINISH_LENGTH, 1, NULL);
+  kvr_sim_req_t *b = kvr_sim_engine_add(eng, p2, 20, 50, KVR_SIM_FINISH_LENGTH, 2, NULL);
+  kvr_sim_req_t *c = kvr_sim_engine_add(eng, p3, 20, 50, KVR_SIM_FINISH_LENGTH, 3, NULL);
+  kvr_sim_step_t st;
+  kvr_sim_engine_step(eng, &st);
+  kvr_sim_engine_step(eng, &st);
+  kvr_sim_stats_t s;
+  kvr_sim_engine_stats(eng, &s);
+  assert_int_equal(s.running, 2);
+  assert_int_equal(s.waiting, 1);
+  assert_int_equal(c->state, KVR_SIM_WAITING);
+  assert_true(s.blocks_used >= 4);
+  /* aborting a running request frees its slot and its blocks; c is admitted next step */
+  kvr_sim_engine_remove(eng, a);
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(c->state, KVR_SIM_RUNNING);
+  kvr_sim_engine_remove(eng, b);
+  kvr_sim_engine_remove(eng, c);
+  kvr_sim_engine_stats(eng, &s);
+  assert_int_equal(s.blocks_used, 0);
+  assert_int_equal(s.running + s.waiting, 0);
+  assert_false(kvr_sim_engine_busy(eng));
+  /* an idle step costs nothing */
+  kvr_sim_engine_step(eng, &st);
+  assert_true(st.duration_s == 0.0);
+  /* requests that can never fit are refused */
+  assert_null(kvr_sim_engine_add(eng, p1, 20, 5000, KVR_SIM_FINISH_LENGTH, 1, NULL));
+  assert_null(kvr_sim_engine_add(eng, p1, 0, 5, KVR_SIM_FINISH_LENGTH, 1, NULL));
+  kvr_sim_engine_free(eng);
+  free(p1);
+  free(p2);
+  free(p3);
+}
+
+/* reset_prefix_cache: an idle cached prompt misses afterwards, a running request's blocks keep
+ * their hashes (a later prompt sharing its prefix still hits), cumulative counters are untouched.
+ */
+static void test_reset_prefix_cache(void **state) {
+  kvr_sim_engine_t *eng = small_engine(64, 8192, 16);
+  uint32_t *p = prompt_seq(1000, 64);
+  uint32_t *q = prompt_seq(5000, 48);
+  kvr_sim_req_t *a = kvr_sim_engine_add(eng, p, 64, 3, KVR_SIM_FINISH_LENGTH, 1, NULL);
+  run_until_done(eng, a);
+  uint64_t h0 = kvr_sim_block_hash(0, p, 16);
+  assert_true(kvr_sim_engine_has_hash(eng, h0));
+
+  /* r runs (prefilled, decoding) while the reset happens */
+  kvr_sim_req_t *r = kvr_sim_engine_add(eng, q, 48, 100, KVR_SIM_FINISH_LENGTH, 2, NULL);
+  kvr_sim_step_t st;
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(r->state, KVR_SIM_RUNNING);
+  kvr_sim_stats_t before, after;
+  kvr_sim_engine_stats(eng, &before);
+  assert_int_equal(before.blocks_cached, 4); /* a's 4 full blocks, free and hashed */
+
+  uint32_t kept = 99;
+  assert_int_equal(kvr_sim_engine_reset_prefix_cache(eng, &kept), 4);
+  assert_int_equal(kept, 3); /* r's 3 full prompt blocks */
+  kvr_sim_engine_stats(eng, &after);
+  assert_int_equal(after.blocks_cached, 0);
+  assert_int_equal(after.blocks_used, before.blocks_used);
+  assert_int_equal(after.prefix_queries, before.prefix_queries);
+  assert_int_equal(after.prefix_hits, before.prefix_hits);
+  assert_int_equal(after.preemptions, before.preemptions);
+  assert_false(kvr_sim_engine_has_hash(eng, h0));
+  assert_true(kvr_sim_engine_has_hash(eng, kvr_sim_block_hash(0, q, 16)));
+
+  /* the same prompt as a is now a miss */
+  kvr_sim_req_t *b = kvr_sim_engine_add(eng, p, 64, 1, KVR_SIM_FINISH_STOP, 1, NULL);
+  /* r's prompt still hits its 2 blocks the lookup may take (the last token is never a hit) */
+  kvr_sim_req_t *c = kvr_sim_engine_add(eng, q, 48, 1, KVR_SIM_FINISH_STOP, 3, NULL);
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(b->num_cached, 0);
+  assert_int_equal(c->num_cached, 32);
+  kvr_sim_engine_stats(eng, &after);
+  assert_int_equal(after.prefix_hits, before.prefix_hits + 32);
+  assert_int_equal(after.prefix_queries, before.prefix_queries + 64 + 48);
+
+  /* the engine keeps working: r runs to completion on its kept blocks */
+  run_until_done(eng, r);
+  assert_int_equal(r->ntokens, 148);
+  kvr_sim_engine_remove(eng, a);
+  kvr_sim_engine_remove(eng, b);
+  kvr_sim_engine_remove(eng, c);
+  kvr_sim_engine_remove(eng, r);
+  /* idle: everything cached goes; nothing is held */
+  kvr_sim_engine_stats(eng, &before);
+  assert_true(before.blocks_cached > 0);
+  assert_int_equal(kvr_sim_engine_reset_prefix_cache(eng, &kept), before.blocks_cached);
+  assert_int_equal(kept, 0);
+  assert_int_equal(kvr_sim_engine_reset_prefix_cache(eng, NULL), 0);
+  kvr_sim_engine_free(eng);
+  free(p);
+  free(q);
+}
+
+/* The engine frees requests it still holds when freed (no leak under ASan). */
+static void test_free_with_pending(void **state) {
+  kvr_sim_engine_t *eng = small_engine(64, 8192, 1);
+  uint32_t *p = prompt_seq(1, 20);
+  kvr_sim_engine_add(eng, p, 20, 5, KVR_SIM_FINISH_LENGTH, 1, NULL);
+  kvr_sim_engine_add(eng, p, 20, 5, KVR_SIM_FINISH_LENGTH, 1, NULL);
+  kvr_sim_step_t st;
+  kvr_sim_engine_step(eng, &st);
+  kvr_sim_engine_free(eng);
+  free(p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_defaults),
+      cmocka_unit_test(test_prefix_hits),
+      cmocka_unit_test(test_eviction_order),
+      cmocka_unit_test(test_preemption),
+      cmocka_unit_test(test_budget_and_chunked_prefill),
+      cmocka_unit_test(test_max_num_seqs_and_abort),
+      cmocka_unit_test(test_free_with_pending),
+      cmocka_unit_test(test_reset_prefix_cache),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

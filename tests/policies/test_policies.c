@@ -1,0 +1,752 @@
+/* test_policies.c -- the registry, contract tests over every registered policy, each policy's own
+ * rules, and simulations of the router's state updates (cache index + load) that check the two
+ * failure modes of cache-aware routing: losing a conversation's cache (multi-turn must stay on
+ * one worker under kv_aware, and does not under round_robin) and hot spots (one popular prefix
+ * under load must not pile onto one worker), plus "no loss against round_robin when nothing is
+ * shared". */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "policies/policy.h"
+#include "src/cache_index.h"
+#include "src/kvr.h"
+#include "src/prompt.h"
+
+static uint64_t rng_state = 1;
+static uint64_t rnd(void) {
+  return kvr_policy_rand(&rng_state);
+}
+
+/* --- registry and parameters ------------------------------------------------------------------ */
+
+static void test_registry(void **state) {
+  (void)state;
+  char names[256];
+  kvr_policy_names(names, sizeof(names));
+  assert_string_equal(names, "round_robin, least_load, kv_aware, gie_scorer, sglang_cache_aware");
+  assert_non_null(kvr_policy_find("kv_aware"));
+  assert_null(kvr_policy_find("nope"));
+  assert_null(kvr_policy_find(NULL));
+  char err[256] = "";
+  assert_null(kvr_policy_create("nope", NULL, 1, err, sizeof(err)));
+  assert_string_equal(err, "unknown policy 'nope' (valid: round_robin, least_load, kv_aware, "
+                           "gie_scorer, sglang_cache_aware)");
+  char small[8];
+  kvr_policy_names(small, sizeof(small));
+  assert_true(strlen(small) < sizeof(small));
+  kvr_policy_destroy(NULL);
+}
+
+typedef struct {
+  const char *policy;
+  const char *params;
+  const char *err;
+} param_case_t;
+
+static void test_param_errors(void **state) {
+  (void)state;
+  static const param_case_t cases[] = {
+      {"kv_aware", "{\"decode_weight\":-1}", "params.decode_weight: must be >= 0"},
+      {"kv_aware", "{\"prefill_weight\":\"x\"}", "params.prefill_weight: must be a number"},
+      {"kv_aware", "{\"load_weight\":1}",
+       "params.load_weight: unknown parameter (valid: prefill_weight, decode_weight, "
+       "inflight_weight, waiting_weight, kv_usage_weight, balance_epsilon, balance_slack)"},
+      {"kv_aware", "[1]", "params: must be an object"},
+      {"round_robin", "{\"x\":1}", "params.x: unknown parameter (valid: none)"},
+      {"least_load", "{\"x\":1}", "params.x: unknown parameter (valid: none)"},
+      {"gie_scorer", "{\"max_prefix_blocks\":0}", "params.max_prefix_blocks: must be >= 1"},
+      {"gie_scorer", "{\"max_prefix_blocks\":2.5}", "params.max_prefix_blocks: must be an integer"},
+      {"sglang_cache_aware", "{\"cache_threshold\":1.5}", "params.cache_threshold: must be <= 1"},
+      {"sglang_cache_aware", "{\"balance_abs_threshold\":3.5}",
+       "params.balance_abs_threshold: must be an integer"},
+  };
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(cases); i++) {
+    cJSON *params = cJSON_Parse(cases[i].params);
+    assert_non_null(params);
+    char err[512] = "";
+    kvr_policy_t *p = kvr_policy_create(cases[i].policy, params, 1, err, sizeof(err));
+    if (p != NULL || strcmp(err, cases[i].err) != 0)
+      fail_msg("case %zu: got '%s', want '%s'", i, err, cases[i].err);
+    cJSON_Delete(params);
+  }
+  /* Valid values are accepted and written back. */
+  cJSON *params = cJSON_Parse("{\"decode_weight\":0.25,\"balance_epsilon\":1}");
+  char err[256];
+  kvr_policy_t *p = kvr_policy_create("kv_aware", params, 1, err, sizeof(err));
+  assert_non_null(p);
+  cJSON *out = cJSON_CreateObject();
+  p->ops->params(p, out);
+  assert_true(cJSON_GetObjectItem(out, "decode_weight")->valuedouble == 0.25);
+  assert_true(cJSON_GetObjectItem(out, "balance_epsilon")->valuedouble == 1);
+  assert_true(cJSON_GetObjectItem(out, "prefill_weight")->valuedouble == 1);
+  cJSON_Delete(out);
+  cJSON_Delete(params);
+  kvr_policy_destroy(p);
+}
+
+/* --- contract tests over every registered policy ---------------------------------------------- */
+
+static void random_snaps(kvr_worker_snap_t *w, size_t n, kvr_route_req_t *req) {
+  for (size_t i = 0; i < n; i++) {
+    memset(&w[i], 0, sizeof(w[i]));
+    w[i].id = (uint32_t)(100 + i);
+    w[i].usable = rnd() % 5 != 0;
+    w[i].inflight = (uint32_t)(rnd() % 8);
+    w[i].active_tokens = rnd() % 50000;
+    w[i].queued_prefill_tokens = rnd() % 20000;
+    w[i].prefill_backlog_tokens = w[i].queued_prefill_tokens / (1 + rnd() % 4);
+    w[i].metrics_fresh = rnd() % 2;
+    w[i].num_requests_waiting = (double)(rnd() % 4);
+    w[i].num_requests_running = (double)(rnd() % 8);
+    w[i].kv_cache_usage = (double)(rnd() % 100) / 100.0;
+    w[i].cache_capacity_blocks = rnd() % 3 ? 20000 : 0;
+    w[i].cached_blocks = rnd() % 20000;
+    w[i].matched_blocks = req->nblocks ? rnd() % (req->nblocks + 1) : 0;
+  }
+}
+
+static void test_contract_all_policies(void **state) {
+  (void)state;
+  static uint64_t blocks[100];
+  for (size_t k = 0; kvr_policy_registry[k]; k++) {
+    const kvr_policy_ops_t *ops = kvr_policy_registry[k];
+    char err[256];
+    kvr_policy_t *a = ops->create(NULL, 42, err, sizeof(err));
+    kvr_policy_t *b = kvr_policy_create(ops->name, NULL, 42, err, sizeof(err));
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_string_equal(kvr_policy_name(a), ops->name);
+    assert_non_null(ops->description);
+
+    /* params() writes an object that create() accepts back. */
+    cJSON *obj = cJSON_CreateObject();
+    ops->params(a, obj);
+    kvr_policy_t *c = ops->create(obj, 1, err, sizeof(err));
+    assert_non_null(c);
+    kvr_policy_destroy(c);
+    cJSON_Delete(obj);
+    /* Unknown fields are rejected, naming the field. */
+    obj = cJSON_Parse("{\"bogus_field\":1}");
+    err[0] = '\0';
+    assert_null(ops->create(obj, 1, err, sizeof(err)));
+    assert_non_null(strstr(err, "params.bogus_field"));
+    cJSON_Delete(obj);
+
+    kvr_route_req_t req = {blocks, 100, 64, 1600, 256};
+    kvr_worker_snap_t w[KVR_MAX_WORKERS];
+    kvr_policy_score_t scores[KVR_MAX_WORKERS];
+
+    /* 0 workers; 1 worker usable, unusable, tried. */
+    assert_int_equal(kvr_policy_select(a, w, 0, &req, 0, NULL), KVR_POLICY_NONE);
+    random_snaps(w, 1, &req);
+    w[0].usable = true;
+    assert_int_equal(kvr_policy_select(a, w, 1, &req, 0, scores), 0);
+    assert_true(scores[0].eligible);
+    assert_int_equal(kvr_policy_select(a, w, 1, &req, 1, scores), KVR_POLICY_NONE);
+    assert_false(scores[0].eligible);
+    w[0].usable = false;
+    assert_int_equal(kvr_policy_select(a, w, 1, &req, 0, NULL), KVR_POLICY_NONE);
+    /* A request without blocks (empty or tiny prompt) is routable. */
+    kvr_route_req_t empty = {NULL, 0, 64, 3, 0};
+    w[0].usable = true;
+    w[0].matched_blocks = 0;
+    assert_int_equal(kvr_policy_select(a, w, 1, &empty, 0, NULL), 0);
+    assert_int_equal(kvr_policy_select(a, w, 1, NULL, 0, NULL), 0);
+
+    /* Random snapshots: in range, usable, never tried; NONE only when nothing is eligible;
+     * two fresh instances with the same seed agree decision by decision. */
+    kvr_policy_destroy(a);
+    a = ops->create(NULL, 42, err, sizeof(err));
+    assert_non_null(a);
+    rng_state = 7;
+    for (int iter = 0; iter < 3000; iter++) {
+      size_t n = 1 + rnd() % (iter % 10 == 0 ? KVR_MAX_WORKERS : 6);
+      random_snaps(w, n, &req);
+      uint64_t tried = rnd() % 3 == 0 ? rnd() : 0;
+      if (n < KVR_MAX_WORKERS)
+        tried &= (UINT64_C(1) << n) - 1;
+      bool any = false;
+      for (size_t i = 0; i < n; i++)
+        any |= kvr_policy_eligible(&w[i], i, tried);
+      int ra = kvr_policy_select(a, w, n, &req, tried, scores);
+      int rb = kvr_policy_select(b, w, n, &req, tried, NULL);
+      if (ra != rb)
+        fail_msg("%s: not deterministic at iter %d (%d vs %d)", ops->name, iter, ra, rb);
+      if (!any) {
+        assert_int_equal(ra, KVR_POLICY_NONE);
+        continue;
+      }
+      if (ra < 0 || (size_t)ra >= n)
+        fail_msg("%s: out of range %d (n=%zu)", ops->name, ra, n);
+      assert_true(w[ra].usable);
+      assert_false(tried & (UINT64_C(1) << ra));
+      for (size_t i = 0; i < n; i++) {
+        assert_int_equal(scores[i].eligible, kvr_policy_eligible(&w[i], i, tried));
+        assert_false(isnan(scores[i].cost));
+      }
+      assert_false(scores[ra].capped);
+    }
+    kvr_policy_destroy(a);
+    kvr_policy_destroy(b);
+  }
+}
+
+/* --- each policy's own rules ------------------------------------------------------------------ */
+
+static kvr_policy_t *make(const char *name, const char *params) {
+  char err[256];
+  cJSON *j = params ? cJSON_Parse(params) : NULL;
+  kvr_policy_t *p = kvr_policy_create(name, j, 3, err, sizeof(err));
+  cJSON_Delete(j);
+  if (p == NULL)
+    fail_msg("create %s: %s", name, err);
+  return p;
+}
+
+static void idle_workers(kvr_worker_snap_t *w, size_t n) {
+  memset(w, 0, n * sizeof(*w));
+  for (size_t i = 0; i < n; i++) {
+    w[i].id = (uint32_t)i;
+    w[i].usable = true;
+  }
+}
+
+static void test_round_robin_and_least_load(void **state) {
+  (void)state;
+  kvr_worker_snap_t w[4];
+  idle_workers(w, 4);
+  kvr_route_req_t req = {NULL, 0, 64, 100, 0};
+  kvr_policy_t *rr = make("round_robin", NULL);
+  w[2].inflight = 50; /* round robin is load-blind */
+  for (int k = 0; k < 8; k++)
+    assert_int_equal(kvr_policy_select(rr, w, 4, &req, 0, NULL), k % 4);
+  /* It skips tried and unusable workers and keeps its turn. */
+  w[1].usable = false;
+  assert_int_equal(kvr_policy_select(rr, w, 4, &req, 1, NULL), 2);
+  assert_int_equal(kvr_policy_select(rr, w, 4, &req, 0, NULL), 3);
+  assert_int_equal(kvr_policy_select(rr, w, 4, &req, 0, NULL), 0);
+  assert_int_equal(kvr_policy_select(rr, w, 4, &req, 0, NULL), 2);
+  kvr_policy_destroy(rr);
+
+  kvr_policy_t *ll = make("least_load", NULL);
+  idle_workers(w, 4);
+  w[0].inflight = 3;
+  w[1].inflight = 1;
+  w[2].inflight = 1;
+  w[3].inflight = 2;
+  w[1].active_tokens = 9000;
+  w[2].active_tokens = 100;
+  assert_int_equal(kvr_policy_select(ll, w, 4, &req, 0, NULL), 2);
+  assert_int_equal(kvr_policy_select(ll, w, 4, &req, 1u << 2, NULL), 1);
+  /* Exact ties are spread at random. */
+  idle_workers(w, 4);
+  int seen[4] = {0};
+  for (int k = 0; k < 400; k++)
+    seen[kvr_policy_select(ll, w, 4, &req, 0, NULL)]++;
+  for (int i = 0; i < 4; i++)
+    assert_true(seen[i] > 50);
+  kvr_policy_destroy(ll);
+}
+
+/* Every worker is busy prefilling a long prompt (the no-sharing control at load): the request
+ * joins the worker closest to done, even when that worker carries more decode load, because the
+ * remaining prefill is what delays its first token. */
+static void test_kv_aware_joins_the_prefill_closest_to_done(void **state) {
+  (void)state;
+  kvr_policy_t *p = make("kv_aware", NULL);
+  kvr_worker_snap_t w[4];
+  kvr_policy_score_t s[4];
+  kvr_route_req_t req = {NULL, 0, 64, 6000, 800};
+  idle_workers(w, 4);
+  const uint64_t backlog[4] = {6500, 5200, 900, 4000};
+  for (int i = 0; i < 4; i++) {
+    w[i].inflight = 12;
+    w[i].active_tokens = 12 * 6000;
+    w[i].queued_prefill_tokens = 6500; /* the same pending count everywhere */
+    w[i].prefill_backlog_tokens = backlog[i];
+  }
+  w[2].inflight = 15; /* three more decoding sequences than the others */
+  w[2].active_tokens = 15 * 6000;
+  assert_int_equal(kvr_policy_select(p, w, 4, &req, 0, s), 2);
+  assert_true(s[2].cost < s[3].cost && s[3].cost < s[1].cost && s[1].cost < s[0].cost);
+  /* The cost counts the backlog, not the pending count. */
+  assert_true(fabs((s[0].cost - s[1].cost) - (6500 - 5200)) < 1e-6);
+  kvr_policy_destroy(p);
+}
+
+static void test_kv_aware_rules(void **state) {
+  (void)state;
+  kvr_policy_t *p = make("kv_aware", NULL);
+  kvr_worker_snap_t w[4];
+  kvr_policy_score_t s[4];
+  uint64_t blocks[100] = {0};
+  kvr_route_req_t req = {blocks, 100, 64, 1700, 200};
+
+  /* Equal load: the worker holding the prefix wins, and the cost is exactly the formula. */
+  idle_workers(w, 4);
+  w[2].matched_blocks = 80; /* 80 * 64 / 4 = 1280 tokens cached */
+  assert_int_equal(kvr_policy_select(p, w, 4, &req, 0, s), 2);
+  assert_true(fabs(s[2].cost - (1700 - 1280)) < 1e-9);
+  assert_true(fabs(s[0].cost - 1700) < 1e-9);
+
+  /* Load outweighs a small match: 10 blocks (160 tokens) do not beat 5,000 queued tokens. */
+  w[2].matched_blocks = 10;
+  w[2].queued_prefill_tokens = w[2].prefill_backlog_tokens = 5000;
+  assert_true(kvr_policy_select(p, w, 4, &req, 0, s) != 2);
+  /* ... unless the worker is nearly through them: the backlog is what counts. */
+  w[2].prefill_backlog_tokens = 100;
+  assert_int_equal(kvr_policy_select(p, w, 4, &req, 0, s), 2);
+  w[2].queued_prefill_tokens = w[2].prefill_backlog_tokens = 0;
+
+  /* Bounded load: 9 of 12 in flight on worker 2 caps it whatever it holds. */
+  w[2].matched_blocks = 100;
+  w[2].inflight = 9;
+  w[0].inflight = 1;
+  w[1].inflight = 1;
+  w[3].inflight = 1;
+  int k = kvr_policy_select(p, w, 4, &req, 0, s);
+  assert_true(s[2].capped);
+  assert_true(k != 2);
+  /* ... but not with a large epsilon and slack. */
+  kvr_policy_t *loose = make("kv_aware", "{\"balance_epsilon\":10,\"balance_slack\":100}");
+  assert_int_equal(kvr_policy_select(loose, w, 4, &req, 0, s), 2);
+  kvr_policy_destroy(loose);
+
+  /* Ties: least in flight first, then random among the equal. */
+  idle_workers(w, 4);
+  w[0].inflight = 1;
+  w[0].active_tokens = 0;
+  kvr_policy_t *flat = make("kv_aware", "{\"inflight_weight\":0,\"decode_weight\":0}");
+  for (int r = 0; r < 20; r++)
+    assert_true(kvr_policy_select(flat, w, 4, &req, 0, NULL) != 0);
+  kvr_policy_destroy(flat);
+
+  /* Fresh metrics count: a long vLLM queue and a full KV cache push a worker away. */
+  idle_workers(w, 4);
+  for (int i = 0; i < 4; i++)
+    w[i].matched_blocks = 100;
+  w[1].metrics_fresh = true;
+  w[1].num_requests_waiting = 0;
+  w[1].kv_cache_usage = 0;
+  for (int i = 0; i < 4; i++)
+    if (i != 1) {
+      w[i].metrics_fresh = true;
+      w[i].num_requests_waiting = 3;
+      w[i].kv_cache_usage = 0.9;
+    }
+  assert_int_equal(kvr_policy_select(p, w, 4, &req, 0, s), 1);
+  kvr_policy_destroy(p);
+}
+
+static void test_gie_scorer_rules(void **state) {
+  (void)state;
+  kvr_policy_t *p = make("gie_scorer", NULL);
+  kvr_worker_snap_t w[3];
+  kvr_policy_score_t s[3];
+  uint64_t blocks[300] = {0};
+  kvr_route_req_t req = {blocks, 300, 64, 4800, 0};
+  idle_workers(w, 3);
+  for (int i = 0; i < 3; i++)
+    w[i].metrics_fresh = true;
+  /* Worker 0: full prefix (capped at 256 blocks -> 1.0), queue 4 (worst), KV 50%.
+   * Worker 1: half prefix, queue 0 (best), KV 0%.  Worker 2: nothing, queue 2, KV 0%.
+   * Scores (3:2:2): w0 = 3*1 + 2*0 + 2*0.5 = 4; w1 = 3*(128/256) + 2*1 + 2*1 = 5.5;
+   * w2 = 0 + 2*0.5 + 2 = 3. Costs are 7 - score. */
+  w[0].matched_blocks = 300;
+  w[0].num_requests_waiting = 4;
+  w[0].kv_cache_usage = 0.5;
+  w[1].matched_blocks = 128;
+  w[1].num_requests_waiting = 0;
+  w[2].num_requests_waiting = 2;
+  assert_int_equal(kvr_policy_select(p, w, 3, &req, 0, s), 1);
+  assert_true(fabs(s[0].cost - 3.0) < 1e-9);
+  assert_true(fabs(s[1].cost - 1.5) < 1e-9);
+  assert_true(fabs(s[2].cost - 4.0) < 1e-9);
+  /* Without fresh metrics the queue is the in-flight count and the KV use is estimated. */
+  idle_workers(w, 3);
+  w[0].inflight = 5;
+  w[0].matched_blocks = 300;
+  w[1].inflight = 0;
+  w[1].active_tokens = 8000;
+  w[1].cache_capacity_blocks = 1000; /* 16,000 tokens: 50% used */
+  assert_int_equal(kvr_policy_select(p, w, 3, &req, 0, s), 0);
+  assert_true(fabs(s[1].cost - (7 - (0 + 2 * 1 + 2 * 0.5))) < 1e-9);
+  kvr_policy_destroy(p);
+}
+
+static void test_sglang_rules(void **state) {
+  (void)state;
+  kvr_policy_t *p = make("sglang_cache_aware", NULL);
+  kvr_worker_snap_t w[4];
+  uint64_t blocks[100] = {0};
+  kvr_route_req_t req = {blocks, 100, 64, 1600, 0};
+  idle_workers(w, 4);
+  /* Balanced, match rate 0.6 > 0.5: the best match. */
+  w[3].matched_blocks = 60;
+  w[1].matched_blocks = 40;
+  w[0].cached_blocks = 5;
+  assert_int_equal(kvr_policy_select(p, w, 4, &req, 0, NULL), 3);
+  /* Match rate 0.5 is not above the threshold: the smallest tree. */
+  w[3].matched_blocks = 50;
+  w[1].cached_blocks = 10;
+  w[2].cached_blocks = 7;
+  w[3].cached_blocks = 9;
+  assert_int_equal(kvr_policy_select(p, w, 4, &req, 0, NULL), 0);
+  /* Full trees tie (our index is LRU-bounded): the less loaded, not always worker 0. */
+  for (int i = 0; i < 4; i++) {
+    w[i].cached_blocks = 20000;
+    w[i].inflight = (uint32_t)(4 - i % 3);
+  }
+  assert_int_equal(kvr_policy_select(p, w, 4, &req, 0, NULL), 2);
+  for (int i = 0; i < 4; i++)
+    w[i].inflight = 0;
+  /* Imbalanced (40 - 5 > 32 and 40 > 1.1 * 5): the least loaded, whatever the match. */
+  w[3].matched_blocks = 100;
+  w[0].inflight = 40;
+  w[1].inflight = 7;
+  w[2].inflight = 5;
+  w[3].inflight = 20;
+  assert_int_equal(kvr_policy_select(p, w, 4, &req, 0, NULL), 2);
+  /* 33 over 0 is imbalanced only when the absolute gap exceeds 32. */
+  w[0].inflight = 32;
+  w[1].inflight = 0;
+  assert_int_equal(kvr_policy_select(p, w, 4, &req, 0, NULL), 3);
+  kvr_policy_destroy(p);
+}
+
+/* --- simulations of the router's state updates ------------------------------------------------ */
+
+#define NW 4
+
+typedef struct sim_s {
+  kvr_worker_snap_t w[NW];
+  kvr_cache_index_t *idx;
+  kvr_policy_t *pol;
+  uint64_t routed[NW];
+  uint64_t prompt_tokens, matched_tokens, load_ahead;
+} sim_t;
+
+typedef struct flight_s {
+  bool live;
+  int worker;
+  int steps_left;
+  bool prefilled;
+  uint64_t tokens, uncached;
+  kvr_prompt_t prompt;
+  const char *answer;
+} flight_t;
+
+static void sim_init(sim_t *s, const char *policy, uint64_t capacity) {
+  memset(s, 0, sizeof(*s));
+  idle_workers(s->w, NW);
+  s->idx = kvr_cache_index_new(NW, capacity);
+  s->pol = make(policy, NULL);
+}
+
+static void sim_free(sim_t *s) {
+  kvr_cache_index_free(s->idx);
+  kvr_policy_destroy(s->pol);
+}
+
+/* What the proxy does on a request: match, snapshot, select, then account and index. */
+static int sim_route(sim_t *s, flight_t *f) {
+  size_t m[NW];
+  kvr_cache_index_match(s->idx, f->prompt.blocks, f->prompt.nblocks, m);
+  for (int i = 0; i < NW; i++) {
+    s->w[i].matched_blocks = m[i];
+    s->w[i].cached_blocks = kvr_cache_index_entries(s->idx, (size_t)i);
+    s->w[i].cache_capacity_blocks = kvr_cache_index_capacity(s->idx, (size_t)i);
+  }
+  kvr_route_req_t req;
+  kvr_prompt_route_req(&f->prompt, &req);
+  int k = kvr_policy_select(s->pol, s->w, NW, &req, 0, NULL);
+  assert_true(k >= 0 && k < NW);
+  uint64_t p = f->prompt.prompt_tokens;
+  uint64_t cached = KVR_MIN(p, m[k] * req.block_chars / 4);
+  f->live = true;
+  f->worker = k;
+  f->tokens = p;
+  f->uncached = p - cached;
+  f->prefilled = false;
+  s->load_ahead += s->w[k].active_tokens;
+  s->w[k].inflight++;
+  s->w[k].active_tokens += p;
+  s->w[k].queued_prefill_tokens += f->uncached;
+  s->w[k].prefill_backlog_tokens += f->uncached;
+  kvr_cache_index_insert(s->idx, (size_t)k, f->prompt.blocks, f->prompt.nblocks);
+  s->routed[k]++;
+  s->prompt_tokens += p;
+  s->matched_tokens += cached;
+  return k;
+}
+
+static void sim_prefilled(sim_t *s, flight_t *f) {
+  if (f->prefilled)
+    return;
+  f->prefilled = true;
+  s->w[f->worker].queued_prefill_tokens -= f->uncached;
+  s->w[f->worker].prefill_backlog_tokens -= f->uncached;
+}
+
+/* Completion: the worker caches prompt + answer as the assistant message the next turn carries. */
+static void sim_complete(sim_t *s, flight_t *f) {
+  sim_prefilled(s, f);
+  kvr_worker_snap_t *w = &s->w[f->worker];
+  w->inflight--;
+  w->active_tokens -= f->tokens;
+  if (f->answer) {
+    kvr_prompt_extend_answer(&f->prompt, f->answer, strlen(f->answer));
+    kvr_cache_index_insert(s->idx, (size_t)f->worker, f->prompt.blocks, f->prompt.nblocks);
+  }
+  kvr_prompt_free(&f->prompt);
+  f->live = false;
+}
+
+static const char *const vocab[] = {"cache",   "prefill", "decode", "token",  "worker", "router",
+                                    "latency", "batch",   "memory", "GPU",    "model",  "schedule",
+                                    "block",   "request", "stream", "prefix", "the",    "a",
+                                    "of",      "and",     "to",     "in",     "is",     "that"};
+
+/* Deterministic pseudo-text of about n bytes. */
+static char *gen_text(uint64_t seed, size_t n) {
+  kvr_buf_t b = KVR_BUF_INIT;
+  uint64_t st = seed * 7919 + 17;
+  while (b.len < n) {
+    kvr_buf_puts(&b, vocab[kvr_policy_rand(&st) % KVR_ARRAY_SIZE(vocab)]);
+    kvr_buf_puts(&b, " ");
+  }
+  return kvr_buf_steal(&b);
+}
+
+static void make_prompt(kvr_prompt_t *out, cJSON *body) {
+  char err[256];
+  int rc = kvr_prompt_from_json(body, KVR_PROMPT_CHAT, 64, out, err, sizeof(err));
+  if (rc)
+    fail_msg("prompt: %s", err);
+}
+
+static cJSON *add_msg(cJSON *msgs, const char *role, const char *content) {
+  cJSON *m = cJSON_CreateObject();
+  cJSON_AddStringToObject(m, "role", role);
+  cJSON_AddStringToObject(m, "content", content);
+  cJSON_AddItemToArray(msgs, m);
+  return m;
+}
+
+#define CONVS 7
+#define TURNS 5
+
+/* Runs CONVS concurrent 5-turn conversations (3 shared ~3.5k-token starters, ~800-token answers):
+ * each round every conversation sends its next turn, all are in flight together, then all
+ * complete. Fills where[c][t]. */
+static void run_conversations(sim_t *s, int where[CONVS][TURNS]) {
+  char *starters[3], *answers[CONVS][TURNS], *questions[CONVS][TURNS];
+  for (int k = 0; k < 3; k++)
+    starters[k] = gen_text(1000 + (uint64_t)k, 14000);
+  for (int c = 0; c < CONVS; c++)
+    for (int t = 0; t < TURNS; t++) {
+      answers[c][t] = gen_text(5000 + (uint64_t)(c * TURNS + t), 3200);
+      questions[c][t] = gen_text(9000 + (uint64_t)(c * TURNS + t), 150);
+    }
+  flight_t fl[CONVS];
+  memset(fl, 0, sizeof(fl));
+  for (int t = 0; t < TURNS; t++) {
+    for (int c = 0; c < CONVS; c++) {
+      cJSON *body = cJSON_CreateObject();
+      cJSON_AddStringToObject(body, "model", "llama");
+      cJSON *msgs = cJSON_AddArrayToObject(body, "messages");
+      add_msg(msgs, "system", starters[c % 3]);
+      for (int j = 0; j < t; j++) {
+        add_msg(msgs, "user", questions[c][j]);
+        add_msg(msgs, "assistant", answers[c][j]);
+      }
+      add_msg(msgs, "user", questions[c][t]);
+      make_prompt(&fl[c].prompt, body);
+      cJSON_Delete(body);
+      fl[c].answer = answers[c][t];
+      where[c][t] = sim_route(s, &fl[c]);
+    }
+    for (int c = 0; c < CONVS; c++)
+      sim_prefilled(s, &fl[c]);
+    for (int c = 0; c < CONVS; c++)
+      sim_complete(s, &fl[c]);
+  }
+  for (int k = 0; k < 3; k++)
+    free(starters[k]);
+  for (int c = 0; c < CONVS; c++)
+    for (int t = 0; t < TURNS; t++) {
+      free(answers[c][t]);
+      free(questions[c][t]);
+    }
+}
+
+static void test_multiturn_sticks_under_kv_aware(void **state) {
+  (void)state;
+  sim_t kv, rr;
+  int wkv[CONVS][TURNS], wrr[CONVS][TURNS];
+  sim_init(&kv, "kv_aware", 21778);
+  sim_init(&rr, "round_robin", 21778);
+  run_conversations(&kv, wkv);
+  run_conversations(&rr, wrr);
+  int used = 0;
+  for (int i = 0; i < NW; i++)
+    used += kv.routed[i] > 0;
+  assert_true(used >= 3); /* conversations are spread over the workers... */
+  for (int c = 0; c < CONVS; c++) {
+    for (int t = 1; t < TURNS; t++)
+      if (wkv[c][t] != wkv[c][0]) /* ...and each one stays on its worker */
+        fail_msg("kv_aware: conversation %d moved from worker %d to %d at turn %d", c, wkv[c][0],
+                 wkv[c][t], t);
+    int moves = 0;
+    for (int t = 1; t < TURNS; t++)
+      moves += wrr[c][t] != wrr[c][t - 1];
+    assert_true(moves >= 3); /* round robin spreads every conversation */
+  }
+  /* kv_aware hits the cache for most of the prompt; round robin far less. */
+  double hit_kv = (double)kv.matched_tokens / (double)kv.prompt_tokens;
+  double hit_rr = (double)rr.matched_tokens / (double)rr.prompt_tokens;
+  assert_true(hit_kv > 0.6);
+  assert_true(hit_kv > 1.5 * hit_rr);
+  sim_free(&kv);
+  sim_free(&rr);
+}
+
+/* One popular prefix (a 4k-token system prompt) with a short unique question per request, one
+ * arrival per step, 32 steps per request: ~32 in flight. Each prefill is done by the next arrival,
+ * so nothing but the load terms and the bound can stop a cache-greedy policy from sending every
+ * request to the first worker that learnt the prefix. */
+static void run_hot_prefix(sim_t *s, uint64_t steps) {
+  char *sys = gen_text(42, 16000);
+  enum { LIVE = 64 };
+  flight_t fl[LIVE];
+  memset(fl, 0, sizeof(fl));
+  uint64_t seq = 0;
+  for (uint64_t step = 0; step < steps; step++) {
+    for (int k = 0; k < LIVE; k++) {
+      if (!fl[k].live)
+        continue;
+      sim_prefilled(s, &fl[k]);
+      if (--fl[k].steps_left == 0)
+        sim_complete(s, &fl[k]);
+    }
+    {
+      int k = 0;
+      while (fl[k].live)
+        k++;
+      char *q = gen_text(777 + seq++, 600);
+      cJSON *body = cJSON_CreateObject();
+      cJSON_AddStringToObject(body, "model", "llama");
+      cJSON *msgs = cJSON_AddArrayToObject(body, "messages");
+      add_msg(msgs, "system", sys);
+      add_msg(msgs, "user", q);
+      make_prompt(&fl[k].prompt, body);
+      cJSON_Delete(body);
+      free(q);
+      fl[k].answer = NULL;
+      fl[k].steps_left = 32;
+      sim_route(s, &fl[k]);
+    }
+  }
+  for (int k = 0; k < LIVE; k++)
+    if (fl[k].live)
+      sim_complete(s, &fl[k]);
+  free(sys);
+}
+
+static void test_hot_prefix_spreads(void **state) {
+  (void)state;
+  sim_t s;
+  sim_init(&s, "kv_aware", 21778);
+  run_hot_prefix(&s, 400);
+  uint64_t total = 0, mx = 0, mn = UINT64_MAX;
+  for (int i = 0; i < NW; i++) {
+    total += s.routed[i];
+    mx = KVR_MAX(mx, s.routed[i]);
+    mn = KVR_MIN(mn, s.routed[i]);
+  }
+  if (mx * 100 > total * 35 || mn * 100 < total * 15)
+    fail_msg("hot spot: %llu %llu %llu %llu", (unsigned long long)s.routed[0],
+             (unsigned long long)s.routed[1], (unsigned long long)s.routed[2],
+             (unsigned long long)s.routed[3]);
+  /* And the prefix is still reused: every worker learns it, so most prompt tokens hit. */
+  assert_true((double)s.matched_tokens / (double)s.prompt_tokens > 0.8);
+  sim_free(&s);
+}
+
+/* Unique prompts of very different sizes: nothing to reuse, so kv_aware must balance load at
+ * least as well as round robin (measured as the active tokens already on the chosen worker). */
+static void run_unique(sim_t *s, uint64_t steps) {
+  enum { LIVE = 128 };
+  flight_t fl[LIVE];
+  memset(fl, 0, sizeof(fl));
+  uint64_t seq = 0, st = 99;
+  for (uint64_t step = 0; step < steps; step++) {
+    for (int k = 0; k < LIVE; k++) {
+      if (!fl[k].live)
+        continue;
+      sim_prefilled(s, &fl[k]);
+      if (--fl[k].steps_left <= 0)
+        sim_complete(s, &fl[k]);
+    }
+    for (int a = 0; a < 3; a++) {
+      int k = 0;
+      while (fl[k].live)
+        k++;
+      size_t len = 1000 + kvr_policy_rand(&st) % 40000;
+      char *q = gen_text(31337 + seq++, len);
+      cJSON *body = cJSON_CreateObject();
+      cJSON_AddStringToObject(body, "model", "llama");
+      add_msg(cJSON_AddArrayToObject(body, "messages"), "user", q);
+      make_prompt(&fl[k].prompt, body);
+      cJSON_Delete(body);
+      free(q);
+      fl[k].answer = NULL;
+      fl[k].steps_left = 2 + (int)(len / 2000);
+      sim_route(s, &fl[k]);
+    }
+  }
+  for (int k = 0; k < LIVE; k++)
+    if (fl[k].live)
+      sim_complete(s, &fl[k]);
+}
+
+static void test_no_loss_when_nothing_shared(void **state) {
+  (void)state;
+  sim_t kv, rr;
+  sim_init(&kv, "kv_aware", 21778);
+  sim_init(&rr, "round_robin", 21778);
+  run_unique(&kv, 60);
+  run_unique(&rr, 60);
+  assert_int_equal(kv.prompt_tokens, rr.prompt_tokens);
+  assert_true(kv.matched_tokens * 100 < kv.prompt_tokens); /* nothing (meaningful) shared */
+  if (kv.load_ahead > rr.load_ahead)
+    fail_msg("kv_aware load ahead %llu > round robin %llu", (unsigned long long)kv.load_ahead,
+             (unsigned long long)rr.load_ahead);
+  sim_free(&kv);
+  sim_free(&rr);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_registry),
+      cmocka_unit_test(test_param_errors),
+      cmocka_unit_test(test_contract_all_policies),
+      cmocka_unit_test(test_round_robin_and_least_load),
+      cmocka_unit_test(test_kv_aware_rules),
+      cmocka_unit_test(test_kv_aware_joins_the_prefill_closest_to_done),
+      cmocka_unit_test(test_gie_scorer_rules),
+      cmocka_unit_test(test_sglang_rules),
+      cmocka_unit_test(test_multiturn_sticks_under_kv_aware),
+      cmocka_unit_test(test_hot_prefix_spreads),
+      cmocka_unit_test(test_no_loss_when_nothing_shared),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,344 @@
+#!/usr/bin/env python3
+"""Integration tests of the `kvrouter serve` command line (src/config.c, router/serve.c).
+
+--help, bad flags and values (non-zero exit, one line naming the flag), --config JSON files (settings
+applied, flags override the file, a bad key named with its path), and shutdown on SIGTERM/SIGINT
+(exit 0, in-flight streams allowed to finish). Also `kvrouter bench`'s workload flags
+(router/bench.c): --replay-order, --replay-dataset, --answer-mean/--answer-std listed by --help,
+bad values rejected before any request is sent; the model looked up and the policy switched
+through the bench's side channel (bench/loadgen/monitor.c), their failures one line and exit 1. And
+`kvrouter sim --help`: its defaults are the live ones (router/sim.c).
+
+Run:  python3 tests/router/test_cli.py --kvrouter build/kvrouter [-k substring] [-v]
+The harness (processes, raw HTTP client, runner) is test_proxy.py's.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_proxy as h  # noqa: E402  (the shared harness)
+from test_proxy import (FAST, Cleanup, Conn, Router, Sim, build_request, chat_body,  # noqa: E402
+                        request, sse_events, token_events)
+
+TESTS, test = h.registry()
+
+
+def serve(*args, timeout=5):
+    """Runs `kvrouter serve ARGS` to completion; returns (exit code, stdout, stderr)."""
+    p = subprocess.run([h.KVROUTER, "serve"] + [str(a) for a in args], stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=timeout)
+    return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+
+def one_line_error(rc, err, *must_name):
+    """A rejected command line: non-zero exit, exactly one line on stderr naming each of must_name."""
+    assert rc != 0, "exit 0 for a bad command line"
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, "expected one line on stderr, got %d:\n%s" % (len(lines), err)
+    for word in must_name:
+        assert word in lines[0], "%r not named in %r" % (word, lines[0])
+    return lines[0]
+
+
+W = "http://127.0.0.1:9"  # a syntactically valid worker for command lines that never start
+
+
+@test(timeout=10)
+def test_help_lists_flags():
+    rc, out, err = serve("--help")
+    assert rc == 0, (rc, err)
+    for flag in ("--worker", "--config", "--listen", "--admin-listen", "--policy", "--policy-params",
+                 "--first-byte-timeout-ms", "--header-timeout-ms", "--max-body-bytes",
+                 "--max-url-bytes", "--max-header-bytes", "--max-header-fields", "--access-log",
+                 "--log-level"):
+        assert flag in out, "%s not in --help" % flag
+    assert "round_robin" in out and "kv_aware" in out, "policies not listed"
+    rc2, out2, _ = serve("-h")
+    assert rc2 == 0 and out2 == out
+    # --help wins wherever it stands, even next to a bad flag.
+    rc3, out3, _ = serve("--bogus", "--help")
+    assert rc3 == 0 and out3 == out, rc3
+
+
+@test(timeout=20)
+def test_bad_flags_and_values_named():
+    cases = [
+        (("--bogus", "--worker", W), ["--bogus"]),
+        (("--worker", W, "--max-body-bytes", "lots"), ["--max-body-bytes", "lots"]),
+        (("--worker", W, "--max-body-bytes", "-5"), ["--max-body-bytes"]),
+        (("--worker", W, "--max-body-bytes", "0"), ["--max-body-bytes"]),
+        (("--worker", W, "--policy", "fastest"), ["--policy", "fastest"]),
+        (("--worker", W, "--listen", "nowhere"), ["--listen", "nowhere"]),
+        (("--worker", W, "--access-log", "maybe"), ["--access-log", "maybe"]),
+        (("--worker", W, "--log-level", "loud"), ["--log-level", "loud"]),
+        (("--worker", W, "--first-byte-timeout-ms", "0"), ["first"]),
+        (("--worker", "ftp://127.0.0.1:9"), ["--worker", "ftp://127.0.0.1:9"]),
+        (("--worker", W, "--policy-params", "[1]"), ["--policy-params"]),
+        (("--worker", W, "--policy", "kv_aware", "--policy-params", '{"balance_slack": -1}'),
+         ["balance_slack"]),
+        (("--worker", W, "--header-timeout-ms"), ["--header-timeout-ms"]),
+        (("--worker", W, "stray"), ["stray"]),
+        ((), ["worker"]),
+        (("--worker", W, "--worker", W + "/"), ["127.0.0.1:9"]),  # the same worker twice
+        (("--config", "/nonexistent/kvr.json", "--worker", W), ["/nonexistent/kvr.json"]),
+    ]
+    failed = []
+    for args, names in cases:
+        try:
+            rc, out, err = serve(*args, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0") \
+                if "--listen" not in args else serve(*args, "--admin-listen", "127.0.0.1:0")
+            one_line_error(rc, err, *names)
+        except (AssertionError, subprocess.TimeoutExpired) as e:
+            failed.append("%s: %s" % (" ".join(args), str(e)[:200]))
+    assert not failed, "%d of %d cases failed:\n      %s" % (len(failed), len(cases),
+                                                           "\n      ".join(failed))
+
+
+def write_config(obj):
+    f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    f.write(obj if isinstance(obj, str) else json.dumps(obj))
+    f.close()
+    return f.name
+
+
+@test(timeout=15)
+def test_config_file_applies_and_flags_override():
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        path = write_config({"listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0",
+                             "workers": [sim.url], "policy": "round_robin",
+                             "limits": {"max_body_bytes": 1000},
+                             "timeouts": {"first_byte_ms": 5000},
+                             "policy_params": {}, "worker_header": False})
+        try:
+            r = c.add(Router([], "--config", path))
+            pol = request(r.admin_port, "GET", "/admin/policy").json()
+            assert pol["policy"] == "round_robin", pol
+            assert [w["url"] for w in r.workers()] == [sim.url]
+            ok = request(r.port, "POST", "/v1/chat/completions", chat_body())
+            assert ok.status == 200 and ok.header("x-kvrouter-worker") is None, ok.headers
+            big = request(r.port, "POST", "/v1/chat/completions", chat_body("x" * 2000))
+            assert big.status == 413, big
+            # A flag beats the file.
+            r2 = c.add(Router([], "--config", path, "--policy", "least_load",
+                              "--max-body-bytes", "100000"))
+            assert request(r2.admin_port, "GET", "/admin/policy").json()["policy"] == "least_load"
+            assert request(r2.port, "POST", "/v1/chat/completions",
+                           chat_body("x" * 2000)).status == 200
+        finally:
+            os.unlink(path)
+
+
+@test(timeout=15)
+def test_config_file_errors_named():
+    cases = [
+        ({"workers": [W], "limits": {"max_body_bytez": 5}}, ["limits.max_body_bytez"]),
+        ({"workers": [W], "polcy": "kv_aware"}, ["polcy"]),
+        ({"workers": [W], "limits": {"max_body_bytes": "big"}}, ["limits.max_body_bytes"]),
+        ({"workers": [W], "limits": {"max_body_bytes": -1}}, ["limits.max_body_bytes"]),
+        ({"workers": [W], "timeouts": {"first_byte_ms": 1.5}}, ["timeouts.first_byte_ms"]),
+        ({"workers": "http://127.0.0.1:9"}, ["workers"]),
+        ({"workers": [W, 7]}, ["workers[1]"]),
+        ({"workers": [W], "policy": "fastest"}, ["fastest"]),
+        ({"workers": [W], "policy_params": [1]}, ["policy_params"]),
+        ('{"workers": [', []),
+        ("[]", []),
+    ]
+    failed = []
+    for obj, names in cases:
+        path = write_config(obj)
+        try:
+            rc, out, err = serve("--config", path, "--listen", "127.0.0.1:0",
+                                 "--admin-listen", "127.0.0.1:0")
+            line = one_line_error(rc, err, *names)
+            if not names:
+                assert path in line or "config" in line, line
+        except (AssertionError, subprocess.TimeoutExpired) as e:
+            failed.append("%s: %s" % (json.dumps(obj) if not isinstance(obj, str) else obj,
+                                      str(e)[:200]))
+        finally:
+            os.unlink(path)
+    assert not failed, "%d of %d cases failed:\n      %s" % (len(failed), len(cases),
+                                                           "\n      ".join(failed))
+
+
+@test(timeout=20)
+def test_sigterm_exits_zero_after_in_flight_stream():
+    with Cleanup() as c:
+        sim = c.add(Sim(fixed=(20, 20)))
+        r = c.add(Router([sim], *FAST))
+        assert request(r.port, "GET", "/v1/models").status == 200
+        # Idle router: SIGTERM -> exit 0 promptly.
+        r.signal(signal.SIGTERM)
+        rc = r.wait(5)
+        assert rc == 0, "exit %r after SIGTERM; stderr tail: %s" % (rc, r.stderr_lines()[-5:])
+        # Busy router: a stream in flight finishes, then the process exits 0.
+        r2 = c.add(Router([sim], *FAST))
+        conn = c.add(Conn(r2.port, timeout=10))
+        n = 30
+        conn.send(build_request("POST", "/v1/chat/completions", chat_body(max_tokens=n, stream=True)))
+        t_sig = {}
+
+        def on_head(resp):
+            r2.signal(signal.SIGTERM)
+            t_sig["t"] = time.monotonic()
+
+        resp = conn.read_response("POST", on_head=on_head)
+        assert resp.status == 200 and resp.complete, resp
+        events = sse_events(resp.body)
+        assert events[-1] == "[DONE]" and token_events(events) == n, events[-2:]
+        conn.close()
+        rc = r2.wait(5)
+        assert rc == 0, "exit %r after SIGTERM with a stream in flight" % rc
+        # New connections are refused once shutting down (the listener is closed).
+        # SIGINT behaves the same.
+        r3 = c.add(Router([sim], *FAST))
+        r3.signal(signal.SIGINT)
+        rc = r3.wait(5)
+        assert rc == 0, "exit %r after SIGINT; stderr tail:\n%s" % (rc, "\n".join(
+            ln for ln in r3.stderr_lines() if "ERROR" in ln or "SUMMARY" in ln or " #" in ln)[:1500])
+
+
+def bench(*args, timeout=5):
+    """Runs `kvrouter bench ARGS` to completion; returns (exit code, stdout, stderr)."""
+    p = subprocess.run([h.KVROUTER, "bench"] + [str(a) for a in args], stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=timeout)
+    return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+
+NOWHERE = "http://127.0.0.1:1"  # nothing listens: a bench that got past its command line would fail
+
+
+@test(timeout=10)
+def test_bench_help_lists_workload_flags():
+    rc, out, err = bench("--help")
+    assert rc == 0, (rc, err)
+    for flag in ("--replay-order", "--replay-dataset", "--answer-mean", "--answer-std",
+                 "--replay-width", "--multiturn-mode"):
+        assert flag in out, "%s not in bench --help" % flag
+    line = next(ln for ln in out.splitlines() if "--replay-order" in ln)
+    assert "blocks" in line and "sample" in line, line
+
+
+@test(timeout=20)
+def test_bench_bad_workload_values_named():
+    cases = [
+        (("--replay-order", "bogus"), ["--replay-order", "bogus"]),
+        (("--replay-order", "Sample"), ["--replay-order", "Sample"]),
+        (("--replay-order=",), ["--replay-order"]),
+        (("--replay-order",), ["--replay-order"]),
+        (("--replay-dataset", "-1"), ["--replay-dataset", "-1"]),
+        (("--replay-dataset", "1.5"), ["--replay-dataset", "1.5"]),
+        (("--replay-dataset", "ten"), ["--replay-dataset", "ten"]),
+        (("--replay-dataset", "1000001"), ["--replay-dataset"]),
+        (("--answer-mean", "x"), ["--answer-mean", "x"]),
+        (("--answer-mean", "-1"), ["--answer-mean", "-1"]),
+        (("--answer-mean", "inf"), ["--answer-mean"]),
+        (("--answer-mean", "nan"), ["--answer-mean"]),
+        (("--answer-std", "-0.5"), ["--answer-std", "-0.5"]),
+        (("--answer-std", ""), ["--answer-std"]),
+    ]
+    failed = []
+    for args, names in cases:
+        try:
+            t0 = time.monotonic()
+            rc, out, err = bench("--url", NOWHERE, *args)
+            one_line_error(rc, err, *names)
+            # Rejected while parsing: nothing was run (no progress, no report) and no time spent.
+            assert out == "", "stdout %r" % out[:200]
+            assert time.monotonic() - t0 < 3, "took %.1f s" % (time.monotonic() - t0)
+        except (AssertionError, subprocess.TimeoutExpired) as e:
+            failed.append("%s: %s" % (" ".join(args), str(e)[:200]))
+    # Good values pass the parser: the one error is then the (deliberately) bad --rates after them.
+    good = [("--replay-order", "sample"), ("--replay-order=blocks",), ("--replay-dataset", "0"),
+            ("--replay-dataset", "1000000"), ("--answer-mean", "0"), ("--answer-mean", "350.5"),
+            ("--answer-std", "0"), ("--answer-std=120",)]
+    for args in good:
+        try:
+            rc, out, err = bench("--url", NOWHERE, *args, "--rates", "x")
+            line = one_line_error(rc, err, "--rates")
+            flag = args[0].split("=")[0]
+            assert flag not in line, "good value rejected: %r" % line
+        except (AssertionError, subprocess.TimeoutExpired) as e:
+            failed.append("%s: %s" % (" ".join(args), str(e)[:200]))
+    assert not failed, "%d of %d cases failed:\n      %s" % (len(failed), len(cases) + len(good),
+                                                           "\n      ".join(failed))
+
+
+@test(timeout=40)
+def test_bench_model_lookup_and_policy_switch():
+    with tempfile.TemporaryDirectory() as out, Cleanup() as c:
+        # No server: the model lookup fails with one line naming the URL it asked, no report.
+        rc, _, err = bench("--url", NOWHERE + "/v1/chat/completions", "--rates", "1",
+                           "--num-prompts", "1", "--quiet", "--out", out)
+        line = one_line_error(rc, err, "no --model given", NOWHERE + "/v1/models")
+        assert rc == 1, (rc, line)
+        assert os.listdir(out) == [], os.listdir(out)
+
+        sim = c.add(Sim())
+        r = c.add(Router([sim]))
+        url = "http://127.0.0.1:%d/v1/chat/completions" % r.port
+        admin = "http://127.0.0.1:%d/" % r.admin_port  # trailing slash: trimmed
+        # An unknown policy: the router's 400 reaches the user, nothing is measured.
+        rc, _, err = bench("--url", url, "--admin", admin, "--ab", "nope,round_robin",
+                           "--rates", "2", "--num-prompts", "2", "--warmup", "0",
+                           "--quiet", "--out", out, timeout=20)
+        line = one_line_error(rc, err, "switching policy to nope", "/admin/policy", "HTTP 400")
+        assert rc == 1, (rc, line)
+        # Good policies: the model comes from GET /v1/models, each run switched the router.
+        rc, _, err = bench("--url", url, "--admin", admin, "--ab", "least_load,round_robin",
+                           "--rates", "2", "--num-prompts", "2", "--warmup", "0",
+                           "--cooldown-s", "0", "--output-mean", "20", "--output-std", "0",
+                           "--quiet", "--out", out, timeout=20)
+        assert rc == 0, (rc, err[-800:])
+        models = request(sim.port, "GET", "/v1/models").json()["data"][0]["id"]
+        with open(os.path.join(out, "requests.jsonl")) as f:
+            reqs = [json.loads(ln) for ln in f if ln.strip()]
+        assert len(reqs) == 4 and all(q.get("ok") for q in reqs), reqs[:2]
+        pol = request(r.admin_port, "GET", "/admin/policy").json()["policy"]
+        assert pol == "round_robin", pol
+        results = [f for f in os.listdir(os.path.join(out, "results")) if f.endswith(".json")]
+        assert len(results) == 2, results
+        found = set()
+        for name in results:
+            with open(os.path.join(out, "results", name)) as f:
+                doc = json.load(f)
+            found.add(doc.get("model_id"))
+        assert found == {models}, (found, models)
+
+
+@test(timeout=10)
+def test_sim_help_defaults_are_the_live_defaults():
+    """`kvrouter sim --help` derives each "(default X)" from the option structures, so it agrees
+    with what the sim runs (its --print-costs line), and flags given before --help do not leak in."""
+    def run(*args):
+        p = subprocess.run([h.KVROUTER, "sim"] + list(args), stdin=subprocess.DEVNULL,
+                           capture_output=True, timeout=5)
+        assert p.returncode == 0, (args, p.returncode, p.stderr[-300:])
+        return p.stdout.decode()
+    costs = run("--print-costs").splitlines()
+    # "cost model: fixed_ms=22 per_seq_ms=...", then "kv cache: 21770 blocks x 16 tokens = ..."
+    live = dict(kv.split("=") for kv in costs[0].split(": ", 1)[1].split())
+    out = run("--cost-prefill-tok-us", "5", "--cost-fixed-ms=1", "--help")
+    lines = out.splitlines()
+    for flag, key in (("cost-fixed-ms", "fixed_ms"), ("cost-per-seq-ms", "per_seq_ms"),
+                      ("cost-prefill-tok-us", "prefill_tok_us"),
+                      ("cost-decode-ctx-ns", "decode_ctx_ns"), ("cost-attn-pair-ns", "attn_pair_ns")):
+        i = next(k for k, ln in enumerate(lines) if ln.strip().startswith("--" + flag + " "))
+        assert lines[i + 1].endswith("(default %s)" % live[key]), (flag, lines[i + 1], live)
+    blocks = costs[1].split()[2]
+    assert "(default %s)" % blocks in out, (blocks, out[:400])
+    # Off and unset options show no default.
+    i = next(k for k, ln in enumerate(lines) if ln.strip().startswith("--fixed-ttft-ms "))
+    assert "(default" not in lines[i + 1], lines[i + 1]
+
+
+if __name__ == "__main__":
+    sys.exit(h.run(TESTS, description=__doc__.splitlines()[0]))

@@ -1,0 +1,1609 @@
+#!/usr/bin/env python3
+"""Integration tests of `kvrouter serve` as a reverse proxy, through real processes.
+
+Every test starts its own `kvrouter sim` workers (simulated vLLM) and `kvrouter serve` router on
+127.0.0.1 with ephemeral ports, talks raw HTTP/1.1 over sockets (so framing, pipelining, truncation
+and timing are visible), and kills what it started by PID in a finally block. A test that needs to see
+the exact request headers a worker received runs a tiny http.server upstream inside the test instead.
+
+Run:  python3 tests/router/test_proxy.py --kvrouter build/kvrouter [-k substring] [-v]
+Prints one line per test and a closing "N passed, M failed"; exits 1 when anything failed.
+
+This module is also the harness of test_admin.py and test_cli.py (they import it): process handling
+(Proc, Sim, Router), the raw HTTP client (Conn, Response), SSE parsing and the tiny test runner.
+Only the Python standard library is used. Every socket operation has a timeout and every test runs
+under a SIGALRM deadline, so a hung router fails a test instead of hanging the suite.
+"""
+import argparse
+import hashlib
+import http.server
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+KVROUTER = None  # path of the binary, set by main()
+MODEL = "meta-llama/Llama-3.3-70B-Instruct"  # the sim's default served model name
+VERBOSE = False
+
+# ---- processes -----------------------------------------------------------------------------------
+
+
+class Proc:
+    """A child process whose stdout and stderr are collected line by line by two reader threads."""
+
+    def __init__(self, argv, name, env=None):
+        self.name = name
+        self.argv = argv
+        self.lines = {"stdout": [], "stderr": []}
+        self.cond = threading.Condition()
+        full_env = dict(os.environ)
+        if env:
+            full_env.update(env)
+        self.p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, env=full_env)
+        self.pid = self.p.pid
+        self.threads = []
+        for stream in ("stdout", "stderr"):
+            t = threading.Thread(target=self._reader, args=(stream,), daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def _reader(self, stream):
+        f = getattr(self.p, stream)
+        for raw in iter(f.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            if VERBOSE:
+                sys.stderr.write("    [%s %s] %s\n" % (self.name, stream, line))
+            with self.cond:
+                self.lines[stream].append(line)
+                self.cond.notify_all()
+        with self.cond:
+            self.cond.notify_all()
+
+    def wait_line(self, regex, timeout=5.0, stream="stderr", start=0):
+        """Waits for a line matching regex (from index start); returns the match or raises."""
+        rx = re.compile(regex)
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            i = start
+            while True:
+                lines = self.lines[stream]
+                while i < len(lines):
+                    m = rx.search(lines[i])
+                    if m:
+                        return m
+                    i += 1
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.p.poll() is not None and i >= len(lines)):
+                    break
+                self.cond.wait(min(left, 0.05))
+        raise AssertionError("%s: no line matching %r within %.1fs (exit %s); stderr tail:\n%s" % (
+            self.name, regex, timeout, self.p.poll(), "\n".join(self.lines["stderr"][-15:])))
+
+    def stderr_lines(self):
+        with self.cond:
+            return list(self.lines["stderr"])
+
+    def stdout_text(self):
+        with self.cond:
+            return "\n".join(self.lines["stdout"])
+
+    def rss_kib(self):
+        """Resident set size in KiB from /proc/PID/status (VmRSS)."""
+        with open("/proc/%d/status" % self.pid) as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise AssertionError("no VmRSS for pid %d" % self.pid)
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def signal(self, sig):
+        if self.alive():
+            os.kill(self.pid, sig)
+
+    def wait(self, timeout):
+        """Waits for exit; returns the exit code or None on timeout."""
+        try:
+            rc = self.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        for t in self.threads:
+            t.join(1.0)
+        return rc
+
+    def kill(self):
+        """Kills the process by its PID (SIGKILL) if it still runs and reaps it."""
+        if self.p.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        for t in self.threads:
+            t.join(1.0)
+        for f in (self.p.stdout, self.p.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+class Sim(Proc):
+    """`kvrouter sim` on an ephemeral port, plus its admin listener (reachable while refusing)."""
+
+    def __init__(self, *flags, fixed=(20, 5), env=None):
+        argv = [KVROUTER, "sim", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+                "--log-level", "warn"]
+        if fixed is not None:
+            argv += ["--fixed-ttft-ms", str(fixed[0]), "--fixed-itl-ms", str(fixed[1])]
+        argv += [str(f) for f in flags]
+        super().__init__(argv, "sim", env=env)
+        try:
+            m = self.wait_line(r"sim listening on [0-9.]+:(\d+)(?: \(admin port (\d+)\))?")
+        except BaseException:
+            self.kill()
+            raise
+        self.port = int(m.group(1))
+        self.admin_port = int(m.group(2)) if m.group(2) else self.port
+        self.url = "http://127.0.0.1:%d" % self.port
+
+    def fault(self, mode, **params):
+        """Switches the sim's fault mode through its admin listener (POST /sim/fault)."""
+        body = dict(params, mode=mode)
+        r = request(self.admin_port, "POST", "/sim/fault", body)
+        assert r.status == 200, "sim fault %s: %d %s" % (mode, r.status, r.body[:200])
+        return r.json()
+
+    def metrics(self):
+        r = request(self.admin_port, "GET", "/metrics")
+        assert r.status == 200, r.status
+        return parse_prom_samples(r.text())
+
+
+class Router(Proc):
+    """`kvrouter serve` with its public and admin listeners on ephemeral ports."""
+
+    def __init__(self, workers, *flags, env=None, check=True):
+        argv = [KVROUTER, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]
+        for w in workers:
+            argv += ["--worker", w if isinstance(w, str) else w.url]
+        argv += [str(f) for f in flags]
+        super().__init__(argv, "serve", env=env)
+        try:
+            m = self.wait_line(r"listening on \S+ \(port (\d+)\), admin on \S+ \(port (\d+)\)")
+        except BaseException:
+            self.kill()
+            raise
+        self.port = int(m.group(1))
+        self.admin_port = int(m.group(2))
+
+    def workers(self):
+        r = request(self.admin_port, "GET", "/admin/workers")
+        assert r.status == 200, (r.status, r.body[:300])
+        return r.json()["workers"]
+
+    def metrics_text(self):
+        r = request(self.admin_port, "GET", "/metrics")
+        assert r.status == 200, r.status
+        return r.text()
+
+    def stop(self):
+        """Graceful stop: SIGTERM (a second one aborts what is still in flight), then SIGKILL as a
+        last resort. Returns a description of what went wrong at shutdown, or None: exit status not
+        0, or a sanitizer report (ASan/LSan/UBSan) anywhere in stderr."""
+        problems = []
+        if self.alive():
+            self.signal(signal.SIGTERM)
+            rc = self.wait(3.0)
+            if rc is None:
+                self.signal(signal.SIGTERM)
+                rc = self.wait(3.0)
+            if rc is None:
+                problems.append("did not exit within 6 s of SIGTERM")
+            elif rc != 0:
+                problems.append("exit status %d after SIGTERM" % rc)
+        self.kill()
+        text = "\n".join(self.stderr_lines())
+        for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
+                       "handles still open"):
+            i = text.find(marker)
+            if i >= 0:
+                problems.append(text[max(0, text.rfind("\n", 0, i)):i + 600].strip())
+        return "; ".join(problems) or None
+
+
+class Cleanup:
+    """Collects processes and servers started by a test and stops them all, last first. Routers
+    are stopped gracefully and must exit 0 without sanitizer reports; otherwise the test fails
+    (unless it is already failing for another reason)."""
+
+    def __init__(self):
+        self.items = []
+
+    def add(self, item):
+        self.items.append(item)
+        return item
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        problems = []
+        for item in reversed(self.items):
+            try:
+                if isinstance(item, Router):
+                    p = item.stop()
+                    if p:
+                        problems.append("router pid %d: %s" % (item.pid, p))
+                else:
+                    item.kill()
+            except Exception as e:  # keep stopping the others
+                sys.stderr.write("cleanup: %r\n" % e)
+        if problems and exc_type is None:
+            raise AssertionError("unclean router shutdown: " + " | ".join(problems))
+        return False
+
+
+_SANITIZED = None
+
+
+def sanitized():
+    """True when the binary under test is a sanitizer build (KVR_SANITIZED set, or the binary
+    carries ASan's runtime symbols)."""
+    global _SANITIZED
+    if _SANITIZED is None:
+        _SANITIZED = bool(os.environ.get("KVR_SANITIZED"))
+        if not _SANITIZED:
+            try:
+                with open(KVROUTER, "rb") as f:
+                    _SANITIZED = b"__asan_init" in f.read()
+            except OSError:
+                pass
+    return _SANITIZED
+
+
+def closed_port():
+    """A loopback port nothing listens on (bound then closed: connections are refused)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+# ---- raw HTTP client -----------------------------------------------------------------------------
+
+
+class Response:
+    def __init__(self):
+        self.status = 0
+        self.reason = ""
+        self.version = ""
+        self.headers = []  # [(lower-case name, value)]
+        self.body = b""
+        self.complete = False  # framing ended properly (Content-Length reached / last chunk / EOF-delimited)
+        self.chunk_times = []  # [(monotonic time, bytes)] body data as it arrived
+        self.t_head = None
+
+    def header(self, name):
+        name = name.lower()
+        for n, v in self.headers:
+            if n == name:
+                return v
+        return None
+
+    def header_all(self, name):
+        return [v for n, v in self.headers if n == name.lower()]
+
+    def text(self):
+        return self.body.decode("utf-8", "replace")
+
+    def json(self):
+        return json.loads(self.body)
+
+    def __repr__(self):
+        return "<Response %d %r %d bytes complete=%s>" % (self.status, self.reason, len(self.body),
+                                                           self.complete)
+
+
+class Conn:
+    """One client connection with its own read buffer (for keep-alive and pipelining)."""
+
+    def __init__(self, port, timeout=5.0, rcvbuf=None):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(timeout)
+        self.sock.connect(("127.0.0.1", port))
+        self.buf = bytearray()
+        self.eof = False
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def kill(self):  # Cleanup protocol
+        self.close()
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def _fill(self, n=65536):
+        if self.eof:
+            raise EOFError("connection closed by peer")
+        try:
+            d = self.sock.recv(n)
+        except ConnectionResetError:
+            d = b""
+        if not d:
+            self.eof = True
+            raise EOFError("connection closed by peer")
+        self.buf += d
+        return len(d)
+
+    def readline(self, limit=1 << 20):
+        while True:
+            i = self.buf.find(b"\n")
+            if i >= 0:
+                line = bytes(self.buf[: i + 1])
+                del self.buf[: i + 1]
+                return line
+            if len(self.buf) > limit:
+                raise AssertionError("line too long")
+            self._fill()
+
+    def read_exact(self, n):
+        while len(self.buf) < n:
+            self._fill()
+        d = bytes(self.buf[:n])
+        del self.buf[:n]
+        return d
+
+    def read_some(self, maxn):
+        """Returns buffered bytes or one recv's worth (at most maxn)."""
+        if not self.buf:
+            self._fill(maxn)
+        d = bytes(self.buf[:maxn])
+        del self.buf[:maxn]
+        return d
+
+    def read_head(self, resp):
+        line = self.readline()
+        while line in (b"\r\n", b"\n"):  # tolerate nothing else before a status line
+            line = self.readline()
+        m = re.match(rb"(HTTP/\d\.\d) (\d{3}) ?(.*)\r\n$", line)
+        assert m, "bad status line %r" % line
+        resp.version = m.group(1).decode()
+        resp.status = int(m.group(2))
+        resp.reason = m.group(3).decode("latin-1")
+        while True:
+            line = self.readline()
+            if line == b"\r\n":
+                break
+            assert line.endswith(b"\r\n") and b":" in line, "bad header line %r" % line
+            name, value = line[:-2].split(b":", 1)
+            resp.headers.append((name.decode("latin-1").lower(), value.strip().decode("latin-1")))
+        resp.t_head = time.monotonic()
+
+    def read_response(self, method="GET", on_data=None, on_head=None):
+        """Reads one response. on_head(resp) is called once the head is in; body bytes are passed to
+        on_data(bytes, t) as they arrive; a body cut short by the peer leaves complete False instead
+        of raising."""
+        resp = Response()
+        self.read_head(resp)
+        while 100 <= resp.status < 200:  # interim responses
+            resp.headers = []
+            self.read_head(resp)
+        if on_head:
+            on_head(resp)
+
+        body = bytearray()  # bytes += would make long bodies quadratic
+
+        def data(d):
+            t = time.monotonic()
+            resp.chunk_times.append((t, d))
+            body.extend(d)
+            if on_data:
+                on_data(d, t)
+
+        te = (resp.header("transfer-encoding") or "").lower()
+        cl = resp.header("content-length")
+        try:
+            if method == "HEAD" or resp.status in (204, 304):
+                resp.complete = True
+            elif "chunked" in te:
+                while True:
+                    size_line = self.readline()
+                    size = int(size_line.split(b";")[0].strip(), 16)
+                    if size == 0:
+                        while self.readline() != b"\r\n":  # trailers
+                            pass
+                        resp.complete = True
+                        break
+                    got = 0
+                    while got < size:
+                        if not self.buf:
+                            self._fill()
+                        take = bytes(self.buf[: size - got])
+                        del self.buf[: len(take)]
+                        got += len(take)
+                        data(take)
+                    assert self.read_exact(2) == b"\r\n", "chunk not followed by CRLF"
+            elif cl is not None:
+                n = int(cl)
+                got = 0
+                while got < n:
+                    if not self.buf:
+                        self._fill()
+                    take = bytes(self.buf[: n - got])
+                    del self.buf[: len(take)]
+                    got += len(take)
+                    data(take)
+                resp.complete = True
+            else:
+                while True:
+                    if self.buf:
+                        data(bytes(self.buf))
+                        self.buf.clear()
+                    try:
+                        self._fill()
+                    except EOFError:
+                        break
+                resp.complete = True
+        except EOFError:
+            resp.complete = False
+        resp.body = bytes(body)
+        return resp
+
+    def closed_by_peer(self, timeout=2.0):
+        """True when the peer closes (EOF or reset) within timeout and sends nothing more."""
+        self.sock.settimeout(timeout)
+        try:
+            d = self.sock.recv(4096)
+        except socket.timeout:
+            return False
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        return d == b"" and not self.buf
+
+
+def build_request(method, path, body=None, headers=None, version="HTTP/1.1"):
+    """Raw request bytes. body may be bytes, str or a JSON-able object; Host and Content-Length are
+    added unless given."""
+    if body is not None and not isinstance(body, (bytes, bytearray)):
+        body = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+    hdrs = list(headers or [])
+    names = {n.lower() for n, _ in hdrs}
+    if "host" not in names:
+        hdrs.insert(0, ("Host", "127.0.0.1"))
+    if body is not None and "content-length" not in names and "transfer-encoding" not in names:
+        hdrs.append(("Content-Length", str(len(body))))
+    if body is not None and "content-type" not in names:
+        hdrs.append(("Content-Type", "application/json"))
+    head = "%s %s %s\r\n" % (method, path, version)
+    head += "".join("%s: %s\r\n" % (n, v) for n, v in hdrs) + "\r\n"
+    return head.encode("latin-1") + (bytes(body) if body is not None else b"")
+
+
+def request(port, method, path, body=None, headers=None, timeout=5.0, on_data=None):
+    """One request on a fresh connection; returns the Response."""
+    c = Conn(port, timeout=timeout)
+    try:
+        c.send(build_request(method, path, body, headers))
+        return c.read_response(method, on_data=on_data)
+    finally:
+        c.close()
+
+
+def chat_body(content="Hello there, how are you?", max_tokens=8, stream=False, **extra):
+    b = {"model": MODEL, "messages": [{"role": "user", "content": content}],
+         "max_tokens": max_tokens, "ignore_eos": True}
+    if stream:
+        b["stream"] = True
+    b.update(extra)
+    return b
+
+
+def sse_events(body):
+    """The data payloads of an SSE body, in order ("[DONE]" included)."""
+    text = body.decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else body
+    out = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        data = [ln[5:].lstrip(" ") for ln in block.split("\n") if ln.startswith("data:")]
+        if data:
+            out.append("\n".join(data))
+    return out
+
+
+def token_events(events):
+    """Events that carry generated text (chat delta.content or completions text)."""
+    n = 0
+    for e in events:
+        if e == "[DONE]":
+            continue
+        o = json.loads(e)
+        for c in o.get("choices") or []:
+            if (c.get("delta") or {}).get("content") or c.get("text"):
+                n += 1
+    return n
+
+
+def assert_openai_error(resp, status, err_type=None):
+    """resp has the status and an OpenAI-style error body; returns the error object."""
+    assert resp.status == status, "expected %d, got %d: %r" % (status, resp.status, resp.body[:300])
+    try:
+        obj = resp.json()
+    except ValueError:
+        raise AssertionError("error body is not JSON: %r" % resp.body[:300])
+    err = obj.get("error")
+    assert isinstance(err, dict), "no error object: %r" % obj
+    assert isinstance(err.get("message"), str) and err["message"], "error.message: %r" % err
+    assert isinstance(err.get("type"), str), "error.type: %r" % err
+    assert "code" in err, "error.code missing: %r" % err
+    if err_type:
+        assert err["type"] == err_type, "error.type %r, expected %r" % (err["type"], err_type)
+    return err
+
+
+def parse_prom_samples(text):
+    """Loose parse of Prometheus text into {(name, frozenset(labels)): value} (for sims' pages)."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)', line)
+        if not m:
+            continue
+        labels = frozenset(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
+        out[(m.group(1), labels)] = float(m.group(4))
+    return out
+
+
+def prom_value(samples, name, **labels):
+    """Sum of the samples of name whose labels include the given ones."""
+    want = set(labels.items())
+    vals = [v for (n, ls), v in samples.items() if n == name and want <= set(ls)]
+    assert vals, "no sample %s%r" % (name, labels)
+    return sum(vals)
+
+
+def wait_for(pred, timeout, what, interval=0.05):
+    """Polls pred() until it returns a true value; returns it or raises naming what."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError("timed out after %.1fs waiting for %s (last: %r)" % (timeout, what, last))
+
+
+# ---- a recording upstream for header inspection ----------------------------------------------------
+
+
+class RecordingUpstream:
+    """A tiny threaded http.server that records each request's headers and body and answers
+    OpenAI-shaped JSON, with a set of hop-by-hop response headers the proxy must not forward.
+    GET /v1/status/NNN answers status NNN with no body; GET /metrics answers after metrics_delay
+    seconds (a worker whose metrics page is slow)."""
+
+    def __init__(self, metrics_delay=0.0):
+        self.requests = []
+        self.lock = threading.Lock()
+        self.metrics_delay = metrics_delay
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _answer(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else b""
+                if self.path == "/metrics":
+                    time.sleep(outer.metrics_delay)
+                    page = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", str(len(page)))
+                    self.end_headers()
+                    self.wfile.write(page)
+                    return
+                m = re.match(r"/v1/status/(\d{3})$", self.path)
+                if m:
+                    with outer.lock:
+                        outer.requests.append({"method": self.command, "path": self.path,
+                                               "headers": [], "body_len": len(body), "body_sha": ""})
+                    self.send_response(int(m.group(1)))
+                    self.send_header("X-Status-Test", "1")
+                    self.end_headers()
+                    return
+                with outer.lock:
+                    outer.requests.append({"method": self.command, "path": self.path,
+                                           "headers": [(k.lower(), v) for k, v in self.headers.items()],
+                                           "body_len": len(body),
+                                           "body_sha": hashlib.sha256(body).hexdigest(),
+                                           "peer": self.client_address[1]})
+                out = json.dumps({"id": "cmpl-rec", "object": "chat.completion", "model": MODEL,
+                                  "choices": [{"index": 0, "message": {"role": "assistant",
+                                                                       "content": "ok"},
+                                               "finish_reason": "stop"}],
+                                  "usage": {"prompt_tokens": 3, "completion_tokens": 1,
+                                            "total_tokens": 4}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.send_header("Connection", "X-Resp-Hop")
+                self.send_header("X-Resp-Hop", "must-not-pass")
+                self.send_header("Keep-Alive", "timeout=9")
+                self.send_header("Proxy-Authenticate", "Basic realm=x")
+                self.send_header("Trailer", "X-Checksum")
+                self.send_header("Upgrade", "h2c")
+                self.send_header("X-Resp-Kept", "yes")
+                self.end_headers()
+                self.wfile.write(out)
+
+            do_GET = _answer
+            do_POST = _answer
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                       daemon=True)
+        self.thread.start()
+
+    def kill(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+# ---- tiny runner -----------------------------------------------------------------------------------
+
+def registry():
+    """A test list and its decorator for one test file: @test(timeout=S) appends the function to
+    the list with its wall-clock deadline (seconds); run() takes the list."""
+    tests = []
+
+    def test(timeout=20):
+        def deco(fn):
+            fn.timeout = timeout
+            tests.append(fn)
+            return fn
+        return deco
+    return tests, test
+
+
+TESTS, test = registry()
+
+
+class Deadline(Exception):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise Deadline("test exceeded its deadline")
+
+
+def run(tests, argv=None, description=None):
+    """Parses --kvrouter/-k/-v, runs the tests in order, prints a summary; returns the exit code."""
+    global KVROUTER, VERBOSE
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--kvrouter", required=True, help="path of the kvrouter binary")
+    ap.add_argument("-k", dest="only", action="append", default=[],
+                    help="run only tests whose name contains this (repeatable)")
+    ap.add_argument("-v", dest="verbose", action="store_true", help="echo child process output")
+    args = ap.parse_args(argv)
+    KVROUTER = os.path.abspath(args.kvrouter)
+    VERBOSE = args.verbose
+    if not os.access(KVROUTER, os.X_OK):
+        print("not executable: %s" % KVROUTER)
+        return 2
+    signal.signal(signal.SIGALRM, _on_alarm)
+    passed = failed = 0
+    failures = []
+    t_all = time.monotonic()
+    for fn in tests:
+        if args.only and not any(s in fn.__name__ for s in args.only):
+            continue
+        t0 = time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, fn.timeout)
+        try:
+            fn()
+            ok, detail = True, ""
+        except Exception as e:
+            ok = False
+            detail = "%s: %s" % (type(e).__name__, e)
+            if VERBOSE:
+                import traceback
+                traceback.print_exc()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        dt = time.monotonic() - t0
+        if ok:
+            passed += 1
+            print("PASS %-44s %6.2fs" % (fn.__name__, dt), flush=True)
+        else:
+            failed += 1
+            failures.append(fn.__name__)
+            print("FAIL %-44s %6.2fs  %s" % (fn.__name__, dt, detail), flush=True)
+    print("%d passed, %d failed (%.1fs)%s" % (passed, failed, time.monotonic() - t_all,
+                                             ("; failed: " + ", ".join(failures)) if failures else ""))
+    return 1 if failed else 0
+
+
+# ---- the tests ---------------------------------------------------------------------------------------
+
+# Flags of a router that notices failures quickly (tests must stay short).
+FAST = ["--scrape-interval-ms", "100", "--connect-timeout-ms", "500"]
+
+
+@test(timeout=20)
+def test_streaming_passthrough_timing():
+    """The first SSE event reaches the client long before the worker finishes, and events arrive one
+    by one as the worker produces them (no buffering until the end)."""
+    with Cleanup() as c:
+        sim = c.add(Sim(fixed=(50, 40)))
+        r = c.add(Router([sim], *FAST))
+        n = 25  # 50 ms + 24 x 40 ms = ~1.0 s of generation
+        t0 = time.monotonic()
+        resp = request(r.port, "POST", "/v1/chat/completions", chat_body(max_tokens=n, stream=True))
+        assert resp.status == 200 and resp.complete, resp
+        assert resp.header("content-type", ).startswith("text/event-stream"), resp.headers
+        events = sse_events(resp.body)
+        assert events[-1] == "[DONE]", events[-3:]
+        assert token_events(events) == n, (token_events(events), n)
+        # When each token event arrived.
+        arrivals, seen = [], b""
+        for t, d in resp.chunk_times:
+            seen += d
+            while len(arrivals) < len(sse_events(seen)):
+                arrivals.append(t - t0)
+        first, last = arrivals[0], arrivals[-1]
+        assert first < 0.4, "first event after %.3fs (worker TTFT is 0.05s)" % first
+        assert last > 0.8, "stream finished after %.3fs, expected ~1s" % last
+        assert last - first > 0.7, "events bunched: first %.3f last %.3f" % (first, last)
+        gaps = sorted(b - a for a, b in zip(arrivals[:n], arrivals[1:n]))
+        median = gaps[len(gaps) // 2]
+        assert median > 0.02, "median gap between events %.4fs: buffered, not streamed" % median
+
+
+@test(timeout=15)
+def test_keepalive_several_requests_one_connection():
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        r = c.add(Router([sim], *FAST))
+        conn = c.add(Conn(r.port))
+        steps = [("GET", "/v1/models", None), ("POST", "/v1/chat/completions", chat_body()),
+                 ("POST", "/v1/chat/completions", chat_body(stream=True)),
+                 ("POST", "/v1/completions", {"model": MODEL, "prompt": "Once upon", "max_tokens": 4}),
+                 ("GET", "/health", None), ("GET", "/v1/models", None)]
+        for method, path, body in steps:
+            conn.send(build_request(method, path, body))
+            resp = conn.read_response(method)
+            assert resp.status == 200 and resp.complete, (path, resp, resp.body[:200])
+            assert (resp.header("connection") or "").lower() != "close", (path, resp.headers)
+        assert not conn.eof
+
+
+@test(timeout=15)
+def test_pipelining_two_and_three_requests_in_order():
+    """Requests written at once on one socket are all answered, in order, even when the first is
+    the slowest."""
+    with Cleanup() as c:
+        sim = c.add(Sim(fixed=(100, 20)))
+        r = c.add(Router([sim], *FAST))
+        conn = c.add(Conn(r.port))
+        conn.send(build_request("POST", "/v1/chat/completions", chat_body(max_tokens=10, stream=True))
+                  + build_request("GET", "/v1/models")
+                  + build_request("POST", "/v1/completions",
+                                  {"model": MODEL, "prompt": "pipelined", "max_tokens": 3}))
+        a = conn.read_response("POST")
+        b = conn.read_response("GET")
+        d = conn.read_response("POST")
+        assert a.status == 200 and a.complete and b"chat.completion.chunk" in a.body, a
+        assert token_events(sse_events(a.body)) == 10
+        assert b.status == 200 and b.json()["object"] == "list", (b, b.body[:200])
+        assert d.status == 200 and d.json()["object"] == "text_completion", (d, d.body[:200])
+        # And two identical small requests in one write (the classic pair).
+        conn.send(build_request("GET", "/v1/models") * 2)
+        for _ in range(2):
+            x = conn.read_response("GET")
+            assert x.status == 200 and x.complete, x
+
+
+@test(timeout=20)
+def test_one_mib_prompt_passes_through():
+    """A 1 MiB prompt reaches the worker byte for byte and is answered."""
+    with Cleanup() as c:
+        up = c.add(RecordingUpstream())
+        sim = c.add(Sim("--max-model-len", "4000000", fixed=(5, 1)))
+        r = c.add(Router([up], "--scrape-interval-ms", "0"))
+        words = ("lorem ipsum dolor sit amet consectetur adipiscing elit " * 30000)
+        prompt = words[: 1 << 20]
+        body = json.dumps(chat_body(prompt, max_tokens=4)).encode()
+        resp = request(r.port, "POST", "/v1/chat/completions", body, timeout=10)
+        assert resp.status == 200, (resp, resp.body[:300])
+        rec = up.requests[-1]
+        assert rec["body_len"] == len(body), (rec["body_len"], len(body))
+        assert rec["body_sha"] == hashlib.sha256(body).hexdigest(), "body altered in transit"
+        # And through a real (simulated) worker, streamed.
+        r2 = c.add(Router([sim], *FAST))
+        resp = request(r2.port, "POST", "/v1/chat/completions",
+                       chat_body(prompt, max_tokens=4, stream=True), timeout=15)
+        assert resp.status == 200 and resp.complete, (resp, resp.body[:300])
+        assert token_events(sse_events(resp.body)) == 4
+
+
+def _bad(port, raw, status, close=True, timeout=3.0):
+    """Sends raw bytes; expects an OpenAI-style error with status and (by default) a close."""
+    conn = Conn(port, timeout=timeout)
+    try:
+        try:
+            conn.send(raw)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the router may answer and close before reading everything
+        resp = conn.read_response()
+        assert_openai_error(resp, status)
+        if close:
+            assert conn.closed_by_peer(2.0), "connection left open after %d" % status
+        return resp
+    finally:
+        conn.close()
+
+
+def _check_all(cases):
+    """Runs (label, fn) pairs, all of them, and fails once naming every case that failed."""
+    failed = []
+    for label, fn in cases:
+        try:
+            fn()
+        except (AssertionError, OSError, EOFError, ValueError) as e:
+            failed.append("%s: %s" % (label, str(e)[:160]))
+    assert not failed, "%d of %d cases failed:\n      " % (len(failed), len(cases)) + \
+        "\n      ".join(failed)
+
+
+@test(timeout=40)
+def test_bad_requests_rejected_with_status_and_close():
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        r = c.add(Router([sim], *FAST, "--max-body-bytes", "2097152"))
+        p = r.port
+        get = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
+        post = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        big = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"v" * 1000) for i in range(40))
+        many = b"".join(b"X-F-%d: v\r\n" % i for i in range(101))
+        ok = b"".join(b"X-F-%d: v\r\n" % i for i in range(99))
+
+        def fields_100_ok():
+            # 99 + Host = 100 fields is still fine. /health is answered by the router itself: a
+            # proxied request would reach the sim with the router's X-Forwarded-For and curl's
+            # Accept added, over the sim's own 100-field limit.
+            conn = Conn(p)
+            try:
+                conn.send(b"GET /health HTTP/1.1\r\nHost: x\r\n" + ok + b"\r\n")
+                assert conn.read_response().status == 200
+            finally:
+                conn.close()
+
+        def body_413_before_reading():
+            t0 = time.monotonic()
+            _bad(p, post + b"Content-Type: application/json\r\nContent-Length: 3145728\r\n\r\n", 413)
+            assert time.monotonic() - t0 < 1.5, "413 only after %.2fs" % (time.monotonic() - t0)
+
+        def upgrade_501():
+            resp = _bad(p, get + b"Connection: Upgrade\r\nUpgrade: websocket\r\n"
+                        b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+                        501)
+            assert resp.header("upgrade") is None
+
+        cases = [
+            ("garbage request line", lambda: _bad(p, b"GARBAGE\r\n\r\n", 400)),
+            ("header line without colon", lambda: _bad(p, get + b"this is not a header\r\n\r\n", 400)),
+            ("bad HTTP version", lambda: _bad(p, b"GET /v1/models HTTP/9.7\r\nHost: x\r\n\r\n", 400)),
+            ("bare LF line ends", lambda: _bad(p, b"GET /v1/models HTTP/1.1\nHost: x\n\n", 400)),
+            ("CR inside a header value", lambda: _bad(p, get + b"X-A: a\rb\r\n\r\n", 400)),
+            ("space in header name", lambda: _bad(p, get + b"Bad Name: v\r\n\r\n", 400)),
+            ("space before colon", lambda: _bad(p, get + b"BadName : v\r\n\r\n", 400)),
+            ("request line over 8 KiB -> 414",
+             lambda: _bad(p, b"GET /v1/models?" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414)),
+            ("headers over 32 KiB -> 431", lambda: _bad(p, get + big + b"\r\n", 431)),
+            ("101 header fields -> 431", lambda: _bad(p, get + many + b"\r\n", 431)),
+            ("100 header fields accepted", fields_100_ok),
+            ("body over --max-body-bytes -> 413 before the body", body_413_before_reading),
+            ("Transfer-Encoding with Content-Length",
+             lambda: _bad(p, post + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+                             b"5\r\nhello\r\n0\r\n\r\n", 400)),
+            ("two different Content-Length",
+             lambda: _bad(p, post + b"Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello!", 400)),
+            ("negative Content-Length", lambda: _bad(p, post + b"Content-Length: -1\r\n\r\n", 400)),
+            ("Upgrade: websocket -> 501", upgrade_501),
+            ("CONNECT -> 405",
+             lambda: _bad(p, b"CONNECT 127.0.0.1:443 HTTP/1.1\r\nHost: 127.0.0.1:443\r\n\r\n", 405)),
+        ]
+        _check_all(cases)
+        assert request(p, "GET", "/v1/models").status == 200, "router not serving after bad input"
+
+
+@test(timeout=15)
+def test_slow_headers_get_408():
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        r = c.add(Router([sim], *FAST, "--header-timeout-ms", "300"))
+        conn = c.add(Conn(r.port))
+        t0 = time.monotonic()
+        conn.send(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        resp = conn.read_response()
+        dt = time.monotonic() - t0
+        assert_openai_error(resp, 408)
+        assert 0.25 < dt < 2.0, "408 after %.3fs with a 300 ms header timeout" % dt
+        assert conn.closed_by_peer(2.0)
+        # A slow body (headers complete, body stalls) is cut too.
+        conn2 = c.add(Conn(r.port))
+        conn2.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        assert_openai_error(conn2.read_response(), 408)
+
+
+@test(timeout=15)
+def test_openai_validation_errors():
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        r = c.add(Router([sim], *FAST))
+        p = r.port
+        cases = [
+            ("/v1/chat/completions", b"{not json"),
+            ("/v1/chat/completions", b""),
+            ("/v1/chat/completions", b"[1,2,3]"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),  # no model
+            ("/v1/chat/completions", {"model": MODEL}),  # no messages
+            ("/v1/chat/completions", {"model": MODEL, "messages": "hi"}),
+            ("/v1/chat/completions", {"model": MODEL, "messages": []}),
+            ("/v1/chat/completions", chat_body(max_tokens="ten")),
+            ("/v1/completions", {"model": MODEL}),  # no prompt
+            ("/v1/completions", {"prompt": "hi"}),  # no model
+            ("/v1/completions", {"model": MODEL, "prompt": 42}),
+            ("/v1/completions", {"model": MODEL, "prompt": []}),
+        ]
+
+        def one(path, body):
+            resp = request(p, "POST", path, body)
+            err = assert_openai_error(resp, 400, "invalid_request_error")
+            assert err["code"] is None or isinstance(err["code"], str), err
+
+        _check_all([("%s %s" % (path, json.dumps(body) if not isinstance(body, bytes) else body),
+                     lambda path=path, body=body: one(path, body)) for path, body in cases])
+        # None of them reached the worker.
+        m = sim.metrics()
+        assert prom_value(m, "vllm:request_success_total") == 0
+        # Wrong methods and unknown routes are errors of the same shape.
+        assert_openai_error(request(p, "GET", "/v1/chat/completions"), 405)
+        assert_openai_error(request(p, "GET", "/nope"), 404)
+
+
+@test(timeout=15)
+def test_no_usable_worker_503_with_retry_after():
+    with Cleanup() as c:
+        dead = "http://127.0.0.1:%d" % closed_port()
+        r = c.add(Router([dead], *FAST, "--fail-threshold", "1", "--retry-after-s", "2"))
+        statuses = []
+        for _ in range(4):
+            resp = request(r.port, "POST", "/v1/chat/completions", chat_body())
+            statuses.append(resp.status)
+            if resp.status == 503:
+                assert_openai_error(resp, 503)
+                assert resp.header("retry-after") == "2", resp.headers
+                break
+            assert_openai_error(resp, 502)
+        assert statuses[-1] == 503, statuses
+        assert request(r.port, "GET", "/health").status == 503
+
+
+@test(timeout=15)
+def test_refusing_worker_retried_once_on_another_then_502():
+    with Cleanup() as c:
+        a = c.add(Sim())
+        b = c.add(Sim())
+        r = c.add(Router([a, b], *FAST, "--policy", "round_robin", "--fail-threshold", "100"))
+        ids = {w["url"]: str(w["id"]) for w in r.workers()}
+        a.fault("refuse")
+        for _ in range(4):
+            resp = request(r.port, "POST", "/v1/chat/completions", chat_body())
+            assert resp.status == 200, (resp, resp.body[:200])
+            assert resp.header("x-kvrouter-worker") == ids[b.url], resp.headers
+        m = parse_prom_samples(r.metrics_text())
+        retried = prom_value(m, "kvrouter_worker_retries_total", worker=ids[a.url])
+        assert retried >= 1, "no retry recorded on the refusing worker"
+        b.fault("refuse")
+        resp = request(r.port, "POST", "/v1/chat/completions", chat_body())
+        assert_openai_error(resp, 502)
+
+
+@test(timeout=15)
+def test_silent_worker_first_byte_timeout_504():
+    with Cleanup() as c:
+        sim = c.add(Sim("--fault", "hang"))
+        r = c.add(Router([sim], *FAST, "--first-byte-timeout-ms", "400"))
+        for stream in (False, True):
+            t0 = time.monotonic()
+            try:
+                resp = request(r.port, "POST", "/v1/chat/completions", chat_body(stream=stream),
+                               timeout=2.5)
+            except socket.timeout:
+                raise AssertionError("no answer within 2.5 s (stream=%s) with a 400 ms first-byte "
+                                     "timeout" % stream)
+            dt = time.monotonic() - t0
+            assert_openai_error(resp, 504)
+            assert 0.35 < dt < 2.0, "504 after %.3fs with a 400 ms first-byte timeout" % dt
+
+
+@test(timeout=15)
+def test_worker_dies_mid_stream():
+    """A stream cut by the worker ends with an SSE error event and a clean end; a non-streaming
+    request to a worker that dies gets 502."""
+    with Cleanup() as c:
+        sim = c.add(Sim("--fault", "disconnect", "--fault-after-tokens", "5"))
+        r = c.add(Router([sim], *FAST, "--fail-threshold", "100"))
+        resp = request(r.port, "POST", "/v1/chat/completions", chat_body(max_tokens=50, stream=True))
+        assert resp.status == 200, resp
+        assert resp.complete, "stream truncated without a clean end: %r" % resp.body[-200:]
+        events = sse_events(resp.body)
+        assert token_events(events) == 5, events
+        assert events[-1] == "[DONE]", events[-2:]
+        err = json.loads(events[-2])
+        assert isinstance(err.get("error"), dict) and err["error"].get("message"), err
+        assert not any('"finish_reason":"length"' in e for e in events), "looks like success"
+        resp = request(r.port, "POST", "/v1/chat/completions", chat_body(max_tokens=50))
+        assert_openai_error(resp, 502)
+
+
+@test(timeout=15)
+def test_client_disconnect_aborts_upstream():
+    with Cleanup() as c:
+        sim = c.add(Sim(fixed=(10, 20)))
+        r = c.add(Router([sim], *FAST))
+        conn = Conn(r.port)
+        conn.send(build_request("POST", "/v1/chat/completions", chat_body(max_tokens=3000, stream=True)))
+        got = b""
+        while len(sse_events(got)) < 3:
+            got += conn.read_some(4096)
+        running = prom_value(sim.metrics(), "vllm:num_requests_running")
+        assert running == 1, running
+        conn.close()
+        wait_for(lambda: prom_value(sim.metrics(), "vllm:num_requests_running") == 0, 1.0,
+                 "the worker to stop generating")
+        aborted = prom_value(sim.metrics(), "vllm:request_success_total", finished_reason="abort")
+        assert aborted == 1, aborted
+        wait_for(lambda: all(w["in_flight"] == 0 for w in r.workers()), 1.0,
+                 "the router's in-flight count to drop")
+
+
+@test(timeout=15)
+def test_hop_by_hop_headers_xff_and_authorization():
+    with Cleanup() as c:
+        up = c.add(RecordingUpstream())
+        r = c.add(Router([up], "--scrape-interval-ms", "0"))
+        hdrs = [("Connection", "keep-alive, X-Hop-Named"), ("X-Hop-Named", "secret"),
+                ("Keep-Alive", "timeout=5"), ("TE", "trailers"), ("Trailer", "X-Checksum"),
+                ("Proxy-Authorization", "Basic Zm9vOmJhcg=="), ("Proxy-Foo", "bar"),
+                ("Authorization", "Bearer sk-test-123"), ("X-Forwarded-For", "10.1.2.3"),
+                ("X-Custom", "kept")]
+        resp = request(r.port, "POST", "/v1/chat/completions", chat_body(), headers=hdrs)
+        assert resp.status == 200, (resp, resp.body[:200])
+        got = dict(up.requests[-1]["headers"])
+        for h in ("x-hop-named", "keep-alive", "te", "trailer", "proxy-authorization", "proxy-foo",
+                  "upgrade"):
+            assert h not in got, "hop-by-hop request header %s forwarded: %r" % (h, got)
+        assert "x-hop-named" not in (got.get("connection") or "").lower(), got
+        assert got.get("authorization") == "Bearer sk-test-123", got
+        assert got.get("x-custom") == "kept", got
+        assert got.get("x-forwarded-for") == "10.1.2.3, 127.0.0.1", got.get("x-forwarded-for")
+        # Without an incoming X-Forwarded-For the router adds the client's address.
+        request(r.port, "POST", "/v1/chat/completions", chat_body())
+        assert dict(up.requests[-1]["headers"]).get("x-forwarded-for") == "127.0.0.1"
+        # Response side: the worker's hop-by-hop headers stay between worker and router.
+        names = {n for n, _ in resp.headers}
+        for h in ("x-resp-hop", "keep-alive", "proxy-authenticate", "trailer", "upgrade"):
+            assert h not in names, "hop-by-hop response header %s forwarded: %r" % (h, resp.headers)
+        assert "x-resp-hop" not in (resp.header("connection") or "").lower()
+        assert resp.header("x-resp-kept") == "yes", resp.headers
+
+
+@test(timeout=30)
+def test_slow_client_backpressure_bounded_memory():
+    """A client that does not read a fast, long stream: the router's RSS stays bounded while the
+    worker produces far more than the bound, and the whole stream arrives intact once read."""
+    with Cleanup() as c:
+        sim = c.add(Sim(fixed=(0, 0.002)))
+        # ASan keeps freed memory in quarantine, which would look like growth; keep it small.
+        env = {"ASAN_OPTIONS": (os.environ.get("ASAN_OPTIONS", "") + ":quarantine_size_mb=4").lstrip(":")}
+        r = c.add(Router([sim], *FAST, env=env))
+        warm = request(r.port, "POST", "/v1/chat/completions", chat_body(max_tokens=2000, stream=True),
+                       timeout=10)  # warms up allocations; gives the bytes per token
+        per_token = len(warm.body) / 2000.0
+        base = r.rss_kib()
+        n = 100000
+        want = 12 << 20  # bytes the worker must push while the client is not reading
+        gen0 = prom_value(sim.metrics(), "vllm:generation_tokens_total")
+        conn = c.add(Conn(r.port, timeout=10, rcvbuf=4096))
+        conn.send(build_request("POST", "/v1/chat/completions", chat_body(max_tokens=n, stream=True)))
+        peak = base
+        produced = 0
+        t_end = time.monotonic() + 6.0
+        while time.monotonic() < t_end and produced * per_token < want:  # not reading at all
+            peak = max(peak, r.rss_kib())
+            time.sleep(0.05)
+            produced = prom_value(sim.metrics(), "vllm:generation_tokens_total") - gen0
+        assert produced * per_token >= want, (
+            "the worker produced only %.1f MiB in 6 s while the client was not reading" %
+            (produced * per_token / (1 << 20)))
+        for _ in range(5):  # hold a little longer at the bound
+            peak = max(peak, r.rss_kib())
+            time.sleep(0.05)
+        # Then read slowly for a while (into the client's own buffer), then at full speed.
+        t_end = time.monotonic() + 0.5
+        while time.monotonic() < t_end:
+            conn._fill(8192)
+            peak = max(peak, r.rss_kib())
+            time.sleep(0.01)
+        conn.sock.settimeout(20)
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+
+        got = {"bytes": 0, "next": 1 << 20}
+
+        def on_data(d, t):
+            nonlocal peak
+            got["bytes"] += len(d)
+            if got["bytes"] >= got["next"]:  # sample RSS once per MiB read
+                got["next"] += 1 << 20
+                peak = max(peak, r.rss_kib())
+
+        resp = conn.read_response("POST", on_data=on_data)
+        assert resp.status == 200 and resp.complete, resp
+        events = sse_events(resp.body)
+        assert events[-1] == "[DONE]" and token_events(events) == n, (token_events(events), n)
+        growth = peak - base
+        # ASan's allocator (shadow memory, quarantine, redzones) roughly doubles what RSS shows for
+        # the same live data; the bound stays well below what the worker pushed either way.
+        bound_kib = (12 if sanitized() else 6) * 1024
+        assert growth < bound_kib, "router RSS grew by %d KiB while the worker pushed %.1f MiB" % (
+            growth, produced * per_token / (1 << 20))
+
+
+@test(timeout=15)
+def test_worker_header_health_and_models():
+    with Cleanup() as c:
+        a = c.add(Sim())
+        b = c.add(Sim())
+        r = c.add(Router([a, b], *FAST, "--policy", "round_robin", "--fail-threshold", "1"))
+        ids = {str(w["id"]) for w in r.workers()}
+        seen = set()
+        for _ in range(4):
+            resp = request(r.port, "POST", "/v1/chat/completions", chat_body())
+            assert resp.status == 200
+            seen.add(resp.header("x-kvrouter-worker"))
+        assert seen == ids, (seen, ids)
+        resp = request(r.port, "POST", "/v1/chat/completions", chat_body(stream=True))
+        assert resp.header("x-kvrouter-worker") in ids
+        m = request(r.port, "GET", "/v1/models")
+        assert m.status == 200 and m.json()["data"][0]["id"] == MODEL, m.body[:200]
+        h = request(r.port, "GET", "/health")
+        assert h.status == 200, h
+        a.fault("refuse")
+        b.fault("refuse")
+        wait_for(lambda: request(r.port, "GET", "/health").status == 503, 3.0,
+                 "/health to turn 503 with every worker down")
+        assert_openai_error(request(r.port, "POST", "/v1/chat/completions", chat_body()), 503)
+        a.fault("none")
+        wait_for(lambda: request(r.port, "GET", "/health").status == 200, 3.0,
+                 "/health to recover when a worker is back")
+
+
+@test(timeout=15)
+def test_access_log_one_line_per_request_without_prompt():
+    secret = "TOPSECRET-PROMPT-7f3a9"
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        r = c.add(Router([sim], *FAST))
+
+        def access_lines():
+            return [ln for ln in r.stderr_lines() if re.search(r"\baccess\b", ln)]
+
+        before = len(access_lines())
+        reqs = [("POST", "/v1/chat/completions", chat_body(secret + " please", stream=True), 200),
+                ("POST", "/v1/chat/completions", chat_body(secret + " again"), 200),
+                ("POST", "/v1/completions", {"model": MODEL, "prompt": secret, "max_tokens": 2}, 200),
+                ("GET", "/v1/models", None, 200),
+                ("POST", "/v1/chat/completions", '{"model": "%s", "messages": [' % secret, 400),
+                ("GET", "/health", None, 200)]
+        for method, path, body, status in reqs:
+            resp = request(r.port, method, path, body)
+            assert resp.status == status, (path, resp)
+        lines = wait_for(lambda: len(access_lines()) >= before + len(reqs) and access_lines(), 2.0,
+                         "one access-log line per request")
+        new = lines[before:]
+        assert len(new) == len(reqs), "%d access lines for %d requests:\n%s" % (
+            len(new), len(reqs), "\n".join(new))
+        for (method, path, _, status), line in zip(reqs, new):
+            assert path in line and str(status) in line, (path, status, line)
+        leaked = [ln for ln in r.stderr_lines() if secret in ln]
+        assert not leaked, "prompt text in the router's log: %r" % leaked[:2]
+
+
+@test(timeout=20)
+def test_slow_client_not_cut_by_idle_timeout():
+    """A client that stops reading for longer than --idle-timeout-ms while the worker keeps
+    producing: the worker is not idle (the router paused it), so the stream must complete intact."""
+    with Cleanup() as c:
+        sim = c.add(Sim(fixed=(0, 0.01)))
+        r = c.add(Router([sim], *FAST, "--idle-timeout-ms", "500"))
+        n = 30000
+        conn = c.add(Conn(r.port, timeout=10, rcvbuf=4096))
+        conn.send(build_request("POST", "/v1/chat/completions", chat_body(max_tokens=n, stream=True)))
+        time.sleep(1.5)
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)  # now read fast
+        resp = conn.read_response("POST")
+        assert resp.status == 200 and resp.complete, resp
+        events = sse_events(resp.body)
+        assert events[-1] == "[DONE]", events[-1:]
+        assert not any(e.startswith('{"error"') for e in events), \
+            "stream cut: %s" % [e for e in events if e.startswith('{"error"')][0][:200]
+        assert token_events(events) == n, (token_events(events), n)
+
+
+@test(timeout=15)
+def test_worker_error_status_passes_through():
+    """A worker's own error answer (status and body) reaches the client unchanged, not retried."""
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        r = c.add(Router([sim], *FAST))
+        sim.fault("error", status=503)
+        direct = request(sim.port, "POST", "/v1/chat/completions", chat_body())
+        via = request(r.port, "POST", "/v1/chat/completions", chat_body())
+        assert via.status == direct.status == 503, (via, direct)
+        assert via.body == direct.body, (via.body[:200], direct.body[:200])
+        assert via.header("x-kvrouter-worker") is not None
+        sim.fault("none")
+        # A worker-side validation error (context too long) passes through too.
+        direct = request(sim.port, "POST", "/v1/chat/completions", chat_body(max_tokens=10 ** 7))
+        via = request(r.port, "POST", "/v1/chat/completions", chat_body(max_tokens=10 ** 7))
+        assert via.status == direct.status and via.status >= 400, (via, direct)
+        assert via.json() == direct.json(), (via.body[:200], direct.body[:200])
+
+
+@test(timeout=15)
+def test_query_string_and_chunked_request_body():
+    with Cleanup() as c:
+        up = c.add(RecordingUpstream())
+        r = c.add(Router([up], "--scrape-interval-ms", "0"))
+        body = json.dumps(chat_body("chunked " * 500)).encode()
+        parts = [body[:100], body[100:1500], body[1500:]]
+        chunked = b"".join(b"%x\r\n%s\r\n" % (len(x), x) for x in parts) + b"0\r\n\r\n"
+        conn = c.add(Conn(r.port))
+        conn.send(b"POST /v1/chat/completions?api-version=2024-01&x=%2F HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked)
+        resp = conn.read_response("POST")
+        assert resp.status == 200, (resp, resp.body[:200])
+        rec = up.requests[-1]
+        assert rec["path"] == "/v1/chat/completions?api-version=2024-01&x=%2F", rec["path"]
+        assert rec["body_len"] == len(body) and rec["body_sha"] == hashlib.sha256(body).hexdigest()
+        got = dict(rec["headers"])
+        assert "transfer-encoding" not in got or got.get("content-length") is None, got
+
+
+@test(timeout=15)
+def test_max_connections_and_keepalive_timeout():
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        r = c.add(Router([sim], *FAST, "--max-connections", "2", "--keepalive-timeout-ms", "400"))
+        a = c.add(Conn(r.port))
+        b = c.add(Conn(r.port))
+        for x in (a, b):
+            x.send(build_request("GET", "/v1/models"))
+            resp = x.read_response()
+            assert resp.status == 200, resp
+        third = c.add(Conn(r.port))
+        third.send(build_request("GET", "/v1/models"))
+        assert_openai_error(third.read_response(), 503)
+        assert third.closed_by_peer(2.0)
+        # The idle ones are closed after the keep-alive timeout, which frees the slots.
+        t0 = time.monotonic()
+        assert a.closed_by_peer(3.0) and b.closed_by_peer(3.0), "idle connections not closed"
+        dt = time.monotonic() - t0
+        assert dt < 1.5, "idle connection closed after %.2fs with a 400 ms keep-alive timeout" % dt
+        wait_for(lambda: request(r.port, "GET", "/v1/models").status == 200, 1.0,
+                 "a connection slot to be free again")
+
+
+@test(timeout=15)
+def test_client_disconnect_before_first_byte_aborts_upstream():
+    with Cleanup() as c:
+        sim = c.add(Sim("--fault", "hang"))
+        r = c.add(Router([sim], *FAST))
+        for stream in (False, True):
+            before = prom_value(sim.metrics(), "vllm:request_success_total", finished_reason="abort")
+            conn = Conn(r.port)
+            conn.send(build_request("POST", "/v1/chat/completions", chat_body(stream=stream)))
+            time.sleep(0.2)
+            conn.close()
+            wait_for(lambda: prom_value(sim.metrics(), "vllm:request_success_total",
+                                        finished_reason="abort") == before + 1, 1.0,
+                     "the worker to see the abort (stream=%s)" % stream)
+        wait_for(lambda: all(w["in_flight"] == 0 for w in r.workers()), 1.0, "in_flight 0")
+
+
+@test(timeout=20)
+def test_many_concurrent_streams_complete():
+    with Cleanup() as c:
+        sims = [c.add(Sim(fixed=(20, 5))) for _ in range(2)]
+        r = c.add(Router(sims, *FAST, "--policy", "least_load"))
+        n, k = 40, 20
+        results = [None] * k
+
+        def one(i):
+            try:
+                resp = request(r.port, "POST", "/v1/chat/completions",
+                               chat_body("client %d says hello" % i, max_tokens=n, stream=True),
+                               timeout=10)
+                ev = sse_events(resp.body)
+                results[i] = (resp.status, resp.complete, token_events(ev), ev[-1] if ev else None,
+                              resp.header("x-kvrouter-worker"))
+            except Exception as e:  # reported below
+                results[i] = repr(e)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(k)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        bad = [x for x in results if not (isinstance(x, tuple) and x[:4] == (200, True, n, "[DONE]"))]
+        assert not bad, bad[:3]
+        assert len({x[4] for x in results}) == 2, "all streams on one worker with least_load"
+        wait_for(lambda: all(w["in_flight"] == 0 for w in r.workers()), 1.0, "in_flight 0")
+
+
+@test(timeout=15)
+def test_connection_semantics_close_head_chunked_limits():
+    """Connection: close is honoured; a bad request pipelined after a good one gets the good answer
+    first, then 400 and a close; a chunked body over --max-body-bytes is refused with 413; a
+    non-streaming answer larger than --response-buffer-bytes still arrives whole; HEAD works where
+    GET does (RFC 9110 9.3.2)."""
+    with Cleanup() as c:
+        sim = c.add(Sim(fixed=(0, 0)))
+        r = c.add(Router([sim], *FAST, "--max-body-bytes", "100000", "--response-buffer-bytes", "1000"))
+
+        def conn_close():
+            conn = Conn(r.port)
+            try:
+                conn.send(build_request("GET", "/v1/models", headers=[("Connection", "close")]))
+                resp = conn.read_response()
+                assert resp.status == 200 and (resp.header("connection") or "").lower() == "close"
+                assert conn.closed_by_peer(1.0), "not closed after Connection: close"
+            finally:
+                conn.close()
+
+        def pipelined_good_then_bad():
+            conn = Conn(r.port)
+            try:
+                conn.send(build_request("GET", "/v1/models") + b"BROKEN\r\n\r\n")
+                assert conn.read_response().status == 200
+                assert_openai_error(conn.read_response(), 400)
+                assert conn.closed_by_peer(1.0)
+            finally:
+                conn.close()
+
+        def chunked_over_limit():
+            conn = Conn(r.port)
+            try:
+                conn.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                          b"Transfer-Encoding: chunked\r\n\r\n")
+                try:
+                    for _ in range(40):  # 160 KiB in 4 KiB chunks
+                        conn.send(b"1000\r\n" + b"a" * 4096 + b"\r\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+                assert_openai_error(conn.read_response(), 413)
+            finally:
+                conn.close()
+
+        def big_non_streaming():
+            resp = request(r.port, "POST", "/v1/chat/completions", chat_body(max_tokens=600))
+            assert resp.status == 200 and resp.complete and len(resp.body) > 1000, resp
+            assert resp.json()["usage"]["completion_tokens"] == 600
+
+        def head_models():
+            direct = request(sim.port, "HEAD", "/v1/models")
+            via = request(r.port, "HEAD", "/v1/models")
+            assert via.status == direct.status == 200, (via, direct)
+            assert via.body == b""
+            # The size a GET would return (RFC 9110 9.3.2), as the worker said, not 0.
+            n = int(direct.header("content-length"))
+            assert n > 0 and via.header_all("content-length") == [str(n)], (
+                direct.header("content-length"), via.header_all("content-length"))
+            assert n == len(request(r.port, "GET", "/v1/models").body)
+
+        _check_all([("Connection: close", conn_close),
+                    ("good then malformed, pipelined", pipelined_good_then_bad),
+                    ("chunked body over the limit -> 413", chunked_over_limit),
+                    ("answer over --response-buffer-bytes", big_non_streaming),
+                    ("HEAD /v1/models", head_models)])
+
+
+@test(timeout=20)
+def test_idle_upstream_connection_not_reused_past_max_idle():
+    """A pooled worker connection is reused while it is fresh and replaced once it has been idle
+    longer than 4 s (vLLM's server closes idle connections after 5 s: writing a request into one
+    it is closing fails)."""
+    up = RecordingUpstream()
+    with Cleanup() as c:
+        c.add(up)
+        r = c.add(Router([up.url], "--scrape-interval-ms", "0"))
+
+        def ask():
+            resp = request(r.port, "POST", "/v1/chat/completions", chat_body(stream=False))
+            assert resp.status == 200, resp.status
+            return up.requests[-1]["peer"]
+
+        first = ask()
+        time.sleep(0.3)
+        assert ask() == first, "a fresh idle connection was not reused"
+        time.sleep(4.6)
+        assert ask() != first, "a connection idle for 4.6 s was reused"
+
+
+@test(timeout=15)
+def test_paths_are_forwarded_verbatim_or_refused():
+    """The router either forwards the request-target byte for byte or refuses it: targets that
+    curl or a worker could resolve to another path (dot segments, plain or percent-encoded,
+    backslashes) are 400, and nothing outside /v1/ reaches a worker."""
+    with Cleanup() as c:
+        up = c.add(RecordingUpstream())
+        r = c.add(Router([up], "--scrape-interval-ms", "0"))
+        refused = ["/v1/../metrics", "/v1/./models", "/v1/models/..", "/v1/models/.",
+                   "/v1/%2e%2e/metrics", "/v1/%2E./admin", "/v1/.%2e/x", "/v1/models/%2e"]
+        not_found = ["//v1/models", "/v1", "/metrics", "/admin/workers", "/v2/models",
+                     "http://127.0.0.1:1/v1/models"]
+        verbatim = ["/v1/models", "/v1/mo%64els", "/v1/models?x=/../y&z=%2e%2e",
+                    "/v1/models;param", "/v1/models/...", "/v1/models/..x", "/v1/embeddings"]
+
+        def expect(target, statuses):
+            n0 = len(up.requests)
+            conn = Conn(r.port)
+            try:
+                conn.send(("GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % target).encode())
+                resp = conn.read_response()
+            finally:
+                conn.close()
+            assert resp.status in statuses, "%s -> %d %r" % (target, resp.status, resp.body[:120])
+            forwarded = [x["path"] for x in up.requests[n0:]]
+            return resp, forwarded
+
+        cases = []
+        for t in refused:
+            def f(t=t):
+                resp, fwd = expect(t, (400,))
+                assert_openai_error(resp, 400)
+                assert not fwd, "%s forwarded as %r" % (t, fwd)
+            cases.append(("refused " + t, f))
+        for t in not_found:
+            def f(t=t):
+                resp, fwd = expect(t, (400, 404))
+                assert not fwd, "%s forwarded as %r" % (t, fwd)
+            cases.append(("not routed " + t, f))
+        for t in verbatim:
+            def f(t=t):
+                resp, fwd = expect(t, (200,))
+                assert fwd == [t], "%s reached the worker as %r" % (t, fwd)
+            cases.append(("verbatim " + t, f))
+        _check_all(cases)
+
+
+class Blackhole:
+    """A loopback port whose accept queue is full: connects to it neither succeed nor get refused
+    (the SYNs are dropped), which is how a frozen worker host looks to the router."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(0)
+        self.port = self.sock.getsockname()[1]
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.fillers = []
+        for _ in range(3):  # fill the accept queue (never accepted)
+            f = socket.socket()
+            f.setblocking(False)
+            try:
+                f.connect(("127.0.0.1", self.port))
+            except BlockingIOError:
+                pass
+            self.fillers.append(f)
+        time.sleep(0.05)
+
+    def kill(self):
+        for f in self.fillers + [self.sock]:
+            f.close()
+
+
+@test(timeout=15)
+def test_connect_timeout_retried_on_another_worker():
+    with Cleanup() as c:
+        hole = c.add(Blackhole())
+        sim = c.add(Sim())
+        r = c.add(Router([hole.url, sim], *FAST, "--policy", "round_robin", "--fail-threshold", "100",
+                         "--connect-timeout-ms", "300"))
+        ids = {w["url"]: str(w["id"]) for w in r.workers()}
+        for _ in range(2):  # one of the two goes to the black hole first
+            t0 = time.monotonic()
+            resp = request(r.port, "POST", "/v1/chat/completions", chat_body())
+            assert resp.status == 200, (resp, resp.body[:200])
+            assert resp.header("x-kvrouter-worker") == ids[sim.url]
+            assert time.monotonic() - t0 < 2.0
+        m = parse_prom_samples(r.metrics_text())
+        assert prom_value(m, "kvrouter_worker_retries_total", worker=ids[hole.url]) >= 1
+
+
+@test(timeout=15)
+def test_slow_metrics_page_does_not_mark_worker_down():
+    with Cleanup() as c:
+        up = c.add(RecordingUpstream(metrics_delay=1.5))
+        r = c.add(Router([up], "--scrape-interval-ms", "100", "--fail-threshold", "1"))
+        time.sleep(1.0)  # several scrapes are now stuck waiting for the slow page
+        for _ in range(3):
+            assert request(r.port, "POST", "/v1/chat/completions", chat_body()).status == 200
+            time.sleep(0.3)
+        states = [w["state"] for w in r.workers()]
+        assert states == ["up"], states
+        assert request(r.port, "GET", "/health").status == 200
+
+
+@test(timeout=15)
+def test_no_body_statuses_and_client_abort_accounting():
+    """A worker's 204/304 pass through without body framing; a client that goes away is logged 499
+    and not counted against the worker."""
+    with Cleanup() as c:
+        up = c.add(RecordingUpstream())
+        sim = c.add(Sim(fixed=(10, 20)))
+        r = c.add(Router([up], "--scrape-interval-ms", "0"))
+        for status in (204, 304):
+            conn = c.add(Conn(r.port))
+            conn.send(build_request("GET", "/v1/status/%d" % status))
+            resp = conn.read_response()
+            assert resp.status == status, resp
+            assert resp.header("transfer-encoding") is None, resp.headers
+            assert resp.header("content-length") in (None, "0"), resp.headers
+            # The connection is still in sync: a second request on it works.
+            conn.send(build_request("GET", "/v1/models"))
+            assert conn.read_response().status == 200
+        r2 = c.add(Router([sim], *FAST))
+        conn = Conn(r2.port)
+        conn.send(build_request("POST", "/v1/chat/completions", chat_body(max_tokens=500, stream=True)))
+        got = b""
+        while len(sse_events(got)) < 2:
+            got += conn.read_some(4096)
+        conn.close()
+        line = r2.wait_line(r"access: .*outcome=client_closed", timeout=2.0).string
+        assert "status=499" in line, line
+        wait_for(lambda: r2.workers()[0]["in_flight"] == 0, 1.0, "in_flight 0")
+        w = r2.workers()[0]
+        assert w["errors_total"] == 0 and w["state"] == "up", w
+
+
+if __name__ == "__main__":
+    sys.exit(run(TESTS, description=__doc__.splitlines()[0]))

@@ -1,0 +1,618 @@
+#!/usr/bin/env python3
+"""API tests of `kvrouter sim` over loopback: vLLM's SSE shape byte for byte, usage and cached
+tokens across turns, POST /reset_prefix_cache, /metrics as valid Prometheus text with vLLM's names,
+vLLM-style errors, aborts on client disconnect, every fault mode, fixed-latency mode, CLI errors and
+clean shutdown, and the time-scale check (the same small open-loop run at scale 1 and scale 10 gives
+the same latency distribution within 10% once scaled back).
+
+    python3 test_sim_api.py --kvrouter build/kvrouter [--only NAME] [--verbose]
+"""
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from simlib import astream, sse_events, start_sim  # noqa: E402
+
+MODEL = "meta-llama/Llama-3.3-70B-Instruct"
+KVROUTER = None
+TESTS = []
+
+
+def test(fn):
+    TESTS.append(fn)
+    return fn
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+# ---- the tokenizer, as documented in bench/sim/README.md ----
+
+def render_chat(messages):
+    out = ""
+    for m in messages:
+        out += header(m["role"], len(out))
+        out += m["content"] + "\n"
+        out += " " * ((-len(out)) % 4)
+    return out + header("assistant", len(out))
+
+
+def header(role, at):
+    h = "<|%s|>" % role
+    while (at + len(h) + 1) % 4:
+        h += " "
+    return h + "\n"
+
+
+def prompt_tokens(messages):
+    return 1 + (len(render_chat(messages).encode()) + 3) // 4  # BOS + 4-byte chunks
+
+
+# ---- stream shape ----
+
+def expected_chat_stream(cid, created, engine_us, words, finish, usage):
+    head = '{"id":"%s","object":"chat.completion.chunk","created":%d,"model":"%s",' % (
+        cid, created, MODEL)
+    out = ""
+    for i, w in enumerate(words):
+        delta = ('{"role":"assistant","content":%s}' if i == 0 else '{"content":%s}') % json.dumps(w)
+        last = i == len(words) - 1
+        tail = ('"%s","stop_reason":null' % finish) if last else "null"
+        # the one key vLLM does not send: the engine's share of the TTFT, first chunk only
+        extra = '"kvr_sim_engine_us":%d,' % engine_us if i == 0 else ""
+        out += 'data: %s%s"choices":[{"index":0,"delta":%s,"logprobs":null,"finish_reason":%s}]}\n\n' % (
+            head, extra, delta, tail)
+    if usage is not None:
+        out += 'data: %s"choices":[],"usage":%s}\n\n' % (head, json.dumps(usage, separators=(",", ":")))
+    return (out + "data: [DONE]\n\n").encode()
+
+
+@test
+def stream_shape_and_usage(sim):
+    msgs = [{"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Name three prime numbers, please."}]
+    body = {"model": MODEL, "messages": msgs, "max_tokens": 6, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
+    r = sim.stream_chat(**{k: v for k, v in body.items()})
+    check(r["status"] == 200, "status %r" % r["status"])
+    check(r["headers"]["content-type"].startswith("text/event-stream"), r["headers"])
+    first = json.loads(r["events"][0][1])
+    # the non-streamed answer to the same prompt is the same text (seeded by the prompt)
+    status, full = sim.post_json("/v1/chat/completions", dict(body, stream=False,
+                                                              stream_options=None))
+    check(status == 200, full)
+    text = full["choices"][0]["message"]["content"]
+    words = [text[i:i + 4] for i in range(0, len(text), 4)]
+    check(len(words) == 6 and all(re.fullmatch("[a-z]{3} ", w) for w in words), text)
+    ptoks = prompt_tokens(msgs)
+    usage = {"prompt_tokens": ptoks, "total_tokens": ptoks + 6, "completion_tokens": 6,
+             "prompt_tokens_details": {"cached_tokens": 0}}
+    engine_us = first["kvr_sim_engine_us"]
+    check(isinstance(engine_us, int) and 0 <= engine_us < 10_000_000, first)
+    expect = expected_chat_stream(first["id"], first["created"], engine_us, words, "length", usage)
+    check(r["raw"] == expect, "stream differs:\n%s\n---- expected ----\n%s" % (
+        r["raw"].decode(), expect.decode()))
+    check(full["usage"]["prompt_tokens"] == ptoks, full["usage"])
+    check(full["choices"][0]["finish_reason"] == "length", full)
+    # no usage chunk unless asked; role still rides with the first token
+    r2 = sim.stream_chat(msgs, max_tokens=2, ignore_eos=True)
+    datas = [d for _, d in r2["events"]]
+    check(len(datas) == 3 and datas[-1] == "[DONE]", datas)
+    check(json.loads(datas[0])["choices"][0]["delta"]["role"] == "assistant", datas[0])
+    check("usage" not in datas[1], datas[1])
+
+
+@test
+def completions_endpoint(sim):
+    r = sse_events(sim, "/v1/completions", {"model": MODEL, "prompt": "Once upon a time",
+                                             "max_tokens": 3, "stream": True,
+                                             "stream_options": {"include_usage": True,
+                                                                "continuous_usage_stats": True}})
+    datas = [json.loads(d) for _, d in r["events"][:-1]]
+    check(r["events"][-1][1] == "[DONE]", r["events"][-1])
+    check([d["object"] for d in datas] == ["text_completion"] * 4, datas)
+    check([d["choices"][0]["finish_reason"] for d in datas[:3]] == [None, None, "length"], datas)
+    check(datas[1]["usage"]["completion_tokens"] == 2, datas[1])  # continuous usage
+    check(datas[3]["usage"]["prompt_tokens"] == 1 + 4, datas[3])  # BOS + 16 bytes
+    # default max_tokens of /v1/completions is 16, as in vLLM; token-id prompts are accepted
+    status, full = sim.post_json("/v1/completions", {"prompt": [1, 2, 3], "ignore_eos": True})
+    check(status == 200 and full["usage"]["completion_tokens"] == 16, full)
+    check(full["usage"]["prompt_tokens"] == 3, full)
+
+
+@test
+def models_and_health(sim):
+    status, _, body = sim.request("GET", "/v1/models")
+    obj = json.loads(body)
+    check(status == 200 and obj["data"][0]["id"] == MODEL, obj)
+    # the shared sim has 2048 blocks: max_model_len shrinks from 131072 to what the cache holds
+    check(obj["data"][0]["max_model_len"] == 2048 * 16, obj)
+    check(sim.request("GET", "/health")[0] == 200, "health")
+
+
+@test
+def followup_hits_previous_turn(sim):
+    doc = ("Routing requests by prefix affinity keeps the KV cache warm across turns. " * 20)
+    msgs = [{"role": "user", "content": doc}]
+    status, t1 = sim.post_json("/v1/chat/completions", {"messages": msgs, "max_tokens": 40,
+                                                        "ignore_eos": True})
+    check(status == 200, t1)
+    n1 = t1["usage"]["prompt_tokens"] + t1["usage"]["completion_tokens"]
+    msgs2 = msgs + [{"role": "assistant", "content": t1["choices"][0]["message"]["content"]},
+                    {"role": "user", "content": "Can you elaborate further on that?"}]
+    status, t2 = sim.post_json("/v1/chat/completions", {"messages": msgs2, "max_tokens": 4})
+    check(status == 200, t2)
+    # every full block of turn 1's prompt + answer whose KV was computed (all but the last token)
+    cached = t2["usage"]["prompt_tokens_details"]["cached_tokens"]
+    check(cached == (n1 - 1) // 16 * 16, (cached, n1))
+    check(t2["usage"]["prompt_tokens"] == prompt_tokens(msgs2), t2["usage"])
+    # the same request again hits all but its last (partial) block
+    status, t3 = sim.post_json("/v1/chat/completions", {"messages": msgs2, "max_tokens": 4})
+    p = t3["usage"]["prompt_tokens"]
+    check(t3["usage"]["prompt_tokens_details"]["cached_tokens"] == (p - 1) // 16 * 16, t3["usage"])
+    check(t3["choices"][0]["message"]["content"] == t2["choices"][0]["message"]["content"],
+          "a repeated request must produce the same answer")
+
+
+@test
+def reset_prefix_cache(sim):
+    def cached(msgs):
+        status, r = sim.post_json("/v1/chat/completions", {"messages": msgs, "max_tokens": 2})
+        check(status == 200, r)
+        return r["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    msgs = [{"role": "user", "content": "Reset me, then ask again. " * 40}]
+    cached(msgs)
+    check(cached(msgs) > 0, "the repeated prompt hits before the reset")
+    hits = sim.metric("vllm:prefix_cache_hits_total")
+    queries = sim.metric("vllm:prefix_cache_queries_total")
+    # vLLM's path and answer: POST, 200, empty body
+    status, _, body = sim.request("POST", "/reset_prefix_cache")
+    check(status == 200 and body == b"", (status, body))
+    check(cached(msgs) == 0, "the same prompt misses after the reset")
+    check(cached(msgs) > 0, "and is cached again afterwards")
+    # cumulative counters are not reset (Prometheus counters only go up)
+    check(sim.metric("vllm:prefix_cache_hits_total") > hits, "hits counter kept")
+    check(sim.metric("vllm:prefix_cache_queries_total") > queries, "queries counter kept")
+    # a running request's blocks keep their hashes: the same prompt still hits while it runs
+    s, _ = open_stream(sim, 30000, 2)
+    try:
+        status, _, body = sim.request("POST", "/reset_prefix_cache")
+        check(status == 200, status)
+        check(cached([{"role": "user", "content": "long " * 100}]) > 0,
+              "blocks of a running request survive the reset")
+    finally:
+        s.close()
+    wait_for(lambda: sim.metric("vllm:num_requests_running") == 0, what="abort")
+    status, _, _ = sim.request("GET", "/reset_prefix_cache")
+    check(status == 405, status)
+    status, _, body = sim.request("POST", "/reset_prefix_cache?reset_running_requests=true")
+    check(status == 501 and b"reset_running_requests" in body, (status, body))
+
+
+@test
+def eos_min_tokens_ignore_eos(sim):
+    # this sim runs with --output-len-mean 20: natural answers are 10..30 tokens
+    msgs = [{"role": "user", "content": "Tell me a story."}]
+    _, a = sim.post_json("/v1/chat/completions", {"messages": msgs, "max_tokens": 200})
+    n = a["usage"]["completion_tokens"]
+    check(10 <= n <= 30 and a["choices"][0]["finish_reason"] == "stop", a["usage"])
+    _, b = sim.post_json("/v1/chat/completions", {"messages": msgs, "max_completion_tokens": 200,
+                                                  "ignore_eos": True})
+    check(b["usage"]["completion_tokens"] == 200 and b["choices"][0]["finish_reason"] == "length",
+          b["usage"])
+    _, c = sim.post_json("/v1/chat/completions", {"messages": msgs, "max_tokens": 200,
+                                                  "min_tokens": 150})
+    check(c["usage"]["completion_tokens"] == 150, c["usage"])
+    _, d = sim.post_json("/v1/chat/completions", {"messages": msgs, "max_tokens": 5})
+    check(d["usage"]["completion_tokens"] == 5 and d["choices"][0]["finish_reason"] == "length", d)
+
+
+@test
+def errors_like_vllm(sim):
+    def err(status, path, body, needle):
+        st, _, data = sim.request("POST", path, body)
+        check(st == status, (st, data))
+        obj = json.loads(data)
+        check(needle in obj["error"]["message"], obj)
+        return obj
+
+    err(400, "/v1/chat/completions", b"{not json", "JSON")
+    err(400, "/v1/chat/completions", {"model": MODEL}, "messages")
+    o = err(404, "/v1/chat/completions", {"model": "gpt-9", "messages": [{"role": "user",
+                                                                        "content": "x"}]},
+            "does not exist")
+    check(o["error"]["type"] == "NotFoundError", o)
+    err(400, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                      "max_tokens": 0}, "at least 1")
+    err(400, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                      "max_tokens": 131072}, "maximum context length")
+    err(400, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                      "stream_options": {"include_usage": True}}, "stream=True")
+    err(400, "/v1/completions", {"prompt": {"a": 1}}, "prompt")
+    check(sim.request("GET", "/v1/chat/completions")[0] == 405, "405")
+    check(sim.request("GET", "/nope")[0] == 404, "404")
+
+
+PROM_SAMPLE = re.compile(
+    r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"'
+    r'(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*")*)?\})? '
+    r'([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|Inf|NaN))$')
+
+
+def parse_prometheus(text):
+    """Validates the text exposition format 0.0.4 strictly; returns {family: [(name, labels, v)]}."""
+    check(text.endswith("\n"), "exposition must end with a newline")
+    families, types = {}, {}
+    for line in text.split("\n")[:-1]:
+        if line.startswith("# HELP "):
+            continue
+        if line.startswith("# TYPE "):
+            _, _, name, typ = line.split(" ", 3)
+            check(typ in ("counter", "gauge", "histogram", "summary", "untyped"), line)
+            check(name not in types, "duplicate TYPE " + name)
+            types[name] = typ
+            families[name] = []
+            continue
+        m = PROM_SAMPLE.match(line)
+        check(m is not None, "bad sample line: %r" % line)
+        name, labels = m.group(1), dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"',
+                                                    m.group(3) or ""))
+        fam = next((f for f in (name, re.sub(r"_(bucket|sum|count)$", "", name)) if f in types),
+                   None)
+        check(fam is not None, "sample without TYPE: " + line)
+        if types[fam] == "counter":
+            check(name == fam and name.endswith("_total"), line)
+        families[fam].append((name, labels, float(m.group(4).replace("Inf", "inf"))))
+    for fam, typ in types.items():
+        if typ != "histogram":
+            continue
+        buckets = [(s[1]["le"], s[2]) for s in families[fam] if s[0] == fam + "_bucket"]
+        check(buckets and buckets[-1][0] == "+Inf", fam)
+        les = [float(le.replace("+Inf", "inf")) for le, _ in buckets]
+        check(les == sorted(les), fam + " le order")
+        counts = [c for _, c in buckets]
+        check(counts == sorted(counts), fam + " buckets not cumulative")
+        total = [s[2] for s in families[fam] if s[0] == fam + "_count"]
+        check(total == [counts[-1]], fam + " _count != +Inf bucket")
+    return families
+
+
+@test
+def metrics_prometheus(sim):
+    sim.post_json("/v1/chat/completions", {"messages": [{"role": "user", "content": "m" * 200}],
+                                           "max_tokens": 3})
+    _, headers, data = sim.request("GET", "/metrics")
+    check(headers["content-type"].startswith("text/plain"), headers)
+    fams = parse_prometheus(data.decode())
+    for name in ["vllm:num_requests_running", "vllm:num_requests_waiting",
+                 "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
+                 "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
+                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                 "vllm:cache_config_info", "vllm:time_to_first_token_seconds",
+                 "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds"]:
+        check(name in fams and fams[name], "missing " + name)
+    running = fams["vllm:num_requests_running"][0][1]
+    check(running == {"engine": "0", "model_name": MODEL}, running)
+    info = fams["vllm:cache_config_info"][0][1]
+    check(info["block_size"] == "16" and info["num_gpu_blocks"] == "2048", info)
+    check(fams["vllm:generation_tokens_total"][0][2] >= 3, "generation tokens")
+    check(fams["vllm:prompt_tokens_total"][0][2] >= 50, "prompt tokens")
+
+
+def open_stream(sim, max_tokens, read_events):
+    """Starts a streamed chat on a raw socket and reads read_events SSE events; returns the socket."""
+    s = socket.create_connection((sim.host, sim.port), timeout=10)
+    body = json.dumps({"messages": [{"role": "user", "content": "long " * 100}],
+                       "max_tokens": max_tokens, "ignore_eos": True, "stream": True}).encode()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    got = b""
+    while got.count(b"data: ") < read_events:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    return s, got
+
+
+def wait_for(pred, timeout=5.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting for " + what)
+
+
+@test
+def client_disconnect_aborts(sim):
+    socks = [open_stream(sim, 30000, 2)[0] for _ in range(3)]
+    check(sim.metric("vllm:num_requests_running") == 3, "3 running")
+    check(sim.metric("vllm:kv_cache_usage_perc") > 0, "blocks in use")
+    for s in socks:
+        s.close()
+    wait_for(lambda: sim.metric("vllm:num_requests_running") == 0, what="aborts")
+    check(sim.metric("vllm:kv_cache_usage_perc") == 0, "blocks freed")
+    m = sim.metrics()
+    key = [k for k in m if k.startswith("vllm:request_success_total") and "abort" in k][0]
+    check(m[key] >= 3, m[key])
+
+
+@test
+def fault_error(sim):
+    check(sim.set_fault("error", status=503)["mode"] == "error", "set")
+    st, obj = sim.post_json("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
+    check(st == 503 and "error" in obj, (st, obj))
+    sim.set_fault("error", rate=0.0)
+    st, obj = sim.post_json("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                     "max_tokens": 2})
+    check(st == 200, (st, obj))
+    st, _, body = sim.request("POST", "/sim/fault", {"mode": "explode"})
+    check(st == 400, body)
+    sim.set_fault("none")
+    st, _, body = sim.request("GET", "/sim/fault")
+    check(json.loads(body)["mode"] == "none", body)
+
+
+@test
+def fault_hang(sim):
+    sim.set_fault("hang")
+    s, got = open_stream(sim, 10, 0)
+    s.settimeout(0.5)
+    head = b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            head += chunk
+    except socket.timeout:
+        pass
+    # http_server sends a streamed response's head with its first body bytes, so a hung stream
+    # shows nothing at all (or at most the head)
+    check((head == b"" or head.startswith(b"HTTP/1.1 200")) and b"data:" not in head, head)
+    check(sim.metric("vllm:num_requests_running") == 1, "a hung request counts as running")
+    s.close()
+    wait_for(lambda: sim.metric("vllm:num_requests_running") == 0, what="hung request freed")
+    sim.set_fault("none")
+
+
+@test
+def fault_disconnect(sim):
+    sim.set_fault("disconnect", after_tokens=3)
+    r = sim.stream_chat([{"role": "user", "content": "x"}], max_tokens=20, ignore_eos=True)
+    check(r["truncated"] and not r["done"], r)
+    check(len(r["events"]) == 3, r["events"])
+    sim.set_fault("none")
+    wait_for(lambda: sim.metric("vllm:num_requests_running") == 0, what="engine freed")
+
+
+@test
+def fault_slow(sim):
+    # the shared sim runs at --time-scale 10: 200 simulated ms per token = 20 ms real
+    msgs = [{"role": "user", "content": "x"}]
+    base = sim.stream_chat(msgs, max_tokens=6, ignore_eos=True)
+    sim.set_fault("slow", delay_ms=200)
+    slow = sim.stream_chat(msgs, max_tokens=6, ignore_eos=True)
+    sim.set_fault("none")
+
+    def span(r):
+        return r["events"][5][0] - r["events"][0][0]
+    check(span(slow) - span(base) >= 5 * 0.018, (span(slow), span(base)))
+
+
+@test
+def fault_refuse(sim):
+    sim.set_fault("refuse", duration_ms=300)
+    try:
+        socket.create_connection((sim.host, sim.port), timeout=1).close()
+        refused = False
+    except ConnectionRefusedError:
+        refused = True
+    check(refused, "connection should be refused")
+    wait_for(lambda: _can_connect(sim), 3, "listening again")
+    st, _, body = sim.request("GET", "/sim/fault")
+    check(json.loads(body)["mode"] == "none" and json.loads(body)["listening"], body)
+
+
+def _can_connect(sim):
+    try:
+        socket.create_connection((sim.host, sim.port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def separate(fn):
+    """Tests that start their own processes."""
+    fn.separate = True
+    return test(fn)
+
+
+@separate
+def fault_refuse_admin_port(_):
+    with start_sim(KVROUTER, "--admin-listen", "127.0.0.1:0") as sim:
+        admin_port = int(re.search(r"admin port (\d+)", "\n".join(sim.stderr_lines)).group(1))
+        sim.set_fault("refuse")  # no duration: refuses until reset through the admin listener
+        wait_for(lambda: not _can_connect(sim), 2, "refusing")
+        sim.port, main_port = admin_port, sim.port
+        sim.set_fault("none")
+        sim.port = main_port
+        wait_for(lambda: _can_connect(sim), 2, "listening again")
+
+
+@separate
+def fixed_latency(_):
+    with start_sim(KVROUTER, "--fixed-ttft-ms", "150", "--fixed-itl-ms", "20") as sim:
+        r = sim.stream_chat([{"role": "user", "content": "x"}], max_tokens=11, ignore_eos=True)
+        times = [t for t, d in r["events"] if d != "[DONE]"]
+        ttft = times[0] - r["t0"]
+        itl = (times[-1] - times[0]) / 10
+        check(abs(ttft - 0.150) < 0.015, "ttft %.4f" % ttft)
+        check(abs(itl - 0.020) < 0.002, "itl %.4f" % itl)
+    with start_sim(KVROUTER, "--fixed-ttft-ms", "1000", "--fixed-itl-ms", "200",
+                   "--time-scale", "10") as sim:
+        r = sim.stream_chat([{"role": "user", "content": "x"}], max_tokens=11, ignore_eos=True)
+        times = [t for t, d in r["events"] if d != "[DONE]"]
+        check(abs(times[0] - r["t0"] - 0.100) < 0.015, "scaled ttft")
+        check(abs((times[-1] - times[0]) / 10 - 0.020) < 0.002, "scaled itl")
+
+
+@separate
+def cli_errors_and_shutdown(_):
+    for args, needle in [(["--bogus"], "--bogus"), (["--time-scale", "0"], "--time-scale"),
+                         (["--num-gpu-blocks", "x"], "--num-gpu-blocks"),
+                         (["--block-size", "0"], "--block-size"),
+                         (["--fixed-ttft-ms", "5"], "--fixed-itl-ms"),
+                         (["--fault", "melt"], "--fault")]:
+        p = subprocess.run([KVROUTER, "sim"] + args, capture_output=True, text=True, timeout=10)
+        check(p.returncode != 0, args)
+        lines = p.stderr.strip().splitlines()
+        check(len(lines) == 1 and needle in lines[0], (args, p.stderr))
+    p = subprocess.run([KVROUTER, "sim", "--help"], capture_output=True, text=True, timeout=10)
+    check(p.returncode == 0 and "--cost-fixed-ms" in p.stdout, p.stdout)
+    sim = start_sim(KVROUTER)
+    s, _ = open_stream(sim, 100000, 1)  # a stream in flight does not block shutdown
+    check(sim.stop() == 0, "exit status %r" % sim.popen.returncode)
+    s.close()
+
+
+@separate
+def bench_reset_cache_and_preemptions(_):
+    """`kvrouter bench --reset-cache` against one worker resets it through URL/reset_prefix_cache
+    and the level JSON carries the worker's preemption count over the level and its KV peak."""
+    import glob
+    import tempfile
+    with tempfile.TemporaryDirectory() as out, \
+            start_sim(KVROUTER, "--time-scale", "4", "--num-gpu-blocks", "1500") as sim:
+        argv = [KVROUTER, "bench", "--url", sim.url, "--reset-cache", "--rates", "6",
+                "--num-prompts", "16", "--time-scale", "4", "--output-mean", "60",
+                "--output-min", "20", "--output-max", "120", "--cooldown-s", "0", "--out", out]
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=60)
+        check(p.returncode == 0, p.stderr[-2000:])
+        want = "prefix cache reset: worker reset (POST %s/reset_prefix_cache: HTTP 200)" % sim.url
+        check(want in p.stderr, p.stderr[-2000:])
+        files = glob.glob(os.path.join(out, "results", "*.json"))
+        check(len(files) == 1, files)
+        with open(files[0]) as f:
+            k = json.load(f)["kvrouter"]
+        check(k["prefix_cache_reset"].startswith("worker reset"), k["prefix_cache_reset"])
+        check(k["engine_metrics_workers"] == 1, k)
+        # the sim was fresh: every preemption it counted happened during the one level
+        check(k["preemptions"] == sim.metric("vllm:num_preemptions_total"),
+              (k["preemptions"], sim.metric("vllm:num_preemptions_total")))
+        check(0 < k["kv_cache_usage_peak"] <= 1, k)
+        with open(os.path.join(out, "report.md")) as f:
+            md = f.read()
+        check("| Prefix Cache Reset | before each run: POST /reset_prefix_cache" in md, md[:3000])
+        check("Preemptions (KV cache full)" in md, "preemptions table")
+
+
+def run_open_loop(sim, scale, n=12, gap_ms=400.0, out=30):
+    """Sends n streamed requests at fixed simulated offsets from one asyncio loop; returns
+    per-request TTFT and TPOT and all ITLs, measured on the client's clock and multiplied by scale
+    (simulated seconds)."""
+    # cold ~3,800-token prompts: TTFTs of ~250 simulated ms, well above the jitter of millisecond
+    # timers and of the client (each ~0.5 ms real, i.e. ~5 simulated ms at scale 10)
+    docs = [("doc%d word " % i) * 1400 for i in range(n)]
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        start = loop.time() + 0.05
+
+        async def one(i):
+            await asyncio.sleep(max(0.0, start + i * gap_ms / 1000 / scale - loop.time()))
+            return await astream(sim.host, sim.port, "/v1/chat/completions",
+                                 {"messages": [{"role": "user", "content": docs[i]}],
+                                  "max_tokens": out, "ignore_eos": True, "stream": True})
+        return await asyncio.gather(*(one(i) for i in range(n)))
+
+    ttft, tpot, itl = [], [], []
+    for r in asyncio.run(run()):
+        times = r["times"]
+        check(len(times) == out, "short stream")
+        ttft.append((times[0] - r["t0"]) * scale)
+        tpot.append((times[-1] - times[0]) / (len(times) - 1) * scale)
+        itl += [(b - a) * scale for a, b in zip(times, times[1:])]
+    return ttft, tpot, itl
+
+
+def pct(v, p):
+    v = sorted(v)
+    return v[max(0, math.ceil(p / 100 * len(v)) - 1)]
+
+
+@separate
+def time_scale_matches(_):
+    figures = {}
+    for scale in (1, 10):
+        with start_sim(KVROUTER, "--time-scale", str(scale)) as sim:
+            ttft, tpot, itl = run_open_loop(sim, scale)
+            figures[scale] = {"ttft_p50": pct(ttft, 50), "ttft_p90": pct(ttft, 90),
+                              "ttft_mean": sum(ttft) / len(ttft),
+                              "tpot_p50": pct(tpot, 50), "tpot_p90": pct(tpot, 90),
+                              "itl_p50": pct(itl, 50), "itl_p90": pct(itl, 90),
+                              "itl_mean": sum(itl) / len(itl), "e2e_mean": sum(
+                                  a + b * 29 for a, b in zip(ttft, tpot)) / len(ttft)}
+    print("    time-scale check (simulated ms; 12 streams 400 ms apart, cold 3.8k-token prompts, "
+          "30 tokens):")
+    for k in figures[1]:
+        a, b = figures[1][k] * 1e3, figures[10][k] * 1e3
+        print("      %-9s scale1 %7.1f  scale10 %7.1f  diff %+5.1f%%" % (k, a, b, 100 * (b - a) / a))
+    # Individual token gaps are ~2.3 ms of real time at scale 10, so the OS's wake-up jitter
+    # (~0.2 ms) moves single ITLs by ~10%: itl_p90 is printed, the aggregates are checked.
+    for k in figures[1]:
+        a, b = figures[1][k], figures[10][k]
+        if k != "itl_p90":
+            check(abs(b - a) / a < 0.10, "%s differs by more than 10%%: %.4f vs %.4f" % (k, a, b))
+
+
+def main():
+    global KVROUTER
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvrouter", required=True)
+    ap.add_argument("--only")
+    args = ap.parse_args()
+    KVROUTER = os.path.abspath(args.kvrouter)
+    failed = 0
+    shared = start_sim(KVROUTER, "--time-scale", "10", "--num-gpu-blocks", "2048",
+                       "--output-len-mean", "20")
+    try:
+        for fn in TESTS:
+            if args.only and args.only not in fn.__name__:
+                continue
+            t0 = time.monotonic()
+            try:
+                fn(None if getattr(fn, "separate", False) else shared)
+                print("PASS %-28s %.2fs" % (fn.__name__, time.monotonic() - t0))
+            except Exception as e:  # report every failure, keep going
+                failed += 1
+                print("FAIL %-28s %s: %s" % (fn.__name__, type(e).__name__, e))
+                try:
+                    shared.set_fault("none")
+                except Exception:
+                    pass
+    finally:
+        rc = shared.stop()
+        if rc != 0:
+            failed += 1
+            print("FAIL shared sim exited with %r:\n%s" % (rc, "\n".join(shared.stderr_lines)))
+    print("%d failed" % failed)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

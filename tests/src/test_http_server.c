@@ -1,0 +1,371 @@
+/* test_http_server.c -- the HTTP/1.1 server glue (src/http_server.c) over real loopback sockets.
+ *
+ * The server runs on a libuv loop in the test thread; a client thread speaks raw HTTP with
+ * blocking sockets, so each case controls exactly which bytes arrive when:
+ *   - a pipelined pair of requests split at every byte position (the llhttp glue must reassemble
+ *     method, target, query, headers and body whatever the split);
+ *   - each limit and rejection (414, 431 by size and count, 413 before the body, 400 for TE+CL and
+ *     duplicate Content-Length, 501 Upgrade, 405 CONNECT, 408 slow headers, 400 garbage);
+ *   - chunked request bodies, streamed chunked responses, HTTP/1.0 framing;
+ *   - a client that disconnects while its request is held gets on_close called once.
+ * Every case ends by closing the server and asserting uv_loop_close() == 0 (no leaked handle).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "src/http_server.h"
+#include "src/kvr.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+typedef struct {
+  uv_loop_t loop;
+  kvr_http_server_t *srv;
+  int port;
+  /* Client side, run in a thread. */
+  const char *parts[4];
+  size_t part_len[4];
+  int nparts;
+  int pause_us;
+  bool close_early; /* close the socket right after sending */
+  kvr_buf_t response;
+  pthread_t thread;
+  uv_async_t done_async;
+  /* Handler observations. */
+  int requests;
+  int closes;
+  kvr_http_req_t *held; /* a request the handler keeps (stream / close tests) */
+  bool stream_mode;
+  bool hold_mode;
+  uv_timer_t stream_timer;
+  int stream_left;
+} ctx_t;
+
+static void on_request(kvr_http_req_t *req, void *data) {
+  ctx_t *c = data;
+  c->requests++;
+  if (c->hold_mode) {
+    c->held = req;
+    req->data = c;
+    req->on_close = NULL;
+    return;
+  }
+  if (c->stream_mode) {
+    c->held = req;
+    kvr_http_start(req, 200, "Content-Type: text/event-stream\r\n");
+    kvr_http_write(req, "data: 1\n\n", 9);
+    kvr_http_write(req, "data: 2\n\n", 9);
+    kvr_http_finish(req);
+    c->held = NULL;
+    return;
+  }
+  kvr_buf_t b = KVR_BUF_INIT;
+  const char *xa = kvr_http_header(req, "x-a");
+  kvr_buf_printf(&b, "%s %s q=%s xa=%s body=", req->method_str, req->path, req->query,
+                 xa ? xa : "-");
+  kvr_buf_append(&b, req->body.data, req->body.len);
+  kvr_http_respond(req, 200, "text/plain", NULL, b.data, b.len);
+  kvr_buf_free(&b);
+}
+
+static void on_held_close(kvr_http_req_t *req) {
+  ctx_t *c = req->data;
+  c->closes++;
+  c->held = NULL;
+  kvr_http_finish(req);
+}
+
+static void *client_main(void *arg) {
+  ctx_t *c = arg;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)c->port)};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
+    for (int i = 0; i < c->nparts; i++) {
+      size_t off = 0;
+      while (off < c->part_len[i]) {
+        ssize_t n = send(fd, c->parts[i] + off, c->part_len[i] - off, MSG_NOSIGNAL);
+        if (n <= 0)
+          break;
+        off += (size_t)n;
+      }
+      if (c->pause_us)
+        usleep((useconds_t)c->pause_us);
+    }
+    if (!c->close_early) {
+      shutdown(fd, SHUT_WR);
+      char buf[4096];
+      ssize_t n;
+      struct timeval tv = {.tv_sec = 5};
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      while ((n = recv(fd, buf, sizeof buf, 0)) > 0)
+        kvr_buf_append(&c->response, buf, (size_t)n);
+    }
+  }
+  close(fd);
+  uv_async_send(&c->done_async);
+  return NULL;
+}
+
+static void on_done_async(uv_async_t *a) {
+  ctx_t *c = a->data;
+  uv_stop(&c->loop);
+}
+
+static void on_server_closed(void *data) {
+  (void)data;
+}
+
+static void ctx_start(ctx_t *c, const kvr_http_limits_t *lim) {
+  uv_loop_init(&c->loop);
+  kvr_buf_init(&c->response);
+  c->srv = kvr_http_server_new(&c->loop, lim, on_request, c);
+  char err[128];
+  assert_int_equal(kvr_http_server_listen(c->srv, "127.0.0.1:0", err, sizeof err), 0);
+  c->port = kvr_http_server_port(c->srv);
+  assert_true(c->port > 0);
+  uv_async_init(&c->loop, &c->done_async, on_done_async);
+  c->done_async.data = c;
+}
+
+/* Runs the client to completion, then tears everything down and checks for leaked handles. */
+static void ctx_run_and_close(ctx_t *c) {
+  pthread_create(&c->thread, NULL, client_main, c);
+  uv_run(&c->loop, UV_RUN_DEFAULT);
+  pthread_join(c->thread, NULL);
+  /* Let close callbacks and pending writes settle. */
+  for (int i = 0; i < 20; i++)
+    uv_run(&c->loop, UV_RUN_NOWAIT);
+  if (c->held && !c->held->finished)
+    kvr_http_finish(c->held);
+  kvr_http_server_close(c->srv, on_server_closed, c);
+  uv_close((uv_handle_t *)&c->done_async, NULL);
+  uv_run(&c->loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&c->loop), 0);
+  kvr_http_server_free(c->srv);
+}
+
+static void run_simple(ctx_t *c, const char *req, size_t len, const kvr_http_limits_t *lim) {
+  ctx_start(c, lim);
+  c->parts[0] = req;
+  c->part_len[0] = len;
+  c->nparts = 1;
+  ctx_run_and_close(c);
+}
+
+static int status_of(const kvr_buf_t *resp) {
+  if (resp->len < 12 || strncmp(resp->data, "HTTP/1.", 7) != 0)
+    return -1;
+  return atoi(resp->data + 9);
+}
+
+static void test_split_every_byte(void **state) {
+  (void)state;
+  static const char req[] = "POST /v1/echo?x=1 HTTP/1.1\r\nHost: a\r\nX-A: hello world\r\n"
+                            "Content-Length: 5\r\n\r\nabcde"
+                            "GET /two HTTP/1.1\r\nHost: a\r\n\r\n";
+  size_t len = sizeof req - 1;
+  for (size_t k = 1; k < len; k++) {
+    ctx_t c = {0};
+    ctx_start(&c, NULL);
+    c.parts[0] = req;
+    c.part_len[0] = k;
+    c.parts[1] = req + k;
+    c.part_len[1] = len - k;
+    c.nparts = 2;
+    c.pause_us = 300;
+    ctx_run_and_close(&c);
+    assert_int_equal(c.requests, 2);
+    const char *first = strstr(c.response.data, "POST /v1/echo q=x=1 xa=hello world body=abcde");
+    const char *second = strstr(c.response.data, "GET /two q= xa=- body=");
+    assert_non_null(first);
+    assert_non_null(second);
+    assert_true(first < second); /* pipelined responses in request order */
+    kvr_buf_free(&c.response);
+  }
+}
+
+static void expect_status(const char *req, const kvr_http_limits_t *lim, int status,
+                          const char *code) {
+  ctx_t c = {0};
+  run_simple(&c, req, strlen(req), lim);
+  assert_int_equal(status_of(&c.response), status);
+  assert_non_null(strstr(c.response.data, "\"error\""));
+  assert_non_null(strstr(c.response.data, "Connection: close"));
+  if (code)
+    assert_non_null(strstr(c.response.data, code));
+  assert_int_equal(c.requests, 0);
+  kvr_buf_free(&c.response);
+}
+
+static void test_rejections(void **state) {
+  (void)state;
+  kvr_http_limits_t lim;
+  kvr_http_limits_default(&lim);
+  kvr_buf_t big = KVR_BUF_INIT;
+  kvr_buf_puts(&big, "GET /");
+  for (int i = 0; i < 9000; i++)
+    kvr_buf_puts(&big, "a");
+  kvr_buf_puts(&big, " HTTP/1.1\r\nHost: a\r\n\r\n");
+  expect_status(big.data, &lim, 414, "uri_too_long");
+
+  kvr_buf_reset(&big);
+  kvr_buf_puts(&big, "GET / HTTP/1.1\r\nHost: a\r\nX-Big: ");
+  for (int i = 0; i < 33000; i++)
+    kvr_buf_puts(&big, "b");
+  kvr_buf_puts(&big, "\r\n\r\n");
+  expect_status(big.data, &lim, 431, "headers_too_large");
+
+  kvr_buf_reset(&big);
+  kvr_buf_puts(&big, "GET / HTTP/1.1\r\n");
+  for (int i = 0; i < 101; i++)
+    kvr_buf_printf(&big, "X-H%d: v\r\n", i);
+  kvr_buf_puts(&big, "\r\n");
+  expect_status(big.data, &lim, 431, "too_many_headers");
+  kvr_buf_free(&big);
+
+  expect_status("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 9000000000\r\n\r\n", &lim, 413,
+                "body_too_large");
+  expect_status("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: "
+                "chunked\r\n\r\n0\r\n\r\n",
+                &lim, 400, NULL);
+  expect_status("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+                &lim, 400, NULL);
+  expect_status("GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+                &lim, 501, "upgrade_not_supported");
+  expect_status("CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n", &lim, 405, "method_not_allowed");
+  expect_status("GARBAGE\r\n\r\n", &lim, 400, NULL);
+  expect_status("GET / HTTP/1.1\r\nHost: a\r\nX-Bad: a\rb\r\n\r\n", &lim, 400, NULL);
+
+  lim.max_body = 10;
+  expect_status("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+                "8\r\n12345678\r\n8\r\n12345678\r\n0\r\n\r\n",
+                &lim, 413, "body_too_large");
+}
+
+static void test_header_timeout(void **state) {
+  (void)state;
+  kvr_http_limits_t lim;
+  kvr_http_limits_default(&lim);
+  lim.header_timeout_ms = 150;
+  ctx_t c = {0};
+  ctx_start(&c, &lim);
+  c.parts[0] = "GET / HTTP/1.1\r\nHost: a\r\n";
+  c.part_len[0] = strlen(c.parts[0]);
+  c.parts[1] = "X-Late: 1\r\n\r\n";
+  c.part_len[1] = strlen(c.parts[1]);
+  c.nparts = 2;
+  c.pause_us = 500000;
+  ctx_run_and_close(&c);
+  assert_int_equal(status_of(&c.response), 408);
+  assert_int_equal(c.requests, 0);
+  kvr_buf_free(&c.response);
+}
+
+static void test_chunked_request_and_stream(void **state) {
+  (void)state;
+  ctx_t c = {0};
+  const char *req = "POST /c HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    "3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
+  run_simple(&c, req, strlen(req), NULL);
+  assert_int_equal(status_of(&c.response), 200);
+  assert_non_null(strstr(c.response.data, "body=abcde"));
+  kvr_buf_free(&c.response);
+
+  ctx_t s = {0};
+  s.stream_mode = true;
+  const char *r2 = "GET /s HTTP/1.1\r\nHost: a\r\n\r\n";
+  run_simple(&s, r2, strlen(r2), NULL);
+  assert_non_null(strstr(s.response.data, "Transfer-Encoding: chunked"));
+  assert_non_null(strstr(s.response.data, "9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n"));
+  kvr_buf_free(&s.response);
+
+  ctx_t h = {0};
+  h.stream_mode = true;
+  const char *r3 = "GET /s HTTP/1.0\r\n\r\n";
+  run_simple(&h, r3, strlen(r3), NULL);
+  assert_int_equal(strncmp(h.response.data, "HTTP/1.0 200", 12), 0);
+  assert_null(strstr(h.response.data, "chunked"));
+  assert_non_null(strstr(h.response.data, "\r\n\r\ndata: 1\n\ndata: 2\n\n"));
+  kvr_buf_free(&h.response);
+}
+
+static void on_hold_request(kvr_http_req_t *req, void *data) {
+  ctx_t *c = data;
+  c->requests++;
+  c->held = req;
+  req->data = c;
+  req->on_close = on_held_close;
+}
+
+static void test_client_close_calls_on_close(void **state) {
+  (void)state;
+  ctx_t c = {0};
+  uv_loop_init(&c.loop);
+  kvr_buf_init(&c.response);
+  c.srv = kvr_http_server_new(&c.loop, NULL, on_hold_request, &c);
+  char err[128];
+  assert_int_equal(kvr_http_server_listen(c.srv, "127.0.0.1:0", err, sizeof err), 0);
+  c.port = kvr_http_server_port(c.srv);
+  uv_async_init(&c.loop, &c.done_async, on_done_async);
+  c.done_async.data = &c;
+  c.parts[0] = "GET /hold HTTP/1.1\r\nHost: a\r\n\r\n";
+  c.part_len[0] = strlen(c.parts[0]);
+  c.nparts = 1;
+  c.pause_us = 100000;
+  c.close_early = true;
+  pthread_create(&c.thread, NULL, client_main, &c);
+  uv_run(&c.loop, UV_RUN_DEFAULT);
+  pthread_join(c.thread, NULL);
+  for (int i = 0; i < 50 && c.closes == 0; i++) {
+    uv_run(&c.loop, UV_RUN_NOWAIT);
+    usleep(2000);
+  }
+  assert_int_equal(c.requests, 1);
+  assert_int_equal(c.closes, 1);
+  kvr_http_server_close(c.srv, on_server_closed, &c);
+  uv_close((uv_handle_t *)&c.done_async, NULL);
+  uv_run(&c.loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&c.loop), 0);
+  kvr_http_server_free(c.srv);
+}
+
+static void test_parse_hostport(void **state) {
+  (void)state;
+  struct sockaddr_storage ss;
+  assert_int_equal(kvr_parse_hostport("127.0.0.1:8000", &ss), 0);
+  assert_int_equal(ss.ss_family, AF_INET);
+  assert_int_equal(kvr_parse_hostport("[::1]:80", &ss), 0);
+  assert_int_equal(ss.ss_family, AF_INET6);
+  assert_int_equal(kvr_parse_hostport("localhost:1", &ss), 0);
+  assert_int_not_equal(kvr_parse_hostport("127.0.0.1", &ss), 0);
+  assert_int_not_equal(kvr_parse_hostport("127.0.0.1:99999", &ss), 0);
+  assert_int_not_equal(kvr_parse_hostport("127.0.0.1:x", &ss), 0);
+  assert_int_not_equal(kvr_parse_hostport("nothost:80", &ss), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_parse_hostport),
+      cmocka_unit_test(test_split_every_byte),
+      cmocka_unit_test(test_rejections),
+      cmocka_unit_test(test_header_timeout),
+      cmocka_unit_test(test_chunked_request_and_stream),
+      cmocka_unit_test(test_client_close_calls_on_close),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
