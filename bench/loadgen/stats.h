@@ -105,8 +105,8 @@ typedef struct kvr_level_s {
   bool pass;
   unsigned fail_mask;
 
-  /* Engine figures scraped from the workers' /metrics around the level (bench/loadgen/monitor.c): which
-   * limit a level hit (KV cache: preemptions, usage near 1; compute: neither). */
+  /* Engine figures scraped from the workers' /metrics around the level (bench/loadgen/monitor.c):
+   * which limit a level hit (KV cache: preemptions, usage near 1; compute: neither). */
   size_t engine_workers; /* workers whose /metrics was read before and after; 0 = unknown */
   uint64_t preemptions;  /* increase of vllm:num_preemptions_total over the level, all workers */
   double kv_usage_peak;  /* highest vllm:kv_cache_usage_perc (0-1) seen on any worker */
