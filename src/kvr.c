@@ -1,6 +1,10 @@
-/* kvr.c -- error strings from the KVR_ERRNO_MAP X-macro list, and clock helpers. */
+/* kvr.c -- error strings from the KVR_ERRNO_MAP X-macro list, the out-of-memory contract's
+ * allocators (kvr.h), and clock helpers. */
 #include "kvr.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 const char *kvr_strerror(int err) {
@@ -46,4 +50,41 @@ void kvr_utc_iso8601(char *buf, size_t size) {
   struct tm tm;
   gmtime_r(&t, &tm);
   strftime(buf, size, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+void kvr_oom(const char *what, size_t size) {
+  fprintf(stderr, "kvrouter: out of memory (%s, %zu bytes)\n", what, size);
+  abort();
+}
+
+void *kvr_xmalloc(size_t size) {
+  void *p = malloc(size ? size : 1);
+  if (p == NULL)
+    kvr_oom("malloc", size);
+  return p;
+}
+
+void *kvr_xcalloc(size_t n, size_t size) {
+  if (size != 0 && n > SIZE_MAX / size)
+    kvr_oom("calloc overflow", SIZE_MAX);
+  void *p = calloc(n ? n : 1, size ? size : 1);
+  if (p == NULL)
+    kvr_oom("calloc", n * size);
+  return p;
+}
+
+void *kvr_xrealloc(void *p, size_t size) {
+  void *q = realloc(p, size ? size : 1);
+  if (q == NULL)
+    kvr_oom("realloc", size);
+  return q;
+}
+
+char *kvr_xstrdup(const char *s) {
+  if (s == NULL)
+    return NULL;
+  size_t n = strlen(s) + 1;
+  char *d = kvr_xmalloc(n);
+  memcpy(d, s, n);
+  return d;
 }

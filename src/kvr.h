@@ -5,6 +5,15 @@
  * two can never drift apart. Foreign errors (errno, libuv, CURLcode, llhttp) are translated at the
  * boundary of the module that calls the foreign library.
  *
+ * Out of memory: the one contract, followed everywhere. Allocations whose size is bounded by a
+ * configured limit go through kvr_xmalloc()/kvr_xcalloc()/kvr_xrealloc()/kvr_xstrdup(), which never
+ * return NULL: on failure they print one line naming the size and abort (as Redis's zmalloc does).
+ * A process that cannot allocate a few KiB under its own limits cannot answer anyone correctly, and
+ * a NULL check at every call site would be code no test reaches. Sizes that come from the network
+ * are bounded by a limit *before* they reach an allocator (STYLE.md), so this is not a way for a
+ * client to crash the process. Foreign allocators (cJSON, libcurl, libuv) that return NULL are
+ * checked where they are called and handed to kvr_oom().
+ *
  * Time: kvr_now_ms()/kvr_now_ns() read CLOCK_MONOTONIC; they are what latency figures are made of.
  */
 #ifndef KVR_H
@@ -39,6 +48,15 @@ typedef enum {
 const char *kvr_strerror(int err);
 /* Returns the symbolic name of a KVR_E* code ("EINVAL"), or "UNKNOWN". */
 const char *kvr_errname(int err);
+
+/* Allocators that never return NULL (see "Out of memory" above). kvr_xcalloc() also aborts when
+ * n * size overflows. kvr_xstrdup(NULL) returns NULL. */
+void *kvr_xmalloc(size_t size);
+void *kvr_xcalloc(size_t n, size_t size);
+void *kvr_xrealloc(void *p, size_t size);
+char *kvr_xstrdup(const char *s);
+/* Prints "kvrouter: out of memory (what, N bytes)" and aborts. */
+_Noreturn void kvr_oom(const char *what, size_t size);
 
 /* Monotonic clock readings. */
 uint64_t kvr_now_ns(void);
