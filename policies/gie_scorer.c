@@ -70,7 +70,7 @@ static double queue_size(const kvr_worker_snap_t *w) {
 static double kv_usage(const kvr_worker_snap_t *w, size_t block_chars) {
   if (w->metrics_fresh)
     return w->kv_cache_usage;
-  double cap_tokens = (double)w->cache_capacity_blocks * (double)block_chars / 4.0;
+  double cap_tokens = (double)w->cache_capacity_blocks * (double)block_chars / KVR_CHARS_PER_TOKEN;
   if (cap_tokens <= 0)
     return 0;
   return KVR_MIN(1.0, (double)w->active_tokens / cap_tokens);

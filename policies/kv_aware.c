@@ -4,7 +4,7 @@
  *
  * Cost of worker i, in prefill-token equivalents:
  *
- *   matched_i  = min(prompt_tokens, matched_blocks_i * block_chars / 4)
+ *   matched_i  = min(prompt_tokens, matched_blocks_i * block_chars / KVR_CHARS_PER_TOKEN)
  *   uncached_i = prompt_tokens - matched_i
  *   cost_i     = prefill_weight  * (prefill_backlog_tokens_i + uncached_i)  (prefill ahead of us)
  *              + decode_weight   * active_tokens_i                          (decode batch we join)
@@ -96,7 +96,7 @@ static int kv_select(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_
     const kvr_worker_snap_t *w = &workers[i];
     s[i].eligible = kvr_policy_eligible(w, i, tried);
     s[i].capped = false;
-    double matched = (double)w->matched_blocks * (double)block_chars / 4.0;
+    double matched = (double)w->matched_blocks * (double)block_chars / KVR_CHARS_PER_TOKEN;
     double uncached = (double)prompt - KVR_MIN(matched, (double)prompt);
     double cost = p->prefill_weight * ((double)w->prefill_backlog_tokens + uncached) +
                   p->decode_weight * (double)w->active_tokens +

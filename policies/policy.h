@@ -54,11 +54,16 @@ typedef struct kvr_worker_snap_s {
   size_t matched_blocks;
 } kvr_worker_snap_t;
 
+/* Characters of prompt text per token: the router's one estimate wherever it has text but no token
+ * ids (prompt tokens, tokens in matched blocks, cache capacity in blocks). Llama-family BPE
+ * tokenizers average about 4 bytes of English text per token. */
+#define KVR_CHARS_PER_TOKEN 4
+
 /* Routing features of one request (see prompt.h for how they are derived). */
 typedef struct kvr_route_req_s {
   const uint64_t *blocks; /* chained prefix-block hashes, leading block first; may be NULL */
   size_t nblocks;
-  size_t block_chars;     /* characters per block (tokens ~= chars / 4) */
+  size_t block_chars;     /* characters per block (tokens ~= chars / KVR_CHARS_PER_TOKEN) */
   uint64_t prompt_tokens; /* estimated prompt tokens */
   uint64_t max_tokens;    /* requested output bound, 0 if unknown */
 } kvr_route_req_t;

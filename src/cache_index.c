@@ -442,5 +442,5 @@ uint64_t kvr_cache_index_capacity_from_vllm(uint64_t num_gpu_blocks, uint64_t bl
                                             size_t block_chars) {
   if (num_gpu_blocks == 0 || block_size_tokens == 0 || block_chars == 0)
     return 0;
-  return num_gpu_blocks * block_size_tokens * 4 / block_chars;
+  return num_gpu_blocks * block_size_tokens * KVR_CHARS_PER_TOKEN / block_chars;
 }

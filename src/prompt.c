@@ -389,8 +389,9 @@ int kvr_prompt_from_json(const cJSON *body, kvr_prompt_kind_t kind, size_t block
   }
   memcpy(out->model, model->valuestring, mlen + 1);
   out->model_seed = kvr_prompt_model_seed(out->model, mlen);
-  /* Token ids are counted exactly; text is estimated at 4 bytes per token. */
-  out->prompt_tokens = ntok ? ntok : (out->text.len + 3) / 4;
+  /* Token ids are counted exactly; text is estimated at KVR_CHARS_PER_TOKEN bytes per token. */
+  out->prompt_tokens =
+      ntok ? ntok : (out->text.len + KVR_CHARS_PER_TOKEN - 1) / KVR_CHARS_PER_TOKEN;
   if (out->text.len == 0)
     kvr_buf_reserve(&out->text, 0); /* data is never NULL after success */
   hash_new_blocks(out);
