@@ -278,3 +278,28 @@ void kvr_curlm_close(kvr_curlm_t *m) {
     sock_close(m, m->socks);
   uv_close((uv_handle_t *)&m->timer, on_close_handle);
 }
+
+static size_t discard(char *ptr, size_t size, size_t nmemb, void *data) {
+  (void)ptr;
+  (void)data;
+  return size * nmemb;
+}
+
+CURL *kvr_curl_easy_new(const char *url, long connect_timeout_ms, long timeout_ms,
+                        curl_write_callback write, void *data) {
+  CURL *e = curl_easy_init();
+  if (e == NULL)
+    kvr_oom("curl_easy_init", 0);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_URL, url);
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http");
+  curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
+  curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
+  if (connect_timeout_ms > 0)
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, connect_timeout_ms);
+  if (timeout_ms > 0)
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout_ms);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write ? write : discard);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, data);
+  return e;
+}

@@ -48,6 +48,15 @@ size_t kvr_curlm_active(const kvr_curlm_t *m);
  * they are closed. The loop must run afterwards for the close callbacks. Accepts NULL. */
 void kvr_curlm_close(kvr_curlm_t *m);
 
+/* The one easy-handle setup of kvrouter (proxy, scraper, admin fan-out, load generator, monitor,
+ * demo): a new handle for url with the options every transfer shares: no signals (we are
+ * single-threaded on a loop), HTTP/1.1 over plain http only, TCP_NODELAY, the given connect and
+ * total timeouts in ms (0 = none), and the body delivered to write(data) (NULL: discarded).
+ * The caller adds what its transfer needs (method, body, headers, header callback). Never returns
+ * NULL (out of memory aborts, kvr.h). */
+CURL *kvr_curl_easy_new(const char *url, long connect_timeout_ms, long timeout_ms,
+                        curl_write_callback write, void *data);
+
 /* Sets max total connections and max per host (0 = unlimited). */
 void kvr_curlm_set_limits(kvr_curlm_t *m, long max_total, long max_per_host);
 
