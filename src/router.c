@@ -153,8 +153,8 @@ uint64_t kvr_router_worker_backlog(const kvr_worker_t *w, uint64_t now_ns) {
   return kvr_prefill_clock_backlog(&w->prefill, w->queued_prefill_tokens, now_ns);
 }
 
-bool kvr_router_worker_fresh(const kvr_router_t *r, const kvr_worker_t *w, uint64_t now) {
-  return w->metrics_seen && now - w->scraped_at_ms <= r->cfg->scrape_stale_ms;
+bool kvr_router_worker_fresh(const kvr_router_t *r, const kvr_worker_t *w, uint64_t at_ms) {
+  return w->metrics_seen && at_ms - w->scraped_at_ms <= r->cfg->scrape_stale_ms;
 }
 
 int kvr_router_set_policy(kvr_router_t *r, const char *name, const cJSON *params, char *err,

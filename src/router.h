@@ -125,8 +125,8 @@ bool kvr_router_has_usable(const kvr_router_t *r);
 /* The part of w's queued prefill it has probably not reached yet at now_ns (prefill_clock.h). */
 uint64_t kvr_router_worker_backlog(const kvr_worker_t *w, uint64_t now_ns);
 
-/* Whether w's scraped figures are recent enough to use at now_ms. */
-bool kvr_router_worker_fresh(const kvr_router_t *r, const kvr_worker_t *w, uint64_t now_ms);
+/* Whether w's scraped figures are recent enough to use at at_ms (kvr_now_ns() / 1e6). */
+bool kvr_router_worker_fresh(const kvr_router_t *r, const kvr_worker_t *w, uint64_t at_ms);
 
 /* Replaces the policy (new requests use it at once; in-flight ones are unaffected). Returns 0 or
  * KVR_EINVAL with err naming the valid policies or the bad parameter. */

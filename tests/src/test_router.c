@@ -220,72 +220,73 @@ static int run_request(kvr_router_t *r, const kvr_route_req_t *req, uint64_t tri
   return slot;
 }
 
-/* A day in the router's life without a loop: requests stream, fail, retry, abort; workers drain,
- * are removed and added; scrapes and cache resets apply. The load returns to zero exactly and every
- * counter says what happened. */
-static void test_lifecycle_returns_to_zero(void **state) {
-  (void)state;
-  fx_t f;
-  fx_open(&f, 3, "round_robin");
-  kvr_router_t *r = f.r;
-  uint64_t blocks[8] = {11, 12, 13, 14, 15, 16, 17, 18};
-  kvr_route_req_t req = {.blocks = blocks, .nblocks = 8, .block_chars = 64, .prompt_tokens = 128};
+static const uint64_t blocks8[8] = {11, 12, 13, 14, 15, 16, 17, 18};
+static const kvr_route_req_t req8 = {
+    .blocks = blocks8, .nblocks = 8, .block_chars = 64, .prompt_tokens = 128};
 
-  /* Three good requests, one per worker; the first two report usage. */
+/* Seven client requests over three round-robin workers, as the proxy would report them: three
+ * good ones (the first two report usage), one that fails before responding on worker 0 and is
+ * retried on worker 1, a client that goes away after the first token (worker 2), a broken stream
+ * (worker 0), and one the router rejects itself. */
+static void serve_requests(kvr_router_t *r) {
   for (int i = 0; i < 3; i++) {
     kvr_router_on_request(r);
-    assert_int_equal(run_request(r, &req, 0, 5, i < 2), i);
+    assert_int_equal(run_request(r, &req8, 0, 5, i < 2), i);
   }
   assert_idle(r);
   assert_int_equal(kvr_cache_index_entries(r->index, 0), 8);
 
-  /* A request that fails before responding on worker 0 and is retried on worker 1. */
   kvr_router_on_request(r);
   kvr_decision_t d;
-  int slot = kvr_router_decide(r, &req, 0, true, &d);
+  int slot = kvr_router_decide(r, &req8, 0, true, &d);
   assert_int_equal(slot, 0);
   kvr_router_dispatch_t acct;
-  kvr_router_on_dispatch(r, slot, req.prompt_tokens, d.snaps[slot].matched_blocks, &acct);
+  kvr_router_on_dispatch(r, slot, req8.prompt_tokens, d.snaps[slot].matched_blocks, &acct);
   assert_int_equal(acct.predicted_cached, 128); /* worker 0 learned all 8 blocks */
   assert_int_equal(acct.prefill_tokens, 0);
   kvr_router_on_worker_error(r, &acct);
   kvr_router_on_health(r, acct.worker_id, false);
   kvr_router_on_retry(r, &acct);
   kvr_router_on_end(r, &acct);
-  assert_int_equal(run_request(r, &req, UINT64_C(1) << slot, 3, false), 1);
+  assert_int_equal(run_request(r, &req8, UINT64_C(1) << slot, 3, false), 1);
 
-  /* A client that goes away after the first token; a broken stream counted as a failure. */
   kvr_router_on_request(r);
-  slot = kvr_router_decide(r, &req, 0, true, &d);
-  assert_int_equal(slot, 2);
+  assert_int_equal(slot = kvr_router_decide(r, &req8, 0, true, &d), 2);
   kvr_router_on_dispatch(r, slot, 1000, 0, &acct);
   kvr_router_on_token(r, &acct);
   assert_int_equal(r->slots[slot]->active_tokens, 1001);
   kvr_router_on_client_abort(r);
   kvr_router_on_end(r, &acct);
+
   kvr_router_on_request(r);
-  slot = kvr_router_decide(r, &req, 0, true, &d);
-  assert_int_equal(slot, 0);
+  assert_int_equal(slot = kvr_router_decide(r, &req8, 0, true, &d), 0);
   kvr_router_on_dispatch(r, slot, 2000, 0, &acct);
   assert_int_equal(r->slots[slot]->queued_prefill_tokens, 2000);
   kvr_router_on_worker_error(r, &acct);
   kvr_router_on_upstream_failure(r);
   kvr_router_on_end(r, &acct);
-  assert_idle(r);
 
-  /* Router-level counters and the histograms the proxy feeds. */
   kvr_router_on_request(r);
   kvr_router_on_client_error(r);
   kvr_router_observe_ttfb(r, 0.02);
   kvr_router_observe_duration(r, 0.5);
+}
+
+/* Requests stream, fail, retry, abort, without a loop: the load returns to zero exactly and every
+ * counter, and its metric line, says what happened. */
+static void test_requests_return_to_zero(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  kvr_router_t *r = f.r;
+  serve_requests(r);
+  assert_idle(r);
   assert_int_equal(r->requests_total, 7);
   assert_int_equal(r->client_errors_total, 1);
   assert_int_equal(r->client_aborts_total, 1);
   assert_int_equal(r->upstream_failures_total, 1);
   assert_int_equal(r->ttfb_seconds.count, 1);
   assert_int_equal(r->request_seconds.count, 1);
-
-  /* Round robin sent the abort to worker 2 and the broken stream to worker 0. */
   const kvr_worker_t *w0 = r->slots[0], *w1 = r->slots[1];
   assert_int_equal(w0->requests_total, 3);
   assert_int_equal(w0->errors_total, 2);
@@ -300,16 +301,30 @@ static void test_lifecycle_returns_to_zero(void **state) {
   assert_int_equal(w0->usage_cached_tokens_total, 0);
   assert_int_equal(w1->usage_prompt_tokens_total, 128);
   assert_metric(r, "kvrouter_worker_inflight_requests{worker=\"0\",url=\"http://127.0.0.1:1\"} 0");
+  assert_metric(r, "kvrouter_worker_active_tokens{worker=\"0\",url=\"http://127.0.0.1:1\"} 0");
   assert_metric(r, "kvrouter_worker_errors_total{worker=\"0\",url=\"http://127.0.0.1:1\"} 2");
   assert_metric(r, "kvrouter_worker_retries_total{worker=\"0\",url=\"http://127.0.0.1:1\"} 1");
   assert_metric(r, "kvrouter_worker_index_blocks{worker=\"0\",url=\"http://127.0.0.1:1\"} 8");
+  assert_metric(r, "kvrouter_routing_decisions_total{worker=\"0\"} 3");
   assert_metric(r, "kvrouter_requests_total 7");
+  assert_metric(r, "kvrouter_client_errors_total 1");
   assert_metric(r, "kvrouter_client_aborts_total 1");
   assert_metric(r, "kvrouter_upstream_failures_total 1");
   assert_metric(r, "kvrouter_routing_no_worker_total 0");
   assert_metric(r, "kvrouter_time_to_first_byte_seconds_count 1");
+  assert_metric(r, "kvrouter_request_duration_seconds_count 1");
+  fx_close(&f);
+}
 
-  /* A scrape with the cache geometry resizes worker 2's modelled cache; a reset forgets it. */
+/* A scrape with the cache geometry resizes a worker's modelled cache; a reset forgets its blocks;
+ * both show in /admin/workers. */
+static void test_scrape_and_reset(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  kvr_router_t *r = f.r;
+  for (int i = 0; i < 3; i++)
+    run_request(r, &req8, 0, 1, false);
   kvr_router_scrape_t m = {.at_ms = kvr_now_ns() / 1000000u,
                            .num_requests_running = 2,
                            .kv_cache_usage = 0.25,
@@ -320,28 +335,45 @@ static void test_lifecycle_returns_to_zero(void **state) {
   assert_int_equal(r->slots[2]->cache_capacity_blocks, 100);
   assert_int_equal(kvr_cache_index_capacity(r->index, 2), 100);
   assert_true(kvr_router_worker_fresh(r, r->slots[2], m.at_ms));
+  assert_false(kvr_router_worker_fresh(r, r->slots[1], m.at_ms));
   uint64_t forgotten = 0;
   assert_int_equal(kvr_router_forget_cache(r, id2, &forgotten), 0);
   assert_int_equal(forgotten, 8);
   assert_int_equal(kvr_cache_index_entries(r->index, 2), 0);
+  assert_int_equal(kvr_cache_index_entries(r->index, 1), 8);
   cJSON *ws = kvr_router_view_workers(r);
   cJSON *scraped = cJSON_GetObjectItem(cJSON_GetArrayItem(ws, 2), "scraped");
   assert_true(cJSON_IsTrue(cJSON_GetObjectItem(scraped, "fresh")));
   assert_int_equal(cJSON_GetObjectItem(scraped, "num_gpu_blocks")->valuedouble, 100);
+  assert_int_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(ws, 2), "index_blocks")->valuedouble, 0);
   assert_int_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(ws, 0), "in_flight")->valuedouble, 0);
   cJSON_Delete(ws);
+  fx_close(&f);
+}
 
-  /* Worker 1 drains with a request in flight; idle worker 2 is removed at once, and its id's
-   * reports are refused; a new worker takes the lowest free slot and a new id. */
-  slot = kvr_router_decide(r, &req, 0x5, true, &d);
+/* A worker drains with a request in flight; an idle one is removed at once, and reports for its id
+ * are refused; a new worker takes the lowest free slot, a new id and no old cache entries. */
+static void test_drain_remove_add(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  kvr_router_t *r = f.r;
+  for (int i = 0; i < 3; i++)
+    run_request(r, &req8, 0, 1, false);
+  kvr_decision_t d;
+  int slot = kvr_router_decide(r, &req8, 0x5, true, &d);
   assert_int_equal(slot, 1);
+  kvr_router_dispatch_t acct;
   kvr_router_on_dispatch(r, slot, 64, 0, &acct);
-  uint32_t id1 = w1->id;
+  uint32_t id1 = r->slots[1]->id, id2 = r->slots[2]->id;
   assert_int_equal(kvr_router_drain_worker(r, id1), 0);
   assert_int_equal(kvr_router_drain_worker(r, id2), 0);
   assert_null(r->slots[2]);
+  kvr_router_scrape_t m = {.at_ms = 1};
+  uint64_t forgotten = 0;
   assert_int_equal(kvr_router_on_scrape(r, id2, &m), KVR_ENOENT);
   assert_int_equal(kvr_router_forget_cache(r, id2, &forgotten), KVR_ENOENT);
+  assert_int_equal(kvr_router_on_health(r, id2, true), KVR_ENOENT);
   assert_non_null(kvr_router_worker_by_id(r, id1));
   kvr_router_on_token(r, &acct);
   kvr_router_on_end(r, &acct);
@@ -408,7 +440,9 @@ int main(void) {
       cmocka_unit_test(test_failures_mark_down),
       cmocka_unit_test(test_policy_switch),
       cmocka_unit_test(test_scrape_parse),
-      cmocka_unit_test(test_lifecycle_returns_to_zero),
+      cmocka_unit_test(test_requests_return_to_zero),
+      cmocka_unit_test(test_scrape_and_reset),
+      cmocka_unit_test(test_drain_remove_add),
       cmocka_unit_test(test_accounting_invariant_random),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
