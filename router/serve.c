@@ -1,12 +1,13 @@
 /* serve.c -- `kvrouter serve`: wires config, router, public proxy and admin API onto one loop.
  *
  * Start-up: parse flags and config (one-line error and exit 2 on any bad value), create the router
- * (workers, policy, cache index, scraper), listen on the public and admin addresses, run the loop.
+ * (workers, policy, cache index; no loop), the curl multi and the scraper on the loop, the proxy
+ * and the admin API over them, listen on the public and admin addresses, run the loop.
  *
  * Shutdown on SIGINT/SIGTERM: both listeners stop accepting and idle connections close; requests in
  * flight get up to SHUTDOWN_GRACE_MS to finish, then (or at a second signal) they are aborted. When
- * the last connection is gone the router closes its handles and the loop ends; the process exits 0
- * with every handle closed (uv_loop_close() succeeds).
+ * the last connection is gone the scraper and the curl multi close their handles, the router is
+ * freed and the loop ends; the process exits 0 with every handle closed (uv_loop_close() succeeds).
  */
 
 #include "commands.h"
@@ -18,6 +19,7 @@
 #include "src/log.h"
 #include "src/proxy.h"
 #include "src/router.h"
+#include "src/scrape.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +31,10 @@ typedef struct {
   uv_loop_t loop;
   kvr_config_t cfg;
   kvr_router_t *router;
+  kvr_curlm_t *curlm;
+  kvr_scrape_t *scrape;
   kvr_proxy_t *proxy;
+  kvr_admin_t *admin_api;
   kvr_http_server_t *pub, *admin;
   uv_signal_t sigint, sigterm;
   uv_timer_t grace;
@@ -45,7 +50,10 @@ static void on_server_closed(void *data) {
   serve_t *s = data;
   if (--s->servers_open > 0)
     return;
-  kvr_router_close(s->router);
+  kvr_scrape_close(s->scrape);
+  kvr_curlm_close(s->curlm);
+  kvr_router_free(s->router);
+  s->router = NULL;
   uv_close((uv_handle_t *)&s->sigint, on_handle_closed);
   uv_close((uv_handle_t *)&s->sigterm, on_handle_closed);
   uv_close((uv_handle_t *)&s->grace, on_handle_closed);
@@ -91,18 +99,27 @@ int kvr_serve_main(int argc, char **argv) {
   if (kvr_log_parse_level(s->cfg.log_level, &lvl) == 0)
     kvr_log_set_level(lvl);
   uv_loop_init(&s->loop);
-  s->router = kvr_router_new(&s->loop, &s->cfg, err, sizeof err);
+  s->router = kvr_router_new(&s->cfg, err, sizeof err);
+  s->curlm = s->router ? kvr_curlm_new(&s->loop) : NULL;
+  s->scrape = s->curlm ? kvr_scrape_new(&s->loop, s->curlm, s->router) : NULL;
+  if (s->router && s->scrape == NULL) {
+    snprintf(err, sizeof err, "cannot initialize the cache index or libcurl");
+    kvr_curlm_close(s->curlm);
+    kvr_router_free(s->router);
+    s->router = NULL;
+  }
   if (s->router == NULL) {
     fprintf(stderr, "kvrouter serve: %s\n", err);
     exit_code = 2;
     uv_run(&s->loop, UV_RUN_DEFAULT); /* runs the close callbacks of what was set up */
     goto out_loop;
   }
-  s->proxy = kvr_proxy_new(s->router);
+  s->proxy = kvr_proxy_new(&s->loop, s->router, s->curlm);
+  s->admin_api = kvr_admin_new(s->router, s->curlm);
   s->pub = kvr_http_server_new(&s->loop, &s->cfg.limits, kvr_proxy_on_request, s->proxy);
   kvr_http_limits_t admin_limits = s->cfg.limits;
   admin_limits.max_connections = 0;
-  s->admin = kvr_http_server_new(&s->loop, &admin_limits, kvr_admin_on_request, s->router);
+  s->admin = kvr_http_server_new(&s->loop, &admin_limits, kvr_admin_on_request, s->admin_api);
   kvr_http_server_log_rejects(s->pub, s->cfg.access_log);
   uv_signal_init(&s->loop, &s->sigint);
   uv_signal_init(&s->loop, &s->sigterm);
@@ -129,6 +146,7 @@ int kvr_serve_main(int argc, char **argv) {
   kvr_http_server_free(s->pub);
   kvr_http_server_free(s->admin);
   kvr_proxy_free(s->proxy);
+  kvr_admin_free(s->admin_api);
 out_loop:
   if (uv_loop_close(&s->loop) != 0) {
     KVR_ERROR("serve", "event loop closed with handles still open");

@@ -5,23 +5,45 @@
  * whole (router.c); requests already routed keep their worker.
  *
  * The exception is POST /admin/reset_prefix_cache, a fan-out: a reset_op_t holds the admin request
- * and one reset_call_t per worker, each a libcurl POST WORKER/reset_prefix_cache on the router's
- * curl multi (as scrape.c's probes). Each answer is recorded as it arrives; a worker that answered
- * 2xx also has its entries in the cache index forgotten, so the index keeps modelling what the
- * workers hold. When the last call is done the summary is sent and the op freed. Calls hold worker
- * ids, not pointers, because a worker may be removed while its call is in flight. The op lives at
- * most the calls' timeout; the admin listener's shutdown waits for it (it holds the request), and
- * the router closes only after that, so the curl multi outlives every call.
+ * and one reset_call_t per worker, each a libcurl POST WORKER/reset_prefix_cache on the curl
+ * multi serve.c gave kvr_admin_new() (as scrape.c's probes). Each answer is recorded as it arrives;
+ * a worker that answered 2xx also has its entries in the cache index forgotten, so the index keeps
+ * modelling what the workers hold. When the last call is done the summary is sent and the op freed.
+ * Calls hold worker ids, not pointers, because a worker may be removed while its call is in flight.
+ * The op lives at most the calls' timeout; the admin listener's shutdown waits for it (it holds the
+ * request), and the router and the curl multi close only after that, so both outlive every call.
+ *
+ * State: the handlers change the router only through its calls (add, drain, set policy, forget a
+ * worker's cache entries); everything they show is read from it or rendered by router_view.c.
  */
 #include "admin.h"
 
 #include "kvr.h"
 #include "log.h"
 #include "proxy.h"
+#include "router_view.h"
 
 #include <llhttp.h>
 #include <stdlib.h>
 #include <string.h>
+
+struct kvr_admin_s {
+  kvr_router_t *r;    /* not owned */
+  kvr_curlm_t *curlm; /* not owned; the reset fan-out's transfers */
+};
+
+kvr_admin_t *kvr_admin_new(kvr_router_t *r, kvr_curlm_t *curlm) {
+  kvr_admin_t *a = calloc(1, sizeof *a);
+  if (a) {
+    a->r = r;
+    a->curlm = curlm;
+  }
+  return a;
+}
+
+void kvr_admin_free(kvr_admin_t *a) {
+  free(a);
+}
 
 static void send_json(kvr_http_req_t *req, int status, cJSON *obj) {
   char *text = cJSON_PrintUnformatted(obj);
@@ -50,7 +72,7 @@ static cJSON *parse_body(kvr_http_req_t *req) {
 }
 
 static cJSON *worker_json(kvr_router_t *r, const kvr_worker_t *w) {
-  cJSON *all = kvr_router_workers_json(r);
+  cJSON *all = kvr_router_view_workers(r);
   cJSON *found = NULL;
   for (cJSON *it = all->child; it; it = it->next) {
     cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
@@ -75,7 +97,7 @@ static void workers_post(kvr_router_t *r, kvr_http_req_t *req) {
     return;
   }
   char err[256];
-  kvr_worker_t *w = kvr_router_add_worker(r, url->valuestring, err, sizeof err);
+  const kvr_worker_t *w = kvr_router_add_worker(r, url->valuestring, err, sizeof err);
   cJSON_Delete(body);
   if (w == NULL) {
     kvr_http_error(req, 400, NULL, "invalid_value", "url: %s", err);
@@ -87,14 +109,15 @@ static void workers_post(kvr_router_t *r, kvr_http_req_t *req) {
 static void workers_delete(kvr_router_t *r, kvr_http_req_t *req, const char *idtext) {
   char *end;
   unsigned long id = strtoul(idtext, &end, 10);
-  kvr_worker_t *w = (*idtext && *end == '\0') ? kvr_router_worker_by_id(r, (uint32_t)id) : NULL;
+  const kvr_worker_t *w =
+      (*idtext && *end == '\0') ? kvr_router_worker_by_id(r, (uint32_t)id) : NULL;
   if (w == NULL) {
     kvr_http_error(req, 404, NULL, "worker_not_found", "no worker with id '%s'", idtext);
     return;
   }
   cJSON *o = worker_json(r, w);
   cJSON_ReplaceItemInObjectCaseSensitive(o, "state", cJSON_CreateString("draining"));
-  kvr_router_drain_worker(r, w); /* may free w when nothing is in flight */
+  kvr_router_drain_worker(r, w->id); /* may free w when nothing is in flight */
   send_json(req, 202, o);
 }
 
@@ -139,7 +162,7 @@ static void policy_put(kvr_router_t *r, kvr_http_req_t *req) {
     return;
   }
   cJSON_Delete(body);
-  send_json(req, 200, kvr_router_policy_json(r));
+  send_json(req, 200, kvr_router_view_policy(r));
 }
 
 static void explain(kvr_router_t *r, kvr_http_req_t *req) {
@@ -297,17 +320,13 @@ static void on_reset_done(CURL *easy, CURLcode result, void *data) {
   c->result = result;
   curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &c->status);
   if (result == CURLE_OK && c->status >= 200 && c->status <= 299) {
-    kvr_worker_t *w = kvr_router_worker_by_id(op->r, c->worker_id);
-    if (w != NULL) {
-      c->forgotten = kvr_cache_index_entries(op->r->index, (size_t)w->slot);
-      kvr_cache_index_forget_worker(op->r->index, (size_t)w->slot);
-    }
+    kvr_router_forget_cache(op->r, c->worker_id, &c->forgotten);
   }
   if (--op->pending == 0)
     reset_reply(op);
 }
 
-static void reset_prefix_cache(kvr_router_t *r, kvr_http_req_t *req) {
+static void reset_prefix_cache(kvr_router_t *r, kvr_curlm_t *curlm, kvr_http_req_t *req) {
   reset_op_t *op = calloc(1, sizeof *op);
   if (op == NULL) {
     kvr_http_error(req, 500, NULL, "internal", "%s", "out of memory");
@@ -341,7 +360,7 @@ static void reset_prefix_cache(kvr_router_t *r, kvr_http_req_t *req) {
     curl_easy_setopt(c->easy, CURLOPT_WRITEFUNCTION, on_reset_body);
     curl_easy_setopt(c->easy, CURLOPT_WRITEDATA, c);
     op->pending++;
-    if (kvr_curlm_add(r->curlm, c->easy, on_reset_done, c) != 0) {
+    if (kvr_curlm_add(curlm, c->easy, on_reset_done, c) != 0) {
       op->pending--;
       c->result = CURLE_FAILED_INIT;
     }
@@ -352,12 +371,13 @@ static void reset_prefix_cache(kvr_router_t *r, kvr_http_req_t *req) {
 }
 
 void kvr_admin_on_request(kvr_http_req_t *req, void *data) {
-  kvr_router_t *r = data;
+  kvr_admin_t *a = data;
+  kvr_router_t *r = a->r;
   const char *path = req->path;
   int m = req->method;
   if (strcmp(path, "/metrics") == 0 && m == HTTP_GET) {
     kvr_buf_t b = KVR_BUF_INIT;
-    kvr_router_metrics(r, &b);
+    kvr_router_view_metrics(r, &b);
     kvr_http_respond(req, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b.data, b.len);
     kvr_buf_free(&b);
   } else if (strcmp(path, "/health") == 0 && m == HTTP_GET) {
@@ -366,20 +386,20 @@ void kvr_admin_on_request(kvr_http_req_t *req, void *data) {
     kvr_http_respond(req, ok ? 200 : 503, "application/json", NULL, body, strlen(body));
   } else if (strcmp(path, "/admin/workers") == 0 && m == HTTP_GET) {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddItemToObject(o, "workers", kvr_router_workers_json(r));
+    cJSON_AddItemToObject(o, "workers", kvr_router_view_workers(r));
     send_json(req, 200, o);
   } else if (strcmp(path, "/admin/workers") == 0 && m == HTTP_POST) {
     workers_post(r, req);
   } else if (strncmp(path, "/admin/workers/", 15) == 0 && m == HTTP_DELETE) {
     workers_delete(r, req, path + 15);
   } else if (strcmp(path, "/admin/policy") == 0 && m == HTTP_GET) {
-    send_json(req, 200, kvr_router_policy_json(r));
+    send_json(req, 200, kvr_router_view_policy(r));
   } else if (strcmp(path, "/admin/policy") == 0 && m == HTTP_PUT) {
     policy_put(r, req);
   } else if (strcmp(path, "/admin/route/explain") == 0 && m == HTTP_POST) {
     explain(r, req);
   } else if (strcmp(path, "/admin/reset_prefix_cache") == 0 && m == HTTP_POST) {
-    reset_prefix_cache(r, req);
+    reset_prefix_cache(r, a->curlm, req);
   } else if (strcmp(path, "/metrics") == 0 || strcmp(path, "/health") == 0 ||
              strcmp(path, "/admin/workers") == 0 || strncmp(path, "/admin/workers/", 15) == 0 ||
              strcmp(path, "/admin/policy") == 0 || strcmp(path, "/admin/route/explain") == 0 ||

@@ -20,10 +20,19 @@
 #ifndef KVR_ADMIN_H
 #define KVR_ADMIN_H
 
+#include "curlm.h"
 #include "http_server.h"
 #include "router.h"
 
-/* kvr_http_request_cb of the admin listener; data is the kvr_router_t. */
+typedef struct kvr_admin_s kvr_admin_t;
+
+/* Creates the admin API over r, whose POST /admin/reset_prefix_cache fan-out runs on curlm (both
+ * must outlive it). Returns NULL when out of memory. */
+kvr_admin_t *kvr_admin_new(kvr_router_t *r, kvr_curlm_t *curlm);
+/* Frees the admin API; its listener must be closed (no fan-out left). Accepts NULL. */
+void kvr_admin_free(kvr_admin_t *a);
+
+/* kvr_http_request_cb of the admin listener; data is the kvr_admin_t. */
 void kvr_admin_on_request(kvr_http_req_t *req, void *data);
 
 #endif

@@ -5,7 +5,8 @@
  *   client request (kvr_http_req_t, body complete)
  *     -> validate route and JSON, extract prompt features (prompt.c)
  *     -> kvr_router_decide(): cache-index match + policy -> worker slot
- *     -> attempt: a curl easy handle on the router's multi; load accounting begins on the worker
+ *     -> attempt: a curl easy handle on the proxy's multi; load accounting begins on the worker
+ *          (kvr_router_on_dispatch fills px->acct with what it added)
  *          header callback: status and headers collected; first byte stops the first-byte timer
  *          write callback:  SSE responses are written to the client as they arrive (one chunk per
  *                           curl delivery, no buffering); other bodies are held (bounded by
@@ -15,8 +16,9 @@
  *                       failure before any response byte -> one retry on another worker (tried
  *                       mask), then 502; first-byte timeout -> 504; failure mid-stream -> an SSE
  *                       error event and a clean end (SSE) or a truncated body (other)
- *     -> load accounting ends (exactly what was added), access-log line, px freed after its timer
- *        handle has closed.
+ *     -> load accounting ends (kvr_router_on_end removes exactly what px->acct says was added),
+ *        access-log line, px freed after its timer handle has closed.
+ * Every change of router or worker state goes through a kvr_router_on_* call (router.h).
  *
  * Back-pressure: when more than HIGH_WATER bytes wait on the client socket the write callback
  * returns CURL_WRITEFUNC_PAUSE (the data is redelivered later) and the client's on_drain resumes
@@ -45,6 +47,8 @@
 typedef struct px_s px_t;
 
 struct kvr_proxy_s {
+  uv_loop_t *loop;    /* not owned; request timers */
+  kvr_curlm_t *curlm; /* not owned; upstream transfers */
   kvr_router_t *r;
   px_t *head; /* in-flight requests */
   size_t active;
@@ -62,7 +66,7 @@ struct px_s {
   bool has_prompt;
   kvr_route_req_t rreq;
   /* Current attempt. */
-  kvr_worker_t *w;
+  const kvr_worker_t *w; /* valid while acct is open */
   CURL *easy;
   struct curl_slist *hdrs;
   kvr_buf_t url;
@@ -70,12 +74,7 @@ struct px_s {
   bool paused;
   int attempts;
   uint64_t tried;
-  uint64_t prefill_left;
-  uint64_t dispatched_ns; /* when the current attempt was accounted on w */
-  bool prefill_alone;     /* no other prefill was pending on w at dispatch (a rate sample) */
-  uint64_t predicted_cached;
-  uint64_t generated;
-  bool accounted; /* load accounting open on w */
+  kvr_router_dispatch_t acct; /* what the current attempt added to w; open while accounted */
   /* Response. */
   int status;
   kvr_buf_t resp_headers; /* filtered "Name: value\r\n" lines for the client */
@@ -105,10 +104,13 @@ struct px_s {
 static void attempt(px_t *px);
 static void px_end(px_t *px);
 
-kvr_proxy_t *kvr_proxy_new(kvr_router_t *r) {
+kvr_proxy_t *kvr_proxy_new(uv_loop_t *loop, kvr_router_t *r, kvr_curlm_t *curlm) {
   kvr_proxy_t *p = calloc(1, sizeof *p);
-  if (p)
+  if (p) {
+    p->loop = loop;
+    p->curlm = curlm;
     p->r = r;
+  }
   return p;
 }
 
@@ -182,8 +184,7 @@ static void start_client_response(px_t *px) {
  * index nothing. */
 static void learn_dispatch(px_t *px) {
   if (px->has_prompt && px->w)
-    kvr_cache_index_insert(px->r->index, (size_t)px->w->slot, px->prompt.blocks,
-                           px->prompt.nblocks);
+    kvr_router_on_learn(px->r, &px->acct, px->prompt.blocks, px->prompt.nblocks);
 }
 
 /* Removes from resp_headers every header named in the response's Connection header. */
@@ -223,7 +224,7 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud) {
      * first-byte timer keeps running until the first body byte, because vLLM sends its SSE head
      * before the request has been scheduled and prefilled. */
     px->got_byte = true;
-    kvr_router_worker_result(px->w, true);
+    kvr_router_on_health(px->r, px->w->id, true);
     learn_dispatch(px);
   }
   if (len >= 5 && memcmp(data, "HTTP/", 5) == 0) {
@@ -337,16 +338,8 @@ static void sse_line(px_t *px, const char *line, size_t len) {
   cJSON *obj = cJSON_ParseWithLength(p, (size_t)(line + len - p));
   if (obj == NULL)
     return;
-  if (take_text(px, obj)) {
-    if (px->generated == 0 && px->accounted) {
-      /* First token: the prompt has been prefilled. */
-      kvr_router_worker_prefilled(px->w, px->prefill_left, px->dispatched_ns, px->prefill_alone);
-      px->prefill_left = 0;
-    }
-    px->generated++;
-    if (px->accounted)
-      px->w->active_tokens++;
-  }
+  if (take_text(px, obj))
+    kvr_router_on_token(px->r, &px->acct); /* the first one also ends the prefill */
   take_usage(px, obj);
   if (cJSON_GetObjectItemCaseSensitive(obj, "error"))
     px->mid_stream_error = true;
@@ -392,7 +385,7 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud) {
   }
   if (px->t_first_byte_ns == 0) {
     px->t_first_byte_ns = kvr_now_ns();
-    kvr_hist_observe(&px->r->ttfb_seconds, (double)(px->t_first_byte_ns - px->t_start_ns) / 1e9);
+    kvr_router_observe_ttfb(px->r, (double)(px->t_first_byte_ns - px->t_start_ns) / 1e9);
   }
   timer_set(px, TM_IDLE, px->r->cfg->idle_timeout_ms);
   if (px->sse) {
@@ -432,20 +425,16 @@ static void on_client_drain(kvr_http_req_t *req) {
  * -------------------------------------------------------------------------------------- */
 
 static void account_end(px_t *px) {
-  if (!px->accounted)
+  if (!px->acct.open)
     return;
-  px->accounted = false;
-  uint64_t tokens = px->has_prompt ? px->prompt.prompt_tokens : 0;
-  kvr_worker_t *w = px->w;
   px->w = NULL; /* the worker may be freed now if it was draining */
-  kvr_router_worker_end(w, tokens, px->prefill_left, px->generated);
-  px->prefill_left = 0;
+  kvr_router_on_end(px->r, &px->acct);
 }
 
 static void transfer_release(px_t *px) {
   if (px->easy) {
     if (px->transfer_active)
-      kvr_curlm_cancel(px->r->curlm, px->easy);
+      kvr_curlm_cancel(px->proxy->curlm, px->easy);
     curl_easy_cleanup(px->easy);
     px->easy = NULL;
   }
@@ -491,7 +480,7 @@ static kvr_http_req_t *detach(px_t *px, int status) {
   req->on_drain = NULL;
   px->final_status = status;
   access_log(px, req->method_str, req->path, req->peer);
-  kvr_hist_observe(&px->r->request_seconds, (double)(kvr_now_ns() - px->t_start_ns) / 1e9);
+  kvr_router_observe_duration(px->r, (double)(kvr_now_ns() - px->t_start_ns) / 1e9);
   return req;
 }
 
@@ -518,7 +507,7 @@ static void fail(px_t *px, int status, const char *code, const char *outcome, co
   kvr_router_t *r = px->r;
   px->outcome = outcome;
   if (status == 502 || status == 504)
-    r->upstream_failures_total++;
+    kvr_router_on_upstream_failure(r);
   if (px->req && !px->req->started) {
     char extra[64] = "";
     if (status == 503)
@@ -559,17 +548,14 @@ static bool retryable(CURLcode rc) {
 
 /* Records what the response taught: the worker now holds prompt + answer; usage vs prediction. */
 static void learn(px_t *px) {
-  kvr_worker_t *w = px->w;
+  const kvr_worker_t *w = px->w;
   if (!px->has_prompt || w == NULL)
     return;
-  if (px->usage_seen) {
-    w->usage_prompt_tokens_total += px->usage_prompt;
-    w->usage_cached_tokens_total += px->usage_cached;
-    w->usage_predicted_cached_total += KVR_MIN(px->predicted_cached, px->usage_prompt);
-  }
+  if (px->usage_seen)
+    kvr_router_on_usage(px->r, &px->acct, px->usage_prompt, px->usage_cached);
   if (px->answer.len && px->status == 200) {
     kvr_prompt_extend_answer(&px->prompt, px->answer.data, px->answer.len);
-    kvr_cache_index_insert(px->r->index, (size_t)w->slot, px->prompt.blocks, px->prompt.nblocks);
+    kvr_router_on_learn(px->r, &px->acct, px->prompt.blocks, px->prompt.nblocks);
   }
 }
 
@@ -588,7 +574,7 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
       }
     }
     if (px->status >= 500)
-      px->w->errors_total++;
+      kvr_router_on_worker_error(r, &px->acct);
     learn(px);
     if (!px->streaming) {
       kvr_buf_t h = KVR_BUF_INIT;
@@ -609,14 +595,14 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
   /* The transfer failed. A client that went away is not the worker's fault. */
   if (px->req == NULL || px->req->closed) {
     px->outcome = "client_closed";
-    r->client_aborts_total++;
+    kvr_router_on_client_abort(r);
     px_end(px);
     return;
   }
   const char *why = curl_easy_strerror(rc);
-  kvr_worker_t *w = px->w;
+  const kvr_worker_t *w = px->w;
   if (w)
-    w->errors_total++;
+    kvr_router_on_worker_error(r, &px->acct);
   /* "Never connected" (refused, unresolvable, or a connect timeout: curl reports that as
    * CURLE_OPERATION_TIMEDOUT with no connect time) is safe to retry and counts towards DOWN. A
    * failure after connecting but before any response byte is retried too (the worker never
@@ -627,13 +613,13 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
       !px->got_byte && (rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ||
                         (rc == CURLE_OPERATION_TIMEDOUT && connect_us == 0));
   if (w && never_connected)
-    kvr_router_worker_result(w, false);
+    kvr_router_on_health(r, w->id, false);
   if (!px->got_byte && (never_connected || (retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT)) &&
       px->attempts < MAX_ATTEMPTS) {
     KVR_WARN("proxy", "worker %s failed before responding (%s); retrying elsewhere",
              w ? w->label : "-", why);
     if (w)
-      w->retries_total++;
+      kvr_router_on_retry(r, &px->acct);
     transfer_release(px);
     account_end(px);
     attempt(px);
@@ -643,7 +629,7 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
     fail(px, 502, "upstream_error", "worker_failed", "upstream worker failed: %s", why);
   } else {
     px->outcome = "broken_stream";
-    r->upstream_failures_total++;
+    kvr_router_on_upstream_failure(r);
     broken_stream(px, why);
   }
   px_end(px);
@@ -659,18 +645,18 @@ static void on_timer(uv_timer_t *t) {
   if (!px->transfer_active)
     return;
   /* Outside curl callbacks: the handle may be removed here. */
-  kvr_curlm_cancel(px->r->curlm, px->easy);
+  kvr_curlm_cancel(px->proxy->curlm, px->easy);
   px->transfer_active = false;
   if (px->w)
-    px->w->errors_total++;
+    kvr_router_on_worker_error(px->r, &px->acct);
   if (kind == TM_FIRST_BYTE && !px->got_byte && px->w)
-    kvr_router_worker_result(px->w, false); /* accepted but never answered */
+    kvr_router_on_health(px->r, px->w->id, false); /* accepted but never answered */
   if (!px->streaming) {
     fail(px, 504, "upstream_timeout", "worker_timeout", "%s",
          kind == TM_FIRST_BYTE ? "upstream worker did not start responding in time"
                                : "upstream worker stalled while responding");
   } else {
-    px->r->upstream_failures_total++;
+    kvr_router_on_upstream_failure(px->r);
     px->outcome = "stream_idle_timeout";
     broken_stream(px, "no data within the idle timeout");
   }
@@ -689,7 +675,7 @@ static void on_client_close(kvr_http_req_t *req) {
   px_t *px = req->data;
   if (px == NULL)
     return;
-  px->r->client_aborts_total++;
+  kvr_router_on_client_abort(px->r);
   px->outcome = "client_closed";
   /* Cancelling closes the upstream connection at once, so the worker aborts the generation. */
   timer_set(px, TM_NONE, 0);
@@ -749,7 +735,7 @@ static void attempt(px_t *px) {
     px_end(px);
     return;
   }
-  kvr_worker_t *w = r->slots[slot];
+  const kvr_worker_t *w = r->slots[slot];
   px->w = w;
   px->attempts++;
   px->tried |= UINT64_C(1) << slot;
@@ -762,20 +748,9 @@ static void attempt(px_t *px) {
   kvr_buf_reset(&px->body);
   kvr_buf_reset(&px->line);
   kvr_buf_reset(&px->answer);
-  px->generated = 0;
 
   uint64_t prompt_tokens = px->has_prompt ? px->prompt.prompt_tokens : 0;
-  uint64_t cached = (uint64_t)d.snaps[slot].matched_blocks * r->cfg->block_chars / 4;
-  px->predicted_cached = KVR_MIN(cached, prompt_tokens);
-  px->prefill_left = prompt_tokens - px->predicted_cached;
-  px->prefill_alone = w->queued_prefill_tokens == 0;
-  px->dispatched_ns = kvr_now_ns();
-  kvr_router_worker_begin(w, prompt_tokens, px->prefill_left);
-  px->accounted = true;
-  if (px->has_prompt) {
-    w->prompt_tokens_total += prompt_tokens;
-    w->predicted_cached_tokens_total += px->predicted_cached;
-  }
+  kvr_router_on_dispatch(r, slot, prompt_tokens, d.snaps[slot].matched_blocks, &px->acct);
 
   kvr_buf_reset(&px->url);
   kvr_buf_printf(&px->url, "%s%s", w->url, req->target);
@@ -813,7 +788,7 @@ static void attempt(px_t *px) {
       curl_easy_setopt(e, CURLOPT_POSTFIELDS, req->body.data ? req->body.data : "");
     }
   }
-  if (kvr_curlm_add(r->curlm, e, on_done, px) != 0) {
+  if (kvr_curlm_add(px->proxy->curlm, e, on_done, px) != 0) {
     fail(px, 502, "upstream_error", "internal", "%s", "cannot start an upstream transfer");
     px_end(px);
     return;
@@ -852,7 +827,7 @@ int kvr__proxy_features(kvr_router_t *r, const kvr_http_req_t *req, kvr_route_t 
 /* The access-log line of a request the router answers itself (no worker involved). */
 static void local_log(kvr_router_t *r, const kvr_http_req_t *req, int status, const char *outcome) {
   if (status >= 400 && status < 500)
-    r->client_errors_total++;
+    kvr_router_on_client_error(r);
   if (!r->cfg->access_log)
     return;
   kvr_log(KVR_LOG_INFO, "access",
@@ -896,7 +871,7 @@ static void health(kvr_router_t *r, kvr_http_req_t *req) {
 void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
   kvr_proxy_t *p = data;
   kvr_router_t *r = p->r;
-  r->requests_total++;
+  kvr_router_on_request(r);
   const char *path = req->path;
   if (strcmp(path, "/health") == 0) {
     if (req->method != HTTP_GET && req->method != HTTP_HEAD) {
@@ -962,7 +937,7 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
   req->data = px;
   req->on_close = on_client_close;
   req->on_drain = on_client_drain;
-  uv_timer_init(r->loop, &px->timer);
+  uv_timer_init(p->loop, &px->timer);
   px->timer.data = px;
   px->next = p->head;
   if (p->head)

@@ -1,31 +1,37 @@
 /* router.h -- the state of `kvrouter serve`: workers, the active policy, the cache index, counters.
  *
- * kvr_router_t is owned by serve.c and shared by the public proxy (proxy.c), the admin API
- * (admin.c) and the /metrics scraper (scrape.c). Everything runs on one libuv loop, so no locking.
+ * A pure library: no loop, no sockets, no curl. kvr_router_t is owned by serve.c and read by the
+ * public proxy (proxy.c), the admin API (admin.c), the /metrics scraper (scrape.c) and the views
+ * (router_view.c), which all run on one libuv loop, so no locking. This module is the only writer
+ * of worker and router state: the others report events through the kvr_router_on_* calls below and
+ * read the structs through const pointers (the fields are visible for reading, never for writing).
  *
  * Workers live in slots 0..KVR_MAX_WORKERS-1. A worker's slot is its index in policy snapshots, in
  * the `tried` mask and in the cache index, so it never changes while the worker exists; a removed
  * worker's slot is reused only after its in-flight requests have finished and its cache state has
- * been forgotten. The id shown to operators is stable and never reused.
+ * been forgotten. The id shown to operators is stable and never reused; whoever may outlive a
+ * worker (a scrape probe, an admin fan-out call) holds its id, not a pointer.
  *
- * Load accounting is exact: every proxied request adds its contribution (1 in-flight, its estimated
- * prompt tokens, its uncached prefill tokens, then each generated token) to its worker on dispatch
- * and removes exactly what it added when it ends, however it ends.
+ * Load accounting is exact, and lives in router.c alone: kvr_router_on_dispatch() adds a request's
+ * contribution to its worker (1 in-flight, its estimated prompt tokens, its uncached prefill
+ * tokens) and writes what it added into a kvr_router_dispatch_t the caller holds; every later
+ * change (the first token ends the prefill, each generated token) updates the worker and that
+ * record together; kvr_router_on_end() removes exactly what the record says, however the request
+ * ended, and closes the record, so a second call removes nothing.
  */
 #ifndef KVR_ROUTER_H
 #define KVR_ROUTER_H
 
 #include "cache_index.h"
-#include "config.h"
-#include "curlm.h"
 #include "metrics.h"
 #include "policies/policy.h"
 #include "prefill_clock.h"
-#include "prompt.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
-#include <uv.h>
+
+typedef struct kvr_config_s kvr_config_t; /* config.h */
 
 #define KVR_WORKER_STATE_MAP(XX)                                                                   \
   XX(UP, "up")                                                                                     \
@@ -42,14 +48,14 @@ const char *kvr_worker_state_name(kvr_worker_state_t s);
 
 typedef struct kvr_router_s kvr_router_t;
 
+/* One worker. Owned by its router (slots[slot]); read-only outside router.c. */
 typedef struct kvr_worker_s {
-  kvr_router_t *router;
   uint32_t id;    /* stable, shown in the admin API and the x-kvrouter-worker header */
   int slot;       /* index in snapshots, tried masks and the cache index */
   char *url;      /* owned, normalized base URL without trailing slash */
   char label[16]; /* id as text for metric labels and headers */
   kvr_worker_state_t state;
-  /* Load the router tracks itself. */
+  /* Load the router tracks itself (see the header comment). */
   uint32_t inflight;
   uint64_t active_tokens;
   uint64_t queued_prefill_tokens;
@@ -61,19 +67,17 @@ typedef struct kvr_worker_s {
   uint64_t usage_prompt_tokens_total, usage_predicted_cached_total, usage_cached_tokens_total;
   uint64_t consecutive_failures;
   uint64_t added_ms;
-  /* From the worker's /metrics (scrape.c). */
+  /* From the worker's /metrics (kvr_router_on_scrape). */
   bool metrics_seen;
   uint64_t scraped_at_ms;
   double num_requests_running, num_requests_waiting, kv_cache_usage;
   uint64_t num_gpu_blocks, block_size;
   uint64_t cache_capacity_blocks; /* in router blocks */
-  void *scrape;                   /* scrape.c's in-flight probe, NULL when idle */
 } kvr_worker_t;
 
+/* Read-only outside router.c. */
 struct kvr_router_s {
-  uv_loop_t *loop;
-  kvr_config_t *cfg;  /* owned by serve.c, outlives the router */
-  kvr_curlm_t *curlm; /* owned */
+  const kvr_config_t *cfg; /* owned by serve.c, outlives the router */
   kvr_worker_t *slots[KVR_MAX_WORKERS];
   size_t nslots; /* highest used slot + 1 */
   uint32_t next_id;
@@ -81,8 +85,6 @@ struct kvr_router_s {
   cJSON *policy_params; /* owned copy of the params the policy was created from, or NULL */
   uint64_t policy_generation;
   kvr_cache_index_t *index; /* owned */
-  uv_timer_t scrape_timer;
-  bool closing;
   /* Router-wide metrics. */
   kvr_hist_t decision_seconds;
   kvr_hist_t request_seconds;
@@ -96,30 +98,42 @@ struct kvr_router_s {
   uint64_t requests_total;
 };
 
-/* Creates the router from cfg: workers, policy, index, curl multi, and starts the scraper.
+/* ---- lifecycle and workers ------------------------------------------------------------------- */
+
+/* Creates the router from cfg (which must outlive it): policy, cache index, workers. Needs no loop.
  * Returns NULL with a one-line reason in err. */
-kvr_router_t *kvr_router_new(uv_loop_t *loop, kvr_config_t *cfg, char *err, size_t errlen);
+kvr_router_t *kvr_router_new(const kvr_config_t *cfg, char *err, size_t errlen);
 
-/* Stops timers and transfers; closes uv handles. The router is freed once the loop has run the
- * close callbacks. Proxied requests must have been finished first. */
-void kvr_router_close(kvr_router_t *r);
+/* Frees the router and every worker at once. Requests dispatched through it must have ended, and
+ * nothing may report to it afterwards (close the scraper first). Accepts NULL. */
+void kvr_router_free(kvr_router_t *r);
 
-/* Adds a worker by URL; returns it or NULL with err. */
-kvr_worker_t *kvr_router_add_worker(kvr_router_t *r, const char *url, char *err, size_t errlen);
+/* Adds a worker by URL; returns it (owned by r) or NULL with err. */
+const kvr_worker_t *kvr_router_add_worker(kvr_router_t *r, const char *url, char *err,
+                                          size_t errlen);
 
-/* Marks a worker draining: no new requests; it is removed when its in-flight count reaches 0. */
-void kvr_router_drain_worker(kvr_router_t *r, kvr_worker_t *w);
+/* Marks worker id draining: no new requests; it is freed when its in-flight count reaches 0, at
+ * once if nothing is in flight. Returns 0 or KVR_ENOENT. */
+int kvr_router_drain_worker(kvr_router_t *r, uint32_t id);
 
 /* Finds a worker by id; NULL if none. */
-kvr_worker_t *kvr_router_worker_by_id(kvr_router_t *r, uint32_t id);
+const kvr_worker_t *kvr_router_worker_by_id(const kvr_router_t *r, uint32_t id);
 
 /* True while at least one worker can take requests. */
 bool kvr_router_has_usable(const kvr_router_t *r);
+
+/* The part of w's queued prefill it has probably not reached yet at now_ns (prefill_clock.h). */
+uint64_t kvr_router_worker_backlog(const kvr_worker_t *w, uint64_t now_ns);
+
+/* Whether w's scraped figures are recent enough to use at at_ms (kvr_now_ns() / 1e6). */
+bool kvr_router_worker_fresh(const kvr_router_t *r, const kvr_worker_t *w, uint64_t at_ms);
 
 /* Replaces the policy (new requests use it at once; in-flight ones are unaffected). Returns 0 or
  * KVR_EINVAL with err naming the valid policies or the bad parameter. */
 int kvr_router_set_policy(kvr_router_t *r, const char *name, const cJSON *params, char *err,
                           size_t errlen);
+
+/* ---- decisions ------------------------------------------------------------------------------- */
 
 /* One routing decision's inputs and outputs (also what /admin/route/explain prints). */
 typedef struct kvr_decision_s {
@@ -135,34 +149,91 @@ typedef struct kvr_decision_s {
 int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t tried, bool record,
                       kvr_decision_t *d);
 
-/* Load accounting; see the header comment. */
-void kvr_router_worker_begin(kvr_worker_t *w, uint64_t prompt_tokens, uint64_t prefill_tokens);
-void kvr_router_worker_end(kvr_worker_t *w, uint64_t prompt_tokens, uint64_t prefill_left,
-                           uint64_t generated);
-/* A streamed request's first token arrived: its prefill_tokens are no longer queued, and its
- * time since dispatched_ns (kvr_now_ns()) is a prefill-rate sample when it was dispatched alone
- * (no prefill pending on w then). */
-void kvr_router_worker_prefilled(kvr_worker_t *w, uint64_t prefill_tokens, uint64_t dispatched_ns,
-                                 bool alone);
+/* ---- one request's life on a worker ---------------------------------------------------------- */
 
-/* Connection-level outcome of a request to w: resets or counts consecutive failures (DOWN at the
- * configured threshold). */
-void kvr_router_worker_result(kvr_worker_t *w, bool connect_ok);
+/* What one dispatched request added to its worker. Written by kvr_router_on_dispatch() into the
+ * caller's storage; the caller holds it until kvr_router_on_end() and never writes it (tests may
+ * age dispatched_ns). */
+typedef struct kvr_router_dispatch_s {
+  bool open;                 /* contributions are on the worker; cleared by kvr_router_on_end */
+  uint32_t worker_id;        /* the worker it went to */
+  int slot;                  /* that worker's slot (stable while open) */
+  bool prefill_alone;        /* no other prefill was pending on the worker (a rate sample) */
+  uint64_t dispatched_ns;    /* kvr_now_ns() at dispatch */
+  uint64_t prompt_tokens;    /* added to active_tokens at dispatch */
+  uint64_t predicted_cached; /* prompt tokens the cache index predicted the worker held */
+  uint64_t prefill_tokens;   /* added to queued_prefill_tokens; 0 once the first token came */
+  uint64_t generated;        /* tokens added to active_tokens since dispatch */
+} kvr_router_dispatch_t;
 
-/* Writes the admin /metrics text. */
-void kvr_router_metrics(kvr_router_t *r, kvr_buf_t *out);
+/* Dispatches a request of prompt_tokens (estimated) to the worker in slot, of which the cache index
+ * matched matched_blocks leading blocks (kvr_decision_t.snaps[slot].matched_blocks): the predicted
+ * cached tokens are those blocks' tokens (block_chars / 4 each, at most prompt_tokens), the rest is
+ * prefill. Adds 1 in-flight, prompt_tokens and the prefill tokens to the worker, counts the
+ * request and its tokens, and fills *d with what was added. Returns the worker (valid while d is
+ * open), or NULL when slot holds no worker (d is left closed). */
+const kvr_worker_t *kvr_router_on_dispatch(kvr_router_t *r, int slot, uint64_t prompt_tokens,
+                                           size_t matched_blocks, kvr_router_dispatch_t *d);
 
-/* Writes the JSON of GET /admin/workers and GET /admin/policy. */
-cJSON *kvr_router_workers_json(kvr_router_t *r);
-cJSON *kvr_router_policy_json(kvr_router_t *r);
+/* One generated token of d streamed back: adds it to the worker's active tokens. The first one
+ * also ends d's prefill (its prefill tokens leave the queue) and, when d was dispatched alone, is
+ * a prefill-rate sample (time since dispatched_ns). No-op on a closed d. */
+void kvr_router_on_token(kvr_router_t *r, kvr_router_dispatch_t *d);
 
-/* Starts the periodic /metrics scrape of every worker (scrape.c). */
-void kvr_scrape_start(kvr_router_t *r);
-void kvr_scrape_stop(kvr_router_t *r);
-/* Cancels the in-flight probe of one worker (before the worker is freed). */
-void kvr_scrape_cancel(kvr_router_t *r, kvr_worker_t *w);
-/* Parses the Prometheus text of a vLLM /metrics page into w's scraped fields. Returns 0 or
- * KVR_EPARSE when none of the expected series is present. Exposed for tests. */
-int kvr_scrape_parse(kvr_worker_t *w, const char *text, size_t len, uint64_t now_ms);
+/* The worker of d now holds blocks[0..n) (its prompt when it answers, prompt plus answer when the
+ * response completes): teaches the cache index. No-op on a closed d. */
+void kvr_router_on_learn(kvr_router_t *r, const kvr_router_dispatch_t *d, const uint64_t *blocks,
+                         size_t n);
+
+/* The response to d reported usage: prompt_tokens, of which cached_tokens were cached. Counts
+ * them beside d's prediction. No-op on a closed d. */
+void kvr_router_on_usage(kvr_router_t *r, const kvr_router_dispatch_t *d, uint64_t prompt_tokens,
+                         uint64_t cached_tokens);
+
+/* The request of d failed on its worker (connect, timeout, 5xx, broken stream). No-op if closed. */
+void kvr_router_on_worker_error(kvr_router_t *r, const kvr_router_dispatch_t *d);
+
+/* The request of d is retried on another worker. No-op if closed. */
+void kvr_router_on_retry(kvr_router_t *r, const kvr_router_dispatch_t *d);
+
+/* The request of d ended, however it ended: removes exactly what d says it added (1 in-flight, its
+ * prompt and generated tokens, the prefill tokens still queued) and closes d. A draining worker
+ * whose last request this was is freed (its pointer is invalid afterwards). No-op if closed. */
+void kvr_router_on_end(kvr_router_t *r, kvr_router_dispatch_t *d);
+
+/* ---- health and scraped figures -------------------------------------------------------------- */
+
+/* Connection-level result of talking to worker id (a proxied request or a /metrics probe):
+ * reachable resets the consecutive failures and brings a DOWN worker back UP; unreachable counts
+ * one towards DOWN at the configured threshold. Returns 0 or KVR_ENOENT (worker gone meanwhile). */
+int kvr_router_on_health(kvr_router_t *r, uint32_t id, bool reachable);
+
+/* One parsed vLLM /metrics page (scrape.c's kvr_scrape_parse). */
+typedef struct kvr_router_scrape_s {
+  uint64_t at_ms; /* when it was taken, kvr_now_ns() / 1e6 */
+  double num_requests_running, num_requests_waiting;
+  double kv_cache_usage;               /* 0..1 */
+  uint64_t num_gpu_blocks, block_size; /* vllm:cache_config_info, 0 when absent */
+} kvr_router_scrape_t;
+
+/* Applies a parsed page to worker id: its scraped figures and, when the page gave the cache
+ * geometry, its cache capacity in router blocks (the cache index is resized to match). Returns 0
+ * or KVR_ENOENT (worker gone meanwhile). */
+int kvr_router_on_scrape(kvr_router_t *r, uint32_t id, const kvr_router_scrape_t *m);
+
+/* Forgets every cache-index entry of worker id (its prefix cache was reset); *forgotten gets how
+ * many there were. Returns 0 or KVR_ENOENT. */
+int kvr_router_forget_cache(kvr_router_t *r, uint32_t id, uint64_t *forgotten);
+
+/* ---- router-wide events ---------------------------------------------------------------------- */
+
+void kvr_router_on_request(kvr_router_t *r);          /* a client request arrived */
+void kvr_router_on_client_error(kvr_router_t *r);     /* the router answered 4xx itself */
+void kvr_router_on_client_abort(kvr_router_t *r);     /* a client went away mid-request */
+void kvr_router_on_upstream_failure(kvr_router_t *r); /* 502/504 or a broken stream */
+/* Seconds from request received to the first response byte from a worker. */
+void kvr_router_observe_ttfb(kvr_router_t *r, double seconds);
+/* Seconds from request received to response end (proxied requests). */
+void kvr_router_observe_duration(kvr_router_t *r, double seconds);
 
 #endif

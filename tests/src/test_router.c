@@ -1,6 +1,8 @@
-/* test_router.c -- router state: decisions over slots, exact load accounting, draining, policy
- * switching, and parsing of a vLLM /metrics page. Runs a real loop (the router owns a curl multi
- * and a scrape timer) and asserts that closing the router leaves no libuv handle behind. */
+/* test_router.c -- router state as a pure library: decisions over slots, exact load accounting
+ * through the dispatch record, draining and removal, health, applied scrapes, policy switching,
+ * counters and their rendering (router_view.c). No loop and no curl multi: the router is built from
+ * a config alone, and every event a proxied request or a scrape probe would report is fed in by
+ * hand. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,40 +10,62 @@
 
 #include <cmocka.h>
 
+#include "src/config.h"
 #include "src/kvr.h"
 #include "src/router.h"
+#include "src/router_view.h"
+#include "src/scrape.h"
 
+#include <stdio.h>
 #include <stdlib.h>
-
 #include <string.h>
 
 typedef struct {
-  uv_loop_t loop;
   kvr_config_t cfg;
   kvr_router_t *r;
 } fx_t;
 
 static void fx_open(fx_t *f, int nworkers, const char *policy) {
-  uv_loop_init(&f->loop);
   kvr_config_init(&f->cfg);
   char err[256];
   for (int i = 0; i < nworkers; i++) {
     char url[64];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d", 1 + i); /* never contacted: scraping is off */
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", 1 + i); /* never contacted */
     assert_int_equal(kvr_config_add_worker(&f->cfg, url, err, sizeof err), 0);
   }
   free(f->cfg.policy);
   f->cfg.policy = strdup(policy);
   f->cfg.scrape_interval_ms = 0;
-  f->r = kvr_router_new(&f->loop, &f->cfg, err, sizeof err);
+  f->r = kvr_router_new(&f->cfg, err, sizeof err);
   assert_non_null(f->r);
 }
 
 static void fx_close(fx_t *f) {
-  kvr_router_close(f->r);
-  uv_run(&f->loop, UV_RUN_DEFAULT);
-  assert_int_equal(uv_loop_close(&f->loop), 0);
+  kvr_router_free(f->r);
   kvr_config_free(&f->cfg);
+}
+
+/* Every worker's load is zero: what was added has been removed. */
+static void assert_idle(const kvr_router_t *r) {
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w == NULL)
+      continue;
+    assert_int_equal(w->inflight, 0);
+    assert_int_equal(w->active_tokens, 0);
+    assert_int_equal(w->queued_prefill_tokens, 0);
+  }
+}
+
+/* The metrics text holds exactly this line. */
+static void assert_metric(const kvr_router_t *r, const char *line) {
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_router_view_metrics(r, &b);
+  char want[256];
+  snprintf(want, sizeof want, "\n%s\n", line);
+  if (strstr(b.data, want) == NULL)
+    fail_msg("no line '%s' in:\n%s", line, b.data);
+  kvr_buf_free(&b);
 }
 
 static void test_round_robin_and_tried(void **state) {
@@ -60,6 +84,8 @@ static void test_round_robin_and_tried(void **state) {
   assert_int_equal(kvr_router_decide(f.r, &req, 0x5, true, &d), 1);
   assert_int_equal(kvr_router_decide(f.r, &req, 0x7, true, &d), KVR_POLICY_NONE);
   assert_int_equal(f.r->no_worker_total, 1);
+  assert_int_equal(f.r->decisions_total[1], 3);
+  assert_int_equal(f.r->decision_seconds.count, 8);
   fx_close(&f);
 }
 
@@ -67,15 +93,20 @@ static void test_accounting_and_drain(void **state) {
   (void)state;
   fx_t f;
   fx_open(&f, 2, "least_load");
-  kvr_worker_t *w = f.r->slots[0];
-  kvr_router_worker_begin(w, 1000, 600);
-  kvr_router_worker_begin(w, 500, 500);
+  const kvr_worker_t *w = f.r->slots[0];
+  kvr_router_dispatch_t a, b;
+  /* 25 matched blocks of 64 characters are 400 predicted cached tokens: 600 left to prefill. */
+  assert_ptr_equal(kvr_router_on_dispatch(f.r, 0, 1000, 25, &a), w);
+  assert_ptr_equal(kvr_router_on_dispatch(f.r, 0, 500, 0, &b), w);
+  assert_true(a.prefill_alone);
+  assert_false(b.prefill_alone);
   assert_int_equal(w->inflight, 2);
   assert_int_equal(w->active_tokens, 1500);
   assert_int_equal(w->queued_prefill_tokens, 1100);
   /* The first request's first token: its 600 prefill tokens leave the queue; it was dispatched
    * alone, so it is a rate sample, and the snapshot's backlog is the 500 still pending at most. */
-  kvr_router_worker_prefilled(w, 600, kvr_now_ns() - 60 * 1000000ull, true);
+  a.dispatched_ns = kvr_now_ns() - 60 * 1000000ull;
+  kvr_router_on_token(f.r, &a);
   assert_int_equal(w->queued_prefill_tokens, 500);
   assert_int_equal(w->prefill.samples, 1);
   assert_true(w->prefill.rate > 0);
@@ -85,14 +116,21 @@ static void test_accounting_and_drain(void **state) {
   assert_int_equal(kvr_router_decide(f.r, &req, 0, false, &d), 1);
   assert_int_equal(d.snaps[0].queued_prefill_tokens, 500);
   assert_true(d.snaps[0].prefill_backlog_tokens >= 50 && d.snaps[0].prefill_backlog_tokens <= 500);
-  kvr_router_drain_worker(f.r, w);
+  assert_int_equal(kvr_router_drain_worker(f.r, w->id), 0);
   assert_int_equal(w->state, KVR_WORKER_DRAINING);
   assert_int_equal(kvr_router_decide(f.r, &req, 0x2, false, &d), KVR_POLICY_NONE);
-  kvr_router_worker_end(w, 1000, 0, 10);
+  for (int i = 1; i < 10; i++)
+    kvr_router_on_token(f.r, &a);
+  assert_int_equal(w->active_tokens, 1510);
+  kvr_router_on_end(f.r, &a);
   assert_non_null(f.r->slots[0]); /* one request still in flight */
-  kvr_router_worker_end(w, 500, 500, 0);
+  assert_int_equal(w->inflight, 1);
+  assert_int_equal(w->active_tokens, 500);
+  assert_int_equal(w->queued_prefill_tokens, 500); /* b never got its first token */
+  kvr_router_on_end(f.r, &b);
   assert_null(f.r->slots[0]); /* freed when the last one ended */
   assert_true(kvr_router_has_usable(f.r));
+  assert_int_equal(kvr_router_drain_worker(f.r, 0), KVR_ENOENT);
   fx_close(&f);
 }
 
@@ -100,15 +138,17 @@ static void test_failures_mark_down(void **state) {
   (void)state;
   fx_t f;
   fx_open(&f, 1, "round_robin");
-  kvr_worker_t *w = f.r->slots[0];
-  kvr_router_worker_result(w, false);
-  kvr_router_worker_result(w, false);
+  const kvr_worker_t *w = f.r->slots[0];
+  kvr_router_on_health(f.r, w->id, false);
+  kvr_router_on_health(f.r, w->id, false);
   assert_int_equal(w->state, KVR_WORKER_UP);
-  kvr_router_worker_result(w, false);
+  kvr_router_on_health(f.r, w->id, false);
   assert_int_equal(w->state, KVR_WORKER_DOWN);
   assert_false(kvr_router_has_usable(f.r));
-  kvr_router_worker_result(w, true);
+  kvr_router_on_health(f.r, w->id, true);
   assert_int_equal(w->state, KVR_WORKER_UP);
+  assert_int_equal(w->consecutive_failures, 0);
+  assert_int_equal(kvr_router_on_health(f.r, 77, true), KVR_ENOENT);
   fx_close(&f);
 }
 
@@ -122,6 +162,9 @@ static void test_policy_switch(void **state) {
   assert_string_equal(kvr_policy_name(f.r->policy), "round_robin"); /* unchanged on error */
   assert_int_equal(kvr_router_set_policy(f.r, "kv_aware", NULL, err, sizeof err), 0);
   assert_string_equal(kvr_policy_name(f.r->policy), "kv_aware");
+  cJSON *p = kvr_router_view_policy(f.r);
+  assert_string_equal(cJSON_GetObjectItem(p, "policy")->valuestring, "kv_aware");
+  cJSON_Delete(p);
   fx_close(&f);
 }
 
@@ -129,7 +172,7 @@ static void test_scrape_parse(void **state) {
   (void)state;
   fx_t f;
   fx_open(&f, 1, "round_robin");
-  kvr_worker_t *w = f.r->slots[0];
+  const kvr_worker_t *w = f.r->slots[0];
   const char *page =
       "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
       "# TYPE vllm:num_requests_running gauge\n"
@@ -138,7 +181,9 @@ static void test_scrape_parse(void **state) {
       "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.5\n"
       "vllm:num_requests_running_extra{engine=\"0\"} 99\n"
       "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"fp8\",num_gpu_blocks=\"2000\"} 1.0\n";
-  assert_int_equal(kvr_scrape_parse(w, page, strlen(page), 42), 0);
+  kvr_router_scrape_t m;
+  assert_int_equal(kvr_scrape_parse(page, strlen(page), 42, &m), 0);
+  assert_int_equal(kvr_router_on_scrape(f.r, w->id, &m), 0);
   assert_true(w->num_requests_running == 7.0);
   assert_true(w->num_requests_waiting == 3.0);
   assert_true(w->kv_cache_usage == 0.5);
@@ -148,15 +193,257 @@ static void test_scrape_parse(void **state) {
                    2000); /* 16-token GPU blocks = 64-byte router blocks */
   assert_int_equal(w->scraped_at_ms, 42);
   const char *junk = "something_else 1\n";
-  assert_int_equal(kvr_scrape_parse(w, junk, strlen(junk), 43), KVR_EPARSE);
+  assert_int_equal(kvr_scrape_parse(junk, strlen(junk), 43, &m), KVR_EPARSE);
+  fx_close(&f);
+}
+
+/* One proxied request's life as the proxy reports it; returns the slot it went to. */
+static int run_request(kvr_router_t *r, const kvr_route_req_t *req, uint64_t tried, int tokens,
+                       bool usage) {
+  kvr_decision_t d;
+  int slot = kvr_router_decide(r, req, tried, true, &d);
+  if (slot < 0)
+    return slot;
+  kvr_router_dispatch_t acct;
+  const kvr_worker_t *w =
+      kvr_router_on_dispatch(r, slot, req->prompt_tokens, d.snaps[slot].matched_blocks, &acct);
+  assert_non_null(w);
+  kvr_router_on_health(r, w->id, true);
+  kvr_router_on_learn(r, &acct, req->blocks, req->nblocks);
+  for (int i = 0; i < tokens; i++)
+    kvr_router_on_token(r, &acct);
+  if (usage)
+    kvr_router_on_usage(r, &acct, req->prompt_tokens, acct.predicted_cached);
+  kvr_router_on_end(r, &acct);
+  kvr_router_on_end(r, &acct); /* a second end removes nothing */
+  assert_false(acct.open);
+  return slot;
+}
+
+static const uint64_t blocks8[8] = {11, 12, 13, 14, 15, 16, 17, 18};
+static const kvr_route_req_t req8 = {
+    .blocks = blocks8, .nblocks = 8, .block_chars = 64, .prompt_tokens = 128};
+
+/* Seven client requests over three round-robin workers, as the proxy would report them: three
+ * good ones (the first two report usage), one that fails before responding on worker 0 and is
+ * retried on worker 1, a client that goes away after the first token (worker 2), a broken stream
+ * (worker 0), and one the router rejects itself. */
+static void serve_requests(kvr_router_t *r) {
+  for (int i = 0; i < 3; i++) {
+    kvr_router_on_request(r);
+    assert_int_equal(run_request(r, &req8, 0, 5, i < 2), i);
+  }
+  assert_idle(r);
+  assert_int_equal(kvr_cache_index_entries(r->index, 0), 8);
+
+  kvr_router_on_request(r);
+  kvr_decision_t d;
+  int slot = kvr_router_decide(r, &req8, 0, true, &d);
+  assert_int_equal(slot, 0);
+  kvr_router_dispatch_t acct;
+  kvr_router_on_dispatch(r, slot, req8.prompt_tokens, d.snaps[slot].matched_blocks, &acct);
+  assert_int_equal(acct.predicted_cached, 128); /* worker 0 learned all 8 blocks */
+  assert_int_equal(acct.prefill_tokens, 0);
+  kvr_router_on_worker_error(r, &acct);
+  kvr_router_on_health(r, acct.worker_id, false);
+  kvr_router_on_retry(r, &acct);
+  kvr_router_on_end(r, &acct);
+  assert_int_equal(run_request(r, &req8, UINT64_C(1) << slot, 3, false), 1);
+
+  kvr_router_on_request(r);
+  assert_int_equal(slot = kvr_router_decide(r, &req8, 0, true, &d), 2);
+  kvr_router_on_dispatch(r, slot, 1000, 0, &acct);
+  kvr_router_on_token(r, &acct);
+  assert_int_equal(r->slots[slot]->active_tokens, 1001);
+  kvr_router_on_client_abort(r);
+  kvr_router_on_end(r, &acct);
+
+  kvr_router_on_request(r);
+  assert_int_equal(slot = kvr_router_decide(r, &req8, 0, true, &d), 0);
+  kvr_router_on_dispatch(r, slot, 2000, 0, &acct);
+  assert_int_equal(r->slots[slot]->queued_prefill_tokens, 2000);
+  kvr_router_on_worker_error(r, &acct);
+  kvr_router_on_upstream_failure(r);
+  kvr_router_on_end(r, &acct);
+
+  kvr_router_on_request(r);
+  kvr_router_on_client_error(r);
+  kvr_router_observe_ttfb(r, 0.02);
+  kvr_router_observe_duration(r, 0.5);
+}
+
+/* Requests stream, fail, retry, abort, without a loop: the load returns to zero exactly and every
+ * counter, and its metric line, says what happened. */
+static void test_requests_return_to_zero(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  kvr_router_t *r = f.r;
+  serve_requests(r);
+  assert_idle(r);
+  assert_int_equal(r->requests_total, 7);
+  assert_int_equal(r->client_errors_total, 1);
+  assert_int_equal(r->client_aborts_total, 1);
+  assert_int_equal(r->upstream_failures_total, 1);
+  assert_int_equal(r->ttfb_seconds.count, 1);
+  assert_int_equal(r->request_seconds.count, 1);
+  const kvr_worker_t *w0 = r->slots[0], *w1 = r->slots[1];
+  assert_int_equal(w0->requests_total, 3);
+  assert_int_equal(w0->errors_total, 2);
+  assert_int_equal(w0->retries_total, 1);
+  assert_int_equal(w0->consecutive_failures, 1);
+  assert_int_equal(w1->requests_total, 2);
+  assert_int_equal(w1->errors_total, 0);
+  assert_int_equal(r->slots[2]->requests_total, 2);
+  assert_int_equal(w0->prompt_tokens_total, 128 + 128 + 2000);
+  assert_int_equal(w0->predicted_cached_tokens_total, 128);
+  assert_int_equal(w0->usage_prompt_tokens_total, 128);
+  assert_int_equal(w0->usage_cached_tokens_total, 0);
+  assert_int_equal(w1->usage_prompt_tokens_total, 128);
+  assert_metric(r, "kvrouter_worker_inflight_requests{worker=\"0\",url=\"http://127.0.0.1:1\"} 0");
+  assert_metric(r, "kvrouter_worker_active_tokens{worker=\"0\",url=\"http://127.0.0.1:1\"} 0");
+  assert_metric(r, "kvrouter_worker_errors_total{worker=\"0\",url=\"http://127.0.0.1:1\"} 2");
+  assert_metric(r, "kvrouter_worker_retries_total{worker=\"0\",url=\"http://127.0.0.1:1\"} 1");
+  assert_metric(r, "kvrouter_worker_index_blocks{worker=\"0\",url=\"http://127.0.0.1:1\"} 8");
+  assert_metric(r, "kvrouter_routing_decisions_total{worker=\"0\"} 3");
+  assert_metric(r, "kvrouter_requests_total 7");
+  assert_metric(r, "kvrouter_client_errors_total 1");
+  assert_metric(r, "kvrouter_client_aborts_total 1");
+  assert_metric(r, "kvrouter_upstream_failures_total 1");
+  assert_metric(r, "kvrouter_routing_no_worker_total 0");
+  assert_metric(r, "kvrouter_time_to_first_byte_seconds_count 1");
+  assert_metric(r, "kvrouter_request_duration_seconds_count 1");
+  fx_close(&f);
+}
+
+/* A scrape with the cache geometry resizes a worker's modelled cache; a reset forgets its blocks;
+ * both show in /admin/workers. */
+static void test_scrape_and_reset(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  kvr_router_t *r = f.r;
+  for (int i = 0; i < 3; i++)
+    run_request(r, &req8, 0, 1, false);
+  kvr_router_scrape_t m = {.at_ms = kvr_now_ns() / 1000000u,
+                           .num_requests_running = 2,
+                           .kv_cache_usage = 0.25,
+                           .num_gpu_blocks = 100,
+                           .block_size = 16};
+  uint32_t id2 = r->slots[2]->id;
+  assert_int_equal(kvr_router_on_scrape(r, id2, &m), 0);
+  assert_int_equal(r->slots[2]->cache_capacity_blocks, 100);
+  assert_int_equal(kvr_cache_index_capacity(r->index, 2), 100);
+  assert_true(kvr_router_worker_fresh(r, r->slots[2], m.at_ms));
+  assert_false(kvr_router_worker_fresh(r, r->slots[1], m.at_ms));
+  uint64_t forgotten = 0;
+  assert_int_equal(kvr_router_forget_cache(r, id2, &forgotten), 0);
+  assert_int_equal(forgotten, 8);
+  assert_int_equal(kvr_cache_index_entries(r->index, 2), 0);
+  assert_int_equal(kvr_cache_index_entries(r->index, 1), 8);
+  cJSON *ws = kvr_router_view_workers(r);
+  cJSON *scraped = cJSON_GetObjectItem(cJSON_GetArrayItem(ws, 2), "scraped");
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(scraped, "fresh")));
+  assert_int_equal(cJSON_GetObjectItem(scraped, "num_gpu_blocks")->valuedouble, 100);
+  assert_int_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(ws, 2), "index_blocks")->valuedouble, 0);
+  assert_int_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(ws, 0), "in_flight")->valuedouble, 0);
+  cJSON_Delete(ws);
+  fx_close(&f);
+}
+
+/* A worker drains with a request in flight; an idle one is removed at once, and reports for its id
+ * are refused; a new worker takes the lowest free slot, a new id and no old cache entries. */
+static void test_drain_remove_add(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  kvr_router_t *r = f.r;
+  for (int i = 0; i < 3; i++)
+    run_request(r, &req8, 0, 1, false);
+  kvr_decision_t d;
+  int slot = kvr_router_decide(r, &req8, 0x5, true, &d);
+  assert_int_equal(slot, 1);
+  kvr_router_dispatch_t acct;
+  kvr_router_on_dispatch(r, slot, 64, 0, &acct);
+  uint32_t id1 = r->slots[1]->id, id2 = r->slots[2]->id;
+  assert_int_equal(kvr_router_drain_worker(r, id1), 0);
+  assert_int_equal(kvr_router_drain_worker(r, id2), 0);
+  assert_null(r->slots[2]);
+  kvr_router_scrape_t m = {.at_ms = 1};
+  uint64_t forgotten = 0;
+  assert_int_equal(kvr_router_on_scrape(r, id2, &m), KVR_ENOENT);
+  assert_int_equal(kvr_router_forget_cache(r, id2, &forgotten), KVR_ENOENT);
+  assert_int_equal(kvr_router_on_health(r, id2, true), KVR_ENOENT);
+  assert_non_null(kvr_router_worker_by_id(r, id1));
+  kvr_router_on_token(r, &acct);
+  kvr_router_on_end(r, &acct);
+  assert_null(kvr_router_worker_by_id(r, id1));
+  assert_null(r->slots[1]);
+  assert_int_equal(r->nslots, 1);
+  char err[256];
+  const kvr_worker_t *nw = kvr_router_add_worker(r, "http://127.0.0.1:9", err, sizeof err);
+  assert_non_null(nw);
+  assert_int_equal(nw->slot, 1);
+  assert_int_equal(nw->id, 3);
+  assert_int_equal(kvr_cache_index_entries(r->index, 1), 0);
+  assert_null(kvr_router_add_worker(r, "http://127.0.0.1:9/", err, sizeof err));
+  assert_non_null(strstr(err, "already configured"));
+  assert_idle(r);
+  fx_close(&f);
+}
+
+/* Random interleavings of dispatches, tokens and ends over three workers: at every step each
+ * worker's load is the sum of its open records, and it is zero once every record has ended. */
+static void test_accounting_invariant_random(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "least_load");
+  kvr_router_t *r = f.r;
+  enum { N = 32 };
+  kvr_router_dispatch_t recs[N];
+  memset(recs, 0, sizeof recs);
+  uint64_t x = 88172645463325252ull;
+  for (int step = 0; step < 20000; step++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    kvr_router_dispatch_t *d = &recs[x % N];
+    uint64_t op = (x >> 8) % 4;
+    if (!d->open)
+      kvr_router_on_dispatch(r, (int)((x >> 16) % 3), (x >> 20) % 5000, (x >> 40) % 100, d);
+    else if (op < 3)
+      kvr_router_on_token(r, d);
+    else
+      kvr_router_on_end(r, d);
+    for (int s = 0; s < 3; s++) {
+      uint64_t inflight = 0, active = 0, queued = 0;
+      for (int i = 0; i < N; i++) {
+        if (!recs[i].open || recs[i].slot != s)
+          continue;
+        inflight++;
+        active += recs[i].prompt_tokens + recs[i].generated;
+        queued += recs[i].prefill_tokens;
+      }
+      assert_int_equal(r->slots[s]->inflight, inflight);
+      assert_int_equal(r->slots[s]->active_tokens, active);
+      assert_int_equal(r->slots[s]->queued_prefill_tokens, queued);
+    }
+  }
+  for (int i = 0; i < N; i++)
+    kvr_router_on_end(r, &recs[i]);
+  assert_idle(r);
   fx_close(&f);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_round_robin_and_tried), cmocka_unit_test(test_accounting_and_drain),
-      cmocka_unit_test(test_failures_mark_down),    cmocka_unit_test(test_policy_switch),
+      cmocka_unit_test(test_round_robin_and_tried),
+      cmocka_unit_test(test_accounting_and_drain),
+      cmocka_unit_test(test_failures_mark_down),
+      cmocka_unit_test(test_policy_switch),
       cmocka_unit_test(test_scrape_parse),
+      cmocka_unit_test(test_requests_return_to_zero),
+      cmocka_unit_test(test_scrape_and_reset),
+      cmocka_unit_test(test_drain_remove_add),
+      cmocka_unit_test(test_accounting_invariant_random),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

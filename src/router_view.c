@@ -1,0 +1,284 @@
+/* router_view.c -- the Prometheus text and the admin JSON of the router's state (router_view.h).
+ *
+ * Reads only, through const pointers: the router module (router.c) is the one writer of what is
+ * shown here. The per-worker metric families are one table (worker_families): name, type, help and
+ * a function reading the figure from a worker; kvr_router_view_metrics() prints the table, then the
+ * routing-decision families, then the request families, in that fixed order.
+ */
+#include "router_view.h"
+
+#include "kvr.h"
+#include "metrics.h"
+
+/* ---- per-worker metric families ---------------------------------------------------------------
+ */
+
+typedef double (*worker_field_fn)(const kvr_router_t *r, const kvr_worker_t *w);
+
+static double f_requests(const kvr_router_t *r, const kvr_worker_t *w) {
+  return (double)w->requests_total;
+}
+static double f_errors(const kvr_router_t *r, const kvr_worker_t *w) {
+  return (double)w->errors_total;
+}
+static double f_retries(const kvr_router_t *r, const kvr_worker_t *w) {
+  return (double)w->retries_total;
+}
+static double f_inflight(const kvr_router_t *r, const kvr_worker_t *w) {
+  return w->inflight;
+}
+static double f_active(const kvr_router_t *r, const kvr_worker_t *w) {
+  return (double)w->active_tokens;
+}
+static double f_prefill(const kvr_router_t *r, const kvr_worker_t *w) {
+  return (double)w->queued_prefill_tokens;
+}
+static double f_backlog(const kvr_router_t *r, const kvr_worker_t *w) {
+  return (double)kvr_router_worker_backlog(w, kvr_now_ns());
+}
+static double f_prefill_rate(const kvr_router_t *r, const kvr_worker_t *w) {
+  return w->prefill.rate;
+}
+static double f_up(const kvr_router_t *r, const kvr_worker_t *w) {
+  return w->state == KVR_WORKER_UP;
+}
+static double f_prompt(const kvr_router_t *r, const kvr_worker_t *w) {
+  return (double)w->prompt_tokens_total;
+}
+static double f_pred(const kvr_router_t *r, const kvr_worker_t *w) {
+  return (double)w->predicted_cached_tokens_total;
+}
+static double f_uprompt(const kvr_router_t *r, const kvr_worker_t *w) {
+  return (double)w->usage_prompt_tokens_total;
+}
+static double f_upred(const kvr_router_t *r, const kvr_worker_t *w) {
+  return (double)w->usage_predicted_cached_total;
+}
+static double f_ucached(const kvr_router_t *r, const kvr_worker_t *w) {
+  return (double)w->usage_cached_tokens_total;
+}
+static double f_pred_frac(const kvr_router_t *r, const kvr_worker_t *w) {
+  return w->usage_prompt_tokens_total
+             ? (double)w->usage_predicted_cached_total / (double)w->usage_prompt_tokens_total
+             : 0;
+}
+static double f_act_frac(const kvr_router_t *r, const kvr_worker_t *w) {
+  return w->usage_prompt_tokens_total
+             ? (double)w->usage_cached_tokens_total / (double)w->usage_prompt_tokens_total
+             : 0;
+}
+static double f_index(const kvr_router_t *r, const kvr_worker_t *w) {
+  return (double)kvr_cache_index_entries(r->index, (size_t)w->slot);
+}
+static double f_capacity(const kvr_router_t *r, const kvr_worker_t *w) {
+  return (double)w->cache_capacity_blocks;
+}
+static double f_running(const kvr_router_t *r, const kvr_worker_t *w) {
+  return w->num_requests_running;
+}
+static double f_waiting(const kvr_router_t *r, const kvr_worker_t *w) {
+  return w->num_requests_waiting;
+}
+static double f_kvuse(const kvr_router_t *r, const kvr_worker_t *w) {
+  return w->kv_cache_usage;
+}
+
+typedef struct worker_family_s {
+  const char *name, *type, *help;
+  worker_field_fn fn;
+} worker_family_t;
+
+static const worker_family_t worker_families[] = {
+    {"kvrouter_worker_up", "gauge", "1 if the worker takes new requests", f_up},
+    {"kvrouter_worker_requests_total", "counter", "Requests sent to the worker (retries included)",
+     f_requests},
+    {"kvrouter_worker_errors_total", "counter",
+     "Requests to the worker that failed (connect, timeout, 5xx, broken stream)", f_errors},
+    {"kvrouter_worker_retries_total", "counter",
+     "Requests retried on another worker after this one failed before responding", f_retries},
+    {"kvrouter_worker_inflight_requests", "gauge",
+     "Requests the router has outstanding on the worker", f_inflight},
+    {"kvrouter_worker_active_tokens", "gauge",
+     "Router estimate of prompt plus generated tokens of in-flight requests", f_active},
+    {"kvrouter_worker_queued_prefill_tokens", "gauge",
+     "Router estimate of uncached prompt tokens not yet answered", f_prefill},
+    {"kvrouter_worker_prefill_backlog_tokens", "gauge",
+     "Router estimate of the queued prefill tokens the worker has not reached yet, "
+     "from its measured prefill rate",
+     f_backlog},
+    {"kvrouter_worker_prefill_rate_tokens_per_second", "gauge",
+     "Prefill rate measured from requests dispatched to an idle prefill queue "
+     "(EWMA; 0 until measured)",
+     f_prefill_rate},
+    {"kvrouter_worker_prompt_tokens_total", "counter",
+     "Estimated prompt tokens routed to the worker", f_prompt},
+    {"kvrouter_worker_predicted_cached_tokens_total", "counter",
+     "Prompt tokens the cache index predicted the worker already held", f_pred},
+    {"kvrouter_worker_usage_prompt_tokens_total", "counter",
+     "usage.prompt_tokens of responses that reported usage", f_uprompt},
+    {"kvrouter_worker_usage_predicted_cached_tokens_total", "counter",
+     "Predicted cached tokens of the requests whose responses reported usage", f_upred},
+    {"kvrouter_worker_usage_cached_tokens_total", "counter",
+     "usage.prompt_tokens_details.cached_tokens reported by the worker", f_ucached},
+    {"kvrouter_worker_predicted_cached_fraction", "gauge",
+     "Predicted cached share of prompt tokens, over responses that reported usage", f_pred_frac},
+    {"kvrouter_worker_actual_cached_fraction", "gauge",
+     "Cached share of prompt tokens the worker reported in usage", f_act_frac},
+    {"kvrouter_worker_index_blocks", "gauge",
+     "Prefix blocks the cache index believes the worker holds", f_index},
+    {"kvrouter_worker_cache_capacity_blocks", "gauge",
+     "Capacity of the worker's modelled KV cache in router blocks", f_capacity},
+    {"kvrouter_worker_num_requests_running", "gauge",
+     "vllm:num_requests_running last scraped from the worker", f_running},
+    {"kvrouter_worker_num_requests_waiting", "gauge",
+     "vllm:num_requests_waiting last scraped from the worker", f_waiting},
+    {"kvrouter_worker_kv_cache_usage_perc", "gauge",
+     "vllm:kv_cache_usage_perc last scraped from the worker (0-1)", f_kvuse},
+};
+
+static void worker_labels(kvr_buf_t *l, const kvr_worker_t *w) {
+  kvr_buf_reset(l);
+  kvr_buf_printf(l, "worker=\"%s\",url=\"", w->label);
+  kvr_metric_escape(l, w->url);
+  kvr_buf_puts(l, "\"");
+}
+
+static void worker_family(const kvr_router_t *r, kvr_buf_t *out, const worker_family_t *f) {
+  kvr_buf_t l = KVR_BUF_INIT;
+  kvr_metric_family(out, f->name, f->type, f->help);
+  for (size_t i = 0; i < r->nslots; i++) {
+    if (r->slots[i] == NULL)
+      continue;
+    worker_labels(&l, r->slots[i]);
+    kvr_metric_sample(out, f->name, l.data, f->fn(r, r->slots[i]));
+  }
+  kvr_buf_free(&l);
+}
+
+/* ---- router-wide families ---------------------------------------------------------------------
+ */
+
+static void routing_metrics(const kvr_router_t *r, kvr_buf_t *out) {
+  kvr_buf_t l = KVR_BUF_INIT;
+  kvr_metric_family(out, "kvrouter_routing_decisions_total", "counter",
+                    "Routing decisions by policy and chosen worker");
+  for (size_t i = 0; i < r->nslots; i++) {
+    if (r->slots[i] == NULL)
+      continue;
+    kvr_buf_reset(&l);
+    kvr_buf_printf(&l, "worker=\"%s\"", r->slots[i]->label);
+    kvr_metric_sample(out, "kvrouter_routing_decisions_total", l.data,
+                      (double)r->decisions_total[i]);
+  }
+  kvr_metric_family(out, "kvrouter_routing_decisions_by_policy_total", "counter",
+                    "Routing decisions taken by each policy");
+  for (size_t i = 0; kvr_policy_registry[i] && i < 16; i++) {
+    kvr_buf_reset(&l);
+    kvr_buf_printf(&l, "policy=\"%s\"", kvr_policy_registry[i]->name);
+    kvr_metric_sample(out, "kvrouter_routing_decisions_by_policy_total", l.data,
+                      (double)r->decisions_by_policy[i]);
+  }
+  kvr_metric_family(out, "kvrouter_routing_no_worker_total", "counter",
+                    "Requests for which no usable worker was left (503 or 502)");
+  kvr_metric_sample(out, "kvrouter_routing_no_worker_total", NULL, (double)r->no_worker_total);
+  kvr_metric_family(out, "kvrouter_routing_decision_seconds", "histogram",
+                    "Time to take one routing decision (index match plus policy)");
+  kvr_metric_hist(out, "kvrouter_routing_decision_seconds", NULL, &r->decision_seconds);
+  kvr_metric_family(out, "kvrouter_policy_info", "gauge", "The active routing policy");
+  kvr_buf_reset(&l);
+  kvr_buf_printf(&l, "policy=\"%s\"", kvr_policy_name(r->policy));
+  kvr_metric_sample(out, "kvrouter_policy_info", l.data, 1);
+  kvr_buf_free(&l);
+}
+
+/* One counter family with a single unlabelled sample. */
+static void counter(kvr_buf_t *out, const char *name, const char *help, uint64_t value) {
+  kvr_metric_family(out, name, "counter", help);
+  kvr_metric_sample(out, name, NULL, (double)value);
+}
+
+static void request_metrics(const kvr_router_t *r, kvr_buf_t *out) {
+  counter(out, "kvrouter_requests_total", "Client requests received", r->requests_total);
+  counter(out, "kvrouter_client_errors_total", "Requests the router rejected itself (4xx)",
+          r->client_errors_total);
+  counter(out, "kvrouter_client_aborts_total",
+          "Requests whose client disconnected before the response ended", r->client_aborts_total);
+  counter(out, "kvrouter_upstream_failures_total",
+          "Proxied requests that ended in 502/504 or a broken stream", r->upstream_failures_total);
+  kvr_metric_family(out, "kvrouter_request_duration_seconds", "histogram",
+                    "Proxied request duration, request received to response end");
+  kvr_metric_hist(out, "kvrouter_request_duration_seconds", NULL, &r->request_seconds);
+  kvr_metric_family(out, "kvrouter_time_to_first_byte_seconds", "histogram",
+                    "Request received to first response byte from the worker");
+  kvr_metric_hist(out, "kvrouter_time_to_first_byte_seconds", NULL, &r->ttfb_seconds);
+}
+
+void kvr_router_view_metrics(const kvr_router_t *r, kvr_buf_t *out) {
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(worker_families); i++)
+    worker_family(r, out, &worker_families[i]);
+  routing_metrics(r, out);
+  request_metrics(r, out);
+}
+
+/* ---- admin JSON -------------------------------------------------------------------------------
+ */
+
+/* The "scraped" object of one worker. */
+static void scraped_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t now, cJSON *m) {
+  cJSON_AddBoolToObject(m, "fresh", kvr_router_worker_fresh(r, w, now));
+  if (!w->metrics_seen)
+    return;
+  cJSON_AddNumberToObject(m, "age_ms", (double)(now - w->scraped_at_ms));
+  cJSON_AddNumberToObject(m, "num_requests_running", w->num_requests_running);
+  cJSON_AddNumberToObject(m, "num_requests_waiting", w->num_requests_waiting);
+  cJSON_AddNumberToObject(m, "kv_cache_usage_perc", w->kv_cache_usage);
+  if (w->num_gpu_blocks) {
+    cJSON_AddNumberToObject(m, "num_gpu_blocks", (double)w->num_gpu_blocks);
+    cJSON_AddNumberToObject(m, "block_size", (double)w->block_size);
+  }
+}
+
+static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t now) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "id", w->id);
+  cJSON_AddStringToObject(o, "url", w->url);
+  cJSON_AddStringToObject(o, "state", kvr_worker_state_name(w->state));
+  cJSON_AddNumberToObject(o, "in_flight", w->inflight);
+  cJSON_AddNumberToObject(o, "requests_total", (double)w->requests_total);
+  cJSON_AddNumberToObject(o, "errors_total", (double)w->errors_total);
+  cJSON_AddNumberToObject(o, "active_tokens", (double)w->active_tokens);
+  cJSON_AddNumberToObject(o, "queued_prefill_tokens", (double)w->queued_prefill_tokens);
+  cJSON_AddNumberToObject(o, "prefill_backlog_tokens",
+                          (double)kvr_router_worker_backlog(w, kvr_now_ns()));
+  cJSON_AddNumberToObject(o, "prefill_rate_tokens_per_second", w->prefill.rate);
+  cJSON_AddNumberToObject(o, "index_blocks",
+                          (double)kvr_cache_index_entries(r->index, (size_t)w->slot));
+  cJSON_AddNumberToObject(o, "cache_capacity_blocks", (double)w->cache_capacity_blocks);
+  scraped_json(r, w, now, cJSON_AddObjectToObject(o, "scraped"));
+  return o;
+}
+
+cJSON *kvr_router_view_workers(const kvr_router_t *r) {
+  cJSON *arr = cJSON_CreateArray();
+  uint64_t now = kvr_now_ns() / 1000000u;
+  for (size_t i = 0; i < r->nslots; i++)
+    if (r->slots[i] != NULL)
+      cJSON_AddItemToArray(arr, worker_json(r, r->slots[i], now));
+  return arr;
+}
+
+cJSON *kvr_router_view_policy(const kvr_router_t *r) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddStringToObject(o, "policy", kvr_policy_name(r->policy));
+  cJSON *params = cJSON_AddObjectToObject(o, "params");
+  if (r->policy->ops->params)
+    r->policy->ops->params(r->policy, params);
+  cJSON *avail = cJSON_AddArrayToObject(o, "available");
+  for (size_t i = 0; kvr_policy_registry[i]; i++) {
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddStringToObject(p, "name", kvr_policy_registry[i]->name);
+    cJSON_AddStringToObject(p, "description", kvr_policy_registry[i]->description);
+    cJSON_AddItemToArray(avail, p);
+  }
+  return o;
+}

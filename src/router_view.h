@@ -1,0 +1,24 @@
+/* router_view.h -- read-only renderings of the router's state: Prometheus text and admin JSON.
+ *
+ * Each function reads the router through a const pointer and writes a fresh rendering the caller
+ * owns; none changes any state, so a view can be taken at any moment, as often as wanted.
+ */
+#ifndef KVR_ROUTER_VIEW_H
+#define KVR_ROUTER_VIEW_H
+
+#include "buf.h"
+#include "router.h"
+
+#include <cjson/cJSON.h>
+
+/* Appends the admin GET /metrics text (exposition format 0.0.4) to out. */
+void kvr_router_view_metrics(const kvr_router_t *r, kvr_buf_t *out);
+
+/* The JSON array of GET /admin/workers (one object per worker); the caller owns it. */
+cJSON *kvr_router_view_workers(const kvr_router_t *r);
+
+/* The JSON object of GET /admin/policy: the active policy, its effective parameters and the
+ * available policies; the caller owns it. */
+cJSON *kvr_router_view_policy(const kvr_router_t *r);
+
+#endif

@@ -1,0 +1,46 @@
+/* scrape.h -- periodic GET /metrics of every worker: load figures for the policies, and health.
+ *
+ * A kvr_scrape_t is owned by serve.c. It owns its uv timer and its in-flight probes, uses the curl
+ * multi and reads the router it is given (both must outlive it), and reports every result through
+ * the router's calls (kvr_router_on_health, kvr_router_on_scrape). It holds worker ids, never
+ * worker pointers: a worker removed while its probe is in flight is simply not found when the probe
+ * reports, and the probe is cancelled at the next tick at the latest.
+ *
+ * The parser, kvr_scrape_parse(), is pure and tested without a loop.
+ */
+#ifndef KVR_SCRAPE_H
+#define KVR_SCRAPE_H
+
+#include "curlm.h"
+#include "router.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+typedef struct kvr_scrape_s kvr_scrape_t;
+
+/* Creates the scraper on loop, probing r's workers through curlm, and starts its timer (every
+ * r->cfg->scrape_interval_ms; with 0, once a second and only DOWN workers, so they can recover).
+ * Returns NULL when out of memory. */
+kvr_scrape_t *kvr_scrape_new(uv_loop_t *loop, kvr_curlm_t *curlm, kvr_router_t *r);
+
+/* Stops the timer, cancels every probe in flight (no report follows) and closes the timer; s is
+ * freed once the loop has run the close callback. Call before closing curlm or freeing the router.
+ * Accepts NULL. */
+void kvr_scrape_close(kvr_scrape_t *s);
+
+/* Parses the Prometheus text of a vLLM /metrics page taken at now_ms into *out: samples of one name
+ * are summed across label sets (several engines behind one server), the cache usage is their mean.
+ * Returns 0, or KVR_EPARSE when none of the expected series is present (*out is then unusable). */
+int kvr_scrape_parse(const char *text, size_t len, uint64_t now_ms, kvr_router_scrape_t *out);
+
+/* What one probe of worker id found, reported to r: reachable is whether a connection was made;
+ * page (len bytes, may be NULL when !ok) is the body of a 200 answer when ok. Applies health and,
+ * when ok and the page parses, its figures. Returns 0, KVR_EPARSE (page ignored) or KVR_ENOENT
+ * (worker gone). The path every probe takes; exposed for tests. */
+int kvr__scrape_report(kvr_router_t *r, uint32_t id, bool reachable, bool ok, const char *page,
+                       size_t len, uint64_t now_ms);
+
+#endif
