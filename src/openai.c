@@ -106,6 +106,10 @@ void kvr_openai_sse_init(kvr_openai_sse_t *s, size_t max_line) {
   s->overflow = false;
 }
 
+size_t kvr_openai_sse_pending(const kvr_openai_sse_t *s) {
+  return s->line.len;
+}
+
 void kvr_openai_sse_reset(kvr_openai_sse_t *s) {
   kvr_buf_reset(&s->line);
   s->overflow = false;

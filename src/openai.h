@@ -78,7 +78,9 @@ typedef struct kvr_openai_sse_s {
   bool overflow;   /* the current line exceeded max_line and is being skipped */
 } kvr_openai_sse_t;
 
-/* Initializes an empty splitter for lines of at most max_line bytes. */
+/* Initializes an empty splitter for lines of at most max_line bytes. With SIZE_MAX no line is
+ * dropped; the caller then bounds what is held with kvr_openai_sse_pending() (the load generator
+ * fails a request instead of skipping a line). */
 void kvr_openai_sse_init(kvr_openai_sse_t *s, size_t max_line);
 
 /* Splits data[0..len) (continuing the previous feed's unfinished line) and calls cb(cbdata, line,
@@ -86,6 +88,9 @@ void kvr_openai_sse_init(kvr_openai_sse_t *s, size_t max_line);
  * went over max_line during this call (the lines before and after it are still delivered). */
 int kvr_openai_sse_feed(kvr_openai_sse_t *s, const char *data, size_t len,
                         kvr_openai_sse_line_cb cb, void *cbdata);
+
+/* Bytes of the unfinished line held for the next feed (0 while a line is being skipped). */
+size_t kvr_openai_sse_pending(const kvr_openai_sse_t *s);
 
 /* Forgets the unfinished line (a new response starts); keeps the storage. */
 void kvr_openai_sse_reset(kvr_openai_sse_t *s);

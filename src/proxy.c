@@ -39,7 +39,6 @@
 #include <llhttp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #define HIGH_WATER (256u * 1024u)
 #define ANSWER_MAX (1u << 20)   /* answer text kept for the cache index */

@@ -72,7 +72,7 @@ struct req_s {
   CURL *easy;
   struct curl_slist *headers;
   kvr_buf_t body, answer, errbody;
-  kvr_openai_sse_t sse; /* the response's SSE lines (at most MAX_SSE_LINE bytes each) */
+  kvr_openai_sse_t sse; /* the response's SSE lines (see on_write for the bound) */
   double *itls;
   size_t nitl, capitl;
   uint64_t sent_ns, first_ns, last_ns;
@@ -426,7 +426,10 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *userdata) {
   /* Every event of one delivery arrived at the same instant. Lines complete in ptr are read in
    * place; only a line cut by the end of the delivery is copied (see src/openai.c). */
   feed_t f = {r, uv_hrtime()};
-  if (kvr_openai_sse_feed(&r->sse, ptr, n, on_line, &f) != 0) {
+  kvr_openai_sse_feed(&r->sse, ptr, n, on_line, &f);
+  /* The bound: a request fails when more than MAX_SSE_LINE bytes of an unfinished line are held
+   * after a delivery (the splitter itself drops no line: it was set up without a bound). */
+  if (kvr_openai_sse_pending(&r->sse) > MAX_SSE_LINE) {
     set_error(r, "SSE line too long");
     return 0; /* curl ends the transfer with CURLE_WRITE_ERROR */
   }
@@ -593,7 +596,7 @@ static req_t *req_prepare(kvr_loadgen_t *lg, conv_t *cv, uint32_t turn) {
   r->rec.conv = cv->conv.id;
   r->rec.turn = r->turn + 1;
   r->rec.ttft_ms = r->rec.tpot_ms = r->rec.transport_ms = -1;
-  kvr_openai_sse_init(&r->sse, MAX_SSE_LINE);
+  kvr_openai_sse_init(&r->sse, SIZE_MAX);
   r->capitl = cv->conv.turns[turn].max_tokens > 1 ? cv->conv.turns[turn].max_tokens - 1 : 1;
   r->itls = malloc(r->capitl * sizeof(double));
   if (r->itls == NULL)

@@ -209,6 +209,7 @@ static void test_sse_whole(void **state) {
   assert_int_equal(sink.in_place, sink.lines);
   /* The unterminated line waits for its LF. */
   assert_string_equal(sse.line.data, "data: unterminated");
+  assert_int_equal(kvr_openai_sse_pending(&sse), strlen("data: unterminated"));
   assert_int_equal(feed(&sse, &sink, "\n", 1), 0);
   assert_int_equal(sink.lines, 15);
   assert_int_equal(sse.line.len, 0);
@@ -287,9 +288,18 @@ static void test_sse_line_bound(void **state) {
   memset(big, 'x', sizeof big);
   assert_int_equal(feed(&sse, &sink, big, sizeof big), KVR_ELIMIT);
   assert_int_equal(feed(&sse, &sink, big, sizeof big), 0);
-  assert_true(sse.line.len <= 10);
+  assert_int_equal(kvr_openai_sse_pending(&sse), 0);
   assert_int_equal(feed(&sse, &sink, "\nok\n", 4), 0);
   assert_string_equal(sink.out.data, "ok|");
+  kvr_openai_sse_free(&sse);
+  /* Without a bound the unfinished line grows, and the caller sees how much is held. */
+  kvr_openai_sse_init(&sse, SIZE_MAX);
+  kvr_buf_reset(&sink.out);
+  assert_int_equal(feed(&sse, &sink, big, sizeof big), 0);
+  assert_int_equal(feed(&sse, &sink, big, sizeof big), 0);
+  assert_int_equal(kvr_openai_sse_pending(&sse), 2 * sizeof big);
+  assert_int_equal(feed(&sse, &sink, "\n", 1), 0);
+  assert_int_equal(sink.out.len, 2 * sizeof big + 1);
   kvr_openai_sse_free(&sse);
   kvr_buf_free(&sink.out);
 }
