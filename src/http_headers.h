@@ -54,16 +54,17 @@ void kvr_http_headers_upstream(const kvr_http_header_t *headers, size_t n, const
  * The value is trimmed (leading spaces and tabs, trailing CR, LF and spaces). A Connection field
  * adds its names to conn_tokens, lower case and without blanks, as ",a,b," (appended to across
  * fields). Kept fields are appended to kept as "Name: value\r\n"; dropped are the hop-by-hop ones,
- * Date and X-Kvrouter-Worker (the router's own server sets them), and Content-Length unless
+ * Date, X-Kvrouter-Worker (the proxy adds its own when configured), and Content-Length unless
  * head_req (the router frames bodies itself; a HEAD answer's length describes the GET body, RFC
  * 9110 9.3.2). Lines without a colon, or whose name is empty or 128 bytes or longer, are ignored.
- * Returns true if the field is Content-Type: text/event-stream (any parameters). */
+ * Returns true for a Content-Type that starts with text/event-stream (any case). */
 bool kvr_http_headers_response_field(kvr_buf_t *kept, kvr_buf_t *conn_tokens, const char *line,
                                      size_t len, bool head_req);
 
 /* Removes from kept (a block of "Name: value\r\n" lines) every line whose name is in conn_tokens
- * (as built by kvr_http_headers_response_field; nothing happens when it is empty). Call it once
- * the head is complete: Connection may come after the headers it names. */
+ * (as built by kvr_http_headers_response_field; nothing happens when it is empty). Names of 120
+ * bytes or more are never removed. Call it once the head is complete: Connection may come after
+ * the headers it names. */
 void kvr_http_headers_drop_named(kvr_buf_t *kept, const kvr_buf_t *conn_tokens);
 
 #endif
