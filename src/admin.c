@@ -20,6 +20,7 @@
 
 #include "kvr.h"
 #include "log.h"
+#include "openai.h"
 #include "proxy.h"
 #include "router_view.h"
 
@@ -176,7 +177,8 @@ static void explain(kvr_router_t *r, kvr_http_req_t *req) {
   kvr_prompt_t prompt;
   char err[256];
   const char *code = NULL;
-  if (kvr__proxy_features(r, req, route, &prompt, err, sizeof err, &code) != 0) {
+  if (kvr_openai_features(req->body.data, req->body.len, route, r->cfg->block_chars, &prompt, err,
+                          sizeof err, &code) != 0) {
     kvr_http_error(req, 400, "invalid_request_error", code, "%s", err);
     return;
   }

@@ -32,6 +32,7 @@
 
 #include "kvr.h"
 #include "log.h"
+#include "openai.h"
 
 #include <llhttp.h>
 #include <stdarg.h>
@@ -404,16 +405,7 @@ size_t kvr_http_pending(const kvr_http_req_t *req) {
 }
 
 void kvr_http_error_body(kvr_buf_t *out, const char *message, const char *type, const char *code) {
-  kvr_buf_puts(out, "{\"error\":{\"message\":");
-  kvr_buf_json_str(out, message, strlen(message));
-  kvr_buf_puts(out, ",\"type\":");
-  kvr_buf_json_str(out, type, strlen(type));
-  kvr_buf_puts(out, ",\"param\":null,\"code\":");
-  if (code)
-    kvr_buf_json_str(out, code, strlen(code));
-  else
-    kvr_buf_puts(out, "null");
-  kvr_buf_puts(out, "}}\n");
+  kvr_openai_error_body(out, message, type, code);
 }
 
 /* Sends an error on a connection that has no active request (parser-level rejections). */

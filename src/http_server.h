@@ -36,6 +36,7 @@
 #define KVR_HTTP_SERVER_H
 
 #include "buf.h"
+#include "http_headers.h" /* kvr_http_header_t */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -48,11 +49,6 @@ typedef struct kvr_http_req_s kvr_http_req_t;
 
 typedef void (*kvr_http_request_cb)(kvr_http_req_t *req, void *data);
 typedef void (*kvr_http_req_cb)(kvr_http_req_t *req);
-
-typedef struct kvr_http_header_s {
-  char *name; /* owned by the request, NUL-terminated */
-  char *value;
-} kvr_http_header_t;
 
 typedef struct kvr_http_limits_s {
   size_t max_url;                /* request-target bytes; default 8192 */
@@ -141,7 +137,8 @@ void kvr_http_error(kvr_http_req_t *req, int status, const char *type, const cha
 void kvr_http_error_h(kvr_http_req_t *req, int status, const char *extra_headers, const char *type,
                       const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
-/* Builds the OpenAI-style error body into out (no HTTP framing). */
+/* Builds the OpenAI-style error body into out (no HTTP framing): kvr_openai_error_body(), which
+ * owns the format. */
 void kvr_http_error_body(kvr_buf_t *out, const char *message, const char *type, const char *code);
 
 /* Default error "type" for a status: 4xx invalid_request_error, 404 not_found_error,

@@ -3,13 +3,15 @@
  * One px_t per proxied request. Its life:
  *
  *   client request (kvr_http_req_t, body complete)
- *     -> validate route and JSON, extract prompt features (prompt.c)
+ *     -> validate route and JSON, extract prompt features (openai.c, prompt.c)
  *     -> kvr_router_decide(): cache-index match + policy -> worker slot
  *     -> attempt: a curl easy handle on the proxy's multi; load accounting begins on the worker
  *          (kvr_router_on_dispatch fills px->acct with what it added)
- *          header callback: status and headers collected; first byte stops the first-byte timer
+ *          header callback: status and headers collected (filtered by http_headers.c); first byte
+ *                           stops the first-byte timer
  *          write callback:  SSE responses are written to the client as they arrive (one chunk per
- *                           curl delivery, no buffering); other bodies are held (bounded by
+ *                           curl delivery, no buffering) and read line by line on the way
+ *                           (openai.c's splitter: tokens, usage); other bodies are held (bounded by
  *                           response_buffer_max, then streamed) so a failure is still a clean 502
  *     -> transfer done: success -> finish the client response, teach the cache index the prompt
  *                       plus the generated answer;
@@ -31,13 +33,14 @@
  */
 #include "proxy.h"
 
+#include "http_headers.h"
 #include "kvr.h"
 #include "log.h"
+#include "openai.h"
 
 #include <llhttp.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #define HIGH_WATER (256u * 1024u)
 #define ANSWER_MAX (1u << 20)   /* answer text kept for the cache index */
@@ -85,8 +88,7 @@ struct px_s {
   bool head_req;  /* a HEAD request: the answer's Content-Length describes the GET body */
   bool streaming; /* client response started and body bytes go straight through */
   kvr_buf_t body; /* held non-SSE body */
-  kvr_buf_t line; /* SSE line being assembled */
-  bool line_overflow;
+  kvr_openai_sse_t sse_lines; /* SSE line splitter (lines over SSE_LINE_MAX are not inspected) */
   kvr_buf_t answer;
   bool usage_seen;
   uint64_t usage_prompt, usage_cached, usage_completion;
@@ -122,48 +124,6 @@ size_t kvr_proxy_active(const kvr_proxy_t *p) {
   return p->active;
 }
 
-/* ---- helpers -----------------------------------------------------------------------------------
- */
-
-static bool is_hop_by_hop(const char *name) {
-  static const char *const hop[] = {
-      "connection",         "keep-alive",         "te",      "trailer",
-      "trailers",           "transfer-encoding",  "upgrade", "proxy-connection",
-      "proxy-authenticate", "proxy-authorization"};
-  for (size_t i = 0; i < KVR_ARRAY_SIZE(hop); i++)
-    if (strcasecmp(name, hop[i]) == 0)
-      return true;
-  return strncasecmp(name, "proxy-", 6) == 0;
-}
-
-/* True if name is listed in a Connection header of the request (those are hop-by-hop too). */
-static bool named_by_connection(const kvr_http_req_t *req, const char *name) {
-  size_t n = strlen(name);
-  for (size_t i = 0; i < req->nheaders; i++) {
-    if (strcasecmp(req->headers[i].name, "connection") != 0)
-      continue;
-    const char *v = req->headers[i].value;
-    while (*v) {
-      while (*v == ' ' || *v == ',' || *v == '\t')
-        v++;
-      const char *e = v;
-      while (*e && *e != ',' && *e != ' ' && *e != '\t')
-        e++;
-      if ((size_t)(e - v) == n && strncasecmp(v, name, n) == 0)
-        return true;
-      v = e;
-    }
-  }
-  return false;
-}
-
-static bool has_ctl(const char *s) {
-  for (; *s; s++)
-    if (*s == '\r' || *s == '\n')
-      return true;
-  return false;
-}
-
 static void timer_set(px_t *px, tm_kind_t kind, uint64_t ms);
 
 /* ---- response side: curl callbacks
@@ -185,35 +145,6 @@ static void start_client_response(px_t *px) {
 static void learn_dispatch(px_t *px) {
   if (px->has_prompt && px->w)
     kvr_router_on_learn(px->r, &px->acct, px->prompt.blocks, px->prompt.nblocks);
-}
-
-/* Removes from resp_headers every header named in the response's Connection header. */
-static void drop_connection_named(px_t *px) {
-  if (px->conn_tokens.len == 0)
-    return;
-  kvr_buf_t kept = KVR_BUF_INIT;
-  const char *p = px->resp_headers.data, *end = p + px->resp_headers.len;
-  while (p < end) {
-    const char *eol = memchr(p, '\n', (size_t)(end - p));
-    const char *next = eol ? eol + 1 : end;
-    const char *colon = memchr(p, ':', (size_t)(next - p));
-    bool drop = false;
-    if (colon && colon - p < 120) {
-      char key[128];
-      size_t n = 0;
-      key[n++] = ',';
-      for (const char *c = p; c < colon; c++)
-        key[n++] = (char)(*c >= 'A' && *c <= 'Z' ? *c + 32 : *c);
-      key[n++] = ',';
-      key[n] = '\0';
-      drop = strstr(px->conn_tokens.data, key) != NULL;
-    }
-    if (!drop)
-      kvr_buf_append(&kept, p, (size_t)(next - p));
-    p = next;
-  }
-  kvr_buf_free(&px->resp_headers);
-  px->resp_headers = kept;
 }
 
 static size_t on_header(char *data, size_t size, size_t n, void *ud) {
@@ -240,135 +171,54 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud) {
   if (len <= 2) { /* blank line: end of a head */
     if (px->status >= 200) {
       px->headers_done = true;
-      drop_connection_named(px);
+      kvr_http_headers_drop_named(&px->resp_headers, &px->conn_tokens);
     }
     return len;
   }
-  const char *colon = memchr(data, ':', len);
-  if (colon == NULL)
-    return len;
-  char name[128];
-  size_t nlen = (size_t)(colon - data);
-  if (nlen == 0 || nlen >= sizeof name)
-    return len;
-  memcpy(name, data, nlen);
-  name[nlen] = '\0';
-  const char *v = colon + 1;
-  const char *end = data + len;
-  while (v < end && (*v == ' ' || *v == '\t'))
-    v++;
-  while (end > v && (end[-1] == '\r' || end[-1] == '\n' || end[-1] == ' '))
-    end--;
-  if (strcasecmp(name, "connection") == 0) {
-    /* Remember the names it lists: those headers are hop-by-hop too (RFC 9110 7.6.1). */
-    if (px->conn_tokens.len == 0)
-      kvr_buf_puts(&px->conn_tokens, ",");
-    for (const char *t = v; t < end; t++)
-      if (*t != ' ' && *t != '\t') {
-        char c = (char)(*t >= 'A' && *t <= 'Z' ? *t + 32 : *t);
-        kvr_buf_append(&px->conn_tokens, &c, 1);
-      }
-    kvr_buf_puts(&px->conn_tokens, ",");
-  }
-  if (strcasecmp(name, "content-type") == 0 && (size_t)(end - v) >= 17 &&
-      strncasecmp(v, "text/event-stream", 17) == 0)
+  if (kvr_http_headers_response_field(&px->resp_headers, &px->conn_tokens, data, len, px->head_req))
     px->sse = true;
-  /* The router frames bodies itself; a HEAD answer has none, so its Content-Length (the size a
-   * GET would return, RFC 9110 9.3.2) is passed on and the server adds none of its own. */
-  if (is_hop_by_hop(name) || (strcasecmp(name, "content-length") == 0 && !px->head_req) ||
-      strcasecmp(name, "x-kvrouter-worker") == 0 || strcasecmp(name, "date") == 0)
-    return len;
-  kvr_buf_append(&px->resp_headers, name, nlen);
-  kvr_buf_puts(&px->resp_headers, ": ");
-  kvr_buf_append(&px->resp_headers, v, (size_t)(end - v));
-  kvr_buf_puts(&px->resp_headers, "\r\n");
   return len;
 }
 
-/* Reads usage figures from a parsed response object (streaming chunk or whole body). */
-static void take_usage(px_t *px, const cJSON *obj) {
-  const cJSON *usage = cJSON_GetObjectItemCaseSensitive(obj, "usage");
-  if (!cJSON_IsObject(usage))
-    return;
-  const cJSON *pt = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens");
-  const cJSON *ct = cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens");
-  const cJSON *det = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details");
-  const cJSON *cached =
-      cJSON_IsObject(det) ? cJSON_GetObjectItemCaseSensitive(det, "cached_tokens") : NULL;
-  if (cJSON_IsNumber(pt)) {
+/* Keeps the usage figures of a response object (streaming chunk or whole body). */
+static void take_usage(px_t *px, const kvr_openai_chunk_t *c) {
+  if (c->has_prompt_tokens) {
     px->usage_seen = true;
-    px->usage_prompt = (uint64_t)pt->valuedouble;
-    px->usage_cached = cJSON_IsNumber(cached) ? (uint64_t)cached->valuedouble : 0;
+    px->usage_prompt = c->prompt_tokens;
+    px->usage_cached = c->has_cached_tokens ? c->cached_tokens : 0;
   }
-  if (cJSON_IsNumber(ct))
-    px->usage_completion = (uint64_t)ct->valuedouble;
+  if (c->has_completion_tokens)
+    px->usage_completion = c->completion_tokens;
 }
 
-/* Appends the generated text of one choice (delta.content, message.content or text). */
-static bool take_text(px_t *px, const cJSON *obj) {
-  const cJSON *choices = cJSON_GetObjectItemCaseSensitive(obj, "choices");
-  const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
-  if (!cJSON_IsObject(c0))
+/* Appends the generated text of one choice; true if there was some (a token event). */
+static bool take_text(px_t *px, const kvr_openai_chunk_t *c) {
+  if (c->text == NULL)
     return false;
-  const cJSON *t = NULL;
-  const cJSON *d = cJSON_GetObjectItemCaseSensitive(c0, "delta");
-  if (!cJSON_IsObject(d))
-    d = cJSON_GetObjectItemCaseSensitive(c0, "message");
-  if (cJSON_IsObject(d))
-    t = cJSON_GetObjectItemCaseSensitive(d, "content");
-  if (!cJSON_IsString(t))
-    t = cJSON_GetObjectItemCaseSensitive(c0, "text");
-  if (!cJSON_IsString(t) || t->valuestring[0] == '\0')
-    return false;
-  size_t n = strlen(t->valuestring);
-  if (px->answer.len + n <= ANSWER_MAX)
-    kvr_buf_append(&px->answer, t->valuestring, n);
+  if (px->answer.len + c->text_len <= ANSWER_MAX)
+    kvr_buf_append(&px->answer, c->text, c->text_len);
   return true;
 }
 
-/* One complete SSE line: "data: {...}" events carry tokens and, at the end, usage. */
-static void sse_line(px_t *px, const char *line, size_t len) {
-  if (len < 6 || memcmp(line, "data:", 5) != 0)
+/* One complete SSE line (kvr_openai_sse_line_cb): "data: {...}" events carry tokens and, at the
+ * end, usage. */
+static void sse_line(void *data, const char *line, size_t len) {
+  px_t *px = data;
+  const char *p;
+  size_t plen;
+  if (!kvr_openai_sse_data(line, len, &p, &plen) || plen == 0 || *p != '{')
     return;
-  const char *p = line + 5;
-  while (p < line + len && *p == ' ')
-    p++;
-  if (p >= line + len || *p != '{')
-    return;
-  cJSON *obj = cJSON_ParseWithLength(p, (size_t)(line + len - p));
+  cJSON *obj = cJSON_ParseWithLength(p, plen);
   if (obj == NULL)
     return;
-  if (take_text(px, obj))
+  kvr_openai_chunk_t c;
+  kvr_openai_chunk_read(obj, &c);
+  if (take_text(px, &c))
     kvr_router_on_token(px->r, &px->acct); /* the first one also ends the prefill */
-  take_usage(px, obj);
-  if (cJSON_GetObjectItemCaseSensitive(obj, "error"))
+  take_usage(px, &c);
+  if (c.error)
     px->mid_stream_error = true;
   cJSON_Delete(obj);
-}
-
-static void sse_feed(px_t *px, const char *data, size_t len) {
-  const char *p = data, *end = data + len;
-  while (p < end) {
-    const char *nl = memchr(p, '\n', (size_t)(end - p));
-    size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
-    if (!px->line_overflow) {
-      if (px->line.len + n > SSE_LINE_MAX)
-        px->line_overflow = true;
-      else
-        kvr_buf_append(&px->line, p, n);
-    }
-    if (nl == NULL)
-      break;
-    if (!px->line_overflow) {
-      size_t l = px->line.len;
-      if (l && px->line.data[l - 1] == '\r')
-        l--;
-      sse_line(px, px->line.data ? px->line.data : "", l);
-    }
-    kvr_buf_reset(&px->line);
-    px->line_overflow = false;
-    p = nl + 1;
-  }
 }
 
 static size_t on_body(char *data, size_t size, size_t n, void *ud) {
@@ -391,7 +241,7 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud) {
   if (px->sse) {
     if (!px->streaming)
       start_client_response(px);
-    sse_feed(px, data, len);
+    kvr_openai_sse_feed(&px->sse_lines, data, len, sse_line, px);
     kvr_http_write(px->req, data, len);
     px->bytes_out += len;
     return len;
@@ -449,7 +299,7 @@ static void on_timer_closed(uv_handle_t *h) {
   kvr_prompt_free(&px->prompt);
   kvr_buf_free(&px->resp_headers);
   kvr_buf_free(&px->body);
-  kvr_buf_free(&px->line);
+  kvr_openai_sse_free(&px->sse_lines);
   kvr_buf_free(&px->answer);
   kvr_buf_free(&px->url);
   kvr_buf_free(&px->conn_tokens);
@@ -520,19 +370,11 @@ static void fail(px_t *px, int status, const char *code, const char *outcome, co
 /* Client-visible end of a response whose transfer broke after the client response started. */
 static void broken_stream(px_t *px, const char *why) {
   if (px->sse) {
-    kvr_buf_t ev = KVR_BUF_INIT, body = KVR_BUF_INIT, msg = KVR_BUF_INIT;
-    kvr_buf_printf(&msg, "upstream worker failed mid-stream: %s", why);
-    kvr_http_error_body(&body, msg.data, "server_error", "upstream_stream_broken");
     /* vLLM's own shape for an error inside a stream: an error event, then [DONE]. */
-    while (body.len && body.data[body.len - 1] == '\n')
-      body.len--;
-    kvr_buf_puts(&ev, "data: ");
-    kvr_buf_append(&ev, body.data, body.len);
-    kvr_buf_puts(&ev, "\n\ndata: [DONE]\n\n");
+    kvr_buf_t ev = KVR_BUF_INIT;
+    kvr_openai_stream_error_event(&ev, why);
     kvr_http_write(px->req, ev.data, ev.len);
     kvr_buf_free(&ev);
-    kvr_buf_free(&body);
-    kvr_buf_free(&msg);
   } else {
     /* No way to signal an error inside a plain body: close without the final chunk so the client
      * sees a truncated message rather than a complete one. */
@@ -568,8 +410,10 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
     if (!px->sse && px->body.len && px->has_prompt) {
       cJSON *obj = cJSON_ParseWithLength(px->body.data, px->body.len);
       if (obj) {
-        take_text(px, obj);
-        take_usage(px, obj);
+        kvr_openai_chunk_t c;
+        kvr_openai_chunk_read(obj, &c);
+        take_text(px, &c);
+        take_usage(px, &c);
         cJSON_Delete(obj);
       }
     }
@@ -685,38 +529,16 @@ static void on_client_close(kvr_http_req_t *req) {
 /* ---- request side ------------------------------------------------------------------------------
  */
 
+static void on_upstream_line(void *data, const char *line) {
+  struct curl_slist **l = data;
+  *l = curl_slist_append(*l, line);
+}
+
 static struct curl_slist *upstream_headers(const kvr_http_req_t *req) {
   struct curl_slist *l = NULL;
-  kvr_buf_t line = KVR_BUF_INIT;
-  const char *xff = NULL;
-  for (size_t i = 0; i < req->nheaders; i++) {
-    const kvr_http_header_t *h = &req->headers[i];
-    if (is_hop_by_hop(h->name) || named_by_connection(req, h->name) ||
-        strcasecmp(h->name, "host") == 0 || strcasecmp(h->name, "content-length") == 0 ||
-        strcasecmp(h->name, "expect") == 0 || strcasecmp(h->name, "accept-encoding") == 0)
-      continue;
-    if (strcasecmp(h->name, "x-forwarded-for") == 0) {
-      xff = h->value;
-      continue;
-    }
-    if (has_ctl(h->name) || has_ctl(h->value))
-      continue; /* never reaches here after llhttp, kept as a guard */
-    kvr_buf_reset(&line);
-    /* "Name;" is curl's spelling of a header with an empty value. */
-    if (h->value[0] == '\0')
-      kvr_buf_printf(&line, "%s;", h->name);
-    else
-      kvr_buf_printf(&line, "%s: %s", h->name, h->value);
-    l = curl_slist_append(l, line.data);
-  }
-  kvr_buf_reset(&line);
-  if (xff && !has_ctl(xff))
-    kvr_buf_printf(&line, "X-Forwarded-For: %s, %s", xff, req->peer);
-  else
-    kvr_buf_printf(&line, "X-Forwarded-For: %s", req->peer);
-  l = curl_slist_append(l, line.data);
+  kvr_http_headers_upstream(req->headers, req->nheaders, req->peer, on_upstream_line, &l);
+  /* A bare "Expect:" stops curl from adding "Expect: 100-continue" to large bodies. */
   l = curl_slist_append(l, "Expect:");
-  kvr_buf_free(&line);
   return l;
 }
 
@@ -746,7 +568,7 @@ static void attempt(px_t *px) {
   px->sse = false;
   kvr_buf_reset(&px->resp_headers);
   kvr_buf_reset(&px->body);
-  kvr_buf_reset(&px->line);
+  kvr_openai_sse_reset(&px->sse_lines);
   kvr_buf_reset(&px->answer);
 
   uint64_t prompt_tokens = px->has_prompt ? px->prompt.prompt_tokens : 0;
@@ -795,33 +617,6 @@ static void attempt(px_t *px) {
   }
   px->transfer_active = true;
   timer_set(px, TM_FIRST_BYTE, r->cfg->first_byte_timeout_ms);
-}
-
-int kvr__proxy_features(kvr_router_t *r, const kvr_http_req_t *req, kvr_route_t route,
-                        kvr_prompt_t *prompt, char *err, size_t errlen, const char **code) {
-  kvr_prompt_init(prompt);
-  if (req->body.len == 0) {
-    snprintf(err, errlen, "the request body must be a JSON object");
-    *code = "missing_body";
-    return KVR_EINVAL;
-  }
-  cJSON *body = cJSON_ParseWithLength(req->body.data, req->body.len);
-  if (body == NULL || !cJSON_IsObject(body)) {
-    cJSON_Delete(body);
-    snprintf(err, errlen, "the request body is not a valid JSON object");
-    *code = "invalid_json";
-    return KVR_EINVAL;
-  }
-  int rc =
-      kvr_prompt_from_json(body, route == KVR_ROUTE_CHAT ? KVR_PROMPT_CHAT : KVR_PROMPT_COMPLETIONS,
-                           r->cfg->block_chars, prompt, err, errlen);
-  cJSON_Delete(body);
-  if (rc != 0) {
-    *code = prompt->err_code ? prompt->err_code : "invalid_value";
-    kvr_prompt_free(prompt);
-    return rc;
-  }
-  return 0;
 }
 
 /* The access-log line of a request the router answers itself (no worker involved). */
@@ -893,13 +688,7 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
     kvr_http_error(req, 404, NULL, "not_found", "no route for %s %s", req->method_str, path);
     return;
   }
-  kvr_route_t route = KVR_ROUTE_OTHER;
-  if (strcmp(path, "/v1/chat/completions") == 0)
-    route = KVR_ROUTE_CHAT;
-  else if (strcmp(path, "/v1/completions") == 0)
-    route = KVR_ROUTE_COMPLETIONS;
-  else if (strcmp(path, "/v1/models") == 0)
-    route = KVR_ROUTE_MODELS;
+  kvr_route_t route = kvr_openai_route(path);
   if ((route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS) && req->method != HTTP_POST) {
     local_log(r, req, 405, "rejected");
     kvr_http_error(req, 405, NULL, "method_not_allowed", "use POST %s", path);
@@ -920,10 +709,12 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
   px->route = route;
   px->t_start_ns = req->start_ns;
   kvr_prompt_init(&px->prompt);
+  kvr_openai_sse_init(&px->sse_lines, SSE_LINE_MAX);
   if (route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS) {
     char err[256];
     const char *code = NULL;
-    if (kvr__proxy_features(r, req, route, &px->prompt, err, sizeof err, &code) != 0) {
+    if (kvr_openai_features(req->body.data, req->body.len, route, r->cfg->block_chars, &px->prompt,
+                            err, sizeof err, &code) != 0) {
       free(px);
       local_log(r, req, 400, "invalid_request");
       kvr_http_error(req, 400, "invalid_request_error", code, "%s", err);

@@ -34,19 +34,4 @@ size_t kvr_proxy_active(const kvr_proxy_t *p);
  * stream error event. */
 void kvr_proxy_abort_all(kvr_proxy_t *p);
 
-/* Route of an OpenAI request, from its path. */
-typedef enum {
-  KVR_ROUTE_CHAT,
-  KVR_ROUTE_COMPLETIONS,
-  KVR_ROUTE_MODELS,
-  KVR_ROUTE_OTHER
-} kvr_route_t;
-
-/* Parses and validates the JSON body of a chat/completions request into prompt features.
- * On failure returns a negative code with an OpenAI-style message in err and an error code in
- * *code (prompt is left empty); the caller answers 400. Shared by the proxy and
- * POST /admin/route/explain. */
-int kvr__proxy_features(kvr_router_t *r, const kvr_http_req_t *req, kvr_route_t route,
-                        kvr_prompt_t *prompt, char *err, size_t errlen, const char **code);
-
 #endif

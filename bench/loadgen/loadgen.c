@@ -5,7 +5,7 @@
  *                  one progress timer, and the state of the level being run (`lv_*` fields).
  *   conv_t         one open conversation of the level: the kvr_conv_t from the workload, the
  *                  answers streamed so far, the next turn and when it becomes eligible.
- *   req_t          one request: its easy handle, body, SSE line buffer, streamed answer (kept
+ *   req_t          one request: its easy handle, body, SSE splitter, streamed answer (kept
  *                  only when a later turn resends it), ITL samples and the kvr_req_rec_t being
  *                  filled. At most one is prepared ahead of its send (lg->ready).
  *
@@ -15,7 +15,8 @@
  *   timerfd (or tick): send every due arrival / eligible turn: the prepared req_t -> kvr_curlm_add;
  *         re-arm for the next arrival; prepare the request it will send (prepare_next)
  *   curl header cb: status, x-kvrouter-worker
- *   curl write cb: SSE lines -> token chunks by a scan (scan_token), anything else by cJSON ->
+ *   curl write cb: SSE lines (src/openai.h's splitter) -> "data:" payloads -> token chunks by a
+ *                  scan (scan_token), anything else by cJSON and kvr_openai_chunk_read() ->
  *                  tokens, usage, errors
  *   curl done cb: finish record -> kvr_stats_level_add -> conversation's next turn becomes eligible
  *                 after think time -> schedule()
@@ -36,6 +37,7 @@
 #include "src/buf.h"
 #include "src/curlm.h"
 #include "src/kvr.h"
+#include "src/openai.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -69,7 +71,8 @@ struct req_s {
   uint32_t turn;
   CURL *easy;
   struct curl_slist *headers;
-  kvr_buf_t body, line, answer, errbody;
+  kvr_buf_t body, answer, errbody;
+  kvr_openai_sse_t sse; /* the response's SSE lines (see on_write for the bound) */
   double *itls;
   size_t nitl, capitl;
   uint64_t sent_ns, first_ns, last_ns;
@@ -233,7 +236,7 @@ static void req_free(req_t *r) {
     curl_easy_cleanup(r->easy);
   curl_slist_free_all(r->headers);
   kvr_buf_free(&r->body);
-  kvr_buf_free(&r->line);
+  kvr_openai_sse_free(&r->sse);
   kvr_buf_free(&r->answer);
   kvr_buf_free(&r->errbody);
   free(r->itls);
@@ -346,7 +349,7 @@ static bool scan_token(const char *d, size_t n, kvr_api_t api, const char **text
 
 /* One SSE "data:" payload. */
 static void on_event(req_t *r, const char *data, size_t len, uint64_t now) {
-  if (len == 6 && memcmp(data, "[DONE]", 6) == 0)
+  if (kvr_openai_sse_done(data, len))
     return;
   const char *tok;
   size_t tl;
@@ -372,47 +375,44 @@ static void on_event(req_t *r, const char *data, size_t len, uint64_t now) {
     set_error(r, "malformed SSE JSON");
     return;
   }
-  const cJSON *err = cJSON_GetObjectItemCaseSensitive(j, "error");
-  if (err && !cJSON_IsNull(err)) {
-    const cJSON *msg = cJSON_GetObjectItemCaseSensitive(err, "message");
+  kvr_openai_chunk_t c;
+  kvr_openai_chunk_read(j, &c);
+  if (c.error && !cJSON_IsNull(c.error)) {
     r->stream_error = true;
-    set_error(r, cJSON_IsString(msg) ? msg->valuestring : "error event in stream");
+    set_error(r, c.error_message ? c.error_message : "error event in stream");
   }
-  const cJSON *choices = cJSON_GetObjectItemCaseSensitive(j, "choices");
-  const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
-  if (c0) {
-    const cJSON *text = NULL;
-    const cJSON *delta = cJSON_GetObjectItemCaseSensitive(c0, "delta");
-    if (delta) {
-      text = cJSON_GetObjectItemCaseSensitive(delta, "content");
-      if (!cJSON_IsString(text) || text->valuestring[0] == '\0')
-        text = cJSON_GetObjectItemCaseSensitive(delta, "reasoning_content");
-    } else {
-      text = cJSON_GetObjectItemCaseSensitive(c0, "text");
-    }
-    if (cJSON_IsString(text) && text->valuestring[0] != '\0') {
-      on_token(r, now);
-      size_t n = strlen(text->valuestring);
-      if (r->keep_answer && r->answer.len + n <= MAX_ANSWER)
-        kvr_buf_append(&r->answer, text->valuestring, n);
-    }
+  /* A token is answer text or, from a reasoning model, reasoning text. */
+  const char *text = c.text ? c.text : c.reasoning;
+  size_t n = c.text ? c.text_len : c.reasoning_len;
+  if (text != NULL) {
+    on_token(r, now);
+    if (r->keep_answer && r->answer.len + n <= MAX_ANSWER)
+      kvr_buf_append(&r->answer, text, n);
   }
-  const cJSON *usage = cJSON_GetObjectItemCaseSensitive(j, "usage");
-  if (cJSON_IsObject(usage)) {
-    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens");
-    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens");
-    const cJSON *det = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details");
-    const cJSON *cached = det ? cJSON_GetObjectItemCaseSensitive(det, "cached_tokens") : NULL;
-    if (cJSON_IsNumber(pt))
-      r->rec.prompt_tokens = (uint32_t)pt->valuedouble;
-    if (cJSON_IsNumber(ct)) {
-      r->rec.output_tokens = (uint32_t)ct->valuedouble;
-      r->rec.usage_seen = true;
-    }
-    if (cJSON_IsNumber(cached))
-      r->rec.cached_tokens = (uint32_t)cached->valuedouble;
+  if (c.has_prompt_tokens)
+    r->rec.prompt_tokens = (uint32_t)c.prompt_tokens;
+  if (c.has_completion_tokens) {
+    r->rec.output_tokens = (uint32_t)c.completion_tokens;
+    r->rec.usage_seen = true;
   }
+  if (c.has_cached_tokens)
+    r->rec.cached_tokens = (uint32_t)c.cached_tokens;
   cJSON_Delete(j);
+}
+
+/* What on_line() needs besides the line: the request and the instant of the curl delivery. */
+typedef struct feed_s {
+  req_t *r;
+  uint64_t now;
+} feed_t;
+
+/* One complete SSE line (kvr_openai_sse_line_cb); only "data:" lines matter. */
+static void on_line(void *data, const char *line, size_t len) {
+  feed_t *f = data;
+  const char *payload;
+  size_t plen;
+  if (kvr_openai_sse_data(line, len, &payload, &plen))
+    on_event(f->r, payload, plen, f->now);
 }
 
 static size_t on_write(char *ptr, size_t size, size_t nmemb, void *userdata) {
@@ -423,41 +423,13 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *userdata) {
       kvr_buf_append(&r->errbody, ptr, KVR_MIN(n, MAX_ERROR_BODY - r->errbody.len));
     return n;
   }
-  uint64_t now = uv_hrtime();
-  /* Whole lines are read in place from curl's buffer; only a partial line is copied (into `line`,
-   * which then receives the rest of the data up to the next complete line). */
-  const char *base = ptr;
-  size_t len = n;
-  if (r->line.len > 0) {
-    kvr_buf_append(&r->line, ptr, n);
-    base = r->line.data;
-    len = r->line.len;
-  }
-  size_t start = 0;
-  for (;;) {
-    const char *nl = memchr(base + start, '\n', len - start);
-    if (nl == NULL)
-      break;
-    size_t end = (size_t)(nl - base);
-    size_t l = end - start;
-    const char *s = base + start;
-    if (l > 0 && s[l - 1] == '\r')
-      l--;
-    if (l >= 5 && memcmp(s, "data:", 5) == 0) {
-      size_t off = 5;
-      while (off < l && s[off] == ' ')
-        off++;
-      on_event(r, s + off, l - off, now);
-    }
-    start = end + 1;
-  }
-  if (base == ptr) {
-    if (start < n)
-      kvr_buf_append(&r->line, ptr + start, n - start);
-  } else {
-    kvr_buf_consume(&r->line, start);
-  }
-  if (r->line.len > MAX_SSE_LINE) {
+  /* Every event of one delivery arrived at the same instant. Lines complete in ptr are read in
+   * place; only a line cut by the end of the delivery is copied (see src/openai.c). */
+  feed_t f = {r, uv_hrtime()};
+  kvr_openai_sse_feed(&r->sse, ptr, n, on_line, &f);
+  /* The bound: a request fails when more than MAX_SSE_LINE bytes of an unfinished line are held
+   * after a delivery (the splitter itself drops no line: it was set up without a bound). */
+  if (kvr_openai_sse_pending(&r->sse) > MAX_SSE_LINE) {
     set_error(r, "SSE line too long");
     return 0; /* curl ends the transfer with CURLE_WRITE_ERROR */
   }
@@ -624,6 +596,7 @@ static req_t *req_prepare(kvr_loadgen_t *lg, conv_t *cv, uint32_t turn) {
   r->rec.conv = cv->conv.id;
   r->rec.turn = r->turn + 1;
   r->rec.ttft_ms = r->rec.tpot_ms = r->rec.transport_ms = -1;
+  kvr_openai_sse_init(&r->sse, SIZE_MAX);
   r->capitl = cv->conv.turns[turn].max_tokens > 1 ? cv->conv.turns[turn].max_tokens - 1 : 1;
   r->itls = malloc(r->capitl * sizeof(double));
   if (r->itls == NULL)

@@ -1,0 +1,237 @@
+/* openai.c -- OpenAI API knowledge: routes, request features, SSE framing, response objects.
+ *
+ * What it owns: kvr_openai_sse_t, the one SSE line splitter of the code base (the proxy inspects
+ * the streams it relays with it; the load generator measures the streams it reads with it). The
+ * other functions are stateless readers and writers of the API's formats.
+ *
+ * The splitter. A response body arrives in chunks cut anywhere (curl delivers what one read
+ * returned). Lines that are complete inside a chunk are handed to the callback in place, without a
+ * copy; only a line cut by the chunk's end is copied into s->line, and the next feed appends to it
+ * up to its LF. So a stream costs one memchr per line plus a copy of at most one line per chunk.
+ *
+ *   feed(chunk):  for each LF in chunk:
+ *                   line = s->line + bytes before the LF   (or the bytes alone when s->line is
+ * empty) strip one CR, cb(line), clear s->line bytes after the last LF -> s->line
+ *
+ * Invariants: s->line holds no LF; s->line.len <= max_line; while s->overflow is set s->line is
+ * empty and bytes are dropped up to the next LF, which clears it. The lines delivered depend only
+ * on the bytes fed, not on where the chunks were cut (tests/src/test_openai.c feeds a stream at
+ * every split point and byte by byte).
+ *
+ * Response objects. kvr_openai_chunk_read() reports what a chunk or body says (answer text,
+ * reasoning text, usage, error) as views into the cJSON tree; whether a chunk counts as a token,
+ * where its text goes and how usage is accounted is decided by the caller (proxy.c, loadgen.c).
+ */
+#include "openai.h"
+
+#include "kvr.h"
+
+#include <stdio.h>
+#include <string.h>
+
+kvr_route_t kvr_openai_route(const char *path) {
+  if (strcmp(path, "/v1/chat/completions") == 0)
+    return KVR_ROUTE_CHAT;
+  if (strcmp(path, "/v1/completions") == 0)
+    return KVR_ROUTE_COMPLETIONS;
+  if (strcmp(path, "/v1/models") == 0)
+    return KVR_ROUTE_MODELS;
+  return KVR_ROUTE_OTHER;
+}
+
+int kvr_openai_features(const char *body, size_t len, kvr_route_t route, size_t block_chars,
+                        kvr_prompt_t *prompt, char *err, size_t errlen, const char **code) {
+  kvr_prompt_init(prompt);
+  if (len == 0) {
+    snprintf(err, errlen, "the request body must be a JSON object");
+    *code = "missing_body";
+    return KVR_EINVAL;
+  }
+  cJSON *json = cJSON_ParseWithLength(body, len);
+  if (json == NULL || !cJSON_IsObject(json)) {
+    cJSON_Delete(json);
+    snprintf(err, errlen, "the request body is not a valid JSON object");
+    *code = "invalid_json";
+    return KVR_EINVAL;
+  }
+  int rc =
+      kvr_prompt_from_json(json, route == KVR_ROUTE_CHAT ? KVR_PROMPT_CHAT : KVR_PROMPT_COMPLETIONS,
+                           block_chars, prompt, err, errlen);
+  cJSON_Delete(json);
+  if (rc != 0) {
+    *code = prompt->err_code ? prompt->err_code : "invalid_value";
+    kvr_prompt_free(prompt);
+    return rc;
+  }
+  return 0;
+}
+
+/* ---- errors -----------------------------------------------------------------------------------
+ */
+
+void kvr_openai_error_body(kvr_buf_t *out, const char *message, const char *type,
+                           const char *code) {
+  kvr_buf_puts(out, "{\"error\":{\"message\":");
+  kvr_buf_json_str(out, message, strlen(message));
+  kvr_buf_puts(out, ",\"type\":");
+  kvr_buf_json_str(out, type, strlen(type));
+  kvr_buf_puts(out, ",\"param\":null,\"code\":");
+  if (code)
+    kvr_buf_json_str(out, code, strlen(code));
+  else
+    kvr_buf_puts(out, "null");
+  kvr_buf_puts(out, "}}\n");
+}
+
+void kvr_openai_stream_error_event(kvr_buf_t *out, const char *why) {
+  kvr_buf_t body = KVR_BUF_INIT, msg = KVR_BUF_INIT;
+  kvr_buf_printf(&msg, "upstream worker failed mid-stream: %s", why);
+  kvr_openai_error_body(&body, msg.data, "server_error", "upstream_stream_broken");
+  /* An event ends at a blank line, so the body's own newline goes. */
+  while (body.len && body.data[body.len - 1] == '\n')
+    body.len--;
+  kvr_buf_puts(out, "data: ");
+  kvr_buf_append(out, body.data, body.len);
+  kvr_buf_puts(out, "\n\ndata: [DONE]\n\n");
+  kvr_buf_free(&body);
+  kvr_buf_free(&msg);
+}
+
+/* ---- server-sent events -----------------------------------------------------------------------
+ */
+
+void kvr_openai_sse_init(kvr_openai_sse_t *s, size_t max_line) {
+  kvr_buf_init(&s->line);
+  s->max_line = max_line;
+  s->overflow = false;
+}
+
+size_t kvr_openai_sse_pending(const kvr_openai_sse_t *s) {
+  return s->line.len;
+}
+
+void kvr_openai_sse_reset(kvr_openai_sse_t *s) {
+  kvr_buf_reset(&s->line);
+  s->overflow = false;
+}
+
+void kvr_openai_sse_free(kvr_openai_sse_t *s) {
+  if (s == NULL)
+    return;
+  kvr_buf_free(&s->line);
+  s->overflow = false;
+}
+
+static void deliver(const char *line, size_t len, kvr_openai_sse_line_cb cb, void *cbdata) {
+  if (len && line[len - 1] == '\r')
+    len--;
+  cb(cbdata, line, len);
+}
+
+int kvr_openai_sse_feed(kvr_openai_sse_t *s, const char *data, size_t len,
+                        kvr_openai_sse_line_cb cb, void *cbdata) {
+  if (len == 0)
+    return 0;
+  int rc = 0;
+  const char *p = data, *end = data + len;
+  while (p < end) {
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+    if (!s->overflow) {
+      if (s->line.len + n > s->max_line) {
+        s->overflow = true;
+        kvr_buf_reset(&s->line);
+        rc = KVR_ELIMIT;
+      } else if (nl && s->line.len == 0) {
+        deliver(p, n, cb, cbdata); /* whole line inside this chunk: no copy */
+      } else {
+        kvr_buf_append(&s->line, p, n);
+        if (nl)
+          deliver(s->line.data, s->line.len, cb, cbdata);
+      }
+    }
+    if (nl == NULL)
+      break;
+    kvr_buf_reset(&s->line);
+    s->overflow = false;
+    p = nl + 1;
+  }
+  return rc;
+}
+
+bool kvr_openai_sse_data(const char *line, size_t len, const char **payload, size_t *plen) {
+  if (len < 5 || memcmp(line, "data:", 5) != 0)
+    return false;
+  size_t off = 5;
+  while (off < len && line[off] == ' ')
+    off++;
+  *payload = line + off;
+  *plen = len - off;
+  return true;
+}
+
+bool kvr_openai_sse_done(const char *payload, size_t len) {
+  return len == 6 && memcmp(payload, "[DONE]", 6) == 0;
+}
+
+/* ---- response objects -------------------------------------------------------------------------
+ */
+
+/* A token count as an integer: fractions truncated, negatives 0, huge values saturated. */
+static uint64_t count(const cJSON *n) {
+  double v = n->valuedouble;
+  if (!(v > 0))
+    return 0;
+  return v >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)v;
+}
+
+static void read_text(const cJSON *obj, kvr_openai_chunk_t *out) {
+  const cJSON *choices = cJSON_GetObjectItemCaseSensitive(obj, "choices");
+  const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
+  if (!cJSON_IsObject(c0))
+    return;
+  const cJSON *t = NULL;
+  const cJSON *delta = cJSON_GetObjectItemCaseSensitive(c0, "delta");
+  const cJSON *d = cJSON_IsObject(delta) ? delta : cJSON_GetObjectItemCaseSensitive(c0, "message");
+  if (cJSON_IsObject(d))
+    t = cJSON_GetObjectItemCaseSensitive(d, "content");
+  if (!cJSON_IsString(t))
+    t = cJSON_GetObjectItemCaseSensitive(c0, "text");
+  if (cJSON_IsString(t) && t->valuestring[0] != '\0') {
+    out->text = t->valuestring;
+    out->text_len = strlen(t->valuestring);
+  }
+  const cJSON *r =
+      cJSON_IsObject(delta) ? cJSON_GetObjectItemCaseSensitive(delta, "reasoning_content") : NULL;
+  if (cJSON_IsString(r) && r->valuestring[0] != '\0') {
+    out->reasoning = r->valuestring;
+    out->reasoning_len = strlen(r->valuestring);
+  }
+}
+
+static void read_usage(const cJSON *obj, kvr_openai_chunk_t *out) {
+  const cJSON *usage = cJSON_GetObjectItemCaseSensitive(obj, "usage");
+  if (!cJSON_IsObject(usage))
+    return;
+  const cJSON *pt = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens");
+  const cJSON *ct = cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens");
+  const cJSON *det = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details");
+  const cJSON *cached =
+      cJSON_IsObject(det) ? cJSON_GetObjectItemCaseSensitive(det, "cached_tokens") : NULL;
+  if ((out->has_prompt_tokens = cJSON_IsNumber(pt)))
+    out->prompt_tokens = count(pt);
+  if ((out->has_cached_tokens = cJSON_IsNumber(cached)))
+    out->cached_tokens = count(cached);
+  if ((out->has_completion_tokens = cJSON_IsNumber(ct)))
+    out->completion_tokens = count(ct);
+}
+
+void kvr_openai_chunk_read(const cJSON *obj, kvr_openai_chunk_t *out) {
+  memset(out, 0, sizeof *out);
+  read_text(obj, out);
+  read_usage(obj, out);
+  out->error = cJSON_GetObjectItemCaseSensitive(obj, "error");
+  const cJSON *msg = cJSON_GetObjectItemCaseSensitive(out->error, "message");
+  if (cJSON_IsString(msg))
+    out->error_message = msg->valuestring;
+}
