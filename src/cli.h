@@ -88,6 +88,9 @@ struct kvr_cli_opt_s {
   .off = offsetof(type, array), .size = sizeof(((type *)0)->array[0]),                             \
   .cap = sizeof(((type *)0)->array) / sizeof(((type *)0)->array[0]),                               \
   .count_off = offsetof(type, count)
+/* A heading in --help, between options. */
+#define KVR_CLI_HEADING(title)                                                                     \
+  { .kind = KVR_CLI_SECTION, .name = (title) }
 #define KVR_CLI_MIN(lo) .has_min = true, .min = (lo)
 #define KVR_CLI_GT(lo) .has_min = true, .min_excl = true, .min = (lo)
 #define KVR_CLI_MAX(hi) .has_max = true, .max = (hi)
