@@ -142,6 +142,29 @@ static void on_walk_close(uv_handle_t *h, void *arg) {
     uv_close(h, NULL);
 }
 
+static void print_banner(const sim_cli_t *cli, const kvr_sim_server_t *srv) {
+  const char *colon = strrchr(cli->opts.listen, ':');
+  int hostlen = colon ? (int)(colon - cli->opts.listen) : 0;
+  fprintf(stderr, "sim listening on %.*s:%d", hostlen, cli->opts.listen, kvr_sim_server_port(srv));
+  if (kvr_sim_server_admin_port(srv) > 0)
+    fprintf(stderr, " (admin port %d)", kvr_sim_server_admin_port(srv));
+  fprintf(stderr, " model=%s time_scale=%g num_gpu_blocks=%u\n", cli->opts.model,
+          cli->opts.time_scale, cli->opts.engine.num_gpu_blocks);
+}
+
+/* Frees the server, closes what is left and the loop; returns the exit status. */
+static int finish(run_t *run) {
+  kvr_sim_server_free(run->srv);
+  uv_walk(&run->loop, on_walk_close, NULL);
+  uv_run(&run->loop, UV_RUN_DEFAULT);
+  int rc = uv_loop_close(&run->loop);
+  if (rc != 0) {
+    fprintf(stderr, "kvrouter sim: loop not closed cleanly: %s\n", uv_strerror(rc));
+    return 1;
+  }
+  return 0;
+}
+
 static int serve(const sim_cli_t *cli) {
   run_t run;
   char err[256];
@@ -153,13 +176,11 @@ static int serve(const sim_cli_t *cli) {
     uv_loop_close(&run.loop);
     return 2;
   }
-  int rc = kvr_sim_server_start(run.srv, err, sizeof(err));
-  if (rc != 0) {
+  if (kvr_sim_server_start(run.srv, err, sizeof(err)) != 0) {
     fprintf(stderr, "kvrouter sim: listen: %s\n", err);
     kvr_sim_server_close(run.srv, on_server_closed, NULL);
     uv_run(&run.loop, UV_RUN_DEFAULT);
-    kvr_sim_server_free(run.srv);
-    uv_loop_close(&run.loop);
+    finish(&run);
     return 1;
   }
   uv_signal_init(&run.loop, &run.sigint);
@@ -167,24 +188,9 @@ static int serve(const sim_cli_t *cli) {
   run.sigint.data = run.sigterm.data = &run;
   uv_signal_start(&run.sigint, on_signal, SIGINT);
   uv_signal_start(&run.sigterm, on_signal, SIGTERM);
-  const char *colon = strrchr(cli->opts.listen, ':');
-  int hostlen = colon ? (int)(colon - cli->opts.listen) : 0;
-  fprintf(stderr, "sim listening on %.*s:%d", hostlen, cli->opts.listen,
-          kvr_sim_server_port(run.srv));
-  if (kvr_sim_server_admin_port(run.srv) > 0)
-    fprintf(stderr, " (admin port %d)", kvr_sim_server_admin_port(run.srv));
-  fprintf(stderr, " model=%s time_scale=%g num_gpu_blocks=%u\n", cli->opts.model,
-          cli->opts.time_scale, cli->opts.engine.num_gpu_blocks);
+  print_banner(cli, run.srv);
   uv_run(&run.loop, UV_RUN_DEFAULT);
-  kvr_sim_server_free(run.srv);
-  uv_walk(&run.loop, on_walk_close, NULL);
-  uv_run(&run.loop, UV_RUN_DEFAULT);
-  rc = uv_loop_close(&run.loop);
-  if (rc != 0) {
-    fprintf(stderr, "kvrouter sim: loop not closed cleanly: %s\n", uv_strerror(rc));
-    return 1;
-  }
-  return 0;
+  return finish(&run);
 }
 
 /* The rules between flags; the engine's own ranges are in the table (kvr_sim_config_check() is
