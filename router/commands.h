@@ -1,9 +1,11 @@
 /* commands.h -- the subcommands of the kvrouter binary, one file each in router/.
  *
  * Each entry takes argv with argv[0] = the subcommand's name and returns the process exit status:
- * 0 on success, 2 on a bad command line (one line on stderr naming the flag), 1 on a run-time
- * failure, 130 when interrupted. main.c's table is the only caller, except that demo runs the
- * bench in-process.
+ * 0 on success, 2 on a bad command line, 1 on a run-time failure, 130 when interrupted. Every
+ * subcommand parses through the one option engine (src/cli.h) over its own option table: -h,
+ * --help and --version print to stdout and return 0 wherever they stand; a bad flag or value is
+ * one line on stderr, "kvrouter CMD: --flag: what is wrong", and 2. main.c's table is the only
+ * caller, except that demo runs the bench in-process.
  */
 #ifndef KVR_COMMANDS_H
 #define KVR_COMMANDS_H
@@ -12,18 +14,18 @@
 int kvr_serve_main(int argc, char **argv);
 
 /* router/sim.c: a simulated vLLM worker (see bench/sim/README.md or --help); --print-costs and
- * --calibrate print figures and return without listening. */
+ * --calibrate print figures (bench/sim/sim_calibrate.h) and return without listening. */
 int kvr_sim_main(int argc, char **argv);
 
 /* router/bench.c: the load generator: levels, the max-SLO-rate search and A/B runs over the
- * router's admin API, and the report written into --out (bench/loadgen/). Ctrl-C stops the current
- * level and the report of what finished is still written. `kvrouter bench routing` is the
+ * router's admin API, and the report written into --out (bench/loadgen/runner.h). Ctrl-C stops the
+ * current level and the report of what finished is still written. `kvrouter bench routing` is the
  * routing-decision micro-benchmark (bench/routing/). */
 int kvr_bench_main(int argc, char **argv);
 
 /* router/demo.c: `kvrouter sim` x N and `kvrouter serve` as child processes of this same binary on
- * free 127.0.0.1 ports, the round_robin vs kv_aware A/B through kvr_bench_main(), the report, then
- * every child stopped by PID (also after Ctrl-C). */
+ * free 127.0.0.1 ports (bench/demo/procs.h), the round_robin vs kv_aware A/B through
+ * kvr_bench_main(), the report, then every child stopped by PID (also after Ctrl-C). */
 int kvr_demo_main(int argc, char **argv);
 
 #endif

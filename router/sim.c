@@ -1,347 +1,120 @@
-/* sim.c -- `kvrouter sim`: flags, signals and the loop around kvr_sim_server_t, plus two
- * offline tools that drive the engine in virtual time without any HTTP:
+/* sim.c -- `kvrouter sim`: the option table, signals and the loop around kvr_sim_server_t.
  *
- *   --print-costs   the cost model's sanity figures (decode steps at 1/16/64 sequences of 6k
- *                   context, cold 3.5k and 7k prefills, a cached follow-up turn);
- *   --calibrate     the multi-turn workload of WORKLOAD.md (10 shared ~3.5-4k-token starters,
- *                   5-turn conversations resending their answers, Poisson conversation starts)
- *                   at several request rates, printing TTFT/TPOT/ITL percentiles as the load
- *                   generator would measure them. It is how the cost defaults were tuned.
- *
- * Flags are one table (flag name, kind, destination, help) used both to parse and to print --help,
- * so the two cannot drift. A bad flag or value is one line on stderr naming it and exit status 2.
+ * The flags are one table of the option engine (src/cli.h) over sim_cli_t, which holds the
+ * server's options (kvr_sim_server_opts_default() fills them, and --help prints those defaults),
+ * the offline tools' options and the log level. After parsing: --print-costs and --calibrate run
+ * the offline tools of bench/sim/sim_calibrate.h and return without listening; otherwise the
+ * server listens until SIGINT/SIGTERM. A bad flag or value is one line on stderr naming it and exit
+ * status 2.
  */
 
 #include "commands.h"
 
+#include "bench/sim/sim_calibrate.h"
 #include "bench/sim/sim_engine.h"
 #include "bench/sim/sim_server.h"
-#include "bench/sim/sim_tokens.h"
+#include "src/cli.h"
 #include "src/kvr.h"
 #include "src/log.h"
 
-#include <errno.h>
-#include <math.h>
+#include <stddef.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <uv.h>
 
-typedef enum { F_U32, F_U64, F_DBL, F_STR, F_FLAG, F_FAULT, F_LOG } flag_kind_t;
-
-typedef struct flag_s {
-  const char *name;
-  flag_kind_t kind;
-  void *dst;
-  const char *help;
-} flag_t;
-
-typedef struct cli_s {
+typedef struct sim_cli_s {
   kvr_sim_server_opts_t opts;
-  bool help, print_costs, calibrate, no_prefix_caching;
-  const char *cal_rates;
-  uint32_t cal_requests, cal_output_mean, cal_answer_mean;
+  kvr_sim_calibrate_opts_t cal;
+  bool print_costs, calibrate, no_prefix_caching;
   kvr_log_level_t log_level;
-} cli_t;
+} sim_cli_t;
 
-static int parse_value(const flag_t *f, const char *v) {
-  char *end = NULL;
-  errno = 0;
-  switch (f->kind) {
-  case F_U32: {
-    unsigned long long x = strtoull(v, &end, 10);
-    if (*v == '-' || *v == '\0' || *end != '\0' || errno != 0 || x > UINT32_MAX)
-      return KVR_EINVAL;
-    *(uint32_t *)f->dst = (uint32_t)x;
-    return 0;
-  }
-  case F_U64: {
-    unsigned long long x = strtoull(v, &end, 10);
-    if (*v == '-' || *v == '\0' || *end != '\0' || errno != 0)
-      return KVR_EINVAL;
-    *(uint64_t *)f->dst = x;
-    return 0;
-  }
-  case F_DBL: {
-    double x = strtod(v, &end);
-    if (*v == '\0' || *end != '\0' || errno != 0 || !isfinite(x))
-      return KVR_EINVAL;
-    *(double *)f->dst = x;
-    return 0;
-  }
-  case F_STR:
-    *(const char **)f->dst = v;
-    return 0;
-  case F_FAULT:
-    return kvr_sim_fault_parse_mode(v, (kvr_sim_fault_mode_t *)f->dst);
-  case F_LOG:
-    return kvr_log_parse_level(v, (kvr_log_level_t *)f->dst);
-  case F_FLAG:
-    break;
-  }
-  return KVR_EINVAL;
-}
+#define F(field) KVR_CLI_FIELD(sim_cli_t, field)
+#define FAULT_NAME(name, str) str,
 
-/* A flag's current value as text, for "(default ...)" in --help; "" when it has none to show (a
- * switch, an unset string, the -1 of an option that is off). */
-static void flag_value(const flag_t *f, char *buf, size_t len) {
-  buf[0] = '\0';
-  switch (f->kind) {
-  case F_U32:
-    snprintf(buf, len, "%u", *(const uint32_t *)f->dst);
-    break;
-  case F_U64:
-    snprintf(buf, len, "%llu", (unsigned long long)*(const uint64_t *)f->dst);
-    break;
-  case F_DBL:
-    if (*(const double *)f->dst >= 0)
-      snprintf(buf, len, "%g", *(const double *)f->dst);
-    break;
-  case F_STR:
-    if (*(const char *const *)f->dst != NULL)
-      snprintf(buf, len, "%s", *(const char *const *)f->dst);
-    break;
-  default:
-    break;
-  }
-}
+static const char *const fault_names[] = {KVR_SIM_FAULT_MAP(FAULT_NAME) NULL};
+static const char *const log_names[] = {"debug", "info", "warn", "error", "off", NULL};
 
-/* defaults[i] is flags[i]'s value before the command line was parsed: the help derives every
- * default from the structures' initializers (kvr_sim_server_opts_default and the ones above),
- * so the two cannot disagree. */
-static void usage(FILE *out, const flag_t *flags, size_t n, char (*defaults)[64]) {
-  fprintf(out,
-          "usage: kvrouter sim [flags]\n"
-          "A simulated vLLM worker (Llama-70B FP8 on one H200). Serves vLLM's OpenAI API\n"
-          "(/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics,\n"
-          "POST /reset_prefix_cache) and POST|GET /sim/fault; see bench/sim/README.md. Flags:\n");
-  for (size_t i = 0; i < n; i++) {
-    const char *arg = flags[i].kind == F_FLAG ? "" : flags[i].kind == F_STR ? " STR" : " N";
-    if (flags[i].kind == F_FAULT)
-      arg = " MODE";
-    if (flags[i].kind == F_LOG)
-      arg = " LEVEL";
-    fprintf(out, "  --%s%s\n      %s", flags[i].name, arg, flags[i].help);
-    if (defaults[i][0] != '\0')
-      fprintf(out, " (default %s)", defaults[i]);
-    fputc('\n', out);
-  }
-}
+static const kvr_cli_opt_t options[] = {
+    {KVR_CLI_STR, "listen", F(opts.listen), .arg = "HOST:PORT",
+     .help = "HOST:PORT to serve on; port 0 picks one"},
+    {KVR_CLI_STR, "admin-listen", F(opts.admin_listen), .arg = "HOST:PORT",
+     .help = "optional second HOST:PORT serving the same API, reachable during the refuse fault"},
+    {KVR_CLI_STR, "model", F(opts.model), .arg = "NAME", .help = "served model name"},
+    {KVR_CLI_DOUBLE, "time-scale", F(opts.time_scale), .arg = "N", KVR_CLI_GT(0), KVR_CLI_MAX(1e6),
+     .help = "run N times faster than real time; metrics report simulated time"},
+    {KVR_CLI_UINT, "seed", F(opts.seed), .arg = "N",
+     .help = "seed of generated text, ids and the error-rate coin"},
+    {KVR_CLI_UINT, "num-gpu-blocks", F(opts.engine.num_gpu_blocks), .arg = "N",
+     KVR_CLI_RANGE(1, 1 << 30),
+     .help = "KV cache blocks: 53.15 GiB / 163,840 B per token / 16 tokens per block"},
+    {KVR_CLI_UINT, "block-size", F(opts.engine.block_size), .arg = "N", KVR_CLI_RANGE(1, 4096),
+     .help = "tokens per KV block"},
+    {KVR_CLI_UINT, "max-num-seqs", F(opts.engine.max_num_seqs), .arg = "N", KVR_CLI_RANGE(1, 65536),
+     .help = "max running requests"},
+    {KVR_CLI_UINT, "max-num-batched-tokens", F(opts.engine.max_num_batched_tokens), .arg = "N",
+     KVR_CLI_MIN(1), .help = "token budget per engine step"},
+    {KVR_CLI_UINT, "max-model-len", F(opts.engine.max_model_len), .arg = "N",
+     KVR_CLI_RANGE(2, 1 << 24), .help = "prompt + output limit"},
+    {KVR_CLI_SWITCH, "no-enable-prefix-caching", F(no_prefix_caching), .set = 1,
+     .help = "disable prefix caching"},
+    {KVR_CLI_UINT, "output-len-mean", F(opts.output_len_mean), .arg = "N",
+     .help = "mean natural answer length when ignore_eos is off: EOS after U[N/2, 3N/2] tokens; "
+             "0 = run to max_tokens"},
+    {KVR_CLI_DOUBLE, "cost-fixed-ms", F(opts.engine.cost.fixed_ms), .arg = "N", KVR_CLI_MIN(0),
+     .help = "step cost: fixed ms per step"},
+    {KVR_CLI_DOUBLE, "cost-per-seq-ms", F(opts.engine.cost.per_seq_ms), .arg = "N", KVR_CLI_MIN(0),
+     .help = "step cost: ms per scheduled sequence"},
+    {KVR_CLI_DOUBLE, "cost-prefill-tok-us", F(opts.engine.cost.prefill_tok_us), .arg = "N",
+     KVR_CLI_MIN(0), .help = "step cost: us per prefilled token"},
+    {KVR_CLI_DOUBLE, "cost-decode-ctx-ns", F(opts.engine.cost.decode_ctx_ns), .arg = "N",
+     KVR_CLI_MIN(0), .help = "step cost: ns per context token of each decoding sequence"},
+    {KVR_CLI_DOUBLE, "cost-attn-pair-ns", F(opts.engine.cost.attn_pair_ns), .arg = "N",
+     KVR_CLI_MIN(0), .help = "step cost: ns per query-key pair of prefill attention"},
+    {KVR_CLI_DOUBLE, "fixed-ttft-ms", F(opts.fixed_ttft_ms), .arg = "N", .flags = KVR_CLI_NODEFAULT,
+     .help = "bypass the engine: first token after X simulated ms (needs --fixed-itl-ms)"},
+    {KVR_CLI_DOUBLE, "fixed-itl-ms", F(opts.fixed_itl_ms), .arg = "N", .flags = KVR_CLI_NODEFAULT,
+     .help = "bypass the engine: then one token every Y ms"},
+    {KVR_CLI_ENUM, "fault", F(opts.fault.mode), .arg = "MODE", .names = fault_names,
+     .help = "initial fault: none, error, hang, disconnect, slow, refuse"},
+    {KVR_CLI_INT, "fault-status", F(opts.fault.status), .arg = "N", KVR_CLI_RANGE(100, 599),
+     .help = "error fault: HTTP status"},
+    {KVR_CLI_DOUBLE, "fault-rate", F(opts.fault.rate), .arg = "N", KVR_CLI_RANGE(0, 1),
+     .help = "error fault: fraction of requests failed"},
+    {KVR_CLI_UINT, "fault-after-tokens", F(opts.fault.after_tokens), .arg = "N",
+     .help = "disconnect fault: tokens before the close"},
+    {KVR_CLI_DOUBLE, "fault-delay-ms", F(opts.fault.delay_ms), .arg = "N", KVR_CLI_MIN(0),
+     .help = "slow fault: extra simulated ms per token"},
+    {KVR_CLI_DOUBLE, "fault-duration-ms", F(opts.fault.duration_ms), .arg = "N", KVR_CLI_MIN(0),
+     .help = "refuse fault: wall-clock ms before listening again; 0 = until POST /sim/fault"},
+    {KVR_CLI_ENUM, "log-level", F(log_level), .arg = "LEVEL", .names = log_names,
+     .help = "debug, info, warn, error, off"},
+    {KVR_CLI_SWITCH, "print-costs", F(print_costs), .set = 1,
+     .help = "print the cost model's sanity figures and exit"},
+    {KVR_CLI_SWITCH, "calibrate", F(calibrate), .set = 1,
+     .help = "simulate the multi-turn workload offline at --cal-rates and print latency "
+             "percentiles"},
+    {KVR_CLI_LIST, "cal-rates", KVR_CLI_ARRAY(sim_cli_t, cal.rates, cal.nrates), .arg = "LIST",
+     .elem = KVR_CLI_DOUBLE, KVR_CLI_GT(0), .help = "calibrate: comma-separated request rates"},
+    {KVR_CLI_UINT, "cal-requests", F(cal.requests), .arg = "N",
+     .help = "calibrate: requests per rate"},
+    {KVR_CLI_UINT, "cal-output-mean", F(cal.output_mean), .arg = "N",
+     .help = "calibrate: mean output tokens, uniform over [N/2, 3N/2]"},
+    {KVR_CLI_UINT, "cal-answer-mean", F(cal.answer_mean), .arg = "N",
+     .help = "calibrate: the history carries a dataset answer of U[N/2, 3N/2] tokens instead of "
+             "the generated one, as with a pre-recorded multi-turn dataset; 0 = resend the "
+             "generated answer"},
+};
 
-/* ---- --print-costs ---- */
-
-static void print_costs(const kvr_sim_config_t *cfg) {
-  const kvr_sim_cost_t *c = &cfg->cost;
-  printf("cost model: fixed_ms=%g per_seq_ms=%g prefill_tok_us=%g decode_ctx_ns=%g "
-         "attn_pair_ns=%g\n",
-         c->fixed_ms, c->per_seq_ms, c->prefill_tok_us, c->decode_ctx_ns, c->attn_pair_ns);
-  printf("kv cache: %u blocks x %u tokens = %llu tokens\n", cfg->num_gpu_blocks, cfg->block_size,
-         (unsigned long long)cfg->num_gpu_blocks * cfg->block_size);
-  const uint32_t seqs[] = {1, 16, 32, 64, 96};
-  for (size_t i = 0; i < KVR_ARRAY_SIZE(seqs); i++) {
-    double d = kvr_sim_cost_step(c, seqs[i], 0, (uint64_t)seqs[i] * 6000, 0);
-    printf("decode step, %2u seqs x 6000 ctx: %6.1f ms  (%.0f output tok/s)\n", seqs[i], d * 1e3,
-           seqs[i] / d);
-  }
-  const uint32_t cold[] = {3500, 7000};
-  for (size_t i = 0; i < KVR_ARRAY_SIZE(cold); i++) {
-    double n = cold[i];
-    double d = kvr_sim_cost_step(c, 1, cold[i], 0, n * (n + 1) / 2);
-    printf("cold prefill %u tokens (alone): %6.1f ms\n", cold[i], d * 1e3);
-  }
-  /* turn 2 of a conversation: 4,100-token prompt of which 4,080 are cached */
-  double d = kvr_sim_cost_step(c, 1, 20, 0, 20.0 * (4080 + 21 / 2.0));
-  printf("cached follow-up, 20 new tokens after 4080 cached: %6.1f ms\n", d * 1e3);
-  d = kvr_sim_cost_step(c, 1, 7000, 0, 7000.0 * 7001 / 2) +
-      kvr_sim_cost_step(c, 32, 0, 32ull * 6000, 0) - kvr_sim_cost_step(c, 1, 0, 0, 0);
-  printf("7000-token prefill step with 32 decodes of 6000 ctx: %6.1f ms\n", d * 1e3);
-}
-
-/* ---- --calibrate: the multi-turn workload in virtual time ---- */
-
-typedef struct conv_s {
-  uint32_t turn;      /* turns sent so far */
-  kvr_sim_toks_t ctx; /* the conversation so far: starter, follow-ups, answers */
-} conv_t;
-
-typedef struct creq_s {
-  uint32_t conv;
-  double arrival, first, last;
-  uint32_t ntok, ninput, ncached;
-  double max_itl;
-} creq_t;
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, size_t n, double p) {
-  if (n == 0)
-    return 0;
-  qsort(v, n, sizeof(double), cmp_double);
-  size_t i = (size_t)ceil(p / 100.0 * (double)n);
-  return v[i > 0 ? i - 1 : 0];
-}
-
-static double exp_draw(uint64_t *state, double rate) {
-  double u = (double)((kvr_sim_tokens_mix(++*state) >> 11) + 1) * 0x1.0p-53;
-  return -log(u) / rate;
-}
-
-/* Appends a pseudo-random run of n token ids determined by key. */
-static void push_ids(kvr_sim_toks_t *t, uint64_t key, uint32_t n) {
-  for (uint32_t i = 0; i < n; i++)
-    kvr_sim_toks_push(t, (uint32_t)(kvr_sim_tokens_mix(key * 1000003u + i) % 128000u));
-}
-
-static void calibrate_rate(const kvr_sim_config_t *cfg, double rate, uint32_t nreq,
-                           uint32_t out_mean, uint32_t answer_mean, uint64_t seed) {
-  kvr_sim_engine_t *eng = kvr_sim_engine_new(cfg);
-  /* Requests arrive as a Poisson process at `rate`. Each arrival is the next turn of a conversation
-   * whose previous turn has finished (oldest first), or the first turn of a new conversation when
-   * none is ready: many users chatting, each resending the whole history with the answer. */
-  conv_t *convs = calloc(nreq, sizeof(*convs));
-  uint32_t *ready = calloc(nreq, sizeof(uint32_t));
-  uint32_t ready_head = 0, ready_tail = 0, nconv = 0;
-  creq_t *reqs = calloc(nreq, sizeof(*reqs));
-  double *arrivals = calloc(nreq, sizeof(double));
-  double *itls = NULL;
-  size_t nitl = 0, citl = 0;
-  uint64_t rs = seed * 7919 + (uint64_t)(rate * 1000);
-  double t = 0;
-  for (uint32_t i = 0; i < nreq; i++) {
-    t += exp_draw(&rs, rate);
-    arrivals[i] = t;
-  }
-  uint32_t sent = 0, done = 0, running_max = 0;
-  double now = 0, conc_area = 0;
-  while (done < nreq) {
-    for (; sent < nreq && arrivals[sent] <= now; sent++) {
-      uint32_t c;
-      if (ready_head < ready_tail) {
-        c = ready[ready_head++];
-      } else {
-        c = nconv++;
-        uint32_t starter = c % 10;
-        kvr_sim_toks_push(&convs[c].ctx, 128000u);
-        push_ids(&convs[c].ctx, 1 + starter, 3500 + (starter * 53) % 500);
-      }
-      conv_t *cv = &convs[c];
-      push_ids(&cv->ctx, 0x10000000ull + c * 16 + cv->turn, 20); /* the user's follow-up */
-      uint32_t out =
-          out_mean / 2 + (uint32_t)(kvr_sim_tokens_mix(rs++) % (out_mean + 1)); /* U[m/2, 3m/2] */
-      creq_t *r = &reqs[sent];
-      r->conv = c;
-      r->arrival = arrivals[sent];
-      r->ninput = (uint32_t)cv->ctx.n;
-      kvr_sim_engine_add(eng, cv->ctx.v, (uint32_t)cv->ctx.n, out, KVR_SIM_FINISH_LENGTH,
-                         kvr_sim_tokens_mix(sent), r);
-      cv->turn++;
-    }
-    if (!kvr_sim_engine_busy(eng)) {
-      now = arrivals[sent];
-      continue;
-    }
-    kvr_sim_stats_t st;
-    kvr_sim_engine_stats(eng, &st);
-    uint32_t inflight = st.running + st.waiting;
-    running_max = KVR_MAX(running_max, inflight);
-    kvr_sim_step_t step;
-    kvr_sim_engine_step(eng, &step);
-    conc_area += inflight * step.duration_s;
-    now += step.duration_s;
-    for (size_t i = 0; i < step.nevents; i++) {
-      kvr_sim_event_t *ev = &step.events[i];
-      creq_t *r = ev->req->data;
-      if (ev->new_tokens == 0)
-        continue;
-      if (r->ntok == 0) {
-        r->first = now;
-        r->ncached = (uint32_t)KVR_MAX(ev->req->num_cached, 0);
-      } else {
-        if (nitl == citl) {
-          citl = citl ? citl * 2 : 65536;
-          itls = realloc(itls, citl * sizeof(double));
-        }
-        itls[nitl++] = now - r->last;
-      }
-      r->last = now;
-      r->ntok++;
-      if (ev->finished) {
-        conv_t *cv = &convs[r->conv];
-        cv->ctx.n = 0;
-        /* the history resent next turn: the generated answer, or a dataset's reference answer */
-        uint32_t keep = answer_mean ? ev->req->num_prompt : ev->req->ntokens;
-        for (uint32_t k = 0; k < keep; k++)
-          kvr_sim_toks_push(&cv->ctx, ev->req->tokens[k]);
-        if (answer_mean)
-          push_ids(&cv->ctx, 0x20000000ull + r->conv * 16 + cv->turn,
-                   answer_mean / 2 + (uint32_t)(kvr_sim_tokens_mix(rs++) % (answer_mean + 1)));
-        if (cv->turn < 5)
-          ready[ready_tail++] = r->conv;
-        kvr_sim_engine_remove(eng, ev->req);
-        done++;
-      }
-    }
-  }
-  size_t n = done;
-  double *ttft = malloc(n * sizeof(double)), *tpot = malloc(n * sizeof(double));
-  double in_sum = 0, out_sum = 0, cached_sum = 0, first_arrival = INFINITY, last_end = 0;
-  for (size_t i = 0; i < n; i++) {
-    ttft[i] = reqs[i].first - reqs[i].arrival;
-    tpot[i] = reqs[i].ntok > 1 ? (reqs[i].last - reqs[i].first) / (reqs[i].ntok - 1) : 0;
-    in_sum += reqs[i].ninput;
-    out_sum += reqs[i].ntok;
-    cached_sum += reqs[i].ncached;
-    first_arrival = fmin(first_arrival, reqs[i].arrival);
-    last_end = fmax(last_end, reqs[i].last);
-  }
-  kvr_sim_stats_t st;
-  kvr_sim_engine_stats(eng, &st);
-  double span = last_end - first_arrival;
-  printf(
-      "%5.2f %5zu %6.0f %5.0f %5.1f%% %5.1f %4u %7.0f %7.0f %7.1f %7.1f %7.1f %7.1f %6.0f %5llu\n",
-      rate, n, in_sum / n, out_sum / n, 100 * cached_sum / in_sum, conc_area / span, running_max,
-      pct(ttft, n, 50) * 1e3, pct(ttft, n, 99) * 1e3, pct(tpot, n, 50) * 1e3,
-      pct(tpot, n, 99) * 1e3, pct(itls, nitl, 50) * 1e3, pct(itls, nitl, 99) * 1e3, out_sum / span,
-      (unsigned long long)st.preemptions);
-  for (uint32_t c = 0; c < nconv; c++)
-    kvr_sim_toks_free(&convs[c].ctx);
-  free(convs);
-  free(ready);
-  free(reqs);
-  free(arrivals);
-  free(itls);
-  free(ttft);
-  free(tpot);
-  kvr_sim_engine_free(eng);
-}
-
-static int calibrate(const cli_t *cli) {
-  printf(
-      "multi-turn workload in virtual time: %u Poisson requests per rate, each the next turn of a "
-      "finished conversation (5 turns over 10 shared 3.5-4k-token starters) or a new one; output "
-      "U[%u,%u] tokens; history answers: %s %u\n",
-      cli->cal_requests, cli->cal_output_mean / 2, cli->cal_output_mean * 3 / 2,
-      cli->cal_answer_mean ? "dataset, mean" : "generated", cli->cal_answer_mean);
-  printf(" rate  reqs  in_avg out_avg cached conc  max ttft50 ttft99  tpot50  tpot99   itl50   "
-         "itl99  tok/s preempt\n");
-  const char *p = cli->cal_rates;
-  while (*p) {
-    char *end;
-    double rate = strtod(p, &end);
-    if (end == p || rate <= 0) {
-      fprintf(stderr, "kvrouter sim: --cal-rates: bad list '%s'\n", cli->cal_rates);
-      return 2;
-    }
-    calibrate_rate(&cli->opts.engine, rate, cli->cal_requests, cli->cal_output_mean,
-                   cli->cal_answer_mean, cli->opts.seed);
-    fflush(stdout);
-    p = *end == ',' ? end + 1 : end;
-  }
-  return 0;
-}
+static const kvr_cli_cmd_t sim_cmd = {
+    .name = "sim",
+    .usage = "[options]",
+    .about = "A simulated vLLM worker (Llama-70B FP8 on one H200). Serves vLLM's OpenAI API\n"
+             "(/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics,\n"
+             "POST /reset_prefix_cache) and POST|GET /sim/fault; see bench/sim/README.md.",
+    .opts = options,
+    .nopts = KVR_ARRAY_SIZE(options),
+};
 
 /* ---- serving ---- */
 
@@ -369,7 +142,30 @@ static void on_walk_close(uv_handle_t *h, void *arg) {
     uv_close(h, NULL);
 }
 
-static int serve(const cli_t *cli) {
+static void print_banner(const sim_cli_t *cli, const kvr_sim_server_t *srv) {
+  const char *colon = strrchr(cli->opts.listen, ':');
+  int hostlen = colon ? (int)(colon - cli->opts.listen) : 0;
+  fprintf(stderr, "sim listening on %.*s:%d", hostlen, cli->opts.listen, kvr_sim_server_port(srv));
+  if (kvr_sim_server_admin_port(srv) > 0)
+    fprintf(stderr, " (admin port %d)", kvr_sim_server_admin_port(srv));
+  fprintf(stderr, " model=%s time_scale=%g num_gpu_blocks=%u\n", cli->opts.model,
+          cli->opts.time_scale, cli->opts.engine.num_gpu_blocks);
+}
+
+/* Frees the server, closes what is left and the loop; returns the exit status. */
+static int finish(run_t *run) {
+  kvr_sim_server_free(run->srv);
+  uv_walk(&run->loop, on_walk_close, NULL);
+  uv_run(&run->loop, UV_RUN_DEFAULT);
+  int rc = uv_loop_close(&run->loop);
+  if (rc != 0) {
+    fprintf(stderr, "kvrouter sim: loop not closed cleanly: %s\n", uv_strerror(rc));
+    return 1;
+  }
+  return 0;
+}
+
+static int serve(const sim_cli_t *cli) {
   run_t run;
   char err[256];
   memset(&run, 0, sizeof(run));
@@ -380,13 +176,11 @@ static int serve(const cli_t *cli) {
     uv_loop_close(&run.loop);
     return 2;
   }
-  int rc = kvr_sim_server_start(run.srv, err, sizeof(err));
-  if (rc != 0) {
+  if (kvr_sim_server_start(run.srv, err, sizeof(err)) != 0) {
     fprintf(stderr, "kvrouter sim: listen: %s\n", err);
     kvr_sim_server_close(run.srv, on_server_closed, NULL);
     uv_run(&run.loop, UV_RUN_DEFAULT);
-    kvr_sim_server_free(run.srv);
-    uv_loop_close(&run.loop);
+    finish(&run);
     return 1;
   }
   uv_signal_init(&run.loop, &run.sigint);
@@ -394,162 +188,47 @@ static int serve(const cli_t *cli) {
   run.sigint.data = run.sigterm.data = &run;
   uv_signal_start(&run.sigint, on_signal, SIGINT);
   uv_signal_start(&run.sigterm, on_signal, SIGTERM);
-  const char *colon = strrchr(cli->opts.listen, ':');
-  int hostlen = colon ? (int)(colon - cli->opts.listen) : 0;
-  fprintf(stderr, "sim listening on %.*s:%d", hostlen, cli->opts.listen,
-          kvr_sim_server_port(run.srv));
-  if (kvr_sim_server_admin_port(run.srv) > 0)
-    fprintf(stderr, " (admin port %d)", kvr_sim_server_admin_port(run.srv));
-  fprintf(stderr, " model=%s time_scale=%g num_gpu_blocks=%u\n", cli->opts.model,
-          cli->opts.time_scale, cli->opts.engine.num_gpu_blocks);
+  print_banner(cli, run.srv);
   uv_run(&run.loop, UV_RUN_DEFAULT);
-  kvr_sim_server_free(run.srv);
-  uv_walk(&run.loop, on_walk_close, NULL);
-  uv_run(&run.loop, UV_RUN_DEFAULT);
-  rc = uv_loop_close(&run.loop);
-  if (rc != 0) {
-    fprintf(stderr, "kvrouter sim: loop not closed cleanly: %s\n", uv_strerror(rc));
-    return 1;
+  return finish(&run);
+}
+
+/* The rules between flags; the engine's own ranges are in the table (kvr_sim_config_check() is
+ * the engine's last word, its field named as the flag). */
+static int check(sim_cli_t *cli) {
+  kvr_sim_server_opts_t *o = &cli->opts;
+  o->engine.enable_prefix_caching = !cli->no_prefix_caching;
+  char err[256];
+  if (kvr_sim_config_check(&o->engine, err, sizeof(err)) != 0) {
+    for (char *c = err; *c && *c != ':'; c++)
+      if (*c == '_' || *c == '.')
+        *c = '-';
+    return kvr_cli_fail(&sim_cmd, "--%s", err);
   }
+  if ((o->fixed_ttft_ms >= 0) != (o->fixed_itl_ms >= 0))
+    return kvr_cli_fail(&sim_cmd, "%s: needs %s (give both or neither)",
+                        o->fixed_ttft_ms >= 0 ? "--fixed-ttft-ms" : "--fixed-itl-ms",
+                        o->fixed_ttft_ms >= 0 ? "--fixed-itl-ms" : "--fixed-ttft-ms");
   return 0;
 }
 
 int kvr_sim_main(int argc, char **argv) {
-  cli_t cli;
+  sim_cli_t cli;
   memset(&cli, 0, sizeof(cli));
   kvr_sim_server_opts_default(&cli.opts);
-  cli.cal_rates = "0.5,1,1.5,2,2.5,3";
-  cli.cal_requests = 300;
-  cli.cal_output_mean = 500;
-  cli.cal_answer_mean = 900;
+  kvr_sim_calibrate_opts_default(&cli.cal);
   cli.log_level = KVR_LOG_INFO;
-  kvr_sim_config_t *e = &cli.opts.engine;
-  kvr_sim_fault_t *f = &cli.opts.fault;
-  uint32_t fault_status = 500;
-  const flag_t flags[] = {
-      {"listen", F_STR, &cli.opts.listen, "HOST:PORT to serve on; port 0 picks one"},
-      {"admin-listen", F_STR, &cli.opts.admin_listen,
-       "optional second HOST:PORT serving the same API, reachable during the refuse fault"},
-      {"model", F_STR, &cli.opts.model, "served model name"},
-      {"time-scale", F_DBL, &cli.opts.time_scale,
-       "run N times faster than real time; metrics report simulated time"},
-      {"seed", F_U64, &cli.opts.seed, "seed of generated text, ids and the error-rate coin"},
-      {"num-gpu-blocks", F_U32, &e->num_gpu_blocks,
-       "KV cache blocks: 53.15 GiB / 163,840 B per token / 16 tokens per block"},
-      {"block-size", F_U32, &e->block_size, "tokens per KV block"},
-      {"max-num-seqs", F_U32, &e->max_num_seqs, "max running requests"},
-      {"max-num-batched-tokens", F_U32, &e->max_num_batched_tokens, "token budget per engine step"},
-      {"max-model-len", F_U32, &e->max_model_len, "prompt + output limit"},
-      {"no-enable-prefix-caching", F_FLAG, &cli.no_prefix_caching, "disable prefix caching"},
-      {"output-len-mean", F_U32, &cli.opts.output_len_mean,
-       "mean natural answer length when ignore_eos is off: EOS after U[N/2, 3N/2] tokens; 0 = "
-       "run to max_tokens"},
-      {"cost-fixed-ms", F_DBL, &e->cost.fixed_ms, "step cost: fixed ms per step"},
-      {"cost-per-seq-ms", F_DBL, &e->cost.per_seq_ms, "step cost: ms per scheduled sequence"},
-      {"cost-prefill-tok-us", F_DBL, &e->cost.prefill_tok_us, "step cost: us per prefilled token"},
-      {"cost-decode-ctx-ns", F_DBL, &e->cost.decode_ctx_ns,
-       "step cost: ns per context token of each decoding sequence"},
-      {"cost-attn-pair-ns", F_DBL, &e->cost.attn_pair_ns,
-       "step cost: ns per query-key pair of prefill attention"},
-      {"fixed-ttft-ms", F_DBL, &cli.opts.fixed_ttft_ms,
-       "bypass the engine: first token after X simulated ms (needs --fixed-itl-ms)"},
-      {"fixed-itl-ms", F_DBL, &cli.opts.fixed_itl_ms,
-       "bypass the engine: then one token every Y ms"},
-      {"fault", F_FAULT, &f->mode, "initial fault: none, error, hang, disconnect, slow, refuse"},
-      {"fault-status", F_U32, &fault_status, "error fault: HTTP status"},
-      {"fault-rate", F_DBL, &f->rate, "error fault: fraction of requests failed"},
-      {"fault-after-tokens", F_U32, &f->after_tokens, "disconnect fault: tokens before the close"},
-      {"fault-delay-ms", F_DBL, &f->delay_ms, "slow fault: extra simulated ms per token"},
-      {"fault-duration-ms", F_DBL, &f->duration_ms,
-       "refuse fault: wall-clock ms before listening again; 0 = until POST /sim/fault"},
-      {"log-level", F_LOG, &cli.log_level, "debug, info, warn, error, off (default info)"},
-      {"print-costs", F_FLAG, &cli.print_costs, "print the cost model's sanity figures and exit"},
-      {"calibrate", F_FLAG, &cli.calibrate,
-       "simulate the multi-turn workload offline at --cal-rates and print latency percentiles"},
-      {"cal-rates", F_STR, &cli.cal_rates, "calibrate: comma-separated request rates"},
-      {"cal-requests", F_U32, &cli.cal_requests, "calibrate: requests per rate"},
-      {"cal-output-mean", F_U32, &cli.cal_output_mean,
-       "calibrate: mean output tokens, uniform over [N/2, 3N/2]"},
-      {"cal-answer-mean", F_U32, &cli.cal_answer_mean,
-       "calibrate: the history carries a dataset answer of U[N/2, 3N/2] tokens instead of the "
-       "generated one, as with a pre-recorded multi-turn dataset; 0 = resend the generated answer"},
-      {"help", F_FLAG, &cli.help, "this text"},
-  };
-  char defaults[KVR_ARRAY_SIZE(flags)][64];
-  for (size_t k = 0; k < KVR_ARRAY_SIZE(flags); k++)
-    flag_value(&flags[k], defaults[k], sizeof(defaults[k]));
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (strncmp(a, "--", 2) != 0) {
-      fprintf(stderr, "kvrouter sim: unexpected argument '%s' (see --help)\n", a);
-      return 2;
-    }
-    a += 2;
-    const char *eq = strchr(a, '=');
-    size_t nlen = eq ? (size_t)(eq - a) : strlen(a);
-    const flag_t *fl = NULL;
-    for (size_t k = 0; k < KVR_ARRAY_SIZE(flags); k++) {
-      if (strlen(flags[k].name) == nlen && strncmp(flags[k].name, a, nlen) == 0)
-        fl = &flags[k];
-    }
-    if (fl == NULL) {
-      fprintf(stderr, "kvrouter sim: unknown flag --%.*s (see --help)\n", (int)nlen, a);
-      return 2;
-    }
-    if (fl->kind == F_FLAG) {
-      if (eq) {
-        fprintf(stderr, "kvrouter sim: --%s takes no value\n", fl->name);
-        return 2;
-      }
-      *(bool *)fl->dst = true;
-      continue;
-    }
-    const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-    if (v == NULL) {
-      fprintf(stderr, "kvrouter sim: --%s needs a value\n", fl->name);
-      return 2;
-    }
-    if (parse_value(fl, v) != 0) {
-      fprintf(stderr, "kvrouter sim: --%s: invalid value '%s'\n", fl->name, v);
-      return 2;
-    }
+  int rc = kvr_cli_main(&sim_cmd, &cli, argc, argv, NULL);
+  if (rc == KVR_CLI_CONTINUE && (rc = check(&cli)) == 0) {
+    kvr_log_set_level(cli.log_level);
+    cli.cal.seed = cli.opts.seed;
+    if (cli.print_costs)
+      kvr_sim_calibrate_print_costs(stdout, &cli.opts.engine);
+    else if (cli.calibrate)
+      kvr_sim_calibrate_run(stdout, &cli.opts.engine, &cli.cal);
+    else
+      rc = serve(&cli);
   }
-  if (cli.help) {
-    usage(stdout, flags, KVR_ARRAY_SIZE(flags), defaults);
-    return 0;
-  }
-  f->status = (int)KVR_MIN(fault_status, 1000u);
-  kvr_log_set_level(cli.log_level);
-  e->enable_prefix_caching = !cli.no_prefix_caching;
-  char err[256];
-  if (kvr_sim_config_check(e, err, sizeof(err)) != 0) {
-    /* name the flag, not the struct field */
-    char flag[256];
-    snprintf(flag, sizeof(flag), "%s", err);
-    for (char *c = flag; *c && *c != ':'; c++)
-      if (*c == '_' || *c == '.')
-        *c = '-';
-    fprintf(stderr, "kvrouter sim: --%s\n", flag);
-    return 2;
-  }
-  if (!(cli.opts.time_scale > 0) || cli.opts.time_scale > 1e6) {
-    fprintf(stderr, "kvrouter sim: --time-scale: must be in (0, 1e6]\n");
-    return 2;
-  }
-  if ((cli.opts.fixed_ttft_ms >= 0) != (cli.opts.fixed_itl_ms >= 0)) {
-    fprintf(stderr, "kvrouter sim: --fixed-ttft-ms and --fixed-itl-ms go together\n");
-    return 2;
-  }
-  if (f->rate < 0 || f->rate > 1 || f->status < 100 || f->status > 599 || f->delay_ms < 0 ||
-      f->duration_ms < 0) {
-    fprintf(stderr, "kvrouter sim: --fault-*: rate in [0,1], status in [100,599], delays >= 0\n");
-    return 2;
-  }
-  if (cli.print_costs) {
-    print_costs(e);
-    return 0;
-  }
-  if (cli.calibrate)
-    return calibrate(&cli);
-  return serve(&cli);
+  kvr_cli_free(&sim_cmd, &cli);
+  return rc;
 }

@@ -1,80 +1,37 @@
-/* config.c -- `kvrouter serve` settings: one table drives the flags, the JSON keys and --help.
+/* config.c -- `kvrouter serve` settings: the serve table of the option engine (cli.h).
  *
  * Each entry of `options` names a command-line flag, the JSON path of the same setting in the
- * config file, its type, where it lives in kvr_config_t, its default (as text: kvr_config_init()
- * parses it and --help prints it) and one line of help. Parsing a flag and parsing a JSON key go
- * through the same set_value(), so the two spellings of a setting can never disagree on validation.
- * `worker` (a list) and `policy_params` (an object) are the only special cases.
+ * config file, its kind and range, where it lives in kvr_config_t and one line of help; the engine
+ * parses flags and JSON keys through the same setters, and --help prints every default from a
+ * freshly initialized kvr_config_t, so the two spellings of a setting can never disagree on
+ * validation and the help can never disagree with the defaults. Four settings need code of their
+ * own (custom setters below): --worker (a validated list: the first --worker on the command line
+ * replaces the file's list), --policy-params (a JSON object), --listen/--admin-listen (HOST:PORT)
+ * and --config (the file, applied before every flag so flags override it wherever they stand).
+ * Cross-field rules are kvr_config_validate()'s.
  */
 #include "config.h"
 
+#include "cli.h"
 #include "kvr.h"
 #include "policies/policy.h"
 
-#include <errno.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { T_STR, T_U64, T_SIZE, T_BOOL, T_ADDR, T_LOGLEVEL } opt_type_t;
+static char *xstrdup(const char *s) {
+  char *d = strdup(s);
+  if (d == NULL)
+    abort(); /* kvrouter treats OOM as fatal (buf.h) */
+  return d;
+}
 
-typedef struct {
-  const char *flag;  /* without the leading "--" */
-  const char *jpath; /* dotted JSON path */
-  opt_type_t type;
-  size_t offset;
-  const char *defval;
-  const char *help;
-} opt_t;
-
-#define OFF(field) offsetof(kvr_config_t, field)
-#define LOFF(field) (offsetof(kvr_config_t, limits) + offsetof(kvr_http_limits_t, field))
-
-static const opt_t options[] = {
-    {"listen", "listen", T_ADDR, OFF(listen), "0.0.0.0:8000", "public OpenAI-compatible listener"},
-    {"admin-listen", "admin_listen", T_ADDR, OFF(admin_listen), "127.0.0.1:8001",
-     "operators' admin API listener (keep it off the public network)"},
-    {"policy", "policy", T_STR, OFF(policy), "kv_aware", "routing policy (see --help list below)"},
-    {"connect-timeout-ms", "timeouts.connect_ms", T_U64, OFF(connect_timeout_ms), "2000",
-     "TCP connect to a worker"},
-    {"first-byte-timeout-ms", "timeouts.first_byte_ms", T_U64, OFF(first_byte_timeout_ms), "300000",
-     "request sent to a worker -> first response byte (queued long prefills)"},
-    {"idle-timeout-ms", "timeouts.idle_ms", T_U64, OFF(idle_timeout_ms), "120000",
-     "longest silence inside a streaming response"},
-    {"header-timeout-ms", "timeouts.client_header_ms", T_U64, LOFF(header_timeout_ms), "10000",
-     "client must send its request headers (and each body piece) within this (408)"},
-    {"keepalive-timeout-ms", "timeouts.client_keepalive_ms", T_U64, LOFF(keepalive_timeout_ms),
-     "75000", "idle client connection is closed after this"},
-    {"max-body-bytes", "limits.max_body_bytes", T_SIZE, LOFF(max_body), "8388608",
-     "largest request body accepted (413 above)"},
-    {"max-url-bytes", "limits.max_url_bytes", T_SIZE, LOFF(max_url), "8192",
-     "longest request target (414 above)"},
-    {"max-header-bytes", "limits.max_header_bytes", T_SIZE, LOFF(max_header_bytes), "32768",
-     "total request header bytes (431 above)"},
-    {"max-header-fields", "limits.max_header_fields", T_SIZE, LOFF(max_header_fields), "100",
-     "request header fields (431 above)"},
-    {"max-connections", "limits.max_connections", T_SIZE, LOFF(max_connections), "0",
-     "client connections at once, 0 = unlimited (503 above)"},
-    {"response-buffer-bytes", "limits.response_buffer_bytes", T_SIZE, OFF(response_buffer_max),
-     "16777216", "non-streaming responses are held whole up to this, so a failure is a clean 502"},
-    {"retry-after-s", "retry_after_s", T_U64, OFF(retry_after_s), "1",
-     "Retry-After sent with 503 when no worker is usable"},
-    {"block-chars", "cache.block_chars", T_SIZE, OFF(block_chars), "64",
-     "prefix block size in prompt characters (~16 tokens)"},
-    {"cache-capacity-blocks", "cache.capacity_blocks", T_U64, OFF(cache_capacity_blocks), "21766",
-     "per-worker KV capacity in blocks until the worker's vllm:cache_config_info says otherwise"},
-    {"scrape-interval-ms", "metrics_scrape.interval_ms", T_U64, OFF(scrape_interval_ms), "1000",
-     "how often each worker's /metrics is read, 0 = never"},
-    {"scrape-stale-ms", "metrics_scrape.stale_ms", T_U64, OFF(scrape_stale_ms), "5000",
-     "scraped figures older than this are ignored"},
-    {"fail-threshold", "health.fail_threshold", T_U64, OFF(fail_threshold), "3",
-     "consecutive connection failures that mark a worker down"},
-    {"worker-header", "worker_header", T_BOOL, OFF(worker_header), "true",
-     "add x-kvrouter-worker (the serving worker's id) to responses"},
-    {"access-log", "access_log", T_BOOL, OFF(access_log), "true", "one line per request on stderr"},
-    {"log-level", "log_level", T_LOGLEVEL, OFF(log_level), "info", "debug, info, warn, error, off"},
-    {"seed", "seed", T_U64, OFF(seed), "1", "seed of the policies' tie-breaking randomness"},
-};
+static void clear_workers(kvr_config_t *cfg) {
+  for (size_t i = 0; i < cfg->nworkers; i++)
+    free(cfg->workers[i]);
+  cfg->nworkers = 0;
+}
 
 void kvr_config_free(kvr_config_t *cfg) {
   if (cfg == NULL)
@@ -83,8 +40,7 @@ void kvr_config_free(kvr_config_t *cfg) {
   free(cfg->admin_listen);
   free(cfg->policy);
   free(cfg->log_level);
-  for (size_t i = 0; i < cfg->nworkers; i++)
-    free(cfg->workers[i]);
+  clear_workers(cfg);
   free(cfg->workers);
   cJSON_Delete(cfg->policy_params);
   memset(cfg, 0, sizeof *cfg);
@@ -142,332 +98,195 @@ int kvr_config_add_worker(kvr_config_t *cfg, const char *url, char *err, size_t 
   return 0;
 }
 
-static int parse_u64(const char *s, uint64_t *out) {
-  if (s == NULL || *s == '\0' || *s == '-')
+/* ---- the settings that need code of their own ---- */
+
+/* --worker / "workers": the first on a command line (or of the file's array) replaces the list. */
+static int set_worker(const kvr_cli_opt_t *o, void *base, const char *text, unsigned nth, char *err,
+                      size_t errlen) {
+  (void)o;
+  if (nth == 0)
+    clear_workers(base);
+  return kvr_config_add_worker(base, text, err, errlen);
+}
+
+static int set_policy_params(const kvr_cli_opt_t *o, void *base, const char *text, unsigned nth,
+                             char *err, size_t errlen) {
+  kvr_config_t *cfg = base;
+  (void)o;
+  (void)nth;
+  cJSON *p = cJSON_Parse(text);
+  if (p == NULL || !cJSON_IsObject(p)) {
+    cJSON_Delete(p);
+    snprintf(err, errlen, "not a JSON object");
     return KVR_EINVAL;
-  errno = 0;
-  char *end;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno || *end != '\0')
-    return KVR_EINVAL;
-  *out = v;
+  }
+  cJSON_Delete(cfg->policy_params);
+  cfg->policy_params = p;
   return 0;
 }
 
-/* Stores text into the option's field after validating it; `what` names the flag or JSON path. */
-static int set_value(kvr_config_t *cfg, const opt_t *o, const char *text, const char *what,
-                     char *err, size_t errlen) {
-  char *base = (char *)cfg + o->offset;
-  uint64_t v;
+static int set_addr(const kvr_cli_opt_t *o, void *base, const char *text, unsigned nth, char *err,
+                    size_t errlen) {
+  (void)nth;
   struct sockaddr_storage ss;
-  switch (o->type) {
-  case T_STR:
-  case T_ADDR:
-  case T_LOGLEVEL:
-    if (o->type == T_ADDR && kvr_parse_hostport(text, &ss) != 0) {
-      snprintf(err, errlen, "%s: '%s' is not HOST:PORT", what, text);
-      return KVR_EINVAL;
-    }
-    if (o->type == T_LOGLEVEL) {
-      if (strcmp(text, "debug") && strcmp(text, "info") && strcmp(text, "warn") &&
-          strcmp(text, "error") && strcmp(text, "off")) {
-        snprintf(err, errlen, "%s: '%s' is not one of debug, info, warn, error, off", what, text);
-        return KVR_EINVAL;
-      }
-    }
-    if (o->type == T_STR && *text == '\0') {
-      snprintf(err, errlen, "%s: must not be empty", what);
-      return KVR_EINVAL;
-    }
-    free(*(char **)base);
-    *(char **)base = strdup(text);
-    return 0;
-  case T_U64:
-  case T_SIZE:
-    if (parse_u64(text, &v) != 0) {
-      snprintf(err, errlen, "%s: '%s' is not a non-negative integer", what, text);
-      return KVR_EINVAL;
-    }
-    if (o->type == T_U64)
-      *(uint64_t *)base = v;
-    else
-      *(size_t *)base = (size_t)v;
-    return 0;
-  case T_BOOL:
-    if (strcmp(text, "true") == 0 || strcmp(text, "1") == 0 || strcmp(text, "on") == 0)
-      *(bool *)base = true;
-    else if (strcmp(text, "false") == 0 || strcmp(text, "0") == 0 || strcmp(text, "off") == 0)
-      *(bool *)base = false;
-    else {
-      snprintf(err, errlen, "%s: '%s' is not true or false", what, text);
-      return KVR_EINVAL;
-    }
-    return 0;
-  }
-  return KVR_EINVAL;
-}
-
-/* The defaults are the table's own texts, parsed like a flag: --help can never show one value
- * while the program starts with another. Limits not in the table keep the server's defaults. */
-void kvr_config_init(kvr_config_t *cfg) {
-  memset(cfg, 0, sizeof *cfg);
-  kvr_http_limits_default(&cfg->limits);
-  char err[160];
-  for (size_t i = 0; i < sizeof options / sizeof options[0]; i++)
-    if (set_value(cfg, &options[i], options[i].defval, options[i].flag, err, sizeof err) != 0) {
-      fprintf(stderr, "kvrouter: bad built-in default: %s\n", err);
-      abort();
-    }
-}
-
-static const cJSON *json_path(const cJSON *root, const char *path) {
-  char buf[128];
-  snprintf(buf, sizeof buf, "%s", path);
-  const cJSON *node = root;
-  for (char *save = NULL, *tok = strtok_r(buf, ".", &save); tok; tok = strtok_r(NULL, ".", &save)) {
-    if (!cJSON_IsObject(node))
-      return NULL;
-    node = cJSON_GetObjectItemCaseSensitive(node, tok);
-    if (node == NULL)
-      return NULL;
-  }
-  return node;
-}
-
-/* Rejects keys the table does not know, so a typo in a config file is an error, not a silent
- * default. */
-static int check_unknown_keys(const cJSON *obj, const char *prefix, const char *source, char *err,
-                              size_t errlen) {
-  for (const cJSON *it = obj->child; it; it = it->next) {
-    char path[160];
-    snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "", it->string);
-    if (strcmp(path, "workers") == 0 || strcmp(path, "policy_params") == 0)
-      continue;
-    bool known = false, is_prefix = false;
-    size_t plen = strlen(path);
-    for (size_t i = 0; i < KVR_ARRAY_SIZE(options); i++) {
-      if (strcmp(options[i].jpath, path) == 0)
-        known = true;
-      else if (strncmp(options[i].jpath, path, plen) == 0 && options[i].jpath[plen] == '.')
-        is_prefix = true;
-    }
-    if (known)
-      continue;
-    if (is_prefix && cJSON_IsObject(it)) {
-      if (check_unknown_keys(it, path, source, err, errlen) != 0)
-        return KVR_EINVAL;
-      continue;
-    }
-    snprintf(err, errlen, "%s: %s: unknown setting", source, path);
+  if (kvr_parse_hostport(text, &ss) != 0) {
+    snprintf(err, errlen, "'%s' is not HOST:PORT", text);
     return KVR_EINVAL;
   }
+  char **dst = (char **)((char *)base + o->off);
+  free(*dst);
+  *dst = xstrdup(text);
   return 0;
 }
 
-int kvr_config_apply_json(kvr_config_t *cfg, const char *json, size_t len, const char *source,
-                          char *err, size_t errlen) {
-  cJSON *root = cJSON_ParseWithLength(json, len);
-  if (root == NULL || !cJSON_IsObject(root)) {
-    snprintf(err, errlen, "%s: not a JSON object", source);
-    cJSON_Delete(root);
-    return KVR_EINVAL;
-  }
-  int rc = check_unknown_keys(root, "", source, err, errlen);
-  for (size_t i = 0; rc == 0 && i < KVR_ARRAY_SIZE(options); i++) {
-    const opt_t *o = &options[i];
-    const cJSON *v = json_path(root, o->jpath);
-    if (v == NULL)
-      continue;
-    char what[200], text[64];
-    snprintf(what, sizeof what, "%s: %s", source, o->jpath);
-    const char *s = NULL;
-    if (cJSON_IsString(v)) {
-      s = v->valuestring;
-      if (o->type == T_U64 || o->type == T_SIZE || o->type == T_BOOL) {
-        snprintf(err, errlen, "%s: must be a %s, not a string", what,
-                 o->type == T_BOOL ? "boolean" : "number");
-        rc = KVR_EINVAL;
-        break;
-      }
-    } else if (cJSON_IsBool(v) && o->type == T_BOOL) {
-      s = cJSON_IsTrue(v) ? "true" : "false";
-    } else if (cJSON_IsNumber(v) && (o->type == T_U64 || o->type == T_SIZE)) {
-      if (v->valuedouble < 0 || v->valuedouble != (double)(uint64_t)v->valuedouble) {
-        snprintf(err, errlen, "%s: must be a non-negative integer", what);
-        rc = KVR_EINVAL;
-        break;
-      }
-      snprintf(text, sizeof text, "%llu", (unsigned long long)v->valuedouble);
-      s = text;
-    } else {
-      snprintf(err, errlen, "%s: wrong type", what);
-      rc = KVR_EINVAL;
-      break;
-    }
-    rc = set_value(cfg, o, s, what, err, errlen);
-  }
-  const cJSON *workers = cJSON_GetObjectItemCaseSensitive(root, "workers");
-  if (rc == 0 && workers) {
-    if (!cJSON_IsArray(workers)) {
-      snprintf(err, errlen, "%s: workers: must be an array of URLs", source);
-      rc = KVR_EINVAL;
-    }
-    int idx = 0;
-    for (const cJSON *w = workers->child; rc == 0 && w; w = w->next, idx++) {
-      if (!cJSON_IsString(w)) {
-        snprintf(err, errlen, "%s: workers[%d]: must be a URL string", source, idx);
-        rc = KVR_EINVAL;
-        break;
-      }
-      char e2[300];
-      if (kvr_config_add_worker(cfg, w->valuestring, e2, sizeof e2) != 0) {
-        snprintf(err, errlen, "%s: workers[%d]: %s", source, idx, e2);
-        rc = KVR_EINVAL;
-      }
-    }
-  }
-  const cJSON *params = cJSON_GetObjectItemCaseSensitive(root, "policy_params");
-  if (rc == 0 && params) {
-    if (!cJSON_IsObject(params)) {
-      snprintf(err, errlen, "%s: policy_params: must be an object", source);
-      rc = KVR_EINVAL;
-    } else {
-      cJSON_Delete(cfg->policy_params);
-      cfg->policy_params = cJSON_Duplicate(params, 1);
-    }
-  }
-  cJSON_Delete(root);
-  return rc;
+static void show_addr(const kvr_cli_opt_t *o, const void *base, char *buf, size_t len) {
+  const char *const *s = (const char *const *)((const char *)base + o->off);
+  snprintf(buf, len, "%s", *s ? *s : "");
 }
 
-static int load_file(kvr_config_t *cfg, const char *path, char *err, size_t errlen) {
+/* --config FILE.json: read and applied before the other flags. */
+static int set_config_file(const kvr_cli_opt_t *o, void *base, const char *path, unsigned nth,
+                           char *err, size_t errlen) {
+  (void)o;
+  (void)nth;
   kvr_buf_t b = KVR_BUF_INIT;
-  char e2[400];
-  if (kvr_buf_read_file(&b, path, 1u << 24, e2, sizeof e2) != 0) {
-    snprintf(err, errlen, "--config: %s", e2);
+  if (kvr_buf_read_file(&b, path, 1u << 24, err, errlen) != 0)
     return KVR_EINVAL;
-  }
-  int rc = kvr_config_apply_json(cfg, b.data ? b.data : "", b.len, path, err, errlen);
+  int rc = kvr_config_apply_json(base, b.data ? b.data : "", b.len, path, err, errlen);
   kvr_buf_free(&b);
   return rc;
 }
 
-void kvr_config_usage(FILE *out) {
+static void print_policies(FILE *out) {
   char names[256];
   kvr_policy_names(names, sizeof names);
-  fprintf(out,
-          "usage: kvrouter serve --worker URL [--worker URL ...] [options]\n"
-          "\n"
-          "Runs the KV-cache-aware reverse proxy in front of OpenAI-compatible (vLLM) workers.\n"
-          "Settings come from defaults, then --config FILE.json, then flags.\n"
-          "\n"
-          "  --worker URL                 a worker base URL (http://HOST:PORT); repeat for each\n"
-          "                               (JSON: \"workers\": [URL, ...])\n"
-          "  --config FILE.json           read settings from a JSON file (keys in parentheses)\n"
-          "  --policy-params JSON         parameters of the policy as a JSON object\n"
-          "                               (JSON: \"policy_params\": {...})\n");
-  for (size_t i = 0; i < KVR_ARRAY_SIZE(options); i++) {
-    const opt_t *o = &options[i];
-    char flag[64];
-    snprintf(flag, sizeof flag, "--%s %s", o->flag,
-             o->type == T_BOOL                         ? "BOOL"
-             : (o->type == T_U64 || o->type == T_SIZE) ? "N"
-                                                       : "VALUE");
-    fprintf(out, "  %-28s %s (default %s; JSON: %s)\n", flag, o->help, o->defval, o->jpath);
-  }
-  fprintf(out, "  -h, --help                   this text\n\npolicies: %s\n", names);
+  fprintf(out, "\npolicies: %s\n", names);
 }
 
-static const opt_t *find_flag(const char *name) {
-  for (size_t i = 0; i < KVR_ARRAY_SIZE(options); i++)
-    if (strcmp(options[i].flag, name) == 0)
-      return &options[i];
-  return NULL;
+/* ---- the table ---- */
+
+#define F(field) KVR_CLI_FIELD(kvr_config_t, field)
+
+static const char *const log_levels[] = {"debug", "info", "warn", "error", "off", NULL};
+
+static const kvr_cli_opt_t options[] = {
+    {KVR_CLI_CUSTOM, "worker", .arg = "URL", .json = "workers", .flags = KVR_CLI_JSON_LIST,
+     .help = "a worker base URL (http://HOST:PORT); repeat for each", .parse = set_worker},
+    {KVR_CLI_CUSTOM, "config", .arg = "FILE.json", .flags = KVR_CLI_EARLY,
+     .help = "read settings from a JSON file (keys as in JSON: below); flags override it",
+     .parse = set_config_file},
+    {KVR_CLI_CUSTOM, "policy-params", .arg = "JSON", .json = "policy_params",
+     .flags = KVR_CLI_JSON_RAW, .help = "parameters of the policy as a JSON object",
+     .parse = set_policy_params},
+    {KVR_CLI_CUSTOM, "listen", F(listen), .arg = "HOST:PORT", .json = "listen",
+     .help = "public OpenAI-compatible listener", .parse = set_addr, .show = show_addr},
+    {KVR_CLI_CUSTOM, "admin-listen", F(admin_listen), .arg = "HOST:PORT", .json = "admin_listen",
+     .help = "operators' admin API listener (keep it off the public network)", .parse = set_addr,
+     .show = show_addr},
+    {KVR_CLI_STR, "policy", F(policy), .arg = "NAME", .json = "policy",
+     .flags = KVR_CLI_OWNED | KVR_CLI_NONEMPTY, .help = "routing policy (see the list below)"},
+    {KVR_CLI_UINT, "connect-timeout-ms", F(connect_timeout_ms), .arg = "MS",
+     .json = "timeouts.connect_ms", .help = "TCP connect to a worker"},
+    {KVR_CLI_UINT, "first-byte-timeout-ms", F(first_byte_timeout_ms), .arg = "MS",
+     .json = "timeouts.first_byte_ms",
+     .help = "request sent to a worker -> first response byte (queued long prefills)"},
+    {KVR_CLI_UINT, "idle-timeout-ms", F(idle_timeout_ms), .arg = "MS", .json = "timeouts.idle_ms",
+     .help = "longest silence inside a streaming response"},
+    {KVR_CLI_UINT, "header-timeout-ms", F(limits.header_timeout_ms), .arg = "MS",
+     .json = "timeouts.client_header_ms",
+     .help = "client must send its request headers (and each body piece) within this (408)"},
+    {KVR_CLI_UINT, "keepalive-timeout-ms", F(limits.keepalive_timeout_ms), .arg = "MS",
+     .json = "timeouts.client_keepalive_ms", .help = "idle client connection is closed after this"},
+    {KVR_CLI_UINT, "max-body-bytes", F(limits.max_body), .arg = "N",
+     .json = "limits.max_body_bytes", .help = "largest request body accepted (413 above)"},
+    {KVR_CLI_UINT, "max-url-bytes", F(limits.max_url), .arg = "N", .json = "limits.max_url_bytes",
+     .help = "longest request target (414 above)"},
+    {KVR_CLI_UINT, "max-header-bytes", F(limits.max_header_bytes), .arg = "N",
+     .json = "limits.max_header_bytes", .help = "total request header bytes (431 above)"},
+    {KVR_CLI_UINT, "max-header-fields", F(limits.max_header_fields), .arg = "N",
+     .json = "limits.max_header_fields", .help = "request header fields (431 above)"},
+    {KVR_CLI_UINT, "max-connections", F(limits.max_connections), .arg = "N",
+     .json = "limits.max_connections",
+     .help = "client connections at once, 0 = unlimited (503 above)"},
+    {KVR_CLI_UINT, "response-buffer-bytes", F(response_buffer_max), .arg = "N",
+     .json = "limits.response_buffer_bytes",
+     .help = "non-streaming responses are held whole up to this, so a failure is a clean 502"},
+    {KVR_CLI_UINT, "retry-after-s", F(retry_after_s), .arg = "S", .json = "retry_after_s",
+     .help = "Retry-After sent with 503 when no worker is usable"},
+    {KVR_CLI_UINT, "block-chars", F(block_chars), .arg = "N", .json = "cache.block_chars",
+     .help = "prefix block size in prompt characters (~16 tokens)"},
+    {KVR_CLI_UINT, "cache-capacity-blocks", F(cache_capacity_blocks), .arg = "N",
+     .json = "cache.capacity_blocks",
+     .help = "per-worker KV capacity in blocks until the worker's vllm:cache_config_info says "
+             "otherwise"},
+    {KVR_CLI_UINT, "scrape-interval-ms", F(scrape_interval_ms), .arg = "MS",
+     .json = "metrics_scrape.interval_ms",
+     .help = "how often each worker's /metrics is read, 0 = never"},
+    {KVR_CLI_UINT, "scrape-stale-ms", F(scrape_stale_ms), .arg = "MS",
+     .json = "metrics_scrape.stale_ms", .help = "scraped figures older than this are ignored"},
+    {KVR_CLI_UINT, "fail-threshold", F(fail_threshold), .arg = "N", .json = "health.fail_threshold",
+     .help = "consecutive connection failures that mark a worker down"},
+    {KVR_CLI_BOOL, "worker-header", F(worker_header), .json = "worker_header",
+     .help = "add x-kvrouter-worker (the serving worker's id) to responses"},
+    {KVR_CLI_BOOL, "access-log", F(access_log), .json = "access_log",
+     .help = "one line per request on stderr"},
+    {KVR_CLI_STR, "log-level", F(log_level), .arg = "LEVEL", .json = "log_level",
+     .flags = KVR_CLI_OWNED, .names = log_levels, .help = "debug, info, warn, error, off"},
+    {KVR_CLI_UINT, "seed", F(seed), .arg = "N", .json = "seed",
+     .help = "seed of the policies' tie-breaking randomness"},
+};
+
+static const kvr_cli_cmd_t serve_cmd = {
+    .name = "serve",
+    .usage = "--worker URL [--worker URL ...] [options]",
+    .about = "Runs the KV-cache-aware reverse proxy in front of OpenAI-compatible (vLLM) workers.\n"
+             "Settings come from defaults, then --config FILE.json, then flags.",
+    .opts = options,
+    .nopts = KVR_ARRAY_SIZE(options),
+    .epilog = print_policies,
+};
+
+/* The defaults --help shows are read from here: the two cannot disagree. Limits not in the table
+ * keep the server's defaults. */
+void kvr_config_init(kvr_config_t *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  kvr_http_limits_default(&cfg->limits);
+  cfg->listen = xstrdup("0.0.0.0:8000");
+  cfg->admin_listen = xstrdup("127.0.0.1:8001");
+  cfg->policy = xstrdup("kv_aware");
+  cfg->connect_timeout_ms = 2000;
+  cfg->first_byte_timeout_ms = 300000;
+  cfg->idle_timeout_ms = 120000;
+  cfg->response_buffer_max = 16u << 20;
+  cfg->retry_after_s = 1;
+  cfg->block_chars = 64;
+  cfg->cache_capacity_blocks = 21766;
+  cfg->scrape_interval_ms = 1000;
+  cfg->scrape_stale_ms = 5000;
+  cfg->fail_threshold = 3;
+  cfg->worker_header = true;
+  cfg->access_log = true;
+  cfg->log_level = xstrdup("info");
+  cfg->seed = 1;
+}
+
+int kvr_config_apply_json(kvr_config_t *cfg, const char *json, size_t len, const char *source,
+                          char *err, size_t errlen) {
+  return kvr_cli_apply_json(&serve_cmd, cfg, json, len, source, err, errlen);
+}
+
+void kvr_config_usage(FILE *out) {
+  kvr_config_t cfg;
+  kvr_config_init(&cfg);
+  kvr_cli_help(&serve_cmd, &cfg, out);
+  kvr_config_free(&cfg);
 }
 
 int kvr_config_parse_args(kvr_config_t *cfg, int argc, char **argv, FILE *out, char *err,
                           size_t errlen) {
-  /* First pass: --help and --config, so flags override the file wherever they stand. */
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-      kvr_config_usage(out);
-      return 1;
-    }
-    if (strcmp(argv[i], "--config") == 0 || strncmp(argv[i], "--config=", 9) == 0) {
-      const char *path = argv[i][8] == '=' ? argv[i] + 9 : (i + 1 < argc ? argv[++i] : NULL);
-      if (path == NULL) {
-        snprintf(err, errlen, "--config: missing file name");
-        return KVR_EINVAL;
-      }
-      if (load_file(cfg, path, err, errlen) != 0)
-        return KVR_EINVAL;
-    }
-  }
-  bool cli_workers = false;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (strncmp(a, "--", 2) != 0) {
-      snprintf(err, errlen, "unexpected argument '%s' (see kvrouter serve --help)", a);
-      return KVR_EINVAL;
-    }
-    char name[64];
-    const char *val = NULL;
-    const char *eq = strchr(a + 2, '=');
-    size_t nlen = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
-    if (nlen >= sizeof name) {
-      snprintf(err, errlen, "unknown option '%s' (see kvrouter serve --help)", a);
-      return KVR_EINVAL;
-    }
-    memcpy(name, a + 2, nlen);
-    name[nlen] = '\0';
-    if (eq)
-      val = eq + 1;
-    bool known = strcmp(name, "config") == 0 || strcmp(name, "worker") == 0 ||
-                 strcmp(name, "policy-params") == 0 || find_flag(name) != NULL;
-    if (!known) {
-      snprintf(err, errlen, "unknown option '--%s' (see kvrouter serve --help)", name);
-      return KVR_EINVAL;
-    }
-    if (val == NULL) {
-      if (i + 1 >= argc) {
-        snprintf(err, errlen, "--%s: missing value", name);
-        return KVR_EINVAL;
-      }
-      val = argv[++i];
-    }
-    if (strcmp(name, "config") == 0)
-      continue;
-    if (strcmp(name, "worker") == 0) {
-      if (!cli_workers) {
-        /* Workers on the command line replace the file's list rather than adding to it. */
-        for (size_t k = 0; k < cfg->nworkers; k++)
-          free(cfg->workers[k]);
-        cfg->nworkers = 0;
-        cli_workers = true;
-      }
-      char e2[300];
-      if (kvr_config_add_worker(cfg, val, e2, sizeof e2) != 0) {
-        snprintf(err, errlen, "--worker: %s", e2);
-        return KVR_EINVAL;
-      }
-      continue;
-    }
-    if (strcmp(name, "policy-params") == 0) {
-      cJSON *p = cJSON_Parse(val);
-      if (p == NULL || !cJSON_IsObject(p)) {
-        cJSON_Delete(p);
-        snprintf(err, errlen, "--policy-params: not a JSON object");
-        return KVR_EINVAL;
-      }
-      cJSON_Delete(cfg->policy_params);
-      cfg->policy_params = p;
-      continue;
-    }
-    char what[80];
-    snprintf(what, sizeof what, "--%s", name);
-    if (set_value(cfg, find_flag(name), val, what, err, errlen) != 0)
-      return KVR_EINVAL;
-  }
+  int rc = kvr_cli_parse(&serve_cmd, cfg, argc, argv, NULL, out, err, errlen);
+  if (rc != 0)
+    return rc;
   return kvr_config_validate(cfg, err, errlen);
 }
 

@@ -3,8 +3,8 @@
  * Precedence: defaults < --config FILE.json < command-line flags. Every error names the offending
  * flag or JSON path in one line ("config.json: timeouts.first_byte_ms: must be a positive
  * integer"). The reference of every key, with defaults, is kvr_config_usage() (printed by `serve
- * --help`) and the README's configuration section; both are generated from the same table in
- * config.c.
+ * --help`) and the README's configuration section; both come from the same option table in
+ * config.c (the engine is cli.h, shared by every subcommand).
  */
 #ifndef KVR_CONFIG_H
 #define KVR_CONFIG_H
@@ -44,8 +44,9 @@ typedef struct kvr_config_s {
 void kvr_config_init(kvr_config_t *cfg);
 void kvr_config_free(kvr_config_t *cfg);
 
-/* Parses `serve` arguments (argv[0] is "serve"), loading --config first wherever it appears.
- * Returns 0, 1 if --help was printed to out, or a negative code with a one-line message in err. */
+/* Parses `serve` arguments (argv[0] is "serve") through the option engine (cli.h), loading
+ * --config first wherever it appears, then checks kvr_config_validate(). Returns 0, 1 if --help or
+ * --version was printed to out, or a negative code with a one-line message in err. */
 int kvr_config_parse_args(kvr_config_t *cfg, int argc, char **argv, FILE *out, char *err,
                           size_t errlen);
 

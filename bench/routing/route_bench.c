@@ -31,15 +31,6 @@
 #define NPROMPTS 16
 #define FLUSH_BYTES (64u << 20)
 
-typedef struct opts_s {
-  size_t prompt_kib;
-  size_t workers;
-  uint64_t blocks;
-  size_t decisions;
-  size_t block_chars;
-  const char *policy;
-} opts_t;
-
 typedef struct series_s {
   uint64_t *ns;
   size_t n;
@@ -109,55 +100,19 @@ static char *make_body(size_t kib, uint64_t seed) {
   return s;
 }
 
-static int parse_opts(int argc, char **argv, opts_t *o) {
+void kvr_route_bench_opts_default(kvr_route_bench_opts_t *o) {
   o->prompt_kib = 64;
   o->workers = 4;
   o->blocks = 1000000;
   o->decisions = 20000;
   o->block_chars = KVR_PROMPT_BLOCK_CHARS_DEFAULT;
   o->policy = "kv_aware";
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0 || v == NULL)
-      return -1;
-    if (strcmp(a, "--prompt-kib") == 0)
-      o->prompt_kib = strtoul(v, NULL, 10);
-    else if (strcmp(a, "--workers") == 0)
-      o->workers = strtoul(v, NULL, 10);
-    else if (strcmp(a, "--blocks") == 0)
-      o->blocks = strtoull(v, NULL, 10);
-    else if (strcmp(a, "--decisions") == 0)
-      o->decisions = strtoul(v, NULL, 10);
-    else if (strcmp(a, "--block-chars") == 0)
-      o->block_chars = strtoul(v, NULL, 10);
-    else if (strcmp(a, "--policy") == 0)
-      o->policy = v;
-    else
-      return -1;
-    i++;
-  }
-  if (o->prompt_kib == 0 || o->prompt_kib > 16384 || o->workers < 1 ||
-      o->workers > KVR_MAX_WORKERS || o->decisions == 0 || o->block_chars == 0 ||
-      o->block_chars > KVR_PROMPT_BLOCK_CHARS_MAX || kvr_policy_find(o->policy) == NULL)
-    return -1;
-  return 0;
-}
-
-static void usage(const char *prog) {
-  char names[256];
-  kvr_policy_names(names, sizeof(names));
-  fprintf(stderr,
-          "usage: %s [--prompt-kib 64] [--workers 4] [--blocks 1000000] [--decisions 20000]\n"
-          "          [--block-chars 64] [--policy kv_aware]\n"
-          "policies: %s\n",
-          prog, names);
 }
 
 /* One timed decision; adds its parts to the series at index i. */
-static int decide(const cJSON *tree, const opts_t *o, kvr_cache_index_t *idx, kvr_policy_t *pol,
-                  kvr_worker_snap_t *snaps, size_t i, series_t *hash, series_t *match,
-                  series_t *select, series_t *total) {
+static int decide(const cJSON *tree, const kvr_route_bench_opts_t *o, kvr_cache_index_t *idx,
+                  kvr_policy_t *pol, kvr_worker_snap_t *snaps, size_t i, series_t *hash,
+                  series_t *match, series_t *select, series_t *total) {
   kvr_prompt_t p;
   char err[256];
   size_t matched[KVR_MAX_WORKERS];
@@ -196,12 +151,8 @@ static void alloc_series(series_t *s, size_t n) {
   }
 }
 
-int kvr_route_bench_main(int argc, char **argv) {
-  opts_t o;
-  if (parse_opts(argc, argv, &o) != 0) {
-    usage(argc > 0 ? argv[0] : "routing");
-    return 2;
-  }
+int kvr_route_bench_run(const kvr_route_bench_opts_t *opts) {
+  const kvr_route_bench_opts_t o = *opts;
   /* Bodies and their parsed trees. */
   char *bodies[NPROMPTS];
   cJSON *trees[NPROMPTS];

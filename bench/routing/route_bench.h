@@ -1,18 +1,28 @@
 /* route_bench.h -- the routing micro-benchmark (prompt hashing, cache-index match, policy select).
  *
- * Run as `kvrouter bench routing [options]` (router/bench.c); see policies/README.md.
+ * Run as `kvrouter bench routing [options]`: router/bench.c parses the options into
+ * kvr_route_bench_opts_t; see policies/README.md.
  */
 #ifndef KVR_ROUTE_BENCH_H
 #define KVR_ROUTE_BENCH_H
 
-/* Entry point; argv[0] is the subcommand name. Options:
- *   --prompt-kib N     size of the synthetic chat prompt (default 64)
- *   --workers N        number of workers (default 4)
- *   --blocks N         blocks pre-indexed over the workers (default 1000000)
- *   --decisions N      timed decisions (default 20000)
- *   --policy NAME      policy to time (default kv_aware)
- *   --block-chars N    block size in bytes (default 64)
- * Prints a Markdown table to stdout. Returns 0, or 2 on a usage error. */
-int kvr_route_bench_main(int argc, char **argv);
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvr_route_bench_opts_s {
+  size_t prompt_kib;  /* size of the synthetic chat prompt, 1..16384 (64) */
+  size_t workers;     /* number of workers, 1..KVR_MAX_WORKERS (4) */
+  uint64_t blocks;    /* blocks pre-indexed over the workers (1000000) */
+  size_t decisions;   /* timed decisions, >= 1 (20000) */
+  size_t block_chars; /* block size in bytes, 1..KVR_PROMPT_BLOCK_CHARS_MAX (64) */
+  const char *policy; /* policy to time, a registered name (kv_aware) */
+} kvr_route_bench_opts_t;
+
+/* Fills opts with the defaults above. */
+void kvr_route_bench_opts_default(kvr_route_bench_opts_t *opts);
+
+/* Runs the benchmark with valid opts (router/bench.c checks them) and prints a Markdown table to
+ * stdout. Returns 0, or 1 when a set-up step fails (with a line on stderr). */
+int kvr_route_bench_run(const kvr_route_bench_opts_t *opts);
 
 #endif

@@ -7,7 +7,10 @@ applied, flags override the file, a bad key named with its path), and shutdown o
 (router/bench.c): --replay-order, --replay-dataset, --answer-mean/--answer-std listed by --help,
 bad values rejected before any request is sent; the model looked up and the policy switched
 through the bench's side channel (bench/loadgen/monitor.c), their failures one line and exit 1. And
-`kvrouter sim --help`: its defaults are the live ones (router/sim.c).
+`kvrouter sim --help`: its defaults are the live ones (router/sim.c). Every subcommand (serve, sim,
+bench, bench routing, demo) parses through the one option engine (src/cli.c): -h, --help and
+--version work on each, and a bad flag on each is one line "kvrouter CMD: --flag: what is wrong" and
+exit status 2.
 
 Run:  python3 tests/router/test_cli.py --kvrouter build/kvrouter [-k substring] [-v]
 The harness (processes, raw HTTP client, runner) is test_proxy.py's.
@@ -338,6 +341,69 @@ def test_sim_help_defaults_are_the_live_defaults():
     # Off and unset options show no default.
     i = next(k for k, ln in enumerate(lines) if ln.strip().startswith("--fixed-ttft-ms "))
     assert "(default" not in lines[i + 1], lines[i + 1]
+
+
+SUBCOMMANDS = [["serve"], ["sim"], ["bench"], ["bench", "routing"], ["demo"]]
+
+
+def run_cmd(words, *args, timeout=10):
+    """Runs `kvrouter WORDS ARGS` to completion; returns (exit code, stdout, stderr)."""
+    p = subprocess.run([h.KVROUTER] + words + [str(a) for a in args], stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=timeout)
+    return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+
+@test(timeout=30)
+def test_help_and_version_on_every_subcommand():
+    _, version, _ = run_cmd(["--version"])
+    assert re.fullmatch(r"kvrouter \d+\.\d+\.\d+\n", version), version
+    for words in SUBCOMMANDS:
+        name = " ".join(words)
+        rc, out, err = run_cmd(words, "--help")
+        assert rc == 0 and err == "", (name, rc, err)
+        assert out.startswith("usage: kvrouter %s " % name), (name, out[:200])
+        assert "  -h, --help\n" in out and "  --version\n" in out, (name, out[-300:])
+        rc2, out2, _ = run_cmd(words, "-h")
+        assert rc2 == 0 and out2 == out, name
+        rc3, out3, err3 = run_cmd(words, "--version")
+        assert rc3 == 0 and out3 == version and err3 == "", (name, rc3, out3, err3)
+        # Both win wherever they stand, even after a bad flag.
+        rc4, out4, _ = run_cmd(words, "--bogus", "--help")
+        assert rc4 == 0 and out4 == out, (name, rc4)
+        rc5, out5, _ = run_cmd(words, "--bogus", "--version")
+        assert rc5 == 0 and out5 == version, (name, rc5)
+
+
+@test(timeout=30)
+def test_bad_flag_one_wording_on_every_subcommand():
+    bad_value = {"serve": ("--max-body-bytes", "lots"), "sim": ("--time-scale", "0"),
+                 "bench": ("--num-prompts", "0"), "bench routing": ("--workers", "0"),
+                 "demo": ("--workers", "17")}
+    failed = []
+    for words in SUBCOMMANDS:
+        name = " ".join(words)
+        flag, value = bad_value[name]
+        cases = [
+            (("--bogus",), "kvrouter %s: --bogus: unknown option (see kvrouter %s --help)"
+             % (name, name)),
+            (("--bogus=1",), "kvrouter %s: --bogus: unknown option (see kvrouter %s --help)"
+             % (name, name)),
+            (("stray",), "kvrouter %s: 'stray': unexpected argument (see kvrouter %s --help)"
+             % (name, name)),
+            ((flag,), "kvrouter %s: %s: missing value" % (name, flag)),
+            ((flag, value), "kvrouter %s: %s: '%s' " % (name, flag, value)),
+            (("%s=%s" % (flag, value),), "kvrouter %s: %s: '%s' " % (name, flag, value)),
+        ]
+        for args, want in cases:
+            try:
+                rc, out, err = run_cmd(words, *args)
+                line = one_line_error(rc, err)
+                assert rc == 2, "exit %d" % rc
+                assert line.startswith(want), "%r does not start with %r" % (line, want)
+                assert out == "", "stdout %r" % out[:200]
+            except (AssertionError, subprocess.TimeoutExpired) as e:
+                failed.append("%s %s: %s" % (name, " ".join(args), str(e)[:300]))
+    assert not failed, "%d cases failed:\n      %s" % (len(failed), "\n      ".join(failed))
 
 
 if __name__ == "__main__":

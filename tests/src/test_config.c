@@ -140,12 +140,58 @@ static void test_json_and_precedence(void **state) {
   remove(path);
 }
 
+/* `serve` parses through the shared option engine: --version, the one wording, JSON keys and
+ * their flags validated alike. */
+static void test_engine_wording(void **state) {
+  (void)state;
+  char err[512] = "";
+  kvr_config_t cfg;
+  char *v[] = {"serve", "--bogus", "--version"};
+  assert_int_equal(parse(&cfg, err, sizeof err, 3, v), 1);
+  kvr_config_free(&cfg);
+  char *a1[] = {"serve", "--bogus", "--worker", "http://a:1"};
+  expect_error("--bogus: unknown option (see kvrouter serve --help)", 4, a1);
+  char *a2[] = {"serve", "--worker", "http://a:1", "--max-body-bytes", "lots"};
+  expect_error("--max-body-bytes: 'lots' is not a non-negative integer", 5, a2);
+  char *a3[] = {"serve", "--worker", "http://a:1", "--access-log=maybe"};
+  expect_error("--access-log: 'maybe' is not true or false", 4, a3);
+  char *a4[] = {"serve", "--worker", "http://a:1", "stray"};
+  expect_error("'stray': unexpected argument", 4, a4);
+  kvr_config_init(&cfg);
+  const char *bad = "{\"log_level\": \"loud\"}";
+  assert_int_not_equal(kvr_config_apply_json(&cfg, bad, strlen(bad), "c.json", err, sizeof err), 0);
+  assert_string_equal(err, "c.json: log_level: 'loud' is not one of debug, info, warn, error, off");
+  const char *bad2 = "{\"listen\": \"nowhere\"}";
+  assert_int_not_equal(kvr_config_apply_json(&cfg, bad2, strlen(bad2), "c.json", err, sizeof err),
+                       0);
+  assert_string_equal(err, "c.json: listen: 'nowhere' is not HOST:PORT");
+  kvr_config_free(&cfg);
+}
+
+/* Workers on the command line replace the file's list; repeated --worker flags add to it. */
+static void test_cli_workers_replace_file(void **state) {
+  (void)state;
+  const char *path = "/tmp/kvr_test_config_workers.json";
+  FILE *f = fopen(path, "w");
+  fputs("{\"workers\":[\"http://127.0.0.1:1\",\"http://127.0.0.1:2\"]}", f);
+  fclose(f);
+  char err[512];
+  kvr_config_t cfg;
+  char *argv[] = {"serve",      "--worker", "http://h:3", "--config",
+                  (char *)path, "--worker", "http://h:4"};
+  assert_int_equal(parse(&cfg, err, sizeof err, 7, argv), 0);
+  assert_int_equal(cfg.nworkers, 2);
+  assert_string_equal(cfg.workers[0], "http://h:3");
+  assert_string_equal(cfg.workers[1], "http://h:4");
+  kvr_config_free(&cfg);
+  remove(path);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_defaults),
-      cmocka_unit_test(test_flags),
-      cmocka_unit_test(test_errors),
-      cmocka_unit_test(test_json_and_precedence),
+      cmocka_unit_test(test_defaults),       cmocka_unit_test(test_flags),
+      cmocka_unit_test(test_errors),         cmocka_unit_test(test_json_and_precedence),
+      cmocka_unit_test(test_engine_wording), cmocka_unit_test(test_cli_workers_replace_file),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,155 @@
+/* procs.c -- child processes by PID: free ports, fork/exec with a log file, health polls, stop.
+ *
+ * Spawn: the child sets PR_SET_PDEATHSIG (SIGTERM) and checks that its parent is still the one
+ * that forked it (the parent may have died before prctl), ignores SIGINT, sends stdout and stderr
+ * to the log file and execs. Health: one curl easy handle reused across polls (1 s timeout each).
+ * Stop: SIGTERM to all, poll waitpid(WNOHANG) every 20 ms, SIGKILL and a blocking reap after the
+ * grace period.
+ *
+ * Invariant: a kvr_proc_t's pid is either a live child of ours or 0, so nothing is ever signalled
+ * by a PID that may have been reused.
+ */
+#include "procs.h"
+
+#include "src/kvr.h"
+
+#include <arpa/inet.h>
+#include <curl/curl.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+int kvr_procs_free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    return -1;
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof(a));
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = -1;
+  if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+/* In the child: die with the parent, log to the file, become exe with other argv. */
+static void exec_child(pid_t parent, int logfd, const char *exe, char *const *args) {
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != parent)
+    _exit(1);
+  signal(SIGINT, SIG_IGN); /* Ctrl-C goes to the parent, which stops the children in order */
+  dup2(logfd, STDOUT_FILENO);
+  dup2(logfd, STDERR_FILENO);
+  execv(exe, args);
+  _exit(127);
+}
+
+int kvr_procs_spawn(kvr_proc_t *p, const char *exe, char *const *args, const char *log_path,
+                    char *err, size_t errlen) {
+  int logfd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (logfd < 0) {
+    snprintf(err, errlen, "%s: %s", log_path, strerror(errno));
+    return KVR_EIO;
+  }
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid == 0)
+    exec_child(parent, logfd, exe, args);
+  int fork_errno = errno;
+  close(logfd);
+  if (pid < 0) {
+    snprintf(err, errlen, "fork: %s", strerror(fork_errno));
+    return KVR_EIO;
+  }
+  p->pid = pid;
+  return 0;
+}
+
+static size_t discard(char *ptr, size_t size, size_t nmemb, void *data) {
+  (void)ptr;
+  (void)data;
+  return size * nmemb;
+}
+
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000 * 1000};
+  nanosleep(&ts, NULL);
+}
+
+static bool health_ok(CURL *easy) {
+  long code = 0;
+  return curl_easy_perform(easy) == CURLE_OK &&
+         curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &code) == CURLE_OK && code == 200;
+}
+
+kvr_procs_health_t kvr_procs_wait_health(kvr_proc_t *p, double timeout_s,
+                                         const volatile sig_atomic_t *stop) {
+  char url[64];
+  snprintf(url, sizeof(url), "http://127.0.0.1:%d/health", p->port);
+  CURL *easy = curl_easy_init();
+  if (easy == NULL)
+    return KVR_PROCS_TIMEOUT;
+  curl_easy_setopt(easy, CURLOPT_URL, url);
+  curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, discard);
+  curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, 1000L);
+  double start = kvr_now_ms();
+  kvr_procs_health_t h = KVR_PROCS_TIMEOUT;
+  while (h == KVR_PROCS_TIMEOUT && kvr_now_ms() - start < timeout_s * 1000) {
+    int status;
+    if (stop != NULL && *stop)
+      h = KVR_PROCS_INTERRUPTED;
+    else if (health_ok(easy))
+      h = KVR_PROCS_HEALTHY;
+    else if (waitpid(p->pid, &status, WNOHANG) == p->pid) {
+      p->pid = 0;
+      h = KVR_PROCS_EXITED;
+    } else
+      sleep_ms(100);
+  }
+  curl_easy_cleanup(easy);
+  return h;
+}
+
+/* Reaps the children that have exited; returns how many still run. */
+static size_t reap(kvr_proc_t *procs, size_t n) {
+  size_t alive = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (procs[i].pid <= 0)
+      continue;
+    int status;
+    pid_t r = waitpid(procs[i].pid, &status, WNOHANG);
+    if (r == procs[i].pid || (r < 0 && errno == ECHILD))
+      procs[i].pid = 0;
+    else
+      alive++;
+  }
+  return alive;
+}
+
+void kvr_procs_stop_all(kvr_proc_t *procs, size_t n, double grace_ms) {
+  for (size_t i = 0; i < n; i++)
+    if (procs[i].pid > 0)
+      kill(procs[i].pid, SIGTERM);
+  double start = kvr_now_ms();
+  while (reap(procs, n) > 0 && kvr_now_ms() - start <= grace_ms)
+    sleep_ms(20);
+  for (size_t i = 0; i < n; i++)
+    if (procs[i].pid > 0) {
+      kill(procs[i].pid, SIGKILL);
+      waitpid(procs[i].pid, NULL, 0);
+      procs[i].pid = 0;
+    }
+}

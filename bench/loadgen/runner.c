@@ -1,0 +1,399 @@
+/* runner.c -- one `kvrouter bench` run: labels, level plans, the max-SLO-rate search, the report.
+ *
+ * Structs: kvr_runner_t owns the workload, the load generator, the monitor and the results; the
+ * options and the loop are the caller's. first_level is true while no level has run since the
+ * start or a policy switch (whose cooldown replaces the one before a level).
+ *
+ * Flow: kvr_runner_new() (workload -> load generator -> monitor -> model -> results header) ->
+ * kvr_runner_run(): run_label() per label [policy switch, cache reset, cooldown] -> run_list() or
+ * run_search(), each level through run_level() (monitor around kvr_loadgen_run_level(), progress
+ * line) -> kvr_runner_report(). The search itself is kvr_runner_search_t, a pure state machine
+ * (unit-tested without a server); run_search() only feeds it levels, reusing a level the run
+ * already has at that load.
+ */
+#include "runner.h"
+
+#include "monitor.h"
+#include "report.h"
+#include "src/buf.h"
+#include "src/kvr.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct kvr_runner_s {
+  kvr_runner_opts_t *o;
+  uv_loop_t *loop;
+  kvr_workload_t *wl;
+  kvr_loadgen_t *lg;
+  kvr_monitor_t *mon;
+  kvr_results_t *res;
+  bool reset;       /* empty the prefix caches before each label */
+  bool first_level; /* no cooldown before the next level */
+  char model[256];  /* the model GET /v1/models named, when none was given */
+};
+
+void kvr_runner_opts_default(kvr_runner_opts_t *o) {
+  memset(o, 0, sizeof(*o));
+  kvr_loadgen_opts_default(&o->lg);
+  o->lg.model = NULL;
+  kvr_workload_opts_default(&o->wl);
+  o->seed = 42;
+  o->slo = (kvr_slo_t){1000, 60, 0};
+  o->cooldown_s = 30;
+  o->reset_cache = -1;
+  o->search_start = 1;
+  o->search_max = 64;
+  o->search_res = 0.05;
+  o->out = "results/bench";
+}
+
+static int rules(const kvr_runner_opts_t *o, char *err, size_t errlen) {
+  const char *e = NULL;
+  if (o->nrates && o->nconc)
+    e = "--concurrency: cannot be combined with --rates";
+  else if (o->nab && o->admin == NULL)
+    e = "--ab: needs --admin URL";
+  else if (o->nlabels && o->nlabels != (o->nab ? o->nab : 1))
+    e = o->nab ? "--labels: needs one label per run (one per --ab policy)"
+               : "--labels: needs one label per run (one)";
+  else if (!o->search && !o->nrates && !o->nconc)
+    e = "no load given: give --rates, --concurrency or --search";
+  else if (o->lg.sessions && o->nconc)
+    e = "--sessions: applies to --rates only";
+  else if (o->wl.out_max < o->wl.out_min)
+    e = "--output-max: must be >= --output-min";
+  if (e != NULL)
+    snprintf(err, errlen, "%s", e);
+  return e ? KVR_EINVAL : 0;
+}
+
+int kvr_runner_opts_check(kvr_runner_opts_t *o, char *err, size_t errlen) {
+  for (size_t i = 0; i < o->nlabels; i++)
+    if (strlen(o->labels[i]) >= 64) {
+      snprintf(err, errlen, "--labels: '%s' is longer than 63 characters", o->labels[i]);
+      return KVR_EINVAL;
+    }
+  if (rules(o, err, errlen) != 0)
+    return KVR_EINVAL;
+  o->wl.seed = o->seed;
+  if (o->search && o->nrates)
+    o->search_start = o->rates[0];
+  if (o->search && o->nconc)
+    o->search_start = o->conc[0];
+  o->lg.early_stop = o->search && !o->no_early_stop;
+  return 0;
+}
+
+const char *kvr_runner_label(const kvr_runner_opts_t *o, size_t i) {
+  if (o->nlabels)
+    return o->labels[i];
+  if (o->nab == 2)
+    return i == 0 ? "phase0" : "phase3";
+  return o->nab ? o->ab[i] : "bench";
+}
+
+/* ---- the search ---- */
+
+static double search_round(const kvr_runner_search_t *s, double x) {
+  return s->conc ? fmax(1.0, round(x)) : round(x * 1000.0) / 1000.0;
+}
+
+void kvr_runner_search_init(kvr_runner_search_t *s, double start, double max, double res,
+                            bool conc) {
+  memset(s, 0, sizeof(*s));
+  s->conc = conc;
+  s->max = max;
+  s->res = conc ? 1.0 : res;
+  s->floor = conc ? 1.0 : res;
+  s->hi = INFINITY;
+  s->x = search_round(s, start);
+}
+
+/* Bracket (double up from a pass, halve down from a fail) then bisect to the resolution. */
+void kvr_runner_search_feed(kvr_runner_search_t *s, bool pass) {
+  double x = s->x;
+  if (pass)
+    s->lo = fmax(s->lo, x);
+  else
+    s->hi = fmin(s->hi, x);
+  if (isinf(s->hi)) {
+    s->done = x >= s->max; /* passes at the cap */
+    x = fmin(x * 2, s->max);
+  } else if (s->lo == 0) {
+    s->done = x <= s->floor; /* fails even at the lowest load */
+    x = fmax(x / 2, s->floor);
+  } else {
+    s->done = s->hi - s->lo <= s->res + 1e-9;
+    x = (s->lo + s->hi) / 2;
+  }
+  s->done |= ++s->steps >= 64;
+  if (!s->done)
+    s->x = search_round(s, x);
+}
+
+/* ---- levels ---- */
+
+static uint64_t level_seed(const kvr_runner_opts_t *o, double load) {
+  return kvr_workload_mix(o->seed, (uint64_t)llround(load * 1e6));
+}
+
+static void cooldown(kvr_runner_t *r) {
+  kvr_loadgen_sleep(r->lg, r->o->cooldown_s / r->o->lg.time_scale);
+}
+
+static void print_level(const kvr_runner_t *r, const kvr_run_t *run, const kvr_level_t *lv,
+                        double load) {
+  FILE *f = r->o->lg.progress;
+  char names[64], engine[96];
+  kvr_stats_fail_names(lv->fail_mask, names, sizeof(names));
+  if (lv->engine_workers)
+    snprintf(engine, sizeof(engine), "  preemptions %llu  KV peak %.0f%%",
+             (unsigned long long)lv->preemptions, 100.0 * lv->kv_usage_peak);
+  else
+    snprintf(engine, sizeof(engine), "  preemptions n/a");
+  const char *what = r->o->nconc > 0 ? "users" : "rate";
+  if (lv->stopped_early)
+    fprintf(f, "[%s] %s %g: FAIL  stopped early: %zu measured TTFTs of %.0f ms or more%s\n",
+            run->label, what, load, lv->ttft_over_slo, r->o->slo.ttft_p99_ms, engine);
+  else
+    fprintf(f,
+            "[%s] %s %g: %s  TTFT p99 %.0f ms  TPOT p99 %.1f ms  %zu ok %zu failed  "
+            "out %.0f tok/s  lag p99 %.3f ms%s\n",
+            run->label, what, load, lv->pass ? "PASS" : "FAIL", lv->ttft.p99, lv->tpot.p99,
+            lv->completed, lv->failed, lv->output_throughput, lv->lag.p99, engine);
+  if (!lv->pass && !lv->stopped_early)
+    fprintf(f, "[%s]   failing: %s\n", run->label, names);
+}
+
+/* Runs one level (after a cooldown unless it is the first) and appends it to run; returns it
+ * (owned by run) or NULL when interrupted before anything ran. */
+static const kvr_level_t *run_level(kvr_runner_t *r, kvr_run_t *run, double load) {
+  const kvr_runner_opts_t *o = r->o;
+  if (kvr_loadgen_interrupted(r->lg))
+    return NULL;
+  if (!r->first_level)
+    cooldown(r);
+  if (kvr_loadgen_interrupted(r->lg))
+    return NULL;
+  bool conc = o->nconc > 0;
+  kvr_level_t *lv = NULL;
+  kvr_monitor_level_begin(r->mon);
+  if (kvr_loadgen_run_level(r->lg, run->label, conc ? 0 : load, conc ? (unsigned)load : 0,
+                            level_seed(o, load), &o->slo, &lv) != 0) {
+    kvr_monitor_level_end(r->mon, NULL);
+    return NULL;
+  }
+  kvr_monitor_level_end(r->mon, lv);
+  kvr_stats_run_add(run, lv);
+  if (o->lg.progress != NULL)
+    print_level(r, run, lv, load);
+  return lv;
+}
+
+static void run_search(kvr_runner_t *r, kvr_run_t *run, double start) {
+  const kvr_runner_opts_t *o = r->o;
+  bool conc = o->nconc > 0;
+  kvr_runner_search_t s;
+  kvr_runner_search_init(&s, start, o->search_max, o->search_res, conc);
+  while (!s.done) {
+    const kvr_level_t *lv = kvr_stats_run_find(run, conc ? 0 : s.x, conc ? (unsigned)s.x : 0);
+    if (lv == NULL) {
+      lv = run_level(r, run, s.x);
+      r->first_level = false;
+      if (lv == NULL || lv->interrupted)
+        return;
+    }
+    kvr_runner_search_feed(&s, lv->pass);
+  }
+}
+
+static void run_list(kvr_runner_t *r, kvr_run_t *run) {
+  const kvr_runner_opts_t *o = r->o;
+  size_t n = o->nconc ? o->nconc : o->nrates;
+  for (size_t i = 0; i < n; i++) {
+    if (run_level(r, run, o->nconc ? (double)o->conc[i] : o->rates[i]) == NULL)
+      return;
+    r->first_level = false;
+  }
+}
+
+/* ---- labels ---- */
+
+/* Switches the router's policy and empties the prefix caches before label i's levels. */
+static int prepare_label(kvr_runner_t *r, kvr_run_t *run, const char *policy, char *err,
+                         size_t errlen) {
+  FILE *f = r->o->lg.progress;
+  if (policy) {
+    char e2[400];
+    if (kvr_monitor_set_policy(r->mon, policy, e2, sizeof(e2)) != 0) {
+      snprintf(err, errlen, "switching policy to %s: %s", policy, e2);
+      return KVR_EUPSTREAM;
+    }
+    if (f)
+      fprintf(f, "[%s] policy set to %s\n", run->label, policy);
+  }
+  if (r->reset) {
+    /* Not fatal: a worker that cannot reset (vLLM without dev mode) is named in the report. */
+    int rc = kvr_monitor_reset_cache(r->mon, run->cache_reset, sizeof(run->cache_reset));
+    if (f)
+      fprintf(f, "[%s] prefix cache reset: %s%s\n", run->label, rc ? "INCOMPLETE: " : "",
+              run->cache_reset);
+  }
+  return 0;
+}
+
+static int run_label(kvr_runner_t *r, size_t i, char *err, size_t errlen) {
+  const kvr_runner_opts_t *o = r->o;
+  const char *policy = o->nab ? o->ab[i] : NULL;
+  char d[256];
+  if (policy)
+    snprintf(d, sizeof(d), "router policy `%s` (PUT /admin/policy) at %s", policy, o->lg.url);
+  else
+    snprintf(d, sizeof(d), "endpoint %s", o->lg.url);
+  kvr_run_t *run = kvr_stats_results_add_run(r->res, kvr_runner_label(o, i), policy, d);
+  if (prepare_label(r, run, policy, err, errlen) != 0)
+    return KVR_EUPSTREAM;
+  if (policy && i > 0) {
+    cooldown(r);
+    r->first_level = true; /* the cooldown after the switch replaces the one before the level */
+  }
+  if (!o->search) {
+    run_list(r, run);
+    return 0;
+  }
+  run->searched = true;
+  double base = i > 0 ? kvr_stats_run_max_load(&r->res->runs[0]) : 0;
+  run_search(r, run, base > 0 ? base : o->search_start);
+  return 0;
+}
+
+int kvr_runner_run(kvr_runner_t *r, char *err, size_t errlen) {
+  size_t nruns = r->o->nab ? r->o->nab : 1;
+  r->first_level = true;
+  for (size_t i = 0; i < nruns && !kvr_loadgen_interrupted(r->lg); i++)
+    if (run_label(r, i, err, errlen) != 0)
+      return KVR_EUPSTREAM;
+  return 0;
+}
+
+/* ---- set-up, report, teardown ---- */
+
+/* The report's description of the run, from the options and the workload. */
+static void results_header(kvr_runner_t *r) {
+  const kvr_runner_opts_t *o = r->o;
+  kvr_results_t *res = r->res;
+  char now[32];
+  kvr_utc_iso8601(now, sizeof(now));
+  kvr_stats_set_str(&res->generated, now);
+  kvr_stats_set_str(&res->title, o->title ? o->title
+                                 : o->nab ? "kvrouter A/B Benchmark Report"
+                                          : "kvrouter Benchmark Report");
+  kvr_stats_set_str(&res->url, o->lg.url);
+  kvr_stats_set_str(&res->model, o->lg.model);
+  kvr_stats_set_str(&res->api, o->lg.api == KVR_API_CHAT ? "chat" : "completions");
+  kvr_stats_set_str(&res->workload, kvr_workload_name(r->wl));
+  kvr_buf_t desc = KVR_BUF_INIT;
+  kvr_workload_describe(r->wl, &desc);
+  kvr_stats_set_str(&res->workload_desc, desc.data);
+  kvr_buf_free(&desc);
+  kvr_stats_set_str(&res->command, o->command);
+  res->concurrency_mode = o->nconc > 0;
+  res->sessions = o->lg.sessions;
+  res->num_prompts = o->lg.num_prompts;
+  res->warmup = o->lg.warmup;
+  res->cooldown_s = o->cooldown_s;
+  res->burstiness = o->lg.burstiness;
+  res->time_scale = o->lg.time_scale;
+  res->seed = o->seed;
+  res->slo = o->slo;
+  if (r->reset)
+    res->cache_reset = o->admin ? "before each run: POST /admin/reset_prefix_cache (every worker's "
+                                  "prefix cache and the router's cache index)"
+                                : "before each run: POST /reset_prefix_cache on the endpoint";
+}
+
+/* Asks the endpoint for its model when none was given. */
+static int find_model(kvr_runner_t *r, char *err, size_t errlen) {
+  if (r->o->lg.model != NULL)
+    return 0;
+  char e2[400];
+  int rc = kvr_monitor_fetch_model(r->mon, r->model, sizeof(r->model), e2, sizeof(e2));
+  if (rc != 0) {
+    snprintf(err, errlen, "no --model given and %s", e2);
+    return rc == KVR_EINVAL ? KVR_EIO : rc;
+  }
+  r->o->lg.model = r->model;
+  kvr_loadgen_set_model(r->lg, r->model);
+  return 0;
+}
+
+static int setup(kvr_runner_t *r, char *err, size_t errlen) {
+  kvr_runner_opts_t *o = r->o;
+  if ((r->wl = kvr_workload_new(&o->wl, err, errlen)) == NULL)
+    return KVR_EINVAL;
+  if ((r->lg = kvr_loadgen_new(r->loop, &o->lg, r->wl, err, errlen)) == NULL)
+    return KVR_EINVAL;
+  if ((r->mon = kvr_monitor_new(r->loop, o->admin, o->lg.url, 200)) == NULL) {
+    snprintf(err, errlen, "cannot set up the metrics monitor for %s", o->lg.url);
+    return KVR_EIO;
+  }
+  int rc = find_model(r, err, errlen);
+  if (rc != 0)
+    return rc;
+  r->reset = o->reset_cache < 0 ? o->nab > 0 : o->reset_cache == 1;
+  r->res = kvr_stats_results_new();
+  results_header(r);
+  return 0;
+}
+
+int kvr_runner_new(uv_loop_t *loop, kvr_runner_opts_t *opts, kvr_runner_t **out, char *err,
+                   size_t errlen) {
+  kvr_runner_t *r = calloc(1, sizeof(*r));
+  *out = NULL;
+  if (r == NULL)
+    return KVR_ENOMEM;
+  r->o = opts;
+  r->loop = loop;
+  int rc = setup(r, err, errlen);
+  if (rc != 0) {
+    kvr_runner_free(r);
+    return rc;
+  }
+  *out = r;
+  return 0;
+}
+
+int kvr_runner_report(kvr_runner_t *r, FILE *out, char *err, size_t errlen) {
+  char e2[400];
+  if (kvr_report_write(r->res, r->o->out, e2, sizeof(e2)) != 0) {
+    snprintf(err, errlen, "writing the report: %s", e2);
+    return KVR_EIO;
+  }
+  kvr_buf_t sum = KVR_BUF_INIT;
+  kvr_report_summary(r->res, &sum);
+  fputs(sum.data ? sum.data : "", out);
+  fprintf(out, "Report: %s/report.md (HTML %s/report.html)\n", r->o->out, r->o->out);
+  fflush(out);
+  kvr_buf_free(&sum);
+  return 0;
+}
+
+void kvr_runner_interrupt(kvr_runner_t *r) {
+  kvr_loadgen_interrupt(r->lg);
+}
+
+bool kvr_runner_interrupted(const kvr_runner_t *r) {
+  return kvr_loadgen_interrupted(r->lg);
+}
+
+void kvr_runner_free(kvr_runner_t *r) {
+  if (r == NULL)
+    return;
+  kvr_monitor_free(r->mon);
+  kvr_loadgen_free(r->lg);
+  kvr_stats_results_free(r->res);
+  kvr_workload_free(r->wl);
+  free(r);
+}

@@ -1,0 +1,297 @@
+/* sim_calibrate.c -- the simulated engine driven in virtual time: cost figures and calibration.
+ *
+ * Calibration of one rate (cal_t holds its state): requests arrive as a Poisson process at the
+ * rate. Each arrival is the next turn of a conversation whose previous turn has finished (oldest
+ * first, the `ready` queue), or the first turn of a new conversation when none is ready: many users
+ * chatting, each resending the whole history with the answer. The loop adds every request due by
+ * `now` to the engine, runs one engine step, advances `now` by the step's modelled duration and
+ * records first tokens, inter-token gaps and finishes; when the engine is idle `now` jumps to the
+ * next arrival. Finished requests extend their conversation's history (the generated answer, or a
+ * dataset's answer of answer_mean tokens) and queue it for its next turn, up to 5 turns.
+ *
+ * Invariants: every random draw comes from one counter-based stream (`rs`, splitmix via
+ * kvr_sim_tokens_mix) in a fixed order, so a row is a pure function of (cfg, opts, rate).
+ */
+#include "sim_calibrate.h"
+
+#include "sim_tokens.h"
+#include "src/kvr.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CAL_TURNS 5
+#define CAL_STARTERS 10
+
+void kvr_sim_calibrate_opts_default(kvr_sim_calibrate_opts_t *opts) {
+  static const double rates[] = {0.5, 1, 1.5, 2, 2.5, 3};
+  memset(opts, 0, sizeof(*opts));
+  memcpy(opts->rates, rates, sizeof(rates));
+  opts->nrates = KVR_ARRAY_SIZE(rates);
+  opts->requests = 300;
+  opts->output_mean = 500;
+  opts->answer_mean = 900;
+}
+
+/* ---- --print-costs ---- */
+
+static void print_decode_steps(FILE *out, const kvr_sim_cost_t *c) {
+  const uint32_t seqs[] = {1, 16, 32, 64, 96};
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(seqs); i++) {
+    double d = kvr_sim_cost_step(c, seqs[i], 0, (uint64_t)seqs[i] * 6000, 0);
+    fprintf(out, "decode step, %2u seqs x 6000 ctx: %6.1f ms  (%.0f output tok/s)\n", seqs[i],
+            d * 1e3, seqs[i] / d);
+  }
+}
+
+static void print_prefills(FILE *out, const kvr_sim_cost_t *c) {
+  const uint32_t cold[] = {3500, 7000};
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(cold); i++) {
+    double n = cold[i];
+    double d = kvr_sim_cost_step(c, 1, cold[i], 0, n * (n + 1) / 2);
+    fprintf(out, "cold prefill %u tokens (alone): %6.1f ms\n", cold[i], d * 1e3);
+  }
+  /* turn 2 of a conversation: 4,100-token prompt of which 4,080 are cached */
+  double d = kvr_sim_cost_step(c, 1, 20, 0, 20.0 * (4080 + 21 / 2.0));
+  fprintf(out, "cached follow-up, 20 new tokens after 4080 cached: %6.1f ms\n", d * 1e3);
+  d = kvr_sim_cost_step(c, 1, 7000, 0, 7000.0 * 7001 / 2) +
+      kvr_sim_cost_step(c, 32, 0, 32ull * 6000, 0) - kvr_sim_cost_step(c, 1, 0, 0, 0);
+  fprintf(out, "7000-token prefill step with 32 decodes of 6000 ctx: %6.1f ms\n", d * 1e3);
+}
+
+void kvr_sim_calibrate_print_costs(FILE *out, const kvr_sim_config_t *cfg) {
+  const kvr_sim_cost_t *c = &cfg->cost;
+  fprintf(out,
+          "cost model: fixed_ms=%g per_seq_ms=%g prefill_tok_us=%g decode_ctx_ns=%g "
+          "attn_pair_ns=%g\n",
+          c->fixed_ms, c->per_seq_ms, c->prefill_tok_us, c->decode_ctx_ns, c->attn_pair_ns);
+  fprintf(out, "kv cache: %u blocks x %u tokens = %llu tokens\n", cfg->num_gpu_blocks,
+          cfg->block_size, (unsigned long long)cfg->num_gpu_blocks * cfg->block_size);
+  print_decode_steps(out, c);
+  print_prefills(out, c);
+}
+
+/* ---- --calibrate: the multi-turn workload in virtual time ---- */
+
+typedef struct conv_s {
+  uint32_t turn;      /* turns sent so far */
+  kvr_sim_toks_t ctx; /* the conversation so far: starter, follow-ups, answers */
+} conv_t;
+
+typedef struct creq_s {
+  uint32_t conv;
+  double arrival, first, last;
+  uint32_t ntok, ninput, ncached;
+} creq_t;
+
+typedef struct cal_s {
+  const kvr_sim_calibrate_opts_t *o;
+  kvr_sim_engine_t *eng;
+  conv_t *convs;   /* nconv started, at most o->requests */
+  uint32_t *ready; /* conversations whose last turn finished, oldest first */
+  uint32_t ready_head, ready_tail, nconv;
+  creq_t *reqs;     /* one per request, in arrival order */
+  double *arrivals; /* arrival times, increasing */
+  double *itls;     /* every inter-token gap */
+  size_t nitl, citl;
+  uint64_t rs; /* the random stream */
+  uint32_t sent, done, running_max;
+  double now, conc_area;
+} cal_t;
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, size_t n, double p) {
+  if (n == 0)
+    return 0;
+  qsort(v, n, sizeof(double), cmp_double);
+  size_t i = (size_t)ceil(p / 100.0 * (double)n);
+  return v[i > 0 ? i - 1 : 0];
+}
+
+static double exp_draw(uint64_t *state, double rate) {
+  double u = (double)((kvr_sim_tokens_mix(++*state) >> 11) + 1) * 0x1.0p-53;
+  return -log(u) / rate;
+}
+
+/* Uniform over [mean/2, 3*mean/2]. */
+static uint32_t uniform_around(cal_t *c, uint32_t mean) {
+  return mean / 2 + (uint32_t)(kvr_sim_tokens_mix(c->rs++) % (mean + 1));
+}
+
+/* Appends a pseudo-random run of n token ids determined by key. */
+static void push_ids(kvr_sim_toks_t *t, uint64_t key, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++)
+    kvr_sim_toks_push(t, (uint32_t)(kvr_sim_tokens_mix(key * 1000003u + i) % 128000u));
+}
+
+static void cal_init(cal_t *c, const kvr_sim_config_t *cfg, const kvr_sim_calibrate_opts_t *o,
+                     double rate) {
+  uint32_t n = o->requests;
+  memset(c, 0, sizeof(*c));
+  c->o = o;
+  c->eng = kvr_sim_engine_new(cfg);
+  c->convs = calloc(n, sizeof(*c->convs));
+  c->ready = calloc(n, sizeof(uint32_t));
+  c->reqs = calloc(n, sizeof(*c->reqs));
+  c->arrivals = calloc(n, sizeof(double));
+  c->rs = o->seed * 7919 + (uint64_t)(rate * 1000);
+  double t = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    t += exp_draw(&c->rs, rate);
+    c->arrivals[i] = t;
+  }
+}
+
+static void cal_free(cal_t *c) {
+  for (uint32_t k = 0; k < c->nconv; k++)
+    kvr_sim_toks_free(&c->convs[k].ctx);
+  free(c->convs);
+  free(c->ready);
+  free(c->reqs);
+  free(c->arrivals);
+  free(c->itls);
+  kvr_sim_engine_free(c->eng);
+}
+
+/* The conversation the next arrival continues: the oldest ready one, else a new one. */
+static uint32_t cal_next_conv(cal_t *c) {
+  if (c->ready_head < c->ready_tail)
+    return c->ready[c->ready_head++];
+  uint32_t k = c->nconv++;
+  uint32_t starter = k % CAL_STARTERS;
+  kvr_sim_toks_push(&c->convs[k].ctx, 128000u);
+  push_ids(&c->convs[k].ctx, 1 + starter, 3500 + (starter * 53) % 500);
+  return k;
+}
+
+/* Adds every request that has arrived by now to the engine. */
+static void cal_send_due(cal_t *c) {
+  for (; c->sent < c->o->requests && c->arrivals[c->sent] <= c->now; c->sent++) {
+    uint32_t k = cal_next_conv(c);
+    conv_t *cv = &c->convs[k];
+    push_ids(&cv->ctx, 0x10000000ull + k * 16 + cv->turn, 20); /* the user's follow-up */
+    uint32_t out = uniform_around(c, c->o->output_mean);
+    creq_t *r = &c->reqs[c->sent];
+    r->conv = k;
+    r->arrival = c->arrivals[c->sent];
+    r->ninput = (uint32_t)cv->ctx.n;
+    kvr_sim_engine_add(c->eng, cv->ctx.v, (uint32_t)cv->ctx.n, out, KVR_SIM_FINISH_LENGTH,
+                       kvr_sim_tokens_mix(c->sent), r);
+    cv->turn++;
+  }
+}
+
+static void cal_token(cal_t *c, const kvr_sim_event_t *ev, creq_t *r) {
+  if (r->ntok == 0) {
+    r->first = c->now;
+    r->ncached = (uint32_t)KVR_MAX(ev->req->num_cached, 0);
+  } else {
+    if (c->nitl == c->citl) {
+      c->citl = c->citl ? c->citl * 2 : 65536;
+      c->itls = realloc(c->itls, c->citl * sizeof(double));
+    }
+    c->itls[c->nitl++] = c->now - r->last;
+  }
+  r->last = c->now;
+  r->ntok++;
+}
+
+/* A finished turn: its history is resent next turn (the generated answer, or a dataset's). */
+static void cal_finish(cal_t *c, const kvr_sim_event_t *ev, const creq_t *r) {
+  conv_t *cv = &c->convs[r->conv];
+  uint32_t answer_mean = c->o->answer_mean;
+  cv->ctx.n = 0;
+  uint32_t keep = answer_mean ? ev->req->num_prompt : ev->req->ntokens;
+  for (uint32_t k = 0; k < keep; k++)
+    kvr_sim_toks_push(&cv->ctx, ev->req->tokens[k]);
+  if (answer_mean)
+    push_ids(&cv->ctx, 0x20000000ull + r->conv * 16 + cv->turn, uniform_around(c, answer_mean));
+  if (cv->turn < CAL_TURNS)
+    c->ready[c->ready_tail++] = r->conv;
+  kvr_sim_engine_remove(c->eng, ev->req);
+  c->done++;
+}
+
+static void cal_step(cal_t *c) {
+  kvr_sim_stats_t st;
+  kvr_sim_engine_stats(c->eng, &st);
+  uint32_t inflight = st.running + st.waiting;
+  c->running_max = KVR_MAX(c->running_max, inflight);
+  kvr_sim_step_t step;
+  kvr_sim_engine_step(c->eng, &step);
+  c->conc_area += inflight * step.duration_s;
+  c->now += step.duration_s;
+  for (size_t i = 0; i < step.nevents; i++) {
+    kvr_sim_event_t *ev = &step.events[i];
+    creq_t *r = ev->req->data;
+    if (ev->new_tokens == 0)
+      continue;
+    cal_token(c, ev, r);
+    if (ev->finished)
+      cal_finish(c, ev, r);
+  }
+}
+
+static void cal_print(cal_t *c, FILE *out, double rate) {
+  size_t n = c->done;
+  double *ttft = malloc(n * sizeof(double)), *tpot = malloc(n * sizeof(double));
+  double in_sum = 0, out_sum = 0, cached_sum = 0, first_arrival = INFINITY, last_end = 0;
+  for (size_t i = 0; i < n; i++) {
+    const creq_t *r = &c->reqs[i];
+    ttft[i] = r->first - r->arrival;
+    tpot[i] = r->ntok > 1 ? (r->last - r->first) / (r->ntok - 1) : 0;
+    in_sum += r->ninput;
+    out_sum += r->ntok;
+    cached_sum += r->ncached;
+    first_arrival = fmin(first_arrival, r->arrival);
+    last_end = fmax(last_end, r->last);
+  }
+  kvr_sim_stats_t st;
+  kvr_sim_engine_stats(c->eng, &st);
+  double span = last_end - first_arrival;
+  fprintf(out,
+          "%5.2f %5zu %6.0f %5.0f %5.1f%% %5.1f %4u %7.0f %7.0f %7.1f %7.1f %7.1f %7.1f %6.0f "
+          "%5llu\n",
+          rate, n, in_sum / n, out_sum / n, 100 * cached_sum / in_sum, c->conc_area / span,
+          c->running_max, pct(ttft, n, 50) * 1e3, pct(ttft, n, 99) * 1e3, pct(tpot, n, 50) * 1e3,
+          pct(tpot, n, 99) * 1e3, pct(c->itls, c->nitl, 50) * 1e3, pct(c->itls, c->nitl, 99) * 1e3,
+          out_sum / span, (unsigned long long)st.preemptions);
+  free(ttft);
+  free(tpot);
+}
+
+void kvr_sim_calibrate_rate(FILE *out, const kvr_sim_config_t *cfg,
+                            const kvr_sim_calibrate_opts_t *opts, double rate) {
+  cal_t c;
+  cal_init(&c, cfg, opts, rate);
+  while (c.done < opts->requests) {
+    cal_send_due(&c);
+    if (kvr_sim_engine_busy(c.eng))
+      cal_step(&c);
+    else
+      c.now = c.arrivals[c.sent];
+  }
+  cal_print(&c, out, rate);
+  cal_free(&c);
+}
+
+void kvr_sim_calibrate_run(FILE *out, const kvr_sim_config_t *cfg,
+                           const kvr_sim_calibrate_opts_t *opts) {
+  fprintf(out,
+          "multi-turn workload in virtual time: %u Poisson requests per rate, each the next turn "
+          "of a finished conversation (5 turns over 10 shared 3.5-4k-token starters) or a new "
+          "one; output U[%u,%u] tokens; history answers: %s %u\n",
+          opts->requests, opts->output_mean / 2, opts->output_mean * 3 / 2,
+          opts->answer_mean ? "dataset, mean" : "generated", opts->answer_mean);
+  fprintf(out, " rate  reqs  in_avg out_avg cached conc  max ttft50 ttft99  tpot50  tpot99   "
+               "itl50   itl99  tok/s preempt\n");
+  for (size_t i = 0; i < opts->nrates; i++) {
+    kvr_sim_calibrate_rate(out, cfg, opts, opts->rates[i]);
+    fflush(out);
+  }
+}

@@ -1,0 +1,126 @@
+/* test_sim_calibrate.c -- the offline tools of `kvrouter sim`: the cost figures, and calibration
+ * rows that are a pure function of (engine config, options, rate), with a golden row taken from
+ * the command before the tools moved out of router/sim.c. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "bench/sim/sim_calibrate.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The printed figures as a string (freed by the caller). */
+static char *capture_costs(const kvr_sim_config_t *cfg) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  kvr_sim_calibrate_print_costs(f, cfg);
+  fclose(f);
+  return text;
+}
+
+static char *capture_rate(const kvr_sim_config_t *cfg, const kvr_sim_calibrate_opts_t *o,
+                          double rate) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  kvr_sim_calibrate_rate(f, cfg, o, rate);
+  fclose(f);
+  return text;
+}
+
+static size_t count_lines(const char *s) {
+  size_t n = 0;
+  for (; *s; s++)
+    n += *s == '\n';
+  return n;
+}
+
+static void test_print_costs(void **state) {
+  (void)state;
+  kvr_sim_config_t cfg;
+  kvr_sim_config_default(&cfg);
+  char *text = capture_costs(&cfg);
+  assert_int_equal(count_lines(text), 11);
+  assert_non_null(strstr(text, "cost model: fixed_ms=22 per_seq_ms=0.06 prefill_tok_us=96 "
+                               "decode_ctx_ns=35 attn_pair_ns=2\n"));
+  assert_non_null(strstr(text, "kv cache: 21770 blocks x 16 tokens = 348320 tokens\n"));
+  assert_non_null(strstr(text, "decode step,  1 seqs x 6000 ctx:   22.3 ms"));
+  assert_non_null(strstr(text, "cold prefill 3500 tokens (alone):"));
+  assert_non_null(strstr(text, "cached follow-up, 20 new tokens after 4080 cached:"));
+  free(text);
+  /* The figures follow the configuration. */
+  cfg.cost.fixed_ms = 10;
+  text = capture_costs(&cfg);
+  assert_non_null(strstr(text, "fixed_ms=10 "));
+  free(text);
+}
+
+static void test_rate_is_deterministic(void **state) {
+  (void)state;
+  kvr_sim_config_t cfg;
+  kvr_sim_config_default(&cfg);
+  kvr_sim_calibrate_opts_t o;
+  kvr_sim_calibrate_opts_default(&o);
+  o.requests = 60;
+  char *a = capture_rate(&cfg, &o, 1.0);
+  char *b = capture_rate(&cfg, &o, 1.0);
+  assert_string_equal(a, b);
+  /* `kvrouter sim --calibrate --cal-requests 60 --cal-rates 1` before the move. */
+  assert_string_equal(a, " 1.00    60   4551   502  73.0%  10.8   23     142    1625    26.6"
+                         "    33.5    25.0   108.3    395     0\n");
+  free(b);
+  o.seed = 3;
+  b = capture_rate(&cfg, &o, 1.0);
+  assert_string_not_equal(a, b);
+  free(a);
+  free(b);
+  /* Generated answers resent: the rows have the same shape, prefixes are still cached. */
+  o.answer_mean = 0;
+  o.requests = 40;
+  a = capture_rate(&cfg, &o, 2.0);
+  unsigned reqs;
+  double rate, cached;
+  assert_int_equal(sscanf(a, "%lf %u %*f %*f %lf%%", &rate, &reqs, &cached), 3);
+  assert_true(rate == 2.0 && reqs == 40 && cached > 10);
+  free(a);
+}
+
+static void test_run_prints_header_and_rows(void **state) {
+  (void)state;
+  kvr_sim_config_t cfg;
+  kvr_sim_config_default(&cfg);
+  kvr_sim_calibrate_opts_t o;
+  kvr_sim_calibrate_opts_default(&o);
+  assert_int_equal(o.nrates, 6);
+  assert_true(o.rates[0] == 0.5 && o.rates[5] == 3);
+  assert_int_equal(o.requests, 300);
+  o.requests = 20;
+  o.nrates = 2;
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  kvr_sim_calibrate_run(f, &cfg, &o);
+  fclose(f);
+  assert_int_equal(count_lines(text), 4);
+  assert_true(strncmp(text, "multi-turn workload in virtual time: 20 Poisson requests", 56) == 0);
+  assert_non_null(strstr(text, "output U[250,750] tokens; history answers: dataset, mean 900\n"));
+  assert_non_null(strstr(text, "\n rate  reqs  in_avg"));
+  assert_non_null(strstr(text, "\n 0.50    20 "));
+  assert_non_null(strstr(text, "\n 1.00    20 "));
+  free(text);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_print_costs),
+      cmocka_unit_test(test_rate_is_deterministic),
+      cmocka_unit_test(test_run_prints_header_and_rows),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
