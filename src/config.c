@@ -12,6 +12,9 @@
  */
 #include "config.h"
 
+#include "buf.h"
+#include "http_server.h"
+
 #include "cli.h"
 #include "kvr.h"
 #include "policies/policy.h"

@@ -9,7 +9,7 @@
 #ifndef KVR_CONFIG_H
 #define KVR_CONFIG_H
 
-#include "http_server.h"
+#include "http_limits.h"
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>

@@ -37,6 +37,7 @@
 
 #include "buf.h"
 #include "http_headers.h" /* kvr_http_header_t */
+#include "http_limits.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -49,19 +50,6 @@ typedef struct kvr_http_req_s kvr_http_req_t;
 
 typedef void (*kvr_http_request_cb)(kvr_http_req_t *req, void *data);
 typedef void (*kvr_http_req_cb)(kvr_http_req_t *req);
-
-typedef struct kvr_http_limits_s {
-  size_t max_url;                /* request-target bytes; default 8192 */
-  size_t max_header_bytes;       /* all header names+values; default 32768 */
-  size_t max_header_fields;      /* default 100 */
-  size_t max_body;               /* default 8 MiB */
-  uint64_t header_timeout_ms;    /* first byte to end of headers; default 10000 */
-  uint64_t keepalive_timeout_ms; /* idle between requests; default 75000 */
-  size_t max_connections;        /* 0 = unlimited; over it new clients get 503 and close */
-} kvr_http_limits_t;
-
-/* Fills limits with the defaults above. */
-void kvr_http_limits_default(kvr_http_limits_t *limits);
 
 struct kvr_http_req_s {
   kvr_http_conn_t *conn;  /* owner; do not touch */
