@@ -200,6 +200,106 @@ static void test_html_charts(void **state) {
   kvr_stats_results_free(res);
 }
 
+/* The cells of every Markdown table in order, inline marks ("**", "`") removed, one per line. */
+static void md_cells(const char *md, kvr_buf_t *out) {
+  for (const char *line = md; line && *line;
+       line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+    size_t len = strcspn(line, "\n");
+    if (line[0] != '|' || strspn(line, "|-: ") == len) /* not a table row, or its rule */
+      continue;
+    const char *c = line + 1;
+    while (c < line + len) {
+      const char *e = memchr(c, '|', (size_t)(line + len - c));
+      const char *b = c, *z = e;
+      while (b < z && *b == ' ')
+        b++;
+      while (z > b && z[-1] == ' ')
+        z--;
+      for (const char *p = b; p < z; p++)
+        if (*p != '`' && !(p[0] == '*' && p + 1 < z && p[1] == '*') &&
+            !(p > b && p[-1] == '*' && *p == '*'))
+          kvr_buf_append(out, p, 1);
+      kvr_buf_puts(out, "\n");
+      c = e + 1;
+    }
+  }
+}
+
+/* The text of every <td> and <th> of an HTML page in order, tags removed and entities decoded,
+ * one per line, leading and trailing spaces trimmed. */
+static void html_cells(const char *html, kvr_buf_t *out) {
+  static const char *const ents[][2] = {
+      {"&amp;", "&"}, {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}};
+  for (const char *p = html; (p = strstr(p, "<t")) != NULL; p++) {
+    if (strncmp(p, "<td>", 4) != 0 && strncmp(p, "<th>", 4) != 0)
+      continue;
+    const char *e = strstr(p, p[2] == 'd' ? "</td>" : "</th>");
+    assert_non_null(e);
+    kvr_buf_t cell = KVR_BUF_INIT;
+    for (const char *c = p + 4; c < e; c++) {
+      if (*c == '<') {
+        c = strchr(c, '>');
+        continue;
+      }
+      size_t k = 0;
+      while (k < 4 && strncmp(c, ents[k][0], strlen(ents[k][0])) != 0)
+        k++;
+      kvr_buf_puts(&cell, k < 4 ? ents[k][1] : (char[]){*c, 0});
+      if (k < 4)
+        c += strlen(ents[k][0]) - 1;
+    }
+    const char *b = cell.data ? cell.data : "";
+    size_t n = cell.len;
+    while (n && b[0] == ' ')
+      b++, n--;
+    while (n && b[n - 1] == ' ')
+      n--;
+    kvr_buf_append(out, b, n);
+    kvr_buf_puts(out, "\n");
+    kvr_buf_free(&cell);
+    p = e;
+  }
+}
+
+/* The HTML is written directly (not converted from the Markdown) and holds every table of the
+ * Markdown report with the same figures in the same order, plus the four charts. */
+static void check_html_tables(kvr_results_t *res) {
+  kvr_buf_t md = KVR_BUF_INIT, html = KVR_BUF_INIT, a = KVR_BUF_INIT, b = KVR_BUF_INIT;
+  kvr_report_markdown(res, &md);
+  kvr_report_html(res, &html);
+  md_cells(md.data, &a);
+  html_cells(html.data, &b);
+  assert_true(a.len > 500);
+  assert_string_equal(a.data, b.data);
+  assert_null(strstr(html.data, "**"));
+  assert_null(strstr(html.data, "|--"));
+  assert_null(strstr(html.data, "`"));
+  assert_int_equal(count(html.data, "<table>"), count(md.data, "\n|--") + count(md.data, "\n|:-"));
+  static const char *const charts[] = {"ttft-p99", "tpot-p99", "throughput", "worker-share"};
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(charts); i++) {
+    char needle[64];
+    snprintf(needle, sizeof(needle), "<svg class=\"chart\" id=\"%s\"", charts[i]);
+    assert_non_null(strstr(html.data, needle));
+  }
+  kvr_buf_free(&md);
+  kvr_buf_free(&html);
+  kvr_buf_free(&a);
+  kvr_buf_free(&b);
+}
+
+static void test_html_has_every_table(void **state) {
+  (void)state;
+  kvr_results_t *res = sample();
+  check_html_tables(res);
+  res->cache_reset = "before each run: POST /admin/reset_prefix_cache";
+  res->runs[0].levels[1]->engine_workers = 2; /* adds the engine tables and rows */
+  res->runs[0].levels[1]->preemptions = 4;
+  res->concurrency_mode = false;
+  check_html_tables(res);
+  res->cache_reset = NULL;
+  kvr_stats_results_free(res);
+}
+
 static void test_level_json_and_jsonl(void **state) {
   (void)state;
   kvr_results_t *res = sample();
@@ -330,9 +430,10 @@ static void test_engine_figures_and_reset(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_markdown_structure), cmocka_unit_test(test_no_improvement),
-      cmocka_unit_test(test_html_charts),        cmocka_unit_test(test_level_json_and_jsonl),
-      cmocka_unit_test(test_write_files),        cmocka_unit_test(test_engine_figures_and_reset),
+      cmocka_unit_test(test_markdown_structure),   cmocka_unit_test(test_no_improvement),
+      cmocka_unit_test(test_html_charts),          cmocka_unit_test(test_level_json_and_jsonl),
+      cmocka_unit_test(test_write_files),          cmocka_unit_test(test_engine_figures_and_reset),
+      cmocka_unit_test(test_html_has_every_table),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
