@@ -1,5 +1,8 @@
 /* stats.c -- percentiles, per-level aggregation and SLO verdicts for `kvrouter bench`.
  *
+ * Percentiles are src/quantile.h's (numpy's 'linear' method, as vllm reports them), the one
+ * definition every kvrouter product uses.
+ *
  * Structs (see stats.h): kvr_level_t collects kvr_req_rec_t records and ITL samples while a level
  * runs; kvr_stats_level_finish() turns them into kvr_dist_t figures, throughput, peak concurrency,
  * worker shares and per-turn TTFT, and decides pass/fail against a kvr_slo_t. kvr_run_t and
@@ -15,6 +18,7 @@
 #include "stats.h"
 
 #include "src/kvr.h"
+#include "src/quantile.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -33,20 +37,6 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-double kvr_stats_percentile(const double *sorted, size_t n, double p) {
-  if (n == 0)
-    return 0;
-  if (p <= 0)
-    return sorted[0];
-  if (p >= 100)
-    return sorted[n - 1];
-  double rank = p / 100.0 * (double)(n - 1);
-  size_t lo = (size_t)floor(rank);
-  size_t hi = lo + 1 < n ? lo + 1 : lo;
-  double frac = rank - (double)lo;
-  return sorted[lo] + (sorted[hi] - sorted[lo]) * frac;
-}
-
 void kvr_stats_dist(double *v, size_t n, kvr_dist_t *d) {
   memset(d, 0, sizeof(*d));
   d->n = n;
@@ -61,10 +51,10 @@ void kvr_stats_dist(double *v, size_t n, kvr_dist_t *d) {
   for (size_t i = 0; i < n; i++)
     ss += (v[i] - d->mean) * (v[i] - d->mean);
   d->std = sqrt(ss / (double)n);
-  d->p50 = kvr_stats_percentile(v, n, 50);
-  d->p90 = kvr_stats_percentile(v, n, 90);
-  d->p95 = kvr_stats_percentile(v, n, 95);
-  d->p99 = kvr_stats_percentile(v, n, 99);
+  d->p50 = kvr_quantile(v, n, 50);
+  d->p90 = kvr_quantile(v, n, 90);
+  d->p95 = kvr_quantile(v, n, 95);
+  d->p99 = kvr_quantile(v, n, 99);
   d->max = v[n - 1];
 }
 

@@ -5,7 +5,8 @@
  *   ITL   gap between successive token-carrying chunks
  *   TPOT  (E2E - TTFT) / (output_tokens - 1), per request with at least 2 output tokens
  *   E2E   request sent -> last token
- * Percentiles interpolate linearly between closest ranks (numpy's default, as vllm uses).
+ * Percentiles interpolate linearly between closest ranks (numpy's default, as vllm uses):
+ * kvr_quantile() of src/quantile.h, the one definition every kvrouter product uses.
  *
  * All durations in records and levels are in report time: real time multiplied by the time scale
  * (see bench/loadgen/README.md), except send lag, which measures the load generator itself and
@@ -138,9 +139,7 @@ void kvr_stats_level_add(kvr_level_t *lv, const kvr_req_rec_t *rec, const double
  * again after more records were added. */
 void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo);
 
-/* Percentile p (0..100) of sorted[0..n-1] with linear interpolation; 0 when n == 0. */
-double kvr_stats_percentile(const double *sorted, size_t n, double p);
-/* Fills d from values (sorted in place). */
+/* Fills d from values (sorted in place); percentiles by kvr_quantile() (src/quantile.h). */
 void kvr_stats_dist(double *values, size_t n, kvr_dist_t *d);
 /* Peak number of overlapping [start, end] intervals (ends before starts at equal times). */
 unsigned kvr_stats_max_overlap(const double *start, const double *end, size_t n);

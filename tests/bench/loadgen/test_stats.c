@@ -8,6 +8,7 @@
 
 #include "bench/loadgen/stats.h"
 #include "src/kvr.h"
+#include "src/quantile.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -22,12 +23,12 @@ static void test_percentile_linear(void **state) {
   double v[100];
   for (int i = 0; i < 100; i++)
     v[i] = i + 1;
-  NEAR(kvr_stats_percentile(v, 100, 50), 50.5);
-  NEAR(kvr_stats_percentile(v, 100, 99), 99.01);
-  NEAR(kvr_stats_percentile(v, 100, 0), 1);
-  NEAR(kvr_stats_percentile(v, 100, 100), 100);
-  NEAR(kvr_stats_percentile(v, 1, 99), 1);
-  NEAR(kvr_stats_percentile(v, 0, 99), 0);
+  NEAR(kvr_quantile(v, 100, 50), 50.5);
+  NEAR(kvr_quantile(v, 100, 99), 99.01);
+  NEAR(kvr_quantile(v, 100, 0), 1);
+  NEAR(kvr_quantile(v, 100, 100), 100);
+  NEAR(kvr_quantile(v, 1, 99), 1);
+  NEAR(kvr_quantile(v, 0, 99), 0);
   double w[] = {4, 1, 3, 2};
   kvr_dist_t d;
   kvr_stats_dist(w, 4, &d);
