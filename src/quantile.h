@@ -1,4 +1,4 @@
-/* quantile.h -- the one percentile definition every kvrouter product uses.
+/* quantile.h -- the percentile definition kvrouter's products share (one place, one test).
  *
  * numpy's default, method 'linear' (Hyndman and Fan's type 7), which `vllm bench serve` reports
  * through np.percentile: for sorted x[0..n-1] and p in [0, 100],

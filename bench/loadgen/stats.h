@@ -6,7 +6,7 @@
  *   TPOT  (E2E - TTFT) / (output_tokens - 1), per request with at least 2 output tokens
  *   E2E   request sent -> last token
  * Percentiles interpolate linearly between closest ranks (numpy's default, as vllm uses):
- * kvr_quantile() of src/quantile.h, the one definition every kvrouter product uses.
+ * kvr_quantile() of src/quantile.h, the definition kvrouter's products share.
  *
  * All durations in records and levels are in report time: real time multiplied by the time scale
  * (see bench/loadgen/README.md), except send lag, which measures the load generator itself and
