@@ -1,11 +1,14 @@
-/* report.c -- the report's analysis of the results, as data: loads and their formatting, the
- * metric tables the Markdown, HTML and charts share, the worker names at a load and the load the
- * detailed comparison uses.
+/* report.c -- the report's analysis of the results, as data: how far each run's max SLO-compliant
+ * load is known (found, or only bounded below), capacity ratios and their bounds, which label
+ * certainly wins, whether a level kept to its schedule; and the shared views: loads and their
+ * formatting, the metric tables the Markdown, HTML and charts share, the worker names at a load and
+ * the load the detailed comparison uses.
  *
- * The report is split by format: this file (what every format reads), report_sections.c (what the
- * report says, written once as format-neutral blocks, and the plain-text summary),
- * report_doc.c (the block writer), report_md.c (Markdown), report_html.c (the HTML page with its
- * SVG charts), report_json.c (per-level JSON and per-request JSONL), report_files.c (the files).
+ * The report is split by format: this file (what every format reads), report_sections.c (the
+ * sections, written once as format-neutral blocks), report_verdicts.c (every concluding sentence,
+ * and the plain-text summary), report_doc.c (the block writer), report_md.c (Markdown),
+ * report_html.c (the HTML page with its SVG charts), report_json.c (per-level JSON and per-request
+ * JSONL), report_files.c (the files).
  *
  * Structs: kvr__metric_t (report_int.h) -- a title, a printf format, an accessor and a validity
  * test per figure; everything else is read from kvr_results_t / kvr_run_t / kvr_level_t (stats.h).
@@ -106,6 +109,45 @@ void kvr__fmt_pct_change(double base, double v, char *buf, size_t size) {
     snprintf(buf, size, KVR__DASH);
 }
 
+void kvr__fmt_cap(const kvr_results_t *res, kvr_report_cap_t cap, bool with_unit, char *buf,
+                  size_t size) {
+  char a[32];
+  kvr__fmt_load(res, cap.load, a, sizeof(a));
+  if (!cap.ran)
+    snprintf(buf, size, KVR__DASH);
+  else
+    snprintf(buf, size, "%s%s%s%s", cap.found ? "" : "at least ", a, with_unit ? " " : "",
+             with_unit ? kvr__load_unit(res) : "");
+}
+
+void kvr__fmt_gain(kvr_report_gain_t g, char *buf, size_t size) {
+  double pct = (g.ratio - 1.0) * 100.0;
+  switch (g.bound) {
+  case KVR_REPORT_EXACT:
+    snprintf(buf, size, "%+.0f%%", pct);
+    break;
+  case KVR_REPORT_AT_LEAST:
+    snprintf(buf, size, "at least %+.0f%%", pct);
+    break;
+  case KVR_REPORT_AT_MOST:
+    snprintf(buf, size, "at most %+.0f%%", pct);
+    break;
+  case KVR_REPORT_UNKNOWN:
+    snprintf(buf, size, "unknown");
+    break;
+  case KVR_REPORT_NO_BASE:
+    snprintf(buf, size, KVR__DASH);
+    break;
+  }
+}
+
+bool kvr__passed_any(const kvr_run_t *run) {
+  for (size_t i = 0; i < run->nlevels; i++)
+    if (run->levels[i]->pass && !run->levels[i]->interrupted)
+      return true;
+  return false;
+}
+
 bool kvr__detail_load(const kvr_results_t *res, double *load, bool *passed) {
   if (res->nruns == 0 || res->runs[0].nlevels == 0)
     return false;
@@ -120,6 +162,65 @@ bool kvr__detail_load(const kvr_results_t *res, double *load, bool *passed) {
     lo = fmin(lo, kvr__load_of(res->runs[0].levels[i]));
   *load = lo;
   return true;
+}
+
+/* ---- the analysis ---------------------------------------------------------------------------- */
+
+kvr_report_cap_t kvr_report_cap(const kvr_run_t *run) {
+  kvr_report_cap_t c = {kvr_stats_run_max_load(run), false, false};
+  for (size_t i = 0; i < run->nlevels; i++) {
+    const kvr_level_t *lv = run->levels[i];
+    c.ran |= !lv->interrupted;
+    c.found |= !lv->interrupted && !lv->pass; /* the lowest failure bounds the max from above */
+  }
+  return c;
+}
+
+kvr_report_gain_t kvr_report_gain(kvr_report_cap_t base, kvr_report_cap_t cap) {
+  kvr_report_gain_t g = {base.load > 0 ? cap.load / base.load : 0, KVR_REPORT_UNKNOWN};
+  if (!base.ran || !cap.ran)
+    g.bound = KVR_REPORT_UNKNOWN;
+  else if (base.found && base.load <= 0)
+    g.bound = KVR_REPORT_NO_BASE;
+  else if (base.found || (cap.found && cap.load <= 0)) /* passing nowhere is -100% of anything */
+    g.bound = cap.found ? KVR_REPORT_EXACT : KVR_REPORT_AT_LEAST;
+  else
+    g.bound = cap.found ? KVR_REPORT_AT_MOST : KVR_REPORT_UNKNOWN;
+  return g;
+}
+
+int kvr_report_cmp(kvr_report_cap_t a, kvr_report_cap_t b) {
+  bool above = a.load > b.load + 1e-9, below = a.load < b.load - 1e-9;
+  if (!a.ran || !b.ran)
+    return KVR_REPORT_CMP_UNKNOWN;
+  if (a.found && b.found)
+    return above ? 1 : below ? -1 : 0;
+  if (a.found && !b.found) /* b is at least b.load */
+    return below ? -1 : KVR_REPORT_CMP_UNKNOWN;
+  if (!a.found && b.found) /* a is at least a.load */
+    return above ? 1 : KVR_REPORT_CMP_UNKNOWN;
+  return KVR_REPORT_CMP_UNKNOWN;
+}
+
+bool kvr_report_winner(const kvr_results_t *res, size_t r) {
+  if (r == 0 || r >= res->nruns)
+    return false;
+  kvr_report_cap_t c = kvr_report_cap(&res->runs[r]);
+  if (kvr_report_cmp(c, kvr_report_cap(&res->runs[0])) != 1)
+    return false;
+  for (size_t s = 1; s < res->nruns; s++) {
+    int k = s == r ? 0 : kvr_report_cmp(c, kvr_report_cap(&res->runs[s]));
+    if (k != 0 && k != 1)
+      return false;
+  }
+  return true;
+}
+
+bool kvr_report_on_schedule(const kvr_level_t *lv, bool *lag_ok, bool *rate_ok) {
+  *lag_ok = lv->lag.n == 0 || lv->lag.p99 < KVR_REPORT_LAG_P99_MAX_MS;
+  *rate_ok = !(lv->scheduled_rate > 0 && lv->achieved_rate > 0) ||
+             fabs(lv->achieved_rate / lv->scheduled_rate - 1) <= KVR_REPORT_RATE_TOL;
+  return *lag_ok && *rate_ok;
 }
 
 /* ---- metrics --------------------------------------------------------------------------------- */

@@ -2,16 +2,17 @@
  *
  * Two things live here:
  *
- * 1. The document writer (report_doc.c). The report's sections (report_sections.c) are written
- *    once, as blocks -- headings, paragraphs, tables of cells -- into a kvr__doc_t; the doc's ops
- *    table decides the format: report_md.c renders Markdown, report_html.c renders HTML directly
- *    (no Markdown is ever parsed). Text may carry two inline marks, KVR__STRONG and KVR__CODE,
- *    each toggling emphasis or code on and off; a format renders them ("**", "`" or <strong>,
- *    <code>) and escapes everything else as it needs.
+ * 1. The document writer (report_doc.c). The report's sections (report_sections.c, with the
+ *    concluding sentences from report_verdicts.c) are written once, as blocks -- headings,
+ *    paragraphs, tables of cells -- into a kvr__doc_t; the doc's ops table decides the format:
+ *    report_md.c renders Markdown, report_html.c renders HTML directly (no Markdown is ever
+ *    parsed). Text may carry two inline marks, KVR__STRONG and KVR__CODE, each toggling emphasis
+ *    or code on and off; a format renders them ("**", "`" or <strong>, <code>) and escapes
+ *    everything else as it needs.
  *
- * 2. The shared views of the results (report.c): loads and their formatting, the metric tables
- *    (title, format, accessor, validity) used by the tables and the charts, the worker names at a
- *    load, and the load of the detailed comparison.
+ * 2. The shared views of the results (report.c): loads and their formatting, capacities and gains
+ *    as text, the metric tables (title, format, accessor, validity) used by the tables and the
+ *    charts, the worker names at a load, and the load of the detailed comparison.
  */
 #ifndef KVR_REPORT_INT_H
 #define KVR_REPORT_INT_H
@@ -87,6 +88,16 @@ void kvr__report_head(const kvr_results_t *res, kvr__doc_t *d);
  * per-turn TTFT, worker share, observations, workload parameters. */
 void kvr__report_body(const kvr_results_t *res, kvr__doc_t *d);
 
+/* ---- the verdict sentences (report_verdicts.c) ----------------------------------------------- */
+
+/* After the configuration table: whether every run started cold, from each run's reset outcome. */
+void kvr__verdict_reset(const kvr_results_t *res, kvr__doc_t *d);
+/* After the winner table: which label improved the max SLO-compliant load, or that it is not
+ * known. */
+void kvr__verdict_winner(const kvr_results_t *res, kvr__doc_t *d);
+/* The "Key Observations" section. */
+void kvr__verdict_observations(const kvr_results_t *res, kvr__doc_t *d);
+
 /* ---- shared views of the results (report.c) -------------------------------------------------- */
 
 typedef struct kvr__metric_s {
@@ -123,11 +134,21 @@ const char *kvr__load_header(const kvr_results_t *res); /* "Rate" or "Users" */
 const char *kvr__load_unit(const kvr_results_t *res);   /* "RPS", "conv/s" or "users" */
 /* "+50%" from base to v, an em dash when base is not positive. */
 void kvr__fmt_pct_change(double base, double v, char *buf, size_t size);
+/* A max SLO-compliant load: "2.00", "at least 12.00" when only bounded below, an em dash when the
+ * run has no level run to its end; with_unit appends the load unit. */
+void kvr__fmt_cap(const kvr_results_t *res, kvr_report_cap_t cap, bool with_unit, char *buf,
+                  size_t size);
+/* A capacity change vs the baseline: "+50%", "at least +50%", "at most -20%", "unknown", or an em
+ * dash when the baseline passed nowhere. */
+void kvr__fmt_gain(kvr_report_gain_t g, char *buf, size_t size);
 /* The distinct worker names seen at load dl across all runs, in first-seen order. */
 size_t kvr__worker_names(const kvr_results_t *res, double dl,
                          char names[KVR_STATS_MAX_WORKERS][KVR_WORKER_NAME_MAX]);
 /* Requests of the level that worker name served. */
 size_t kvr__worker_count(const kvr_level_t *lv, const char *name);
+/* Some level of the run ran to its end (or stopped early) and passed: when its max SLO-compliant
+ * load is 0 anyway, it passed only above a failing level. */
+bool kvr__passed_any(const kvr_run_t *run);
 /* The load of the detailed comparison: the baseline's max SLO-compliant load or, when nothing
  * passed (*passed false), the lowest load the baseline measured. False when it has no levels. */
 bool kvr__detail_load(const kvr_results_t *res, double *load, bool *passed);

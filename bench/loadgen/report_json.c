@@ -107,6 +107,7 @@ static void run_keys(cJSON *k, const kvr_results_t *res, const kvr_run_t *run,
   cJSON_AddNumberToObject(k, "warmup_requests", res->warmup);
   cJSON_AddNumberToObject(k, "measured_requests", (double)lv->measured);
   cJSON_AddNumberToObject(k, "achieved_rate", lv->achieved_rate);
+  cJSON_AddNumberToObject(k, "scheduled_rate", lv->scheduled_rate);
   cJSON_AddItemToObject(k, "send_lag_real_ms", dist_obj(&lv->lag));
   cJSON_AddItemToObject(k, "ttft_transport_real_ms", dist_obj(&lv->transport));
   cJSON_AddNumberToObject(k, "total_cached_tokens", (double)lv->total_cached);
@@ -135,6 +136,12 @@ static void verdict_keys(cJSON *k, const kvr_run_t *run, const kvr_level_t *lv) 
     cJSON_AddStringToObject(k, "prefix_cache_reset", run->cache_reset);
   else
     cJSON_AddNullToObject(k, "prefix_cache_reset");
+  /* true: every worker confirmed the reset; false: some did not; null: not tried or not recorded */
+  if (run->cache_reset_outcome == KVR_CACHE_RESET_UNKNOWN)
+    cJSON_AddNullToObject(k, "prefix_cache_reset_complete");
+  else
+    cJSON_AddBoolToObject(k, "prefix_cache_reset_complete",
+                          run->cache_reset_outcome == KVR_CACHE_RESET_ALL);
 }
 
 /* Worker share, per-turn TTFT and the SLO targets. */

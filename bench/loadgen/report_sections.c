@@ -1,5 +1,6 @@
-/* report_sections.c -- what the report says: its sections, written once as format-neutral blocks
- * (report_int.h) that report_md.c and report_html.c render, and the plain-text summary.
+/* report_sections.c -- the report's sections, written once as format-neutral blocks
+ * (report_int.h) that report_md.c and report_html.c render: headings, tables and the sentences that
+ * only describe. Every sentence that concludes something comes from report_verdicts.c.
  *
  * Sections, in order (the team's report form, shared/seeds/002_*.txt): head (title, generation
  * time); configuration (labels, policies, prefix-cache resets); SLO targets; one table per metric
@@ -77,14 +78,6 @@ void kvr__report_head(const kvr_results_t *res, kvr__doc_t *d) {
   kvr__doc_p(d, B "Generated:" B " %s", res->generated ? res->generated : "");
 }
 
-static void config_reset_sentence(const kvr_results_t *res, kvr__doc_t *d) {
-  if (res->cache_reset != NULL)
-    kvr__doc_p(d, "Prefix caches were reset %s, so every run starts cold.", res->cache_reset);
-  else if (res->nruns > 1)
-    kvr__doc_p(d, "Prefix caches were " B "not" B " reset between runs: later runs may find the "
-                  "earlier runs' identical prompts still cached.");
-}
-
 static void section_config(const kvr_results_t *res, kvr__doc_t *d) {
   bool reset = res->cache_reset != NULL;
   kvr__doc_h(d, 2, "Configuration");
@@ -108,7 +101,7 @@ static void section_config(const kvr_results_t *res, kvr__doc_t *d) {
     kvr__doc_row_end(d);
   }
   kvr__doc_table_end(d);
-  config_reset_sentence(res, d);
+  kvr__verdict_reset(res, d);
 }
 
 static void section_slo(const kvr_results_t *res, kvr__doc_t *d) {
@@ -198,36 +191,8 @@ static void section_matrix(const kvr_results_t *res, const double *loads, size_t
 
 /* ---- winner identification ------------------------------------------------------------------- */
 
-static void winner_sentence(const kvr_results_t *res, double base, double best, kvr__doc_t *d) {
-  if (!(best > base)) {
-    kvr__doc_p(d, B "No configuration improved over baseline." B);
-    return;
-  }
-  char a[32], b[32];
-  kvr__doc_printf(d, B);
-  bool first = true;
-  for (size_t r = 1; r < res->nruns; r++)
-    if (kvr_stats_run_max_load(&res->runs[r]) == best) {
-      kvr__doc_printf(d, "%s%s", first ? "" : ", ", res->runs[r].label);
-      first = false;
-    }
-  kvr__fmt_load(res, base, a, sizeof(a));
-  kvr__fmt_load(res, best, b, sizeof(b));
-  if (base > 0)
-    kvr__doc_printf(d, " improved max SLO-compliant load over baseline: %s -> %s %s (%+.0f%%).", a,
-                    b, kvr__load_unit(res), (best / base - 1) * 100);
-  else
-    kvr__doc_printf(d, " passed up to %s %s; the baseline passed at no measured load.", b,
-                    kvr__load_unit(res));
-  kvr__doc_printf(d, B);
-  kvr__doc_p_end(d);
-}
-
 static void section_winner(const kvr_results_t *res, kvr__doc_t *d) {
-  double base = res->nruns ? kvr_stats_run_max_load(&res->runs[0]) : 0;
-  double best = 0;
-  for (size_t r = 1; r < res->nruns; r++)
-    best = fmax(best, kvr_stats_run_max_load(&res->runs[r]));
+  kvr_report_cap_t base = res->nruns ? kvr_report_cap(&res->runs[0]) : (kvr_report_cap_t){0};
   kvr__doc_h(d, 2, "Winner Identification");
   kvr__doc_table(d, "|-------|:----------------------:|:--------------------:|");
   kvr__doc_cell(d, "Label");
@@ -235,22 +200,22 @@ static void section_winner(const kvr_results_t *res, kvr__doc_t *d) {
   kvr__doc_cell(d, "Capacity vs Baseline");
   kvr__doc_row_end(d);
   for (size_t r = 0; r < res->nruns; r++) {
-    double m = kvr_stats_run_max_load(&res->runs[r]);
-    char cap[32], a[32];
+    kvr_report_cap_t c = kvr_report_cap(&res->runs[r]);
+    char cap[48], gain[48];
+    kvr__fmt_cap(res, c, false, cap, sizeof(cap));
     if (r == 0)
-      snprintf(cap, sizeof(cap), DASH);
+      snprintf(gain, sizeof(gain), DASH);
     else
-      kvr__fmt_pct_change(base, m, cap, sizeof(cap));
-    kvr__fmt_load(res, m, a, sizeof(a));
-    bool winner = r > 0 && best > base && m == best; /* a tie with the baseline wins nothing */
+      kvr__fmt_gain(kvr_report_gain(base, c), gain, sizeof(gain));
+    bool winner = kvr_report_winner(res, r);
     kvr__doc_cell(d, "%s%s", res->runs[r].label, winner ? " " B "WINNER" B : "");
-    kvr__doc_cell(d, "%s", a);
     kvr__doc_cell(d, "%s", cap);
+    kvr__doc_cell(d, "%s", gain);
     kvr__doc_row_end(d);
   }
   kvr__doc_table_end(d);
   if (res->nruns > 1)
-    winner_sentence(res, base, best, d);
+    kvr__verdict_winner(res, d);
 }
 
 /* ---- detailed comparison, per-turn TTFT, worker share ---------------------------------------- */
@@ -345,215 +310,21 @@ static void section_detail(const kvr_results_t *res, kvr__doc_t *d) {
     return;
   char a[32];
   kvr__fmt_load(res, dl, a, sizeof(a));
-  if (passed)
+  if (passed && kvr_report_cap(&res->runs[0]).found)
     kvr__doc_h(d, 2, "Detailed Comparison at Baseline Max %s (%s %s)", kvr__load_header(res), a,
                kvr__load_unit(res));
-  else
-    kvr__doc_h(d, 2, "Detailed Comparison at Baseline's Lowest %s (%s %s; no load passed)",
+  else if (passed) /* every level passed: the highest is not its max */
+    kvr__doc_h(d, 2,
+               "Detailed Comparison at Baseline's Highest Passing %s (%s %s; every level "
+               "passed, so its max was not found)",
                kvr__load_header(res), a, kvr__load_unit(res));
+  else
+    kvr__doc_h(d, 2, "Detailed Comparison at Baseline's Lowest %s (%s %s; no load %spassed)",
+               kvr__load_header(res), a, kvr__load_unit(res),
+               kvr__passed_any(&res->runs[0]) ? "below its first failure " : "");
   detail_table(res, dl, d);
   turn_table(res, dl, a, d);
   share_table(res, dl, a, d);
-}
-
-/* ---- key observations ------------------------------------------------------------------------ */
-
-/* The first failing level of a run (lowest load, not interrupted) and its failing SLOs; false
- * when nothing failed. */
-static bool first_failure(const kvr_run_t *run, double *load, unsigned *mask) {
-  const kvr_level_t *best = NULL;
-  for (size_t i = 0; i < run->nlevels; i++) {
-    const kvr_level_t *lv = run->levels[i];
-    if (!lv->pass && !lv->interrupted && (best == NULL || kvr__load_of(lv) < kvr__load_of(best)))
-      best = lv;
-  }
-  if (best == NULL)
-    return false;
-  *load = kvr__load_of(best);
-  *mask = best->fail_mask;
-  return true;
-}
-
-static void obs_capacity(const kvr_results_t *res, int *n, kvr__doc_t *d) {
-  if (res->nruns < 2)
-    return;
-  double base = kvr_stats_run_max_load(&res->runs[0]);
-  const char *unit = kvr__load_unit(res);
-  size_t best = 1;
-  for (size_t r = 2; r < res->nruns; r++)
-    if (kvr_stats_run_max_load(&res->runs[r]) > kvr_stats_run_max_load(&res->runs[best]))
-      best = r;
-  double bm = kvr_stats_run_max_load(&res->runs[best]);
-  char a[32], b[32];
-  kvr__fmt_load(res, base, a, sizeof(a));
-  kvr__fmt_load(res, bm, b, sizeof(b));
-  if (bm > base && base > 0)
-    kvr__doc_p(d,
-               "%d. " B C "%s" C " raises the max SLO-compliant load from %s to %s %s (%+.0f%%) "
-               "over " C "%s" C "." B " On this workload it serves %.0f%% more traffic within the "
-               "SLOs.",
-               (*n)++, res->runs[best].label, a, b, unit, (bm / base - 1) * 100, res->runs[0].label,
-               (bm / base - 1) * 100);
-  else if (bm > base)
-    kvr__doc_p(d,
-               "%d. " B C "%s" C " passes the SLOs up to %s %s where " C "%s" C " passes at no "
-               "measured load." B,
-               (*n)++, res->runs[best].label, b, unit, res->runs[0].label);
-  else
-    kvr__doc_p(d,
-               "%d. " B "No configuration raised the max SLO-compliant load above " C "%s" C
-               "'s %s %s." B,
-               (*n)++, res->runs[0].label, a, unit);
-}
-
-static void obs_binding(const kvr_results_t *res, int *n, kvr__doc_t *d) {
-  for (size_t r = 0; r < res->nruns; r++) {
-    double fl;
-    unsigned mask;
-    char names[64], a[32];
-    if (first_failure(&res->runs[r], &fl, &mask)) {
-      kvr_stats_fail_names(mask, names, sizeof(names));
-      kvr__fmt_load(res, fl, a, sizeof(a));
-      kvr__doc_p(d,
-                 "%d. " B "%s binds first for " C "%s" C "." B
-                 " Its first failing load is %s %s (FAIL (%s)).",
-                 (*n)++, names, res->runs[r].label, a, kvr__load_unit(res), names);
-    } else if (res->runs[r].nlevels > 0) {
-      kvr__doc_p(d,
-                 "%d. " B C "%s" C " passed every measured load." B
-                 " Its limit lies above the highest load measured.",
-                 (*n)++, res->runs[r].label);
-    }
-  }
-}
-
-static void obs_latency(const kvr_results_t *res, int *n, kvr__doc_t *d) {
-  double dl;
-  bool passed;
-  if (res->nruns < 2 || !kvr__detail_load(res, &dl, &passed))
-    return;
-  const kvr_level_t *b0 = kvr__find_load(&res->runs[0], dl);
-  char a[32];
-  kvr__fmt_load(res, dl, a, sizeof(a));
-  for (size_t r = 1; r < res->nruns && b0 && kvr__has_data(b0); r++) {
-    const kvr_level_t *lv = kvr__find_load(&res->runs[r], dl);
-    if (lv == NULL || !kvr__has_data(lv))
-      continue;
-    char t1[16], t2[16];
-    kvr__fmt_pct_change(b0->ttft.p99, lv->ttft.p99, t1, sizeof(t1));
-    kvr__fmt_pct_change(b0->tpot.p99, lv->tpot.p99, t2, sizeof(t2));
-    kvr__doc_p(d,
-               "%d. " B "At %s %s, " C "%s" C " changes TTFT p99 by %s (%.0f -> %.0f ms) and "
-               "TPOT p99 by %s (%.1f -> %.1f ms) against " C "%s" C "." B,
-               (*n)++, a, kvr__load_unit(res), res->runs[r].label, t1, b0->ttft.p99, lv->ttft.p99,
-               t2, b0->tpot.p99, lv->tpot.p99, res->runs[0].label);
-  }
-}
-
-static void obs_cache(const kvr_results_t *res, int *n, kvr__doc_t *d) {
-  bool any_usage = false;
-  for (size_t r = 0; r < res->nruns; r++) {
-    uint64_t in = 0, cached = 0;
-    size_t usage = 0;
-    for (size_t i = 0; i < res->runs[r].nlevels; i++) {
-      in += res->runs[r].levels[i]->total_input;
-      cached += res->runs[r].levels[i]->total_cached;
-      usage += res->runs[r].levels[i]->usage_requests;
-    }
-    if (usage == 0 || in == 0)
-      continue;
-    any_usage = true;
-    kvr__doc_p(d,
-               "%d. " B C "%s" C ": %.1f%% of prompt tokens were served from the KV cache" B
-               " (%llu of %llu over all levels, from usage.prompt_tokens_details.cached_tokens).",
-               (*n)++, res->runs[r].label, 100.0 * (double)cached / (double)in,
-               (unsigned long long)cached, (unsigned long long)in);
-  }
-  if (!any_usage)
-    kvr__doc_p(d, "%d. " B "The server reported no usage" B ", so cached tokens are not known.",
-               (*n)++);
-}
-
-static void obs_balance_run(const kvr_results_t *res, const kvr_run_t *run, double dl, int *n,
-                            kvr__doc_t *d) {
-  const kvr_level_t *lv = kvr__find_load(run, dl);
-  if (lv == NULL || lv->measured == 0)
-    return;
-  size_t named = 0, mx = 0, mn = SIZE_MAX, total = 0;
-  for (size_t w = 0; w < lv->nworkers; w++) {
-    if (lv->workers[w].name[0] == '\0')
-      continue;
-    named++;
-    total += lv->workers[w].count;
-    mx = KVR_MAX(mx, lv->workers[w].count);
-    mn = KVR_MIN(mn, lv->workers[w].count);
-  }
-  char a[32];
-  kvr__fmt_load(res, dl, a, sizeof(a));
-  if (named == 0)
-    kvr__doc_p(d,
-               "%d. " B C "%s" C " responses carried no x-kvrouter-worker header" B
-               " (not behind kvrouter), so placement is unknown.",
-               (*n)++, run->label);
-  else
-    kvr__doc_p(d,
-               "%d. " B C "%s" C " spread requests over %zu workers at %s %s" B
-               ": the busiest took %.0f%%, the least busy %.0f%% (even would be %.0f%%).",
-               (*n)++, run->label, named, a, kvr__load_unit(res),
-               100.0 * (double)mx / (double)total, 100.0 * (double)mn / (double)total,
-               100.0 / (double)named);
-}
-
-static void obs_balance(const kvr_results_t *res, int *n, kvr__doc_t *d) {
-  double dl;
-  bool passed;
-  if (!kvr__detail_load(res, &dl, &passed))
-    return;
-  for (size_t r = 0; r < res->nruns; r++)
-    obs_balance_run(res, &res->runs[r], dl, n, d);
-}
-
-static void obs_schedule(const kvr_results_t *res, int *n, kvr__doc_t *d) {
-  double worst_lag = 0, worst_ratio = INFINITY;
-  for (size_t r = 0; r < res->nruns; r++)
-    for (size_t i = 0; i < res->runs[r].nlevels; i++) {
-      const kvr_level_t *lv = res->runs[r].levels[i];
-      worst_lag = fmax(worst_lag, lv->lag.p99);
-      /* A level cut short measured too few sends for a meaningful rate. */
-      if (!res->concurrency_mode && lv->rate > 0 && lv->achieved_rate > 0 && !lv->stopped_early &&
-          !lv->interrupted)
-        worst_ratio = fmin(worst_ratio, lv->achieved_rate / lv->rate);
-    }
-  if (!res->concurrency_mode && isfinite(worst_ratio))
-    kvr__doc_p(d,
-               "%d. " B "The load generator kept to its schedule:" B
-               " worst send lag p99 %.2f ms (real time); achieved rate was at least %.0f%% of "
-               "target at every level run to its end.",
-               (*n)++, worst_lag, 100.0 * worst_ratio);
-}
-
-static void obs_failed(const kvr_results_t *res, int *n, kvr__doc_t *d) {
-  size_t failed = 0;
-  for (size_t r = 0; r < res->nruns; r++)
-    for (size_t i = 0; i < res->runs[r].nlevels; i++)
-      failed += res->runs[r].levels[i]->failed;
-  if (failed > 0)
-    kvr__doc_p(d, "%d. " B "%zu requests failed" B " across all levels; see requests.jsonl.",
-               (*n)++, failed);
-}
-
-static void section_observations(const kvr_results_t *res, kvr__doc_t *d) {
-  if (res->nruns == 0)
-    return;
-  int n = 1;
-  kvr__doc_h(d, 2, "Key Observations");
-  obs_capacity(res, &n, d);
-  obs_binding(res, &n, d);
-  obs_latency(res, &n, d);
-  obs_cache(res, &n, d);
-  obs_balance(res, &n, d);
-  obs_schedule(res, &n, d);
-  obs_failed(res, &n, d);
 }
 
 /* ---- workload parameters --------------------------------------------------------------------- */
@@ -576,6 +347,11 @@ static const char *rate_meaning(const kvr_results_t *res) {
   if (res->sessions)
     return "conversation starts per second; later turns follow their predecessor after think "
            "time";
+  if (res->replay)
+    return "requests per second of turn arrivals (one arrival = one request): arrival i sends a "
+           "pre-assigned (conversation, turn) of the replayed conversations whether or not that "
+           "conversation's previous turn has finished; comparable with " C
+           "vllm bench serve --request-rate" C;
   return "requests per second of turn arrivals (one arrival = one request): each arrival sends "
          "the next eligible turn of an open conversation (eligible = previous turn done + think "
          "time), else starts a new conversation; comparable with " C
@@ -596,18 +372,62 @@ static void param_loads(const kvr_results_t *res, const double *loads, size_t nl
   kvr_buf_free(&v);
 }
 
+/* The smallest and largest count over the levels that ran to their end (interrupted ones sent
+ * less), of warm-up records (warmup) or measured ones; false when no level ran to its end. */
+static bool level_counts(const kvr_results_t *res, bool warmup, size_t *lo, size_t *hi) {
+  bool any = false;
+  *lo = SIZE_MAX, *hi = 0;
+  for (size_t r = 0; r < res->nruns; r++)
+    for (size_t i = 0; i < res->runs[r].nlevels; i++) {
+      const kvr_level_t *lv = res->runs[r].levels[i];
+      if (lv->interrupted || (!warmup && lv->stopped_early))
+        continue;
+      size_t k = warmup ? lv->nrecs - lv->measured : lv->measured;
+      *lo = KVR_MIN(*lo, k);
+      *hi = KVR_MAX(*hi, k);
+      any = true;
+    }
+  return any;
+}
+
+/* The prompts asked for per level and, when levels measured another count (--min-level-s raises
+ * it with the rate), what they measured. */
+static void param_prompts(const kvr_results_t *res, kvr__doc_t *d) {
+  const char *name = res->concurrency_mode ? "Prompts per Level" : "Prompts per Rate";
+  size_t lo, hi;
+  if (!level_counts(res, false, &lo, &hi) || (lo == res->num_prompts && hi == res->num_prompts))
+    param(d, name, "%zu", res->num_prompts);
+  else if (lo == hi)
+    param(d, name, "%zu asked, %zu measured at every level run to its end", res->num_prompts, lo);
+  else
+    param(d, name, "%zu asked, %zu-%zu measured per level run to its end", res->num_prompts, lo,
+          hi);
+}
+
+/* The warm-up requests the levels actually sent (--warmup-s raises them with the rate). */
+static void param_warmup(const kvr_results_t *res, kvr__doc_t *d) {
+  size_t lo, hi;
+  if (!level_counts(res, true, &lo, &hi))
+    lo = hi = res->warmup;
+  if (lo == hi)
+    param(d, "Warm-up", "first %zu requests of each level, excluded from metrics", lo);
+  else
+    param(d, "Warm-up", "first %zu-%zu requests of each level (by level), excluded from metrics",
+          lo, hi);
+}
+
 static void section_workload(const kvr_results_t *res, const double *loads, size_t nloads,
                              kvr__doc_t *d) {
   kvr__doc_h(d, 2, "Workload Parameters");
   kvr__doc_table(d, "|-----------|-------|");
   param(d, "Parameter", "Value");
-  param(d, "Tool", C "kvrouter bench" C " (open-loop, libuv + libcurl)");
+  param(d, "Tool", C "kvrouter bench" C " (%s, libuv + libcurl)",
+        res->concurrency_mode ? "closed-loop users" : "open-loop");
   param(d, "Endpoint", "%s (%s API)", res->url ? res->url : "", res->api ? res->api : "chat");
   param(d, "Model", "%s", res->model ? res->model : "");
   param(d, "Dataset", "%s",
         res->workload_desc ? res->workload_desc : (res->workload ? res->workload : ""));
-  param(d, res->concurrency_mode ? "Prompts per Level" : "Prompts per Rate", "%zu",
-        res->num_prompts);
+  param_prompts(res, d);
   param_loads(res, loads, nloads, d);
   if (res->concurrency_mode)
     param(d, "Load",
@@ -617,7 +437,7 @@ static void section_workload(const kvr_results_t *res, const double *loads, size
   if (!res->concurrency_mode)
     param(d, "Arrival Distribution", "%s (burstiness=%.1f)",
           res->burstiness == 1.0 ? "Poisson" : "Gamma", res->burstiness);
-  param(d, "Warm-up", "first %u requests of each level, excluded from metrics", res->warmup);
+  param_warmup(res, d);
   param(d, "Cooldown Between Levels", "%.0fs", res->cooldown_s);
   param(d, "Prefix Cache Reset", "%s", res->cache_reset ? res->cache_reset : "none");
   param(d, "Time Scale",
@@ -639,27 +459,7 @@ void kvr__report_body(const kvr_results_t *res, kvr__doc_t *d) {
   section_matrix(res, loads, nloads, d);
   section_winner(res, d);
   section_detail(res, d);
-  section_observations(res, d);
+  kvr__verdict_observations(res, d);
   section_workload(res, loads, nloads, d);
   free(loads);
-}
-
-/* ---- the plain-text summary ------------------------------------------------------------------ */
-
-void kvr_report_summary(const kvr_results_t *res, kvr_buf_t *out) {
-  double base = res->nruns ? kvr_stats_run_max_load(&res->runs[0]) : 0;
-  char a[32];
-  kvr_buf_printf(out, "Max SLO-compliant %s (TTFT p99 < %.0f ms, TPOT p99 < %.0f ms):\n",
-                 res->concurrency_mode ? "concurrency" : "rate", res->slo.ttft_p99_ms,
-                 res->slo.tpot_p99_ms);
-  for (size_t r = 0; r < res->nruns; r++) {
-    double m = kvr_stats_run_max_load(&res->runs[r]);
-    kvr__fmt_load(res, m, a, sizeof(a));
-    kvr_buf_printf(out, "  %-24s %8s %s", res->runs[r].label, a, kvr__load_unit(res));
-    if (r > 0 && base > 0)
-      kvr_buf_printf(out, "  (%+.0f%% vs %s)", (m / base - 1) * 100, res->runs[0].label);
-    else if (r > 0)
-      kvr_buf_printf(out, "  (baseline passed at no load)");
-    kvr_buf_puts(out, "\n");
-  }
 }

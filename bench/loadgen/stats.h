@@ -95,7 +95,9 @@ typedef struct kvr_level_s {
   kvr_dist_t ttft, tpot, itl, e2e, lag;
   kvr_dist_t transport; /* TTFT outside the simulator's engine, real ms; n = 0 if not reported */
   double request_throughput, output_throughput, total_token_throughput;
-  double achieved_rate; /* measured sends per report second over the send window */
+  double achieved_rate;  /* measured sends per report second over the send window */
+  double scheduled_rate; /* the same over their scheduled (target) send times: the rate the load
+                          * generator was asked for by this level's seeded arrivals */
   unsigned max_concurrent;
   uint64_t total_input, total_output, total_cached;
   size_t usage_requests;       /* completed requests whose stream carried usage */
@@ -148,6 +150,14 @@ unsigned kvr_stats_max_overlap(const double *start, const double *end, size_t n)
  */
 void kvr_stats_fail_names(unsigned mask, char *buf, size_t size);
 
+/* What the prefix-cache reset before a run achieved. The report says a run started cold only on
+ * KVR_CACHE_RESET_ALL; the bench carries on after a failed reset. */
+typedef enum kvr_cache_reset_e {
+  KVR_CACHE_RESET_UNKNOWN = 0, /* no reset was tried, or its outcome was not recorded */
+  KVR_CACHE_RESET_ALL,         /* every worker reset its prefix cache (and the router its index) */
+  KVR_CACHE_RESET_FAILED,      /* the call or some worker failed: that worker kept its cache */
+} kvr_cache_reset_t;
+
 /* A run: one label (one policy / configuration) over a list of levels. */
 typedef struct kvr_run_s {
   char label[64];
@@ -157,6 +167,7 @@ typedef struct kvr_run_s {
   size_t nlevels;
   bool searched;         /* levels came from the max-SLO-rate search */
   char cache_reset[192]; /* outcome of the prefix-cache reset before this run, "" if none */
+  kvr_cache_reset_t cache_reset_outcome; /* what that reset achieved (filled by the bench) */
 } kvr_run_t;
 
 /* Appends a level (ownership moves to run). */
@@ -179,6 +190,8 @@ typedef struct kvr_results_s {
   char *command; /* the command line */
   bool concurrency_mode;
   bool sessions; /* rate = conversation starts/s instead of turn arrivals/s */
+  bool replay;   /* multiturn replay: arrival i sends a pre-assigned (conversation, turn) whether
+                  * or not that conversation's previous turn has finished */
   size_t num_prompts;
   unsigned warmup;
   double cooldown_s;
