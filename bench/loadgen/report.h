@@ -10,6 +10,12 @@
  * winner table with capacity vs baseline (runs[0]), the detailed comparison at the baseline's max
  * SLO-compliant load, per-turn TTFT, worker shares, observations computed from the data, and the
  * workload parameters.
+ *
+ * Every verdict it prints is computed from the results against a threshold the sentence states,
+ * and turns into its opposite when the data say so: a max SLO-compliant load with no failing level
+ * above it is "at least" that load and ratios built on it say so; "every run starts cold" only when
+ * every worker confirmed every reset; "kept to its schedule" only when every level met the send
+ * lag and rate thresholds below, otherwise the levels that missed are named.
  */
 #ifndef KVR_REPORT_H
 #define KVR_REPORT_H
@@ -17,13 +23,66 @@
 #include "src/buf.h"
 #include "stats.h"
 
+#include <stdbool.h>
 #include <stddef.h>
+
+/* ---- the analysis: what the report concludes, as data (report.c) ----------------------------- */
+
+/* "The load generator kept to its schedule" holds when, at every level of a rate-mode run, the
+ * send lag p99 is under KVR_REPORT_LAG_P99_MAX_MS (real ms) and the achieved send rate is within
+ * KVR_REPORT_RATE_TOL of the rate the level's seeded arrival times ask for (scheduled_rate). The
+ * nominal target is not the yardstick: a Poisson schedule of a few hundred arrivals itself strays
+ * from it by several percent. */
+#define KVR_REPORT_LAG_P99_MAX_MS 10.0
+#define KVR_REPORT_RATE_TOL 0.05
+
+/* A run's max SLO-compliant load (kvr_stats_run_max_load) and how much of it is known. */
+typedef struct kvr_report_cap_s {
+  double load; /* highest passing load below the lowest failing one; 0 when none passed */
+  bool ran;    /* some level ran to its end or stopped early (not every one interrupted) */
+  bool found;  /* a level at a higher load failed, so the limit lies between load and it; false:
+                * every level tried passed and load is only a lower bound */
+} kvr_report_cap_t;
+
+kvr_report_cap_t kvr_report_cap(const kvr_run_t *run);
+
+/* How a capacity ratio against the baseline is known. */
+typedef enum kvr_report_bound_e {
+  KVR_REPORT_EXACT,    /* both limits found: the ratio as measured */
+  KVR_REPORT_AT_LEAST, /* only the run's limit is a lower bound: the ratio is at least this */
+  KVR_REPORT_AT_MOST,  /* only the baseline's limit is a lower bound: the ratio is at most this */
+  KVR_REPORT_UNKNOWN,  /* both limits are lower bounds, or a run has no level: no ratio */
+  KVR_REPORT_NO_BASE,  /* the baseline passed at no load it tried: no ratio */
+} kvr_report_bound_t;
+
+typedef struct kvr_report_gain_s {
+  double ratio; /* cap.load / base.load; 0 when base.load is 0 */
+  kvr_report_bound_t bound;
+} kvr_report_gain_t;
+
+kvr_report_gain_t kvr_report_gain(kvr_report_cap_t base, kvr_report_cap_t cap);
+
+/* -1, 0 or +1 when a's max SLO-compliant load is certainly below, equal to or above b's, else
+ * KVR_REPORT_CMP_UNKNOWN (a lower bound at or under the other's load, two lower bounds, or a run
+ * without levels). */
+#define KVR_REPORT_CMP_UNKNOWN 2
+int kvr_report_cmp(kvr_report_cap_t a, kvr_report_cap_t b);
+
+/* True when run r (r > 0) certainly has the highest max SLO-compliant load: above the baseline's
+ * and at or above every other run's. Ties between found limits all win; a tie with the baseline
+ * wins nothing. */
+bool kvr_report_winner(const kvr_results_t *res, size_t r);
+
+/* Whether the level kept to its schedule (see KVR_REPORT_LAG_P99_MAX_MS); *lag_ok and *rate_ok say
+ * which test it met (a test without data -- no sends, or fewer than two -- is met). */
+bool kvr_report_on_schedule(const kvr_level_t *lv, bool *lag_ok, bool *rate_ok);
 
 /* Appends the Markdown report. */
 void kvr_report_markdown(const kvr_results_t *res, kvr_buf_t *out);
 
 /* Appends the HTML page: SVG charts (TTFT p99 and TPOT p99 vs load per label with the SLO lines,
- * output throughput vs load, per-worker share at the baseline's max load) and the key tables. */
+ * output throughput vs load, per-worker share at the baseline's max load) and every table and
+ * sentence of the Markdown report, written as HTML. */
 void kvr_report_html(const kvr_results_t *res, kvr_buf_t *out);
 
 /* Appends one level's results JSON, keyed like `vllm bench serve --save-result` where the meaning
@@ -36,7 +95,10 @@ void kvr_report_level_json(const kvr_results_t *res, const kvr_run_t *run, const
 /* Appends one JSON line per request of the level (warm-up included, flagged). */
 void kvr_report_jsonl(const kvr_run_t *run, const kvr_level_t *lv, kvr_buf_t *out);
 
-/* Appends a short plain-text summary: max SLO-compliant load per label and the gain vs baseline. */
+/* Appends a short plain-text summary: max SLO-compliant load per label and the gain vs baseline,
+ * each marked when it is only a bound ("at least: every level tried passed"). The first three
+ * fields of a label's line stay "LABEL LOAD UNIT" and a gain follows as "(+N% vs BASE)" (scripts
+ * parse them). */
 void kvr_report_summary(const kvr_results_t *res, kvr_buf_t *out);
 
 /* Writes DIR/report.md, DIR/report.html, DIR/requests.jsonl and DIR/results/<label>_<load>.json,

@@ -237,6 +237,7 @@ static int prepare_label(kvr_runner_t *r, kvr_run_t *run, const char *policy, ch
   if (r->reset) {
     /* Not fatal: a worker that cannot reset (vLLM without dev mode) is named in the report. */
     int rc = kvr_monitor_reset_cache(r->mon, run->cache_reset, sizeof(run->cache_reset));
+    run->cache_reset_outcome = rc == 0 ? KVR_CACHE_RESET_ALL : KVR_CACHE_RESET_FAILED;
     if (f)
       fprintf(f, "[%s] prefix cache reset: %s%s\n", run->label, rc ? "INCOMPLETE: " : "",
               run->cache_reset);
@@ -301,6 +302,9 @@ static void results_header(kvr_runner_t *r) {
   kvr_stats_set_str(&res->command, o->command);
   res->concurrency_mode = o->nconc > 0;
   res->sessions = o->lg.sessions;
+  /* The same test as the load generator's (loadgen.c: a multiturn replay in rate mode). */
+  const kvr_workload_opts_t *wo = kvr_workload_opts(r->wl);
+  res->replay = !o->lg.sessions && wo->kind == KVR_WL_MULTITURN && wo->replay;
   res->num_prompts = o->lg.num_prompts;
   res->warmup = o->lg.warmup;
   res->cooldown_s = o->cooldown_s;

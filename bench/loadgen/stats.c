@@ -1,5 +1,8 @@
 /* stats.c -- percentiles, per-level aggregation and SLO verdicts for `kvrouter bench`.
  *
+ * Percentiles are src/quantile.h's (numpy's 'linear' method, as vllm reports them), the definition
+ * kvrouter's products share.
+ *
  * Structs (see stats.h): kvr_level_t collects kvr_req_rec_t records and ITL samples while a level
  * runs; kvr_stats_level_finish() turns them into kvr_dist_t figures, throughput, peak concurrency,
  * worker shares and per-turn TTFT, and decides pass/fail against a kvr_slo_t. kvr_run_t and
@@ -15,6 +18,7 @@
 #include "stats.h"
 
 #include "src/kvr.h"
+#include "src/quantile.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -33,20 +37,6 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-double kvr_stats_percentile(const double *sorted, size_t n, double p) {
-  if (n == 0)
-    return 0;
-  if (p <= 0)
-    return sorted[0];
-  if (p >= 100)
-    return sorted[n - 1];
-  double rank = p / 100.0 * (double)(n - 1);
-  size_t lo = (size_t)floor(rank);
-  size_t hi = lo + 1 < n ? lo + 1 : lo;
-  double frac = rank - (double)lo;
-  return sorted[lo] + (sorted[hi] - sorted[lo]) * frac;
-}
-
 void kvr_stats_dist(double *v, size_t n, kvr_dist_t *d) {
   memset(d, 0, sizeof(*d));
   d->n = n;
@@ -61,10 +51,10 @@ void kvr_stats_dist(double *v, size_t n, kvr_dist_t *d) {
   for (size_t i = 0; i < n; i++)
     ss += (v[i] - d->mean) * (v[i] - d->mean);
   d->std = sqrt(ss / (double)n);
-  d->p50 = kvr_stats_percentile(v, n, 50);
-  d->p90 = kvr_stats_percentile(v, n, 90);
-  d->p95 = kvr_stats_percentile(v, n, 95);
-  d->p99 = kvr_stats_percentile(v, n, 99);
+  d->p50 = kvr_quantile(v, n, 50);
+  d->p90 = kvr_quantile(v, n, 90);
+  d->p95 = kvr_quantile(v, n, 95);
+  d->p99 = kvr_quantile(v, n, 99);
   d->max = v[n - 1];
 }
 
@@ -188,18 +178,31 @@ static int cmp_worker(const void *a, const void *b) {
   return strcmp(((const kvr_worker_share_t *)a)->name, ((const kvr_worker_share_t *)b)->name);
 }
 
-void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo) {
-  size_t n = lv->nrecs;
-  double *ttft = xrealloc(NULL, n * sizeof(double));
-  double *tpot = xrealloc(NULL, n * sizeof(double));
-  double *e2e = xrealloc(NULL, n * sizeof(double));
-  double *lag = xrealloc(NULL, n * sizeof(double));
-  double *transport = xrealloc(NULL, n * sizeof(double));
-  double *st = xrealloc(NULL, n * sizeof(double));
-  double *en = xrealloc(NULL, n * sizeof(double));
-  size_t nttft = 0, ntpot = 0, ne2e = 0, nlag = 0, ntransport = 0, nint = 0;
-  double first_send = INFINITY, last_send = -INFINITY, last_end = -INFINITY;
+/* Scratch columns of one level's measured records, filled in one pass by collect(). */
+typedef struct cols_s {
+  double *ttft, *tpot, *e2e, *lag, *transport, *start, *end;
+  size_t nttft, ntpot, ne2e, nlag, ntransport, nint;
+  double first_send, last_send, last_end; /* report seconds since level start */
+  double first_target, last_target;       /* scheduled send times, report seconds */
+  uint32_t max_turn;
+} cols_t;
 
+static void cols_init(cols_t *c, size_t n) {
+  memset(c, 0, sizeof(*c));
+  double **cols[] = {&c->ttft, &c->tpot, &c->e2e, &c->lag, &c->transport, &c->start, &c->end};
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(cols); i++)
+    *cols[i] = xrealloc(NULL, n * sizeof(double));
+  c->first_send = c->first_target = INFINITY;
+  c->last_send = c->last_end = c->last_target = -INFINITY;
+}
+
+static void cols_free(cols_t *c) {
+  double *cols[] = {c->ttft, c->tpot, c->e2e, c->lag, c->transport, c->start, c->end};
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(cols); i++)
+    free(cols[i]);
+}
+
+static void reset_aggregates(kvr_level_t *lv) {
   lv->measured = lv->completed = lv->failed = 0;
   lv->total_input = lv->total_output = lv->total_cached = 0;
   lv->usage_requests = 0;
@@ -209,95 +212,105 @@ void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo) {
   free(lv->turns);
   lv->turns = NULL;
   lv->nturns = 0;
-  uint32_t max_turn = 0;
+}
 
-  for (size_t i = 0; i < n; i++) {
+/* Worker share counts every measured request the router placed, failed or not. */
+static void count_worker(kvr_level_t *lv, const char *name) {
+  size_t w = 0;
+  while (w < lv->nworkers && strcmp(lv->workers[w].name, name) != 0)
+    w++;
+  if (w == lv->nworkers && lv->nworkers < KVR_STATS_MAX_WORKERS) {
+    lv->workers = xrealloc(lv->workers, (lv->nworkers + 1) * sizeof(*lv->workers));
+    memset(&lv->workers[w], 0, sizeof(lv->workers[w]));
+    snprintf(lv->workers[w].name, sizeof(lv->workers[w].name), "%s", name);
+    lv->nworkers++;
+  }
+  if (w < lv->nworkers)
+    lv->workers[w].count++;
+}
+
+/* Send times, lag and worker of a measured request, failed or not. */
+static void collect_sent(kvr_level_t *lv, const kvr_req_rec_t *r, cols_t *c) {
+  lv->measured++;
+  c->lag[c->nlag++] = r->lag_ms;
+  double end = r->sent_s + (r->e2e_ms > 0 ? r->e2e_ms / 1000.0 : 0);
+  c->start[c->nint] = r->sent_s;
+  c->end[c->nint++] = end;
+  c->first_send = fmin(c->first_send, r->sent_s);
+  c->last_send = fmax(c->last_send, r->sent_s);
+  c->last_end = fmax(c->last_end, end);
+  c->first_target = fmin(c->first_target, r->target_s);
+  c->last_target = fmax(c->last_target, r->target_s);
+  count_worker(lv, r->worker);
+}
+
+/* Tokens and latencies of a completed measured request. */
+static void collect_ok(kvr_level_t *lv, const kvr_req_rec_t *r, cols_t *c) {
+  lv->completed++;
+  lv->total_input += r->prompt_tokens;
+  lv->total_output += r->output_tokens;
+  lv->total_cached += r->cached_tokens;
+  lv->usage_requests += r->usage_seen;
+  if (r->ttft_ms >= 0)
+    c->ttft[c->nttft++] = r->ttft_ms;
+  if (r->transport_ms >= 0)
+    c->transport[c->ntransport++] = r->transport_ms;
+  if (r->tpot_ms >= 0)
+    c->tpot[c->ntpot++] = r->tpot_ms;
+  c->e2e[c->ne2e++] = r->e2e_ms;
+  if (r->turn > c->max_turn)
+    c->max_turn = KVR_MIN(r->turn, KVR_STATS_MAX_TURNS);
+}
+
+static void collect(kvr_level_t *lv, cols_t *c) {
+  for (size_t i = 0; i < lv->nrecs; i++) {
     const kvr_req_rec_t *r = &lv->recs[i];
     if (r->warmup)
       continue;
-    lv->measured++;
-    lag[nlag++] = r->lag_ms;
-    double end = r->sent_s + (r->e2e_ms > 0 ? r->e2e_ms / 1000.0 : 0);
-    st[nint] = r->sent_s;
-    en[nint++] = end;
-    first_send = fmin(first_send, r->sent_s);
-    last_send = fmax(last_send, r->sent_s);
-    last_end = fmax(last_end, end);
-    /* Worker share counts every measured request the router placed, failed or not. */
-    size_t w = 0;
-    while (w < lv->nworkers && strcmp(lv->workers[w].name, r->worker) != 0)
-      w++;
-    if (w == lv->nworkers && lv->nworkers < KVR_STATS_MAX_WORKERS) {
-      lv->workers = xrealloc(lv->workers, (lv->nworkers + 1) * sizeof(*lv->workers));
-      memset(&lv->workers[w], 0, sizeof(lv->workers[w]));
-      snprintf(lv->workers[w].name, sizeof(lv->workers[w].name), "%s", r->worker);
-      lv->nworkers++;
-    }
-    if (w < lv->nworkers)
-      lv->workers[w].count++;
-    if (!r->ok) {
+    collect_sent(lv, r, c);
+    if (r->ok)
+      collect_ok(lv, r, c);
+    else
       lv->failed++;
-      continue;
-    }
-    lv->completed++;
-    lv->total_input += r->prompt_tokens;
-    lv->total_output += r->output_tokens;
-    lv->total_cached += r->cached_tokens;
-    lv->usage_requests += r->usage_seen;
-    if (r->ttft_ms >= 0)
-      ttft[nttft++] = r->ttft_ms;
-    if (r->transport_ms >= 0)
-      transport[ntransport++] = r->transport_ms;
-    if (r->tpot_ms >= 0)
-      tpot[ntpot++] = r->tpot_ms;
-    e2e[ne2e++] = r->e2e_ms;
-    if (r->turn > max_turn)
-      max_turn = KVR_MIN(r->turn, KVR_STATS_MAX_TURNS);
   }
   if (lv->nworkers > 1)
     qsort(lv->workers, lv->nworkers, sizeof(*lv->workers), cmp_worker);
+}
 
-  /* Per-turn TTFT and token figures. */
-  if (max_turn > 0) {
-    lv->turns = calloc(max_turn, sizeof(*lv->turns));
-    if (lv->turns == NULL)
-      abort();
-    lv->nturns = max_turn;
-    double *tv = xrealloc(NULL, n * sizeof(double));
-    for (uint32_t t = 1; t <= max_turn; t++) {
-      size_t k = 0;
-      double sp = 0, sc = 0;
-      for (size_t i = 0; i < n; i++) {
-        const kvr_req_rec_t *r = &lv->recs[i];
-        if (r->warmup || !r->ok || r->turn != t)
-          continue;
-        if (r->ttft_ms >= 0)
-          tv[k++] = r->ttft_ms;
-        sp += r->prompt_tokens;
-        sc += r->cached_tokens;
-      }
-      kvr_turn_stats_t *ts = &lv->turns[t - 1];
-      ts->turn = t;
-      kvr_stats_dist(tv, k, &ts->ttft);
-      ts->mean_prompt_tokens = k ? sp / (double)k : 0;
-      ts->mean_cached_tokens = k ? sc / (double)k : 0;
+/* Per-turn TTFT and token figures over the completed measured requests of turns 1..max_turn. */
+static void per_turn(kvr_level_t *lv, uint32_t max_turn) {
+  if (max_turn == 0)
+    return;
+  lv->turns = calloc(max_turn, sizeof(*lv->turns));
+  if (lv->turns == NULL)
+    abort();
+  lv->nturns = max_turn;
+  double *tv = xrealloc(NULL, lv->nrecs * sizeof(double));
+  for (uint32_t t = 1; t <= max_turn; t++) {
+    size_t k = 0;
+    double sp = 0, sc = 0;
+    for (size_t i = 0; i < lv->nrecs; i++) {
+      const kvr_req_rec_t *r = &lv->recs[i];
+      if (r->warmup || !r->ok || r->turn != t)
+        continue;
+      if (r->ttft_ms >= 0)
+        tv[k++] = r->ttft_ms;
+      sp += r->prompt_tokens;
+      sc += r->cached_tokens;
     }
-    free(tv);
+    kvr_turn_stats_t *ts = &lv->turns[t - 1];
+    ts->turn = t;
+    kvr_stats_dist(tv, k, &ts->ttft);
+    ts->mean_prompt_tokens = k ? sp / (double)k : 0;
+    ts->mean_cached_tokens = k ? sc / (double)k : 0;
   }
+  free(tv);
+}
 
-  kvr_stats_dist(ttft, nttft, &lv->ttft);
-  kvr_stats_dist(tpot, ntpot, &lv->tpot);
-  kvr_stats_dist(e2e, ne2e, &lv->e2e);
-  kvr_stats_dist(lag, nlag, &lv->lag);
-  kvr_stats_dist(transport, ntransport, &lv->transport);
-  if (lv->itls != NULL) {
-    kvr_stats_dist(lv->itls, lv->nitls, &lv->itl);
-    free(lv->itls);
-    lv->itls = NULL;
-    lv->nitls = lv->capitls = 0;
-  }
-  lv->max_concurrent = kvr_stats_max_overlap(st, en, nint);
-  lv->duration_s = lv->measured ? last_end - first_send : 0;
+/* Duration, throughputs, the achieved and scheduled send rates and the peak concurrency. */
+static void rates(kvr_level_t *lv, const cols_t *c) {
+  lv->max_concurrent = kvr_stats_max_overlap(c->start, c->end, c->nint);
+  lv->duration_s = lv->measured ? c->last_end - c->first_send : 0;
   if (lv->duration_s > 0) {
     lv->request_throughput = (double)lv->completed / lv->duration_s;
     lv->output_throughput = (double)lv->total_output / lv->duration_s;
@@ -305,10 +318,15 @@ void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo) {
   } else {
     lv->request_throughput = lv->output_throughput = lv->total_token_throughput = 0;
   }
-  lv->achieved_rate = lv->measured > 1 && last_send > first_send
-                          ? (double)(lv->measured - 1) / (last_send - first_send)
+  lv->achieved_rate = lv->measured > 1 && c->last_send > c->first_send
+                          ? (double)(lv->measured - 1) / (c->last_send - c->first_send)
                           : 0;
+  lv->scheduled_rate = lv->measured > 1 && c->last_target > c->first_target
+                           ? (double)(lv->measured - 1) / (c->last_target - c->first_target)
+                           : 0;
+}
 
+static void slo_verdict(kvr_level_t *lv, const kvr_slo_t *slo) {
   lv->fail_mask = 0;
   if (lv->completed == 0 && !lv->stopped_early)
     lv->fail_mask |= KVR_SLO_FAIL_NODATA;
@@ -323,13 +341,28 @@ void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo) {
   if ((double)lv->failed > slo->max_failed_frac * (double)lv->measured)
     lv->fail_mask |= KVR_SLO_FAIL_ERRORS;
   lv->pass = lv->fail_mask == 0;
-  free(ttft);
-  free(tpot);
-  free(e2e);
-  free(lag);
-  free(transport);
-  free(st);
-  free(en);
+}
+
+void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo) {
+  cols_t c;
+  cols_init(&c, lv->nrecs);
+  reset_aggregates(lv);
+  collect(lv, &c);
+  per_turn(lv, c.max_turn);
+  kvr_stats_dist(c.ttft, c.nttft, &lv->ttft);
+  kvr_stats_dist(c.tpot, c.ntpot, &lv->tpot);
+  kvr_stats_dist(c.e2e, c.ne2e, &lv->e2e);
+  kvr_stats_dist(c.lag, c.nlag, &lv->lag);
+  kvr_stats_dist(c.transport, c.ntransport, &lv->transport);
+  if (lv->itls != NULL) {
+    kvr_stats_dist(lv->itls, lv->nitls, &lv->itl);
+    free(lv->itls);
+    lv->itls = NULL;
+    lv->nitls = lv->capitls = 0;
+  }
+  rates(lv, &c);
+  slo_verdict(lv, slo);
+  cols_free(&c);
 }
 
 void kvr_stats_run_add(kvr_run_t *run, kvr_level_t *lv) {

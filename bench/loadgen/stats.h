@@ -5,7 +5,8 @@
  *   ITL   gap between successive token-carrying chunks
  *   TPOT  (E2E - TTFT) / (output_tokens - 1), per request with at least 2 output tokens
  *   E2E   request sent -> last token
- * Percentiles interpolate linearly between closest ranks (numpy's default, as vllm uses).
+ * Percentiles interpolate linearly between closest ranks (numpy's default, as vllm uses):
+ * kvr_quantile() of src/quantile.h, the definition kvrouter's products share.
  *
  * All durations in records and levels are in report time: real time multiplied by the time scale
  * (see bench/loadgen/README.md), except send lag, which measures the load generator itself and
@@ -94,7 +95,9 @@ typedef struct kvr_level_s {
   kvr_dist_t ttft, tpot, itl, e2e, lag;
   kvr_dist_t transport; /* TTFT outside the simulator's engine, real ms; n = 0 if not reported */
   double request_throughput, output_throughput, total_token_throughput;
-  double achieved_rate; /* measured sends per report second over the send window */
+  double achieved_rate;  /* measured sends per report second over the send window */
+  double scheduled_rate; /* the same over their scheduled (target) send times: the rate the load
+                          * generator was asked for by this level's seeded arrivals */
   unsigned max_concurrent;
   uint64_t total_input, total_output, total_cached;
   size_t usage_requests;       /* completed requests whose stream carried usage */
@@ -138,9 +141,7 @@ void kvr_stats_level_add(kvr_level_t *lv, const kvr_req_rec_t *rec, const double
  * again after more records were added. */
 void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo);
 
-/* Percentile p (0..100) of sorted[0..n-1] with linear interpolation; 0 when n == 0. */
-double kvr_stats_percentile(const double *sorted, size_t n, double p);
-/* Fills d from values (sorted in place). */
+/* Fills d from values (sorted in place); percentiles by kvr_quantile() (src/quantile.h). */
 void kvr_stats_dist(double *values, size_t n, kvr_dist_t *d);
 /* Peak number of overlapping [start, end] intervals (ends before starts at equal times). */
 unsigned kvr_stats_max_overlap(const double *start, const double *end, size_t n);
@@ -148,6 +149,14 @@ unsigned kvr_stats_max_overlap(const double *start, const double *end, size_t n)
 /* "TTFT", "TPOT", "TTFT+TPOT", "errors", "TTFT+errors", "no data"... into buf; "" when mask == 0.
  */
 void kvr_stats_fail_names(unsigned mask, char *buf, size_t size);
+
+/* What the prefix-cache reset before a run achieved. The report says a run started cold only on
+ * KVR_CACHE_RESET_ALL; the bench carries on after a failed reset. */
+typedef enum kvr_cache_reset_e {
+  KVR_CACHE_RESET_UNKNOWN = 0, /* no reset was tried, or its outcome was not recorded */
+  KVR_CACHE_RESET_ALL,         /* every worker reset its prefix cache (and the router its index) */
+  KVR_CACHE_RESET_FAILED,      /* the call or some worker failed: that worker kept its cache */
+} kvr_cache_reset_t;
 
 /* A run: one label (one policy / configuration) over a list of levels. */
 typedef struct kvr_run_s {
@@ -158,6 +167,7 @@ typedef struct kvr_run_s {
   size_t nlevels;
   bool searched;         /* levels came from the max-SLO-rate search */
   char cache_reset[192]; /* outcome of the prefix-cache reset before this run, "" if none */
+  kvr_cache_reset_t cache_reset_outcome; /* what that reset achieved (filled by the bench) */
 } kvr_run_t;
 
 /* Appends a level (ownership moves to run). */
@@ -180,6 +190,8 @@ typedef struct kvr_results_s {
   char *command; /* the command line */
   bool concurrency_mode;
   bool sessions; /* rate = conversation starts/s instead of turn arrivals/s */
+  bool replay;   /* multiturn replay: arrival i sends a pre-assigned (conversation, turn) whether
+                  * or not that conversation's previous turn has finished */
   size_t num_prompts;
   unsigned warmup;
   double cooldown_s;

@@ -27,6 +27,7 @@
 #include "src/cache_index.h"
 #include "src/kvr.h"
 #include "src/prompt.h"
+#include "src/quantile.h"
 
 #define NPROMPTS 16
 #define FLUSH_BYTES (64u << 20)
@@ -41,11 +42,10 @@ static int cmp_u64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static double pct(series_t *s, double q) {
-  if (s->n == 0)
-    return 0;
-  size_t i = (size_t)(q * (double)(s->n - 1) + 0.5);
-  return (double)s->ns[i] / 1000.0;
+/* Percentile p (0..100) of the sorted series in microseconds, by the one definition every product
+ * uses (src/quantile.h: numpy's linear interpolation). */
+static double pct(const series_t *s, double p) {
+  return kvr_quantile_u64(s->ns, s->n, p) / 1000.0;
 }
 
 static double mean_us(const series_t *s) {
@@ -57,7 +57,7 @@ static double mean_us(const series_t *s) {
 
 static void row(const char *what, series_t *s) {
   qsort(s->ns, s->n, sizeof(uint64_t), cmp_u64);
-  printf("| %s | %zu | %.1f | %.1f | %.1f | %.0f |\n", what, s->n, pct(s, 0.5), pct(s, 0.99),
+  printf("| %s | %zu | %.1f | %.1f | %.1f | %.0f |\n", what, s->n, pct(s, 50), pct(s, 99),
          mean_us(s), mean_us(s) > 0 ? 1e6 / mean_us(s) : 0);
 }
 

@@ -16,6 +16,7 @@
 
 #include "sim_tokens.h"
 #include "src/kvr.h"
+#include "src/quantile.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -105,12 +106,10 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* Sorts v and returns its percentile p by the definition every product shares (src/quantile.h). */
 static double pct(double *v, size_t n, double p) {
-  if (n == 0)
-    return 0;
   qsort(v, n, sizeof(double), cmp_double);
-  size_t i = (size_t)ceil(p / 100.0 * (double)n);
-  return v[i > 0 ? i - 1 : 0];
+  return kvr_quantile(v, n, p);
 }
 
 static double exp_draw(uint64_t *state, double rate) {

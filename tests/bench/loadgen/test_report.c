@@ -131,12 +131,15 @@ static void test_markdown_structure(void **state) {
 static void test_no_improvement(void **state) {
   (void)state;
   kvr_results_t *res = kvr_stats_results_new();
+  /* base and tied fail at 2, so their max (1) is found, not only bounded below. */
   kvr_run_t *a = kvr_stats_results_add_run(res, "base", "", "");
   kvr_stats_run_add(a, level(&res->slo, 1, 300, 30, 0, 1));
+  kvr_stats_run_add(a, level(&res->slo, 2, 1300, 30, 0, 1));
   kvr_run_t *b = kvr_stats_results_add_run(res, "worse", "", "");
   kvr_stats_run_add(b, level(&res->slo, 1, 1300, 30, 0, 1));
   kvr_run_t *c = kvr_stats_results_add_run(res, "tied", "", "");
   kvr_stats_run_add(c, level(&res->slo, 1, 300, 30, 0, 1));
+  kvr_stats_run_add(c, level(&res->slo, 2, 1300, 30, 0, 1));
   kvr_buf_t md = KVR_BUF_INIT;
   kvr_report_markdown(res, &md);
   assert_non_null(strstr(md.data, "| worse | 0.00 | -100% |"));
@@ -197,6 +200,106 @@ static void test_html_charts(void **state) {
   assert_non_null(strstr(h, "<h1>A/B &lt;test&gt;</h1>"));
   assert_non_null(strstr(h, "<td>FAIL (TPOT)</td>"));
   kvr_buf_free(&html);
+  kvr_stats_results_free(res);
+}
+
+/* The cells of every Markdown table in order, inline marks ("**", "`") removed, one per line. */
+static void md_cells(const char *md, kvr_buf_t *out) {
+  for (const char *line = md; line && *line;
+       line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+    size_t len = strcspn(line, "\n");
+    if (line[0] != '|' || strspn(line, "|-: ") == len) /* not a table row, or its rule */
+      continue;
+    const char *c = line + 1;
+    while (c < line + len) {
+      const char *e = memchr(c, '|', (size_t)(line + len - c));
+      const char *b = c, *z = e;
+      while (b < z && *b == ' ')
+        b++;
+      while (z > b && z[-1] == ' ')
+        z--;
+      for (const char *p = b; p < z; p++)
+        if (*p != '`' && !(p[0] == '*' && p + 1 < z && p[1] == '*') &&
+            !(p > b && p[-1] == '*' && *p == '*'))
+          kvr_buf_append(out, p, 1);
+      kvr_buf_puts(out, "\n");
+      c = e + 1;
+    }
+  }
+}
+
+/* The text of every <td> and <th> of an HTML page in order, tags removed and entities decoded,
+ * one per line, leading and trailing spaces trimmed. */
+static void html_cells(const char *html, kvr_buf_t *out) {
+  static const char *const ents[][2] = {
+      {"&amp;", "&"}, {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}};
+  for (const char *p = html; (p = strstr(p, "<t")) != NULL; p++) {
+    if (strncmp(p, "<td>", 4) != 0 && strncmp(p, "<th>", 4) != 0)
+      continue;
+    const char *e = strstr(p, p[2] == 'd' ? "</td>" : "</th>");
+    assert_non_null(e);
+    kvr_buf_t cell = KVR_BUF_INIT;
+    for (const char *c = p + 4; c < e; c++) {
+      if (*c == '<') {
+        c = strchr(c, '>');
+        continue;
+      }
+      size_t k = 0;
+      while (k < 4 && strncmp(c, ents[k][0], strlen(ents[k][0])) != 0)
+        k++;
+      kvr_buf_puts(&cell, k < 4 ? ents[k][1] : (char[]){*c, 0});
+      if (k < 4)
+        c += strlen(ents[k][0]) - 1;
+    }
+    const char *b = cell.data ? cell.data : "";
+    size_t n = cell.len;
+    while (n && b[0] == ' ')
+      b++, n--;
+    while (n && b[n - 1] == ' ')
+      n--;
+    kvr_buf_append(out, b, n);
+    kvr_buf_puts(out, "\n");
+    kvr_buf_free(&cell);
+    p = e;
+  }
+}
+
+/* The HTML is written directly (not converted from the Markdown) and holds every table of the
+ * Markdown report with the same figures in the same order, plus the four charts. */
+static void check_html_tables(kvr_results_t *res) {
+  kvr_buf_t md = KVR_BUF_INIT, html = KVR_BUF_INIT, a = KVR_BUF_INIT, b = KVR_BUF_INIT;
+  kvr_report_markdown(res, &md);
+  kvr_report_html(res, &html);
+  md_cells(md.data, &a);
+  html_cells(html.data, &b);
+  assert_true(a.len > 500);
+  assert_string_equal(a.data, b.data);
+  assert_null(strstr(html.data, "**"));
+  assert_null(strstr(html.data, "|--"));
+  assert_null(strstr(html.data, "`"));
+  assert_int_equal(count(html.data, "<table>"), count(md.data, "\n|--") + count(md.data, "\n|:-"));
+  static const char *const charts[] = {"ttft-p99", "tpot-p99", "throughput", "worker-share"};
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(charts); i++) {
+    char needle[64];
+    snprintf(needle, sizeof(needle), "<svg class=\"chart\" id=\"%s\"", charts[i]);
+    assert_non_null(strstr(html.data, needle));
+  }
+  kvr_buf_free(&md);
+  kvr_buf_free(&html);
+  kvr_buf_free(&a);
+  kvr_buf_free(&b);
+}
+
+static void test_html_has_every_table(void **state) {
+  (void)state;
+  kvr_results_t *res = sample();
+  check_html_tables(res);
+  res->cache_reset = "before each run: POST /admin/reset_prefix_cache";
+  res->runs[0].levels[1]->engine_workers = 2; /* adds the engine tables and rows */
+  res->runs[0].levels[1]->preemptions = 4;
+  res->concurrency_mode = false;
+  check_html_tables(res);
+  res->cache_reset = NULL;
   kvr_stats_results_free(res);
 }
 
@@ -276,8 +379,10 @@ static void test_engine_figures_and_reset(void **state) {
 
   res->cache_reset = "before each run: POST /admin/reset_prefix_cache";
   snprintf(res->runs[0].cache_reset, sizeof(res->runs[0].cache_reset), "2/2 workers reset");
+  res->runs[0].cache_reset_outcome = KVR_CACHE_RESET_ALL;
   snprintf(res->runs[1].cache_reset, sizeof(res->runs[1].cache_reset),
            "1/2 workers reset; worker 1: HTTP 404");
+  res->runs[1].cache_reset_outcome = KVR_CACHE_RESET_FAILED;
   kvr_level_t *a2 = res->runs[0].levels[1], *a3 = res->runs[0].levels[2];
   kvr_level_t *b2 = res->runs[1].levels[0];
   a2->engine_workers = 2, a2->preemptions = 0, a2->kv_usage_peak = 0.5;
@@ -290,8 +395,14 @@ static void test_engine_figures_and_reset(void **state) {
   assert_non_null(strstr(conf, "| 0 | phase0 (baseline) | round_robin | round robin | 2/2 workers "
                                "reset |"));
   assert_non_null(strstr(conf, "| kv aware | 1/2 workers reset; worker 1: HTTP 404 |"));
+  /* phase3's reset failed on worker 1: the report says so and does not claim a cold start. */
   assert_non_null(strstr(conf, "Prefix caches were reset before each run: POST "
-                               "/admin/reset_prefix_cache, so every run starts cold."));
+                               "/admin/reset_prefix_cache, but **not every run started cold**: "
+                               "the reset before `phase3` failed (1/2 workers reset; worker 1: "
+                               "HTTP 404), so `phase3` did not start from reset caches (a worker "
+                               "whose reset failed kept what it had cached); `phase0` started "
+                               "cold (every worker confirmed its reset)."));
+  assert_null(strstr(m, "every run starts cold"));
   const char *pre = section(m, "## Results \xe2\x80\x94 Preemptions (KV cache full)");
   assert_non_null(strstr(pre, "| 1.00 | n/a | \xe2\x80\x94 |"));
   assert_non_null(strstr(pre, "| 2.00 | 0 | 0 |"));
@@ -313,6 +424,7 @@ static void test_engine_figures_and_reset(void **state) {
   assert_int_equal(cJSON_GetObjectItem(k, "engine_metrics_workers")->valueint, 2);
   assert_string_equal(cJSON_GetObjectItem(k, "prefix_cache_reset")->valuestring,
                       "2/2 workers reset");
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(k, "prefix_cache_reset_complete")));
   cJSON_Delete(j);
   kvr_buf_reset(&b);
   kvr_report_level_json(res, &res->runs[1], res->runs[1].levels[1], &b);
@@ -321,6 +433,7 @@ static void test_engine_figures_and_reset(void **state) {
   assert_true(cJSON_IsNull(cJSON_GetObjectItem(k, "preemptions")));
   assert_true(cJSON_IsNull(cJSON_GetObjectItem(k, "kv_cache_usage_peak")));
   assert_int_equal(cJSON_GetObjectItem(k, "engine_metrics_workers")->valueint, 0);
+  assert_true(cJSON_IsFalse(cJSON_GetObjectItem(k, "prefix_cache_reset_complete")));
   cJSON_Delete(j);
   kvr_buf_free(&b);
   kvr_buf_free(&md);
@@ -328,11 +441,261 @@ static void test_engine_figures_and_reset(void **state) {
   kvr_stats_results_free(res);
 }
 
+/* Each run's reset outcome decides the cold-start sentence: all confirmed, one failed (above), one
+ * not recorded. */
+static void test_reset_verdicts(void **state) {
+  (void)state;
+  kvr_results_t *res = sample();
+  kvr_buf_t md = KVR_BUF_INIT;
+  res->cache_reset = "before each run: POST /admin/reset_prefix_cache";
+  res->runs[0].cache_reset_outcome = KVR_CACHE_RESET_ALL;
+  res->runs[1].cache_reset_outcome = KVR_CACHE_RESET_ALL;
+  kvr_report_markdown(res, &md);
+  assert_non_null(strstr(md.data, "Prefix caches were reset before each run: POST "
+                                  "/admin/reset_prefix_cache, and every worker confirmed its reset "
+                                  "before every run, so every run starts cold."));
+  kvr_buf_reset(&md);
+  res->runs[1].cache_reset_outcome = KVR_CACHE_RESET_UNKNOWN;
+  kvr_report_markdown(res, &md);
+  assert_null(strstr(md.data, "every run starts cold"));
+  assert_null(strstr(md.data, "not every run started cold"));
+  assert_non_null(strstr(md.data, "but **whether every run started cold is not known**: the "
+                                  "outcome of the reset before `phase3` was not recorded, so "
+                                  "whether it started cold is not known; `phase0` started cold"));
+  kvr_buf_free(&md);
+  res->cache_reset = NULL;
+  kvr_stats_results_free(res);
+}
+
+static kvr_results_t *two_runs(void) {
+  kvr_results_t *res = kvr_stats_results_new();
+  kvr_run_t *a = kvr_stats_results_add_run(res, "phase0", "round_robin", "");
+  kvr_stats_run_add(a, level(&res->slo, 4, 300, 30, 0, 4));
+  kvr_stats_run_add(a, level(&res->slo, 8, 400, 30, 0, 4));
+  kvr_stats_run_add(a, level(&res->slo, 12, 500, 30, 0, 4));
+  kvr_run_t *b = kvr_stats_results_add_run(res, "phase3", "kv_aware", "");
+  kvr_stats_run_add(b, level(&res->slo, 4, 200, 30, 0, 4));
+  kvr_stats_run_add(b, level(&res->slo, 8, 250, 30, 0, 4));
+  kvr_stats_run_add(b, level(&res->slo, 12, 300, 30, 0, 4));
+  return res;
+}
+
+static void render(const kvr_results_t *res, kvr_buf_t *md, kvr_buf_t *sum) {
+  kvr_buf_reset(md);
+  kvr_buf_reset(sum);
+  kvr_report_markdown(res, md);
+  kvr_report_summary(res, sum);
+}
+
+/* Every level tried passed (demo --quick): the max SLO-compliant load is only bounded below, and
+ * nothing is claimed about which label is better. */
+static void test_capacity_not_found(void **state) {
+  (void)state;
+  kvr_results_t *res = two_runs();
+  kvr_buf_t md = KVR_BUF_INIT, sum = KVR_BUF_INIT;
+  render(res, &md, &sum);
+  const char *m = md.data;
+  assert_non_null(strstr(m, "| phase0 | at least 12.00 | \xe2\x80\x94 |"));
+  assert_non_null(strstr(m, "| phase3 | at least 12.00 | unknown |"));
+  assert_null(strstr(m, "WINNER"));
+  assert_null(strstr(m, "No configuration"));
+  assert_non_null(strstr(m, "**Which configuration has the highest max SLO-compliant load is not "
+                            "known:** `phase0` passed every level tried (at least 12.00 RPS); "
+                            "`phase3` passed every level tried (at least 12.00 RPS)."));
+  assert_non_null(strstr(m, "## Detailed Comparison at Baseline's Highest Passing Rate (12.00 "
+                            "RPS; every level passed, so its max was not found)"));
+  assert_non_null(strstr(m, "1. **Whether any configuration raises the max SLO-compliant load "
+                            "above `phase0`'s is not known:**"));
+  assert_non_null(strstr(m, "**`phase0` passed every measured load.**"));
+  assert_non_null(strstr(sum.data, "12.00 RPS  (at least: every level tried passed)\n"));
+  assert_non_null(strstr(sum.data, "12.00 RPS  (+0% vs phase0) not a gain: both passed every "
+                                   "level tried, so neither limit was found\n"));
+
+  /* phase0 fails at 16, phase3 passes there: phase3 certainly wins, by at least +33%. */
+  kvr_stats_run_add(&res->runs[0], level(&res->slo, 16, 1200, 30, 0, 4));
+  kvr_stats_run_add(&res->runs[1], level(&res->slo, 16, 350, 30, 0, 4));
+  render(res, &md, &sum);
+  m = md.data;
+  assert_non_null(strstr(m, "| phase0 | 12.00 | \xe2\x80\x94 |"));
+  assert_non_null(strstr(m, "| phase3 **WINNER** | at least 16.00 | at least +33% |"));
+  assert_non_null(strstr(m, "**phase3 improved max SLO-compliant load over baseline: 12.00 -> at "
+                            "least 16.00 RPS (at least +33%).**"));
+  assert_non_null(strstr(m, "1. **`phase3` raises the max SLO-compliant load from 12.00 to at "
+                            "least 16.00 RPS (at least +33%) over `phase0`.** It passed every "
+                            "level tried, so its own limit was not found"));
+  assert_non_null(strstr(m, "## Detailed Comparison at Baseline Max Rate (12.00 RPS)"));
+  assert_non_null(strstr(sum.data, "16.00 RPS  (+33% vs phase0) at least: phase3 passed every "
+                                   "level tried\n"));
+
+  /* phase3 fails at 20: both limits found, the plain figures and sentences. */
+  kvr_stats_run_add(&res->runs[1], level(&res->slo, 20, 1300, 30, 0, 4));
+  render(res, &md, &sum);
+  m = md.data;
+  assert_non_null(strstr(m, "| phase3 **WINNER** | 16.00 | +33% |"));
+  assert_non_null(strstr(m, "**phase3 improved max SLO-compliant load over baseline: 12.00 -> "
+                            "16.00 RPS (+33%).**"));
+  assert_non_null(strstr(m, "1. **`phase3` raises the max SLO-compliant load from 12.00 to 16.00 "
+                            "RPS (+33%) over `phase0`.** On this workload it serves 33% more "
+                            "traffic within the SLOs."));
+  assert_null(strstr(m, "at least"));
+  assert_non_null(strstr(sum.data, "16.00 RPS  (+33% vs phase0)\n"));
+  kvr_buf_free(&md);
+  kvr_buf_free(&sum);
+  kvr_stats_results_free(res);
+}
+
+/* The analysis as data: bounds of ratios and certain comparisons. */
+static void test_capacity_bounds_as_data(void **state) {
+  (void)state;
+  kvr_report_cap_t found2 = {2, true, true}, found3 = {3, true, true}, atleast3 = {3, true, false};
+  kvr_report_cap_t atleast4 = {4, true, false}, none = {0, true, true}, noran = {0, false, false};
+  assert_int_equal(kvr_report_gain(found2, found3).bound, KVR_REPORT_EXACT);
+  assert_true(kvr_report_gain(found2, found3).ratio == 1.5);
+  assert_int_equal(kvr_report_gain(found2, atleast3).bound, KVR_REPORT_AT_LEAST);
+  assert_int_equal(kvr_report_gain(atleast3, found2).bound, KVR_REPORT_AT_MOST);
+  assert_int_equal(kvr_report_gain(atleast3, atleast4).bound, KVR_REPORT_UNKNOWN);
+  assert_int_equal(kvr_report_gain(none, found2).bound, KVR_REPORT_NO_BASE);
+  assert_int_equal(kvr_report_gain(atleast3, none).bound, KVR_REPORT_EXACT); /* -100% */
+  assert_int_equal(kvr_report_gain(noran, found2).bound, KVR_REPORT_UNKNOWN);
+  assert_int_equal(kvr_report_cmp(found3, found2), 1);
+  assert_int_equal(kvr_report_cmp(found2, found2), 0);
+  assert_int_equal(kvr_report_cmp(atleast4, found3), 1);
+  assert_int_equal(kvr_report_cmp(atleast3, found3), KVR_REPORT_CMP_UNKNOWN);
+  assert_int_equal(kvr_report_cmp(found2, atleast3), -1);
+  assert_int_equal(kvr_report_cmp(found3, atleast3), KVR_REPORT_CMP_UNKNOWN);
+  assert_int_equal(kvr_report_cmp(atleast3, atleast4), KVR_REPORT_CMP_UNKNOWN);
+  assert_int_equal(kvr_report_cmp(noran, found2), KVR_REPORT_CMP_UNKNOWN);
+}
+
+/* "Kept to its schedule" only when every level's send lag p99 is under 10 ms and its achieved rate
+ * within 5% of its scheduled rate; otherwise the levels that missed are named with their figures.
+ */
+static void test_schedule_verdicts(void **state) {
+  (void)state;
+  kvr_results_t *res = sample();
+  kvr_buf_t md = KVR_BUF_INIT;
+  kvr_report_markdown(res, &md);
+  assert_non_null(strstr(md.data, "**The load generator kept to its schedule:** at every level the "
+                                  "send lag p99 was under 10 ms (real time; worst 0.00 ms) and "
+                                  "the achieved rate within 5% of the rate the level's arrival "
+                                  "times ask for (worst 0.0% off)."));
+  kvr_level_t *p3 = res->runs[1].levels[1];     /* phase3 at 3 */
+  kvr_level_t *p0 = res->runs[0].levels[3];     /* phase0 at 4 */
+  p3->lag.p99 = 33;                             /* the README's demo run */
+  p0->achieved_rate = 0.9 * p0->scheduled_rate; /* 10% short */
+  kvr_buf_reset(&md);
+  kvr_report_markdown(res, &md);
+  assert_null(strstr(md.data, "kept to its schedule"));
+  assert_non_null(strstr(md.data, "**The load generator missed its schedule at 2 of 7 levels** (it "
+                                  "keeps to it when the send lag p99 is under 10 ms, real time, "
+                                  "and the achieved rate within 5% of the rate the level's "
+                                  "arrival times ask for): `phase0` at 4.00 RPS: achieved 3.60 "
+                                  "req/s vs 4.00 scheduled (-10.0%); `phase3` at 3.00 RPS: send "
+                                  "lag p99 33.0 ms."));
+  bool lag_ok, rate_ok;
+  assert_false(kvr_report_on_schedule(p3, &lag_ok, &rate_ok));
+  assert_false(lag_ok);
+  assert_true(rate_ok);
+  p3->lag.p99 = 9.99;
+  assert_true(kvr_report_on_schedule(p3, &lag_ok, &rate_ok));
+  /* Closed-loop users have no schedule: no verdict. */
+  res->concurrency_mode = true;
+  kvr_buf_reset(&md);
+  kvr_report_markdown(res, &md);
+  assert_null(strstr(md.data, "its schedule"));
+  assert_non_null(
+      strstr(md.data, "| Tool | `kvrouter bench` (closed-loop users, libuv + libcurl) |"));
+  kvr_buf_free(&md);
+  kvr_stats_results_free(res);
+}
+
+/* Placement is judged over every worker seen at the load, the workload rows from the data. */
+static void test_balance_and_workload_rows(void **state) {
+  (void)state;
+  kvr_results_t *res = sample();
+  kvr_buf_t md = KVR_BUF_INIT;
+  kvr_report_markdown(res, &md);
+  const char *m = md.data;
+  assert_non_null(strstr(m, "**`phase0` spread requests over 4 workers at 2.00 RPS**: the busiest "
+                            "took 25%, the least busy 25% (even would be 25%)."));
+  assert_non_null(strstr(m, "**`phase3` spread requests over 2 of the 4 workers seen at 2.00 "
+                            "RPS**: the busiest took 50%, 2 took none (even would be 25%)."));
+  assert_non_null(strstr(m, "| Tool | `kvrouter bench` (open-loop, libuv + libcurl) |"));
+  assert_non_null(strstr(m, "| Prompts per Rate | 20 asked, 20-23 measured per level run to its "
+                            "end |"));
+  assert_non_null(strstr(m, "| Warm-up | first 0 requests of each level, excluded from metrics |"));
+  assert_non_null(strstr(m, "each arrival sends the next eligible turn of an open conversation"));
+  res->replay = true;
+  kvr_buf_reset(&md);
+  kvr_report_markdown(res, &md);
+  assert_null(strstr(md.data, "each arrival sends the next eligible turn"));
+  assert_non_null(strstr(md.data, "arrival i sends a pre-assigned (conversation, turn) of the "
+                                  "replayed conversations whether or not that conversation's "
+                                  "previous turn has finished"));
+  kvr_buf_free(&md);
+  kvr_stats_results_free(res);
+}
+
+/* A run whose only failing level was interrupted has not found its limit. */
+static void test_interrupted_failure_bounds_nothing(void **state) {
+  (void)state;
+  kvr_results_t *res = two_runs();
+  kvr_level_t *lv = level(&res->slo, 16, 1500, 30, 0, 4);
+  lv->interrupted = true;
+  kvr_stats_run_add(&res->runs[1], lv);
+  kvr_buf_t md = KVR_BUF_INIT;
+  kvr_report_markdown(res, &md);
+  assert_non_null(strstr(md.data, "**`phase3` failed no level it ran to its end.** Its interrupted "
+                                  "levels cover only the requests finished before the stop"));
+  assert_non_null(strstr(md.data, "| phase3 | at least 12.00 | unknown |"));
+  assert_non_null(strstr(md.data, "| 16.00 | \xe2\x80\x94 | FAIL (TTFT) (partial) |"));
+  kvr_buf_free(&md);
+  kvr_stats_results_free(res);
+}
+
+/* A baseline that passes at no load below its first failure: no ratio, and the sentences say
+ * whether it passed anywhere at all. */
+static void test_baseline_passes_nowhere(void **state) {
+  (void)state;
+  kvr_results_t *res = kvr_stats_results_new();
+  kvr_run_t *a = kvr_stats_results_add_run(res, "phase0", "", "");
+  kvr_stats_run_add(a, level(&res->slo, 2, 1300, 30, 0, 2));
+  kvr_run_t *b = kvr_stats_results_add_run(res, "phase3", "", "");
+  kvr_stats_run_add(b, level(&res->slo, 2, 300, 30, 0, 2));
+  kvr_stats_run_add(b, level(&res->slo, 4, 1300, 30, 0, 2));
+  kvr_buf_t md = KVR_BUF_INIT, sum = KVR_BUF_INIT;
+  render(res, &md, &sum);
+  assert_non_null(strstr(md.data, "| phase3 **WINNER** | 2.00 | \xe2\x80\x94 |"));
+  assert_non_null(strstr(md.data, "**phase3 passed up to 2.00 RPS; the baseline passed at no "
+                                  "measured load.**"));
+  assert_non_null(strstr(md.data, "(2.00 RPS; no load passed)"));
+  assert_non_null(strstr(sum.data, "2.00 RPS  (baseline passed at no load)\n"));
+  kvr_stats_run_add(&res->runs[0], level(&res->slo, 4, 300, 30, 0, 2)); /* passes above a failure */
+  render(res, &md, &sum);
+  assert_non_null(strstr(md.data, "the baseline passed at no measured load below its first "
+                                  "failure.**"));
+  assert_non_null(strstr(md.data, "(2.00 RPS; no load below its first failure passed)"));
+  kvr_buf_free(&md);
+  kvr_buf_free(&sum);
+  kvr_stats_results_free(res);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_markdown_structure), cmocka_unit_test(test_no_improvement),
-      cmocka_unit_test(test_html_charts),        cmocka_unit_test(test_level_json_and_jsonl),
-      cmocka_unit_test(test_write_files),        cmocka_unit_test(test_engine_figures_and_reset),
+      cmocka_unit_test(test_markdown_structure),
+      cmocka_unit_test(test_no_improvement),
+      cmocka_unit_test(test_html_charts),
+      cmocka_unit_test(test_level_json_and_jsonl),
+      cmocka_unit_test(test_write_files),
+      cmocka_unit_test(test_engine_figures_and_reset),
+      cmocka_unit_test(test_html_has_every_table),
+      cmocka_unit_test(test_reset_verdicts),
+      cmocka_unit_test(test_capacity_not_found),
+      cmocka_unit_test(test_capacity_bounds_as_data),
+      cmocka_unit_test(test_schedule_verdicts),
+      cmocka_unit_test(test_balance_and_workload_rows),
+      cmocka_unit_test(test_interrupted_failure_bounds_nothing),
+      cmocka_unit_test(test_baseline_passes_nowhere),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

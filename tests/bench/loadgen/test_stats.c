@@ -8,6 +8,7 @@
 
 #include "bench/loadgen/stats.h"
 #include "src/kvr.h"
+#include "src/quantile.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -22,12 +23,12 @@ static void test_percentile_linear(void **state) {
   double v[100];
   for (int i = 0; i < 100; i++)
     v[i] = i + 1;
-  NEAR(kvr_stats_percentile(v, 100, 50), 50.5);
-  NEAR(kvr_stats_percentile(v, 100, 99), 99.01);
-  NEAR(kvr_stats_percentile(v, 100, 0), 1);
-  NEAR(kvr_stats_percentile(v, 100, 100), 100);
-  NEAR(kvr_stats_percentile(v, 1, 99), 1);
-  NEAR(kvr_stats_percentile(v, 0, 99), 0);
+  NEAR(kvr_quantile(v, 100, 50), 50.5);
+  NEAR(kvr_quantile(v, 100, 99), 99.01);
+  NEAR(kvr_quantile(v, 100, 0), 1);
+  NEAR(kvr_quantile(v, 100, 100), 100);
+  NEAR(kvr_quantile(v, 1, 99), 1);
+  NEAR(kvr_quantile(v, 0, 99), 0);
   double w[] = {4, 1, 3, 2};
   kvr_dist_t d;
   kvr_stats_dist(w, 4, &d);
@@ -107,6 +108,7 @@ static void test_level_aggregates(void **state) {
   assert_int_equal(lv->max_concurrent, 2);
   NEAR(lv->duration_s, 4.5 + 0.609);
   NEAR(lv->achieved_rate, 10.0 / 5.0);
+  NEAR(lv->scheduled_rate, 10.0 / 5.0); /* sent on schedule */
   NEAR(lv->request_throughput, 10 / lv->duration_s);
   assert_int_equal(lv->nworkers, 2);
   assert_string_equal(lv->workers[0].name, "w0");
@@ -127,6 +129,32 @@ static void test_level_aggregates(void **state) {
   char names[64];
   kvr_stats_fail_names(lv->fail_mask, names, sizeof(names));
   assert_string_equal(names, "TTFT+TPOT");
+  kvr_stats_level_free(lv);
+}
+
+/* The scheduled rate comes from the target send times, the achieved one from the actual ones: a
+ * generator that falls behind shows as achieved < scheduled. */
+static void test_scheduled_vs_achieved_rate(void **state) {
+  (void)state;
+  kvr_level_t *lv = kvr_stats_level_new(2.0, 0);
+  for (int i = 0; i < 11; i++) {
+    kvr_req_rec_t r = rec(1, i * 0.55, 100, 600, 11, "w0");
+    r.target_s = i * 0.5; /* due every 0.5 s, sent every 0.55 s */
+    r.lag_ms = (r.sent_s - r.target_s) * 1000;
+    kvr_stats_level_add(lv, &r, NULL, 0);
+  }
+  kvr_stats_level_finish(lv, &slo);
+  NEAR(lv->scheduled_rate, 10.0 / 5.0);
+  NEAR(lv->achieved_rate, 10.0 / 5.5);
+  NEAR(lv->lag.max, 500);
+  NEAR(lv->lag.p50, 250);
+  kvr_stats_level_free(lv);
+  /* One request: no rate either way. */
+  lv = kvr_stats_level_new(2.0, 0);
+  kvr_req_rec_t r = rec(1, 0, 100, 600, 11, "w0");
+  kvr_stats_level_add(lv, &r, NULL, 0);
+  kvr_stats_level_finish(lv, &slo);
+  assert_true(lv->scheduled_rate == 0 && lv->achieved_rate == 0);
   kvr_stats_level_free(lv);
 }
 
@@ -170,7 +198,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_percentile_linear), cmocka_unit_test(test_max_overlap),
       cmocka_unit_test(test_level_aggregates),  cmocka_unit_test(test_empty_level_fails_nodata),
-      cmocka_unit_test(test_run_max_load),
+      cmocka_unit_test(test_run_max_load),      cmocka_unit_test(test_scheduled_vs_achieved_rate),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,150 @@
+/* report_doc.c -- the document writer: the report's sections are written once, as blocks, and a
+ * format's ops table (report_md.c, report_html.c) turns each block into its own syntax.
+ *
+ * Struct: kvr__doc_t (report_int.h) holds the format's ops, the output buffer, the paragraph or
+ * cell text being built and the cells of the row being built (NUL-separated in one buffer, with
+ * their offsets).
+ *
+ * Flow: kvr__doc_h() / kvr__doc_p() write a block at once; kvr__doc_printf() ... kvr__doc_p_end()
+ * build a paragraph in pieces; kvr__doc_table() then kvr__doc_cell() ... kvr__doc_row_end() per
+ * row, then kvr__doc_table_end(). Each finished block goes to the ops, which write to out.
+ *
+ * Inline marks: KVR__STRONG and KVR__CODE toggle emphasis and code; kvr__md_text() and
+ * kvr__html_text() render them. Every text a section writes opens and closes its own marks, so
+ * both renderers start each text with both marks off.
+ *
+ * Invariants: a row has at most KVR__DOC_MAX_CELLS cells (more are dropped); the writer owns only
+ * its two buffers.
+ */
+#include "report_int.h"
+
+#include <string.h>
+
+void kvr__doc_init(kvr__doc_t *d, const kvr__doc_ops_t *ops, kvr_buf_t *out) {
+  memset(d, 0, sizeof(*d));
+  d->ops = ops;
+  d->out = out;
+}
+
+void kvr__doc_free(kvr__doc_t *d) {
+  kvr_buf_free(&d->text);
+  kvr_buf_free(&d->cells);
+}
+
+static const char *text_of(kvr__doc_t *d) {
+  return d->text.data ? d->text.data : "";
+}
+
+void kvr__doc_h(kvr__doc_t *d, int level, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  kvr_buf_reset(&d->text);
+  kvr_buf_vprintf(&d->text, fmt, ap);
+  va_end(ap);
+  d->ops->heading(d, level, text_of(d));
+  kvr_buf_reset(&d->text);
+}
+
+void kvr__doc_printf(kvr__doc_t *d, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  kvr_buf_vprintf(&d->text, fmt, ap);
+  va_end(ap);
+}
+
+void kvr__doc_p_end(kvr__doc_t *d) {
+  d->ops->para(d, text_of(d));
+  kvr_buf_reset(&d->text);
+}
+
+void kvr__doc_p(kvr__doc_t *d, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  kvr_buf_vprintf(&d->text, fmt, ap);
+  va_end(ap);
+  kvr__doc_p_end(d);
+}
+
+void kvr__doc_table(kvr__doc_t *d, const char *rule) {
+  d->rule = rule;
+  d->rows = 0;
+  d->ncells = 0;
+  kvr_buf_reset(&d->cells);
+  d->ops->table_begin(d, rule);
+}
+
+void kvr__doc_cell(kvr__doc_t *d, const char *fmt, ...) {
+  if (d->ncells == KVR__DOC_MAX_CELLS)
+    return;
+  d->cell_off[d->ncells++] = d->cells.len;
+  va_list ap;
+  va_start(ap, fmt);
+  kvr_buf_vprintf(&d->cells, fmt, ap);
+  va_end(ap);
+  kvr_buf_append(&d->cells, "", 1); /* the NUL that ends the cell */
+}
+
+void kvr__doc_row_end(kvr__doc_t *d) {
+  const char *cells[KVR__DOC_MAX_CELLS];
+  for (size_t i = 0; i < d->ncells; i++)
+    cells[i] = d->cells.data + d->cell_off[i];
+  d->ops->row(d, cells, d->ncells, d->rows == 0);
+  d->rows++;
+  d->ncells = 0;
+  kvr_buf_reset(&d->cells);
+}
+
+void kvr__doc_table_end(kvr__doc_t *d) {
+  d->ops->table_end(d);
+  d->rule = NULL;
+}
+
+void kvr__md_text(kvr_buf_t *out, const char *text) {
+  for (const char *p = text; *p; p++) {
+    if (*p == KVR__STRONG[0])
+      kvr_buf_puts(out, "**");
+    else if (*p == KVR__CODE[0])
+      kvr_buf_puts(out, "`");
+    else
+      kvr_buf_append(out, p, 1);
+  }
+}
+
+static void html_char(kvr_buf_t *out, char c) {
+  switch (c) {
+  case '&':
+    kvr_buf_puts(out, "&amp;");
+    break;
+  case '<':
+    kvr_buf_puts(out, "&lt;");
+    break;
+  case '>':
+    kvr_buf_puts(out, "&gt;");
+    break;
+  case '"':
+    kvr_buf_puts(out, "&quot;");
+    break;
+  default:
+    kvr_buf_append(out, &c, 1);
+  }
+}
+
+void kvr__html_text(kvr_buf_t *out, const char *text) {
+  bool strong = false, code = false;
+  for (const char *p = text; *p; p++) {
+    if (*p == KVR__STRONG[0]) {
+      kvr_buf_puts(out, strong ? "</strong>" : "<strong>");
+      strong = !strong;
+    } else if (*p == KVR__CODE[0]) {
+      kvr_buf_puts(out, code ? "</code>" : "<code>");
+      code = !code;
+    } else {
+      html_char(out, *p);
+    }
+  }
+  /* A text that left a mark open still yields well-formed HTML. */
+  if (code)
+    kvr_buf_puts(out, "</code>");
+  if (strong)
+    kvr_buf_puts(out, "</strong>");
+}

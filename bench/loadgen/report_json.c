@@ -1,0 +1,214 @@
+/* report_json.c -- the machine-readable results: one JSON object per level, keyed like
+ * `vllm bench serve --save-result` where the meaning matches, plus a "kvrouter" object with the
+ * figures vllm does not have; and one JSON line per request.
+ *
+ * Structs: none of its own; cJSON objects are built from a kvr_level_t and freed after printing.
+ *
+ * Invariants: warm-up requests are left out of the per-level arrays (input_lens, ttfts, ...) and
+ * kept, flagged, in the JSONL; the engine figures are null when no worker's /metrics was read.
+ */
+#include "report.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void add_dist(cJSON *o, const char *name, const kvr_dist_t *d) {
+  char k[48];
+  snprintf(k, sizeof(k), "mean_%s_ms", name);
+  cJSON_AddNumberToObject(o, k, d->mean);
+  snprintf(k, sizeof(k), "median_%s_ms", name);
+  cJSON_AddNumberToObject(o, k, d->p50);
+  snprintf(k, sizeof(k), "std_%s_ms", name);
+  cJSON_AddNumberToObject(o, k, d->std);
+  snprintf(k, sizeof(k), "p50_%s_ms", name);
+  cJSON_AddNumberToObject(o, k, d->p50);
+  snprintf(k, sizeof(k), "p90_%s_ms", name);
+  cJSON_AddNumberToObject(o, k, d->p90);
+  snprintf(k, sizeof(k), "p95_%s_ms", name);
+  cJSON_AddNumberToObject(o, k, d->p95);
+  snprintf(k, sizeof(k), "p99_%s_ms", name);
+  cJSON_AddNumberToObject(o, k, d->p99);
+}
+
+static cJSON *dist_obj(const kvr_dist_t *d) {
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "n", (double)d->n);
+  cJSON_AddNumberToObject(o, "mean", d->mean);
+  cJSON_AddNumberToObject(o, "p50", d->p50);
+  cJSON_AddNumberToObject(o, "p90", d->p90);
+  cJSON_AddNumberToObject(o, "p95", d->p95);
+  cJSON_AddNumberToObject(o, "p99", d->p99);
+  cJSON_AddNumberToObject(o, "max", d->max);
+  return o;
+}
+
+/* The keys `vllm bench serve --save-result` writes, with its meaning. */
+static void vllm_keys(cJSON *o, const kvr_results_t *res, const kvr_run_t *run,
+                      const kvr_level_t *lv) {
+  cJSON_AddStringToObject(o, "date", res->generated ? res->generated : "");
+  cJSON_AddStringToObject(
+      o, "backend", res->api && strcmp(res->api, "completions") == 0 ? "openai" : "openai-chat");
+  cJSON_AddStringToObject(o, "label", run->label);
+  cJSON_AddStringToObject(o, "model_id", res->model ? res->model : "");
+  cJSON_AddNumberToObject(o, "num_prompts", (double)lv->nrecs);
+  if (lv->concurrency) {
+    cJSON_AddStringToObject(o, "request_rate", "inf");
+    cJSON_AddNumberToObject(o, "max_concurrency", lv->concurrency);
+  } else {
+    cJSON_AddNumberToObject(o, "request_rate", lv->rate);
+    cJSON_AddNullToObject(o, "max_concurrency");
+  }
+  cJSON_AddNumberToObject(o, "burstiness", res->burstiness);
+  cJSON_AddNumberToObject(o, "duration", lv->duration_s);
+  cJSON_AddNumberToObject(o, "completed", (double)lv->completed);
+  cJSON_AddNumberToObject(o, "failed", (double)lv->failed);
+  cJSON_AddNumberToObject(o, "total_input_tokens", (double)lv->total_input);
+  cJSON_AddNumberToObject(o, "total_output_tokens", (double)lv->total_output);
+  cJSON_AddNumberToObject(o, "request_throughput", lv->request_throughput);
+  cJSON_AddNumberToObject(o, "output_throughput", lv->output_throughput);
+  cJSON_AddNumberToObject(o, "total_token_throughput", lv->total_token_throughput);
+  cJSON_AddNumberToObject(o, "max_concurrent_requests", lv->max_concurrent);
+  add_dist(o, "ttft", &lv->ttft);
+  add_dist(o, "tpot", &lv->tpot);
+  add_dist(o, "itl", &lv->itl);
+  add_dist(o, "e2el", &lv->e2e);
+}
+
+/* vllm's per-request arrays, measured requests only. */
+static void vllm_arrays(cJSON *o, const kvr_level_t *lv) {
+  cJSON *in = cJSON_AddArrayToObject(o, "input_lens");
+  cJSON *outl = cJSON_AddArrayToObject(o, "output_lens");
+  cJSON *ttfts = cJSON_AddArrayToObject(o, "ttfts");
+  cJSON *errs = cJSON_AddArrayToObject(o, "errors");
+  for (size_t i = 0; i < lv->nrecs; i++) {
+    const kvr_req_rec_t *r = &lv->recs[i];
+    if (r->warmup)
+      continue;
+    cJSON_AddItemToArray(in, cJSON_CreateNumber(r->prompt_tokens));
+    cJSON_AddItemToArray(outl, cJSON_CreateNumber(r->output_tokens));
+    cJSON_AddItemToArray(ttfts, cJSON_CreateNumber(r->ttft_ms >= 0 ? r->ttft_ms / 1000.0 : 0));
+    cJSON_AddItemToArray(errs, cJSON_CreateString(r->error));
+  }
+}
+
+/* What the run was: policy, workload, rate meaning, time scale, seed, requests. */
+static void run_keys(cJSON *k, const kvr_results_t *res, const kvr_run_t *run,
+                     const kvr_level_t *lv) {
+  cJSON_AddStringToObject(k, "policy", run->policy);
+  cJSON_AddStringToObject(k, "workload", res->workload ? res->workload : "");
+  cJSON_AddStringToObject(k, "rate_meaning",
+                          res->concurrency_mode ? "users"
+                          : res->sessions       ? "conversation starts per second"
+                                                : "turn arrivals per second");
+  cJSON_AddNumberToObject(k, "time_scale", res->time_scale);
+  cJSON_AddNumberToObject(k, "seed", (double)res->seed);
+  cJSON_AddNumberToObject(k, "warmup_requests", res->warmup);
+  cJSON_AddNumberToObject(k, "measured_requests", (double)lv->measured);
+  cJSON_AddNumberToObject(k, "achieved_rate", lv->achieved_rate);
+  cJSON_AddNumberToObject(k, "scheduled_rate", lv->scheduled_rate);
+  cJSON_AddItemToObject(k, "send_lag_real_ms", dist_obj(&lv->lag));
+  cJSON_AddItemToObject(k, "ttft_transport_real_ms", dist_obj(&lv->transport));
+  cJSON_AddNumberToObject(k, "total_cached_tokens", (double)lv->total_cached);
+  cJSON_AddNumberToObject(k, "requests_with_usage", (double)lv->usage_requests);
+  cJSON_AddBoolToObject(k, "interrupted", lv->interrupted);
+}
+
+/* The level's SLO verdict, the engine figures that say which limit it hit, the cache reset. */
+static void verdict_keys(cJSON *k, const kvr_run_t *run, const kvr_level_t *lv) {
+  char failing[40];
+  kvr_stats_fail_names(lv->fail_mask, failing, sizeof(failing));
+  cJSON_AddBoolToObject(k, "slo_pass", lv->pass);
+  cJSON_AddStringToObject(k, "slo_failing", lv->pass ? "" : failing);
+  cJSON_AddBoolToObject(k, "stopped_early", lv->stopped_early);
+  cJSON_AddNumberToObject(k, "ttft_over_slo_when_stopped", (double)lv->ttft_over_slo);
+  /* Which limit the level hit, from the workers' /metrics (null when none could be read). */
+  if (lv->engine_workers) {
+    cJSON_AddNumberToObject(k, "preemptions", (double)lv->preemptions);
+    cJSON_AddNumberToObject(k, "kv_cache_usage_peak", lv->kv_usage_peak);
+  } else {
+    cJSON_AddNullToObject(k, "preemptions");
+    cJSON_AddNullToObject(k, "kv_cache_usage_peak");
+  }
+  cJSON_AddNumberToObject(k, "engine_metrics_workers", (double)lv->engine_workers);
+  if (run->cache_reset[0])
+    cJSON_AddStringToObject(k, "prefix_cache_reset", run->cache_reset);
+  else
+    cJSON_AddNullToObject(k, "prefix_cache_reset");
+  /* true: every worker confirmed the reset; false: some did not; null: not tried or not recorded */
+  if (run->cache_reset_outcome == KVR_CACHE_RESET_UNKNOWN)
+    cJSON_AddNullToObject(k, "prefix_cache_reset_complete");
+  else
+    cJSON_AddBoolToObject(k, "prefix_cache_reset_complete",
+                          run->cache_reset_outcome == KVR_CACHE_RESET_ALL);
+}
+
+/* Worker share, per-turn TTFT and the SLO targets. */
+static void extra_lists(cJSON *k, const kvr_results_t *res, const kvr_level_t *lv) {
+  cJSON *ws = cJSON_AddObjectToObject(k, "worker_share");
+  for (size_t w = 0; w < lv->nworkers; w++)
+    cJSON_AddNumberToObject(ws, lv->workers[w].name[0] ? lv->workers[w].name : "(none)",
+                            (double)lv->workers[w].count);
+  cJSON *turns = cJSON_AddArrayToObject(k, "per_turn");
+  for (size_t t = 0; t < lv->nturns; t++) {
+    cJSON *to = cJSON_CreateObject();
+    cJSON_AddNumberToObject(to, "turn", lv->turns[t].turn);
+    cJSON_AddItemToObject(to, "ttft_ms", dist_obj(&lv->turns[t].ttft));
+    cJSON_AddNumberToObject(to, "mean_prompt_tokens", lv->turns[t].mean_prompt_tokens);
+    cJSON_AddNumberToObject(to, "mean_cached_tokens", lv->turns[t].mean_cached_tokens);
+    cJSON_AddItemToArray(turns, to);
+  }
+  cJSON *slo = cJSON_AddObjectToObject(k, "slo");
+  cJSON_AddNumberToObject(slo, "ttft_p99_ms", res->slo.ttft_p99_ms);
+  cJSON_AddNumberToObject(slo, "tpot_p99_ms", res->slo.tpot_p99_ms);
+  cJSON_AddBoolToObject(slo, "pass", lv->pass);
+  char names[64];
+  kvr_stats_fail_names(lv->fail_mask, names, sizeof(names));
+  cJSON_AddStringToObject(slo, "failed", names);
+}
+
+void kvr_report_level_json(const kvr_results_t *res, const kvr_run_t *run, const kvr_level_t *lv,
+                           kvr_buf_t *out) {
+  cJSON *o = cJSON_CreateObject();
+  vllm_keys(o, res, run, lv);
+  vllm_arrays(o, lv);
+  cJSON *k = cJSON_AddObjectToObject(o, "kvrouter");
+  run_keys(k, res, run, lv);
+  verdict_keys(k, run, lv);
+  extra_lists(k, res, lv);
+  char *s = cJSON_PrintUnformatted(o);
+  if (s == NULL)
+    abort();
+  kvr_buf_puts(out, s);
+  kvr_buf_puts(out, "\n");
+  cJSON_free(s);
+  cJSON_Delete(o);
+}
+
+void kvr_report_jsonl(const kvr_run_t *run, const kvr_level_t *lv, kvr_buf_t *out) {
+  for (size_t i = 0; i < lv->nrecs; i++) {
+    const kvr_req_rec_t *r = &lv->recs[i];
+    kvr_buf_puts(out, "{\"label\":");
+    kvr_buf_json_str(out, run->label, strlen(run->label));
+    if (lv->concurrency)
+      kvr_buf_printf(out, ",\"concurrency\":%u", lv->concurrency);
+    else
+      kvr_buf_printf(out, ",\"rate\":%.6g", lv->rate);
+    kvr_buf_printf(out,
+                   ",\"conversation\":%llu,\"turn\":%u,\"warmup\":%s,\"ok\":%s,\"status\":%d,"
+                   "\"target_s\":%.6f,\"sent_s\":%.6f,\"lag_ms\":%.4f,\"ttft_ms\":%.3f,"
+                   "\"transport_ms\":%.3f,\"tpot_ms\":%.3f,\"e2e_ms\":%.3f,\"itl_count\":%u,"
+                   "\"itl_mean_ms\":%.3f,\"itl_max_ms\":%.3f,\"output_tokens\":%u,\"chunks\":%u,"
+                   "\"prompt_tokens\":%u,\"cached_tokens\":%u,\"usage\":%s,\"worker\":",
+                   (unsigned long long)r->conv, r->turn, r->warmup ? "true" : "false",
+                   r->ok ? "true" : "false", r->status, r->target_s, r->sent_s, r->lag_ms,
+                   r->ttft_ms, r->transport_ms, r->tpot_ms, r->e2e_ms, r->n_itl, r->itl_mean_ms,
+                   r->itl_max_ms, r->output_tokens, r->chunks, r->prompt_tokens, r->cached_tokens,
+                   r->usage_seen ? "true" : "false");
+    kvr_buf_json_str(out, r->worker, strlen(r->worker));
+    kvr_buf_puts(out, ",\"error\":");
+    kvr_buf_json_str(out, r->error, strlen(r->error));
+    kvr_buf_puts(out, "}\n");
+  }
+}
