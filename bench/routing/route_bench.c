@@ -109,10 +109,26 @@ void kvr_route_bench_opts_default(kvr_route_bench_opts_t *o) {
   o->policy = "kv_aware";
 }
 
-/* One timed decision; adds its parts to the series at index i. */
-static int decide(const cJSON *tree, const kvr_route_bench_opts_t *o, kvr_cache_index_t *idx,
-                  kvr_policy_t *pol, kvr_worker_snap_t *snaps, size_t i, series_t *hash,
-                  series_t *match, series_t *select, series_t *total) {
+/* One run: the inputs every pass shares and the series it fills. rb_free() releases all of it. */
+typedef struct rb_s {
+  kvr_route_bench_opts_t o;
+  char *bodies[NPROMPTS];
+  cJSON *trees[NPROMPTS];
+  kvr_cache_index_t *idx;
+  kvr_policy_t *pol;
+  kvr_worker_snap_t snaps[KVR_MAX_WORKERS];
+  uint64_t per_worker;                /* index capacity per worker, in blocks */
+  size_t prompt_blocks, prompt_bytes; /* of one benchmark prompt */
+  uint64_t fill_ns, warm_ns;          /* index fill; the whole warm loop */
+  series_t parse, ins;                /* JSON parse; index insert after the pick */
+  series_t warm[4], cold[4];          /* hash, match, select, decision */
+} rb_t;
+
+enum { S_HASH, S_MATCH, S_SELECT, S_TOTAL };
+
+/* One timed decision; adds its parts to the four series of s at index i. */
+static int decide(rb_t *rb, const cJSON *tree, size_t i, series_t *s) {
+  const kvr_route_bench_opts_t *o = &rb->o;
   kvr_prompt_t p;
   char err[256];
   size_t matched[KVR_MAX_WORKERS];
@@ -122,195 +138,209 @@ static int decide(const cJSON *tree, const kvr_route_bench_opts_t *o, kvr_cache_
     return -1;
   }
   uint64_t t1 = kvr_now_ns();
-  kvr_cache_index_match(idx, p.blocks, p.nblocks, matched);
+  kvr_cache_index_match(rb->idx, p.blocks, p.nblocks, matched);
   uint64_t t2 = kvr_now_ns();
   for (size_t w = 0; w < o->workers; w++) {
-    snaps[w].matched_blocks = matched[w];
-    snaps[w].cached_blocks = kvr_cache_index_entries(idx, w);
+    rb->snaps[w].matched_blocks = matched[w];
+    rb->snaps[w].cached_blocks = kvr_cache_index_entries(rb->idx, w);
   }
   kvr_route_req_t req;
   kvr_prompt_route_req(&p, &req);
-  int k = kvr_policy_select(pol, snaps, o->workers, &req, 0, NULL);
+  int k = kvr_policy_select(rb->pol, rb->snaps, o->workers, &req, 0, NULL);
   uint64_t t3 = kvr_now_ns();
   kvr_prompt_free(&p);
   if (k < 0)
     return -1;
-  hash->ns[i] = t1 - t0;
-  match->ns[i] = t2 - t1;
-  select->ns[i] = t3 - t2;
-  total->ns[i] = t3 - t0;
+  s[S_HASH].ns[i] = t1 - t0;
+  s[S_MATCH].ns[i] = t2 - t1;
+  s[S_SELECT].ns[i] = t3 - t2;
+  s[S_TOTAL].ns[i] = t3 - t0;
   return 0;
 }
 
 static void alloc_series(series_t *s, size_t n) {
-  s->ns = calloc(n, sizeof(uint64_t));
+  s->ns = kvr_xcalloc(n, sizeof(uint64_t));
   s->n = n;
-  if (s->ns == NULL) {
-    fprintf(stderr, "route bench: out of memory\n");
-    abort();
+}
+
+static void rb_free(rb_t *rb) {
+  free(rb->parse.ns);
+  free(rb->ins.ns);
+  for (size_t k = 0; k < 4; k++) {
+    free(rb->warm[k].ns);
+    free(rb->cold[k].ns);
+  }
+  kvr_policy_destroy(rb->pol);
+  kvr_cache_index_free(rb->idx);
+  for (size_t k = 0; k < NPROMPTS; k++) {
+    cJSON_Delete(rb->trees[k]);
+    cJSON_free(rb->bodies[k]);
   }
 }
 
-int kvr_route_bench_run(const kvr_route_bench_opts_t *opts) {
-  const kvr_route_bench_opts_t o = *opts;
-  /* Bodies and their parsed trees. */
-  char *bodies[NPROMPTS];
-  cJSON *trees[NPROMPTS];
-  for (size_t k = 0; k < NPROMPTS; k++) {
-    bodies[k] = make_body(o.prompt_kib, 1000 + k);
-    trees[k] = cJSON_Parse(bodies[k]);
-  }
-
-  /* The index: o.blocks random blocks, then each prompt on worker k % W (full) and its first half
-   * on worker (k + 1) % W. */
-  uint64_t per_worker = o.blocks / o.workers + 2 * NPROMPTS * (o.prompt_kib * 1024 / o.block_chars);
-  kvr_cache_index_t *idx = kvr_cache_index_new(o.workers, per_worker);
-  if (idx == NULL || kvr_cache_index_reserve(idx, o.blocks + per_worker) != 0) {
+/* The index: o.blocks random blocks in 256-block chains over the workers, then each benchmark
+ * prompt fully on worker k % W and its first half on worker (k + 1) % W, so matching walks the
+ * whole prompt. */
+static int fill_index(rb_t *rb) {
+  const kvr_route_bench_opts_t *o = &rb->o;
+  rb->per_worker = o->blocks / o->workers + 2 * NPROMPTS * (o->prompt_kib * 1024 / o->block_chars);
+  rb->idx = kvr_cache_index_new(o->workers, rb->per_worker);
+  if (rb->idx == NULL || kvr_cache_index_reserve(rb->idx, o->blocks + rb->per_worker) != 0) {
     fprintf(stderr, "route bench: cannot allocate the index\n");
-    return 1;
+    return -1;
   }
   uint64_t st = 7, chain[256];
-  uint64_t t_fill = kvr_now_ns();
-  for (uint64_t done = 0, c = 0; done < o.blocks; c++) {
-    size_t n = (size_t)KVR_MIN((uint64_t)256, o.blocks - done);
+  uint64_t t0 = kvr_now_ns();
+  for (uint64_t done = 0, c = 0; done < o->blocks; c++) {
+    size_t n = (size_t)KVR_MIN((uint64_t)256, o->blocks - done);
     for (size_t i = 0; i < n; i++)
       chain[i] = kvr_policy_rand(&st);
-    kvr_cache_index_insert(idx, c % o.workers, chain, n);
+    kvr_cache_index_insert(rb->idx, c % o->workers, chain, n);
     done += n;
   }
-  t_fill = kvr_now_ns() - t_fill;
-  size_t prompt_blocks = 0, prompt_bytes = 0;
+  rb->fill_ns = kvr_now_ns() - t0;
   for (size_t k = 0; k < NPROMPTS; k++) {
     kvr_prompt_t p;
     char err[256];
-    if (kvr_prompt_from_json(trees[k], KVR_PROMPT_CHAT, o.block_chars, &p, err, sizeof(err))) {
+    if (kvr_prompt_from_json(rb->trees[k], KVR_PROMPT_CHAT, o->block_chars, &p, err, sizeof(err))) {
       fprintf(stderr, "route bench: %s\n", err);
-      return 1;
+      return -1;
     }
-    kvr_cache_index_insert(idx, k % o.workers, p.blocks, p.nblocks);
-    if (o.workers > 1)
-      kvr_cache_index_insert(idx, (k + 1) % o.workers, p.blocks, p.nblocks / 2);
-    prompt_blocks = p.nblocks;
-    prompt_bytes = p.text.len;
+    kvr_cache_index_insert(rb->idx, k % o->workers, p.blocks, p.nblocks);
+    if (o->workers > 1)
+      kvr_cache_index_insert(rb->idx, (k + 1) % o->workers, p.blocks, p.nblocks / 2);
+    rb->prompt_blocks = p.nblocks;
+    rb->prompt_bytes = p.text.len;
     kvr_prompt_free(&p);
   }
+  return 0;
+}
 
+/* Bodies, their trees, the index, the policy and the workers' snapshots (uneven loads). */
+static int setup(rb_t *rb) {
+  for (size_t k = 0; k < NPROMPTS; k++) {
+    rb->bodies[k] = make_body(rb->o.prompt_kib, 1000 + k);
+    rb->trees[k] = cJSON_Parse(rb->bodies[k]);
+  }
+  if (fill_index(rb) != 0)
+    return -1;
   char err[256];
-  kvr_policy_t *pol = kvr_policy_create(o.policy, NULL, 1, err, sizeof(err));
-  if (pol == NULL) {
+  rb->pol = kvr_policy_create(rb->o.policy, NULL, 1, err, sizeof(err));
+  if (rb->pol == NULL) {
     fprintf(stderr, "route bench: %s\n", err);
-    return 1;
+    return -1;
   }
-  kvr_worker_snap_t snaps[KVR_MAX_WORKERS];
-  memset(snaps, 0, sizeof(snaps));
-  for (size_t w = 0; w < o.workers; w++) {
-    snaps[w].id = (uint32_t)w;
-    snaps[w].usable = true;
-    snaps[w].inflight = (uint32_t)(w % 3);
-    snaps[w].active_tokens = 4000 * (w % 3);
-    snaps[w].cache_capacity_blocks = per_worker;
+  for (size_t w = 0; w < rb->o.workers; w++) {
+    rb->snaps[w].id = (uint32_t)w;
+    rb->snaps[w].usable = true;
+    rb->snaps[w].inflight = (uint32_t)(w % 3);
+    rb->snaps[w].active_tokens = 4000 * (w % 3);
+    rb->snaps[w].cache_capacity_blocks = rb->per_worker;
   }
+  return 0;
+}
 
-  /* JSON parse, separately. */
-  size_t nparse = KVR_MIN(o.decisions, (size_t)2000);
-  series_t parse;
-  alloc_series(&parse, nparse);
-  for (size_t i = 0; i < nparse; i++) {
+/* JSON parsing, timed apart because the proxy parses once for everything. */
+static void time_parse(rb_t *rb) {
+  alloc_series(&rb->parse, KVR_MIN(rb->o.decisions, (size_t)2000));
+  for (size_t i = 0; i < rb->parse.n; i++) {
     uint64_t t0 = kvr_now_ns();
-    cJSON *j = cJSON_Parse(bodies[i % NPROMPTS]);
-    parse.ns[i] = kvr_now_ns() - t0;
+    cJSON *j = cJSON_Parse(rb->bodies[i % NPROMPTS]);
+    rb->parse.ns[i] = kvr_now_ns() - t0;
     cJSON_Delete(j);
   }
+}
 
-  /* Warm pass. */
-  series_t hash, match, sel, total;
-  alloc_series(&hash, o.decisions);
-  alloc_series(&match, o.decisions);
-  alloc_series(&sel, o.decisions);
-  alloc_series(&total, o.decisions);
-  uint64_t t_loop = kvr_now_ns();
-  for (size_t i = 0; i < o.decisions; i++)
-    if (decide(trees[i % NPROMPTS], &o, idx, pol, snaps, i, &hash, &match, &sel, &total))
-      return 1;
-  t_loop = kvr_now_ns() - t_loop;
-
-  /* Cold pass: caches flushed before each decision. */
-  size_t ncold = KVR_MIN(o.decisions, (size_t)300);
-  series_t chash, cmatch, csel, ctotal;
-  alloc_series(&chash, ncold);
-  alloc_series(&cmatch, ncold);
-  alloc_series(&csel, ncold);
-  alloc_series(&ctotal, ncold);
-  unsigned char *flush = malloc(FLUSH_BYTES);
-  if (flush)
-    memset(flush, 1, FLUSH_BYTES);
+/* n decisions into s[4]; with flush, a 64 MiB buffer is read (untimed) before each one so the
+ * index and the prompt start out of the CPU caches. */
+static int time_pass(rb_t *rb, series_t *s, size_t n, const unsigned char *flush) {
+  for (size_t k = 0; k < 4; k++)
+    alloc_series(&s[k], n);
   volatile uint64_t sink = 0;
-  for (size_t i = 0; flush && i < ncold; i++) {
-    /* Read (not write) through the buffer so no dirty lines are left to write back. */
-    uint64_t sum = 0;
-    for (size_t off = 0; off < FLUSH_BYTES; off += 64)
-      sum += flush[off];
-    sink += sum;
-    if (decide(trees[i % NPROMPTS], &o, idx, pol, snaps, i, &chash, &cmatch, &csel, &ctotal))
-      return 1;
+  for (size_t i = 0; i < n; i++) {
+    if (flush) {
+      /* Read (not write) through the buffer so no dirty lines are left to write back. */
+      uint64_t sum = 0;
+      for (size_t off = 0; off < FLUSH_BYTES; off += 64)
+        sum += flush[off];
+      sink += sum;
+    }
+    if (decide(rb, rb->trees[i % NPROMPTS], i, s) != 0)
+      return -1;
   }
-  free(flush);
+  return 0;
+}
 
-  /* Insert (touch) of a routed prompt, as the proxy does after the pick. */
-  series_t ins;
-  size_t nins = KVR_MIN(o.decisions, (size_t)2000);
-  alloc_series(&ins, nins);
-  for (size_t i = 0; i < nins; i++) {
+/* Insert (touch) of a routed prompt, as the proxy does after the pick. */
+static void time_insert(rb_t *rb) {
+  alloc_series(&rb->ins, KVR_MIN(rb->o.decisions, (size_t)2000));
+  for (size_t i = 0; i < rb->ins.n; i++) {
     kvr_prompt_t p;
-    kvr_prompt_from_json(trees[i % NPROMPTS], KVR_PROMPT_CHAT, o.block_chars, &p, err, sizeof(err));
+    char err[256];
+    kvr_prompt_from_json(rb->trees[i % NPROMPTS], KVR_PROMPT_CHAT, rb->o.block_chars, &p, err,
+                         sizeof(err));
     uint64_t t0 = kvr_now_ns();
-    kvr_cache_index_insert(idx, (i % NPROMPTS) % o.workers, p.blocks, p.nblocks);
-    ins.ns[i] = kvr_now_ns() - t0;
+    kvr_cache_index_insert(rb->idx, (i % NPROMPTS) % rb->o.workers, p.blocks, p.nblocks);
+    rb->ins.ns[i] = kvr_now_ns() - t0;
     kvr_prompt_free(&p);
   }
+}
 
+static void print_report(rb_t *rb) {
+  const kvr_route_bench_opts_t *o = &rb->o;
+  static const char *const parts[4] = {"prompt features + hashing", "index match", "policy select",
+                                       "decision (hash + match + select)"};
   kvr_cache_index_stats_t cs;
-  kvr_cache_index_stats(idx, &cs);
-  printf("## Routing decision cost (policy %s)\n\n", o.policy);
+  kvr_cache_index_stats(rb->idx, &cs);
+  printf("## Routing decision cost (policy %s)\n\n", o->policy);
   printf("Prompt: %zu bytes canonical (%zu KiB body), %zu blocks of %zu bytes; %zu workers; "
          "index: %llu blocks, %llu (block, worker) entries.\n\n",
-         prompt_bytes, o.prompt_kib, prompt_blocks, o.block_chars, o.workers,
+         rb->prompt_bytes, o->prompt_kib, rb->prompt_blocks, o->block_chars, o->workers,
          (unsigned long long)cs.blocks, (unsigned long long)cs.entries);
   printf("| step | n | p50 us | p99 us | mean us | per second |\n|---|---:|---:|---:|---:|---:|\n");
-  row("JSON parse (cJSON, separate)", &parse);
-  row("warm: prompt features + hashing", &hash);
-  row("warm: index match", &match);
-  row("warm: policy select", &sel);
-  row("warm: decision (hash + match + select)", &total);
-  row("cold: prompt features + hashing", &chash);
-  row("cold: index match", &cmatch);
-  row("cold: policy select", &csel);
-  row("cold: decision (hash + match + select)", &ctotal);
-  row("index insert/touch after the pick", &ins);
+  row("JSON parse (cJSON, separate)", &rb->parse);
+  char what[64];
+  for (size_t k = 0; k < 4; k++) {
+    snprintf(what, sizeof what, "warm: %s", parts[k]);
+    row(what, &rb->warm[k]);
+  }
+  for (size_t k = 0; k < 4; k++) {
+    snprintf(what, sizeof what, "cold: %s", parts[k]);
+    row(what, &rb->cold[k]);
+  }
+  row("index insert/touch after the pick", &rb->ins);
   printf("\nThroughput: %.0f decisions/s on one core (warm loop, %zu decisions in %.1f ms).\n",
-         (double)o.decisions / ((double)t_loop / 1e9), o.decisions, (double)t_loop / 1e6);
-  printf("Index fill: %llu blocks in %.1f ms.\n", (unsigned long long)o.blocks,
-         (double)t_fill / 1e6);
+         (double)o->decisions / ((double)rb->warm_ns / 1e9), o->decisions,
+         (double)rb->warm_ns / 1e6);
+  printf("Index fill: %llu blocks in %.1f ms.\n", (unsigned long long)o->blocks,
+         (double)rb->fill_ns / 1e6);
   printf("Index memory: %llu bytes allocated (%llu table slots x 20 B, %llu nodes x 16 B) = "
          "%.1f bytes per (block, worker) entry.\n",
          (unsigned long long)cs.bytes, (unsigned long long)cs.table_slots,
          (unsigned long long)cs.node_slots, cs.bytes_per_entry);
+}
 
-  free(parse.ns);
-  free(hash.ns);
-  free(match.ns);
-  free(sel.ns);
-  free(total.ns);
-  free(chash.ns);
-  free(cmatch.ns);
-  free(csel.ns);
-  free(ctotal.ns);
-  free(ins.ns);
-  kvr_policy_destroy(pol);
-  kvr_cache_index_free(idx);
-  for (size_t k = 0; k < NPROMPTS; k++) {
-    cJSON_Delete(trees[k]);
-    cJSON_free(bodies[k]);
+int kvr_route_bench_run(const kvr_route_bench_opts_t *opts) {
+  rb_t rb;
+  memset(&rb, 0, sizeof rb);
+  rb.o = *opts;
+  int rc = setup(&rb);
+  if (rc == 0) {
+    time_parse(&rb);
+    uint64_t t0 = kvr_now_ns();
+    rc = time_pass(&rb, rb.warm, rb.o.decisions, NULL);
+    rb.warm_ns = kvr_now_ns() - t0;
   }
-  return 0;
+  if (rc == 0) {
+    unsigned char *flush = kvr_xmalloc(FLUSH_BYTES);
+    memset(flush, 1, FLUSH_BYTES);
+    rc = time_pass(&rb, rb.cold, KVR_MIN(rb.o.decisions, (size_t)300), flush);
+    free(flush);
+  }
+  if (rc == 0) {
+    time_insert(&rb);
+    print_report(&rb);
+  }
+  rb_free(&rb);
+  return rc == 0 ? 0 : 1;
 }
