@@ -8,8 +8,8 @@
 # time scale, each policy's max SLO-compliant rate and kv_aware's ratio to each other policy.
 #
 # Where the results go:
-#   OUT/<workload>/       the demo's full output (report.md, requests.jsonl, logs); OUT/<workload>.log
-#                         its console; not kept in git.
+#   OUT/<workload>/       the demo's full output (report.md, requests.jsonl, logs) and
+#                         OUT/<workload>.log its console; not kept in git.
 #   AB_RAW/<workload>/    the small raw files kept in git: stamp (commit, start, duration, options,
 #                         the demo command line), rates ("<label> <rate>": the max SLO-compliant
 #                         rates the demo printed) and results/*.json (the per-level JSON of every
@@ -28,7 +28,8 @@
 #   AB_RAW          bench/results/ab   the kept raw files (above)
 #   AB_POLICIES     round_robin,kv_aware,gie_scorer,sglang_cache_aware
 #   AB_LABELS       phase0,phase3,gie,sglang
-#   AB_TIME_SCALE   4       simulator speed-up (at 10 a 2-core machine, not the simulated cluster, limits capacity)
+#   AB_TIME_SCALE   4       simulator speed-up (at 10 a 2-core machine, not the simulated
+#                           cluster, limits capacity)
 #   AB_WARMUP_S     60      simulated seconds of warm-up per level (single-turn workloads)
 #   AB_WARMUP_MT_S  120     the same for multiturn (sessions need ~2 min to reach their turn mix)
 #   AB_LEVEL_S      60      simulated seconds measured per level (at least AB_NUM_PROMPTS prompts)
