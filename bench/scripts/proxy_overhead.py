@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "harness"))
 import kvrharness as h  # noqa: E402
 
-pct = h.percentile
+pctl = h.percentile  # the one percentile (numpy's default linear interpolation)
 
 
 def client_small(port, duration, body, start_at, out):
@@ -154,14 +154,15 @@ def main():
                 m = run_load(target, port, args.duration, conc, small, False)
                 res[target] = m
                 rows.append(("small non-streaming", target, conc, len(m["lat"]) / args.duration,
-                             pct(m["lat"], 50), pct(m["lat"], 99), None, None, m["errors"]))
+                             pctl(m["lat"], 50), pctl(m["lat"], 99), None, None, m["errors"]))
             d, rt = res["direct"], res["router"]
             rows.append(("small non-streaming", "**router - direct**", conc,
                          "%+.0f%%" % (100.0 * (len(rt["lat"]) / max(1, len(d["lat"])) - 1)),
-                         pct(rt["lat"], 50) - pct(d["lat"], 50), pct(rt["lat"], 99) - pct(d["lat"], 99),
+                         pctl(rt["lat"], 50) - pctl(d["lat"], 50),
+                         pctl(rt["lat"], 99) - pctl(d["lat"], 99),
                          None, None, None))
-            raw["small_c%d" % conc] = {k: {"n": len(v["lat"]), "p50": pct(v["lat"], 50),
-                                           "p99": pct(v["lat"], 99), "errors": v["errors"]}
+            raw["small_c%d" % conc] = {k: {"n": len(v["lat"]), "p50": pctl(v["lat"], 50),
+                                           "p99": pctl(v["lat"], 99), "errors": v["errors"]}
                                        for k, v in res.items()}
         res = {}
         conc = args.stream_concurrency
@@ -169,17 +170,19 @@ def main():
             m = run_load(target, port, args.duration, conc, streamb, True)
             res[target] = m
             rows.append(("streaming %d tok" % args.tokens, target, conc, m["done"] / args.duration,
-                         pct(m["ttft"], 50), pct(m["ttft"], 99), pct(m["gaps"], 50),
-                         pct(m["gaps"], 99), m["errors"]))
+                         pctl(m["ttft"], 50), pctl(m["ttft"], 99), pctl(m["gaps"], 50),
+                         pctl(m["gaps"], 99), m["errors"]))
         d, rt = res["direct"], res["router"]
         rows.append(("streaming %d tok" % args.tokens, "**router - direct**", conc,
                      "%+.0f%%" % (100.0 * (rt["done"] / max(1, d["done"]) - 1)),
-                     pct(rt["ttft"], 50) - pct(d["ttft"], 50), pct(rt["ttft"], 99) - pct(d["ttft"], 99),
-                     pct(rt["gaps"], 50) - pct(d["gaps"], 50), pct(rt["gaps"], 99) - pct(d["gaps"], 99),
+                     pctl(rt["ttft"], 50) - pctl(d["ttft"], 50),
+                     pctl(rt["ttft"], 99) - pctl(d["ttft"], 99),
+                     pctl(rt["gaps"], 50) - pctl(d["gaps"], 50),
+                     pctl(rt["gaps"], 99) - pctl(d["gaps"], 99),
                      None))
-        raw["stream"] = {k: {"done": v["done"], "ttft_p50": pct(v["ttft"], 50),
-                             "ttft_p99": pct(v["ttft"], 99), "gap_p50": pct(v["gaps"], 50),
-                             "gap_p99": pct(v["gaps"], 99), "errors": v["errors"]}
+        raw["stream"] = {k: {"done": v["done"], "ttft_p50": pctl(v["ttft"], 50),
+                             "ttft_p99": pctl(v["ttft"], 99), "gap_p50": pctl(v["gaps"], 50),
+                             "gap_p99": pctl(v["gaps"], 99), "errors": v["errors"]}
                          for k, v in res.items()}
 
     print("## Router overhead on loopback (%g s per cell, sim fixed latency; stream: TTFT %g ms, "
