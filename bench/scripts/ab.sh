@@ -4,94 +4,119 @@
 # For each workload (multiturn, documents, control) it runs `kvrouter demo` (4 `kvrouter sim`
 # workers + the router, all stopped by PID afterwards) with the four policies round_robin,
 # kv_aware, gie_scorer and sglang_cache_aware (labels phase0, phase3, gie, sglang), each with the
-# max-SLO-rate search, keeps each workload's report in OUT/<workload>/ and writes AB_RESULTS (by
-# default bench/results/AB_RESULTS.md) with the max SLO-compliant rates and the ratios phase3/phase0 per
-# workload and kv_aware vs each reference policy.
+# max-SLO-rate search, then renders AB_RESULTS with bench/scripts/ab_report.py: per workload the
+# time scale, each policy's max SLO-compliant rate and kv_aware's ratio to each other policy.
+#
+# Where the results go:
+#   OUT/<workload>/       the demo's full output (report.md, requests.jsonl, logs) and
+#                         OUT/<workload>.log its console; not kept in git.
+#   AB_RAW/<workload>/    the small raw files kept in git: stamp (commit, start, duration, options,
+#                         the demo command line), rates ("<label> <rate>": the max SLO-compliant
+#                         rates the demo printed) and results/*.json (the per-level JSON of every
+#                         level searched). Written once the workload's A/B succeeded; workloads not
+#                         run keep their folders, stamps included.
+#   AB_RESULTS            rendered from AB_RAW only (`bench/scripts/ab_report.py AB_RAW AB_RESULTS`
+#                         re-renders it); each row names its own run. The hand-written reading is
+#                         bench/results/AB_RESULTS-notes.md, which this script never writes.
 #
 # usage: bench/scripts/ab.sh [KVROUTER] [OUT] [AB_RESULTS]
 #   KVROUTER    the binary (default build/kvrouter)
-#   OUT         results folder (default results/ab)
+#   OUT         working folder (default results/ab)
 #   AB_RESULTS  the summary file (default bench/results/AB_RESULTS.md)
 # Environment (at the defaults documents took 23 and multiturn 31 minutes on a 2-core machine):
 #   AB_WORKLOADS    "documents multiturn control"
-#   AB_TIME_SCALE   4       simulator speed-up (at 10 a 2-core machine, not the simulated cluster, limits capacity)
+#   AB_RAW          bench/results/ab   the kept raw files (above)
+#   AB_POLICIES     round_robin,kv_aware,gie_scorer,sglang_cache_aware
+#   AB_LABELS       phase0,phase3,gie,sglang
+#   AB_TIME_SCALE   4       simulator speed-up (at 10 a 2-core machine, not the simulated
+#                           cluster, limits capacity)
 #   AB_WARMUP_S     60      simulated seconds of warm-up per level (single-turn workloads)
 #   AB_WARMUP_MT_S  120     the same for multiturn (sessions need ~2 min to reach their turn mix)
-#   AB_LEVEL_S      60      simulated seconds measured per level (at least 100 prompts)
+#   AB_LEVEL_S      60      simulated seconds measured per level (at least AB_NUM_PROMPTS prompts)
+#   AB_NUM_PROMPTS  100     measured prompts per level at least
 #   AB_RESOLUTION   0.25    search resolution, req/s
 #   AB_START        6       search start, req/s
+#   AB_SEARCH_MAX   (unset: the bench's default) search ceiling, req/s
+#   AB_COOLDOWN_S   10      pause between levels, s
 # multiturn runs in session mode (every turn resends the answer streamed back), as `kvrouter demo`.
+# A quick check into scratch folders (seconds):
+#   AB_WORKLOADS=control AB_POLICIES=round_robin,kv_aware AB_LABELS=phase0,phase3 AB_TIME_SCALE=10 \
+#   AB_WARMUP_S=2 AB_LEVEL_S=2 AB_NUM_PROMPTS=10 AB_START=1 AB_RESOLUTION=1 AB_SEARCH_MAX=2 \
+#   AB_COOLDOWN_S=0 AB_RAW=/tmp/ab/raw bench/scripts/ab.sh build/kvrouter /tmp/ab/out /tmp/ab/AB.md
 set -eu
 
 KVR=${1:-build/kvrouter}
 OUT=${2:-results/ab}
 RES=${3:-bench/results/AB_RESULTS.md}
 WORKLOADS=${AB_WORKLOADS:-"documents multiturn control"}
+RAW=${AB_RAW:-bench/results/ab}
+POLICIES=${AB_POLICIES:-round_robin,kv_aware,gie_scorer,sglang_cache_aware}
+LABELS=${AB_LABELS:-phase0,phase3,gie,sglang}
 SCALE=${AB_TIME_SCALE:-4}
 WARM1=${AB_WARMUP_S:-60}
 WARMMT=${AB_WARMUP_MT_S:-120}
 LEVEL=${AB_LEVEL_S:-60}
+PROMPTS=${AB_NUM_PROMPTS:-100}
 RESOL=${AB_RESOLUTION:-0.25}
 START=${AB_START:-6}
-POLICIES=round_robin,kv_aware,gie_scorer,sglang_cache_aware
-LABELS=phase0,phase3,gie,sglang
+SEARCH_MAX=${AB_SEARCH_MAX:-}
+COOLDOWN=${AB_COOLDOWN_S:-10}
+HERE=$(cd "$(dirname "$0")" && pwd)
 
 [ -x "$KVR" ] || { echo "ab.sh: $KVR is not an executable (build first)" >&2; exit 2; }
-mkdir -p "$OUT"
-started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-t0=$(date +%s)
+command -v python3 >/dev/null || { echo "ab.sh: needs python3" >&2; exit 2; }
+mkdir -p "$OUT" "$RAW"
+
+# The repository's commit ("+dirty" when tracked files differ from it).
+commit() {
+  rev=$(git -C "$HERE" rev-parse --short HEAD 2>/dev/null) || { echo unknown; return; }
+  [ -z "$(git -C "$HERE" status --porcelain --untracked-files=no 2>/dev/null)" ] || rev="$rev+dirty"
+  echo "$rev"
+}
 
 for w in $WORKLOADS; do
   echo "ab.sh: $w" >&2
   WARM=$WARM1
   [ "$w" = multiturn ] && WARM=$WARMMT
-  "$KVR" demo --workload "$w" --ab "$POLICIES" --labels "$LABELS" --time-scale "$SCALE" \
-    --out "$OUT/$w" -- --search --search-start "$START" --search-resolution "$RESOL" \
-    --num-prompts 100 --warmup 0 --warmup-s "$WARM" --min-level-s "$LEVEL" --cooldown-s 10 \
-    >"$OUT/$w.log" 2>&1 || { echo "ab.sh: $w failed, see $OUT/$w.log" >&2; exit 1; }
+  max=
+  [ -z "$SEARCH_MAX" ] || max="--search-max $SEARCH_MAX"
+  started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  t0=$(date +%s)
+  rev=$(commit)
+  # shellcheck disable=SC2086 # $max is empty or two words
+  set -- demo --workload "$w" --ab "$POLICIES" --labels "$LABELS" --time-scale "$SCALE" \
+    --out "$OUT/$w" -- --search --search-start "$START" --search-resolution "$RESOL" $max \
+    --num-prompts "$PROMPTS" --warmup 0 --warmup-s "$WARM" --min-level-s "$LEVEL" \
+    --cooldown-s "$COOLDOWN"
+  "$KVR" "$@" >"$OUT/$w.log" 2>&1 || { echo "ab.sh: $w failed, see $OUT/$w.log" >&2; exit 1; }
+  t1=$(date +%s)
   # "  <label>   <rate> RPS ..." lines of the summary -> "<label> <rate>"
   awk '/^Max SLO-compliant rate/ {on = 1; next} on && $3 == "RPS" {print $1, $2}' \
     "$OUT/$w.log" >"$OUT/$w.rates"
+  rm -rf "${RAW:?}/$w"
+  mkdir -p "$RAW/$w/results"
+  cp "$OUT/$w.rates" "$RAW/$w/rates"
+  cp "$OUT/$w"/results/*.json "$RAW/$w/results/"
+  {
+    echo "workload=$w"
+    echo "commit=$rev"
+    echo "started=$started"
+    echo "finished=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "took_s=$((t1 - t0))"
+    echo "binary=$KVR"
+    echo "time_scale=$SCALE"
+    echo "warmup_s=$WARM"
+    echo "level_s=$LEVEL"
+    echo "num_prompts=$PROMPTS"
+    echo "resolution=$RESOL"
+    echo "start=$START"
+    echo "search_max=$SEARCH_MAX"
+    echo "policies=$POLICIES"
+    echo "labels=$LABELS"
+    echo "cores=$(nproc)"
+    echo "arch=$(uname -m)"
+    echo "demo_cmd=kvrouter $*" | sed "s|--out $OUT/$w |--out OUT/$w |"
+  } >"$RAW/$w/stamp"
 done
-t1=$(date +%s)
 
-rate() { awk -v l="$2" '$1 == l {print $2}' "$OUT/$1.rates"; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b + 0 == 0) print "n/a"; else printf "%.2fx", a / b }'; }
-bar() {
-  case "$1" in
-  documents) echo ">= 1.5x" ;;
-  control) echo ">= 0.95x" ;;
-  *) echo "none" ;;
-  esac
-}
-verdict() {
-  awk -v r="$1" -v w="$2" 'BEGIN { sub(/x$/, "", r); if (r == "n/a") { print "n/a"; exit }
-    if (w == "documents") print (r >= 1.5 ? "met" : "NOT met");
-    else if (w == "control") print (r >= 0.95 ? "met" : "NOT met"); else print "-" }'
-}
-
-{
-  echo "# Policy A/B on 4 simulated workers"
-  echo
-  echo "Produced by \`bench/scripts/ab.sh $KVR $OUT $RES\` (AB_TIME_SCALE=$SCALE AB_WARMUP_S=$WARM1"
-  echo "AB_WARMUP_MT_S=$WARMMT AB_LEVEL_S=$LEVEL AB_RESOLUTION=$RESOL AB_START=$START), started $started, took $((t1 - t0)) s"
-  echo "on $(nproc) cores ($(uname -m)). Each workload: \`kvrouter demo --workload W --ab $POLICIES"
-  echo "--labels $LABELS --time-scale $SCALE -- --search --search-start $START --search-resolution $RESOL"
-  echo "--num-prompts 100 --warmup 0 --warmup-s W --min-level-s $LEVEL --cooldown-s 10\` with W = $WARMMT s"
-  echo "for multiturn (session mode) and $WARM1 s otherwise; every label starts from reset prefix caches."
-  echo "Max SLO-compliant rate = highest passing rate below the lowest failing one (TTFT p99 < 1000 ms,"
-  echo "TPOT p99 < 60 ms, no failures), simulated req/s, search resolution $RESOL req/s: ratios"
-  echo "closer than about one resolution step are within the noise. Full reports: $OUT/<workload>/report.md."
-  echo
-  echo "| workload | round_robin (phase0) | kv_aware (phase3) | gie_scorer | sglang_cache_aware | phase3/phase0 | bar | kv_aware/gie | kv_aware/sglang |"
-  echo "|---|---|---|---|---|---|---|---|---|"
-  for w in $WORKLOADS; do
-    p0=$(rate "$w" phase0)
-    p3=$(rate "$w" phase3)
-    g=$(rate "$w" gie)
-    s=$(rate "$w" sglang)
-    r=$(ratio "$p3" "$p0")
-    echo "| $w | ${p0:-n/a} | ${p3:-n/a} | ${g:-n/a} | ${s:-n/a} | $r | $(bar "$w") $(verdict "$r" "$w") | $(ratio "$p3" "$g") | $(ratio "$p3" "$s") |"
-  done
-} >"$RES"
-cat "$RES"
+python3 "$HERE/ab_report.py" "$RAW" "$RES"

@@ -4,18 +4,32 @@
 Owns the calibration of `kvrouter sim` against the phase0 column of the team's tuning report
 (shared/seeds/002_03f57bbc2fe6bc6c.txt, copied below as SEED so the table needs no other file).
 
-Flow: start one `kvrouter sim` on 127.0.0.1 (a free port, --time-scale N), run `kvrouter bench`
-against it with the seed's load shape (300 prompts per rate drawn from one fixed dataset of 100
-5-turn `multiturn` conversations, 500 prompts, the same dataset at every rate as `vllm bench serve`
-replays one file; Poisson arrivals, rates 0.5-3.0 req/s, ~500 output tokens per request, the
-history carrying dataset answers of normal(1000, 700) tokens so prompts average ~5.8k tokens), stop
-the sim by its PID, then read the bench's per-level results JSON and write a Markdown table: for
-each rate the seed's TTFT p99, TPOT p99, output tok/s and max concurrent next to the simulator's,
-the difference in percent, whether it is within the tolerance (20%), and the max SLO-compliant
-rate of both.
+Flow: start one `kvrouter sim` on 127.0.0.1 (a free port, --time-scale N; the harness's Sim,
+stopped by its PID), run `kvrouter bench` against it with the seed's load shape (300 prompts per
+rate drawn from one fixed dataset of 100 5-turn `multiturn` conversations, 500 prompts, the same
+dataset at every rate as `vllm bench serve` replays one file; Poisson arrivals, rates 0.5-3.0
+req/s, ~500 output tokens per request, the history carrying dataset answers of normal(1000, 700)
+tokens so prompts average ~5.8k tokens), stop the sim, keep the raw results, then write a Markdown
+table from them: for each rate the seed's TTFT p99, TPOT p99, output tok/s and max concurrent next
+to the simulator's, the difference in percent, whether it is within the tolerance (20%), and the
+max SLO-compliant rate of both.
 
-usage: bench/scripts/calibrate.py [--kvrouter build/kvrouter] [--out DIR] [--md bench/results/CALIBRATION.md]
-                          [--time-scale 10] [--sim-arg=--cost-fixed-ms=22 ...] [--bench-arg=...]
+Where the results go:
+  --out DIR   the bench's full output (report, requests.jsonl); not kept in git
+  --raw DIR   the small raw files kept in git (default bench/results/calibration): stamp
+              (commit, "+dirty" when tracked files differed, start, duration, the sim and bench
+              command lines, time scale) and results/*.json (the bench's per-level JSON);
+              replaced by each completed run
+  --md FILE   rendered from --raw only (default bench/results/CALIBRATION.md); --render-only
+              re-renders it without running anything. The hand-written reading lives in
+              bench/results/CALIBRATION-notes.md, which this script never writes.
+
+usage: bench/scripts/calibrate.py [--kvrouter build/kvrouter] [--out DIR] [--raw DIR] [--md FILE]
+                          [--time-scale 10] [--rates 0.5,1] [--sim-arg=--cost-fixed-ms=22 ...]
+                          [--bench-arg=...] [--render-only]
+A quick check into scratch folders (a minute): --rates 0.5 --time-scale 20
+  --bench-arg=--num-prompts=20 --bench-arg=--warmup=0 --out /tmp/cal/out --raw /tmp/cal/raw
+  --md /tmp/cal/CALIBRATION.md
 Exit status 0 when the run completed (the table says whether every figure is within tolerance).
 """
 import argparse
@@ -23,11 +37,15 @@ import datetime
 import json
 import os
 import platform
-import signal
-import socket
+import shlex
+import shutil
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
+                                "harness"))
+import kvrharness as h  # noqa: E402
 
 # phase0 column of shared/seeds/002_03f57bbc2fe6bc6c.txt: rate -> (TTFT p99 ms, TPOT p99 ms,
 # output tok/s, max concurrent)
@@ -42,6 +60,11 @@ SEED = {
     3.00: (1020, 75, 1110, 112),
 }
 SEED_MAX_RATE = 2.0
+SEED_RERUN_MAX_RATE = 1.5  # the seed report's rerun of phase0
+SEED_SOURCE = ("the phase0 column of the team's tuning report "
+               "(shared/seeds/002_03f57bbc2fe6bc6c.txt: Llama-3.3-70B FP8 on one H200, vLLM 0.14.1 defaults, `vllm bench serve`, 300 "
+               "prompts per rate from a custom multi-turn dataset, ~5,806 input tokens on average, "
+               "Poisson)")
 SLO_TTFT_MS, SLO_TPOT_MS = 1000.0, 60.0
 TOLERANCE = 0.20
 
@@ -54,34 +77,41 @@ BENCH_ARGS = [
 ]
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_listening(port, proc, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("kvrouter sim exited with status %d" % proc.returncode)
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("kvrouter sim did not listen on port %d within %.0f s" % (port, timeout_s))
-
-
-def stop(proc):
-    if proc is None or proc.poll() is not None:
-        return
-    os.kill(proc.pid, signal.SIGTERM)
+def commit():
+    """The repository's HEAD, "+dirty" when tracked files differ from it; "unknown" outside git."""
+    here = os.path.dirname(os.path.abspath(__file__))
     try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        rev = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return rev + ("+dirty" if dirty else "")
+
+
+def read_stamp(raw):
+    stamp = {}
+    with open(os.path.join(raw, "stamp")) as f:
+        for line in f:
+            if "=" in line:
+                k, v = line.rstrip("\n").split("=", 1)
+                stamp[k] = v
+    return stamp
+
+
+def keep_raw(out, raw, stamp):
+    """Replaces raw's contents with the run's per-level JSON and its stamp."""
+    if os.path.isdir(raw):
+        shutil.rmtree(raw)
+    os.makedirs(os.path.join(raw, "results"))
+    for name in os.listdir(os.path.join(out, "results")):
+        if name.endswith(".json"):
+            shutil.copyfile(os.path.join(out, "results", name), os.path.join(raw, "results", name))
+    with open(os.path.join(raw, "stamp"), "w") as f:
+        for k, v in stamp.items():
+            f.write("%s=%s\n" % (k, v))
 
 
 def load_levels(results_dir):
@@ -110,19 +140,29 @@ def max_slo_rate(rows):
     return best
 
 
-def render(levels, args, cmd, elapsed_s):
+def render(raw, md):
+    """Writes md from raw (stamp and results/*.json) alone; returns the text."""
     out = []
     w = out.append
     w("# Calibration: one simulated worker vs the seed's Phase 0\n")
-    w("Produced by `%s` on %s (%s, %d cores), %.0f s.\n" %
-      (" ".join(cmd), datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-       platform.machine(), os.cpu_count() or 0, elapsed_s))
-    w("Target: the phase0 column of the team's tuning report (shared/seeds/002_03f57bbc2fe6bc6c.txt: "
-      "Llama-3.3-70B FP8 on one H200, vLLM 0.14.1 defaults, `vllm bench serve`, 300 prompts per rate "
-      "from a custom multi-turn dataset, ~5,806 input tokens on average, Poisson). Load here: one "
-      "`kvrouter sim` with its default cost model at time scale %g, driven by `kvrouter bench %s` "
-      "(figures in simulated time). Tolerance: within %d%% of the seed.\n" %
-      (args.time_scale, " ".join(BENCH_ARGS + args.bench_arg), int(TOLERANCE * 100)))
+    w("Generated by `bench/scripts/calibrate.py` from the raw results in %s/ (the per-level JSON "
+      "and the stamp of the run). Hand-written notes, which name the runs they read: "
+      "bench/results/CALIBRATION-notes.md (not generated).\n" % raw)
+    if not os.path.exists(os.path.join(raw, "stamp")):
+        w("No run is recorded in %s/ yet.\n" % raw)
+        text = "\n".join(out)
+        with open(md, "w") as f:
+            f.write(text + "\n")
+        return text
+    stamp = read_stamp(raw)
+    levels = load_levels(os.path.join(raw, "results"))
+    w("Run: `%s` at commit %s, started %s, took %s s, %s cores (%s). The sim: `%s`; the bench: "
+      "`%s` (figures in simulated time).\n" %
+      (stamp.get("command", "?"), stamp.get("commit", "?"), stamp.get("started", "?"),
+       stamp.get("took_s", "?"), stamp.get("cores", "?"), stamp.get("arch", "?"),
+       stamp.get("sim_cmd", "?"), stamp.get("bench_cmd", "?")))
+    w("Reference (calibrate.py's SEED table): %s. Tolerance: within %d%% of the seed.\n" %
+      (SEED_SOURCE, int(TOLERANCE * 100)))
     w("| rate | TTFT p99 seed | sim | diff | TPOT p99 seed | sim | diff | out tok/s seed | sim | diff "
       "| max conc seed | sim | diff | avg input tok |")
     w("|---:" * 14 + "|")
@@ -149,47 +189,58 @@ def render(levels, args, cmd, elapsed_s):
         w("| %.2f | %s | %.0f |" % (rate, " | ".join(cells), avg_in))
     sim_max = max_slo_rate(rows)
     w("")
-    w("%d of %d figures within %d%% (**x** marks the others). Max SLO-compliant rate (TTFT p99 < "
-      "%.0f ms and TPOT p99 < %.0f ms): seed %.2f req/s (its rerun 1.50), simulator %.2f req/s.\n" %
-      (within, total, int(TOLERANCE * 100), SLO_TTFT_MS, SLO_TPOT_MS, SEED_MAX_RATE, sim_max))
-    return "\n".join(out), within, total, sim_max
+    w("%d of %d figures within %d%% (**x** marks the others; rates the run did not measure show "
+      "-). Max SLO-compliant rate (TTFT p99 < %.0f ms and TPOT p99 < %.0f ms, over the rates "
+      "measured): seed %.2f req/s (its rerun %.2f), simulator %.2f req/s.\n" %
+      (within, total, int(TOLERANCE * 100), SLO_TTFT_MS, SLO_TPOT_MS, SEED_MAX_RATE,
+       SEED_RERUN_MAX_RATE, sim_max))
+    text = "\n".join(out)
+    with open(md, "w") as f:
+        f.write(text + "\n")
+    return text
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kvrouter", default="build/kvrouter")
     ap.add_argument("--out", default="results/calibration")
+    ap.add_argument("--raw", default="bench/results/calibration")
     ap.add_argument("--md", default="bench/results/CALIBRATION.md")
     ap.add_argument("--time-scale", type=float, default=10)
     ap.add_argument("--rates", default=",".join("%g" % r for r in sorted(SEED)))
     ap.add_argument("--sim-arg", action="append", default=[])
     ap.add_argument("--bench-arg", action="append", default=[])
+    ap.add_argument("--render-only", action="store_true",
+                    help="only write --md from --raw (no run)")
     args = ap.parse_args()
-    if not os.access(args.kvrouter, os.X_OK):
+    if args.render_only:
+        print(render(args.raw, args.md))
+        return
+    try:
+        h.set_kvrouter(args.kvrouter)
+    except ValueError:
         sys.exit("calibrate.py: %s is not an executable (build first)" % args.kvrouter)
 
-    port = free_port()
-    sim_cmd = [args.kvrouter, "sim", "--listen", "127.0.0.1:%d" % port, "--time-scale",
-               "%g" % args.time_scale, "--log-level", "warn"] + args.sim_arg
-    bench_cmd = [args.kvrouter, "bench", "--url", "http://127.0.0.1:%d" % port, "--time-scale",
-                 "%g" % args.time_scale, "--rates", args.rates, "--out", args.out,
-                 "--title", "Calibration: one kvrouter sim under the seed's Phase 0 load"]
-    bench_cmd += BENCH_ARGS + args.bench_arg
+    sim_args = ["--time-scale", "%g" % args.time_scale] + args.sim_arg
+    bench_args = ["--time-scale", "%g" % args.time_scale, "--rates", args.rates,
+                  "--title", "Calibration: one kvrouter sim under the seed's Phase 0 load"]
+    bench_args += BENCH_ARGS + args.bench_arg
+    stamp = {"command": shlex.join(["bench/scripts/calibrate.py"] + sys.argv[1:]),
+             "commit": commit(),
+             "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+             "cores": os.cpu_count() or 0, "arch": platform.machine(),
+             "time_scale": "%g" % args.time_scale,
+             "sim_cmd": shlex.join(["kvrouter", "sim"] + sim_args),
+             "bench_cmd": shlex.join(["kvrouter", "bench", "--url", "URL"] + bench_args)}
     t0 = time.monotonic()
-    sim = subprocess.Popen(sim_cmd)
-    try:
-        wait_listening(port, sim)
-        rc = subprocess.call(bench_cmd)
-    finally:
-        stop(sim)
+    with h.Sim(*sim_args, fixed=None, admin=False) as sim:
+        rc = subprocess.call([h.KVROUTER, "bench", "--url", sim.url, "--out", args.out]
+                             + bench_args)
     if rc != 0:
         sys.exit("calibrate.py: kvrouter bench exited with status %d" % rc)
-    levels = load_levels(os.path.join(args.out, "results"))
-    cmd = ["bench/scripts/calibrate.py"] + sys.argv[1:]
-    md, within, total, sim_max = render(levels, args, cmd, time.monotonic() - t0)
-    with open(args.md, "w") as f:
-        f.write(md + "\n")
-    print(md)
+    stamp["took_s"] = "%.0f" % (time.monotonic() - t0)
+    keep_raw(args.out, args.raw, stamp)
+    print(render(args.raw, args.md))
 
 
 if __name__ == "__main__":

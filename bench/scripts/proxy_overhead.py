@@ -18,7 +18,8 @@ share the cores, so absolute throughput is a floor, not a ceiling; the differenc
 
 Run:  python3 bench/scripts/proxy_overhead.py --kvrouter build/kvrouter [--duration 3] [--concurrency 4]
 
-The process and raw-HTTP helpers are the integration tests' (tests/router/test_proxy.py).
+Percentiles are the harness's percentile() (numpy's default linear interpolation). The process
+and raw-HTTP helpers are the integration tests' harness (tests/harness/kvrharness.py).
 """
 import argparse
 import json
@@ -28,17 +29,10 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "router"))
-import test_proxy as h  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "harness"))
+import kvrharness as h  # noqa: E402
 
-
-def pct(values, p):
-    """Nearest-rank percentile (p in 0..100) of a list; NaN when empty."""
-    if not values:
-        return float("nan")
-    v = sorted(values)
-    k = max(0, min(len(v) - 1, int(round(p / 100.0 * len(v) + 0.5)) - 1))
-    return v[k]
+pctl = h.percentile  # the one percentile (numpy's default linear interpolation)
 
 
 def client_small(port, duration, body, start_at, out):
@@ -138,12 +132,12 @@ def main():
     ap.add_argument("--tokens", type=int, default=50, help="tokens per streaming request")
     ap.add_argument("--json", help="also write the raw figures here")
     args = ap.parse_args()
-    h.KVROUTER = os.path.abspath(args.kvrouter)
+    h.set_kvrouter(args.kvrouter)
 
     rows, raw = [], {}
     with h.Cleanup() as c:
-        fast = c.add(h.Sim("--log-level", "error", fixed=(0, 0)))
-        timed = c.add(h.Sim("--log-level", "error", fixed=(args.ttft_ms, args.itl_ms)))
+        fast = c.add(h.Sim(fixed=(0, 0), log_level="error"))
+        timed = c.add(h.Sim(fixed=(args.ttft_ms, args.itl_ms), log_level="error"))
         r_fast = c.add(h.Router([fast], "--access-log", "false"))
         r_timed = c.add(h.Router([timed], "--access-log", "false"))
         small = h.chat_body("What is the capital of France?", max_tokens=1)
@@ -160,14 +154,15 @@ def main():
                 m = run_load(target, port, args.duration, conc, small, False)
                 res[target] = m
                 rows.append(("small non-streaming", target, conc, len(m["lat"]) / args.duration,
-                             pct(m["lat"], 50), pct(m["lat"], 99), None, None, m["errors"]))
+                             pctl(m["lat"], 50), pctl(m["lat"], 99), None, None, m["errors"]))
             d, rt = res["direct"], res["router"]
             rows.append(("small non-streaming", "**router - direct**", conc,
                          "%+.0f%%" % (100.0 * (len(rt["lat"]) / max(1, len(d["lat"])) - 1)),
-                         pct(rt["lat"], 50) - pct(d["lat"], 50), pct(rt["lat"], 99) - pct(d["lat"], 99),
+                         pctl(rt["lat"], 50) - pctl(d["lat"], 50),
+                         pctl(rt["lat"], 99) - pctl(d["lat"], 99),
                          None, None, None))
-            raw["small_c%d" % conc] = {k: {"n": len(v["lat"]), "p50": pct(v["lat"], 50),
-                                           "p99": pct(v["lat"], 99), "errors": v["errors"]}
+            raw["small_c%d" % conc] = {k: {"n": len(v["lat"]), "p50": pctl(v["lat"], 50),
+                                           "p99": pctl(v["lat"], 99), "errors": v["errors"]}
                                        for k, v in res.items()}
         res = {}
         conc = args.stream_concurrency
@@ -175,20 +170,22 @@ def main():
             m = run_load(target, port, args.duration, conc, streamb, True)
             res[target] = m
             rows.append(("streaming %d tok" % args.tokens, target, conc, m["done"] / args.duration,
-                         pct(m["ttft"], 50), pct(m["ttft"], 99), pct(m["gaps"], 50),
-                         pct(m["gaps"], 99), m["errors"]))
+                         pctl(m["ttft"], 50), pctl(m["ttft"], 99), pctl(m["gaps"], 50),
+                         pctl(m["gaps"], 99), m["errors"]))
         d, rt = res["direct"], res["router"]
         rows.append(("streaming %d tok" % args.tokens, "**router - direct**", conc,
                      "%+.0f%%" % (100.0 * (rt["done"] / max(1, d["done"]) - 1)),
-                     pct(rt["ttft"], 50) - pct(d["ttft"], 50), pct(rt["ttft"], 99) - pct(d["ttft"], 99),
-                     pct(rt["gaps"], 50) - pct(d["gaps"], 50), pct(rt["gaps"], 99) - pct(d["gaps"], 99),
+                     pctl(rt["ttft"], 50) - pctl(d["ttft"], 50),
+                     pctl(rt["ttft"], 99) - pctl(d["ttft"], 99),
+                     pctl(rt["gaps"], 50) - pctl(d["gaps"], 50),
+                     pctl(rt["gaps"], 99) - pctl(d["gaps"], 99),
                      None))
-        raw["stream"] = {k: {"done": v["done"], "ttft_p50": pct(v["ttft"], 50),
-                             "ttft_p99": pct(v["ttft"], 99), "gap_p50": pct(v["gaps"], 50),
-                             "gap_p99": pct(v["gaps"], 99), "errors": v["errors"]}
+        raw["stream"] = {k: {"done": v["done"], "ttft_p50": pctl(v["ttft"], 50),
+                             "ttft_p99": pctl(v["ttft"], 99), "gap_p50": pctl(v["gaps"], 50),
+                             "gap_p99": pctl(v["gaps"], 99), "errors": v["errors"]}
                          for k, v in res.items()}
 
-    print("## Router overhead on loopback (%d s per cell, sim fixed latency; stream: TTFT %g ms, "
+    print("## Router overhead on loopback (%g s per cell, sim fixed latency; stream: TTFT %g ms, "
           "ITL %g ms, %d tokens)\n" % (args.duration, args.ttft_ms, args.itl_ms, args.tokens))
     print("| scenario | path | clients | req/s | latency or TTFT p50 ms | p99 ms | "
           "event gap p50 ms | gap p99 ms | errors |")

@@ -10,9 +10,10 @@ bench streamed are resent in the next turn (the streamed text is kept). A search
 soon as its TTFT p99 has certainly failed, and only then. No speed is asserted: bench/scripts/accuracy.sh
 measures that (bench/results/ACCURACY.md).
 
-Usage: python3 test_bench_accuracy.py --kvrouter PATH/TO/kvrouter
+Usage: python3 tests/router/test_bench_accuracy.py --kvrouter PATH/TO/kvrouter [-k NAME] [-v]
+The harness is tests/harness/kvrharness.py.
 """
-import argparse
+import contextlib
 import glob
 import json
 import os
@@ -21,12 +22,27 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from simlib import start_sim  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+import kvrharness as h  # noqa: E402
+from kvrharness import Sim, percentile  # noqa: E402
+
+TESTS, test = h.registry()
+TMP = None  # a scratch folder for the bench's output while run() runs
 
 
-def run_bench(kvrouter, sim, out, *args):
-    argv = [kvrouter, "bench", "--url", sim.url, "--out", out, "--quiet", "--cooldown-s", "0"]
+@contextlib.contextmanager
+def scratch():
+    global TMP
+    TMP = tempfile.mkdtemp(prefix="kvr_bench_acc_test_")
+    try:
+        yield TMP
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)
+        TMP = None
+
+
+def run_bench(sim, out, *args):
+    argv = [h.KVROUTER, "bench", "--url", sim.url, "--out", out, "--quiet", "--cooldown-s", "0"]
     argv += [str(a) for a in args]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, "bench failed (%d):\n%s\n%s" % (p.returncode, p.stdout, p.stderr)
@@ -42,11 +58,16 @@ def within(x, ref, frac):
     return abs(x - ref) <= frac * ref
 
 
-def check_fixed(kvrouter, tmp, api):
+def agrees(level_value, records, p, tol):
+    """The level's percentile p equals the records' (the bench and the harness interpolate the
+    same way; the records carry 3-4 decimals)."""
+    return abs(level_value - percentile(records, p)) <= tol
+
+
+def check_fixed(api):
     ttft, itl, tokens, n = 200, 20, 30, 20
-    with start_sim(kvrouter, "--fixed-ttft-ms", ttft, "--fixed-itl-ms", itl, "--log-level",
-                   "warn") as sim:
-        level, reqs = run_bench(kvrouter, sim, os.path.join(tmp, "fixed_" + api), "--api", api,
+    with Sim(fixed=(ttft, itl)) as sim:
+        level, reqs = run_bench(sim, os.path.join(TMP, "fixed_" + api), "--api", api,
                                 "--rates", 5, "--num-prompts", n, "--output-mean", tokens,
                                 "--output-std", 0, "--output-min", tokens, "--output-max", tokens)
     assert level["completed"] == n and level["failed"] == 0, level
@@ -67,28 +88,42 @@ def check_fixed(kvrouter, tmp, api):
         assert r["usage"] and r["itl_count"] == tokens - 1, r
         # TPOT = (E2E - TTFT) / (tokens - 1), the vllm bench serve definition.
         assert abs(r["tpot_ms"] - (r["e2e_ms"] - r["ttft_ms"]) / (tokens - 1)) < 0.01, r  # printed to 3 decimals
+    # The level's figures are the records' (same requests, same percentile).
+    for key, field in (("p50_ttft_ms", "ttft_ms"), ("p99_ttft_ms", "ttft_ms"),
+                       ("p50_tpot_ms", "tpot_ms"), ("p99_e2el_ms", "e2e_ms")):
+        vals = [r[field] for r in measured]
+        assert agrees(level[key], vals, int(key[1:3]), 0.002), (key, level[key], vals)
+    # Send lag: real ms a request left after its scheduled time, over the measured requests.
     lag = level["kvrouter"]["send_lag_real_ms"]
-    assert lag["n"] == n and lag["p50"] >= 0, lag
+    lags = [r["lag_ms"] for r in measured]
+    assert lag["n"] == n and all(x >= 0 for x in lags), (lag, lags)
+    assert agrees(lag["p50"], lags, 50, 0.0002) and agrees(lag["p99"], lags, 99, 0.0002), \
+        (lag, lags)
+    assert abs(lag["max"] - max(lags)) <= 0.0002, (lag, lags)
+    # At 5 req/s against one idle sim nothing should make a send late by a TTFT.
+    assert lag["p99"] < ttft, lag
 
 
-def test_fixed_latency_chat(kvrouter, tmp):
-    check_fixed(kvrouter, tmp, "chat")
+@test(timeout=60)
+def test_fixed_latency_chat():
+    check_fixed("chat")
 
 
-def test_fixed_latency_completions(kvrouter, tmp):
-    check_fixed(kvrouter, tmp, "completions")
+@test(timeout=60)
+def test_fixed_latency_completions():
+    check_fixed("completions")
 
 
-def test_time_scale_stretches_engine_time_only(kvrouter, tmp):
+@test(timeout=60)
+def test_time_scale_stretches_engine_time_only():
     # At scale 10 the sim waits 40 real ms for a 400 simulated ms TTFT; the bench's real TTFT also
     # holds the upload, parsing and loopback (a fraction of a ms each, stretched 10x if counted as
     # simulated time). The first chunk says how long the engine took, so TTFT = transport (1x) +
     # engine x 10, and the engine share is the configured 400 ms (medians, within 5%: the sim's
     # timer jitters on a busy or sanitized build, and each real ms of it is 10 simulated ms).
     ttft, itl, tokens, n, scale = 400, 50, 10, 20, 10
-    with start_sim(kvrouter, "--fixed-ttft-ms", ttft, "--fixed-itl-ms", itl, "--time-scale",
-                   scale, "--log-level", "warn") as sim:
-        level, reqs = run_bench(kvrouter, sim, os.path.join(tmp, "scaled"), "--time-scale", scale,
+    with Sim("--time-scale", scale, fixed=(ttft, itl)) as sim:
+        level, reqs = run_bench(sim, os.path.join(TMP, "scaled"), "--time-scale", scale,
                                 "--rates", 2, "--num-prompts", n, "--output-mean", tokens,
                                 "--output-std", 0, "--output-min", tokens, "--output-max", tokens)
     assert level["completed"] == n and level["failed"] == 0, level
@@ -98,22 +133,24 @@ def test_time_scale_stretches_engine_time_only(kvrouter, tmp):
         assert 0 <= r["transport_ms"] < r["ttft_ms"], r
         engines.append(r["ttft_ms"] - r["transport_ms"])
         assert abs(r["tpot_ms"] - (r["e2e_ms"] - r["ttft_ms"]) / (tokens - 1)) < 0.01, r
-    engines.sort()
-    assert within(engines[len(engines) // 2], ttft, 0.05), engines
+    assert within(percentile(engines, 50), ttft, 0.05), sorted(engines)
     tr = level["kvrouter"]["ttft_transport_real_ms"]
-    assert tr["n"] == n and tr["p50"] > 0, tr
+    transports = [r["transport_ms"] for r in measured]
+    assert tr["n"] == n and agrees(tr["p50"], transports, 50, 0.002), (tr, transports)
+    # Real ms of loopback HTTP: above 0, far below the 40 real ms the sim's engine waits.
+    assert 0 < tr["p50"] < ttft / scale, tr
     assert within(level["p50_ttft_ms"], ttft, 0.05), level["p50_ttft_ms"]
 
 
-def test_failed_requests_convert_time_like_completed(kvrouter, tmp):
+@test(timeout=60)
+def test_failed_requests_convert_time_like_completed():
     # The sim cuts every stream after 3 tokens: each request fails after its first token, and its
     # record must still split TTFT into transport (1x) + engine x scale, as a completed one does.
     ttft, itl, n, scale = 400, 50, 10, 10
-    with start_sim(kvrouter, "--fixed-ttft-ms", ttft, "--fixed-itl-ms", itl, "--time-scale",
-                   scale, "--fault", "disconnect", "--fault-after-tokens", 3, "--log-level",
-                   "warn") as sim:
-        out = os.path.join(tmp, "failed")
-        argv = [kvrouter, "bench", "--url", sim.url, "--out", out, "--quiet", "--cooldown-s", 0,
+    with Sim("--time-scale", scale, "--fault", "disconnect", "--fault-after-tokens", 3,
+             fixed=(ttft, itl)) as sim:
+        out = os.path.join(TMP, "failed")
+        argv = [h.KVROUTER, "bench", "--url", sim.url, "--out", out, "--quiet", "--cooldown-s", 0,
                 "--time-scale", scale, "--rates", 2, "--num-prompts", n, "--output-mean", 10,
                 "--output-std", 0, "--output-min", 10, "--output-max", 10]
         p = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=60)
@@ -126,12 +163,11 @@ def test_failed_requests_convert_time_like_completed(kvrouter, tmp):
     for r in measured:
         assert r["error"] and 0 <= r["transport_ms"] < r["ttft_ms"] <= r["e2e_ms"], r
         engines.append(r["ttft_ms"] - r["transport_ms"])
-    engines.sort()
-    assert within(engines[len(engines) // 2], ttft, 0.05), engines
+    assert within(percentile(engines, 50), ttft, 0.05), sorted(engines)
 
 
-def search_levels(kvrouter, sim, out, *args):
-    argv = [kvrouter, "bench", "--url", sim.url, "--out", out, "--quiet", "--cooldown-s", "0",
+def search_levels(sim, out, *args):
+    argv = [h.KVROUTER, "bench", "--url", sim.url, "--out", out, "--quiet", "--cooldown-s", "0",
             "--time-scale", 20, "--search", "--search-start", 0.4, "--search-resolution", 0.2,
             "--num-prompts", 50, "--output-mean", 4, "--output-std", 0, "--output-min", 4,
             "--output-max", 4]
@@ -142,14 +178,14 @@ def search_levels(kvrouter, sim, out, *args):
     return sorted(levels, key=lambda lv: lv["request_rate"]), open(os.path.join(out, "report.md")).read()
 
 
-def test_search_stops_level_once_ttft_p99_failed(kvrouter, tmp):
+@test(timeout=180)
+def test_search_stops_level_once_ttft_p99_failed():
     # TTFT 1500 simulated ms against the 1000 ms SLO: every level fails (0.4, then 0.2 req/s). Of
     # 50 measured requests, p99 = s[48] + ...: two at or over the SLO decide it, and the level ends
     # there with nothing more sent.
-    with start_sim(kvrouter, "--fixed-ttft-ms", 1500, "--fixed-itl-ms", 20, "--time-scale", 20,
-                   "--log-level", "warn") as sim:
-        levels, report = search_levels(kvrouter, sim, os.path.join(tmp, "stop"))
-        full, _ = search_levels(kvrouter, sim, os.path.join(tmp, "nostop"), "--no-early-stop")
+    with Sim("--time-scale", 20, fixed=(1500, 20)) as sim:
+        levels, report = search_levels(sim, os.path.join(TMP, "stop"))
+        full, _ = search_levels(sim, os.path.join(TMP, "nostop"), "--no-early-stop")
     assert [lv["request_rate"] for lv in levels] == [0.2, 0.4], levels
     for lv in levels:
         k = lv["kvrouter"]
@@ -161,20 +197,19 @@ def test_search_stops_level_once_ttft_p99_failed(kvrouter, tmp):
         assert not lv["kvrouter"]["stopped_early"] and lv["completed"] == 50, lv
         assert not lv["kvrouter"]["slo_pass"], lv["kvrouter"]
     # A level whose p99 passes is never cut: TTFT 200 ms passes at 0.4 and at the 0.8 cap.
-    with start_sim(kvrouter, "--fixed-ttft-ms", 200, "--fixed-itl-ms", 20, "--time-scale", 20,
-                   "--log-level", "warn") as sim:
-        ok, _ = search_levels(kvrouter, sim, os.path.join(tmp, "pass"), "--search-max", 0.8)
+    with Sim("--time-scale", 20, fixed=(200, 20)) as sim:
+        ok, _ = search_levels(sim, os.path.join(TMP, "pass"), "--search-max", 0.8)
     assert [lv["request_rate"] for lv in ok] == [0.4, 0.8], ok
     for lv in ok:
         assert not lv["kvrouter"]["stopped_early"] and lv["completed"] == 50, lv
         assert lv["kvrouter"]["slo_pass"], lv["kvrouter"]
 
 
-def test_session_answers_resent(kvrouter, tmp):
+@test(timeout=60)
+def test_session_answers_resent():
     tokens = 40
-    with start_sim(kvrouter, "--fixed-ttft-ms", 10, "--fixed-itl-ms", 2, "--log-level",
-                   "warn") as sim:
-        _, reqs = run_bench(kvrouter, sim, os.path.join(tmp, "session"), "--multiturn-mode",
+    with Sim(fixed=(10, 2)) as sim:
+        _, reqs = run_bench(sim, os.path.join(TMP, "session"), "--multiturn-mode",
                             "session", "--turns", 2, "--think-s", 0.05, "--rates", 8,
                             "--num-prompts", 12, "--output-mean", tokens, "--output-std", 0,
                             "--output-min", tokens, "--output-max", tokens)
@@ -191,22 +226,5 @@ def test_session_answers_resent(kvrouter, tmp):
         assert grew >= 0.5 * c[1]["output_tokens"], (c[1], c[2])
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kvrouter", required=True)
-    args = ap.parse_args()
-    kvrouter = os.path.abspath(args.kvrouter)
-    tmp = tempfile.mkdtemp(prefix="kvr_bench_acc_test_")
-    try:
-        for t in (test_fixed_latency_chat, test_fixed_latency_completions,
-                  test_time_scale_stretches_engine_time_only,
-                  test_failed_requests_convert_time_like_completed,
-                  test_search_stops_level_once_ttft_p99_failed, test_session_answers_resent):
-            t(kvrouter, tmp)
-            print("ok", t.__name__)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 if __name__ == "__main__":
-    main()
+    sys.exit(h.run(TESTS, description=__doc__.splitlines()[0], around=scratch))

@@ -13,7 +13,7 @@ bench, bench routing, demo) parses through the one option engine (src/cli.c): -h
 exit status 2.
 
 Run:  python3 tests/router/test_cli.py --kvrouter build/kvrouter [-k substring] [-v]
-The harness (processes, raw HTTP client, runner) is test_proxy.py's.
+The harness (processes, raw HTTP client, runner) is tests/harness/kvrharness.py.
 """
 import json
 import os
@@ -25,9 +25,9 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import test_proxy as h  # noqa: E402  (the shared harness)
-from test_proxy import (FAST, Cleanup, Conn, Router, Sim, build_request, chat_body,  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+import kvrharness as h  # noqa: E402
+from kvrharness import (FAST, Cleanup, Conn, Router, Sim, build_request, chat_body,  # noqa: E402
                         request, sse_events, token_events)
 
 TESTS, test = h.registry()
@@ -182,25 +182,44 @@ def test_sigterm_exits_zero_after_in_flight_stream():
         r.signal(signal.SIGTERM)
         rc = r.wait(5)
         assert rc == 0, "exit %r after SIGTERM; stderr tail: %s" % (rc, r.stderr_lines()[-5:])
-        # Busy router: a stream in flight finishes, then the process exits 0.
+        # Busy router: a stream in flight finishes, then the process exits 0. While it is in flight
+        # (router/serve.c: "both listeners stop accepting and idle connections close") a new
+        # connection to either listener is refused, and an idle keep-alive connection is closed
+        # without an answer.
         r2 = c.add(Router([sim], *FAST))
+        idle = c.add(Conn(r2.port, timeout=5))
+        idle.send(build_request("GET", "/v1/models"))
+        assert idle.read_response().status == 200
         conn = c.add(Conn(r2.port, timeout=10))
-        n = 30
+        n = 50  # ~1 s of tokens
         conn.send(build_request("POST", "/v1/chat/completions", chat_body(max_tokens=n, stream=True)))
-        t_sig = {}
+        seen = {}
 
         def on_head(resp):
             r2.signal(signal.SIGTERM)
-            t_sig["t"] = time.monotonic()
+            t_sig = time.monotonic()
+            # The signal is handled on the loop: poll (bounded) until the public port refuses.
+            while not h.connection_refused(r2.port):
+                if time.monotonic() - t_sig > 2.0:
+                    return
+                time.sleep(0.01)
+            seen["refused_after_s"] = time.monotonic() - t_sig
+            seen["running"] = sim.metric("vllm:num_requests_running")
+            seen["admin_refused"] = h.connection_refused(r2.admin_port)
+            seen["idle_closed"] = idle.closed_by_peer(1.0)
 
         resp = conn.read_response("POST", on_head=on_head)
+        assert "refused_after_s" in seen, "a new connection was still accepted 2 s after SIGTERM"
+        assert seen["running"] == 1, "the stream was no longer in flight when new connections " \
+            "were refused (%.3f s after SIGTERM): %r" % (seen["refused_after_s"], seen)
+        assert seen["admin_refused"], "the admin listener still accepts connections: %r" % seen
+        assert seen["idle_closed"], "an idle connection was not closed (or got an answer): %r" % seen
         assert resp.status == 200 and resp.complete, resp
         events = sse_events(resp.body)
         assert events[-1] == "[DONE]" and token_events(events) == n, events[-2:]
         conn.close()
         rc = r2.wait(5)
         assert rc == 0, "exit %r after SIGTERM with a stream in flight" % rc
-        # New connections are refused once shutting down (the listener is closed).
         # SIGINT behaves the same.
         r3 = c.add(Router([sim], *FAST))
         r3.signal(signal.SIGINT)

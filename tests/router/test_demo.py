@@ -5,19 +5,24 @@ Checks that the demo starts 4 simulated workers and the router, runs the round-r
 A/B, writes every report file with the expected tables, prints the summary, and leaves no child
 process behind, also when interrupted with Ctrl-C (SIGINT) in the middle of the benchmark.
 
-Usage: python3 test_demo.py --kvrouter PATH/TO/kvrouter
+Usage: python3 tests/router/test_demo.py --kvrouter PATH/TO/kvrouter [-k NAME] [-v]
+The harness is tests/harness/kvrharness.py.
 """
-import argparse
 import glob
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+import kvrharness as h  # noqa: E402
+from kvrharness import Proc, percentile  # noqa: E402
+
+TESTS, test = h.registry()
 
 
 def child_pids(stderr_text):
@@ -37,10 +42,15 @@ def assert_gone(pids, deadline_s=5.0):
             time.sleep(0.05)
 
 
-def test_quick(kvrouter, tmp):
-    out = os.path.join(tmp, "quick")
+@test(timeout=150)
+def test_quick():
+    with tempfile.TemporaryDirectory(prefix="kvr_demo_test_") as tmp:
+        check_quick(os.path.join(tmp, "quick"))
+
+
+def check_quick(out):
     t0 = time.time()
-    p = subprocess.run([kvrouter, "demo", "--quick", "--out", out], capture_output=True,
+    p = subprocess.run([h.KVROUTER, "demo", "--quick", "--out", out], capture_output=True,
                        text=True, timeout=120)
     elapsed = time.time() - t0
     assert p.returncode == 0, "demo failed (%d):\n%s\n%s" % (p.returncode, p.stdout, p.stderr)
@@ -74,15 +84,24 @@ def test_quick(kvrouter, tmp):
     html = open(os.path.join(out, "report.html")).read()
     assert html.count("<svg") == 4 and 'class="slo"' in html
 
+    lines = [json.loads(l) for l in open(os.path.join(out, "requests.jsonl"))]
     results = sorted(glob.glob(os.path.join(out, "results", "*.json")))
     assert len(results) == 6, results
     for path in results:
         r = json.load(open(path))
         assert r["completed"] + r["failed"] == 60, path
-        assert r["p99_ttft_ms"] > 0 and r["p99_tpot_ms"] > 0, path
-        assert r["kvrouter"]["policy"] in ("round_robin", "kv_aware")
+        # each label ran its own policy (the demo's A/B: phase0 round_robin, phase3 kv_aware)
+        policy = {"phase0": "round_robin", "phase3": "kv_aware"}.get(r["label"])
+        assert r["kvrouter"]["policy"] == policy, (path, r["label"], r["kvrouter"]["policy"])
+        # The level's p99s are its requests': TTFT over its ttfts (seconds), TPOT over the
+        # records of its label and rate (completed, measured, more than one token).
+        ttfts = [t * 1000 for t in r["ttfts"] if t > 0]
+        assert ttfts and abs(r["p99_ttft_ms"] - percentile(ttfts, 99)) < 0.01, (path, r["p99_ttft_ms"])
+        tpots = [q["tpot_ms"] for q in lines if q["label"] == r["label"] and q["ok"]
+                 and not q["warmup"] and q["rate"] == r["request_rate"] and q["output_tokens"] > 1]
+        assert tpots and abs(r["p99_tpot_ms"] - percentile(tpots, 99)) < 0.01, (
+            path, r["p99_tpot_ms"], percentile(tpots, 99))
 
-    lines = [json.loads(l) for l in open(os.path.join(out, "requests.jsonl"))]
     assert len(lines) == 360, len(lines)
     assert all(l["worker"] != "" for l in lines if l["ok"]), "a response lacked x-kvrouter-worker"
     assert len({l["worker"] for l in lines}) == 4
@@ -90,26 +109,24 @@ def test_quick(kvrouter, tmp):
     assert max(l["turn"] for l in lines) >= 2, "no follow-up turn was sent"
 
 
-def test_ctrl_c(kvrouter, tmp):
-    out = os.path.join(tmp, "interrupted")
-    p = subprocess.Popen([kvrouter, "demo", "--quick", "--out", out], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    err = ""
-    deadline = time.time() + 30
-    while "running the A/B" not in err:
-        line = p.stderr.readline()
-        assert line or p.poll() is None, "demo exited early:\n" + err
-        err += line
-        assert time.time() < deadline, "demo never started the A/B:\n" + err
-    time.sleep(2.0)
-    p.send_signal(signal.SIGINT)
+@test(timeout=90)
+def test_ctrl_c():
+    with tempfile.TemporaryDirectory(prefix="kvr_demo_test_") as tmp:
+        check_ctrl_c(os.path.join(tmp, "interrupted"))
+
+
+def check_ctrl_c(out):
+    p = Proc([h.KVROUTER, "demo", "--quick", "--out", out], "demo")
     try:
-        rest_out, rest_err = p.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
+        p.wait_line(r"running the A/B", timeout=30)
+        time.sleep(2.0)
+        p.signal(signal.SIGINT)
+        rc = p.wait(30)
+        assert rc is not None, "demo did not stop within 30 s of SIGINT"
+    finally:
         p.kill()
-        raise AssertionError("demo did not stop within 30 s of SIGINT")
-    err += rest_err
-    assert p.returncode == 130, "exit %d after SIGINT:\n%s" % (p.returncode, err)
+    err = p.stderr_text()
+    assert rc == 130, "exit %d after SIGINT:\n%s" % (rc, err)
     pids = child_pids(err)
     assert len(pids) == 5
     assert_gone(pids)
@@ -117,20 +134,5 @@ def test_ctrl_c(kvrouter, tmp):
     assert os.path.exists(os.path.join(out, "report.md"))
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kvrouter", required=True)
-    args = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="kvr_demo_test_")
-    try:
-        for test in (test_quick, test_ctrl_c):
-            t0 = time.time()
-            test(os.path.abspath(args.kvrouter), tmp)
-            print("ok %s (%.1f s)" % (test.__name__, time.time() - t0))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(h.run(TESTS, description=__doc__.splitlines()[0]))

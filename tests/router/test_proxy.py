@@ -3,594 +3,29 @@
 
 Every test starts its own `kvrouter sim` workers (simulated vLLM) and `kvrouter serve` router on
 127.0.0.1 with ephemeral ports, talks raw HTTP/1.1 over sockets (so framing, pipelining, truncation
-and timing are visible), and kills what it started by PID in a finally block. A test that needs to see
-the exact request headers a worker received runs a tiny http.server upstream inside the test instead.
+and timing are visible), and stops what it started by PID (Cleanup). A test that needs to see the
+exact request headers a worker received runs a tiny http.server upstream inside the test instead.
 
 Run:  python3 tests/router/test_proxy.py --kvrouter build/kvrouter [-k substring] [-v]
 Prints one line per test and a closing "N passed, M failed"; exits 1 when anything failed.
-
-This module is also the harness of test_admin.py and test_cli.py (they import it): process handling
-(Proc, Sim, Router), the raw HTTP client (Conn, Response), SSE parsing and the tiny test runner.
-Only the Python standard library is used. Every socket operation has a timeout and every test runs
-under a SIGALRM deadline, so a hung router fails a test instead of hanging the suite.
+The harness (processes, raw HTTP client, SSE, runner) is tests/harness/kvrharness.py.
 """
-import argparse
 import hashlib
 import http.server
 import json
 import os
 import re
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 
-KVROUTER = None  # path of the binary, set by main()
-MODEL = "meta-llama/Llama-3.3-70B-Instruct"  # the sim's default served model name
-VERBOSE = False
-
-# ---- processes -----------------------------------------------------------------------------------
-
-
-class Proc:
-    """A child process whose stdout and stderr are collected line by line by two reader threads."""
-
-    def __init__(self, argv, name, env=None):
-        self.name = name
-        self.argv = argv
-        self.lines = {"stdout": [], "stderr": []}
-        self.cond = threading.Condition()
-        full_env = dict(os.environ)
-        if env:
-            full_env.update(env)
-        self.p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, env=full_env)
-        self.pid = self.p.pid
-        self.threads = []
-        for stream in ("stdout", "stderr"):
-            t = threading.Thread(target=self._reader, args=(stream,), daemon=True)
-            t.start()
-            self.threads.append(t)
-
-    def _reader(self, stream):
-        f = getattr(self.p, stream)
-        for raw in iter(f.readline, b""):
-            line = raw.decode("utf-8", "replace").rstrip("\n")
-            if VERBOSE:
-                sys.stderr.write("    [%s %s] %s\n" % (self.name, stream, line))
-            with self.cond:
-                self.lines[stream].append(line)
-                self.cond.notify_all()
-        with self.cond:
-            self.cond.notify_all()
-
-    def wait_line(self, regex, timeout=5.0, stream="stderr", start=0):
-        """Waits for a line matching regex (from index start); returns the match or raises."""
-        rx = re.compile(regex)
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            i = start
-            while True:
-                lines = self.lines[stream]
-                while i < len(lines):
-                    m = rx.search(lines[i])
-                    if m:
-                        return m
-                    i += 1
-                left = deadline - time.monotonic()
-                if left <= 0 or (self.p.poll() is not None and i >= len(lines)):
-                    break
-                self.cond.wait(min(left, 0.05))
-        raise AssertionError("%s: no line matching %r within %.1fs (exit %s); stderr tail:\n%s" % (
-            self.name, regex, timeout, self.p.poll(), "\n".join(self.lines["stderr"][-15:])))
-
-    def stderr_lines(self):
-        with self.cond:
-            return list(self.lines["stderr"])
-
-    def stdout_text(self):
-        with self.cond:
-            return "\n".join(self.lines["stdout"])
-
-    def rss_kib(self):
-        """Resident set size in KiB from /proc/PID/status (VmRSS)."""
-        with open("/proc/%d/status" % self.pid) as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-        raise AssertionError("no VmRSS for pid %d" % self.pid)
-
-    def alive(self):
-        return self.p.poll() is None
-
-    def signal(self, sig):
-        if self.alive():
-            os.kill(self.pid, sig)
-
-    def wait(self, timeout):
-        """Waits for exit; returns the exit code or None on timeout."""
-        try:
-            rc = self.p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-        for t in self.threads:
-            t.join(1.0)
-        return rc
-
-    def kill(self):
-        """Kills the process by its PID (SIGKILL) if it still runs and reaps it."""
-        if self.p.poll() is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            self.p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        for t in self.threads:
-            t.join(1.0)
-        for f in (self.p.stdout, self.p.stderr):
-            try:
-                f.close()
-            except OSError:
-                pass
-
-
-class Sim(Proc):
-    """`kvrouter sim` on an ephemeral port, plus its admin listener (reachable while refusing)."""
-
-    def __init__(self, *flags, fixed=(20, 5), env=None):
-        argv = [KVROUTER, "sim", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-                "--log-level", "warn"]
-        if fixed is not None:
-            argv += ["--fixed-ttft-ms", str(fixed[0]), "--fixed-itl-ms", str(fixed[1])]
-        argv += [str(f) for f in flags]
-        super().__init__(argv, "sim", env=env)
-        try:
-            m = self.wait_line(r"sim listening on [0-9.]+:(\d+)(?: \(admin port (\d+)\))?")
-        except BaseException:
-            self.kill()
-            raise
-        self.port = int(m.group(1))
-        self.admin_port = int(m.group(2)) if m.group(2) else self.port
-        self.url = "http://127.0.0.1:%d" % self.port
-
-    def fault(self, mode, **params):
-        """Switches the sim's fault mode through its admin listener (POST /sim/fault)."""
-        body = dict(params, mode=mode)
-        r = request(self.admin_port, "POST", "/sim/fault", body)
-        assert r.status == 200, "sim fault %s: %d %s" % (mode, r.status, r.body[:200])
-        return r.json()
-
-    def metrics(self):
-        r = request(self.admin_port, "GET", "/metrics")
-        assert r.status == 200, r.status
-        return parse_prom_samples(r.text())
-
-
-class Router(Proc):
-    """`kvrouter serve` with its public and admin listeners on ephemeral ports."""
-
-    def __init__(self, workers, *flags, env=None, check=True):
-        argv = [KVROUTER, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]
-        for w in workers:
-            argv += ["--worker", w if isinstance(w, str) else w.url]
-        argv += [str(f) for f in flags]
-        super().__init__(argv, "serve", env=env)
-        try:
-            m = self.wait_line(r"listening on \S+ \(port (\d+)\), admin on \S+ \(port (\d+)\)")
-        except BaseException:
-            self.kill()
-            raise
-        self.port = int(m.group(1))
-        self.admin_port = int(m.group(2))
-
-    def workers(self):
-        r = request(self.admin_port, "GET", "/admin/workers")
-        assert r.status == 200, (r.status, r.body[:300])
-        return r.json()["workers"]
-
-    def metrics_text(self):
-        r = request(self.admin_port, "GET", "/metrics")
-        assert r.status == 200, r.status
-        return r.text()
-
-    def stop(self):
-        """Graceful stop: SIGTERM (a second one aborts what is still in flight), then SIGKILL as a
-        last resort. Returns a description of what went wrong at shutdown, or None: exit status not
-        0, or a sanitizer report (ASan/LSan/UBSan) anywhere in stderr."""
-        problems = []
-        if self.alive():
-            self.signal(signal.SIGTERM)
-            rc = self.wait(3.0)
-            if rc is None:
-                self.signal(signal.SIGTERM)
-                rc = self.wait(3.0)
-            if rc is None:
-                problems.append("did not exit within 6 s of SIGTERM")
-            elif rc != 0:
-                problems.append("exit status %d after SIGTERM" % rc)
-        self.kill()
-        text = "\n".join(self.stderr_lines())
-        for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
-                       "handles still open"):
-            i = text.find(marker)
-            if i >= 0:
-                problems.append(text[max(0, text.rfind("\n", 0, i)):i + 600].strip())
-        return "; ".join(problems) or None
-
-
-class Cleanup:
-    """Collects processes and servers started by a test and stops them all, last first. Routers
-    are stopped gracefully and must exit 0 without sanitizer reports; otherwise the test fails
-    (unless it is already failing for another reason)."""
-
-    def __init__(self):
-        self.items = []
-
-    def add(self, item):
-        self.items.append(item)
-        return item
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        problems = []
-        for item in reversed(self.items):
-            try:
-                if isinstance(item, Router):
-                    p = item.stop()
-                    if p:
-                        problems.append("router pid %d: %s" % (item.pid, p))
-                else:
-                    item.kill()
-            except Exception as e:  # keep stopping the others
-                sys.stderr.write("cleanup: %r\n" % e)
-        if problems and exc_type is None:
-            raise AssertionError("unclean router shutdown: " + " | ".join(problems))
-        return False
-
-
-_SANITIZED = None
-
-
-def sanitized():
-    """True when the binary under test is a sanitizer build (KVR_SANITIZED set, or the binary
-    carries ASan's runtime symbols)."""
-    global _SANITIZED
-    if _SANITIZED is None:
-        _SANITIZED = bool(os.environ.get("KVR_SANITIZED"))
-        if not _SANITIZED:
-            try:
-                with open(KVROUTER, "rb") as f:
-                    _SANITIZED = b"__asan_init" in f.read()
-            except OSError:
-                pass
-    return _SANITIZED
-
-
-def closed_port():
-    """A loopback port nothing listens on (bound then closed: connections are refused)."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-# ---- raw HTTP client -----------------------------------------------------------------------------
-
-
-class Response:
-    def __init__(self):
-        self.status = 0
-        self.reason = ""
-        self.version = ""
-        self.headers = []  # [(lower-case name, value)]
-        self.body = b""
-        self.complete = False  # framing ended properly (Content-Length reached / last chunk / EOF-delimited)
-        self.chunk_times = []  # [(monotonic time, bytes)] body data as it arrived
-        self.t_head = None
-
-    def header(self, name):
-        name = name.lower()
-        for n, v in self.headers:
-            if n == name:
-                return v
-        return None
-
-    def header_all(self, name):
-        return [v for n, v in self.headers if n == name.lower()]
-
-    def text(self):
-        return self.body.decode("utf-8", "replace")
-
-    def json(self):
-        return json.loads(self.body)
-
-    def __repr__(self):
-        return "<Response %d %r %d bytes complete=%s>" % (self.status, self.reason, len(self.body),
-                                                           self.complete)
-
-
-class Conn:
-    """One client connection with its own read buffer (for keep-alive and pipelining)."""
-
-    def __init__(self, port, timeout=5.0, rcvbuf=None):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        if rcvbuf:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        self.sock.settimeout(timeout)
-        self.sock.connect(("127.0.0.1", port))
-        self.buf = bytearray()
-        self.eof = False
-
-    def close(self):
-        try:
-            self.sock.close()
-        except OSError:
-            pass
-
-    def kill(self):  # Cleanup protocol
-        self.close()
-
-    def send(self, data):
-        self.sock.sendall(data)
-
-    def _fill(self, n=65536):
-        if self.eof:
-            raise EOFError("connection closed by peer")
-        try:
-            d = self.sock.recv(n)
-        except ConnectionResetError:
-            d = b""
-        if not d:
-            self.eof = True
-            raise EOFError("connection closed by peer")
-        self.buf += d
-        return len(d)
-
-    def readline(self, limit=1 << 20):
-        while True:
-            i = self.buf.find(b"\n")
-            if i >= 0:
-                line = bytes(self.buf[: i + 1])
-                del self.buf[: i + 1]
-                return line
-            if len(self.buf) > limit:
-                raise AssertionError("line too long")
-            self._fill()
-
-    def read_exact(self, n):
-        while len(self.buf) < n:
-            self._fill()
-        d = bytes(self.buf[:n])
-        del self.buf[:n]
-        return d
-
-    def read_some(self, maxn):
-        """Returns buffered bytes or one recv's worth (at most maxn)."""
-        if not self.buf:
-            self._fill(maxn)
-        d = bytes(self.buf[:maxn])
-        del self.buf[:maxn]
-        return d
-
-    def read_head(self, resp):
-        line = self.readline()
-        while line in (b"\r\n", b"\n"):  # tolerate nothing else before a status line
-            line = self.readline()
-        m = re.match(rb"(HTTP/\d\.\d) (\d{3}) ?(.*)\r\n$", line)
-        assert m, "bad status line %r" % line
-        resp.version = m.group(1).decode()
-        resp.status = int(m.group(2))
-        resp.reason = m.group(3).decode("latin-1")
-        while True:
-            line = self.readline()
-            if line == b"\r\n":
-                break
-            assert line.endswith(b"\r\n") and b":" in line, "bad header line %r" % line
-            name, value = line[:-2].split(b":", 1)
-            resp.headers.append((name.decode("latin-1").lower(), value.strip().decode("latin-1")))
-        resp.t_head = time.monotonic()
-
-    def read_response(self, method="GET", on_data=None, on_head=None):
-        """Reads one response. on_head(resp) is called once the head is in; body bytes are passed to
-        on_data(bytes, t) as they arrive; a body cut short by the peer leaves complete False instead
-        of raising."""
-        resp = Response()
-        self.read_head(resp)
-        while 100 <= resp.status < 200:  # interim responses
-            resp.headers = []
-            self.read_head(resp)
-        if on_head:
-            on_head(resp)
-
-        body = bytearray()  # bytes += would make long bodies quadratic
-
-        def data(d):
-            t = time.monotonic()
-            resp.chunk_times.append((t, d))
-            body.extend(d)
-            if on_data:
-                on_data(d, t)
-
-        te = (resp.header("transfer-encoding") or "").lower()
-        cl = resp.header("content-length")
-        try:
-            if method == "HEAD" or resp.status in (204, 304):
-                resp.complete = True
-            elif "chunked" in te:
-                while True:
-                    size_line = self.readline()
-                    size = int(size_line.split(b";")[0].strip(), 16)
-                    if size == 0:
-                        while self.readline() != b"\r\n":  # trailers
-                            pass
-                        resp.complete = True
-                        break
-                    got = 0
-                    while got < size:
-                        if not self.buf:
-                            self._fill()
-                        take = bytes(self.buf[: size - got])
-                        del self.buf[: len(take)]
-                        got += len(take)
-                        data(take)
-                    assert self.read_exact(2) == b"\r\n", "chunk not followed by CRLF"
-            elif cl is not None:
-                n = int(cl)
-                got = 0
-                while got < n:
-                    if not self.buf:
-                        self._fill()
-                    take = bytes(self.buf[: n - got])
-                    del self.buf[: len(take)]
-                    got += len(take)
-                    data(take)
-                resp.complete = True
-            else:
-                while True:
-                    if self.buf:
-                        data(bytes(self.buf))
-                        self.buf.clear()
-                    try:
-                        self._fill()
-                    except EOFError:
-                        break
-                resp.complete = True
-        except EOFError:
-            resp.complete = False
-        resp.body = bytes(body)
-        return resp
-
-    def closed_by_peer(self, timeout=2.0):
-        """True when the peer closes (EOF or reset) within timeout and sends nothing more."""
-        self.sock.settimeout(timeout)
-        try:
-            d = self.sock.recv(4096)
-        except socket.timeout:
-            return False
-        except (ConnectionResetError, BrokenPipeError):
-            return True
-        return d == b"" and not self.buf
-
-
-def build_request(method, path, body=None, headers=None, version="HTTP/1.1"):
-    """Raw request bytes. body may be bytes, str or a JSON-able object; Host and Content-Length are
-    added unless given."""
-    if body is not None and not isinstance(body, (bytes, bytearray)):
-        body = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-    hdrs = list(headers or [])
-    names = {n.lower() for n, _ in hdrs}
-    if "host" not in names:
-        hdrs.insert(0, ("Host", "127.0.0.1"))
-    if body is not None and "content-length" not in names and "transfer-encoding" not in names:
-        hdrs.append(("Content-Length", str(len(body))))
-    if body is not None and "content-type" not in names:
-        hdrs.append(("Content-Type", "application/json"))
-    head = "%s %s %s\r\n" % (method, path, version)
-    head += "".join("%s: %s\r\n" % (n, v) for n, v in hdrs) + "\r\n"
-    return head.encode("latin-1") + (bytes(body) if body is not None else b"")
-
-
-def request(port, method, path, body=None, headers=None, timeout=5.0, on_data=None):
-    """One request on a fresh connection; returns the Response."""
-    c = Conn(port, timeout=timeout)
-    try:
-        c.send(build_request(method, path, body, headers))
-        return c.read_response(method, on_data=on_data)
-    finally:
-        c.close()
-
-
-def chat_body(content="Hello there, how are you?", max_tokens=8, stream=False, **extra):
-    b = {"model": MODEL, "messages": [{"role": "user", "content": content}],
-         "max_tokens": max_tokens, "ignore_eos": True}
-    if stream:
-        b["stream"] = True
-    b.update(extra)
-    return b
-
-
-def sse_events(body):
-    """The data payloads of an SSE body, in order ("[DONE]" included)."""
-    text = body.decode("utf-8", "replace") if isinstance(body, (bytes, bytearray)) else body
-    out = []
-    for block in text.replace("\r\n", "\n").split("\n\n"):
-        data = [ln[5:].lstrip(" ") for ln in block.split("\n") if ln.startswith("data:")]
-        if data:
-            out.append("\n".join(data))
-    return out
-
-
-def token_events(events):
-    """Events that carry generated text (chat delta.content or completions text)."""
-    n = 0
-    for e in events:
-        if e == "[DONE]":
-            continue
-        o = json.loads(e)
-        for c in o.get("choices") or []:
-            if (c.get("delta") or {}).get("content") or c.get("text"):
-                n += 1
-    return n
-
-
-def assert_openai_error(resp, status, err_type=None):
-    """resp has the status and an OpenAI-style error body; returns the error object."""
-    assert resp.status == status, "expected %d, got %d: %r" % (status, resp.status, resp.body[:300])
-    try:
-        obj = resp.json()
-    except ValueError:
-        raise AssertionError("error body is not JSON: %r" % resp.body[:300])
-    err = obj.get("error")
-    assert isinstance(err, dict), "no error object: %r" % obj
-    assert isinstance(err.get("message"), str) and err["message"], "error.message: %r" % err
-    assert isinstance(err.get("type"), str), "error.type: %r" % err
-    assert "code" in err, "error.code missing: %r" % err
-    if err_type:
-        assert err["type"] == err_type, "error.type %r, expected %r" % (err["type"], err_type)
-    return err
-
-
-def parse_prom_samples(text):
-    """Loose parse of Prometheus text into {(name, frozenset(labels)): value} (for sims' pages)."""
-    out = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = re.match(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)', line)
-        if not m:
-            continue
-        labels = frozenset(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
-        out[(m.group(1), labels)] = float(m.group(4))
-    return out
-
-
-def prom_value(samples, name, **labels):
-    """Sum of the samples of name whose labels include the given ones."""
-    want = set(labels.items())
-    vals = [v for (n, ls), v in samples.items() if n == name and want <= set(ls)]
-    assert vals, "no sample %s%r" % (name, labels)
-    return sum(vals)
-
-
-def wait_for(pred, timeout, what, interval=0.05):
-    """Polls pred() until it returns a true value; returns it or raises naming what."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError("timed out after %.1fs waiting for %s (last: %r)" % (timeout, what, last))
-
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+import kvrharness as h  # noqa: E402
+from kvrharness import (FAST, MODEL, Cleanup, Conn, Router, Sim, assert_openai_error,  # noqa: E402
+                        build_request, chat_body, check_all, closed_port, parse_prom_samples,
+                        percentile, prom_value, request, sanitized, sse_event_times, sse_events,
+                        token_events, wait_for)
 
 # ---- a recording upstream for header inspection ----------------------------------------------------
 
@@ -675,84 +110,11 @@ class RecordingUpstream:
         self.httpd.server_close()
 
 
-# ---- tiny runner -----------------------------------------------------------------------------------
 
-def registry():
-    """A test list and its decorator for one test file: @test(timeout=S) appends the function to
-    the list with its wall-clock deadline (seconds); run() takes the list."""
-    tests = []
-
-    def test(timeout=20):
-        def deco(fn):
-            fn.timeout = timeout
-            tests.append(fn)
-            return fn
-        return deco
-    return tests, test
-
-
-TESTS, test = registry()
-
-
-class Deadline(Exception):
-    pass
-
-
-def _on_alarm(signum, frame):
-    raise Deadline("test exceeded its deadline")
-
-
-def run(tests, argv=None, description=None):
-    """Parses --kvrouter/-k/-v, runs the tests in order, prints a summary; returns the exit code."""
-    global KVROUTER, VERBOSE
-    ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--kvrouter", required=True, help="path of the kvrouter binary")
-    ap.add_argument("-k", dest="only", action="append", default=[],
-                    help="run only tests whose name contains this (repeatable)")
-    ap.add_argument("-v", dest="verbose", action="store_true", help="echo child process output")
-    args = ap.parse_args(argv)
-    KVROUTER = os.path.abspath(args.kvrouter)
-    VERBOSE = args.verbose
-    if not os.access(KVROUTER, os.X_OK):
-        print("not executable: %s" % KVROUTER)
-        return 2
-    signal.signal(signal.SIGALRM, _on_alarm)
-    passed = failed = 0
-    failures = []
-    t_all = time.monotonic()
-    for fn in tests:
-        if args.only and not any(s in fn.__name__ for s in args.only):
-            continue
-        t0 = time.monotonic()
-        signal.setitimer(signal.ITIMER_REAL, fn.timeout)
-        try:
-            fn()
-            ok, detail = True, ""
-        except Exception as e:
-            ok = False
-            detail = "%s: %s" % (type(e).__name__, e)
-            if VERBOSE:
-                import traceback
-                traceback.print_exc()
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        dt = time.monotonic() - t0
-        if ok:
-            passed += 1
-            print("PASS %-44s %6.2fs" % (fn.__name__, dt), flush=True)
-        else:
-            failed += 1
-            failures.append(fn.__name__)
-            print("FAIL %-44s %6.2fs  %s" % (fn.__name__, dt, detail), flush=True)
-    print("%d passed, %d failed (%.1fs)%s" % (passed, failed, time.monotonic() - t_all,
-                                             ("; failed: " + ", ".join(failures)) if failures else ""))
-    return 1 if failed else 0
-
+TESTS, test = h.registry()
 
 # ---- the tests ---------------------------------------------------------------------------------------
 
-# Flags of a router that notices failures quickly (tests must stay short).
-FAST = ["--scrape-interval-ms", "100", "--connect-timeout-ms", "500"]
 
 
 @test(timeout=20)
@@ -771,17 +133,12 @@ def test_streaming_passthrough_timing():
         assert events[-1] == "[DONE]", events[-3:]
         assert token_events(events) == n, (token_events(events), n)
         # When each token event arrived.
-        arrivals, seen = [], b""
-        for t, d in resp.chunk_times:
-            seen += d
-            while len(arrivals) < len(sse_events(seen)):
-                arrivals.append(t - t0)
+        arrivals = [t - t0 for t, _ in sse_event_times(resp)]
         first, last = arrivals[0], arrivals[-1]
         assert first < 0.4, "first event after %.3fs (worker TTFT is 0.05s)" % first
         assert last > 0.8, "stream finished after %.3fs, expected ~1s" % last
         assert last - first > 0.7, "events bunched: first %.3f last %.3f" % (first, last)
-        gaps = sorted(b - a for a, b in zip(arrivals[:n], arrivals[1:n]))
-        median = gaps[len(gaps) // 2]
+        median = percentile([b - a for a, b in zip(arrivals[:n], arrivals[1:n])], 50)
         assert median > 0.02, "median gap between events %.4fs: buffered, not streamed" % median
 
 
@@ -869,18 +226,6 @@ def _bad(port, raw, status, close=True, timeout=3.0):
         conn.close()
 
 
-def _check_all(cases):
-    """Runs (label, fn) pairs, all of them, and fails once naming every case that failed."""
-    failed = []
-    for label, fn in cases:
-        try:
-            fn()
-        except (AssertionError, OSError, EOFError, ValueError) as e:
-            failed.append("%s: %s" % (label, str(e)[:160]))
-    assert not failed, "%d of %d cases failed:\n      " % (len(failed), len(cases)) + \
-        "\n      ".join(failed)
-
-
 @test(timeout=40)
 def test_bad_requests_rejected_with_status_and_close():
     with Cleanup() as c:
@@ -939,7 +284,7 @@ def test_bad_requests_rejected_with_status_and_close():
             ("CONNECT -> 405",
              lambda: _bad(p, b"CONNECT 127.0.0.1:443 HTTP/1.1\r\nHost: 127.0.0.1:443\r\n\r\n", 405)),
         ]
-        _check_all(cases)
+        check_all(cases)
         assert request(p, "GET", "/v1/models").status == 200, "router not serving after bad input"
 
 
@@ -988,7 +333,7 @@ def test_openai_validation_errors():
             err = assert_openai_error(resp, 400, "invalid_request_error")
             assert err["code"] is None or isinstance(err["code"], str), err
 
-        _check_all([("%s %s" % (path, json.dumps(body) if not isinstance(body, bytes) else body),
+        check_all([("%s %s" % (path, json.dumps(body) if not isinstance(body, bytes) else body),
                      lambda path=path, body=body: one(path, body)) for path, body in cases])
         # None of them reached the worker.
         m = sim.metrics()
@@ -1108,9 +453,9 @@ def test_hop_by_hop_headers_xff_and_authorization():
         resp = request(r.port, "POST", "/v1/chat/completions", chat_body(), headers=hdrs)
         assert resp.status == 200, (resp, resp.body[:200])
         got = dict(up.requests[-1]["headers"])
-        for h in ("x-hop-named", "keep-alive", "te", "trailer", "proxy-authorization", "proxy-foo",
+        for hdr in ("x-hop-named", "keep-alive", "te", "trailer", "proxy-authorization", "proxy-foo",
                   "upgrade"):
-            assert h not in got, "hop-by-hop request header %s forwarded: %r" % (h, got)
+            assert hdr not in got, "hop-by-hop request header %s forwarded: %r" % (hdr, got)
         assert "x-hop-named" not in (got.get("connection") or "").lower(), got
         assert got.get("authorization") == "Bearer sk-test-123", got
         assert got.get("x-custom") == "kept", got
@@ -1120,8 +465,8 @@ def test_hop_by_hop_headers_xff_and_authorization():
         assert dict(up.requests[-1]["headers"]).get("x-forwarded-for") == "127.0.0.1"
         # Response side: the worker's hop-by-hop headers stay between worker and router.
         names = {n for n, _ in resp.headers}
-        for h in ("x-resp-hop", "keep-alive", "proxy-authenticate", "trailer", "upgrade"):
-            assert h not in names, "hop-by-hop response header %s forwarded: %r" % (h, resp.headers)
+        for hdr in ("x-resp-hop", "keep-alive", "proxy-authenticate", "trailer", "upgrade"):
+            assert hdr not in names, "hop-by-hop response header %s forwarded: %r" % (hdr, resp.headers)
         assert "x-resp-hop" not in (resp.header("connection") or "").lower()
         assert resp.header("x-resp-kept") == "yes", resp.headers
 
@@ -1439,7 +784,7 @@ def test_connection_semantics_close_head_chunked_limits():
                 direct.header("content-length"), via.header_all("content-length"))
             assert n == len(request(r.port, "GET", "/v1/models").body)
 
-        _check_all([("Connection: close", conn_close),
+        check_all([("Connection: close", conn_close),
                     ("good then malformed, pipelined", pipelined_good_then_bad),
                     ("chunked body over the limit -> 413", chunked_over_limit),
                     ("answer over --response-buffer-bytes", big_non_streaming),
@@ -1512,7 +857,7 @@ def test_paths_are_forwarded_verbatim_or_refused():
                 resp, fwd = expect(t, (200,))
                 assert fwd == [t], "%s reached the worker as %r" % (t, fwd)
             cases.append(("verbatim " + t, f))
-        _check_all(cases)
+        check_all(cases)
 
 
 class Blackhole:
@@ -1606,4 +951,4 @@ def test_no_body_statuses_and_client_abort_accounting():
 
 
 if __name__ == "__main__":
-    sys.exit(run(TESTS, description=__doc__.splitlines()[0]))
+    sys.exit(h.run(TESTS, description=__doc__.splitlines()[0]))

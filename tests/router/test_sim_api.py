@@ -5,31 +5,64 @@ vLLM-style errors, aborts on client disconnect, every fault mode, fixed-latency 
 clean shutdown, and the time-scale check (the same small open-loop run at scale 1 and scale 10 gives
 the same latency distribution within 10% once scaled back).
 
-    python3 test_sim_api.py --kvrouter build/kvrouter [--only NAME] [--verbose]
+    python3 tests/router/test_sim_api.py --kvrouter build/kvrouter [-k NAME] [-v]
+
+Most tests share one sim (time scale 10, 2,048 KV blocks, natural answers of ~20 tokens); the
+ones that need their own flags start their own. The harness is tests/harness/kvrharness.py.
 """
 
-import argparse
 import asyncio
+import contextlib
+import functools
+import glob
 import json
-import math
 import os
 import re
 import socket
 import subprocess
 import sys
-import time
+import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from simlib import astream, sse_events, start_sim  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+import kvrharness as h  # noqa: E402
+from kvrharness import (MODEL, Sim, astream, can_connect, connection_refused,  # noqa: E402
+                        percentile, sse_event_times, sse_events, wait_for)
 
-MODEL = "meta-llama/Llama-3.3-70B-Instruct"
-KVROUTER = None
-TESTS = []
+TESTS, test = h.registry()
+_SHARED = None  # the shared sim while run() runs
 
 
-def test(fn):
-    TESTS.append(fn)
-    return fn
+@contextlib.contextmanager
+def shared_sim():
+    global _SHARED
+    with Sim("--time-scale", 10, "--num-gpu-blocks", 2048, "--output-len-mean", 20,
+             fixed=None) as sim:
+        _SHARED = sim
+        try:
+            yield sim
+        finally:
+            _SHARED = None
+
+
+def on_shared(timeout=30):
+    """A test of the shared sim: fn(sim); the sim's fault mode is reset afterwards."""
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper():
+            try:
+                fn(_SHARED)
+            finally:
+                try:
+                    _SHARED.fault("none")
+                except Exception:  # reported by the test's own failure
+                    pass
+        return test(timeout)(wrapper)
+    return deco
+
+
+def stream_chat(sim, messages, path="/v1/chat/completions", **fields):
+    """Streams a chat completion from sim; returns the Response (body, chunk arrival times)."""
+    return sim.request("POST", path, dict(fields, messages=messages, stream=True), timeout=60)
 
 
 def check(cond, msg):
@@ -78,16 +111,16 @@ def expected_chat_stream(cid, created, engine_us, words, finish, usage):
     return (out + "data: [DONE]\n\n").encode()
 
 
-@test
+@on_shared()
 def stream_shape_and_usage(sim):
     msgs = [{"role": "system", "content": "You are terse."},
             {"role": "user", "content": "Name three prime numbers, please."}]
     body = {"model": MODEL, "messages": msgs, "max_tokens": 6, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
-    r = sim.stream_chat(**{k: v for k, v in body.items()})
-    check(r["status"] == 200, "status %r" % r["status"])
-    check(r["headers"]["content-type"].startswith("text/event-stream"), r["headers"])
-    first = json.loads(r["events"][0][1])
+    r = stream_chat(sim, **body)
+    check(r.status == 200, "status %r" % r.status)
+    check(r.header("content-type").startswith("text/event-stream"), r.headers)
+    first = json.loads(sse_events(r.body)[0])
     # the non-streamed answer to the same prompt is the same text (seeded by the prompt)
     status, full = sim.post_json("/v1/chat/completions", dict(body, stream=False,
                                                               stream_options=None))
@@ -98,29 +131,35 @@ def stream_shape_and_usage(sim):
     ptoks = prompt_tokens(msgs)
     usage = {"prompt_tokens": ptoks, "total_tokens": ptoks + 6, "completion_tokens": 6,
              "prompt_tokens_details": {"cached_tokens": 0}}
+    # The engine's wall-clock share of the TTFT: at least one engine step (its fixed cost alone is
+    # 22 simulated ms, 2,200 real us at this sim's time scale 10) and at most the whole TTFT the
+    # client saw (request written -> first event read).
     engine_us = first["kvr_sim_engine_us"]
-    check(isinstance(engine_us, int) and 0 <= engine_us < 10_000_000, first)
+    client_ttft_us = (sse_event_times(r)[0][0] - r.t_sent) * 1e6
+    check(isinstance(engine_us, int) and 2200 <= engine_us <= client_ttft_us,
+          (engine_us, client_ttft_us))
     expect = expected_chat_stream(first["id"], first["created"], engine_us, words, "length", usage)
-    check(r["raw"] == expect, "stream differs:\n%s\n---- expected ----\n%s" % (
-        r["raw"].decode(), expect.decode()))
+    check(r.body == expect, "stream differs:\n%s\n---- expected ----\n%s" % (
+        r.body.decode(), expect.decode()))
     check(full["usage"]["prompt_tokens"] == ptoks, full["usage"])
     check(full["choices"][0]["finish_reason"] == "length", full)
     # no usage chunk unless asked; role still rides with the first token
-    r2 = sim.stream_chat(msgs, max_tokens=2, ignore_eos=True)
-    datas = [d for _, d in r2["events"]]
+    r2 = stream_chat(sim, msgs, max_tokens=2, ignore_eos=True)
+    datas = sse_events(r2.body)
     check(len(datas) == 3 and datas[-1] == "[DONE]", datas)
     check(json.loads(datas[0])["choices"][0]["delta"]["role"] == "assistant", datas[0])
     check("usage" not in datas[1], datas[1])
 
 
-@test
+@on_shared()
 def completions_endpoint(sim):
-    r = sse_events(sim, "/v1/completions", {"model": MODEL, "prompt": "Once upon a time",
-                                             "max_tokens": 3, "stream": True,
-                                             "stream_options": {"include_usage": True,
-                                                                "continuous_usage_stats": True}})
-    datas = [json.loads(d) for _, d in r["events"][:-1]]
-    check(r["events"][-1][1] == "[DONE]", r["events"][-1])
+    r = sim.request("POST", "/v1/completions", {"model": MODEL, "prompt": "Once upon a time",
+                                                 "max_tokens": 3, "stream": True,
+                                                 "stream_options": {"include_usage": True,
+                                                                    "continuous_usage_stats": True}})
+    events = sse_events(r.body)
+    datas = [json.loads(d) for d in events[:-1]]
+    check(events[-1] == "[DONE]", events[-1])
     check([d["object"] for d in datas] == ["text_completion"] * 4, datas)
     check([d["choices"][0]["finish_reason"] for d in datas[:3]] == [None, None, "length"], datas)
     check(datas[1]["usage"]["completion_tokens"] == 2, datas[1])  # continuous usage
@@ -131,17 +170,17 @@ def completions_endpoint(sim):
     check(full["usage"]["prompt_tokens"] == 3, full)
 
 
-@test
+@on_shared()
 def models_and_health(sim):
-    status, _, body = sim.request("GET", "/v1/models")
-    obj = json.loads(body)
-    check(status == 200 and obj["data"][0]["id"] == MODEL, obj)
+    r = sim.request("GET", "/v1/models")
+    obj = r.json()
+    check(r.status == 200 and obj["data"][0]["id"] == MODEL, obj)
     # the shared sim has 2048 blocks: max_model_len shrinks from 131072 to what the cache holds
     check(obj["data"][0]["max_model_len"] == 2048 * 16, obj)
-    check(sim.request("GET", "/health")[0] == 200, "health")
+    check(sim.request("GET", "/health").status == 200, "health")
 
 
-@test
+@on_shared()
 def followup_hits_previous_turn(sim):
     doc = ("Routing requests by prefix affinity keeps the KV cache warm across turns. " * 20)
     msgs = [{"role": "user", "content": doc}]
@@ -165,7 +204,7 @@ def followup_hits_previous_turn(sim):
           "a repeated request must produce the same answer")
 
 
-@test
+@on_shared()
 def reset_prefix_cache(sim):
     def cached(msgs):
         status, r = sim.post_json("/v1/chat/completions", {"messages": msgs, "max_tokens": 2})
@@ -178,8 +217,8 @@ def reset_prefix_cache(sim):
     hits = sim.metric("vllm:prefix_cache_hits_total")
     queries = sim.metric("vllm:prefix_cache_queries_total")
     # vLLM's path and answer: POST, 200, empty body
-    status, _, body = sim.request("POST", "/reset_prefix_cache")
-    check(status == 200 and body == b"", (status, body))
+    r = sim.request("POST", "/reset_prefix_cache")
+    check(r.status == 200 and r.body == b"", (r.status, r.body))
     check(cached(msgs) == 0, "the same prompt misses after the reset")
     check(cached(msgs) > 0, "and is cached again afterwards")
     # cumulative counters are not reset (Prometheus counters only go up)
@@ -188,20 +227,20 @@ def reset_prefix_cache(sim):
     # a running request's blocks keep their hashes: the same prompt still hits while it runs
     s, _ = open_stream(sim, 30000, 2)
     try:
-        status, _, body = sim.request("POST", "/reset_prefix_cache")
-        check(status == 200, status)
+        r = sim.request("POST", "/reset_prefix_cache")
+        check(r.status == 200, r.status)
         check(cached([{"role": "user", "content": "long " * 100}]) > 0,
               "blocks of a running request survive the reset")
     finally:
         s.close()
-    wait_for(lambda: sim.metric("vllm:num_requests_running") == 0, what="abort")
-    status, _, _ = sim.request("GET", "/reset_prefix_cache")
-    check(status == 405, status)
-    status, _, body = sim.request("POST", "/reset_prefix_cache?reset_running_requests=true")
-    check(status == 501 and b"reset_running_requests" in body, (status, body))
+    wait_for(lambda: sim.metric("vllm:num_requests_running") == 0, 5.0, "abort")
+    r = sim.request("GET", "/reset_prefix_cache")
+    check(r.status == 405, r.status)
+    r = sim.request("POST", "/reset_prefix_cache?reset_running_requests=true")
+    check(r.status == 501 and b"reset_running_requests" in r.body, (r.status, r.body))
 
 
-@test
+@on_shared()
 def eos_min_tokens_ignore_eos(sim):
     # this sim runs with --output-len-mean 20: natural answers are 10..30 tokens
     msgs = [{"role": "user", "content": "Tell me a story."}]
@@ -219,12 +258,12 @@ def eos_min_tokens_ignore_eos(sim):
     check(d["usage"]["completion_tokens"] == 5 and d["choices"][0]["finish_reason"] == "length", d)
 
 
-@test
+@on_shared()
 def errors_like_vllm(sim):
     def err(status, path, body, needle):
-        st, _, data = sim.request("POST", path, body)
-        check(st == status, (st, data))
-        obj = json.loads(data)
+        r = sim.request("POST", path, body)
+        check(r.status == status, (r.status, r.body))
+        obj = r.json()
         check(needle in obj["error"]["message"], obj)
         return obj
 
@@ -241,8 +280,8 @@ def errors_like_vllm(sim):
     err(400, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                       "stream_options": {"include_usage": True}}, "stream=True")
     err(400, "/v1/completions", {"prompt": {"a": 1}}, "prompt")
-    check(sim.request("GET", "/v1/chat/completions")[0] == 405, "405")
-    check(sim.request("GET", "/nope")[0] == 404, "404")
+    check(sim.request("GET", "/v1/chat/completions").status == 405, "405")
+    check(sim.request("GET", "/nope").status == 404, "404")
 
 
 PROM_SAMPLE = re.compile(
@@ -289,13 +328,16 @@ def parse_prometheus(text):
     return families
 
 
-@test
+@on_shared()
 def metrics_prometheus(sim):
-    sim.post_json("/v1/chat/completions", {"messages": [{"role": "user", "content": "m" * 200}],
-                                           "max_tokens": 3})
-    _, headers, data = sim.request("GET", "/metrics")
-    check(headers["content-type"].startswith("text/plain"), headers)
-    fams = parse_prometheus(data.decode())
+    before = parse_prometheus(sim.request("GET", "/metrics").text())
+    status, answer = sim.post_json("/v1/chat/completions",
+                                   {"messages": [{"role": "user", "content": "m" * 200}],
+                                    "max_tokens": 3})
+    check(status == 200 and answer["usage"]["completion_tokens"] == 3, answer)
+    r = sim.request("GET", "/metrics")
+    check(r.header("content-type").startswith("text/plain"), r.headers)
+    fams = parse_prometheus(r.text())
     for name in ["vllm:num_requests_running", "vllm:num_requests_waiting",
                  "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
                  "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
@@ -307,8 +349,11 @@ def metrics_prometheus(sim):
     check(running == {"engine": "0", "model_name": MODEL}, running)
     info = fams["vllm:cache_config_info"][0][1]
     check(info["block_size"] == "16" and info["num_gpu_blocks"] == "2048", info)
-    check(fams["vllm:generation_tokens_total"][0][2] >= 3, "generation tokens")
-    check(fams["vllm:prompt_tokens_total"][0][2] >= 50, "prompt tokens")
+    # the counters grew by exactly this request's usage (nothing else ran on the sim meanwhile)
+    for name, key in (("vllm:generation_tokens_total", "completion_tokens"),
+                      ("vllm:prompt_tokens_total", "prompt_tokens")):
+        grew = fams[name][0][2] - before[name][0][2]
+        check(grew == answer["usage"][key], (name, grew, answer["usage"]))
 
 
 def open_stream(sim, max_tokens, read_events):
@@ -327,48 +372,39 @@ def open_stream(sim, max_tokens, read_events):
     return s, got
 
 
-def wait_for(pred, timeout=5.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError("timed out waiting for " + what)
-
-
-@test
+@on_shared()
 def client_disconnect_aborts(sim):
+    aborted0 = sim.metric("vllm:request_success_total", finished_reason="abort")
     socks = [open_stream(sim, 30000, 2)[0] for _ in range(3)]
     check(sim.metric("vllm:num_requests_running") == 3, "3 running")
     check(sim.metric("vllm:kv_cache_usage_perc") > 0, "blocks in use")
     for s in socks:
         s.close()
-    wait_for(lambda: sim.metric("vllm:num_requests_running") == 0, what="aborts")
+    wait_for(lambda: sim.metric("vllm:num_requests_running") == 0, 5.0, "aborts")
     check(sim.metric("vllm:kv_cache_usage_perc") == 0, "blocks freed")
-    m = sim.metrics()
-    key = [k for k in m if k.startswith("vllm:request_success_total") and "abort" in k][0]
-    check(m[key] >= 3, m[key])
+    aborted = sim.metric("vllm:request_success_total", finished_reason="abort")
+    check(aborted == aborted0 + 3, (aborted0, aborted))
 
 
-@test
+@on_shared()
 def fault_error(sim):
-    check(sim.set_fault("error", status=503)["mode"] == "error", "set")
+    check(sim.fault("error", status=503)["mode"] == "error", "set")
     st, obj = sim.post_json("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
     check(st == 503 and "error" in obj, (st, obj))
-    sim.set_fault("error", rate=0.0)
+    sim.fault("error", rate=0.0)
     st, obj = sim.post_json("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                                      "max_tokens": 2})
     check(st == 200, (st, obj))
-    st, _, body = sim.request("POST", "/sim/fault", {"mode": "explode"})
-    check(st == 400, body)
-    sim.set_fault("none")
-    st, _, body = sim.request("GET", "/sim/fault")
-    check(json.loads(body)["mode"] == "none", body)
+    r = sim.request("POST", "/sim/fault", {"mode": "explode"})
+    check(r.status == 400, r.body)
+    sim.fault("none")
+    r = sim.request("GET", "/sim/fault")
+    check(r.json()["mode"] == "none", r.body)
 
 
-@test
+@on_shared()
 def fault_hang(sim):
-    sim.set_fault("hang")
+    sim.fault("hang")
     s, got = open_stream(sim, 10, 0)
     s.settimeout(0.5)
     head = b""
@@ -385,140 +421,143 @@ def fault_hang(sim):
     check((head == b"" or head.startswith(b"HTTP/1.1 200")) and b"data:" not in head, head)
     check(sim.metric("vllm:num_requests_running") == 1, "a hung request counts as running")
     s.close()
-    wait_for(lambda: sim.metric("vllm:num_requests_running") == 0, what="hung request freed")
-    sim.set_fault("none")
+    wait_for(lambda: sim.metric("vllm:num_requests_running") == 0, 5.0, "hung request freed")
+    sim.fault("none")
 
 
-@test
+@on_shared()
 def fault_disconnect(sim):
-    sim.set_fault("disconnect", after_tokens=3)
-    r = sim.stream_chat([{"role": "user", "content": "x"}], max_tokens=20, ignore_eos=True)
-    check(r["truncated"] and not r["done"], r)
-    check(len(r["events"]) == 3, r["events"])
-    sim.set_fault("none")
-    wait_for(lambda: sim.metric("vllm:num_requests_running") == 0, what="engine freed")
+    sim.fault("disconnect", after_tokens=3)
+    r = stream_chat(sim, [{"role": "user", "content": "x"}], max_tokens=20, ignore_eos=True)
+    events = sse_events(r.body)
+    check(not r.complete and "[DONE]" not in events, (r, events))
+    check(len(events) == 3, events)
+    sim.fault("none")
+    wait_for(lambda: sim.metric("vllm:num_requests_running") == 0, 5.0, "engine freed")
 
 
-@test
+@on_shared()
 def fault_slow(sim):
     # the shared sim runs at --time-scale 10: 200 simulated ms per token = 20 ms real
     msgs = [{"role": "user", "content": "x"}]
-    base = sim.stream_chat(msgs, max_tokens=6, ignore_eos=True)
-    sim.set_fault("slow", delay_ms=200)
-    slow = sim.stream_chat(msgs, max_tokens=6, ignore_eos=True)
-    sim.set_fault("none")
+    base = stream_chat(sim, msgs, max_tokens=6, ignore_eos=True)
+    sim.fault("slow", delay_ms=200)
+    slow = stream_chat(sim, msgs, max_tokens=6, ignore_eos=True)
+    sim.fault("none")
 
     def span(r):
-        return r["events"][5][0] - r["events"][0][0]
+        times = sse_event_times(r)
+        return times[5][0] - times[0][0]
     check(span(slow) - span(base) >= 5 * 0.018, (span(slow), span(base)))
 
 
-@test
+@on_shared()
 def fault_refuse(sim):
-    sim.set_fault("refuse", duration_ms=300)
-    try:
-        socket.create_connection((sim.host, sim.port), timeout=1).close()
-        refused = False
-    except ConnectionRefusedError:
-        refused = True
-    check(refused, "connection should be refused")
-    wait_for(lambda: _can_connect(sim), 3, "listening again")
-    st, _, body = sim.request("GET", "/sim/fault")
-    check(json.loads(body)["mode"] == "none" and json.loads(body)["listening"], body)
+    sim.fault("refuse", duration_ms=300)
+    check(connection_refused(sim.port), "connection should be refused")
+    wait_for(lambda: can_connect(sim.port), 3, "listening again")
+    r = sim.request("GET", "/sim/fault")
+    check(r.json()["mode"] == "none" and r.json()["listening"], r.body)
 
 
-def _can_connect(sim):
-    try:
-        socket.create_connection((sim.host, sim.port), timeout=1).close()
-        return True
-    except OSError:
-        return False
+@test(timeout=20)
+def fault_refuse_admin_port():
+    with Sim(fixed=None) as sim:
+        check(sim.admin_port != sim.port, (sim.admin_port, sim.port))
+        sim.fault("refuse")  # no duration: refuses until reset through the admin listener
+        wait_for(lambda: connection_refused(sim.port), 2, "refusing")
+        check(can_connect(sim.admin_port), "the admin listener refuses too")
+        sim.fault("none")  # through the admin listener
+        wait_for(lambda: can_connect(sim.port), 2, "listening again")
 
 
-def separate(fn):
-    """Tests that start their own processes."""
-    fn.separate = True
-    return test(fn)
-
-
-@separate
-def fault_refuse_admin_port(_):
-    with start_sim(KVROUTER, "--admin-listen", "127.0.0.1:0") as sim:
-        admin_port = int(re.search(r"admin port (\d+)", "\n".join(sim.stderr_lines)).group(1))
-        sim.set_fault("refuse")  # no duration: refuses until reset through the admin listener
-        wait_for(lambda: not _can_connect(sim), 2, "refusing")
-        sim.port, main_port = admin_port, sim.port
-        sim.set_fault("none")
-        sim.port = main_port
-        wait_for(lambda: _can_connect(sim), 2, "listening again")
-
-
-@separate
-def fixed_latency(_):
-    with start_sim(KVROUTER, "--fixed-ttft-ms", "150", "--fixed-itl-ms", "20") as sim:
-        r = sim.stream_chat([{"role": "user", "content": "x"}], max_tokens=11, ignore_eos=True)
-        times = [t for t, d in r["events"] if d != "[DONE]"]
-        ttft = times[0] - r["t0"]
+@test(timeout=20)
+def fixed_latency():
+    with Sim(fixed=(150, 20)) as sim:
+        r = stream_chat(sim, [{"role": "user", "content": "x"}], max_tokens=11, ignore_eos=True)
+        times = [t for t, d in sse_event_times(r) if d != "[DONE]"]
+        ttft = times[0] - r.t_sent
         itl = (times[-1] - times[0]) / 10
         check(abs(ttft - 0.150) < 0.015, "ttft %.4f" % ttft)
         check(abs(itl - 0.020) < 0.002, "itl %.4f" % itl)
-    with start_sim(KVROUTER, "--fixed-ttft-ms", "1000", "--fixed-itl-ms", "200",
-                   "--time-scale", "10") as sim:
-        r = sim.stream_chat([{"role": "user", "content": "x"}], max_tokens=11, ignore_eos=True)
-        times = [t for t, d in r["events"] if d != "[DONE]"]
-        check(abs(times[0] - r["t0"] - 0.100) < 0.015, "scaled ttft")
+    with Sim("--time-scale", 10, fixed=(1000, 200)) as sim:
+        r = stream_chat(sim, [{"role": "user", "content": "x"}], max_tokens=11, ignore_eos=True)
+        times = [t for t, d in sse_event_times(r) if d != "[DONE]"]
+        check(abs(times[0] - r.t_sent - 0.100) < 0.015, "scaled ttft")
         check(abs((times[-1] - times[0]) / 10 - 0.020) < 0.002, "scaled itl")
 
 
-@separate
-def cli_errors_and_shutdown(_):
+@test(timeout=30)
+def cli_errors_and_shutdown():
     for args, needle in [(["--bogus"], "--bogus"), (["--time-scale", "0"], "--time-scale"),
                          (["--num-gpu-blocks", "x"], "--num-gpu-blocks"),
                          (["--block-size", "0"], "--block-size"),
                          (["--fixed-ttft-ms", "5"], "--fixed-itl-ms"),
                          (["--fault", "melt"], "--fault")]:
-        p = subprocess.run([KVROUTER, "sim"] + args, capture_output=True, text=True, timeout=10)
+        p = subprocess.run([h.KVROUTER, "sim"] + args, capture_output=True, text=True, timeout=10)
         check(p.returncode != 0, args)
         lines = p.stderr.strip().splitlines()
         check(len(lines) == 1 and needle in lines[0], (args, p.stderr))
-    p = subprocess.run([KVROUTER, "sim", "--help"], capture_output=True, text=True, timeout=10)
+    p = subprocess.run([h.KVROUTER, "sim", "--help"], capture_output=True, text=True, timeout=10)
     check(p.returncode == 0 and "--cost-fixed-ms" in p.stdout, p.stdout)
-    sim = start_sim(KVROUTER)
-    s, _ = open_stream(sim, 100000, 1)  # a stream in flight does not block shutdown
-    check(sim.stop() == 0, "exit status %r" % sim.popen.returncode)
-    s.close()
+    sim = Sim(fixed=None)
+    try:
+        s, _ = open_stream(sim, 100000, 1)  # a stream in flight does not block shutdown
+        problem = sim.stop()
+        check(problem is None, "sim shutdown with a stream in flight: %s" % problem)
+        s.close()
+    finally:
+        sim.kill()
 
 
-@separate
-def bench_reset_cache_and_preemptions(_):
-    """`kvrouter bench --reset-cache` against one worker resets it through URL/reset_prefix_cache
-    and the level JSON carries the worker's preemption count over the level and its KV peak."""
-    import glob
-    import tempfile
+@test(timeout=60)
+def bench_reset_cache_and_preemptions():
+    """`kvrouter bench --reset-cache` against one worker resets it through URL/reset_prefix_cache,
+    and the level JSON carries the worker's preemptions over the level and its KV peak. The load
+    preempts: 16 concurrent requests of ~60 prompt and 200 output tokens each need ~16 x 17 KV
+    blocks and the sim has 100, so running requests run out of blocks while decoding."""
     with tempfile.TemporaryDirectory() as out, \
-            start_sim(KVROUTER, "--time-scale", "4", "--num-gpu-blocks", "1500") as sim:
-        argv = [KVROUTER, "bench", "--url", sim.url, "--reset-cache", "--rates", "6",
-                "--num-prompts", "16", "--time-scale", "4", "--output-mean", "60",
-                "--output-min", "20", "--output-max", "120", "--cooldown-s", "0", "--out", out]
+            Sim("--time-scale", 10, "--num-gpu-blocks", 100, fixed=None) as sim:
+        conv = os.path.join(out, "conversations.jsonl")
+        with open(conv, "w") as f:
+            for i in range(16):
+                f.write(json.dumps({"prefix": "conversation %d is about topic %d. " % (i, 7 * i) * 4,
+                                    "turns": [{"user": "Go on, number %d." % i,
+                                               "max_tokens": 200}]}) + "\n")
+        argv = [h.KVROUTER, "bench", "--url", sim.url, "--reset-cache", "--workload",
+                "file:" + conv, "--rates", "50", "--num-prompts", "16", "--warmup", "0",
+                "--time-scale", "10", "--output-mean", "200", "--output-std", "0",
+                "--output-min", "200", "--output-max", "200", "--cooldown-s", "0",
+                "--out", os.path.join(out, "bench")]
         p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=60)
+                           timeout=40)
         check(p.returncode == 0, p.stderr[-2000:])
         want = "prefix cache reset: worker reset (POST %s/reset_prefix_cache: HTTP 200)" % sim.url
         check(want in p.stderr, p.stderr[-2000:])
-        files = glob.glob(os.path.join(out, "results", "*.json"))
+        files = glob.glob(os.path.join(out, "bench", "results", "*.json"))
         check(len(files) == 1, files)
         with open(files[0]) as f:
-            k = json.load(f)["kvrouter"]
+            level = json.load(f)
+        k = level["kvrouter"]
+        check(level["completed"] == 16 and level["failed"] == 0, (level["completed"],
+                                                                 level["failed"]))
         check(k["prefix_cache_reset"].startswith("worker reset"), k["prefix_cache_reset"])
         check(k["engine_metrics_workers"] == 1, k)
-        # the sim was fresh: every preemption it counted happened during the one level
-        check(k["preemptions"] == sim.metric("vllm:num_preemptions_total"),
-              (k["preemptions"], sim.metric("vllm:num_preemptions_total")))
-        check(0 < k["kv_cache_usage_peak"] <= 1, k)
-        with open(os.path.join(out, "report.md")) as f:
+        # the sim was fresh and there was no warm-up: every preemption it counted happened during
+        # the one level, and there were some
+        sim_preemptions = sim.metric("vllm:num_preemptions_total")
+        check(sim_preemptions > 0, "the load did not preempt: %r" % sim_preemptions)
+        check(k["preemptions"] == sim_preemptions, (k["preemptions"], sim_preemptions))
+        # preemption needs a full cache; the monitor samples /metrics, so it may miss the very top
+        check(0.5 < k["kv_cache_usage_peak"] <= 1, k["kv_cache_usage_peak"])
+        with open(os.path.join(out, "bench", "report.md")) as f:
             md = f.read()
         check("| Prefix Cache Reset | before each run: POST /reset_prefix_cache" in md, md[:3000])
-        check("Preemptions (KV cache full)" in md, "preemptions table")
+        # the report's table of the figure: "## Results ... Preemptions (KV cache full)", then
+        # "| Rate | bench |", the rule and one row per level
+        section = md.split("Preemptions (KV cache full)\n", 1)[1].split("\n## ", 1)[0]
+        rows = [ln for ln in section.splitlines() if re.match(r"\| [0-9.]+ \|", ln)]
+        check(rows == ["| 50.00 | %d |" % sim_preemptions], (rows, sim_preemptions))
 
 
 def run_open_loop(sim, scale, n=12, gap_ms=400.0, out=30):
@@ -535,7 +574,7 @@ def run_open_loop(sim, scale, n=12, gap_ms=400.0, out=30):
 
         async def one(i):
             await asyncio.sleep(max(0.0, start + i * gap_ms / 1000 / scale - loop.time()))
-            return await astream(sim.host, sim.port, "/v1/chat/completions",
+            return await astream(sim.port, "/v1/chat/completions",
                                  {"messages": [{"role": "user", "content": docs[i]}],
                                   "max_tokens": out, "ignore_eos": True, "stream": True})
         return await asyncio.gather(*(one(i) for i in range(n)))
@@ -550,21 +589,16 @@ def run_open_loop(sim, scale, n=12, gap_ms=400.0, out=30):
     return ttft, tpot, itl
 
 
-def pct(v, p):
-    v = sorted(v)
-    return v[max(0, math.ceil(p / 100 * len(v)) - 1)]
-
-
-@separate
-def time_scale_matches(_):
+@test(timeout=120)
+def time_scale_matches():
     figures = {}
     for scale in (1, 10):
-        with start_sim(KVROUTER, "--time-scale", str(scale)) as sim:
+        with Sim("--time-scale", scale, fixed=None) as sim:
             ttft, tpot, itl = run_open_loop(sim, scale)
-            figures[scale] = {"ttft_p50": pct(ttft, 50), "ttft_p90": pct(ttft, 90),
+            figures[scale] = {"ttft_p50": percentile(ttft, 50), "ttft_p90": percentile(ttft, 90),
                               "ttft_mean": sum(ttft) / len(ttft),
-                              "tpot_p50": pct(tpot, 50), "tpot_p90": pct(tpot, 90),
-                              "itl_p50": pct(itl, 50), "itl_p90": pct(itl, 90),
+                              "tpot_p50": percentile(tpot, 50), "tpot_p90": percentile(tpot, 90),
+                              "itl_p50": percentile(itl, 50), "itl_p90": percentile(itl, 90),
                               "itl_mean": sum(itl) / len(itl), "e2e_mean": sum(
                                   a + b * 29 for a, b in zip(ttft, tpot)) / len(ttft)}
     print("    time-scale check (simulated ms; 12 streams 400 ms apart, cold 3.8k-token prompts, "
@@ -580,39 +614,5 @@ def time_scale_matches(_):
             check(abs(b - a) / a < 0.10, "%s differs by more than 10%%: %.4f vs %.4f" % (k, a, b))
 
 
-def main():
-    global KVROUTER
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kvrouter", required=True)
-    ap.add_argument("--only")
-    args = ap.parse_args()
-    KVROUTER = os.path.abspath(args.kvrouter)
-    failed = 0
-    shared = start_sim(KVROUTER, "--time-scale", "10", "--num-gpu-blocks", "2048",
-                       "--output-len-mean", "20")
-    try:
-        for fn in TESTS:
-            if args.only and args.only not in fn.__name__:
-                continue
-            t0 = time.monotonic()
-            try:
-                fn(None if getattr(fn, "separate", False) else shared)
-                print("PASS %-28s %.2fs" % (fn.__name__, time.monotonic() - t0))
-            except Exception as e:  # report every failure, keep going
-                failed += 1
-                print("FAIL %-28s %s: %s" % (fn.__name__, type(e).__name__, e))
-                try:
-                    shared.set_fault("none")
-                except Exception:
-                    pass
-    finally:
-        rc = shared.stop()
-        if rc != 0:
-            failed += 1
-            print("FAIL shared sim exited with %r:\n%s" % (rc, "\n".join(shared.stderr_lines)))
-    print("%d failed" % failed)
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(h.run(TESTS, description=__doc__.splitlines()[0], around=shared_sim))
