@@ -34,11 +34,9 @@ struct kvr_admin_s {
 };
 
 kvr_admin_t *kvr_admin_new(kvr_router_t *r, kvr_curlm_t *curlm) {
-  kvr_admin_t *a = calloc(1, sizeof *a);
-  if (a) {
-    a->r = r;
-    a->curlm = curlm;
-  }
+  kvr_admin_t *a = kvr_xcalloc(1, sizeof *a);
+  a->r = r;
+  a->curlm = curlm;
   return a;
 }
 
@@ -49,10 +47,8 @@ void kvr_admin_free(kvr_admin_t *a) {
 static void send_json(kvr_http_req_t *req, int status, cJSON *obj) {
   char *text = cJSON_PrintUnformatted(obj);
   cJSON_Delete(obj);
-  if (text == NULL) {
-    kvr_http_error(req, 500, NULL, "internal", "%s", "cannot render JSON");
-    return;
-  }
+  if (text == NULL)
+    kvr_oom("cJSON_PrintUnformatted", 0);
   size_t n = strlen(text);
   kvr_buf_t b = KVR_BUF_INIT;
   kvr_buf_append(&b, text, n);
@@ -184,12 +180,7 @@ static void explain(kvr_router_t *r, kvr_http_req_t *req) {
   }
   kvr_route_req_t rr;
   kvr_prompt_route_req(&prompt, &rr);
-  kvr_decision_t *d = malloc(sizeof *d);
-  if (d == NULL) {
-    kvr_prompt_free(&prompt);
-    kvr_http_error(req, 500, NULL, "internal", "%s", "out of memory");
-    return;
-  }
+  kvr_decision_t *d = kvr_xmalloc(sizeof *d);
   int chosen = kvr_router_decide(r, &rr, 0, false, d);
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "policy", kvr_policy_name(r->policy));
@@ -329,11 +320,7 @@ static void on_reset_done(CURL *easy, CURLcode result, void *data) {
 }
 
 static void reset_prefix_cache(kvr_router_t *r, kvr_curlm_t *curlm, kvr_http_req_t *req) {
-  reset_op_t *op = calloc(1, sizeof *op);
-  if (op == NULL) {
-    kvr_http_error(req, 500, NULL, "internal", "%s", "out of memory");
-    return;
-  }
+  reset_op_t *op = kvr_xcalloc(1, sizeof *op);
   op->r = r;
   op->req = req;
   for (size_t i = 0; i < r->nslots; i++) {

@@ -27,7 +27,7 @@
 typedef struct kvr_admin_s kvr_admin_t;
 
 /* Creates the admin API over r, whose POST /admin/reset_prefix_cache fan-out runs on curlm (both
- * must outlive it). Returns NULL when out of memory. */
+ * must outlive it). Never returns NULL (out of memory aborts, kvr.h). */
 kvr_admin_t *kvr_admin_new(kvr_router_t *r, kvr_curlm_t *curlm);
 /* Frees the admin API; its listener must be closed (no fan-out left). Accepts NULL. */
 void kvr_admin_free(kvr_admin_t *a);

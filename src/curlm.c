@@ -22,6 +22,7 @@
 
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct sock_ctx_s sock_ctx_t;
 typedef struct xfer_s xfer_t;
@@ -161,9 +162,7 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int action, void *userp, 
     return 0;
   }
   if (ctx == NULL) {
-    ctx = calloc(1, sizeof *ctx);
-    if (ctx == NULL)
-      return -1;
+    ctx = kvr_xcalloc(1, sizeof *ctx);
     ctx->fd = s;
     ctx->m = m;
     if (uv_poll_init_socket(m->loop, &ctx->poll, s) != 0) {
@@ -190,9 +189,7 @@ kvr_curlm_t *kvr_curlm_new(uv_loop_t *loop) {
       return NULL;
     global_init = true;
   }
-  kvr_curlm_t *m = calloc(1, sizeof *m);
-  if (m == NULL)
-    return NULL;
+  kvr_curlm_t *m = kvr_xcalloc(1, sizeof *m);
   m->loop = loop;
   m->multi = curl_multi_init();
   if (m->multi == NULL) {
@@ -218,9 +215,7 @@ void kvr_curlm_set_limits(kvr_curlm_t *m, long max_total, long max_per_host) {
 int kvr_curlm_add(kvr_curlm_t *m, CURL *easy, kvr_curlm_done_cb done, void *data) {
   if (m->closing)
     return KVR_ECLOSED;
-  xfer_t *x = malloc(sizeof *x);
-  if (x == NULL)
-    return KVR_ENOMEM;
+  xfer_t *x = kvr_xmalloc(sizeof *x);
   x->done = done;
   x->data = data;
   x->easy = easy;
@@ -302,4 +297,11 @@ CURL *kvr_curl_easy_new(const char *url, long connect_timeout_ms, long timeout_m
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write ? write : discard);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, data);
   return e;
+}
+
+struct curl_slist *kvr_curl_slist_append(struct curl_slist *l, const char *line) {
+  struct curl_slist *n = curl_slist_append(l, line);
+  if (n == NULL)
+    kvr_oom("curl_slist_append", strlen(line));
+  return n;
 }

@@ -199,9 +199,7 @@ static void peer_name(kvr_http_conn_t *conn, char *out, size_t len) {
 }
 
 static kvr_http_req_t *req_new(kvr_http_conn_t *conn) {
-  kvr_http_req_t *req = calloc(1, sizeof *req);
-  if (req == NULL)
-    abort();
+  kvr_http_req_t *req = kvr_xcalloc(1, sizeof *req);
   req->conn = conn;
   req->start_ns = kvr_now_ns();
   kvr_buf_init(&req->body);
@@ -383,9 +381,7 @@ static int conn_write(kvr_http_conn_t *conn, const void *data, size_t len) {
       return KVR_ECLOSED;
     }
   }
-  write_req_t *wr = malloc(sizeof *wr + len);
-  if (wr == NULL)
-    abort();
+  write_req_t *wr = kvr_xmalloc(sizeof *wr + len);
   memcpy(wr->data, p, len);
   wr->conn = conn;
   wr->len = len;
@@ -680,9 +676,7 @@ static int on_url_complete(llhttp_t *p) {
   req->target = kvr_buf_steal(&conn->hfield);
   char *q = strchr(req->target, '?');
   size_t plen = q ? (size_t)(q - req->target) : strlen(req->target);
-  req->path = malloc(plen + 1);
-  if (req->path == NULL)
-    abort();
+  req->path = kvr_xmalloc(plen + 1);
   memcpy(req->path, req->target, plen);
   req->path[plen] = '\0';
   req->query = q ? q + 1 : "";
@@ -739,9 +733,7 @@ static int on_header_value_complete(llhttp_t *p) {
    * line of defence because header values are copied to upstream requests verbatim. */
   if (conn->hvalue.len && memchr(conn->hvalue.data, '\0', conn->hvalue.len))
     return reject(conn, 400, "invalid_header", "header value contains a NUL byte");
-  kvr_http_header_t *h = realloc(req->headers, (req->nheaders + 1) * sizeof *h);
-  if (h == NULL)
-    abort();
+  kvr_http_header_t *h = kvr_xrealloc(req->headers, (req->nheaders + 1) * sizeof *h);
   req->headers = h;
   h[req->nheaders].name = kvr_buf_steal(&conn->hfield);
   h[req->nheaders].value = kvr_buf_steal(&conn->hvalue);
@@ -910,9 +902,7 @@ static void on_connection(uv_stream_t *ls, int status) {
     KVR_WARN("http", "accept failed: %s", uv_strerror(status));
     return;
   }
-  kvr_http_conn_t *conn = calloc(1, sizeof *conn);
-  if (conn == NULL)
-    abort();
+  kvr_http_conn_t *conn = kvr_xcalloc(1, sizeof *conn);
   conn->srv = srv;
   uv_tcp_init(srv->loop, &conn->tcp);
   uv_timer_init(srv->loop, &conn->timer);
@@ -976,9 +966,7 @@ int kvr_parse_hostport(const char *hostport, struct sockaddr_storage *out) {
 
 kvr_http_server_t *kvr_http_server_new(uv_loop_t *loop, const kvr_http_limits_t *limits,
                                        kvr_http_request_cb on_request, void *data) {
-  kvr_http_server_t *srv = calloc(1, sizeof *srv);
-  if (srv == NULL)
-    return NULL;
+  kvr_http_server_t *srv = kvr_xcalloc(1, sizeof *srv);
   srv->loop = loop;
   if (limits)
     srv->limits = *limits;

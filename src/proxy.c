@@ -107,12 +107,10 @@ static void attempt(px_t *px);
 static void px_end(px_t *px);
 
 kvr_proxy_t *kvr_proxy_new(uv_loop_t *loop, kvr_router_t *r, kvr_curlm_t *curlm) {
-  kvr_proxy_t *p = calloc(1, sizeof *p);
-  if (p) {
-    p->loop = loop;
-    p->curlm = curlm;
-    p->r = r;
-  }
+  kvr_proxy_t *p = kvr_xcalloc(1, sizeof *p);
+  p->loop = loop;
+  p->curlm = curlm;
+  p->r = r;
   return p;
 }
 
@@ -531,14 +529,14 @@ static void on_client_close(kvr_http_req_t *req) {
 
 static void on_upstream_line(void *data, const char *line) {
   struct curl_slist **l = data;
-  *l = curl_slist_append(*l, line);
+  *l = kvr_curl_slist_append(*l, line);
 }
 
 static struct curl_slist *upstream_headers(const kvr_http_req_t *req) {
   struct curl_slist *l = NULL;
   kvr_http_headers_upstream(req->headers, req->nheaders, req->peer, on_upstream_line, &l);
   /* A bare "Expect:" stops curl from adding "Expect: 100-continue" to large bodies. */
-  l = curl_slist_append(l, "Expect:");
+  l = kvr_curl_slist_append(l, "Expect:");
   return l;
 }
 
@@ -699,11 +697,7 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
     kvr_http_error(req, 405, NULL, "method_not_allowed", "%s", "use GET /v1/models");
     return;
   }
-  px_t *px = calloc(1, sizeof *px);
-  if (px == NULL) {
-    kvr_http_error(req, 500, NULL, "internal", "%s", "out of memory");
-    return;
-  }
+  px_t *px = kvr_xcalloc(1, sizeof *px);
   px->proxy = p;
   px->r = r;
   px->route = route;

@@ -162,9 +162,7 @@ static void on_probe_done(CURL *easy, CURLcode result, void *data) {
 
 static void probe_start(kvr_scrape_t *s, const kvr_worker_t *w) {
   const kvr_config_t *cfg = s->r->cfg;
-  probe_t *p = calloc(1, sizeof *p);
-  if (p == NULL)
-    return;
+  probe_t *p = kvr_xcalloc(1, sizeof *p);
   p->s = s;
   p->id = w->id;
   p->slot = w->slot;

@@ -124,9 +124,7 @@ static void on_call_done(CURL *easy, CURLcode result, void *data) {
  * when curl refused it. */
 static call_t *call_start(kvr_monitor_t *m, const char *method, const char *url, const char *json,
                           bool sync, int target, size_t max, long timeout_ms) {
-  call_t *c = calloc(1, sizeof(*c));
-  if (c == NULL)
-    abort();
+  call_t *c = kvr_xcalloc(1, sizeof(*c));
   c->m = m;
   c->target = target;
   c->sync = sync;
@@ -143,7 +141,7 @@ static call_t *call_start(kvr_monitor_t *m, const char *method, const char *url,
     curl_easy_setopt(c->easy, CURLOPT_COPYPOSTFIELDS, json ? json : "");
   }
   if (json) {
-    c->headers = curl_slist_append(NULL, "Content-Type: application/json");
+    c->headers = kvr_curl_slist_append(NULL, "Content-Type: application/json");
     curl_easy_setopt(c->easy, CURLOPT_HTTPHEADER, c->headers);
   }
   curl_easy_setopt(c->easy, CURLOPT_NOSIGNAL, 1L);
@@ -208,18 +206,14 @@ static char *base_of(const char *url) {
     return NULL;
   const char *slash = strchr(s + 3, '/');
   size_t n = slash ? (size_t)(slash - url) : strlen(url);
-  char *b = malloc(n + 1);
-  if (b == NULL)
-    abort();
+  char *b = kvr_xmalloc(n + 1);
   memcpy(b, url, n);
   b[n] = '\0';
   return b;
 }
 
 static char *trim_slash(const char *url) {
-  char *b = strdup(url);
-  if (b == NULL)
-    abort();
+  char *b = kvr_xstrdup(url);
   size_t n = strlen(b);
   while (n > 0 && b[n - 1] == '/')
     b[--n] = '\0';
@@ -231,9 +225,7 @@ kvr_monitor_t *kvr_monitor_new(uv_loop_t *loop, const char *admin_url, const cha
   char *base = url ? base_of(url) : NULL;
   if (base == NULL)
     return NULL;
-  kvr_monitor_t *m = calloc(1, sizeof(*m));
-  if (m == NULL)
-    abort();
+  kvr_monitor_t *m = kvr_xcalloc(1, sizeof(*m));
   m->loop = loop;
   m->base = base;
   m->url = trim_slash(url);

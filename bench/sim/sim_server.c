@@ -165,17 +165,6 @@ void kvr_sim_server_opts_default(kvr_sim_server_opts_t *opts) {
   kvr_sim_fault_default(&opts->fault, KVR_SIM_FAULT_NONE);
 }
 
-static char *xstrdup(const char *s) {
-  if (s == NULL)
-    return NULL;
-  char *d = strdup(s);
-  if (d == NULL) {
-    fprintf(stderr, "kvrouter: out of memory\n");
-    abort();
-  }
-  return d;
-}
-
 static double sim_seconds(const kvr_sim_server_t *srv, uint64_t wall_ns) {
   return (double)wall_ns * 1e-9 * srv->opts.time_scale;
 }
@@ -695,12 +684,7 @@ static void handle_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool c
     return;
   }
 
-  stream_t *s = calloc(1, sizeof(*s));
-  if (s == NULL) {
-    kvr_sim_toks_free(&p.prompt);
-    kvr_http_error(req, 500, NULL, NULL, "out of memory");
-    return;
-  }
+  stream_t *s = kvr_xcalloc(1, sizeof(*s));
   s->srv = srv;
   s->http = req;
   s->chat = chat;
@@ -891,9 +875,7 @@ static void on_retired(void *data) {
 }
 
 static void retire_http(kvr_sim_server_t *srv, kvr_http_server_t *http) {
-  retire_t *r = malloc(sizeof(*r));
-  if (r == NULL)
-    abort();
+  retire_t *r = kvr_xmalloc(sizeof(*r));
   r->srv = srv;
   r->http = http;
   srv->pending_closes++;
@@ -904,10 +886,6 @@ static void on_request(kvr_http_req_t *req, void *data);
 
 static int listen_main(kvr_sim_server_t *srv, const char *hostport, char *err, size_t errlen) {
   srv->http = kvr_http_server_new(srv->loop, &srv->limits, on_request, srv);
-  if (srv->http == NULL) {
-    snprintf(err, errlen, "out of memory");
-    return KVR_ENOMEM;
-  }
   int rc = kvr_http_server_listen(srv->http, hostport, err, errlen);
   if (rc != 0) {
     kvr_http_server_t *h = srv->http;
@@ -1093,11 +1071,7 @@ kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_
   uint64_t cache_tokens = (uint64_t)cfg.num_gpu_blocks * cfg.block_size;
   if (cfg.max_model_len > cache_tokens)
     cfg.max_model_len = (uint32_t)KVR_MAX(cache_tokens, 2u);
-  kvr_sim_server_t *srv = calloc(1, sizeof(*srv));
-  if (srv == NULL) {
-    snprintf(err, errlen, "out of memory");
-    return NULL;
-  }
+  kvr_sim_server_t *srv = kvr_xcalloc(1, sizeof(*srv));
   srv->port = -1;
   srv->eng = kvr_sim_engine_new(&cfg);
   if (srv->eng == NULL) {
@@ -1108,9 +1082,9 @@ kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_
   srv->loop = loop;
   srv->opts = *opts;
   srv->opts.engine = cfg;
-  srv->listen = xstrdup(opts->listen);
-  srv->admin_listen = xstrdup(opts->admin_listen);
-  srv->model = xstrdup(opts->model);
+  srv->listen = kvr_xstrdup(opts->listen);
+  srv->admin_listen = kvr_xstrdup(opts->admin_listen);
+  srv->model = kvr_xstrdup(opts->model);
   srv->opts.listen = srv->listen;
   srv->opts.admin_listen = srv->admin_listen;
   srv->opts.model = srv->model;
@@ -1149,8 +1123,7 @@ int kvr_sim_server_start(kvr_sim_server_t *srv, char *err, size_t errlen) {
   snprintf(srv->bound, sizeof(srv->bound), "%.*s:%d", hostlen, srv->listen, srv->port);
   if (srv->admin_listen) {
     srv->admin = kvr_http_server_new(srv->loop, &srv->limits, on_request, srv);
-    rc = srv->admin ? kvr_http_server_listen(srv->admin, srv->admin_listen, err, errlen)
-                    : KVR_ENOMEM;
+    rc = kvr_http_server_listen(srv->admin, srv->admin_listen, err, errlen);
     if (rc != 0)
       return rc;
   }
