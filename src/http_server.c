@@ -31,6 +31,7 @@
 #include "http_server.h"
 
 #include "kvr.h"
+#include "list.h"
 #include "log.h"
 #include "openai.h"
 
@@ -57,8 +58,8 @@ struct kvr_http_server_s {
   kvr_http_limits_t limits;
   kvr_http_request_cb on_request;
   void *data;
-  kvr_http_conn_t *conns; /* doubly linked list of open connections */
-  size_t nconns;
+  kvr_list_t conns; /* open connections (kvr_http_conn_t.node), newest first */
+  size_t nconns;    /* their number */
   bool closing;
   void (*close_done)(void *);
   void *close_data;
@@ -71,7 +72,7 @@ struct kvr_http_conn_s {
   uv_timer_t timer;
   uv_shutdown_t shutdown;
   kvr_http_server_t *srv;
-  kvr_http_conn_t *prev, *next;
+  kvr_list_t node; /* in srv->conns from accept until the tcp handle has closed */
   llhttp_t parser;
   kvr_buf_t inbuf;
   kvr_http_req_t *cur;    /* being parsed; owned by the connection */
@@ -256,12 +257,7 @@ static void on_timer_close(uv_handle_t *h) {
 static void on_tcp_close(uv_handle_t *h) {
   kvr_http_conn_t *conn = h->data;
   kvr_http_server_t *srv = conn->srv;
-  if (conn->prev)
-    conn->prev->next = conn->next;
-  else
-    srv->conns = conn->next;
-  if (conn->next)
-    conn->next->prev = conn->prev;
+  kvr_list_remove(&conn->node);
   srv->nconns--;
   kvr_http_req_t *req = conn->active;
   if (req && !req->finished && req->on_close) {
@@ -909,10 +905,7 @@ static void on_connection(uv_stream_t *ls, int status) {
   conn->tcp.data = conn;
   conn->timer.data = conn;
   conn->refs = 2;
-  conn->next = srv->conns;
-  if (srv->conns)
-    srv->conns->prev = conn;
-  srv->conns = conn;
+  kvr_list_insert_head(&srv->conns, &conn->node);
   srv->nconns++;
   if (uv_accept(ls, (uv_stream_t *)&conn->tcp) != 0) {
     conn_close(conn);
@@ -975,6 +968,7 @@ kvr_http_server_t *kvr_http_server_new(uv_loop_t *loop, const kvr_http_limits_t 
   srv->on_request = on_request;
   srv->data = data;
   srv->port = -1;
+  kvr_list_init(&srv->conns);
   return srv;
 }
 
@@ -1031,8 +1025,11 @@ void kvr_http_server_close(kvr_http_server_t *srv, void (*done)(void *data), voi
   srv->closing = true;
   srv->close_done = done;
   srv->close_data = data;
-  /* Idle connections go now; busy ones close when their active request finishes. */
-  for (kvr_http_conn_t *c = srv->conns; c; c = c->next) {
+  /* Idle connections go now; busy ones close when their active request finishes. Closing only
+   * starts here: a connection leaves the list in its tcp handle's close callback. */
+  kvr_list_t *q, *tmp;
+  KVR_LIST_FOREACH_SAFE(q, tmp, &srv->conns) {
+    kvr_http_conn_t *c = KVR_CONTAINER_OF(q, kvr_http_conn_t, node);
     if (c->active == NULL && c->pending_write == 0 && !c->lingering) {
       conn_close(c);
     } else {

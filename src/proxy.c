@@ -35,6 +35,7 @@
 
 #include "http_headers.h"
 #include "kvr.h"
+#include "list.h"
 #include "log.h"
 #include "openai.h"
 
@@ -53,8 +54,8 @@ struct kvr_proxy_s {
   uv_loop_t *loop;    /* not owned; request timers */
   kvr_curlm_t *curlm; /* not owned; upstream transfers */
   kvr_router_t *r;
-  px_t *head; /* in-flight requests */
-  size_t active;
+  kvr_list_t pxs; /* in-flight requests (px_t.node), newest first */
+  size_t active;  /* their number */
 };
 
 typedef enum { TM_NONE, TM_FIRST_BYTE, TM_IDLE } tm_kind_t;
@@ -62,7 +63,7 @@ typedef enum { TM_NONE, TM_FIRST_BYTE, TM_IDLE } tm_kind_t;
 struct px_s {
   kvr_proxy_t *proxy;
   kvr_router_t *r;
-  px_t *prev, *next;
+  kvr_list_t node;     /* in proxy->pxs from the first attempt until px_end() */
   kvr_http_req_t *req; /* NULL once finished */
   kvr_route_t route;
   kvr_prompt_t prompt;
@@ -111,6 +112,7 @@ kvr_proxy_t *kvr_proxy_new(uv_loop_t *loop, kvr_router_t *r, kvr_curlm_t *curlm)
   p->loop = loop;
   p->curlm = curlm;
   p->r = r;
+  kvr_list_init(&p->pxs);
   return p;
 }
 
@@ -339,14 +341,8 @@ static void px_end(px_t *px) {
   /* 499 (nginx's "client closed request") keeps client aborts out of 5xx counts in the log. */
   if (px->req)
     kvr_http_finish(detach(px, px->req->closed ? 499 : px->req->status ? px->req->status : 500));
-  kvr_proxy_t *p = px->proxy;
-  if (px->prev)
-    px->prev->next = px->next;
-  else
-    p->head = px->next;
-  if (px->next)
-    px->next->prev = px->prev;
-  p->active--;
+  kvr_list_remove(&px->node);
+  px->proxy->active--;
   uv_close((uv_handle_t *)&px->timer, on_timer_closed);
 }
 
@@ -724,17 +720,14 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
   req->on_drain = on_client_drain;
   uv_timer_init(p->loop, &px->timer);
   px->timer.data = px;
-  px->next = p->head;
-  if (p->head)
-    p->head->prev = px;
-  p->head = px;
+  kvr_list_insert_head(&p->pxs, &px->node);
   p->active++;
   attempt(px);
 }
 
 void kvr_proxy_abort_all(kvr_proxy_t *p) {
-  while (p->head) {
-    px_t *px = p->head;
+  while (!kvr_list_empty(&p->pxs)) {
+    px_t *px = KVR_CONTAINER_OF(p->pxs.next, px_t, node);
     timer_set(px, TM_NONE, 0);
     if (px->req && !px->req->started)
       fail(px, 503, "shutting_down", "shutdown", "%s", "the router is shutting down");

@@ -37,6 +37,7 @@
 #include "src/buf.h"
 #include "src/curlm.h"
 #include "src/kvr.h"
+#include "src/list.h"
 #include "src/openai.h"
 
 #include <cjson/cJSON.h>
@@ -80,7 +81,7 @@ struct req_s {
   bool stream_error;
   bool keep_answer; /* the streamed text is resent by a later turn (session mode) */
   kvr_req_rec_t rec;
-  req_t *prev, *next;
+  kvr_list_t node; /* in lg->inflight from kvr_curlm_add until done or cancelled */
 };
 
 struct kvr_loadgen_s {
@@ -117,8 +118,8 @@ struct kvr_loadgen_s {
                    * send time (for ready->cv, turn ready->turn); owned, not in flight */
   conv_t **convs; /* every conversation opened this level, owned */
   size_t nconvs, capconvs;
-  req_t *inflight;
-  size_t ninflight;
+  kvr_list_t inflight; /* requests handed to curl (req_t.node), newest first */
+  size_t ninflight;    /* their number */
   uint64_t last_progress_ns;
   size_t progress_len;
   unsigned warmup; /* warm-up requests of this level */
@@ -159,6 +160,7 @@ kvr_loadgen_t *kvr_loadgen_new(uv_loop_t *loop, const kvr_loadgen_opts_t *o,
   lg->loop = loop;
   lg->o = *o;
   lg->wl = wl;
+  kvr_list_init(&lg->inflight);
   /* The endpoint: keep a full /v1/... path, else add the API's. */
   kvr_buf_t u = KVR_BUF_INIT;
   kvr_buf_puts(&u, o->url);
@@ -242,13 +244,7 @@ static void req_free(req_t *r) {
 }
 
 static void inflight_remove(kvr_loadgen_t *lg, req_t *r) {
-  if (r->prev)
-    r->prev->next = r->next;
-  else
-    lg->inflight = r->next;
-  if (r->next)
-    r->next->prev = r->prev;
-  r->prev = r->next = NULL;
+  kvr_list_remove(&r->node);
   lg->ninflight--;
 }
 
@@ -640,10 +636,7 @@ static void send_turn(kvr_loadgen_t *lg, conv_t *cv, uint64_t target_ns) {
     req_free(r);
     return;
   }
-  r->next = lg->inflight;
-  if (lg->inflight)
-    lg->inflight->prev = r;
-  lg->inflight = r;
+  kvr_list_insert_head(&lg->inflight, &r->node);
   lg->ninflight++;
 }
 
@@ -1056,8 +1049,8 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
 
 /* Cancels every transfer in flight (not recorded) and leaves the level's uv_run. */
 static void stop_level(kvr_loadgen_t *lg) {
-  while (lg->inflight) {
-    req_t *r = lg->inflight;
+  while (!kvr_list_empty(&lg->inflight)) {
+    req_t *r = KVR_CONTAINER_OF(lg->inflight.next, req_t, node);
     inflight_remove(lg, r);
     kvr_curlm_cancel(lg->curlm, r->easy);
     req_free(r);

@@ -33,6 +33,7 @@
 #include "sim_tokens.h"
 #include "src/http_server.h"
 #include "src/kvr.h"
+#include "src/list.h"
 #include "src/log.h"
 #include "src/metrics.h"
 
@@ -64,10 +65,10 @@ typedef struct stream_s stream_t;
 
 struct stream_s {
   kvr_sim_server_t *srv;
-  kvr_http_req_t *http;  /* NULL once finished or aborted */
-  kvr_sim_req_t *ereq;   /* engine request; NULL in fixed-latency mode or when hung */
-  stream_t *prev, *next; /* srv->streams */
-  uv_timer_t timer;      /* fixed-latency mode only */
+  kvr_http_req_t *http; /* NULL once finished or aborted */
+  kvr_sim_req_t *ereq;  /* engine request; NULL in fixed-latency mode or when hung */
+  kvr_list_t node;      /* in srv->streams until stream_destroy() */
+  uv_timer_t timer;     /* fixed-latency mode only */
   bool has_timer;
   bool chat, stream, include_usage, continuous_usage;
   bool gone; /* the client went away; reaped at the next step boundary */
@@ -105,7 +106,7 @@ struct kvr_sim_server_s {
   uint64_t due_ns;
   double late_ns; /* moving average of how late timers fire after their due time */
   kvr_sim_fault_t fault;
-  stream_t *streams;
+  kvr_list_t streams; /* live streams (stream_t.node), newest first */
   size_t nstreams, ngone, nfixed, nhung;
   uint64_t rng, ids;
   /* figures for /metrics beyond the engine's counters */
@@ -255,12 +256,7 @@ static void on_stream_timer_close(uv_handle_t *h) {
 static void stream_destroy(stream_t *s) {
   kvr_sim_server_t *srv = s->srv;
   stream_release(s, true);
-  if (s->prev)
-    s->prev->next = s->next;
-  else
-    srv->streams = s->next;
-  if (s->next)
-    s->next->prev = s->prev;
+  kvr_list_remove(&s->node);
   srv->nstreams--;
   if (s->gone)
     srv->ngone--;
@@ -439,8 +435,11 @@ static void engine_kick(kvr_sim_server_t *srv) {
 }
 
 static void reap_gone(kvr_sim_server_t *srv) {
-  for (stream_t *s = srv->streams, *next; s != NULL && srv->ngone > 0; s = next) {
-    next = s->next;
+  kvr_list_t *q, *tmp;
+  KVR_LIST_FOREACH_SAFE(q, tmp, &srv->streams) {
+    if (srv->ngone == 0)
+      break;
+    stream_t *s = KVR_CONTAINER_OF(q, stream_t, node);
     if (s->gone)
       stream_destroy(s);
   }
@@ -716,10 +715,7 @@ static void handle_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool c
   kvr_buf_json_str(&s->prefix, srv->model, strlen(srv->model));
   kvr_buf_puts(&s->prefix, ",");
 
-  s->next = srv->streams;
-  if (srv->streams)
-    srv->streams->prev = s;
-  srv->streams = s;
+  kvr_list_insert_head(&srv->streams, &s->node);
   srv->nstreams++;
   req->data = s;
   req->on_close = on_req_close;
@@ -1073,6 +1069,7 @@ kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_
     cfg.max_model_len = (uint32_t)KVR_MAX(cache_tokens, 2u);
   kvr_sim_server_t *srv = kvr_xcalloc(1, sizeof(*srv));
   srv->port = -1;
+  kvr_list_init(&srv->streams);
   srv->eng = kvr_sim_engine_new(&cfg);
   if (srv->eng == NULL) {
     free(srv);
@@ -1163,8 +1160,8 @@ void kvr_sim_server_close(kvr_sim_server_t *srv, void (*done)(void *data), void 
   srv->done_data = data;
   srv->pending_closes++; /* held until the end of this function */
   srv->have_step = false;
-  while (srv->streams != NULL) {
-    stream_t *s = srv->streams;
+  while (!kvr_list_empty(&srv->streams)) {
+    stream_t *s = KVR_CONTAINER_OF(srv->streams.next, stream_t, node);
     stream_release(s, true);
     stream_destroy(s);
   }
