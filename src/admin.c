@@ -332,22 +332,13 @@ static void reset_prefix_cache(kvr_router_t *r, kvr_curlm_t *curlm, kvr_http_req
     c->worker_id = w->id;
     c->state = w->state;
     snprintf(c->url, sizeof c->url, "%s", w->url);
-    c->easy = curl_easy_init();
-    if (c->easy == NULL) {
-      c->result = CURLE_FAILED_INIT;
-      continue;
-    }
     char url[640];
     snprintf(url, sizeof url, "%s/reset_prefix_cache", w->url);
-    curl_easy_setopt(c->easy, CURLOPT_URL, url);
+    c->easy = kvr_curl_easy_new(url, (long)r->cfg->connect_timeout_ms, RESET_TIMEOUT_MS,
+                                on_reset_body, c);
     curl_easy_setopt(c->easy, CURLOPT_POST, 1L);
     curl_easy_setopt(c->easy, CURLOPT_POSTFIELDS, "");
     curl_easy_setopt(c->easy, CURLOPT_POSTFIELDSIZE, 0L);
-    curl_easy_setopt(c->easy, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c->easy, CURLOPT_TIMEOUT_MS, RESET_TIMEOUT_MS);
-    curl_easy_setopt(c->easy, CURLOPT_CONNECTTIMEOUT_MS, (long)r->cfg->connect_timeout_ms);
-    curl_easy_setopt(c->easy, CURLOPT_WRITEFUNCTION, on_reset_body);
-    curl_easy_setopt(c->easy, CURLOPT_WRITEDATA, c);
     op->pending++;
     if (kvr_curlm_add(curlm, c->easy, on_reset_done, c) != 0) {
       op->pending--;

@@ -570,27 +570,14 @@ static void attempt(px_t *px) {
 
   kvr_buf_reset(&px->url);
   kvr_buf_printf(&px->url, "%s%s", w->url, req->target);
-  CURL *e = curl_easy_init();
-  if (e == NULL) {
-    fail(px, 502, "upstream_error", "internal", "%s", "cannot create an upstream transfer");
-    px_end(px);
-    return;
-  }
+  CURL *e = kvr_curl_easy_new(px->url.data, (long)r->cfg->connect_timeout_ms, 0, on_body, px);
   px->easy = e;
   px->hdrs = upstream_headers(req);
-  curl_easy_setopt(e, CURLOPT_URL, px->url.data);
   /* The target was validated (no dot segments); curl must not normalise it into another path. */
   curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
-  curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
-  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)r->cfg->connect_timeout_ms);
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, px->hdrs);
   curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(e, CURLOPT_HEADERDATA, px);
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, px);
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http");
   curl_easy_setopt(e, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
   if (req->method == HTTP_GET) {
     curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);

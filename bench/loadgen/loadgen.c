@@ -585,9 +585,10 @@ static req_t *req_prepare(kvr_loadgen_t *lg, conv_t *cv, uint32_t turn) {
   r->itls = kvr_xmalloc(r->capitl * sizeof(double));
   kvr_workload_body(&cv->conv, r->turn, (const char *const *)cv->answers, lg->model, lg->o.api,
                     lg->o.ignore_eos, &r->body);
-  r->easy = curl_easy_init();
-  if (r->easy == NULL)
-    abort();
+  long timeout_ms = lg->o.request_timeout_s > 0 ? (long)(lg->o.request_timeout_s * 1000) : 0;
+  r->easy = kvr_curl_easy_new(lg->url, 10000L, timeout_ms, on_write, r);
+  /* The benchmarked endpoint may be a TLS one (kvr_curl_easy_new allows plain http only). */
+  curl_easy_setopt(r->easy, CURLOPT_PROTOCOLS_STR, "http,https");
   r->headers = kvr_curl_slist_append(r->headers, "Content-Type: application/json");
   r->headers = kvr_curl_slist_append(r->headers, "Accept: text/event-stream");
   r->headers = kvr_curl_slist_append(r->headers, "Expect:");
@@ -596,20 +597,11 @@ static req_t *req_prepare(kvr_loadgen_t *lg, conv_t *cv, uint32_t turn) {
     snprintf(auth, sizeof(auth), "Authorization: Bearer %s", lg->api_key);
     r->headers = kvr_curl_slist_append(r->headers, auth);
   }
-  curl_easy_setopt(r->easy, CURLOPT_URL, lg->url);
   curl_easy_setopt(r->easy, CURLOPT_HTTPHEADER, r->headers);
   curl_easy_setopt(r->easy, CURLOPT_POSTFIELDS, r->body.data);
   curl_easy_setopt(r->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)r->body.len);
-  curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, on_write);
-  curl_easy_setopt(r->easy, CURLOPT_WRITEDATA, r);
   curl_easy_setopt(r->easy, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(r->easy, CURLOPT_HEADERDATA, r);
-  curl_easy_setopt(r->easy, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(r->easy, CURLOPT_TCP_NODELAY, 1L);
-  curl_easy_setopt(r->easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
-  curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
-  if (lg->o.request_timeout_s > 0)
-    curl_easy_setopt(r->easy, CURLOPT_TIMEOUT_MS, (long)(lg->o.request_timeout_s * 1000));
   return r;
 }
 

@@ -124,12 +124,9 @@ static call_t *call_start(kvr_monitor_t *m, const char *method, const char *url,
   c->target = target;
   c->sync = sync;
   c->max = max;
-  c->easy = curl_easy_init();
-  if (c->easy == NULL) {
-    free(c);
-    return NULL;
-  }
-  curl_easy_setopt(c->easy, CURLOPT_URL, url);
+  c->easy = kvr_curl_easy_new(url, 2000L, timeout_ms, on_body, c);
+  /* Targets follow the benchmarked endpoint, which may be a TLS one. */
+  curl_easy_setopt(c->easy, CURLOPT_PROTOCOLS_STR, "http,https");
   if (strcmp(method, "GET") != 0) {
     curl_easy_setopt(c->easy, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(c->easy, CURLOPT_POSTFIELDSIZE, json ? (long)strlen(json) : 0L);
@@ -139,11 +136,6 @@ static call_t *call_start(kvr_monitor_t *m, const char *method, const char *url,
     c->headers = kvr_curl_slist_append(NULL, "Content-Type: application/json");
     curl_easy_setopt(c->easy, CURLOPT_HTTPHEADER, c->headers);
   }
-  curl_easy_setopt(c->easy, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(c->easy, CURLOPT_TIMEOUT_MS, timeout_ms);
-  curl_easy_setopt(c->easy, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
-  curl_easy_setopt(c->easy, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(c->easy, CURLOPT_WRITEDATA, c);
   kvr_list_insert_head(&m->calls, &c->node);
   if (kvr_curlm_add(m->curlm, c->easy, on_call_done, c) != 0) {
     call_free(c);
