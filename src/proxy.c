@@ -34,6 +34,7 @@
 #include "proxy.h"
 
 #include "http_headers.h"
+#include "http_route.h"
 #include "kvr.h"
 #include "list.h"
 #include "log.h"
@@ -628,7 +629,10 @@ static bool unsafe_path(const char *p) {
   return false;
 }
 
-static void health(kvr_router_t *r, kvr_http_req_t *req) {
+/* GET /health: 200 while some worker is usable, else 503. */
+static void on_health(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_router_t *r = ((kvr_proxy_t *)data)->r;
+  (void)tail;
   size_t usable = 0, total = 0;
   for (size_t i = 0; i < r->nslots; i++) {
     if (r->slots[i] == NULL)
@@ -644,42 +648,12 @@ static void health(kvr_router_t *r, kvr_http_req_t *req) {
   kvr_http_respond(req, usable ? 200 : 503, "application/json", NULL, body, (size_t)n);
 }
 
-void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
+/* Every /v1/ request the table lets through: proxied to a worker. */
+static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_proxy_t *p = data;
   kvr_router_t *r = p->r;
-  kvr_router_on_request(r);
-  const char *path = req->path;
-  if (strcmp(path, "/health") == 0) {
-    if (req->method != HTTP_GET && req->method != HTTP_HEAD) {
-      local_log(r, req, 405, "rejected");
-      kvr_http_error(req, 405, NULL, "method_not_allowed", "%s", "use GET /health");
-      return;
-    }
-    health(r, req);
-    return;
-  }
-  if (unsafe_path(path)) {
-    local_log(r, req, 400, "rejected");
-    kvr_http_error(req, 400, NULL, "invalid_path", "%s",
-                   "dot segments and backslashes are not allowed in the path");
-    return;
-  }
-  if (strncmp(path, "/v1/", 4) != 0) {
-    local_log(r, req, 404, "rejected");
-    kvr_http_error(req, 404, NULL, "not_found", "no route for %s %s", req->method_str, path);
-    return;
-  }
-  kvr_route_t route = kvr_openai_route(path);
-  if ((route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS) && req->method != HTTP_POST) {
-    local_log(r, req, 405, "rejected");
-    kvr_http_error(req, 405, NULL, "method_not_allowed", "use POST %s", path);
-    return;
-  }
-  if (route == KVR_ROUTE_MODELS && req->method != HTTP_GET && req->method != HTTP_HEAD) {
-    local_log(r, req, 405, "rejected");
-    kvr_http_error(req, 405, NULL, "method_not_allowed", "%s", "use GET /v1/models");
-    return;
-  }
+  kvr_route_t route = kvr_openai_route(req->path);
+  (void)tail;
   px_t *px = kvr_xcalloc(1, sizeof *px);
   px->proxy = p;
   px->r = r;
@@ -710,6 +684,36 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
   kvr_list_insert_head(&p->pxs, &px->node);
   p->active++;
   attempt(px);
+}
+
+/* The public routes. The exact routes decide their paths (a wrong method there is a 405 with
+ * Allow); every other /v1/ path passes through to a worker whatever its method. */
+static const kvr_http_route_t routes[] = {
+    {"/health", KVR_HTTP_M(GET), on_health},
+    {"/v1/chat/completions", KVR_HTTP_M(POST), on_proxied},
+    {"/v1/completions", KVR_HTTP_M(POST), on_proxied},
+    {"/v1/models", KVR_HTTP_M(GET), on_proxied},
+    {"/v1/*", KVR_HTTP_M_ANY, on_proxied},
+};
+
+void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
+  kvr_proxy_t *p = data;
+  kvr_router_on_request(p->r);
+  if (unsafe_path(req->path)) {
+    local_log(p->r, req, 400, "rejected");
+    kvr_http_error(req, 400, NULL, "invalid_path", "%s",
+                   "dot segments and backslashes are not allowed in the path");
+    return;
+  }
+  /* A 404 or 405 is logged before it is answered: answering finishes req, which frees it, so the
+   * status kvr_http_route_dispatch() returns comes too late for the log line. */
+  const char *tail;
+  int status;
+  char allow[128];
+  if (kvr_http_route_find(routes, KVR_ARRAY_SIZE(routes), req->path, req->method, &tail, &status,
+                          allow, sizeof allow) == NULL)
+    local_log(p->r, req, status, "rejected");
+  kvr_http_route_dispatch(routes, KVR_ARRAY_SIZE(routes), req, p, KVR_HTTP_DIALECT_OPENAI);
 }
 
 void kvr_proxy_abort_all(kvr_proxy_t *p) {

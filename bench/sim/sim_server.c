@@ -31,6 +31,7 @@
 #include "sim_server.h"
 
 #include "sim_tokens.h"
+#include "src/http_route.h"
 #include "src/http_server.h"
 #include "src/kvr.h"
 #include "src/list.h"
@@ -758,7 +759,9 @@ static void handle_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool c
 
 /* ---- other endpoints ---- */
 
-static void handle_models(kvr_sim_server_t *srv, kvr_http_req_t *req) {
+static void handle_models(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_sim_server_t *srv = data;
+  (void)tail;
   kvr_buf_t *b = &srv->scratch;
   kvr_buf_reset(b);
   long long created = (long long)time(NULL);
@@ -777,7 +780,9 @@ static void handle_models(kvr_sim_server_t *srv, kvr_http_req_t *req) {
   kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
 }
 
-static void handle_metrics(kvr_sim_server_t *srv, kvr_http_req_t *req) {
+static void handle_metrics(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_sim_server_t *srv = data;
+  (void)tail;
   kvr_sim_stats_t st;
   kvr_sim_engine_stats(srv->eng, &st);
   const kvr_sim_config_t *cfg = &srv->opts.engine;
@@ -927,7 +932,9 @@ static void apply_fault(kvr_sim_server_t *srv, const kvr_sim_fault_t *f) {
   }
 }
 
-static void handle_fault(kvr_sim_server_t *srv, kvr_http_req_t *req) {
+static void handle_fault(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_sim_server_t *srv = data;
+  (void)tail;
   if (req->method == HTTP_POST) {
     cJSON *body = cJSON_ParseWithLength(req->body.data ? req->body.data : "", req->body.len);
     const cJSON *mode = cJSON_GetObjectItemCaseSensitive(body, "mode");
@@ -980,7 +987,9 @@ static void handle_fault(kvr_sim_server_t *srv, kvr_http_req_t *req) {
  * lose their hash at once (the engine is never mid-step here: steps run inside the timer
  * callback); blocks of requests still running keep theirs. vLLM's reset_running_requests=true
  * (preempt everything first) is not modelled and answered 501 rather than silently ignored. */
-static void handle_reset_prefix_cache(kvr_sim_server_t *srv, kvr_http_req_t *req) {
+static void handle_reset_prefix_cache(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_sim_server_t *srv = data;
+  (void)tail;
   if (strstr(req->query, "reset_running_requests=true") ||
       strstr(req->query, "reset_running_requests=1")) {
     static const char body[] =
@@ -994,61 +1003,40 @@ static void handle_reset_prefix_cache(kvr_sim_server_t *srv, kvr_http_req_t *req
   kvr_http_respond(req, 200, NULL, NULL, "", 0);
 }
 
-static void not_found(kvr_http_req_t *req) {
-  static const char body[] = "{\"detail\":\"Not Found\"}";
-  kvr_http_respond(req, 404, "application/json", NULL, body, sizeof(body) - 1);
+static void handle_chat(kvr_http_req_t *req, void *data, const char *tail) {
+  (void)tail;
+  handle_completion(data, req, true);
 }
 
-static void method_not_allowed(kvr_http_req_t *req, const char *allow) {
-  static const char body[] = "{\"detail\":\"Method Not Allowed\"}";
-  char hdr[64];
-  snprintf(hdr, sizeof(hdr), "Allow: %s\r\n", allow);
-  kvr_http_respond(req, 405, "application/json", hdr, body, sizeof(body) - 1);
+static void handle_completions(kvr_http_req_t *req, void *data, const char *tail) {
+  (void)tail;
+  handle_completion(data, req, false);
 }
+
+static void handle_health(kvr_http_req_t *req, void *data, const char *tail) {
+  (void)data;
+  (void)tail;
+  kvr_http_respond(req, 200, NULL, NULL, "", 0);
+}
+
+/* vLLM's routes; 404 and 405 (with Allow) answer in FastAPI's words, as vLLM does. */
+static const kvr_http_route_t routes[] = {
+    {"/v1/chat/completions", KVR_HTTP_M(POST), handle_chat},
+    {"/v1/completions", KVR_HTTP_M(POST), handle_completions},
+    {"/health", KVR_HTTP_M(GET), handle_health},
+    {"/v1/models", KVR_HTTP_M(GET), handle_models},
+    {"/metrics", KVR_HTTP_M(GET), handle_metrics},
+    {"/reset_prefix_cache", KVR_HTTP_M(POST), handle_reset_prefix_cache},
+    {"/sim/fault", KVR_HTTP_M(GET) | KVR_HTTP_M(POST), handle_fault},
+};
 
 static void on_request(kvr_http_req_t *req, void *data) {
   kvr_sim_server_t *srv = data;
-  const char *path = req->path;
-  bool get = req->method == HTTP_GET || req->method == HTTP_HEAD;
-  bool post = req->method == HTTP_POST;
   if (srv->closing) {
     kvr_http_error(req, 503, NULL, NULL, "server is shutting down");
     return;
   }
-  if (strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0) {
-    if (!post) {
-      method_not_allowed(req, "POST");
-      return;
-    }
-    handle_completion(srv, req, path[4] == 'c' && path[5] == 'h');
-  } else if (strcmp(path, "/health") == 0) {
-    if (get)
-      kvr_http_respond(req, 200, NULL, NULL, "", 0);
-    else
-      method_not_allowed(req, "GET");
-  } else if (strcmp(path, "/v1/models") == 0) {
-    if (get)
-      handle_models(srv, req);
-    else
-      method_not_allowed(req, "GET");
-  } else if (strcmp(path, "/metrics") == 0) {
-    if (get)
-      handle_metrics(srv, req);
-    else
-      method_not_allowed(req, "GET");
-  } else if (strcmp(path, "/reset_prefix_cache") == 0) {
-    if (post)
-      handle_reset_prefix_cache(srv, req);
-    else
-      method_not_allowed(req, "POST");
-  } else if (strcmp(path, "/sim/fault") == 0) {
-    if (get || post)
-      handle_fault(srv, req);
-    else
-      method_not_allowed(req, "GET, POST");
-  } else {
-    not_found(req);
-  }
+  kvr_http_route_dispatch(routes, KVR_ARRAY_SIZE(routes), req, srv, KVR_HTTP_DIALECT_FASTAPI);
 }
 
 /* ---- lifetime ---- */
