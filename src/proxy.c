@@ -130,11 +130,16 @@ static void timer_set(px_t *px, tm_kind_t kind, uint64_t ms);
 /* ---- response side: curl callbacks
  * --------------------------------------------------------------- */
 
+/* The header block the client gets: the worker's filtered headers, and which worker answered. */
+static void client_headers(const px_t *px, kvr_buf_t *h) {
+  kvr_buf_append(h, px->resp_headers.data, px->resp_headers.len);
+  if (px->r->cfg->worker_header && px->w)
+    kvr_buf_printf(h, "x-kvrouter-worker: %s\r\n", px->w->label);
+}
+
 static void start_client_response(px_t *px) {
   kvr_buf_t h = KVR_BUF_INIT;
-  kvr_buf_append(&h, px->resp_headers.data, px->resp_headers.len);
-  if (px->r->cfg->worker_header && px->w)
-    kvr_buf_printf(&h, "x-kvrouter-worker: %s\r\n", px->w->label);
+  client_headers(px, &h);
   kvr_http_start(px->req, px->status, h.data);
   kvr_buf_free(&h);
   px->streaming = true;
@@ -396,64 +401,60 @@ static void learn(px_t *px) {
   }
 }
 
-static void on_done(CURL *easy, CURLcode rc, void *data) {
-  px_t *px = data;
-  px->transfer_active = false;
-  timer_set(px, TM_NONE, 0);
-  kvr_router_t *r = px->r;
-  if (rc == CURLE_OK) {
-    if (!px->sse && px->body.len && px->has_prompt) {
-      cJSON *obj = cJSON_ParseWithLength(px->body.data, px->body.len);
-      if (obj) {
-        kvr_openai_chunk_t c;
-        kvr_openai_chunk_read(obj, &c);
-        take_text(px, &c);
-        take_usage(px, &c);
-        cJSON_Delete(obj);
-      }
-    }
-    if (px->status >= 500)
-      kvr_router_on_worker_error(r, &px->acct);
-    learn(px);
-    if (!px->streaming) {
-      kvr_buf_t h = KVR_BUF_INIT;
-      kvr_buf_append(&h, px->resp_headers.data, px->resp_headers.len);
-      if (r->cfg->worker_header)
-        kvr_buf_printf(&h, "x-kvrouter-worker: %s\r\n", px->w->label);
-      px->bytes_out = px->body.len;
-      kvr_http_respond(detach(px, px->status), px->status, NULL, h.data, px->body.data,
-                       px->body.len);
-      kvr_buf_free(&h);
-    }
-    if (px->mid_stream_error)
-      px->outcome = "worker_stream_error";
-    px_end(px);
+/* Usage and answer text of a held (non-SSE) body, for learning. */
+static void read_held_body(px_t *px) {
+  cJSON *obj = cJSON_ParseWithLength(px->body.data, px->body.len);
+  if (obj == NULL)
     return;
-  }
+  kvr_openai_chunk_t c;
+  kvr_openai_chunk_read(obj, &c);
+  take_text(px, &c);
+  take_usage(px, &c);
+  cJSON_Delete(obj);
+}
 
-  /* The transfer failed. A client that went away is not the worker's fault. */
-  if (px->req == NULL || px->req->closed) {
-    px->outcome = "client_closed";
-    kvr_router_on_client_abort(r);
-    px_end(px);
-    return;
+/* The transfer completed: learn from it and finish the client's response. */
+static void transfer_succeeded(px_t *px) {
+  kvr_router_t *r = px->r;
+  if (!px->sse && px->body.len && px->has_prompt)
+    read_held_body(px);
+  if (px->status >= 500)
+    kvr_router_on_worker_error(r, &px->acct);
+  learn(px);
+  if (!px->streaming) {
+    kvr_buf_t h = KVR_BUF_INIT;
+    client_headers(px, &h);
+    px->bytes_out = px->body.len;
+    kvr_http_respond(detach(px, px->status), px->status, NULL, h.data, px->body.data, px->body.len);
+    kvr_buf_free(&h);
   }
+  if (px->mid_stream_error)
+    px->outcome = "worker_stream_error";
+  px_end(px);
+}
+
+/* "Never connected": refused, unresolvable, or a connect timeout (curl reports that as
+ * CURLE_OPERATION_TIMEDOUT with no connect time). Safe to retry, and counts towards DOWN. */
+static bool never_connected(const px_t *px, CURL *easy, CURLcode rc) {
+  curl_off_t connect_us = 0;
+  curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connect_us);
+  return !px->got_byte && (rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ||
+                           (rc == CURLE_OPERATION_TIMEDOUT && connect_us == 0));
+}
+
+/* The transfer failed while the client is still there. */
+static void transfer_failed(px_t *px, CURL *easy, CURLcode rc) {
+  kvr_router_t *r = px->r;
   const char *why = curl_easy_strerror(rc);
   const kvr_worker_t *w = px->w;
   if (w)
     kvr_router_on_worker_error(r, &px->acct);
-  /* "Never connected" (refused, unresolvable, or a connect timeout: curl reports that as
-   * CURLE_OPERATION_TIMEDOUT with no connect time) is safe to retry and counts towards DOWN. A
-   * failure after connecting but before any response byte is retried too (the worker never
-   * answered), except a timeout, which would double the wait. */
-  curl_off_t connect_us = 0;
-  curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connect_us);
-  bool never_connected =
-      !px->got_byte && (rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ||
-                        (rc == CURLE_OPERATION_TIMEDOUT && connect_us == 0));
-  if (w && never_connected)
+  bool unreached = never_connected(px, easy, rc);
+  if (w && unreached)
     kvr_router_on_health(r, w->id, false);
-  if (!px->got_byte && (never_connected || (retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT)) &&
+  /* A failure after connecting but before any response byte is retried too (the worker never
+   * answered), except a timeout, which would double the wait. */
+  if (!px->got_byte && (unreached || (retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT)) &&
       px->attempts < MAX_ATTEMPTS) {
     KVR_WARN("proxy", "worker %s failed before responding (%s); retrying elsewhere",
              w ? w->label : "-", why);
@@ -472,6 +473,22 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
     broken_stream(px, why);
   }
   px_end(px);
+}
+
+static void on_done(CURL *easy, CURLcode rc, void *data) {
+  px_t *px = data;
+  px->transfer_active = false;
+  timer_set(px, TM_NONE, 0);
+  if (rc == CURLE_OK) {
+    transfer_succeeded(px);
+  } else if (px->req == NULL || px->req->closed) {
+    /* A client that went away is not the worker's fault. */
+    px->outcome = "client_closed";
+    kvr_router_on_client_abort(px->r);
+    px_end(px);
+  } else {
+    transfer_failed(px, easy, rc);
+  }
 }
 
 /* ---- timers -------------------------------------------------------------------------------------
@@ -537,22 +554,20 @@ static struct curl_slist *upstream_headers(const kvr_http_req_t *req) {
   return l;
 }
 
-static void attempt(px_t *px) {
-  kvr_router_t *r = px->r;
-  kvr_http_req_t *req = px->req;
-  kvr_decision_t d;
-  int slot = kvr_router_decide(r, &px->rreq, px->tried, true, &d);
-  if (slot < 0) {
-    if (px->attempts == 0)
-      fail(px, 503, "no_worker_available", "no_worker", "%s",
-           "no usable worker is available; retry later");
-    else
-      fail(px, 502, "upstream_error", "worker_failed", "%s",
-           "upstream worker failed and no other worker could take the request");
-    px_end(px);
-    return;
-  }
-  const kvr_worker_t *w = r->slots[slot];
+/* No worker can take the request: 503 before any attempt, else 502 (the attempt failed). */
+static void no_worker(px_t *px) {
+  if (px->attempts == 0)
+    fail(px, 503, "no_worker_available", "no_worker", "%s",
+         "no usable worker is available; retry later");
+  else
+    fail(px, 502, "upstream_error", "worker_failed", "%s",
+         "upstream worker failed and no other worker could take the request");
+  px_end(px);
+}
+
+/* Points px at the worker of slot for a new attempt and forgets the previous attempt's answer. */
+static void attempt_begin(px_t *px, int slot) {
+  const kvr_worker_t *w = px->r->slots[slot];
   px->w = w;
   px->attempts++;
   px->tried |= UINT64_C(1) << slot;
@@ -565,21 +580,10 @@ static void attempt(px_t *px) {
   kvr_buf_reset(&px->body);
   kvr_openai_sse_reset(&px->sse_lines);
   kvr_buf_reset(&px->answer);
+}
 
-  uint64_t prompt_tokens = px->has_prompt ? px->prompt.prompt_tokens : 0;
-  kvr_router_on_dispatch(r, slot, prompt_tokens, d.snaps[slot].matched_blocks, &px->acct);
-
-  kvr_buf_reset(&px->url);
-  kvr_buf_printf(&px->url, "%s%s", w->url, req->target);
-  CURL *e = kvr_curl_easy_new(px->url.data, (long)r->cfg->connect_timeout_ms, 0, on_body, px);
-  px->easy = e;
-  px->hdrs = upstream_headers(req);
-  /* The target was validated (no dot segments); curl must not normalise it into another path. */
-  curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
-  curl_easy_setopt(e, CURLOPT_HTTPHEADER, px->hdrs);
-  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
-  curl_easy_setopt(e, CURLOPT_HEADERDATA, px);
-  curl_easy_setopt(e, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
+/* The client's method and body, as curl sends them. */
+static void upstream_method(CURL *e, const kvr_http_req_t *req) {
   if (req->method == HTTP_GET) {
     curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
   } else if (req->method == HTTP_HEAD) {
@@ -592,7 +596,39 @@ static void attempt(px_t *px) {
       curl_easy_setopt(e, CURLOPT_POSTFIELDS, req->body.data ? req->body.data : "");
     }
   }
-  if (kvr_curlm_add(px->proxy->curlm, e, on_done, px) != 0) {
+}
+
+/* The easy handle of the current attempt: the client's request to px->w (px owns it). */
+static CURL *upstream_transfer(px_t *px) {
+  kvr_http_req_t *req = px->req;
+  kvr_buf_reset(&px->url);
+  kvr_buf_printf(&px->url, "%s%s", px->w->url, req->target);
+  CURL *e = kvr_curl_easy_new(px->url.data, (long)px->r->cfg->connect_timeout_ms, 0, on_body, px);
+  px->hdrs = upstream_headers(req);
+  /* The target was validated (no dot segments); curl must not normalise it into another path. */
+  curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, px->hdrs);
+  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(e, CURLOPT_HEADERDATA, px);
+  curl_easy_setopt(e, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
+  upstream_method(e, req);
+  return e;
+}
+
+/* Routes px to a worker it has not tried and starts the transfer, or answers 503/502. */
+static void attempt(px_t *px) {
+  kvr_router_t *r = px->r;
+  kvr_decision_t d;
+  int slot = kvr_router_decide(r, &px->rreq, px->tried, true, &d);
+  if (slot < 0) {
+    no_worker(px);
+    return;
+  }
+  attempt_begin(px, slot);
+  uint64_t prompt_tokens = px->has_prompt ? px->prompt.prompt_tokens : 0;
+  kvr_router_on_dispatch(r, slot, prompt_tokens, d.snaps[slot].matched_blocks, &px->acct);
+  px->easy = upstream_transfer(px);
+  if (kvr_curlm_add(px->proxy->curlm, px->easy, on_done, px) != 0) {
     fail(px, 502, "upstream_error", "internal", "%s", "cannot start an upstream transfer");
     px_end(px);
     return;
