@@ -18,9 +18,11 @@
  */
 #include "admin.h"
 
+#include "http_route.h"
 #include "kvr.h"
 #include "log.h"
 #include "openai.h"
+#include "policies/policy.h"
 #include "proxy.h"
 #include "router_view.h"
 
@@ -34,11 +36,9 @@ struct kvr_admin_s {
 };
 
 kvr_admin_t *kvr_admin_new(kvr_router_t *r, kvr_curlm_t *curlm) {
-  kvr_admin_t *a = calloc(1, sizeof *a);
-  if (a) {
-    a->r = r;
-    a->curlm = curlm;
-  }
+  kvr_admin_t *a = kvr_xcalloc(1, sizeof *a);
+  a->r = r;
+  a->curlm = curlm;
   return a;
 }
 
@@ -49,10 +49,8 @@ void kvr_admin_free(kvr_admin_t *a) {
 static void send_json(kvr_http_req_t *req, int status, cJSON *obj) {
   char *text = cJSON_PrintUnformatted(obj);
   cJSON_Delete(obj);
-  if (text == NULL) {
-    kvr_http_error(req, 500, NULL, "internal", "%s", "cannot render JSON");
-    return;
-  }
+  if (text == NULL)
+    kvr_oom("cJSON_PrintUnformatted", 0);
   size_t n = strlen(text);
   kvr_buf_t b = KVR_BUF_INIT;
   kvr_buf_append(&b, text, n);
@@ -86,7 +84,9 @@ static cJSON *worker_json(kvr_router_t *r, const kvr_worker_t *w) {
   return found ? found : cJSON_CreateObject();
 }
 
-static void workers_post(kvr_router_t *r, kvr_http_req_t *req) {
+static void workers_post(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_router_t *r = ((kvr_admin_t *)data)->r;
+  (void)tail;
   cJSON *body = parse_body(req);
   if (body == NULL)
     return;
@@ -107,7 +107,9 @@ static void workers_post(kvr_router_t *r, kvr_http_req_t *req) {
   send_json(req, 201, worker_json(r, w));
 }
 
-static void workers_delete(kvr_router_t *r, kvr_http_req_t *req, const char *idtext) {
+/* DELETE /admin/workers/{id}: idtext is the route's tail. */
+static void workers_delete(kvr_http_req_t *req, void *data, const char *idtext) {
+  kvr_router_t *r = ((kvr_admin_t *)data)->r;
   char *end;
   unsigned long id = strtoul(idtext, &end, 10);
   const kvr_worker_t *w =
@@ -122,7 +124,9 @@ static void workers_delete(kvr_router_t *r, kvr_http_req_t *req, const char *idt
   send_json(req, 202, o);
 }
 
-static void policy_put(kvr_router_t *r, kvr_http_req_t *req) {
+static void policy_put(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_router_t *r = ((kvr_admin_t *)data)->r;
+  (void)tail;
   cJSON *body = parse_body(req);
   if (body == NULL)
     return;
@@ -166,7 +170,9 @@ static void policy_put(kvr_router_t *r, kvr_http_req_t *req) {
   send_json(req, 200, kvr_router_view_policy(r));
 }
 
-static void explain(kvr_router_t *r, kvr_http_req_t *req) {
+static void explain(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_router_t *r = ((kvr_admin_t *)data)->r;
+  (void)tail;
   /* Which endpoint the body is for: ?endpoint=completions, else by the presence of "prompt". */
   kvr_route_t route = KVR_ROUTE_CHAT;
   if (strstr(req->query, "endpoint=completions"))
@@ -184,12 +190,7 @@ static void explain(kvr_router_t *r, kvr_http_req_t *req) {
   }
   kvr_route_req_t rr;
   kvr_prompt_route_req(&prompt, &rr);
-  kvr_decision_t *d = malloc(sizeof *d);
-  if (d == NULL) {
-    kvr_prompt_free(&prompt);
-    kvr_http_error(req, 500, NULL, "internal", "%s", "out of memory");
-    return;
-  }
+  kvr_decision_t *d = kvr_xmalloc(sizeof *d);
   int chosen = kvr_router_decide(r, &rr, 0, false, d);
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "policy", kvr_policy_name(r->policy));
@@ -217,7 +218,7 @@ static void explain(kvr_router_t *r, kvr_http_req_t *req) {
     cJSON_AddStringToObject(x, "url", w->url);
     cJSON_AddStringToObject(x, "state", kvr_worker_state_name(w->state));
     cJSON_AddNumberToObject(x, "matched_blocks", (double)s->matched_blocks);
-    uint64_t cached = (uint64_t)s->matched_blocks * r->cfg->block_chars / 4;
+    uint64_t cached = (uint64_t)s->matched_blocks * r->cfg->block_chars / KVR_CHARS_PER_TOKEN;
     cJSON_AddNumberToObject(x, "predicted_cached_tokens",
                             (double)KVR_MIN(cached, prompt.prompt_tokens));
     cJSON_AddNumberToObject(x, "in_flight", s->inflight);
@@ -328,12 +329,11 @@ static void on_reset_done(CURL *easy, CURLcode result, void *data) {
     reset_reply(op);
 }
 
-static void reset_prefix_cache(kvr_router_t *r, kvr_curlm_t *curlm, kvr_http_req_t *req) {
-  reset_op_t *op = calloc(1, sizeof *op);
-  if (op == NULL) {
-    kvr_http_error(req, 500, NULL, "internal", "%s", "out of memory");
-    return;
-  }
+static void reset_prefix_cache(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_admin_t *a = data;
+  kvr_router_t *r = a->r;
+  (void)tail;
+  reset_op_t *op = kvr_xcalloc(1, sizeof *op);
   op->r = r;
   op->req = req;
   for (size_t i = 0; i < r->nslots; i++) {
@@ -345,24 +345,15 @@ static void reset_prefix_cache(kvr_router_t *r, kvr_curlm_t *curlm, kvr_http_req
     c->worker_id = w->id;
     c->state = w->state;
     snprintf(c->url, sizeof c->url, "%s", w->url);
-    c->easy = curl_easy_init();
-    if (c->easy == NULL) {
-      c->result = CURLE_FAILED_INIT;
-      continue;
-    }
     char url[640];
     snprintf(url, sizeof url, "%s/reset_prefix_cache", w->url);
-    curl_easy_setopt(c->easy, CURLOPT_URL, url);
+    c->easy = kvr_curl_easy_new(url, (long)r->cfg->connect_timeout_ms, RESET_TIMEOUT_MS,
+                                on_reset_body, c);
     curl_easy_setopt(c->easy, CURLOPT_POST, 1L);
     curl_easy_setopt(c->easy, CURLOPT_POSTFIELDS, "");
     curl_easy_setopt(c->easy, CURLOPT_POSTFIELDSIZE, 0L);
-    curl_easy_setopt(c->easy, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c->easy, CURLOPT_TIMEOUT_MS, RESET_TIMEOUT_MS);
-    curl_easy_setopt(c->easy, CURLOPT_CONNECTTIMEOUT_MS, (long)r->cfg->connect_timeout_ms);
-    curl_easy_setopt(c->easy, CURLOPT_WRITEFUNCTION, on_reset_body);
-    curl_easy_setopt(c->easy, CURLOPT_WRITEDATA, c);
     op->pending++;
-    if (kvr_curlm_add(curlm, c->easy, on_reset_done, c) != 0) {
+    if (kvr_curlm_add(a->curlm, c->easy, on_reset_done, c) != 0) {
       op->pending--;
       c->result = CURLE_FAILED_INIT;
     }
@@ -372,43 +363,53 @@ static void reset_prefix_cache(kvr_router_t *r, kvr_curlm_t *curlm, kvr_http_req
     reset_reply(op);
 }
 
-void kvr_admin_on_request(kvr_http_req_t *req, void *data) {
+/* ---- routes -----------------------------------------------------------------------------------
+ */
+
+static void metrics_get(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_admin_t *a = data;
-  kvr_router_t *r = a->r;
-  const char *path = req->path;
-  int m = req->method;
-  if (strcmp(path, "/metrics") == 0 && m == HTTP_GET) {
-    kvr_buf_t b = KVR_BUF_INIT;
-    kvr_router_view_metrics(r, &b);
-    kvr_http_respond(req, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b.data, b.len);
-    kvr_buf_free(&b);
-  } else if (strcmp(path, "/health") == 0 && m == HTTP_GET) {
-    bool ok = kvr_router_has_usable(r);
-    const char *body = ok ? "{\"status\":\"ok\"}\n" : "{\"status\":\"unavailable\"}\n";
-    kvr_http_respond(req, ok ? 200 : 503, "application/json", NULL, body, strlen(body));
-  } else if (strcmp(path, "/admin/workers") == 0 && m == HTTP_GET) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddItemToObject(o, "workers", kvr_router_view_workers(r));
-    send_json(req, 200, o);
-  } else if (strcmp(path, "/admin/workers") == 0 && m == HTTP_POST) {
-    workers_post(r, req);
-  } else if (strncmp(path, "/admin/workers/", 15) == 0 && m == HTTP_DELETE) {
-    workers_delete(r, req, path + 15);
-  } else if (strcmp(path, "/admin/policy") == 0 && m == HTTP_GET) {
-    send_json(req, 200, kvr_router_view_policy(r));
-  } else if (strcmp(path, "/admin/policy") == 0 && m == HTTP_PUT) {
-    policy_put(r, req);
-  } else if (strcmp(path, "/admin/route/explain") == 0 && m == HTTP_POST) {
-    explain(r, req);
-  } else if (strcmp(path, "/admin/reset_prefix_cache") == 0 && m == HTTP_POST) {
-    reset_prefix_cache(r, a->curlm, req);
-  } else if (strcmp(path, "/metrics") == 0 || strcmp(path, "/health") == 0 ||
-             strcmp(path, "/admin/workers") == 0 || strncmp(path, "/admin/workers/", 15) == 0 ||
-             strcmp(path, "/admin/policy") == 0 || strcmp(path, "/admin/route/explain") == 0 ||
-             strcmp(path, "/admin/reset_prefix_cache") == 0) {
-    kvr_http_error(req, 405, NULL, "method_not_allowed", "%s is not allowed on %s", req->method_str,
-                   path);
-  } else {
-    kvr_http_error(req, 404, NULL, "not_found", "no admin route %s", path);
-  }
+  (void)tail;
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_router_view_metrics(a->r, &b);
+  kvr_http_respond(req, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b.data, b.len);
+  kvr_buf_free(&b);
+}
+
+static void health_get(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_admin_t *a = data;
+  (void)tail;
+  bool ok = kvr_router_has_usable(a->r);
+  const char *body = ok ? "{\"status\":\"ok\"}\n" : "{\"status\":\"unavailable\"}\n";
+  kvr_http_respond(req, ok ? 200 : 503, "application/json", NULL, body, strlen(body));
+}
+
+static void workers_get(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_admin_t *a = data;
+  (void)tail;
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddItemToObject(o, "workers", kvr_router_view_workers(a->r));
+  send_json(req, 200, o);
+}
+
+static void policy_get(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_admin_t *a = data;
+  (void)tail;
+  send_json(req, 200, kvr_router_view_policy(a->r));
+}
+
+/* The admin routes (admin.h); a known path with another method is a 405 with Allow. */
+static const kvr_http_route_t routes[] = {
+    {"/metrics", KVR_HTTP_M(GET), metrics_get},
+    {"/health", KVR_HTTP_M(GET), health_get},
+    {"/admin/workers", KVR_HTTP_M(GET), workers_get},
+    {"/admin/workers", KVR_HTTP_M(POST), workers_post},
+    {"/admin/workers/*", KVR_HTTP_M(DELETE), workers_delete},
+    {"/admin/policy", KVR_HTTP_M(GET), policy_get},
+    {"/admin/policy", KVR_HTTP_M(PUT), policy_put},
+    {"/admin/route/explain", KVR_HTTP_M(POST), explain},
+    {"/admin/reset_prefix_cache", KVR_HTTP_M(POST), reset_prefix_cache},
+};
+
+void kvr_admin_on_request(kvr_http_req_t *req, void *data) {
+  kvr_http_route_dispatch(routes, KVR_ARRAY_SIZE(routes), req, data, KVR_HTTP_DIALECT_OPENAI);
 }

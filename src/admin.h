@@ -1,15 +1,19 @@
 /* admin.h -- the operators' listener: workers, policy, route explanation, metrics.
  *
- * Routes (JSON in and out, errors OpenAI-style):
+ * Routes (JSON in and out, errors OpenAI-style; one route table, http_route.h, so HEAD works
+ * wherever GET does, another method on a known path is a 405 with Allow, any other path a 404):
  *   GET    /admin/workers          every worker: URL, state, in-flight, totals, errors, scraped
- * load POST   /admin/workers          {"url": "http://host:port"} adds a worker (201) DELETE
- * /admin/workers/{id}     drains a worker: no new requests, in-flight ones finish (202) GET
- * /admin/policy           the active policy, its effective parameters, the choices PUT
- * /admin/policy           {"policy": NAME, "params": {...}} switches or retunes (200) POST
- * /admin/route/explain    an OpenAI request body; answers each worker's matched blocks, load
- * figures and cost, and the choice, without sending anything POST   /admin/reset_prefix_cache POST
- * WORKER/reset_prefix_cache to every worker (vLLM's dev-mode endpoint) and forget the cache index
- * entries of each worker that answered 2xx; answers 200 with {"reset", "failed", "workers":
+ *                                  load
+ *   POST   /admin/workers          {"url": "http://host:port"} adds a worker (201)
+ *   DELETE /admin/workers/{id}     drains a worker: no new requests, in-flight ones finish (202)
+ *   GET    /admin/policy           the active policy, its effective parameters, the choices
+ *   PUT    /admin/policy           {"policy": NAME, "params": {...}} switches or retunes (200)
+ *   POST   /admin/route/explain    an OpenAI request body; answers each worker's matched blocks,
+ *                                  load figures and cost, and the choice, without sending anything
+ *   POST   /admin/reset_prefix_cache
+ *                                  POST WORKER/reset_prefix_cache to every worker (vLLM's dev-mode
+ *                                  endpoint) and forget the cache index entries of each worker that
+ *                                  answered 2xx; answers 200 with {"reset", "failed", "workers":
  *                                  [{id, url, state, ok, status, error, index_blocks_forgotten}]}
  *                                  once every worker answered or timed out (10 s). A failing worker
  *                                  (a vLLM without VLLM_SERVER_DEV_MODE=1 answers 404) is reported,
@@ -27,7 +31,7 @@
 typedef struct kvr_admin_s kvr_admin_t;
 
 /* Creates the admin API over r, whose POST /admin/reset_prefix_cache fan-out runs on curlm (both
- * must outlive it). Returns NULL when out of memory. */
+ * must outlive it). Never returns NULL (out of memory aborts, kvr.h). */
 kvr_admin_t *kvr_admin_new(kvr_router_t *r, kvr_curlm_t *curlm);
 /* Frees the admin API; its listener must be closed (no fan-out left). Accepts NULL. */
 void kvr_admin_free(kvr_admin_t *a);

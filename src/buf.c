@@ -9,15 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void *xrealloc(void *p, size_t n) {
-  void *q = realloc(p, n);
-  if (q == NULL) {
-    fprintf(stderr, "kvrouter: out of memory allocating %zu bytes\n", n);
-    abort();
-  }
-  return q;
-}
-
 void kvr_buf_init(kvr_buf_t *b) {
   b->data = NULL;
   b->len = 0;
@@ -44,7 +35,7 @@ void kvr_buf_reserve(kvr_buf_t *b, size_t extra) {
   size_t cap = b->cap ? b->cap : 64;
   while (cap < need)
     cap *= 2;
-  b->data = xrealloc(b->data, cap);
+  b->data = kvr_xrealloc(b->data, cap);
   b->cap = cap;
 }
 
@@ -92,7 +83,7 @@ void kvr_buf_consume(kvr_buf_t *b, size_t n) {
 char *kvr_buf_steal(kvr_buf_t *b) {
   char *p = b->data;
   if (p == NULL)
-    p = calloc(1, 1);
+    p = kvr_xcalloc(1, 1);
   kvr_buf_init(b);
   return p;
 }

@@ -18,10 +18,12 @@
 #include "curlm.h"
 
 #include "kvr.h"
+#include "list.h"
 #include "log.h"
 
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct sock_ctx_s sock_ctx_t;
 typedef struct xfer_s xfer_t;
@@ -31,8 +33,8 @@ struct kvr_curlm_s {
   CURLM *multi;
   uv_timer_t timer;
   size_t active;
-  xfer_t *xfers;       /* transfers in the multi, so close can detach them */
-  sock_ctx_t *socks;   /* watched sockets, so close can stop any curl did not remove */
+  kvr_list_t xfers;    /* transfers in the multi (xfer_t.node), so close can detach them */
+  kvr_list_t socks;    /* watched sockets (sock_ctx_t.node), so close can stop any curl left */
   int closing_handles; /* uv close callbacks still to run */
   bool closing;
 };
@@ -41,33 +43,15 @@ struct sock_ctx_s {
   uv_poll_t poll;
   curl_socket_t fd;
   kvr_curlm_t *m;
-  sock_ctx_t *prev, *next;
+  kvr_list_t node; /* in m->socks while watched */
 };
 
 struct xfer_s {
   kvr_curlm_done_cb done;
   void *data;
   CURL *easy;
-  xfer_t *prev, *next;
+  kvr_list_t node; /* in m->xfers while in the multi */
 };
-
-#define LIST_INSERT(head, e)                                                                       \
-  do {                                                                                             \
-    (e)->prev = NULL;                                                                              \
-    (e)->next = (head);                                                                            \
-    if (head)                                                                                      \
-      (head)->prev = (e);                                                                          \
-    (head) = (e);                                                                                  \
-  } while (0)
-#define LIST_REMOVE(head, e)                                                                       \
-  do {                                                                                             \
-    if ((e)->prev)                                                                                 \
-      (e)->prev->next = (e)->next;                                                                 \
-    else                                                                                           \
-      (head) = (e)->next;                                                                          \
-    if ((e)->next)                                                                                 \
-      (e)->next->prev = (e)->prev;                                                                 \
-  } while (0)
 
 static void check_done(kvr_curlm_t *m) {
   CURLMsg *msg;
@@ -83,7 +67,7 @@ static void check_done(kvr_curlm_t *m) {
     curl_easy_setopt(easy, CURLOPT_PRIVATE, NULL);
     m->active--;
     if (x) {
-      LIST_REMOVE(m->xfers, x);
+      kvr_list_remove(&x->node);
       kvr_curlm_done_cb done = x->done;
       void *data = x->data;
       free(x);
@@ -142,7 +126,7 @@ static void on_sock_close(uv_handle_t *h) {
 }
 
 static void sock_close(kvr_curlm_t *m, sock_ctx_t *ctx) {
-  LIST_REMOVE(m->socks, ctx);
+  kvr_list_remove(&ctx->node);
   uv_poll_stop(&ctx->poll);
   m->closing_handles++;
   uv_close((uv_handle_t *)&ctx->poll, on_sock_close);
@@ -161,9 +145,7 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int action, void *userp, 
     return 0;
   }
   if (ctx == NULL) {
-    ctx = calloc(1, sizeof *ctx);
-    if (ctx == NULL)
-      return -1;
+    ctx = kvr_xcalloc(1, sizeof *ctx);
     ctx->fd = s;
     ctx->m = m;
     if (uv_poll_init_socket(m->loop, &ctx->poll, s) != 0) {
@@ -171,7 +153,7 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int action, void *userp, 
       return -1;
     }
     ctx->poll.data = ctx;
-    LIST_INSERT(m->socks, ctx);
+    kvr_list_insert_head(&m->socks, &ctx->node);
     curl_multi_assign(m->multi, s, ctx);
   }
   int events = 0;
@@ -190,10 +172,10 @@ kvr_curlm_t *kvr_curlm_new(uv_loop_t *loop) {
       return NULL;
     global_init = true;
   }
-  kvr_curlm_t *m = calloc(1, sizeof *m);
-  if (m == NULL)
-    return NULL;
+  kvr_curlm_t *m = kvr_xcalloc(1, sizeof *m);
   m->loop = loop;
+  kvr_list_init(&m->xfers);
+  kvr_list_init(&m->socks);
   m->multi = curl_multi_init();
   if (m->multi == NULL) {
     free(m);
@@ -218,9 +200,7 @@ void kvr_curlm_set_limits(kvr_curlm_t *m, long max_total, long max_per_host) {
 int kvr_curlm_add(kvr_curlm_t *m, CURL *easy, kvr_curlm_done_cb done, void *data) {
   if (m->closing)
     return KVR_ECLOSED;
-  xfer_t *x = malloc(sizeof *x);
-  if (x == NULL)
-    return KVR_ENOMEM;
+  xfer_t *x = kvr_xmalloc(sizeof *x);
   x->done = done;
   x->data = data;
   x->easy = easy;
@@ -235,7 +215,7 @@ int kvr_curlm_add(kvr_curlm_t *m, CURL *easy, kvr_curlm_done_cb done, void *data
     free(x);
     return KVR_EIO;
   }
-  LIST_INSERT(m->xfers, x);
+  kvr_list_insert_head(&m->xfers, &x->node);
   m->active++;
   return 0;
 }
@@ -247,7 +227,7 @@ void kvr_curlm_cancel(kvr_curlm_t *m, CURL *easy) {
     return; /* not ours, or already finished */
   curl_multi_remove_handle(m->multi, easy);
   curl_easy_setopt(easy, CURLOPT_PRIVATE, NULL);
-  LIST_REMOVE(m->xfers, x);
+  kvr_list_remove(&x->node);
   free(x);
   m->active--;
 }
@@ -270,12 +250,12 @@ void kvr_curlm_close(kvr_curlm_t *m) {
   /* Easy handles still attached belong to their callers: detach them without callbacks. Cleaning up
    * the multi closes its cached connections, reported through CURL_POLL_REMOVE; any socket curl
    * did not report is stopped here. */
-  while (m->xfers)
-    kvr_curlm_cancel(m, m->xfers->easy);
+  while (!kvr_list_empty(&m->xfers))
+    kvr_curlm_cancel(m, KVR_CONTAINER_OF(m->xfers.next, xfer_t, node)->easy);
   curl_multi_cleanup(m->multi);
   m->multi = NULL;
-  while (m->socks)
-    sock_close(m, m->socks);
+  while (!kvr_list_empty(&m->socks))
+    sock_close(m, KVR_CONTAINER_OF(m->socks.next, sock_ctx_t, node));
   uv_close((uv_handle_t *)&m->timer, on_close_handle);
 }
 
@@ -302,4 +282,11 @@ CURL *kvr_curl_easy_new(const char *url, long connect_timeout_ms, long timeout_m
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write ? write : discard);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, data);
   return e;
+}
+
+struct curl_slist *kvr_curl_slist_append(struct curl_slist *l, const char *line) {
+  struct curl_slist *n = curl_slist_append(l, line);
+  if (n == NULL)
+    kvr_oom("curl_slist_append", strlen(line));
+  return n;
 }

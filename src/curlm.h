@@ -30,11 +30,12 @@ typedef struct kvr_curlm_s kvr_curlm_t;
 /* Called once per finished transfer with curl's result; easy is no longer in the multi. */
 typedef void (*kvr_curlm_done_cb)(CURL *easy, CURLcode result, void *data);
 
-/* Creates the multi on loop. Returns NULL on failure. Calls curl_global_init() once per process. */
+/* Creates the multi on loop. Returns NULL when curl cannot be initialised (out of memory aborts,
+ * kvr.h). Calls curl_global_init() once per process. */
 kvr_curlm_t *kvr_curlm_new(uv_loop_t *loop);
 
-/* Adds a configured easy handle. Returns 0, or KVR_EIO if curl refused it (done is never called).
- */
+/* Adds a configured easy handle. Returns 0, or KVR_EIO if curl refused it and KVR_ECLOSED after
+ * kvr_curlm_close() (done is never called then). */
 int kvr_curlm_add(kvr_curlm_t *m, CURL *easy, kvr_curlm_done_cb done, void *data);
 
 /* Removes a transfer that has not finished; done() is not called for it. Not from curl callbacks.
@@ -56,6 +57,10 @@ void kvr_curlm_close(kvr_curlm_t *m);
  * NULL (out of memory aborts, kvr.h). */
 CURL *kvr_curl_easy_new(const char *url, long connect_timeout_ms, long timeout_ms,
                         curl_write_callback write, void *data);
+
+/* curl_slist_append() under the out-of-memory contract (kvr.h): returns the list with line (copied)
+ * appended, never NULL. l may be NULL (a new list). */
+struct curl_slist *kvr_curl_slist_append(struct curl_slist *l, const char *line);
 
 /* Sets max total connections and max per host (0 = unlimited). */
 void kvr_curlm_set_limits(kvr_curlm_t *m, long max_total, long max_per_host);

@@ -44,7 +44,9 @@ const kvr_http_route_t *kvr_http_route_find(const kvr_http_route_t *table, size_
                                             int *status, char *allow, size_t allow_len);
 
 /* Finds the route of req and calls its handler with data, or answers 404/405 (with Allow) in the
- * given dialect. Returns 0 when a handler ran, else the status answered. */
+ * given dialect. Returns 0 when a handler ran, else the status answered; req has then been
+ * finished (and freed, http_server.h), so a caller that logs the rejected request from req does
+ * so before, with kvr_http_route_find(). */
 int kvr_http_route_dispatch(const kvr_http_route_t *table, size_t n, kvr_http_req_t *req,
                             void *data, kvr_http_dialect_t dialect);
 

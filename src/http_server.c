@@ -31,6 +31,7 @@
 #include "http_server.h"
 
 #include "kvr.h"
+#include "list.h"
 #include "log.h"
 #include "openai.h"
 
@@ -57,8 +58,8 @@ struct kvr_http_server_s {
   kvr_http_limits_t limits;
   kvr_http_request_cb on_request;
   void *data;
-  kvr_http_conn_t *conns; /* doubly linked list of open connections */
-  size_t nconns;
+  kvr_list_t conns; /* open connections (kvr_http_conn_t.node), newest first */
+  size_t nconns;    /* their number */
   bool closing;
   void (*close_done)(void *);
   void *close_data;
@@ -71,7 +72,7 @@ struct kvr_http_conn_s {
   uv_timer_t timer;
   uv_shutdown_t shutdown;
   kvr_http_server_t *srv;
-  kvr_http_conn_t *prev, *next;
+  kvr_list_t node; /* in srv->conns from accept until the tcp handle has closed */
   llhttp_t parser;
   kvr_buf_t inbuf;
   kvr_http_req_t *cur;    /* being parsed; owned by the connection */
@@ -199,9 +200,7 @@ static void peer_name(kvr_http_conn_t *conn, char *out, size_t len) {
 }
 
 static kvr_http_req_t *req_new(kvr_http_conn_t *conn) {
-  kvr_http_req_t *req = calloc(1, sizeof *req);
-  if (req == NULL)
-    abort();
+  kvr_http_req_t *req = kvr_xcalloc(1, sizeof *req);
   req->conn = conn;
   req->start_ns = kvr_now_ns();
   kvr_buf_init(&req->body);
@@ -258,12 +257,7 @@ static void on_timer_close(uv_handle_t *h) {
 static void on_tcp_close(uv_handle_t *h) {
   kvr_http_conn_t *conn = h->data;
   kvr_http_server_t *srv = conn->srv;
-  if (conn->prev)
-    conn->prev->next = conn->next;
-  else
-    srv->conns = conn->next;
-  if (conn->next)
-    conn->next->prev = conn->prev;
+  kvr_list_remove(&conn->node);
   srv->nconns--;
   kvr_http_req_t *req = conn->active;
   if (req && !req->finished && req->on_close) {
@@ -383,9 +377,7 @@ static int conn_write(kvr_http_conn_t *conn, const void *data, size_t len) {
       return KVR_ECLOSED;
     }
   }
-  write_req_t *wr = malloc(sizeof *wr + len);
-  if (wr == NULL)
-    abort();
+  write_req_t *wr = kvr_xmalloc(sizeof *wr + len);
   memcpy(wr->data, p, len);
   wr->conn = conn;
   wr->len = len;
@@ -680,9 +672,7 @@ static int on_url_complete(llhttp_t *p) {
   req->target = kvr_buf_steal(&conn->hfield);
   char *q = strchr(req->target, '?');
   size_t plen = q ? (size_t)(q - req->target) : strlen(req->target);
-  req->path = malloc(plen + 1);
-  if (req->path == NULL)
-    abort();
+  req->path = kvr_xmalloc(plen + 1);
   memcpy(req->path, req->target, plen);
   req->path[plen] = '\0';
   req->query = q ? q + 1 : "";
@@ -739,9 +729,7 @@ static int on_header_value_complete(llhttp_t *p) {
    * line of defence because header values are copied to upstream requests verbatim. */
   if (conn->hvalue.len && memchr(conn->hvalue.data, '\0', conn->hvalue.len))
     return reject(conn, 400, "invalid_header", "header value contains a NUL byte");
-  kvr_http_header_t *h = realloc(req->headers, (req->nheaders + 1) * sizeof *h);
-  if (h == NULL)
-    abort();
+  kvr_http_header_t *h = kvr_xrealloc(req->headers, (req->nheaders + 1) * sizeof *h);
   req->headers = h;
   h[req->nheaders].name = kvr_buf_steal(&conn->hfield);
   h[req->nheaders].value = kvr_buf_steal(&conn->hvalue);
@@ -910,19 +898,14 @@ static void on_connection(uv_stream_t *ls, int status) {
     KVR_WARN("http", "accept failed: %s", uv_strerror(status));
     return;
   }
-  kvr_http_conn_t *conn = calloc(1, sizeof *conn);
-  if (conn == NULL)
-    abort();
+  kvr_http_conn_t *conn = kvr_xcalloc(1, sizeof *conn);
   conn->srv = srv;
   uv_tcp_init(srv->loop, &conn->tcp);
   uv_timer_init(srv->loop, &conn->timer);
   conn->tcp.data = conn;
   conn->timer.data = conn;
   conn->refs = 2;
-  conn->next = srv->conns;
-  if (srv->conns)
-    srv->conns->prev = conn;
-  srv->conns = conn;
+  kvr_list_insert_head(&srv->conns, &conn->node);
   srv->nconns++;
   if (uv_accept(ls, (uv_stream_t *)&conn->tcp) != 0) {
     conn_close(conn);
@@ -976,9 +959,7 @@ int kvr_parse_hostport(const char *hostport, struct sockaddr_storage *out) {
 
 kvr_http_server_t *kvr_http_server_new(uv_loop_t *loop, const kvr_http_limits_t *limits,
                                        kvr_http_request_cb on_request, void *data) {
-  kvr_http_server_t *srv = calloc(1, sizeof *srv);
-  if (srv == NULL)
-    return NULL;
+  kvr_http_server_t *srv = kvr_xcalloc(1, sizeof *srv);
   srv->loop = loop;
   if (limits)
     srv->limits = *limits;
@@ -987,6 +968,7 @@ kvr_http_server_t *kvr_http_server_new(uv_loop_t *loop, const kvr_http_limits_t 
   srv->on_request = on_request;
   srv->data = data;
   srv->port = -1;
+  kvr_list_init(&srv->conns);
   return srv;
 }
 
@@ -1043,8 +1025,11 @@ void kvr_http_server_close(kvr_http_server_t *srv, void (*done)(void *data), voi
   srv->closing = true;
   srv->close_done = done;
   srv->close_data = data;
-  /* Idle connections go now; busy ones close when their active request finishes. */
-  for (kvr_http_conn_t *c = srv->conns; c; c = c->next) {
+  /* Idle connections go now; busy ones close when their active request finishes. Closing only
+   * starts here: a connection leaves the list in its tcp handle's close callback. */
+  kvr_list_t *q, *tmp;
+  KVR_LIST_FOREACH_SAFE(q, tmp, &srv->conns) {
+    kvr_http_conn_t *c = KVR_CONTAINER_OF(q, kvr_http_conn_t, node);
     if (c->active == NULL && c->pending_write == 0 && !c->lingering) {
       conn_close(c);
     } else {

@@ -80,8 +80,8 @@ struct kvr_http_req_s {
   bool no_body; /* the status forbids a body (1xx, 204, 304) */
 };
 
-/* Creates a server on loop; on_request is called for every complete request with data. Returns NULL
- * on allocation failure. Nothing listens until kvr_http_server_listen(). */
+/* Creates a server on loop; on_request is called for every complete request with data. Never
+ * returns NULL (out of memory aborts, kvr.h). Nothing listens until kvr_http_server_listen(). */
 kvr_http_server_t *kvr_http_server_new(uv_loop_t *loop, const kvr_http_limits_t *limits,
                                        kvr_http_request_cb on_request, void *data);
 

@@ -68,12 +68,7 @@ static void hash_new_blocks(kvr_prompt_t *p) {
     size_t cap = p->blocks_cap ? p->blocks_cap : 16;
     while (cap < want)
       cap *= 2;
-    uint64_t *nb = realloc(p->blocks, cap * sizeof(*nb));
-    if (nb == NULL) {
-      fprintf(stderr, "kvrouter: out of memory hashing a prompt\n");
-      abort();
-    }
-    p->blocks = nb;
+    p->blocks = kvr_xrealloc(p->blocks, cap * sizeof(*p->blocks));
     p->blocks_cap = cap;
   }
   uint64_t seed = p->nblocks ? p->blocks[p->nblocks - 1] : p->model_seed;
@@ -149,10 +144,8 @@ static void append_str(kvr_buf_t *b, const cJSON *s) {
 /* Appends GS + compact JSON of v (tool calls and the like). */
 static void append_json(kvr_buf_t *b, const cJSON *v) {
   char *s = cJSON_PrintUnformatted(v);
-  if (s == NULL) {
-    fprintf(stderr, "kvrouter: out of memory printing JSON\n");
-    abort();
-  }
+  if (s == NULL)
+    kvr_oom("cJSON_PrintUnformatted", 0);
   kvr_buf_append(b, &(char){KVR_PROMPT_GS}, 1);
   kvr_buf_puts(b, s);
   cJSON_free(s);
@@ -381,13 +374,8 @@ int kvr_prompt_from_json(const cJSON *body, kvr_prompt_kind_t kind, size_t block
     return rc;
   }
 
-  size_t mlen = strlen(model->valuestring);
-  out->model = malloc(mlen + 1);
-  if (out->model == NULL) {
-    fprintf(stderr, "kvrouter: out of memory copying a model name\n");
-    abort();
-  }
-  memcpy(out->model, model->valuestring, mlen + 1);
+  out->model = kvr_xstrdup(model->valuestring);
+  size_t mlen = strlen(out->model);
   out->model_seed = kvr_prompt_model_seed(out->model, mlen);
   /* Token ids are counted exactly; text is estimated at KVR_CHARS_PER_TOKEN bytes per token. */
   out->prompt_tokens =

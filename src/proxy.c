@@ -34,7 +34,9 @@
 #include "proxy.h"
 
 #include "http_headers.h"
+#include "http_route.h"
 #include "kvr.h"
+#include "list.h"
 #include "log.h"
 #include "openai.h"
 
@@ -53,8 +55,8 @@ struct kvr_proxy_s {
   uv_loop_t *loop;    /* not owned; request timers */
   kvr_curlm_t *curlm; /* not owned; upstream transfers */
   kvr_router_t *r;
-  px_t *head; /* in-flight requests */
-  size_t active;
+  kvr_list_t pxs; /* in-flight requests (px_t.node), newest first */
+  size_t active;  /* their number */
 };
 
 typedef enum { TM_NONE, TM_FIRST_BYTE, TM_IDLE } tm_kind_t;
@@ -62,7 +64,7 @@ typedef enum { TM_NONE, TM_FIRST_BYTE, TM_IDLE } tm_kind_t;
 struct px_s {
   kvr_proxy_t *proxy;
   kvr_router_t *r;
-  px_t *prev, *next;
+  kvr_list_t node;     /* in proxy->pxs from the first attempt until px_end() */
   kvr_http_req_t *req; /* NULL once finished */
   kvr_route_t route;
   kvr_prompt_t prompt;
@@ -107,12 +109,11 @@ static void attempt(px_t *px);
 static void px_end(px_t *px);
 
 kvr_proxy_t *kvr_proxy_new(uv_loop_t *loop, kvr_router_t *r, kvr_curlm_t *curlm) {
-  kvr_proxy_t *p = calloc(1, sizeof *p);
-  if (p) {
-    p->loop = loop;
-    p->curlm = curlm;
-    p->r = r;
-  }
+  kvr_proxy_t *p = kvr_xcalloc(1, sizeof *p);
+  p->loop = loop;
+  p->curlm = curlm;
+  p->r = r;
+  kvr_list_init(&p->pxs);
   return p;
 }
 
@@ -129,11 +130,16 @@ static void timer_set(px_t *px, tm_kind_t kind, uint64_t ms);
 /* ---- response side: curl callbacks
  * --------------------------------------------------------------- */
 
+/* The header block the client gets: the worker's filtered headers, and which worker answered. */
+static void client_headers(const px_t *px, kvr_buf_t *h) {
+  kvr_buf_append(h, px->resp_headers.data, px->resp_headers.len);
+  if (px->r->cfg->worker_header && px->w)
+    kvr_buf_printf(h, "x-kvrouter-worker: %s\r\n", px->w->label);
+}
+
 static void start_client_response(px_t *px) {
   kvr_buf_t h = KVR_BUF_INIT;
-  kvr_buf_append(&h, px->resp_headers.data, px->resp_headers.len);
-  if (px->r->cfg->worker_header && px->w)
-    kvr_buf_printf(&h, "x-kvrouter-worker: %s\r\n", px->w->label);
+  client_headers(px, &h);
   kvr_http_start(px->req, px->status, h.data);
   kvr_buf_free(&h);
   px->streaming = true;
@@ -341,14 +347,8 @@ static void px_end(px_t *px) {
   /* 499 (nginx's "client closed request") keeps client aborts out of 5xx counts in the log. */
   if (px->req)
     kvr_http_finish(detach(px, px->req->closed ? 499 : px->req->status ? px->req->status : 500));
-  kvr_proxy_t *p = px->proxy;
-  if (px->prev)
-    px->prev->next = px->next;
-  else
-    p->head = px->next;
-  if (px->next)
-    px->next->prev = px->prev;
-  p->active--;
+  kvr_list_remove(&px->node);
+  px->proxy->active--;
   uv_close((uv_handle_t *)&px->timer, on_timer_closed);
 }
 
@@ -401,64 +401,60 @@ static void learn(px_t *px) {
   }
 }
 
-static void on_done(CURL *easy, CURLcode rc, void *data) {
-  px_t *px = data;
-  px->transfer_active = false;
-  timer_set(px, TM_NONE, 0);
-  kvr_router_t *r = px->r;
-  if (rc == CURLE_OK) {
-    if (!px->sse && px->body.len && px->has_prompt) {
-      cJSON *obj = cJSON_ParseWithLength(px->body.data, px->body.len);
-      if (obj) {
-        kvr_openai_chunk_t c;
-        kvr_openai_chunk_read(obj, &c);
-        take_text(px, &c);
-        take_usage(px, &c);
-        cJSON_Delete(obj);
-      }
-    }
-    if (px->status >= 500)
-      kvr_router_on_worker_error(r, &px->acct);
-    learn(px);
-    if (!px->streaming) {
-      kvr_buf_t h = KVR_BUF_INIT;
-      kvr_buf_append(&h, px->resp_headers.data, px->resp_headers.len);
-      if (r->cfg->worker_header)
-        kvr_buf_printf(&h, "x-kvrouter-worker: %s\r\n", px->w->label);
-      px->bytes_out = px->body.len;
-      kvr_http_respond(detach(px, px->status), px->status, NULL, h.data, px->body.data,
-                       px->body.len);
-      kvr_buf_free(&h);
-    }
-    if (px->mid_stream_error)
-      px->outcome = "worker_stream_error";
-    px_end(px);
+/* Usage and answer text of a held (non-SSE) body, for learning. */
+static void read_held_body(px_t *px) {
+  cJSON *obj = cJSON_ParseWithLength(px->body.data, px->body.len);
+  if (obj == NULL)
     return;
-  }
+  kvr_openai_chunk_t c;
+  kvr_openai_chunk_read(obj, &c);
+  take_text(px, &c);
+  take_usage(px, &c);
+  cJSON_Delete(obj);
+}
 
-  /* The transfer failed. A client that went away is not the worker's fault. */
-  if (px->req == NULL || px->req->closed) {
-    px->outcome = "client_closed";
-    kvr_router_on_client_abort(r);
-    px_end(px);
-    return;
+/* The transfer completed: learn from it and finish the client's response. */
+static void transfer_succeeded(px_t *px) {
+  kvr_router_t *r = px->r;
+  if (!px->sse && px->body.len && px->has_prompt)
+    read_held_body(px);
+  if (px->status >= 500)
+    kvr_router_on_worker_error(r, &px->acct);
+  learn(px);
+  if (!px->streaming) {
+    kvr_buf_t h = KVR_BUF_INIT;
+    client_headers(px, &h);
+    px->bytes_out = px->body.len;
+    kvr_http_respond(detach(px, px->status), px->status, NULL, h.data, px->body.data, px->body.len);
+    kvr_buf_free(&h);
   }
+  if (px->mid_stream_error)
+    px->outcome = "worker_stream_error";
+  px_end(px);
+}
+
+/* "Never connected": refused, unresolvable, or a connect timeout (curl reports that as
+ * CURLE_OPERATION_TIMEDOUT with no connect time). Safe to retry, and counts towards DOWN. */
+static bool never_connected(const px_t *px, CURL *easy, CURLcode rc) {
+  curl_off_t connect_us = 0;
+  curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connect_us);
+  return !px->got_byte && (rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ||
+                           (rc == CURLE_OPERATION_TIMEDOUT && connect_us == 0));
+}
+
+/* The transfer failed while the client is still there. */
+static void transfer_failed(px_t *px, CURL *easy, CURLcode rc) {
+  kvr_router_t *r = px->r;
   const char *why = curl_easy_strerror(rc);
   const kvr_worker_t *w = px->w;
   if (w)
     kvr_router_on_worker_error(r, &px->acct);
-  /* "Never connected" (refused, unresolvable, or a connect timeout: curl reports that as
-   * CURLE_OPERATION_TIMEDOUT with no connect time) is safe to retry and counts towards DOWN. A
-   * failure after connecting but before any response byte is retried too (the worker never
-   * answered), except a timeout, which would double the wait. */
-  curl_off_t connect_us = 0;
-  curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connect_us);
-  bool never_connected =
-      !px->got_byte && (rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ||
-                        (rc == CURLE_OPERATION_TIMEDOUT && connect_us == 0));
-  if (w && never_connected)
+  bool unreached = never_connected(px, easy, rc);
+  if (w && unreached)
     kvr_router_on_health(r, w->id, false);
-  if (!px->got_byte && (never_connected || (retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT)) &&
+  /* A failure after connecting but before any response byte is retried too (the worker never
+   * answered), except a timeout, which would double the wait. */
+  if (!px->got_byte && (unreached || (retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT)) &&
       px->attempts < MAX_ATTEMPTS) {
     KVR_WARN("proxy", "worker %s failed before responding (%s); retrying elsewhere",
              w ? w->label : "-", why);
@@ -477,6 +473,22 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
     broken_stream(px, why);
   }
   px_end(px);
+}
+
+static void on_done(CURL *easy, CURLcode rc, void *data) {
+  px_t *px = data;
+  px->transfer_active = false;
+  timer_set(px, TM_NONE, 0);
+  if (rc == CURLE_OK) {
+    transfer_succeeded(px);
+  } else if (px->req == NULL || px->req->closed) {
+    /* A client that went away is not the worker's fault. */
+    px->outcome = "client_closed";
+    kvr_router_on_client_abort(px->r);
+    px_end(px);
+  } else {
+    transfer_failed(px, easy, rc);
+  }
 }
 
 /* ---- timers -------------------------------------------------------------------------------------
@@ -531,33 +543,31 @@ static void on_client_close(kvr_http_req_t *req) {
 
 static void on_upstream_line(void *data, const char *line) {
   struct curl_slist **l = data;
-  *l = curl_slist_append(*l, line);
+  *l = kvr_curl_slist_append(*l, line);
 }
 
 static struct curl_slist *upstream_headers(const kvr_http_req_t *req) {
   struct curl_slist *l = NULL;
   kvr_http_headers_upstream(req->headers, req->nheaders, req->peer, on_upstream_line, &l);
   /* A bare "Expect:" stops curl from adding "Expect: 100-continue" to large bodies. */
-  l = curl_slist_append(l, "Expect:");
+  l = kvr_curl_slist_append(l, "Expect:");
   return l;
 }
 
-static void attempt(px_t *px) {
-  kvr_router_t *r = px->r;
-  kvr_http_req_t *req = px->req;
-  kvr_decision_t d;
-  int slot = kvr_router_decide(r, &px->rreq, px->tried, true, &d);
-  if (slot < 0) {
-    if (px->attempts == 0)
-      fail(px, 503, "no_worker_available", "no_worker", "%s",
-           "no usable worker is available; retry later");
-    else
-      fail(px, 502, "upstream_error", "worker_failed", "%s",
-           "upstream worker failed and no other worker could take the request");
-    px_end(px);
-    return;
-  }
-  const kvr_worker_t *w = r->slots[slot];
+/* No worker can take the request: 503 before any attempt, else 502 (the attempt failed). */
+static void no_worker(px_t *px) {
+  if (px->attempts == 0)
+    fail(px, 503, "no_worker_available", "no_worker", "%s",
+         "no usable worker is available; retry later");
+  else
+    fail(px, 502, "upstream_error", "worker_failed", "%s",
+         "upstream worker failed and no other worker could take the request");
+  px_end(px);
+}
+
+/* Points px at the worker of slot for a new attempt and forgets the previous attempt's answer. */
+static void attempt_begin(px_t *px, int slot) {
+  const kvr_worker_t *w = px->r->slots[slot];
   px->w = w;
   px->attempts++;
   px->tried |= UINT64_C(1) << slot;
@@ -570,34 +580,10 @@ static void attempt(px_t *px) {
   kvr_buf_reset(&px->body);
   kvr_openai_sse_reset(&px->sse_lines);
   kvr_buf_reset(&px->answer);
+}
 
-  uint64_t prompt_tokens = px->has_prompt ? px->prompt.prompt_tokens : 0;
-  kvr_router_on_dispatch(r, slot, prompt_tokens, d.snaps[slot].matched_blocks, &px->acct);
-
-  kvr_buf_reset(&px->url);
-  kvr_buf_printf(&px->url, "%s%s", w->url, req->target);
-  CURL *e = curl_easy_init();
-  if (e == NULL) {
-    fail(px, 502, "upstream_error", "internal", "%s", "cannot create an upstream transfer");
-    px_end(px);
-    return;
-  }
-  px->easy = e;
-  px->hdrs = upstream_headers(req);
-  curl_easy_setopt(e, CURLOPT_URL, px->url.data);
-  /* The target was validated (no dot segments); curl must not normalise it into another path. */
-  curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
-  curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
-  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)r->cfg->connect_timeout_ms);
-  curl_easy_setopt(e, CURLOPT_HTTPHEADER, px->hdrs);
-  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
-  curl_easy_setopt(e, CURLOPT_HEADERDATA, px);
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, px);
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http");
-  curl_easy_setopt(e, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
+/* The client's method and body, as curl sends them. */
+static void upstream_method(CURL *e, const kvr_http_req_t *req) {
   if (req->method == HTTP_GET) {
     curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
   } else if (req->method == HTTP_HEAD) {
@@ -610,7 +596,39 @@ static void attempt(px_t *px) {
       curl_easy_setopt(e, CURLOPT_POSTFIELDS, req->body.data ? req->body.data : "");
     }
   }
-  if (kvr_curlm_add(px->proxy->curlm, e, on_done, px) != 0) {
+}
+
+/* The easy handle of the current attempt: the client's request to px->w (px owns it). */
+static CURL *upstream_transfer(px_t *px) {
+  kvr_http_req_t *req = px->req;
+  kvr_buf_reset(&px->url);
+  kvr_buf_printf(&px->url, "%s%s", px->w->url, req->target);
+  CURL *e = kvr_curl_easy_new(px->url.data, (long)px->r->cfg->connect_timeout_ms, 0, on_body, px);
+  px->hdrs = upstream_headers(req);
+  /* The target was validated (no dot segments); curl must not normalise it into another path. */
+  curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, px->hdrs);
+  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(e, CURLOPT_HEADERDATA, px);
+  curl_easy_setopt(e, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
+  upstream_method(e, req);
+  return e;
+}
+
+/* Routes px to a worker it has not tried and starts the transfer, or answers 503/502. */
+static void attempt(px_t *px) {
+  kvr_router_t *r = px->r;
+  kvr_decision_t d;
+  int slot = kvr_router_decide(r, &px->rreq, px->tried, true, &d);
+  if (slot < 0) {
+    no_worker(px);
+    return;
+  }
+  attempt_begin(px, slot);
+  uint64_t prompt_tokens = px->has_prompt ? px->prompt.prompt_tokens : 0;
+  kvr_router_on_dispatch(r, slot, prompt_tokens, d.snaps[slot].matched_blocks, &px->acct);
+  px->easy = upstream_transfer(px);
+  if (kvr_curlm_add(px->proxy->curlm, px->easy, on_done, px) != 0) {
     fail(px, 502, "upstream_error", "internal", "%s", "cannot start an upstream transfer");
     px_end(px);
     return;
@@ -647,7 +665,10 @@ static bool unsafe_path(const char *p) {
   return false;
 }
 
-static void health(kvr_router_t *r, kvr_http_req_t *req) {
+/* GET /health: 200 while some worker is usable, else 503. */
+static void on_health(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_router_t *r = ((kvr_proxy_t *)data)->r;
+  (void)tail;
   size_t usable = 0, total = 0;
   for (size_t i = 0; i < r->nslots; i++) {
     if (r->slots[i] == NULL)
@@ -663,47 +684,13 @@ static void health(kvr_router_t *r, kvr_http_req_t *req) {
   kvr_http_respond(req, usable ? 200 : 503, "application/json", NULL, body, (size_t)n);
 }
 
-void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
+/* Every /v1/ request the table lets through: proxied to a worker. */
+static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_proxy_t *p = data;
   kvr_router_t *r = p->r;
-  kvr_router_on_request(r);
-  const char *path = req->path;
-  if (strcmp(path, "/health") == 0) {
-    if (req->method != HTTP_GET && req->method != HTTP_HEAD) {
-      local_log(r, req, 405, "rejected");
-      kvr_http_error(req, 405, NULL, "method_not_allowed", "%s", "use GET /health");
-      return;
-    }
-    health(r, req);
-    return;
-  }
-  if (unsafe_path(path)) {
-    local_log(r, req, 400, "rejected");
-    kvr_http_error(req, 400, NULL, "invalid_path", "%s",
-                   "dot segments and backslashes are not allowed in the path");
-    return;
-  }
-  if (strncmp(path, "/v1/", 4) != 0) {
-    local_log(r, req, 404, "rejected");
-    kvr_http_error(req, 404, NULL, "not_found", "no route for %s %s", req->method_str, path);
-    return;
-  }
-  kvr_route_t route = kvr_openai_route(path);
-  if ((route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS) && req->method != HTTP_POST) {
-    local_log(r, req, 405, "rejected");
-    kvr_http_error(req, 405, NULL, "method_not_allowed", "use POST %s", path);
-    return;
-  }
-  if (route == KVR_ROUTE_MODELS && req->method != HTTP_GET && req->method != HTTP_HEAD) {
-    local_log(r, req, 405, "rejected");
-    kvr_http_error(req, 405, NULL, "method_not_allowed", "%s", "use GET /v1/models");
-    return;
-  }
-  px_t *px = calloc(1, sizeof *px);
-  if (px == NULL) {
-    kvr_http_error(req, 500, NULL, "internal", "%s", "out of memory");
-    return;
-  }
+  kvr_route_t route = kvr_openai_route(req->path);
+  (void)tail;
+  px_t *px = kvr_xcalloc(1, sizeof *px);
   px->proxy = p;
   px->r = r;
   px->route = route;
@@ -730,17 +717,44 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
   req->on_drain = on_client_drain;
   uv_timer_init(p->loop, &px->timer);
   px->timer.data = px;
-  px->next = p->head;
-  if (p->head)
-    p->head->prev = px;
-  p->head = px;
+  kvr_list_insert_head(&p->pxs, &px->node);
   p->active++;
   attempt(px);
 }
 
+/* The public routes. The exact routes decide their paths (a wrong method there is a 405 with
+ * Allow); every other /v1/ path passes through to a worker whatever its method. */
+static const kvr_http_route_t routes[] = {
+    {"/health", KVR_HTTP_M(GET), on_health},
+    {"/v1/chat/completions", KVR_HTTP_M(POST), on_proxied},
+    {"/v1/completions", KVR_HTTP_M(POST), on_proxied},
+    {"/v1/models", KVR_HTTP_M(GET), on_proxied},
+    {"/v1/*", KVR_HTTP_M_ANY, on_proxied},
+};
+
+void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
+  kvr_proxy_t *p = data;
+  kvr_router_on_request(p->r);
+  if (unsafe_path(req->path)) {
+    local_log(p->r, req, 400, "rejected");
+    kvr_http_error(req, 400, NULL, "invalid_path", "%s",
+                   "dot segments and backslashes are not allowed in the path");
+    return;
+  }
+  /* A 404 or 405 is logged before it is answered: answering finishes req, which frees it, so the
+   * status kvr_http_route_dispatch() returns comes too late for the log line. */
+  const char *tail;
+  int status;
+  char allow[128];
+  if (kvr_http_route_find(routes, KVR_ARRAY_SIZE(routes), req->path, req->method, &tail, &status,
+                          allow, sizeof allow) == NULL)
+    local_log(p->r, req, status, "rejected");
+  kvr_http_route_dispatch(routes, KVR_ARRAY_SIZE(routes), req, p, KVR_HTTP_DIALECT_OPENAI);
+}
+
 void kvr_proxy_abort_all(kvr_proxy_t *p) {
-  while (p->head) {
-    px_t *px = p->head;
+  while (!kvr_list_empty(&p->pxs)) {
+    px_t *px = KVR_CONTAINER_OF(p->pxs.next, px_t, node);
     timer_set(px, TM_NONE, 0);
     if (px->req && !px->req->started)
       fail(px, 503, "shutting_down", "shutdown", "%s", "the router is shutting down");

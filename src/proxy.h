@@ -19,7 +19,7 @@
 typedef struct kvr_proxy_s kvr_proxy_t;
 
 /* Creates the proxy: request timers on loop, upstream transfers on curlm, routing and accounting
- * by r (all three must outlive it). Returns NULL when out of memory. */
+ * by r (all three must outlive it). Never returns NULL (out of memory aborts, kvr.h). */
 kvr_proxy_t *kvr_proxy_new(uv_loop_t *loop, kvr_router_t *r, kvr_curlm_t *curlm);
 /* Frees the proxy; every request must have ended (kvr_proxy_active() == 0). Accepts NULL. */
 void kvr_proxy_free(kvr_proxy_t *p);

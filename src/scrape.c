@@ -162,25 +162,13 @@ static void on_probe_done(CURL *easy, CURLcode result, void *data) {
 
 static void probe_start(kvr_scrape_t *s, const kvr_worker_t *w) {
   const kvr_config_t *cfg = s->r->cfg;
-  probe_t *p = calloc(1, sizeof *p);
-  if (p == NULL)
-    return;
+  probe_t *p = kvr_xcalloc(1, sizeof *p);
   p->s = s;
   p->id = w->id;
   p->slot = w->slot;
-  p->easy = curl_easy_init();
-  if (p->easy == NULL) {
-    free(p);
-    return;
-  }
   snprintf(p->url, sizeof p->url, "%s/metrics", w->url);
   uint64_t timeout = KVR_MAX(2 * cfg->scrape_interval_ms, (uint64_t)5000);
-  curl_easy_setopt(p->easy, CURLOPT_URL, p->url);
-  curl_easy_setopt(p->easy, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(p->easy, CURLOPT_TIMEOUT_MS, (long)timeout);
-  curl_easy_setopt(p->easy, CURLOPT_CONNECTTIMEOUT_MS, (long)cfg->connect_timeout_ms);
-  curl_easy_setopt(p->easy, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(p->easy, CURLOPT_WRITEDATA, p);
+  p->easy = kvr_curl_easy_new(p->url, (long)cfg->connect_timeout_ms, (long)timeout, on_body, p);
   if (kvr_curlm_add(s->curlm, p->easy, on_probe_done, p) != 0) {
     probe_free(p);
     return;

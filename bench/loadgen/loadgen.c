@@ -37,6 +37,7 @@
 #include "src/buf.h"
 #include "src/curlm.h"
 #include "src/kvr.h"
+#include "src/list.h"
 #include "src/openai.h"
 
 #include <cjson/cJSON.h>
@@ -80,7 +81,7 @@ struct req_s {
   bool stream_error;
   bool keep_answer; /* the streamed text is resent by a later turn (session mode) */
   kvr_req_rec_t rec;
-  req_t *prev, *next;
+  kvr_list_t node; /* in lg->inflight from kvr_curlm_add until done or cancelled */
 };
 
 struct kvr_loadgen_s {
@@ -117,8 +118,8 @@ struct kvr_loadgen_s {
                    * send time (for ready->cv, turn ready->turn); owned, not in flight */
   conv_t **convs; /* every conversation opened this level, owned */
   size_t nconvs, capconvs;
-  req_t *inflight;
-  size_t ninflight;
+  kvr_list_t inflight; /* requests handed to curl (req_t.node), newest first */
+  size_t ninflight;    /* their number */
   uint64_t last_progress_ns;
   size_t progress_len;
   unsigned warmup; /* warm-up requests of this level */
@@ -155,12 +156,11 @@ kvr_loadgen_t *kvr_loadgen_new(uv_loop_t *loop, const kvr_loadgen_opts_t *o,
              "and at least one prompt");
     return NULL;
   }
-  kvr_loadgen_t *lg = calloc(1, sizeof(*lg));
-  if (lg == NULL)
-    abort();
+  kvr_loadgen_t *lg = kvr_xcalloc(1, sizeof(*lg));
   lg->loop = loop;
   lg->o = *o;
   lg->wl = wl;
+  kvr_list_init(&lg->inflight);
   /* The endpoint: keep a full /v1/... path, else add the API's. */
   kvr_buf_t u = KVR_BUF_INIT;
   kvr_buf_puts(&u, o->url);
@@ -169,8 +169,8 @@ kvr_loadgen_t *kvr_loadgen_new(uv_loop_t *loop, const kvr_loadgen_opts_t *o,
   if (strstr(u.data + 8, "/v1/") == NULL)
     kvr_buf_puts(&u, o->api == KVR_API_CHAT ? "/v1/chat/completions" : "/v1/completions");
   lg->url = kvr_buf_steal(&u);
-  lg->model = strdup(o->model ? o->model : "default");
-  lg->api_key = o->api_key ? strdup(o->api_key) : NULL;
+  lg->model = kvr_xstrdup(o->model ? o->model : "default");
+  lg->api_key = kvr_xstrdup(o->api_key);
   lg->curlm = kvr_curlm_new(loop);
   if (lg->curlm == NULL) {
     snprintf(err, errlen, "loadgen: curl multi init failed");
@@ -244,13 +244,7 @@ static void req_free(req_t *r) {
 }
 
 static void inflight_remove(kvr_loadgen_t *lg, req_t *r) {
-  if (r->prev)
-    r->prev->next = r->next;
-  else
-    lg->inflight = r->next;
-  if (r->next)
-    r->next->prev = r->prev;
-  r->prev = r->next = NULL;
+  kvr_list_remove(&r->node);
   lg->ninflight--;
 }
 
@@ -291,9 +285,7 @@ static void on_token(req_t *r, uint64_t now) {
   } else {
     if (r->nitl == r->capitl) {
       r->capitl = r->capitl ? r->capitl * 2 : 256;
-      r->itls = realloc(r->itls, r->capitl * sizeof(double));
-      if (r->itls == NULL)
-        abort();
+      r->itls = kvr_xrealloc(r->itls, r->capitl * sizeof(double));
     }
     r->itls[r->nitl++] = (double)(now - r->last_ns) / 1e6 * scale(r->lg);
   }
@@ -473,7 +465,7 @@ static void conv_advance(kvr_loadgen_t *lg, conv_t *cv, req_t *r, bool ok, uint6
   }
   cv->answers[r->turn] = kvr_buf_steal(&r->answer);
   if (cv->answers[r->turn] == NULL)
-    cv->answers[r->turn] = strdup("");
+    cv->answers[r->turn] = kvr_xstrdup("");
   cv->next_turn = r->turn + 1;
   if (cv->next_turn >= cv->conv.nturns) {
     cv->dead = true;
@@ -545,16 +537,12 @@ static void on_done(CURL *easy, CURLcode result, void *data) {
 }
 
 static conv_t *conv_make(kvr_loadgen_t *lg) {
-  conv_t *cv = calloc(1, sizeof(*cv));
-  if (cv == NULL)
-    abort();
+  conv_t *cv = kvr_xcalloc(1, sizeof(*cv));
   kvr_workload_conv(lg->wl, lg->level_seed, lg->next_conv++, &cv->conv);
-  cv->answers = calloc(cv->conv.nturns ? cv->conv.nturns : 1, sizeof(char *));
-  if (cv->answers == NULL)
-    abort();
+  cv->answers = kvr_xcalloc(cv->conv.nturns, sizeof(char *));
   for (uint32_t t = 0; t < cv->conv.nturns; t++)
     if (cv->conv.turns[t].answer)
-      cv->answers[t] = strdup(cv->conv.turns[t].answer);
+      cv->answers[t] = kvr_xstrdup(cv->conv.turns[t].answer);
   return cv;
 }
 
@@ -566,9 +554,7 @@ static conv_t *conv_open(kvr_loadgen_t *lg, unsigned user) {
   cv->user = user;
   if (lg->nconvs == lg->capconvs) {
     lg->capconvs = lg->capconvs ? lg->capconvs * 2 : 64;
-    lg->convs = realloc(lg->convs, lg->capconvs * sizeof(*lg->convs));
-    if (lg->convs == NULL)
-      abort();
+    lg->convs = kvr_xrealloc(lg->convs, lg->capconvs * sizeof(*lg->convs));
   }
   lg->convs[lg->nconvs++] = cv;
   return cv;
@@ -586,9 +572,7 @@ static void conv_free(conv_t *cv) {
  * headers set, ITL array sized for the turn's max_tokens. Nothing here depends on the send time, so
  * it runs ahead of the send (see prepare_next()). */
 static req_t *req_prepare(kvr_loadgen_t *lg, conv_t *cv, uint32_t turn) {
-  req_t *r = calloc(1, sizeof(*r));
-  if (r == NULL)
-    abort();
+  req_t *r = kvr_xcalloc(1, sizeof(*r));
   r->lg = lg;
   r->cv = cv;
   r->turn = turn;
@@ -598,36 +582,26 @@ static req_t *req_prepare(kvr_loadgen_t *lg, conv_t *cv, uint32_t turn) {
   r->rec.ttft_ms = r->rec.tpot_ms = r->rec.transport_ms = -1;
   kvr_openai_sse_init(&r->sse, SIZE_MAX);
   r->capitl = cv->conv.turns[turn].max_tokens > 1 ? cv->conv.turns[turn].max_tokens - 1 : 1;
-  r->itls = malloc(r->capitl * sizeof(double));
-  if (r->itls == NULL)
-    abort();
+  r->itls = kvr_xmalloc(r->capitl * sizeof(double));
   kvr_workload_body(&cv->conv, r->turn, (const char *const *)cv->answers, lg->model, lg->o.api,
                     lg->o.ignore_eos, &r->body);
-  r->easy = curl_easy_init();
-  if (r->easy == NULL)
-    abort();
-  r->headers = curl_slist_append(r->headers, "Content-Type: application/json");
-  r->headers = curl_slist_append(r->headers, "Accept: text/event-stream");
-  r->headers = curl_slist_append(r->headers, "Expect:");
+  long timeout_ms = lg->o.request_timeout_s > 0 ? (long)(lg->o.request_timeout_s * 1000) : 0;
+  r->easy = kvr_curl_easy_new(lg->url, 10000L, timeout_ms, on_write, r);
+  /* The benchmarked endpoint may be a TLS one (kvr_curl_easy_new allows plain http only). */
+  curl_easy_setopt(r->easy, CURLOPT_PROTOCOLS_STR, "http,https");
+  r->headers = kvr_curl_slist_append(r->headers, "Content-Type: application/json");
+  r->headers = kvr_curl_slist_append(r->headers, "Accept: text/event-stream");
+  r->headers = kvr_curl_slist_append(r->headers, "Expect:");
   if (lg->api_key) {
     char auth[512];
     snprintf(auth, sizeof(auth), "Authorization: Bearer %s", lg->api_key);
-    r->headers = curl_slist_append(r->headers, auth);
+    r->headers = kvr_curl_slist_append(r->headers, auth);
   }
-  curl_easy_setopt(r->easy, CURLOPT_URL, lg->url);
   curl_easy_setopt(r->easy, CURLOPT_HTTPHEADER, r->headers);
   curl_easy_setopt(r->easy, CURLOPT_POSTFIELDS, r->body.data);
   curl_easy_setopt(r->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)r->body.len);
-  curl_easy_setopt(r->easy, CURLOPT_WRITEFUNCTION, on_write);
-  curl_easy_setopt(r->easy, CURLOPT_WRITEDATA, r);
   curl_easy_setopt(r->easy, CURLOPT_HEADERFUNCTION, on_header);
   curl_easy_setopt(r->easy, CURLOPT_HEADERDATA, r);
-  curl_easy_setopt(r->easy, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(r->easy, CURLOPT_TCP_NODELAY, 1L);
-  curl_easy_setopt(r->easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
-  curl_easy_setopt(r->easy, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
-  if (lg->o.request_timeout_s > 0)
-    curl_easy_setopt(r->easy, CURLOPT_TIMEOUT_MS, (long)(lg->o.request_timeout_s * 1000));
   return r;
 }
 
@@ -654,10 +628,7 @@ static void send_turn(kvr_loadgen_t *lg, conv_t *cv, uint64_t target_ns) {
     req_free(r);
     return;
   }
-  r->next = lg->inflight;
-  if (lg->inflight)
-    lg->inflight->prev = r;
-  lg->inflight = r;
+  kvr_list_insert_head(&lg->inflight, &r->node);
   lg->ninflight++;
 }
 
@@ -906,9 +877,7 @@ static void on_tick(uv_timer_t *t) {
 
 static double running_p99(const kvr_level_t *lv, bool tpot) {
   size_t n = 0;
-  double *v = malloc((lv->nrecs ? lv->nrecs : 1) * sizeof(double));
-  if (v == NULL)
-    abort();
+  double *v = kvr_xmalloc(lv->nrecs * sizeof(double));
   for (size_t i = 0; i < lv->nrecs; i++) {
     const kvr_req_rec_t *r = &lv->recs[i];
     double x = tpot ? r->tpot_ms : r->ttft_ms;
@@ -1013,9 +982,7 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
     /* Gamma gaps with mean 1/real_rate (vllm's burstiness: shape k, scale 1/(rate*k)). */
     double real_rate = rate * scale(lg);
     size_t narr = lg->total;
-    lg->arrivals = malloc(narr * sizeof(uint64_t));
-    if (lg->arrivals == NULL)
-      abort();
+    lg->arrivals = kvr_xmalloc(narr * sizeof(uint64_t));
     kvr_rng_t rng;
     kvr_workload_rng_seed(&rng, kvr_workload_mix(level_seed, 0xA77));
     double t = 0;
@@ -1074,8 +1041,8 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
 
 /* Cancels every transfer in flight (not recorded) and leaves the level's uv_run. */
 static void stop_level(kvr_loadgen_t *lg) {
-  while (lg->inflight) {
-    req_t *r = lg->inflight;
+  while (!kvr_list_empty(&lg->inflight)) {
+    req_t *r = KVR_CONTAINER_OF(lg->inflight.next, req_t, node);
     inflight_remove(lg, r);
     kvr_curlm_cancel(lg->curlm, r->easy);
     req_free(r);
@@ -1117,9 +1084,7 @@ void kvr_loadgen_sleep(kvr_loadgen_t *lg, double real_seconds) {
 }
 
 void kvr_loadgen_set_model(kvr_loadgen_t *lg, const char *model) {
-  char *m = strdup(model);
-  if (m == NULL)
-    abort();
+  char *m = kvr_xstrdup(model);
   free(lg->model);
   lg->model = m;
 }

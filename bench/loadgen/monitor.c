@@ -22,6 +22,7 @@
 #include "src/buf.h"
 #include "src/curlm.h"
 #include "src/kvr.h"
+#include "src/list.h"
 #include "src/metrics.h"
 
 #include <cjson/cJSON.h>
@@ -50,8 +51,8 @@ typedef struct target_s {
 struct call_s {
   kvr_monitor_t *m;
   CURL *easy;
-  call_t *prev, *next;
-  int target; /* poll calls: index in m->targets; -1 otherwise */
+  kvr_list_t node; /* in m->calls until freed */
+  int target;      /* poll calls: index in m->targets; -1 otherwise */
   bool sync;
   bool done;
   kvr_buf_t body;
@@ -71,7 +72,7 @@ struct kvr_monitor_s {
   uv_timer_t poll;
   target_t targets[MON_MAX_TARGETS];
   size_t ntargets;
-  call_t *calls;
+  kvr_list_t calls; /* live calls (call_t.node), newest first */
   size_t sync_pending;
   bool in_sync;
 };
@@ -88,13 +89,7 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud) {
 }
 
 static void call_free(call_t *c) {
-  kvr_monitor_t *m = c->m;
-  if (c->prev)
-    c->prev->next = c->next;
-  else
-    m->calls = c->next;
-  if (c->next)
-    c->next->prev = c->prev;
+  kvr_list_remove(&c->node);
   curl_easy_cleanup(c->easy);
   curl_slist_free_all(c->headers);
   kvr_buf_free(&c->body);
@@ -124,37 +119,24 @@ static void on_call_done(CURL *easy, CURLcode result, void *data) {
  * when curl refused it. */
 static call_t *call_start(kvr_monitor_t *m, const char *method, const char *url, const char *json,
                           bool sync, int target, size_t max, long timeout_ms) {
-  call_t *c = calloc(1, sizeof(*c));
-  if (c == NULL)
-    abort();
+  call_t *c = kvr_xcalloc(1, sizeof(*c));
   c->m = m;
   c->target = target;
   c->sync = sync;
   c->max = max;
-  c->easy = curl_easy_init();
-  if (c->easy == NULL) {
-    free(c);
-    return NULL;
-  }
-  curl_easy_setopt(c->easy, CURLOPT_URL, url);
+  c->easy = kvr_curl_easy_new(url, 2000L, timeout_ms, on_body, c);
+  /* Targets follow the benchmarked endpoint, which may be a TLS one. */
+  curl_easy_setopt(c->easy, CURLOPT_PROTOCOLS_STR, "http,https");
   if (strcmp(method, "GET") != 0) {
     curl_easy_setopt(c->easy, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(c->easy, CURLOPT_POSTFIELDSIZE, json ? (long)strlen(json) : 0L);
     curl_easy_setopt(c->easy, CURLOPT_COPYPOSTFIELDS, json ? json : "");
   }
   if (json) {
-    c->headers = curl_slist_append(NULL, "Content-Type: application/json");
+    c->headers = kvr_curl_slist_append(NULL, "Content-Type: application/json");
     curl_easy_setopt(c->easy, CURLOPT_HTTPHEADER, c->headers);
   }
-  curl_easy_setopt(c->easy, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(c->easy, CURLOPT_TIMEOUT_MS, timeout_ms);
-  curl_easy_setopt(c->easy, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
-  curl_easy_setopt(c->easy, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(c->easy, CURLOPT_WRITEDATA, c);
-  c->next = m->calls;
-  if (m->calls)
-    m->calls->prev = c;
-  m->calls = c;
+  kvr_list_insert_head(&m->calls, &c->node);
   if (kvr_curlm_add(m->curlm, c->easy, on_call_done, c) != 0) {
     call_free(c);
     return NULL;
@@ -208,18 +190,14 @@ static char *base_of(const char *url) {
     return NULL;
   const char *slash = strchr(s + 3, '/');
   size_t n = slash ? (size_t)(slash - url) : strlen(url);
-  char *b = malloc(n + 1);
-  if (b == NULL)
-    abort();
+  char *b = kvr_xmalloc(n + 1);
   memcpy(b, url, n);
   b[n] = '\0';
   return b;
 }
 
 static char *trim_slash(const char *url) {
-  char *b = strdup(url);
-  if (b == NULL)
-    abort();
+  char *b = kvr_xstrdup(url);
   size_t n = strlen(b);
   while (n > 0 && b[n - 1] == '/')
     b[--n] = '\0';
@@ -231,10 +209,9 @@ kvr_monitor_t *kvr_monitor_new(uv_loop_t *loop, const char *admin_url, const cha
   char *base = url ? base_of(url) : NULL;
   if (base == NULL)
     return NULL;
-  kvr_monitor_t *m = calloc(1, sizeof(*m));
-  if (m == NULL)
-    abort();
+  kvr_monitor_t *m = kvr_xcalloc(1, sizeof(*m));
   m->loop = loop;
+  kvr_list_init(&m->calls);
   m->base = base;
   m->url = trim_slash(url);
   m->admin = admin_url ? trim_slash(admin_url) : NULL;
@@ -264,9 +241,10 @@ void kvr_monitor_free(kvr_monitor_t *m) {
   if (m == NULL)
     return;
   uv_timer_stop(&m->poll);
-  while (m->calls) {
-    kvr_curlm_cancel(m->curlm, m->calls->easy);
-    call_free(m->calls);
+  while (!kvr_list_empty(&m->calls)) {
+    call_t *c = KVR_CONTAINER_OF(m->calls.next, call_t, node);
+    kvr_curlm_cancel(m->curlm, c->easy);
+    call_free(c);
   }
   kvr_curlm_close(m->curlm);
   uv_close((uv_handle_t *)&m->poll, on_poll_closed);

@@ -277,10 +277,8 @@ static char *read_file(const char *path, size_t *len, char *err, size_t errlen) 
 }
 
 static void conv_push_turn(file_conv_t *c, const char *user, uint32_t max_tokens, double think) {
-  c->turns = realloc(c->turns, (c->nturns + 1) * sizeof(*c->turns));
-  if (c->turns == NULL)
-    abort();
-  c->turns[c->nturns].user = strdup(user);
+  c->turns = kvr_xrealloc(c->turns, (c->nturns + 1) * sizeof(*c->turns));
+  c->turns[c->nturns].user = kvr_xstrdup(user);
   c->turns[c->nturns].max_tokens = max_tokens;
   c->turns[c->nturns].think_s = think;
   c->turns[c->nturns].answer = NULL;
@@ -288,9 +286,7 @@ static void conv_push_turn(file_conv_t *c, const char *user, uint32_t max_tokens
 }
 
 static void push_conv(kvr_workload_t *wl, file_conv_t *c) {
-  wl->convs = realloc(wl->convs, (wl->nconvs + 1) * sizeof(*wl->convs));
-  if (wl->convs == NULL)
-    abort();
+  wl->convs = kvr_xrealloc(wl->convs, (wl->nconvs + 1) * sizeof(*wl->convs));
   wl->convs[wl->nconvs++] = *c;
 }
 
@@ -327,7 +323,7 @@ static int load_sharegpt(kvr_workload_t *wl, const cJSON *root, char *err, size_
         uint32_t t = (uint32_t)(chars / KVR_WORKLOAD_CHARS_PER_TOKEN);
         c.turns[c.nturns - 1].max_tokens = t < 1 ? 1 : KVR_MIN(t, wl->opts.out_max);
       } else if (strcmp(f, "system") == 0 && c.system == NULL) {
-        c.system = strdup(value->valuestring);
+        c.system = kvr_xstrdup(value->valuestring);
       }
     }
     if (c.nturns == 0)
@@ -366,10 +362,10 @@ static int load_jsonl(kvr_workload_t *wl, char *text, char *err, size_t errlen) 
     file_conv_t c = {0};
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "system");
     if (cJSON_IsString(s))
-      c.system = strdup(s->valuestring);
+      c.system = kvr_xstrdup(s->valuestring);
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prefix");
     if (cJSON_IsString(p))
-      c.prefix = strdup(p->valuestring);
+      c.prefix = kvr_xstrdup(p->valuestring);
     const cJSON *t;
     int ti = 0;
     cJSON_ArrayForEach(t, turns) {
@@ -445,18 +441,14 @@ kvr_workload_t *kvr_workload_new(const kvr_workload_opts_t *opts, char *err, siz
     snprintf(err, errlen, "workload: --replay-dataset needs --replay-order sample (replay mode)");
     return NULL;
   }
-  kvr_workload_t *wl = calloc(1, sizeof(*wl));
-  if (wl == NULL)
-    abort();
+  kvr_workload_t *wl = kvr_xcalloc(1, sizeof(*wl));
   wl->opts = *o;
   switch (o->kind) {
   case KVR_WL_MULTITURN:
   case KVR_WL_DOCUMENTS: {
     bool docs = o->kind == KVR_WL_DOCUMENTS;
     wl->npool = docs ? o->documents : o->starters;
-    wl->pool = calloc(wl->npool, sizeof(char *));
-    if (wl->pool == NULL)
-      abort();
+    wl->pool = kvr_xcalloc(wl->npool, sizeof(char *));
     kvr_rng_t r;
     kvr_workload_rng_seed(&r, kvr_workload_mix(o->seed, docs ? 0xD0C5 : 0x5747));
     for (size_t i = 0; i < wl->npool; i++) {
@@ -477,7 +469,7 @@ kvr_workload_t *kvr_workload_new(const kvr_workload_opts_t *opts, char *err, siz
       kvr_workload_free(wl);
       return NULL;
     }
-    wl->path = strdup(o->path);
+    wl->path = kvr_xstrdup(o->path);
     wl->opts.path = wl->path;
     if (load_file(wl, err, errlen) != 0) {
       kvr_workload_free(wl);
@@ -580,9 +572,7 @@ void kvr_workload_conv_free(kvr_conv_t *c) {
 }
 
 static void conv_alloc(kvr_conv_t *c, uint32_t nturns) {
-  c->turns = calloc(nturns, sizeof(*c->turns));
-  if (c->turns == NULL)
-    abort();
+  c->turns = kvr_xcalloc(nturns, sizeof(*c->turns));
   c->nturns = nturns;
 }
 
@@ -645,7 +635,7 @@ void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k
     for (uint32_t t = 0; t < o->turns; t++) {
       const char *u = t == 0 ? openers[kvr_workload_rng_u64(&r) % KVR_ARRAY_SIZE(openers)]
                              : followups[kvr_workload_rng_u64(&r) % KVR_ARRAY_SIZE(followups)];
-      c->turns[t].user = strdup(u);
+      c->turns[t].user = kvr_xstrdup(u);
       c->turns[t].max_tokens =
           clip_tokens(o, o->out_mean + o->out_std * kvr_workload_rng_normal(&r));
       c->turns[t].think_s = t == 0 ? 0.0 : think(o, &r);
@@ -673,7 +663,7 @@ void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k
     c->group = (int32_t)doc;
     c->prefix = wl->pool[doc];
     conv_alloc(c, 1);
-    c->turns[0].user = strdup(questions[(doc * o->questions + q) % KVR_ARRAY_SIZE(questions)]);
+    c->turns[0].user = kvr_xstrdup(questions[(doc * o->questions + q) % KVR_ARRAY_SIZE(questions)]);
     c->turns[0].max_tokens = clip_tokens(o, o->out_mean + o->out_std * kvr_workload_rng_normal(&r));
     break;
   }
@@ -685,7 +675,7 @@ void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k
     c->prefix_owned = kvr_buf_steal(&b);
     c->prefix = c->prefix_owned;
     conv_alloc(c, 1);
-    c->turns[0].user = strdup(openers[kvr_workload_rng_u64(&r) % KVR_ARRAY_SIZE(openers)]);
+    c->turns[0].user = kvr_xstrdup(openers[kvr_workload_rng_u64(&r) % KVR_ARRAY_SIZE(openers)]);
     c->turns[0].max_tokens = clip_tokens(o, o->out_mean + o->out_std * kvr_workload_rng_normal(&r));
     break;
   }
@@ -699,7 +689,7 @@ void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k
     c->system = f->system;
     conv_alloc(c, f->nturns);
     for (uint32_t t = 0; t < f->nturns; t++) {
-      c->turns[t].user = strdup(f->turns[t].user);
+      c->turns[t].user = kvr_xstrdup(f->turns[t].user);
       c->turns[t].max_tokens = f->turns[t].max_tokens;
       c->turns[t].think_s = f->turns[t].think_s;
     }

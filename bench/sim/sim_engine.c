@@ -66,24 +66,6 @@ struct kvr_sim_engine_s {
   uint64_t next_id;
 };
 
-static void *xcalloc(size_t n, size_t size) {
-  void *p = calloc(n ? n : 1, size);
-  if (p == NULL) {
-    fprintf(stderr, "kvrouter: out of memory\n");
-    abort();
-  }
-  return p;
-}
-
-static void *xrealloc(void *p, size_t size) {
-  void *q = realloc(p, size);
-  if (q == NULL) {
-    fprintf(stderr, "kvrouter: out of memory\n");
-    abort();
-  }
-  return q;
-}
-
 void kvr_sim_config_default(kvr_sim_config_t *cfg) {
   memset(cfg, 0, sizeof(*cfg));
   /* 53.15 GiB of FP8 KV / 163,840 bytes per token / 16 tokens per block */
@@ -221,14 +203,14 @@ kvr_sim_engine_t *kvr_sim_engine_new(const kvr_sim_config_t *cfg) {
   char err[128];
   if (kvr_sim_config_check(cfg, err, sizeof(err)) != 0)
     return NULL;
-  kvr_sim_engine_t *eng = xcalloc(1, sizeof(*eng));
+  kvr_sim_engine_t *eng = kvr_xcalloc(1, sizeof(*eng));
   eng->cfg = *cfg;
   uint32_t nb = cfg->num_gpu_blocks;
-  eng->blocks = xcalloc(nb, sizeof(block_t));
+  eng->blocks = kvr_xcalloc(nb, sizeof(block_t));
   uint32_t nbuckets = 1;
   while (nbuckets < nb)
     nbuckets <<= 1;
-  eng->buckets = xcalloc(nbuckets, sizeof(int32_t));
+  eng->buckets = kvr_xcalloc(nbuckets, sizeof(int32_t));
   eng->bucket_mask = nbuckets - 1;
   for (uint32_t i = 0; i < nbuckets; i++)
     eng->buckets[i] = -1;
@@ -237,10 +219,10 @@ kvr_sim_engine_t *kvr_sim_engine_new(const kvr_sim_config_t *cfg) {
     eng->blocks[i].hnext = -1;
     free_push_tail(eng, (int32_t)i);
   }
-  eng->running = xcalloc(cfg->max_num_seqs, sizeof(*eng->running));
-  eng->sched = xcalloc(cfg->max_num_seqs, sizeof(*eng->sched));
-  eng->events = xcalloc(2 * (size_t)cfg->max_num_seqs + 1, sizeof(*eng->events));
-  eng->scratch = xcalloc(cfg->max_model_len / cfg->block_size + 1, sizeof(int32_t));
+  eng->running = kvr_xcalloc(cfg->max_num_seqs, sizeof(*eng->running));
+  eng->sched = kvr_xcalloc(cfg->max_num_seqs, sizeof(*eng->sched));
+  eng->events = kvr_xcalloc(2 * (size_t)cfg->max_num_seqs + 1, sizeof(*eng->events));
+  eng->scratch = kvr_xcalloc(cfg->max_model_len / cfg->block_size + 1, sizeof(int32_t));
   eng->next_id = 1;
   return eng;
 }
@@ -367,11 +349,11 @@ kvr_sim_req_t *kvr_sim_engine_add(kvr_sim_engine_t *eng, const uint32_t *prompt,
   uint64_t need_blocks = ((uint64_t)nprompt + max_output + cfg->block_size - 1) / cfg->block_size;
   if (need_blocks > cfg->num_gpu_blocks)
     return NULL;
-  kvr_sim_req_t *req = xcalloc(1, sizeof(*req));
+  kvr_sim_req_t *req = kvr_xcalloc(1, sizeof(*req));
   req->id = eng->next_id++;
   req->data = data;
   req->tokens_cap = nprompt + KVR_MIN(max_output, 1024u);
-  req->tokens = xcalloc(req->tokens_cap, sizeof(uint32_t));
+  req->tokens = kvr_xcalloc(req->tokens_cap, sizeof(uint32_t));
   memcpy(req->tokens, prompt, nprompt * sizeof(uint32_t));
   req->ntokens = req->num_prompt = nprompt;
   req->max_output = max_output;
@@ -450,7 +432,7 @@ static void req_reserve_blocks(kvr_sim_req_t *req, uint32_t n) {
   uint32_t cap = req->blocks_cap ? req->blocks_cap : 16;
   while (cap < n)
     cap *= 2;
-  req->blocks = xrealloc(req->blocks, cap * sizeof(int32_t));
+  req->blocks = kvr_xrealloc(req->blocks, cap * sizeof(int32_t));
   req->blocks_cap = cap;
 }
 
@@ -506,7 +488,7 @@ static void preempt(kvr_sim_engine_t *eng, kvr_sim_step_t *out, kvr_sim_req_t *r
 static void req_append_token(kvr_sim_req_t *req) {
   if (req->ntokens == req->tokens_cap) {
     uint32_t cap = req->tokens_cap * 2;
-    req->tokens = xrealloc(req->tokens, cap * sizeof(uint32_t));
+    req->tokens = kvr_xrealloc(req->tokens, cap * sizeof(uint32_t));
     req->tokens_cap = cap;
   }
   uint32_t k = req->ntokens - req->num_prompt;

@@ -31,8 +31,10 @@
 #include "sim_server.h"
 
 #include "sim_tokens.h"
+#include "src/http_route.h"
 #include "src/http_server.h"
 #include "src/kvr.h"
+#include "src/list.h"
 #include "src/log.h"
 #include "src/metrics.h"
 
@@ -64,10 +66,10 @@ typedef struct stream_s stream_t;
 
 struct stream_s {
   kvr_sim_server_t *srv;
-  kvr_http_req_t *http;  /* NULL once finished or aborted */
-  kvr_sim_req_t *ereq;   /* engine request; NULL in fixed-latency mode or when hung */
-  stream_t *prev, *next; /* srv->streams */
-  uv_timer_t timer;      /* fixed-latency mode only */
+  kvr_http_req_t *http; /* NULL once finished or aborted */
+  kvr_sim_req_t *ereq;  /* engine request; NULL in fixed-latency mode or when hung */
+  kvr_list_t node;      /* in srv->streams until stream_destroy() */
+  uv_timer_t timer;     /* fixed-latency mode only */
   bool has_timer;
   bool chat, stream, include_usage, continuous_usage;
   bool gone; /* the client went away; reaped at the next step boundary */
@@ -105,7 +107,7 @@ struct kvr_sim_server_s {
   uint64_t due_ns;
   double late_ns; /* moving average of how late timers fire after their due time */
   kvr_sim_fault_t fault;
-  stream_t *streams;
+  kvr_list_t streams; /* live streams (stream_t.node), newest first */
   size_t nstreams, ngone, nfixed, nhung;
   uint64_t rng, ids;
   /* figures for /metrics beyond the engine's counters */
@@ -163,17 +165,6 @@ void kvr_sim_server_opts_default(kvr_sim_server_opts_t *opts) {
   opts->fixed_ttft_ms = -1;
   opts->fixed_itl_ms = -1;
   kvr_sim_fault_default(&opts->fault, KVR_SIM_FAULT_NONE);
-}
-
-static char *xstrdup(const char *s) {
-  if (s == NULL)
-    return NULL;
-  char *d = strdup(s);
-  if (d == NULL) {
-    fprintf(stderr, "kvrouter: out of memory\n");
-    abort();
-  }
-  return d;
 }
 
 static double sim_seconds(const kvr_sim_server_t *srv, uint64_t wall_ns) {
@@ -266,12 +257,7 @@ static void on_stream_timer_close(uv_handle_t *h) {
 static void stream_destroy(stream_t *s) {
   kvr_sim_server_t *srv = s->srv;
   stream_release(s, true);
-  if (s->prev)
-    s->prev->next = s->next;
-  else
-    srv->streams = s->next;
-  if (s->next)
-    s->next->prev = s->prev;
+  kvr_list_remove(&s->node);
   srv->nstreams--;
   if (s->gone)
     srv->ngone--;
@@ -450,8 +436,11 @@ static void engine_kick(kvr_sim_server_t *srv) {
 }
 
 static void reap_gone(kvr_sim_server_t *srv) {
-  for (stream_t *s = srv->streams, *next; s != NULL && srv->ngone > 0; s = next) {
-    next = s->next;
+  kvr_list_t *q, *tmp;
+  KVR_LIST_FOREACH_SAFE(q, tmp, &srv->streams) {
+    if (srv->ngone == 0)
+      break;
+    stream_t *s = KVR_CONTAINER_OF(q, stream_t, node);
     if (s->gone)
       stream_destroy(s);
   }
@@ -695,12 +684,7 @@ static void handle_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool c
     return;
   }
 
-  stream_t *s = calloc(1, sizeof(*s));
-  if (s == NULL) {
-    kvr_sim_toks_free(&p.prompt);
-    kvr_http_error(req, 500, NULL, NULL, "out of memory");
-    return;
-  }
+  stream_t *s = kvr_xcalloc(1, sizeof(*s));
   s->srv = srv;
   s->http = req;
   s->chat = chat;
@@ -732,10 +716,7 @@ static void handle_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool c
   kvr_buf_json_str(&s->prefix, srv->model, strlen(srv->model));
   kvr_buf_puts(&s->prefix, ",");
 
-  s->next = srv->streams;
-  if (srv->streams)
-    srv->streams->prev = s;
-  srv->streams = s;
+  kvr_list_insert_head(&srv->streams, &s->node);
   srv->nstreams++;
   req->data = s;
   req->on_close = on_req_close;
@@ -778,7 +759,9 @@ static void handle_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool c
 
 /* ---- other endpoints ---- */
 
-static void handle_models(kvr_sim_server_t *srv, kvr_http_req_t *req) {
+static void handle_models(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_sim_server_t *srv = data;
+  (void)tail;
   kvr_buf_t *b = &srv->scratch;
   kvr_buf_reset(b);
   long long created = (long long)time(NULL);
@@ -797,7 +780,9 @@ static void handle_models(kvr_sim_server_t *srv, kvr_http_req_t *req) {
   kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
 }
 
-static void handle_metrics(kvr_sim_server_t *srv, kvr_http_req_t *req) {
+static void handle_metrics(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_sim_server_t *srv = data;
+  (void)tail;
   kvr_sim_stats_t st;
   kvr_sim_engine_stats(srv->eng, &st);
   const kvr_sim_config_t *cfg = &srv->opts.engine;
@@ -891,9 +876,7 @@ static void on_retired(void *data) {
 }
 
 static void retire_http(kvr_sim_server_t *srv, kvr_http_server_t *http) {
-  retire_t *r = malloc(sizeof(*r));
-  if (r == NULL)
-    abort();
+  retire_t *r = kvr_xmalloc(sizeof(*r));
   r->srv = srv;
   r->http = http;
   srv->pending_closes++;
@@ -904,10 +887,6 @@ static void on_request(kvr_http_req_t *req, void *data);
 
 static int listen_main(kvr_sim_server_t *srv, const char *hostport, char *err, size_t errlen) {
   srv->http = kvr_http_server_new(srv->loop, &srv->limits, on_request, srv);
-  if (srv->http == NULL) {
-    snprintf(err, errlen, "out of memory");
-    return KVR_ENOMEM;
-  }
   int rc = kvr_http_server_listen(srv->http, hostport, err, errlen);
   if (rc != 0) {
     kvr_http_server_t *h = srv->http;
@@ -953,7 +932,9 @@ static void apply_fault(kvr_sim_server_t *srv, const kvr_sim_fault_t *f) {
   }
 }
 
-static void handle_fault(kvr_sim_server_t *srv, kvr_http_req_t *req) {
+static void handle_fault(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_sim_server_t *srv = data;
+  (void)tail;
   if (req->method == HTTP_POST) {
     cJSON *body = cJSON_ParseWithLength(req->body.data ? req->body.data : "", req->body.len);
     const cJSON *mode = cJSON_GetObjectItemCaseSensitive(body, "mode");
@@ -1006,7 +987,9 @@ static void handle_fault(kvr_sim_server_t *srv, kvr_http_req_t *req) {
  * lose their hash at once (the engine is never mid-step here: steps run inside the timer
  * callback); blocks of requests still running keep theirs. vLLM's reset_running_requests=true
  * (preempt everything first) is not modelled and answered 501 rather than silently ignored. */
-static void handle_reset_prefix_cache(kvr_sim_server_t *srv, kvr_http_req_t *req) {
+static void handle_reset_prefix_cache(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_sim_server_t *srv = data;
+  (void)tail;
   if (strstr(req->query, "reset_running_requests=true") ||
       strstr(req->query, "reset_running_requests=1")) {
     static const char body[] =
@@ -1020,61 +1003,40 @@ static void handle_reset_prefix_cache(kvr_sim_server_t *srv, kvr_http_req_t *req
   kvr_http_respond(req, 200, NULL, NULL, "", 0);
 }
 
-static void not_found(kvr_http_req_t *req) {
-  static const char body[] = "{\"detail\":\"Not Found\"}";
-  kvr_http_respond(req, 404, "application/json", NULL, body, sizeof(body) - 1);
+static void handle_chat(kvr_http_req_t *req, void *data, const char *tail) {
+  (void)tail;
+  handle_completion(data, req, true);
 }
 
-static void method_not_allowed(kvr_http_req_t *req, const char *allow) {
-  static const char body[] = "{\"detail\":\"Method Not Allowed\"}";
-  char hdr[64];
-  snprintf(hdr, sizeof(hdr), "Allow: %s\r\n", allow);
-  kvr_http_respond(req, 405, "application/json", hdr, body, sizeof(body) - 1);
+static void handle_completions(kvr_http_req_t *req, void *data, const char *tail) {
+  (void)tail;
+  handle_completion(data, req, false);
 }
+
+static void handle_health(kvr_http_req_t *req, void *data, const char *tail) {
+  (void)data;
+  (void)tail;
+  kvr_http_respond(req, 200, NULL, NULL, "", 0);
+}
+
+/* vLLM's routes; 404 and 405 (with Allow) answer in FastAPI's words, as vLLM does. */
+static const kvr_http_route_t routes[] = {
+    {"/v1/chat/completions", KVR_HTTP_M(POST), handle_chat},
+    {"/v1/completions", KVR_HTTP_M(POST), handle_completions},
+    {"/health", KVR_HTTP_M(GET), handle_health},
+    {"/v1/models", KVR_HTTP_M(GET), handle_models},
+    {"/metrics", KVR_HTTP_M(GET), handle_metrics},
+    {"/reset_prefix_cache", KVR_HTTP_M(POST), handle_reset_prefix_cache},
+    {"/sim/fault", KVR_HTTP_M(GET) | KVR_HTTP_M(POST), handle_fault},
+};
 
 static void on_request(kvr_http_req_t *req, void *data) {
   kvr_sim_server_t *srv = data;
-  const char *path = req->path;
-  bool get = req->method == HTTP_GET || req->method == HTTP_HEAD;
-  bool post = req->method == HTTP_POST;
   if (srv->closing) {
     kvr_http_error(req, 503, NULL, NULL, "server is shutting down");
     return;
   }
-  if (strcmp(path, "/v1/chat/completions") == 0 || strcmp(path, "/v1/completions") == 0) {
-    if (!post) {
-      method_not_allowed(req, "POST");
-      return;
-    }
-    handle_completion(srv, req, path[4] == 'c' && path[5] == 'h');
-  } else if (strcmp(path, "/health") == 0) {
-    if (get)
-      kvr_http_respond(req, 200, NULL, NULL, "", 0);
-    else
-      method_not_allowed(req, "GET");
-  } else if (strcmp(path, "/v1/models") == 0) {
-    if (get)
-      handle_models(srv, req);
-    else
-      method_not_allowed(req, "GET");
-  } else if (strcmp(path, "/metrics") == 0) {
-    if (get)
-      handle_metrics(srv, req);
-    else
-      method_not_allowed(req, "GET");
-  } else if (strcmp(path, "/reset_prefix_cache") == 0) {
-    if (post)
-      handle_reset_prefix_cache(srv, req);
-    else
-      method_not_allowed(req, "POST");
-  } else if (strcmp(path, "/sim/fault") == 0) {
-    if (get || post)
-      handle_fault(srv, req);
-    else
-      method_not_allowed(req, "GET, POST");
-  } else {
-    not_found(req);
-  }
+  kvr_http_route_dispatch(routes, KVR_ARRAY_SIZE(routes), req, srv, KVR_HTTP_DIALECT_FASTAPI);
 }
 
 /* ---- lifetime ---- */
@@ -1093,12 +1055,9 @@ kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_
   uint64_t cache_tokens = (uint64_t)cfg.num_gpu_blocks * cfg.block_size;
   if (cfg.max_model_len > cache_tokens)
     cfg.max_model_len = (uint32_t)KVR_MAX(cache_tokens, 2u);
-  kvr_sim_server_t *srv = calloc(1, sizeof(*srv));
-  if (srv == NULL) {
-    snprintf(err, errlen, "out of memory");
-    return NULL;
-  }
+  kvr_sim_server_t *srv = kvr_xcalloc(1, sizeof(*srv));
   srv->port = -1;
+  kvr_list_init(&srv->streams);
   srv->eng = kvr_sim_engine_new(&cfg);
   if (srv->eng == NULL) {
     free(srv);
@@ -1108,9 +1067,9 @@ kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_
   srv->loop = loop;
   srv->opts = *opts;
   srv->opts.engine = cfg;
-  srv->listen = xstrdup(opts->listen);
-  srv->admin_listen = xstrdup(opts->admin_listen);
-  srv->model = xstrdup(opts->model);
+  srv->listen = kvr_xstrdup(opts->listen);
+  srv->admin_listen = kvr_xstrdup(opts->admin_listen);
+  srv->model = kvr_xstrdup(opts->model);
   srv->opts.listen = srv->listen;
   srv->opts.admin_listen = srv->admin_listen;
   srv->opts.model = srv->model;
@@ -1149,8 +1108,7 @@ int kvr_sim_server_start(kvr_sim_server_t *srv, char *err, size_t errlen) {
   snprintf(srv->bound, sizeof(srv->bound), "%.*s:%d", hostlen, srv->listen, srv->port);
   if (srv->admin_listen) {
     srv->admin = kvr_http_server_new(srv->loop, &srv->limits, on_request, srv);
-    rc = srv->admin ? kvr_http_server_listen(srv->admin, srv->admin_listen, err, errlen)
-                    : KVR_ENOMEM;
+    rc = kvr_http_server_listen(srv->admin, srv->admin_listen, err, errlen);
     if (rc != 0)
       return rc;
   }
@@ -1190,8 +1148,8 @@ void kvr_sim_server_close(kvr_sim_server_t *srv, void (*done)(void *data), void 
   srv->done_data = data;
   srv->pending_closes++; /* held until the end of this function */
   srv->have_step = false;
-  while (srv->streams != NULL) {
-    stream_t *s = srv->streams;
+  while (!kvr_list_empty(&srv->streams)) {
+    stream_t *s = KVR_CONTAINER_OF(srv->streams.next, stream_t, node);
     stream_release(s, true);
     stream_destroy(s);
   }

@@ -23,12 +23,7 @@
 void kvr_sim_toks_push(kvr_sim_toks_t *t, uint32_t id) {
   if (t->n == t->cap) {
     size_t cap = t->cap ? t->cap * 2 : 256;
-    uint32_t *v = realloc(t->v, cap * sizeof(*v));
-    if (v == NULL) {
-      fprintf(stderr, "kvrouter: out of memory\n");
-      abort();
-    }
-    t->v = v;
+    t->v = kvr_xrealloc(t->v, cap * sizeof(*t->v));
     t->cap = cap;
   }
   t->v[t->n++] = id;
