@@ -81,9 +81,7 @@ static void on_signal(uv_signal_t *sig, int signum) {
 }
 
 int kvr_serve_main(int argc, char **argv) {
-  serve_t *s = calloc(1, sizeof *s);
-  if (s == NULL)
-    return 1;
+  serve_t *s = kvr_xcalloc(1, sizeof *s);
   char err[1024] = "";
   int exit_code = 0;
   kvr_config_init(&s->cfg);

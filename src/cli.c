@@ -183,13 +183,6 @@ static int name_index(const char *const *names, const char *text, const char *wh
   return -1;
 }
 
-static char *xstrdup(const char *s) {
-  char *d = strdup(s);
-  if (d == NULL)
-    abort(); /* kvrouter treats OOM as fatal (buf.h) */
-  return d;
-}
-
 static int set_str(const kvr_cli_opt_t *o, void *dst, const char *text, bool owned,
                    const char *what, char *err, size_t errlen) {
   if ((o->flags & KVR_CLI_NONEMPTY) && *text == '\0') {
@@ -200,7 +193,7 @@ static int set_str(const kvr_cli_opt_t *o, void *dst, const char *text, bool own
     return KVR_EINVAL;
   char *old;
   memcpy(&old, dst, sizeof old);
-  const char *v = owned ? xstrdup(text) : text;
+  const char *v = owned ? kvr_xstrdup(text) : text;
   if (owned)
     free(old);
   memcpy(dst, &v, sizeof v);
@@ -251,7 +244,7 @@ static int set_list(const kvr_cli_opt_t *o, void *base, const char *text, unsign
   size_t *count = (size_t *)((char *)base + o->count_off);
   if (nth == 0)
     list_clear(o, base);
-  char *copy = xstrdup(text), *save = NULL;
+  char *copy = kvr_xstrdup(text), *save = NULL;
   int rc = 0, nitems = 0;
   for (char *t = strtok_r(copy, ",", &save); t && rc == 0; t = strtok_r(NULL, ",", &save)) {
     nitems++;

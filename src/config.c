@@ -23,13 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char *xstrdup(const char *s) {
-  char *d = strdup(s);
-  if (d == NULL)
-    abort(); /* kvrouter treats OOM as fatal (buf.h) */
-  return d;
-}
-
 static void clear_workers(kvr_config_t *cfg) {
   for (size_t i = 0; i < cfg->nworkers; i++)
     free(cfg->workers[i]);
@@ -138,7 +131,7 @@ static int set_addr(const kvr_cli_opt_t *o, void *base, const char *text, unsign
   }
   char **dst = (char **)((char *)base + o->off);
   free(*dst);
-  *dst = xstrdup(text);
+  *dst = kvr_xstrdup(text);
   return 0;
 }
 
@@ -254,9 +247,9 @@ static const kvr_cli_cmd_t serve_cmd = {
 void kvr_config_init(kvr_config_t *cfg) {
   memset(cfg, 0, sizeof *cfg);
   kvr_http_limits_default(&cfg->limits);
-  cfg->listen = xstrdup("0.0.0.0:8000");
-  cfg->admin_listen = xstrdup("127.0.0.1:8001");
-  cfg->policy = xstrdup("kv_aware");
+  cfg->listen = kvr_xstrdup("0.0.0.0:8000");
+  cfg->admin_listen = kvr_xstrdup("127.0.0.1:8001");
+  cfg->policy = kvr_xstrdup("kv_aware");
   cfg->connect_timeout_ms = 2000;
   cfg->first_byte_timeout_ms = 300000;
   cfg->idle_timeout_ms = 120000;
@@ -269,7 +262,7 @@ void kvr_config_init(kvr_config_t *cfg) {
   cfg->fail_threshold = 3;
   cfg->worker_header = true;
   cfg->access_log = true;
-  cfg->log_level = xstrdup("info");
+  cfg->log_level = kvr_xstrdup("info");
   cfg->seed = 1;
 }
 

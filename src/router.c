@@ -274,7 +274,7 @@ const kvr_worker_t *kvr_router_on_dispatch(kvr_router_t *r, int slot, uint64_t p
   kvr_worker_t *w = slot >= 0 && slot < KVR_MAX_WORKERS ? r->slots[slot] : NULL;
   if (w == NULL)
     return NULL;
-  uint64_t cached = (uint64_t)matched_blocks * r->cfg->block_chars / 4;
+  uint64_t cached = (uint64_t)matched_blocks * r->cfg->block_chars / KVR_CHARS_PER_TOKEN;
   d->open = true;
   d->worker_id = w->id;
   d->slot = slot;

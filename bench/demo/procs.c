@@ -11,6 +11,7 @@
  */
 #include "procs.h"
 
+#include "src/curlm.h"
 #include "src/kvr.h"
 
 #include <arpa/inet.h>
@@ -77,12 +78,6 @@ int kvr_procs_spawn(kvr_proc_t *p, const char *exe, char *const *args, const cha
   return 0;
 }
 
-static size_t discard(char *ptr, size_t size, size_t nmemb, void *data) {
-  (void)ptr;
-  (void)data;
-  return size * nmemb;
-}
-
 static void sleep_ms(long ms) {
   struct timespec ts = {ms / 1000, (ms % 1000) * 1000 * 1000};
   nanosleep(&ts, NULL);
@@ -98,13 +93,7 @@ kvr_procs_health_t kvr_procs_wait_health(kvr_proc_t *p, double timeout_s,
                                          const volatile sig_atomic_t *stop) {
   char url[64];
   snprintf(url, sizeof(url), "http://127.0.0.1:%d/health", p->port);
-  CURL *easy = curl_easy_init();
-  if (easy == NULL)
-    return KVR_PROCS_TIMEOUT;
-  curl_easy_setopt(easy, CURLOPT_URL, url);
-  curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, discard);
-  curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, 1000L);
+  CURL *easy = kvr_curl_easy_new(url, 0, 1000L, NULL, NULL);
   double start = kvr_now_ms();
   kvr_procs_health_t h = KVR_PROCS_TIMEOUT;
   while (h == KVR_PROCS_TIMEOUT && kvr_now_ms() - start < timeout_s * 1000) {

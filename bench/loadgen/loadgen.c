@@ -39,6 +39,7 @@
 #include "src/kvr.h"
 #include "src/list.h"
 #include "src/openai.h"
+#include "src/quantile.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -966,13 +967,16 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
   }
   lg->total = lg->warmup + measured;
   lg->sent = lg->done = lg->failed = lg->next_arrival = 0;
-  /* p99 = s[lo] + (s[hi] - s[lo]) * frac with lo = floor(0.99 (n - 1)) over the n completed: it
-   * misses once n - lo values are at or over the SLO. n - lo grows with n, so n = measured is the
-   * safe count, plus the failures the SLO tolerates (they could be the slow ones and drop out). */
+  /* p99 = s[lo] + (s[hi] - s[lo]) * frac over the n completed (src/quantile.h): it misses once
+   * n - lo values are at or over the SLO. n - lo grows with n, so n = measured is the safe count,
+   * plus the failures the SLO tolerates (they could be the slow ones and drop out). */
   lg->stop_ttft_ms = lg->o.early_stop ? slo->ttft_p99_ms : 0;
   lg->ttft_over = 0;
-  lg->ttft_over_stop = measured - (size_t)floor(0.99 * (double)(measured - 1)) +
-                       (size_t)floor(slo->max_failed_frac * (double)measured);
+  size_t lo = 0, hi = 0;
+  double frac = 0;
+  if (measured > 0)
+    kvr_quantile_pos(measured, 99, &lo, &hi, &frac);
+  lg->ttft_over_stop = measured - lo + (size_t)floor(slo->max_failed_frac * (double)measured);
   lg->stopped_early = false;
   lg->next_conv = 0;
   lg->arrivals = NULL;

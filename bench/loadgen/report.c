@@ -69,9 +69,7 @@ double *kvr__all_loads(const kvr_results_t *res, size_t *n) {
   size_t total = 0;
   for (size_t r = 0; r < res->nruns; r++)
     total += res->runs[r].nlevels;
-  double *v = malloc((total ? total : 1) * sizeof(double));
-  if (v == NULL)
-    abort();
+  double *v = kvr_xmalloc((total ? total : 1) * sizeof(double));
   size_t k = 0;
   for (size_t r = 0; r < res->nruns; r++)
     for (size_t i = 0; i < res->runs[r].nlevels; i++)

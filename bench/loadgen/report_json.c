@@ -9,6 +9,8 @@
  */
 #include "report.h"
 
+#include "src/kvr.h"
+
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,7 +181,7 @@ void kvr_report_level_json(const kvr_results_t *res, const kvr_run_t *run, const
   extra_lists(k, res, lv);
   char *s = cJSON_PrintUnformatted(o);
   if (s == NULL)
-    abort();
+    kvr_oom("cJSON_PrintUnformatted", 0);
   kvr_buf_puts(out, s);
   kvr_buf_puts(out, "\n");
   cJSON_free(s);

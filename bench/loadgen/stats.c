@@ -25,13 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void *xrealloc(void *p, size_t n) {
-  void *q = realloc(p, n ? n : 1);
-  if (q == NULL)
-    abort();
-  return q;
-}
-
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -73,7 +66,7 @@ static int cmp_edge(const void *a, const void *b) {
 unsigned kvr_stats_max_overlap(const double *start, const double *end, size_t n) {
   if (n == 0)
     return 0;
-  edge_t *e = xrealloc(NULL, 2 * n * sizeof(*e));
+  edge_t *e = kvr_xrealloc(NULL, 2 * n * sizeof(*e));
   for (size_t i = 0; i < n; i++) {
     e[2 * i] = (edge_t){start[i], +1};
     e[2 * i + 1] = (edge_t){end[i], -1};
@@ -112,9 +105,7 @@ void kvr_stats_fail_names(unsigned mask, char *buf, size_t size) {
 }
 
 kvr_level_t *kvr_stats_level_new(double rate, unsigned concurrency) {
-  kvr_level_t *lv = calloc(1, sizeof(*lv));
-  if (lv == NULL)
-    abort();
+  kvr_level_t *lv = kvr_xcalloc(1, sizeof(*lv));
   lv->rate = rate;
   lv->concurrency = concurrency;
   lv->itl_rng = 0x1234567u ^ (uint64_t)(rate * 1000.0) ^ concurrency;
@@ -141,19 +132,19 @@ static uint64_t next_rand(uint64_t *s) {
 void kvr_stats_level_reserve(kvr_level_t *lv, size_t nrecs, size_t nitls) {
   if (nrecs > lv->caprecs) {
     lv->caprecs = nrecs;
-    lv->recs = xrealloc(lv->recs, lv->caprecs * sizeof(*lv->recs));
+    lv->recs = kvr_xrealloc(lv->recs, lv->caprecs * sizeof(*lv->recs));
   }
   nitls = nitls < KVR_STATS_ITL_CAP ? nitls : KVR_STATS_ITL_CAP;
   if (nitls > lv->capitls) {
     lv->capitls = nitls;
-    lv->itls = xrealloc(lv->itls, lv->capitls * sizeof(double));
+    lv->itls = kvr_xrealloc(lv->itls, lv->capitls * sizeof(double));
   }
 }
 
 void kvr_stats_level_add(kvr_level_t *lv, const kvr_req_rec_t *rec, const double *itls, size_t n) {
   if (lv->nrecs == lv->caprecs) {
     lv->caprecs = lv->caprecs ? lv->caprecs * 2 : 256;
-    lv->recs = xrealloc(lv->recs, lv->caprecs * sizeof(*lv->recs));
+    lv->recs = kvr_xrealloc(lv->recs, lv->caprecs * sizeof(*lv->recs));
   }
   lv->recs[lv->nrecs++] = *rec;
   if (rec->warmup || !rec->ok)
@@ -163,7 +154,7 @@ void kvr_stats_level_add(kvr_level_t *lv, const kvr_req_rec_t *rec, const double
     if (lv->nitls < KVR_STATS_ITL_CAP) {
       if (lv->nitls == lv->capitls) {
         lv->capitls = lv->capitls ? lv->capitls * 2 : 4096;
-        lv->itls = xrealloc(lv->itls, lv->capitls * sizeof(double));
+        lv->itls = kvr_xrealloc(lv->itls, lv->capitls * sizeof(double));
       }
       lv->itls[lv->nitls++] = itls[i];
     } else {
@@ -191,7 +182,7 @@ static void cols_init(cols_t *c, size_t n) {
   memset(c, 0, sizeof(*c));
   double **cols[] = {&c->ttft, &c->tpot, &c->e2e, &c->lag, &c->transport, &c->start, &c->end};
   for (size_t i = 0; i < KVR_ARRAY_SIZE(cols); i++)
-    *cols[i] = xrealloc(NULL, n * sizeof(double));
+    *cols[i] = kvr_xrealloc(NULL, n * sizeof(double));
   c->first_send = c->first_target = INFINITY;
   c->last_send = c->last_end = c->last_target = -INFINITY;
 }
@@ -220,7 +211,7 @@ static void count_worker(kvr_level_t *lv, const char *name) {
   while (w < lv->nworkers && strcmp(lv->workers[w].name, name) != 0)
     w++;
   if (w == lv->nworkers && lv->nworkers < KVR_STATS_MAX_WORKERS) {
-    lv->workers = xrealloc(lv->workers, (lv->nworkers + 1) * sizeof(*lv->workers));
+    lv->workers = kvr_xrealloc(lv->workers, (lv->nworkers + 1) * sizeof(*lv->workers));
     memset(&lv->workers[w], 0, sizeof(lv->workers[w]));
     snprintf(lv->workers[w].name, sizeof(lv->workers[w].name), "%s", name);
     lv->nworkers++;
@@ -281,11 +272,9 @@ static void collect(kvr_level_t *lv, cols_t *c) {
 static void per_turn(kvr_level_t *lv, uint32_t max_turn) {
   if (max_turn == 0)
     return;
-  lv->turns = calloc(max_turn, sizeof(*lv->turns));
-  if (lv->turns == NULL)
-    abort();
+  lv->turns = kvr_xcalloc(max_turn, sizeof(*lv->turns));
   lv->nturns = max_turn;
-  double *tv = xrealloc(NULL, lv->nrecs * sizeof(double));
+  double *tv = kvr_xrealloc(NULL, lv->nrecs * sizeof(double));
   for (uint32_t t = 1; t <= max_turn; t++) {
     size_t k = 0;
     double sp = 0, sc = 0;
@@ -366,7 +355,7 @@ void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo) {
 }
 
 void kvr_stats_run_add(kvr_run_t *run, kvr_level_t *lv) {
-  run->levels = xrealloc(run->levels, (run->nlevels + 1) * sizeof(*run->levels));
+  run->levels = kvr_xrealloc(run->levels, (run->nlevels + 1) * sizeof(*run->levels));
   run->levels[run->nlevels++] = lv;
 }
 
@@ -398,9 +387,7 @@ double kvr_stats_run_max_load(const kvr_run_t *run) {
 }
 
 kvr_results_t *kvr_stats_results_new(void) {
-  kvr_results_t *res = calloc(1, sizeof(*res));
-  if (res == NULL)
-    abort();
+  kvr_results_t *res = kvr_xcalloc(1, sizeof(*res));
   res->slo.ttft_p99_ms = 1000;
   res->slo.tpot_p99_ms = 60;
   res->time_scale = 1;
@@ -410,14 +397,12 @@ kvr_results_t *kvr_stats_results_new(void) {
 
 void kvr_stats_set_str(char **field, const char *value) {
   free(*field);
-  *field = value ? strdup(value) : NULL;
-  if (value && *field == NULL)
-    abort();
+  *field = kvr_xstrdup(value);
 }
 
 kvr_run_t *kvr_stats_results_add_run(kvr_results_t *res, const char *label, const char *policy,
                                      const char *description) {
-  res->runs = xrealloc(res->runs, (res->nruns + 1) * sizeof(*res->runs));
+  res->runs = kvr_xrealloc(res->runs, (res->nruns + 1) * sizeof(*res->runs));
   kvr_run_t *run = &res->runs[res->nruns++];
   memset(run, 0, sizeof(*run));
   snprintf(run->label, sizeof(run->label), "%s", label ? label : "");

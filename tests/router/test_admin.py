@@ -284,7 +284,9 @@ def test_workers_list_add_and_errors():
         assert_openai_error(admin(r, "DELETE", "/admin/workers/999"), 404)
         assert_openai_error(admin(r, "DELETE", "/admin/workers/abc"), 404)
         assert_openai_error(admin(r, "GET", "/admin/nothing"), 404)
-        assert_openai_error(admin(r, "PATCH", "/admin/workers"), 405)
+        r405 = admin(r, "PATCH", "/admin/workers")
+        assert_openai_error(r405, 405)
+        assert r405.header("allow") == "GET, HEAD, POST", r405.headers
         assert len(r.workers()) == 3
 
 
@@ -471,7 +473,9 @@ def test_reset_prefix_cache_fans_out_and_clears_index():
         bad = [w for w in j["workers"] if w["url"] == dead]
         assert len(bad) == 1 and bad[0]["ok"] is False and bad[0]["status"] is None, bad
         assert "connect" in bad[0]["error"].lower(), bad
-        assert_openai_error(admin(r, "GET", "/admin/reset_prefix_cache"), 405)
+        r405 = admin(r, "GET", "/admin/reset_prefix_cache")
+        assert_openai_error(r405, 405)
+        assert r405.header("allow") == "POST", r405.headers
 
 
 @test(timeout=20)

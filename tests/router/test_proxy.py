@@ -339,8 +339,13 @@ def test_openai_validation_errors():
         m = sim.metrics()
         assert prom_value(m, "vllm:request_success_total") == 0
         # Wrong methods and unknown routes are errors of the same shape.
-        assert_openai_error(request(p, "GET", "/v1/chat/completions"), 405)
+        r405 = request(p, "GET", "/v1/chat/completions")
+        assert_openai_error(r405, 405)
+        assert r405.header("allow") == "POST", r405.headers  # RFC 9110: a 405 names what is allowed
         assert_openai_error(request(p, "GET", "/nope"), 404)
+        r405 = request(p, "POST", "/health")
+        assert_openai_error(r405, 405)
+        assert r405.header("allow") == "GET, HEAD", r405.headers
 
 
 @test(timeout=15)

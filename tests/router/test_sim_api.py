@@ -235,7 +235,8 @@ def reset_prefix_cache(sim):
         s.close()
     wait_for(lambda: sim.metric("vllm:num_requests_running") == 0, 5.0, "abort")
     r = sim.request("GET", "/reset_prefix_cache")
-    check(r.status == 405, r.status)
+    check(r.status == 405 and r.header("allow") == "POST", (r.status, r.headers))
+    check(r.json() == {"detail": "Method Not Allowed"}, r.body)  # FastAPI's body, as vLLM answers
     r = sim.request("POST", "/reset_prefix_cache?reset_running_requests=true")
     check(r.status == 501 and b"reset_running_requests" in r.body, (r.status, r.body))
 
@@ -280,8 +281,10 @@ def errors_like_vllm(sim):
     err(400, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                       "stream_options": {"include_usage": True}}, "stream=True")
     err(400, "/v1/completions", {"prompt": {"a": 1}}, "prompt")
-    check(sim.request("GET", "/v1/chat/completions").status == 405, "405")
-    check(sim.request("GET", "/nope").status == 404, "404")
+    r = sim.request("GET", "/v1/chat/completions")
+    check(r.status == 405 and r.header("allow") == "POST", (r.status, r.headers))
+    r = sim.request("GET", "/nope")
+    check(r.status == 404 and r.json() == {"detail": "Not Found"}, (r.status, r.body))
 
 
 PROM_SAMPLE = re.compile(
