@@ -16,6 +16,15 @@
 #include <string.h>
 #include <unistd.h>
 
+/* a and b have the same starter group, and every turn the same user text and max_tokens. */
+static void assert_same_prompts(const kvr_conv_t *a, const kvr_conv_t *b) {
+  assert_int_equal(a->group, b->group);
+  for (uint32_t t = 0; t < a->nturns; t++) {
+    assert_string_equal(a->turns[t].user, b->turns[t].user);
+    assert_int_equal(a->turns[t].max_tokens, b->turns[t].max_tokens);
+  }
+}
+
 /* kvr_workload_new(o), asserted to succeed. */
 static kvr_workload_t *new_workload(const kvr_workload_opts_t *o) {
   char err[256];
@@ -142,10 +151,8 @@ static void test_multiturn_replay_answers(void **state) {
     kvr_workload_conv(wl, 7, k, &c);
     kvr_workload_conv(wl, 7, k, &d);
     kvr_workload_conv(ws, 7, k, &e);
-    assert_int_equal(c.group, e.group);
+    assert_same_prompts(&c, &e);
     for (uint32_t t = 0; t < c.nturns; t++) {
-      assert_string_equal(c.turns[t].user, e.turns[t].user);
-      assert_int_equal(c.turns[t].max_tokens, e.turns[t].max_tokens);
       assert_null(e.turns[t].answer);
       if (t + 1 == c.nturns) {
         assert_null(c.turns[t].answer); /* never resent */
@@ -652,10 +659,8 @@ static void test_answer_mean_std(void **state) {
     kvr_workload_conv(wl, 9, k, &c);
     kvr_workload_conv(wd, 9, k, &d);
     /* Only the answers change: starter, user turns and max_tokens are the default workload's. */
-    assert_int_equal(c.group, d.group);
+    assert_same_prompts(&c, &d);
     for (uint32_t t = 0; t < c.nturns; t++) {
-      assert_string_equal(c.turns[t].user, d.turns[t].user);
-      assert_int_equal(c.turns[t].max_tokens, d.turns[t].max_tokens);
       if (t + 1 == c.nturns) {
         assert_null(c.turns[t].answer);
         continue;
