@@ -29,20 +29,29 @@ static double lerp(double a, double b, double t) {
   return t < 0.5 ? a + d * t : b - d * (1 - t);
 }
 
-double kvr_quantile(const double *sorted, size_t n, double p) {
+static double at_double(const void *sorted, size_t i) {
+  return ((const double *)sorted)[i];
+}
+
+static double at_u64(const void *sorted, size_t i) {
+  return (double)((const uint64_t *)sorted)[i];
+}
+
+/* The one reader behind both typed entry points: at() reads element i of sorted as a double. */
+static double quantile_at(const void *sorted, size_t n, double p,
+                          double (*at)(const void *, size_t)) {
   if (n == 0)
     return 0;
   size_t lo, hi;
   double t;
   kvr_quantile_pos(n, p, &lo, &hi, &t);
-  return lerp(sorted[lo], sorted[hi], t);
+  return lerp(at(sorted, lo), at(sorted, hi), t);
+}
+
+double kvr_quantile(const double *sorted, size_t n, double p) {
+  return quantile_at(sorted, n, p, at_double);
 }
 
 double kvr_quantile_u64(const uint64_t *sorted, size_t n, double p) {
-  if (n == 0)
-    return 0;
-  size_t lo, hi;
-  double t;
-  kvr_quantile_pos(n, p, &lo, &hi, &t);
-  return lerp((double)sorted[lo], (double)sorted[hi], t);
+  return quantile_at(sorted, n, p, at_u64);
 }

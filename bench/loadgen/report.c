@@ -162,6 +162,15 @@ bool kvr__detail_load(const kvr_results_t *res, double *load, bool *passed) {
   return true;
 }
 
+bool kvr__detail_workers(const kvr_results_t *res, double *load,
+                         char names[KVR_STATS_MAX_WORKERS][KVR_WORKER_NAME_MAX], size_t *nnames) {
+  bool passed;
+  if (!kvr__detail_load(res, load, &passed))
+    return false;
+  *nnames = kvr__worker_names(res, *load, names);
+  return true;
+}
+
 /* ---- the analysis ---------------------------------------------------------------------------- */
 
 kvr_report_cap_t kvr_report_cap(const kvr_run_t *run) {

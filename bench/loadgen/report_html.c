@@ -231,11 +231,10 @@ static void share_group(const kvr_run_t *run, size_t r, double dl, size_t groups
 /* Bars of each run's share of requests per worker at the detailed comparison's load. */
 static void share_chart(const kvr_results_t *res, kvr_buf_t *out) {
   double dl;
-  bool passed;
-  if (!kvr__detail_load(res, &dl, &passed))
-    return;
   char names[KVR_STATS_MAX_WORKERS][KVR_WORKER_NAME_MAX];
-  size_t nnames = kvr__worker_names(res, dl, names);
+  size_t nnames;
+  if (!kvr__detail_workers(res, &dl, names, &nnames))
+    return;
   char a[32], title[96];
   kvr__fmt_load(res, dl, a, sizeof(a));
   snprintf(title, sizeof(title), "Share of requests per worker at %s %s", a, kvr__load_unit(res));

@@ -152,5 +152,9 @@ bool kvr__passed_any(const kvr_run_t *run);
 /* The load of the detailed comparison: the baseline's max SLO-compliant load or, when nothing
  * passed (*passed false), the lowest load the baseline measured. False when it has no levels. */
 bool kvr__detail_load(const kvr_results_t *res, double *load, bool *passed);
+/* kvr__detail_load()'s load into *load and the worker names seen there (kvr__worker_names()) into
+ * names, their count into *nnames. False when the baseline has no levels. */
+bool kvr__detail_workers(const kvr_results_t *res, double *load,
+                         char names[KVR_STATS_MAX_WORKERS][KVR_WORKER_NAME_MAX], size_t *nnames);
 
 #endif

@@ -12,26 +12,29 @@
 #include "src/kvr.h"
 
 #include <cjson/cJSON.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* The "<stat>_<name>_ms" keys add_dist() writes, in order, and the field each one reads. */
+static const struct {
+  const char *stat;
+  size_t off;
+} dist_keys[] = {
+    {"mean", offsetof(kvr_dist_t, mean)}, {"median", offsetof(kvr_dist_t, p50)},
+    {"std", offsetof(kvr_dist_t, std)},   {"p50", offsetof(kvr_dist_t, p50)},
+    {"p90", offsetof(kvr_dist_t, p90)},   {"p95", offsetof(kvr_dist_t, p95)},
+    {"p99", offsetof(kvr_dist_t, p99)},
+};
+
 static void add_dist(cJSON *o, const char *name, const kvr_dist_t *d) {
   char k[48];
-  snprintf(k, sizeof(k), "mean_%s_ms", name);
-  cJSON_AddNumberToObject(o, k, d->mean);
-  snprintf(k, sizeof(k), "median_%s_ms", name);
-  cJSON_AddNumberToObject(o, k, d->p50);
-  snprintf(k, sizeof(k), "std_%s_ms", name);
-  cJSON_AddNumberToObject(o, k, d->std);
-  snprintf(k, sizeof(k), "p50_%s_ms", name);
-  cJSON_AddNumberToObject(o, k, d->p50);
-  snprintf(k, sizeof(k), "p90_%s_ms", name);
-  cJSON_AddNumberToObject(o, k, d->p90);
-  snprintf(k, sizeof(k), "p95_%s_ms", name);
-  cJSON_AddNumberToObject(o, k, d->p95);
-  snprintf(k, sizeof(k), "p99_%s_ms", name);
-  cJSON_AddNumberToObject(o, k, d->p99);
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(dist_keys); i++) {
+    snprintf(k, sizeof(k), "%s_%s_ms", dist_keys[i].stat, name);
+    cJSON_AddNumberToObject(o, k,
+                            *(const double *)(const void *)((const char *)d + dist_keys[i].off));
+  }
 }
 
 static cJSON *dist_obj(const kvr_dist_t *d) {

@@ -366,11 +366,10 @@ static void obs_balance_run(const kvr_results_t *res, const kvr_run_t *run, doub
 
 static void obs_balance(const kvr_results_t *res, int *n, kvr__doc_t *d) {
   double dl;
-  bool passed;
-  if (!kvr__detail_load(res, &dl, &passed))
-    return;
   char names[KVR_STATS_MAX_WORKERS][KVR_WORKER_NAME_MAX];
-  size_t nnames = kvr__worker_names(res, dl, names);
+  size_t nnames;
+  if (!kvr__detail_workers(res, &dl, names, &nnames))
+    return;
   for (size_t r = 0; r < res->nruns; r++)
     obs_balance_run(res, &res->runs[r], dl, names, nnames, n, d);
 }

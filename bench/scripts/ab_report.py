@@ -21,6 +21,11 @@ import argparse
 import glob
 import json
 import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
+                                "harness"))
+from kvrharness import read_stamp, write_report  # noqa: E402
 
 # Bars of kv_aware's max rate over round_robin's, per workload (the project's targets).
 BARS = {"documents": 1.5, "control": 0.95}
@@ -35,12 +40,7 @@ class Workload:
     def __init__(self, raw, name):
         d = os.path.join(raw, name)
         self.name = name
-        self.stamp = {}
-        with open(os.path.join(d, "stamp")) as f:
-            for line in f:
-                if "=" in line:
-                    k, v = line.rstrip("\n").split("=", 1)
-                    self.stamp[k] = v
+        self.stamp = read_stamp(os.path.join(d, "stamp"))
         self.rates = {}
         with open(os.path.join(d, "rates")) as f:
             for line in f:
@@ -158,10 +158,7 @@ def render(raw, md):
                 % (w.name, s.get("commit", "?"), s.get("started", "?"), s.get("took_s", "?"),
                    s.get("cores", "?"), s.get("arch", "?"), len(w.levels), s.get("demo_cmd", "?")))
         out("")
-    text = "\n".join(L)
-    with open(md, "w") as f:
-        f.write(text)
-    print(text)
+    write_report(md, L)
 
 
 def main():

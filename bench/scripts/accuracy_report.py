@@ -34,7 +34,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
                                 "harness"))
-from kvrharness import percentile  # noqa: E402
+from kvrharness import percentile, read_stamp, write_report  # noqa: E402
 
 # The bars each part is held to (the load generator's accuracy targets).
 BAR_FIXED_PCT = 5.0       # (a), (b): TTFT and TPOT mean and p50 within 5% of the configured values
@@ -80,12 +80,7 @@ class Run:
     def __init__(self, raw, name):
         d = os.path.join(raw, name)
         self.name = name
-        self.stamp = {}
-        with open(os.path.join(d, "stamp")) as f:
-            for line in f:
-                if "=" in line:
-                    k, v = line.rstrip("\n").split("=", 1)
-                    self.stamp[k] = v
+        self.stamp = read_stamp(os.path.join(d, "stamp"))
         with open(os.path.join(d, "level.json")) as f:
             self.level = json.load(f)
         self.cpu = None
@@ -280,10 +275,7 @@ def render(raw, md):
         w("")
         w("Only one time scale is recorded; the comparison needs both.")
         w("")
-    text = "\n".join(L)
-    with open(md, "w") as f:
-        f.write(text)
-    print(text)
+    write_report(md, L)
 
 
 def main():

@@ -95,6 +95,26 @@ def percentile(values, p):
     return v[lo] + (h - lo) * (v[hi] - v[lo])
 
 
+def read_stamp(path):
+    """The key=value lines of a benchmark stamp file (bench/scripts' ab.sh, accuracy.sh) as a dict;
+    lines without "=" are skipped."""
+    stamp = {}
+    with open(path) as f:
+        for line in f:
+            if "=" in line:
+                k, v = line.rstrip("\n").split("=", 1)
+                stamp[k] = v
+    return stamp
+
+
+def write_report(path, lines):
+    """Joins lines with newlines, writes them to path and prints them (the report scripts' end)."""
+    text = "\n".join(lines)
+    with open(path, "w") as f:
+        f.write(text)
+    print(text)
+
+
 # ---- processes ---------------------------------------------------------------------------------
 
 

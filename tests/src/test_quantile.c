@@ -15,26 +15,37 @@
 
 #define SAME(got, want) assert_true((got) == (want))
 
+/* One expected value: kvr_quantile(v, n, p) == want. */
+typedef struct {
+  double p, want;
+} pq_t;
+
+/* Checks every case of cases against kvr_quantile(v, n, ·). */
+static void check_cases(const double *v, size_t n, const pq_t *cases, size_t ncases) {
+  for (size_t i = 0; i < ncases; i++)
+    SAME(kvr_quantile(v, n, cases[i].p), cases[i].want);
+}
+#define CHECK(v, n, cases) check_cases(v, n, cases, sizeof(cases) / sizeof((cases)[0]))
+
 /* By hand: h = (n - 1) p / 100, then interpolate between x[floor h] and the next value. */
 static void test_by_hand(void **state) {
   (void)state;
   double four[] = {1, 2, 3, 4};
-  SAME(kvr_quantile(four, 4, 50), 2.5);  /* h = 1.5: halfway between 2 and 3 */
-  SAME(kvr_quantile(four, 4, 25), 1.75); /* h = 0.75 */
-  SAME(kvr_quantile(four, 4, 75), 3.25); /* h = 2.25 */
-  SAME(kvr_quantile(four, 4, 90), 3.7);  /* h = 2.7 */
-  SAME(kvr_quantile(four, 4, 0), 1);
-  SAME(kvr_quantile(four, 4, 100), 4);
+  static const pq_t four_cases[] = {
+      {50, 2.5},  /* h = 1.5: halfway between 2 and 3 */
+      {25, 1.75}, /* h = 0.75 */
+      {75, 3.25}, /* h = 2.25 */
+      {90, 3.7},  /* h = 2.7 */
+      {0, 1},     {100, 4},
+  };
+  CHECK(four, 4, four_cases);
   double one[] = {7};
-  SAME(kvr_quantile(one, 1, 0), 7);
-  SAME(kvr_quantile(one, 1, 50), 7);
-  SAME(kvr_quantile(one, 1, 99), 7);
-  SAME(kvr_quantile(one, 1, 100), 7);
+  static const pq_t one_cases[] = {{0, 7}, {50, 7}, {99, 7}, {100, 7}};
+  CHECK(one, 1, one_cases);
   SAME(kvr_quantile(NULL, 0, 99), 0);
   /* Out of range clamps to the ends. */
-  SAME(kvr_quantile(four, 4, -5), 1);
-  SAME(kvr_quantile(four, 4, 150), 4);
-  SAME(kvr_quantile(four, 4, NAN), 1);
+  const pq_t out_cases[] = {{-5, 1}, {150, 4}, {NAN, 1}};
+  CHECK(four, 4, out_cases);
 }
 
 static void test_numpy_1_to_100(void **state) {
@@ -42,40 +53,39 @@ static void test_numpy_1_to_100(void **state) {
   double v[100];
   for (int i = 0; i < 100; i++)
     v[i] = i + 1;
-  SAME(kvr_quantile(v, 100, 0), 1.0);
-  SAME(kvr_quantile(v, 100, 50), 50.5);
-  SAME(kvr_quantile(v, 100, 90), 90.10000000000001);
-  SAME(kvr_quantile(v, 100, 95), 95.05);
-  SAME(kvr_quantile(v, 100, 99), 99.01);
-  SAME(kvr_quantile(v, 100, 99.9), 99.90100000000001);
-  SAME(kvr_quantile(v, 100, 100), 100.0);
-  SAME(kvr_quantile(v, 100, 29), 29.709999999999997);
-  SAME(kvr_quantile(v, 100, 33.3), 33.967);
+  static const pq_t cases[] = {
+      {0, 1.0},
+      {50, 50.5},
+      {90, 90.10000000000001},
+      {95, 95.05},
+      {99, 99.01},
+      {99.9, 99.90100000000001},
+      {100, 100.0},
+      {29, 29.709999999999997},
+      {33.3, 33.967},
+  };
+  CHECK(v, 100, cases);
 }
 
 /* Values of very different sizes: the interpolation from the nearer neighbour matters. */
 static void test_numpy_irregular(void **state) {
   (void)state;
   double v[] = {0.1, 0.2, 0.30000000000000004, 1e3, 1e9};
-  SAME(kvr_quantile(v, 5, 10), 0.14);
-  SAME(kvr_quantile(v, 5, 37.5), 0.25);
-  SAME(kvr_quantile(v, 5, 62.5), 500.15);
-  SAME(kvr_quantile(v, 5, 87.5), 500000500.0);
-  SAME(kvr_quantile(v, 5, 99), 960000040.0);
-  SAME(kvr_quantile(v, 5, 99.99), 999600000.3999996);
+  static const pq_t cases[] = {
+      {10, 0.14},          {37.5, 0.25},      {62.5, 500.15},
+      {87.5, 500000500.0}, {99, 960000040.0}, {99.99, 999600000.3999996},
+  };
+  CHECK(v, 5, cases);
 }
 
-/* numpy computes h as (p / 100) (n - 1): for p = 29 and n = 101 that is 28.999999999999996, not
- * 29, so the result sits a hair below x[29] = 841. kvr_quantile agrees with numpy there too. */
 static void test_numpy_rank_rounding(void **state) {
   (void)state;
   double sq[101];
   for (int i = 0; i <= 100; i++)
     sq[i] = (double)(i * i);
-  SAME(kvr_quantile(sq, 101, 29), 840.9999999999998);
-  SAME(kvr_quantile(sq, 101, 57), 3248.999999999999);
-  SAME(kvr_quantile(sq, 101, 58), 3363.999999999999);
-  SAME(kvr_quantile(sq, 101, 99), 9801.0);
+  static const pq_t cases[] = {
+      {29, 840.9999999999998}, {57, 3248.999999999999}, {58, 3363.999999999999}, {99, 9801.0}};
+  CHECK(sq, 101, cases);
   size_t lo, hi;
   double frac;
   kvr_quantile_pos(101, 29, &lo, &hi, &frac);

@@ -16,6 +16,23 @@
 #include <string.h>
 #include <unistd.h>
 
+/* a and b have the same starter group, and every turn the same user text and max_tokens. */
+static void assert_same_prompts(const kvr_conv_t *a, const kvr_conv_t *b) {
+  assert_int_equal(a->group, b->group);
+  for (uint32_t t = 0; t < a->nturns; t++) {
+    assert_string_equal(a->turns[t].user, b->turns[t].user);
+    assert_int_equal(a->turns[t].max_tokens, b->turns[t].max_tokens);
+  }
+}
+
+/* kvr_workload_new(o), asserted to succeed. */
+static kvr_workload_t *new_workload(const kvr_workload_opts_t *o) {
+  char err[256];
+  kvr_workload_t *wl = kvr_workload_new(o, err, sizeof(err));
+  assert_non_null(wl);
+  return wl;
+}
+
 static void test_rng_deterministic_and_bounded(void **state) {
   (void)state;
   kvr_rng_t a, b;
@@ -72,9 +89,7 @@ static void test_multiturn_shape(void **state) {
   (void)state;
   kvr_workload_opts_t o;
   kvr_workload_opts_default(&o);
-  char err[256];
-  kvr_workload_t *wl = kvr_workload_new(&o, err, sizeof(err));
-  assert_non_null(wl);
+  kvr_workload_t *wl = new_workload(&o);
   assert_string_equal(kvr_workload_name(wl), "multiturn");
   double out_sum = 0;
   size_t nout = 0;
@@ -125,24 +140,19 @@ static void test_multiturn_replay_answers(void **state) {
   kvr_workload_opts_t o;
   kvr_workload_opts_default(&o);
   assert_true(o.replay);
-  char err[256];
-  kvr_workload_t *wl = kvr_workload_new(&o, err, sizeof(err));
-  assert_non_null(wl);
+  kvr_workload_t *wl = new_workload(&o);
   kvr_workload_opts_t os = o;
   assert_int_equal(kvr_workload_parse_mode("session", &os), 0);
   assert_false(os.replay);
   assert_int_equal(kvr_workload_parse_mode("bogus", &os), KVR_EINVAL);
-  kvr_workload_t *ws = kvr_workload_new(&os, err, sizeof(err));
-  assert_non_null(ws);
+  kvr_workload_t *ws = new_workload(&os);
   for (uint64_t k = 0; k < 20; k++) {
     kvr_conv_t c, d, e;
     kvr_workload_conv(wl, 7, k, &c);
     kvr_workload_conv(wl, 7, k, &d);
     kvr_workload_conv(ws, 7, k, &e);
-    assert_int_equal(c.group, e.group);
+    assert_same_prompts(&c, &e);
     for (uint32_t t = 0; t < c.nturns; t++) {
-      assert_string_equal(c.turns[t].user, e.turns[t].user);
-      assert_int_equal(c.turns[t].max_tokens, e.turns[t].max_tokens);
       assert_null(e.turns[t].answer);
       if (t + 1 == c.nturns) {
         assert_null(c.turns[t].answer); /* never resent */
@@ -181,9 +191,7 @@ static void test_documents_exceed_one_worker(void **state) {
   kvr_workload_opts_t o;
   kvr_workload_opts_default(&o);
   o.kind = KVR_WL_DOCUMENTS;
-  char err[256];
-  kvr_workload_t *wl = kvr_workload_new(&o, err, sizeof(err));
-  assert_non_null(wl);
+  kvr_workload_t *wl = new_workload(&o);
   /* Distinct documents: ~150 x 3,750 tokens > the ~348k tokens one H200 worker caches. */
   size_t total_chars = 0;
   int seen[150] = {0};
@@ -207,9 +215,7 @@ static void test_control_never_shares(void **state) {
   kvr_workload_opts_t o;
   kvr_workload_opts_default(&o);
   assert_int_equal(kvr_workload_parse_kind("control", &o), 0);
-  char err[256];
-  kvr_workload_t *wl = kvr_workload_new(&o, err, sizeof(err));
-  assert_non_null(wl);
+  kvr_workload_t *wl = new_workload(&o);
   kvr_conv_t c[8];
   for (int i = 0; i < 8; i++) {
     kvr_workload_conv(wl, 3, (uint64_t)i, &c[i]);
@@ -228,8 +234,7 @@ static void test_chat_body_resends_history(void **state) {
   (void)state;
   kvr_workload_opts_t o;
   kvr_workload_opts_default(&o);
-  char err[256];
-  kvr_workload_t *wl = kvr_workload_new(&o, err, sizeof(err));
+  kvr_workload_t *wl = new_workload(&o);
   kvr_conv_t c;
   kvr_workload_conv(wl, 1, 0, &c);
   const char *answers[] = {"first \"answer\"\n", "second answer"};
@@ -291,9 +296,7 @@ static void test_file_jsonl(void **state) {
   char spec[128];
   snprintf(spec, sizeof(spec), "file:%s", path);
   assert_int_equal(kvr_workload_parse_kind(spec, &o), 0);
-  char err[256];
-  kvr_workload_t *wl = kvr_workload_new(&o, err, sizeof(err));
-  assert_non_null(wl);
+  kvr_workload_t *wl = new_workload(&o);
   assert_int_equal(kvr_workload_file_size(wl), 2);
   int found = 0;
   for (uint64_t k = 0; k < 2; k++) {
@@ -316,6 +319,7 @@ static void test_file_jsonl(void **state) {
   unlink(path);
   free(path);
 
+  char err[256];
   path = write_tmp("{\"turns\":[{\"user\":\"ok\"}]}\n{\"turns\":[{\"user\":5}]}\n");
   snprintf(spec, sizeof(spec), "file:%s", path);
   kvr_workload_parse_kind(spec, &o);
@@ -336,9 +340,7 @@ static void test_file_sharegpt(void **state) {
   kvr_workload_opts_default(&o);
   o.kind = KVR_WL_FILE;
   o.path = path;
-  char err[256];
-  kvr_workload_t *wl = kvr_workload_new(&o, err, sizeof(err));
-  assert_non_null(wl);
+  kvr_workload_t *wl = new_workload(&o);
   assert_int_equal(kvr_workload_file_size(wl), 1);
   kvr_conv_t c;
   kvr_workload_conv(wl, 1, 0, &c);
@@ -350,6 +352,7 @@ static void test_file_sharegpt(void **state) {
   unlink(path);
   free(path);
 
+  char err[256];
   o.path = "/nonexistent/kvr.json";
   assert_null(kvr_workload_new(&o, err, sizeof(err)));
   assert_non_null(strstr(err, "/nonexistent/kvr.json"));
@@ -366,9 +369,7 @@ static kvr_workload_t *sample_workload(unsigned dataset, unsigned turns) {
   assert_int_equal(kvr_workload_parse_order("sample", &o), 0);
   o.replay_dataset = dataset;
   o.turns = turns;
-  char err[256];
-  kvr_workload_t *wl = kvr_workload_new(&o, err, sizeof(err));
-  assert_non_null(wl);
+  kvr_workload_t *wl = new_workload(&o);
   return wl;
 }
 
@@ -533,9 +534,7 @@ static void test_sample_slot_fresh_conversations(void **state) {
   /* The conversations are not a dataset: the same as blocks order builds, new at every level. */
   kvr_workload_opts_t ob = *kvr_workload_opts(wl);
   assert_int_equal(kvr_workload_parse_order("blocks", &ob), 0);
-  char err[256];
-  kvr_workload_t *blocks = kvr_workload_new(&ob, err, sizeof(err));
-  assert_non_null(blocks);
+  kvr_workload_t *blocks = new_workload(&ob);
   size_t other_level = 0;
   for (uint64_t k = 0; k < 20; k++) {
     kvr_conv_t a, b, c;
@@ -622,9 +621,7 @@ static void test_dataset_conversations_same_at_every_level(void **state) {
   /* Another workload seed is another dataset. */
   kvr_workload_opts_t o2 = *kvr_workload_opts(wl);
   o2.seed = 43;
-  char err[256];
-  kvr_workload_t *wl2 = kvr_workload_new(&o2, err, sizeof(err));
-  assert_non_null(wl2);
+  kvr_workload_t *wl2 = new_workload(&o2);
   kvr_conv_t other;
   kvr_workload_conv(wl2, levels[0], first[0][0], &other);
   assert_true(strcmp(other.turns[0].answer, ref[0].turns[0].answer) != 0);
@@ -651,13 +648,10 @@ static void test_answer_mean_std(void **state) {
   o.answer_std = 300;
   o.out_min = 64;
   o.out_max = 4096;
-  char err[256];
-  kvr_workload_t *wl = kvr_workload_new(&o, err, sizeof(err));
-  assert_non_null(wl);
+  kvr_workload_t *wl = new_workload(&o);
   kvr_workload_opts_t od = o;
   od.answer_mean = od.answer_std = 0;
-  kvr_workload_t *wd = kvr_workload_new(&od, err, sizeof(err));
-  assert_non_null(wd);
+  kvr_workload_t *wd = new_workload(&od);
   double sum = 0, sum2 = 0, mt_sum = 0, cross = 0;
   size_t n = 0;
   for (uint64_t k = 0; k < 300; k++) {
@@ -665,10 +659,8 @@ static void test_answer_mean_std(void **state) {
     kvr_workload_conv(wl, 9, k, &c);
     kvr_workload_conv(wd, 9, k, &d);
     /* Only the answers change: starter, user turns and max_tokens are the default workload's. */
-    assert_int_equal(c.group, d.group);
+    assert_same_prompts(&c, &d);
     for (uint32_t t = 0; t < c.nturns; t++) {
-      assert_string_equal(c.turns[t].user, d.turns[t].user);
-      assert_int_equal(c.turns[t].max_tokens, d.turns[t].max_tokens);
       if (t + 1 == c.nturns) {
         assert_null(c.turns[t].answer);
         continue;
@@ -786,8 +778,7 @@ static void test_parse_order_and_bad_answer_opts(void **state) {
   kvr_workload_opts_default(&ok);
   ok.answer_mean = 0;
   ok.answer_std = 0;
-  kvr_workload_t *wl = kvr_workload_new(&ok, err, sizeof(err));
-  assert_non_null(wl);
+  kvr_workload_t *wl = new_workload(&ok);
   kvr_workload_free(wl);
 }
 
