@@ -6,8 +6,8 @@
  *                  bucket and in the free list. Blocks live in one array indexed by block id.
  *   kvr_sim_engine_t  the block array, the hash buckets (hash -> block id, chained through
  *                  block_t.hnext), the free list (doubly linked through fprev/fnext, head = next to
- *                  evict), the running array (admission order) and the waiting queue (linked list,
- *                  preempted requests go to its front).
+ *                  evict), the running array (admission order) and the waiting queue (a kvr_list_t
+ *                  of kvr_sim_req_t.wnode: new requests at its tail, preempted ones at its front).
  *
  * Flow of kvr_sim_engine_step():
  *   1. schedule running requests in order, each taking min(remaining tokens, budget); if its blocks
@@ -20,8 +20,9 @@
  * Invariants: a block with ref > 0 is never in the free list; a block in the free list has ref 0;
  * a hashed block is in exactly one bucket chain and no two hashed blocks share a hash; a request's
  * first nhashed blocks are full; the blocks a request holds cover its num_computed tokens (plus
- * the ones scheduled this step). Every waiting request fits in the cache on its own (checked at
- * add), so an idle engine can always admit its queue head.
+ * the ones scheduled this step). A request is in the waiting list exactly while its state is
+ * KVR_SIM_WAITING, and nwaiting is that list's length. Every waiting request fits in the cache on
+ * its own (checked at add), so an idle engine can always admit its queue head.
  */
 #include "sim_engine.h"
 
@@ -57,8 +58,8 @@ struct kvr_sim_engine_s {
   uint32_t nfree_hashed; /* free blocks still holding a hash (evictable cache) */
   kvr_sim_req_t **running;
   uint32_t nrunning;
-  kvr_sim_req_t *wait_head, *wait_tail;
-  uint32_t nwaiting;
+  kvr_list_t waiting;      /* kvr_sim_req_t.wnode, FCFS: admitted from the front */
+  uint32_t nwaiting;       /* its length, kept for the stats */
   sched_t *sched;          /* this step's scheduled requests, max_num_seqs entries */
   kvr_sim_event_t *events; /* this step's events, 2 * max_num_seqs + 1 entries */
   int32_t *scratch;        /* prefix lookup result, max_model_len / block_size + 1 entries */
@@ -215,6 +216,7 @@ kvr_sim_engine_t *kvr_sim_engine_new(const kvr_sim_config_t *cfg) {
   for (uint32_t i = 0; i < nbuckets; i++)
     eng->buckets[i] = -1;
   eng->free_head = eng->free_tail = -1;
+  kvr_list_init(&eng->waiting);
   for (uint32_t i = 0; i < nb; i++) {
     eng->blocks[i].hnext = -1;
     free_push_tail(eng, (int32_t)i);
@@ -240,9 +242,9 @@ void kvr_sim_engine_free(kvr_sim_engine_t *eng) {
    * reference holder, so it frees them rather than leak. */
   for (uint32_t i = 0; i < eng->nrunning; i++)
     req_free_mem(eng->running[i]);
-  for (kvr_sim_req_t *r = eng->wait_head, *next; r != NULL; r = next) {
-    next = r->wnext;
-    req_free_mem(r);
+  kvr_list_t *q, *tmp;
+  KVR_LIST_FOREACH_SAFE(q, tmp, &eng->waiting) {
+    req_free_mem(KVR_CONTAINER_OF(q, kvr_sim_req_t, wnode));
   }
   free(eng->blocks);
   free(eng->buckets);
@@ -299,34 +301,26 @@ uint32_t kvr_sim_engine_reset_prefix_cache(kvr_sim_engine_t *eng, uint32_t *kept
 
 /* ---- queues ---- */
 
+/* Queues req as waiting: at the back (a new request) or at the front (a preempted one). */
 static void wait_push(kvr_sim_engine_t *eng, kvr_sim_req_t *req, bool front) {
-  req->wprev = req->wnext = NULL;
-  if (eng->wait_head == NULL) {
-    eng->wait_head = eng->wait_tail = req;
-  } else if (front) {
-    req->wnext = eng->wait_head;
-    eng->wait_head->wprev = req;
-    eng->wait_head = req;
-  } else {
-    req->wprev = eng->wait_tail;
-    eng->wait_tail->wnext = req;
-    eng->wait_tail = req;
-  }
+  if (front)
+    kvr_list_insert_head(&eng->waiting, &req->wnode);
+  else
+    kvr_list_insert_tail(&eng->waiting, &req->wnode);
   req->state = KVR_SIM_WAITING;
   eng->nwaiting++;
 }
 
 static void wait_unlink(kvr_sim_engine_t *eng, kvr_sim_req_t *req) {
-  if (req->wprev)
-    req->wprev->wnext = req->wnext;
-  else
-    eng->wait_head = req->wnext;
-  if (req->wnext)
-    req->wnext->wprev = req->wprev;
-  else
-    eng->wait_tail = req->wprev;
-  req->wprev = req->wnext = NULL;
+  kvr_list_remove(&req->wnode);
   eng->nwaiting--;
+}
+
+/* The request admission would try next, or NULL when none waits. */
+static kvr_sim_req_t *wait_front(const kvr_sim_engine_t *eng) {
+  if (kvr_list_empty(&eng->waiting))
+    return NULL;
+  return KVR_CONTAINER_OF(eng->waiting.next, kvr_sim_req_t, wnode);
 }
 
 static void req_free_blocks(kvr_sim_engine_t *eng, kvr_sim_req_t *req) {
@@ -529,9 +523,9 @@ int kvr_sim_engine_step(kvr_sim_engine_t *eng, kvr_sim_step_t *out) {
   }
 
   /* 2. admit waiting requests (vLLM skips this in a step that had to preempt) */
-  while (!preempted_any && eng->wait_head != NULL && budget > 0 &&
+  while (!preempted_any && wait_front(eng) != NULL && budget > 0 &&
          eng->nrunning < cfg->max_num_seqs) {
-    kvr_sim_req_t *req = eng->wait_head;
+    kvr_sim_req_t *req = wait_front(eng);
     uint32_t nhits = 0;
     if (cfg->enable_prefix_caching)
       nhits = prefix_lookup(eng, req);
