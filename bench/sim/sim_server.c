@@ -865,74 +865,90 @@ static void handle_models(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
 }
 
+/* A family with one sample (a gauge or a counter). */
+static void metric_one(kvr_buf_t *b, const char *name, const char *type, const char *help,
+                       const char *labels, double v) {
+  kvr_metric_family(b, name, type, help);
+  kvr_metric_sample(b, name, labels, v);
+}
+
+/* The engine's gauges and counters; requests outside the engine (fixed-latency mode, hung by the
+ * fault) count as running, and their tokens count too. */
+static void metrics_engine(kvr_buf_t *b, const kvr_sim_server_t *srv, const kvr_sim_stats_t *st,
+                           const char *labels) {
+  metric_one(b, "vllm:num_requests_running", "gauge",
+             "Number of requests in model execution batches.", labels,
+             (double)(st->running + srv->nfixed + srv->nhung));
+  metric_one(b, "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+             labels, st->waiting);
+  metric_one(b, "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+             labels, (double)st->blocks_used / (double)srv->opts.engine.num_gpu_blocks);
+  metric_one(b, "vllm:prefix_cache_queries_total", "counter",
+             "Prefix cache queries, in terms of number of queried tokens.", labels,
+             (double)st->prefix_queries);
+  metric_one(b, "vllm:prefix_cache_hits_total", "counter",
+             "Prefix cache hits, in terms of number of cached tokens.", labels,
+             (double)st->prefix_hits);
+  metric_one(b, "vllm:num_preemptions_total", "counter",
+             "Cumulative number of preemption from the engine.", labels, (double)st->preemptions);
+  metric_one(b, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+             labels, (double)(st->prompt_tokens + srv->fixed_prompt_tokens));
+  metric_one(b, "vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+             labels, (double)(st->generation_tokens + srv->fixed_generation_tokens));
+}
+
+/* vllm:request_success_total by finished_reason, and vllm:cache_config_info; l2 is scratch. */
+static void metrics_requests_and_config(kvr_buf_t *b, const kvr_sim_server_t *srv,
+                                        const char *labels, kvr_buf_t *l2) {
+  const kvr_sim_config_t *cfg = &srv->opts.engine;
+  kvr_metric_family(b, "vllm:request_success_total", "counter",
+                    "Count of successfully processed requests.");
+  const char *reasons[] = {"stop", "length", "abort"};
+  uint64_t counts[] = {srv->finished_stop, srv->finished_length, srv->finished_abort};
+  for (int i = 0; i < 3; i++) {
+    kvr_buf_reset(l2);
+    kvr_buf_printf(l2, "%s,finished_reason=\"%s\"", labels, reasons[i]);
+    kvr_metric_sample(b, "vllm:request_success_total", l2->data, (double)counts[i]);
+  }
+  kvr_metric_family(b, "vllm:cache_config_info", "gauge",
+                    "Information of the LLMEngine CacheConfig");
+  kvr_buf_reset(l2);
+  kvr_buf_printf(l2,
+                 "block_size=\"%u\",cache_dtype=\"fp8\",enable_prefix_caching=\"%s\",engine=\"0\","
+                 "gpu_memory_utilization=\"0.9\",num_cpu_blocks=\"None\",num_gpu_blocks=\"%u\"",
+                 cfg->block_size, cfg->enable_prefix_caching ? "True" : "False",
+                 cfg->num_gpu_blocks);
+  kvr_metric_sample(b, "vllm:cache_config_info", l2->data, 1.0);
+}
+
+/* The three latency histograms, in simulated seconds. */
+static void metrics_latency(kvr_buf_t *b, const kvr_sim_server_t *srv, const char *labels) {
+  kvr_metric_family(b, "vllm:time_to_first_token_seconds", "histogram",
+                    "Histogram of time to first token in seconds.");
+  kvr_metric_hist(b, "vllm:time_to_first_token_seconds", labels, &srv->ttft);
+  kvr_metric_family(b, "vllm:inter_token_latency_seconds", "histogram",
+                    "Histogram of inter-token latency in seconds.");
+  kvr_metric_hist(b, "vllm:inter_token_latency_seconds", labels, &srv->itl);
+  kvr_metric_family(b, "vllm:e2e_request_latency_seconds", "histogram",
+                    "Histogram of e2e request latency in seconds.");
+  kvr_metric_hist(b, "vllm:e2e_request_latency_seconds", labels, &srv->e2e);
+}
+
+/* GET /metrics: the figures vLLM exports, in its names, labels and order. */
 static void handle_metrics(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_sim_server_t *srv = data;
   (void)tail;
   kvr_sim_stats_t st;
   kvr_sim_engine_stats(srv->eng, &st);
-  const kvr_sim_config_t *cfg = &srv->opts.engine;
   kvr_buf_t labels = KVR_BUF_INIT, l2 = KVR_BUF_INIT;
   kvr_buf_puts(&labels, "engine=\"0\",model_name=\"");
   kvr_metric_escape(&labels, srv->model);
   kvr_buf_puts(&labels, "\"");
   kvr_buf_t *b = &srv->scratch;
   kvr_buf_reset(b);
-  kvr_metric_family(b, "vllm:num_requests_running", "gauge",
-                    "Number of requests in model execution batches.");
-  /* requests outside the engine (fixed-latency mode, hung by the fault) count as running */
-  kvr_metric_sample(b, "vllm:num_requests_running", labels.data,
-                    (double)(st.running + srv->nfixed + srv->nhung));
-  kvr_metric_family(b, "vllm:num_requests_waiting", "gauge",
-                    "Number of requests waiting to be processed.");
-  kvr_metric_sample(b, "vllm:num_requests_waiting", labels.data, st.waiting);
-  kvr_metric_family(b, "vllm:kv_cache_usage_perc", "gauge",
-                    "KV-cache usage. 1 means 100 percent usage.");
-  kvr_metric_sample(b, "vllm:kv_cache_usage_perc", labels.data,
-                    (double)st.blocks_used / (double)cfg->num_gpu_blocks);
-  kvr_metric_family(b, "vllm:prefix_cache_queries_total", "counter",
-                    "Prefix cache queries, in terms of number of queried tokens.");
-  kvr_metric_sample(b, "vllm:prefix_cache_queries_total", labels.data, (double)st.prefix_queries);
-  kvr_metric_family(b, "vllm:prefix_cache_hits_total", "counter",
-                    "Prefix cache hits, in terms of number of cached tokens.");
-  kvr_metric_sample(b, "vllm:prefix_cache_hits_total", labels.data, (double)st.prefix_hits);
-  kvr_metric_family(b, "vllm:num_preemptions_total", "counter",
-                    "Cumulative number of preemption from the engine.");
-  kvr_metric_sample(b, "vllm:num_preemptions_total", labels.data, (double)st.preemptions);
-  kvr_metric_family(b, "vllm:prompt_tokens_total", "counter",
-                    "Number of prefill tokens processed.");
-  kvr_metric_sample(b, "vllm:prompt_tokens_total", labels.data,
-                    (double)(st.prompt_tokens + srv->fixed_prompt_tokens));
-  kvr_metric_family(b, "vllm:generation_tokens_total", "counter",
-                    "Number of generation tokens processed.");
-  kvr_metric_sample(b, "vllm:generation_tokens_total", labels.data,
-                    (double)(st.generation_tokens + srv->fixed_generation_tokens));
-  kvr_metric_family(b, "vllm:request_success_total", "counter",
-                    "Count of successfully processed requests.");
-  const char *reasons[] = {"stop", "length", "abort"};
-  uint64_t counts[] = {srv->finished_stop, srv->finished_length, srv->finished_abort};
-  for (int i = 0; i < 3; i++) {
-    kvr_buf_reset(&l2);
-    kvr_buf_printf(&l2, "%s,finished_reason=\"%s\"", labels.data, reasons[i]);
-    kvr_metric_sample(b, "vllm:request_success_total", l2.data, (double)counts[i]);
-  }
-  kvr_metric_family(b, "vllm:cache_config_info", "gauge",
-                    "Information of the LLMEngine CacheConfig");
-  kvr_buf_reset(&l2);
-  kvr_buf_printf(&l2,
-                 "block_size=\"%u\",cache_dtype=\"fp8\",enable_prefix_caching=\"%s\",engine=\"0\","
-                 "gpu_memory_utilization=\"0.9\",num_cpu_blocks=\"None\",num_gpu_blocks=\"%u\"",
-                 cfg->block_size, cfg->enable_prefix_caching ? "True" : "False",
-                 cfg->num_gpu_blocks);
-  kvr_metric_sample(b, "vllm:cache_config_info", l2.data, 1.0);
-  kvr_metric_family(b, "vllm:time_to_first_token_seconds", "histogram",
-                    "Histogram of time to first token in seconds.");
-  kvr_metric_hist(b, "vllm:time_to_first_token_seconds", labels.data, &srv->ttft);
-  kvr_metric_family(b, "vllm:inter_token_latency_seconds", "histogram",
-                    "Histogram of inter-token latency in seconds.");
-  kvr_metric_hist(b, "vllm:inter_token_latency_seconds", labels.data, &srv->itl);
-  kvr_metric_family(b, "vllm:e2e_request_latency_seconds", "histogram",
-                    "Histogram of e2e request latency in seconds.");
-  kvr_metric_hist(b, "vllm:e2e_request_latency_seconds", labels.data, &srv->e2e);
+  metrics_engine(b, srv, &st, labels.data);
+  metrics_requests_and_config(b, srv, labels.data, &l2);
+  metrics_latency(b, srv, labels.data);
   kvr_buf_free(&labels);
   kvr_buf_free(&l2);
   kvr_http_respond(req, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b->data, b->len);
