@@ -6,22 +6,25 @@
  *                  bucket and in the free list. Blocks live in one array indexed by block id.
  *   kvr_sim_engine_t  the block array, the hash buckets (hash -> block id, chained through
  *                  block_t.hnext), the free list (doubly linked through fprev/fnext, head = next to
- *                  evict), the running array (admission order) and the waiting queue (linked list,
- *                  preempted requests go to its front).
+ *                  evict), the running array (admission order) and the waiting queue (a kvr_list_t
+ *                  of kvr_sim_req_t.wnode: new requests at its tail, preempted ones at its front).
  *
- * Flow of kvr_sim_engine_step():
- *   1. schedule running requests in order, each taking min(remaining tokens, budget); if its blocks
- *      cannot be allocated, preempt the last running request and retry (maybe preempting itself);
- *   2. if nobody was preempted, admit waiting requests in order while budget, blocks and
- *      max_num_seqs allow, after looking their prefix up in the cache;
- *   3. cost the batch; advance num_computed; a request whose tokens are all computed samples one
- *      token; one that has max_output tokens finishes and frees its blocks.
+ * Flow of kvr_sim_engine_step(), one function per step, building a batch_t:
+ *   1. schedule_running(): running requests in order, each taking min(remaining tokens, budget);
+ *      if its blocks cannot be allocated, preempt the last running request and retry (maybe
+ *      preempting itself);
+ *   2. admit_waiting(), if nobody was preempted: waiting requests in order while budget, blocks
+ *      and max_num_seqs allow, after looking their prefix up in the cache;
+ *   3. run_batch(): cost the batch; advance num_computed; a request whose tokens are all computed
+ *      samples one token; one that has max_output tokens finishes and frees its blocks. Finished
+ *      requests then leave the running array.
  *
  * Invariants: a block with ref > 0 is never in the free list; a block in the free list has ref 0;
  * a hashed block is in exactly one bucket chain and no two hashed blocks share a hash; a request's
  * first nhashed blocks are full; the blocks a request holds cover its num_computed tokens (plus
- * the ones scheduled this step). Every waiting request fits in the cache on its own (checked at
- * add), so an idle engine can always admit its queue head.
+ * the ones scheduled this step). A request is in the waiting list exactly while its state is
+ * KVR_SIM_WAITING, and nwaiting is that list's length. Every waiting request fits in the cache on
+ * its own (checked at add), so an idle engine can always admit its queue head.
  */
 #include "sim_engine.h"
 
@@ -47,6 +50,14 @@ typedef struct sched_s {
   uint32_t num_new;
 } sched_t;
 
+/* The batch one step is building: the token budget left, how many requests are in eng->sched,
+ * and whether a request was preempted (vLLM then admits nobody in that step). */
+typedef struct batch_s {
+  uint32_t budget;
+  uint32_t nsched;
+  bool preempted;
+} batch_t;
+
 struct kvr_sim_engine_s {
   kvr_sim_config_t cfg;
   block_t *blocks;
@@ -57,8 +68,8 @@ struct kvr_sim_engine_s {
   uint32_t nfree_hashed; /* free blocks still holding a hash (evictable cache) */
   kvr_sim_req_t **running;
   uint32_t nrunning;
-  kvr_sim_req_t *wait_head, *wait_tail;
-  uint32_t nwaiting;
+  kvr_list_t waiting;      /* kvr_sim_req_t.wnode, FCFS: admitted from the front */
+  uint32_t nwaiting;       /* its length, kept for the stats */
   sched_t *sched;          /* this step's scheduled requests, max_num_seqs entries */
   kvr_sim_event_t *events; /* this step's events, 2 * max_num_seqs + 1 entries */
   int32_t *scratch;        /* prefix lookup result, max_model_len / block_size + 1 entries */
@@ -215,6 +226,7 @@ kvr_sim_engine_t *kvr_sim_engine_new(const kvr_sim_config_t *cfg) {
   for (uint32_t i = 0; i < nbuckets; i++)
     eng->buckets[i] = -1;
   eng->free_head = eng->free_tail = -1;
+  kvr_list_init(&eng->waiting);
   for (uint32_t i = 0; i < nb; i++) {
     eng->blocks[i].hnext = -1;
     free_push_tail(eng, (int32_t)i);
@@ -240,9 +252,9 @@ void kvr_sim_engine_free(kvr_sim_engine_t *eng) {
    * reference holder, so it frees them rather than leak. */
   for (uint32_t i = 0; i < eng->nrunning; i++)
     req_free_mem(eng->running[i]);
-  for (kvr_sim_req_t *r = eng->wait_head, *next; r != NULL; r = next) {
-    next = r->wnext;
-    req_free_mem(r);
+  kvr_list_t *q, *tmp;
+  KVR_LIST_FOREACH_SAFE(q, tmp, &eng->waiting) {
+    req_free_mem(KVR_CONTAINER_OF(q, kvr_sim_req_t, wnode));
   }
   free(eng->blocks);
   free(eng->buckets);
@@ -299,34 +311,26 @@ uint32_t kvr_sim_engine_reset_prefix_cache(kvr_sim_engine_t *eng, uint32_t *kept
 
 /* ---- queues ---- */
 
+/* Queues req as waiting: at the back (a new request) or at the front (a preempted one). */
 static void wait_push(kvr_sim_engine_t *eng, kvr_sim_req_t *req, bool front) {
-  req->wprev = req->wnext = NULL;
-  if (eng->wait_head == NULL) {
-    eng->wait_head = eng->wait_tail = req;
-  } else if (front) {
-    req->wnext = eng->wait_head;
-    eng->wait_head->wprev = req;
-    eng->wait_head = req;
-  } else {
-    req->wprev = eng->wait_tail;
-    eng->wait_tail->wnext = req;
-    eng->wait_tail = req;
-  }
+  if (front)
+    kvr_list_insert_head(&eng->waiting, &req->wnode);
+  else
+    kvr_list_insert_tail(&eng->waiting, &req->wnode);
   req->state = KVR_SIM_WAITING;
   eng->nwaiting++;
 }
 
 static void wait_unlink(kvr_sim_engine_t *eng, kvr_sim_req_t *req) {
-  if (req->wprev)
-    req->wprev->wnext = req->wnext;
-  else
-    eng->wait_head = req->wnext;
-  if (req->wnext)
-    req->wnext->wprev = req->wprev;
-  else
-    eng->wait_tail = req->wprev;
-  req->wprev = req->wnext = NULL;
+  kvr_list_remove(&req->wnode);
   eng->nwaiting--;
+}
+
+/* The request admission would try next, or NULL when none waits. */
+static kvr_sim_req_t *wait_front(const kvr_sim_engine_t *eng) {
+  if (kvr_list_empty(&eng->waiting))
+    return NULL;
+  return KVR_CONTAINER_OF(eng->waiting.next, kvr_sim_req_t, wnode);
 }
 
 static void req_free_blocks(kvr_sim_engine_t *eng, kvr_sim_req_t *req) {
@@ -495,103 +499,146 @@ static void req_append_token(kvr_sim_req_t *req) {
   req->tokens[req->ntokens++] = kvr_sim_tokens_word_id(req->gen_seed, k);
 }
 
-int kvr_sim_engine_step(kvr_sim_engine_t *eng, kvr_sim_step_t *out) {
-  const kvr_sim_config_t *cfg = &eng->cfg;
-  memset(out, 0, sizeof(*out));
-  out->events = eng->events;
-  uint32_t budget = cfg->max_num_batched_tokens;
-  uint32_t nsched = 0;
-  bool preempted_any = false;
+/* ---- one step: schedule running, admit waiting, execute ---- */
 
-  /* 1. running requests, in admission order */
-  for (uint32_t i = 0; i < eng->nrunning && budget > 0;) {
+/* Puts req in this step's batch for num_new tokens, charged to the budget. */
+static void batch_add(kvr_sim_engine_t *eng, batch_t *b, kvr_sim_req_t *req, uint32_t num_new) {
+  eng->sched[b->nsched++] = (sched_t){req, num_new};
+  b->budget -= num_new;
+}
+
+/* Gives the running request req blocks for num_new more tokens, preempting the most recently
+ * admitted running request until they fit. Returns false when req itself had to be preempted. */
+static bool allocate_or_preempt(kvr_sim_engine_t *eng, kvr_sim_step_t *out, batch_t *b,
+                                kvr_sim_req_t *req, uint32_t num_new) {
+  while (!allocate_slots(eng, req, num_new, 0)) {
+    kvr_sim_req_t *victim = eng->running[--eng->nrunning];
+    preempt(eng, out, victim);
+    b->preempted = true;
+    if (victim == req)
+      return false;
+  }
+  return true;
+}
+
+/* Step 1: running requests in admission order, each taking min(tokens left, budget), until the
+ * budget is spent or a request had to preempt itself. A victim is always behind req in the
+ * running array, so no request already in the batch is ever preempted. */
+static void schedule_running(kvr_sim_engine_t *eng, kvr_sim_step_t *out, batch_t *b) {
+  for (uint32_t i = 0; i < eng->nrunning && b->budget > 0; i++) {
     kvr_sim_req_t *req = eng->running[i];
-    uint32_t num_new = KVR_MIN(req->ntokens - req->num_computed, budget);
-    if (num_new == 0) {
-      i++;
+    uint32_t num_new = KVR_MIN(req->ntokens - req->num_computed, b->budget);
+    if (num_new == 0)
       continue;
-    }
-    bool self_preempted = false;
-    while (!allocate_slots(eng, req, num_new, 0)) {
-      kvr_sim_req_t *victim = eng->running[--eng->nrunning];
-      preempt(eng, out, victim);
-      preempted_any = true;
-      if (victim == req) {
-        self_preempted = true;
-        break;
-      }
-    }
-    if (self_preempted)
-      break;
-    eng->sched[nsched++] = (sched_t){req, num_new};
-    budget -= num_new;
-    i++;
+    if (!allocate_or_preempt(eng, out, b, req, num_new))
+      return;
+    batch_add(eng, b, req, num_new);
   }
+}
 
-  /* 2. admit waiting requests (vLLM skips this in a step that had to preempt) */
-  while (!preempted_any && eng->wait_head != NULL && budget > 0 &&
-         eng->nrunning < cfg->max_num_seqs) {
-    kvr_sim_req_t *req = eng->wait_head;
-    uint32_t nhits = 0;
-    if (cfg->enable_prefix_caching)
-      nhits = prefix_lookup(eng, req);
-    req->num_computed = nhits * cfg->block_size;
-    uint32_t num_new = KVR_MIN(req->ntokens - req->num_computed, budget);
-    if (!allocate_slots(eng, req, num_new, nhits)) {
-      req->num_computed = 0;
-      break; /* retried next step; the lookup is counted once, when it admits */
-    }
-    if (cfg->enable_prefix_caching) {
-      eng->stats.prefix_queries += req->ntokens;
-      eng->stats.prefix_hits += (uint64_t)nhits * cfg->block_size;
-    }
-    if (req->num_cached < 0)
-      req->num_cached = (int32_t)(nhits * cfg->block_size);
-    wait_unlink(eng, req);
-    req->state = KVR_SIM_RUNNING;
-    eng->running[eng->nrunning++] = req;
-    eng->sched[nsched++] = (sched_t){req, num_new};
-    budget -= num_new;
+/* Admits the waiting request req with what is left of the budget, after looking its prefix up in
+ * the cache. Returns false, leaving it waiting with num_computed 0, when its blocks do not fit. */
+static bool admit(kvr_sim_engine_t *eng, batch_t *b, kvr_sim_req_t *req) {
+  const kvr_sim_config_t *cfg = &eng->cfg;
+  uint32_t nhits = 0;
+  if (cfg->enable_prefix_caching)
+    nhits = prefix_lookup(eng, req);
+  req->num_computed = nhits * cfg->block_size;
+  uint32_t num_new = KVR_MIN(req->ntokens - req->num_computed, b->budget);
+  if (!allocate_slots(eng, req, num_new, nhits)) {
+    req->num_computed = 0;
+    return false; /* retried next step; the lookup is counted once, when it admits */
   }
+  if (cfg->enable_prefix_caching) {
+    eng->stats.prefix_queries += req->ntokens;
+    eng->stats.prefix_hits += (uint64_t)nhits * cfg->block_size;
+  }
+  if (req->num_cached < 0)
+    req->num_cached = (int32_t)(nhits * cfg->block_size);
+  wait_unlink(eng, req);
+  req->state = KVR_SIM_RUNNING;
+  eng->running[eng->nrunning++] = req;
+  batch_add(eng, b, req, num_new);
+  return true;
+}
 
-  /* 3. cost the batch, advance, sample */
+/* Step 2: admits the front of the waiting queue while budget, max_num_seqs and blocks allow; the
+ * first request that does not fit stops admission (FCFS, no skipping). */
+static void admit_waiting(kvr_sim_engine_t *eng, batch_t *b) {
+  while (b->budget > 0 && eng->nrunning < eng->cfg.max_num_seqs) {
+    kvr_sim_req_t *req = wait_front(eng);
+    if (req == NULL || !admit(eng, b, req))
+      return;
+  }
+}
+
+/* Adds n scheduled tokens of req (before they are computed) to the step's cost figures: a decode
+ * (one token after its whole context) reads that context; a prefill chunk computes n tokens whose
+ * causal attention also spans the num_computed tokens before them. */
+static void cost_add(kvr_sim_step_t *out, const kvr_sim_req_t *req, uint32_t n) {
+  bool decode = n == 1 && req->ntokens > req->num_prompt && req->num_computed + 1 == req->ntokens;
+  if (decode) {
+    out->num_decode++;
+    out->decode_ctx += req->ntokens;
+  } else {
+    out->prefill_tokens += n;
+    out->attn_pairs += (double)n * ((double)req->num_computed + (double)(n + 1) / 2.0);
+  }
+}
+
+/* req has all its tokens computed: it samples one token, and finishes (its blocks freed) once it
+ * has max_output of them. */
+static void sample(kvr_sim_engine_t *eng, kvr_sim_req_t *req, kvr_sim_event_t *ev) {
+  if (req->ntokens == req->num_prompt)
+    eng->stats.prompt_tokens += req->num_prompt;
+  req_append_token(req);
+  ev->new_tokens = 1;
+  eng->stats.generation_tokens++;
+  if (req->ntokens - req->num_prompt >= req->max_output) {
+    req->finish = req->stop_reason;
+    req->state = KVR_SIM_FINISHED;
+    req_free_blocks(eng, req);
+    ev->finished = true;
+  }
+}
+
+/* Step 3: "executes" the batch in order: cost, advance num_computed, one event each, sample. */
+static void run_batch(kvr_sim_engine_t *eng, kvr_sim_step_t *out, uint32_t nsched) {
   for (uint32_t i = 0; i < nsched; i++) {
     kvr_sim_req_t *req = eng->sched[i].req;
     uint32_t n = eng->sched[i].num_new;
-    bool decode = n == 1 && req->ntokens > req->num_prompt && req->num_computed + 1 == req->ntokens;
-    if (decode) {
-      out->num_decode++;
-      out->decode_ctx += req->ntokens;
-    } else {
-      out->prefill_tokens += n;
-      out->attn_pairs += (double)n * ((double)req->num_computed + (double)(n + 1) / 2.0);
-    }
+    cost_add(out, req, n);
     req->num_computed += n;
     kvr_sim_event_t *ev = event_add(eng, out, req);
     if (req->num_computed < req->ntokens)
       continue; /* prefill chunk, more to come */
-    if (req->ntokens == req->num_prompt)
-      eng->stats.prompt_tokens += req->num_prompt;
-    req_append_token(req);
-    ev->new_tokens = 1;
-    eng->stats.generation_tokens++;
-    if (req->ntokens - req->num_prompt >= req->max_output) {
-      req->finish = req->stop_reason;
-      req->state = KVR_SIM_FINISHED;
-      req_free_blocks(eng, req);
-      ev->finished = true;
-    }
+    sample(eng, req, ev);
   }
-  out->num_seqs = nsched;
+}
+
+/* Drops the requests that finished this step from the running array, keeping the order. */
+static void running_compact(kvr_sim_engine_t *eng) {
   uint32_t kept = 0;
   for (uint32_t i = 0; i < eng->nrunning; i++) {
     if (eng->running[i]->state == KVR_SIM_RUNNING)
       eng->running[kept++] = eng->running[i];
   }
   eng->nrunning = kept;
-  out->duration_s =
-      kvr_sim_cost_step(&cfg->cost, nsched, out->prefill_tokens, out->decode_ctx, out->attn_pairs);
-  if (nsched > 0)
+}
+
+int kvr_sim_engine_step(kvr_sim_engine_t *eng, kvr_sim_step_t *out) {
+  memset(out, 0, sizeof(*out));
+  out->events = eng->events;
+  batch_t b = {.budget = eng->cfg.max_num_batched_tokens};
+  schedule_running(eng, out, &b);
+  if (!b.preempted) /* vLLM admits nothing in a step that had to preempt */
+    admit_waiting(eng, &b);
+  run_batch(eng, out, b.nsched);
+  out->num_seqs = b.nsched;
+  running_compact(eng);
+  out->duration_s = kvr_sim_cost_step(&eng->cfg.cost, b.nsched, out->prefill_tokens,
+                                      out->decode_ctx, out->attn_pairs);
+  if (b.nsched > 0)
     eng->stats.steps++;
   return 0;
 }

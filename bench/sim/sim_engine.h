@@ -19,6 +19,10 @@
  *     request is preempted (recompute): its blocks are freed and it goes back to the front of
  *     the waiting queue with its generated tokens, to be prefilled again (mostly from the
  *     prefix cache).
+ *   - The waiting queue is one kvr_list_t (src/list.h) linked through kvr_sim_req_t.wnode, in the
+ *     order vLLM's scheduler sees it: kvr_sim_engine_add() appends, a preempted request is put in
+ *     front (of several preempted in one step, the earliest admitted ends up first), and admission
+ *     takes the front request only, stopping at the first one that does not fit (no skipping).
  *   - Step time = fixed + per_seq * seqs + prefill_tok * prefilled tokens
  *                 + decode_ctx * (context tokens of the decoding sequences)
  *                 + attn_pair * (query x key pairs of the prefill chunks' causal attention).
@@ -30,6 +34,8 @@
  */
 #ifndef KVR_SIM_ENGINE_H
 #define KVR_SIM_ENGINE_H
+
+#include "src/list.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -89,8 +95,8 @@ struct kvr_sim_req_s {
   /* block table: block ids; nhashed of them are full and hashed in the cache */
   int32_t *blocks;
   uint32_t nblocks, blocks_cap, nhashed;
-  uint64_t last_hash;           /* hash of block nhashed-1 (chain parent) */
-  kvr_sim_req_t *wprev, *wnext; /* waiting queue links */
+  uint64_t last_hash; /* hash of block nhashed-1 (chain parent) */
+  kvr_list_t wnode;   /* in the engine's waiting queue exactly while state is KVR_SIM_WAITING */
 };
 
 typedef struct kvr_sim_event_s {

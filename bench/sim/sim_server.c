@@ -9,7 +9,10 @@
  *
  * Flow:
  *
- *   POST -> parse + validate (400/404 as vLLM) -> tokens -> kvr_sim_engine_add -> engine_kick
+ *   POST -> read_completion: kvr_sim_server_parse_completion (pure; 400/404 as vLLM), error fault
+ *        -> stream_new: answer length, id, SSE head
+ *        -> stream_begin: hang fault | disconnect fault | fixed-latency timer
+ *                         | kvr_sim_engine_add -> engine_kick
  *
  *   step timer fires (at most one armed; none when the engine is idle):
  *     deliver the events of the step that just "ran" (one SSE chunk per token, final chunk with
@@ -502,15 +505,9 @@ static void on_fixed_timer(uv_timer_t *t) {
   timer_arm(srv, t, on_fixed_timer, s->due_ns);
 }
 
-/* ---- request parsing ---- */
+/* ---- request parsing (pure: a JSON body in, a kvr_sim_completion_t or vLLM's error out) ---- */
 
-typedef struct parsed_s {
-  kvr_sim_toks_t prompt;
-  bool stream, include_usage, continuous_usage, ignore_eos;
-  int64_t max_tokens; /* -1: not given */
-  int64_t min_tokens;
-  uint64_t seed;
-} parsed_t;
+#define PROMPT_SHAPE "prompt: must be a string, a list with one string, or a list of token ids"
 
 static int get_int(const cJSON *body, const char *name, int64_t *out, char *err, size_t errlen) {
   const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, name);
@@ -537,39 +534,49 @@ static int get_bool(const cJSON *obj, const char *name, bool *out, char *err, si
   return 1;
 }
 
-/* Reads the fields kvrouter sim honours; returns 0, or an HTTP status (400/404) with err set. */
-static int parse_request(kvr_sim_server_t *srv, const cJSON *body, bool chat, parsed_t *p,
-                         char *err, size_t errlen) {
-  memset(p, 0, sizeof(*p));
-  p->max_tokens = -1;
+/* "model": absent, null, or the served name; another name is vLLM's 404. */
+static int parse_model(const cJSON *body, const char *served, char *err, size_t errlen) {
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(body, "model");
-  if (model != NULL && !cJSON_IsNull(model)) {
-    if (!cJSON_IsString(model)) {
-      snprintf(err, errlen, "model: Input should be a valid string");
-      return 400;
-    }
-    if (strcmp(model->valuestring, srv->model) != 0) {
-      snprintf(err, errlen, "The model `%.200s` does not exist.", model->valuestring);
-      return 404;
-    }
+  if (model == NULL || cJSON_IsNull(model))
+    return 0;
+  if (!cJSON_IsString(model)) {
+    snprintf(err, errlen, "model: Input should be a valid string");
+    return 400;
   }
+  if (strcmp(model->valuestring, served) != 0) {
+    snprintf(err, errlen, "The model `%.200s` does not exist.", model->valuestring);
+    return 404;
+  }
+  return 0;
+}
+
+/* "stream", "ignore_eos", and "stream_options" (allowed with stream=true only). */
+static int parse_stream_flags(const cJSON *body, kvr_sim_completion_t *p, char *err,
+                              size_t errlen) {
   if (get_bool(body, "stream", &p->stream, err, errlen) < 0 ||
       get_bool(body, "ignore_eos", &p->ignore_eos, err, errlen) < 0)
     return 400;
   const cJSON *so = cJSON_GetObjectItemCaseSensitive(body, "stream_options");
-  if (so != NULL && !cJSON_IsNull(so)) {
-    if (!cJSON_IsObject(so)) {
-      snprintf(err, errlen, "stream_options: Input should be a valid dictionary");
-      return 400;
-    }
-    if (!p->stream) {
-      snprintf(err, errlen, "Stream options can only be defined when `stream=True`.");
-      return 400;
-    }
-    if (get_bool(so, "include_usage", &p->include_usage, err, errlen) < 0 ||
-        get_bool(so, "continuous_usage_stats", &p->continuous_usage, err, errlen) < 0)
-      return 400;
+  if (so == NULL || cJSON_IsNull(so))
+    return 0;
+  if (!cJSON_IsObject(so)) {
+    snprintf(err, errlen, "stream_options: Input should be a valid dictionary");
+    return 400;
   }
+  if (!p->stream) {
+    snprintf(err, errlen, "Stream options can only be defined when `stream=True`.");
+    return 400;
+  }
+  if (get_bool(so, "include_usage", &p->include_usage, err, errlen) < 0 ||
+      get_bool(so, "continuous_usage_stats", &p->continuous_usage, err, errlen) < 0)
+    return 400;
+  return 0;
+}
+
+/* "n" (1 only), "max_completion_tokens" (chat, before "max_tokens"), "max_tokens", "min_tokens"
+ * and "seed": integers, with the bounds vLLM checks between them. */
+static int parse_lengths(const cJSON *body, bool chat, kvr_sim_completion_t *p, char *err,
+                         size_t errlen) {
   int64_t n = 1, seed = 0;
   if (get_int(body, "n", &n, err, errlen) < 0)
     return 400;
@@ -598,48 +605,62 @@ static int parse_request(kvr_sim_server_t *srv, const cJSON *body, bool chat, pa
     return 400;
   }
   p->seed = (uint64_t)seed;
+  return 0;
+}
 
-  if (chat) {
-    kvr_buf_t text = KVR_BUF_INIT;
-    const cJSON *messages = cJSON_GetObjectItemCaseSensitive(body, "messages");
-    if (messages == NULL) {
-      snprintf(err, errlen, "messages: Field required");
-      return 400;
-    }
-    if (kvr_sim_tokens_render_chat(messages, &text, err, errlen) != 0) {
-      kvr_buf_free(&text);
-      return 400;
-    }
-    kvr_sim_toks_push(&p->prompt, BOS_TOKEN);
-    kvr_sim_tokens_encode(text.data, text.len, &p->prompt);
-    kvr_buf_free(&text);
-  } else {
-    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(body, "prompt");
-    if (cJSON_IsArray(prompt) && cJSON_GetArraySize(prompt) == 1 &&
-        cJSON_IsString(cJSON_GetArrayItem(prompt, 0)))
-      prompt = cJSON_GetArrayItem(prompt, 0);
-    if (cJSON_IsString(prompt)) {
-      kvr_sim_toks_push(&p->prompt, BOS_TOKEN);
-      kvr_sim_tokens_encode(prompt->valuestring, strlen(prompt->valuestring), &p->prompt);
-    } else if (cJSON_IsArray(prompt) && cJSON_GetArraySize(prompt) > 0) {
-      const cJSON *id;
-      cJSON_ArrayForEach(id, prompt) {
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= KVR_SIM_VOCAB + 256 ||
-            id->valuedouble != floor(id->valuedouble)) {
-          snprintf(err, errlen,
-                   "prompt: must be a string, a list with one string, or a list of token ids");
-          return 400;
-        }
-        kvr_sim_toks_push(&p->prompt, (uint32_t)id->valuedouble);
-      }
-    } else {
-      snprintf(err, errlen,
-               prompt ? "prompt: must be a string, a list with one string, or a list of token ids"
-                      : "prompt: Field required");
-      return 400;
-    }
+/* Chat: "messages" rendered with the template of sim_tokens.h, BOS first. */
+static int parse_chat_prompt(const cJSON *body, kvr_sim_completion_t *p, char *err, size_t errlen) {
+  const cJSON *messages = cJSON_GetObjectItemCaseSensitive(body, "messages");
+  if (messages == NULL) {
+    snprintf(err, errlen, "messages: Field required");
+    return 400;
   }
-  uint32_t max_len = srv->opts.engine.max_model_len;
+  kvr_buf_t text = KVR_BUF_INIT;
+  if (kvr_sim_tokens_render_chat(messages, &text, err, errlen) != 0) {
+    kvr_buf_free(&text);
+    return 400;
+  }
+  kvr_sim_toks_push(&p->prompt, BOS_TOKEN);
+  kvr_sim_tokens_encode(text.data, text.len, &p->prompt);
+  kvr_buf_free(&text);
+  return 0;
+}
+
+/* A non-empty array of token ids in [0, vocabulary + 256), taken as they are (no BOS). */
+static int parse_token_ids(const cJSON *prompt, kvr_sim_completion_t *p, char *err, size_t errlen) {
+  const cJSON *id;
+  cJSON_ArrayForEach(id, prompt) {
+    if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= KVR_SIM_VOCAB + 256 ||
+        id->valuedouble != floor(id->valuedouble)) {
+      snprintf(err, errlen, PROMPT_SHAPE);
+      return 400;
+    }
+    kvr_sim_toks_push(&p->prompt, (uint32_t)id->valuedouble);
+  }
+  return 0;
+}
+
+/* Completions: "prompt" as a string (or a list of one string), BOS first, or as token ids. */
+static int parse_text_prompt(const cJSON *body, kvr_sim_completion_t *p, char *err, size_t errlen) {
+  const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(body, "prompt");
+  if (cJSON_IsArray(prompt) && cJSON_GetArraySize(prompt) == 1 &&
+      cJSON_IsString(cJSON_GetArrayItem(prompt, 0)))
+    prompt = cJSON_GetArrayItem(prompt, 0);
+  if (cJSON_IsString(prompt)) {
+    kvr_sim_toks_push(&p->prompt, BOS_TOKEN);
+    kvr_sim_tokens_encode(prompt->valuestring, strlen(prompt->valuestring), &p->prompt);
+    return 0;
+  }
+  if (cJSON_IsArray(prompt) && cJSON_GetArraySize(prompt) > 0)
+    return parse_token_ids(prompt, p, err, errlen);
+  snprintf(err, errlen, "%s", prompt ? PROMPT_SHAPE : "prompt: Field required");
+  return 400;
+}
+
+/* The prompt must leave room in max_len; a missing max_tokens becomes vLLM's default (chat: all
+ * the room left, completions: 16), and prompt + max_tokens must fit. */
+static int fit_context(uint32_t max_len, bool chat, kvr_sim_completion_t *p, char *err,
+                       size_t errlen) {
   if (p->prompt.n >= max_len) {
     snprintf(err, errlen,
              "This model's maximum context length is %u tokens. However, your request has %zu "
@@ -661,93 +682,127 @@ static int parse_request(kvr_sim_server_t *srv, const cJSON *body, bool chat, pa
   return 0;
 }
 
-static void handle_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool chat) {
+int kvr_sim_server_parse_completion(const cJSON *body, bool chat, const char *model,
+                                    uint32_t max_model_len, kvr_sim_completion_t *p, char *err,
+                                    size_t errlen) {
+  memset(p, 0, sizeof(*p));
+  p->max_tokens = -1;
+  int status = parse_model(body, model, err, errlen);
+  if (status == 0)
+    status = parse_stream_flags(body, p, err, errlen);
+  if (status == 0)
+    status = parse_lengths(body, chat, p, err, errlen);
+  if (status == 0)
+    status =
+        chat ? parse_chat_prompt(body, p, err, errlen) : parse_text_prompt(body, p, err, errlen);
+  if (status == 0)
+    status = fit_context(max_model_len, chat, p, err, errlen);
+  return status;
+}
+
+/* ---- completions: from a request to a stream ---- */
+
+/* Reads a completion request's body into *p. Returns false when the request was answered instead:
+ * 400/404 as vLLM for a bad body, or the error fault's status (p then holds nothing to free). */
+static bool read_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool chat,
+                            kvr_sim_completion_t *p) {
   char err[512];
   cJSON *body = cJSON_ParseWithLength(req->body.data ? req->body.data : "", req->body.len);
   if (body == NULL || !cJSON_IsObject(body)) {
     cJSON_Delete(body);
     kvr_http_error(req, 400, "BadRequestError", NULL, "Request body is not a valid JSON object");
-    return;
+    return false;
   }
-  parsed_t p;
-  int status = parse_request(srv, body, chat, &p, err, sizeof(err));
+  int status = kvr_sim_server_parse_completion(body, chat, srv->model,
+                                               srv->opts.engine.max_model_len, p, err, sizeof(err));
   cJSON_Delete(body);
   if (status != 0) {
-    kvr_sim_toks_free(&p.prompt);
+    kvr_sim_toks_free(&p->prompt);
     kvr_http_error(req, status, status == 404 ? "NotFoundError" : "BadRequestError", NULL, "%s",
                    err);
-    return;
+    return false;
   }
   if (srv->fault.mode == KVR_SIM_FAULT_ERROR && rng_uniform(srv) < srv->fault.rate) {
-    kvr_sim_toks_free(&p.prompt);
+    kvr_sim_toks_free(&p->prompt);
     kvr_http_error(req, srv->fault.status, NULL, NULL, "simulated fault (kvrouter sim)");
-    return;
+    return false;
   }
+  return true;
+}
 
-  stream_t *s = kvr_xcalloc(1, sizeof(*s));
-  s->srv = srv;
-  s->http = req;
-  s->chat = chat;
-  s->stream = p.stream;
-  s->include_usage = p.include_usage;
-  s->continuous_usage = p.continuous_usage;
-  s->arrival_ns = kvr_now_ns();
-  s->prompt_tokens = (uint32_t)p.prompt.n;
-  s->gen_seed = kvr_sim_tokens_seed(p.prompt.v, p.prompt.n, srv->opts.seed ^ p.seed);
-  /* the natural answer length (where the model would emit EOS), deterministic per request */
-  uint32_t maxt = (uint32_t)p.max_tokens;
+/* The answer's length: max_tokens, or with EOS on (ignore_eos off, a mean set) the natural length
+ * where the model would emit EOS, deterministic per request: U[mean/2, 3 mean/2] drawn from the
+ * text seed, at least min_tokens, within [1, max_tokens]. Reaching a natural length shorter than
+ * max_tokens is a "stop", otherwise a "length". */
+static void set_output_length(stream_t *s, const kvr_sim_completion_t *p, uint32_t mean) {
+  uint32_t maxt = (uint32_t)p->max_tokens;
   uint32_t target = maxt;
-  uint32_t mean = srv->opts.output_len_mean;
-  if (!p.ignore_eos && mean > 0) {
+  if (!p->ignore_eos && mean > 0) {
     uint32_t eos = mean / 2 + (uint32_t)(kvr_sim_tokens_mix(s->gen_seed) % (mean + 1));
-    eos = KVR_MAX(eos, (uint32_t)p.min_tokens);
+    eos = KVR_MAX(eos, (uint32_t)p->min_tokens);
     target = KVR_MAX(KVR_MIN(eos, maxt), 1u);
   }
   s->max_output = target;
   s->stop_reason = target < maxt ? KVR_SIM_FINISH_STOP : KVR_SIM_FINISH_LENGTH;
-  s->disconnect_after =
-      srv->fault.mode == KVR_SIM_FAULT_DISCONNECT ? srv->fault.after_tokens : UINT32_MAX;
+}
+
+/* Gives s its response id (the worker's seed mixed with a counter) and the 'data: {"id":...,
+ * "model":...,' prefix every chunk starts with. */
+static void stream_name(stream_t *s) {
+  kvr_sim_server_t *srv = s->srv;
   uint64_t idn = kvr_sim_tokens_mix(srv->opts.seed ^ ++srv->ids);
-  snprintf(s->id, sizeof(s->id), "%s-%016llx%016llx", chat ? "chatcmpl" : "cmpl",
+  snprintf(s->id, sizeof(s->id), "%s-%016llx%016llx", s->chat ? "chatcmpl" : "cmpl",
            (unsigned long long)idn, (unsigned long long)kvr_sim_tokens_mix(idn));
   kvr_buf_printf(&s->prefix,
                  "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":", s->id,
-                 chat ? "chat.completion.chunk" : "text_completion", (long long)time(NULL));
+                 s->chat ? "chat.completion.chunk" : "text_completion", (long long)time(NULL));
   kvr_buf_json_str(&s->prefix, srv->model, strlen(srv->model));
   kvr_buf_puts(&s->prefix, ",");
+}
 
+/* A new stream answering req with p: in srv's list, attached to req (whose close makes it gone);
+ * a streamed response's head is sent at once. */
+static stream_t *stream_new(kvr_sim_server_t *srv, kvr_http_req_t *req, bool chat,
+                            const kvr_sim_completion_t *p) {
+  stream_t *s = kvr_xcalloc(1, sizeof(*s));
+  s->srv = srv;
+  s->http = req;
+  s->chat = chat;
+  s->stream = p->stream;
+  s->include_usage = p->include_usage;
+  s->continuous_usage = p->continuous_usage;
+  s->arrival_ns = kvr_now_ns();
+  s->prompt_tokens = (uint32_t)p->prompt.n;
+  s->gen_seed = kvr_sim_tokens_seed(p->prompt.v, p->prompt.n, srv->opts.seed ^ p->seed);
+  set_output_length(s, p, srv->opts.output_len_mean);
+  s->disconnect_after =
+      srv->fault.mode == KVR_SIM_FAULT_DISCONNECT ? srv->fault.after_tokens : UINT32_MAX;
+  stream_name(s);
   kvr_list_insert_head(&srv->streams, &s->node);
   srv->nstreams++;
   req->data = s;
   req->on_close = on_req_close;
   if (s->stream)
     kvr_http_start(req, 200, "Content-Type: text/event-stream; charset=utf-8\r\n");
+  return s;
+}
 
-  if (srv->fault.mode == KVR_SIM_FAULT_HANG) {
-    s->hung = true;
-    srv->nhung++;
-    kvr_sim_toks_free(&p.prompt);
-    return; /* held until the client goes away or the server closes */
-  }
-  if (s->disconnect_after == 0) {
-    kvr_sim_toks_free(&p.prompt);
-    stream_gone(s);
-    return;
-  }
-  if (srv->opts.fixed_ttft_ms >= 0) {
-    srv->fixed_prompt_tokens += p.prompt.n;
-    kvr_sim_toks_free(&p.prompt);
-    uv_timer_init(srv->loop, &s->timer);
-    s->timer.data = s;
-    s->has_timer = true;
-    srv->nfixed++;
-    s->due_ns = s->arrival_ns + wall_ns_of_sim_ms(srv, srv->opts.fixed_ttft_ms);
-    timer_arm(srv, &s->timer, on_fixed_timer, s->due_ns);
-    return;
-  }
-  s->ereq = kvr_sim_engine_add(srv->eng, p.prompt.v, (uint32_t)p.prompt.n, target, s->stop_reason,
-                               s->gen_seed, s);
-  kvr_sim_toks_free(&p.prompt);
+/* Fixed-latency mode: s gets its own timer, first token at fixed_ttft_ms (simulated). */
+static void stream_start_fixed(stream_t *s) {
+  kvr_sim_server_t *srv = s->srv;
+  uv_timer_init(srv->loop, &s->timer);
+  s->timer.data = s;
+  s->has_timer = true;
+  srv->nfixed++;
+  s->due_ns = s->arrival_ns + wall_ns_of_sim_ms(srv, srv->opts.fixed_ttft_ms);
+  timer_arm(srv, &s->timer, on_fixed_timer, s->due_ns);
+}
+
+/* Queues s's prompt in the engine and makes sure the engine clock runs. */
+static void stream_start_engine(stream_t *s, const kvr_sim_toks_t *prompt) {
+  kvr_sim_server_t *srv = s->srv;
+  s->ereq = kvr_sim_engine_add(srv->eng, prompt->v, (uint32_t)prompt->n, s->max_output,
+                               s->stop_reason, s->gen_seed, s);
   if (s->ereq == NULL) {
     /* only possible when the KV cache is smaller than max_model_len (tiny test configs) */
     stream_release(s, true);
@@ -755,6 +810,36 @@ static void handle_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool c
     return;
   }
   engine_kick(srv);
+}
+
+/* Sets s going: held by the hang fault, closed at once by the disconnect fault with
+ * after_tokens 0, on its own timer in fixed-latency mode, else through the engine. */
+static void stream_begin(stream_t *s, const kvr_sim_toks_t *prompt) {
+  kvr_sim_server_t *srv = s->srv;
+  if (srv->fault.mode == KVR_SIM_FAULT_HANG) {
+    s->hung = true;
+    srv->nhung++;
+    return; /* held until the client goes away or the server closes */
+  }
+  if (s->disconnect_after == 0) {
+    stream_gone(s);
+    return;
+  }
+  if (srv->opts.fixed_ttft_ms >= 0) {
+    srv->fixed_prompt_tokens += prompt->n;
+    stream_start_fixed(s);
+    return;
+  }
+  stream_start_engine(s, prompt);
+}
+
+static void handle_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool chat) {
+  kvr_sim_completion_t p;
+  if (!read_completion(srv, req, chat, &p))
+    return;
+  stream_t *s = stream_new(srv, req, chat, &p);
+  stream_begin(s, &p.prompt);
+  kvr_sim_toks_free(&p.prompt); /* the engine keeps its own copy */
 }
 
 /* ---- other endpoints ---- */
@@ -780,74 +865,90 @@ static void handle_models(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
 }
 
+/* A family with one sample (a gauge or a counter). */
+static void metric_one(kvr_buf_t *b, const char *name, const char *type, const char *help,
+                       const char *labels, double v) {
+  kvr_metric_family(b, name, type, help);
+  kvr_metric_sample(b, name, labels, v);
+}
+
+/* The engine's gauges and counters; requests outside the engine (fixed-latency mode, hung by the
+ * fault) count as running, and their tokens count too. */
+static void metrics_engine(kvr_buf_t *b, const kvr_sim_server_t *srv, const kvr_sim_stats_t *st,
+                           const char *labels) {
+  metric_one(b, "vllm:num_requests_running", "gauge",
+             "Number of requests in model execution batches.", labels,
+             (double)(st->running + srv->nfixed + srv->nhung));
+  metric_one(b, "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+             labels, st->waiting);
+  metric_one(b, "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
+             labels, (double)st->blocks_used / (double)srv->opts.engine.num_gpu_blocks);
+  metric_one(b, "vllm:prefix_cache_queries_total", "counter",
+             "Prefix cache queries, in terms of number of queried tokens.", labels,
+             (double)st->prefix_queries);
+  metric_one(b, "vllm:prefix_cache_hits_total", "counter",
+             "Prefix cache hits, in terms of number of cached tokens.", labels,
+             (double)st->prefix_hits);
+  metric_one(b, "vllm:num_preemptions_total", "counter",
+             "Cumulative number of preemption from the engine.", labels, (double)st->preemptions);
+  metric_one(b, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+             labels, (double)(st->prompt_tokens + srv->fixed_prompt_tokens));
+  metric_one(b, "vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+             labels, (double)(st->generation_tokens + srv->fixed_generation_tokens));
+}
+
+/* vllm:request_success_total by finished_reason, and vllm:cache_config_info; l2 is scratch. */
+static void metrics_requests_and_config(kvr_buf_t *b, const kvr_sim_server_t *srv,
+                                        const char *labels, kvr_buf_t *l2) {
+  const kvr_sim_config_t *cfg = &srv->opts.engine;
+  kvr_metric_family(b, "vllm:request_success_total", "counter",
+                    "Count of successfully processed requests.");
+  const char *reasons[] = {"stop", "length", "abort"};
+  uint64_t counts[] = {srv->finished_stop, srv->finished_length, srv->finished_abort};
+  for (int i = 0; i < 3; i++) {
+    kvr_buf_reset(l2);
+    kvr_buf_printf(l2, "%s,finished_reason=\"%s\"", labels, reasons[i]);
+    kvr_metric_sample(b, "vllm:request_success_total", l2->data, (double)counts[i]);
+  }
+  kvr_metric_family(b, "vllm:cache_config_info", "gauge",
+                    "Information of the LLMEngine CacheConfig");
+  kvr_buf_reset(l2);
+  kvr_buf_printf(l2,
+                 "block_size=\"%u\",cache_dtype=\"fp8\",enable_prefix_caching=\"%s\",engine=\"0\","
+                 "gpu_memory_utilization=\"0.9\",num_cpu_blocks=\"None\",num_gpu_blocks=\"%u\"",
+                 cfg->block_size, cfg->enable_prefix_caching ? "True" : "False",
+                 cfg->num_gpu_blocks);
+  kvr_metric_sample(b, "vllm:cache_config_info", l2->data, 1.0);
+}
+
+/* The three latency histograms, in simulated seconds. */
+static void metrics_latency(kvr_buf_t *b, const kvr_sim_server_t *srv, const char *labels) {
+  kvr_metric_family(b, "vllm:time_to_first_token_seconds", "histogram",
+                    "Histogram of time to first token in seconds.");
+  kvr_metric_hist(b, "vllm:time_to_first_token_seconds", labels, &srv->ttft);
+  kvr_metric_family(b, "vllm:inter_token_latency_seconds", "histogram",
+                    "Histogram of inter-token latency in seconds.");
+  kvr_metric_hist(b, "vllm:inter_token_latency_seconds", labels, &srv->itl);
+  kvr_metric_family(b, "vllm:e2e_request_latency_seconds", "histogram",
+                    "Histogram of e2e request latency in seconds.");
+  kvr_metric_hist(b, "vllm:e2e_request_latency_seconds", labels, &srv->e2e);
+}
+
+/* GET /metrics: the figures vLLM exports, in its names, labels and order. */
 static void handle_metrics(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_sim_server_t *srv = data;
   (void)tail;
   kvr_sim_stats_t st;
   kvr_sim_engine_stats(srv->eng, &st);
-  const kvr_sim_config_t *cfg = &srv->opts.engine;
   kvr_buf_t labels = KVR_BUF_INIT, l2 = KVR_BUF_INIT;
   kvr_buf_puts(&labels, "engine=\"0\",model_name=\"");
   kvr_metric_escape(&labels, srv->model);
   kvr_buf_puts(&labels, "\"");
   kvr_buf_t *b = &srv->scratch;
   kvr_buf_reset(b);
-  kvr_metric_family(b, "vllm:num_requests_running", "gauge",
-                    "Number of requests in model execution batches.");
-  /* requests outside the engine (fixed-latency mode, hung by the fault) count as running */
-  kvr_metric_sample(b, "vllm:num_requests_running", labels.data,
-                    (double)(st.running + srv->nfixed + srv->nhung));
-  kvr_metric_family(b, "vllm:num_requests_waiting", "gauge",
-                    "Number of requests waiting to be processed.");
-  kvr_metric_sample(b, "vllm:num_requests_waiting", labels.data, st.waiting);
-  kvr_metric_family(b, "vllm:kv_cache_usage_perc", "gauge",
-                    "KV-cache usage. 1 means 100 percent usage.");
-  kvr_metric_sample(b, "vllm:kv_cache_usage_perc", labels.data,
-                    (double)st.blocks_used / (double)cfg->num_gpu_blocks);
-  kvr_metric_family(b, "vllm:prefix_cache_queries_total", "counter",
-                    "Prefix cache queries, in terms of number of queried tokens.");
-  kvr_metric_sample(b, "vllm:prefix_cache_queries_total", labels.data, (double)st.prefix_queries);
-  kvr_metric_family(b, "vllm:prefix_cache_hits_total", "counter",
-                    "Prefix cache hits, in terms of number of cached tokens.");
-  kvr_metric_sample(b, "vllm:prefix_cache_hits_total", labels.data, (double)st.prefix_hits);
-  kvr_metric_family(b, "vllm:num_preemptions_total", "counter",
-                    "Cumulative number of preemption from the engine.");
-  kvr_metric_sample(b, "vllm:num_preemptions_total", labels.data, (double)st.preemptions);
-  kvr_metric_family(b, "vllm:prompt_tokens_total", "counter",
-                    "Number of prefill tokens processed.");
-  kvr_metric_sample(b, "vllm:prompt_tokens_total", labels.data,
-                    (double)(st.prompt_tokens + srv->fixed_prompt_tokens));
-  kvr_metric_family(b, "vllm:generation_tokens_total", "counter",
-                    "Number of generation tokens processed.");
-  kvr_metric_sample(b, "vllm:generation_tokens_total", labels.data,
-                    (double)(st.generation_tokens + srv->fixed_generation_tokens));
-  kvr_metric_family(b, "vllm:request_success_total", "counter",
-                    "Count of successfully processed requests.");
-  const char *reasons[] = {"stop", "length", "abort"};
-  uint64_t counts[] = {srv->finished_stop, srv->finished_length, srv->finished_abort};
-  for (int i = 0; i < 3; i++) {
-    kvr_buf_reset(&l2);
-    kvr_buf_printf(&l2, "%s,finished_reason=\"%s\"", labels.data, reasons[i]);
-    kvr_metric_sample(b, "vllm:request_success_total", l2.data, (double)counts[i]);
-  }
-  kvr_metric_family(b, "vllm:cache_config_info", "gauge",
-                    "Information of the LLMEngine CacheConfig");
-  kvr_buf_reset(&l2);
-  kvr_buf_printf(&l2,
-                 "block_size=\"%u\",cache_dtype=\"fp8\",enable_prefix_caching=\"%s\",engine=\"0\","
-                 "gpu_memory_utilization=\"0.9\",num_cpu_blocks=\"None\",num_gpu_blocks=\"%u\"",
-                 cfg->block_size, cfg->enable_prefix_caching ? "True" : "False",
-                 cfg->num_gpu_blocks);
-  kvr_metric_sample(b, "vllm:cache_config_info", l2.data, 1.0);
-  kvr_metric_family(b, "vllm:time_to_first_token_seconds", "histogram",
-                    "Histogram of time to first token in seconds.");
-  kvr_metric_hist(b, "vllm:time_to_first_token_seconds", labels.data, &srv->ttft);
-  kvr_metric_family(b, "vllm:inter_token_latency_seconds", "histogram",
-                    "Histogram of inter-token latency in seconds.");
-  kvr_metric_hist(b, "vllm:inter_token_latency_seconds", labels.data, &srv->itl);
-  kvr_metric_family(b, "vllm:e2e_request_latency_seconds", "histogram",
-                    "Histogram of e2e request latency in seconds.");
-  kvr_metric_hist(b, "vllm:e2e_request_latency_seconds", labels.data, &srv->e2e);
+  metrics_engine(b, srv, &st, labels.data);
+  metrics_requests_and_config(b, srv, labels.data, &l2);
+  metrics_latency(b, srv, labels.data);
   kvr_buf_free(&labels);
   kvr_buf_free(&l2);
   kvr_http_respond(req, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b->data, b->len);

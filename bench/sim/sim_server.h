@@ -12,6 +12,7 @@
 #define KVR_SIM_SERVER_H
 
 #include "sim_engine.h"
+#include "sim_tokens.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -66,6 +67,24 @@ void kvr_sim_fault_default(kvr_sim_fault_t *fault, kvr_sim_fault_mode_t mode);
 /* "none" -> KVR_SIM_FAULT_NONE...; returns 0 or KVR_EINVAL. */
 int kvr_sim_fault_parse_mode(const char *s, kvr_sim_fault_mode_t *out);
 const char *kvr_sim_fault_mode_name(kvr_sim_fault_mode_t mode);
+
+/* A completion request's fields the sim honours, as kvr_sim_server_parse_completion() reads them.
+ */
+typedef struct kvr_sim_completion_s {
+  kvr_sim_toks_t prompt; /* token ids; a text or chat prompt starts with BOS. Owned */
+  bool stream, include_usage, continuous_usage, ignore_eos;
+  int64_t max_tokens; /* >= 1: as given, else vLLM's default (chat: the room left; else 16) */
+  int64_t min_tokens; /* 0 when not given */
+  uint64_t seed;      /* 0 when not given */
+} kvr_sim_completion_t;
+
+/* Reads body, the JSON object of POST /v1/chat/completions (chat) or POST /v1/completions, as
+ * vLLM's OpenAI server does for a worker serving model with max_model_len tokens of context. Pure:
+ * no server, no loop. Returns 0, or the status vLLM answers (400; 404 for another model) with
+ * its message in err. Either way the caller frees p->prompt with kvr_sim_toks_free(). */
+int kvr_sim_server_parse_completion(const cJSON *body, bool chat, const char *model,
+                                    uint32_t max_model_len, kvr_sim_completion_t *p, char *err,
+                                    size_t errlen);
 
 /* Creates the server and its engine on loop (opts and its strings are copied). Returns NULL with a
  * reason in err when the engine configuration is invalid. */

@@ -208,6 +208,59 @@ static void test_preemption(void **state) {
   free(pb);
 }
 
+/* The waiting queue is FCFS with preempted requests in front and no skipping: a new request
+ * never overtakes an earlier one, and a small request that would fit waits behind a preempted one
+ * that does not (vLLM's order). */
+static void test_waiting_order(void **state) {
+  /* one slot: a, b, c are admitted in the order they were added */
+  kvr_sim_engine_t *eng = small_engine(64, 8192, 1);
+  uint32_t *p = prompt_seq(100, 20);
+  kvr_sim_req_t *r[3];
+  for (int i = 0; i < 3; i++)
+    r[i] = kvr_sim_engine_add(eng, p, 20, 2, KVR_SIM_FINISH_LENGTH, (uint64_t)i, NULL);
+  for (int i = 0; i < 3; i++) {
+    kvr_sim_step_t st;
+    kvr_sim_engine_step(eng, &st);
+    assert_int_equal(r[i]->state, KVR_SIM_RUNNING);
+    for (int j = i + 1; j < 3; j++)
+      assert_int_equal(r[j]->state, KVR_SIM_WAITING);
+    run_until_done(eng, r[i]);
+  }
+  for (int i = 0; i < 3; i++)
+    kvr_sim_engine_remove(eng, r[i]);
+  kvr_sim_engine_free(eng);
+  free(p);
+
+  /* 6 blocks: b is preempted when a grows and goes in front of c, which needs 1 block and would
+   * fit; c is admitted only once b is running again */
+  eng = small_engine(6, 8192, 16);
+  uint32_t *pa = prompt_seq(100, 40), *pb = prompt_seq(900, 40), *pc = prompt_seq(500, 10);
+  kvr_sim_req_t *a = kvr_sim_engine_add(eng, pa, 40, 40, KVR_SIM_FINISH_LENGTH, 1, NULL);
+  kvr_sim_req_t *b = kvr_sim_engine_add(eng, pb, 40, 40, KVR_SIM_FINISH_LENGTH, 2, NULL);
+  kvr_sim_req_t *c = kvr_sim_engine_add(eng, pc, 10, 1, KVR_SIM_FINISH_STOP, 3, NULL);
+  kvr_sim_step_t st;
+  bool c_waited_behind_b = false;
+  for (int i = 0; i < 1000 && kvr_sim_engine_busy(eng); i++) {
+    kvr_sim_engine_step(eng, &st);
+    if (b->state == KVR_SIM_WAITING) {
+      assert_true(b->num_preemptions >= 1);
+      assert_int_equal(c->state, KVR_SIM_WAITING);
+      c_waited_behind_b = true;
+    }
+  }
+  assert_true(c_waited_behind_b);
+  assert_int_equal(a->state, KVR_SIM_FINISHED);
+  assert_int_equal(b->state, KVR_SIM_FINISHED);
+  assert_int_equal(c->state, KVR_SIM_FINISHED);
+  kvr_sim_engine_remove(eng, a);
+  kvr_sim_engine_remove(eng, b);
+  kvr_sim_engine_remove(eng, c);
+  kvr_sim_engine_free(eng);
+  free(pa);
+  free(pb);
+  free(pc);
+}
+
 static void test_budget_and_chunked_prefill(void **state) {
   kvr_sim_engine_t *eng = small_engine(256, 100, 16);
   uint32_t *pa = prompt_seq(100, 80), *pb = prompt_seq(300, 80), *pc = prompt_seq(500, 80);
@@ -366,6 +419,7 @@ int main(void) {
       cmocka_unit_test(test_prefix_hits),
       cmocka_unit_test(test_eviction_order),
       cmocka_unit_test(test_preemption),
+      cmocka_unit_test(test_waiting_order),
       cmocka_unit_test(test_budget_and_chunked_prefill),
       cmocka_unit_test(test_max_num_seqs_and_abort),
       cmocka_unit_test(test_free_with_pending),

@@ -1,0 +1,203 @@
+/* test_sim_server.c -- the simulated worker's request reading, kvr_sim_server_parse_completion():
+ * vLLM's defaults (max_tokens: the room left for chat, 16 for completions), the prompt shapes
+ * (chat template and text with BOS first, token ids as they are), null fields ignored, and every
+ * 400/404 in vLLM's words, checked in the order vLLM checks them. No server, no loop. */
+#include "bench/sim/sim_server.h"
+#include "bench/sim/sim_tokens.h"
+#include "src/buf.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#define MODEL "meta-llama/Llama-3.3-70B-Instruct"
+#define MAX_LEN 4096u
+#define BOS 128000u /* Llama-3's <|begin_of_text|> */
+#define SHAPE "prompt: must be a string, a list with one string, or a list of token ids"
+
+static int parse(const char *json, bool chat, kvr_sim_completion_t *p, char *err, size_t errlen) {
+  cJSON *body = cJSON_Parse(json);
+  assert_non_null(body);
+  err[0] = '\0';
+  int rc = kvr_sim_server_parse_completion(body, chat, MODEL, MAX_LEN, p, err, errlen);
+  cJSON_Delete(body);
+  return rc;
+}
+
+/* Parses json expecting success; the caller frees p->prompt. */
+static void parse_ok(const char *json, bool chat, kvr_sim_completion_t *p) {
+  char err[512];
+  int rc = parse(json, chat, p, err, sizeof(err));
+  if (rc != 0)
+    fail_msg("%s: %d %s", json, rc, err);
+}
+
+static void expect_error(const char *json, bool chat, int status, const char *message) {
+  kvr_sim_completion_t p;
+  char err[512];
+  int rc = parse(json, chat, &p, err, sizeof(err));
+  kvr_sim_toks_free(&p.prompt);
+  if (rc != status || strcmp(err, message) != 0)
+    fail_msg("%s: got %d \"%s\", want %d \"%s\"", json, rc, err, status, message);
+}
+
+static void test_chat_defaults(void **state) {
+  kvr_sim_completion_t p;
+  parse_ok("{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}",
+           true, &p);
+  /* BOS, then the rendered template's tokens */
+  cJSON *messages = cJSON_Parse("[{\"role\":\"user\",\"content\":\"hello\"}]");
+  kvr_buf_t text = KVR_BUF_INIT;
+  char err[128];
+  assert_int_equal(kvr_sim_tokens_render_chat(messages, &text, err, sizeof(err)), 0);
+  kvr_sim_toks_t want = {0};
+  kvr_sim_toks_push(&want, BOS);
+  kvr_sim_tokens_encode(text.data, text.len, &want);
+  assert_int_equal(p.prompt.n, want.n);
+  assert_memory_equal(p.prompt.v, want.v, want.n * sizeof(uint32_t));
+  assert_false(p.stream || p.include_usage || p.continuous_usage || p.ignore_eos);
+  assert_int_equal(p.max_tokens, (int64_t)(MAX_LEN - p.prompt.n)); /* chat: the room left */
+  assert_int_equal(p.min_tokens, 0);
+  assert_int_equal(p.seed, 0);
+  kvr_sim_toks_free(&p.prompt);
+  kvr_sim_toks_free(&want);
+  kvr_buf_free(&text);
+  cJSON_Delete(messages);
+}
+
+static void test_chat_fields(void **state) {
+  kvr_sim_completion_t p;
+  parse_ok("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":7,"
+           "\"max_tokens\":40,\"min_tokens\":3,\"seed\":42,\"ignore_eos\":true,\"stream\":true,"
+           "\"stream_options\":{\"include_usage\":true,\"continuous_usage_stats\":true}}",
+           true, &p);
+  assert_int_equal(p.max_tokens, 7); /* max_completion_tokens wins over max_tokens */
+  assert_int_equal(p.min_tokens, 3);
+  assert_int_equal(p.seed, 42);
+  assert_true(p.stream && p.include_usage && p.continuous_usage && p.ignore_eos);
+  kvr_sim_toks_free(&p.prompt);
+  /* null max_completion_tokens falls back to max_tokens */
+  parse_ok("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":null,"
+           "\"max_tokens\":40}",
+           true, &p);
+  assert_int_equal(p.max_tokens, 40);
+  kvr_sim_toks_free(&p.prompt);
+}
+
+static void test_completions_prompts(void **state) {
+  kvr_sim_completion_t p, q;
+  kvr_sim_toks_t want = {0};
+  kvr_sim_toks_push(&want, BOS);
+  kvr_sim_tokens_encode("once upon a time", 16, &want);
+  parse_ok("{\"prompt\":\"once upon a time\"}", false, &p);
+  assert_int_equal(p.prompt.n, want.n);
+  assert_memory_equal(p.prompt.v, want.v, want.n * sizeof(uint32_t));
+  assert_int_equal(p.max_tokens, 16); /* completions: vLLM's default */
+  /* a list of one string is that string */
+  parse_ok("{\"prompt\":[\"once upon a time\"]}", false, &q);
+  assert_int_equal(q.prompt.n, want.n);
+  assert_memory_equal(q.prompt.v, want.v, want.n * sizeof(uint32_t));
+  kvr_sim_toks_free(&p.prompt);
+  kvr_sim_toks_free(&q.prompt);
+  kvr_sim_toks_free(&want);
+  /* token ids are taken as they are, without BOS, up to the vocabulary + 256 */
+  parse_ok("{\"prompt\":[5,6,128511],\"max_completion_tokens\":7,\"max_tokens\":40}", false, &p);
+  assert_int_equal(p.prompt.n, 3);
+  assert_int_equal(p.prompt.v[0], 5);
+  assert_int_equal(p.prompt.v[2], 128511);
+  assert_int_equal(p.max_tokens, 40); /* completions ignore max_completion_tokens */
+  kvr_sim_toks_free(&p.prompt);
+  /* null means absent */
+  parse_ok("{\"prompt\":\"x\",\"model\":null,\"n\":null,\"seed\":null,\"max_tokens\":null,"
+           "\"min_tokens\":null,\"stream\":null,\"stream_options\":null}",
+           false, &p);
+  assert_int_equal(p.max_tokens, 16);
+  assert_false(p.stream);
+  kvr_sim_toks_free(&p.prompt);
+}
+
+static void test_errors(void **state) {
+  static const struct {
+    const char *json;
+    bool chat;
+    int status;
+    const char *message;
+  } cases[] = {
+      {"{\"model\":3}", true, 400, "model: Input should be a valid string"},
+      {"{\"model\":\"gpt-9\",\"stream\":1}", true, 404, "The model `gpt-9` does not exist."},
+      {"{\"stream\":\"yes\"}", true, 400, "stream: Input should be a valid boolean"},
+      {"{\"ignore_eos\":1}", false, 400, "ignore_eos: Input should be a valid boolean"},
+      {"{\"stream_options\":[]}", true, 400, "stream_options: Input should be a valid dictionary"},
+      {"{\"stream_options\":{}}", true, 400,
+       "Stream options can only be defined when `stream=True`."},
+      {"{\"stream\":true,\"stream_options\":{\"include_usage\":1}}", true, 400,
+       "include_usage: Input should be a valid boolean"},
+      {"{\"stream\":true,\"stream_options\":{\"continuous_usage_stats\":\"x\"}}", false, 400,
+       "continuous_usage_stats: Input should be a valid boolean"},
+      {"{\"n\":2,\"max_tokens\":0}", true, 400, "n: kvrouter sim only supports n=1"},
+      {"{\"n\":1.5}", true, 400, "n: Input should be a valid integer"},
+      {"{\"max_tokens\":0}", true, 400, "max_tokens must be at least 1, got 0."},
+      {"{\"max_completion_tokens\":-3,\"max_tokens\":5}", true, 400,
+       "max_tokens must be at least 1, got -3."},
+      {"{\"max_completion_tokens\":\"a\"}", true, 400,
+       "max_completion_tokens: Input should be a valid integer"},
+      {"{\"max_tokens\":2.5}", false, 400, "max_tokens: Input should be a valid integer"},
+      {"{\"max_tokens\":1e16}", false, 400, "max_tokens: Input should be a valid integer"},
+      {"{\"min_tokens\":-1}", true, 400, "min_tokens must be greater than or equal to 0, got -1."},
+      {"{\"min_tokens\":9,\"max_tokens\":5}", false, 400,
+       "min_tokens must be less than or equal to max_tokens=5, got 9."},
+      {"{\"seed\":\"s\"}", true, 400, "seed: Input should be a valid integer"},
+      {"{}", true, 400, "messages: Field required"},
+      {"{\"prompt\":\"x\"}", true, 400, "messages: Field required"},
+      {"{}", false, 400, "prompt: Field required"},
+      {"{\"prompt\":{\"a\":1}}", false, 400, SHAPE},
+      {"{\"prompt\":[]}", false, 400, SHAPE},
+      {"{\"prompt\":[1,-2]}", false, 400, SHAPE},
+      {"{\"prompt\":[1,2.5]}", false, 400, SHAPE},
+      {"{\"prompt\":[1,128512]}", false, 400, SHAPE},
+      {"{\"prompt\":[\"a\",\"b\"]}", false, 400, SHAPE},
+      {"{\"prompt\":\"x\",\"max_tokens\":4095}", false, 400,
+       "This model's maximum context length is 4096 tokens. However, you requested 4097 tokens "
+       "(2 in the messages, 4095 in the completion). Please reduce the length of the messages or "
+       "completion."},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+    expect_error(cases[i].json, cases[i].chat, cases[i].status, cases[i].message);
+  /* a chat rendering error carries the renderer's message */
+  kvr_sim_completion_t p;
+  char err[512];
+  assert_int_equal(parse("{\"messages\":\"hi\"}", true, &p, err, sizeof(err)), 400);
+  assert_non_null(strstr(err, "messages"));
+  kvr_sim_toks_free(&p.prompt);
+}
+
+/* The prompt must leave room for at least one token; prompt + max_tokens must fit exactly. */
+static void test_context_length(void **state) {
+  kvr_buf_t json = KVR_BUF_INIT;
+  kvr_buf_puts(&json, "{\"prompt\":[1");
+  for (uint32_t i = 1; i < MAX_LEN; i++)
+    kvr_buf_puts(&json, ",1");
+  kvr_buf_puts(&json, "]}");
+  expect_error(json.data, false, 400,
+               "This model's maximum context length is 4096 tokens. However, your request has "
+               "4096 input tokens. Please reduce the length of the input messages.");
+  kvr_buf_free(&json);
+  kvr_sim_completion_t p;
+  parse_ok("{\"prompt\":\"x\",\"max_tokens\":4094}", false, &p); /* BOS + 1 + 4094 = 4096 */
+  assert_int_equal(p.prompt.n, 2);
+  assert_int_equal(p.max_tokens, 4094);
+  kvr_sim_toks_free(&p.prompt);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_chat_defaults),       cmocka_unit_test(test_chat_fields),
+      cmocka_unit_test(test_completions_prompts), cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_context_length),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
