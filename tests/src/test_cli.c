@@ -9,6 +9,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "src/cli.h"
 #include "src/kvr.h"
 
@@ -412,15 +414,8 @@ static void test_json(void **state) {
   expect_json_error("{\"rates\": [1, -1]}", "c.json: rates[1]: '-1' must be > 0");
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_kinds),
-      cmocka_unit_test(test_ranges_and_values),
-      cmocka_unit_test(test_unknown_missing_and_switches),
-      cmocka_unit_test(test_lists_and_repeats),
-      cmocka_unit_test(test_early_option_and_passthrough),
-      cmocka_unit_test(test_help_and_version),
-      cmocka_unit_test(test_json),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_kinds), cmocka_unit_test(test_ranges_and_values),
+              cmocka_unit_test(test_unknown_missing_and_switches),
+              cmocka_unit_test(test_lists_and_repeats),
+              cmocka_unit_test(test_early_option_and_passthrough),
+              cmocka_unit_test(test_help_and_version), cmocka_unit_test(test_json))

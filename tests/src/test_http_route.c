@@ -10,6 +10,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 static void h_a(kvr_http_req_t *req, void *data, const char *tail) {}
 static void h_b(kvr_http_req_t *req, void *data, const char *tail) {}
 
@@ -88,13 +90,8 @@ static void test_allow_truncates_safely(void **state) {
   assert_true(strlen(small) < sizeof small);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_exact_and_head),
-      cmocka_unit_test(test_405_lists_every_method_on_the_path),
-      cmocka_unit_test(test_404_and_prefix_tail),
-      cmocka_unit_test(test_order_gives_precedence_and_any_passes),
-      cmocka_unit_test(test_allow_truncates_safely),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_exact_and_head),
+              cmocka_unit_test(test_405_lists_every_method_on_the_path),
+              cmocka_unit_test(test_404_and_prefix_tail),
+              cmocka_unit_test(test_order_gives_precedence_and_any_passes),
+              cmocka_unit_test(test_allow_truncates_safely))

@@ -17,6 +17,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "src/http_server.h"
 #include "src/kvr.h"
 
@@ -358,14 +360,7 @@ static void test_parse_hostport(void **state) {
   assert_int_not_equal(kvr_parse_hostport("nothost:80", &ss), 0);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_parse_hostport),
-      cmocka_unit_test(test_split_every_byte),
-      cmocka_unit_test(test_rejections),
-      cmocka_unit_test(test_header_timeout),
-      cmocka_unit_test(test_chunked_request_and_stream),
-      cmocka_unit_test(test_client_close_calls_on_close),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_parse_hostport), cmocka_unit_test(test_split_every_byte),
+              cmocka_unit_test(test_rejections), cmocka_unit_test(test_header_timeout),
+              cmocka_unit_test(test_chunked_request_and_stream),
+              cmocka_unit_test(test_client_close_calls_on_close))

@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "src/kvr.h"
 #include "src/prompt.h"
 
@@ -313,16 +315,8 @@ static void test_route_req_view(void **state) {
   cJSON_Delete(b);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_golden_chat),
-      cmocka_unit_test(test_golden_completions_block16),
-      cmocka_unit_test(test_new_turn_keeps_blocks),
-      cmocka_unit_test(test_content_parts_match_string),
-      cmocka_unit_test(test_models_never_share),
-      cmocka_unit_test(test_completions_forms),
-      cmocka_unit_test(test_errors),
-      cmocka_unit_test(test_route_req_view),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_golden_chat), cmocka_unit_test(test_golden_completions_block16),
+              cmocka_unit_test(test_new_turn_keeps_blocks),
+              cmocka_unit_test(test_content_parts_match_string),
+              cmocka_unit_test(test_models_never_share), cmocka_unit_test(test_completions_forms),
+              cmocka_unit_test(test_errors), cmocka_unit_test(test_route_req_view))

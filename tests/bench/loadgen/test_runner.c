@@ -8,6 +8,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "bench/loadgen/runner.h"
 #include "src/kvr.h"
 
@@ -187,12 +189,7 @@ static void test_new_failures(void **state) {
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_defaults),     cmocka_unit_test(test_rules),
-      cmocka_unit_test(test_derived),      cmocka_unit_test(test_labels),
-      cmocka_unit_test(test_search_rates), cmocka_unit_test(test_search_users),
-      cmocka_unit_test(test_new_failures),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_rules),
+              cmocka_unit_test(test_derived), cmocka_unit_test(test_labels),
+              cmocka_unit_test(test_search_rates), cmocka_unit_test(test_search_users),
+              cmocka_unit_test(test_new_failures))
