@@ -15,6 +15,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "policies/policy.h"
 #include "src/cache_index.h"
 #include "src/kvr.h"
@@ -734,19 +736,12 @@ static void test_no_loss_when_nothing_shared(void **state) {
   sim_free(&rr);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_registry),
-      cmocka_unit_test(test_param_errors),
-      cmocka_unit_test(test_contract_all_policies),
-      cmocka_unit_test(test_round_robin_and_least_load),
-      cmocka_unit_test(test_kv_aware_rules),
-      cmocka_unit_test(test_kv_aware_joins_the_prefill_closest_to_done),
-      cmocka_unit_test(test_gie_scorer_rules),
-      cmocka_unit_test(test_sglang_rules),
-      cmocka_unit_test(test_multiturn_sticks_under_kv_aware),
-      cmocka_unit_test(test_hot_prefix_spreads),
-      cmocka_unit_test(test_no_loss_when_nothing_shared),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_registry), cmocka_unit_test(test_param_errors),
+              cmocka_unit_test(test_contract_all_policies),
+              cmocka_unit_test(test_round_robin_and_least_load),
+              cmocka_unit_test(test_kv_aware_rules),
+              cmocka_unit_test(test_kv_aware_joins_the_prefill_closest_to_done),
+              cmocka_unit_test(test_gie_scorer_rules), cmocka_unit_test(test_sglang_rules),
+              cmocka_unit_test(test_multiturn_sticks_under_kv_aware),
+              cmocka_unit_test(test_hot_prefix_spreads),
+              cmocka_unit_test(test_no_loss_when_nothing_shared))

@@ -10,6 +10,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "policies/policy.h"
 #include "src/cache_index.h"
 #include "src/kvr.h"
@@ -332,12 +334,7 @@ static void test_growth_and_drain(void **state) {
   kvr_cache_index_free(idx);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_match_longest_prefix), cmocka_unit_test(test_eviction_at_capacity),
-      cmocka_unit_test(test_forget_worker),        cmocka_unit_test(test_bad_arguments),
-      cmocka_unit_test(test_capacity_from_vllm),   cmocka_unit_test(test_random_vs_reference),
-      cmocka_unit_test(test_growth_and_drain),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_match_longest_prefix),
+              cmocka_unit_test(test_eviction_at_capacity), cmocka_unit_test(test_forget_worker),
+              cmocka_unit_test(test_bad_arguments), cmocka_unit_test(test_capacity_from_vllm),
+              cmocka_unit_test(test_random_vs_reference), cmocka_unit_test(test_growth_and_drain))

@@ -9,6 +9,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "src/cli.h"
 #include "src/kvr.h"
 
@@ -146,7 +148,7 @@ static void init(settings_t *s) {
 
 /* Parses argv (NULL-terminated, argv[0] included) into s; captures out and err. */
 static int parse(settings_t *s, char *out, size_t outlen, char *err, size_t errlen,
-                 const char **args) {
+                 const char *const *args) {
   char *argv[64];
   int argc = 0;
   for (; args[argc] != NULL; argc++)
@@ -159,7 +161,7 @@ static int parse(settings_t *s, char *out, size_t outlen, char *err, size_t errl
   return rc;
 }
 
-static void expect_error(const char *want, const char **args) {
+static void expect_error(const char *want, const char *const *args) {
   settings_t s;
   char out[8192] = "", err[512];
   init(&s);
@@ -169,6 +171,12 @@ static void expect_error(const char *want, const char **args) {
   assert_null(strchr(err, '\n'));
   kvr_cli_free(&cmd, &s);
 }
+
+/* A command line (NULL-terminated) and the one error it must be refused with. */
+typedef struct {
+  const char *args[8];
+  const char *want;
+} error_case_t;
 
 static void test_kinds(void **state) {
   (void)state;
@@ -204,62 +212,60 @@ static void test_kinds(void **state) {
   assert_null(s.owned);
 }
 
+static void expect_errors(const error_case_t *cases, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    expect_error(cases[i].want, cases[i].args);
+}
+
 static void test_ranges_and_values(void **state) {
   (void)state;
-  const char *a1[] = {"test", "--count", "0", NULL};
-  expect_error("--count: '0' must be in [1, 64]", a1);
-  const char *a2[] = {"test", "--count", "65", NULL};
-  expect_error("--count: '65' must be in [1, 64]", a2);
-  const char *a3[] = {"test", "--count", "-1", NULL};
-  expect_error("--count: '-1' is not a non-negative integer", a3);
-  const char *a4[] = {"test", "--count", "1.5", NULL};
-  expect_error("--count: '1.5' is not a non-negative integer", a4);
-  const char *a5[] = {"test", "--ratio", "0", NULL};
-  expect_error("--ratio: '0' must be in (0, 1]", a5);
-  const char *a6[] = {"test", "--ratio", "nan", NULL};
-  expect_error("--ratio: 'nan' is not a finite number", a6);
-  const char *a7[] = {"test", "--ratio=", NULL};
-  expect_error("--ratio: '' is not a finite number", a7);
-  const char *a8[] = {"test", "--delta", "11", NULL};
-  expect_error("--delta: '11' must be in [-10, 10]", a8);
-  const char *a9[] = {"test", "--small", "128", NULL};
-  expect_error("--small: '128' must be in [-128, 127]", a9);
-  const char *a10[] = {"test", "--delta", "--", NULL};
-  expect_error("--delta: '--' is not an integer", a10);
-  const char *a11[] = {"test", "--big", "18446744073709551616", NULL};
-  expect_error("--big: '18446744073709551616' is not a non-negative integer", a11);
-  const char *a12[] = {"test", "--on", "maybe", NULL};
-  expect_error("--on: 'maybe' is not true or false", a12);
-  const char *a13[] = {"test", "--color", "Red", NULL};
-  expect_error("--color: 'Red' is not one of red, green, blue", a13);
-  const char *a14[] = {"test", "--level", "mid", NULL};
-  expect_error("--level: 'mid' is not one of low, high", a14);
-  const char *a15[] = {"test", "--owned", "", NULL};
-  expect_error("--owned: must not be empty", a15);
-  const char *a16[] = {"test", "--custom", "bad", NULL};
-  expect_error("--custom: 'bad' is not good", a16);
+  static const error_case_t cases[] = {
+      {{"test", "--count", "0", NULL}, "--count: '0' must be in [1, 64]"},
+      {{"test", "--count", "65", NULL}, "--count: '65' must be in [1, 64]"},
+      {{"test", "--count", "-1", NULL}, "--count: '-1' is not a non-negative integer"},
+      {{"test", "--count", "1.5", NULL}, "--count: '1.5' is not a non-negative integer"},
+      {{"test", "--ratio", "0", NULL}, "--ratio: '0' must be in (0, 1]"},
+      {{"test", "--ratio", "nan", NULL}, "--ratio: 'nan' is not a finite number"},
+      {{"test", "--ratio=", NULL}, "--ratio: '' is not a finite number"},
+      {{"test", "--delta", "11", NULL}, "--delta: '11' must be in [-10, 10]"},
+      {{"test", "--small", "128", NULL}, "--small: '128' must be in [-128, 127]"},
+      {{"test", "--delta", "--", NULL}, "--delta: '--' is not an integer"},
+      {{"test", "--big", "18446744073709551616", NULL},
+       "--big: '18446744073709551616' is not a non-negative integer"},
+      {{"test", "--on", "maybe", NULL}, "--on: 'maybe' is not true or false"},
+      {{"test", "--color", "Red", NULL}, "--color: 'Red' is not one of red, green, blue"},
+      {{"test", "--level", "mid", NULL}, "--level: 'mid' is not one of low, high"},
+      {{"test", "--owned", "", NULL}, "--owned: must not be empty"},
+      {{"test", "--custom", "bad", NULL}, "--custom: 'bad' is not good"},
+  };
+  expect_errors(cases, sizeof cases / sizeof cases[0]);
 }
 
 static void test_unknown_missing_and_switches(void **state) {
   (void)state;
-  const char *a1[] = {"test", "--bogus", "1", NULL};
-  expect_error("--bogus: unknown option (see kvrouter test --help)", a1);
-  const char *a2[] = {"test", "--bogus=1", NULL};
-  expect_error("--bogus: unknown option (see kvrouter test --help)", a2);
-  const char *a3[] = {"test", "-x", NULL};
-  expect_error("-x: unknown option (see kvrouter test --help)", a3);
-  const char *a4[] = {"test", "stray", NULL};
-  expect_error("'stray': unexpected argument (see kvrouter test --help)", a4);
-  const char *a5[] = {"test", "--name", NULL};
-  expect_error("--name: missing value", a5);
-  const char *a6[] = {"test", "--verbose=1", NULL};
-  expect_error("--verbose: takes no value", a6);
-  const char *a7[] = {"test", "--", "x", NULL}; /* no passthrough: "--" is not an option */
-  expect_error("--: unknown option (see kvrouter test --help)", a7);
-  /* Errors come in command-line order even when an early option follows. */
-  const char *a8[] = {"test", "--count", "0", "--file", "7", NULL};
-  expect_error("--count: '0' must be in [1, 64]", a8);
+  static const error_case_t cases[] = {
+      {{"test", "--bogus", "1", NULL}, "--bogus: unknown option (see kvrouter test --help)"},
+      {{"test", "--bogus=1", NULL}, "--bogus: unknown option (see kvrouter test --help)"},
+      {{"test", "-x", NULL}, "-x: unknown option (see kvrouter test --help)"},
+      {{"test", "stray", NULL}, "'stray': unexpected argument (see kvrouter test --help)"},
+      {{"test", "--name", NULL}, "--name: missing value"},
+      {{"test", "--verbose=1", NULL}, "--verbose: takes no value"},
+      /* no passthrough: "--" is not an option */
+      {{"test", "--", "x", NULL}, "--: unknown option (see kvrouter test --help)"},
+      /* Errors come in command-line order even when an early option follows. */
+      {{"test", "--count", "0", "--file", "7", NULL}, "--count: '0' must be in [1, 64]"},
+  };
+  expect_errors(cases, sizeof cases / sizeof cases[0]);
 }
+
+/* What test_lists_and_repeats refuses after its lists parsed. */
+static const error_case_t list_errors[] = {
+    {{"test", "--rates", "1,0", NULL}, "--rates: '0' must be > 0"},
+    {{"test", "--rates", ",", NULL}, "--rates: ',' is an empty list"},
+    {{"test", "--users", "1,2,3,4", NULL}, "--users: more than 3 items"},
+    /* freed on the error */
+    {{"test", "--tags", "a,b", "--tags", "c,d", NULL}, "--tags: more than 3 items"},
+};
 
 static void test_lists_and_repeats(void **state) {
   (void)state;
@@ -279,14 +285,7 @@ static void test_lists_and_repeats(void **state) {
   assert_string_equal(s.seen, "0:one;1:two;");
   kvr_cli_free(&cmd, &s);
   assert_int_equal(s.ntags, 0);
-  const char *a1[] = {"test", "--rates", "1,0", NULL};
-  expect_error("--rates: '0' must be > 0", a1);
-  const char *a2[] = {"test", "--rates", ",", NULL};
-  expect_error("--rates: ',' is an empty list", a2);
-  const char *a3[] = {"test", "--users", "1,2,3,4", NULL};
-  expect_error("--users: more than 3 items", a3);
-  const char *a4[] = {"test", "--tags", "a,b", "--tags", "c,d", NULL}; /* freed on the error */
-  expect_error("--tags: more than 3 items", a4);
+  expect_errors(list_errors, sizeof list_errors / sizeof list_errors[0]);
 }
 
 static void test_early_option_and_passthrough(void **state) {
@@ -412,15 +411,8 @@ static void test_json(void **state) {
   expect_json_error("{\"rates\": [1, -1]}", "c.json: rates[1]: '-1' must be > 0");
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_kinds),
-      cmocka_unit_test(test_ranges_and_values),
-      cmocka_unit_test(test_unknown_missing_and_switches),
-      cmocka_unit_test(test_lists_and_repeats),
-      cmocka_unit_test(test_early_option_and_passthrough),
-      cmocka_unit_test(test_help_and_version),
-      cmocka_unit_test(test_json),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_kinds), cmocka_unit_test(test_ranges_and_values),
+              cmocka_unit_test(test_unknown_missing_and_switches),
+              cmocka_unit_test(test_lists_and_repeats),
+              cmocka_unit_test(test_early_option_and_passthrough),
+              cmocka_unit_test(test_help_and_version), cmocka_unit_test(test_json))

@@ -7,6 +7,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "src/config.h"
 
 #include <stdio.h>
@@ -187,11 +189,7 @@ static void test_cli_workers_replace_file(void **state) {
   remove(path);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_defaults),       cmocka_unit_test(test_flags),
-      cmocka_unit_test(test_errors),         cmocka_unit_test(test_json_and_precedence),
-      cmocka_unit_test(test_engine_wording), cmocka_unit_test(test_cli_workers_replace_file),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_flags),
+              cmocka_unit_test(test_errors), cmocka_unit_test(test_json_and_precedence),
+              cmocka_unit_test(test_engine_wording),
+              cmocka_unit_test(test_cli_workers_replace_file))

@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "src/http_headers.h"
 #include "src/kvr.h"
 
@@ -286,18 +288,10 @@ static void test_drop_named(void **state) {
   kvr_buf_free(&tokens);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_hop_by_hop),
-      cmocka_unit_test(test_has_ctl),
-      cmocka_unit_test(test_connection_names),
-      cmocka_unit_test(test_upstream_every_rule),
-      cmocka_unit_test(test_upstream_forwarded_for),
-      cmocka_unit_test(test_response_field_rules),
-      cmocka_unit_test(test_response_content_length_head),
-      cmocka_unit_test(test_response_event_stream),
-      cmocka_unit_test(test_response_connection_tokens),
-      cmocka_unit_test(test_drop_named),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_hop_by_hop), cmocka_unit_test(test_has_ctl),
+              cmocka_unit_test(test_connection_names), cmocka_unit_test(test_upstream_every_rule),
+              cmocka_unit_test(test_upstream_forwarded_for),
+              cmocka_unit_test(test_response_field_rules),
+              cmocka_unit_test(test_response_content_length_head),
+              cmocka_unit_test(test_response_event_stream),
+              cmocka_unit_test(test_response_connection_tokens), cmocka_unit_test(test_drop_named))

@@ -10,6 +10,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 static void h_a(kvr_http_req_t *req, void *data, const char *tail) {}
 static void h_b(kvr_http_req_t *req, void *data, const char *tail) {}
 
@@ -28,54 +30,51 @@ static const kvr_http_route_t *find(const char *path, int method, const char **t
   return kvr_http_route_find(table, N, path, method, tail, status, allow, 128);
 }
 
-static void test_exact_and_head(void **state) {
-  const char *tail;
+/* path and method reach table[i] with status 0; tail, unless NULL, is what the route saw. */
+static void routed(const char *path, int method, size_t i, const char *tail) {
+  const char *t;
   int st;
   char allow[128];
-  assert_ptr_equal(find("/health", HTTP_GET, &tail, &st, allow), &table[0]);
+  assert_ptr_equal(find(path, method, &t, &st, allow), &table[i]);
   assert_int_equal(st, 0);
-  assert_string_equal(tail, "");
-  assert_ptr_equal(find("/health", HTTP_HEAD, &tail, &st, allow), &table[0]);
-  assert_ptr_equal(find("/admin/workers", HTTP_POST, &tail, &st, allow), &table[2]);
+  if (tail)
+    assert_string_equal(t, tail);
+}
+
+/* No route for path and method: status is 404 (allow NULL), or 405 with exactly allow. */
+static void refused(const char *path, int method, int status, const char *allow) {
+  const char *tail;
+  int st;
+  char got[128];
+  assert_null(find(path, method, &tail, &st, got));
+  assert_int_equal(st, status);
+  if (allow)
+    assert_string_equal(got, allow);
+}
+
+static void test_exact_and_head(void **state) {
+  routed("/health", HTTP_GET, 0, "");
+  routed("/health", HTTP_HEAD, 0, NULL);
+  routed("/admin/workers", HTTP_POST, 2, NULL);
 }
 
 static void test_405_lists_every_method_on_the_path(void **state) {
-  const char *tail;
-  int st;
-  char allow[128];
-  assert_null(find("/admin/workers", HTTP_PUT, &tail, &st, allow));
-  assert_int_equal(st, 405);
-  assert_string_equal(allow, "GET, HEAD, POST");
-  assert_null(find("/health", HTTP_POST, &tail, &st, allow));
-  assert_int_equal(st, 405);
-  assert_string_equal(allow, "GET, HEAD");
+  refused("/admin/workers", HTTP_PUT, 405, "GET, HEAD, POST");
+  refused("/health", HTTP_POST, 405, "GET, HEAD");
 }
 
 static void test_404_and_prefix_tail(void **state) {
-  const char *tail;
-  int st;
-  char allow[128];
-  assert_null(find("/nope", HTTP_GET, &tail, &st, allow));
-  assert_int_equal(st, 404);
-  assert_ptr_equal(find("/admin/workers/3", HTTP_DELETE, &tail, &st, allow), &table[3]);
-  assert_string_equal(tail, "3");
-  assert_null(find("/admin/workers/3", HTTP_GET, &tail, &st, allow));
-  assert_int_equal(st, 405);
-  assert_string_equal(allow, "DELETE");
+  refused("/nope", HTTP_GET, 404, NULL);
+  routed("/admin/workers/3", HTTP_DELETE, 3, "3");
+  refused("/admin/workers/3", HTTP_GET, 405, "DELETE");
 }
 
 static void test_order_gives_precedence_and_any_passes(void **state) {
-  const char *tail;
-  int st;
-  char allow[128];
   /* An exact route decides its path: GET on it is a 405 although the pass-through /v1/ * would
    * accept GET; other /v1/ paths pass through with any method. */
-  assert_ptr_equal(find("/v1/chat/completions", HTTP_POST, &tail, &st, allow), &table[4]);
-  assert_null(find("/v1/chat/completions", HTTP_GET, &tail, &st, allow));
-  assert_int_equal(st, 405);
-  assert_string_equal(allow, "POST");
-  assert_ptr_equal(find("/v1/embeddings", HTTP_PATCH, &tail, &st, allow), &table[5]);
-  assert_string_equal(tail, "embeddings");
+  routed("/v1/chat/completions", HTTP_POST, 4, NULL);
+  refused("/v1/chat/completions", HTTP_GET, 405, "POST");
+  routed("/v1/embeddings", HTTP_PATCH, 5, "embeddings");
 }
 
 static void test_allow_truncates_safely(void **state) {
@@ -88,13 +87,8 @@ static void test_allow_truncates_safely(void **state) {
   assert_true(strlen(small) < sizeof small);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_exact_and_head),
-      cmocka_unit_test(test_405_lists_every_method_on_the_path),
-      cmocka_unit_test(test_404_and_prefix_tail),
-      cmocka_unit_test(test_order_gives_precedence_and_any_passes),
-      cmocka_unit_test(test_allow_truncates_safely),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_exact_and_head),
+              cmocka_unit_test(test_405_lists_every_method_on_the_path),
+              cmocka_unit_test(test_404_and_prefix_tail),
+              cmocka_unit_test(test_order_gives_precedence_and_any_passes),
+              cmocka_unit_test(test_allow_truncates_safely))

@@ -17,6 +17,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "src/http_server.h"
 #include "src/kvr.h"
 
@@ -212,22 +214,23 @@ static void expect_status(const char *req, const kvr_http_limits_t *lim, int sta
   kvr_buf_free(&c.response);
 }
 
+/* big := head, n copies of unit, tail: a request with one part over its limit. */
+static void oversized(kvr_buf_t *big, const char *head, const char *unit, int n, const char *tail) {
+  kvr_buf_reset(big);
+  kvr_buf_puts(big, head);
+  for (int i = 0; i < n; i++)
+    kvr_buf_puts(big, unit);
+  kvr_buf_puts(big, tail);
+}
+
 static void test_rejections(void **state) {
   (void)state;
   kvr_http_limits_t lim;
   kvr_http_limits_default(&lim);
   kvr_buf_t big = KVR_BUF_INIT;
-  kvr_buf_puts(&big, "GET /");
-  for (int i = 0; i < 9000; i++)
-    kvr_buf_puts(&big, "a");
-  kvr_buf_puts(&big, " HTTP/1.1\r\nHost: a\r\n\r\n");
+  oversized(&big, "GET /", "a", 9000, " HTTP/1.1\r\nHost: a\r\n\r\n");
   expect_status(big.data, &lim, 414, "uri_too_long");
-
-  kvr_buf_reset(&big);
-  kvr_buf_puts(&big, "GET / HTTP/1.1\r\nHost: a\r\nX-Big: ");
-  for (int i = 0; i < 33000; i++)
-    kvr_buf_puts(&big, "b");
-  kvr_buf_puts(&big, "\r\n\r\n");
+  oversized(&big, "GET / HTTP/1.1\r\nHost: a\r\nX-Big: ", "b", 33000, "\r\n\r\n");
   expect_status(big.data, &lim, 431, "headers_too_large");
 
   kvr_buf_reset(&big);
@@ -276,32 +279,33 @@ static void test_header_timeout(void **state) {
   kvr_buf_free(&c.response);
 }
 
+/* The answer of a fresh server to req (NUL-terminated), streamed if stream; the caller frees it. */
+static kvr_buf_t answer(const char *req, bool stream) {
+  ctx_t c = {0};
+  c.stream_mode = stream;
+  run_simple(&c, req, strlen(req), NULL);
+  return c.response;
+}
+
 static void test_chunked_request_and_stream(void **state) {
   (void)state;
-  ctx_t c = {0};
-  const char *req = "POST /c HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
-                    "3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
-  run_simple(&c, req, strlen(req), NULL);
-  assert_int_equal(status_of(&c.response), 200);
-  assert_non_null(strstr(c.response.data, "body=abcde"));
-  kvr_buf_free(&c.response);
+  kvr_buf_t r = answer("POST /c HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+                       "3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+                       false);
+  assert_int_equal(status_of(&r), 200);
+  assert_non_null(strstr(r.data, "body=abcde"));
+  kvr_buf_free(&r);
 
-  ctx_t s = {0};
-  s.stream_mode = true;
-  const char *r2 = "GET /s HTTP/1.1\r\nHost: a\r\n\r\n";
-  run_simple(&s, r2, strlen(r2), NULL);
-  assert_non_null(strstr(s.response.data, "Transfer-Encoding: chunked"));
-  assert_non_null(strstr(s.response.data, "9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n"));
-  kvr_buf_free(&s.response);
+  r = answer("GET /s HTTP/1.1\r\nHost: a\r\n\r\n", true);
+  assert_non_null(strstr(r.data, "Transfer-Encoding: chunked"));
+  assert_non_null(strstr(r.data, "9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n"));
+  kvr_buf_free(&r);
 
-  ctx_t h = {0};
-  h.stream_mode = true;
-  const char *r3 = "GET /s HTTP/1.0\r\n\r\n";
-  run_simple(&h, r3, strlen(r3), NULL);
-  assert_int_equal(strncmp(h.response.data, "HTTP/1.0 200", 12), 0);
-  assert_null(strstr(h.response.data, "chunked"));
-  assert_non_null(strstr(h.response.data, "\r\n\r\ndata: 1\n\ndata: 2\n\n"));
-  kvr_buf_free(&h.response);
+  r = answer("GET /s HTTP/1.0\r\n\r\n", true);
+  assert_int_equal(strncmp(r.data, "HTTP/1.0 200", 12), 0);
+  assert_null(strstr(r.data, "chunked"));
+  assert_non_null(strstr(r.data, "\r\n\r\ndata: 1\n\ndata: 2\n\n"));
+  kvr_buf_free(&r);
 }
 
 static void on_hold_request(kvr_http_req_t *req, void *data) {
@@ -358,14 +362,7 @@ static void test_parse_hostport(void **state) {
   assert_int_not_equal(kvr_parse_hostport("nothost:80", &ss), 0);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_parse_hostport),
-      cmocka_unit_test(test_split_every_byte),
-      cmocka_unit_test(test_rejections),
-      cmocka_unit_test(test_header_timeout),
-      cmocka_unit_test(test_chunked_request_and_stream),
-      cmocka_unit_test(test_client_close_calls_on_close),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_parse_hostport), cmocka_unit_test(test_split_every_byte),
+              cmocka_unit_test(test_rejections), cmocka_unit_test(test_header_timeout),
+              cmocka_unit_test(test_chunked_request_and_stream),
+              cmocka_unit_test(test_client_close_calls_on_close))

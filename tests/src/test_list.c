@@ -10,6 +10,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 typedef struct item_s {
   int value;
   kvr_list_t node;
@@ -94,12 +96,6 @@ static void test_allocators(void **state) {
   free(kvr_xmalloc(0)); /* a zero-size request still gives a pointer to free */
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_insert_order_and_count),
-      cmocka_unit_test(test_remove_self_links_and_is_idempotent),
-      cmocka_unit_test(test_foreach_safe_frees_current),
-      cmocka_unit_test(test_allocators),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_insert_order_and_count),
+              cmocka_unit_test(test_remove_self_links_and_is_idempotent),
+              cmocka_unit_test(test_foreach_safe_frees_current), cmocka_unit_test(test_allocators))

@@ -17,6 +17,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "src/admin.h"
 #include "src/config.h"
 #include "src/curlm.h"
@@ -182,10 +184,4 @@ static void test_admin_routes(void **state) {
   fx_close(&f);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_public_routes),
-      cmocka_unit_test(test_admin_routes),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_public_routes), cmocka_unit_test(test_admin_routes))

@@ -14,6 +14,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "src/kvr.h"
 #include "src/openai.h"
 
@@ -516,22 +518,10 @@ static void test_chunk_error(void **state) {
   kvr_buf_free(&ev);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_route),
-      cmocka_unit_test(test_features_errors),
-      cmocka_unit_test(test_features_match_prompt),
-      cmocka_unit_test(test_error_body),
-      cmocka_unit_test(test_stream_error_event),
-      cmocka_unit_test(test_sse_whole),
-      cmocka_unit_test(test_sse_every_split),
-      cmocka_unit_test(test_sse_byte_by_byte),
-      cmocka_unit_test(test_sse_line_bound),
-      cmocka_unit_test(test_sse_reset),
-      cmocka_unit_test(test_sse_data),
-      cmocka_unit_test(test_chunk_text),
-      cmocka_unit_test(test_chunk_usage),
-      cmocka_unit_test(test_chunk_error),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_route), cmocka_unit_test(test_features_errors),
+              cmocka_unit_test(test_features_match_prompt), cmocka_unit_test(test_error_body),
+              cmocka_unit_test(test_stream_error_event), cmocka_unit_test(test_sse_whole),
+              cmocka_unit_test(test_sse_every_split), cmocka_unit_test(test_sse_byte_by_byte),
+              cmocka_unit_test(test_sse_line_bound), cmocka_unit_test(test_sse_reset),
+              cmocka_unit_test(test_sse_data), cmocka_unit_test(test_chunk_text),
+              cmocka_unit_test(test_chunk_usage), cmocka_unit_test(test_chunk_error))

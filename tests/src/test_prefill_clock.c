@@ -9,6 +9,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "src/prefill_clock.h"
 
 #define MS 1000000ull /* ns */
@@ -67,11 +69,6 @@ static void test_idle_worker_ranks_ahead_of_an_overdue_one(void **state) {
   assert_int_equal(kvr_prefill_clock_backlog(&c, 0, 10000 * MS), 0);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_no_rate_means_no_decay),
-      cmocka_unit_test(test_backlog_drains_at_the_measured_rate),
-      cmocka_unit_test(test_idle_worker_ranks_ahead_of_an_overdue_one),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_no_rate_means_no_decay),
+              cmocka_unit_test(test_backlog_drains_at_the_measured_rate),
+              cmocka_unit_test(test_idle_worker_ranks_ahead_of_an_overdue_one))

@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "src/kvr.h"
 #include "src/prompt.h"
 
@@ -190,12 +192,20 @@ static void test_models_never_share(void **state) {
   cJSON_Delete(b);
 }
 
+/* p from a completions body (JSON text) at block_chars per block; the body must be accepted. */
+static void completions(const char *body, size_t block_chars, kvr_prompt_t *p) {
+  char err[256];
+  cJSON *j = parse(body);
+  assert_int_equal(
+      kvr_prompt_from_json(j, KVR_PROMPT_COMPLETIONS, block_chars, p, err, sizeof(err)), 0);
+  cJSON_Delete(j);
+}
+
 static void test_completions_forms(void **state) {
   (void)state;
   kvr_prompt_t p;
-  char err[256];
-  cJSON *j = parse("{\"model\":\"m\",\"prompt\":[\"ab\",\"cd\"],\"max_tokens\":7,\"stream\":true}");
-  assert_int_equal(kvr_prompt_from_json(j, KVR_PROMPT_COMPLETIONS, 64, &p, err, sizeof(err)), 0);
+  completions("{\"model\":\"m\",\"prompt\":[\"ab\",\"cd\"],\"max_tokens\":7,\"stream\":true}", 64,
+              &p);
   assert_int_equal(p.text.len, 5);
   assert_memory_equal(p.text.data,
                       "ab\x1e"
@@ -205,35 +215,30 @@ static void test_completions_forms(void **state) {
   assert_true(p.stream);
   assert_int_equal(p.nblocks, 0);
   kvr_prompt_free(&p);
-  cJSON_Delete(j);
 
-  j = parse("{\"model\":\"m\",\"prompt\":[1,22,333],\"max_completion_tokens\":9,\"max_tokens\":3}");
-  assert_int_equal(kvr_prompt_from_json(j, KVR_PROMPT_COMPLETIONS, 4, &p, err, sizeof(err)), 0);
+  completions(
+      "{\"model\":\"m\",\"prompt\":[1,22,333],\"max_completion_tokens\":9,\"max_tokens\":3}", 4,
+      &p);
   assert_string_equal(p.text.data, "1 22 333 ");
   assert_int_equal(p.prompt_tokens, 3);
   assert_int_equal(p.max_tokens, 9);
   assert_false(p.stream);
   assert_int_equal(p.nblocks, 2);
   kvr_prompt_free(&p);
-  cJSON_Delete(j);
 
-  j = parse("{\"model\":\"m\",\"prompt\":[[1,2],[3]]}");
-  assert_int_equal(kvr_prompt_from_json(j, KVR_PROMPT_COMPLETIONS, 64, &p, err, sizeof(err)), 0);
+  completions("{\"model\":\"m\",\"prompt\":[[1,2],[3]]}", 64, &p);
   assert_string_equal(p.text.data, "1 2 \x1e"
                                    "3 ");
   assert_int_equal(p.prompt_tokens, 3);
   kvr_prompt_free(&p);
-  cJSON_Delete(j);
 
   /* Completions answers append verbatim. */
-  j = parse("{\"model\":\"m\",\"prompt\":\"0123456789\"}");
-  assert_int_equal(kvr_prompt_from_json(j, KVR_PROMPT_COMPLETIONS, 8, &p, err, sizeof(err)), 0);
+  completions("{\"model\":\"m\",\"prompt\":\"0123456789\"}", 8, &p);
   assert_int_equal(p.nblocks, 1);
   kvr_prompt_extend_answer(&p, "abcdef", 6);
   assert_string_equal(p.text.data, "0123456789abcdef");
   assert_int_equal(p.nblocks, 2);
   kvr_prompt_free(&p);
-  cJSON_Delete(j);
 }
 
 typedef struct {
@@ -313,16 +318,8 @@ static void test_route_req_view(void **state) {
   cJSON_Delete(b);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_golden_chat),
-      cmocka_unit_test(test_golden_completions_block16),
-      cmocka_unit_test(test_new_turn_keeps_blocks),
-      cmocka_unit_test(test_content_parts_match_string),
-      cmocka_unit_test(test_models_never_share),
-      cmocka_unit_test(test_completions_forms),
-      cmocka_unit_test(test_errors),
-      cmocka_unit_test(test_route_req_view),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_golden_chat), cmocka_unit_test(test_golden_completions_block16),
+              cmocka_unit_test(test_new_turn_keeps_blocks),
+              cmocka_unit_test(test_content_parts_match_string),
+              cmocka_unit_test(test_models_never_share), cmocka_unit_test(test_completions_forms),
+              cmocka_unit_test(test_errors), cmocka_unit_test(test_route_req_view))

@@ -9,6 +9,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "src/quantile.h"
 
 #include <math.h>
@@ -107,13 +109,6 @@ static void test_u64(void **state) {
   SAME(kvr_quantile_u64(NULL, 0, 50), 0);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_by_hand),
-      cmocka_unit_test(test_numpy_1_to_100),
-      cmocka_unit_test(test_numpy_irregular),
-      cmocka_unit_test(test_numpy_rank_rounding),
-      cmocka_unit_test(test_u64),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_by_hand), cmocka_unit_test(test_numpy_1_to_100),
+              cmocka_unit_test(test_numpy_irregular), cmocka_unit_test(test_numpy_rank_rounding),
+              cmocka_unit_test(test_u64))

@@ -10,6 +10,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "src/config.h"
 #include "src/kvr.h"
 #include "src/router.h"
@@ -433,17 +435,9 @@ static void test_accounting_invariant_random(void **state) {
   fx_close(&f);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_round_robin_and_tried),
-      cmocka_unit_test(test_accounting_and_drain),
-      cmocka_unit_test(test_failures_mark_down),
-      cmocka_unit_test(test_policy_switch),
-      cmocka_unit_test(test_scrape_parse),
-      cmocka_unit_test(test_requests_return_to_zero),
-      cmocka_unit_test(test_scrape_and_reset),
-      cmocka_unit_test(test_drain_remove_add),
-      cmocka_unit_test(test_accounting_invariant_random),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_round_robin_and_tried),
+              cmocka_unit_test(test_accounting_and_drain),
+              cmocka_unit_test(test_failures_mark_down), cmocka_unit_test(test_policy_switch),
+              cmocka_unit_test(test_scrape_parse), cmocka_unit_test(test_requests_return_to_zero),
+              cmocka_unit_test(test_scrape_and_reset), cmocka_unit_test(test_drain_remove_add),
+              cmocka_unit_test(test_accounting_invariant_random))

@@ -9,6 +9,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "src/config.h"
 #include "src/curlm.h"
 #include "src/http_server.h"
@@ -212,11 +214,5 @@ static void test_scraper_on_loop(void **state) {
   fx_close(&t.f);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_parse),
-      cmocka_unit_test(test_report_path),
-      cmocka_unit_test(test_scraper_on_loop),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_parse), cmocka_unit_test(test_report_path),
+              cmocka_unit_test(test_scraper_on_loop))

@@ -7,6 +7,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "bench/loadgen/monitor.h"
 
 #include <string.h>
@@ -45,7 +47,4 @@ static void test_prom_value(void **state) {
   assert_true(sum == 4 && max == 4);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_prom_value)};
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_prom_value))

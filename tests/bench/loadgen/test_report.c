@@ -6,6 +6,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "bench/loadgen/report.h"
 #include "bench/loadgen/stats.h"
 #include "src/kvr.h"
@@ -680,22 +682,13 @@ static void test_baseline_passes_nowhere(void **state) {
   kvr_stats_results_free(res);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_markdown_structure),
-      cmocka_unit_test(test_no_improvement),
-      cmocka_unit_test(test_html_charts),
-      cmocka_unit_test(test_level_json_and_jsonl),
-      cmocka_unit_test(test_write_files),
-      cmocka_unit_test(test_engine_figures_and_reset),
-      cmocka_unit_test(test_html_has_every_table),
-      cmocka_unit_test(test_reset_verdicts),
-      cmocka_unit_test(test_capacity_not_found),
-      cmocka_unit_test(test_capacity_bounds_as_data),
-      cmocka_unit_test(test_schedule_verdicts),
-      cmocka_unit_test(test_balance_and_workload_rows),
-      cmocka_unit_test(test_interrupted_failure_bounds_nothing),
-      cmocka_unit_test(test_baseline_passes_nowhere),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_markdown_structure), cmocka_unit_test(test_no_improvement),
+              cmocka_unit_test(test_html_charts), cmocka_unit_test(test_level_json_and_jsonl),
+              cmocka_unit_test(test_write_files), cmocka_unit_test(test_engine_figures_and_reset),
+              cmocka_unit_test(test_html_has_every_table), cmocka_unit_test(test_reset_verdicts),
+              cmocka_unit_test(test_capacity_not_found),
+              cmocka_unit_test(test_capacity_bounds_as_data),
+              cmocka_unit_test(test_schedule_verdicts),
+              cmocka_unit_test(test_balance_and_workload_rows),
+              cmocka_unit_test(test_interrupted_failure_bounds_nothing),
+              cmocka_unit_test(test_baseline_passes_nowhere))

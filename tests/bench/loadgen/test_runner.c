@@ -8,6 +8,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "bench/loadgen/runner.h"
 #include "src/kvr.h"
 
@@ -115,8 +117,11 @@ static void test_labels(void **state) {
   assert_string_equal(kvr_runner_label(&o, 1), "b");
 }
 
-/* Runs the search against a system that passes every load <= capacity; returns the levels run. */
-static int search(kvr_runner_search_t *s, double capacity, double *loads) {
+/* Starts a search (kvr_runner_search_init's arguments) and runs it against a system that passes
+ * every load <= capacity; returns the levels run. */
+static int search(kvr_runner_search_t *s, double start, double max, double resolution, bool users,
+                  double capacity, double *loads) {
+  kvr_runner_search_init(s, start, max, resolution, users);
   int n = 0;
   while (!s->done) {
     assert_true(n < 64);
@@ -130,24 +135,20 @@ static void test_search_rates(void **state) {
   (void)state;
   kvr_runner_search_t s;
   double loads[64];
-  kvr_runner_search_init(&s, 1, 64, 0.05, false);
-  int n = search(&s, 6.3, loads);
+  int n = search(&s, 1, 64, 0.05, false, 6.3, loads);
   /* Bracket by doubling: 1, 2, 4, 8 (fail), then bisect between 4 and 8. */
   assert_true(loads[0] == 1 && loads[1] == 2 && loads[2] == 4 && loads[3] == 8 && loads[4] == 6);
   assert_true(s.lo <= 6.3 && s.hi > 6.3 && s.hi - s.lo <= 0.05 + 1e-9);
   for (int i = 0; i < n; i++)
     assert_true(fabs(loads[i] * 1000 - round(loads[i] * 1000)) < 1e-6); /* 0.001 steps */
   /* Down from a failing start: halve until a pass, never below the resolution. */
-  kvr_runner_search_init(&s, 10, 64, 0.05, false);
-  search(&s, 1.2, loads);
+  search(&s, 10, 64, 0.05, false, 1.2, loads);
   assert_true(loads[0] == 10 && loads[1] == 5 && loads[2] == 2.5 && loads[3] == 1.25);
   assert_true(s.lo <= 1.2 && s.hi > 1.2 && s.hi - s.lo <= 0.05 + 1e-9);
   /* Passing at the cap ends there; failing at the floor ends there. */
-  kvr_runner_search_init(&s, 16, 64, 0.05, false);
-  n = search(&s, 1000, loads);
+  n = search(&s, 16, 64, 0.05, false, 1000, loads);
   assert_true(loads[n - 1] == 64 && s.lo == 64 && isinf(s.hi));
-  kvr_runner_search_init(&s, 1, 64, 0.05, false);
-  n = search(&s, 0.01, loads);
+  n = search(&s, 1, 64, 0.05, false, 0.01, loads);
   assert_true(loads[n - 1] == 0.05 && s.lo == 0);
 }
 
@@ -155,8 +156,7 @@ static void test_search_users(void **state) {
   (void)state;
   kvr_runner_search_t s;
   double loads[64];
-  kvr_runner_search_init(&s, 3, 1000, 0.05, true);
-  int n = search(&s, 9, loads);
+  int n = search(&s, 3, 1000, 0.05, true, 9, loads);
   assert_true(s.lo == 9 && s.hi == 10);
   for (int i = 0; i < n; i++)
     assert_true(loads[i] >= 1 && loads[i] == round(loads[i]));
@@ -187,12 +187,7 @@ static void test_new_failures(void **state) {
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_defaults),     cmocka_unit_test(test_rules),
-      cmocka_unit_test(test_derived),      cmocka_unit_test(test_labels),
-      cmocka_unit_test(test_search_rates), cmocka_unit_test(test_search_users),
-      cmocka_unit_test(test_new_failures),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_rules),
+              cmocka_unit_test(test_derived), cmocka_unit_test(test_labels),
+              cmocka_unit_test(test_search_rates), cmocka_unit_test(test_search_users),
+              cmocka_unit_test(test_new_failures))

@@ -6,6 +6,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "bench/loadgen/stats.h"
 #include "src/kvr.h"
 #include "src/quantile.h"
@@ -194,11 +196,7 @@ static void test_run_max_load(void **state) {
   kvr_stats_results_free(NULL);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_percentile_linear), cmocka_unit_test(test_max_overlap),
-      cmocka_unit_test(test_level_aggregates),  cmocka_unit_test(test_empty_level_fails_nodata),
-      cmocka_unit_test(test_run_max_load),      cmocka_unit_test(test_scheduled_vs_achieved_rate),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_percentile_linear), cmocka_unit_test(test_max_overlap),
+              cmocka_unit_test(test_level_aggregates),
+              cmocka_unit_test(test_empty_level_fails_nodata), cmocka_unit_test(test_run_max_load),
+              cmocka_unit_test(test_scheduled_vs_achieved_rate))

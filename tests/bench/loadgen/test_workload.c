@@ -6,6 +6,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "bench/loadgen/workload.h"
 #include "src/kvr.h"
 
@@ -831,27 +833,20 @@ static void test_describe_sample_and_dataset(void **state) {
   kvr_buf_free(&b);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_rng_deterministic_and_bounded),
-      cmocka_unit_test(test_gamma_mean),
-      cmocka_unit_test(test_text_length_and_determinism),
-      cmocka_unit_test(test_multiturn_shape),
-      cmocka_unit_test(test_multiturn_replay_answers),
-      cmocka_unit_test(test_documents_exceed_one_worker),
-      cmocka_unit_test(test_control_never_shares),
-      cmocka_unit_test(test_chat_body_resends_history),
-      cmocka_unit_test(test_file_jsonl),
-      cmocka_unit_test(test_file_sharegpt),
-      cmocka_unit_test(test_sample_slot_dataset_passes_are_permutations),
-      cmocka_unit_test(test_sample_slot_dataset_orders_differ),
-      cmocka_unit_test(test_sample_slot_dataset_order_has_no_stride),
-      cmocka_unit_test(test_sample_slot_fresh_conversations),
-      cmocka_unit_test(test_dataset_conversations_same_at_every_level),
-      cmocka_unit_test(test_answer_mean_std),
-      cmocka_unit_test(test_answer_fixed_and_clipped),
-      cmocka_unit_test(test_parse_order_and_bad_answer_opts),
-      cmocka_unit_test(test_describe_sample_and_dataset),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_rng_deterministic_and_bounded),
+              cmocka_unit_test(test_gamma_mean), cmocka_unit_test(test_text_length_and_determinism),
+              cmocka_unit_test(test_multiturn_shape),
+              cmocka_unit_test(test_multiturn_replay_answers),
+              cmocka_unit_test(test_documents_exceed_one_worker),
+              cmocka_unit_test(test_control_never_shares),
+              cmocka_unit_test(test_chat_body_resends_history), cmocka_unit_test(test_file_jsonl),
+              cmocka_unit_test(test_file_sharegpt),
+              cmocka_unit_test(test_sample_slot_dataset_passes_are_permutations),
+              cmocka_unit_test(test_sample_slot_dataset_orders_differ),
+              cmocka_unit_test(test_sample_slot_dataset_order_has_no_stride),
+              cmocka_unit_test(test_sample_slot_fresh_conversations),
+              cmocka_unit_test(test_dataset_conversations_same_at_every_level),
+              cmocka_unit_test(test_answer_mean_std),
+              cmocka_unit_test(test_answer_fixed_and_clipped),
+              cmocka_unit_test(test_parse_order_and_bad_answer_opts),
+              cmocka_unit_test(test_describe_sample_and_dataset))

@@ -8,6 +8,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #include "bench/sim/sim_calibrate.h"
 
 #include <stdio.h>
@@ -118,11 +120,5 @@ static void test_run_prints_header_and_rows(void **state) {
   free(text);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_print_costs),
-      cmocka_unit_test(test_rate_is_deterministic),
-      cmocka_unit_test(test_run_prints_header_and_rows),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_print_costs), cmocka_unit_test(test_rate_is_deterministic),
+              cmocka_unit_test(test_run_prints_header_and_rows))

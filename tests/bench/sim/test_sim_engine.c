@@ -14,6 +14,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 /* Prompt ids base, base+1, ...: distinct bases give distinct prompts. */
 static uint32_t *prompt_seq(uint32_t base, uint32_t n) {
   uint32_t *p = malloc(n * sizeof(uint32_t));
@@ -413,17 +415,9 @@ static void test_free_with_pending(void **state) {
   free(p);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_defaults),
-      cmocka_unit_test(test_prefix_hits),
-      cmocka_unit_test(test_eviction_order),
-      cmocka_unit_test(test_preemption),
-      cmocka_unit_test(test_waiting_order),
-      cmocka_unit_test(test_budget_and_chunked_prefill),
-      cmocka_unit_test(test_max_num_seqs_and_abort),
-      cmocka_unit_test(test_free_with_pending),
-      cmocka_unit_test(test_reset_prefix_cache),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_prefix_hits),
+              cmocka_unit_test(test_eviction_order), cmocka_unit_test(test_preemption),
+              cmocka_unit_test(test_waiting_order),
+              cmocka_unit_test(test_budget_and_chunked_prefill),
+              cmocka_unit_test(test_max_num_seqs_and_abort),
+              cmocka_unit_test(test_free_with_pending), cmocka_unit_test(test_reset_prefix_cache))

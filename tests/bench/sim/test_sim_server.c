@@ -14,6 +14,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 #define MODEL "meta-llama/Llama-3.3-70B-Instruct"
 #define MAX_LEN 4096u
 #define BOS 128000u /* Llama-3's <|begin_of_text|> */
@@ -193,11 +195,6 @@ static void test_context_length(void **state) {
   kvr_sim_toks_free(&p.prompt);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_chat_defaults),       cmocka_unit_test(test_chat_fields),
-      cmocka_unit_test(test_completions_prompts), cmocka_unit_test(test_errors),
-      cmocka_unit_test(test_context_length),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_chat_defaults), cmocka_unit_test(test_chat_fields),
+              cmocka_unit_test(test_completions_prompts), cmocka_unit_test(test_errors),
+              cmocka_unit_test(test_context_length))

@@ -14,6 +14,8 @@
 
 #include <cmocka.h>
 
+#include "tests/test_util.h"
+
 static void test_encode_prefix_stable(void **state) {
   const char *a = "The quick brown fox jumps over!!"; /* 32 bytes */
   const char *b = " the lazy dog";
@@ -161,12 +163,6 @@ static void test_followup_hits_turn1_blocks(void **state) {
   cJSON_Delete(msgs);
 }
 
-int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_encode_prefix_stable),
-      cmocka_unit_test(test_words),
-      cmocka_unit_test(test_render_chat_errors),
-      cmocka_unit_test(test_followup_hits_turn1_blocks),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
-}
+KVR_TEST_MAIN(cmocka_unit_test(test_encode_prefix_stable), cmocka_unit_test(test_words),
+              cmocka_unit_test(test_render_chat_errors),
+              cmocka_unit_test(test_followup_hits_turn1_blocks))
