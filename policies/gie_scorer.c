@@ -26,13 +26,17 @@
 #include "policy.h"
 #include "src/kvr.h"
 
+/* The parameters: X(name, default, min, max, integer), each a double member below. */
+#define GIE_PARAMS(X)                                                                              \
+  X(prefix_weight, 3, 0, 1e6, false)                                                               \
+  X(queue_weight, 2, 0, 1e6, false)                                                                \
+  X(kv_cache_weight, 2, 0, 1e6, false)                                                             \
+  X(max_prefix_blocks, 256, 1, 1e9, true)
+
 typedef struct gie_s {
   kvr_policy_t super;
   uint64_t rng;
-  double prefix_weight;
-  double queue_weight;
-  double kv_cache_weight;
-  double max_prefix_blocks;
+  GIE_PARAMS(KVR__POLICY_MEMBER)
 } gie_t;
 
 static double queue_size(const kvr_worker_snap_t *w) {
@@ -47,13 +51,6 @@ static double kv_usage(const kvr_worker_snap_t *w, size_t block_chars) {
     return 0;
   return KVR_MIN(1.0, (double)w->active_tokens / cap_tokens);
 }
-
-static const kvr__policy_field_t gie_fields[] = {
-    {"prefix_weight", offsetof(gie_t, prefix_weight), 3, 0, 1e6, false},
-    {"queue_weight", offsetof(gie_t, queue_weight), 2, 0, 1e6, false},
-    {"kv_cache_weight", offsetof(gie_t, kv_cache_weight), 2, 0, 1e6, false},
-    {"max_prefix_blocks", offsetof(gie_t, max_prefix_blocks), 256, 1, 1e9, true},
-};
 
 static int gie_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t n,
                     const kvr_route_req_t *req, kvr_policy_score_t *s) {
@@ -89,4 +86,4 @@ static int gie_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t
 
 KVR__POLICY_DEFINE(gie_scorer,
                    "reference: Gateway API Inference Extension / llm-d weighted scorers (3:2:2)",
-                   gie_t, offsetof(gie_t, rng), gie_fields, KVR_ARRAY_SIZE(gie_fields), gie_pick);
+                   gie_t, offsetof(gie_t, rng), GIE_PARAMS, gie_pick);

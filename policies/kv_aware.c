@@ -35,27 +35,21 @@
 #include "policy.h"
 #include "src/kvr.h"
 
+/* The parameters: X(name, default, min, max, integer), each a double member below. */
+#define KV_PARAMS(X)                                                                               \
+  X(prefill_weight, 1.0, 0, 1e9, false)                                                            \
+  X(decode_weight, 0.1, 0, 1e9, false)                                                             \
+  X(inflight_weight, 128, 0, 1e12, false)                                                          \
+  X(waiting_weight, 512, 0, 1e12, false)                                                           \
+  X(kv_usage_weight, 2048, 0, 1e12, false)                                                         \
+  X(balance_epsilon, 0.5, 0, 1e6, false)                                                           \
+  X(balance_slack, 2, 0, 1e9, false)
+
 typedef struct kv_s {
   kvr_policy_t super;
   uint64_t rng;
-  double prefill_weight;
-  double decode_weight;
-  double inflight_weight;
-  double waiting_weight;
-  double kv_usage_weight;
-  double balance_epsilon;
-  double balance_slack;
+  KV_PARAMS(KVR__POLICY_MEMBER)
 } kv_t;
-
-static const kvr__policy_field_t kv_fields[] = {
-    {"prefill_weight", offsetof(kv_t, prefill_weight), 1.0, 0, 1e9, false},
-    {"decode_weight", offsetof(kv_t, decode_weight), 0.1, 0, 1e9, false},
-    {"inflight_weight", offsetof(kv_t, inflight_weight), 128, 0, 1e12, false},
-    {"waiting_weight", offsetof(kv_t, waiting_weight), 512, 0, 1e12, false},
-    {"kv_usage_weight", offsetof(kv_t, kv_usage_weight), 2048, 0, 1e12, false},
-    {"balance_epsilon", offsetof(kv_t, balance_epsilon), 0.5, 0, 1e6, false},
-    {"balance_slack", offsetof(kv_t, balance_slack), 2, 0, 1e9, false},
-};
 
 static int kv_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t n,
                    const kvr_route_req_t *req, kvr_policy_score_t *s) {
@@ -100,4 +94,4 @@ static int kv_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t 
 
 KVR__POLICY_DEFINE(
     kv_aware, "lowest prefill-plus-load cost from the cache index, with bounded load (default)",
-    kv_t, offsetof(kv_t, rng), kv_fields, KVR_ARRAY_SIZE(kv_fields), kv_pick);
+    kv_t, offsetof(kv_t, rng), KV_PARAMS, kv_pick);

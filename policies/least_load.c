@@ -22,4 +22,4 @@ static int ll_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t 
 }
 
 KVR__POLICY_DEFINE(least_load, "fewest requests in flight, then fewest active tokens, then random",
-                   ll_t, offsetof(ll_t, rng), NULL, 0, ll_pick);
+                   ll_t, offsetof(ll_t, rng), KVR__POLICY_NO_PARAMS, ll_pick);

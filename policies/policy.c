@@ -147,12 +147,10 @@ void kvr_policy_params_to_json(const kvr_policy_param_t *spec, size_t n, cJSON *
 /* Fills spec with one entry per field of cls, pointing into the instance p. */
 static size_t class_spec(const kvr__policy_class_t *cls, const kvr_policy_t *p,
                          kvr_policy_param_t *spec) {
-  size_t n = KVR_MIN(cls->nfields, (size_t)KVR__POLICY_MAX_FIELDS);
-  for (size_t i = 0; i < n; i++) {
-    const kvr__policy_field_t *f = &cls->fields[i];
-    spec[i] = (kvr_policy_param_t){f->name, (double *)((char *)p + f->offset), f->min, f->max,
-                                   f->integer};
-  }
+  size_t n = 0;
+  for (const kvr__policy_field_t *f = cls->fields; f->name && n < KVR__POLICY_MAX_FIELDS; f++)
+    spec[n++] = (kvr_policy_param_t){f->name, (double *)((char *)p + f->offset), f->min, f->max,
+                                     f->integer};
   return n;
 }
 

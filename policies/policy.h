@@ -150,9 +150,9 @@ void kvr_policy_params_to_json(const kvr_policy_param_t *spec, size_t n, cJSON *
 /* One numeric parameter of a policy, described once: the double it lands in (an offset into the
  * policy's derived struct), its default and its bounds. */
 typedef struct kvr__policy_field_s {
-  const char *name;
-  size_t offset; /* offsetof(derived struct, the double member) */
-  double def;    /* the value when params do not name it */
+  const char *name; /* NULL ends a list of fields */
+  size_t offset;    /* offsetof(derived struct, the double member) */
+  double def;       /* the value when params do not name it */
   double min, max;
   bool integer;
 } kvr__policy_field_t;
@@ -164,8 +164,7 @@ typedef struct kvr__policy_field_s {
 typedef struct kvr__policy_class_s {
   size_t size; /* sizeof the derived struct (kvr_policy_t super first) */
   size_t rng_offset;
-  const kvr__policy_field_t *fields; /* may be NULL when nfields is 0 */
-  size_t nfields;                    /* at most KVR__POLICY_MAX_FIELDS */
+  const kvr__policy_field_t *fields; /* at most KVR__POLICY_MAX_FIELDS, then one with name NULL */
 } kvr__policy_class_t;
 
 /* A policy's own part of select: workers and s have n <= KVR_MAX_WORKERS entries, s is never NULL
@@ -189,16 +188,29 @@ void kvr__policy_echo(const kvr__policy_class_t *cls, const kvr_policy_t *p, cJS
 /* Frees an instance made by kvr__policy_new (the ops destroy). */
 void kvr__policy_free(kvr_policy_t *p);
 
+/* A policy lists its parameters once, as an X-macro of X(name, default, min, max, integer)
+ * entries: KVR__POLICY_MEMBER makes each a double member of the derived struct, and
+ * KVR__POLICY_DEFINE makes each a kvr__policy_field_t (the JSON key is the member's name). A
+ * policy without parameters passes KVR__POLICY_NO_PARAMS. */
+#define KVR__POLICY_MEMBER(name_, def_, min_, max_, integer_) double name_;
+#define KVR__POLICY_FIELD(name_, def_, min_, max_, integer_)                                       \
+  {#name_, offsetof(kvr__policy_self_t, name_), def_, min_, max_, integer_},
+#define KVR__POLICY_NO_PARAMS(X)
+
 /* Defines the ops table kvr__policy_<name_> of a policy whose instances are type_ structs with
- * the RNG at rng_offset_ (0 for none) and the nfields_ parameters fields_ (NULL, 0 for none):
- * create, select, params and destroy are the shared ones above around the policy's own pick_. */
-#define KVR__POLICY_DEFINE(name_, description_, type_, rng_offset_, fields_, nfields_, pick_)      \
+ * the RNG at rng_offset_ (0 for none) and the parameters params_ (an X-macro as above): create,
+ * select, params and destroy are the shared ones above around the policy's own pick_. */
+#define KVR__POLICY_DEFINE(name_, description_, type_, rng_offset_, params_, pick_)                \
   extern const kvr_policy_ops_t kvr__policy_##name_;                                               \
-  static const kvr__policy_class_t name_##_class = {sizeof(type_), rng_offset_, fields_,           \
-                                                    nfields_};                                     \
+  static const kvr__policy_class_t *name_##_class(void) {                                          \
+    typedef type_ kvr__policy_self_t;                                                              \
+    static const kvr__policy_field_t fields[] = {params_(KVR__POLICY_FIELD){NULL, 0, 0, 0, 0, 0}}; \
+    static const kvr__policy_class_t cls = {sizeof(kvr__policy_self_t), rng_offset_, fields};      \
+    return &cls;                                                                                   \
+  }                                                                                                \
   static kvr_policy_t *name_##_create(const cJSON *params, uint64_t seed, char *err,               \
                                       size_t errlen) {                                             \
-    return kvr__policy_new(&kvr__policy_##name_, &name_##_class, params, seed, err, errlen);       \
+    return kvr__policy_new(&kvr__policy_##name_, name_##_class(), params, seed, err, errlen);      \
   }                                                                                                \
   static int name_##_select(kvr_policy_t *p, const kvr_worker_snap_t *workers, size_t nworkers,    \
                             const kvr_route_req_t *req, uint64_t tried,                            \
@@ -206,7 +218,7 @@ void kvr__policy_free(kvr_policy_t *p);
     return kvr__policy_select(pick_, p, workers, nworkers, req, tried, scores);                    \
   }                                                                                                \
   static void name_##_params(const kvr_policy_t *p, cJSON *obj) {                                  \
-    kvr__policy_echo(&name_##_class, p, obj);                                                      \
+    kvr__policy_echo(name_##_class(), p, obj);                                                     \
   }                                                                                                \
   const kvr_policy_ops_t kvr__policy_##name_ = {                                                   \
       .name = #name_,                                                                              \

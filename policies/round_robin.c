@@ -35,4 +35,4 @@ static int rr_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t 
 }
 
 KVR__POLICY_DEFINE(round_robin, "next usable worker in turn; cache- and load-blind (baseline)",
-                   rr_t, 0, NULL, 0, rr_pick);
+                   rr_t, 0, KVR__POLICY_NO_PARAMS, rr_pick);

@@ -30,18 +30,16 @@
 #include "policy.h"
 #include "src/kvr.h"
 
+/* The parameters: X(name, default, min, max, integer), each a double member below. */
+#define SG_PARAMS(X)                                                                               \
+  X(cache_threshold, 0.5, 0, 1, false)                                                             \
+  X(balance_abs_threshold, 32, 0, 1e9, true)                                                       \
+  X(balance_rel_threshold, 1.1, 0, 1e6, false)
+
 typedef struct sg_s {
   kvr_policy_t super;
-  double cache_threshold;
-  double balance_abs_threshold;
-  double balance_rel_threshold;
+  SG_PARAMS(KVR__POLICY_MEMBER)
 } sg_t;
-
-static const kvr__policy_field_t sg_fields[] = {
-    {"cache_threshold", offsetof(sg_t, cache_threshold), 0.5, 0, 1, false},
-    {"balance_abs_threshold", offsetof(sg_t, balance_abs_threshold), 32, 0, 1e9, true},
-    {"balance_rel_threshold", offsetof(sg_t, balance_rel_threshold), 1.1, 0, 1e6, false},
-};
 
 static int sg_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t n,
                    const kvr_route_req_t *req, kvr_policy_score_t *s) {
@@ -94,4 +92,4 @@ static int sg_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t 
 
 KVR__POLICY_DEFINE(sglang_cache_aware,
                    "reference: SGLang router cache_aware (balance thresholds, then longest match)",
-                   sg_t, 0, sg_fields, KVR_ARRAY_SIZE(sg_fields), sg_pick);
+                   sg_t, 0, SG_PARAMS, sg_pick);
