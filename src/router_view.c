@@ -181,9 +181,9 @@ static void routing_metrics(const kvr_router_t *r, kvr_buf_t *out) {
   kvr_metric_family(out, "kvrouter_routing_no_worker_total", "counter",
                     "Requests for which no usable worker was left (503 or 502)");
   kvr_metric_sample(out, "kvrouter_routing_no_worker_total", NULL, (double)r->no_worker_total);
-  kvr_metric_family(out, "kvrouter_routing_decision_seconds", "histogram",
-                    "Time to take one routing decision (index match plus policy)");
-  kvr_metric_hist(out, "kvrouter_routing_decision_seconds", NULL, &r->decision_seconds);
+  kvr_metric_histogram(out, "kvrouter_routing_decision_seconds",
+                       "Time to take one routing decision (index match plus policy)", NULL,
+                       &r->decision_seconds);
   kvr_metric_family(out, "kvrouter_policy_info", "gauge", "The active routing policy");
   kvr_buf_reset(&l);
   kvr_buf_printf(&l, "policy=\"%s\"", kvr_policy_name(r->policy));
@@ -205,12 +205,12 @@ static void request_metrics(const kvr_router_t *r, kvr_buf_t *out) {
           "Requests whose client disconnected before the response ended", r->client_aborts_total);
   counter(out, "kvrouter_upstream_failures_total",
           "Proxied requests that ended in 502/504 or a broken stream", r->upstream_failures_total);
-  kvr_metric_family(out, "kvrouter_request_duration_seconds", "histogram",
-                    "Proxied request duration, request received to response end");
-  kvr_metric_hist(out, "kvrouter_request_duration_seconds", NULL, &r->request_seconds);
-  kvr_metric_family(out, "kvrouter_time_to_first_byte_seconds", "histogram",
-                    "Request received to first response byte from the worker");
-  kvr_metric_hist(out, "kvrouter_time_to_first_byte_seconds", NULL, &r->ttfb_seconds);
+  kvr_metric_histogram(out, "kvrouter_request_duration_seconds",
+                       "Proxied request duration, request received to response end", NULL,
+                       &r->request_seconds);
+  kvr_metric_histogram(out, "kvrouter_time_to_first_byte_seconds",
+                       "Request received to first response byte from the worker", NULL,
+                       &r->ttfb_seconds);
 }
 
 void kvr_router_view_metrics(const kvr_router_t *r, kvr_buf_t *out) {
