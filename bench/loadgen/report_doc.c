@@ -29,6 +29,7 @@ void kvr__doc_init(kvr__doc_t *d, const kvr__doc_ops_t *ops, kvr_buf_t *out) {
 void kvr__doc_free(kvr__doc_t *d) {
   kvr_buf_free(&d->text);
   kvr_buf_free(&d->cells);
+  kvr_buf_free(&d->rule_buf);
 }
 
 static const char *text_of(kvr__doc_t *d) {
@@ -66,7 +67,9 @@ void kvr__doc_p(kvr__doc_t *d, const char *fmt, ...) {
 }
 
 void kvr__doc_table(kvr__doc_t *d, const char *rule) {
-  d->rule = rule;
+  kvr_buf_reset(&d->rule_buf);
+  kvr_buf_puts(&d->rule_buf, rule);
+  d->rule = d->rule_buf.data ? d->rule_buf.data : "";
   d->rows = 0;
   d->ncells = 0;
   kvr_buf_reset(&d->cells);
