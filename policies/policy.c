@@ -60,6 +60,12 @@ void kvr_policy_names(char *buf, size_t len) {
   }
 }
 
+void kvr_policy_print_names(FILE *out) {
+  char names[256];
+  kvr_policy_names(names, sizeof(names));
+  fprintf(out, "\npolicies: %s\n", names);
+}
+
 kvr_policy_t *kvr_policy_create(const char *name, const cJSON *params, uint64_t seed, char *err,
                                 size_t errlen) {
   const kvr_policy_ops_t *ops = kvr_policy_find(name);

@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define KVR_POLICY_NONE (-1)
 #define KVR_MAX_WORKERS 64 /* bounded so `tried` fits one uint64_t */
@@ -103,6 +104,9 @@ const kvr_policy_ops_t *kvr_policy_find(const char *name);
 
 /* Writes "round_robin, least_load, ..." into buf. */
 void kvr_policy_names(char *buf, size_t len);
+/* Prints "\npolicies: round_robin, least_load, ...\n" to out (the --help epilog of the commands
+ * that take a policy name). */
+void kvr_policy_print_names(FILE *out);
 
 /* Creates a policy by name: returns NULL and a one-line err naming the valid choices or the bad
  * field. */
