@@ -111,22 +111,13 @@ void kvr__md_text(kvr_buf_t *out, const char *text) {
 }
 
 static void html_char(kvr_buf_t *out, char c) {
-  switch (c) {
-  case '&':
-    kvr_buf_puts(out, "&amp;");
-    break;
-  case '<':
-    kvr_buf_puts(out, "&lt;");
-    break;
-  case '>':
-    kvr_buf_puts(out, "&gt;");
-    break;
-  case '"':
-    kvr_buf_puts(out, "&quot;");
-    break;
-  default:
+  static const char special[] = "&<>\"";
+  static const char *const entity[] = {"&amp;", "&lt;", "&gt;", "&quot;"};
+  const char *k = c ? strchr(special, c) : NULL;
+  if (k != NULL)
+    kvr_buf_puts(out, entity[k - special]);
+  else
     kvr_buf_append(out, &c, 1);
-  }
 }
 
 void kvr__html_text(kvr_buf_t *out, const char *text) {
