@@ -21,47 +21,23 @@
  *
  * Scores: cost = (sum of weights) - weighted score, so lower is better like every other policy.
  */
-#include <stdlib.h>
+#include <stddef.h>
 
 #include "policy.h"
 #include "src/kvr.h"
 
+/* The parameters: X(name, default, min, max, integer), each a double member below. */
+#define GIE_PARAMS(X)                                                                              \
+  X(prefix_weight, 3, 0, 1e6, false)                                                               \
+  X(queue_weight, 2, 0, 1e6, false)                                                                \
+  X(kv_cache_weight, 2, 0, 1e6, false)                                                             \
+  X(max_prefix_blocks, 256, 1, 1e9, true)
+
 typedef struct gie_s {
   kvr_policy_t super;
   uint64_t rng;
-  double prefix_weight;
-  double queue_weight;
-  double kv_cache_weight;
-  double max_prefix_blocks;
+  GIE_PARAMS(KVR__POLICY_MEMBER)
 } gie_t;
-
-extern const kvr_policy_ops_t kvr__policy_gie_scorer;
-
-#define GIE_PARAMS(p)                                                                              \
-  {                                                                                                \
-    {"prefix_weight", &(p)->prefix_weight, 0, 1e6, false},                                         \
-        {"queue_weight", &(p)->queue_weight, 0, 1e6, false},                                       \
-        {"kv_cache_weight", &(p)->kv_cache_weight, 0, 1e6, false},                                 \
-        {"max_prefix_blocks", &(p)->max_prefix_blocks, 1, 1e9, true},                              \
-  }
-
-static kvr_policy_t *gie_create(const cJSON *params, uint64_t seed, char *err, size_t errlen) {
-  gie_t *p = calloc(1, sizeof(*p));
-  if (p == NULL)
-    return NULL;
-  p->super.ops = &kvr__policy_gie_scorer;
-  p->rng = seed;
-  p->prefix_weight = 3;
-  p->queue_weight = 2;
-  p->kv_cache_weight = 2;
-  p->max_prefix_blocks = 256;
-  kvr_policy_param_t spec[] = GIE_PARAMS(p);
-  if (kvr_policy_parse_params(params, spec, KVR_ARRAY_SIZE(spec), err, errlen)) {
-    free(p);
-    return NULL;
-  }
-  return &p->super;
-}
 
 static double queue_size(const kvr_worker_snap_t *w) {
   return w->metrics_fresh ? w->num_requests_waiting : (double)w->inflight;
@@ -76,12 +52,9 @@ static double kv_usage(const kvr_worker_snap_t *w, size_t block_chars) {
   return KVR_MIN(1.0, (double)w->active_tokens / cap_tokens);
 }
 
-static int gie_select(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t nworkers,
-                      const kvr_route_req_t *req, uint64_t tried, kvr_policy_score_t *scores) {
+static int gie_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t n,
+                    const kvr_route_req_t *req, kvr_policy_score_t *s) {
   gie_t *p = (gie_t *)base;
-  kvr_policy_score_t local[KVR_MAX_WORKERS];
-  kvr_policy_score_t *s = scores ? scores : local;
-  size_t n = KVR_MIN(nworkers, (size_t)KVR_MAX_WORKERS);
   size_t max_blocks = (size_t)p->max_prefix_blocks;
   size_t total = req ? KVR_MIN(req->nblocks, max_blocks) : 0;
   size_t block_chars = req ? req->block_chars : 0;
@@ -90,8 +63,6 @@ static int gie_select(kvr_policy_t *base, const kvr_worker_snap_t *workers, size
   double qmin = 0, qmax = 0;
   bool any = false;
   for (size_t i = 0; i < n; i++) {
-    s[i].eligible = kvr_policy_eligible(&workers[i], i, tried);
-    s[i].capped = false;
     if (!s[i].eligible)
       continue;
     double q = queue_size(&workers[i]);
@@ -113,21 +84,6 @@ static int gie_select(kvr_policy_t *base, const kvr_worker_snap_t *workers, size
   return kvr_policy_pick_lowest(workers, n, s, false, &p->rng);
 }
 
-static void gie_params(const kvr_policy_t *base, cJSON *obj) {
-  gie_t *p = (gie_t *)base;
-  kvr_policy_param_t spec[] = GIE_PARAMS(p);
-  kvr_policy_params_to_json(spec, KVR_ARRAY_SIZE(spec), obj);
-}
-
-static void gie_destroy(kvr_policy_t *p) {
-  free(p);
-}
-
-const kvr_policy_ops_t kvr__policy_gie_scorer = {
-    .name = "gie_scorer",
-    .description = "reference: Gateway API Inference Extension / llm-d weighted scorers (3:2:2)",
-    .create = gie_create,
-    .select = gie_select,
-    .params = gie_params,
-    .destroy = gie_destroy,
-};
+KVR__POLICY_DEFINE(gie_scorer,
+                   "reference: Gateway API Inference Extension / llm-d weighted scorers (3:2:2)",
+                   gie_t, offsetof(gie_t, rng), GIE_PARAMS, gie_pick);

@@ -30,63 +30,30 @@
  * State: the parameters and the RNG for ties. Scores: cost_i as above, capped per the bound.
  */
 #include <math.h>
-#include <stdlib.h>
+#include <stddef.h>
 
 #include "policy.h"
 #include "src/kvr.h"
 
+/* The parameters: X(name, default, min, max, integer), each a double member below. */
+#define KV_PARAMS(X)                                                                               \
+  X(prefill_weight, 1.0, 0, 1e9, false)                                                            \
+  X(decode_weight, 0.1, 0, 1e9, false)                                                             \
+  X(inflight_weight, 128, 0, 1e12, false)                                                          \
+  X(waiting_weight, 512, 0, 1e12, false)                                                           \
+  X(kv_usage_weight, 2048, 0, 1e12, false)                                                         \
+  X(balance_epsilon, 0.5, 0, 1e6, false)                                                           \
+  X(balance_slack, 2, 0, 1e9, false)
+
 typedef struct kv_s {
   kvr_policy_t super;
   uint64_t rng;
-  double prefill_weight;
-  double decode_weight;
-  double inflight_weight;
-  double waiting_weight;
-  double kv_usage_weight;
-  double balance_epsilon;
-  double balance_slack;
+  KV_PARAMS(KVR__POLICY_MEMBER)
 } kv_t;
 
-extern const kvr_policy_ops_t kvr__policy_kv_aware;
-
-#define KV_PARAMS(p)                                                                               \
-  {                                                                                                \
-    {"prefill_weight", &(p)->prefill_weight, 0, 1e9, false},                                       \
-        {"decode_weight", &(p)->decode_weight, 0, 1e9, false},                                     \
-        {"inflight_weight", &(p)->inflight_weight, 0, 1e12, false},                                \
-        {"waiting_weight", &(p)->waiting_weight, 0, 1e12, false},                                  \
-        {"kv_usage_weight", &(p)->kv_usage_weight, 0, 1e12, false},                                \
-        {"balance_epsilon", &(p)->balance_epsilon, 0, 1e6, false},                                 \
-        {"balance_slack", &(p)->balance_slack, 0, 1e9, false},                                     \
-  }
-
-static kvr_policy_t *kv_create(const cJSON *params, uint64_t seed, char *err, size_t errlen) {
-  kv_t *p = calloc(1, sizeof(*p));
-  if (p == NULL)
-    return NULL;
-  p->super.ops = &kvr__policy_kv_aware;
-  p->rng = seed;
-  p->prefill_weight = 1.0;
-  p->decode_weight = 0.1;
-  p->inflight_weight = 128;
-  p->waiting_weight = 512;
-  p->kv_usage_weight = 2048;
-  p->balance_epsilon = 0.5;
-  p->balance_slack = 2;
-  kvr_policy_param_t spec[] = KV_PARAMS(p);
-  if (kvr_policy_parse_params(params, spec, KVR_ARRAY_SIZE(spec), err, errlen)) {
-    free(p);
-    return NULL;
-  }
-  return &p->super;
-}
-
-static int kv_select(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t nworkers,
-                     const kvr_route_req_t *req, uint64_t tried, kvr_policy_score_t *scores) {
+static int kv_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t n,
+                   const kvr_route_req_t *req, kvr_policy_score_t *s) {
   kv_t *p = (kv_t *)base;
-  kvr_policy_score_t local[KVR_MAX_WORKERS];
-  kvr_policy_score_t *s = scores ? scores : local;
-  size_t n = KVR_MIN(nworkers, (size_t)KVR_MAX_WORKERS);
   uint64_t prompt = req ? req->prompt_tokens : 0;
   size_t block_chars = req ? req->block_chars : 0;
 
@@ -94,8 +61,6 @@ static int kv_select(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_
   double inflight_sum = 0;
   for (size_t i = 0; i < n; i++) {
     const kvr_worker_snap_t *w = &workers[i];
-    s[i].eligible = kvr_policy_eligible(w, i, tried);
-    s[i].capped = false;
     double matched = (double)w->matched_blocks * (double)block_chars / KVR_CHARS_PER_TOKEN;
     double uncached = (double)prompt - KVR_MIN(matched, (double)prompt);
     double cost = p->prefill_weight * ((double)w->prefill_backlog_tokens + uncached) +
@@ -127,22 +92,6 @@ static int kv_select(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_
   return kvr_policy_pick_lowest(workers, n, s, true, &p->rng);
 }
 
-static void kv_params(const kvr_policy_t *base, cJSON *obj) {
-  kv_t *p = (kv_t *)base;
-  kvr_policy_param_t spec[] = KV_PARAMS(p);
-  kvr_policy_params_to_json(spec, KVR_ARRAY_SIZE(spec), obj);
-}
-
-static void kv_destroy(kvr_policy_t *p) {
-  free(p);
-}
-
-const kvr_policy_ops_t kvr__policy_kv_aware = {
-    .name = "kv_aware",
-    .description =
-        "lowest prefill-plus-load cost from the cache index, with bounded load (default)",
-    .create = kv_create,
-    .select = kv_select,
-    .params = kv_params,
-    .destroy = kv_destroy,
-};
+KVR__POLICY_DEFINE(
+    kv_aware, "lowest prefill-plus-load cost from the cache index, with bounded load (default)",
+    kv_t, offsetof(kv_t, rng), KV_PARAMS, kv_pick);

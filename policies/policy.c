@@ -10,11 +10,19 @@
  * (naming the valid ones), non-numbers, out-of-range and non-integral values, always as
  * "params.<field>: <reason>". The same table writes the effective values back for GET
  * /admin/policy, so what is accepted and what is shown never drift apart.
+ *
+ * What every policy's create, params and destroy do alike lives here too: a policy describes its
+ * derived struct once (size, RNG offset, parameters with defaults and bounds) and
+ * KVR__POLICY_DEFINE wires kvr__policy_new, kvr__policy_select, kvr__policy_echo and
+ * kvr__policy_free into its ops table, so a policy file holds only its state and its pick.
+ * kvr__policy_select owns the part of select every policy shares: the KVR_MAX_WORKERS bound, a
+ * local scores array when the caller passes none, and eligibility (usable, not tried).
  */
 #include "policy.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "src/kvr.h"
@@ -50,6 +58,12 @@ void kvr_policy_names(char *buf, size_t len) {
       return;
     off += (size_t)n;
   }
+}
+
+void kvr_policy_print_names(FILE *out) {
+  char names[256];
+  kvr_policy_names(names, sizeof(names));
+  fprintf(out, "\npolicies: %s\n", names);
 }
 
 kvr_policy_t *kvr_policy_create(const char *name, const cJSON *params, uint64_t seed, char *err,
@@ -134,6 +148,55 @@ int kvr_policy_parse_params(const cJSON *params, const kvr_policy_param_t *spec,
 void kvr_policy_params_to_json(const kvr_policy_param_t *spec, size_t n, cJSON *obj) {
   for (size_t i = 0; i < n; i++)
     cJSON_AddNumberToObject(obj, spec[i].name, *spec[i].value);
+}
+
+/* Fills spec with one entry per field of cls, pointing into the instance p. */
+static size_t class_spec(const kvr__policy_class_t *cls, const kvr_policy_t *p,
+                         kvr_policy_param_t *spec) {
+  size_t n = 0;
+  for (const kvr__policy_field_t *f = cls->fields; f->name && n < KVR__POLICY_MAX_FIELDS; f++)
+    spec[n++] = (kvr_policy_param_t){f->name, (double *)((char *)p + f->offset), f->min, f->max,
+                                     f->integer};
+  return n;
+}
+
+kvr_policy_t *kvr__policy_new(const kvr_policy_ops_t *ops, const kvr__policy_class_t *cls,
+                              const cJSON *params, uint64_t seed, char *err, size_t errlen) {
+  kvr_policy_t *p = kvr_xcalloc(1, cls->size);
+  p->ops = ops;
+  if (cls->rng_offset)
+    *(uint64_t *)((char *)p + cls->rng_offset) = seed;
+  kvr_policy_param_t spec[KVR__POLICY_MAX_FIELDS];
+  size_t n = class_spec(cls, p, spec);
+  for (size_t i = 0; i < n; i++)
+    *spec[i].value = cls->fields[i].def;
+  if (kvr_policy_parse_params(params, spec, n, err, errlen)) {
+    free(p);
+    return NULL;
+  }
+  return p;
+}
+
+int kvr__policy_select(kvr__policy_pick_fn pick, kvr_policy_t *p, const kvr_worker_snap_t *workers,
+                       size_t nworkers, const kvr_route_req_t *req, uint64_t tried,
+                       kvr_policy_score_t *scores) {
+  kvr_policy_score_t local[KVR_MAX_WORKERS];
+  kvr_policy_score_t *s = scores ? scores : local;
+  size_t n = KVR_MIN(nworkers, (size_t)KVR_MAX_WORKERS);
+  for (size_t i = 0; i < n; i++) {
+    s[i].eligible = kvr_policy_eligible(&workers[i], i, tried);
+    s[i].capped = false;
+  }
+  return pick(p, workers, n, req, s);
+}
+
+void kvr__policy_echo(const kvr__policy_class_t *cls, const kvr_policy_t *p, cJSON *obj) {
+  kvr_policy_param_t spec[KVR__POLICY_MAX_FIELDS];
+  kvr_policy_params_to_json(spec, class_spec(cls, p, spec), obj);
+}
+
+void kvr__policy_free(kvr_policy_t *p) {
+  free(p);
 }
 
 /* Compares a against b: -1 when a is better (lower), 1 when worse, 0 when tied. */

@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define KVR_POLICY_NONE (-1)
 #define KVR_MAX_WORKERS 64 /* bounded so `tried` fits one uint64_t */
@@ -103,6 +104,9 @@ const kvr_policy_ops_t *kvr_policy_find(const char *name);
 
 /* Writes "round_robin, least_load, ..." into buf. */
 void kvr_policy_names(char *buf, size_t len);
+/* Prints "\npolicies: round_robin, least_load, ...\n" to out (the --help epilog of the commands
+ * that take a policy name). */
+void kvr_policy_print_names(FILE *out);
 
 /* Creates a policy by name: returns NULL and a one-line err naming the valid choices or the bad
  * field. */
@@ -144,6 +148,90 @@ int kvr_policy_parse_params(const cJSON *params, const kvr_policy_param_t *spec,
                             char *err, size_t errlen);
 /* Adds every parameter of spec with its current value to obj. */
 void kvr_policy_params_to_json(const kvr_policy_param_t *spec, size_t n, cJSON *obj);
+
+/* --- cross-file internals: what every policy's create, select, params and destroy do alike --- */
+
+/* One numeric parameter of a policy, described once: the double it lands in (an offset into the
+ * policy's derived struct), its default and its bounds. */
+typedef struct kvr__policy_field_s {
+  const char *name; /* NULL ends a list of fields */
+  size_t offset;    /* offsetof(derived struct, the double member) */
+  double def;       /* the value when params do not name it */
+  double min, max;
+  bool integer;
+} kvr__policy_field_t;
+
+#define KVR__POLICY_MAX_FIELDS 16
+
+/* What kvr__policy_new needs to make an instance of one policy. rng_offset is where the derived
+ * struct keeps its uint64_t RNG, seeded at create; 0 when it has none (offset 0 is super). */
+typedef struct kvr__policy_class_s {
+  size_t size; /* sizeof the derived struct (kvr_policy_t super first) */
+  size_t rng_offset;
+  const kvr__policy_field_t *fields; /* at most KVR__POLICY_MAX_FIELDS, then one with name NULL */
+} kvr__policy_class_t;
+
+/* A policy's own part of select: workers and s have n <= KVR_MAX_WORKERS entries, s is never NULL
+ * and s[i].eligible (usable, not tried) and s[i].capped (false) are already set. Fills s[i].cost
+ * (and may cap) and returns the pick or KVR_POLICY_NONE. */
+typedef int (*kvr__policy_pick_fn)(kvr_policy_t *p, const kvr_worker_snap_t *workers, size_t n,
+                                   const kvr_route_req_t *req, kvr_policy_score_t *s);
+
+/* Allocates a zeroed instance of cls with super.ops = ops, seeds its RNG, sets every field to its
+ * default and then to params (validated as kvr_policy_parse_params does). Returns the instance, or
+ * NULL with err set on a bad parameter. */
+kvr_policy_t *kvr__policy_new(const kvr_policy_ops_t *ops, const kvr__policy_class_t *cls,
+                              const cJSON *params, uint64_t seed, char *err, size_t errlen);
+/* The ops select of every policy: bounds nworkers by KVR_MAX_WORKERS, gives pick a scores array
+ * (a local one when scores is NULL) with eligibility filled in, and returns what pick returns. */
+int kvr__policy_select(kvr__policy_pick_fn pick, kvr_policy_t *p, const kvr_worker_snap_t *workers,
+                       size_t nworkers, const kvr_route_req_t *req, uint64_t tried,
+                       kvr_policy_score_t *scores);
+/* Adds every field of cls with its current value in p to obj (the ops params). */
+void kvr__policy_echo(const kvr__policy_class_t *cls, const kvr_policy_t *p, cJSON *obj);
+/* Frees an instance made by kvr__policy_new (the ops destroy). */
+void kvr__policy_free(kvr_policy_t *p);
+
+/* A policy lists its parameters once, as an X-macro of X(name, default, min, max, integer)
+ * entries: KVR__POLICY_MEMBER makes each a double member of the derived struct, and
+ * KVR__POLICY_DEFINE makes each a kvr__policy_field_t (the JSON key is the member's name). A
+ * policy without parameters passes KVR__POLICY_NO_PARAMS. */
+#define KVR__POLICY_MEMBER(name_, def_, min_, max_, integer_) double name_;
+#define KVR__POLICY_FIELD(name_, def_, min_, max_, integer_)                                       \
+  {#name_, offsetof(kvr__policy_self_t, name_), def_, min_, max_, integer_},
+#define KVR__POLICY_NO_PARAMS(X)
+
+/* Defines the ops table kvr__policy_<name_> of a policy whose instances are type_ structs with
+ * the RNG at rng_offset_ (0 for none) and the parameters params_ (an X-macro as above): create,
+ * select, params and destroy are the shared ones above around the policy's own pick_. */
+#define KVR__POLICY_DEFINE(name_, description_, type_, rng_offset_, params_, pick_)                \
+  extern const kvr_policy_ops_t kvr__policy_##name_;                                               \
+  static const kvr__policy_class_t *name_##_class(void) {                                          \
+    typedef type_ kvr__policy_self_t;                                                              \
+    static const kvr__policy_field_t fields[] = {params_(KVR__POLICY_FIELD){NULL, 0, 0, 0, 0, 0}}; \
+    static const kvr__policy_class_t cls = {sizeof(kvr__policy_self_t), rng_offset_, fields};      \
+    return &cls;                                                                                   \
+  }                                                                                                \
+  static kvr_policy_t *name_##_create(const cJSON *params, uint64_t seed, char *err,               \
+                                      size_t errlen) {                                             \
+    return kvr__policy_new(&kvr__policy_##name_, name_##_class(), params, seed, err, errlen);      \
+  }                                                                                                \
+  static int name_##_select(kvr_policy_t *p, const kvr_worker_snap_t *workers, size_t nworkers,    \
+                            const kvr_route_req_t *req, uint64_t tried,                            \
+                            kvr_policy_score_t *scores) {                                          \
+    return kvr__policy_select(pick_, p, workers, nworkers, req, tried, scores);                    \
+  }                                                                                                \
+  static void name_##_params(const kvr_policy_t *p, cJSON *obj) {                                  \
+    kvr__policy_echo(name_##_class(), p, obj);                                                     \
+  }                                                                                                \
+  const kvr_policy_ops_t kvr__policy_##name_ = {                                                   \
+      .name = #name_,                                                                              \
+      .description = description_,                                                                 \
+      .create = name_##_create,                                                                    \
+      .select = name_##_select,                                                                    \
+      .params = name_##_params,                                                                    \
+      .destroy = kvr__policy_free,                                                                 \
+  }
 
 /* Among scores[i].eligible && !scores[i].capped picks the lowest cost; ties (within 1e-9
  * relative) go, when load_ties, to the lower inflight, then the lower active_tokens; remaining

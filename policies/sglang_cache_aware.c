@@ -25,55 +25,29 @@
  * Scores: cost = inflight in balancing mode; 1 - match rate when routing by match; cached_blocks
  * when routing to the smallest tree.
  */
-#include <stdlib.h>
+#include <stddef.h>
 
 #include "policy.h"
 #include "src/kvr.h"
 
+/* The parameters: X(name, default, min, max, integer), each a double member below. */
+#define SG_PARAMS(X)                                                                               \
+  X(cache_threshold, 0.5, 0, 1, false)                                                             \
+  X(balance_abs_threshold, 32, 0, 1e9, true)                                                       \
+  X(balance_rel_threshold, 1.1, 0, 1e6, false)
+
 typedef struct sg_s {
   kvr_policy_t super;
-  double cache_threshold;
-  double balance_abs_threshold;
-  double balance_rel_threshold;
+  SG_PARAMS(KVR__POLICY_MEMBER)
 } sg_t;
 
-extern const kvr_policy_ops_t kvr__policy_sglang_cache_aware;
-
-#define SG_PARAMS(p)                                                                               \
-  {                                                                                                \
-    {"cache_threshold", &(p)->cache_threshold, 0, 1, false},                                       \
-        {"balance_abs_threshold", &(p)->balance_abs_threshold, 0, 1e9, true},                      \
-        {"balance_rel_threshold", &(p)->balance_rel_threshold, 0, 1e6, false},                     \
-  }
-
-static kvr_policy_t *sg_create(const cJSON *params, uint64_t seed, char *err, size_t errlen) {
-  sg_t *p = calloc(1, sizeof(*p));
-  if (p == NULL)
-    return NULL;
-  p->super.ops = &kvr__policy_sglang_cache_aware;
-  p->cache_threshold = 0.5;
-  p->balance_abs_threshold = 32;
-  p->balance_rel_threshold = 1.1;
-  kvr_policy_param_t spec[] = SG_PARAMS(p);
-  if (kvr_policy_parse_params(params, spec, KVR_ARRAY_SIZE(spec), err, errlen)) {
-    free(p);
-    return NULL;
-  }
-  return &p->super;
-}
-
-static int sg_select(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t nworkers,
-                     const kvr_route_req_t *req, uint64_t tried, kvr_policy_score_t *scores) {
+static int sg_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t n,
+                   const kvr_route_req_t *req, kvr_policy_score_t *s) {
   sg_t *p = (sg_t *)base;
-  kvr_policy_score_t local[KVR_MAX_WORKERS];
-  kvr_policy_score_t *s = scores ? scores : local;
-  size_t n = KVR_MIN(nworkers, (size_t)KVR_MAX_WORKERS);
   uint32_t lmin = 0, lmax = 0;
   int least = KVR_POLICY_NONE, best = KVR_POLICY_NONE, smallest = KVR_POLICY_NONE;
   for (size_t i = 0; i < n; i++) {
     const kvr_worker_snap_t *w = &workers[i];
-    s[i].eligible = kvr_policy_eligible(w, i, tried);
-    s[i].capped = false;
     if (!s[i].eligible)
       continue;
     if (least == KVR_POLICY_NONE) {
@@ -116,21 +90,6 @@ static int sg_select(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_
   return hit ? best : smallest;
 }
 
-static void sg_params(const kvr_policy_t *base, cJSON *obj) {
-  sg_t *p = (sg_t *)base;
-  kvr_policy_param_t spec[] = SG_PARAMS(p);
-  kvr_policy_params_to_json(spec, KVR_ARRAY_SIZE(spec), obj);
-}
-
-static void sg_destroy(kvr_policy_t *p) {
-  free(p);
-}
-
-const kvr_policy_ops_t kvr__policy_sglang_cache_aware = {
-    .name = "sglang_cache_aware",
-    .description = "reference: SGLang router cache_aware (balance thresholds, then longest match)",
-    .create = sg_create,
-    .select = sg_select,
-    .params = sg_params,
-    .destroy = sg_destroy,
-};
+KVR__POLICY_DEFINE(sglang_cache_aware,
+                   "reference: SGLang router cache_aware (balance thresholds, then longest match)",
+                   sg_t, 0, SG_PARAMS, sg_pick);

@@ -191,12 +191,6 @@ static const kvr_cli_opt_t route_options[] = {
      .help = "policy to time (see the list below)"},
 };
 
-static void print_policies(FILE *out) {
-  char names[256];
-  kvr_policy_names(names, sizeof(names));
-  fprintf(out, "\npolicies: %s\n", names);
-}
-
 static const kvr_cli_cmd_t route_cmd = {
     .name = "bench routing",
     .usage = "[options]",
@@ -205,7 +199,7 @@ static const kvr_cli_cmd_t route_cmd = {
              "and index insert. Prints a Markdown table (see policies/README.md).",
     .opts = route_options,
     .nopts = KVR_ARRAY_SIZE(route_options),
-    .epilog = print_policies,
+    .epilog = kvr_policy_print_names,
 };
 
 static int route_bench_main(int argc, char **argv) {

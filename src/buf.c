@@ -117,6 +117,8 @@ int kvr_buf_read_file(kvr_buf_t *b, const char *path, size_t max, char *err, siz
 
 void kvr_buf_json_str(kvr_buf_t *b, const char *s, size_t len) {
   static const char hex[] = "0123456789abcdef";
+  /* The characters with a two-character escape, and the letter after the backslash for each. */
+  static const char short_from[] = "\"\\\n\r\t", short_to[] = "\"\\nrt";
   kvr_buf_reserve(b, len + 2);
   kvr_buf_append(b, "\"", 1);
   size_t start = 0;
@@ -126,26 +128,13 @@ void kvr_buf_json_str(kvr_buf_t *b, const char *s, size_t len) {
       continue;
     kvr_buf_append(b, s + start, i - start);
     start = i + 1;
-    switch (c) {
-    case '"':
-      kvr_buf_append(b, "\\\"", 2);
-      break;
-    case '\\':
-      kvr_buf_append(b, "\\\\", 2);
-      break;
-    case '\n':
-      kvr_buf_append(b, "\\n", 2);
-      break;
-    case '\r':
-      kvr_buf_append(b, "\\r", 2);
-      break;
-    case '\t':
-      kvr_buf_append(b, "\\t", 2);
-      break;
-    default: {
+    const char *two = memchr(short_from, c, sizeof(short_from) - 1);
+    if (two != NULL) {
+      char esc[2] = {'\\', short_to[two - short_from]};
+      kvr_buf_append(b, esc, 2);
+    } else {
       char esc[6] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
       kvr_buf_append(b, esc, 6);
-    }
     }
   }
   kvr_buf_append(b, s + start, len - start);

@@ -153,12 +153,6 @@ static int set_config_file(const kvr_cli_opt_t *o, void *base, const char *path,
   return rc;
 }
 
-static void print_policies(FILE *out) {
-  char names[256];
-  kvr_policy_names(names, sizeof names);
-  fprintf(out, "\npolicies: %s\n", names);
-}
-
 /* ---- the table ---- */
 
 #define F(field) KVR_CLI_FIELD(kvr_config_t, field)
@@ -239,7 +233,7 @@ static const kvr_cli_cmd_t serve_cmd = {
              "Settings come from defaults, then --config FILE.json, then flags.",
     .opts = options,
     .nopts = KVR_ARRAY_SIZE(options),
-    .epilog = print_policies,
+    .epilog = kvr_policy_print_names,
 };
 
 /* The defaults --help shows are read from here: the two cannot disagree. Limits not in the table

@@ -679,28 +679,24 @@ static int on_url_complete(llhttp_t *p) {
   return 0;
 }
 
-static int header_budget(kvr_http_conn_t *conn, size_t len) {
+/* Appends a piece of a header name (value false) or value to its buffer, after counting it against
+ * max_header_bytes (431 when over). */
+static int header_piece(llhttp_t *p, const char *at, size_t len, bool value) {
+  kvr_http_conn_t *conn = conn_of(p);
   conn->header_bytes += len;
   if (conn->header_bytes > conn->srv->limits.max_header_bytes)
     return reject(conn, 431, "headers_too_large",
                   "request headers exceed the configured size limit");
+  kvr_buf_append(value ? &conn->hvalue : &conn->hfield, at, len);
   return 0;
 }
 
 static int on_header_field(llhttp_t *p, const char *at, size_t len) {
-  kvr_http_conn_t *conn = conn_of(p);
-  if (header_budget(conn, len))
-    return -1;
-  kvr_buf_append(&conn->hfield, at, len);
-  return 0;
+  return header_piece(p, at, len, false);
 }
 
 static int on_header_value(llhttp_t *p, const char *at, size_t len) {
-  kvr_http_conn_t *conn = conn_of(p);
-  if (header_budget(conn, len))
-    return -1;
-  kvr_buf_append(&conn->hvalue, at, len);
-  return 0;
+  return header_piece(p, at, len, true);
 }
 
 /* RFC 9110 5.6.2 token characters. llhttp 8 lets a space inside a name or before the colon

@@ -7,32 +7,31 @@
 #include <string.h>
 #include <time.h>
 
-const char *kvr_strerror(int err) {
-  switch (err) {
-  case 0:
-    return "success";
-#define XX(code, str)                                                                              \
-  case KVR_##code:                                                                                 \
-    return str;
-    KVR_ERRNO_MAP(XX)
+/* One row per code of KVR_ERRNO_MAP, then 0: kvr_strerror and kvr_errname read the same table. */
+typedef struct err_row_s {
+  int code;
+  const char *name, *str;
+} err_row_t;
+
+#define XX(code, str) {KVR_##code, #code, str},
+static const err_row_t err_rows[] = {KVR_ERRNO_MAP(XX){0, "OK", "success"}};
 #undef XX
-  default:
-    return "unknown error";
-  }
+
+static const err_row_t *err_row(int err) {
+  for (size_t i = 0; i < sizeof(err_rows) / sizeof(err_rows[0]); i++)
+    if (err_rows[i].code == err)
+      return &err_rows[i];
+  return NULL;
+}
+
+const char *kvr_strerror(int err) {
+  const err_row_t *row = err_row(err);
+  return row ? row->str : "unknown error";
 }
 
 const char *kvr_errname(int err) {
-  switch (err) {
-  case 0:
-    return "OK";
-#define XX(code, str)                                                                              \
-  case KVR_##code:                                                                                 \
-    return #code;
-    KVR_ERRNO_MAP(XX)
-#undef XX
-  default:
-    return "UNKNOWN";
-  }
+  const err_row_t *row = err_row(err);
+  return row ? row->name : "UNKNOWN";
 }
 
 uint64_t kvr_now_ns(void) {

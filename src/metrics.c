@@ -74,6 +74,12 @@ void kvr_metric_hist(kvr_buf_t *out, const char *name, const char *labels, const
   kvr_metric_sample(out, n2, labels, (double)h->count);
 }
 
+void kvr_metric_histogram(kvr_buf_t *out, const char *name, const char *help, const char *labels,
+                          const kvr_hist_t *h) {
+  kvr_metric_family(out, name, "histogram", help);
+  kvr_metric_hist(out, name, labels, h);
+}
+
 void kvr_metric_escape(kvr_buf_t *out, const char *value) {
   for (const char *p = value; *p; p++) {
     if (*p == '\\')

@@ -40,6 +40,10 @@ void kvr_metric_family(kvr_buf_t *out, const char *name, const char *type, const
 void kvr_metric_sample(kvr_buf_t *out, const char *name, const char *labels, double value);
 /* Writes the _bucket, _sum and _count samples of h with the given extra labels (or NULL). */
 void kvr_metric_hist(kvr_buf_t *out, const char *name, const char *labels, const kvr_hist_t *h);
+/* Writes a whole histogram family: its HELP and TYPE lines, then kvr_metric_hist(name, labels, h).
+ */
+void kvr_metric_histogram(kvr_buf_t *out, const char *name, const char *help, const char *labels,
+                          const kvr_hist_t *h);
 /* Appends a label value escaped for the text format (no quotes added). */
 void kvr_metric_escape(kvr_buf_t *out, const char *value);
 

@@ -81,18 +81,16 @@ static void hash_new_blocks(kvr_prompt_t *p) {
  */
 
 static const char *json_type_name(const cJSON *v) {
-  if (cJSON_IsString(v))
-    return "a string";
-  if (cJSON_IsNumber(v))
-    return "a number";
-  if (cJSON_IsBool(v))
-    return "a boolean";
-  if (cJSON_IsNull(v))
-    return "null";
-  if (cJSON_IsArray(v))
-    return "an array";
-  if (cJSON_IsObject(v))
-    return "an object";
+  static const struct {
+    cJSON_bool (*is)(const cJSON *const);
+    const char *name;
+  } types[] = {
+      {cJSON_IsString, "a string"}, {cJSON_IsNumber, "a number"}, {cJSON_IsBool, "a boolean"},
+      {cJSON_IsNull, "null"},       {cJSON_IsArray, "an array"},  {cJSON_IsObject, "an object"},
+  };
+  for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
+    if (types[i].is(v))
+      return types[i].name;
   return "an unknown type";
 }
 

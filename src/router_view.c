@@ -2,10 +2,13 @@
  *
  * Reads only, through const pointers: the router module (router.c) is the one writer of what is
  * shown here. The per-worker metric families are one table (worker_families): name, type, help and
- * a function reading the figure from a worker; kvr_router_view_metrics() prints the table, then the
- * routing-decision families, then the request families, in that fixed order.
+ * where the figure is, a field of kvr_worker_t (by offset and type) or a function computing it;
+ * kvr_router_view_metrics() prints the table, then the routing-decision families, then the request
+ * families, in that fixed order.
  */
 #include "router_view.h"
+
+#include <stddef.h>
 
 #include "kvr.h"
 #include "metrics.h"
@@ -13,128 +16,116 @@
 /* ---- per-worker metric families ---------------------------------------------------------------
  */
 
+/* A worker family's value is a field of kvr_worker_t read at an offset (most of them), or computed.
+ */
+typedef enum { FIELD_U64, FIELD_U32, FIELD_DOUBLE, FIELD_FN } field_kind_t;
+
 typedef double (*worker_field_fn)(const kvr_router_t *r, const kvr_worker_t *w);
 
-static double f_requests(const kvr_router_t *r, const kvr_worker_t *w) {
-  return (double)w->requests_total;
+static double ratio(uint64_t part, uint64_t whole) {
+  return whole ? (double)part / (double)whole : 0;
 }
-static double f_errors(const kvr_router_t *r, const kvr_worker_t *w) {
-  return (double)w->errors_total;
-}
-static double f_retries(const kvr_router_t *r, const kvr_worker_t *w) {
-  return (double)w->retries_total;
-}
-static double f_inflight(const kvr_router_t *r, const kvr_worker_t *w) {
-  return w->inflight;
-}
-static double f_active(const kvr_router_t *r, const kvr_worker_t *w) {
-  return (double)w->active_tokens;
-}
-static double f_prefill(const kvr_router_t *r, const kvr_worker_t *w) {
-  return (double)w->queued_prefill_tokens;
-}
+
 static double f_backlog(const kvr_router_t *r, const kvr_worker_t *w) {
   return (double)kvr_router_worker_backlog(w, kvr_now_ns());
-}
-static double f_prefill_rate(const kvr_router_t *r, const kvr_worker_t *w) {
-  return w->prefill.rate;
 }
 static double f_up(const kvr_router_t *r, const kvr_worker_t *w) {
   return w->state == KVR_WORKER_UP;
 }
-static double f_prompt(const kvr_router_t *r, const kvr_worker_t *w) {
-  return (double)w->prompt_tokens_total;
-}
-static double f_pred(const kvr_router_t *r, const kvr_worker_t *w) {
-  return (double)w->predicted_cached_tokens_total;
-}
-static double f_uprompt(const kvr_router_t *r, const kvr_worker_t *w) {
-  return (double)w->usage_prompt_tokens_total;
-}
-static double f_upred(const kvr_router_t *r, const kvr_worker_t *w) {
-  return (double)w->usage_predicted_cached_total;
-}
-static double f_ucached(const kvr_router_t *r, const kvr_worker_t *w) {
-  return (double)w->usage_cached_tokens_total;
-}
 static double f_pred_frac(const kvr_router_t *r, const kvr_worker_t *w) {
-  return w->usage_prompt_tokens_total
-             ? (double)w->usage_predicted_cached_total / (double)w->usage_prompt_tokens_total
-             : 0;
+  return ratio(w->usage_predicted_cached_total, w->usage_prompt_tokens_total);
 }
 static double f_act_frac(const kvr_router_t *r, const kvr_worker_t *w) {
-  return w->usage_prompt_tokens_total
-             ? (double)w->usage_cached_tokens_total / (double)w->usage_prompt_tokens_total
-             : 0;
+  return ratio(w->usage_cached_tokens_total, w->usage_prompt_tokens_total);
 }
 static double f_index(const kvr_router_t *r, const kvr_worker_t *w) {
   return (double)kvr_cache_index_entries(r->index, (size_t)w->slot);
 }
-static double f_capacity(const kvr_router_t *r, const kvr_worker_t *w) {
-  return (double)w->cache_capacity_blocks;
-}
-static double f_running(const kvr_router_t *r, const kvr_worker_t *w) {
-  return w->num_requests_running;
-}
-static double f_waiting(const kvr_router_t *r, const kvr_worker_t *w) {
-  return w->num_requests_waiting;
-}
-static double f_kvuse(const kvr_router_t *r, const kvr_worker_t *w) {
-  return w->kv_cache_usage;
-}
 
 typedef struct worker_family_s {
   const char *name, *type, *help;
-  worker_field_fn fn;
+  field_kind_t kind;
+  size_t off;         /* FIELD_U64, FIELD_U32, FIELD_DOUBLE: offsetof the field in kvr_worker_t */
+  worker_field_fn fn; /* FIELD_FN */
 } worker_family_t;
 
+#define U64(member) FIELD_U64, offsetof(kvr_worker_t, member), NULL
+#define U32(member) FIELD_U32, offsetof(kvr_worker_t, member), NULL
+#define DBL(member) FIELD_DOUBLE, offsetof(kvr_worker_t, member), NULL
+#define FN(fn) FIELD_FN, 0, fn
+
 static const worker_family_t worker_families[] = {
-    {"kvrouter_worker_up", "gauge", "1 if the worker takes new requests", f_up},
+    {"kvrouter_worker_up", "gauge", "1 if the worker takes new requests", FN(f_up)},
     {"kvrouter_worker_requests_total", "counter", "Requests sent to the worker (retries included)",
-     f_requests},
+     U64(requests_total)},
     {"kvrouter_worker_errors_total", "counter",
-     "Requests to the worker that failed (connect, timeout, 5xx, broken stream)", f_errors},
+     "Requests to the worker that failed (connect, timeout, 5xx, broken stream)",
+     U64(errors_total)},
     {"kvrouter_worker_retries_total", "counter",
-     "Requests retried on another worker after this one failed before responding", f_retries},
+     "Requests retried on another worker after this one failed before responding",
+     U64(retries_total)},
     {"kvrouter_worker_inflight_requests", "gauge",
-     "Requests the router has outstanding on the worker", f_inflight},
+     "Requests the router has outstanding on the worker", U32(inflight)},
     {"kvrouter_worker_active_tokens", "gauge",
-     "Router estimate of prompt plus generated tokens of in-flight requests", f_active},
+     "Router estimate of prompt plus generated tokens of in-flight requests", U64(active_tokens)},
     {"kvrouter_worker_queued_prefill_tokens", "gauge",
-     "Router estimate of uncached prompt tokens not yet answered", f_prefill},
+     "Router estimate of uncached prompt tokens not yet answered", U64(queued_prefill_tokens)},
     {"kvrouter_worker_prefill_backlog_tokens", "gauge",
      "Router estimate of the queued prefill tokens the worker has not reached yet, "
      "from its measured prefill rate",
-     f_backlog},
+     FN(f_backlog)},
     {"kvrouter_worker_prefill_rate_tokens_per_second", "gauge",
      "Prefill rate measured from requests dispatched to an idle prefill queue "
      "(EWMA; 0 until measured)",
-     f_prefill_rate},
+     DBL(prefill.rate)},
     {"kvrouter_worker_prompt_tokens_total", "counter",
-     "Estimated prompt tokens routed to the worker", f_prompt},
+     "Estimated prompt tokens routed to the worker", U64(prompt_tokens_total)},
     {"kvrouter_worker_predicted_cached_tokens_total", "counter",
-     "Prompt tokens the cache index predicted the worker already held", f_pred},
+     "Prompt tokens the cache index predicted the worker already held",
+     U64(predicted_cached_tokens_total)},
     {"kvrouter_worker_usage_prompt_tokens_total", "counter",
-     "usage.prompt_tokens of responses that reported usage", f_uprompt},
+     "usage.prompt_tokens of responses that reported usage", U64(usage_prompt_tokens_total)},
     {"kvrouter_worker_usage_predicted_cached_tokens_total", "counter",
-     "Predicted cached tokens of the requests whose responses reported usage", f_upred},
+     "Predicted cached tokens of the requests whose responses reported usage",
+     U64(usage_predicted_cached_total)},
     {"kvrouter_worker_usage_cached_tokens_total", "counter",
-     "usage.prompt_tokens_details.cached_tokens reported by the worker", f_ucached},
+     "usage.prompt_tokens_details.cached_tokens reported by the worker",
+     U64(usage_cached_tokens_total)},
     {"kvrouter_worker_predicted_cached_fraction", "gauge",
-     "Predicted cached share of prompt tokens, over responses that reported usage", f_pred_frac},
+     "Predicted cached share of prompt tokens, over responses that reported usage",
+     FN(f_pred_frac)},
     {"kvrouter_worker_actual_cached_fraction", "gauge",
-     "Cached share of prompt tokens the worker reported in usage", f_act_frac},
+     "Cached share of prompt tokens the worker reported in usage", FN(f_act_frac)},
     {"kvrouter_worker_index_blocks", "gauge",
-     "Prefix blocks the cache index believes the worker holds", f_index},
+     "Prefix blocks the cache index believes the worker holds", FN(f_index)},
     {"kvrouter_worker_cache_capacity_blocks", "gauge",
-     "Capacity of the worker's modelled KV cache in router blocks", f_capacity},
+     "Capacity of the worker's modelled KV cache in router blocks", U64(cache_capacity_blocks)},
     {"kvrouter_worker_num_requests_running", "gauge",
-     "vllm:num_requests_running last scraped from the worker", f_running},
+     "vllm:num_requests_running last scraped from the worker", DBL(num_requests_running)},
     {"kvrouter_worker_num_requests_waiting", "gauge",
-     "vllm:num_requests_waiting last scraped from the worker", f_waiting},
+     "vllm:num_requests_waiting last scraped from the worker", DBL(num_requests_waiting)},
     {"kvrouter_worker_kv_cache_usage_perc", "gauge",
-     "vllm:kv_cache_usage_perc last scraped from the worker (0-1)", f_kvuse},
+     "vllm:kv_cache_usage_perc last scraped from the worker (0-1)", DBL(kv_cache_usage)},
 };
+
+#undef U64
+#undef U32
+#undef DBL
+#undef FN
+
+static double family_value(const worker_family_t *f, const kvr_router_t *r, const kvr_worker_t *w) {
+  const char *field = (const char *)w + f->off;
+  switch (f->kind) {
+  case FIELD_U64:
+    return (double)*(const uint64_t *)field;
+  case FIELD_U32:
+    return *(const uint32_t *)field;
+  case FIELD_DOUBLE:
+    return *(const double *)field;
+  default:
+    return f->fn(r, w);
+  }
+}
 
 static void worker_labels(kvr_buf_t *l, const kvr_worker_t *w) {
   kvr_buf_reset(l);
@@ -150,7 +141,7 @@ static void worker_family(const kvr_router_t *r, kvr_buf_t *out, const worker_fa
     if (r->slots[i] == NULL)
       continue;
     worker_labels(&l, r->slots[i]);
-    kvr_metric_sample(out, f->name, l.data, f->fn(r, r->slots[i]));
+    kvr_metric_sample(out, f->name, l.data, family_value(f, r, r->slots[i]));
   }
   kvr_buf_free(&l);
 }
@@ -181,9 +172,9 @@ static void routing_metrics(const kvr_router_t *r, kvr_buf_t *out) {
   kvr_metric_family(out, "kvrouter_routing_no_worker_total", "counter",
                     "Requests for which no usable worker was left (503 or 502)");
   kvr_metric_sample(out, "kvrouter_routing_no_worker_total", NULL, (double)r->no_worker_total);
-  kvr_metric_family(out, "kvrouter_routing_decision_seconds", "histogram",
-                    "Time to take one routing decision (index match plus policy)");
-  kvr_metric_hist(out, "kvrouter_routing_decision_seconds", NULL, &r->decision_seconds);
+  kvr_metric_histogram(out, "kvrouter_routing_decision_seconds",
+                       "Time to take one routing decision (index match plus policy)", NULL,
+                       &r->decision_seconds);
   kvr_metric_family(out, "kvrouter_policy_info", "gauge", "The active routing policy");
   kvr_buf_reset(&l);
   kvr_buf_printf(&l, "policy=\"%s\"", kvr_policy_name(r->policy));
@@ -205,12 +196,12 @@ static void request_metrics(const kvr_router_t *r, kvr_buf_t *out) {
           "Requests whose client disconnected before the response ended", r->client_aborts_total);
   counter(out, "kvrouter_upstream_failures_total",
           "Proxied requests that ended in 502/504 or a broken stream", r->upstream_failures_total);
-  kvr_metric_family(out, "kvrouter_request_duration_seconds", "histogram",
-                    "Proxied request duration, request received to response end");
-  kvr_metric_hist(out, "kvrouter_request_duration_seconds", NULL, &r->request_seconds);
-  kvr_metric_family(out, "kvrouter_time_to_first_byte_seconds", "histogram",
-                    "Request received to first response byte from the worker");
-  kvr_metric_hist(out, "kvrouter_time_to_first_byte_seconds", NULL, &r->ttfb_seconds);
+  kvr_metric_histogram(out, "kvrouter_request_duration_seconds",
+                       "Proxied request duration, request received to response end", NULL,
+                       &r->request_seconds);
+  kvr_metric_histogram(out, "kvrouter_time_to_first_byte_seconds",
+                       "Request received to first response byte from the worker", NULL,
+                       &r->ttfb_seconds);
 }
 
 void kvr_router_view_metrics(const kvr_router_t *r, kvr_buf_t *out) {

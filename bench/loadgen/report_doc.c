@@ -14,11 +14,20 @@
  * both renderers start each text with both marks off.
  *
  * Invariants: a row has at most KVR__DOC_MAX_CELLS cells (more are dropped); the writer owns only
- * its two buffers.
+ * its buffers (the text, the cells, its copy of the open table's rule).
  */
 #include "report_int.h"
 
 #include <string.h>
+
+/* Appends fmt, formatted with the variadic arguments of the enclosing function, to buf. */
+#define APPEND_VA(buf, fmt)                                                                        \
+  do {                                                                                             \
+    va_list ap;                                                                                    \
+    va_start(ap, fmt);                                                                             \
+    kvr_buf_vprintf(buf, fmt, ap);                                                                 \
+    va_end(ap);                                                                                    \
+  } while (0)
 
 void kvr__doc_init(kvr__doc_t *d, const kvr__doc_ops_t *ops, kvr_buf_t *out) {
   memset(d, 0, sizeof(*d));
@@ -29,6 +38,7 @@ void kvr__doc_init(kvr__doc_t *d, const kvr__doc_ops_t *ops, kvr_buf_t *out) {
 void kvr__doc_free(kvr__doc_t *d) {
   kvr_buf_free(&d->text);
   kvr_buf_free(&d->cells);
+  kvr_buf_free(&d->rule_buf);
 }
 
 static const char *text_of(kvr__doc_t *d) {
@@ -36,20 +46,14 @@ static const char *text_of(kvr__doc_t *d) {
 }
 
 void kvr__doc_h(kvr__doc_t *d, int level, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
   kvr_buf_reset(&d->text);
-  kvr_buf_vprintf(&d->text, fmt, ap);
-  va_end(ap);
+  APPEND_VA(&d->text, fmt);
   d->ops->heading(d, level, text_of(d));
   kvr_buf_reset(&d->text);
 }
 
 void kvr__doc_printf(kvr__doc_t *d, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  kvr_buf_vprintf(&d->text, fmt, ap);
-  va_end(ap);
+  APPEND_VA(&d->text, fmt);
 }
 
 void kvr__doc_p_end(kvr__doc_t *d) {
@@ -58,15 +62,14 @@ void kvr__doc_p_end(kvr__doc_t *d) {
 }
 
 void kvr__doc_p(kvr__doc_t *d, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  kvr_buf_vprintf(&d->text, fmt, ap);
-  va_end(ap);
+  APPEND_VA(&d->text, fmt);
   kvr__doc_p_end(d);
 }
 
 void kvr__doc_table(kvr__doc_t *d, const char *rule) {
-  d->rule = rule;
+  kvr_buf_reset(&d->rule_buf);
+  kvr_buf_puts(&d->rule_buf, rule);
+  d->rule = d->rule_buf.data ? d->rule_buf.data : "";
   d->rows = 0;
   d->ncells = 0;
   kvr_buf_reset(&d->cells);
@@ -77,10 +80,7 @@ void kvr__doc_cell(kvr__doc_t *d, const char *fmt, ...) {
   if (d->ncells == KVR__DOC_MAX_CELLS)
     return;
   d->cell_off[d->ncells++] = d->cells.len;
-  va_list ap;
-  va_start(ap, fmt);
-  kvr_buf_vprintf(&d->cells, fmt, ap);
-  va_end(ap);
+  APPEND_VA(&d->cells, fmt);
   kvr_buf_append(&d->cells, "", 1); /* the NUL that ends the cell */
 }
 
@@ -111,22 +111,13 @@ void kvr__md_text(kvr_buf_t *out, const char *text) {
 }
 
 static void html_char(kvr_buf_t *out, char c) {
-  switch (c) {
-  case '&':
-    kvr_buf_puts(out, "&amp;");
-    break;
-  case '<':
-    kvr_buf_puts(out, "&lt;");
-    break;
-  case '>':
-    kvr_buf_puts(out, "&gt;");
-    break;
-  case '"':
-    kvr_buf_puts(out, "&quot;");
-    break;
-  default:
+  static const char special[] = "&<>\"";
+  static const char *const entity[] = {"&amp;", "&lt;", "&gt;", "&quot;"};
+  const char *k = c ? strchr(special, c) : NULL;
+  if (k != NULL)
+    kvr_buf_puts(out, entity[k - special]);
+  else
     kvr_buf_append(out, &c, 1);
-  }
 }
 
 void kvr__html_text(kvr_buf_t *out, const char *text) {

@@ -45,11 +45,12 @@ typedef struct kvr__doc_ops_s {
 
 struct kvr__doc_s {
   const kvr__doc_ops_t *ops;
-  kvr_buf_t *out;   /* where the format writes; not owned */
-  bool started;     /* a block was written (Markdown separates blocks by a blank line) */
-  const char *rule; /* the open table's rule, NULL outside a table */
-  size_t rows;      /* rows written in the open table; the first is the header */
-  kvr_buf_t text;   /* the paragraph or cell being built */
+  kvr_buf_t *out;     /* where the format writes; not owned */
+  bool started;       /* a block was written (Markdown separates blocks by a blank line) */
+  const char *rule;   /* the open table's rule (in rule_buf), NULL outside a table */
+  kvr_buf_t rule_buf; /* the doc's copy of the rule, so callers may free theirs */
+  size_t rows;        /* rows written in the open table; the first is the header */
+  kvr_buf_t text;     /* the paragraph or cell being built */
   size_t cell_off[KVR__DOC_MAX_CELLS]; /* offsets of the row's cells in cells */
   size_t ncells;
   kvr_buf_t cells; /* the row being built, cells separated by NULs */
@@ -68,7 +69,7 @@ void kvr__doc_p_end(kvr__doc_t *d);
 /* A whole paragraph, formatted. */
 void kvr__doc_p(kvr__doc_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Opens a table; its first row is the header. rule must outlive the table. */
+/* Opens a table; its first row is the header. The doc keeps its own copy of rule. */
 void kvr__doc_table(kvr__doc_t *d, const char *rule);
 /* Appends one formatted cell to the row being built; kvr__doc_row_end() writes the row. */
 void kvr__doc_cell(kvr__doc_t *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

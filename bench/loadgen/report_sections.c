@@ -26,19 +26,27 @@
 #define C KVR__CODE
 #define DASH KVR__DASH
 
-/* Opens a table whose columns are first then one per run; the rule goes into rule (the caller
- * frees it after kvr__doc_table_end()). */
-static void run_table(const kvr_results_t *res, kvr__doc_t *d, const char *first, bool right,
-                      kvr_buf_t *rule) {
-  kvr_buf_reset(rule);
-  kvr_buf_puts(rule, right ? "|-----:|" : "|--------|");
+/* Opens a table whose columns are first then one per run. */
+static void run_table(const kvr_results_t *res, kvr__doc_t *d, const char *first, bool right) {
+  kvr_buf_t rule = KVR_BUF_INIT;
+  kvr_buf_puts(&rule, right ? "|-----:|" : "|--------|");
   for (size_t r = 0; r < res->nruns; r++)
-    kvr_buf_puts(rule, right ? "--------:|" : "--------|");
-  kvr__doc_table(d, rule->data);
+    kvr_buf_puts(&rule, right ? "--------:|" : "--------|");
+  kvr__doc_table(d, rule.data);
+  kvr_buf_free(&rule);
   kvr__doc_cell(d, "%s", first);
   for (size_t r = 0; r < res->nruns; r++)
     kvr__doc_cell(d, "%s", res->runs[r].label);
   kvr__doc_row_end(d);
+}
+
+/* A section about one load a (in the results' load unit): the heading "<title> at <a> <unit>", a
+ * paragraph, and a run table whose first column is first. */
+static void load_section(const kvr_results_t *res, kvr__doc_t *d, const char *title, const char *a,
+                         const char *para, const char *first) {
+  kvr__doc_h(d, 2, "%s at %s %s", title, a, kvr__load_unit(res));
+  kvr__doc_p(d, "%s", para);
+  run_table(res, d, first, false);
 }
 
 /* One figure of a level: an em dash without a level, "n/a" (or "stopped early") without data. */
@@ -56,9 +64,8 @@ static void metric_cell(kvr__doc_t *d, const kvr__metric_t *m, const kvr_level_t
 
 static void metric_table(const kvr_results_t *res, const kvr__metric_t *m, const double *loads,
                          size_t nloads, kvr__doc_t *d) {
-  kvr_buf_t rule = KVR_BUF_INIT;
   kvr__doc_h(d, 2, "Results " DASH " %s", m->title);
-  run_table(res, d, kvr__load_header(res), true, &rule);
+  run_table(res, d, kvr__load_header(res), true);
   for (size_t i = 0; i < nloads; i++) {
     char l[32];
     kvr__fmt_load(res, loads[i], l, sizeof(l));
@@ -68,7 +75,6 @@ static void metric_table(const kvr_results_t *res, const kvr__metric_t *m, const
     kvr__doc_row_end(d);
   }
   kvr__doc_table_end(d);
-  kvr_buf_free(&rule);
 }
 
 /* ---- head, configuration, SLOs --------------------------------------------------------------- */
@@ -157,12 +163,11 @@ static void verdict(const kvr_level_t *lv, char *buf, size_t size) {
 
 static void section_matrix(const kvr_results_t *res, const double *loads, size_t nloads,
                            kvr__doc_t *d) {
-  kvr_buf_t rule = KVR_BUF_INIT;
   kvr__doc_h(d, 2, "SLO Compliance Matrix");
   kvr__doc_p(d, "PASS = TTFT p99 < %.0fms AND TPOT p99 < %.0fms AND failed requests %s",
              res->slo.ttft_p99_ms, res->slo.tpot_p99_ms,
              res->slo.max_failed_frac > 0 ? "within the allowance" : "= 0");
-  run_table(res, d, kvr__load_header(res), false, &rule);
+  run_table(res, d, kvr__load_header(res), false);
   bool stopped = false;
   for (size_t i = 0; i < nloads; i++) {
     char a[32], v[96];
@@ -180,7 +185,6 @@ static void section_matrix(const kvr_results_t *res, const double *loads, size_t
     kvr__doc_row_end(d);
   }
   kvr__doc_table_end(d);
-  kvr_buf_free(&rule);
   if (stopped)
     kvr__doc_p(d,
                "\"Stopped early\": the search ended the level once so many measured requests "
@@ -221,8 +225,7 @@ static void section_winner(const kvr_results_t *res, kvr__doc_t *d) {
 /* ---- detailed comparison, per-turn TTFT, worker share ---------------------------------------- */
 
 static void detail_table(const kvr_results_t *res, double dl, kvr__doc_t *d) {
-  kvr_buf_t rule = KVR_BUF_INIT;
-  run_table(res, d, "Metric", false, &rule);
+  run_table(res, d, "Metric", false);
   bool engine_at = false;
   for (size_t r = 0; r < res->nruns; r++) {
     const kvr_level_t *lv = kvr__find_load(&res->runs[r], dl);
@@ -238,7 +241,6 @@ static void detail_table(const kvr_results_t *res, double dl, kvr__doc_t *d) {
     kvr__doc_row_end(d);
   }
   kvr__doc_table_end(d);
-  kvr_buf_free(&rule);
 }
 
 static void turn_cell(kvr__doc_t *d, const kvr_level_t *lv, size_t t) {
@@ -264,10 +266,8 @@ static void turn_table(const kvr_results_t *res, double dl, const char *a, kvr__
   }
   if (maxturn == 0)
     return;
-  kvr_buf_t rule = KVR_BUF_INIT;
-  kvr__doc_h(d, 2, "Per-Turn TTFT at %s %s", a, kvr__load_unit(res));
-  kvr__doc_p(d, "TTFT p50 / p99 (ms), mean prompt tokens, share of them cached.");
-  run_table(res, d, "Turn", false, &rule);
+  load_section(res, d, "Per-Turn TTFT", a,
+               "TTFT p50 / p99 (ms), mean prompt tokens, share of them cached.", "Turn");
   for (size_t t = 0; t < maxturn; t++) {
     kvr__doc_cell(d, "%zu", t + 1);
     for (size_t r = 0; r < res->nruns; r++)
@@ -275,7 +275,6 @@ static void turn_table(const kvr_results_t *res, double dl, const char *a, kvr__
     kvr__doc_row_end(d);
   }
   kvr__doc_table_end(d);
-  kvr_buf_free(&rule);
 }
 
 static void share_table(const kvr_results_t *res, double dl, const char *a, kvr__doc_t *d) {
@@ -283,10 +282,7 @@ static void share_table(const kvr_results_t *res, double dl, const char *a, kvr_
   size_t nnames = kvr__worker_names(res, dl, names);
   if (nnames == 0)
     return;
-  kvr_buf_t rule = KVR_BUF_INIT;
-  kvr__doc_h(d, 2, "Worker Share at %s %s", a, kvr__load_unit(res));
-  kvr__doc_p(d, "Requests per worker (x-kvrouter-worker).");
-  run_table(res, d, "Worker", false, &rule);
+  load_section(res, d, "Worker Share", a, "Requests per worker (x-kvrouter-worker).", "Worker");
   for (size_t k = 0; k < nnames; k++) {
     kvr__doc_cell(d, "%s", names[k][0] ? names[k] : "(no header)");
     for (size_t r = 0; r < res->nruns; r++) {
@@ -300,7 +296,6 @@ static void share_table(const kvr_results_t *res, double dl, const char *a, kvr_
     kvr__doc_row_end(d);
   }
   kvr__doc_table_end(d);
-  kvr_buf_free(&rule);
 }
 
 static void section_detail(const kvr_results_t *res, kvr__doc_t *d) {

@@ -174,24 +174,23 @@ void kvr_workload_opts_default(kvr_workload_opts_t *o) {
   o->replay_width = 16;
 }
 
-int kvr_workload_parse_mode(const char *spec, kvr_workload_opts_t *o) {
-  if (strcmp(spec, "replay") == 0)
-    o->replay = true;
-  else if (strcmp(spec, "session") == 0)
-    o->replay = false;
+/* Parses one of two names into a flag: off_name -> false, on_name -> true. */
+static int parse_flag(const char *spec, const char *off_name, const char *on_name, bool *out) {
+  if (strcmp(spec, on_name) == 0)
+    *out = true;
+  else if (strcmp(spec, off_name) == 0)
+    *out = false;
   else
     return KVR_EINVAL;
   return 0;
 }
 
+int kvr_workload_parse_mode(const char *spec, kvr_workload_opts_t *o) {
+  return parse_flag(spec, "session", "replay", &o->replay);
+}
+
 int kvr_workload_parse_order(const char *spec, kvr_workload_opts_t *o) {
-  if (strcmp(spec, "blocks") == 0)
-    o->replay_sample = false;
-  else if (strcmp(spec, "sample") == 0)
-    o->replay_sample = true;
-  else
-    return KVR_EINVAL;
-  return 0;
+  return parse_flag(spec, "blocks", "sample", &o->replay_sample);
 }
 
 int kvr_workload_parse_kind(const char *spec, kvr_workload_opts_t *o) {

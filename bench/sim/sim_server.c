@@ -923,15 +923,12 @@ static void metrics_requests_and_config(kvr_buf_t *b, const kvr_sim_server_t *sr
 
 /* The three latency histograms, in simulated seconds. */
 static void metrics_latency(kvr_buf_t *b, const kvr_sim_server_t *srv, const char *labels) {
-  kvr_metric_family(b, "vllm:time_to_first_token_seconds", "histogram",
-                    "Histogram of time to first token in seconds.");
-  kvr_metric_hist(b, "vllm:time_to_first_token_seconds", labels, &srv->ttft);
-  kvr_metric_family(b, "vllm:inter_token_latency_seconds", "histogram",
-                    "Histogram of inter-token latency in seconds.");
-  kvr_metric_hist(b, "vllm:inter_token_latency_seconds", labels, &srv->itl);
-  kvr_metric_family(b, "vllm:e2e_request_latency_seconds", "histogram",
-                    "Histogram of e2e request latency in seconds.");
-  kvr_metric_hist(b, "vllm:e2e_request_latency_seconds", labels, &srv->e2e);
+  kvr_metric_histogram(b, "vllm:time_to_first_token_seconds",
+                       "Histogram of time to first token in seconds.", labels, &srv->ttft);
+  kvr_metric_histogram(b, "vllm:inter_token_latency_seconds",
+                       "Histogram of inter-token latency in seconds.", labels, &srv->itl);
+  kvr_metric_histogram(b, "vllm:e2e_request_latency_seconds",
+                       "Histogram of e2e request latency in seconds.", labels, &srv->e2e);
 }
 
 /* GET /metrics: the figures vLLM exports, in its names, labels and order. */
