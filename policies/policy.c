@@ -5,8 +5,9 @@
  * table named kvr__policy_<name> (a cross-file internal, declared here only). Adding a policy means
  * one file in policies/ and one line below.
  *
- * Parameter validation is table-driven: a policy lists its numeric parameters with defaults and
- * bounds (kvr_policy_param_t); kvr_policy_parse_params() rejects a non-object, unknown fields
+ * Parameter validation is table-driven: a policy lists its numeric parameters once, with defaults
+ * and bounds, as an X-macro of kvr__policy_field_t, from which kvr__policy_new builds the
+ * kvr_policy_param_t spec; kvr_policy_parse_params() rejects a non-object, unknown fields
  * (naming the valid ones), non-numbers, out-of-range and non-integral values, always as
  * "params.<field>: <reason>". The same table writes the effective values back for GET
  * /admin/policy, so what is accepted and what is shown never drift apart.

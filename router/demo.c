@@ -216,9 +216,26 @@ static int wait_healthy(demo_t *d) {
 
 /* ---- the benchmark ---- */
 
-/* The level plan: three paired rates with --quick, else the max-SLO-rate search. */
+/* True when the caller's extra options give flag ("--rates 2" or "--rates=2"). The bench's option
+ * engine appends a repeated list option to the first one, so the demo leaves out each of its own
+ * list options that the caller gives: the caller's replaces it, as `demo --help` promises. */
+static bool extra_has(char **extra, int nextra, const char *flag) {
+  size_t n = strlen(flag);
+  for (int i = 0; i < nextra; i++)
+    if (strncmp(extra[i], flag, n) == 0 && (extra[i][n] == '\0' || extra[i][n] == '='))
+      return true;
+  return false;
+}
+
+/* The level plan: three paired rates with --quick, else the max-SLO-rate search; with the caller's
+ * own --rates or --concurrency (own_load) neither. */
 static int plan_args(const demo_t *d, bool own_load, char **a) {
   int k = 0;
+  if (d->cli->quick && own_load) {
+    char *quick[] = {"--num-prompts", "60", "--cooldown-s", "5"};
+    memcpy(a, quick, sizeof(quick));
+    return KVR_ARRAY_SIZE(quick);
+  }
   if (d->cli->quick) {
     /* Three paired rates: enough for every table of the report, well under a minute. */
     char *quick[] = {"--rates", "4,8,12", "--num-prompts", "60", "--cooldown-s", "5"};
@@ -246,10 +263,14 @@ static int bench_args(const demo_t *d, char **extra, int nextra, char **a, char 
   snprintf(url, 64, "http://127.0.0.1:%d", d->kids[d->nkids - 1].port);
   snprintf(admin_url, 64, "http://127.0.0.1:%d", d->admin_port);
   int k = 0;
-  char *head[] = {"bench", "--url", url, "--admin", admin_url, "--ab", (char *)cli->ab};
+  char *head[] = {"bench", "--url", url, "--admin", admin_url};
   memcpy(a, head, sizeof(head));
   k += KVR_ARRAY_SIZE(head);
-  if (cli->labels) {
+  if (!extra_has(extra, nextra, "--ab")) {
+    a[k++] = "--ab";
+    a[k++] = (char *)cli->ab;
+  }
+  if (cli->labels && !extra_has(extra, nextra, "--labels")) {
     a[k++] = "--labels";
     a[k++] = (char *)cli->labels;
   }
@@ -260,9 +281,8 @@ static int bench_args(const demo_t *d, char **extra, int nextra, char **a, char 
   a[k++] = "--title";
   a[k++] = cli->quick ? "kvrouter demo (quick): round-robin vs KV-aware routing"
                       : "kvrouter demo: round-robin vs KV-aware routing";
-  bool own_load = false; /* the caller's --rates/--concurrency replace the search */
-  for (int i = 0; i < nextra; i++)
-    own_load |= strcmp(extra[i], "--rates") == 0 || strcmp(extra[i], "--concurrency") == 0;
+  /* The caller's --rates/--concurrency replace the demo's plan. */
+  bool own_load = extra_has(extra, nextra, "--rates") || extra_has(extra, nextra, "--concurrency");
   if (strcmp(cli->workload, "multiturn") == 0) {
     /* The multiturn: every turn resends the answer actually streamed back. */
     a[k++] = "--multiturn-mode";

@@ -101,7 +101,7 @@ int kvr_serve_main(int argc, char **argv) {
   s->curlm = s->router ? kvr_curlm_new(&s->loop) : NULL;
   s->scrape = s->curlm ? kvr_scrape_new(&s->loop, s->curlm, s->router) : NULL;
   if (s->router && s->scrape == NULL) {
-    snprintf(err, sizeof err, "cannot initialize the cache index or libcurl");
+    snprintf(err, sizeof err, "cannot initialize libcurl");
     kvr_curlm_close(s->curlm);
     kvr_router_free(s->router);
     s->router = NULL;

@@ -209,7 +209,7 @@ static void explain(kvr_http_req_t *req, void *data, const char *tail) {
   }
   cJSON *arr = cJSON_AddArrayToObject(o, "workers");
   for (size_t i = 0; i < d->nsnaps; i++) {
-    kvr_worker_t *w = r->slots[i];
+    const kvr_worker_t *w = r->slots[i];
     if (w == NULL)
       continue;
     const kvr_worker_snap_t *s = &d->snaps[i];
@@ -258,7 +258,6 @@ typedef struct reset_call_s {
   long status;              /* HTTP status, 0 when none arrived */
   CURLcode result;
   uint64_t forgotten; /* index entries forgotten after a 2xx */
-  bool forgot;        /* the worker still existed when its 2xx arrived */
 } reset_call_t;
 
 struct reset_op_s {
@@ -337,7 +336,7 @@ static void reset_prefix_cache(kvr_http_req_t *req, void *data, const char *tail
   op->r = r;
   op->req = req;
   for (size_t i = 0; i < r->nslots; i++) {
-    kvr_worker_t *w = r->slots[i];
+    const kvr_worker_t *w = r->slots[i];
     if (w == NULL)
       continue;
     reset_call_t *c = &op->calls[op->ncalls++];

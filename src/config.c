@@ -86,11 +86,8 @@ int kvr_config_add_worker(kvr_config_t *cfg, const char *url, char *err, size_t 
     snprintf(err, errlen, "too many workers (at most %d)", KVR_MAX_WORKERS);
     return KVR_ELIMIT;
   }
-  char **w = realloc(cfg->workers, (cfg->nworkers + 1) * sizeof *w);
-  if (w == NULL)
-    return KVR_ENOMEM;
-  cfg->workers = w;
-  cfg->workers[cfg->nworkers++] = strdup(norm);
+  cfg->workers = kvr_xrealloc(cfg->workers, (cfg->nworkers + 1) * sizeof *cfg->workers);
+  cfg->workers[cfg->nworkers++] = kvr_xstrdup(norm);
   return 0;
 }
 

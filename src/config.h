@@ -54,10 +54,13 @@ int kvr_config_parse_args(kvr_config_t *cfg, int argc, char **argv, FILE *out, c
 int kvr_config_apply_json(kvr_config_t *cfg, const char *json, size_t len, const char *source,
                           char *err, size_t errlen);
 
-/* Checks cross-field rules (at least one worker, URLs well-formed, listeners differ). */
+/* Checks what one flag's own range cannot: at least one worker, a known policy, the listeners
+ * differ, block_chars in 8..4096, positive timeouts and body limit. Returns 0 or KVR_EINVAL + err.
+ */
 int kvr_config_validate(const kvr_config_t *cfg, char *err, size_t errlen);
 
-/* Adds a worker URL (validated: http://host:port with no path beyond "/"). Returns 0 or KVR_EINVAL.
+/* Adds a worker URL (validated: http://host:port with no path beyond "/"). Returns 0, KVR_EINVAL
+ * (bad URL) or KVR_ELIMIT (more than KVR_MAX_WORKERS), with err.
  */
 int kvr_config_add_worker(kvr_config_t *cfg, const char *url, char *err, size_t errlen);
 

@@ -9,9 +9,9 @@
  * copy; only a line cut by the chunk's end is copied into s->line, and the next feed appends to it
  * up to its LF. So a stream costs one memchr per line plus a copy of at most one line per chunk.
  *
- *   feed(chunk):  for each LF in chunk:
- *                   line = s->line + bytes before the LF   (or the bytes alone when s->line is
- * empty) strip one CR, cb(line), clear s->line bytes after the last LF -> s->line
+ *   feed(chunk): for each LF in chunk: line = s->line + the bytes before the LF (the bytes
+ *                alone when s->line is empty); strip one CR; cb(line); clear s->line.
+ *                Then the bytes after the last LF -> s->line.
  *
  * Invariants: s->line holds no LF; s->line.len <= max_line; while s->overflow is set s->line is
  * empty and bytes are dropped up to the next LF, which clears it. The lines delivered depend only

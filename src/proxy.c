@@ -66,7 +66,6 @@ struct px_s {
   kvr_router_t *r;
   kvr_list_t node;     /* in proxy->pxs from the first attempt until px_end() */
   kvr_http_req_t *req; /* NULL once finished */
-  kvr_route_t route;
   kvr_prompt_t prompt;
   bool has_prompt;
   kvr_route_req_t rreq;
@@ -84,7 +83,6 @@ struct px_s {
   int status;
   kvr_buf_t resp_headers; /* filtered "Name: value\r\n" lines for the client */
   kvr_buf_t conn_tokens;  /* ",a,b," names listed in the response's Connection header */
-  bool headers_done;
   bool got_byte;
   bool sse;
   bool head_req;  /* a HEAD request: the answer's Content-Length describes the GET body */
@@ -93,7 +91,7 @@ struct px_s {
   kvr_openai_sse_t sse_lines; /* SSE line splitter (lines over SSE_LINE_MAX are not inspected) */
   kvr_buf_t answer;
   bool usage_seen;
-  uint64_t usage_prompt, usage_cached, usage_completion;
+  uint64_t usage_prompt, usage_cached;
   bool mid_stream_error;
   /* Timing and outcome. */
   uv_timer_t timer;
@@ -170,15 +168,12 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud) {
     px->status = sp ? atoi(sp + 1) : 502;
     kvr_buf_reset(&px->resp_headers);
     kvr_buf_reset(&px->conn_tokens);
-    px->headers_done = false;
     px->sse = false;
     return len;
   }
   if (len <= 2) { /* blank line: end of a head */
-    if (px->status >= 200) {
-      px->headers_done = true;
+    if (px->status >= 200)
       kvr_http_headers_drop_named(&px->resp_headers, &px->conn_tokens);
-    }
     return len;
   }
   if (kvr_http_headers_response_field(&px->resp_headers, &px->conn_tokens, data, len, px->head_req))
@@ -193,8 +188,6 @@ static void take_usage(px_t *px, const kvr_openai_chunk_t *c) {
     px->usage_prompt = c->prompt_tokens;
     px->usage_cached = c->has_cached_tokens ? c->cached_tokens : 0;
   }
-  if (c->has_completion_tokens)
-    px->usage_completion = c->completion_tokens;
 }
 
 /* Appends the generated text of one choice; true if there was some (a token event). */
@@ -574,7 +567,6 @@ static void attempt_begin(px_t *px, int slot) {
   snprintf(px->worker_label, sizeof px->worker_label, "%s", w->label);
   px->got_byte = false;
   px->status = 0;
-  px->headers_done = false;
   px->sse = false;
   kvr_buf_reset(&px->resp_headers);
   kvr_buf_reset(&px->body);
@@ -693,7 +685,6 @@ static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
   px_t *px = kvr_xcalloc(1, sizeof *px);
   px->proxy = p;
   px->r = r;
-  px->route = route;
   px->t_start_ns = req->start_ns;
   kvr_prompt_init(&px->prompt);
   kvr_openai_sse_init(&px->sse_lines, SSE_LINE_MAX);

@@ -93,12 +93,8 @@ const kvr_worker_t *kvr_router_add_worker(kvr_router_t *r, const char *url, char
   int slot = free_slot(r, norm, err, errlen);
   if (slot < 0)
     return NULL;
-  kvr_worker_t *w = calloc(1, sizeof *w);
-  if (w == NULL || (w->url = strdup(norm)) == NULL) {
-    free(w);
-    snprintf(err, errlen, "out of memory");
-    return NULL;
-  }
+  kvr_worker_t *w = kvr_xcalloc(1, sizeof *w);
+  w->url = kvr_xstrdup(norm);
   w->id = r->next_id++;
   w->slot = slot;
   snprintf(w->label, sizeof w->label, "%u", w->id);
@@ -163,10 +159,7 @@ int kvr_router_set_policy(kvr_router_t *r, const char *name, const cJSON *params
   if (p == NULL)
     return KVR_EINVAL;
   kvr_policy_destroy(r->policy);
-  cJSON_Delete(r->policy_params);
   r->policy = p;
-  r->policy_params = params ? cJSON_Duplicate(params, 1) : NULL;
-  r->policy_generation++;
   KVR_INFO("router", "policy is now %s", name);
   return 0;
 }
@@ -175,18 +168,14 @@ int kvr_router_set_policy(kvr_router_t *r, const char *name, const cJSON *params
  */
 
 kvr_router_t *kvr_router_new(const kvr_config_t *cfg, char *err, size_t errlen) {
-  kvr_router_t *r = calloc(1, sizeof *r);
-  if (r == NULL) {
-    snprintf(err, errlen, "out of memory");
-    return NULL;
-  }
+  kvr_router_t *r = kvr_xcalloc(1, sizeof *r);
   r->cfg = cfg;
   kvr_hist_init(&r->decision_seconds, kvr_hist_fast_buckets, kvr_hist_fast_nbuckets);
   kvr_hist_init(&r->request_seconds, kvr_hist_latency_buckets, kvr_hist_latency_nbuckets);
   kvr_hist_init(&r->ttfb_seconds, kvr_hist_latency_buckets, kvr_hist_latency_nbuckets);
   r->index = kvr_cache_index_new(KVR_MAX_WORKERS, cfg->cache_capacity_blocks);
   if (r->index == NULL) {
-    snprintf(err, errlen, "cannot initialize the cache index or libcurl");
+    snprintf(err, errlen, "cannot create the cache index");
     free(r);
     return NULL;
   }
@@ -208,7 +197,6 @@ void kvr_router_free(kvr_router_t *r) {
     if (r->slots[i])
       worker_free(r, r->slots[i]);
   kvr_policy_destroy(r->policy);
-  cJSON_Delete(r->policy_params);
   kvr_cache_index_free(r->index);
   free(r);
 }

@@ -81,9 +81,7 @@ struct kvr_router_s {
   kvr_worker_t *slots[KVR_MAX_WORKERS];
   size_t nslots; /* highest used slot + 1 */
   uint32_t next_id;
-  kvr_policy_t *policy; /* owned; replaced whole by kvr_router_set_policy() */
-  cJSON *policy_params; /* owned copy of the params the policy was created from, or NULL */
-  uint64_t policy_generation;
+  kvr_policy_t *policy;     /* owned; replaced whole by kvr_router_set_policy() */
   kvr_cache_index_t *index; /* owned */
   /* Router-wide metrics. */
   kvr_hist_t decision_seconds;
@@ -168,10 +166,10 @@ typedef struct kvr_router_dispatch_s {
 
 /* Dispatches a request of prompt_tokens (estimated) to the worker in slot, of which the cache index
  * matched matched_blocks leading blocks (kvr_decision_t.snaps[slot].matched_blocks): the predicted
- * cached tokens are those blocks' tokens (block_chars / 4 each, at most prompt_tokens), the rest is
- * prefill. Adds 1 in-flight, prompt_tokens and the prefill tokens to the worker, counts the
- * request and its tokens, and fills *d with what was added. Returns the worker (valid while d is
- * open), or NULL when slot holds no worker (d is left closed). */
+ * cached tokens are those blocks' tokens (block_chars / KVR_CHARS_PER_TOKEN each, at most
+ * prompt_tokens), the rest is prefill. Adds 1 in-flight, prompt_tokens and the prefill tokens to
+ * the worker, counts the request and its tokens, and fills *d with what was added. Returns the
+ * worker (valid while d is open), or NULL when slot holds no worker (d is left closed). */
 const kvr_worker_t *kvr_router_on_dispatch(kvr_router_t *r, int slot, uint64_t prompt_tokens,
                                            size_t matched_blocks, kvr_router_dispatch_t *d);
 

@@ -152,7 +152,7 @@ static void worker_family(const kvr_router_t *r, kvr_buf_t *out, const worker_fa
 static void routing_metrics(const kvr_router_t *r, kvr_buf_t *out) {
   kvr_buf_t l = KVR_BUF_INIT;
   kvr_metric_family(out, "kvrouter_routing_decisions_total", "counter",
-                    "Routing decisions by policy and chosen worker");
+                    "Routing decisions by chosen worker");
   for (size_t i = 0; i < r->nslots; i++) {
     if (r->slots[i] == NULL)
       continue;

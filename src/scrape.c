@@ -201,9 +201,7 @@ static void on_tick(uv_timer_t *t) {
 }
 
 kvr_scrape_t *kvr_scrape_new(uv_loop_t *loop, kvr_curlm_t *curlm, kvr_router_t *r) {
-  kvr_scrape_t *s = calloc(1, sizeof *s);
-  if (s == NULL)
-    return NULL;
+  kvr_scrape_t *s = kvr_xcalloc(1, sizeof *s);
   s->curlm = curlm;
   s->r = r;
   uv_timer_init(loop, &s->timer);

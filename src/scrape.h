@@ -23,7 +23,7 @@ typedef struct kvr_scrape_s kvr_scrape_t;
 
 /* Creates the scraper on loop, probing r's workers through curlm, and starts its timer (every
  * r->cfg->scrape_interval_ms; with 0, once a second and only DOWN workers, so they can recover).
- * Returns NULL when out of memory. */
+ * Never returns NULL (out of memory aborts, kvr.h). */
 kvr_scrape_t *kvr_scrape_new(uv_loop_t *loop, kvr_curlm_t *curlm, kvr_router_t *r);
 
 /* Stops the timer, cancels every probe in flight (no report follows) and closes the timer; s is

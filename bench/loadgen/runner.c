@@ -354,10 +354,8 @@ static int setup(kvr_runner_t *r, char *err, size_t errlen) {
 
 int kvr_runner_new(uv_loop_t *loop, kvr_runner_opts_t *opts, kvr_runner_t **out, char *err,
                    size_t errlen) {
-  kvr_runner_t *r = calloc(1, sizeof(*r));
+  kvr_runner_t *r = kvr_xcalloc(1, sizeof(*r));
   *out = NULL;
-  if (r == NULL)
-    return KVR_ENOMEM;
   r->o = opts;
   r->loop = loop;
   int rc = setup(r, err, errlen);
