@@ -19,7 +19,8 @@
  *                                  (a vLLM without VLLM_SERVER_DEV_MODE=1 answers 404) is reported,
  *                                  its index entries kept.
  *   GET    /metrics                Prometheus text exposition
- *   GET    /health                 as on the public listener
+ *   GET    /health                 200 {"status":"ok"} while a worker is usable, else 503
+ *                                  {"status":"unavailable"} (public /health also counts workers)
  */
 #ifndef KVR_ADMIN_H
 #define KVR_ADMIN_H

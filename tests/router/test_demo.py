@@ -109,6 +109,22 @@ def check_quick(out):
     assert max(l["turn"] for l in lines) >= 2, "no follow-up turn was sent"
 
 
+@test(timeout=120)
+def test_options_after_dashdash_replace_the_demos_own():
+    """`demo -- --rates R --ab P,Q --labels A,B`: the caller's lists replace the demo's own (the
+    bench's option engine appends a repeated list, so the demo must leave its own out)."""
+    with tempfile.TemporaryDirectory(prefix="kvr_demo_test_") as tmp:
+        out = os.path.join(tmp, "own")
+        p = subprocess.run([h.KVROUTER, "demo", "--quick", "--out", out, "--",
+                            "--rates", "6", "--ab", "round_robin,least_load", "--labels", "a,b"],
+                           capture_output=True, text=True, timeout=100)
+        assert p.returncode == 0, "demo failed (%d):\n%s\n%s" % (p.returncode, p.stdout, p.stderr)
+        assert_gone(child_pids(p.stderr))
+        levels = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(out, "results", "*.json")))]
+        seen = sorted((r["label"], r["kvrouter"]["policy"], r["request_rate"]) for r in levels)
+        assert seen == [("a", "round_robin", 6.0), ("b", "least_load", 6.0)], seen
+
+
 @test(timeout=90)
 def test_ctrl_c():
     with tempfile.TemporaryDirectory(prefix="kvr_demo_test_") as tmp:
