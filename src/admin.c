@@ -18,15 +18,14 @@
  */
 #include "admin.h"
 
+#include "config.h"
 #include "http_route.h"
 #include "kvr.h"
 #include "log.h"
 #include "openai.h"
 #include "policies/policy.h"
-#include "proxy.h"
 #include "router_view.h"
 
-#include <llhttp.h>
 #include <stdlib.h>
 #include <string.h>
 

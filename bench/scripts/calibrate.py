@@ -92,13 +92,7 @@ def commit():
 
 
 def read_stamp(raw):
-    stamp = {}
-    with open(os.path.join(raw, "stamp")) as f:
-        for line in f:
-            if "=" in line:
-                k, v = line.rstrip("\n").split("=", 1)
-                stamp[k] = v
-    return stamp
+    return h.read_stamp(os.path.join(raw, "stamp"))
 
 
 def keep_raw(out, raw, stamp):
