@@ -217,9 +217,9 @@ static void explain(kvr_http_req_t *req, void *data, const char *tail) {
     cJSON_AddStringToObject(x, "url", w->url);
     cJSON_AddStringToObject(x, "state", kvr_worker_state_name(w->state));
     cJSON_AddNumberToObject(x, "matched_blocks", (double)s->matched_blocks);
-    uint64_t cached = (uint64_t)s->matched_blocks * r->cfg->block_chars / KVR_CHARS_PER_TOKEN;
-    cJSON_AddNumberToObject(x, "predicted_cached_tokens",
-                            (double)KVR_MIN(cached, prompt.prompt_tokens));
+    cJSON_AddNumberToObject(
+        x, "predicted_cached_tokens",
+        (double)kvr_router_predicted_cached(r, s->matched_blocks, prompt.prompt_tokens));
     cJSON_AddNumberToObject(x, "in_flight", s->inflight);
     cJSON_AddNumberToObject(x, "active_tokens", (double)s->active_tokens);
     cJSON_AddNumberToObject(x, "queued_prefill_tokens", (double)s->queued_prefill_tokens);

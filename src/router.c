@@ -256,18 +256,23 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t trie
 /* ---- one request's life on a worker: the accounting invariant ----------------------------------
  */
 
+uint64_t kvr_router_predicted_cached(const kvr_router_t *r, size_t matched_blocks,
+                                     uint64_t prompt_tokens) {
+  uint64_t cached = (uint64_t)matched_blocks * r->cfg->block_chars / KVR_CHARS_PER_TOKEN;
+  return KVR_MIN(cached, prompt_tokens);
+}
+
 const kvr_worker_t *kvr_router_on_dispatch(kvr_router_t *r, int slot, uint64_t prompt_tokens,
                                            size_t matched_blocks, kvr_router_dispatch_t *d) {
   memset(d, 0, sizeof *d);
   kvr_worker_t *w = slot >= 0 && slot < KVR_MAX_WORKERS ? r->slots[slot] : NULL;
   if (w == NULL)
     return NULL;
-  uint64_t cached = (uint64_t)matched_blocks * r->cfg->block_chars / KVR_CHARS_PER_TOKEN;
   d->open = true;
   d->worker_id = w->id;
   d->slot = slot;
   d->prompt_tokens = prompt_tokens;
-  d->predicted_cached = KVR_MIN(cached, prompt_tokens);
+  d->predicted_cached = kvr_router_predicted_cached(r, matched_blocks, prompt_tokens);
   d->prefill_tokens = prompt_tokens - d->predicted_cached;
   d->prefill_alone = w->queued_prefill_tokens == 0;
   d->dispatched_ns = kvr_now_ns();

@@ -147,6 +147,11 @@ typedef struct kvr_decision_s {
 int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t tried, bool record,
                       kvr_decision_t *d);
 
+/* The prompt tokens a worker probably holds: matched_blocks * block_chars / KVR_CHARS_PER_TOKEN,
+ * at most prompt_tokens. What kvr_router_on_dispatch() records and route/explain shows. */
+uint64_t kvr_router_predicted_cached(const kvr_router_t *r, size_t matched_blocks,
+                                     uint64_t prompt_tokens);
+
 /* ---- one request's life on a worker ---------------------------------------------------------- */
 
 /* What one dispatched request added to its worker. Written by kvr_router_on_dispatch() into the
