@@ -110,7 +110,9 @@ static const kvr_cli_opt_t options[] = {
      .help = "request rates in req/s, e.g. 0.5,1,2 (simulated time)"},
     {KVR_CLI_LIST, "concurrency", KVR_CLI_ARRAY(kvr_runner_opts_t, conc, nconc), .arg = "LIST",
      .elem = KVR_CLI_UINT, KVR_CLI_RANGE(1, 100000),
-     .help = "closed-loop users instead, e.g. 8,16,32"},
+     .help = "closed-loop users instead, e.g. 8,16,32, measured in steady state (users start "
+             "mid-conversation; each user's first request is warm-up; users keep sending until "
+             "every measured request completed)"},
     {KVR_CLI_SWITCH, "sessions", F(lg.sessions), .set = 1,
      .help = "rates are conversation starts/s (default: turn arrivals/s)"},
     {KVR_CLI_DOUBLE, "burstiness", F(lg.burstiness), .arg = "B", KVR_CLI_GT(0),
@@ -118,9 +120,11 @@ static const kvr_cli_opt_t options[] = {
     {KVR_CLI_UINT, "num-prompts", F(lg.num_prompts), .arg = "N", KVR_CLI_RANGE(1, 10000000),
      .help = "measured requests per level"},
     {KVR_CLI_UINT, "warmup", F(lg.warmup), .arg = "N", KVR_CLI_RANGE(0, 1000000),
-     .help = "extra requests at the start of each level, not measured"},
+     .help = "the first N requests of each level are warm-up, not measured (with --concurrency "
+             "each user's first request is too)"},
     {KVR_CLI_DOUBLE, "warmup-s", F(lg.warmup_s), .arg = "S", KVR_CLI_RANGE(0, 1e5),
-     .help = "rates: at least rate*S warm-up requests (simulated s)"},
+     .help = "rates: at least rate*S warm-up requests; concurrency: every request sent in the "
+             "first S s is warm-up (simulated s)"},
     {KVR_CLI_DOUBLE, "min-level-s", F(lg.min_level_s), .arg = "S", KVR_CLI_RANGE(0, 1e5),
      .help = "rates: at least rate*S measured requests (simulated s)"},
     {KVR_CLI_DOUBLE, "cooldown-s", F(cooldown_s), .arg = "S", KVR_CLI_MIN(0),

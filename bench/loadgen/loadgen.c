@@ -2,9 +2,11 @@
  *
  * Structs:
  *   kvr_loadgen_t  options, the workload (borrowed), the kvr_curlm_t, one scheduler timer (`tick`),
- *                  one progress timer, and the state of the level being run (`lv_*` fields).
+ *                  one progress timer, one `drain` timer that ends a concurrency level, and the
+ *                  state of the level being run.
  *   conv_t         one open conversation of the level: the kvr_conv_t from the workload, the
- *                  answers streamed so far, the next turn and when it becomes eligible.
+ *                  answers streamed so far (or synthetic ones for a history it starts in the middle
+ *                  of), the next turn and when it becomes eligible.
  *   req_t          one request: its easy handle, body, SSE splitter, streamed answer (kept
  *                  only when a later turn resends it), ITL samples and the kvr_req_rec_t being
  *                  filled. At most one is prepared ahead of its send (lg->ready).
@@ -20,7 +22,11 @@
  *                  tokens, usage, errors
  *   curl done cb: finish record -> kvr_stats_level_add -> conversation's next turn becomes eligible
  *                 after think time -> schedule()
- *   sent == total and nothing in flight -> uv_stop -> kvr_stats_level_finish -> return level
+ *   rate: sent == total and nothing in flight -> uv_stop -> kvr_stats_level_finish -> return level
+ *   concurrency (steady state, loadgen.h): every user starts mid-conversation (conv_steady_start);
+ *         each send is warm-up, measured or cool-down (classify); the last measured completion
+ *         halts sending and arms `drain` -> on_drained cancels the excluded requests in flight
+ *         -> uv_stop
  *
  * Invariants: every req_t is lg->ready (prepared, not handed to curl) or on the in-flight list
  * from kvr_curlm_add until its done callback (or an interrupt cancels it); a conv_t has at most
@@ -64,6 +70,7 @@ typedef struct conv_s {
   uint64_t eligible_ns; /* when next_turn may be sent (valid while waiting) */
   bool waiting;         /* next_turn is due to be sent and not in flight */
   bool dead;            /* finished or abandoned after a failure */
+  bool user_first;      /* its next send is its user's first request of the level */
   unsigned user;        /* concurrency mode: the user running it */
 } conv_t;
 
@@ -92,9 +99,10 @@ struct kvr_loadgen_s {
   const kvr_workload_t *wl;
   kvr_curlm_t *curlm;
   uv_timer_t tick, progress, sleeper;
-  int tfd; /* Linux: timerfd waking the loop SEND_EARLY_NS before the next send
-            * (hrtimer precision); -1 elsewhere (`tick` then wakes up to 1 ms early
-            * and re-arms with 0 ms until the send) */
+  uv_timer_t drain; /* ends a concurrency level from the loop once its measured requests are done */
+  int tfd;          /* Linux: timerfd waking the loop SEND_EARLY_NS before the next send
+                     * (hrtimer precision); -1 elsewhere (`tick` then wakes up to 1 ms early
+                     * and re-arms with 0 ms until the send) */
   uv_poll_t tfd_poll;
   int open_handles;
   bool interrupted;
@@ -125,6 +133,10 @@ struct kvr_loadgen_s {
   size_t progress_len;
   unsigned warmup; /* warm-up requests of this level */
   bool replay;     /* this level replays pre-built conversations (see replay_slot) */
+  bool halted;     /* nothing more is sent: early stop, or a concurrency level's measured requests
+                    * all completed */
+  size_t msent, mdone;          /* measured requests sent, and finished (ok or not) */
+  size_t nwarm, ncool, ncancel; /* warm-up and cool-down sends; cancelled in-flight requests */
 };
 
 void kvr_loadgen_opts_default(kvr_loadgen_opts_t *o) {
@@ -184,8 +196,9 @@ kvr_loadgen_t *kvr_loadgen_new(uv_loop_t *loop, const kvr_loadgen_opts_t *o,
   uv_timer_init(loop, &lg->tick);
   uv_timer_init(loop, &lg->progress);
   uv_timer_init(loop, &lg->sleeper);
-  lg->tick.data = lg->progress.data = lg->sleeper.data = lg;
-  lg->open_handles = 3;
+  uv_timer_init(loop, &lg->drain);
+  lg->tick.data = lg->progress.data = lg->sleeper.data = lg->drain.data = lg;
+  lg->open_handles = 4;
   lg->tfd = -1;
 #ifdef __linux__
   /* uv_hrtime() reads CLOCK_MONOTONIC, so a send time is directly an absolute timerfd deadline. */
@@ -210,6 +223,7 @@ void kvr_loadgen_free(kvr_loadgen_t *lg) {
   uv_close((uv_handle_t *)&lg->tick, on_handle_closed);
   uv_close((uv_handle_t *)&lg->progress, on_handle_closed);
   uv_close((uv_handle_t *)&lg->sleeper, on_handle_closed);
+  uv_close((uv_handle_t *)&lg->drain, on_handle_closed);
   if (lg->tfd >= 0)
     uv_close((uv_handle_t *)&lg->tfd_poll, on_handle_closed);
   /* Bounded: the handles and curl's sockets close within a few loop iterations. */
@@ -455,6 +469,19 @@ static size_t on_header(char *ptr, size_t size, size_t nmemb, void *userdata) {
 }
 
 static void schedule(kvr_loadgen_t *lg);
+static void on_drained(uv_timer_t *t);
+
+/* A concurrency level's measured requests have all completed: send nothing more, and end the level
+ * from the loop (the cancels must not run inside curl's done processing). */
+static void level_drained(kvr_loadgen_t *lg) {
+  lg->halted = true;
+  uv_timer_start(&lg->drain, on_drained, 0, 0);
+}
+
+/* Whether the level may send more: not halted and, in rate mode, not all its arrivals sent. */
+static bool may_send(const kvr_loadgen_t *lg) {
+  return !lg->halted && (lg->concurrency > 0 || lg->sent < lg->total);
+}
 
 /* Ends a conversation's current turn: store the answer, make the next turn eligible or close it. */
 static void conv_advance(kvr_loadgen_t *lg, conv_t *cv, req_t *r, bool ok, uint64_t now) {
@@ -464,6 +491,7 @@ static void conv_advance(kvr_loadgen_t *lg, conv_t *cv, req_t *r, bool ok, uint6
     cv->dead = true; /* without the answer the history cannot be resent faithfully */
     return;
   }
+  free(cv->answers[r->turn]); /* a pre-built answer (replay workload) gives way to the real one */
   cv->answers[r->turn] = kvr_buf_steal(&r->answer);
   if (cv->answers[r->turn] == NULL)
     cv->answers[r->turn] = kvr_xstrdup("");
@@ -525,6 +553,8 @@ static void finish_request(kvr_loadgen_t *lg, req_t *r, CURLcode result) {
   if (!rec->ok && !rec->warmup)
     lg->failed++;
   conv_advance(lg, r->cv, r, rec->ok, now);
+  if (!rec->warmup && ++lg->mdone == lg->o.num_prompts && lg->concurrency > 0)
+    level_drained(lg);
 }
 
 static void on_done(CURL *easy, CURLcode result, void *data) {
@@ -559,6 +589,19 @@ static conv_t *conv_open(kvr_loadgen_t *lg, unsigned user) {
   }
   lg->convs[lg->nconvs++] = cv;
   return cv;
+}
+
+/* A user's first conversation of a concurrency level, as observed mid-way: it starts at a turn
+ * drawn uniformly from its turns (by level seed and user), the turns before it carrying synthetic
+ * answers of their max_tokens (pre-built answers of a replay workload are kept). Its first send is
+ * the user's first request, always warm-up: that history is in no cache yet. */
+static void conv_steady_start(kvr_loadgen_t *lg, conv_t *cv) {
+  uint32_t start = kvr_workload_start_turn(lg->level_seed, cv->user, cv->conv.nturns);
+  for (uint32_t t = 0; t < start; t++)
+    if (cv->answers[t] == NULL)
+      cv->answers[t] = kvr_workload_answer(lg->wl, lg->level_seed, &cv->conv, t);
+  cv->next_turn = start;
+  cv->user_first = true;
 }
 
 static void conv_free(conv_t *cv) {
@@ -606,6 +649,33 @@ static req_t *req_prepare(kvr_loadgen_t *lg, conv_t *cv, uint32_t turn) {
   return r;
 }
 
+kvr_loadgen_phase_t kvr_loadgen_phase(const kvr_loadgen_opts_t *o, const kvr_loadgen_send_t *s) {
+  if (s->user_first || s->sent < o->warmup || s->since_s < o->warmup_s)
+    return KVR_LOADGEN_WARMUP;
+  return s->measured_sent < o->num_prompts ? KVR_LOADGEN_MEASURED : KVR_LOADGEN_COOLDOWN;
+}
+
+/* Flags r, sent now (r->sent_ns) from cv, as warm-up, measured or cool-down, and counts it. */
+static void classify(kvr_loadgen_t *lg, req_t *r, conv_t *cv) {
+  r->rec.user = lg->concurrency > 0 ? (int32_t)cv->user : -1;
+  if (lg->concurrency == 0) {
+    r->rec.warmup = lg->sent < lg->warmup;
+  } else {
+    kvr_loadgen_send_t snd = {cv->user_first, lg->sent,
+                              (double)(r->sent_ns - lg->start_ns) / 1e9 * scale(lg), lg->msent};
+    kvr_loadgen_phase_t ph = kvr_loadgen_phase(&lg->o, &snd);
+    r->rec.warmup = ph != KVR_LOADGEN_MEASURED;
+    r->rec.cooldown = ph == KVR_LOADGEN_COOLDOWN;
+    cv->user_first = false;
+  }
+  if (!r->rec.warmup)
+    lg->msent++;
+  else if (r->rec.cooldown)
+    lg->ncool++;
+  else
+    lg->nwarm++;
+}
+
 /* Sends turn cv->next_turn now; target_ns is when it was due (for the lag). The request prepared
  * ahead is used when it is this one, else it is built now (and the lag shows the cost). */
 static void send_turn(kvr_loadgen_t *lg, conv_t *cv, uint64_t target_ns) {
@@ -617,10 +687,10 @@ static void send_turn(kvr_loadgen_t *lg, conv_t *cv, uint64_t target_ns) {
     r = req_prepare(lg, cv, cv->next_turn);
   }
   cv->waiting = false;
-  r->rec.warmup = lg->sent < lg->warmup;
-  lg->sent++;
   /* The send instant: the request is handed to curl right after this (send lag = this - due). */
   r->sent_ns = uv_hrtime();
+  classify(lg, r, cv);
+  lg->sent++;
   r->rec.target_s = (double)(target_ns - lg->start_ns) / 1e9 * scale(lg);
   r->rec.lag_ms = r->sent_ns > target_ns ? (double)(r->sent_ns - target_ns) / 1e6 : 0;
   if (kvr_curlm_add(lg->curlm, r->easy, on_done, r) != 0) {
@@ -656,7 +726,7 @@ static void replay_slot(const kvr_loadgen_t *lg, size_t i, uint64_t *k, uint32_t
  * in the other rate modes the first turn of the next new conversation (a follow-up that became
  * eligible meanwhile is built at its send instead). Concurrency mode has no send times. */
 static void prepare_next(kvr_loadgen_t *lg) {
-  if (lg->ready != NULL || lg->sent >= lg->total || lg->rate <= 0 || lg->interrupted)
+  if (lg->ready != NULL || !may_send(lg) || lg->rate <= 0 || lg->interrupted)
     return;
   if (lg->spare == NULL)
     lg->spare = conv_make(lg);
@@ -746,7 +816,7 @@ static void schedule(kvr_loadgen_t *lg) {
   uint64_t next_due = UINT64_MAX;
   if (lg->replay) {
     /* Replay: arrival i sends the pre-assigned turn of its conversation, done or not. */
-    while (lg->next_arrival < lg->total) {
+    while (may_send(lg) && lg->next_arrival < lg->total) {
       uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
       if (!due_now(due, &now)) {
         next_due = due - SEND_EARLY_NS;
@@ -763,7 +833,7 @@ static void schedule(kvr_loadgen_t *lg) {
   } else if (lg->rate > 0 && !lg->o.sessions) {
     /* Turn arrivals: each due arrival takes the oldest eligible follow-up, else a new conversation.
      */
-    while (lg->next_arrival < lg->total) {
+    while (may_send(lg) && lg->next_arrival < lg->total) {
       uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
       if (!due_now(due, &now)) {
         next_due = due - SEND_EARLY_NS;
@@ -779,7 +849,7 @@ static void schedule(kvr_loadgen_t *lg) {
   } else {
     if (lg->rate > 0) {
       /* Sessions: arrivals open conversations; eligible follow-ups go out on their own. */
-      while (lg->next_arrival < lg->total && lg->sent < lg->total) {
+      while (lg->next_arrival < lg->total && may_send(lg)) {
         uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
         if (!due_now(due, &now)) {
           next_due = due - SEND_EARLY_NS;
@@ -791,7 +861,7 @@ static void schedule(kvr_loadgen_t *lg) {
     }
     uint64_t when = 0;
     conv_t *cv;
-    while (lg->sent < lg->total && (cv = earliest_waiting(lg, &when)) != NULL) {
+    while (may_send(lg) && (cv = earliest_waiting(lg, &when)) != NULL) {
       if (when > now) {
         next_due = KVR_MIN(next_due, when);
         break;
@@ -800,7 +870,7 @@ static void schedule(kvr_loadgen_t *lg) {
     }
     if (lg->concurrency > 0) {
       /* Closed loop: a user whose conversation ended starts the next one at once. */
-      for (size_t i = 0; i < lg->nconvs && lg->sent < lg->total; i++) {
+      for (size_t i = 0; i < lg->nconvs && may_send(lg); i++) {
         conv_t *old = lg->convs[i];
         if (!old->dead || old->user == UINT32_MAX)
           continue;
@@ -810,18 +880,18 @@ static void schedule(kvr_loadgen_t *lg) {
       }
     }
   }
-  if (lg->sent >= lg->total && lg->ninflight == 0) {
+  if (!may_send(lg) && lg->ninflight == 0) {
     disarm(lg);
     uv_stop(lg->loop);
     return;
   }
   /* Arm first: preparing the next request takes tens of microseconds and must not delay the wake-up
    * (the deadline is absolute, so the time spent here does not shift it). */
-  if (lg->sent < lg->total && next_due != UINT64_MAX)
+  if (may_send(lg) && next_due != UINT64_MAX)
     arm(lg, next_due, uv_hrtime());
   else
     disarm(lg);
-  if (lg->spare == NULL && lg->sent < lg->total)
+  if (lg->spare == NULL && may_send(lg))
     lg->spare = conv_make(lg);
   prepare_next(lg);
 }
@@ -901,21 +971,25 @@ static void print_progress(kvr_loadgen_t *lg, bool final) {
   if (lg->rate > 0 && lg->total > 0 && !lg->o.sessions) {
     double last = (double)lg->arrivals[lg->total - 1] / 1e9;
     left = fmax(0, last - elapsed);
-  } else if (lg->done > 0) {
+  } else if (lg->concurrency > 0 && lg->mdone > 0) {
+    left = elapsed / (double)lg->mdone * (double)(lg->o.num_prompts - lg->mdone);
+  } else if (lg->concurrency == 0 && lg->done > 0) {
     left = elapsed / (double)lg->done * (double)(lg->total - lg->done);
   }
-  char load[48];
-  if (lg->concurrency)
+  char load[48], sent[64];
+  if (lg->concurrency) {
     snprintf(load, sizeof(load), "%u users", lg->concurrency);
-  else
+    snprintf(sent, sizeof(sent), "%zu (measured %zu/%zu)", lg->sent, lg->msent, lg->o.num_prompts);
+  } else {
     snprintf(load, sizeof(load), "%.3g %s", lg->rate, lg->o.sessions ? "conv/s" : "req/s");
+    snprintf(sent, sizeof(sent), "%zu/%zu", lg->sent, lg->total);
+  }
   char line[256];
   int n = snprintf(line, sizeof(line),
-                   "[%s %s] sent %zu/%zu done %zu inflight %zu errors %zu | TTFT p99 %.0f ms TPOT "
+                   "[%s %s] sent %s done %zu inflight %zu errors %zu | TTFT p99 %.0f ms TPOT "
                    "p99 %.1f ms | %.0fs left",
-                   lg->label ? lg->label : "", load, lg->sent, lg->total, lg->done, lg->ninflight,
-                   lg->failed, running_p99(lg->lv, false), running_p99(lg->lv, true),
-                   final ? 0.0 : left);
+                   lg->label ? lg->label : "", load, sent, lg->done, lg->ninflight, lg->failed,
+                   running_p99(lg->lv, false), running_p99(lg->lv, true), final ? 0.0 : left);
   if (lg->o.progress_tty) {
     fprintf(f, "\r%s", line);
     for (size_t i = (size_t)n; i < lg->progress_len; i++)
@@ -948,25 +1022,23 @@ static void on_progress(uv_timer_t *t) {
 
 /* ---- levels ---------------------------------------------------------------------------------- */
 
-int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, unsigned concurrency,
-                          uint64_t level_seed, const kvr_slo_t *slo, kvr_level_t **out) {
-  *out = NULL;
-  if ((rate > 0) == (concurrency > 0) || !(rate >= 0))
-    return KVR_EINVAL;
-  kvr_level_t *lv = kvr_stats_level_new(rate, concurrency);
-  lg->lv = lv;
-  lg->label = label;
+/* Resets the level state for a level at rate or concurrency; returns the measured requests planned
+ * (at least num_prompts; rate mode raises it with --min-level-s). */
+static size_t level_reset(kvr_loadgen_t *lg, double rate, unsigned concurrency,
+                          const kvr_slo_t *slo) {
   lg->rate = rate;
   lg->concurrency = concurrency;
-  lg->level_seed = level_seed;
   lg->warmup = lg->o.warmup;
   size_t measured = lg->o.num_prompts;
   if (rate > 0) {
     lg->warmup = (unsigned)KVR_MAX((double)lg->warmup, ceil(rate * lg->o.warmup_s));
     measured = (size_t)KVR_MAX((double)measured, ceil(rate * lg->o.min_level_s));
   }
+  /* Concurrency mode: the plan (its sends are not counted against it; see may_send()). */
   lg->total = lg->warmup + measured;
   lg->sent = lg->done = lg->failed = lg->next_arrival = 0;
+  lg->msent = lg->mdone = lg->nwarm = lg->ncool = lg->ncancel = 0;
+  lg->halted = false;
   /* p99 = s[lo] + (s[hi] - s[lo]) * frac over the n completed (src/quantile.h): it misses once
    * n - lo values are at or over the SLO. n - lo grows with n, so n = measured is the safe count,
    * plus the failures the SLO tolerates (they could be the slow ones and drop out). */
@@ -982,49 +1054,32 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
   lg->arrivals = NULL;
   const kvr_workload_opts_t *wo = kvr_workload_opts(lg->wl);
   lg->replay = rate > 0 && !lg->o.sessions && wo->kind == KVR_WL_MULTITURN && wo->replay;
-  if (rate > 0) {
-    /* Gamma gaps with mean 1/real_rate (vllm's burstiness: shape k, scale 1/(rate*k)). */
-    double real_rate = rate * scale(lg);
-    size_t narr = lg->total;
-    lg->arrivals = kvr_xmalloc(narr * sizeof(uint64_t));
-    kvr_rng_t rng;
-    kvr_workload_rng_seed(&rng, kvr_workload_mix(level_seed, 0xA77));
-    double t = 0;
-    for (size_t i = 0; i < narr; i++) {
-      lg->arrivals[i] = (uint64_t)(t * 1e9);
-      t += kvr_workload_rng_gamma(&rng, lg->o.burstiness, 1.0 / (real_rate * lg->o.burstiness));
-    }
+  return measured;
+}
+
+/* Rate mode: the arrival schedule, gamma gaps with mean 1/real_rate (vllm's burstiness: shape k,
+ * scale 1/(rate*k)). */
+static void build_arrivals(kvr_loadgen_t *lg) {
+  double real_rate = lg->rate * scale(lg);
+  lg->arrivals = kvr_xmalloc(lg->total * sizeof(uint64_t));
+  kvr_rng_t rng;
+  kvr_workload_rng_seed(&rng, kvr_workload_mix(lg->level_seed, 0xA77));
+  double t = 0;
+  for (size_t i = 0; i < lg->total; i++) {
+    lg->arrivals[i] = (uint64_t)(t * 1e9);
+    t += kvr_workload_rng_gamma(&rng, lg->o.burstiness, 1.0 / (real_rate * lg->o.burstiness));
   }
-  /* Measured records keep their ITLs: size for the longest outputs so none is copied mid-level. */
-  kvr_stats_level_reserve(lv, lg->total, measured * KVR_MAX(wo->out_max, 1u));
-  lg->start_ns = uv_hrtime();
-  lg->last_progress_ns = lg->start_ns;
-  if (lg->o.progress && !lg->o.progress_tty) {
-    fprintf(lg->o.progress, "[%s] level start: %s %.3g, %zu requests (%u warm-up)\n",
-            label ? label : "", concurrency ? "users" : "rate",
-            concurrency ? (double)concurrency : rate, lg->total, lg->warmup);
-    fflush(lg->o.progress);
-  }
-  if (concurrency > 0) {
-    for (unsigned u = 0; u < concurrency && lg->sent < lg->total; u++)
-      send_turn(lg, conv_open(lg, u), lg->start_ns);
-  }
-  if (lg->o.progress)
-    uv_timer_start(&lg->progress, on_progress, 1000, 1000);
-  if (!lg->interrupted) {
-    schedule(lg);
-    if (!(lg->sent >= lg->total && lg->ninflight == 0)) {
-      lg->running = true;
-      uv_run(lg->loop, UV_RUN_DEFAULT);
-      lg->running = false;
-    }
-  }
-  disarm(lg);
-  uv_timer_stop(&lg->progress);
-  print_progress(lg, true);
+}
+
+/* Frees the level's conversations, prepared request and arrivals; hands lv its counts. */
+static void level_cleanup(kvr_loadgen_t *lg, kvr_level_t *lv, const kvr_slo_t *slo) {
   lv->interrupted = lg->interrupted;
   lv->stopped_early = lg->stopped_early;
   lv->ttft_over_slo = lg->ttft_over;
+  lv->steady_state = lg->concurrency > 0;
+  lv->warmup_requests = lg->nwarm;
+  lv->cooldown_requests = lg->ncool;
+  lv->cancelled_requests = lg->ncancel;
   kvr_stats_level_finish(lv, slo);
   for (size_t i = 0; i < lg->nconvs; i++)
     conv_free(lg->convs[i]);
@@ -1038,6 +1093,59 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
   lg->nconvs = lg->capconvs = 0;
   free(lg->arrivals);
   lg->arrivals = NULL;
+}
+
+int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, unsigned concurrency,
+                          uint64_t level_seed, const kvr_slo_t *slo, kvr_level_t **out) {
+  *out = NULL;
+  if ((rate > 0) == (concurrency > 0) || !(rate >= 0))
+    return KVR_EINVAL;
+  kvr_level_t *lv = kvr_stats_level_new(rate, concurrency);
+  lg->lv = lv;
+  lg->label = label;
+  lg->level_seed = level_seed;
+  size_t measured = level_reset(lg, rate, concurrency, slo);
+  if (rate > 0)
+    build_arrivals(lg);
+  /* Measured records keep their ITLs: size for the longest outputs so none is copied mid-level.
+   * A concurrency level also records each user's first request and some cool-down ones. */
+  const kvr_workload_opts_t *wo = kvr_workload_opts(lg->wl);
+  kvr_stats_level_reserve(lv, lg->total + 2 * (size_t)concurrency,
+                          measured * KVR_MAX(wo->out_max, 1u));
+  lg->start_ns = uv_hrtime();
+  lg->last_progress_ns = lg->start_ns;
+  if (lg->o.progress && !lg->o.progress_tty) {
+    if (concurrency)
+      fprintf(lg->o.progress,
+              "[%s] level start: users %u, %zu measured requests in steady state (warm-up: each "
+              "user's first request and the first %u)\n",
+              label ? label : "", concurrency, measured, lg->warmup);
+    else
+      fprintf(lg->o.progress, "[%s] level start: rate %.3g, %zu requests (%u warm-up)\n",
+              label ? label : "", rate, lg->total, lg->warmup);
+    fflush(lg->o.progress);
+  }
+  /* Closed loop: every user starts mid-conversation at once (see conv_steady_start). */
+  for (unsigned u = 0; u < concurrency && may_send(lg); u++) {
+    conv_t *cv = conv_open(lg, u);
+    conv_steady_start(lg, cv);
+    send_turn(lg, cv, lg->start_ns);
+  }
+  if (lg->o.progress)
+    uv_timer_start(&lg->progress, on_progress, 1000, 1000);
+  if (!lg->interrupted) {
+    schedule(lg);
+    if (may_send(lg) || lg->ninflight > 0) {
+      lg->running = true;
+      uv_run(lg->loop, UV_RUN_DEFAULT);
+      lg->running = false;
+    }
+  }
+  disarm(lg);
+  uv_timer_stop(&lg->progress);
+  uv_timer_stop(&lg->drain);
+  print_progress(lg, true);
+  level_cleanup(lg, lv, slo);
   lg->lv = NULL;
   *out = lv;
   return 0;
@@ -1050,9 +1158,11 @@ static void stop_level(kvr_loadgen_t *lg) {
     inflight_remove(lg, r);
     kvr_curlm_cancel(lg->curlm, r->easy);
     req_free(r);
+    lg->ncancel++;
   }
   disarm(lg);
   uv_timer_stop(&lg->sleeper);
+  uv_timer_stop(&lg->drain);
   if (lg->running)
     uv_stop(lg->loop);
 }
@@ -1063,12 +1173,21 @@ static void on_stop_early(uv_timer_t *t) {
   if (lg->lv == NULL || lg->interrupted)
     return;
   lg->stopped_early = true;
-  lg->sent = lg->total; /* nothing more is sent */
+  lg->halted = true; /* nothing more is sent */
   stop_level(lg);
+}
+
+/* A concurrency level's measured requests all completed (level_drained): the excluded requests
+ * still in flight are cancelled as a client closing its connections would (not recorded). */
+static void on_drained(uv_timer_t *t) {
+  kvr_loadgen_t *lg = t->data;
+  if (lg->lv != NULL)
+    stop_level(lg);
 }
 
 void kvr_loadgen_interrupt(kvr_loadgen_t *lg) {
   lg->interrupted = true;
+  lg->halted = true;
   stop_level(lg);
 }
 

@@ -19,8 +19,25 @@
  *                         a conversation of its own: a dataset of prompts sampled at random, only
  *                         the starters shared (the calibration shape).
  *   rate > 0, sessions    arrivals start conversations; later turns follow their predecessor.
- *   concurrency > 0       N closed-loop users, each running conversations turn after turn.
- * A level sends warmup + num_prompts requests; the first `warmup` are flagged and not measured.
+ *   concurrency > 0       N closed-loop users, each running conversations turn after turn
+ *                         (always as sessions: the answers streamed back are resent), measured
+ *                         in steady state, as a fleet of N users chatting continuously would be
+ *                         observed (see "Steady state" below).
+ * A rate level sends warmup + num_prompts requests (warmup raised to rate * warmup_s); the first
+ * `warmup` are flagged and not measured.
+ *
+ * Steady state (concurrency levels; bench/loadgen/README.md has the why):
+ *   start     user u's first conversation starts at turn kvr_workload_start_turn(level_seed, u,
+ *             nturns) (uniform over the turns), its earlier turns carrying synthetic answers of
+ *             their max_tokens (kvr_workload_answer): a user observed mid-conversation. Later
+ *             conversations start at turn 1. Single-turn conversations are unaffected.
+ *   warm-up   a send is warm-up when it is its user's first (its history is cold), one of the
+ *             first `warmup` sends, or sent before warmup_s simulated seconds since the level
+ *             start (kvr_loadgen_phase). The next num_prompts sends are measured.
+ *   drain     after the last measured send the users keep sending (cool-down: flagged warmup and
+ *             cooldown, excluded from every metric) until every measured request completed; then
+ *             nothing more is sent and the excluded requests still in flight are cancelled (not
+ *             recorded, not failures), so every measured request ran at N users' load.
  *
  * Time scale N (matches `kvrouter sim --time-scale N`): a target rate R (simulated) is sent at R*N
  * real req/s, think times are divided by N, and measured durations are multiplied by N, so every
@@ -55,9 +72,10 @@ typedef struct kvr_loadgen_opts_s {
   double time_scale;  /* >= 1e-6; 1 = real time */
   double burstiness;  /* gamma shape; 1 = Poisson */
   bool sessions;      /* rate = conversation starts/s */
-  unsigned warmup;    /* requests per level excluded from metrics */
+  unsigned warmup;    /* requests per level excluded from metrics (the first sends) */
   double warmup_s;    /* rate mode: at least rate * warmup_s warm-up requests (simulated s), so
-                       * the measured part starts once the system has filled up */
+                       * the measured part starts once the system has filled up; concurrency
+                       * mode: every send in the first warmup_s simulated seconds is warm-up */
   double min_level_s; /* rate mode: at least rate * min_level_s measured requests (simulated
                        * s): a level must last several response times to measure capacity */
   size_t num_prompts; /* measured requests per level */
@@ -67,6 +85,26 @@ typedef struct kvr_loadgen_opts_s {
   FILE *progress;           /* progress lines go here; NULL = silent */
   bool progress_tty;        /* rewrite one line with \r instead of printing plain lines */
 } kvr_loadgen_opts_t;
+
+/* What a send of a concurrency level is (the steady-state rule above). */
+typedef enum {
+  KVR_LOADGEN_WARMUP = 0, /* excluded: cold history or the system still filling up */
+  KVR_LOADGEN_MEASURED,
+  KVR_LOADGEN_COOLDOWN, /* excluded: keeps the load at N users until the measured ones finish */
+} kvr_loadgen_phase_t;
+
+/* One send of a concurrency level as kvr_loadgen_phase() sees it. */
+typedef struct kvr_loadgen_send_s {
+  bool user_first;      /* its user's first request of the level */
+  size_t sent;          /* requests of the level sent before it */
+  double since_s;       /* simulated seconds from the level start to the send */
+  size_t measured_sent; /* measured requests sent before it */
+} kvr_loadgen_send_t;
+
+/* The phase of send s under opts (warmup, warmup_s, num_prompts): warm-up when s is its user's
+ * first, one of the first opts->warmup sends or sent before opts->warmup_s; else measured while
+ * fewer than opts->num_prompts were; else cool-down. Pure. */
+kvr_loadgen_phase_t kvr_loadgen_phase(const kvr_loadgen_opts_t *opts, const kvr_loadgen_send_t *s);
 
 /* Fills opts with defaults (chat, ignore_eos, time scale 1, Poisson, 300 prompts, no warm-up). */
 void kvr_loadgen_opts_default(kvr_loadgen_opts_t *opts);
@@ -80,14 +118,16 @@ kvr_loadgen_t *kvr_loadgen_new(uv_loop_t *loop, const kvr_loadgen_opts_t *opts,
  * lg. Accepts NULL. */
 void kvr_loadgen_free(kvr_loadgen_t *lg);
 
-/* Runs one level to completion on the loop (returns when every request finished, or at once after
- * kvr_loadgen_interrupt()). Exactly one of rate (report req/s) and concurrency is > 0. The level's
- * trace is a pure function of level_seed. label names the run in progress lines. On success *out is
- * a finished level (SLO-checked against slo) owned by the caller. Returns 0 or KVR_EINVAL.
- * With opts.early_stop the level ends (in-flight requests cancelled, not recorded) once so many
- * measured requests have had a first token at or over slo->ttft_p99_ms that the level's TTFT p99
- * would miss the SLO whatever the rest do (even if the failures the SLO allows were among them);
- * the level is then marked stopped_early and fails on TTFT. */
+/* Runs one level to completion on the loop (returns when every request finished, in a concurrency
+ * level when every measured one did, or at once after kvr_loadgen_interrupt()). Exactly one of
+ * rate (report req/s) and concurrency is > 0. The level's trace is a pure function of level_seed
+ * (in a concurrency level, up to which user sends next: that follows the completions). label names
+ * the run in progress lines. On success *out is a finished level (SLO-checked against slo) owned by
+ * the caller. Returns 0 or KVR_EINVAL. With opts.early_stop the level ends (in-flight requests
+ * cancelled, not recorded) once so many measured requests have had a first token at or over
+ * slo->ttft_p99_ms that the level's TTFT p99 would miss the SLO whatever the rest do (even if the
+ * failures the SLO allows were among them); the level is then marked stopped_early and fails on
+ * TTFT. */
 int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, unsigned concurrency,
                           uint64_t level_seed, const kvr_slo_t *slo, kvr_level_t **out);
 

@@ -4,8 +4,10 @@
  *
  * Structs: none of its own; cJSON objects are built from a kvr_level_t and freed after printing.
  *
- * Invariants: warm-up requests are left out of the per-level arrays (input_lens, ttfts, ...) and
- * kept, flagged, in the JSONL; the engine figures are null when no worker's /metrics was read.
+ * Invariants: warm-up and cool-down requests are left out of the per-level arrays (input_lens,
+ * ttfts, ... and the kvrouter object's cached_lens, e2els, tpots, turns, all aligned: entry i of
+ * each is the same measured request, in completion order) and kept, flagged, in the JSONL; the
+ * engine figures are null when no worker's /metrics was read.
  */
 #include "report.h"
 
@@ -81,12 +83,17 @@ static void vllm_keys(cJSON *o, const kvr_results_t *res, const kvr_run_t *run,
   add_dist(o, "e2el", &lv->e2e);
 }
 
-/* vllm's per-request arrays, measured requests only. */
-static void vllm_arrays(cJSON *o, const kvr_level_t *lv) {
+/* vllm's per-request arrays in o and, aligned with them, the ones vllm lacks in k (cached tokens,
+ * E2E and TPOT in ms, TPOT -1 under 2 tokens, 1-based turn); measured requests only. */
+static void request_arrays(cJSON *o, cJSON *k, const kvr_level_t *lv) {
   cJSON *in = cJSON_AddArrayToObject(o, "input_lens");
   cJSON *outl = cJSON_AddArrayToObject(o, "output_lens");
   cJSON *ttfts = cJSON_AddArrayToObject(o, "ttfts");
   cJSON *errs = cJSON_AddArrayToObject(o, "errors");
+  cJSON *cached = cJSON_AddArrayToObject(k, "cached_lens");
+  cJSON *e2els = cJSON_AddArrayToObject(k, "e2els");
+  cJSON *tpots = cJSON_AddArrayToObject(k, "tpots");
+  cJSON *turns = cJSON_AddArrayToObject(k, "turns");
   for (size_t i = 0; i < lv->nrecs; i++) {
     const kvr_req_rec_t *r = &lv->recs[i];
     if (r->warmup)
@@ -95,6 +102,10 @@ static void vllm_arrays(cJSON *o, const kvr_level_t *lv) {
     cJSON_AddItemToArray(outl, cJSON_CreateNumber(r->output_tokens));
     cJSON_AddItemToArray(ttfts, cJSON_CreateNumber(r->ttft_ms >= 0 ? r->ttft_ms / 1000.0 : 0));
     cJSON_AddItemToArray(errs, cJSON_CreateString(r->error));
+    cJSON_AddItemToArray(cached, cJSON_CreateNumber(r->cached_tokens));
+    cJSON_AddItemToArray(e2els, cJSON_CreateNumber(r->e2e_ms));
+    cJSON_AddItemToArray(tpots, cJSON_CreateNumber(r->tpot_ms >= 0 ? r->tpot_ms : -1));
+    cJSON_AddItemToArray(turns, cJSON_CreateNumber(r->turn));
   }
 }
 
@@ -109,7 +120,11 @@ static void run_keys(cJSON *k, const kvr_results_t *res, const kvr_run_t *run,
                                                 : "turn arrivals per second");
   cJSON_AddNumberToObject(k, "time_scale", res->time_scale);
   cJSON_AddNumberToObject(k, "seed", (double)res->seed);
-  cJSON_AddNumberToObject(k, "warmup_requests", res->warmup);
+  /* Concurrency levels are measured in steady state (bench/loadgen/loadgen.h). */
+  cJSON_AddBoolToObject(k, "steady_state", lv->steady_state);
+  cJSON_AddNumberToObject(k, "warmup_requests", (double)lv->warmup_requests);
+  cJSON_AddNumberToObject(k, "cooldown_requests", (double)lv->cooldown_requests);
+  cJSON_AddNumberToObject(k, "cancelled_requests", (double)lv->cancelled_requests);
   cJSON_AddNumberToObject(k, "measured_requests", (double)lv->measured);
   cJSON_AddNumberToObject(k, "achieved_rate", lv->achieved_rate);
   cJSON_AddNumberToObject(k, "scheduled_rate", lv->scheduled_rate);
@@ -177,8 +192,9 @@ void kvr_report_level_json(const kvr_results_t *res, const kvr_run_t *run, const
                            kvr_buf_t *out) {
   cJSON *o = cJSON_CreateObject();
   vllm_keys(o, res, run, lv);
-  vllm_arrays(o, lv);
-  cJSON *k = cJSON_AddObjectToObject(o, "kvrouter");
+  cJSON *k = cJSON_CreateObject();
+  request_arrays(o, k, lv);
+  cJSON_AddItemToObject(o, "kvrouter", k);
   run_keys(k, res, run, lv);
   verdict_keys(k, run, lv);
   extra_lists(k, res, lv);
@@ -197,20 +213,21 @@ void kvr_report_jsonl(const kvr_run_t *run, const kvr_level_t *lv, kvr_buf_t *ou
     kvr_buf_puts(out, "{\"label\":");
     kvr_buf_json_str(out, run->label, strlen(run->label));
     if (lv->concurrency)
-      kvr_buf_printf(out, ",\"concurrency\":%u", lv->concurrency);
+      kvr_buf_printf(out, ",\"concurrency\":%u,\"user\":%d", lv->concurrency, (int)r->user);
     else
       kvr_buf_printf(out, ",\"rate\":%.6g", lv->rate);
     kvr_buf_printf(out,
-                   ",\"conversation\":%llu,\"turn\":%u,\"warmup\":%s,\"ok\":%s,\"status\":%d,"
+                   ",\"conversation\":%llu,\"turn\":%u,\"warmup\":%s,\"cooldown\":%s,\"ok\":%s,"
+                   "\"status\":%d,"
                    "\"target_s\":%.6f,\"sent_s\":%.6f,\"lag_ms\":%.4f,\"ttft_ms\":%.3f,"
                    "\"transport_ms\":%.3f,\"tpot_ms\":%.3f,\"e2e_ms\":%.3f,\"itl_count\":%u,"
                    "\"itl_mean_ms\":%.3f,\"itl_max_ms\":%.3f,\"output_tokens\":%u,\"chunks\":%u,"
                    "\"prompt_tokens\":%u,\"cached_tokens\":%u,\"usage\":%s,\"worker\":",
                    (unsigned long long)r->conv, r->turn, r->warmup ? "true" : "false",
-                   r->ok ? "true" : "false", r->status, r->target_s, r->sent_s, r->lag_ms,
-                   r->ttft_ms, r->transport_ms, r->tpot_ms, r->e2e_ms, r->n_itl, r->itl_mean_ms,
-                   r->itl_max_ms, r->output_tokens, r->chunks, r->prompt_tokens, r->cached_tokens,
-                   r->usage_seen ? "true" : "false");
+                   r->cooldown ? "true" : "false", r->ok ? "true" : "false", r->status, r->target_s,
+                   r->sent_s, r->lag_ms, r->ttft_ms, r->transport_ms, r->tpot_ms, r->e2e_ms,
+                   r->n_itl, r->itl_mean_ms, r->itl_max_ms, r->output_tokens, r->chunks,
+                   r->prompt_tokens, r->cached_tokens, r->usage_seen ? "true" : "false");
     kvr_buf_json_str(out, r->worker, strlen(r->worker));
     kvr_buf_puts(out, ",\"error\":");
     kvr_buf_json_str(out, r->error, strlen(r->error));

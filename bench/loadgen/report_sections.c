@@ -367,17 +367,22 @@ static void param_loads(const kvr_results_t *res, const double *loads, size_t nl
   kvr_buf_free(&v);
 }
 
+typedef enum { COUNT_MEASURED, COUNT_WARMUP, COUNT_COOLDOWN } count_t;
+
 /* The smallest and largest count over the levels that ran to their end (interrupted ones sent
- * less), of warm-up records (warmup) or measured ones; false when no level ran to its end. */
-static bool level_counts(const kvr_results_t *res, bool warmup, size_t *lo, size_t *hi) {
+ * less), of measured requests, or warm-up or cool-down sends; false when no level ran to its
+ * end. */
+static bool level_counts(const kvr_results_t *res, count_t what, size_t *lo, size_t *hi) {
   bool any = false;
   *lo = SIZE_MAX, *hi = 0;
   for (size_t r = 0; r < res->nruns; r++)
     for (size_t i = 0; i < res->runs[r].nlevels; i++) {
       const kvr_level_t *lv = res->runs[r].levels[i];
-      if (lv->interrupted || (!warmup && lv->stopped_early))
+      if (lv->interrupted || (what == COUNT_MEASURED && lv->stopped_early))
         continue;
-      size_t k = warmup ? lv->nrecs - lv->measured : lv->measured;
+      size_t k = what == COUNT_WARMUP     ? lv->warmup_requests
+                 : what == COUNT_COOLDOWN ? lv->cooldown_requests
+                                          : lv->measured;
       *lo = KVR_MIN(*lo, k);
       *hi = KVR_MAX(*hi, k);
       any = true;
@@ -390,7 +395,8 @@ static bool level_counts(const kvr_results_t *res, bool warmup, size_t *lo, size
 static void param_prompts(const kvr_results_t *res, kvr__doc_t *d) {
   const char *name = res->concurrency_mode ? "Prompts per Level" : "Prompts per Rate";
   size_t lo, hi;
-  if (!level_counts(res, false, &lo, &hi) || (lo == res->num_prompts && hi == res->num_prompts))
+  if (!level_counts(res, COUNT_MEASURED, &lo, &hi) ||
+      (lo == res->num_prompts && hi == res->num_prompts))
     param(d, name, "%zu", res->num_prompts);
   else if (lo == hi)
     param(d, name, "%zu asked, %zu measured at every level run to its end", res->num_prompts, lo);
@@ -399,10 +405,41 @@ static void param_prompts(const kvr_results_t *res, kvr__doc_t *d) {
           hi);
 }
 
+/* "N" or "N-M" requests per level. */
+static void fmt_range(size_t lo, size_t hi, char *buf, size_t size) {
+  if (lo == hi)
+    snprintf(buf, size, "%zu", lo);
+  else
+    snprintf(buf, size, "%zu-%zu", lo, hi);
+}
+
+/* Concurrency levels: steady state's warm-up and cool-down, as the levels sent them. */
+static void param_steady(const kvr_results_t *res, kvr__doc_t *d) {
+  size_t lo, hi, clo, chi;
+  char w[48], c[48];
+  if (!level_counts(res, COUNT_WARMUP, &lo, &hi) || !level_counts(res, COUNT_COOLDOWN, &clo, &chi))
+    lo = hi = clo = chi = 0;
+  fmt_range(lo, hi, w, sizeof(w));
+  fmt_range(clo, chi, c, sizeof(c));
+  char first[48] = "";
+  if (res->warmup > 0)
+    snprintf(first, sizeof(first), ", the first %u sent", res->warmup);
+  param(d, "Warm-up / Cool-down",
+        "measured in steady state: %s warm-up requests per level (each user's first, whose "
+        "history is cold%s, and any sent within " C "--warmup-s" C
+        "), then the measured ones, then %s cool-down requests sent while those finished "
+        "(all excluded from metrics; those still in flight at the end were cancelled)",
+        w, first, c);
+}
+
 /* The warm-up requests the levels actually sent (--warmup-s raises them with the rate). */
 static void param_warmup(const kvr_results_t *res, kvr__doc_t *d) {
   size_t lo, hi;
-  if (!level_counts(res, true, &lo, &hi))
+  if (res->concurrency_mode) {
+    param_steady(res, d);
+    return;
+  }
+  if (!level_counts(res, COUNT_WARMUP, &lo, &hi))
     lo = hi = res->warmup;
   if (lo == hi)
     param(d, "Warm-up", "first %zu requests of each level, excluded from metrics", lo);
@@ -426,7 +463,10 @@ static void section_workload(const kvr_results_t *res, const double *loads, size
   param_loads(res, loads, nloads, d);
   if (res->concurrency_mode)
     param(d, "Load",
-          "N closed-loop users, each running its conversations turn after turn with think time");
+          "N closed-loop users, each running its conversations turn after turn with think time, "
+          "observed in steady state: each user's first conversation starts at a uniformly drawn "
+          "turn with a synthetic history, and the users keep sending until every measured "
+          "request completed");
   else
     param(d, "Rate Meaning", "%s", rate_meaning(res));
   if (!res->concurrency_mode)

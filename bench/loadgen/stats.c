@@ -11,7 +11,8 @@
  * Flow: load generator -> kvr_stats_level_add() per finished request -> kvr_stats_level_finish()
  * once the level is over -> kvr_stats_run_add() -> report.
  *
- * Invariants: warm-up records are stored (for the JSONL) but never counted; ITL samples are bounded
+ * Invariants: warm-up records (and cool-down ones, flagged warmup too) are stored (for the JSONL)
+ * but never counted; ITL samples are bounded
  * by KVR_STATS_ITL_CAP per level (a seeded uniform reservoir past it) and freed at finish, so
  * memory per level is records plus at most the cap.
  */

@@ -30,7 +30,10 @@
 typedef struct kvr_req_rec_s {
   uint64_t conv;       /* conversation index within the level */
   uint32_t turn;       /* 1-based */
-  bool warmup;         /* excluded from every metric */
+  bool warmup;         /* excluded from every metric (warm-up, or cool-down below) */
+  bool cooldown;       /* concurrency mode: sent after the last measured request, to keep the
+                        * load at N users until it completed (warmup is set too) */
+  int32_t user;        /* concurrency mode: the user (0..N-1) who sent it; -1 in rate mode */
   bool ok;             /* HTTP 200 and a complete stream */
   int status;          /* HTTP status, 0 if none arrived */
   double target_s;     /* scheduled send time since level start, report seconds */
@@ -87,6 +90,13 @@ typedef struct kvr_level_s {
   bool stopped_early;   /* ended once its TTFT p99 certainly missed the SLO (kvr_loadgen early
                          * stop): fails on TTFT; figures cover the requests finished by then */
   size_t ttft_over_slo; /* measured first tokens at or over the TTFT SLO when it stopped */
+
+  /* How the level was measured (set by the load generator, see loadgen.h). */
+  bool steady_state;         /* concurrency mode: measured in steady state */
+  size_t warmup_requests;    /* warm-up requests sent (cancelled ones included) */
+  size_t cooldown_requests;  /* cool-down requests sent (cancelled ones included) */
+  size_t cancelled_requests; /* excluded requests still in flight when the level ended, cancelled
+                              * and not recorded (and any an interrupt or early stop cut) */
 
   /* Filled by kvr_stats_level_finish(). */
   double duration_s; /* first measured send -> last measured completion, report seconds */

@@ -697,6 +697,26 @@ void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k
   }
 }
 
+uint32_t kvr_workload_start_turn(uint64_t level_seed, uint64_t user, uint32_t nturns) {
+  if (nturns <= 1)
+    return 0;
+  kvr_rng_t r;
+  kvr_workload_rng_seed(&r, kvr_workload_mix(kvr_workload_mix(level_seed, 0x57EAD), user));
+  return (uint32_t)kvr_workload_rng_range(&r, 0, nturns - 1);
+}
+
+char *kvr_workload_answer(const kvr_workload_t *wl, uint64_t level_seed, const kvr_conv_t *conv,
+                          uint32_t turn) {
+  /* A stream of its own (not replay's, not the conversation's): nothing else shifts. */
+  kvr_rng_t r;
+  uint64_t conv_seed = kvr_workload_mix(kvr_workload_mix(wl->opts.seed, level_seed),
+                                        conv->id ^ 0x57A7E00000000000ull);
+  kvr_workload_rng_seed(&r, kvr_workload_mix(conv_seed, turn));
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_workload_text(&r, (size_t)conv->turns[turn].max_tokens * KVR_WORKLOAD_CHARS_PER_TOKEN, &b);
+  return kvr_buf_steal(&b);
+}
+
 /* The user message of turn t: turn 0 carries the prefix (starter/document) before the question. */
 static void user_text(const kvr_conv_t *c, uint32_t t, kvr_buf_t *tmp) {
   kvr_buf_reset(tmp);

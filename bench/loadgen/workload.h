@@ -152,6 +152,18 @@ void kvr_workload_conv_free(kvr_conv_t *conv); /* accepts NULL; leaves conv empt
 void kvr_workload_sample_slot(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k,
                               uint64_t *conv, uint32_t *turn);
 
+/* Closed-loop steady state (loadgen.h): the 0-based turn at which user `user`'s first
+ * conversation of a level starts, uniform over 0..nturns-1 (0 when nturns <= 1). Pure function of
+ * (level_seed, user): the same users start at the same turns at every run of the level. */
+uint32_t kvr_workload_start_turn(uint64_t level_seed, uint64_t user, uint32_t nturns);
+
+/* A synthetic assistant answer for turn `turn` (0-based, < conv->nturns) of conv: max_tokens
+ * tokens of deterministic text (~4 characters per token), the kind replay mode pre-builds, for a
+ * history the load generator did not stream itself (a conversation observed mid-way). Pure
+ * function of (workload seed, level_seed, conv->id, turn). Returns an owned string. */
+char *kvr_workload_answer(const kvr_workload_t *wl, uint64_t level_seed, const kvr_conv_t *conv,
+                          uint32_t turn);
+
 /* Appends deterministic pseudo-English of about `chars` characters (never fewer) to out. */
 void kvr_workload_text(kvr_rng_t *r, size_t chars, kvr_buf_t *out);
 

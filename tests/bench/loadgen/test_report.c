@@ -682,6 +682,97 @@ static void test_baseline_passes_nowhere(void **state) {
   kvr_stats_results_free(res);
 }
 
+/* A concurrency level of 4 users measured in steady state: 4 warm-up records (each user's first),
+ * 6 measured (one with a single output token), 2 cool-down (a third cancelled). */
+static kvr_level_t *steady_level(const kvr_slo_t *slo) {
+  kvr_level_t *lv = kvr_stats_level_new(0, 4);
+  for (int i = 0; i < 12; i++) {
+    kvr_req_rec_t r;
+    memset(&r, 0, sizeof(r));
+    r.user = i % 4;
+    r.conv = (uint64_t)i % 4;
+    r.turn = 1 + (uint32_t)i % 5;
+    r.warmup = i < 4 || i >= 10;
+    r.cooldown = i >= 10;
+    r.sent_s = r.target_s = i;
+    r.ok = true;
+    r.status = 200;
+    r.ttft_ms = 100;
+    r.output_tokens = i == 5 ? 1 : 11;
+    r.tpot_ms = i == 5 ? -1 : 10;
+    r.e2e_ms = 100 + 10 * (r.output_tokens - 1);
+    r.prompt_tokens = 4000 + 100 * r.turn;
+    r.cached_tokens = 1000 * (uint32_t)i;
+    r.usage_seen = true;
+    double itl[1] = {10};
+    kvr_stats_level_add(lv, &r, itl, 1);
+  }
+  lv->steady_state = true;
+  lv->warmup_requests = 4;
+  lv->cooldown_requests = 3;
+  lv->cancelled_requests = 1;
+  kvr_stats_level_finish(lv, slo);
+  return lv;
+}
+
+/* Number i of array name of object o. */
+static double item(const cJSON *o, const char *name, int i) {
+  const cJSON *a = cJSON_GetObjectItem(o, name);
+  assert_true(cJSON_IsArray(a));
+  return cJSON_GetArrayItem(a, i)->valuedouble;
+}
+
+/* The per-request arrays of the measured requests line up with vllm's; the counts and the steady
+ * state are in the JSON, the cool-down flag and the user in the JSONL, one sentence in the report.
+ */
+static void test_steady_state_level(void **state) {
+  (void)state;
+  kvr_results_t *res = kvr_stats_results_new();
+  res->concurrency_mode = true;
+  res->num_prompts = 6;
+  kvr_run_t *run = kvr_stats_results_add_run(res, "bench", "", "");
+  kvr_stats_run_add(run, steady_level(&res->slo));
+  const kvr_level_t *lv = run->levels[0];
+  assert_int_equal(lv->measured, 6);
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_report_level_json(res, run, lv, &b);
+  cJSON *j = cJSON_Parse(b.data);
+  assert_non_null(j);
+  cJSON *k = cJSON_GetObjectItem(j, "kvrouter");
+  const char *arrays[] = {"cached_lens", "e2els", "tpots", "turns"};
+  for (size_t a = 0; a < 4; a++)
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(k, arrays[a])), 6);
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "input_lens")), 6);
+  for (int i = 0; i < 6; i++) { /* entry i is record 4 + i everywhere */
+    int rec = 4 + i;
+    assert_true(item(j, "input_lens", i) == 4000 + 100 * (1 + rec % 5));
+    assert_true(item(k, "turns", i) == 1 + rec % 5);
+    assert_true(item(k, "cached_lens", i) == 1000 * rec);
+    assert_true(item(k, "tpots", i) == (rec == 5 ? -1 : 10));
+    assert_true(item(k, "e2els", i) == (rec == 5 ? 100 : 200));
+  }
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(k, "steady_state")));
+  assert_int_equal(cJSON_GetObjectItem(k, "warmup_requests")->valueint, 4);
+  assert_int_equal(cJSON_GetObjectItem(k, "cooldown_requests")->valueint, 3);
+  assert_int_equal(cJSON_GetObjectItem(k, "cancelled_requests")->valueint, 1);
+  cJSON_Delete(j);
+
+  kvr_buf_reset(&b);
+  kvr_report_jsonl(run, lv, &b);
+  assert_int_equal(count(b.data, "\"cooldown\":true"), 2);
+  assert_int_equal(count(b.data, "\"warmup\":true"), 6);
+  assert_int_equal(count(b.data, "\"user\":3,"), 3);
+
+  kvr_buf_reset(&b);
+  kvr_report_markdown(res, &b);
+  assert_non_null(strstr(b.data, "| Warm-up / Cool-down | measured in steady state: 4 warm-up "
+                                 "requests per level"));
+  assert_non_null(strstr(b.data, "then 3 cool-down requests sent while those finished"));
+  assert_non_null(strstr(b.data, "observed in steady state"));
+  kvr_buf_free(&b);
+  kvr_stats_results_free(res);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_markdown_structure), cmocka_unit_test(test_no_improvement),
               cmocka_unit_test(test_html_charts), cmocka_unit_test(test_level_json_and_jsonl),
               cmocka_unit_test(test_write_files), cmocka_unit_test(test_engine_figures_and_reset),
@@ -691,4 +782,5 @@ KVR_TEST_MAIN(cmocka_unit_test(test_markdown_structure), cmocka_unit_test(test_n
               cmocka_unit_test(test_schedule_verdicts),
               cmocka_unit_test(test_balance_and_workload_rows),
               cmocka_unit_test(test_interrupted_failure_bounds_nothing),
-              cmocka_unit_test(test_baseline_passes_nowhere))
+              cmocka_unit_test(test_baseline_passes_nowhere),
+              cmocka_unit_test(test_steady_state_level))

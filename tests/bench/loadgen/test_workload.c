@@ -833,6 +833,68 @@ static void test_describe_sample_and_dataset(void **state) {
   kvr_buf_free(&b);
 }
 
+/* Steady-state starts: a pure function of (level seed, user), in range, uniform over the turns
+ * (every turn within 10% of its share over 10,000 users), not one fixed pattern across levels. */
+static void test_start_turn_uniform_and_deterministic(void **state) {
+  (void)state;
+  enum { USERS = 10000, TURNS = 5 };
+  size_t count[TURNS] = {0};
+  size_t same = 0;
+  for (uint64_t u = 0; u < USERS; u++) {
+    uint32_t t = kvr_workload_start_turn(7, u, TURNS);
+    assert_true(t < TURNS);
+    assert_int_equal(t, kvr_workload_start_turn(7, u, TURNS));
+    count[t]++;
+    same += t == kvr_workload_start_turn(8, u, TURNS);
+  }
+  for (int t = 0; t < TURNS; t++)
+    assert_true(fabs((double)count[t] - USERS / TURNS) < 0.1 * USERS / TURNS);
+  /* Another level's users start elsewhere: agreement is chance (1 in 5), not identity. */
+  assert_true(same < USERS / 4);
+  /* Single-turn conversations always start at their only turn. */
+  for (uint64_t u = 0; u < 100; u++) {
+    assert_int_equal(kvr_workload_start_turn(7, u, 1), 0);
+    assert_int_equal(kvr_workload_start_turn(7, u, 0), 0);
+  }
+}
+
+/* A history observed mid-way: synthetic answers of each turn's max_tokens, deterministic, and
+ * rendered into the body of a later turn like streamed ones (session mode has none pre-built). */
+static void test_synthetic_history_answers(void **state) {
+  (void)state;
+  kvr_workload_opts_t o;
+  kvr_workload_opts_default(&o);
+  assert_int_equal(kvr_workload_parse_mode("session", &o), 0);
+  kvr_workload_t *wl = new_workload(&o);
+  kvr_conv_t c;
+  kvr_workload_conv(wl, 3, 11, &c);
+  char *answers[5] = {NULL};
+  for (uint32_t t = 0; t < 4; t++) {
+    assert_null(c.turns[t].answer);
+    answers[t] = kvr_workload_answer(wl, 3, &c, t);
+    char *again = kvr_workload_answer(wl, 3, &c, t);
+    assert_string_equal(answers[t], again);
+    free(again);
+    size_t want = (size_t)c.turns[t].max_tokens * KVR_WORKLOAD_CHARS_PER_TOKEN;
+    assert_true(strlen(answers[t]) >= want && strlen(answers[t]) < want + 200);
+  }
+  assert_string_not_equal(answers[0], answers[1]);
+  kvr_buf_t body = KVR_BUF_INIT;
+  kvr_workload_body(&c, 4, (const char *const *)answers, "m", KVR_API_CHAT, true, &body);
+  cJSON *j = cJSON_Parse(body.data);
+  assert_non_null(j);
+  const cJSON *msgs = cJSON_GetObjectItem(j, "messages");
+  assert_int_equal(cJSON_GetArraySize(msgs), 9);
+  assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(msgs, 7), "content")->valuestring,
+                      answers[3]);
+  cJSON_Delete(j);
+  kvr_buf_free(&body);
+  for (uint32_t t = 0; t < 4; t++)
+    free(answers[t]);
+  kvr_workload_conv_free(&c);
+  kvr_workload_free(wl);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_rng_deterministic_and_bounded),
               cmocka_unit_test(test_gamma_mean), cmocka_unit_test(test_text_length_and_determinism),
               cmocka_unit_test(test_multiturn_shape),
@@ -849,4 +911,6 @@ KVR_TEST_MAIN(cmocka_unit_test(test_rng_deterministic_and_bounded),
               cmocka_unit_test(test_answer_mean_std),
               cmocka_unit_test(test_answer_fixed_and_clipped),
               cmocka_unit_test(test_parse_order_and_bad_answer_opts),
-              cmocka_unit_test(test_describe_sample_and_dataset))
+              cmocka_unit_test(test_describe_sample_and_dataset),
+              cmocka_unit_test(test_start_turn_uniform_and_deterministic),
+              cmocka_unit_test(test_synthetic_history_answers))
