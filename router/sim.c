@@ -25,7 +25,7 @@
 typedef struct sim_cli_s {
   kvr_sim_server_opts_t opts;
   kvr_sim_calibrate_opts_t cal;
-  bool print_costs, calibrate, no_prefix_caching;
+  bool print_costs, calibrate, no_prefix_caching, no_async_scheduling;
   kvr_log_level_t log_level;
 } sim_cli_t;
 
@@ -61,16 +61,29 @@ static const kvr_cli_opt_t options[] = {
     {KVR_CLI_UINT, "output-len-mean", F(opts.output_len_mean), .arg = "N",
      .help = "mean natural answer length when ignore_eos is off: EOS after U[N/2, 3N/2] tokens; "
              "0 = run to max_tokens"},
-    {KVR_CLI_DOUBLE, "cost-fixed-ms", F(opts.engine.cost.fixed_ms), .arg = "N", KVR_CLI_MIN(0),
-     .help = "step cost: fixed ms per step"},
+    {KVR_CLI_DOUBLE, "cost-weights-ms", F(opts.engine.cost.weights_ms), .arg = "N", KVR_CLI_MIN(0),
+     .help = "step cost: the dense layers' memory floor, ms per step (weights read once)"},
+    {KVR_CLI_DOUBLE, "cost-dense-tok-us", F(opts.engine.cost.dense_tok_us), .arg = "N",
+     KVR_CLI_MIN(0), .help = "step cost: the dense layers' compute, us per scheduled token"},
+    {KVR_CLI_DOUBLE, "cost-step-ms", F(opts.engine.cost.step_ms), .arg = "N", KVR_CLI_MIN(0),
+     .help = "step cost: fixed ms per step outside the kernels"},
     {KVR_CLI_DOUBLE, "cost-per-seq-ms", F(opts.engine.cost.per_seq_ms), .arg = "N", KVR_CLI_MIN(0),
      .help = "step cost: ms per scheduled sequence"},
-    {KVR_CLI_DOUBLE, "cost-prefill-tok-us", F(opts.engine.cost.prefill_tok_us), .arg = "N",
-     KVR_CLI_MIN(0), .help = "step cost: us per prefilled token"},
     {KVR_CLI_DOUBLE, "cost-decode-ctx-ns", F(opts.engine.cost.decode_ctx_ns), .arg = "N",
      KVR_CLI_MIN(0), .help = "step cost: ns per context token of each decoding sequence"},
     {KVR_CLI_DOUBLE, "cost-attn-pair-ns", F(opts.engine.cost.attn_pair_ns), .arg = "N",
      KVR_CLI_MIN(0), .help = "step cost: ns per query-key pair of prefill attention"},
+    {KVR_CLI_DOUBLE, "frontend-req-ms", F(opts.engine.frontend.req_ms), .arg = "N", KVR_CLI_MIN(0),
+     .help = "API server: ms per request (HTTP, validation, chat template, scheduling)"},
+    {KVR_CLI_DOUBLE, "frontend-prompt-tok-us", F(opts.engine.frontend.prompt_tok_us), .arg = "N",
+     KVR_CLI_MIN(0), .help = "API server: us per prompt token (tokenization)"},
+    {KVR_CLI_DOUBLE, "frontend-stream-tok-us", F(opts.engine.frontend.stream_tok_us), .arg = "N",
+     KVR_CLI_MIN(0),
+     .help = "API server: us per streamed token (detokenization, chunk JSON, SSE write)"},
+    {KVR_CLI_SWITCH, "no-async-scheduling", F(no_async_scheduling), .set = 1,
+     .help = "schedule each step when it starts (vLLM's default schedules one step ahead)"},
+    {KVR_CLI_DOUBLE, "retok-drift", F(opts.engine.retok_drift), .arg = "P", KVR_CLI_RANGE(0, 1),
+     .help = "probability per generated token that re-tokenizing its text gives another id"},
     {KVR_CLI_DOUBLE, "fixed-ttft-ms", F(opts.fixed_ttft_ms), .arg = "N", .flags = KVR_CLI_NODEFAULT,
      .help = "bypass the engine: first token after X simulated ms (needs --fixed-itl-ms)"},
     {KVR_CLI_DOUBLE, "fixed-itl-ms", F(opts.fixed_itl_ms), .arg = "N", .flags = KVR_CLI_NODEFAULT,
@@ -198,6 +211,7 @@ static int serve(const sim_cli_t *cli) {
 static int check(sim_cli_t *cli) {
   kvr_sim_server_opts_t *o = &cli->opts;
   o->engine.enable_prefix_caching = !cli->no_prefix_caching;
+  o->engine.frontend.async_scheduling = !cli->no_async_scheduling;
   char err[256];
   if (kvr_sim_config_check(&o->engine, err, sizeof(err)) != 0) {
     for (char *c = err; *c && *c != ':'; c++)

@@ -9,7 +9,7 @@ needs no other file, and the renderer of bench/results/CALIBRATION.md.
 Parts (--parts, default all; each starts its own `kvrouter sim` on 127.0.0.1 with --time-scale N
 through the harness's Sim, runs `kvrouter bench` against it, stops it by its PID):
   phase0   the sim's defaults under the seed's open-loop load (OPEN_ARGS: 300 prompts per rate
-           sampled from one fixed dataset of 100 5-turn conversations, Poisson, ~500 output
+           sampled from one fixed dataset of 70 5-turn conversations, Poisson, ~500 output
            tokens, the history carrying dataset answers of normal(1000, 700) tokens), rates
            0.5-5.0. Rates <= 3.0 compare with seed 002's phase0 column (in-sample: the cost terms
            were fitted to it); 3.5-5.0, which phase0 did not run, with the phase1-baseline-rerun
@@ -41,7 +41,7 @@ Where the results go:
 
 usage: bench/scripts/calibrate.py [--kvrouter build/kvrouter] [--out DIR] [--raw DIR] [--md FILE]
           [--parts phase0,phase1,closed] [--configs mem095,seqs128] [--rates 0.5,1]
-          [--users 50,90] [--time-scale 10] [--sim-arg=--cost-fixed-ms=22 ...]
+          [--users 50,90] [--time-scale 10] [--sim-arg=--cost-weights-ms=21.5 ...]
           [--bench-arg=... (every part)] [--render-only]
 A quick check into scratch folders (a minute): --parts phase0 --rates 0.5 --time-scale 20
   --bench-arg=--num-prompts=20 --bench-arg=--warmup=0 --out /tmp/cal/out --raw /tmp/cal/raw
@@ -196,17 +196,18 @@ USERS = (50, 70, 90, 110, 130)
 # The seed's open-loop load shape, as `kvrouter bench` options (phase0 and phase1).
 OPEN_ARGS = [
     "--workload", "multiturn", "--multiturn-mode", "replay", "--replay-order", "sample",
-    "--replay-dataset", "100", "--answer-mean", "1000", "--answer-std", "700",
+    "--replay-dataset", "70", "--answer-mean", "1000", "--answer-std", "700",
     "--output-mean", "500", "--output-std", "150", "--output-min", "64", "--output-max", "2048",
     "--num-prompts", "300", "--warmup", "10", "--burstiness", "1", "--cooldown-s", "5",
 ]
 # The real workload's shape for the closed-loop part: conversations as sessions (answers
 # resent), output normal(978, 450) (seed 003's OSL p50 978, p95 1,720 ~ 978 + 1.645 x 450),
-# max_tokens as a cap and the sim's natural end of answer (--no-ignore-eos).
+# each answer exactly its max_tokens (ignore_eos: the sim's natural end of answer, uniform around
+# its --output-len-mean, would not give that distribution).
 CLOSED_ARGS = [
     "--workload", "multiturn", "--multiturn-mode", "session", "--output-mean", "978",
     "--output-std", "450", "--output-min", "64", "--output-max", "2048", "--think-s", "1",
-    "--num-prompts", "300", "--no-ignore-eos",
+    "--num-prompts", "300",
 ]
 
 # The figures of each rate table: seed table, row label, per-level JSON key.

@@ -3,11 +3,12 @@
  * Calibration of one rate (cal_t holds its state): requests arrive as a Poisson process at the
  * rate. Each arrival is the next turn of a conversation whose previous turn has finished (oldest
  * first, the `ready` queue), or the first turn of a new conversation when none is ready: many users
- * chatting, each resending the whole history with the answer. The loop adds every request due by
- * `now` to the engine, runs one engine step, advances `now` by the step's modelled duration and
- * records first tokens, inter-token gaps and finishes; when the engine is idle `now` jumps to the
- * next arrival. Finished requests extend their conversation's history (the generated answer, or a
- * dataset's answer of answer_mean tokens) and queue it for its next turn, up to 5 turns.
+ * chatting, each resending the whole history with the answer. The loop handles events in time
+ * order: an arrival due before the engine's next step start (kvr_sim_engine_next_start()) is added,
+ * stamped with its time; otherwise the step runs, and its first tokens, inter-token gaps and
+ * finishes are recorded at the time the clients would see them (the step's deliver_s). Finished
+ * requests extend their conversation's history (the generated answer, or a dataset's answer of
+ * answer_mean tokens) and queue it for its next turn, up to 5 turns.
  *
  * Invariants: every random draw comes from one counter-based stream (`rs`, splitmix via
  * kvr_sim_tokens_mix) in a fixed order, so a row is a pure function of (cfg, opts, rate).
@@ -37,40 +38,88 @@ void kvr_sim_calibrate_opts_default(kvr_sim_calibrate_opts_t *opts) {
 
 /* ---- --print-costs ---- */
 
+/* The modelled time of a step holding decodes of the given contexts and one prefill chunk of n
+ * tokens after cached ones. */
+static double step_ms(const kvr_sim_cost_t *c, uint32_t decodes, uint64_t ctx, uint32_t n,
+                      uint32_t cached) {
+  kvr_sim_step_t st;
+  memset(&st, 0, sizeof(st));
+  st.num_seqs = decodes + (n > 0);
+  st.num_decode = decodes;
+  st.decode_ctx = (uint64_t)decodes * ctx;
+  st.prefill_tokens = n;
+  st.attn_pairs = (double)n * ((double)cached + (double)(n + 1) / 2.0);
+  return kvr_sim_cost_step(c, &st) * 1e3;
+}
+
 static void print_decode_steps(FILE *out, const kvr_sim_cost_t *c) {
-  const uint32_t seqs[] = {1, 16, 32, 64, 96};
+  const uint32_t seqs[] = {1, 16, 32, 64, 96, 128};
   for (size_t i = 0; i < KVR_ARRAY_SIZE(seqs); i++) {
-    double d = kvr_sim_cost_step(c, seqs[i], 0, (uint64_t)seqs[i] * 6000, 0);
-    fprintf(out, "decode step, %2u seqs x 6000 ctx: %6.1f ms  (%.0f output tok/s)\n", seqs[i],
-            d * 1e3, seqs[i] / d);
+    double d = step_ms(c, seqs[i], 6000, 0, 0);
+    fprintf(out, "decode step, %3u seqs x 6000 ctx: %6.1f ms  (%.0f output tok/s)\n", seqs[i], d,
+            seqs[i] / d * 1e3);
   }
 }
 
 static void print_prefills(FILE *out, const kvr_sim_cost_t *c) {
   const uint32_t cold[] = {3500, 7000};
-  for (size_t i = 0; i < KVR_ARRAY_SIZE(cold); i++) {
-    double n = cold[i];
-    double d = kvr_sim_cost_step(c, 1, cold[i], 0, n * (n + 1) / 2);
-    fprintf(out, "cold prefill %u tokens (alone): %6.1f ms\n", cold[i], d * 1e3);
-  }
-  /* turn 2 of a conversation: 4,100-token prompt of which 4,080 are cached */
-  double d = kvr_sim_cost_step(c, 1, 20, 0, 20.0 * (4080 + 21 / 2.0));
-  fprintf(out, "cached follow-up, 20 new tokens after 4080 cached: %6.1f ms\n", d * 1e3);
-  d = kvr_sim_cost_step(c, 1, 7000, 0, 7000.0 * 7001 / 2) +
-      kvr_sim_cost_step(c, 32, 0, 32ull * 6000, 0) - kvr_sim_cost_step(c, 1, 0, 0, 0);
-  fprintf(out, "7000-token prefill step with 32 decodes of 6000 ctx: %6.1f ms\n", d * 1e3);
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(cold); i++)
+    fprintf(out, "cold prefill %u tokens (alone): %6.1f ms\n", cold[i],
+            step_ms(c, 0, 0, cold[i], 0));
+  /* WORKLOAD.md: "a ~7,000-token prefill takes 400-500 ms"; at turn 5 the ~3,750-token starter is
+   * cached (the conversation's own earlier turns may be too; this is the cold-est case). */
+  fprintf(out, "turn-5 prefill, 7000 tokens with its 3750-token starter cached: %6.1f ms\n",
+          step_ms(c, 0, 0, 3250, 3750));
+  fprintf(out, "cached follow-up, 20 new tokens after 4080 cached: %6.1f ms\n",
+          step_ms(c, 0, 0, 20, 4080));
+  fprintf(out, "7000-token prefill step with 32 decodes of 6000 ctx: %6.1f ms\n",
+          step_ms(c, 32, 6000, 7000, 0));
+}
+
+/* What each term implies about the hardware: one H200 (4.8 TB/s HBM, 1,979 TFLOP/s dense FP8)
+ * serving Llama-3.3-70B FP8 (70.6 GB of weights, 163,840 B of KV per token, 137 GFLOP per token
+ * through the dense layers without the LM head, 2.62 MFLOP per attention query-key pair). */
+static void print_hardware(FILE *out, const kvr_sim_cost_t *c) {
+  const double hbm = 4.8e12, fp8 = 1.979e15;
+  if (c->weights_ms > 0)
+    fprintf(out, "weights_ms %g: 70.6 GB read at %.2f TB/s = %.0f%% of HBM peak\n", c->weights_ms,
+            70.6e9 / (c->weights_ms * 1e-3) / 1e12, 100 * 70.6e9 / (c->weights_ms * 1e-3) / hbm);
+  if (c->dense_tok_us > 0)
+    fprintf(out, "dense_tok_us %g: 137 GFLOP at %.2f PFLOP/s = %.0f%% of FP8 dense peak\n",
+            c->dense_tok_us, 137e9 / (c->dense_tok_us * 1e-6) / 1e15,
+            100 * 137e9 / (c->dense_tok_us * 1e-6) / fp8);
+  if (c->decode_ctx_ns > 0)
+    fprintf(out, "decode_ctx_ns %g: 163,840 B at %.2f TB/s = %.0f%% of HBM peak\n",
+            c->decode_ctx_ns, 163840 / (c->decode_ctx_ns * 1e-9) / 1e12,
+            100 * 163840 / (c->decode_ctx_ns * 1e-9) / hbm);
+  if (c->attn_pair_ns > 0)
+    fprintf(out, "attn_pair_ns %g: 2.62 MFLOP at %.2f PFLOP/s = %.0f%% of FP8 dense peak\n",
+            c->attn_pair_ns, 2.62e6 / (c->attn_pair_ns * 1e-9) / 1e15,
+            100 * 2.62e6 / (c->attn_pair_ns * 1e-9) / fp8);
 }
 
 void kvr_sim_calibrate_print_costs(FILE *out, const kvr_sim_config_t *cfg) {
   const kvr_sim_cost_t *c = &cfg->cost;
+  const kvr_sim_frontend_t *f = &cfg->frontend;
   fprintf(out,
-          "cost model: fixed_ms=%g per_seq_ms=%g prefill_tok_us=%g decode_ctx_ns=%g "
+          "cost model: weights_ms=%g dense_tok_us=%g step_ms=%g per_seq_ms=%g decode_ctx_ns=%g "
           "attn_pair_ns=%g\n",
-          c->fixed_ms, c->per_seq_ms, c->prefill_tok_us, c->decode_ctx_ns, c->attn_pair_ns);
+          c->weights_ms, c->dense_tok_us, c->step_ms, c->per_seq_ms, c->decode_ctx_ns,
+          c->attn_pair_ns);
+  fprintf(out,
+          "frontend: req_ms=%g prompt_tok_us=%g stream_tok_us=%g async_scheduling=%s; "
+          "retok_drift=%g\n",
+          f->req_ms, f->prompt_tok_us, f->stream_tok_us, f->async_scheduling ? "on" : "off",
+          cfg->retok_drift);
   fprintf(out, "kv cache: %u blocks x %u tokens = %llu tokens\n", cfg->num_gpu_blocks,
           cfg->block_size, (unsigned long long)cfg->num_gpu_blocks * cfg->block_size);
+  print_hardware(out, c);
   print_decode_steps(out, c);
   print_prefills(out, c);
+  fprintf(out, "request overhead before scheduling, 6000-token prompt: %.1f ms\n",
+          f->req_ms + f->prompt_tok_us * 6000 * 1e-3);
+  fprintf(out, "output processing of a step with 100 streams: %.1f ms\n",
+          f->stream_tok_us * 100 * 1e-3);
 }
 
 /* ---- --calibrate: the multi-turn workload in virtual time ---- */
@@ -168,9 +217,10 @@ static uint32_t cal_next_conv(cal_t *c) {
   return k;
 }
 
-/* Adds every request that has arrived by now to the engine. */
+/* Adds every request that has arrived by now to the engine, stamped with its arrival time. */
 static void cal_send_due(cal_t *c) {
   for (; c->sent < c->o->requests && c->arrivals[c->sent] <= c->now; c->sent++) {
+    kvr_sim_engine_set_now(c->eng, c->arrivals[c->sent]);
     uint32_t k = cal_next_conv(c);
     conv_t *cv = &c->convs[k];
     push_ids(&cv->ctx, 0x10000000ull + k * 16 + cv->turn, 20); /* the user's follow-up */
@@ -224,7 +274,7 @@ static void cal_step(cal_t *c) {
   kvr_sim_step_t step;
   kvr_sim_engine_step(c->eng, &step);
   c->conc_area += inflight * step.duration_s;
-  c->now += step.duration_s;
+  c->now = step.deliver_s; /* the clients see this step's tokens then */
   for (size_t i = 0; i < step.nevents; i++) {
     kvr_sim_event_t *ev = &step.events[i];
     creq_t *r = ev->req->data;
@@ -269,11 +319,14 @@ void kvr_sim_calibrate_rate(FILE *out, const kvr_sim_config_t *cfg,
   cal_t c;
   cal_init(&c, cfg, opts, rate);
   while (c.done < opts->requests) {
-    cal_send_due(&c);
-    if (kvr_sim_engine_busy(c.eng))
-      cal_step(&c);
-    else
+    /* Discrete events in time order: arrivals up to the next step's start, then that step. */
+    double next = kvr_sim_engine_next_start(c.eng);
+    if (c.sent < opts->requests && c.arrivals[c.sent] <= next) {
       c.now = c.arrivals[c.sent];
+      cal_send_due(&c);
+    } else {
+      cal_step(&c);
+    }
   }
   cal_print(&c, out, rate);
   cal_free(&c);

@@ -31,6 +31,7 @@
 #include "sim_tokens.h"
 #include "src/kvr.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +76,15 @@ struct kvr_sim_engine_s {
   int32_t *scratch;        /* prefix lookup result, max_model_len / block_size + 1 entries */
   kvr_sim_stats_t stats;
   uint64_t next_id;
+  /* simulated time */
+  double now_s;        /* arrival time of the requests added next (kvr_sim_engine_set_now) */
+  double end_s;        /* end of the last step */
+  double last_start_s; /* start of the last step (async scheduling's admission cut-off) */
+  double fe_free_s;    /* when the API server has worked off what it was given so far */
+  double step_delay_s; /* kvr_sim_engine_set_step_delay */
+  /* async scheduling: requests that stopped on EOS in the last step take part in the next one */
+  uint32_t nextra;
+  uint64_t extra_ctx;
 };
 
 void kvr_sim_config_default(kvr_sim_config_t *cfg) {
@@ -86,11 +96,19 @@ void kvr_sim_config_default(kvr_sim_config_t *cfg) {
   cfg->max_num_batched_tokens = 8192;
   cfg->max_model_len = 131072;
   cfg->enable_prefix_caching = true;
-  cfg->cost.fixed_ms = 22.0;
-  cfg->cost.per_seq_ms = 0.06;
-  cfg->cost.prefill_tok_us = 96.0;
-  cfg->cost.decode_ctx_ns = 35.0;
-  cfg->cost.attn_pair_ns = 2.0;
+  /* bench/sim/README.md ("Cost model") reads each term as a fraction of one H200 serving
+   * Llama-3.3-70B FP8, and says where each default comes from. */
+  cfg->cost.weights_ms = 20.0;
+  cfg->cost.dense_tok_us = 100.0;
+  cfg->cost.step_ms = 1.0;
+  cfg->cost.per_seq_ms = 0.03;
+  cfg->cost.decode_ctx_ns = 60.0;
+  cfg->cost.attn_pair_ns = 2.5;
+  cfg->frontend.req_ms = 2.0;
+  cfg->frontend.prompt_tok_us = 1.1;
+  cfg->frontend.stream_tok_us = 40.0;
+  cfg->frontend.async_scheduling = true;
+  cfg->retok_drift = 0.001;
 }
 
 int kvr_sim_config_check(const kvr_sim_config_t *cfg, char *err, size_t errlen) {
@@ -109,22 +127,29 @@ int kvr_sim_config_check(const kvr_sim_config_t *cfg, char *err, size_t errlen) 
   CHECK(cfg->max_num_batched_tokens >= 1, "max_num_batched_tokens", "must be >= 1");
   CHECK(cfg->max_model_len >= 2 && cfg->max_model_len <= (1u << 24), "max_model_len",
         "must be in [2, 2^24]");
-  CHECK(cfg->cost.fixed_ms >= 0, "cost.fixed_ms", "must be >= 0");
+  CHECK(cfg->cost.weights_ms >= 0, "cost.weights_ms", "must be >= 0");
+  CHECK(cfg->cost.dense_tok_us >= 0, "cost.dense_tok_us", "must be >= 0");
+  CHECK(cfg->cost.step_ms >= 0, "cost.step_ms", "must be >= 0");
   CHECK(cfg->cost.per_seq_ms >= 0, "cost.per_seq_ms", "must be >= 0");
-  CHECK(cfg->cost.prefill_tok_us >= 0, "cost.prefill_tok_us", "must be >= 0");
   CHECK(cfg->cost.decode_ctx_ns >= 0, "cost.decode_ctx_ns", "must be >= 0");
   CHECK(cfg->cost.attn_pair_ns >= 0, "cost.attn_pair_ns", "must be >= 0");
+  CHECK(cfg->frontend.req_ms >= 0, "frontend.req_ms", "must be >= 0");
+  CHECK(cfg->frontend.prompt_tok_us >= 0, "frontend.prompt_tok_us", "must be >= 0");
+  CHECK(cfg->frontend.stream_tok_us >= 0, "frontend.stream_tok_us", "must be >= 0");
+  CHECK(cfg->retok_drift >= 0 && cfg->retok_drift <= 1, "retok_drift", "must be in [0, 1]");
 #undef CHECK
   return 0;
 }
 
-double kvr_sim_cost_step(const kvr_sim_cost_t *c, uint32_t seqs, uint32_t prefill_tokens,
-                         uint64_t decode_ctx, double attn_pairs) {
-  if (seqs == 0)
+double kvr_sim_cost_step(const kvr_sim_cost_t *c, const kvr_sim_step_t *st) {
+  if (st->num_seqs == 0)
     return 0.0;
-  return c->fixed_ms * 1e-3 + c->per_seq_ms * 1e-3 * seqs +
-         c->prefill_tok_us * 1e-6 * prefill_tokens + c->decode_ctx_ns * 1e-9 * (double)decode_ctx +
-         c->attn_pair_ns * 1e-9 * attn_pairs;
+  /* The dense layers are bound by reading the weights or by computing every scheduled token,
+   * whichever takes longer (a roofline); attention and overheads add to it. */
+  double tokens = (double)st->prefill_tokens + (double)st->num_decode;
+  double dense = fmax(c->weights_ms * 1e-3, c->dense_tok_us * 1e-6 * tokens);
+  return dense + c->step_ms * 1e-3 + c->per_seq_ms * 1e-3 * st->num_seqs +
+         c->decode_ctx_ns * 1e-9 * (double)st->decode_ctx + c->attn_pair_ns * 1e-9 * st->attn_pairs;
 }
 
 uint64_t kvr_sim_block_hash(uint64_t parent, const uint32_t *tokens, uint32_t block_size) {
@@ -270,7 +295,7 @@ const kvr_sim_config_t *kvr_sim_engine_config(const kvr_sim_engine_t *eng) {
 }
 
 bool kvr_sim_engine_busy(const kvr_sim_engine_t *eng) {
-  return eng->nrunning > 0 || eng->nwaiting > 0;
+  return eng->nrunning > 0 || eng->nwaiting > 0 || eng->nextra > 0;
 }
 
 bool kvr_sim_engine_has_hash(const kvr_sim_engine_t *eng, uint64_t hash) {
@@ -364,6 +389,14 @@ kvr_sim_req_t *kvr_sim_engine_add(kvr_sim_engine_t *eng, const uint32_t *prompt,
   req->stop_reason = stop_reason;
   req->gen_seed = gen_seed;
   req->num_cached = -1;
+  /* The API server templates and tokenizes it before the scheduler sees it, one request or
+   * step's output at a time. */
+  const kvr_sim_frontend_t *fe = &cfg->frontend;
+  double prep = fe->req_ms * 1e-3 + fe->prompt_tok_us * 1e-6 * nprompt;
+  req->arrival_s = eng->now_s;
+  req->ready_s = prep > 0 ? fmax(eng->now_s, eng->fe_free_s) + prep : eng->now_s;
+  if (prep > 0)
+    eng->fe_free_s = req->ready_s;
   wait_push(eng, req, false);
   return req;
 }
@@ -489,14 +522,30 @@ static void preempt(kvr_sim_engine_t *eng, kvr_sim_step_t *out, kvr_sim_req_t *r
   event_add(eng, out, req)->preempted = true;
 }
 
-static void req_append_token(kvr_sim_req_t *req) {
+/* Whether generated token k of the request with this seed is non-canonical (a pure function, so a
+ * repeated request drifts at the same places). */
+static bool drifts(double p, uint64_t gen_seed, uint32_t k) {
+  if (p <= 0)
+    return false;
+  uint64_t h = kvr_sim_tokens_mix(gen_seed ^ (0x9E3779B97F4A7C15ull * ((uint64_t)k + 1)));
+  return (double)(h >> 11) * 0x1.0p-53 < p;
+}
+
+/* Appends generated token k: the id of word k, or, when it drifts, another id for the same text
+ * (what the next turn's tokenizer will not reproduce). */
+static void req_append_token(const kvr_sim_engine_t *eng, kvr_sim_req_t *req) {
   if (req->ntokens == req->tokens_cap) {
     uint32_t cap = req->tokens_cap * 2;
     req->tokens = kvr_xrealloc(req->tokens, cap * sizeof(uint32_t));
     req->tokens_cap = cap;
   }
   uint32_t k = req->ntokens - req->num_prompt;
-  req->tokens[req->ntokens++] = kvr_sim_tokens_word_id(req->gen_seed, k);
+  uint32_t id = kvr_sim_tokens_word_id(req->gen_seed, k);
+  if (drifts(eng->cfg.retok_drift, req->gen_seed, k)) {
+    id = (id + 1) % KVR_SIM_VOCAB;
+    req->num_drifted++;
+  }
+  req->tokens[req->ntokens++] = id;
 }
 
 /* ---- one step: schedule running, admit waiting, execute ---- */
@@ -563,11 +612,12 @@ static bool admit(kvr_sim_engine_t *eng, batch_t *b, kvr_sim_req_t *req) {
 }
 
 /* Step 2: admits the front of the waiting queue while budget, max_num_seqs and blocks allow; the
- * first request that does not fit stops admission (FCFS, no skipping). */
-static void admit_waiting(kvr_sim_engine_t *eng, batch_t *b) {
+ * first request that does not fit, or was not ready for the scheduler by cutoff, stops admission
+ * (FCFS, no skipping). */
+static void admit_waiting(kvr_sim_engine_t *eng, batch_t *b, double cutoff) {
   while (b->budget > 0 && eng->nrunning < eng->cfg.max_num_seqs) {
     kvr_sim_req_t *req = wait_front(eng);
-    if (req == NULL || !admit(eng, b, req))
+    if (req == NULL || req->ready_s > cutoff || !admit(eng, b, req))
       return;
   }
 }
@@ -591,7 +641,7 @@ static void cost_add(kvr_sim_step_t *out, const kvr_sim_req_t *req, uint32_t n) 
 static void sample(kvr_sim_engine_t *eng, kvr_sim_req_t *req, kvr_sim_event_t *ev) {
   if (req->ntokens == req->num_prompt)
     eng->stats.prompt_tokens += req->num_prompt;
-  req_append_token(req);
+  req_append_token(eng, req);
   ev->new_tokens = 1;
   eng->stats.generation_tokens++;
   if (req->ntokens - req->num_prompt >= req->max_output) {
@@ -599,6 +649,12 @@ static void sample(kvr_sim_engine_t *eng, kvr_sim_req_t *req, kvr_sim_event_t *e
     req->state = KVR_SIM_FINISHED;
     req_free_blocks(eng, req);
     ev->finished = true;
+    /* Async scheduling scheduled the next step before this EOS was known: the request takes
+     * part in it for nothing. A length stop is known ahead and is not (vLLM PR #27922). */
+    if (eng->cfg.frontend.async_scheduling && req->stop_reason == KVR_SIM_FINISH_STOP) {
+      eng->nextra++;
+      eng->extra_ctx += req->ntokens;
+    }
   }
 }
 
@@ -613,6 +669,7 @@ static void run_batch(kvr_sim_engine_t *eng, kvr_sim_step_t *out, uint32_t nsche
     if (req->num_computed < req->ntokens)
       continue; /* prefill chunk, more to come */
     sample(eng, req, ev);
+    out->num_out++;
   }
 }
 
@@ -626,19 +683,76 @@ static void running_compact(kvr_sim_engine_t *eng) {
   eng->nrunning = kept;
 }
 
+void kvr_sim_engine_set_now(kvr_sim_engine_t *eng, double now_s) {
+  eng->now_s = fmax(eng->now_s, now_s);
+}
+
+void kvr_sim_engine_skip_to(kvr_sim_engine_t *eng, double t_s) {
+  kvr_sim_engine_set_now(eng, t_s);
+  eng->end_s = fmax(eng->end_s, t_s);
+  eng->fe_free_s = fmax(eng->fe_free_s, t_s);
+}
+
+void kvr_sim_engine_set_step_delay(kvr_sim_engine_t *eng, double seconds) {
+  eng->step_delay_s = seconds > 0 ? seconds : 0;
+}
+
+/* Whether the engine is mid-run: the last step left requests running (or an async extra step),
+ * so the next step follows it back to back. */
+static bool engine_running(const kvr_sim_engine_t *eng) {
+  return eng->nrunning > 0 || eng->nextra > 0;
+}
+
+double kvr_sim_engine_next_start(const kvr_sim_engine_t *eng) {
+  if (engine_running(eng))
+    return eng->end_s;
+  const kvr_sim_req_t *head = wait_front(eng);
+  return head ? fmax(eng->end_s, head->ready_s) : HUGE_VAL;
+}
+
+/* Async scheduling's extra step: last step's EOS requests take a decode slot each, for nothing. */
+static void add_extra(kvr_sim_engine_t *eng, kvr_sim_step_t *out, batch_t *b) {
+  uint32_t n = KVR_MIN(eng->nextra, b->budget);
+  b->budget -= n;
+  out->num_seqs += n;
+  out->num_decode += n;
+  out->decode_ctx += eng->extra_ctx;
+  eng->nextra = 0;
+  eng->extra_ctx = 0;
+}
+
 int kvr_sim_engine_step(kvr_sim_engine_t *eng, kvr_sim_step_t *out) {
   memset(out, 0, sizeof(*out));
   out->events = eng->events;
+  bool running = engine_running(eng);
+  double start = kvr_sim_engine_next_start(eng);
+  if (start == HUGE_VAL)
+    start = eng->end_s;
+  /* Synchronous scheduling (or an idle engine) schedules this step when it starts; async
+   * scheduling scheduled it when the previous one started. */
+  double cutoff = running && eng->cfg.frontend.async_scheduling ? eng->last_start_s : start;
   batch_t b = {.budget = eng->cfg.max_num_batched_tokens};
+  add_extra(eng, out, &b);
   schedule_running(eng, out, &b);
   if (!b.preempted) /* vLLM admits nothing in a step that had to preempt */
-    admit_waiting(eng, &b);
+    admit_waiting(eng, &b, cutoff);
   run_batch(eng, out, b.nsched);
-  out->num_seqs = b.nsched;
+  out->num_seqs += b.nsched;
+  out->num_tokens = out->prefill_tokens + out->num_decode;
   running_compact(eng);
-  out->duration_s = kvr_sim_cost_step(&eng->cfg.cost, b.nsched, out->prefill_tokens,
-                                      out->decode_ctx, out->attn_pairs);
-  if (b.nsched > 0)
+  out->start_s = start;
+  out->duration_s = kvr_sim_cost_step(&eng->cfg.cost, out);
+  if (out->num_seqs > 0)
+    out->duration_s += eng->step_delay_s;
+  /* The API server turns this step's tokens into stream chunks after what it already has. */
+  double end = start + out->duration_s;
+  double post = eng->cfg.frontend.stream_tok_us * 1e-6 * out->num_out;
+  out->deliver_s = post > 0 ? fmax(end, eng->fe_free_s) + post : end;
+  if (post > 0)
+    eng->fe_free_s = out->deliver_s;
+  eng->last_start_s = start;
+  eng->end_s = end;
+  if (out->num_seqs > 0)
     eng->stats.steps++;
   return 0;
 }

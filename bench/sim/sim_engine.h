@@ -23,9 +23,23 @@
  *     order vLLM's scheduler sees it: kvr_sim_engine_add() appends, a preempted request is put in
  *     front (of several preempted in one step, the earliest admitted ends up first), and admission
  *     takes the front request only, stopping at the first one that does not fit (no skipping).
- *   - Step time = fixed + per_seq * seqs + prefill_tok * prefilled tokens
- *                 + decode_ctx * (context tokens of the decoding sequences)
- *                 + attn_pair * (query x key pairs of the prefill chunks' causal attention).
+ *   - Step time (bench/sim/README.md reads every term as a fraction of the H200):
+ *       max(weights, dense_tok * scheduled tokens)        the dense layers: memory or compute bound
+ *       + step + per_seq * seqs                            per-step and per-sequence overheads
+ *       + decode_ctx * (context tokens of the decoding sequences)            KV reads of decode
+ *       + attn_pair * (query x key pairs of the prefill chunks' causal attention).
+ *   - Outside the GPU (kvr_sim_frontend_t), vLLM's API server is one FIFO server in simulated
+ *     time: a request is tokenized and templated before the scheduler sees it (ready_s), and a
+ *     step's tokens reach the clients after that step's output processing (deliver_s). With async
+ *     scheduling the scheduler runs one step ahead: a request that became ready while step N ran
+ *     is admitted in step N+2 (in N+1 when the engine was idle), and a request that stopped on EOS
+ *     takes part in one more (wasted) step.
+ *   - Re-tokenization: a generated token is "non-canonical" with probability retok_drift, i.e.
+ *     its id differs from the id the tokenizer gives its text, so when the next turn resends the
+ *     answer as text the prefix-cache hit stops at the block holding it.
+ *   - Time: the engine keeps its own simulated clock. kvr_sim_engine_set_now() stamps arrivals;
+ *     each step starts where the previous one ended (or, idle, when the first waiting request is
+ *     ready) and kvr_sim_engine_next_start() says when that is.
  *
  * Ownership: kvr_sim_engine_add() returns a request the caller owns: it stays valid until the
  * caller calls kvr_sim_engine_remove() (which aborts it first if it is still waiting or running).
@@ -46,12 +60,21 @@ typedef struct kvr_sim_req_s kvr_sim_req_t;
 
 /* Cost model of one engine step; see bench/sim/README.md for where the defaults come from. */
 typedef struct kvr_sim_cost_s {
-  double fixed_ms;       /* per step: weight reads, launch overhead (memory-bound decode floor) */
-  double per_seq_ms;     /* per scheduled sequence: sampling, bookkeeping */
-  double prefill_tok_us; /* per prefilled token: the dense layers' compute */
-  double decode_ctx_ns;  /* per context token of each decoding sequence: KV reads */
-  double attn_pair_ns;   /* per (query, key) pair of prefill attention: the quadratic term */
+  double weights_ms;    /* per step: the dense layers' memory floor (every FP8 weight read once) */
+  double dense_tok_us;  /* per scheduled token (prefill or decode): the dense layers' compute */
+  double step_ms;       /* per step: what CUDA graphs and async scheduling do not hide */
+  double per_seq_ms;    /* per scheduled sequence: sampling, logits, input preparation */
+  double decode_ctx_ns; /* per context token of each decoding sequence: KV reads */
+  double attn_pair_ns;  /* per (query, key) pair of prefill attention: the quadratic term */
 } kvr_sim_cost_t;
+
+/* vLLM outside the GPU step: its API server process and its scheduler's pipelining. */
+typedef struct kvr_sim_frontend_s {
+  double req_ms;         /* per request: HTTP, validation, chat template, scheduling */
+  double prompt_tok_us;  /* per prompt token: tokenization */
+  double stream_tok_us;  /* per streamed token: detokenization, chunk JSON, SSE write */
+  bool async_scheduling; /* vLLM's default: the scheduler runs one step ahead (see above) */
+} kvr_sim_frontend_t;
 
 typedef struct kvr_sim_config_s {
   uint32_t num_gpu_blocks;         /* default 21770: 53.15 GiB / (163,840 B/token * 16) */
@@ -60,7 +83,9 @@ typedef struct kvr_sim_config_s {
   uint32_t max_num_batched_tokens; /* per-step token budget; default 8192 */
   uint32_t max_model_len;          /* prompt + output limit; default 131072 */
   bool enable_prefix_caching;      /* default true */
+  double retok_drift;              /* per generated token: P(its id is non-canonical), see above */
   kvr_sim_cost_t cost;
+  kvr_sim_frontend_t frontend;
 } kvr_sim_config_t;
 
 typedef enum {
@@ -87,6 +112,9 @@ struct kvr_sim_req_s {
   uint32_t max_output;          /* the request finishes when it has generated this many tokens */
   kvr_sim_finish_t stop_reason; /* what reaching max_output means: STOP (eos) or LENGTH */
   uint64_t gen_seed;            /* seed of the generated words (kvr_sim_tokens_word_id) */
+  double arrival_s;             /* simulated time it was added */
+  double ready_s;               /* when the API server handed it to the scheduler */
+  uint32_t num_drifted;         /* generated tokens whose id is non-canonical */
   uint32_t num_computed;        /* tokens whose KV is in the cache (computed or prefix hit) */
   int32_t num_cached;           /* prefix-cache hit tokens at first admission; -1 before */
   uint32_t num_preemptions;
@@ -107,8 +135,12 @@ typedef struct kvr_sim_event_s {
 } kvr_sim_event_t;
 
 typedef struct kvr_sim_step_s {
+  double start_s;      /* simulated time the step starts */
   double duration_s;   /* simulated time this step takes; 0 when nothing was scheduled */
-  uint32_t num_seqs;   /* sequences scheduled */
+  double deliver_s;    /* when its tokens reach the clients: end + output processing */
+  uint32_t num_tokens; /* dense-layer tokens: prefill_tokens + num_decode */
+  uint32_t num_out;    /* requests that got a token (streamed chunks) */
+  uint32_t num_seqs;   /* sequences scheduled (an async EOS request's wasted step included) */
   uint32_t num_decode; /* of which decoding */
   uint32_t prefill_tokens;
   uint64_t decode_ctx; /* sum of the decoding sequences' context lengths */
@@ -136,9 +168,9 @@ void kvr_sim_config_default(kvr_sim_config_t *cfg);
 /* Checks a configuration; returns 0 or KVR_EINVAL with the offending field named in err. */
 int kvr_sim_config_check(const kvr_sim_config_t *cfg, char *err, size_t errlen);
 
-/* The modelled duration (seconds) of a step with these contents; the cost model alone. */
-double kvr_sim_cost_step(const kvr_sim_cost_t *cost, uint32_t seqs, uint32_t prefill_tokens,
-                         uint64_t decode_ctx, double attn_pairs);
+/* The modelled duration (seconds) of a step with these contents (num_seqs, num_decode,
+ * prefill_tokens, decode_ctx, attn_pairs; the other fields are ignored); the cost model alone. */
+double kvr_sim_cost_step(const kvr_sim_cost_t *cost, const kvr_sim_step_t *contents);
 
 /* Creates an engine (copies cfg). Returns NULL on a bad config or out of memory. */
 kvr_sim_engine_t *kvr_sim_engine_new(const kvr_sim_config_t *cfg);
@@ -154,10 +186,26 @@ kvr_sim_req_t *kvr_sim_engine_add(kvr_sim_engine_t *eng, const uint32_t *prompt,
 /* Aborts req if it is waiting or running (frees its blocks) and frees it. Accepts NULL. */
 void kvr_sim_engine_remove(kvr_sim_engine_t *eng, kvr_sim_req_t *req);
 
-/* True when some request is waiting or running, i.e. a step would do something. */
+/* True when some request is waiting or running (or an async extra step is due): a step would do
+ * something. */
 bool kvr_sim_engine_busy(const kvr_sim_engine_t *eng);
 
-/* Runs one iteration. out describes it (events valid until the next call). Returns 0. */
+/* Sets the simulated time (seconds) at which the requests added next arrive; never moves back. */
+void kvr_sim_engine_set_now(kvr_sim_engine_t *eng, double now_s);
+
+/* Moves the engine's clock forward to t_s (a caller that fell behind real time): the next step
+ * starts, and the API server is free, no earlier than t_s. */
+void kvr_sim_engine_skip_to(kvr_sim_engine_t *eng, double t_s);
+
+/* When the next step starts (simulated seconds): the end of the previous step while requests run,
+ * else when the first waiting request is ready; HUGE_VAL when nothing waits or runs. */
+double kvr_sim_engine_next_start(const kvr_sim_engine_t *eng);
+
+/* Extra simulated seconds added to every step from now on (the sim's `slow` fault); 0 = none. */
+void kvr_sim_engine_set_step_delay(kvr_sim_engine_t *eng, double seconds);
+
+/* Runs one iteration, starting at kvr_sim_engine_next_start(). out describes it (events valid
+ * until the next call). Returns 0. */
 int kvr_sim_engine_step(kvr_sim_engine_t *eng, kvr_sim_step_t *out);
 
 void kvr_sim_engine_stats(const kvr_sim_engine_t *eng, kvr_sim_stats_t *out);

@@ -429,12 +429,18 @@ static void step_clock_arm(kvr_sim_server_t *srv, uint64_t due_ns) {
   uv_poll_start(&srv->step_poll, UV_READABLE, on_step);
 }
 
+/* The wall-clock instant of simulated time t (the inverse of sim_seconds). */
+static uint64_t wall_ns_of_sim_s(const kvr_sim_server_t *srv, double t) {
+  return (uint64_t)(t * 1e9 / srv->opts.time_scale);
+}
+
 static void engine_kick(kvr_sim_server_t *srv) {
   if (srv->timer_active || srv->closing)
     return;
   srv->timer_active = true;
   srv->have_step = false;
-  srv->due_ns = kvr_now_ns();
+  /* Idle: the first step starts when the API server has handed the request over. */
+  srv->due_ns = KVR_MAX(wall_ns_of_sim_s(srv, kvr_sim_engine_next_start(srv->eng)), kvr_now_ns());
   step_clock_arm(srv, srv->due_ns);
 }
 
@@ -474,17 +480,18 @@ static void on_step(uv_poll_t *p, int status, int events) {
     srv->timer_active = false;
     return;
   }
+  uint64_t now = kvr_now_ns();
+  if (wall_ns_of_sim_s(srv, kvr_sim_engine_next_start(srv->eng)) + LAG_RESET_NS < now)
+    kvr_sim_engine_skip_to(srv->eng, sim_seconds(srv, now)); /* fell behind: do not burst */
+  /* The step is computed now, as it starts in simulated time (its admission cut-off is in the
+   * past, so nothing that arrives meanwhile could have joined it); its tokens go out when the
+   * API server has processed them. */
   kvr_sim_engine_step(srv->eng, &srv->step);
   srv->have_step = true;
-  double d = srv->step.duration_s;
-  if (srv->fault.mode == KVR_SIM_FAULT_SLOW)
-    d += srv->fault.delay_ms * 1e-3;
-  if (d <= 0)
-    d = 1e-4;
-  srv->due_ns += (uint64_t)(d * 1e9 / srv->opts.time_scale);
-  uint64_t now = kvr_now_ns();
-  if (srv->due_ns + LAG_RESET_NS < now)
-    srv->due_ns = now; /* the process fell behind: do not burst to catch up */
+  uint64_t due = wall_ns_of_sim_s(srv, srv->step.deliver_s);
+  if (srv->step.num_seqs == 0 || due <= srv->due_ns)
+    due = srv->due_ns + 100000; /* nothing was scheduled: look again in 0.1 ms */
+  srv->due_ns = due;
   step_clock_arm(srv, srv->due_ns);
 }
 
@@ -801,6 +808,7 @@ static void stream_start_fixed(stream_t *s) {
 /* Queues s's prompt in the engine and makes sure the engine clock runs. */
 static void stream_start_engine(stream_t *s, const kvr_sim_toks_t *prompt) {
   kvr_sim_server_t *srv = s->srv;
+  kvr_sim_engine_set_now(srv->eng, sim_seconds(srv, kvr_now_ns()));
   s->ereq = kvr_sim_engine_add(srv->eng, prompt->v, (uint32_t)prompt->n, s->max_output,
                                s->stop_reason, s->gen_seed, s);
   if (s->ereq == NULL) {
@@ -1016,6 +1024,7 @@ static void refuse_end(kvr_sim_server_t *srv) {
 
 static void apply_fault(kvr_sim_server_t *srv, const kvr_sim_fault_t *f) {
   srv->fault = *f;
+  kvr_sim_engine_set_step_delay(srv->eng, f->mode == KVR_SIM_FAULT_SLOW ? f->delay_ms * 1e-3 : 0.0);
   if (f->mode == KVR_SIM_FAULT_REFUSE) {
     if (srv->http != NULL) {
       kvr_http_server_t *h = srv->http;

@@ -346,16 +346,21 @@ def test_sim_help_defaults_are_the_live_defaults():
         assert p.returncode == 0, (args, p.returncode, p.stderr[-300:])
         return p.stdout.decode()
     costs = run("--print-costs").splitlines()
-    # "cost model: fixed_ms=22 per_seq_ms=...", then "kv cache: 21770 blocks x 16 tokens = ..."
+    # "cost model: weights_ms=21.5 ...", "frontend: req_ms=2 ...; retok_drift=0.001",
+    # then "kv cache: 21770 blocks x 16 tokens = ..."
     live = dict(kv.split("=") for kv in costs[0].split(": ", 1)[1].split())
-    out = run("--cost-prefill-tok-us", "5", "--cost-fixed-ms=1", "--help")
+    live.update(kv.rstrip(";").split("=") for kv in costs[1].split(": ", 1)[1].split()
+                if "=" in kv)
+    out = run("--cost-dense-tok-us", "5", "--cost-weights-ms=1", "--frontend-req-ms=9", "--help")
     lines = out.splitlines()
-    for flag, key in (("cost-fixed-ms", "fixed_ms"), ("cost-per-seq-ms", "per_seq_ms"),
-                      ("cost-prefill-tok-us", "prefill_tok_us"),
-                      ("cost-decode-ctx-ns", "decode_ctx_ns"), ("cost-attn-pair-ns", "attn_pair_ns")):
+    for flag, key in (("cost-weights-ms", "weights_ms"), ("cost-dense-tok-us", "dense_tok_us"),
+                      ("cost-step-ms", "step_ms"), ("cost-per-seq-ms", "per_seq_ms"),
+                      ("cost-decode-ctx-ns", "decode_ctx_ns"), ("cost-attn-pair-ns", "attn_pair_ns"),
+                      ("frontend-req-ms", "req_ms"), ("frontend-prompt-tok-us", "prompt_tok_us"),
+                      ("frontend-stream-tok-us", "stream_tok_us"), ("retok-drift", "retok_drift")):
         i = next(k for k, ln in enumerate(lines) if ln.strip().startswith("--" + flag + " "))
         assert lines[i + 1].endswith("(default %s)" % live[key]), (flag, lines[i + 1], live)
-    blocks = costs[1].split()[2]
+    blocks = costs[2].split()[2]
     assert "(default %s)" % blocks in out, (blocks, out[:400])
     # Off and unset options show no default.
     i = next(k for k, ln in enumerate(lines) if ln.strip().startswith("--fixed-ttft-ms "))

@@ -502,7 +502,7 @@ def cli_errors_and_shutdown():
         lines = p.stderr.strip().splitlines()
         check(len(lines) == 1 and needle in lines[0], (args, p.stderr))
     p = subprocess.run([h.KVROUTER, "sim", "--help"], capture_output=True, text=True, timeout=10)
-    check(p.returncode == 0 and "--cost-fixed-ms" in p.stdout, p.stdout)
+    check(p.returncode == 0 and "--cost-weights-ms" in p.stdout, p.stdout)
     sim = Sim(fixed=None)
     try:
         s, _ = open_stream(sim, 100000, 1)  # a stream in flight does not block shutdown

@@ -48,18 +48,25 @@ static void test_print_costs(void **state) {
   kvr_sim_config_t cfg;
   kvr_sim_config_default(&cfg);
   char *text = capture_costs(&cfg);
-  assert_int_equal(count_lines(text), 11);
-  assert_non_null(strstr(text, "cost model: fixed_ms=22 per_seq_ms=0.06 prefill_tok_us=96 "
-                               "decode_ctx_ns=35 attn_pair_ns=2\n"));
+  assert_int_equal(count_lines(text), 20);
+  assert_non_null(strstr(text, "cost model: weights_ms=20 dense_tok_us=100 step_ms=1 "
+                               "per_seq_ms=0.03 decode_ctx_ns=60 attn_pair_ns=2.5\n"));
+  assert_non_null(strstr(text, "frontend: req_ms=2 prompt_tok_us=1.1 stream_tok_us=40 "
+                               "async_scheduling=on; retok_drift=0.001\n"));
   assert_non_null(strstr(text, "kv cache: 21770 blocks x 16 tokens = 348320 tokens\n"));
-  assert_non_null(strstr(text, "decode step,  1 seqs x 6000 ctx:   22.3 ms"));
+  /* every term's hardware reading */
+  assert_non_null(strstr(text, "weights_ms 20: 70.6 GB read at 3.53 TB/s = 74% of HBM peak\n"));
+  assert_non_null(strstr(text, "decode_ctx_ns 60: 163,840 B at 2.73 TB/s = 57% of HBM peak\n"));
+  /* 1 x 6000 ctx: 20 + 1 + 0.03 + 0.36 ms */
+  assert_non_null(strstr(text, "decode step,   1 seqs x 6000 ctx:   21.4 ms"));
+  assert_non_null(strstr(text, "turn-5 prefill, 7000 tokens with its 3750-token starter cached:"));
   assert_non_null(strstr(text, "cold prefill 3500 tokens (alone):"));
   assert_non_null(strstr(text, "cached follow-up, 20 new tokens after 4080 cached:"));
   free(text);
   /* The figures follow the configuration. */
-  cfg.cost.fixed_ms = 10;
+  cfg.cost.weights_ms = 10;
   text = capture_costs(&cfg);
-  assert_non_null(strstr(text, "fixed_ms=10 "));
+  assert_non_null(strstr(text, "weights_ms=10 "));
   free(text);
 }
 
@@ -73,11 +80,10 @@ static void test_rate_is_deterministic(void **state) {
   char *a = capture_rate(&cfg, &o, 1.0);
   char *b = capture_rate(&cfg, &o, 1.0);
   assert_string_equal(a, b);
-  /* `kvrouter sim --calibrate --cal-requests 60 --cal-rates 1`. Before the percentiles moved to
-   * src/quantile.h (numpy's linear) they were nearest rank, and this row read ttft99 1625 and
-   * tpot99 33.5 (of 60 values, nearest-rank p99 is the maximum); every other figure is the same. */
-  assert_string_equal(a, " 1.00    60   4551   502  73.0%  10.8   23     142    1304    26.6"
-                         "    33.3    25.0   108.3    395     0\n");
+  /* `kvrouter sim --calibrate --cal-requests 60 --cal-rates 1` with the 2026-11-24 cost model
+   * (roofline, API server, async scheduling, drift). */
+  assert_string_equal(a, " 1.00    60   4539   503  73.0%  10.9   23     177    1344    26.8"
+                         "    33.1    25.0    94.3    399     0\n");
   free(b);
   o.seed = 3;
   b = capture_rate(&cfg, &o, 1.0);

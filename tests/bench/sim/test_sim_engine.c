@@ -5,6 +5,7 @@
 #include "bench/sim/sim_tokens.h"
 #include "src/kvr.h"
 
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -31,6 +32,10 @@ static kvr_sim_engine_t *small_engine(uint32_t blocks, uint32_t budget, uint32_t
   cfg.max_num_batched_tokens = budget;
   cfg.max_num_seqs = seqs;
   cfg.max_model_len = 4096;
+  /* The scheduler and cache alone: no API server costs, steps scheduled as they start, canonical
+   * tokens (test_frontend_* and test_retok_drift cover those). */
+  memset(&cfg.frontend, 0, sizeof(cfg.frontend));
+  cfg.retok_drift = 0;
   kvr_sim_engine_t *eng = kvr_sim_engine_new(&cfg);
   assert_non_null(eng);
   return eng;
@@ -291,7 +296,7 @@ static void test_budget_and_chunked_prefill(void **state) {
   assert_int_equal(c->num_computed, 39);
   /* duration is the cost model applied to what was scheduled */
   const kvr_sim_config_t *cfg = kvr_sim_engine_config(eng);
-  double expect = kvr_sim_cost_step(&cfg->cost, 3, 99, 81, st.attn_pairs);
+  double expect = kvr_sim_cost_step(&cfg->cost, &st);
   assert_true(st.duration_s == expect);
   /* attention pairs: b's chunk of 60 after 20, c's 39 from 0 */
   assert_true(st.attn_pairs == 60.0 * (20 + 61 / 2.0) + 39.0 * (0 + 40 / 2.0));
@@ -415,9 +420,155 @@ static void test_free_with_pending(void **state) {
   free(p);
 }
 
+/* The cost model is a roofline for the dense layers plus additive attention and overheads. */
+static void test_cost_roofline(void **state) {
+  kvr_sim_cost_t c = {.weights_ms = 20,
+                      .dense_tok_us = 100,
+                      .step_ms = 1,
+                      .per_seq_ms = 0.5,
+                      .decode_ctx_ns = 50,
+                      .attn_pair_ns = 2};
+  kvr_sim_step_t st;
+  memset(&st, 0, sizeof(st));
+  assert_true(kvr_sim_cost_step(&c, &st) == 0.0); /* nothing scheduled costs nothing */
+  /* 10 decodes of 1,000 context: the weights' floor (10 tokens x 100 us = 1 ms is under it) */
+  st.num_seqs = st.num_decode = 10;
+  st.decode_ctx = 10000;
+  assert_float_equal(kvr_sim_cost_step(&c, &st), 20e-3 + 1e-3 + 5e-3 + 0.5e-3, 1e-12);
+  /* a 1,000-token prefill chunk on top: compute bound, 1,010 tokens x 100 us */
+  st.num_seqs = 11;
+  st.prefill_tokens = 1000;
+  st.attn_pairs = 1000.0 * 500.5;
+  assert_float_equal(kvr_sim_cost_step(&c, &st),
+                     101e-3 + 1e-3 + 5.5e-3 + 0.5e-3 + 1000.0 * 500.5 * 2e-9, 1e-12);
+}
+
+static kvr_sim_engine_t *frontend_engine(bool async, double req_ms, double tok_us,
+                                         double stream_us) {
+  kvr_sim_config_t cfg;
+  kvr_sim_config_default(&cfg);
+  cfg.num_gpu_blocks = 256;
+  cfg.max_model_len = 4096;
+  cfg.retok_drift = 0;
+  cfg.cost = (kvr_sim_cost_t){.weights_ms = 10};
+  cfg.frontend = (kvr_sim_frontend_t){.req_ms = req_ms,
+                                      .prompt_tok_us = tok_us,
+                                      .stream_tok_us = stream_us,
+                                      .async_scheduling = async};
+  kvr_sim_engine_t *eng = kvr_sim_engine_new(&cfg);
+  assert_non_null(eng);
+  return eng;
+}
+
+/* The API server: requests are ready after templating and tokenization, one at a time; a step's
+ * tokens reach the clients after its output processing, one stream at a time. */
+static void test_frontend_delays(void **state) {
+  kvr_sim_engine_t *eng = frontend_engine(false, 2.0, 10.0, 100.0);
+  uint32_t *p = prompt_seq(1, 100), *q = prompt_seq(500, 100);
+  assert_true(kvr_sim_engine_next_start(eng) == HUGE_VAL);
+  kvr_sim_engine_set_now(eng, 1.0);
+  kvr_sim_req_t *a = kvr_sim_engine_add(eng, p, 100, 3, KVR_SIM_FINISH_LENGTH, 1, NULL);
+  kvr_sim_req_t *b = kvr_sim_engine_add(eng, q, 100, 3, KVR_SIM_FINISH_LENGTH, 2, NULL);
+  assert_float_equal(a->arrival_s, 1.0, 1e-12);
+  assert_float_equal(a->ready_s, 1.0 + 2e-3 + 1e-3, 1e-12);
+  assert_float_equal(b->ready_s, a->ready_s + 3e-3, 1e-12); /* queued behind a */
+  /* idle: the first step starts when a is ready, and admits a alone */
+  assert_float_equal(kvr_sim_engine_next_start(eng), a->ready_s, 1e-12);
+  kvr_sim_step_t st;
+  kvr_sim_engine_step(eng, &st);
+  assert_float_equal(st.start_s, a->ready_s, 1e-12);
+  assert_int_equal(a->state, KVR_SIM_RUNNING);
+  assert_int_equal(b->state, KVR_SIM_WAITING);
+  assert_int_equal(st.num_out, 1);
+  assert_float_equal(st.deliver_s, st.start_s + st.duration_s + 100e-6, 1e-12);
+  /* next step: back to back, b (ready during the first) joins: two streams to process */
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(b->state, KVR_SIM_RUNNING);
+  assert_int_equal(st.num_out, 2);
+  assert_float_equal(st.deliver_s, st.start_s + st.duration_s + 200e-6, 1e-12);
+  kvr_sim_engine_remove(eng, a);
+  kvr_sim_engine_remove(eng, b);
+  kvr_sim_engine_free(eng);
+  free(p);
+  free(q);
+}
+
+/* Async scheduling: a request that arrives while a step runs is admitted one step later than with
+ * synchronous scheduling, and a request that stopped on EOS takes part in one more step. */
+static void test_async_scheduling(void **state) {
+  for (int async = 0; async <= 1; async++) {
+    kvr_sim_engine_t *eng = frontend_engine(async, 0, 0, 0);
+    uint32_t *p = prompt_seq(1, 40), *q = prompt_seq(500, 40);
+    kvr_sim_req_t *a = kvr_sim_engine_add(eng, p, 40, 4, KVR_SIM_FINISH_STOP, 1, NULL);
+    kvr_sim_step_t st;
+    kvr_sim_engine_step(eng, &st); /* a's prefill, step 1 */
+    kvr_sim_engine_set_now(eng, st.start_s + st.duration_s / 2);
+    kvr_sim_req_t *b = kvr_sim_engine_add(eng, q, 40, 1, KVR_SIM_FINISH_LENGTH, 2, NULL);
+    kvr_sim_engine_step(eng, &st); /* step 2: sync admits b; async scheduled it at step 1 */
+    assert_int_equal(b->state, async ? KVR_SIM_WAITING : KVR_SIM_FINISHED);
+    kvr_sim_engine_step(eng, &st);
+    assert_int_equal(b->state, KVR_SIM_FINISHED);
+    for (int i = 0; i < 10 && a->state != KVR_SIM_FINISHED; i++)
+      kvr_sim_engine_step(eng, &st);
+    assert_int_equal(a->state, KVR_SIM_FINISHED);
+    /* the step after a's EOS: async runs a wasted decode for it, sync has nothing to do */
+    assert_int_equal(kvr_sim_engine_busy(eng), async);
+    if (async) {
+      kvr_sim_engine_step(eng, &st);
+      assert_int_equal(st.num_seqs, 1);
+      assert_int_equal(st.num_decode, 1);
+      assert_int_equal(st.decode_ctx, 44);
+      assert_int_equal(st.nevents, 0);
+      assert_false(kvr_sim_engine_busy(eng));
+    }
+    kvr_sim_engine_remove(eng, a);
+    kvr_sim_engine_remove(eng, b);
+    kvr_sim_engine_free(eng);
+    free(p);
+    free(q);
+  }
+}
+
+/* Re-tokenization drift: a non-canonical generated token keeps its text but not its id, so a
+ * prompt that resends the answer (as canonical ids) stops hitting at the block holding it. */
+static void test_retok_drift(void **state) {
+  for (int drift = 0; drift <= 1; drift++) {
+    kvr_sim_config_t cfg;
+    kvr_sim_config_default(&cfg);
+    cfg.num_gpu_blocks = 256;
+    cfg.max_model_len = 4096;
+    memset(&cfg.frontend, 0, sizeof(cfg.frontend));
+    cfg.retok_drift = drift;
+    kvr_sim_engine_t *eng = kvr_sim_engine_new(&cfg);
+    uint32_t *p = prompt_seq(1, 40);
+    kvr_sim_req_t *a = kvr_sim_engine_add(eng, p, 40, 60, KVR_SIM_FINISH_LENGTH, 9, NULL);
+    run_until_done(eng, a);
+    assert_int_equal(a->num_drifted, drift ? 60 : 0);
+    /* the next turn: prompt + the answer as the tokenizer gives it + 10 more tokens */
+    uint32_t next[110];
+    memcpy(next, p, 40 * sizeof(uint32_t));
+    for (uint32_t k = 0; k < 60; k++)
+      next[40 + k] = kvr_sim_tokens_word_id(9, k);
+    for (uint32_t k = 100; k < 110; k++)
+      next[k] = 7000 + k;
+    kvr_sim_req_t *b = kvr_sim_engine_add(eng, next, 110, 1, KVR_SIM_FINISH_LENGTH, 3, NULL);
+    kvr_sim_step_t st;
+    kvr_sim_engine_step(eng, &st);
+    /* canonical: every block of the 99 computed tokens (6 blocks); drifted: the prompt's 2 full
+     * blocks only (the third holds the first generated token) */
+    assert_int_equal(b->num_cached, drift ? 32 : 96);
+    kvr_sim_engine_remove(eng, a);
+    kvr_sim_engine_remove(eng, b);
+    kvr_sim_engine_free(eng);
+    free(p);
+  }
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_prefix_hits),
               cmocka_unit_test(test_eviction_order), cmocka_unit_test(test_preemption),
               cmocka_unit_test(test_waiting_order),
               cmocka_unit_test(test_budget_and_chunked_prefill),
               cmocka_unit_test(test_max_num_seqs_and_abort),
-              cmocka_unit_test(test_free_with_pending), cmocka_unit_test(test_reset_prefix_cache))
+              cmocka_unit_test(test_free_with_pending), cmocka_unit_test(test_reset_prefix_cache),
+              cmocka_unit_test(test_cost_roofline), cmocka_unit_test(test_frontend_delays),
+              cmocka_unit_test(test_async_scheduling), cmocka_unit_test(test_retok_drift))
