@@ -12,13 +12,16 @@
  *   POST -> read_completion: kvr_sim_server_parse_completion (pure; 400/404 as vLLM), error fault
  *        -> stream_new: answer length, id, SSE head
  *        -> stream_begin: hang fault | disconnect fault | fixed-latency timer
- *                         | kvr_sim_engine_add -> engine_kick
+ *                         | kvr_sim_engine_set_now + kvr_sim_engine_add -> engine_kick (idle:
+ *                           arm the clock for when the API server hands the request over)
  *
  *   step timer fires (at most one armed; none when the engine is idle):
- *     deliver the events of the step that just "ran" (one SSE chunk per token, final chunk with
- *     finish_reason, usage chunk, [DONE]) -> reap streams whose client went away (their engine
- *     request is removed, freeing slot and blocks) -> kvr_sim_engine_step() -> re-arm the timer for
- *     duration / time_scale, scheduled against an absolute due time so rounding never drifts.
+ *     deliver the events of the step whose tokens are due (one SSE chunk per token, final chunk
+ *     with finish_reason, usage chunk, [DONE]) -> reap streams whose client went away (their
+ *     engine request is removed, freeing slot and blocks) -> kvr_sim_engine_step() (the next step,
+ *     which in simulated time started when the previous one ended) -> re-arm the timer for that
+ *     step's deliver_s (its end plus the API server's output processing), divided by time_scale
+ *     and scheduled against an absolute due time so rounding never drifts.
  *
  * Engine state is only changed at step boundaries: a client that disconnects while a step is in
  * flight is marked gone and reaped at the next tick, because that step's events still point at its
