@@ -300,7 +300,11 @@ static void per_turn(kvr_level_t *lv, uint32_t max_turn) {
 /* Duration, throughputs, the achieved and scheduled send rates and the peak concurrency. */
 static void rates(kvr_level_t *lv, const cols_t *c) {
   lv->max_concurrent = kvr_stats_max_overlap(c->start, c->end, c->nint);
-  lv->duration_s = lv->measured ? c->last_end - c->first_send : 0;
+  /* A steady-state closed loop keeps every user busy through its cool-down, so its throughput is
+   * the window of measured sends (a request goes out as one completes); up to the last measured
+   * end, the tail would count as idle what the cool-down requests fill. */
+  double end = lv->steady_state && c->last_send > c->first_send ? c->last_send : c->last_end;
+  lv->duration_s = lv->measured ? end - c->first_send : 0;
   if (lv->duration_s > 0) {
     lv->request_throughput = (double)lv->completed / lv->duration_s;
     lv->output_throughput = (double)lv->total_output / lv->duration_s;

@@ -99,7 +99,8 @@ typedef struct kvr_level_s {
                               * and not recorded (and any an interrupt or early stop cut) */
 
   /* Filled by kvr_stats_level_finish(). */
-  double duration_s; /* first measured send -> last measured completion, report seconds */
+  double duration_s; /* first measured send -> last measured completion (steady state: -> last
+                      * measured send), report seconds */
   size_t measured;   /* non-warm-up requests */
   size_t completed, failed;
   kvr_dist_t ttft, tpot, itl, e2e, lag;

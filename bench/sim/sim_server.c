@@ -434,7 +434,8 @@ static void step_clock_arm(kvr_sim_server_t *srv, uint64_t due_ns) {
 
 /* The wall-clock instant of simulated time t (the inverse of sim_seconds). */
 static uint64_t wall_ns_of_sim_s(const kvr_sim_server_t *srv, double t) {
-  return (uint64_t)(t * 1e9 / srv->opts.time_scale);
+  double ns = t * 1e9 / srv->opts.time_scale;
+  return ns < 1.8e19 ? (uint64_t)ns : UINT64_MAX; /* HUGE_VAL: never */
 }
 
 static void engine_kick(kvr_sim_server_t *srv) {

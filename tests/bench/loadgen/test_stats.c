@@ -196,7 +196,25 @@ static void test_run_max_load(void **state) {
   kvr_stats_results_free(NULL);
 }
 
+/* A steady-state closed loop: the throughput is over the window of measured sends, since the
+ * cool-down requests (not recorded here) keep the users busy after the last one. */
+static void test_steady_state_throughput(void **state) {
+  (void)state;
+  kvr_level_t *lv = kvr_stats_level_new(0, 4);
+  lv->steady_state = true;
+  for (int i = 0; i < 9; i++) {
+    kvr_req_rec_t r = rec(1, i * 1.0, 100, 30000, 11, "w0"); /* one send a second, 30 s each */
+    kvr_stats_level_add(lv, &r, NULL, 0);
+  }
+  kvr_stats_level_finish(lv, &slo);
+  NEAR(lv->duration_s, 8.0);
+  NEAR(lv->request_throughput, 9 / 8.0);
+  NEAR(lv->output_throughput, 99 / 8.0);
+  kvr_stats_level_free(lv);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_percentile_linear), cmocka_unit_test(test_max_overlap),
               cmocka_unit_test(test_level_aggregates),
               cmocka_unit_test(test_empty_level_fails_nodata), cmocka_unit_test(test_run_max_load),
-              cmocka_unit_test(test_scheduled_vs_achieved_rate))
+              cmocka_unit_test(test_scheduled_vs_achieved_rate),
+              cmocka_unit_test(test_steady_state_throughput))
