@@ -196,6 +196,15 @@ void kvr__policy_echo(const kvr__policy_class_t *cls, const kvr_policy_t *p, cJS
   kvr_policy_params_to_json(spec, class_spec(cls, p, spec), obj);
 }
 
+int kvr_policy_peek(const kvr_policy_t *p, const kvr_worker_snap_t *workers, size_t nworkers,
+                    const kvr_route_req_t *req, uint64_t tried, kvr_policy_score_t *scores) {
+  kvr_policy_t *copy = kvr_xmalloc(p->ops->size);
+  memcpy(copy, p, p->ops->size);
+  int pick = p->ops->select(copy, workers, nworkers, req, tried, scores);
+  free(copy);
+  return pick;
+}
+
 void kvr__policy_free(kvr_policy_t *p) {
   free(p);
 }

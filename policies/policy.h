@@ -90,6 +90,7 @@ struct kvr_policy_ops_s {
   /* Adds the instance's effective parameters to obj (for GET /admin/policy). */
   void (*params)(const kvr_policy_t *p, cJSON *obj);
   void (*destroy)(kvr_policy_t *p);
+  size_t size; /* bytes of an instance, which is flat (no owned pointers): kvr_policy_peek copies */
 };
 
 struct kvr_policy_s {
@@ -116,6 +117,11 @@ kvr_policy_t *kvr_policy_create(const char *name, const cJSON *params, uint64_t 
 /* Convenience wrappers over the ops table. destroy accepts NULL. */
 int kvr_policy_select(kvr_policy_t *p, const kvr_worker_snap_t *workers, size_t nworkers,
                       const kvr_route_req_t *req, uint64_t tried, kvr_policy_score_t *scores);
+/* The pick and scores select would give now, without changing p: round robin's cursor and the
+ * tie-breaking RNG stay where they are (select runs on a copy). For a look such as
+ * /admin/route/explain. */
+int kvr_policy_peek(const kvr_policy_t *p, const kvr_worker_snap_t *workers, size_t nworkers,
+                    const kvr_route_req_t *req, uint64_t tried, kvr_policy_score_t *scores);
 void kvr_policy_destroy(kvr_policy_t *p);
 const char *kvr_policy_name(const kvr_policy_t *p);
 
@@ -231,6 +237,7 @@ void kvr__policy_free(kvr_policy_t *p);
       .select = name_##_select,                                                                    \
       .params = name_##_params,                                                                    \
       .destroy = kvr__policy_free,                                                                 \
+      .size = sizeof(type_),                                                                       \
   }
 
 /* Among scores[i].eligible && !scores[i].capped picks the lowest cost; ties (within 1e-9

@@ -240,7 +240,9 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t trie
     if (r->slots[i])
       snapshot(r, r->slots[i], matched[i], t0, &d->snaps[i]);
   }
-  d->chosen = kvr_policy_select(r->policy, d->snaps, d->nsnaps, req, tried, d->scores);
+  /* A look (record false) must not move the policy on: no cursor step, no RNG draw. */
+  d->chosen = record ? kvr_policy_select(r->policy, d->snaps, d->nsnaps, req, tried, d->scores)
+                     : kvr_policy_peek(r->policy, d->snaps, d->nsnaps, req, tried, d->scores);
   d->seconds = (double)(kvr_now_ns() - t0) / 1e9;
   if (record) {
     kvr_hist_observe(&r->decision_seconds, d->seconds);

@@ -142,8 +142,10 @@ typedef struct kvr_decision_s {
   double seconds;
 } kvr_decision_t;
 
-/* Builds snapshots (including the cache-index match of req's blocks), runs the policy, and records
- * the decision in the metrics when record is true. tried masks slots already attempted. */
+/* Builds snapshots (including the cache-index match of req's blocks) and runs the policy. record
+ * true is a real decision: counted in the metrics, and the policy's state moves on (round robin's
+ * cursor, the tie-breaking RNG); false is a look (route/explain) that changes nothing. tried masks
+ * slots already attempted. */
 int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t tried, bool record,
                       kvr_decision_t *d);
 

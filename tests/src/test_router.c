@@ -91,6 +91,28 @@ static void test_round_robin_and_tried(void **state) {
   fx_close(&f);
 }
 
+/* A look (record false, what /admin/route/explain does) shows the next pick and moves nothing: the
+ * real decision after any number of looks is the one it showed. Round robin's cursor and
+ * sglang_cache_aware's tie RNG are the state at stake. */
+static void test_look_changes_nothing(void **state) {
+  (void)state;
+  const char *policies[] = {"round_robin", "sglang_cache_aware", "kv_aware"};
+  for (size_t k = 0; k < KVR_ARRAY_SIZE(policies); k++) {
+    fx_t f;
+    fx_open(&f, 3, policies[k]);
+    kvr_route_req_t req = {0};
+    kvr_decision_t d;
+    for (int i = 0; i < 5; i++) {
+      int shown = kvr_router_decide(f.r, &req, 0, false, &d);
+      for (int look = 0; look < 3; look++)
+        assert_int_equal(kvr_router_decide(f.r, &req, 0, false, &d), shown);
+      assert_int_equal(kvr_router_decide(f.r, &req, 0, true, &d), shown);
+    }
+    assert_int_equal(f.r->decision_seconds.count, 5); /* looks are not counted */
+    fx_close(&f);
+  }
+}
+
 static void test_accounting_and_drain(void **state) {
   (void)state;
   fx_t f;
@@ -436,6 +458,7 @@ static void test_accounting_invariant_random(void **state) {
 }
 
 KVR_TEST_MAIN(cmocka_unit_test(test_round_robin_and_tried),
+              cmocka_unit_test(test_look_changes_nothing),
               cmocka_unit_test(test_accounting_and_drain),
               cmocka_unit_test(test_failures_mark_down), cmocka_unit_test(test_policy_switch),
               cmocka_unit_test(test_scrape_parse), cmocka_unit_test(test_requests_return_to_zero),
