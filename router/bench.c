@@ -36,12 +36,15 @@ static int set_workload(const kvr_cli_opt_t *o, void *base, const char *text, un
   (void)nth;
   if (kvr_workload_parse_kind(text, &((kvr_runner_opts_t *)base)->wl) == 0)
     return 0;
-  snprintf(err, errlen, "'%s' is not one of multiturn, documents, control, file:PATH", text);
+  snprintf(err, errlen,
+           "'%s' is not one of multiturn, documents, control, agentic, hot-prefix, file:PATH",
+           text);
   return KVR_EINVAL;
 }
 
 static void show_workload(const kvr_cli_opt_t *o, const void *base, char *buf, size_t len) {
-  static const char *const kinds[] = {"multiturn", "documents", "control", "file:"};
+  static const char *const kinds[] = {"multiturn", "documents", "control",
+                                      "file:",     "agentic",   "hot-prefix"};
   const kvr_workload_opts_t *wl = &((const kvr_runner_opts_t *)base)->wl;
   (void)o;
   snprintf(buf, len, "%s%s", kinds[wl->kind], wl->kind == KVR_WL_FILE ? wl->path : "");
@@ -68,17 +71,32 @@ static const kvr_cli_opt_t options[] = {
      .help = "per request, real seconds; 0 = none"},
     KVR_CLI_HEADING("Workload"),
     {KVR_CLI_CUSTOM, "workload", .arg = "W", .parse = set_workload, .show = show_workload,
-     .help = "multiturn | documents | control | file:PATH"},
+     .help = "multiturn | documents | control | agentic | hot-prefix | file:PATH"},
     {KVR_CLI_UINT, "turns", F(wl.turns), .arg = "N", KVR_CLI_RANGE(1, 64),
      .help = "multiturn: turns per conversation"},
     {KVR_CLI_UINT, "starters", F(wl.starters), .arg = "N", KVR_CLI_RANGE(1, 100000),
-     .help = "multiturn: shared conversation starters"},
+     .help = "multiturn: shared conversation starters; agentic: shared system prompts"},
     {KVR_CLI_UINT, "documents", F(wl.documents), .arg = "N", KVR_CLI_RANGE(1, 1000000),
      .help = "documents: distinct documents"},
     {KVR_CLI_UINT, "questions", F(wl.questions), .arg = "N", KVR_CLI_RANGE(1, 1000),
      .help = "documents: questions per document"},
+    {KVR_CLI_UINT, "agentic-turns-min", F(wl.agentic_turns_min), .arg = "N",
+     KVR_CLI_RANGE(1, 10000), .help = "agentic: fewest turns per conversation (uniform draw)"},
+    {KVR_CLI_UINT, "agentic-turns-max", F(wl.agentic_turns_max), .arg = "N",
+     KVR_CLI_RANGE(1, 10000), .help = "agentic: most turns per conversation"},
+    {KVR_CLI_UINT, "tool-min-tokens", F(wl.tool_min_tokens), .arg = "T", KVR_CLI_RANGE(1, 1000000),
+     .help = "agentic: smallest tool output (user turns 2..)"},
+    {KVR_CLI_UINT, "tool-max-tokens", F(wl.tool_max_tokens), .arg = "T", KVR_CLI_RANGE(1, 1000000),
+     .help = "agentic: largest tool output"},
+    {KVR_CLI_UINT, "agentic-max-context", F(wl.agentic_max_context), .arg = "T",
+     KVR_CLI_RANGE(1, 100000000),
+     .help = "agentic: a conversation's turns are capped so prefix + user turns + max_tokens "
+             "stay within T tokens (keep under the target's max_model_len)"},
+    {KVR_CLI_DOUBLE, "hot-fraction", F(wl.hot_fraction), .arg = "F", KVR_CLI_RANGE(0, 1),
+     .help = "hot-prefix: share of requests carrying the one shared prefix"},
     {KVR_CLI_DOUBLE, "output-mean", F(wl.out_mean), .arg = "T", KVR_CLI_MIN(1),
-     .help = "output tokens per turn: mean of a normal clipped to [--output-min, --output-max]"},
+     .help = "output tokens per turn: mean of a normal clipped to [--output-min, --output-max] "
+             "(agentic: a flag left at its default becomes normal(120, 60) in [16, 512])"},
     {KVR_CLI_DOUBLE, "output-std", F(wl.out_std), .arg = "T", KVR_CLI_MIN(0),
      .help = "output tokens per turn: standard deviation"},
     {KVR_CLI_UINT, "output-min", F(wl.out_min), .arg = "T", KVR_CLI_RANGE(1, 1000000),
@@ -102,7 +120,7 @@ static const kvr_cli_opt_t options[] = {
     {KVR_CLI_DOUBLE, "answer-std", F(wl.answer_std), .arg = "T", KVR_CLI_MIN(0),
      .help = "replay: standard deviation of those answers' tokens"},
     {KVR_CLI_DOUBLE, "think-s", F(wl.think_mean_s), .arg = "S", KVR_CLI_MIN(0),
-     .help = "session: mean think time between turns, simulated seconds"},
+     .help = "session, agentic: mean think time between turns, simulated seconds"},
     {KVR_CLI_UINT, "seed", F(seed), .arg = "N", .help = "seed of everything random"},
     KVR_CLI_HEADING("Load"),
     {KVR_CLI_LIST, "rates", KVR_CLI_ARRAY(kvr_runner_opts_t, rates, nrates), .arg = "LIST",

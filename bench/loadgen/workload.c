@@ -7,7 +7,9 @@
  *
  * Flow: kvr_workload_new() builds the pool or parses the file; the load generator asks for
  * conversation k of a level with kvr_workload_conv() and renders each turn's request with
- * kvr_workload_body(), passing the answers it actually streamed back.
+ * kvr_workload_body(), passing the answers it actually streamed back. agentic and hot-prefix build
+ * their conversations in agentic_conv() and hot_conv(); agentic takes its own output defaults in
+ * apply_kind_defaults() (kvr_workload_new) for every --output-* field left at the global default.
  *
  * Invariants: every random choice comes from a kvr_rng_t seeded by kvr_workload_mix() of the
  * workload seed, the level seed and k, so a conversation never depends on what was generated before
@@ -119,6 +121,13 @@ static const char *const followups[] = {
     "How does this compare with the alternatives?", "Why does that matter?",
 };
 
+static const char *const tasks[] = {
+    "Task: find the failing test in the repository with the tools above and fix it.",
+    "Task: read the logs with the tools above and explain why the service restarted.",
+    "Task: add input validation to the configuration loader, using the tools above.",
+    "Task: profile the slow endpoint with the tools above and propose a fix.",
+};
+
 static const char *const questions[] = {
     "What is the main argument of the document above?",
     "Which numbers in the document above are the most important, and why?",
@@ -172,6 +181,12 @@ void kvr_workload_opts_default(kvr_workload_opts_t *o) {
   o->think_mean_s = 1.0;
   o->replay = true;
   o->replay_width = 16;
+  o->agentic_turns_min = 20;
+  o->agentic_turns_max = 60;
+  o->tool_min_tokens = 500;
+  o->tool_max_tokens = 3000;
+  o->agentic_max_context = 100000;
+  o->hot_fraction = 0.8;
 }
 
 /* Parses one of two names into a flag: off_name -> false, on_name -> true. */
@@ -200,6 +215,10 @@ int kvr_workload_parse_kind(const char *spec, kvr_workload_opts_t *o) {
     o->kind = KVR_WL_DOCUMENTS;
   else if (strcmp(spec, "control") == 0)
     o->kind = KVR_WL_CONTROL;
+  else if (strcmp(spec, "agentic") == 0)
+    o->kind = KVR_WL_AGENTIC;
+  else if (strcmp(spec, "hot-prefix") == 0)
+    o->kind = KVR_WL_HOT_PREFIX;
   else if (strncmp(spec, "file:", 5) == 0 && spec[5] != '\0') {
     o->kind = KVR_WL_FILE;
     o->path = spec + 5;
@@ -257,6 +276,23 @@ static char *pool_text(uint64_t seed, uint64_t i, const char *kind, unsigned tok
   kvr_buf_printf(&b, "%s %llu.\n\n", kind, (unsigned long long)i + 1);
   kvr_workload_text(&r, (size_t)tokens * KVR_WORKLOAD_CHARS_PER_TOKEN - b.len, &b);
   return kvr_buf_steal(&b);
+}
+
+/* Appends synthetic text to b until b holds exactly `tokens` tokens (~4 characters each) of text:
+ * b's header counts, the text is cut mid-word if need be. */
+static void text_exact(kvr_rng_t *r, unsigned tokens, kvr_buf_t *b) {
+  size_t chars = (size_t)tokens * KVR_WORKLOAD_CHARS_PER_TOKEN;
+  if (b->len < chars)
+    kvr_workload_text(r, chars - b->len, b);
+  if (b->len > chars) {
+    b->len = chars;
+    b->data[chars] = '\0';
+  }
+}
+
+/* Tokens of a text at ~4 characters per token, rounded up. */
+static uint64_t text_tokens(const char *s) {
+  return (strlen(s) + KVR_WORKLOAD_CHARS_PER_TOKEN - 1) / KVR_WORKLOAD_CHARS_PER_TOKEN;
 }
 
 static uint32_t clip_tokens(const kvr_workload_opts_t *o, double v) {
@@ -420,6 +456,80 @@ static int load_file(kvr_workload_t *wl, char *err, size_t errlen) {
   return rc;
 }
 
+/* Builds the shared text pool: n texts of prefix_min..prefix_max tokens headed "LABEL i.", from a
+ * stream of the workload seed and tag only. */
+static void build_pool(kvr_workload_t *wl, size_t n, uint64_t tag, const char *label) {
+  const kvr_workload_opts_t *o = &wl->opts;
+  wl->npool = n;
+  wl->pool = kvr_xcalloc(n, sizeof(char *));
+  kvr_rng_t r;
+  kvr_workload_rng_seed(&r, kvr_workload_mix(o->seed, tag));
+  for (size_t i = 0; i < n; i++) {
+    unsigned tokens =
+        (unsigned)kvr_workload_rng_range(&r, o->prefix_min_tokens, o->prefix_max_tokens);
+    wl->pool[i] = pool_text(kvr_workload_mix(o->seed, tag), i, label, tokens);
+  }
+}
+
+/* agentic: every --output-* field still at its global default takes the agentic default. */
+static void apply_kind_defaults(kvr_workload_opts_t *o) {
+  kvr_workload_opts_t d;
+  kvr_workload_opts_default(&d);
+  if (o->kind != KVR_WL_AGENTIC)
+    return;
+  if (o->out_mean == d.out_mean)
+    o->out_mean = KVR_WL_AGENTIC_OUT_MEAN;
+  if (o->out_std == d.out_std)
+    o->out_std = KVR_WL_AGENTIC_OUT_STD;
+  if (o->out_min == d.out_min)
+    o->out_min = KVR_WL_AGENTIC_OUT_MIN;
+  if (o->out_max == d.out_max)
+    o->out_max = KVR_WL_AGENTIC_OUT_MAX;
+}
+
+/* The options of the agentic and hot-prefix kinds (after apply_kind_defaults). Returns 0, or -1
+ * with a one-line reason in err. */
+static int check_kind_opts(const kvr_workload_opts_t *o, char *err, size_t errlen) {
+  if (o->kind == KVR_WL_HOT_PREFIX && !(o->hot_fraction >= 0 && o->hot_fraction <= 1)) {
+    snprintf(err, errlen, "workload: hot-prefix: --hot-fraction must be in [0, 1], not %g",
+             o->hot_fraction);
+    return -1;
+  }
+  if (o->kind != KVR_WL_AGENTIC)
+    return 0;
+  if (o->agentic_turns_min < 1 || o->agentic_turns_max < o->agentic_turns_min ||
+      o->agentic_turns_max > 10000) {
+    snprintf(err, errlen,
+             "workload: agentic: need 1 <= --agentic-turns-min (%u) <= --agentic-turns-max (%u) "
+             "<= 10000",
+             o->agentic_turns_min, o->agentic_turns_max);
+    return -1;
+  }
+  if (o->tool_min_tokens < 1 || o->tool_max_tokens < o->tool_min_tokens) {
+    snprintf(err, errlen,
+             "workload: agentic: need 1 <= --tool-min-tokens (%u) <= --tool-max-tokens (%u)",
+             o->tool_min_tokens, o->tool_max_tokens);
+    return -1;
+  }
+  if (o->out_max < o->out_min) {
+    snprintf(err, errlen,
+             "workload: agentic: --output-min %u > --output-max %u (agentic output defaults are "
+             "[%u, %u]: set both)",
+             o->out_min, o->out_max, KVR_WL_AGENTIC_OUT_MIN, KVR_WL_AGENTIC_OUT_MAX);
+    return -1;
+  }
+  /* The first turn (system prompt, task, output) must always fit. */
+  uint64_t first = (uint64_t)o->prefix_max_tokens + 64 + o->out_max;
+  if (o->agentic_max_context < first) {
+    snprintf(err, errlen,
+             "workload: agentic: --agentic-max-context %u cannot hold a first turn of up to %llu "
+             "tokens (prefix + task + --output-max)",
+             o->agentic_max_context, (unsigned long long)first);
+    return -1;
+  }
+  return 0;
+}
+
 kvr_workload_t *kvr_workload_new(const kvr_workload_opts_t *opts, char *err, size_t errlen) {
   const kvr_workload_opts_t *o = opts;
   if (o->turns < 1 || o->turns > 64 || o->starters < 1 || o->documents < 1 || o->questions < 1 ||
@@ -440,25 +550,29 @@ kvr_workload_t *kvr_workload_new(const kvr_workload_opts_t *opts, char *err, siz
     snprintf(err, errlen, "workload: --replay-dataset needs --replay-order sample (replay mode)");
     return NULL;
   }
+  kvr_workload_opts_t ko = *o;
+  apply_kind_defaults(&ko);
+  if (check_kind_opts(&ko, err, errlen) != 0)
+    return NULL;
   kvr_workload_t *wl = kvr_xcalloc(1, sizeof(*wl));
-  wl->opts = *o;
+  wl->opts = ko;
   switch (o->kind) {
   case KVR_WL_MULTITURN:
   case KVR_WL_DOCUMENTS: {
     bool docs = o->kind == KVR_WL_DOCUMENTS;
-    wl->npool = docs ? o->documents : o->starters;
-    wl->pool = kvr_xcalloc(wl->npool, sizeof(char *));
-    kvr_rng_t r;
-    kvr_workload_rng_seed(&r, kvr_workload_mix(o->seed, docs ? 0xD0C5 : 0x5747));
-    for (size_t i = 0; i < wl->npool; i++) {
-      unsigned tokens =
-          (unsigned)kvr_workload_rng_range(&r, o->prefix_min_tokens, o->prefix_max_tokens);
-      wl->pool[i] = pool_text(kvr_workload_mix(o->seed, docs ? 0xD0C5 : 0x5747), i,
-                              docs ? "Document" : "Conversation starter", tokens);
-    }
+    build_pool(wl, docs ? o->documents : o->starters, docs ? 0xD0C5 : 0x5747,
+               docs ? "Document" : "Conversation starter");
     snprintf(wl->name, sizeof(wl->name), "%s", docs ? "documents" : "multiturn");
     break;
   }
+  case KVR_WL_AGENTIC:
+    build_pool(wl, o->starters, 0xA6E7, "Agent system prompt");
+    snprintf(wl->name, sizeof(wl->name), "agentic");
+    break;
+  case KVR_WL_HOT_PREFIX:
+    build_pool(wl, 1, 0x407, "Shared system prompt");
+    snprintf(wl->name, sizeof(wl->name), "hot-prefix");
+    break;
   case KVR_WL_CONTROL:
     snprintf(wl->name, sizeof(wl->name), "control");
     break;
@@ -551,6 +665,26 @@ void kvr_workload_describe(const kvr_workload_t *wl, kvr_buf_t *out) {
                    o->control_min_tokens, o->control_max_tokens, o->out_mean, o->out_std,
                    o->out_min, o->out_max);
     break;
+  case KVR_WL_AGENTIC:
+    kvr_buf_printf(out,
+                   "agentic: %u shared system prompts of %u-%u tokens, %u-%u turns per "
+                   "conversation (capped so the planned context stays within %u tokens), user "
+                   "turns after the first are tool outputs of %u-%u tokens, output tokens "
+                   "normal(%.0f, %.0f) clipped to [%u, %u], think time exponential mean %.2f s",
+                   o->starters, o->prefix_min_tokens, o->prefix_max_tokens, o->agentic_turns_min,
+                   o->agentic_turns_max, o->agentic_max_context, o->tool_min_tokens,
+                   o->tool_max_tokens, o->out_mean, o->out_std, o->out_min, o->out_max,
+                   o->think_mean_s);
+    break;
+  case KVR_WL_HOT_PREFIX:
+    kvr_buf_printf(out,
+                   "hot-prefix: %.0f%% of requests carry one shared prefix of %u-%u tokens, the "
+                   "others a unique prompt of the same length range, single-turn, each a fresh "
+                   "question of %u-%u tokens, output tokens normal(%.0f, %.0f) clipped to [%u, %u]",
+                   o->hot_fraction * 100, o->prefix_min_tokens, o->prefix_max_tokens,
+                   KVR_WL_QUESTION_MIN_TOKENS, KVR_WL_QUESTION_MAX_TOKENS, o->out_mean, o->out_std,
+                   o->out_min, o->out_max);
+    break;
   case KVR_WL_FILE:
     kvr_buf_printf(out, "%s: %zu conversations from %s", wl->name, wl->nconvs, wl->path);
     break;
@@ -611,6 +745,74 @@ void kvr_workload_sample_slot(const kvr_workload_t *wl, uint64_t level_seed, uin
   } while (prompt >= d);
   *conv = prompt / o->turns;
   *turn = (uint32_t)(prompt % o->turns);
+}
+
+/* One user turn of an agentic conversation: the task (turn 0) or a tool output of
+ * tool_min..tool_max tokens of synthetic text. Returns an owned string. */
+static char *agentic_user(const kvr_workload_opts_t *o, kvr_rng_t *r, uint32_t t) {
+  if (t == 0)
+    return kvr_xstrdup(tasks[kvr_workload_rng_u64(r) % KVR_ARRAY_SIZE(tasks)]);
+  unsigned tokens = (unsigned)kvr_workload_rng_range(r, o->tool_min_tokens, o->tool_max_tokens);
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_buf_printf(&b, "Tool output (call %u):\n", t);
+  text_exact(r, tokens, &b);
+  return kvr_buf_steal(&b);
+}
+
+/* agentic: a shared system prompt, a task, then tool outputs. Turns are drawn uniformly from
+ * agentic_turns_min..max and cut where the planned context (prefix + every user turn + every
+ * max_tokens so far) would pass agentic_max_context; check_kind_opts() makes turn 0 always fit. */
+static void agentic_conv(const kvr_workload_t *wl, kvr_rng_t *r, kvr_conv_t *c) {
+  const kvr_workload_opts_t *o = &wl->opts;
+  c->group = (int32_t)kvr_workload_rng_range(r, 0, wl->npool - 1);
+  c->prefix = wl->pool[c->group];
+  uint32_t want = (uint32_t)kvr_workload_rng_range(r, o->agentic_turns_min, o->agentic_turns_max);
+  conv_alloc(c, want);
+  uint64_t ctx = text_tokens(c->prefix) + 1; /* + the "\n\n" before the task */
+  uint32_t n = 0;
+  for (uint32_t t = 0; t < want; t++) {
+    char *user = agentic_user(o, r, t);
+    uint32_t out = clip_tokens(o, o->out_mean + o->out_std * kvr_workload_rng_normal(r));
+    double th = t == 0 ? 0.0 : think(o, r);
+    uint64_t add = text_tokens(user) + out;
+    if (t > 0 && ctx + add > o->agentic_max_context) {
+      free(user);
+      break;
+    }
+    ctx += add;
+    c->turns[n].user = user;
+    c->turns[n].max_tokens = out;
+    c->turns[n].think_s = th;
+    n++;
+  }
+  c->nturns = n;
+}
+
+/* hot-prefix: with probability hot_fraction the one shared prefix, else a unique prompt of the same
+ * length range that opens with a random 64-bit tag (so no two share even their first words); then
+ * a fresh question of KVR_WL_QUESTION_MIN..MAX_TOKENS tokens. */
+static void hot_conv(const kvr_workload_t *wl, kvr_rng_t *r, kvr_conv_t *c) {
+  const kvr_workload_opts_t *o = &wl->opts;
+  if (kvr_workload_rng_unit(r) < o->hot_fraction) {
+    c->group = 0;
+    c->prefix = wl->pool[0];
+  } else {
+    unsigned tokens =
+        (unsigned)kvr_workload_rng_range(r, o->prefix_min_tokens, o->prefix_max_tokens);
+    kvr_buf_t b = KVR_BUF_INIT;
+    kvr_buf_printf(&b, "[%016llx] ", (unsigned long long)kvr_workload_rng_u64(r));
+    text_exact(r, tokens, &b);
+    c->prefix_owned = kvr_buf_steal(&b);
+    c->prefix = c->prefix_owned;
+  }
+  conv_alloc(c, 1);
+  unsigned q =
+      (unsigned)kvr_workload_rng_range(r, KVR_WL_QUESTION_MIN_TOKENS, KVR_WL_QUESTION_MAX_TOKENS);
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_buf_puts(&b, "Question: ");
+  text_exact(r, q, &b);
+  c->turns[0].user = kvr_buf_steal(&b);
+  c->turns[0].max_tokens = clip_tokens(o, o->out_mean + o->out_std * kvr_workload_rng_normal(r));
 }
 
 void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k, kvr_conv_t *c) {
@@ -678,6 +880,12 @@ void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k
     c->turns[0].max_tokens = clip_tokens(o, o->out_mean + o->out_std * kvr_workload_rng_normal(&r));
     break;
   }
+  case KVR_WL_AGENTIC:
+    agentic_conv(wl, &r, c);
+    break;
+  case KVR_WL_HOT_PREFIX:
+    hot_conv(wl, &r, c);
+    break;
   case KVR_WL_FILE: {
     /* Each level walks the file from its own seeded offset: distinct conversations, in file order.
      */

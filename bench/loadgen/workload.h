@@ -13,6 +13,13 @@
  *   control    single-turn prompts of unique synthetic text: no prefix is ever shared.
  *   file       conversations from a ShareGPT JSON array or the JSONL form documented in
  * bench/loadgen/README.md.
+ *   agentic    long tool-using sessions: one of `starters` shared system prompts, then a task, then
+ *              agentic_turns_min..max turns whose user messages are tool outputs of
+ *              tool_min_tokens..tool_max_tokens tokens; short outputs. The turns are capped so the
+ *              planned context (prefix + every user turn + every turn's max_tokens) stays within
+ *              agentic_max_context tokens (default 100,000, under the sim's max_model_len 131072).
+ *   hot-prefix single-turn: a share hot_fraction of the requests carry the one shared hot prefix,
+ *              the others a unique prompt of the same length range; each ends in a fresh question.
  *
  * Reproducibility: conversation k of a level is a pure function of (workload seed, level seed, k).
  * The shared text pool (starters, documents) depends on the workload seed only, so every level and
@@ -53,7 +60,19 @@ typedef enum {
   KVR_WL_DOCUMENTS,
   KVR_WL_CONTROL,
   KVR_WL_FILE,
+  KVR_WL_AGENTIC,
+  KVR_WL_HOT_PREFIX,
 } kvr_workload_kind_t;
+
+/* agentic: output tokens per turn when no --output-* flag moved the global default (normal(120,
+ * 60) clipped to [16, 512]); a field left at its global default takes the agentic one. */
+#define KVR_WL_AGENTIC_OUT_MEAN 120.0
+#define KVR_WL_AGENTIC_OUT_STD 60.0
+#define KVR_WL_AGENTIC_OUT_MIN 16u
+#define KVR_WL_AGENTIC_OUT_MAX 512u
+/* hot-prefix: tokens of the fresh question after the prefix. */
+#define KVR_WL_QUESTION_MIN_TOKENS 50u
+#define KVR_WL_QUESTION_MAX_TOKENS 200u
 
 typedef enum { KVR_API_CHAT = 0, KVR_API_COMPLETIONS } kvr_api_t;
 
@@ -62,10 +81,10 @@ typedef struct kvr_workload_opts_s {
   const char *path;           /* KVR_WL_FILE: the file (copied) */
   uint64_t seed;              /* text pool seed */
   unsigned turns;             /* multiturn: turns per conversation (5) */
-  unsigned starters;          /* multiturn: shared starters (10) */
+  unsigned starters;          /* multiturn, agentic: shared starters / system prompts (10) */
   unsigned documents;         /* documents: distinct documents (150) */
   unsigned questions;         /* documents: questions per document (4) */
-  unsigned prefix_min_tokens; /* starter/document length range (3500..4000) */
+  unsigned prefix_min_tokens; /* starter/document/hot prefix length range (3500..4000) */
   unsigned prefix_max_tokens;
   unsigned control_min_tokens; /* control prompt length range (3500..7000: the multiturn mix) */
   unsigned control_max_tokens;
@@ -87,14 +106,20 @@ typedef struct kvr_workload_opts_s {
   double answer_mean, answer_std; /* replay: tokens of the pre-built answers carried in the history,
                                    * normal(mean, std) clipped to [out_min, out_max]; mean 0 = each
                                    * turn's max_tokens (the default) */
+  unsigned agentic_turns_min;     /* agentic: turns per conversation, uniform (20..60) */
+  unsigned agentic_turns_max;
+  unsigned tool_min_tokens; /* agentic: tool output per user turn after the first (500..3000) */
+  unsigned tool_max_tokens;
+  unsigned agentic_max_context; /* agentic: planned context cap in tokens (100000) */
+  double hot_fraction;          /* hot-prefix: share of requests with the hot prefix (0.8) */
 } kvr_workload_opts_t;
 
 /* Fills opts with the seed workload's defaults (multiturn replay, 10 starters x 5 turns, 830 tokens
  * out). */
 void kvr_workload_opts_default(kvr_workload_opts_t *opts);
 
-/* Parses "multiturn", "documents", "control" or "file:PATH" into opts->kind/opts->path (path points
- * into spec). Returns 0 or KVR_EINVAL. */
+/* Parses "multiturn", "documents", "control", "agentic", "hot-prefix" or "file:PATH" into
+ * opts->kind/opts->path (path points into spec). Returns 0 or KVR_EINVAL. */
 int kvr_workload_parse_kind(const char *spec, kvr_workload_opts_t *opts);
 
 /* Parses "replay" or "session" into opts->replay. Returns 0 or KVR_EINVAL. */
@@ -117,11 +142,12 @@ typedef struct kvr_turn_s {
 typedef struct kvr_conv_s {
   uint64_t id;        /* k, the conversation's index within its level */
   const char *prefix; /* borrowed from the workload (shared starter/document) or NULL */
-  char *prefix_owned; /* owned unique prefix (control), NULL otherwise; prefix points at it */
+  char *prefix_owned; /* owned unique prefix (control, cold hot-prefix requests), NULL otherwise;
+                         prefix points at it */
   const char *system; /* borrowed system prompt, or NULL */
   kvr_turn_t *turns;  /* owned */
   uint32_t nturns;
-  int32_t group; /* starter/document index shared with other conversations, -1 if none */
+  int32_t group; /* starter/document/hot prefix index shared with other conversations, -1 if none */
 } kvr_conv_t;
 
 typedef struct kvr_workload_s kvr_workload_t;
@@ -131,7 +157,8 @@ typedef struct kvr_workload_s kvr_workload_t;
 kvr_workload_t *kvr_workload_new(const kvr_workload_opts_t *opts, char *err, size_t errlen);
 void kvr_workload_free(kvr_workload_t *wl); /* accepts NULL */
 
-/* Short name for reports ("multiturn", "documents", "control", "file:NAME"). */
+/* Short name for reports ("multiturn", "documents", "control", "agentic", "hot-prefix",
+ * "file:NAME"). */
 const char *kvr_workload_name(const kvr_workload_t *wl);
 /* One line describing the workload's parameters, for the report. */
 void kvr_workload_describe(const kvr_workload_t *wl, kvr_buf_t *out);

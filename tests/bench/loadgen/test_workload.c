@@ -895,6 +895,266 @@ static void test_synthetic_history_answers(void **state) {
   kvr_workload_free(wl);
 }
 
+/* ---- agentic and hot-prefix ---- */
+
+static kvr_workload_t *new_kind(const char *kind, kvr_workload_opts_t *o) {
+  kvr_workload_opts_default(o);
+  assert_int_equal(kvr_workload_parse_kind(kind, o), 0);
+  return new_workload(o);
+}
+
+/* Tokens at ~4 characters per token, rounded up (the workload's own count). */
+static uint64_t tokens_of(const char *s) {
+  return (strlen(s) + 3) / 4;
+}
+
+/* The planned context of an agentic conversation: prefix, every user turn, every max_tokens. */
+static uint64_t planned_context(const kvr_conv_t *c) {
+  uint64_t n = tokens_of(c->prefix) + 1;
+  for (uint32_t t = 0; t < c->nturns; t++)
+    n += tokens_of(c->turns[t].user) + c->turns[t].max_tokens;
+  return n;
+}
+
+static void test_parse_new_kinds(void **state) {
+  (void)state;
+  kvr_workload_opts_t o;
+  kvr_workload_opts_default(&o);
+  assert_int_equal(kvr_workload_parse_kind("agentic", &o), 0);
+  assert_int_equal(o.kind, KVR_WL_AGENTIC);
+  assert_int_equal(kvr_workload_parse_kind("hot-prefix", &o), 0);
+  assert_int_equal(o.kind, KVR_WL_HOT_PREFIX);
+  const char *bad[] = {"Agentic", "hot_prefix", "hot", "agentic ", "hot-prefix:x"};
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(bad); i++)
+    assert_int_equal(kvr_workload_parse_kind(bad[i], &o), KVR_EINVAL);
+  assert_int_equal(o.kind, KVR_WL_HOT_PREFIX);
+}
+
+static void test_agentic_deterministic(void **state) {
+  (void)state;
+  kvr_workload_opts_t o;
+  kvr_workload_t *a = new_kind("agentic", &o), *b = new_workload(&o);
+  assert_string_equal(kvr_workload_name(a), "agentic");
+  for (uint64_t k = 0; k < 5; k++) {
+    kvr_conv_t x, y;
+    kvr_workload_conv(a, 11, k, &x);
+    kvr_workload_conv(b, 11, k, &y);
+    assert_int_equal(x.nturns, y.nturns);
+    assert_string_equal(x.prefix, y.prefix);
+    assert_same_prompts(&x, &y);
+    for (uint32_t t = 0; t < x.nturns; t++)
+      assert_true(x.turns[t].think_s == y.turns[t].think_s);
+    kvr_workload_conv_free(&x);
+    kvr_workload_conv_free(&y);
+  }
+  /* Another workload seed: other system prompts and tool outputs. */
+  o.seed = 43;
+  kvr_workload_t *c = new_workload(&o);
+  kvr_conv_t x, y;
+  kvr_workload_conv(a, 11, 0, &x);
+  kvr_workload_conv(c, 11, 0, &y);
+  assert_true(strcmp(x.prefix, y.prefix) != 0);
+  assert_true(strcmp(x.turns[1].user, y.turns[1].user) != 0);
+  kvr_workload_conv_free(&x);
+  kvr_workload_conv_free(&y);
+  kvr_workload_free(a);
+  kvr_workload_free(b);
+  kvr_workload_free(c);
+}
+
+static void test_agentic_turns_tools_and_context(void **state) {
+  (void)state;
+  kvr_workload_opts_t o;
+  kvr_workload_t *wl = new_kind("agentic", &o);
+  const kvr_workload_opts_t *wo = kvr_workload_opts(wl);
+  assert_true(wo->out_mean == 120 && wo->out_std == 60);
+  assert_int_equal(wo->out_min, 16);
+  assert_int_equal(wo->out_max, 512);
+  uint64_t longest = 0;
+  double out_sum = 0;
+  size_t outs = 0;
+  unsigned min_turns = 1000, max_turns = 0;
+  for (uint64_t k = 0; k < 200; k++) {
+    kvr_conv_t c;
+    kvr_workload_conv(wl, 5, k, &c);
+    assert_true(c.nturns >= 20 && c.nturns <= 60);
+    min_turns = KVR_MIN(min_turns, c.nturns);
+    max_turns = KVR_MAX(max_turns, c.nturns);
+    assert_true(c.group >= 0 && c.group < 10);
+    assert_true(tokens_of(c.prefix) >= 3500 && tokens_of(c.prefix) <= 4001);
+    assert_true(c.turns[0].think_s == 0);
+    for (uint32_t t = 1; t < c.nturns; t++) {
+      size_t len = strlen(c.turns[t].user);
+      assert_int_equal(len % 4, 0);
+      assert_true(len / 4 >= 500 && len / 4 <= 3000);
+      assert_true(strncmp(c.turns[t].user, "Tool output", 11) == 0);
+      assert_true(c.turns[t].think_s >= 0);
+    }
+    for (uint32_t t = 0; t < c.nturns; t++) {
+      assert_true(c.turns[t].max_tokens >= 16 && c.turns[t].max_tokens <= 512);
+      out_sum += c.turns[t].max_tokens;
+      outs++;
+    }
+    uint64_t ctx = planned_context(&c);
+    assert_true(ctx <= 100000);
+    longest = KVR_MAX(longest, ctx);
+    kvr_workload_conv_free(&c);
+  }
+  assert_true(longest > 60000);
+  assert_true(min_turns < 30 && max_turns > 45); /* the draw spreads over the range */
+  assert_true(out_sum / (double)outs > 105 && out_sum / (double)outs < 140);
+  kvr_workload_free(wl);
+}
+
+static void test_agentic_cap_and_output_flags(void **state) {
+  (void)state;
+  kvr_workload_opts_t o;
+  kvr_workload_opts_default(&o);
+  o.kind = KVR_WL_AGENTIC;
+  o.agentic_max_context = 20000;
+  o.out_mean = 300; /* an explicit flag is kept, the other output fields take agentic defaults */
+  kvr_workload_t *wl = new_workload(&o);
+  const kvr_workload_opts_t *wo = kvr_workload_opts(wl);
+  assert_true(wo->out_mean == 300 && wo->out_std == 60);
+  assert_int_equal(wo->out_max, 512);
+  for (uint64_t k = 0; k < 50; k++) {
+    kvr_conv_t c;
+    kvr_workload_conv(wl, 2, k, &c);
+    assert_true(c.nturns >= 1 && c.nturns < 20); /* the cap wins over --agentic-turns-min */
+    assert_true(planned_context(&c) <= 20000);
+    kvr_workload_conv_free(&c);
+  }
+  kvr_workload_free(wl);
+  /* Other kinds keep the global output defaults. */
+  kvr_workload_t *mt = new_kind("multiturn", &o);
+  assert_true(kvr_workload_opts(mt)->out_mean == 830);
+  kvr_workload_free(mt);
+}
+
+/* kvr_workload_new(o) fails with a message naming `needle`. */
+static void assert_rejected(const kvr_workload_opts_t *o, const char *needle) {
+  char err[256] = "";
+  assert_null(kvr_workload_new(o, err, sizeof(err)));
+  assert_non_null(strstr(err, needle));
+  assert_null(strchr(err, '\n'));
+}
+
+static void test_new_kinds_bad_options(void **state) {
+  (void)state;
+  kvr_workload_opts_t o;
+  kvr_workload_opts_default(&o);
+  o.kind = KVR_WL_AGENTIC;
+  o.agentic_turns_min = 0;
+  assert_rejected(&o, "--agentic-turns-min");
+  o.agentic_turns_min = 61;
+  assert_rejected(&o, "--agentic-turns-max");
+  o.agentic_turns_min = 20;
+  o.tool_min_tokens = 4000;
+  assert_rejected(&o, "--tool-min-tokens");
+  o.tool_min_tokens = 0;
+  assert_rejected(&o, "--tool-min-tokens");
+  o.tool_min_tokens = 500;
+  o.agentic_max_context = 4000;
+  assert_rejected(&o, "--agentic-max-context");
+  o.agentic_max_context = 100000;
+  o.out_min = 600; /* above the agentic default maximum of 512 */
+  assert_rejected(&o, "--output-min");
+  kvr_workload_opts_default(&o);
+  o.kind = KVR_WL_HOT_PREFIX;
+  const double bad[] = {-0.1, 1.5, NAN};
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(bad); i++) {
+    o.hot_fraction = bad[i];
+    assert_rejected(&o, "--hot-fraction");
+  }
+  o.hot_fraction = 0; /* both ends are valid */
+  kvr_workload_free(new_workload(&o));
+  o.hot_fraction = 1;
+  kvr_workload_free(new_workload(&o));
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static size_t common_prefix(const char *a, const char *b) {
+  size_t n = 0;
+  while (a[n] && a[n] == b[n])
+    n++;
+  return n;
+}
+
+static void test_hot_prefix_share_and_cold_unique(void **state) {
+  (void)state;
+  kvr_workload_opts_t o;
+  kvr_workload_t *wl = new_kind("hot-prefix", &o);
+  assert_string_equal(kvr_workload_name(wl), "hot-prefix");
+  const size_t n = 2000;
+  const char *hot = NULL;
+  char **cold = kvr_xcalloc(n, sizeof(char *));
+  size_t nhot = 0, ncold = 0;
+  kvr_buf_t body = KVR_BUF_INIT;
+  const char *tmpl = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"";
+  for (uint64_t k = 0; k < n; k++) {
+    kvr_conv_t c, again;
+    kvr_workload_conv(wl, 8, k, &c);
+    kvr_workload_conv(wl, 8, k, &again);
+    assert_string_equal(c.prefix, again.prefix); /* deterministic */
+    assert_same_prompts(&c, &again);
+    assert_int_equal(c.nturns, 1);
+    size_t q = strlen(c.turns[0].user);
+    assert_true(q / 4 >= 50 && q / 4 <= 200);
+    assert_true(tokens_of(c.prefix) >= 3500 && tokens_of(c.prefix) <= 4001);
+    kvr_workload_body(&c, 0, NULL, "m", KVR_API_CHAT, true, &body);
+    assert_true(strncmp(body.data, tmpl, strlen(tmpl)) == 0);
+    if (c.group == 0) {
+      if (hot == NULL)
+        hot = c.prefix;
+      assert_ptr_equal(c.prefix, hot); /* the one shared text */
+      nhot++;
+    } else {
+      assert_int_equal(c.group, -1);
+      cold[ncold++] = kvr_xstrdup(body.data);
+    }
+    kvr_workload_conv_free(&c);
+    kvr_workload_conv_free(&again);
+  }
+  double share = (double)nhot / (double)n;
+  assert_true(share > 0.77 && share < 0.83);
+  /* Sorted, the longest shared prefix of any two cold bodies is that of two neighbours: nothing
+   * beyond the chat template and a few characters of the random tag (under one 16-token block). */
+  qsort(cold, ncold, sizeof(char *), cmp_str);
+  for (size_t i = 0; i + 1 < ncold; i++)
+    assert_true(common_prefix(cold[i], cold[i + 1]) < strlen(tmpl) + 16);
+  for (size_t i = 0; i < ncold; i++) {
+    assert_true(common_prefix(cold[i] + strlen(tmpl), hot) < 16);
+    free(cold[i]);
+  }
+  free(cold);
+  kvr_buf_free(&body);
+  kvr_workload_free(wl);
+}
+
+static void test_describe_new_kinds(void **state) {
+  (void)state;
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_workload_opts_t o;
+  kvr_workload_opts_default(&o);
+  o.kind = KVR_WL_AGENTIC;
+  describe(&o, &b);
+  assert_non_null(strstr(b.data, "agentic: 10 shared system prompts"));
+  assert_non_null(strstr(b.data, "20-60 turns"));
+  assert_non_null(strstr(b.data, "within 100000 tokens"));
+  assert_non_null(strstr(b.data, "tool outputs of 500-3000 tokens"));
+  assert_non_null(strstr(b.data, "normal(120, 60) clipped to [16, 512]"));
+  assert_null(strchr(b.data, '\n'));
+  o.kind = KVR_WL_HOT_PREFIX;
+  describe(&o, &b);
+  assert_non_null(strstr(b.data, "hot-prefix: 80% of requests carry one shared prefix"));
+  assert_non_null(strstr(b.data, "normal(830, 300)"));
+  assert_null(strchr(b.data, '\n'));
+  kvr_buf_free(&b);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_rng_deterministic_and_bounded),
               cmocka_unit_test(test_gamma_mean), cmocka_unit_test(test_text_length_and_determinism),
               cmocka_unit_test(test_multiturn_shape),
@@ -913,4 +1173,10 @@ KVR_TEST_MAIN(cmocka_unit_test(test_rng_deterministic_and_bounded),
               cmocka_unit_test(test_parse_order_and_bad_answer_opts),
               cmocka_unit_test(test_describe_sample_and_dataset),
               cmocka_unit_test(test_start_turn_uniform_and_deterministic),
-              cmocka_unit_test(test_synthetic_history_answers))
+              cmocka_unit_test(test_synthetic_history_answers),
+              cmocka_unit_test(test_parse_new_kinds), cmocka_unit_test(test_agentic_deterministic),
+              cmocka_unit_test(test_agentic_turns_tools_and_context),
+              cmocka_unit_test(test_agentic_cap_and_output_flags),
+              cmocka_unit_test(test_new_kinds_bad_options),
+              cmocka_unit_test(test_hot_prefix_share_and_cold_unique),
+              cmocka_unit_test(test_describe_new_kinds))
