@@ -40,6 +40,8 @@ typedef struct demo_cli_s {
   double scale; /* 0: 10, or 20 with --quick */
   uint64_t seed;
   const char *workload, *ab, *labels;
+  unsigned worker_blocks[MAX_WORKERS]; /* --worker-blocks: KV blocks per worker (a mixed fleet) */
+  size_t nworker_blocks;
 } demo_cli_t;
 
 #define F(field) KVR_CLI_FIELD(demo_cli_t, field)
@@ -58,6 +60,10 @@ static const kvr_cli_opt_t options[] = {
     {KVR_CLI_STR, "ab", F(ab), .arg = "LIST", .help = "policies to compare"},
     {KVR_CLI_STR, "labels", F(labels), .arg = "LIST",
      .help = "their labels (default phase0,phase3 for two policies)"},
+    {KVR_CLI_LIST, "worker-blocks", KVR_CLI_ARRAY(demo_cli_t, worker_blocks, nworker_blocks),
+     .arg = "LIST", .elem = KVR_CLI_UINT, KVR_CLI_RANGE(1, 1 << 30),
+     .help = "KV cache blocks of each worker, one per worker (a mixed fleet, e.g. "
+             "21770,21770,21770,10885); default the sim's 21770 each"},
 };
 
 static void print_passthrough(FILE *out) {
@@ -155,8 +161,14 @@ static int start_workers(demo_t *d) {
     snprintf(listen, sizeof(listen), "127.0.0.1:%d", c->port);
     snprintf(seed_s, sizeof(seed_s), "%u", w);
     snprintf(log_name, sizeof(log_name), "worker-%u.log", w);
-    char *args[] = {d->exe,     "sim",    "--listen", listen, "--time-scale",
-                    d->scale_s, "--seed", seed_s,     NULL};
+    char blocks[32];
+    char *args[] = {d->exe, "sim", "--listen", listen, "--time-scale", d->scale_s, "--seed",
+                    seed_s, NULL,  NULL,       NULL};
+    if (d->cli->nworker_blocks > 0) {
+      snprintf(blocks, sizeof(blocks), "%u", d->cli->worker_blocks[w]);
+      args[8] = "--num-gpu-blocks";
+      args[9] = blocks;
+    }
     if (spawn(d, c, args, log_name) != 0)
       return 1;
     fprintf(stderr, "kvrouter demo: started %s pid %d on 127.0.0.1:%d\n", c->name, (int)c->pid,
@@ -339,6 +351,10 @@ int kvr_demo_main(int argc, char **argv) {
     return rc;
   if (argc - rest > MAX_EXTRA)
     return kvr_cli_fail(&demo_cmd, "--: at most %d bench options after it", MAX_EXTRA);
+  if (cli.nworker_blocks > 0 && cli.nworker_blocks != cli.workers)
+    return kvr_cli_fail(&demo_cmd,
+                        "--worker-blocks: %zu values for %u workers (give one per worker)",
+                        cli.nworker_blocks, cli.workers);
   if (cli.scale == 0)
     cli.scale = cli.quick ? 20 : 10;
   demo_t d;

@@ -125,6 +125,28 @@ def test_options_after_dashdash_replace_the_demos_own():
         assert seen == [("a", "round_robin", 6.0), ("b", "least_load", 6.0)], seen
 
 
+@test(timeout=60)
+def test_mixed_fleet_worker_blocks():
+    """`--worker-blocks` gives each simulated worker its own KV cache (a mixed fleet); a count that
+    does not match --workers is a one-line error."""
+    with tempfile.TemporaryDirectory(prefix="kvr_demo_test_") as tmp:
+        out = os.path.join(tmp, "mixed")
+        p = subprocess.run([h.KVROUTER, "demo", "--quick", "--workers", "2", "--worker-blocks",
+                            "3000,1500", "--out", out, "--", "--rates", "2", "--num-prompts", "6",
+                            "--ab", "round_robin", "--labels", "a"],
+                           capture_output=True, text=True, timeout=50)
+        assert p.returncode == 0, "demo failed (%d):\n%s\n%s" % (p.returncode, p.stdout, p.stderr)
+        assert_gone(child_pids(p.stderr))
+        for w, blocks in ((0, 3000), (1, 1500)):
+            with open(os.path.join(out, "logs", "worker-%d.log" % w)) as f:
+                log = f.read()
+            assert "num_gpu_blocks=%d\n" % blocks in log, (w, log[:400])
+        p = subprocess.run([h.KVROUTER, "demo", "--worker-blocks", "100,200"], capture_output=True,
+                           text=True, timeout=10)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, (p.returncode, p.stderr)
+        assert "--worker-blocks: 2 values for 4 workers" in p.stderr, p.stderr
+
+
 @test(timeout=90)
 def test_ctrl_c():
     with tempfile.TemporaryDirectory(prefix="kvr_demo_test_") as tmp:
