@@ -33,14 +33,15 @@ static void test_registry(void **state) {
   (void)state;
   char names[256];
   kvr_policy_names(names, sizeof(names));
-  assert_string_equal(names, "round_robin, least_load, kv_aware, gie_scorer, sglang_cache_aware");
+  assert_string_equal(names, "round_robin, least_load, kv_aware, gie_scorer, sglang_cache_aware, "
+                             "dynamo_kv");
   assert_non_null(kvr_policy_find("kv_aware"));
   assert_null(kvr_policy_find("nope"));
   assert_null(kvr_policy_find(NULL));
   char err[256] = "";
   assert_null(kvr_policy_create("nope", NULL, 1, err, sizeof(err)));
   assert_string_equal(err, "unknown policy 'nope' (valid: round_robin, least_load, kv_aware, "
-                           "gie_scorer, sglang_cache_aware)");
+                           "gie_scorer, sglang_cache_aware, dynamo_kv)");
   char small[8];
   kvr_policy_names(small, sizeof(small));
   assert_true(strlen(small) < sizeof(small));
@@ -69,6 +70,12 @@ static void test_param_errors(void **state) {
       {"sglang_cache_aware", "{\"cache_threshold\":1.5}", "params.cache_threshold: must be <= 1"},
       {"sglang_cache_aware", "{\"balance_abs_threshold\":3.5}",
        "params.balance_abs_threshold: must be an integer"},
+      {"dynamo_kv", "{\"temperature\":-0.5}", "params.temperature: must be >= 0"},
+      {"dynamo_kv", "{\"overlap_score_weight\":-1}", "params.overlap_score_weight: must be >= 0"},
+      {"dynamo_kv", "{\"overlap_score_weight\":2e6}",
+       "params.overlap_score_weight: must be <= 1e+06"},
+      {"dynamo_kv", "{\"router_temperature\":1}",
+       "params.router_temperature: unknown parameter (valid: overlap_score_weight, temperature)"},
   };
   for (size_t i = 0; i < KVR_ARRAY_SIZE(cases); i++) {
     cJSON *params = cJSON_Parse(cases[i].params);
@@ -736,12 +743,173 @@ static void test_no_loss_when_nothing_shared(void **state) {
   sim_free(&rr);
 }
 
+/* --- dynamo_kv ----------------------------------------------------------------------------------
+ */
+
+/* 100 blocks of 64 characters = 16 tokens each, 1,600 prompt tokens. */
+static uint64_t dyn_blocks[100];
+static const kvr_route_req_t dyn_req = {dyn_blocks, 100, 64, 1600, 0};
+
+static void test_dynamo_kv_cost(void **state) {
+  (void)state;
+  kvr_policy_t *p = make("dynamo_kv", "{\"overlap_score_weight\":2}");
+  kvr_worker_snap_t w[3];
+  kvr_policy_score_t s[3];
+  idle_workers(w, 3);
+  /* Worker 0: 40 blocks matched (640 tokens), 320 tokens of others' prefill pending, 1,600 active
+   * tokens. prefill = (320 + 1600 - 640) / 16 = 80 blocks; decode = 1600 / 16 + 100 = 200 blocks;
+   * logit = 2 * 80 + 200 = 360. */
+  w[0].matched_blocks = 40;
+  w[0].queued_prefill_tokens = 320;
+  w[0].prefill_backlog_tokens = 10; /* not Dynamo's input: ignored */
+  w[0].active_tokens = 1600;
+  w[0].inflight = 9; /* nor these */
+  w[0].metrics_fresh = true;
+  w[0].num_requests_waiting = 7;
+  w[0].kv_cache_usage = 0.9;
+  /* Worker 1: idle, nothing matched: 2 * 100 + 100 = 300. */
+  /* Worker 2: a match longer than the prompt estimate leaves no prefill (clamped, not negative);
+   * 8,000 active tokens are 500 blocks: 2 * 0 + 500 + 100 = 600. */
+  w[2].matched_blocks = 150;
+  w[2].active_tokens = 8000;
+  assert_int_equal(kvr_policy_select(p, w, 3, &dyn_req, 0, s), 1);
+  assert_true(fabs(s[0].cost - 360.0) < 1e-9);
+  assert_true(fabs(s[1].cost - 300.0) < 1e-9);
+  assert_true(fabs(s[2].cost - 600.0) < 1e-9);
+  kvr_policy_destroy(p);
+  /* The default weight is 1: worker 0 = 80 + 200 = 280, worker 1 = 200. */
+  p = make("dynamo_kv", NULL);
+  cJSON *out = cJSON_CreateObject();
+  p->ops->params(p, out);
+  assert_true(cJSON_GetObjectItem(out, "overlap_score_weight")->valuedouble == 1);
+  assert_true(cJSON_GetObjectItem(out, "temperature")->valuedouble == 0);
+  cJSON_Delete(out);
+  assert_int_equal(kvr_policy_select(p, w, 3, &dyn_req, 0, s), 1);
+  assert_true(fabs(s[0].cost - 280.0) < 1e-9);
+  assert_true(fabs(s[1].cost - 200.0) < 1e-9);
+  /* No request features: every worker costs its active blocks. */
+  assert_int_equal(kvr_policy_select(p, w, 3, NULL, 0, s), 1);
+  assert_true(fabs(s[0].cost - 1920.0) < 1e-9); /* 320 + 1600 tokens at 1 token per block */
+  kvr_policy_destroy(p);
+}
+
+static void test_dynamo_kv_match_vs_load(void **state) {
+  (void)state;
+  kvr_policy_t *p = make("dynamo_kv", NULL);
+  kvr_worker_snap_t w[4];
+  kvr_policy_score_t s[4];
+  /* Equal load: the longest match wins. */
+  idle_workers(w, 4);
+  for (int i = 0; i < 4; i++)
+    w[i].active_tokens = 3200;
+  w[0].matched_blocks = 10;
+  w[1].matched_blocks = 60;
+  w[3].matched_blocks = 59;
+  assert_int_equal(kvr_policy_select(p, w, 4, &dyn_req, 0, s), 1);
+  /* Far more active blocks lose despite a full match: worker 1 holds 300 more blocks than the
+   * others (0 + 500 + 100 = 600 against at best 41 + 200 + 100 = 341). */
+  w[1].matched_blocks = 100;
+  w[1].active_tokens = 8000;
+  assert_int_equal(kvr_policy_select(p, w, 4, &dyn_req, 0, s), 3);
+  assert_true(fabs(s[1].cost - 600.0) < 1e-9);
+  assert_true(fabs(s[3].cost - 341.0) < 1e-9);
+  /* Others' pending prefill counts as prefill work ahead of us. */
+  w[3].queued_prefill_tokens = 16 * 100;
+  assert_int_equal(kvr_policy_select(p, w, 4, &dyn_req, 0, s), 0);
+  /* Ineligible or tried workers are never chosen, however cheap. */
+  w[0].usable = false;
+  assert_int_equal(kvr_policy_select(p, w, 4, &dyn_req, UINT64_C(1) << 2, s), 3);
+  assert_false(s[0].eligible);
+  assert_false(s[2].eligible);
+  assert_int_equal(kvr_policy_select(p, w, 4, &dyn_req, UINT64_C(0xF), s), KVR_POLICY_NONE);
+  kvr_policy_destroy(p);
+}
+
+/* The picks of a fresh dynamo_kv with seed over count selects on w. */
+static void dyn_draws(uint64_t seed, const char *params, const kvr_worker_snap_t *w, size_t n,
+                      uint64_t tried, int *picks, int count) {
+  char err[256];
+  cJSON *j = params ? cJSON_Parse(params) : NULL;
+  kvr_policy_t *p = kvr_policy_create("dynamo_kv", j, seed, err, sizeof(err));
+  cJSON_Delete(j);
+  assert_non_null(p);
+  for (int k = 0; k < count; k++)
+    picks[k] = kvr_policy_select(p, w, n, &dyn_req, tried, NULL);
+  kvr_policy_destroy(p);
+}
+
+static void test_dynamo_kv_ties(void **state) {
+  (void)state;
+  kvr_worker_snap_t w[4];
+  idle_workers(w, 4);
+  int a[200], b[200], c[200], hits[4] = {0};
+  dyn_draws(11, NULL, w, 4, 0, a, 200);
+  dyn_draws(11, NULL, w, 4, 0, b, 200);
+  dyn_draws(12, NULL, w, 4, 0, c, 200);
+  assert_memory_equal(a, b, sizeof(a)); /* same seed, same picks */
+  assert_memory_not_equal(a, c, sizeof(a));
+  for (int k = 0; k < 200; k++)
+    hits[a[k]]++;
+  for (int i = 0; i < 4; i++)
+    assert_true(hits[i] > 20); /* uniform over the tie: about 50 each */
+  /* Dynamo breaks a tie by the smaller radix tree first: our index's cached_blocks. */
+  for (int i = 0; i < 4; i++)
+    w[i].cached_blocks = 500;
+  w[2].cached_blocks = 499;
+  dyn_draws(11, NULL, w, 4, 0, a, 50);
+  for (int k = 0; k < 50; k++)
+    assert_int_equal(a[k], 2);
+}
+
+static void test_dynamo_kv_temperature(void **state) {
+  (void)state;
+  kvr_worker_snap_t w[5];
+  idle_workers(w, 5);
+  /* Logits 100, 150, 200, 250 (range 150); worker 4 is cheaper still but unusable. */
+  w[0].matched_blocks = 100;
+  w[1].matched_blocks = 50;
+  w[3].active_tokens = 16 * 50;
+  w[4].matched_blocks = 100;
+  w[4].usable = false;
+  enum { N = 4000 };
+  static int picks[N];
+  int hits[5] = {0};
+  dyn_draws(5, "{\"temperature\":1}", w, 5, 0, picks, N);
+  for (int k = 0; k < N; k++)
+    hits[picks[k]]++;
+  assert_int_equal(hits[4], 0);
+  /* exp(-(l - 100) / 150): 1, 0.72, 0.51, 0.37 of 2.60 -> about 1,540, 1,100, 790, 570. */
+  for (int i = 0; i < 4; i++)
+    assert_true(hits[i] > 300);
+  assert_true(hits[0] > hits[1] && hits[1] > hits[2] && hits[2] > hits[3]);
+  /* A tried worker is skipped and the rest still sampled; same seed, same draws. */
+  static int again[N];
+  dyn_draws(5, "{\"temperature\":1}", w, 5, 0, again, N);
+  assert_memory_equal(picks, again, sizeof(picks));
+  dyn_draws(5, "{\"temperature\":1}", w, 5, UINT64_C(1), picks, 400);
+  for (int k = 0; k < 400; k++)
+    assert_true(picks[k] == 1 || picks[k] == 2 || picks[k] == 3);
+  /* A low temperature is close to the argmin; equal logits are sampled uniformly. */
+  dyn_draws(5, "{\"temperature\":0.01}", w, 5, 0, picks, 400);
+  for (int k = 0; k < 400; k++)
+    assert_int_equal(picks[k], 0);
+  idle_workers(w, 3);
+  memset(hits, 0, sizeof(hits));
+  dyn_draws(5, "{\"temperature\":2}", w, 3, 0, picks, 600);
+  for (int k = 0; k < 600; k++)
+    hits[picks[k]]++;
+  for (int i = 0; i < 3; i++)
+    assert_true(hits[i] > 120);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_registry), cmocka_unit_test(test_param_errors),
               cmocka_unit_test(test_contract_all_policies),
               cmocka_unit_test(test_round_robin_and_least_load),
               cmocka_unit_test(test_kv_aware_rules),
               cmocka_unit_test(test_kv_aware_joins_the_prefill_closest_to_done),
               cmocka_unit_test(test_gie_scorer_rules), cmocka_unit_test(test_sglang_rules),
+              cmocka_unit_test(test_dynamo_kv_cost), cmocka_unit_test(test_dynamo_kv_match_vs_load),
+              cmocka_unit_test(test_dynamo_kv_ties), cmocka_unit_test(test_dynamo_kv_temperature),
               cmocka_unit_test(test_multiturn_sticks_under_kv_aware),
               cmocka_unit_test(test_hot_prefix_spreads),
               cmocka_unit_test(test_no_loss_when_nothing_shared))
