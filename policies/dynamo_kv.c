@@ -61,37 +61,6 @@ static double dyn_logit(const dyn_t *p, const kvr_worker_snap_t *w, const kvr_ro
   return p->overlap_score_weight * (prefill_tokens / b) + decode_blocks;
 }
 
-static bool same_cost(double a, double b) {
-  return fabs(a - b) <= 1e-9 * KVR_MAX(1.0, KVR_MAX(fabs(a), fabs(b)));
-}
-
-/* Temperature 0: the lowest logit, ties to the smaller cached_blocks, then uniformly at random. */
-static int dyn_argmin(dyn_t *p, const kvr_worker_snap_t *workers, size_t n,
-                      const kvr_policy_score_t *s) {
-  int best = KVR_POLICY_NONE;
-  uint64_t nties = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (!s[i].eligible)
-      continue;
-    int c = -1;
-    if (best != KVR_POLICY_NONE) {
-      if (same_cost(s[i].cost, s[best].cost)) {
-        uint64_t a = workers[i].cached_blocks, bt = workers[best].cached_blocks;
-        c = a < bt ? -1 : a > bt ? 1 : 0;
-      } else {
-        c = s[i].cost < s[best].cost ? -1 : 1;
-      }
-    }
-    if (c < 0) {
-      best = (int)i;
-      nties = 1;
-    } else if (c == 0 && kvr_policy_rand(&p->rng) % ++nties == 0) {
-      best = (int)i; /* reservoir sampling: each tied worker kept with probability 1/nties */
-    }
-  }
-  return best;
-}
-
 /* Temperature > 0: softmax over the range-normalized, negated logits of the eligible workers. */
 static int dyn_softmax(dyn_t *p, size_t n, const kvr_policy_score_t *s) {
   double lo = INFINITY, hi = -INFINITY;
@@ -128,7 +97,10 @@ static int dyn_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t
   dyn_t *p = (dyn_t *)base;
   for (size_t i = 0; i < n; i++)
     s[i].cost = dyn_logit(p, &workers[i], req);
-  return p->temperature > 0 ? dyn_softmax(p, n, s) : dyn_argmin(p, workers, n, s);
+  /* Temperature 0: the lowest logit, ties to the smaller cached_blocks, then at random. */
+  return p->temperature > 0
+             ? dyn_softmax(p, n, s)
+             : kvr_policy_pick_lowest(workers, n, s, KVR_POLICY_TIES_SMALL_CACHE, &p->rng);
 }
 
 KVR__POLICY_DEFINE(dynamo_kv,

@@ -81,7 +81,7 @@ static int gie_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t
     double score = p->prefix_weight * prefix + p->queue_weight * queue + p->kv_cache_weight * kv;
     s[i].cost = wsum - score;
   }
-  return kvr_policy_pick_lowest(workers, n, s, false, &p->rng);
+  return kvr_policy_pick_lowest(workers, n, s, KVR_POLICY_TIES_RANDOM, &p->rng);
 }
 
 KVR__POLICY_DEFINE(gie_scorer,

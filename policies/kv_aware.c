@@ -89,7 +89,7 @@ static int kv_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t 
   if (open == 0) /* cannot happen (min <= mean), but never refuse an eligible worker for it */
     for (size_t i = 0; i < n; i++)
       s[i].capped = false;
-  return kvr_policy_pick_lowest(workers, n, s, true, &p->rng);
+  return kvr_policy_pick_lowest(workers, n, s, KVR_POLICY_TIES_LOAD, &p->rng);
 }
 
 KVR__POLICY_DEFINE(

@@ -18,7 +18,7 @@ static int ll_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t 
                    const kvr_route_req_t *req, kvr_policy_score_t *s) {
   for (size_t i = 0; i < n; i++)
     s[i].cost = (double)workers[i].inflight;
-  return kvr_policy_pick_lowest(workers, n, s, true, &((ll_t *)base)->rng);
+  return kvr_policy_pick_lowest(workers, n, s, KVR_POLICY_TIES_LOAD, &((ll_t *)base)->rng);
 }
 
 KVR__POLICY_DEFINE(least_load, "fewest requests in flight, then fewest active tokens, then random",

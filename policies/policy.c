@@ -225,8 +225,28 @@ static int cmp_cost(double a, double b) {
   return 0;
 }
 
+/* Orders two workers whose costs tie: -1 when a goes first, 1 when b does, 0 when still tied. */
+static int cmp_tie(const kvr_worker_snap_t *a, const kvr_worker_snap_t *b, kvr_policy_ties_t ties) {
+  switch (ties) {
+  case KVR_POLICY_TIES_LOAD:
+    if (a->inflight != b->inflight)
+      return a->inflight < b->inflight ? -1 : 1;
+    if (a->active_tokens != b->active_tokens)
+      return a->active_tokens < b->active_tokens ? -1 : 1;
+    return 0;
+  case KVR_POLICY_TIES_SMALL_CACHE:
+    if (a->cached_blocks != b->cached_blocks)
+      return a->cached_blocks < b->cached_blocks ? -1 : 1;
+    return 0;
+  case KVR_POLICY_TIES_RANDOM:
+    break;
+  }
+  return 0;
+}
+
 int kvr_policy_pick_lowest(const kvr_worker_snap_t *workers, size_t nworkers,
-                           const kvr_policy_score_t *scores, bool load_ties, uint64_t *rng) {
+                           const kvr_policy_score_t *scores, kvr_policy_ties_t ties,
+                           uint64_t *rng) {
   int best = KVR_POLICY_NONE;
   uint64_t nties = 0;
   for (size_t i = 0; i < nworkers && i < KVR_MAX_WORKERS; i++) {
@@ -235,13 +255,8 @@ int kvr_policy_pick_lowest(const kvr_worker_snap_t *workers, size_t nworkers,
     int c = 0;
     if (best != KVR_POLICY_NONE) {
       c = cmp_cost(scores[i].cost, scores[best].cost);
-      if (c == 0 && load_ties) {
-        const kvr_worker_snap_t *a = &workers[i], *b = &workers[best];
-        if (a->inflight != b->inflight)
-          c = a->inflight < b->inflight ? -1 : 1;
-        else if (a->active_tokens != b->active_tokens)
-          c = a->active_tokens < b->active_tokens ? -1 : 1;
-      }
+      if (c == 0)
+        c = cmp_tie(&workers[i], &workers[best], ties);
     }
     if (best == KVR_POLICY_NONE || c < 0) {
       best = (int)i;

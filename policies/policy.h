@@ -240,10 +240,17 @@ void kvr__policy_free(kvr_policy_t *p);
       .size = sizeof(type_),                                                                       \
   }
 
+/* How kvr_policy_pick_lowest() orders workers whose costs tie, before the random draw. */
+typedef enum {
+  KVR_POLICY_TIES_RANDOM = 0, /* uniformly at random */
+  KVR_POLICY_TIES_LOAD,       /* the lower inflight, then the lower active_tokens */
+  KVR_POLICY_TIES_SMALL_CACHE /* the fewer cached_blocks (Dynamo's smaller radix tree) */
+} kvr_policy_ties_t;
+
 /* Among scores[i].eligible && !scores[i].capped picks the lowest cost; ties (within 1e-9
- * relative) go, when load_ties, to the lower inflight, then the lower active_tokens; remaining
- * ties are broken uniformly at random with rng. Returns KVR_POLICY_NONE when nothing qualifies. */
+ * relative) are ordered by ties; remaining ties are broken uniformly at random with rng. Returns
+ * KVR_POLICY_NONE when nothing qualifies. */
 int kvr_policy_pick_lowest(const kvr_worker_snap_t *workers, size_t nworkers,
-                           const kvr_policy_score_t *scores, bool load_ties, uint64_t *rng);
+                           const kvr_policy_score_t *scores, kvr_policy_ties_t ties, uint64_t *rng);
 
 #endif
