@@ -177,8 +177,15 @@ static double sim_seconds(const kvr_sim_server_t *srv, uint64_t wall_ns) {
   return (double)wall_ns * 1e-9 * srv->opts.time_scale;
 }
 
+/* Wall-clock nanoseconds of t simulated seconds (an instant, the inverse of sim_seconds, or a
+ * duration); HUGE_VAL (never) gives UINT64_MAX. */
+static uint64_t wall_ns_of_sim_s(const kvr_sim_server_t *srv, double t) {
+  double ns = t * 1e9 / srv->opts.time_scale;
+  return ns < 1.8e19 ? (uint64_t)ns : UINT64_MAX;
+}
+
 static uint64_t wall_ns_of_sim_ms(const kvr_sim_server_t *srv, double sim_ms) {
-  return (uint64_t)(sim_ms * 1e6 / srv->opts.time_scale);
+  return wall_ns_of_sim_s(srv, sim_ms * 1e-3);
 }
 
 static double rng_uniform(kvr_sim_server_t *srv) {
@@ -430,12 +437,6 @@ static void step_clock_arm(kvr_sim_server_t *srv, uint64_t due_ns) {
   its.it_value.tv_nsec = (long)(due_ns % 1000000000u);
   timerfd_settime(srv->step_fd, TFD_TIMER_ABSTIME, &its, NULL);
   uv_poll_start(&srv->step_poll, UV_READABLE, on_step);
-}
-
-/* The wall-clock instant of simulated time t (the inverse of sim_seconds). */
-static uint64_t wall_ns_of_sim_s(const kvr_sim_server_t *srv, double t) {
-  double ns = t * 1e9 / srv->opts.time_scale;
-  return ns < 1.8e19 ? (uint64_t)ns : UINT64_MAX; /* HUGE_VAL: never */
 }
 
 static void engine_kick(kvr_sim_server_t *srv) {

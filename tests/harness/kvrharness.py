@@ -37,15 +37,18 @@ Use from a test (tests/router/test_*.py) or a script (bench/scripts/*.py):
 Only the Python standard library is used. Every socket operation has a timeout.
 """
 import argparse
+import contextlib
 import asyncio
 import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -865,6 +868,24 @@ def registry():
             return fn
         return deco
     return tests, test
+
+
+class Scratch:
+    """A scratch folder for one test file's run: pass `around=SCRATCH.around` to run(); inside the
+    tests SCRATCH.path is the folder, made before the first test and removed after the last."""
+
+    def __init__(self, prefix):
+        self.prefix = prefix
+        self.path = None
+
+    @contextlib.contextmanager
+    def around(self):
+        self.path = tempfile.mkdtemp(prefix=self.prefix)
+        try:
+            yield self.path
+        finally:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.path = None
 
 
 class Deadline(Exception):

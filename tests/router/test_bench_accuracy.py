@@ -13,32 +13,18 @@ measures that (bench/results/ACCURACY.md).
 Usage: python3 tests/router/test_bench_accuracy.py --kvrouter PATH/TO/kvrouter [-k NAME] [-v]
 The harness is tests/harness/kvrharness.py.
 """
-import contextlib
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 import kvrharness as h  # noqa: E402
 from kvrharness import Sim, percentile  # noqa: E402
 
 TESTS, test = h.registry()
-TMP = None  # a scratch folder for the bench's output while run() runs
-
-
-@contextlib.contextmanager
-def scratch():
-    global TMP
-    TMP = tempfile.mkdtemp(prefix="kvr_bench_acc_test_")
-    try:
-        yield TMP
-    finally:
-        shutil.rmtree(TMP, ignore_errors=True)
-        TMP = None
+SCRATCH = h.Scratch("kvr_bench_acc_test_")  # the bench's output while run() runs
 
 
 def run_bench(sim, out, *args):
@@ -67,7 +53,7 @@ def agrees(level_value, records, p, tol):
 def check_fixed(api):
     ttft, itl, tokens, n = 200, 20, 30, 20
     with Sim(fixed=(ttft, itl)) as sim:
-        level, reqs = run_bench(sim, os.path.join(TMP, "fixed_" + api), "--api", api,
+        level, reqs = run_bench(sim, os.path.join(SCRATCH.path, "fixed_" + api), "--api", api,
                                 "--rates", 5, "--num-prompts", n, "--output-mean", tokens,
                                 "--output-std", 0, "--output-min", tokens, "--output-max", tokens)
     assert level["completed"] == n and level["failed"] == 0, level
@@ -123,7 +109,7 @@ def test_time_scale_stretches_engine_time_only():
     # timer jitters on a busy or sanitized build, and each real ms of it is 10 simulated ms).
     ttft, itl, tokens, n, scale = 400, 50, 10, 20, 10
     with Sim("--time-scale", scale, fixed=(ttft, itl)) as sim:
-        level, reqs = run_bench(sim, os.path.join(TMP, "scaled"), "--time-scale", scale,
+        level, reqs = run_bench(sim, os.path.join(SCRATCH.path, "scaled"), "--time-scale", scale,
                                 "--rates", 2, "--num-prompts", n, "--output-mean", tokens,
                                 "--output-std", 0, "--output-min", tokens, "--output-max", tokens)
     assert level["completed"] == n and level["failed"] == 0, level
@@ -149,7 +135,7 @@ def test_failed_requests_convert_time_like_completed():
     ttft, itl, n, scale = 400, 50, 10, 10
     with Sim("--time-scale", scale, "--fault", "disconnect", "--fault-after-tokens", 3,
              fixed=(ttft, itl)) as sim:
-        out = os.path.join(TMP, "failed")
+        out = os.path.join(SCRATCH.path, "failed")
         argv = [h.KVROUTER, "bench", "--url", sim.url, "--out", out, "--quiet", "--cooldown-s", 0,
                 "--time-scale", scale, "--rates", 2, "--num-prompts", n, "--output-mean", 10,
                 "--output-std", 0, "--output-min", 10, "--output-max", 10]
@@ -184,8 +170,8 @@ def test_search_stops_level_once_ttft_p99_failed():
     # 50 measured requests, p99 = s[48] + ...: two at or over the SLO decide it, and the level ends
     # there with nothing more sent.
     with Sim("--time-scale", 20, fixed=(1500, 20)) as sim:
-        levels, report = search_levels(sim, os.path.join(TMP, "stop"))
-        full, _ = search_levels(sim, os.path.join(TMP, "nostop"), "--no-early-stop")
+        levels, report = search_levels(sim, os.path.join(SCRATCH.path, "stop"))
+        full, _ = search_levels(sim, os.path.join(SCRATCH.path, "nostop"), "--no-early-stop")
     assert [lv["request_rate"] for lv in levels] == [0.2, 0.4], levels
     for lv in levels:
         k = lv["kvrouter"]
@@ -198,7 +184,7 @@ def test_search_stops_level_once_ttft_p99_failed():
         assert not lv["kvrouter"]["slo_pass"], lv["kvrouter"]
     # A level whose p99 passes is never cut: TTFT 200 ms passes at 0.4 and at the 0.8 cap.
     with Sim("--time-scale", 20, fixed=(200, 20)) as sim:
-        ok, _ = search_levels(sim, os.path.join(TMP, "pass"), "--search-max", 0.8)
+        ok, _ = search_levels(sim, os.path.join(SCRATCH.path, "pass"), "--search-max", 0.8)
     assert [lv["request_rate"] for lv in ok] == [0.4, 0.8], ok
     for lv in ok:
         assert not lv["kvrouter"]["stopped_early"] and lv["completed"] == 50, lv
@@ -209,7 +195,7 @@ def test_search_stops_level_once_ttft_p99_failed():
 def test_session_answers_resent():
     tokens = 40
     with Sim(fixed=(10, 2)) as sim:
-        _, reqs = run_bench(sim, os.path.join(TMP, "session"), "--multiturn-mode",
+        _, reqs = run_bench(sim, os.path.join(SCRATCH.path, "session"), "--multiturn-mode",
                             "session", "--turns", 2, "--think-s", 0.05, "--rates", 8,
                             "--num-prompts", 12, "--output-mean", tokens, "--output-std", 0,
                             "--output-min", tokens, "--output-max", tokens)
@@ -227,4 +213,4 @@ def test_session_answers_resent():
 
 
 if __name__ == "__main__":
-    sys.exit(h.run(TESTS, description=__doc__.splitlines()[0], around=scratch))
+    sys.exit(h.run(TESTS, description=__doc__.splitlines()[0], around=SCRATCH.around))

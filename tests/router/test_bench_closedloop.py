@@ -17,37 +17,23 @@ the per-level JSON and requests.jsonl what steady state promises (bench/loadgen/
 Usage: python3 tests/router/test_bench_closedloop.py --kvrouter PATH/TO/kvrouter [-k NAME] [-v]
 The harness is tests/harness/kvrharness.py.
 """
-import contextlib
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 import kvrharness as h  # noqa: E402
 from kvrharness import Sim  # noqa: E402
 
 TESTS, test = h.registry()
-TMP = None  # a scratch folder for the bench's output while run() runs
+SCRATCH = h.Scratch("kvr_bench_closedloop_test_")  # the bench's output while run() runs
 
 SCALE = 20  # sim and bench: a 0.5 s simulated request takes 25 real ms
 TTFT_MS, ITL_MS = 100, 2
 TURNS = 5
 TOKENS = 200  # per answer: each turn's prompt grows by ~200 tokens, so the turn mix shows in inputs
-
-
-@contextlib.contextmanager
-def scratch():
-    global TMP
-    TMP = tempfile.mkdtemp(prefix="kvr_bench_closedloop_test_")
-    try:
-        yield TMP
-    finally:
-        shutil.rmtree(TMP, ignore_errors=True)
-        TMP = None
 
 
 def run_bench(sim, out, *args):
@@ -121,7 +107,7 @@ def check_level(users, n, lv, recs):
 def test_concurrency_levels_in_steady_state():
     n = 90  # not a multiple of 12 users x 5 turns: from turn 1 the mix would lean early
     with Sim("--time-scale", SCALE, fixed=(TTFT_MS, ITL_MS)) as sim:
-        out = os.path.join(TMP, "steady")
+        out = os.path.join(SCRATCH.path, "steady")
         levels, reqs = run_bench(sim, out, "--concurrency", "4,12",
                                  "--num-prompts", n)
     assert sorted(levels) == [4, 12], sorted(levels)
@@ -143,7 +129,7 @@ def test_warmup_s_applies_to_concurrency():
     # At 4 users a request takes ~0.5-1 simulated s, so the first 3 s are several rounds of warm-up.
     n, warm_s = 30, 3.0
     with Sim("--time-scale", SCALE, fixed=(TTFT_MS, ITL_MS)) as sim:
-        levels, reqs = run_bench(sim, os.path.join(TMP, "warmup_s"), "--concurrency", 4,
+        levels, reqs = run_bench(sim, os.path.join(SCRATCH.path, "warmup_s"), "--concurrency", 4,
                                  "--num-prompts", n, "--warmup-s", warm_s)
     k = levels[4]["kvrouter"]
     measured = [r for r in reqs if not r["warmup"]]
@@ -155,4 +141,4 @@ def test_warmup_s_applies_to_concurrency():
 
 
 if __name__ == "__main__":
-    sys.exit(h.run(TESTS, description=__doc__.splitlines()[0], around=scratch))
+    sys.exit(h.run(TESTS, description=__doc__.splitlines()[0], around=SCRATCH.around))

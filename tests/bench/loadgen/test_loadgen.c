@@ -11,6 +11,7 @@
 #include "tests/test_util.h"
 
 #include "bench/loadgen/loadgen.h"
+#include "src/kvr.h"
 
 /* opts with warmup sends, warmup_s seconds and num_prompts measured requests. */
 static kvr_loadgen_opts_t opts(unsigned warmup, double warmup_s, size_t num_prompts) {
@@ -62,7 +63,7 @@ static void test_measured_then_cooldown(void **state) {
                                 KVR_LOADGEN_MEASURED, KVR_LOADGEN_MEASURED, KVR_LOADGEN_COOLDOWN,
                                 KVR_LOADGEN_COOLDOWN};
   size_t measured = 0;
-  for (size_t sent = 0; sent < sizeof(want) / sizeof(want[0]); sent++) {
+  for (size_t sent = 0; sent < KVR_ARRAY_SIZE(want); sent++) {
     kvr_loadgen_phase_t p = phase(&o, false, sent, (double)sent, measured);
     assert_int_equal(p, want[sent]);
     measured += p == KVR_LOADGEN_MEASURED;
