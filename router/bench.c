@@ -11,6 +11,7 @@
  */
 
 #include "commands.h"
+#include "engine_options.h"
 
 #include "bench/loadgen/runner.h"
 #include "bench/routing/route_bench.h"
@@ -18,6 +19,7 @@
 #include "src/buf.h"
 #include "src/cli.h"
 #include "src/kvr.h"
+#include "src/log.h"
 #include "src/prompt.h"
 
 #include <signal.h>
@@ -51,6 +53,7 @@ static void show_workload(const kvr_cli_opt_t *o, const void *base, char *buf, s
 }
 
 #define F(field) KVR_CLI_FIELD(kvr_runner_opts_t, field)
+#define E(field) F(vc.engine.field)
 
 static const char *const api_names[] = {"chat", "completions", NULL};
 static const char *const mode_names[] = {"session", "replay", NULL};
@@ -184,6 +187,32 @@ static const kvr_cli_opt_t options[] = {
     {KVR_CLI_STR, "out", F(out), .arg = "DIR", .help = "results folder"},
     {KVR_CLI_STR, "title", F(title), .arg = "TEXT", .help = "report title"},
     {KVR_CLI_SWITCH, "quiet", F(quiet), .set = 1, .help = "no progress output"},
+    KVR_CLI_HEADING("Virtual time (--virtual: no --url, --admin or running servers)"),
+    {KVR_CLI_SWITCH, "virtual", F(virt), .set = 1,
+     .help = "run in this process on a discrete-event clock: N simulated engines (kvrouter sim's) "
+             "behind the router core and policies (kvrouter serve's); same flags, same report, "
+             "marked virtual; deterministic for a --seed"},
+    {KVR_CLI_UINT, "workers", F(vc.workers), .arg = "N", KVR_CLI_RANGE(1, KVR_MAX_WORKERS),
+     .help = "virtual: simulated workers"},
+    {KVR_CLI_LIST, "worker-blocks",
+     KVR_CLI_ARRAY(kvr_runner_opts_t, vc.worker_blocks, vc.nworker_blocks), .arg = "LIST",
+     .elem = KVR_CLI_UINT, KVR_CLI_RANGE(1, 1 << 30),
+     .help = "virtual: KV blocks of each worker (one per worker: a mixed fleet)"},
+    {KVR_CLI_DOUBLE, "net-ms", F(vc.net_ms), .arg = "MS", KVR_CLI_RANGE(0, 1e4),
+     .help = "virtual: one-way network delay per hop (client-router, router-worker)"},
+    {KVR_CLI_DOUBLE, "router-ms", F(vc.router_ms), .arg = "MS", KVR_CLI_RANGE(0, 1e4),
+     .help = "virtual: the router's own time per request before it forwards"},
+    {KVR_CLI_UINT, "scrape-interval-ms", F(vc.scrape_interval_ms), .arg = "MS",
+     KVR_CLI_RANGE(0, 3600000), .help = "virtual: the router's /metrics scrape period; 0 = none"},
+    {KVR_CLI_UINT, "scrape-stale-ms", F(vc.scrape_stale_ms), .arg = "MS", KVR_CLI_RANGE(1, 3600000),
+     .help = "virtual: scraped figures older than this are ignored"},
+    {KVR_CLI_UINT, "block-chars", F(vc.block_chars), .arg = "N", KVR_CLI_RANGE(8, 4096),
+     .help = "virtual: the router's prefix block size in characters"},
+    {KVR_CLI_UINT, "router-seed", F(vc.seed), .arg = "N",
+     .help = "virtual: the router's policy randomness"},
+    {KVR_CLI_UINT, "output-len-mean", F(vc.output_len_mean), .arg = "N",
+     .help = "virtual: the sims' natural answer length with --no-ignore-eos (as kvrouter sim)"},
+    KVR_ENGINE_CLI_ROWS(E),
 };
 
 static const kvr_cli_cmd_t bench_cmd = {
@@ -247,12 +276,17 @@ static void on_signal(uv_signal_t *s, int signum) {
 
 /* The labels and the report, with Ctrl-C stopping the current level. Returns the exit status. */
 static int run_labels(uv_loop_t *loop, kvr_runner_t *r) {
+  /* Virtual time never runs the loop, so a signal would wait for the end: the default action
+   * (the process ends, no report) is the honest one for a run of seconds. */
+  bool catch_signals = !kvr_runner_virtual(r);
   uv_signal_t sigint, sigterm;
   uv_signal_init(loop, &sigint);
   uv_signal_init(loop, &sigterm);
   sigint.data = sigterm.data = r;
-  uv_signal_start(&sigint, on_signal, SIGINT);
-  uv_signal_start(&sigterm, on_signal, SIGTERM);
+  if (catch_signals) {
+    uv_signal_start(&sigint, on_signal, SIGINT);
+    uv_signal_start(&sigterm, on_signal, SIGTERM);
+  }
   char err[512];
   int status = 0;
   if (kvr_runner_run(r, err, sizeof(err)) != 0) {
@@ -318,6 +352,8 @@ static int check_and_run(kvr_runner_opts_t *o, int argc, char **argv) {
   char *cmd = join_argv(argc, argv);
   o->command = cmd;
   raise_fd_limit();
+  if (o->virt)
+    kvr_log_set_level(KVR_LOG_WARN); /* the virtual router's worker and scrape lines are noise */
   int status = run(o);
   free(cmd);
   return status;

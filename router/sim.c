@@ -9,6 +9,7 @@
  */
 
 #include "commands.h"
+#include "engine_options.h"
 
 #include "bench/sim/sim_calibrate.h"
 #include "bench/sim/sim_engine.h"
@@ -25,11 +26,12 @@
 typedef struct sim_cli_s {
   kvr_sim_server_opts_t opts;
   kvr_sim_calibrate_opts_t cal;
-  bool print_costs, calibrate, no_prefix_caching, no_async_scheduling;
+  bool print_costs, calibrate;
   kvr_log_level_t log_level;
 } sim_cli_t;
 
 #define F(field) KVR_CLI_FIELD(sim_cli_t, field)
+#define E(field) F(opts.engine.field)
 #define FAULT_NAME(name, str) str,
 
 static const char *const fault_names[] = {KVR_SIM_FAULT_MAP(FAULT_NAME) NULL};
@@ -45,45 +47,10 @@ static const kvr_cli_opt_t options[] = {
      .help = "run N times faster than real time; metrics report simulated time"},
     {KVR_CLI_UINT, "seed", F(opts.seed), .arg = "N",
      .help = "seed of generated text, ids and the error-rate coin"},
-    {KVR_CLI_UINT, "num-gpu-blocks", F(opts.engine.num_gpu_blocks), .arg = "N",
-     KVR_CLI_RANGE(1, 1 << 30),
-     .help = "KV cache blocks: 53.15 GiB / 163,840 B per token / 16 tokens per block"},
-    {KVR_CLI_UINT, "block-size", F(opts.engine.block_size), .arg = "N", KVR_CLI_RANGE(1, 4096),
-     .help = "tokens per KV block"},
-    {KVR_CLI_UINT, "max-num-seqs", F(opts.engine.max_num_seqs), .arg = "N", KVR_CLI_RANGE(1, 65536),
-     .help = "max running requests"},
-    {KVR_CLI_UINT, "max-num-batched-tokens", F(opts.engine.max_num_batched_tokens), .arg = "N",
-     KVR_CLI_MIN(1), .help = "token budget per engine step"},
-    {KVR_CLI_UINT, "max-model-len", F(opts.engine.max_model_len), .arg = "N",
-     KVR_CLI_RANGE(2, 1 << 24), .help = "prompt + output limit"},
-    {KVR_CLI_SWITCH, "no-enable-prefix-caching", F(no_prefix_caching), .set = 1,
-     .help = "disable prefix caching"},
+    KVR_ENGINE_CLI_ROWS(E),
     {KVR_CLI_UINT, "output-len-mean", F(opts.output_len_mean), .arg = "N",
      .help = "mean natural answer length when ignore_eos is off: EOS after U[N/2, 3N/2] tokens; "
              "0 = run to max_tokens"},
-    {KVR_CLI_DOUBLE, "cost-weights-ms", F(opts.engine.cost.weights_ms), .arg = "N", KVR_CLI_MIN(0),
-     .help = "step cost: the dense layers' memory floor, ms per step (weights read once)"},
-    {KVR_CLI_DOUBLE, "cost-dense-tok-us", F(opts.engine.cost.dense_tok_us), .arg = "N",
-     KVR_CLI_MIN(0), .help = "step cost: the dense layers' compute, us per scheduled token"},
-    {KVR_CLI_DOUBLE, "cost-step-ms", F(opts.engine.cost.step_ms), .arg = "N", KVR_CLI_MIN(0),
-     .help = "step cost: fixed ms per step outside the kernels"},
-    {KVR_CLI_DOUBLE, "cost-per-seq-ms", F(opts.engine.cost.per_seq_ms), .arg = "N", KVR_CLI_MIN(0),
-     .help = "step cost: ms per scheduled sequence"},
-    {KVR_CLI_DOUBLE, "cost-decode-ctx-ns", F(opts.engine.cost.decode_ctx_ns), .arg = "N",
-     KVR_CLI_MIN(0), .help = "step cost: ns per context token of each decoding sequence"},
-    {KVR_CLI_DOUBLE, "cost-attn-pair-ns", F(opts.engine.cost.attn_pair_ns), .arg = "N",
-     KVR_CLI_MIN(0), .help = "step cost: ns per query-key pair of prefill attention"},
-    {KVR_CLI_DOUBLE, "frontend-req-ms", F(opts.engine.frontend.req_ms), .arg = "N", KVR_CLI_MIN(0),
-     .help = "API server: ms per request (HTTP, validation, chat template, scheduling)"},
-    {KVR_CLI_DOUBLE, "frontend-prompt-tok-us", F(opts.engine.frontend.prompt_tok_us), .arg = "N",
-     KVR_CLI_MIN(0), .help = "API server: us per prompt token (tokenization)"},
-    {KVR_CLI_DOUBLE, "frontend-stream-tok-us", F(opts.engine.frontend.stream_tok_us), .arg = "N",
-     KVR_CLI_MIN(0),
-     .help = "API server: us per streamed token (detokenization, chunk JSON, SSE write)"},
-    {KVR_CLI_SWITCH, "no-async-scheduling", F(no_async_scheduling), .set = 1,
-     .help = "schedule each step when it starts (vLLM's default schedules one step ahead)"},
-    {KVR_CLI_DOUBLE, "retok-drift", F(opts.engine.retok_drift), .arg = "P", KVR_CLI_RANGE(0, 1),
-     .help = "probability per generated token that re-tokenizing its text gives another id"},
     {KVR_CLI_DOUBLE, "fixed-ttft-ms", F(opts.fixed_ttft_ms), .arg = "N", .flags = KVR_CLI_NODEFAULT,
      .help = "bypass the engine: first token after X simulated ms (needs --fixed-itl-ms)"},
     {KVR_CLI_DOUBLE, "fixed-itl-ms", F(opts.fixed_itl_ms), .arg = "N", .flags = KVR_CLI_NODEFAULT,
@@ -210,8 +177,6 @@ static int serve(const sim_cli_t *cli) {
  * the engine's last word, its field named as the flag). */
 static int check(sim_cli_t *cli) {
   kvr_sim_server_opts_t *o = &cli->opts;
-  o->engine.enable_prefix_caching = !cli->no_prefix_caching;
-  o->engine.frontend.async_scheduling = !cli->no_async_scheduling;
   char err[256];
   if (kvr_sim_config_check(&o->engine, err, sizeof(err)) != 0) {
     for (char *c = err; *c && *c != ':'; c++)

@@ -46,8 +46,22 @@ const char *kvr_worker_state_name(kvr_worker_state_t s) {
   return "unknown";
 }
 
-static uint64_t now_ms(void) {
-  return kvr_now_ns() / 1000000u;
+static uint64_t real_clock(void *ctx) {
+  (void)ctx;
+  return kvr_now_ns();
+}
+
+void kvr_router_set_clock(kvr_router_t *r, uint64_t (*clock)(void *ctx), void *ctx) {
+  r->clock = clock ? clock : real_clock;
+  r->clock_ctx = clock ? ctx : NULL;
+}
+
+uint64_t kvr_router_now_ns(const kvr_router_t *r) {
+  return r->clock(r->clock_ctx);
+}
+
+static uint64_t now_ms(const kvr_router_t *r) {
+  return kvr_router_now_ns(r) / 1000000u;
 }
 
 /* The mutable worker of id, or NULL. */
@@ -99,7 +113,7 @@ const kvr_worker_t *kvr_router_add_worker(kvr_router_t *r, const char *url, char
   w->slot = slot;
   snprintf(w->label, sizeof w->label, "%u", w->id);
   w->state = KVR_WORKER_UP;
-  w->added_ms = now_ms();
+  w->added_ms = now_ms(r);
   w->cache_capacity_blocks = r->cfg->cache_capacity_blocks;
   kvr_cache_index_set_capacity(r->index, (size_t)slot, w->cache_capacity_blocks);
   r->slots[slot] = w;
@@ -170,6 +184,7 @@ int kvr_router_set_policy(kvr_router_t *r, const char *name, const cJSON *params
 kvr_router_t *kvr_router_new(const kvr_config_t *cfg, char *err, size_t errlen) {
   kvr_router_t *r = kvr_xcalloc(1, sizeof *r);
   r->cfg = cfg;
+  r->clock = real_clock;
   kvr_hist_init(&r->decision_seconds, kvr_hist_fast_buckets, kvr_hist_fast_nbuckets);
   kvr_hist_init(&r->request_seconds, kvr_hist_latency_buckets, kvr_hist_latency_nbuckets);
   kvr_hist_init(&r->ttfb_seconds, kvr_hist_latency_buckets, kvr_hist_latency_nbuckets);
@@ -230,7 +245,7 @@ static void snapshot(const kvr_router_t *r, const kvr_worker_t *w, size_t matche
 
 int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t tried, bool record,
                       kvr_decision_t *d) {
-  uint64_t t0 = kvr_now_ns();
+  uint64_t t0 = kvr_router_now_ns(r), wall0 = kvr_now_ns();
   size_t matched[KVR_MAX_WORKERS] = {0};
   if (req->nblocks)
     kvr_cache_index_match(r->index, req->blocks, req->nblocks, matched);
@@ -243,7 +258,7 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t trie
   /* A look (record false) must not move the policy on: no cursor step, no RNG draw. */
   d->chosen = record ? kvr_policy_select(r->policy, d->snaps, d->nsnaps, req, tried, d->scores)
                      : kvr_policy_peek(r->policy, d->snaps, d->nsnaps, req, tried, d->scores);
-  d->seconds = (double)(kvr_now_ns() - t0) / 1e9;
+  d->seconds = (double)(kvr_now_ns() - wall0) / 1e9; /* the decision's own cost: real time */
   if (record) {
     kvr_hist_observe(&r->decision_seconds, d->seconds);
     r->decisions_by_policy[policy_index(r->policy)]++;
@@ -277,7 +292,7 @@ const kvr_worker_t *kvr_router_on_dispatch(kvr_router_t *r, int slot, uint64_t p
   d->predicted_cached = kvr_router_predicted_cached(r, matched_blocks, prompt_tokens);
   d->prefill_tokens = prompt_tokens - d->predicted_cached;
   d->prefill_alone = w->queued_prefill_tokens == 0;
-  d->dispatched_ns = kvr_now_ns();
+  d->dispatched_ns = kvr_router_now_ns(r);
   w->inflight++;
   w->active_tokens += d->prompt_tokens;
   w->queued_prefill_tokens += d->prefill_tokens;
@@ -296,7 +311,7 @@ void kvr_router_on_token(kvr_router_t *r, kvr_router_dispatch_t *d) {
     /* First token: the prompt has been prefilled. */
     w->queued_prefill_tokens -= KVR_MIN(w->queued_prefill_tokens, d->prefill_tokens);
     kvr_prefill_clock_first_token(&w->prefill, d->prefill_tokens, d->dispatched_ns,
-                                  d->prefill_alone, w->queued_prefill_tokens, kvr_now_ns());
+                                  d->prefill_alone, w->queued_prefill_tokens, kvr_router_now_ns(r));
     d->prefill_tokens = 0;
   }
   d->generated++;

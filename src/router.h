@@ -94,6 +94,10 @@ struct kvr_router_s {
   uint64_t client_aborts_total; /* clients that went away mid-request */
   uint64_t upstream_failures_total;
   uint64_t requests_total;
+  /* The clock every time the router keeps (dispatch, first token, freshness) is read from:
+   * kvr_now_ns() unless kvr_router_set_clock() gave another (the virtual-time cluster's). */
+  uint64_t (*clock)(void *ctx);
+  void *clock_ctx;
 };
 
 /* ---- lifecycle and workers ------------------------------------------------------------------- */
@@ -101,6 +105,14 @@ struct kvr_router_s {
 /* Creates the router from cfg (which must outlive it): policy, cache index, workers. Needs no loop.
  * Returns NULL with a one-line reason in err. */
 kvr_router_t *kvr_router_new(const kvr_config_t *cfg, char *err, size_t errlen);
+
+/* Makes the router read time from clock(ctx) (nanoseconds, never decreasing) instead of
+ * kvr_now_ns(): `kvrouter bench --virtual` runs the router on its discrete-event clock. Call it
+ * right after kvr_router_new(); clock NULL restores the real one. */
+void kvr_router_set_clock(kvr_router_t *r, uint64_t (*clock)(void *ctx), void *ctx);
+
+/* The router's current time in nanoseconds (its clock). */
+uint64_t kvr_router_now_ns(const kvr_router_t *r);
 
 /* Frees the router and every worker at once. Requests dispatched through it must have ended, and
  * nothing may report to it afterwards (close the scraper first). Accepts NULL. */
@@ -123,7 +135,7 @@ bool kvr_router_has_usable(const kvr_router_t *r);
 /* The part of w's queued prefill it has probably not reached yet at now_ns (prefill_clock.h). */
 uint64_t kvr_router_worker_backlog(const kvr_worker_t *w, uint64_t now_ns);
 
-/* Whether w's scraped figures are recent enough to use at at_ms (kvr_now_ns() / 1e6). */
+/* Whether w's scraped figures are recent enough to use at at_ms (kvr_router_now_ns() / 1e6). */
 bool kvr_router_worker_fresh(const kvr_router_t *r, const kvr_worker_t *w, uint64_t at_ms);
 
 /* Replaces the policy (new requests use it at once; in-flight ones are unaffected). Returns 0 or
@@ -164,7 +176,7 @@ typedef struct kvr_router_dispatch_s {
   uint32_t worker_id;        /* the worker it went to */
   int slot;                  /* that worker's slot (stable while open) */
   bool prefill_alone;        /* no other prefill was pending on the worker (a rate sample) */
-  uint64_t dispatched_ns;    /* kvr_now_ns() at dispatch */
+  uint64_t dispatched_ns;    /* kvr_router_now_ns() at dispatch */
   uint64_t prompt_tokens;    /* added to active_tokens at dispatch */
   uint64_t predicted_cached; /* prompt tokens the cache index predicted the worker held */
   uint64_t prefill_tokens;   /* added to queued_prefill_tokens; 0 once the first token came */
@@ -215,7 +227,7 @@ int kvr_router_on_health(kvr_router_t *r, uint32_t id, bool reachable);
 
 /* One parsed vLLM /metrics page (scrape.c's kvr_scrape_parse). */
 typedef struct kvr_router_scrape_s {
-  uint64_t at_ms; /* when it was taken, kvr_now_ns() / 1e6 */
+  uint64_t at_ms; /* when it was taken, kvr_router_now_ns() / 1e6 */
   double num_requests_running, num_requests_waiting;
   double kv_cache_usage;               /* 0..1 */
   uint64_t num_gpu_blocks, block_size; /* vllm:cache_config_info, 0 when absent */

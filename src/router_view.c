@@ -27,7 +27,7 @@ static double ratio(uint64_t part, uint64_t whole) {
 }
 
 static double f_backlog(const kvr_router_t *r, const kvr_worker_t *w) {
-  return (double)kvr_router_worker_backlog(w, kvr_now_ns());
+  return (double)kvr_router_worker_backlog(w, kvr_router_now_ns(r));
 }
 static double f_up(const kvr_router_t *r, const kvr_worker_t *w) {
   return w->state == KVR_WORKER_UP;
@@ -240,7 +240,7 @@ static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t
   cJSON_AddNumberToObject(o, "active_tokens", (double)w->active_tokens);
   cJSON_AddNumberToObject(o, "queued_prefill_tokens", (double)w->queued_prefill_tokens);
   cJSON_AddNumberToObject(o, "prefill_backlog_tokens",
-                          (double)kvr_router_worker_backlog(w, kvr_now_ns()));
+                          (double)kvr_router_worker_backlog(w, kvr_router_now_ns(r)));
   cJSON_AddNumberToObject(o, "prefill_rate_tokens_per_second", w->prefill.rate);
   cJSON_AddNumberToObject(o, "index_blocks",
                           (double)kvr_cache_index_entries(r->index, (size_t)w->slot));
@@ -251,7 +251,7 @@ static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t
 
 cJSON *kvr_router_view_workers(const kvr_router_t *r) {
   cJSON *arr = cJSON_CreateArray();
-  uint64_t now = kvr_now_ns() / 1000000u;
+  uint64_t now = kvr_router_now_ns(r) / 1000000u;
   for (size_t i = 0; i < r->nslots; i++)
     if (r->slots[i] != NULL)
       cJSON_AddItemToArray(arr, worker_json(r, r->slots[i], now));

@@ -61,7 +61,7 @@
 #define MAX_ANSWER ((size_t)4 << 20)
 #define MAX_ERROR_BODY 2048
 
-typedef struct req_s req_t;
+typedef struct kvr_loadgen_req_s req_t;
 
 typedef struct conv_s {
   kvr_conv_t conv;
@@ -74,11 +74,12 @@ typedef struct conv_s {
   unsigned user;        /* concurrency mode: the user running it */
 } conv_t;
 
-struct req_s {
+struct kvr_loadgen_req_s {
   kvr_loadgen_t *lg;
   conv_t *cv;
   uint32_t turn;
-  CURL *easy;
+  CURL *easy; /* HTTP transport */
+  void *vh;   /* virtual transport: its handle, from kvr_loadgen_vt_t.send */
   struct curl_slist *headers;
   kvr_buf_t body, answer, errbody;
   kvr_openai_sse_t sse; /* the response's SSE lines (see on_write for the bound) */
@@ -93,7 +94,11 @@ struct req_s {
 };
 
 struct kvr_loadgen_s {
-  uv_loop_t *loop;
+  uv_loop_t *loop; /* NULL for a virtual transport */
+  bool virt;       /* the virtual transport (vt) instead of libuv and curl */
+  kvr_loadgen_vt_t vt;
+  uint64_t wake_gen; /* virtual: the current wake-up's generation (older ones are stale) */
+  uint64_t level_no; /* levels started; a deferred call of an earlier level is stale */
   kvr_loadgen_opts_t o;
   char *url, *model, *api_key;
   const kvr_workload_t *wl;
@@ -153,6 +158,25 @@ void kvr_loadgen_opts_default(kvr_loadgen_opts_t *o) {
 
 static double scale(const kvr_loadgen_t *lg) {
   return lg->o.time_scale;
+}
+
+/* The generator's clock: CLOCK_MONOTONIC (uv_hrtime), or the virtual transport's. */
+static uint64_t now_ns(const kvr_loadgen_t *lg) {
+  return lg->virt ? lg->vt.now_ns(lg->vt.ctx) : uv_hrtime();
+}
+
+/* Virtual transport: what a deferred call (kvr_loadgen_vt_t.at) does; its tag is kind | gen << 2.
+ */
+enum { VT_WAKE = 0, VT_STOP_EARLY = 1, VT_DRAINED = 2 };
+static void vt_fire(void *arg, uint64_t tag);
+
+/* Runs fn from the loop soon, outside the transport's own callbacks (cancelling there is not
+ * allowed). */
+static void defer(kvr_loadgen_t *lg, uv_timer_t *t, uv_timer_cb fn, int kind) {
+  if (lg->virt)
+    lg->vt.at(lg->vt.ctx, now_ns(lg), vt_fire, lg, (uint64_t)kind | lg->level_no << 2);
+  else
+    uv_timer_start(t, fn, 0, 0);
 }
 
 static void on_handle_closed(uv_handle_t *h) {
@@ -216,9 +240,39 @@ kvr_loadgen_t *kvr_loadgen_new(uv_loop_t *loop, const kvr_loadgen_opts_t *o,
   return lg;
 }
 
+kvr_loadgen_t *kvr_loadgen_new_virtual(const kvr_loadgen_opts_t *o, const kvr_workload_t *wl,
+                                       const kvr_loadgen_vt_t *vt, char *err, size_t errlen) {
+  if (!(o->burstiness > 0) || o->num_prompts == 0 || vt == NULL || vt->now_ns == NULL ||
+      vt->at == NULL || vt->send == NULL || vt->cancel == NULL || vt->run == NULL ||
+      vt->stop == NULL) {
+    snprintf(err, errlen, "loadgen: need burstiness > 0, at least one prompt and a transport");
+    return NULL;
+  }
+  kvr_loadgen_t *lg = kvr_xcalloc(1, sizeof(*lg));
+  lg->virt = true;
+  lg->vt = *vt;
+  lg->o = *o;
+  lg->o.time_scale = 1; /* virtual time is simulated time */
+  lg->wl = wl;
+  kvr_list_init(&lg->inflight);
+  lg->url = kvr_xstrdup(o->url ? o->url : "virtual");
+  lg->model = kvr_xstrdup(o->model ? o->model : "default");
+  lg->api_key = kvr_xstrdup(o->api_key);
+  lg->tfd = -1;
+  lg->sleeper.data = lg; /* on_stop_early reads it */
+  return lg;
+}
+
 void kvr_loadgen_free(kvr_loadgen_t *lg) {
   if (lg == NULL)
     return;
+  if (lg->virt) {
+    free(lg->url);
+    free(lg->model);
+    free(lg->api_key);
+    free(lg);
+    return;
+  }
   kvr_curlm_close(lg->curlm);
   uv_close((uv_handle_t *)&lg->tick, on_handle_closed);
   uv_close((uv_handle_t *)&lg->progress, on_handle_closed);
@@ -296,7 +350,7 @@ static void on_token(req_t *r, uint64_t now) {
     kvr_loadgen_t *lg = r->lg;
     if (lg->stop_ttft_ms > 0 && !r->rec.warmup && sim_ms(r, now) >= lg->stop_ttft_ms &&
         ++lg->ttft_over == lg->ttft_over_stop)
-      uv_timer_start(&lg->sleeper, on_stop_early, 0, 0); /* cancel from the loop, not from curl */
+      defer(lg, &lg->sleeper, on_stop_early, VT_STOP_EARLY); /* cancel from the loop */
   } else {
     if (r->nitl == r->capitl) {
       r->capitl = r->capitl ? r->capitl * 2 : 256;
@@ -432,7 +486,7 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *userdata) {
   }
   /* Every event of one delivery arrived at the same instant. Lines complete in ptr are read in
    * place; only a line cut by the end of the delivery is copied (see src/openai.c). */
-  feed_t f = {r, uv_hrtime()};
+  feed_t f = {r, now_ns(r->lg)};
   kvr_openai_sse_feed(&r->sse, ptr, n, on_line, &f);
   /* The bound: a request fails when more than MAX_SSE_LINE bytes of an unfinished line are held
    * after a delivery (the splitter itself drops no line: it was set up without a bound). */
@@ -475,7 +529,7 @@ static void on_drained(uv_timer_t *t);
  * from the loop (the cancels must not run inside curl's done processing). */
 static void level_drained(kvr_loadgen_t *lg) {
   lg->halted = true;
-  uv_timer_start(&lg->drain, on_drained, 0, 0);
+  defer(lg, &lg->drain, on_drained, VT_DRAINED);
 }
 
 /* Whether the level may send more: not halted and, in rate mode, not all its arrivals sent. */
@@ -505,18 +559,15 @@ static void conv_advance(kvr_loadgen_t *lg, conv_t *cv, req_t *r, bool ok, uint6
   cv->waiting = true;
 }
 
-static void finish_request(kvr_loadgen_t *lg, req_t *r, CURLcode result) {
-  uint64_t now = uv_hrtime();
+/* Completes r's record once its transfer ended; transport_error is NULL when the response arrived
+ * whole (its status and stream then decide), else why the transfer failed. */
+static void finish_request(kvr_loadgen_t *lg, req_t *r, const char *transport_error) {
+  uint64_t now = now_ns(lg);
   kvr_req_rec_t *rec = &r->rec;
   double s = scale(lg);
-  long code = 0;
-  if (r->easy)
-    curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &code);
-  if (code)
-    rec->status = (int)code;
-  rec->ok = result == CURLE_OK && rec->status == 200 && !r->stream_error && rec->chunks > 0;
-  if (result != CURLE_OK)
-    set_error(r, curl_easy_strerror(result));
+  rec->ok = transport_error == NULL && rec->status == 200 && !r->stream_error && rec->chunks > 0;
+  if (transport_error != NULL)
+    set_error(r, transport_error);
   else if (rec->status != 200) {
     char msg[160];
     snprintf(msg, sizeof(msg), "HTTP %d: %.120s", rec->status,
@@ -560,9 +611,12 @@ static void finish_request(kvr_loadgen_t *lg, req_t *r, CURLcode result) {
 static void on_done(CURL *easy, CURLcode result, void *data) {
   req_t *r = data;
   kvr_loadgen_t *lg = r->lg;
-  (void)easy;
   inflight_remove(lg, r);
-  finish_request(lg, r, result);
+  long code = 0;
+  curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &code);
+  if (code)
+    r->rec.status = (int)code;
+  finish_request(lg, r, result == CURLE_OK ? NULL : curl_easy_strerror(result));
   req_free(r);
   schedule(lg);
 }
@@ -629,6 +683,8 @@ static req_t *req_prepare(kvr_loadgen_t *lg, conv_t *cv, uint32_t turn) {
   r->itls = kvr_xmalloc(r->capitl * sizeof(double));
   kvr_workload_body(&cv->conv, r->turn, (const char *const *)cv->answers, lg->model, lg->o.api,
                     lg->o.ignore_eos, &r->body);
+  if (lg->virt)
+    return r; /* the virtual transport takes the body as it is */
   long timeout_ms = lg->o.request_timeout_s > 0 ? (long)(lg->o.request_timeout_s * 1000) : 0;
   r->easy = kvr_curl_easy_new(lg->url, 10000L, timeout_ms, on_write, r);
   /* The benchmarked endpoint may be a TLS one (kvr_curl_easy_new allows plain http only). */
@@ -688,14 +744,21 @@ static void send_turn(kvr_loadgen_t *lg, conv_t *cv, uint64_t target_ns) {
   }
   cv->waiting = false;
   /* The send instant: the request is handed to curl right after this (send lag = this - due). */
-  r->sent_ns = uv_hrtime();
+  r->sent_ns = now_ns(lg);
   classify(lg, r, cv);
   lg->sent++;
   r->rec.target_s = (double)(target_ns - lg->start_ns) / 1e9 * scale(lg);
   r->rec.lag_ms = r->sent_ns > target_ns ? (double)(r->sent_ns - target_ns) / 1e6 : 0;
-  if (kvr_curlm_add(lg->curlm, r->easy, on_done, r) != 0) {
-    set_error(r, "curl refused the transfer");
-    finish_request(lg, r, CURLE_FAILED_INIT);
+  if (lg->virt) {
+    r->vh = lg->vt.send(lg->vt.ctx, r, r->body.data, r->body.len);
+    kvr_buf_free(&r->body); /* the transport copied what it needs */
+    if (r->vh == NULL) {
+      finish_request(lg, r, "the virtual cluster refused the request");
+      req_free(r);
+      return;
+    }
+  } else if (kvr_curlm_add(lg->curlm, r->easy, on_done, r) != 0) {
+    finish_request(lg, r, "curl refused the transfer");
     req_free(r);
     return;
   }
@@ -795,13 +858,17 @@ static void replay_slot(const kvr_loadgen_t *lg, size_t i, uint64_t *k, uint32_t
  * had the lowest send lag p99 (0.17-0.30 ms vs 0.39-0.54 ms with 1,000 streams). */
 #define SEND_EARLY_NS 500000u
 
+static uint64_t send_early(const kvr_loadgen_t *lg) {
+  return lg->virt ? 0 : SEND_EARLY_NS;
+}
+
 /* True when an arrival due at `due` is to be sent now: it is due, or due within SEND_EARLY_NS, in
  * which case this waits on the clock until the instant (*now is updated). */
-static bool due_now(uint64_t due, uint64_t *now) {
+static bool due_now(const kvr_loadgen_t *lg, uint64_t due, uint64_t *now) {
   if (due <= *now)
     return true;
-  if (due - *now > SEND_EARLY_NS)
-    return false;
+  if (lg->virt || due - *now > SEND_EARLY_NS)
+    return false; /* virtual time: woken exactly at the instant */
   while ((*now = uv_hrtime()) < due) {
   }
   return true;
@@ -812,14 +879,14 @@ static bool due_now(uint64_t due, uint64_t *now) {
 static void schedule(kvr_loadgen_t *lg) {
   if (lg->lv == NULL || lg->interrupted)
     return;
-  uint64_t now = uv_hrtime();
+  uint64_t now = now_ns(lg);
   uint64_t next_due = UINT64_MAX;
   if (lg->replay) {
     /* Replay: arrival i sends the pre-assigned turn of its conversation, done or not. */
     while (may_send(lg) && lg->next_arrival < lg->total) {
       uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
-      if (!due_now(due, &now)) {
-        next_due = due - SEND_EARLY_NS;
+      if (!due_now(lg, due, &now)) {
+        next_due = due - send_early(lg);
         break;
       }
       uint64_t k;
@@ -835,8 +902,8 @@ static void schedule(kvr_loadgen_t *lg) {
      */
     while (may_send(lg) && lg->next_arrival < lg->total) {
       uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
-      if (!due_now(due, &now)) {
-        next_due = due - SEND_EARLY_NS;
+      if (!due_now(lg, due, &now)) {
+        next_due = due - send_early(lg);
         break;
       }
       uint64_t when = 0;
@@ -851,8 +918,8 @@ static void schedule(kvr_loadgen_t *lg) {
       /* Sessions: arrivals open conversations; eligible follow-ups go out on their own. */
       while (lg->next_arrival < lg->total && may_send(lg)) {
         uint64_t due = lg->start_ns + lg->arrivals[lg->next_arrival];
-        if (!due_now(due, &now)) {
-          next_due = due - SEND_EARLY_NS;
+        if (!due_now(lg, due, &now)) {
+          next_due = due - send_early(lg);
           break;
         }
         lg->next_arrival++;
@@ -882,13 +949,16 @@ static void schedule(kvr_loadgen_t *lg) {
   }
   if (!may_send(lg) && lg->ninflight == 0) {
     disarm(lg);
-    uv_stop(lg->loop);
+    if (lg->virt)
+      lg->vt.stop(lg->vt.ctx);
+    else
+      uv_stop(lg->loop);
     return;
   }
   /* Arm first: preparing the next request takes tens of microseconds and must not delay the wake-up
    * (the deadline is absolute, so the time spent here does not shift it). */
   if (may_send(lg) && next_due != UINT64_MAX)
-    arm(lg, next_due, uv_hrtime());
+    arm(lg, next_due, now_ns(lg));
   else
     disarm(lg);
   if (lg->spare == NULL && may_send(lg))
@@ -910,6 +980,11 @@ static void on_timerfd(uv_poll_t *p, int status, int events) {
  * and schedule() runs from the poll callback: no spinning. Without, the ms-grained uv timer wakes
  * it up to 1 ms early and re-arms with 0 ms (the loop keeps polling I/O) until the instant. */
 static void arm(kvr_loadgen_t *lg, uint64_t due_ns, uint64_t now) {
+  if (lg->virt) {
+    lg->wake_gen++;
+    lg->vt.at(lg->vt.ctx, KVR_MAX(due_ns, now), vt_fire, lg, VT_WAKE | lg->wake_gen << 2);
+    return;
+  }
 #ifdef __linux__
   if (lg->tfd >= 0) {
     struct itimerspec its;
@@ -929,6 +1004,10 @@ static void arm(kvr_loadgen_t *lg, uint64_t due_ns, uint64_t now) {
 }
 
 static void disarm(kvr_loadgen_t *lg) {
+  if (lg->virt) {
+    lg->wake_gen++; /* the pending wake-up goes stale */
+    return;
+  }
   uv_timer_stop(&lg->tick);
 #ifdef __linux__
   if (lg->tfd >= 0) {
@@ -965,7 +1044,7 @@ static void print_progress(kvr_loadgen_t *lg, bool final) {
   FILE *f = lg->o.progress;
   if (f == NULL || lg->lv == NULL)
     return;
-  uint64_t now = uv_hrtime();
+  uint64_t now = now_ns(lg);
   double elapsed = (double)(now - lg->start_ns) / 1e9;
   double left = 0;
   if (lg->rate > 0 && lg->total > 0 && !lg->o.sessions) {
@@ -1112,7 +1191,8 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
   const kvr_workload_opts_t *wo = kvr_workload_opts(lg->wl);
   kvr_stats_level_reserve(lv, lg->total + 2 * (size_t)concurrency,
                           measured * KVR_MAX(wo->out_max, 1u));
-  lg->start_ns = uv_hrtime();
+  lg->start_ns = now_ns(lg);
+  lg->level_no++;
   lg->last_progress_ns = lg->start_ns;
   if (lg->o.progress && !lg->o.progress_tty) {
     if (concurrency)
@@ -1131,19 +1211,24 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
     conv_steady_start(lg, cv);
     send_turn(lg, cv, lg->start_ns);
   }
-  if (lg->o.progress)
+  if (lg->o.progress && !lg->virt)
     uv_timer_start(&lg->progress, on_progress, 1000, 1000);
   if (!lg->interrupted) {
     schedule(lg);
     if (may_send(lg) || lg->ninflight > 0) {
       lg->running = true;
-      uv_run(lg->loop, UV_RUN_DEFAULT);
+      if (lg->virt)
+        lg->vt.run(lg->vt.ctx);
+      else
+        uv_run(lg->loop, UV_RUN_DEFAULT);
       lg->running = false;
     }
   }
   disarm(lg);
-  uv_timer_stop(&lg->progress);
-  uv_timer_stop(&lg->drain);
+  if (!lg->virt) {
+    uv_timer_stop(&lg->progress);
+    uv_timer_stop(&lg->drain);
+  }
   print_progress(lg, true);
   level_cleanup(lg, lv, slo);
   lg->lv = NULL;
@@ -1156,11 +1241,19 @@ static void stop_level(kvr_loadgen_t *lg) {
   while (!kvr_list_empty(&lg->inflight)) {
     req_t *r = KVR_CONTAINER_OF(lg->inflight.next, req_t, node);
     inflight_remove(lg, r);
-    kvr_curlm_cancel(lg->curlm, r->easy);
+    if (lg->virt)
+      lg->vt.cancel(lg->vt.ctx, r->vh);
+    else
+      kvr_curlm_cancel(lg->curlm, r->easy);
     req_free(r);
     lg->ncancel++;
   }
   disarm(lg);
+  if (lg->virt) {
+    if (lg->running)
+      lg->vt.stop(lg->vt.ctx);
+    return;
+  }
   uv_timer_stop(&lg->sleeper);
   uv_timer_stop(&lg->drain);
   if (lg->running)
@@ -1197,8 +1290,8 @@ static void on_sleep_done(uv_timer_t *t) {
 }
 
 void kvr_loadgen_sleep(kvr_loadgen_t *lg, double real_seconds) {
-  if (lg->interrupted || real_seconds <= 0)
-    return;
+  if (lg->interrupted || real_seconds <= 0 || lg->virt)
+    return; /* virtual: nothing runs between levels, so there is nothing to wait for */
   uv_timer_start(&lg->sleeper, on_sleep_done, (uint64_t)(real_seconds * 1000), 0);
   lg->running = true;
   uv_run(lg->loop, UV_RUN_DEFAULT);
@@ -1210,4 +1303,51 @@ void kvr_loadgen_set_model(kvr_loadgen_t *lg, const char *model) {
   char *m = kvr_xstrdup(model);
   free(lg->model);
   lg->model = m;
+}
+
+/* ---- the virtual transport's side ------------------------------------------------------------ */
+
+static void vt_fire(void *arg, uint64_t tag) {
+  kvr_loadgen_t *lg = arg;
+  switch ((int)(tag & 3)) {
+  case VT_WAKE:
+    if (tag >> 2 == lg->wake_gen)
+      schedule(lg);
+    break;
+  case VT_STOP_EARLY:
+    if (tag >> 2 == lg->level_no)
+      on_stop_early(&lg->sleeper);
+    break;
+  default:
+    if (tag >> 2 == lg->level_no && lg->lv != NULL)
+      stop_level(lg);
+    break;
+  }
+}
+
+void kvr_loadgen_vt_head(kvr_loadgen_req_t *r, int status, const char *worker) {
+  r->rec.status = status;
+  snprintf(r->rec.worker, sizeof(r->rec.worker), "%s", worker ? worker : "");
+}
+
+void kvr_loadgen_vt_token(kvr_loadgen_req_t *r, const char *text, size_t len) {
+  on_token(r, now_ns(r->lg));
+  if (r->keep_answer && r->answer.len + len <= MAX_ANSWER)
+    kvr_buf_append(&r->answer, text, len);
+}
+
+void kvr_loadgen_vt_usage(kvr_loadgen_req_t *r, uint32_t prompt_tokens, uint32_t completion_tokens,
+                          uint32_t cached_tokens) {
+  r->rec.prompt_tokens = prompt_tokens;
+  r->rec.output_tokens = completion_tokens;
+  r->rec.cached_tokens = cached_tokens;
+  r->rec.usage_seen = true;
+}
+
+void kvr_loadgen_vt_done(kvr_loadgen_req_t *r, const char *error) {
+  kvr_loadgen_t *lg = r->lg;
+  inflight_remove(lg, r);
+  finish_request(lg, r, error);
+  req_free(r);
+  schedule(lg);
 }

@@ -114,6 +114,45 @@ void kvr_loadgen_opts_default(kvr_loadgen_opts_t *opts);
 kvr_loadgen_t *kvr_loadgen_new(uv_loop_t *loop, const kvr_loadgen_opts_t *opts,
                                const kvr_workload_t *wl, char *err, size_t errlen);
 
+/* ---- the virtual transport (`kvrouter bench --virtual`) ---------------------------------------
+ *
+ * The same generator (workload, arrivals, sessions, steady state, early stop, records) can run
+ * against a cluster in virtual time instead of an HTTP endpoint: the transport owns the clock and
+ * the event loop, takes each request body, and reports back through the kvr_loadgen_vt_* calls
+ * below, which do what the HTTP path's curl callbacks do. Time scale is 1 (virtual time is
+ * simulated time). Requests are one kvr_loadgen_req_t each, owned by the generator. */
+typedef struct kvr_loadgen_req_s kvr_loadgen_req_t;
+
+typedef struct kvr_loadgen_vt_s {
+  void *ctx;
+  uint64_t (*now_ns)(void *ctx); /* the virtual clock, ns */
+  /* Calls fn(arg, tag) from the loop at time t_ns (never earlier than now); no cancel: the
+   * generator ignores stale calls by their tag. */
+  void (*at)(void *ctx, uint64_t t_ns, void (*fn)(void *arg, uint64_t tag), void *arg,
+             uint64_t tag);
+  /* Sends r's body (copied) now; returns the transport's handle, or NULL when it cannot. Its
+   * answer comes later, from the loop, as kvr_loadgen_vt_head/token/usage, then exactly one
+   * kvr_loadgen_vt_done, unless cancelled first. */
+  void *(*send)(void *ctx, kvr_loadgen_req_t *r, const char *body, size_t len);
+  void (*cancel)(void *ctx, void *handle); /* no callback for it afterwards */
+  void (*run)(void *ctx);                  /* runs the loop until stop() */
+  void (*stop)(void *ctx);
+} kvr_loadgen_vt_t;
+
+/* A generator on a virtual transport (vt copied; wl borrowed). Returns NULL with err. */
+kvr_loadgen_t *kvr_loadgen_new_virtual(const kvr_loadgen_opts_t *opts, const kvr_workload_t *wl,
+                                       const kvr_loadgen_vt_t *vt, char *err, size_t errlen);
+
+/* The response head: HTTP status and the x-kvrouter-worker value (NULL if none). */
+void kvr_loadgen_vt_head(kvr_loadgen_req_t *r, int status, const char *worker);
+/* One streamed token whose text is text[0..len). */
+void kvr_loadgen_vt_token(kvr_loadgen_req_t *r, const char *text, size_t len);
+/* The final usage chunk. */
+void kvr_loadgen_vt_usage(kvr_loadgen_req_t *r, uint32_t prompt_tokens, uint32_t completion_tokens,
+                          uint32_t cached_tokens);
+/* The response ended: error NULL when it arrived whole, else why it failed. r is freed. */
+void kvr_loadgen_vt_done(kvr_loadgen_req_t *r, const char *error);
+
 /* Closes the curl multi and the generator's handles, runs the loop until they are closed and frees
  * lg. Accepts NULL. */
 void kvr_loadgen_free(kvr_loadgen_t *lg);

@@ -9,7 +9,8 @@
  * run_search(), each level through run_level() (monitor around kvr_loadgen_run_level(), progress
  * line) -> kvr_runner_report(). The search itself is kvr_runner_search_t, a pure state machine
  * (unit-tested without a server); run_search() only feeds it levels, reusing a level the run
- * already has at that load.
+ * already has at that load. With --virtual the load generator, the policy switch, the cache reset
+ * and the level figures go to a kvr_vcluster_t instead of HTTP and the monitor (runner.h).
  */
 #include "runner.h"
 
@@ -27,7 +28,8 @@ struct kvr_runner_s {
   uv_loop_t *loop;
   kvr_workload_t *wl;
   kvr_loadgen_t *lg;
-  kvr_monitor_t *mon;
+  kvr_monitor_t *mon; /* NULL in virtual time */
+  kvr_vcluster_t *vc; /* --virtual only */
   kvr_results_t *res;
   bool reset;       /* empty the prefix caches before each label */
   bool first_level; /* no cooldown before the next level */
@@ -47,14 +49,15 @@ void kvr_runner_opts_default(kvr_runner_opts_t *o) {
   o->search_max = 64;
   o->search_res = 0.05;
   o->out = "results/bench";
+  kvr_vcluster_opts_default(&o->vc);
 }
 
 static int rules(const kvr_runner_opts_t *o, char *err, size_t errlen) {
   const char *e = NULL;
   if (o->nrates && o->nconc)
     e = "--concurrency: cannot be combined with --rates";
-  else if (o->nab && o->admin == NULL)
-    e = "--ab: needs --admin URL";
+  else if (o->nab && o->admin == NULL && !o->virt)
+    e = "--ab: needs --admin URL (or --virtual)";
   else if (o->nlabels && o->nlabels != (o->nab ? o->nab : 1))
     e = o->nab ? "--labels: needs one label per run (one per --ab policy)"
                : "--labels: needs one label per run (one)";
@@ -140,7 +143,25 @@ static uint64_t level_seed(const kvr_runner_opts_t *o, double load) {
 }
 
 static void cooldown(kvr_runner_t *r) {
-  kvr_loadgen_sleep(r->lg, r->o->cooldown_s / r->o->lg.time_scale);
+  if (r->vc != NULL)
+    kvr_vcluster_idle(r->vc, r->o->cooldown_s);
+  else
+    kvr_loadgen_sleep(r->lg, r->o->cooldown_s / r->o->lg.time_scale);
+}
+
+/* The monitor's calls, or the virtual cluster's. */
+static void level_begin(kvr_runner_t *r) {
+  if (r->vc != NULL)
+    kvr_vcluster_level_begin(r->vc);
+  else
+    kvr_monitor_level_begin(r->mon);
+}
+
+static void level_end(kvr_runner_t *r, kvr_level_t *lv) {
+  if (r->vc != NULL)
+    kvr_vcluster_level_end(r->vc, lv);
+  else
+    kvr_monitor_level_end(r->mon, lv);
 }
 
 static void print_level(const kvr_runner_t *r, const kvr_run_t *run, const kvr_level_t *lv,
@@ -179,13 +200,13 @@ static const kvr_level_t *run_level(kvr_runner_t *r, kvr_run_t *run, double load
     return NULL;
   bool conc = o->nconc > 0;
   kvr_level_t *lv = NULL;
-  kvr_monitor_level_begin(r->mon);
+  level_begin(r);
   if (kvr_loadgen_run_level(r->lg, run->label, conc ? 0 : load, conc ? (unsigned)load : 0,
                             level_seed(o, load), &o->slo, &lv) != 0) {
-    kvr_monitor_level_end(r->mon, NULL);
+    level_end(r, NULL);
     return NULL;
   }
-  kvr_monitor_level_end(r->mon, lv);
+  level_end(r, lv);
   kvr_stats_run_add(run, lv);
   if (o->lg.progress != NULL)
     print_level(r, run, lv, load);
@@ -227,7 +248,9 @@ static int prepare_label(kvr_runner_t *r, kvr_run_t *run, const char *policy, ch
   FILE *f = r->o->lg.progress;
   if (policy) {
     char e2[400];
-    if (kvr_monitor_set_policy(r->mon, policy, e2, sizeof(e2)) != 0) {
+    int rc = r->vc ? kvr_vcluster_set_policy(r->vc, policy, NULL, e2, sizeof(e2))
+                   : kvr_monitor_set_policy(r->mon, policy, e2, sizeof(e2));
+    if (rc != 0) {
       snprintf(err, errlen, "switching policy to %s: %s", policy, e2);
       return KVR_EUPSTREAM;
     }
@@ -236,7 +259,11 @@ static int prepare_label(kvr_runner_t *r, kvr_run_t *run, const char *policy, ch
   }
   if (r->reset) {
     /* Not fatal: a worker that cannot reset (vLLM without dev mode) is named in the report. */
-    int rc = kvr_monitor_reset_cache(r->mon, run->cache_reset, sizeof(run->cache_reset));
+    int rc = 0;
+    if (r->vc != NULL)
+      kvr_vcluster_reset_cache(r->vc, run->cache_reset, sizeof(run->cache_reset));
+    else
+      rc = kvr_monitor_reset_cache(r->mon, run->cache_reset, sizeof(run->cache_reset));
     run->cache_reset_outcome = rc == 0 ? KVR_CACHE_RESET_ALL : KVR_CACHE_RESET_FAILED;
     if (f)
       fprintf(f, "[%s] prefix cache reset: %s%s\n", run->label, rc ? "INCOMPLETE: " : "",
@@ -249,7 +276,9 @@ static int run_label(kvr_runner_t *r, size_t i, char *err, size_t errlen) {
   const kvr_runner_opts_t *o = r->o;
   const char *policy = o->nab ? o->ab[i] : NULL;
   char d[256];
-  if (policy)
+  if (policy && r->vc)
+    snprintf(d, sizeof(d), "router policy `%s` in virtual time", policy);
+  else if (policy)
     snprintf(d, sizeof(d), "router policy `%s` (PUT /admin/policy) at %s", policy, o->lg.url);
   else
     snprintf(d, sizeof(d), "endpoint %s", o->lg.url);
@@ -312,7 +341,10 @@ static void results_header(kvr_runner_t *r) {
   res->time_scale = o->lg.time_scale;
   res->seed = o->seed;
   res->slo = o->slo;
-  if (r->reset)
+  if (r->reset && r->vc)
+    res->cache_reset = "before each run: every engine's prefix cache and the router's cache index "
+                       "(virtual time)";
+  else if (r->reset)
     res->cache_reset = o->admin ? "before each run: POST /admin/reset_prefix_cache (every worker's "
                                   "prefix cache and the router's cache index)"
                                 : "before each run: POST /reset_prefix_cache on the endpoint";
@@ -333,10 +365,35 @@ static int find_model(kvr_runner_t *r, char *err, size_t errlen) {
   return 0;
 }
 
+/* Virtual time: the cluster, and the load generator on its transport. */
+static int setup_virtual(kvr_runner_t *r, char *err, size_t errlen) {
+  kvr_runner_opts_t *o = r->o;
+  o->vc.chat = o->lg.api == KVR_API_CHAT;
+  o->vc.slo_ttft_s = o->slo.ttft_p99_ms / 1e3;
+  o->vc.slo_tpot_s = o->slo.tpot_p99_ms / 1e3;
+  if (o->lg.model == NULL)
+    o->lg.model = o->vc.model;
+  o->vc.model = o->lg.model;
+  o->lg.time_scale = 1;
+  o->lg.url = "virtual";
+  if ((r->vc = kvr_vcluster_new(&o->vc, err, errlen)) == NULL)
+    return KVR_EINVAL;
+  kvr_loadgen_vt_t vt;
+  kvr_vcluster_transport(r->vc, &vt);
+  if ((r->lg = kvr_loadgen_new_virtual(&o->lg, r->wl, &vt, err, errlen)) == NULL)
+    return KVR_EINVAL;
+  r->reset = o->reset_cache < 0 ? o->nab > 0 : o->reset_cache == 1;
+  r->res = kvr_stats_results_new();
+  results_header(r);
+  return 0;
+}
+
 static int setup(kvr_runner_t *r, char *err, size_t errlen) {
   kvr_runner_opts_t *o = r->o;
   if ((r->wl = kvr_workload_new(&o->wl, err, errlen)) == NULL)
     return KVR_EINVAL;
+  if (o->virt)
+    return setup_virtual(r, err, errlen);
   if ((r->lg = kvr_loadgen_new(r->loop, &o->lg, r->wl, err, errlen)) == NULL)
     return KVR_EINVAL;
   if ((r->mon = kvr_monitor_new(r->loop, o->admin, o->lg.url, 200)) == NULL) {
@@ -386,6 +443,10 @@ void kvr_runner_interrupt(kvr_runner_t *r) {
   kvr_loadgen_interrupt(r->lg);
 }
 
+bool kvr_runner_virtual(const kvr_runner_t *r) {
+  return r->vc != NULL;
+}
+
 bool kvr_runner_interrupted(const kvr_runner_t *r) {
   return kvr_loadgen_interrupted(r->lg);
 }
@@ -395,6 +456,7 @@ void kvr_runner_free(kvr_runner_t *r) {
     return;
   kvr_monitor_free(r->mon);
   kvr_loadgen_free(r->lg);
+  kvr_vcluster_free(r->vc);
   kvr_stats_results_free(r->res);
   kvr_workload_free(r->wl);
   free(r);

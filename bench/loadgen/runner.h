@@ -16,6 +16,11 @@
  * earlier label's prompts in the workers' prefix caches. reset_cache (on by default with --ab)
  * empties them (and the router's cache index) before each label.
  *
+ * Virtual time (--virtual): the same flow against a kvr_vcluster_t in the same process instead of
+ * an HTTP endpoint: the load generator runs on its virtual transport, the policy switch, the cache
+ * reset and the level's engine figures go to the cluster directly, and cooldowns pass in virtual
+ * time. No --url or --admin is needed.
+ *
  * Invariants: a level's trace is seeded by (seed, load), so two labels at the same load send the
  * identical requests (a paired comparison); later labels start their search at the baseline's max
  * load so the detailed comparison always has a paired level. Durations given in the options
@@ -24,6 +29,7 @@
 #ifndef KVR_RUNNER_H
 #define KVR_RUNNER_H
 
+#include "bench/vcluster/vcluster.h"
 #include "loadgen.h"
 #include "stats.h"
 #include "workload.h"
@@ -56,9 +62,11 @@ typedef struct kvr_runner_opts_s {
   uint64_t seed;
   kvr_slo_t slo;
   double cooldown_s;
-  int reset_cache;     /* -1: default (on with --ab), 0: off, 1: on */
-  bool quiet;          /* no progress output */
-  const char *command; /* the command line, for the report */
+  int reset_cache;        /* -1: default (on with --ab), 0: off, 1: on */
+  bool quiet;             /* no progress output */
+  const char *command;    /* the command line, for the report */
+  bool virt;              /* --virtual: run against a cluster in virtual time (bench/vcluster/) */
+  kvr_vcluster_opts_t vc; /* that cluster */
 } kvr_runner_opts_t;
 
 /* Fills opts with the bench's defaults (model NULL: asked from the endpoint; seed 42; SLO TTFT p99
@@ -94,6 +102,9 @@ int kvr_runner_report(kvr_runner_t *r, FILE *out, char *err, size_t errlen);
  * on the runner's loop. */
 void kvr_runner_interrupt(kvr_runner_t *r);
 bool kvr_runner_interrupted(const kvr_runner_t *r);
+
+/* True when the run is in virtual time (--virtual). */
+bool kvr_runner_virtual(const kvr_runner_t *r);
 
 /* Frees the runner (runs the loop until the load generator's handles are closed; the caller runs
  * it once more for the monitor's). Accepts NULL. */

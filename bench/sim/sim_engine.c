@@ -444,6 +444,31 @@ static uint32_t prefix_lookup(kvr_sim_engine_t *eng, const kvr_sim_req_t *req) {
   return n;
 }
 
+void kvr_sim_engine_probe(const kvr_sim_engine_t *eng, const uint32_t *prompt, uint32_t n,
+                          kvr_sim_probe_t *out) {
+  memset(out, 0, sizeof(*out));
+  uint32_t bs = eng->cfg.block_size;
+  uint64_t parent = 0;
+  for (uint32_t b = 0; eng->cfg.enable_prefix_caching && n > 0 && b < (n - 1) / bs; b++) {
+    uint64_t h = kvr_sim_block_hash(parent, prompt + (size_t)b * bs, bs);
+    if (hash_find(eng, h) < 0)
+      break;
+    out->cached_tokens += bs;
+    parent = h;
+  }
+  for (uint32_t i = 0; i < eng->nrunning; i++) {
+    const kvr_sim_req_t *r = eng->running[i];
+    out->pending_tokens += r->ntokens > r->num_computed + 1 ? r->ntokens - r->num_computed - 1 : 0;
+    out->decode_ctx += r->ntokens;
+  }
+  out->running = eng->nrunning;
+  for (const kvr_list_t *q = eng->waiting.next; q != &eng->waiting; q = q->next) {
+    const kvr_sim_req_t *r = KVR_CONTAINER_OF(q, kvr_sim_req_t, wnode);
+    out->pending_tokens += r->ntokens - KVR_MIN(r->ntokens, r->num_computed);
+    out->waiting++;
+  }
+}
+
 /* Hashes the request's blocks that are full of known tokens, up to upto tokens. A block whose hash
  * is already cached elsewhere stays unhashed (a duplicate) but the chain continues. */
 static void cache_full_blocks(kvr_sim_engine_t *eng, kvr_sim_req_t *req, uint32_t upto) {

@@ -221,6 +221,21 @@ const kvr_sim_config_t *kvr_sim_engine_config(const kvr_sim_engine_t *eng);
  * Returns the number of hashes dropped. Call between steps (the sim server's loop always is). */
 uint32_t kvr_sim_engine_reset_prefix_cache(kvr_sim_engine_t *eng, uint32_t *kept);
 
+/* What an observer who could see inside the engine knows before sending it a prompt (the virtual
+ * cluster's oracle): how many of the prompt's tokens the prefix cache holds now, and the work
+ * queued ahead of it. */
+typedef struct kvr_sim_probe_s {
+  uint32_t cached_tokens;  /* leading prompt tokens in full cached blocks (never the last token) */
+  uint64_t pending_tokens; /* prompt (and recomputed) tokens of waiting and running requests not
+                            * computed yet */
+  uint32_t running, waiting;
+  uint64_t decode_ctx; /* context tokens of the running requests (what one decode step reads) */
+} kvr_sim_probe_t;
+
+/* Fills out for prompt[0..n) without changing anything (no LRU touch, no counter). */
+void kvr_sim_engine_probe(const kvr_sim_engine_t *eng, const uint32_t *prompt, uint32_t n,
+                          kvr_sim_probe_t *out);
+
 /* Test hooks: whether the block holding the given chained hash is cached, and the block id the next
  * allocation would take (the eviction candidate), or -1 when none is free. */
 bool kvr_sim_engine_has_hash(const kvr_sim_engine_t *eng, uint64_t hash);

@@ -742,20 +742,18 @@ static bool read_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool cha
   return true;
 }
 
-/* The answer's length: max_tokens, or with EOS on (ignore_eos off, a mean set) the natural length
- * where the model would emit EOS, deterministic per request: U[mean/2, 3 mean/2] drawn from the
- * text seed, at least min_tokens, within [1, max_tokens]. Reaching a natural length shorter than
- * max_tokens is a "stop", otherwise a "length". */
-static void set_output_length(stream_t *s, const kvr_sim_completion_t *p, uint32_t mean) {
-  uint32_t maxt = (uint32_t)p->max_tokens;
+void kvr_sim_server_answer(const kvr_sim_completion_t *p, uint64_t server_seed,
+                           uint32_t output_len_mean, kvr_sim_answer_t *out) {
+  out->gen_seed = kvr_sim_tokens_seed(p->prompt.v, p->prompt.n, server_seed ^ p->seed);
+  uint32_t maxt = (uint32_t)p->max_tokens, mean = output_len_mean;
   uint32_t target = maxt;
   if (!p->ignore_eos && mean > 0) {
-    uint32_t eos = mean / 2 + (uint32_t)(kvr_sim_tokens_mix(s->gen_seed) % (mean + 1));
+    uint32_t eos = mean / 2 + (uint32_t)(kvr_sim_tokens_mix(out->gen_seed) % (mean + 1));
     eos = KVR_MAX(eos, (uint32_t)p->min_tokens);
     target = KVR_MAX(KVR_MIN(eos, maxt), 1u);
   }
-  s->max_output = target;
-  s->stop_reason = target < maxt ? KVR_SIM_FINISH_STOP : KVR_SIM_FINISH_LENGTH;
+  out->max_output = target;
+  out->stop_reason = target < maxt ? KVR_SIM_FINISH_STOP : KVR_SIM_FINISH_LENGTH;
 }
 
 /* Gives s its response id (the worker's seed mixed with a counter) and the 'data: {"id":...,
@@ -785,8 +783,11 @@ static stream_t *stream_new(kvr_sim_server_t *srv, kvr_http_req_t *req, bool cha
   s->continuous_usage = p->continuous_usage;
   s->arrival_ns = kvr_now_ns();
   s->prompt_tokens = (uint32_t)p->prompt.n;
-  s->gen_seed = kvr_sim_tokens_seed(p->prompt.v, p->prompt.n, srv->opts.seed ^ p->seed);
-  set_output_length(s, p, srv->opts.output_len_mean);
+  kvr_sim_answer_t a;
+  kvr_sim_server_answer(p, srv->opts.seed, srv->opts.output_len_mean, &a);
+  s->gen_seed = a.gen_seed;
+  s->max_output = a.max_output;
+  s->stop_reason = a.stop_reason;
   s->disconnect_after =
       srv->fault.mode == KVR_SIM_FAULT_DISCONNECT ? srv->fault.after_tokens : UINT32_MAX;
   stream_name(s);

@@ -86,6 +86,21 @@ int kvr_sim_server_parse_completion(const cJSON *body, bool chat, const char *mo
                                     uint32_t max_model_len, kvr_sim_completion_t *p, char *err,
                                     size_t errlen);
 
+/* How a worker answers one parsed completion: the seed of its generated words, its length and why
+ * it ends. */
+typedef struct kvr_sim_answer_s {
+  uint64_t gen_seed;            /* kvr_sim_tokens_seed(prompt, server seed ^ request seed) */
+  uint32_t max_output;          /* tokens it generates */
+  kvr_sim_finish_t stop_reason; /* STOP (the natural length came first) or LENGTH (max_tokens) */
+} kvr_sim_answer_t;
+
+/* The answer to p from a worker seeded server_seed whose natural answers (EOS on) average
+ * output_len_mean tokens: max_tokens, or with EOS on (ignore_eos off, a mean set) the natural
+ * length, U[mean/2, 3 mean/2] drawn from the text seed, at least min_tokens, within [1,
+ * max_tokens]. Pure: what the server does per request and `kvrouter bench --virtual` too. */
+void kvr_sim_server_answer(const kvr_sim_completion_t *p, uint64_t server_seed,
+                           uint32_t output_len_mean, kvr_sim_answer_t *out);
+
 /* Creates the server and its engine on loop (opts and its strings are copied). Returns NULL with a
  * reason in err when the engine configuration is invalid. */
 kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_t *opts, char *err,

@@ -1,0 +1,781 @@
+/* vcluster.c -- the virtual-time cluster: an event heap, the engines' step loops, the router calls.
+ *
+ * Structs: ev_t, one scheduled event (a binary min-heap ordered by time, then by the order they
+ * were scheduled); vreq_t, one request from the client's send to its last event, reference
+ * counted (the client until its done or cancel, every event naming it, the engine while it holds
+ * it); batch_t, the tokens one engine step delivered, travelling to the router and then the
+ * client; worker_t, one engine with its step loop state.
+ *
+ * Flow of a request (each arrow one event, each hop net_s later; see vcluster.h):
+ *
+ *   send -> ROUTER_IN: kvr_router_on_request, kvr_openai_features (400 on a bad body), decide
+ *           (503 when no worker) or the oracle's pick, kvr_router_on_dispatch
+ *        -> WORKER_IN (router_s + net_s): kvr_sim_server_parse_completion, kvr_sim_server_answer,
+ *           kvr_sim_engine_add, kick the worker's step loop; the SSE head goes back
+ *        -> ROUTER_HEAD: kvr_router_on_health, learn the prompt -> CLIENT_HEAD: kvr_loadgen_vt_head
+ *   STEP (the worker's loop, as sim_server.c's on_step): deliver the previous step's tokens into
+ *        a batch -> reap requests whose client went away -> kvr_sim_engine_step -> next STEP at
+ *        the new step's deliver_s
+ *        -> ROUTER_TOKENS: kvr_router_on_token per token; on a request's last: usage, learn
+ *           prompt + answer, kvr_router_on_end
+ *        -> CLIENT_TOKENS: kvr_loadgen_vt_token per token; on the last: usage, kvr_loadgen_vt_done
+ *   cancel -> ROUTER_ABORT: kvr_router_on_client_abort, kvr_router_on_end -> WORKER_ABORT: the
+ *           request is marked gone and reaped at the worker's next STEP.
+ *   SCRAPE every scrape interval: each engine's running, waiting, KV usage and geometry ->
+ *          kvr_router_on_scrape (what scrape.c parses from the sim's /metrics).
+ */
+#include "vcluster.h"
+
+#include "bench/sim/sim_server.h"
+#include "bench/sim/sim_tokens.h"
+#include "src/config.h"
+#include "src/kvr.h"
+#include "src/openai.h"
+#include "src/prompt.h"
+#include "src/router.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum {
+  EV_TIMER = 0,
+  EV_ROUTER_IN,
+  EV_WORKER_IN,
+  EV_ROUTER_HEAD,
+  EV_CLIENT_HEAD,
+  EV_CLIENT_ERROR,
+  EV_STEP,
+  EV_ROUTER_TOKENS,
+  EV_CLIENT_TOKENS,
+  EV_ROUTER_ABORT,
+  EV_WORKER_ABORT,
+  EV_SCRAPE,
+} ev_kind_t;
+
+typedef struct ev_s {
+  uint64_t t, seq;
+  ev_kind_t kind;
+  void *p;      /* vreq_t, batch_t or the timer's arg */
+  size_t w;     /* worker (STEP) */
+  uint64_t tag; /* timer tag; CLIENT_ERROR: the status */
+  void (*fn)(void *arg, uint64_t tag);
+} ev_t;
+
+typedef struct vreq_s {
+  kvr_loadgen_req_t *lgr; /* the client's request; NULL once done or cancelled */
+  int refs;
+  kvr_list_t node; /* in vc->live until the last reference goes */
+  char *body;
+  size_t len;
+  /* The router's side, as proxy.c keeps it. */
+  kvr_prompt_t prompt;
+  bool has_prompt;
+  kvr_router_dispatch_t acct;
+  kvr_buf_t answer; /* streamed text, learnt with the prompt at the end */
+  int slot;         /* the worker, -1 before dispatch */
+  /* The worker's side, as sim_server.c's stream_t. */
+  kvr_sim_req_t *ereq;
+  bool gone; /* the client went away: reaped at the worker's next step */
+  uint64_t gen_seed;
+  uint32_t max_output, sent, prompt_tokens, cached;
+} vreq_t;
+
+typedef struct out_s {
+  vreq_t *q;
+  char word[KVR_SIM_TOKEN_BYTES];
+  bool final;
+} out_t;
+
+typedef struct batch_s {
+  size_t n;
+  out_t items[];
+} batch_t;
+
+typedef struct worker_s {
+  kvr_sim_engine_t *eng;
+  uint32_t blocks; /* its KV cache */
+  bool active;     /* a STEP event is pending */
+  bool have_step;
+  kvr_sim_step_t step;
+  uint64_t due;
+  vreq_t **gone; /* to reap at the next step */
+  size_t ngone, capgone;
+  uint64_t preempt_base;
+} worker_t;
+
+struct kvr_vcluster_s {
+  kvr_vcluster_opts_t o;
+  char *model;
+  kvr_config_t cfg;
+  kvr_router_t *router;
+  bool oracle;
+  worker_t w[KVR_MAX_WORKERS];
+  ev_t *heap;
+  size_t nheap, capheap;
+  uint64_t now, seq, events;
+  bool stopped;
+  kvr_list_t live; /* every vreq_t not freed yet */
+  double kv_peak;
+};
+
+void kvr_vcluster_opts_default(kvr_vcluster_opts_t *o) {
+  memset(o, 0, sizeof(*o));
+  o->workers = 4;
+  kvr_sim_config_default(&o->engine);
+  o->output_len_mean = 830;
+  o->model = "meta-llama/Llama-3.3-70B-Instruct";
+  o->chat = true;
+  o->net_ms = 0.1;
+  o->router_ms = 0.05;
+  o->block_chars = 64;
+  o->scrape_interval_ms = 1000;
+  o->scrape_stale_ms = 5000;
+  o->seed = 1;
+  o->slo_ttft_s = 1.0;
+  o->slo_tpot_s = 0.060;
+}
+
+/* ---- the event heap -------------------------------------------------------------------------- */
+
+static bool ev_before(const ev_t *a, const ev_t *b) {
+  return a->t < b->t || (a->t == b->t && a->seq < b->seq);
+}
+
+static void push(kvr_vcluster_t *vc, ev_t ev) {
+  ev.t = KVR_MAX(ev.t, vc->now);
+  ev.seq = vc->seq++;
+  if (vc->nheap == vc->capheap) {
+    vc->capheap = vc->capheap ? vc->capheap * 2 : 1024;
+    vc->heap = kvr_xrealloc(vc->heap, vc->capheap * sizeof(ev_t));
+  }
+  size_t i = vc->nheap++;
+  while (i > 0) {
+    size_t parent = (i - 1) / 2;
+    if (!ev_before(&ev, &vc->heap[parent]))
+      break;
+    vc->heap[i] = vc->heap[parent];
+    i = parent;
+  }
+  vc->heap[i] = ev;
+}
+
+static ev_t pop(kvr_vcluster_t *vc) {
+  ev_t top = vc->heap[0], last = vc->heap[--vc->nheap];
+  size_t i = 0, n = vc->nheap;
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= n)
+      break;
+    if (c + 1 < n && ev_before(&vc->heap[c + 1], &vc->heap[c]))
+      c++;
+    if (!ev_before(&vc->heap[c], &last))
+      break;
+    vc->heap[i] = vc->heap[c];
+    i = c;
+  }
+  if (n > 0)
+    vc->heap[i] = last;
+  return top;
+}
+
+#define NET(vc) ((vc)->o.net_ms * 1e-3)
+#define ROUTER(vc) ((vc)->o.router_ms * 1e-3)
+
+static uint64_t ns_of(double s) {
+  return s <= 0 ? 0 : (uint64_t)llround(s * 1e9);
+}
+
+static double secs(uint64_t ns) {
+  return (double)ns / 1e9;
+}
+
+static void push_q(kvr_vcluster_t *vc, ev_kind_t kind, uint64_t t, vreq_t *q, uint64_t tag) {
+  q->refs++;
+  push(vc, (ev_t){.t = t, .kind = kind, .p = q, .tag = tag});
+}
+
+/* ---- requests -------------------------------------------------------------------------------- */
+
+static void vreq_free(vreq_t *q) {
+  kvr_list_remove(&q->node);
+  kvr_prompt_free(&q->prompt);
+  kvr_buf_free(&q->answer);
+  free(q->body);
+  free(q);
+}
+
+static void drop(vreq_t *q) {
+  if (--q->refs == 0)
+    vreq_free(q);
+}
+
+static kvr_worker_t const *slot_worker(const kvr_vcluster_t *vc, int slot) {
+  return slot >= 0 ? vc->router->slots[slot] : NULL;
+}
+
+/* The router answered the request itself (400, 503): the client hears it one hop later. */
+static void client_error(kvr_vcluster_t *vc, vreq_t *q, int status) {
+  push_q(vc, EV_CLIENT_ERROR, vc->now + ns_of(NET(vc)), q, (uint64_t)status);
+}
+
+/* The oracle: the worker whose engine, as it is now, would give this request the lowest larger
+ * SLO share of TTFT and decode step time. It reads the true prefix cache (the prompt's token ids
+ * as the engine will see them) and the true queues: what no router can see. */
+static int oracle_pick(kvr_vcluster_t *vc, const vreq_t *q) {
+  kvr_sim_completion_t p;
+  char err[256];
+  cJSON *body = cJSON_ParseWithLength(q->body, q->len);
+  int status =
+      body ? kvr_sim_server_parse_completion(body, vc->o.chat, vc->model,
+                                             vc->o.engine.max_model_len, &p, err, sizeof(err))
+           : 400;
+  cJSON_Delete(body);
+  int best = -1;
+  double best_cost = INFINITY;
+  const kvr_sim_cost_t *c = &vc->o.engine.cost;
+  for (size_t i = 0; i < vc->o.workers && status == 0; i++) {
+    const kvr_worker_t *w = vc->router->slots[i];
+    if (w == NULL || w->state != KVR_WORKER_UP)
+      continue;
+    kvr_sim_probe_t pr;
+    kvr_sim_engine_probe(vc->w[i].eng, p.prompt.v, (uint32_t)p.prompt.n, &pr);
+    double prefill = (double)(pr.pending_tokens + p.prompt.n - pr.cached_tokens);
+    double ttft = prefill * c->dense_tok_us * 1e-6 +
+                  (double)(pr.running + pr.waiting + 1) * c->per_seq_ms * 1e-3 +
+                  c->weights_ms * 1e-3;
+    double step = c->weights_ms * 1e-3 + c->step_ms * 1e-3 +
+                  (double)(pr.running + pr.waiting + 1) * c->per_seq_ms * 1e-3 +
+                  (double)(pr.decode_ctx + p.prompt.n) * c->decode_ctx_ns * 1e-9;
+    double cost = fmax(ttft / vc->o.slo_ttft_s, step / vc->o.slo_tpot_s);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = (int)i;
+    }
+  }
+  kvr_sim_toks_free(&p.prompt);
+  return best;
+}
+
+/* The request reached the router: what proxy.c's on_proxied and attempt() do. */
+static void router_in(kvr_vcluster_t *vc, vreq_t *q) {
+  if (q->lgr == NULL)
+    return; /* cancelled on the way */
+  kvr_router_t *r = vc->router;
+  kvr_router_on_request(r);
+  char err[256];
+  const char *code = NULL;
+  if (kvr_openai_features(q->body, q->len, vc->o.chat ? KVR_ROUTE_CHAT : KVR_ROUTE_COMPLETIONS,
+                          vc->cfg.block_chars, &q->prompt, err, sizeof(err), &code) != 0) {
+    kvr_router_on_client_error(r);
+    client_error(vc, q, 400);
+    return;
+  }
+  q->has_prompt = true;
+  kvr_route_req_t rreq;
+  kvr_prompt_route_req(&q->prompt, &rreq);
+  kvr_decision_t d;
+  int slot = kvr_router_decide(r, &rreq, 0, !vc->oracle, &d);
+  if (vc->oracle)
+    slot = oracle_pick(vc, q);
+  if (slot < 0) {
+    client_error(vc, q, 503);
+    return;
+  }
+  q->slot = slot;
+  kvr_router_on_dispatch(r, slot, q->prompt.prompt_tokens, d.snaps[slot].matched_blocks, &q->acct);
+  push_q(vc, EV_WORKER_IN, vc->now + ns_of(ROUTER(vc) + NET(vc)), q, 0);
+}
+
+static void kick(kvr_vcluster_t *vc, size_t wi) {
+  worker_t *w = &vc->w[wi];
+  if (w->active)
+    return;
+  w->active = true;
+  w->have_step = false;
+  w->due = KVR_MAX(ns_of(kvr_sim_engine_next_start(w->eng)), vc->now);
+  push(vc, (ev_t){.t = w->due, .kind = EV_STEP, .w = wi});
+}
+
+/* The request reached its worker: what sim_server.c's handle_completion does. */
+static void worker_in(kvr_vcluster_t *vc, vreq_t *q) {
+  if (q->gone)
+    return;
+  worker_t *w = &vc->w[q->slot];
+  kvr_sim_completion_t p;
+  char err[256];
+  cJSON *body = cJSON_ParseWithLength(q->body, q->len);
+  int status =
+      body ? kvr_sim_server_parse_completion(body, vc->o.chat, vc->model,
+                                             vc->o.engine.max_model_len, &p, err, sizeof(err))
+           : 400;
+  cJSON_Delete(body);
+  if (status == 0) {
+    kvr_sim_answer_t a;
+    kvr_sim_server_answer(&p, (uint64_t)q->slot, vc->o.output_len_mean, &a);
+    q->gen_seed = a.gen_seed;
+    q->max_output = a.max_output;
+    q->prompt_tokens = (uint32_t)p.prompt.n;
+    kvr_sim_engine_set_now(w->eng, secs(vc->now));
+    q->ereq = kvr_sim_engine_add(w->eng, p.prompt.v, (uint32_t)p.prompt.n, a.max_output,
+                                 a.stop_reason, a.gen_seed, q);
+    if (q->ereq == NULL)
+      status = 400;
+  }
+  kvr_sim_toks_free(&p.prompt);
+  if (status != 0) {
+    /* The worker answered an error: the router passes it on and ends the request. */
+    push_q(vc, EV_ROUTER_HEAD, vc->now + ns_of(NET(vc)), q, (uint64_t)status);
+    return;
+  }
+  q->refs++; /* the engine's */
+  push_q(vc, EV_ROUTER_HEAD, vc->now + ns_of(NET(vc)), q, 200);
+  kick(vc, (size_t)q->slot);
+}
+
+/* The worker's response head reached the router: proxy.c's on_header (reachable, learn the
+ * prompt) or, for an error status, its transfer_succeeded (a worker error, the request ends). */
+static void router_head(kvr_vcluster_t *vc, vreq_t *q, int status) {
+  kvr_router_t *r = vc->router;
+  if (!q->acct.open)
+    return;
+  kvr_router_on_health(r, q->acct.worker_id, true);
+  if (status != 200) {
+    if (status >= 500)
+      kvr_router_on_worker_error(r, &q->acct);
+    kvr_router_on_end(r, &q->acct);
+    client_error(vc, q, status);
+    return;
+  }
+  if (q->has_prompt)
+    kvr_router_on_learn(r, &q->acct, q->prompt.blocks, q->prompt.nblocks);
+  push_q(vc, EV_CLIENT_HEAD, vc->now + ns_of(NET(vc)), q, 0);
+}
+
+/* sim_server.c's deliver + stream_emit: one token per event of the step, into a batch. */
+static batch_t *deliver(kvr_vcluster_t *vc, worker_t *w, const kvr_sim_step_t *st) {
+  batch_t *b = NULL;
+  for (size_t i = 0; i < st->nevents; i++) {
+    const kvr_sim_event_t *ev = &st->events[i];
+    vreq_t *q = ev->req->data;
+    if (q == NULL || q->gone || ev->new_tokens == 0)
+      continue;
+    if (b == NULL) {
+      b = kvr_xmalloc(sizeof(batch_t) + st->nevents * sizeof(out_t));
+      b->n = 0;
+    }
+    if (q->sent == 0 && q->ereq->num_cached > 0)
+      q->cached = (uint32_t)q->ereq->num_cached;
+    out_t *o = &b->items[b->n++];
+    o->q = q;
+    q->refs++;
+    kvr_sim_tokens_word(q->gen_seed, q->sent, o->word);
+    o->final = ++q->sent >= q->max_output;
+    if (o->final) {
+      kvr_sim_engine_remove(w->eng, q->ereq);
+      q->ereq = NULL;
+      drop(q); /* the engine's */
+    }
+  }
+  (void)vc;
+  return b;
+}
+
+static void reap(worker_t *w) {
+  for (size_t i = 0; i < w->ngone; i++) {
+    vreq_t *q = w->gone[i];
+    if (q->ereq != NULL) {
+      kvr_sim_engine_remove(w->eng, q->ereq);
+      q->ereq = NULL;
+      drop(q); /* the engine's */
+    }
+    drop(q); /* the gone list's */
+  }
+  w->ngone = 0;
+}
+
+/* sim_server.c's on_step in virtual time. */
+static void step(kvr_vcluster_t *vc, size_t wi) {
+  worker_t *w = &vc->w[wi];
+  if (w->have_step) {
+    batch_t *b = deliver(vc, w, &w->step);
+    if (b != NULL)
+      push(vc, (ev_t){.t = vc->now + ns_of(NET(vc)), .kind = EV_ROUTER_TOKENS, .p = b});
+  }
+  w->have_step = false;
+  reap(w);
+  if (!kvr_sim_engine_busy(w->eng)) {
+    w->active = false;
+    return;
+  }
+  kvr_sim_engine_step(w->eng, &w->step);
+  w->have_step = true;
+  kvr_sim_stats_t st;
+  kvr_sim_engine_stats(w->eng, &st);
+  vc->kv_peak = fmax(vc->kv_peak, (double)st.blocks_used / (double)w->blocks);
+  uint64_t due = ns_of(w->step.deliver_s);
+  if (w->step.num_seqs == 0 || due <= w->due)
+    due = w->due + 100000; /* nothing was scheduled: look again in 0.1 ms */
+  w->due = due;
+  push(vc, (ev_t){.t = due, .kind = EV_STEP, .w = wi});
+}
+
+/* The tokens of one step reached the router: proxy.c's sse_line, then learn() and the end. */
+static void router_tokens(kvr_vcluster_t *vc, batch_t *b) {
+  kvr_router_t *r = vc->router;
+  for (size_t i = 0; i < b->n; i++) {
+    vreq_t *q = b->items[i].q;
+    if (!q->acct.open)
+      continue;
+    kvr_router_on_token(r, &q->acct);
+    kvr_buf_append(&q->answer, b->items[i].word, KVR_SIM_TOKEN_BYTES);
+    if (!b->items[i].final)
+      continue;
+    kvr_router_on_usage(r, &q->acct, q->prompt_tokens, q->cached);
+    if (q->has_prompt) {
+      kvr_prompt_extend_answer(&q->prompt, q->answer.data, q->answer.len);
+      kvr_router_on_learn(r, &q->acct, q->prompt.blocks, q->prompt.nblocks);
+    }
+    kvr_router_on_end(r, &q->acct);
+  }
+  push(vc, (ev_t){.t = vc->now + ns_of(NET(vc)), .kind = EV_CLIENT_TOKENS, .p = b});
+}
+
+static void client_tokens(kvr_vcluster_t *vc, batch_t *b) {
+  (void)vc;
+  for (size_t i = 0; i < b->n; i++) {
+    vreq_t *q = b->items[i].q;
+    if (q->lgr != NULL) {
+      kvr_loadgen_vt_token(q->lgr, b->items[i].word, KVR_SIM_TOKEN_BYTES);
+      if (b->items[i].final) {
+        kvr_loadgen_req_t *lgr = q->lgr;
+        q->lgr = NULL;
+        kvr_loadgen_vt_usage(lgr, q->prompt_tokens, q->max_output, q->cached);
+        kvr_loadgen_vt_done(lgr, NULL);
+        drop(q); /* the client's */
+      }
+    }
+  }
+  for (size_t i = 0; i < b->n; i++)
+    drop(b->items[i].q);
+  free(b);
+}
+
+static void client_error_in(vreq_t *q, int status) {
+  if (q->lgr == NULL)
+    return;
+  kvr_loadgen_req_t *lgr = q->lgr;
+  q->lgr = NULL;
+  kvr_loadgen_vt_head(lgr, status, NULL);
+  kvr_loadgen_vt_done(lgr, NULL);
+  drop(q); /* the client's */
+}
+
+static void router_abort(kvr_vcluster_t *vc, vreq_t *q) {
+  if (!q->acct.open)
+    return;
+  kvr_router_on_client_abort(vc->router);
+  kvr_router_on_end(vc->router, &q->acct);
+  push_q(vc, EV_WORKER_ABORT, vc->now + ns_of(NET(vc)), q, 0);
+}
+
+static void worker_abort(kvr_vcluster_t *vc, vreq_t *q) {
+  if (q->gone)
+    return;
+  q->gone = true;
+  if (q->ereq == NULL)
+    return;
+  worker_t *w = &vc->w[q->slot];
+  if (w->ngone == w->capgone) {
+    w->capgone = w->capgone ? w->capgone * 2 : 64;
+    w->gone = kvr_xrealloc(w->gone, w->capgone * sizeof(vreq_t *));
+  }
+  w->gone[w->ngone++] = q;
+  q->refs++;
+  if (!w->active)
+    reap(w);
+}
+
+/* What scrape.c reads from each sim's /metrics, straight from the engines. */
+static void scrape(kvr_vcluster_t *vc) {
+  for (size_t i = 0; i < vc->o.workers; i++) {
+    const kvr_worker_t *rw = vc->router->slots[i];
+    if (rw == NULL)
+      continue;
+    kvr_sim_stats_t st;
+    kvr_sim_engine_stats(vc->w[i].eng, &st);
+    kvr_router_scrape_t m = {
+        .at_ms = vc->now / 1000000u,
+        .num_requests_running = st.running,
+        .num_requests_waiting = st.waiting,
+        .kv_cache_usage = (double)st.blocks_used / (double)vc->w[i].blocks,
+        .num_gpu_blocks = vc->w[i].blocks,
+        .block_size = vc->o.engine.block_size,
+    };
+    kvr_router_on_scrape(vc->router, rw->id, &m);
+  }
+  push(vc, (ev_t){.t = vc->now + vc->o.scrape_interval_ms * 1000000u, .kind = EV_SCRAPE});
+}
+
+static void dispatch(kvr_vcluster_t *vc, ev_t *ev) {
+  vreq_t *q = ev->p;
+  switch (ev->kind) {
+  case EV_TIMER:
+    ev->fn(ev->p, ev->tag);
+    return;
+  case EV_STEP:
+    step(vc, ev->w);
+    return;
+  case EV_ROUTER_TOKENS:
+    router_tokens(vc, ev->p);
+    return;
+  case EV_CLIENT_TOKENS:
+    client_tokens(vc, ev->p);
+    return;
+  case EV_SCRAPE:
+    scrape(vc);
+    return;
+  case EV_ROUTER_IN:
+    router_in(vc, q);
+    break;
+  case EV_WORKER_IN:
+    worker_in(vc, q);
+    break;
+  case EV_ROUTER_HEAD:
+    router_head(vc, q, (int)ev->tag);
+    break;
+  case EV_CLIENT_HEAD:
+    if (q->lgr != NULL)
+      kvr_loadgen_vt_head(q->lgr, 200,
+                          slot_worker(vc, q->slot) ? slot_worker(vc, q->slot)->label : NULL);
+    break;
+  case EV_CLIENT_ERROR:
+    client_error_in(q, (int)ev->tag);
+    break;
+  case EV_ROUTER_ABORT:
+    router_abort(vc, q);
+    break;
+  case EV_WORKER_ABORT:
+    worker_abort(vc, q);
+    break;
+  }
+  drop(q); /* the event's */
+}
+
+/* ---- the load generator's transport ---------------------------------------------------------- */
+
+static uint64_t vt_now(void *ctx) {
+  return ((kvr_vcluster_t *)ctx)->now;
+}
+
+static void vt_at(void *ctx, uint64_t t, void (*fn)(void *, uint64_t), void *arg, uint64_t tag) {
+  push(ctx, (ev_t){.t = t, .kind = EV_TIMER, .fn = fn, .p = arg, .tag = tag});
+}
+
+static void *vt_send(void *ctx, kvr_loadgen_req_t *r, const char *body, size_t len) {
+  kvr_vcluster_t *vc = ctx;
+  vreq_t *q = kvr_xcalloc(1, sizeof(*q));
+  q->lgr = r;
+  q->refs = 1; /* the client's */
+  q->body = kvr_xmalloc(len + 1);
+  memcpy(q->body, body, len);
+  q->body[len] = '\0';
+  q->len = len;
+  q->slot = -1;
+  kvr_prompt_init(&q->prompt);
+  kvr_list_insert_head(&vc->live, &q->node);
+  push_q(vc, EV_ROUTER_IN, vc->now + ns_of(NET(vc)), q, 0);
+  return q;
+}
+
+static void vt_cancel(void *ctx, void *handle) {
+  kvr_vcluster_t *vc = ctx;
+  vreq_t *q = handle;
+  if (q->lgr == NULL)
+    return;
+  q->lgr = NULL;
+  push_q(vc, EV_ROUTER_ABORT, vc->now + ns_of(NET(vc)), q, 0);
+  drop(q); /* the client's */
+}
+
+static void vt_run(void *ctx) {
+  kvr_vcluster_t *vc = ctx;
+  vc->stopped = false;
+  while (!vc->stopped && vc->nheap > 0) {
+    ev_t ev = pop(vc);
+    vc->now = ev.t;
+    vc->events++;
+    dispatch(vc, &ev);
+  }
+}
+
+static void vt_stop(void *ctx) {
+  ((kvr_vcluster_t *)ctx)->stopped = true;
+}
+
+void kvr_vcluster_transport(kvr_vcluster_t *vc, kvr_loadgen_vt_t *out) {
+  *out = (kvr_loadgen_vt_t){.ctx = vc,
+                            .now_ns = vt_now,
+                            .at = vt_at,
+                            .send = vt_send,
+                            .cancel = vt_cancel,
+                            .run = vt_run,
+                            .stop = vt_stop};
+}
+
+/* ---- lifecycle and operations ---------------------------------------------------------------- */
+
+kvr_vcluster_t *kvr_vcluster_new(const kvr_vcluster_opts_t *o, char *err, size_t errlen) {
+  if (o->workers < 1 || o->workers > KVR_MAX_WORKERS) {
+    snprintf(err, errlen, "--workers: %zu is out of range 1..%d", o->workers, KVR_MAX_WORKERS);
+    return NULL;
+  }
+  if (!(o->net_ms >= 0) || !(o->router_ms >= 0)) {
+    snprintf(err, errlen, "--net-ms, --router-ms: must be >= 0");
+    return NULL;
+  }
+  if (o->nworker_blocks != 0 && o->nworker_blocks != o->workers) {
+    snprintf(err, errlen, "--worker-blocks: %zu values for %zu workers (give one per worker)",
+             o->nworker_blocks, o->workers);
+    return NULL;
+  }
+  if (kvr_sim_config_check(&o->engine, err, errlen) != 0)
+    return NULL;
+  kvr_vcluster_t *vc = kvr_xcalloc(1, sizeof(*vc));
+  kvr_list_init(&vc->live);
+  vc->o = *o;
+  vc->model = kvr_xstrdup(o->model ? o->model : "default");
+  vc->o.model = vc->model;
+  kvr_config_init(&vc->cfg);
+  vc->cfg.block_chars = o->block_chars;
+  vc->cfg.scrape_interval_ms = o->scrape_interval_ms;
+  vc->cfg.scrape_stale_ms = o->scrape_stale_ms;
+  vc->cfg.seed = o->seed;
+  vc->cfg.access_log = false;
+  free(vc->cfg.policy);
+  vc->cfg.policy = kvr_xstrdup("round_robin");
+  for (size_t i = 0; i < o->workers; i++) {
+    char url[64];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%zu", 9001 + i); /* a name: never contacted */
+    if (kvr_config_add_worker(&vc->cfg, url, err, errlen) != 0)
+      goto fail;
+  }
+  vc->router = kvr_router_new(&vc->cfg, err, errlen);
+  if (vc->router == NULL)
+    goto fail;
+  kvr_router_set_clock(vc->router, vt_now, vc);
+  for (size_t i = 0; i < o->workers; i++) {
+    kvr_sim_config_t ec = o->engine;
+    if (o->nworker_blocks > 0)
+      ec.num_gpu_blocks = o->worker_blocks[i];
+    vc->w[i].blocks = ec.num_gpu_blocks;
+    vc->w[i].eng = kvr_sim_engine_new(&ec);
+    if (vc->w[i].eng == NULL) {
+      snprintf(err, errlen, "worker %zu: invalid engine configuration", i);
+      goto fail;
+    }
+  }
+  if (o->scrape_interval_ms > 0)
+    push(vc, (ev_t){.t = 0, .kind = EV_SCRAPE});
+  return vc;
+fail:
+  kvr_vcluster_free(vc);
+  return NULL;
+}
+
+void kvr_vcluster_free(kvr_vcluster_t *vc) {
+  if (vc == NULL)
+    return;
+  /* Whatever is still in flight goes at once: the batches in the heap, the engines (with the
+   * requests they hold) and every request not freed yet. */
+  for (size_t i = 0; i < vc->nheap; i++)
+    if (vc->heap[i].kind == EV_ROUTER_TOKENS || vc->heap[i].kind == EV_CLIENT_TOKENS)
+      free(vc->heap[i].p);
+  for (size_t i = 0; i < vc->o.workers; i++) {
+    free(vc->w[i].gone);
+    kvr_sim_engine_free(vc->w[i].eng);
+  }
+  while (!kvr_list_empty(&vc->live))
+    vreq_free(KVR_CONTAINER_OF(vc->live.next, vreq_t, node));
+  free(vc->heap);
+  kvr_router_free(vc->router);
+  kvr_config_free(&vc->cfg);
+  free(vc->model);
+  free(vc);
+}
+
+int kvr_vcluster_set_policy(kvr_vcluster_t *vc, const char *name, const cJSON *params, char *err,
+                            size_t errlen) {
+  if (strcmp(name, KVR_VCLUSTER_ORACLE) == 0) {
+    vc->oracle = true;
+    return kvr_router_set_policy(vc->router, "round_robin", NULL, err, errlen);
+  }
+  int rc = kvr_router_set_policy(vc->router, name, params, err, errlen);
+  if (rc == 0)
+    vc->oracle = false;
+  return rc;
+}
+
+void kvr_vcluster_reset_cache(kvr_vcluster_t *vc, char *summary, size_t size) {
+  for (size_t i = 0; i < vc->o.workers; i++) {
+    kvr_sim_engine_reset_prefix_cache(vc->w[i].eng, NULL);
+    uint64_t forgotten = 0;
+    if (vc->router->slots[i])
+      kvr_router_forget_cache(vc->router, vc->router->slots[i]->id, &forgotten);
+  }
+  snprintf(summary, size, "%zu/%zu workers reset", vc->o.workers, vc->o.workers);
+}
+
+void kvr_vcluster_idle(kvr_vcluster_t *vc, double seconds) {
+  uint64_t until = vc->now + ns_of(seconds);
+  while (vc->nheap > 0 && vc->heap[0].t <= until) {
+    ev_t ev = pop(vc);
+    vc->now = ev.t;
+    vc->events++;
+    dispatch(vc, &ev);
+  }
+  vc->now = until;
+}
+
+void kvr_vcluster_level_begin(kvr_vcluster_t *vc) {
+  for (size_t i = 0; i < vc->o.workers; i++) {
+    kvr_sim_stats_t st;
+    kvr_sim_engine_stats(vc->w[i].eng, &st);
+    vc->w[i].preempt_base = st.preemptions;
+  }
+  vc->kv_peak = 0;
+}
+
+void kvr_vcluster_level_end(kvr_vcluster_t *vc, kvr_level_t *lv) {
+  if (lv == NULL)
+    return;
+  uint64_t pre = 0;
+  for (size_t i = 0; i < vc->o.workers; i++) {
+    kvr_sim_stats_t st;
+    kvr_sim_engine_stats(vc->w[i].eng, &st);
+    pre += st.preemptions - vc->w[i].preempt_base;
+  }
+  lv->engine_workers = vc->o.workers;
+  lv->preemptions = pre;
+  lv->kv_usage_peak = vc->kv_peak;
+}
+
+double kvr_vcluster_now(const kvr_vcluster_t *vc) {
+  return secs(vc->now);
+}
+
+uint64_t kvr_vcluster_events(const kvr_vcluster_t *vc) {
+  return vc->events;
+}
+
+void kvr_vcluster_describe(const kvr_vcluster_t *vc, kvr_buf_t *out) {
+  kvr_buf_printf(out, "%zu workers of `kvrouter sim`'s engine (KV blocks", vc->o.workers);
+  for (size_t i = 0; i < vc->o.workers; i++)
+    kvr_buf_printf(out, "%s%u", i ? "/" : " ", vc->w[i].blocks);
+  kvr_buf_printf(out,
+                 ") behind the router core on one discrete-event clock; network %.3g ms per hop, "
+                 "router %.3g ms per request, scrape every %llu ms (stale after %llu ms)",
+                 vc->o.net_ms, vc->o.router_ms, (unsigned long long)vc->o.scrape_interval_ms,
+                 (unsigned long long)vc->o.scrape_stale_ms);
+}

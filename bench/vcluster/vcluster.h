@@ -1,0 +1,107 @@
+/* vcluster.h -- a whole cluster in virtual time: N simulated vLLM engines behind the real router
+ * core, on one discrete-event clock, driven by the real load generator (`kvrouter bench
+ * --virtual`).
+ *
+ * What runs is the code of a real deployment, not a model of it:
+ *   - the load generator (bench/loadgen/loadgen.c) with its virtual transport (loadgen.h): the same
+ *     workload, arrivals, sessions, steady state, early stop and records as an HTTP run;
+ *   - the router core (src/router.h) and policies: for each request kvr_openai_features() on the
+ *     body, kvr_router_decide(), kvr_router_on_dispatch(), kvr_router_on_learn() of the prompt when
+ *     the worker answers, kvr_router_on_token() per streamed token, kvr_router_on_usage() and the
+ *     learning of the answer at the end, kvr_router_on_end(), and kvr_router_on_scrape() from each
+ *     worker's figures every scrape interval -- the calls proxy.c and scrape.c make, in the order
+ *     they make them, on the router's clock set to the virtual one (kvr_router_set_clock);
+ *   - each worker is the engine `kvrouter sim` runs (bench/sim/sim_engine.h) behind the request
+ *     handling sim_server.c does: kvr_sim_server_parse_completion() on the body,
+ *     kvr_sim_server_answer() for the answer, and the same step loop (deliver the previous step's
+ *     tokens at its deliver_s, reap cancelled requests, compute the next step).
+ * What a real deployment adds is explicit: the one-way network delay of each hop (client-router,
+ * router-worker), the router's own time per request, and the scrape interval and staleness (the
+ * router configuration's). Tokens of one engine step reach the router one hop after the worker
+ * emits them, and the client one hop later.
+ *
+ * Structs: kvr_vcluster_t owns the event heap, the engines, the router and its configuration;
+ * vreq_t (vcluster.c) is one request from send to its last event.
+ *
+ * Determinism: events at the same instant run in the order they were scheduled, every random
+ * choice is seeded, and nothing reads a real clock, so a run is a pure function of its options.
+ */
+#ifndef KVR_VCLUSTER_H
+#define KVR_VCLUSTER_H
+
+#include "bench/loadgen/loadgen.h"
+#include "bench/loadgen/stats.h"
+#include "bench/sim/sim_engine.h"
+#include "policies/policy.h"
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The name under which the virtual cluster routes with the engines' true state (see
+ * kvr_vcluster_set_policy); not a router policy: only virtual time can see inside the engines. */
+#define KVR_VCLUSTER_ORACLE "oracle"
+
+typedef struct kvr_vcluster_opts_s {
+  size_t workers;                          /* 1..KVR_MAX_WORKERS */
+  kvr_sim_config_t engine;                 /* every worker's engine (kvrouter sim's flags) */
+  unsigned worker_blocks[KVR_MAX_WORKERS]; /* per worker KV blocks (a mixed fleet), or none: */
+  size_t nworker_blocks;                   /* 0 (every worker engine.num_gpu_blocks) or workers */
+  uint32_t output_len_mean;                /* the sims' natural answer length (EOS on) */
+  const char *model;                       /* the served model name */
+  bool chat;                               /* the API: chat or completions */
+  /* Delays of a real deployment, simulated ms. */
+  double net_ms;    /* one hop, one way: client-router and router-worker */
+  double router_ms; /* the router's own work per request, before it forwards */
+  /* The router: block_chars, scrape interval and staleness, cache capacity, policy seed. */
+  size_t block_chars;
+  uint64_t scrape_interval_ms; /* 0: never scraped */
+  uint64_t scrape_stale_ms;
+  uint64_t seed;
+  /* The oracle weighs a worker's predicted TTFT and decode step against these (the run's SLO). */
+  double slo_ttft_s, slo_tpot_s;
+} kvr_vcluster_opts_t;
+
+/* Defaults: 4 workers of the sim's default engine, chat, net 0.1 ms, router 0.05 ms, the router
+ * defaults of `kvrouter serve` (64-character blocks, scrape every 1 s, stale after 5 s, seed 1),
+ * and the bench's SLO (TTFT 1 s, TPOT 60 ms). */
+void kvr_vcluster_opts_default(kvr_vcluster_opts_t *opts);
+
+typedef struct kvr_vcluster_s kvr_vcluster_t;
+
+/* Creates the cluster (opts copied, strings too) with policy "round_robin". Returns NULL with a
+ * one-line reason in err. */
+kvr_vcluster_t *kvr_vcluster_new(const kvr_vcluster_opts_t *opts, char *err, size_t errlen);
+void kvr_vcluster_free(kvr_vcluster_t *vc); /* accepts NULL; in-flight requests are dropped */
+
+/* The load generator's transport on this cluster (loadgen.h): its clock, sends and loop. */
+void kvr_vcluster_transport(kvr_vcluster_t *vc, kvr_loadgen_vt_t *out);
+
+/* Routes new requests with policy name (params may be NULL), as PUT /admin/policy does, or with
+ * the oracle (KVR_VCLUSTER_ORACLE). Returns 0 or KVR_EINVAL with err. */
+int kvr_vcluster_set_policy(kvr_vcluster_t *vc, const char *name, const cJSON *params, char *err,
+                            size_t errlen);
+
+/* Empties every engine's prefix cache and the router's cache index, as POST
+ * /admin/reset_prefix_cache does; writes "N/N workers reset" into summary. */
+void kvr_vcluster_reset_cache(kvr_vcluster_t *vc, char *summary, size_t size);
+
+/* Lets seconds of virtual time pass (the runner's cooldown): whatever is still in flight runs on.
+ */
+void kvr_vcluster_idle(kvr_vcluster_t *vc, double seconds);
+
+/* Around a level, as the bench's monitor reads /metrics: level_begin notes the engines'
+ * preemption counters and starts tracking the KV cache usage peak; level_end writes
+ * lv->engine_workers, lv->preemptions and lv->kv_usage_peak. */
+void kvr_vcluster_level_begin(kvr_vcluster_t *vc);
+void kvr_vcluster_level_end(kvr_vcluster_t *vc, kvr_level_t *lv);
+
+/* The current virtual time, seconds, and how many events have run (for the report). */
+double kvr_vcluster_now(const kvr_vcluster_t *vc);
+uint64_t kvr_vcluster_events(const kvr_vcluster_t *vc);
+
+/* One line describing the cluster (workers, KV sizes, delays, scrape, seed) for the report. */
+void kvr_vcluster_describe(const kvr_vcluster_t *vc, kvr_buf_t *out);
+
+#endif
