@@ -34,15 +34,13 @@ extern const kvr_policy_ops_t kvr__policy_kv_aware;
 extern const kvr_policy_ops_t kvr__policy_gie_scorer;
 extern const kvr_policy_ops_t kvr__policy_sglang_cache_aware;
 extern const kvr_policy_ops_t kvr__policy_dynamo_kv;
+extern const kvr_policy_ops_t kvr__policy_llmd_precise;
 
 const kvr_policy_ops_t *const kvr_policy_registry[] = {
-    &kvr__policy_round_robin,
-    &kvr__policy_least_load,
-    &kvr__policy_kv_aware,
-    &kvr__policy_gie_scorer,
-    &kvr__policy_sglang_cache_aware,
-    &kvr__policy_dynamo_kv,
-    NULL,
+    &kvr__policy_round_robin,        &kvr__policy_least_load,
+    &kvr__policy_kv_aware,           &kvr__policy_gie_scorer,
+    &kvr__policy_sglang_cache_aware, &kvr__policy_dynamo_kv,
+    &kvr__policy_llmd_precise,       NULL,
 };
 
 const kvr_policy_ops_t *kvr_policy_find(const char *name) {

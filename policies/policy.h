@@ -73,7 +73,9 @@ typedef struct kvr_route_req_s {
 typedef struct kvr_policy_score_s {
   double cost;   /* policy's score for this worker (lower is better unless the policy says so) */
   bool eligible; /* usable and not tried */
-  bool capped;   /* eligible but excluded by a load bound (kv_aware's bounded load) */
+  /* Eligible but excluded: by a load bound (kv_aware's bounded load) or a filter (llmd_precise's
+   * prefix-affinity gate). */
+  bool capped;
 } kvr_policy_score_t;
 
 struct kvr_policy_ops_s {

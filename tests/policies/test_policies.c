@@ -34,14 +34,14 @@ static void test_registry(void **state) {
   char names[256];
   kvr_policy_names(names, sizeof(names));
   assert_string_equal(names, "round_robin, least_load, kv_aware, gie_scorer, sglang_cache_aware, "
-                             "dynamo_kv");
+                             "dynamo_kv, llmd_precise");
   assert_non_null(kvr_policy_find("kv_aware"));
   assert_null(kvr_policy_find("nope"));
   assert_null(kvr_policy_find(NULL));
   char err[256] = "";
   assert_null(kvr_policy_create("nope", NULL, 1, err, sizeof(err)));
   assert_string_equal(err, "unknown policy 'nope' (valid: round_robin, least_load, kv_aware, "
-                           "gie_scorer, sglang_cache_aware, dynamo_kv)");
+                           "gie_scorer, sglang_cache_aware, dynamo_kv, llmd_precise)");
   char small[8];
   kvr_policy_names(small, sizeof(small));
   assert_true(strlen(small) < sizeof(small));
@@ -76,6 +76,17 @@ static void test_param_errors(void **state) {
        "params.overlap_score_weight: must be <= 1e+06"},
       {"dynamo_kv", "{\"router_temperature\":1}",
        "params.router_temperature: unknown parameter (valid: overlap_score_weight, temperature)"},
+      {"llmd_precise", "{\"affinity_threshold\":1.2}", "params.affinity_threshold: must be <= 1"},
+      {"llmd_precise", "{\"affinity_threshold\":-0.1}", "params.affinity_threshold: must be >= 0"},
+      {"llmd_precise", "{\"exploration_probability\":2}",
+       "params.exploration_probability: must be <= 1"},
+      {"llmd_precise", "{\"max_ttft_penalty_tokens\":-1}",
+       "params.max_ttft_penalty_tokens: must be >= 0"},
+      {"llmd_precise", "{\"prefix_weight\":-2}", "params.prefix_weight: must be >= 0"},
+      {"llmd_precise", "{\"queue_weight\":\"1\"}", "params.queue_weight: must be a number"},
+      {"llmd_precise", "{\"maxTTFTPenaltyMs\":5000}",
+       "params.maxTTFTPenaltyMs: unknown parameter (valid: prefix_weight, kv_cache_weight, "
+       "queue_weight, affinity_threshold, exploration_probability, max_ttft_penalty_tokens)"},
   };
   for (size_t i = 0; i < KVR_ARRAY_SIZE(cases); i++) {
     cJSON *params = cJSON_Parse(cases[i].params);
@@ -902,6 +913,234 @@ static void test_dynamo_kv_temperature(void **state) {
     assert_true(hits[i] > 120);
 }
 
+/* --- llmd_precise -------------------------------------------------------------------------------
+ */
+
+/* 100 blocks of 64 characters = 16 tokens each, 1,600 prompt tokens. */
+static uint64_t lp_blocks[100];
+static const kvr_route_req_t lp_req = {lp_blocks, 100, 64, 1600, 0};
+
+/* The guide's profile: 2 * prefix + 1 * (1 - kv usage) + 1 * normalized queue, max wins. */
+static void test_llmd_precise_scores(void **state) {
+  (void)state;
+  kvr_policy_t *p = make("llmd_precise", NULL);
+  cJSON *out = cJSON_CreateObject();
+  p->ops->params(p, out);
+  assert_true(cJSON_GetObjectItem(out, "prefix_weight")->valuedouble == 2);
+  assert_true(cJSON_GetObjectItem(out, "kv_cache_weight")->valuedouble == 1);
+  assert_true(cJSON_GetObjectItem(out, "queue_weight")->valuedouble == 1);
+  assert_true(cJSON_GetObjectItem(out, "affinity_threshold")->valuedouble == 0);
+  assert_true(cJSON_GetObjectItem(out, "exploration_probability")->valuedouble == 0.01);
+  cJSON_Delete(out);
+  kvr_worker_snap_t w[3];
+  kvr_policy_score_t s[3];
+  idle_workers(w, 3);
+  for (int i = 0; i < 3; i++)
+    w[i].metrics_fresh = true;
+  /* w0: full prefix, KV 90%, queue 4 (worst): 2 + 0.1 + 0 = 2.1, cost 4 - 2.1 = 1.9.
+   * w1: half prefix, KV 20%, queue 0 (best): 1 + 0.8 + 1 = 2.8, cost 1.2.
+   * w2: no prefix, KV 0%, queue 2: 0 + 1 + 0.5 = 1.5, cost 2.5. */
+  w[0].matched_blocks = 100;
+  w[0].kv_cache_usage = 0.9;
+  w[0].num_requests_waiting = 4;
+  w[1].matched_blocks = 50;
+  w[1].kv_cache_usage = 0.2;
+  w[2].num_requests_waiting = 2;
+  w[2].inflight = 30; /* scraped figures are fresh: the router's counts are not used */
+  assert_int_equal(kvr_policy_select(p, w, 3, &lp_req, 0, s), 1);
+  assert_true(fabs(s[0].cost - 1.9) < 1e-9);
+  assert_true(fabs(s[1].cost - 1.2) < 1e-9);
+  assert_true(fabs(s[2].cost - 2.5) < 1e-9);
+  for (int i = 0; i < 3; i++)
+    assert_false(s[i].capped); /* no affinity gate by default */
+  /* A match longer than the request counts as 1. */
+  w[0].matched_blocks = 150;
+  assert_int_equal(kvr_policy_select(p, w, 3, &lp_req, 0, s), 1);
+  assert_true(fabs(s[0].cost - 1.9) < 1e-9);
+  /* Stale metrics: queue = inflight, KV use = active tokens over the modelled capacity. */
+  idle_workers(w, 2);
+  w[0].inflight = 6;
+  w[0].matched_blocks = 100;
+  w[1].inflight = 2;
+  w[1].active_tokens = 8000;
+  w[1].cache_capacity_blocks = 1000; /* 16,000 tokens: 50% used */
+  assert_int_equal(kvr_policy_select(p, w, 2, &lp_req, 0, s), 0);
+  assert_true(fabs(s[0].cost - (4 - (2 + 1 + 0))) < 1e-9);
+  assert_true(fabs(s[1].cost - (4 - (0 + 0.5 + 1))) < 1e-9);
+  kvr_policy_destroy(p);
+}
+
+/* The affinity gate keeps only workers whose match is at least the threshold; the queue scorer then
+ * normalizes over the kept ones, so the least loaded of them wins. */
+static void test_llmd_precise_affinity_gate(void **state) {
+  (void)state;
+  kvr_policy_t *p = make("llmd_precise", "{\"affinity_threshold\":0.8,"
+                                         "\"exploration_probability\":0}");
+  kvr_worker_snap_t w[5];
+  kvr_policy_score_t s[5];
+  idle_workers(w, 5);
+  /* Matches 0.79, 0.80, 0.95, 1.0, 0; queues (in flight, metrics stale) 0, 5, 4, 9, 0; KV use 0
+   * everywhere (capacity unknown). */
+  w[0].matched_blocks = 79;
+  w[1].matched_blocks = 80;
+  w[1].inflight = 5;
+  w[2].matched_blocks = 95;
+  w[2].inflight = 4;
+  w[3].matched_blocks = 100;
+  w[3].inflight = 9;
+  /* Kept: 1, 2, 3 (>= 0.8). Queue over them: min 4, max 9. w1 = 1.6 + 1 + 4/5 = 3.4,
+   * w2 = 1.9 + 1 + 1 = 3.9, w3 = 2 + 1 + 0 = 3. w2 wins: the least loaded among the kept, though
+   * w0 and w4 are idler. */
+  assert_int_equal(kvr_policy_select(p, w, 5, &lp_req, 0, s), 2);
+  assert_true(s[0].capped);
+  assert_false(s[1].capped);
+  assert_false(s[2].capped);
+  assert_false(s[3].capped);
+  assert_true(s[4].capped);
+  assert_true(fabs(s[1].cost - (4 - 3.4)) < 1e-9);
+  assert_true(fabs(s[2].cost - (4 - 3.9)) < 1e-9);
+  assert_true(fabs(s[3].cost - (4 - 3.0)) < 1e-9);
+  /* The threshold is inclusive: with 2 and 3 tried, w1 (exactly 0.80) is the one sticky candidate
+   * and is kept alone, though w0 would outscore it (3.58 against 1.6 + 1 + 0). */
+  assert_int_equal(kvr_policy_select(p, w, 5, &lp_req, UINT64_C(0xC), s), 1);
+  assert_true(s[0].capped && s[4].capped);
+  assert_false(s[1].capped);
+  /* The same snapshot without the gate (the guide's default): queue over all five, min 0, max 9;
+   * the idle w0, just under the threshold, wins: 1.58 + 1 + 1 = 3.58 against w2's
+   * 1.9 + 1 + 5/9 = 3.46. */
+  kvr_policy_t *open = make("llmd_precise", NULL);
+  assert_int_equal(kvr_policy_select(open, w, 5, &lp_req, 0, s), 0);
+  assert_false(s[0].capped || s[4].capped);
+  /* Tried or unusable sticky workers are not candidates: with 1 tried and 2 unusable, 3 is the
+   * only sticky one left and wins. */
+  w[2].usable = false;
+  assert_int_equal(kvr_policy_select(p, w, 5, &lp_req, UINT64_C(1) << 1, s), 3);
+  assert_false(s[1].eligible);
+  assert_false(s[2].eligible);
+  assert_false(s[1].capped); /* not eligible: not counted as dropped by the filter */
+  /* No sticky candidate left (1, 2, 3 tried): the filter keeps w0 and w4, and w0's match wins. */
+  assert_int_equal(kvr_policy_select(p, w, 5, &lp_req, UINT64_C(0xE), s), 0);
+  for (int i = 0; i < 5; i++)
+    assert_false(s[i].capped);
+  /* No blocks: every match is 0, the filter is a no-op. */
+  kvr_route_req_t none = {NULL, 0, 64, 3, 0};
+  assert_int_not_equal(kvr_policy_select(p, w, 5, &none, 0, s), KVR_POLICY_NONE);
+  for (int i = 0; i < 5; i++)
+    assert_false(s[i].capped);
+  kvr_policy_destroy(open);
+  kvr_policy_destroy(p);
+}
+
+/* The TTFT load gate: when the best sticky worker's prefill ahead of the first token (backlog +
+ * this request's uncached tokens) exceeds the best non-sticky one's by more than the penalty,
+ * stickiness is broken and every candidate is scored. */
+static void test_llmd_precise_ttft_gate(void **state) {
+  (void)state;
+  kvr_worker_snap_t w[3];
+  kvr_policy_score_t s[3];
+  idle_workers(w, 3);
+  /* w0 sticky (full match: 0 uncached), backlog 20,000. w1 sticky (90 blocks: 160 uncached),
+   * backlog 19,000 -> 19,160, the best sticky. w2 not sticky (1,600 uncached), backlog 0. */
+  w[0].matched_blocks = 100;
+  w[0].prefill_backlog_tokens = 20000;
+  w[0].inflight = 4;
+  w[1].matched_blocks = 90;
+  w[1].prefill_backlog_tokens = 19000;
+  w[1].inflight = 4;
+  w[2].inflight = 1;
+  /* Penalty 17,560: 19,160 - 1,600 = 17,560 is not more than it, the gate holds: w2 dropped.
+   * Queues 4, 4 over the kept: w0 = 2 + 1 + 1 against w1 = 1.8 + 1 + 1. */
+  kvr_policy_t *p = make("llmd_precise", "{\"affinity_threshold\":0.8,"
+                                         "\"exploration_probability\":0,"
+                                         "\"max_ttft_penalty_tokens\":17560}");
+  assert_int_equal(kvr_policy_select(p, w, 3, &lp_req, 0, s), 0);
+  assert_true(s[2].capped);
+  kvr_policy_destroy(p);
+  /* One token less of penalty: the gate breaks and all three are scored (queues 4, 4, 1): w0 =
+   * 2 + 1 + 0 = 3 still beats the idle w2 = 0 + 1 + 1 = 2 on its match. */
+  p = make("llmd_precise", "{\"affinity_threshold\":0.8,\"exploration_probability\":0,"
+                           "\"max_ttft_penalty_tokens\":17559}");
+  assert_int_equal(kvr_policy_select(p, w, 3, &lp_req, 0, s), 0);
+  for (int i = 0; i < 3; i++)
+    assert_false(s[i].capped);
+  /* With a prefix weight of 0.5 the broken gate lets the idle w2 (0 + 1 + 1 = 2) beat w0
+   * (0.5 + 1 + 0 = 1.5). */
+  kvr_policy_destroy(p);
+  p = make("llmd_precise", "{\"affinity_threshold\":0.8,\"exploration_probability\":0,"
+                           "\"max_ttft_penalty_tokens\":17559,\"prefix_weight\":0.5}");
+  assert_int_equal(kvr_policy_select(p, w, 3, &lp_req, 0, s), 2);
+  kvr_policy_destroy(p);
+  /* Same weights, gate holding (penalty 17,560): w2 is out, w0 wins (0.5 + 1 + 1). */
+  p = make("llmd_precise", "{\"affinity_threshold\":0.8,\"exploration_probability\":0,"
+                           "\"max_ttft_penalty_tokens\":17560,\"prefix_weight\":0.5}");
+  assert_int_equal(kvr_policy_select(p, w, 3, &lp_req, 0, s), 0);
+  assert_true(s[2].capped);
+  kvr_policy_destroy(p);
+  /* Penalty 0 is llm-d's "always stick": no gate however far behind the sticky set is. */
+  p = make("llmd_precise", "{\"affinity_threshold\":0.8,\"exploration_probability\":0,"
+                           "\"max_ttft_penalty_tokens\":0,\"prefix_weight\":0.5}");
+  w[0].prefill_backlog_tokens = w[1].prefill_backlog_tokens = 1000000;
+  assert_int_equal(kvr_policy_select(p, w, 3, &lp_req, 0, s), 0);
+  assert_true(s[2].capped);
+  kvr_policy_destroy(p);
+}
+
+/* The picks of a fresh llmd_precise with seed over count selects on w. */
+static void lp_draws(uint64_t seed, const char *params, const kvr_worker_snap_t *w, size_t n,
+                     int *picks, int count) {
+  char err[256];
+  cJSON *j = params ? cJSON_Parse(params) : NULL;
+  kvr_policy_t *p = kvr_policy_create("llmd_precise", j, seed, err, sizeof(err));
+  cJSON_Delete(j);
+  assert_non_null(p);
+  for (int k = 0; k < count; k++)
+    picks[k] = kvr_policy_select(p, w, n, &lp_req, 0, NULL);
+  kvr_policy_destroy(p);
+}
+
+/* Ties are broken at random from the seed (max-score-picker shuffles); exploration skips the gate
+ * with its probability, from the same seeded RNG. */
+static void test_llmd_precise_ties_and_exploration(void **state) {
+  (void)state;
+  kvr_worker_snap_t w[4];
+  idle_workers(w, 4);
+  int a[200], b[200], c[200], hits[4] = {0};
+  lp_draws(21, NULL, w, 4, a, 200);
+  lp_draws(21, NULL, w, 4, b, 200);
+  lp_draws(22, NULL, w, 4, c, 200);
+  assert_memory_equal(a, b, sizeof(a));
+  assert_memory_not_equal(a, c, sizeof(a));
+  for (int k = 0; k < 200; k++)
+    hits[a[k]]++;
+  for (int i = 0; i < 4; i++)
+    assert_true(hits[i] > 20); /* about 50 each */
+  /* Worker 0 sticky but busy, 1..3 idle with no match and a prefix weight of 0.5: the gate keeps
+   * w0 except when exploring, and with the gate skipped w0 loses (0.5 + 1 + 0 against 0 + 1 + 1).
+   * exploration_probability 0.25: about a quarter of the picks leave w0. */
+  w[0].matched_blocks = 100;
+  w[0].inflight = 8;
+  enum { N = 4000 };
+  static int picks[N], again[N];
+  const char *params = "{\"affinity_threshold\":0.8,\"exploration_probability\":0.25,"
+                       "\"prefix_weight\":0.5}";
+  lp_draws(9, params, w, 4, picks, N);
+  lp_draws(9, params, w, 4, again, N);
+  assert_memory_equal(picks, again, sizeof(picks));
+  int away = 0;
+  for (int k = 0; k < N; k++)
+    away += picks[k] != 0;
+  assert_true(away > 800 && away < 1200);
+  /* Probability 0: never; 1: always. */
+  lp_draws(9, "{\"affinity_threshold\":0.8,\"exploration_probability\":0,\"prefix_weight\":0.5}", w,
+           4, picks, 200);
+  for (int k = 0; k < 200; k++)
+    assert_int_equal(picks[k], 0);
+  lp_draws(9, "{\"affinity_threshold\":0.8,\"exploration_probability\":1,\"prefix_weight\":0.5}", w,
+           4, picks, 200);
+  for (int k = 0; k < 200; k++)
+    assert_int_not_equal(picks[k], 0);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_registry), cmocka_unit_test(test_param_errors),
               cmocka_unit_test(test_contract_all_policies),
               cmocka_unit_test(test_round_robin_and_least_load),
@@ -910,6 +1149,10 @@ KVR_TEST_MAIN(cmocka_unit_test(test_registry), cmocka_unit_test(test_param_error
               cmocka_unit_test(test_gie_scorer_rules), cmocka_unit_test(test_sglang_rules),
               cmocka_unit_test(test_dynamo_kv_cost), cmocka_unit_test(test_dynamo_kv_match_vs_load),
               cmocka_unit_test(test_dynamo_kv_ties), cmocka_unit_test(test_dynamo_kv_temperature),
+              cmocka_unit_test(test_llmd_precise_scores),
+              cmocka_unit_test(test_llmd_precise_affinity_gate),
+              cmocka_unit_test(test_llmd_precise_ttft_gate),
+              cmocka_unit_test(test_llmd_precise_ties_and_exploration),
               cmocka_unit_test(test_multiturn_sticks_under_kv_aware),
               cmocka_unit_test(test_hot_prefix_spreads),
               cmocka_unit_test(test_no_loss_when_nothing_shared))
