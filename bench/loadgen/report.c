@@ -139,6 +139,19 @@ void kvr__fmt_gain(kvr_report_gain_t g, char *buf, size_t size) {
   }
 }
 
+void kvr__run_name(const kvr_run_t *run, char *buf, size_t size) {
+  if (run->policy[0] && strcmp(run->policy, run->label) != 0)
+    snprintf(buf, size, "%s (%s)", run->label, run->policy);
+  else
+    snprintf(buf, size, "%s", run->label);
+}
+
+void kvr_report_title(const kvr_results_t *res, kvr_buf_t *out) {
+  kvr_buf_puts(out, res->title ? res->title : "kvrouter Benchmark Report");
+  if (res->virtual_desc)
+    kvr_buf_puts(out, " (virtual time)");
+}
+
 bool kvr__passed_any(const kvr_run_t *run) {
   for (size_t i = 0; i < run->nlevels; i++)
     if (run->levels[i]->pass && !run->levels[i]->interrupted)

@@ -139,3 +139,34 @@ void kvr__html_text(kvr_buf_t *out, const char *text) {
   if (strong)
     kvr_buf_puts(out, "</strong>");
 }
+
+/* ---- shell quoting --------------------------------------------------------------------------- */
+
+static bool shell_safe(const char *w) {
+  if (*w == '\0')
+    return false;
+  for (const char *p = w; *p; p++)
+    if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+          strchr("_@%+=:,./-", *p) != NULL))
+      return false;
+  return true;
+}
+
+void kvr_report_shell_join(int argc, char **argv, kvr_buf_t *out) {
+  kvr_buf_puts(out, "kvrouter");
+  for (int i = 0; i < argc; i++) {
+    const char *w = argv[i] ? argv[i] : "";
+    kvr_buf_puts(out, " ");
+    if (shell_safe(w)) {
+      kvr_buf_puts(out, w);
+      continue;
+    }
+    kvr_buf_puts(out, "'");
+    for (const char *p = w; *p; p++)
+      if (*p == '\'')
+        kvr_buf_puts(out, "'\\''");
+      else
+        kvr_buf_append(out, p, 1);
+    kvr_buf_puts(out, "'");
+  }
+}

@@ -261,7 +261,10 @@ static void share_chart(const kvr_results_t *res, kvr_buf_t *out) {
 
 static void page_head(const kvr_results_t *res, kvr_buf_t *out) {
   kvr_buf_puts(out, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>");
-  kvr__html_text(out, res->title ? res->title : "kvrouter Benchmark Report");
+  kvr_buf_t title = KVR_BUF_INIT;
+  kvr_report_title(res, &title);
+  kvr__html_text(out, title.data);
+  kvr_buf_free(&title);
   kvr_buf_puts(out,
                "</title>\n<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;"
                "color:#222}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid "

@@ -91,6 +91,9 @@ void kvr__report_body(const kvr_results_t *res, kvr__doc_t *d);
 
 /* ---- the verdict sentences (report_verdicts.c) ----------------------------------------------- */
 
+/* The summary paragraph that opens the report: which policy has the highest max SLO-compliant load
+ * and by how much over the baseline, whether that is exact or a bound, or that it is not known. */
+void kvr__verdict_summary(const kvr_results_t *res, kvr__doc_t *d);
 /* After the configuration table: whether every run started cold, from each run's reset outcome. */
 void kvr__verdict_reset(const kvr_results_t *res, kvr__doc_t *d);
 /* After the winner table: which label improved the max SLO-compliant load, or that it is not
@@ -147,6 +150,9 @@ size_t kvr__worker_names(const kvr_results_t *res, double dl,
                          char names[KVR_STATS_MAX_WORKERS][KVR_WORKER_NAME_MAX]);
 /* Requests of the level that worker name served. */
 size_t kvr__worker_count(const kvr_level_t *lv, const char *name);
+/* The run as a reader knows it: "phase3 (kv_aware)", or only the label when the run has no policy
+ * or its policy is its label. */
+void kvr__run_name(const kvr_run_t *run, char *buf, size_t size);
 /* Some level of the run ran to its end (or stopped early) and passed: when its max SLO-compliant
  * load is 0 anyway, it passed only above a failing level. */
 bool kvr__passed_any(const kvr_run_t *run);

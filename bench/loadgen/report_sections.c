@@ -80,7 +80,11 @@ static void metric_table(const kvr_results_t *res, const kvr__metric_t *m, const
 /* ---- head, configuration, SLOs --------------------------------------------------------------- */
 
 void kvr__report_head(const kvr_results_t *res, kvr__doc_t *d) {
-  kvr__doc_h(d, 1, "%s", res->title ? res->title : "kvrouter Benchmark Report");
+  kvr_buf_t title = KVR_BUF_INIT;
+  kvr_report_title(res, &title);
+  kvr__doc_h(d, 1, "%s", title.data);
+  kvr_buf_free(&title);
+  kvr__verdict_summary(res, d);
   kvr__doc_p(d, B "Generated:" B " %s", res->generated ? res->generated : "");
 }
 
@@ -107,6 +111,8 @@ static void section_config(const kvr_results_t *res, kvr__doc_t *d) {
     kvr__doc_row_end(d);
   }
   kvr__doc_table_end(d);
+  if (res->virtual_desc)
+    kvr__doc_p(d, "Clock: virtual time " DASH " %s", res->virtual_desc);
   kvr__verdict_reset(res, d);
 }
 

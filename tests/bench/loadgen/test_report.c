@@ -773,6 +773,168 @@ static void test_steady_state_level(void **state) {
   kvr_stats_results_free(res);
 }
 
+/* The Command row can be pasted back into a shell: safe words bare, others single-quoted. */
+static void test_shell_join(void **state) {
+  (void)state;
+  static const struct {
+    const char *arg, *want;
+  } cases[] = {
+      {"bench", "bench"},
+      {"--rates=1,2.5", "--rates=1,2.5"},
+      {"user@host:/a/b_c%+", "user@host:/a/b_c%+"},
+      {"two words", "'two words'"},
+      {"it's", "'it'\\''s'"},
+      {"", "''"},
+      {"$HOME", "'$HOME'"},
+      {"a*b", "'a*b'"},
+      {"~", "'~'"},
+      {"x;rm -rf /", "'x;rm -rf /'"},
+      {"'", "''\\'''"},
+      {"\"q\"", "'\"q\"'"},
+      {"tab\there", "'tab\there'"},
+      {"caf\xc3\xa9", "'caf\xc3\xa9'"},
+  };
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(cases); i++) {
+    kvr_buf_t b = KVR_BUF_INIT;
+    char *argv[] = {(char *)cases[i].arg};
+    kvr_report_shell_join(1, argv, &b);
+    char want[128];
+    snprintf(want, sizeof(want), "kvrouter %s", cases[i].want);
+    assert_string_equal(b.data, want);
+    kvr_buf_free(&b);
+  }
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_report_shell_join(0, NULL, &b);
+  assert_string_equal(b.data, "kvrouter");
+  kvr_buf_reset(&b);
+  char *argv[] = {"bench", "--title", "A/B it's", "--rates", "1,2", "--out", "x y/"};
+  kvr_report_shell_join(7, argv, &b);
+  assert_string_equal(b.data, "kvrouter bench --title 'A/B it'\\''s' --rates 1,2 --out 'x y/'");
+  kvr_buf_free(&b);
+}
+
+/* The virtual-time mark: title suffix, Clock line, JSON flag; nothing of it for a real run. */
+static void test_virtual_mark(void **state) {
+  (void)state;
+  kvr_results_t *res = sample();
+  kvr_buf_t md = KVR_BUF_INIT, html = KVR_BUF_INIT, js = KVR_BUF_INIT;
+  kvr_report_markdown(res, &md);
+  kvr_report_html(res, &html);
+  kvr_report_level_json(res, &res->runs[0], res->runs[0].levels[0], &js);
+  assert_non_null(strstr(md.data, "# A/B <test>\n"));
+  assert_null(strstr(md.data, "virtual"));
+  assert_null(strstr(md.data, "Clock:"));
+  assert_null(strstr(html.data, "virtual"));
+  cJSON *j = cJSON_Parse(js.data);
+  cJSON *k = cJSON_GetObjectItem(j, "kvrouter");
+  assert_true(cJSON_IsFalse(cJSON_GetObjectItem(k, "virtual")));
+  assert_null(cJSON_GetObjectItem(k, "virtual_desc"));
+  cJSON_Delete(j);
+
+  kvr_stats_set_str(&res->virtual_desc, "4 sim workers, 2 ms link delay, seed 7");
+  kvr_buf_reset(&md);
+  kvr_buf_reset(&html);
+  kvr_buf_reset(&js);
+  kvr_report_markdown(res, &md);
+  kvr_report_html(res, &html);
+  kvr_report_level_json(res, &res->runs[0], res->runs[0].levels[0], &js);
+  assert_true(strncmp(md.data, "# A/B <test> (virtual time)\n", 28) == 0);
+  const char *conf = section(md.data, "## Configuration");
+  const char *clock = strstr(conf, "\nClock: virtual time \xe2\x80\x94 4 sim workers, 2 ms link "
+                                   "delay, seed 7\n");
+  assert_non_null(clock);
+  assert_true(clock < section(md.data, "## SLO Targets"));
+  assert_non_null(strstr(html.data, "<title>A/B &lt;test&gt; (virtual time)</title>"));
+  assert_non_null(strstr(html.data, "<h1>A/B &lt;test&gt; (virtual time)</h1>"));
+  assert_non_null(strstr(html.data, "<p>Clock: virtual time \xe2\x80\x94 4 sim workers, 2 ms link "
+                                    "delay, seed 7</p>"));
+  j = cJSON_Parse(js.data);
+  k = cJSON_GetObjectItem(j, "kvrouter");
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(k, "virtual")));
+  assert_string_equal(cJSON_GetObjectItem(k, "virtual_desc")->valuestring,
+                      "4 sim workers, 2 ms link delay, seed 7");
+  cJSON_Delete(j);
+  kvr_buf_free(&md);
+  kvr_buf_free(&html);
+  kvr_buf_free(&js);
+  kvr_stats_results_free(res); /* frees virtual_desc (checked under ASan/valgrind) */
+}
+
+/* The paragraph right after the title (Markdown: the first block after "# title"). */
+static const char *first_para(const char *md, char *buf, size_t size) {
+  const char *p = strstr(md, "\n\n");
+  assert_non_null(p);
+  p += 2;
+  size_t n = strcspn(p, "\n");
+  snprintf(buf, size, "%.*s", (int)n, p);
+  return buf;
+}
+
+/* The summary that opens the report says who won by how much, exact or a bound, or not known. */
+static void test_summary_paragraph(void **state) {
+  (void)state;
+  char p[2048];
+  kvr_results_t *res = sample();
+  kvr_buf_t md = KVR_BUF_INIT, html = KVR_BUF_INIT;
+  kvr_report_markdown(res, &md);
+  assert_string_equal(first_para(md.data, p, sizeof(p)),
+                      "**Summary:** `phase3` (kv_aware) has the highest max SLO-compliant load, "
+                      "**3.00 RPS**, against 2.00 RPS for the baseline `phase0` (round_robin): "
+                      "**+50%**. Both limits were found (a higher load failed), so the gain is "
+                      "exact. (Max SLO-compliant load: the highest load at which TTFT p99 < 1000 "
+                      "ms and TPOT p99 < 60 ms.)");
+  kvr_report_html(res, &html);
+  assert_non_null(strstr(html.data, "</h1>\n<p><strong>Summary:</strong> <code>phase3</code> "
+                                    "(kv_aware) has the highest max SLO-compliant load, "
+                                    "<strong>3.00 RPS</strong>, against 2.00 RPS"));
+  kvr_buf_free(&html);
+  kvr_stats_results_free(res);
+
+  /* Every level passed: nothing is claimed. */
+  res = two_runs();
+  kvr_buf_reset(&md);
+  kvr_report_markdown(res, &md);
+  first_para(md.data, p, sizeof(p));
+  assert_non_null(strstr(p, "**Summary:** which configuration has the highest max SLO-compliant "
+                            "load is **not known**: `phase0` passed every level tried (at least "
+                            "12.00 RPS); `phase3` passed every level tried (at least 12.00 RPS)."));
+  assert_null(strstr(p, "WINNER"));
+  assert_null(strstr(p, "has the highest max SLO-compliant load,"));
+  /* phase0 fails at 16, phase3 passes there: a lower bound. */
+  kvr_stats_run_add(&res->runs[0], level(&res->slo, 16, 1200, 30, 0, 4));
+  kvr_stats_run_add(&res->runs[1], level(&res->slo, 16, 350, 30, 0, 4));
+  kvr_buf_reset(&md);
+  kvr_report_markdown(res, &md);
+  assert_string_equal(first_para(md.data, p, sizeof(p)),
+                      "**Summary:** `phase3` (kv_aware) has the highest max SLO-compliant load, "
+                      "**at least 16.00 RPS**, against 12.00 RPS for the baseline `phase0` "
+                      "(round_robin): **at least +33%**. It passed every level tried, so its own "
+                      "limit was not found and the gain is a lower bound: measure higher loads to "
+                      "find it. (Max SLO-compliant load: the highest load at which TTFT p99 < 1000 "
+                      "ms and TPOT p99 < 60 ms.)");
+  /* phase3 fails below phase0's limit: the baseline is not beaten. */
+  kvr_stats_run_add(&res->runs[1], level(&res->slo, 6, 1300, 30, 0, 4));
+  kvr_buf_reset(&md);
+  kvr_report_markdown(res, &md);
+  first_para(md.data, p, sizeof(p));
+  assert_non_null(strstr(p, "**Summary:** no configuration beat the baseline `phase0` "
+                            "(round_robin): its max SLO-compliant load is **12.00 RPS** and every "
+                            "other one's is the same or lower."));
+  kvr_stats_results_free(res);
+
+  /* One run, no policy: its own limit. */
+  res = kvr_stats_results_new();
+  kvr_run_t *a = kvr_stats_results_add_run(res, "solo", "", "");
+  kvr_stats_run_add(a, level(&res->slo, 1, 300, 30, 0, 1));
+  kvr_buf_reset(&md);
+  kvr_report_markdown(res, &md);
+  assert_string_equal(first_para(md.data, p, sizeof(p)),
+                      "**Summary:** `solo` has a max SLO-compliant load of **at least 1.00 RPS** "
+                      "(every level tried passed, so this is a lower bound).");
+  kvr_buf_free(&md);
+  kvr_stats_results_free(res);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_markdown_structure), cmocka_unit_test(test_no_improvement),
               cmocka_unit_test(test_html_charts), cmocka_unit_test(test_level_json_and_jsonl),
               cmocka_unit_test(test_write_files), cmocka_unit_test(test_engine_figures_and_reset),
@@ -783,4 +945,5 @@ KVR_TEST_MAIN(cmocka_unit_test(test_markdown_structure), cmocka_unit_test(test_n
               cmocka_unit_test(test_balance_and_workload_rows),
               cmocka_unit_test(test_interrupted_failure_bounds_nothing),
               cmocka_unit_test(test_baseline_passes_nowhere),
-              cmocka_unit_test(test_steady_state_level))
+              cmocka_unit_test(test_steady_state_level), cmocka_unit_test(test_shell_join),
+              cmocka_unit_test(test_virtual_mark), cmocka_unit_test(test_summary_paragraph))
