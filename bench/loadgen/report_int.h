@@ -109,6 +109,9 @@ typedef struct kvr__metric_s {
   const char *fmt;
   double (*get)(const kvr_level_t *);
   bool (*valid)(const kvr_level_t *);
+  /* The measured requests behind the figure (TTFT: those with a first token, TPOT: those with two
+   * or more output tokens, ...); NULL when the figure is not one of requests (engine counters). */
+  size_t (*count)(const kvr_level_t *);
 } kvr__metric_t;
 
 /* The per-load tables, in report order: [0] TTFT p99, [1] TPOT p99, [2] output throughput, ... */
