@@ -99,14 +99,34 @@ void kvr__doc_table_end(kvr__doc_t *d) {
   d->rule = NULL;
 }
 
+/* Whether the code span opening after p (up to its closing mark) holds a backtick. */
+static bool code_has_backtick(const char *p) {
+  for (; *p && *p != KVR__CODE[0]; p++)
+    if (*p == '`')
+      return true;
+  return false;
+}
+
 void kvr__md_text(kvr_buf_t *out, const char *text) {
+  kvr__md_text_cell(out, text, false);
+}
+
+void kvr__md_text_cell(kvr_buf_t *out, const char *text, bool cell) {
+  bool code = false, fence = false;
   for (const char *p = text; *p; p++) {
-    if (*p == KVR__STRONG[0])
+    if (*p == KVR__STRONG[0]) {
       kvr_buf_puts(out, "**");
-    else if (*p == KVR__CODE[0])
-      kvr_buf_puts(out, "`");
-    else
+    } else if (*p == KVR__CODE[0]) {
+      /* A code span holding a backtick is fenced by two, with spaces (CommonMark). */
+      if (!code)
+        fence = code_has_backtick(p + 1);
+      kvr_buf_puts(out, fence ? (code ? " ``" : "`` ") : "`");
+      code = !code;
+    } else if (cell && *p == '|') {
+      kvr_buf_puts(out, "\\|"); /* a pipe would end the table cell, in code spans too (GFM) */
+    } else {
       kvr_buf_append(out, p, 1);
+    }
   }
 }
 

@@ -78,6 +78,9 @@ void kvr__doc_table_end(kvr__doc_t *d);
 
 /* Writes text with its inline marks rendered as Markdown ("**", "`"). */
 void kvr__md_text(kvr_buf_t *out, const char *text);
+/* The same for a table cell when cell is true: a "|" is written "\|" so that it stays in the cell.
+ */
+void kvr__md_text_cell(kvr_buf_t *out, const char *text, bool cell);
 /* Writes text HTML-escaped, its inline marks rendered as <strong> and <code>. */
 void kvr__html_text(kvr_buf_t *out, const char *text);
 

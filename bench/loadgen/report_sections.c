@@ -49,10 +49,9 @@ static void load_section(const kvr_results_t *res, kvr__doc_t *d, const char *ti
   run_table(res, d, first, false);
 }
 
-/* One figure of a level: an em dash without a level, "n/a" (or "stopped early") without data; with_n
- * appends " (n=N)", the measured requests behind it, when the metric counts them. */
-static void metric_cell(kvr__doc_t *d, const kvr__metric_t *m, const kvr_level_t *lv,
-                        bool with_n) {
+/* One figure of a level: an em dash without a level, "n/a" (or "stopped early") without data;
+ * with_n appends " (n=N)", the measured requests behind it, when the metric counts them. */
+static void metric_cell(kvr__doc_t *d, const kvr__metric_t *m, const kvr_level_t *lv, bool with_n) {
   if (lv == NULL) {
     kvr__doc_cell(d, DASH);
   } else if (!m->valid(lv)) {
