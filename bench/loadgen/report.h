@@ -5,7 +5,8 @@
  * report is unit-tested on hand-built results. kvr_report_write() is the only function that touches
  * files.
  *
- * The Markdown follows the team's report form (shared/seeds/002_*.txt): configuration, SLO targets,
+ * The Markdown follows the team's report form (shared/seeds/002_*.txt), opened by a summary
+ * paragraph of the winner and its gain (exact, a bound, or not known): configuration, SLO targets,
  * one table per metric by load and label, the SLO compliance matrix naming the failing SLO, the
  * winner table with capacity vs baseline (runs[0]), the detailed comparison at the baseline's max
  * SLO-compliant load, per-turn TTFT, worker shares, observations computed from the data, and the

@@ -10,8 +10,11 @@
  * row, then kvr__doc_table_end(). Each finished block goes to the ops, which write to out.
  *
  * Inline marks: KVR__STRONG and KVR__CODE toggle emphasis and code; kvr__md_text() and
- * kvr__html_text() render them. Every text a section writes opens and closes its own marks, so
+ * kvr__html_text() render them (Markdown fences a code span holding a backtick with two and escapes
+ * "|" in table cells). Every text a section writes opens and closes its own marks, so
  * both renderers start each text with both marks off.
+ *
+ * Also here: kvr_report_shell_join(), the command line as words a POSIX shell reads back.
  *
  * Invariants: a row has at most KVR__DOC_MAX_CELLS cells (more are dropped); the writer owns only
  * its buffers (the text, the cells, its copy of the open table's rule).

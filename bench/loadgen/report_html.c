@@ -1,16 +1,19 @@
 /* report_html.c -- the HTML report: one self-contained page with SVG charts and every table of the
  * report, written directly (the document writer's blocks as HTML elements; no Markdown parsed).
  *
- * Structs: html_ops, the HTML ops table of the document writer (report_int.h); axis_t, the
- * scale of one line chart (its data maxima rounded to a "nice" number, and the plot area).
+ * Structs: html_ops, the HTML ops table of the document writer (report_int.h); scale_t, one axis
+ * (the data's range rounded out to nice ticks, linear or log10); axis_t, a line chart's two.
  *
  * Flow: kvr_report_html() -> page head -> kvr__report_head() (title, generation time) -> the four
  * charts: TTFT p99 and TPOT p99 vs load per label with the SLO line, output throughput vs load,
  * and the share of requests per worker at the detailed comparison's load -> kvr__report_body()
  * (report_sections.c) for the tables and sentences -> page end.
  *
- * Invariants: every text from the results (labels, titles, worker names) is HTML-escaped; chart
- * points above the axis maximum are drawn at the maximum (the tooltip keeps the value).
+ * Invariants: every text from the results (labels, titles, worker names) is HTML-escaped; table
+ * cells take their alignment from the table's Markdown rule (numbers right, text left); the axes
+ * cover every point drawn (none is clipped), and the SLO widens the y axis only when it is within
+ * SLO_REACH of the data (else it is named above the plot); legends and tooltips name the run as
+ * "label (policy)", and tooltips give the figure's n.
  */
 #include "report_int.h"
 

@@ -86,7 +86,7 @@ void kvr__html_text(kvr_buf_t *out, const char *text);
 
 /* ---- the report's sections (report_sections.c) ----------------------------------------------- */
 
-/* Title and generation time. */
+/* Title (kvr_report_title()), the summary paragraph (kvr__verdict_summary()), generation time. */
 void kvr__report_head(const kvr_results_t *res, kvr__doc_t *d);
 /* Everything after the head: configuration, SLOs, tables, matrix, winner, detailed comparison,
  * per-turn TTFT, worker share, observations, workload parameters. */

@@ -2,11 +2,12 @@
  * (report_int.h) that report_md.c and report_html.c render: headings, tables and the sentences that
  * only describe. Every sentence that concludes something comes from report_verdicts.c.
  *
- * Sections, in order (the team's report form, shared/seeds/002_*.txt): head (title, generation
- * time); configuration (labels, policies, prefix-cache resets); SLO targets; one table per metric
- * by load and label; the SLO compliance matrix; winner identification; the detailed comparison at
- * the baseline's max SLO-compliant load, with per-turn TTFT and worker share there; key
- * observations computed from the data; workload parameters.
+ * Sections, in order (the team's report form, shared/seeds/002_*.txt): head (title, suffixed
+ * "(virtual time)" for a virtual-time run, the summary paragraph of report_verdicts.c, generation
+ * time); configuration (labels, policies, prefix-cache resets, the virtual clock); SLO targets; one
+ * table per metric by load and label; the SLO compliance matrix; winner identification; the
+ * detailed comparison at the baseline's max SLO-compliant load, with per-turn TTFT and worker share
+ * there; key observations computed from the data; workload parameters.
  *
  * Structs: none of its own; tables take their rows from the metric tables of report.c.
  *

@@ -1,5 +1,5 @@
-/* report_verdicts.c -- every sentence of the report that concludes something: whether runs started
- * cold, which label wins, the key observations, and the plain-text summary.
+/* report_verdicts.c -- every sentence of the report that concludes something: the opening summary,
+ * whether runs started cold, which label wins, the key observations, and the plain-text summary.
  *
  * Rule: each verdict is computed from the results (through the analysis of report.c: capacities
  * and whether their limits were found, gains and their bounds, the certain winner, the schedule
