@@ -139,6 +139,19 @@ void kvr__fmt_gain(kvr_report_gain_t g, char *buf, size_t size) {
   }
 }
 
+void kvr__run_name(const kvr_run_t *run, char *buf, size_t size) {
+  if (run->policy[0] && strcmp(run->policy, run->label) != 0)
+    snprintf(buf, size, "%s (%s)", run->label, run->policy);
+  else
+    snprintf(buf, size, "%s", run->label);
+}
+
+void kvr_report_title(const kvr_results_t *res, kvr_buf_t *out) {
+  kvr_buf_puts(out, res->title ? res->title : "kvrouter Benchmark Report");
+  if (res->virtual_desc)
+    kvr_buf_puts(out, " (virtual time)");
+}
+
 bool kvr__passed_any(const kvr_run_t *run) {
   for (size_t i = 0; i < run->nlevels; i++)
     if (run->levels[i]->pass && !run->levels[i]->interrupted)
@@ -287,50 +300,61 @@ GETTER(g_preempt, (double)lv->preemptions)
 GETTER(g_kv_peak, 100.0 * lv->kv_usage_peak)
 #undef GETTER
 
+#define COUNTER(name, expr)                                                                        \
+  static size_t name(const kvr_level_t *lv) {                                                      \
+    return (expr);                                                                                 \
+  }
+COUNTER(n_ttft, lv->ttft.n)
+COUNTER(n_tpot, lv->tpot.n)
+COUNTER(n_completed, lv->completed)
+COUNTER(n_measured, lv->measured)
+COUNTER(n_usage, lv->usage_requests)
+#undef COUNTER
+
 const kvr__metric_t kvr__per_load_metrics[] = {
-    {"TTFT p99 (ms)", "%.0f", g_ttft_p99, kvr__has_data},
-    {"TPOT p99 (ms)", "%.0f", g_tpot_p99, has_tpot},
-    {"Output Throughput (tok/s)", "%.0f", g_out_tps, kvr__has_data},
-    {"Request Throughput (req/s)", "%.2f", g_req_tps, kvr__has_data},
-    {"Max Concurrent Requests", "%.0f", g_maxconc, has_measured},
-    {"Cached Tokens (% of prompt tokens)", "%.0f%%", g_cached_pct, has_usage},
+    {"TTFT p99 (ms)", "%.0f", g_ttft_p99, kvr__has_data, n_ttft},
+    {"TPOT p99 (ms)", "%.0f", g_tpot_p99, has_tpot, n_tpot},
+    {"Output Throughput (tok/s)", "%.0f", g_out_tps, kvr__has_data, n_completed},
+    {"Request Throughput (req/s)", "%.2f", g_req_tps, kvr__has_data, n_completed},
+    {"Max Concurrent Requests", "%.0f", g_maxconc, has_measured, n_measured},
+    {"Cached Tokens (% of prompt tokens)", "%.0f%%", g_cached_pct, has_usage, n_usage},
 };
 const size_t kvr__n_per_load_metrics = KVR_ARRAY_SIZE(kvr__per_load_metrics);
 
 const kvr__metric_t kvr__achieved_metric = {"Achieved Rate (req/s)", "%.2f", g_achieved,
-                                            has_measured};
+                                            has_measured, n_measured};
 
 const kvr__metric_t kvr__engine_metrics[] = {
-    {"Preemptions (KV cache full)", "%.0f", g_preempt, kvr__has_engine},
-    {"KV Cache Usage Peak", "%.0f%%", g_kv_peak, kvr__has_engine},
+    {"Preemptions (KV cache full)", "%.0f", g_preempt, kvr__has_engine, NULL},
+    {"KV Cache Usage Peak", "%.0f%%", g_kv_peak, kvr__has_engine, NULL},
 };
 const size_t kvr__n_engine_metrics = KVR_ARRAY_SIZE(kvr__engine_metrics);
 
 const kvr__metric_t kvr__detail_metrics[] = {
-    {"TTFT mean (ms)", "%.0f", g_ttft_mean, kvr__has_data},
-    {"TTFT p50 (ms)", "%.0f", g_ttft_p50, kvr__has_data},
-    {"TTFT p90 (ms)", "%.0f", g_ttft_p90, kvr__has_data},
-    {"TTFT p95 (ms)", "%.0f", g_ttft_p95, kvr__has_data},
-    {"TTFT p99 (ms)", "%.0f", g_ttft_p99, kvr__has_data},
-    {"TPOT mean (ms)", "%.1f", g_tpot_mean, has_tpot},
-    {"TPOT p50 (ms)", "%.1f", g_tpot_p50, has_tpot},
-    {"TPOT p95 (ms)", "%.1f", g_tpot_p95, has_tpot},
-    {"TPOT p99 (ms)", "%.1f", g_tpot_p99, has_tpot},
-    {"ITL p50 (ms)", "%.1f", g_itl_p50, has_itl},
-    {"ITL p99 (ms)", "%.1f", g_itl_p99, has_itl},
-    {"E2E p50 (ms)", "%.0f", g_e2e_p50, kvr__has_data},
-    {"E2E p99 (ms)", "%.0f", g_e2e_p99, kvr__has_data},
-    {"Max Concurrent", "%.0f", g_maxconc, has_measured},
-    {"Output tok/s", "%.0f", g_out_tps, kvr__has_data},
-    {"Request throughput (req/s)", "%.2f", g_req_tps, kvr__has_data},
-    {"Mean input tokens", "%.0f", g_in_mean, has_usage},
-    {"Mean output tokens", "%.0f", g_out_mean, kvr__has_data},
-    {"Cached tokens (% of prompt)", "%.0f%%", g_cached_pct, has_usage},
-    {"Achieved rate (req/s)", "%.2f", g_achieved, has_measured},
-    {"Send lag p99 (real ms)", "%.2f", g_lag_p99, has_measured},
-    {"Completed", "%.0f", g_completed, always},
-    {"Failed", "%.0f", g_failed, always},
-    {"Preemptions", "%.0f", g_preempt, kvr__has_engine},
-    {"KV cache usage peak", "%.0f%%", g_kv_peak, kvr__has_engine},
+    {"TTFT mean (ms)", "%.0f", g_ttft_mean, kvr__has_data, n_ttft},
+    {"TTFT p50 (ms)", "%.0f", g_ttft_p50, kvr__has_data, n_ttft},
+    {"TTFT p90 (ms)", "%.0f", g_ttft_p90, kvr__has_data, n_ttft},
+    {"TTFT p95 (ms)", "%.0f", g_ttft_p95, kvr__has_data, n_ttft},
+    {"TTFT p99 (ms)", "%.0f", g_ttft_p99, kvr__has_data, n_ttft},
+    {"TPOT mean (ms)", "%.1f", g_tpot_mean, has_tpot, n_tpot},
+    {"TPOT p50 (ms)", "%.1f", g_tpot_p50, has_tpot, n_tpot},
+    {"TPOT p95 (ms)", "%.1f", g_tpot_p95, has_tpot, n_tpot},
+    {"TPOT p99 (ms)", "%.1f", g_tpot_p99, has_tpot, n_tpot},
+    {"ITL p50 (ms)", "%.1f", g_itl_p50, has_itl, NULL},
+    {"ITL p99 (ms)", "%.1f", g_itl_p99, has_itl, NULL},
+    {"E2E p50 (ms)", "%.0f", g_e2e_p50, kvr__has_data, n_completed},
+    {"E2E p99 (ms)", "%.0f", g_e2e_p99, kvr__has_data, n_completed},
+    {"Max Concurrent", "%.0f", g_maxconc, has_measured, n_measured},
+    {"Output tok/s", "%.0f", g_out_tps, kvr__has_data, n_completed},
+    {"Request throughput (req/s)", "%.2f", g_req_tps, kvr__has_data, n_completed},
+    {"Mean input tokens", "%.0f", g_in_mean, has_usage, n_completed},
+    {"Mean output tokens", "%.0f", g_out_mean, kvr__has_data, n_completed},
+    {"Cached tokens (% of prompt)", "%.0f%%", g_cached_pct, has_usage, n_usage},
+    {"Achieved rate (req/s)", "%.2f", g_achieved, has_measured, n_measured},
+    {"Send lag p99 (real ms)", "%.2f", g_lag_p99, has_measured, n_measured},
+    {"Completed", "%.0f", g_completed, always, NULL},
+    {"Failed", "%.0f", g_failed, always, NULL},
+    {"Preemptions", "%.0f", g_preempt, kvr__has_engine, NULL},
+    {"KV cache usage peak", "%.0f%%", g_kv_peak, kvr__has_engine, NULL},
 };
 const size_t kvr__n_detail_metrics = KVR_ARRAY_SIZE(kvr__detail_metrics);

@@ -5,7 +5,8 @@
  * report is unit-tested on hand-built results. kvr_report_write() is the only function that touches
  * files.
  *
- * The Markdown follows the team's report form (shared/seeds/002_*.txt): configuration, SLO targets,
+ * The Markdown follows the team's report form (shared/seeds/002_*.txt), opened by a summary
+ * paragraph of the winner and its gain (exact, a bound, or not known): configuration, SLO targets,
  * one table per metric by load and label, the SLO compliance matrix naming the failing SLO, the
  * winner table with capacity vs baseline (runs[0]), the detailed comparison at the baseline's max
  * SLO-compliant load, per-turn TTFT, worker shares, observations computed from the data, and the
@@ -100,6 +101,16 @@ void kvr_report_jsonl(const kvr_run_t *run, const kvr_level_t *lv, kvr_buf_t *ou
  * fields of a label's line stay "LABEL LOAD UNIT" and a gain follows as "(+N% vs BASE)" (scripts
  * parse them). */
 void kvr_report_summary(const kvr_results_t *res, kvr_buf_t *out);
+
+/* Appends "kvrouter" and argv[0..argc-1] to out as one POSIX shell command line that can be pasted
+ * back into a shell: words separated by single spaces; a word made only of safe characters
+ * ([A-Za-z0-9_@%+=:,./-], not empty) is left bare, any other is single-quoted with each ' written
+ * as '\'' (an empty word becomes ''). */
+void kvr_report_shell_join(int argc, char **argv, kvr_buf_t *out);
+
+/* The report's title: res->title (or "kvrouter Benchmark Report"), suffixed " (virtual time)" when
+ * res->virtual_desc is set. */
+void kvr_report_title(const kvr_results_t *res, kvr_buf_t *out);
 
 /* Writes DIR/report.md, DIR/report.html, DIR/requests.jsonl and DIR/results/<label>_<load>.json,
  * creating DIR and DIR/results as needed. Returns 0 or KVR_EIO with a one-line reason in err. */

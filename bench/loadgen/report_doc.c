@@ -10,8 +10,11 @@
  * row, then kvr__doc_table_end(). Each finished block goes to the ops, which write to out.
  *
  * Inline marks: KVR__STRONG and KVR__CODE toggle emphasis and code; kvr__md_text() and
- * kvr__html_text() render them. Every text a section writes opens and closes its own marks, so
+ * kvr__html_text() render them (Markdown fences a code span holding a backtick with two and escapes
+ * "|" in table cells). Every text a section writes opens and closes its own marks, so
  * both renderers start each text with both marks off.
+ *
+ * Also here: kvr_report_shell_join(), the command line as words a POSIX shell reads back.
  *
  * Invariants: a row has at most KVR__DOC_MAX_CELLS cells (more are dropped); the writer owns only
  * its buffers (the text, the cells, its copy of the open table's rule).
@@ -99,14 +102,34 @@ void kvr__doc_table_end(kvr__doc_t *d) {
   d->rule = NULL;
 }
 
+/* Whether the code span opening after p (up to its closing mark) holds a backtick. */
+static bool code_has_backtick(const char *p) {
+  for (; *p && *p != KVR__CODE[0]; p++)
+    if (*p == '`')
+      return true;
+  return false;
+}
+
 void kvr__md_text(kvr_buf_t *out, const char *text) {
+  kvr__md_text_cell(out, text, false);
+}
+
+void kvr__md_text_cell(kvr_buf_t *out, const char *text, bool cell) {
+  bool code = false, fence = false;
   for (const char *p = text; *p; p++) {
-    if (*p == KVR__STRONG[0])
+    if (*p == KVR__STRONG[0]) {
       kvr_buf_puts(out, "**");
-    else if (*p == KVR__CODE[0])
-      kvr_buf_puts(out, "`");
-    else
+    } else if (*p == KVR__CODE[0]) {
+      /* A code span holding a backtick is fenced by two, with spaces (CommonMark). */
+      if (!code)
+        fence = code_has_backtick(p + 1);
+      kvr_buf_puts(out, fence ? (code ? " ``" : "`` ") : "`");
+      code = !code;
+    } else if (cell && *p == '|') {
+      kvr_buf_puts(out, "\\|"); /* a pipe would end the table cell, in code spans too (GFM) */
+    } else {
       kvr_buf_append(out, p, 1);
+    }
   }
 }
 
@@ -138,4 +161,35 @@ void kvr__html_text(kvr_buf_t *out, const char *text) {
     kvr_buf_puts(out, "</code>");
   if (strong)
     kvr_buf_puts(out, "</strong>");
+}
+
+/* ---- shell quoting --------------------------------------------------------------------------- */
+
+static bool shell_safe(const char *w) {
+  if (*w == '\0')
+    return false;
+  for (const char *p = w; *p; p++)
+    if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+          strchr("_@%+=:,./-", *p) != NULL))
+      return false;
+  return true;
+}
+
+void kvr_report_shell_join(int argc, char **argv, kvr_buf_t *out) {
+  kvr_buf_puts(out, "kvrouter");
+  for (int i = 0; i < argc; i++) {
+    const char *w = argv[i] ? argv[i] : "";
+    kvr_buf_puts(out, " ");
+    if (shell_safe(w)) {
+      kvr_buf_puts(out, w);
+      continue;
+    }
+    kvr_buf_puts(out, "'");
+    for (const char *p = w; *p; p++)
+      if (*p == '\'')
+        kvr_buf_puts(out, "'\\''");
+      else
+        kvr_buf_append(out, p, 1);
+    kvr_buf_puts(out, "'");
+  }
 }

@@ -78,12 +78,15 @@ void kvr__doc_table_end(kvr__doc_t *d);
 
 /* Writes text with its inline marks rendered as Markdown ("**", "`"). */
 void kvr__md_text(kvr_buf_t *out, const char *text);
+/* The same for a table cell when cell is true: a "|" is written "\|" so that it stays in the cell.
+ */
+void kvr__md_text_cell(kvr_buf_t *out, const char *text, bool cell);
 /* Writes text HTML-escaped, its inline marks rendered as <strong> and <code>. */
 void kvr__html_text(kvr_buf_t *out, const char *text);
 
 /* ---- the report's sections (report_sections.c) ----------------------------------------------- */
 
-/* Title and generation time. */
+/* Title (kvr_report_title()), the summary paragraph (kvr__verdict_summary()), generation time. */
 void kvr__report_head(const kvr_results_t *res, kvr__doc_t *d);
 /* Everything after the head: configuration, SLOs, tables, matrix, winner, detailed comparison,
  * per-turn TTFT, worker share, observations, workload parameters. */
@@ -91,6 +94,9 @@ void kvr__report_body(const kvr_results_t *res, kvr__doc_t *d);
 
 /* ---- the verdict sentences (report_verdicts.c) ----------------------------------------------- */
 
+/* The summary paragraph that opens the report: which policy has the highest max SLO-compliant load
+ * and by how much over the baseline, whether that is exact or a bound, or that it is not known. */
+void kvr__verdict_summary(const kvr_results_t *res, kvr__doc_t *d);
 /* After the configuration table: whether every run started cold, from each run's reset outcome. */
 void kvr__verdict_reset(const kvr_results_t *res, kvr__doc_t *d);
 /* After the winner table: which label improved the max SLO-compliant load, or that it is not
@@ -106,6 +112,9 @@ typedef struct kvr__metric_s {
   const char *fmt;
   double (*get)(const kvr_level_t *);
   bool (*valid)(const kvr_level_t *);
+  /* The measured requests behind the figure (TTFT: those with a first token, TPOT: those with two
+   * or more output tokens, ...); NULL when the figure is not one of requests (engine counters). */
+  size_t (*count)(const kvr_level_t *);
 } kvr__metric_t;
 
 /* The per-load tables, in report order: [0] TTFT p99, [1] TPOT p99, [2] output throughput, ... */
@@ -147,6 +156,9 @@ size_t kvr__worker_names(const kvr_results_t *res, double dl,
                          char names[KVR_STATS_MAX_WORKERS][KVR_WORKER_NAME_MAX]);
 /* Requests of the level that worker name served. */
 size_t kvr__worker_count(const kvr_level_t *lv, const char *name);
+/* The run as a reader knows it: "phase3 (kv_aware)", or only the label when the run has no policy
+ * or its policy is its label. */
+void kvr__run_name(const kvr_run_t *run, char *buf, size_t size);
 /* Some level of the run ran to its end (or stopped early) and passed: when its max SLO-compliant
  * load is 0 anyway, it passed only above a failing level. */
 bool kvr__passed_any(const kvr_run_t *run);

@@ -120,6 +120,10 @@ static void run_keys(cJSON *k, const kvr_results_t *res, const kvr_run_t *run,
                                                 : "turn arrivals per second");
   cJSON_AddNumberToObject(k, "time_scale", res->time_scale);
   cJSON_AddNumberToObject(k, "seed", (double)res->seed);
+  /* A virtual-time run: the cluster was simulated on a virtual clock (one line on it). */
+  cJSON_AddBoolToObject(k, "virtual", res->virtual_desc != NULL);
+  if (res->virtual_desc)
+    cJSON_AddStringToObject(k, "virtual_desc", res->virtual_desc);
   /* Concurrency levels are measured in steady state (bench/loadgen/loadgen.h). */
   cJSON_AddBoolToObject(k, "steady_state", lv->steady_state);
   cJSON_AddNumberToObject(k, "warmup_requests", (double)lv->warmup_requests);

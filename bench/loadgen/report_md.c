@@ -39,7 +39,7 @@ static void md_row(kvr__doc_t *d, const char *const *cells, size_t n, bool heade
   kvr_buf_puts(d->out, "|");
   for (size_t i = 0; i < n; i++) {
     kvr_buf_puts(d->out, " ");
-    kvr__md_text(d->out, cells[i]);
+    kvr__md_text_cell(d->out, cells[i], true);
     kvr_buf_puts(d->out, " |");
   }
   kvr_buf_puts(d->out, "\n");

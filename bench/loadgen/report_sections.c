@@ -2,11 +2,12 @@
  * (report_int.h) that report_md.c and report_html.c render: headings, tables and the sentences that
  * only describe. Every sentence that concludes something comes from report_verdicts.c.
  *
- * Sections, in order (the team's report form, shared/seeds/002_*.txt): head (title, generation
- * time); configuration (labels, policies, prefix-cache resets); SLO targets; one table per metric
- * by load and label; the SLO compliance matrix; winner identification; the detailed comparison at
- * the baseline's max SLO-compliant load, with per-turn TTFT and worker share there; key
- * observations computed from the data; workload parameters.
+ * Sections, in order (the team's report form, shared/seeds/002_*.txt): head (title, suffixed
+ * "(virtual time)" for a virtual-time run, the summary paragraph of report_verdicts.c, generation
+ * time); configuration (labels, policies, prefix-cache resets, the virtual clock); SLO targets; one
+ * table per metric by load and label; the SLO compliance matrix; winner identification; the
+ * detailed comparison at the baseline's max SLO-compliant load, with per-turn TTFT and worker share
+ * there; key observations computed from the data; workload parameters.
  *
  * Structs: none of its own; tables take their rows from the metric tables of report.c.
  *
@@ -49,8 +50,9 @@ static void load_section(const kvr_results_t *res, kvr__doc_t *d, const char *ti
   run_table(res, d, first, false);
 }
 
-/* One figure of a level: an em dash without a level, "n/a" (or "stopped early") without data. */
-static void metric_cell(kvr__doc_t *d, const kvr__metric_t *m, const kvr_level_t *lv) {
+/* One figure of a level: an em dash without a level, "n/a" (or "stopped early") without data;
+ * with_n appends " (n=N)", the measured requests behind it, when the metric counts them. */
+static void metric_cell(kvr__doc_t *d, const kvr__metric_t *m, const kvr_level_t *lv, bool with_n) {
   if (lv == NULL) {
     kvr__doc_cell(d, DASH);
   } else if (!m->valid(lv)) {
@@ -58,20 +60,28 @@ static void metric_cell(kvr__doc_t *d, const kvr__metric_t *m, const kvr_level_t
   } else {
     char tmp[64];
     snprintf(tmp, sizeof(tmp), m->fmt, m->get(lv));
-    kvr__doc_cell(d, "%s", tmp);
+    if (with_n && m->count)
+      kvr__doc_cell(d, "%s (n=%zu)", tmp, m->count(lv));
+    else
+      kvr__doc_cell(d, "%s", tmp);
   }
 }
 
+/* A figure by load and label; note: the first of them, which says what n is. */
 static void metric_table(const kvr_results_t *res, const kvr__metric_t *m, const double *loads,
-                         size_t nloads, kvr__doc_t *d) {
+                         size_t nloads, bool note, kvr__doc_t *d) {
   kvr__doc_h(d, 2, "Results " DASH " %s", m->title);
+  if (note)
+    kvr__doc_p(d, "n: the measured requests behind each figure (warm-up and cool-down requests "
+                  "excluded; TTFT counts those with a first token, TPOT those with two or more "
+                  "output tokens, throughput the completed ones).");
   run_table(res, d, kvr__load_header(res), true);
   for (size_t i = 0; i < nloads; i++) {
     char l[32];
     kvr__fmt_load(res, loads[i], l, sizeof(l));
     kvr__doc_cell(d, "%s", l);
     for (size_t r = 0; r < res->nruns; r++)
-      metric_cell(d, m, kvr__find_load(&res->runs[r], loads[i]));
+      metric_cell(d, m, kvr__find_load(&res->runs[r], loads[i]), true);
     kvr__doc_row_end(d);
   }
   kvr__doc_table_end(d);
@@ -80,7 +90,11 @@ static void metric_table(const kvr_results_t *res, const kvr__metric_t *m, const
 /* ---- head, configuration, SLOs --------------------------------------------------------------- */
 
 void kvr__report_head(const kvr_results_t *res, kvr__doc_t *d) {
-  kvr__doc_h(d, 1, "%s", res->title ? res->title : "kvrouter Benchmark Report");
+  kvr_buf_t title = KVR_BUF_INIT;
+  kvr_report_title(res, &title);
+  kvr__doc_h(d, 1, "%s", title.data);
+  kvr_buf_free(&title);
+  kvr__verdict_summary(res, d);
   kvr__doc_p(d, B "Generated:" B " %s", res->generated ? res->generated : "");
 }
 
@@ -107,6 +121,8 @@ static void section_config(const kvr_results_t *res, kvr__doc_t *d) {
     kvr__doc_row_end(d);
   }
   kvr__doc_table_end(d);
+  if (res->virtual_desc)
+    kvr__doc_p(d, "Clock: virtual time " DASH " %s", res->virtual_desc);
   kvr__verdict_reset(res, d);
 }
 
@@ -134,16 +150,16 @@ static void section_slo(const kvr_results_t *res, kvr__doc_t *d) {
 static void section_metrics(const kvr_results_t *res, const double *loads, size_t nloads,
                             kvr__doc_t *d) {
   for (size_t m = 0; m < kvr__n_per_load_metrics; m++)
-    metric_table(res, &kvr__per_load_metrics[m], loads, nloads, d);
+    metric_table(res, &kvr__per_load_metrics[m], loads, nloads, m == 0, d);
   if (!res->concurrency_mode)
-    metric_table(res, &kvr__achieved_metric, loads, nloads, d);
+    metric_table(res, &kvr__achieved_metric, loads, nloads, false, d);
   bool engine = false;
   for (size_t r = 0; r < res->nruns; r++)
     for (size_t i = 0; i < res->runs[r].nlevels; i++)
       engine |= kvr__has_engine(res->runs[r].levels[i]);
   if (engine)
     for (size_t m = 0; m < kvr__n_engine_metrics; m++)
-      metric_table(res, &kvr__engine_metrics[m], loads, nloads, d);
+      metric_table(res, &kvr__engine_metrics[m], loads, nloads, false, d);
 }
 
 /* ---- SLO compliance matrix ------------------------------------------------------------------- */
@@ -237,7 +253,7 @@ static void detail_table(const kvr_results_t *res, double dl, kvr__doc_t *d) {
       continue; /* no worker /metrics were read (e.g. a router without --admin) */
     kvr__doc_cell(d, "%s", mt->title);
     for (size_t r = 0; r < res->nruns; r++)
-      metric_cell(d, mt, kvr__find_load(&res->runs[r], dl));
+      metric_cell(d, mt, kvr__find_load(&res->runs[r], dl), false);
     kvr__doc_row_end(d);
   }
   kvr__doc_table_end(d);

@@ -1,5 +1,5 @@
-/* report_verdicts.c -- every sentence of the report that concludes something: whether runs started
- * cold, which label wins, the key observations, and the plain-text summary.
+/* report_verdicts.c -- every sentence of the report that concludes something: the opening summary,
+ * whether runs started cold, which label wins, the key observations, and the plain-text summary.
  *
  * Rule: each verdict is computed from the results (through the analysis of report.c: capacities
  * and whether their limits were found, gains and their bounds, the certain winner, the schedule
@@ -162,6 +162,101 @@ void kvr__verdict_winner(const kvr_results_t *res, kvr__doc_t *d) {
     not_known_tail(res, d);
     kvr__doc_p_end(d);
   }
+}
+
+/* ---- the opening summary --------------------------------------------------------------------- */
+
+/* "`phase3` (kv_aware)": the run's label as code, then its policy when that says more. */
+static void summary_name(const kvr_run_t *run, kvr__doc_t *d) {
+  kvr__doc_printf(d, C "%s" C, run->label);
+  if (run->policy[0] && strcmp(run->policy, run->label) != 0)
+    kvr__doc_printf(d, " (%s)", run->policy);
+}
+
+/* The winners (kvr_report_winner) from the first, w, on: one name, or "a and b", "a, b and c". */
+static void summary_winners(const kvr_results_t *res, size_t w, kvr__doc_t *d) {
+  size_t nw = 0, k = 0;
+  for (size_t r = w; r < res->nruns; r++)
+    nw += kvr_report_winner(res, r);
+  for (size_t r = w; r < res->nruns; r++) {
+    if (!kvr_report_winner(res, r))
+      continue;
+    kvr__doc_printf(d, "%s", k == 0 ? "" : k + 1 == nw ? " and " : ", ");
+    summary_name(&res->runs[r], d);
+    k++;
+  }
+  kvr__doc_printf(d, " %s", nw > 1 ? "share" : "has");
+}
+
+static void summary_winner(const kvr_results_t *res, size_t w, kvr__doc_t *d) {
+  kvr_report_cap_t base = kvr_report_cap(&res->runs[0]), cw = kvr_report_cap(&res->runs[w]);
+  kvr_report_gain_t g = kvr_report_gain(base, cw);
+  char a[48], b[48], gain[48];
+  kvr__fmt_cap(res, base, true, a, sizeof(a));
+  kvr__fmt_cap(res, cw, true, b, sizeof(b));
+  kvr__fmt_gain(g, gain, sizeof(gain));
+  summary_winners(res, w, d);
+  kvr__doc_printf(d, " the highest max SLO-compliant load, " B "%s" B, b);
+  if (g.bound == KVR_REPORT_NO_BASE) {
+    kvr__doc_printf(d, ", while the baseline ");
+    summary_name(&res->runs[0], d);
+    kvr__doc_printf(d, " passed at no measured load%s, so there is no ratio.",
+                    kvr__passed_any(&res->runs[0]) ? " below its first failure" : "");
+    return;
+  }
+  kvr__doc_printf(d, ", against %s for the baseline ", a);
+  summary_name(&res->runs[0], d);
+  kvr__doc_printf(d, ": " B "%s" B ".", gain);
+  /* A certain winner is above a found baseline limit: the gain is exact or at least. */
+  if (g.bound == KVR_REPORT_EXACT)
+    kvr__doc_printf(d, " Both limits were found (a higher load failed), so the gain is exact.");
+  else
+    kvr__doc_printf(d, " It passed every level tried, so its own limit was not found and the gain "
+                       "is a lower bound: measure higher loads to find it.");
+}
+
+void kvr__verdict_summary(const kvr_results_t *res, kvr__doc_t *d) {
+  if (res->nruns == 0)
+    return;
+  kvr_report_cap_t base = kvr_report_cap(&res->runs[0]);
+  char a[48];
+  kvr__fmt_cap(res, base, true, a, sizeof(a));
+  kvr__doc_printf(d, B "Summary:" B " ");
+  if (res->nruns == 1) {
+    summary_name(&res->runs[0], d);
+    if (!base.ran)
+      kvr__doc_printf(d, " ran no level to its end, so its max SLO-compliant load is not known.");
+    else if (base.load <= 0)
+      kvr__doc_printf(d, " passed the SLOs at no measured load%s.",
+                      kvr__passed_any(&res->runs[0]) ? " below its first failure" : "");
+    else
+      kvr__doc_printf(d, " has a max SLO-compliant load of " B "%s" B "%s.", a,
+                      base.found ? " (a higher load failed, so this is its limit)"
+                                 : " (every level tried passed, so this is a lower bound)");
+    kvr__doc_p_end(d);
+    return;
+  }
+  size_t up, unknown, w;
+  count_vs_base(res, &up, &unknown, &w);
+  if (w < res->nruns) {
+    summary_winner(res, w, d);
+  } else if (up == 0 && unknown == 0) {
+    kvr__doc_printf(d, "no configuration beat the baseline ");
+    summary_name(&res->runs[0], d);
+    kvr__doc_printf(d,
+                    ": its max SLO-compliant load is " B "%s" B
+                    " and every other one's is the same or lower.",
+                    a);
+  } else {
+    kvr__doc_printf(d, "which configuration has the highest max SLO-compliant load is " B
+                       "not known" B ": ");
+    not_known_tail(res, d);
+  }
+  kvr__doc_printf(d,
+                  " (Max SLO-compliant load: the highest load at which TTFT p99 < %.0f ms and "
+                  "TPOT p99 < %.0f ms.)",
+                  res->slo.ttft_p99_ms, res->slo.tpot_p99_ms);
+  kvr__doc_p_end(d);
 }
 
 static void obs_capacity_winner(const kvr_results_t *res, size_t w, int *n, kvr__doc_t *d) {

@@ -198,7 +198,9 @@ typedef struct kvr_results_s {
   char *api;      /* "chat" or "completions" */
   char *workload; /* name */
   char *workload_desc;
-  char *command; /* the command line */
+  char *command;      /* the command line */
+  char *virtual_desc; /* NULL for a real run; else one line describing the virtual-time cluster
+                       * (workers, delays, seed) */
   bool concurrency_mode;
   bool sessions; /* rate = conversation starts/s instead of turn arrivals/s */
   bool replay;   /* multiturn replay: arrival i sends a pre-assigned (conversation, turn) whether

@@ -93,8 +93,8 @@ static void test_markdown_structure(void **state) {
   section(m, "## Results \xe2\x80\x94 Max Concurrent Requests");
   /* phase3 has no level at 1.00: an em dash. */
   const char *ttft = section(m, "## Results \xe2\x80\x94 TTFT p99 (ms)");
-  assert_true(strstr(ttft, "| 1.00 | 300 | \xe2\x80\x94 |") != NULL);
-  assert_true(strstr(ttft, "| 4.00 | 1200 | 800 |") != NULL);
+  assert_true(strstr(ttft, "| 1.00 | 300 (n=20) | \xe2\x80\x94 |") != NULL);
+  assert_true(strstr(ttft, "| 4.00 | 1200 (n=20) | 800 (n=20) |") != NULL);
   /* The compliance matrix names the failing SLO. */
   const char *matrix = section(m, "## SLO Compliance Matrix");
   assert_non_null(strstr(matrix, "| 2.00 | PASS | PASS |"));
@@ -236,12 +236,12 @@ static void html_cells(const char *html, kvr_buf_t *out) {
   static const char *const ents[][2] = {
       {"&amp;", "&"}, {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}};
   for (const char *p = html; (p = strstr(p, "<t")) != NULL; p++) {
-    if (strncmp(p, "<td>", 4) != 0 && strncmp(p, "<th>", 4) != 0)
+    if ((strncmp(p, "<td", 3) != 0 && strncmp(p, "<th", 3) != 0) || (p[3] != '>' && p[3] != ' '))
       continue;
     const char *e = strstr(p, p[2] == 'd' ? "</td>" : "</th>");
     assert_non_null(e);
     kvr_buf_t cell = KVR_BUF_INIT;
-    for (const char *c = p + 4; c < e; c++) {
+    for (const char *c = strchr(p, '>') + 1; c < e; c++) {
       if (*c == '<') {
         c = strchr(c, '>');
         continue;
@@ -773,6 +773,327 @@ static void test_steady_state_level(void **state) {
   kvr_stats_results_free(res);
 }
 
+/* The Command row can be pasted back into a shell: safe words bare, others single-quoted. */
+static void test_shell_join(void **state) {
+  (void)state;
+  static const struct {
+    const char *arg, *want;
+  } cases[] = {
+      {"bench", "bench"},
+      {"--rates=1,2.5", "--rates=1,2.5"},
+      {"user@host:/a/b_c%+", "user@host:/a/b_c%+"},
+      {"two words", "'two words'"},
+      {"it's", "'it'\\''s'"},
+      {"", "''"},
+      {"$HOME", "'$HOME'"},
+      {"a*b", "'a*b'"},
+      {"~", "'~'"},
+      {"x;rm -rf /", "'x;rm -rf /'"},
+      {"'", "''\\'''"},
+      {"\"q\"", "'\"q\"'"},
+      {"tab\there", "'tab\there'"},
+      {"caf\xc3\xa9", "'caf\xc3\xa9'"},
+  };
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(cases); i++) {
+    kvr_buf_t b = KVR_BUF_INIT;
+    char *argv[] = {(char *)cases[i].arg};
+    kvr_report_shell_join(1, argv, &b);
+    char want[128];
+    snprintf(want, sizeof(want), "kvrouter %s", cases[i].want);
+    assert_string_equal(b.data, want);
+    kvr_buf_free(&b);
+  }
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_report_shell_join(0, NULL, &b);
+  assert_string_equal(b.data, "kvrouter");
+  kvr_buf_reset(&b);
+  char *argv[] = {"bench", "--title", "A/B it's", "--rates", "1,2", "--out", "x y/"};
+  kvr_report_shell_join(7, argv, &b);
+  assert_string_equal(b.data, "kvrouter bench --title 'A/B it'\\''s' --rates 1,2 --out 'x y/'");
+  kvr_buf_free(&b);
+}
+
+/* The virtual-time mark: title suffix, Clock line, JSON flag; nothing of it for a real run. */
+static void test_virtual_mark(void **state) {
+  (void)state;
+  kvr_results_t *res = sample();
+  kvr_buf_t md = KVR_BUF_INIT, html = KVR_BUF_INIT, js = KVR_BUF_INIT;
+  kvr_report_markdown(res, &md);
+  kvr_report_html(res, &html);
+  kvr_report_level_json(res, &res->runs[0], res->runs[0].levels[0], &js);
+  assert_non_null(strstr(md.data, "# A/B <test>\n"));
+  assert_null(strstr(md.data, "virtual"));
+  assert_null(strstr(md.data, "Clock:"));
+  assert_null(strstr(html.data, "virtual"));
+  cJSON *j = cJSON_Parse(js.data);
+  cJSON *k = cJSON_GetObjectItem(j, "kvrouter");
+  assert_true(cJSON_IsFalse(cJSON_GetObjectItem(k, "virtual")));
+  assert_null(cJSON_GetObjectItem(k, "virtual_desc"));
+  cJSON_Delete(j);
+
+  kvr_stats_set_str(&res->virtual_desc, "4 sim workers, 2 ms link delay, seed 7");
+  kvr_buf_reset(&md);
+  kvr_buf_reset(&html);
+  kvr_buf_reset(&js);
+  kvr_report_markdown(res, &md);
+  kvr_report_html(res, &html);
+  kvr_report_level_json(res, &res->runs[0], res->runs[0].levels[0], &js);
+  assert_true(strncmp(md.data, "# A/B <test> (virtual time)\n", 28) == 0);
+  const char *conf = section(md.data, "## Configuration");
+  const char *clock = strstr(conf, "\nClock: virtual time \xe2\x80\x94 4 sim workers, 2 ms link "
+                                   "delay, seed 7\n");
+  assert_non_null(clock);
+  assert_true(clock < section(md.data, "## SLO Targets"));
+  assert_non_null(strstr(html.data, "<title>A/B &lt;test&gt; (virtual time)</title>"));
+  assert_non_null(strstr(html.data, "<h1>A/B &lt;test&gt; (virtual time)</h1>"));
+  assert_non_null(strstr(html.data, "<p>Clock: virtual time \xe2\x80\x94 4 sim workers, 2 ms link "
+                                    "delay, seed 7</p>"));
+  j = cJSON_Parse(js.data);
+  k = cJSON_GetObjectItem(j, "kvrouter");
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(k, "virtual")));
+  assert_string_equal(cJSON_GetObjectItem(k, "virtual_desc")->valuestring,
+                      "4 sim workers, 2 ms link delay, seed 7");
+  cJSON_Delete(j);
+  kvr_buf_free(&md);
+  kvr_buf_free(&html);
+  kvr_buf_free(&js);
+  kvr_stats_results_free(res); /* frees virtual_desc (checked under ASan/valgrind) */
+}
+
+/* The paragraph right after the title (Markdown: the first block after "# title"). */
+static const char *first_para(const char *md, char *buf, size_t size) {
+  const char *p = strstr(md, "\n\n");
+  assert_non_null(p);
+  p += 2;
+  size_t n = strcspn(p, "\n");
+  snprintf(buf, size, "%.*s", (int)n, p);
+  return buf;
+}
+
+/* The summary that opens the report says who won by how much, exact or a bound, or not known. */
+static void test_summary_paragraph(void **state) {
+  (void)state;
+  char p[2048];
+  kvr_results_t *res = sample();
+  kvr_buf_t md = KVR_BUF_INIT, html = KVR_BUF_INIT;
+  kvr_report_markdown(res, &md);
+  assert_string_equal(first_para(md.data, p, sizeof(p)),
+                      "**Summary:** `phase3` (kv_aware) has the highest max SLO-compliant load, "
+                      "**3.00 RPS**, against 2.00 RPS for the baseline `phase0` (round_robin): "
+                      "**+50%**. Both limits were found (a higher load failed), so the gain is "
+                      "exact. (Max SLO-compliant load: the highest load at which TTFT p99 < 1000 "
+                      "ms and TPOT p99 < 60 ms.)");
+  kvr_report_html(res, &html);
+  assert_non_null(strstr(html.data, "</h1>\n<p><strong>Summary:</strong> <code>phase3</code> "
+                                    "(kv_aware) has the highest max SLO-compliant load, "
+                                    "<strong>3.00 RPS</strong>, against 2.00 RPS"));
+  kvr_buf_free(&html);
+  kvr_stats_results_free(res);
+
+  /* Every level passed: nothing is claimed. */
+  res = two_runs();
+  kvr_buf_reset(&md);
+  kvr_report_markdown(res, &md);
+  first_para(md.data, p, sizeof(p));
+  assert_non_null(strstr(p, "**Summary:** which configuration has the highest max SLO-compliant "
+                            "load is **not known**: `phase0` passed every level tried (at least "
+                            "12.00 RPS); `phase3` passed every level tried (at least 12.00 RPS)."));
+  assert_null(strstr(p, "WINNER"));
+  assert_null(strstr(p, "has the highest max SLO-compliant load,"));
+  /* phase0 fails at 16, phase3 passes there: a lower bound. */
+  kvr_stats_run_add(&res->runs[0], level(&res->slo, 16, 1200, 30, 0, 4));
+  kvr_stats_run_add(&res->runs[1], level(&res->slo, 16, 350, 30, 0, 4));
+  kvr_buf_reset(&md);
+  kvr_report_markdown(res, &md);
+  assert_string_equal(first_para(md.data, p, sizeof(p)),
+                      "**Summary:** `phase3` (kv_aware) has the highest max SLO-compliant load, "
+                      "**at least 16.00 RPS**, against 12.00 RPS for the baseline `phase0` "
+                      "(round_robin): **at least +33%**. It passed every level tried, so its own "
+                      "limit was not found and the gain is a lower bound: measure higher loads to "
+                      "find it. (Max SLO-compliant load: the highest load at which TTFT p99 < 1000 "
+                      "ms and TPOT p99 < 60 ms.)");
+  /* phase3 fails below phase0's limit: the baseline is not beaten. */
+  kvr_stats_run_add(&res->runs[1], level(&res->slo, 6, 1300, 30, 0, 4));
+  kvr_buf_reset(&md);
+  kvr_report_markdown(res, &md);
+  first_para(md.data, p, sizeof(p));
+  assert_non_null(strstr(p, "**Summary:** no configuration beat the baseline `phase0` "
+                            "(round_robin): its max SLO-compliant load is **12.00 RPS** and every "
+                            "other one's is the same or lower."));
+  kvr_stats_results_free(res);
+
+  /* One run, no policy: its own limit. */
+  res = kvr_stats_results_new();
+  kvr_run_t *a = kvr_stats_results_add_run(res, "solo", "", "");
+  kvr_stats_run_add(a, level(&res->slo, 1, 300, 30, 0, 1));
+  kvr_buf_reset(&md);
+  kvr_report_markdown(res, &md);
+  assert_string_equal(first_para(md.data, p, sizeof(p)),
+                      "**Summary:** `solo` has a max SLO-compliant load of **at least 1.00 RPS** "
+                      "(every level tried passed, so this is a lower bound).");
+  kvr_buf_free(&md);
+  kvr_stats_results_free(res);
+}
+
+/* The y tick values of a chart (right-aligned tick labels), in order; returns their count. */
+static size_t y_ticks(const char *svg, double *v, size_t max) {
+  size_t n = 0;
+  for (const char *p = strstr(svg, "<text class=\"tick\""); p && n < max;
+       p = strstr(p + 1, "<text class=\"tick\"")) {
+    const char *gt = strchr(p, '>');
+    const char *end = strstr(p, "text-anchor=\"end\"");
+    if (end != NULL && end < gt)
+      v[n++] = strtod(gt + 1, NULL);
+  }
+  return n;
+}
+
+/* The first x tick value of a chart (centred tick labels). */
+static double first_x_tick(const char *svg) {
+  const char *needle = "text-anchor=\"middle\">";
+  const char *p = strstr(svg, needle);
+  assert_non_null(p);
+  return strtod(p + strlen(needle), NULL);
+}
+
+/* Every circle of the chart lies inside the plot (MT = 40 .. MT + PH = 310). */
+static void assert_points_inside(const char *svg) {
+  size_t n = 0;
+  for (const char *p = strstr(svg, " cy=\""); p; p = strstr(p + 1, " cy=\"")) {
+    double cy = strtod(p + 5, NULL);
+    assert_true(cy >= 40 - 1e-6 && cy <= 310 + 1e-6);
+    n++;
+  }
+  assert_true(n > 0);
+}
+
+/* Legends and tooltips name the policy; tooltips carry n; emphasis is structure, not "**". */
+static void test_html_legends_and_markup(void **state) {
+  (void)state;
+  kvr_results_t *res = sample();
+  /* Sentences with emphasis and code everywhere: failed reset, missed schedule. */
+  res->cache_reset = "before each run: POST /admin/reset_prefix_cache";
+  res->runs[0].cache_reset_outcome = KVR_CACHE_RESET_ALL;
+  res->runs[1].cache_reset_outcome = KVR_CACHE_RESET_FAILED;
+  res->runs[1].levels[1]->lag.p99 = 33;
+  kvr_stats_set_str(&res->command, "kvrouter bench --labels phase0,phase3");
+  kvr_buf_t html = KVR_BUF_INIT, md = KVR_BUF_INIT;
+  kvr_report_html(res, &html);
+  kvr_report_markdown(res, &md);
+  const char *h = html.data;
+  assert_non_null(strstr(md.data, "**not every run started cold**"));
+  assert_non_null(strstr(md.data, "| Command | `kvrouter bench --labels phase0,phase3` |"));
+  assert_null(strstr(h, "**"));
+  assert_null(strstr(h, "`"));
+  assert_non_null(strstr(h, "but <strong>not every run started cold</strong>: the reset before "
+                            "<code>phase3</code> failed"));
+  assert_non_null(strstr(h, "<strong>The load generator missed its schedule at 1 of 7 "
+                            "levels</strong>"));
+  assert_non_null(strstr(h, "<td>Command</td><td><code>kvrouter bench --labels "
+                            "phase0,phase3</code></td>"));
+  /* Prose and text cells left, figures right. */
+  assert_non_null(strstr(h, "p,li{text-align:left"));
+  assert_non_null(strstr(h, "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left"));
+  assert_non_null(strstr(h, "td.num,th.num{text-align:right"));
+  assert_non_null(strstr(h, "<tr><td class=\"num\">1.00</td><td class=\"num\">300 (n=20)</td>"));
+  assert_non_null(strstr(h, "<tr><td class=\"c\">0</td><td>phase0 (baseline)</td>"));
+  static char buf[65536];
+  svg_by_id(h, "ttft-p99", buf, sizeof(buf));
+  assert_non_null(strstr(buf, ">phase0 (round_robin)</text>"));
+  assert_non_null(strstr(buf, ">phase3 (kv_aware)</text>"));
+  assert_non_null(strstr(buf, "<title>phase3 (kv_aware) at 2.00 RPS: 400 ms (n=20)</title>"));
+  svg_by_id(h, "tpot-p99", buf, sizeof(buf));
+  assert_non_null(strstr(buf, "<title>phase0 (round_robin) at 4.00 RPS: 90 ms (n=20)</title>"));
+  svg_by_id(h, "worker-share", buf, sizeof(buf));
+  assert_non_null(strstr(buf, "<title>phase3 (kv_aware), w0: 50.0% (10 of n=20)</title>"));
+  /* No policy, or a policy equal to the label: the label alone. */
+  kvr_buf_reset(&html);
+  res->runs[0].policy[0] = '\0';
+  snprintf(res->runs[1].policy, sizeof(res->runs[1].policy), "phase3");
+  kvr_report_html(res, &html);
+  svg_by_id(html.data, "ttft-p99", buf, sizeof(buf));
+  assert_non_null(strstr(buf, ">phase0</text>"));
+  assert_non_null(strstr(buf, ">phase3</text>"));
+  assert_null(strstr(buf, "(kv_aware)"));
+  /* A code span holding a backtick gets a double fence; a pipe stays in its Markdown cell. */
+  kvr_stats_set_str(&res->command, "kvrouter bench --title 'a`b|c'");
+  kvr_buf_reset(&md);
+  kvr_report_markdown(res, &md);
+  assert_non_null(strstr(md.data, "| Command | `` kvrouter bench --title 'a`b\\|c' `` |"));
+  kvr_buf_free(&html);
+  kvr_buf_free(&md);
+  res->cache_reset = NULL;
+  kvr_stats_results_free(res);
+}
+
+/* One run at loads with the given TTFT p99 (constant per level) and TPOT 30 ms. */
+static kvr_results_t *ttft_curve(const double *loads, const double *ttft, size_t n) {
+  kvr_results_t *res = kvr_stats_results_new();
+  kvr_run_t *a = kvr_stats_results_add_run(res, "base", "round_robin", "");
+  for (size_t i = 0; i < n; i++)
+    kvr_stats_run_add(a, level(&res->slo, loads[i], ttft[i], 30, 0, 2));
+  return res;
+}
+
+/* Axes fit the data: nice ticks from the data's range, the SLO drawn only near it, a log axis for
+ * figures spanning decades, x from near the first load when it is far from zero; no point
+ * clipped. */
+static void test_chart_axes_fit(void **state) {
+  (void)state;
+  static char buf[65536];
+  double t[32];
+  kvr_buf_t html = KVR_BUF_INIT;
+  /* The sample: TTFT 300..1200 ms with the 1000 ms SLO: 0..1200, linear. */
+  kvr_results_t *res = sample();
+  kvr_report_html(res, &html);
+  svg_by_id(html.data, "ttft-p99", buf, sizeof(buf));
+  size_t n = y_ticks(buf, t, 32);
+  assert_true(n >= 4 && n <= 9);
+  assert_true(t[0] == 0 && t[n - 1] == 1200);
+  assert_null(strstr(buf, "log scale"));
+  assert_points_inside(buf);
+  svg_by_id(html.data, "tpot-p99", buf, sizeof(buf)); /* TPOT 30..90 ms, SLO 60 */
+  n = y_ticks(buf, t, 32);
+  assert_true(t[n - 1] >= 90 && t[n - 1] <= 100);
+  assert_points_inside(buf);
+  svg_by_id(html.data, "worker-share", buf, sizeof(buf)); /* largest share 50% */
+  n = y_ticks(buf, t, 32);
+  assert_true(t[n - 1] == 50);
+  kvr_stats_results_free(res);
+
+  /* TTFT far under the SLO: the axis fits 10..40 ms and the SLO is noted above the plot. */
+  static const double loads[] = {8, 9, 10, 11, 12};
+  static const double low[] = {10, 15, 20, 30, 40};
+  res = ttft_curve(loads, low, 5);
+  kvr_buf_reset(&html);
+  kvr_report_html(res, &html);
+  svg_by_id(html.data, "ttft-p99", buf, sizeof(buf));
+  n = y_ticks(buf, t, 32);
+  assert_true(t[0] == 0 && t[n - 1] >= 40 && t[n - 1] <= 50);
+  assert_null(strstr(buf, "class=\"slo\""));
+  assert_non_null(strstr(buf, "SLO 1000 ms (above the plot)"));
+  assert_true(first_x_tick(buf) == 8); /* loads 8..12: x starts at 8, not 0 */
+  assert_points_inside(buf);
+  kvr_stats_results_free(res);
+
+  /* TTFT from 100 ms to 30 s: a log axis from 100 to 50000, the SLO line on it. */
+  static const double wide[] = {100, 300, 900, 5000, 30000};
+  res = ttft_curve(loads, wide, 5);
+  kvr_buf_reset(&html);
+  kvr_report_html(res, &html);
+  svg_by_id(html.data, "ttft-p99", buf, sizeof(buf));
+  assert_non_null(strstr(buf, "TTFT p99 (ms), log scale"));
+  n = y_ticks(buf, t, 32);
+  assert_true(t[0] == 100 && t[n - 1] == 50000);
+  assert_int_equal(count(buf, "class=\"slo\""), 1);
+  assert_points_inside(buf);
+  svg_by_id(html.data, "throughput", buf, sizeof(buf)); /* throughput stays linear */
+  assert_null(strstr(buf, "log scale"));
+  assert_points_inside(buf);
+  kvr_buf_free(&html);
+  kvr_stats_results_free(res);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_markdown_structure), cmocka_unit_test(test_no_improvement),
               cmocka_unit_test(test_html_charts), cmocka_unit_test(test_level_json_and_jsonl),
               cmocka_unit_test(test_write_files), cmocka_unit_test(test_engine_figures_and_reset),
@@ -783,4 +1104,6 @@ KVR_TEST_MAIN(cmocka_unit_test(test_markdown_structure), cmocka_unit_test(test_n
               cmocka_unit_test(test_balance_and_workload_rows),
               cmocka_unit_test(test_interrupted_failure_bounds_nothing),
               cmocka_unit_test(test_baseline_passes_nowhere),
-              cmocka_unit_test(test_steady_state_level))
+              cmocka_unit_test(test_steady_state_level), cmocka_unit_test(test_shell_join),
+              cmocka_unit_test(test_virtual_mark), cmocka_unit_test(test_summary_paragraph),
+              cmocka_unit_test(test_html_legends_and_markup), cmocka_unit_test(test_chart_axes_fit))
