@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "engine_options.h"
 
+#include "bench/loadgen/report.h"
 #include "bench/loadgen/runner.h"
 #include "bench/routing/route_bench.h"
 #include "policies/policy.h"
@@ -324,13 +325,10 @@ static int run(kvr_runner_opts_t *o) {
   return status;
 }
 
+/* The command line as the report shows it: pasted back into a shell, it runs the same bench. */
 static char *join_argv(int argc, char **argv) {
   kvr_buf_t b = KVR_BUF_INIT;
-  kvr_buf_puts(&b, "kvrouter");
-  for (int i = 0; i < argc; i++) {
-    kvr_buf_puts(&b, " ");
-    kvr_buf_puts(&b, argv[i]);
-  }
+  kvr_report_shell_join(argc, argv, &b);
   return kvr_buf_steal(&b);
 }
 

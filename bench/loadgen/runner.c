@@ -276,8 +276,9 @@ static int run_label(kvr_runner_t *r, size_t i, char *err, size_t errlen) {
   const kvr_runner_opts_t *o = r->o;
   const char *policy = o->nab ? o->ab[i] : NULL;
   char d[256];
-  if (policy && r->vc)
-    snprintf(d, sizeof(d), "router policy `%s` in virtual time", policy);
+  if (r->vc)
+    snprintf(d, sizeof(d), "router policy `%s` in virtual time",
+             policy ? policy : kvr_vcluster_policy(r->vc));
   else if (policy)
     snprintf(d, sizeof(d), "router policy `%s` (PUT /admin/policy) at %s", policy, o->lg.url);
   else
@@ -385,6 +386,11 @@ static int setup_virtual(kvr_runner_t *r, char *err, size_t errlen) {
   r->reset = o->reset_cache < 0 ? o->nab > 0 : o->reset_cache == 1;
   r->res = kvr_stats_results_new();
   results_header(r);
+  kvr_buf_t desc = KVR_BUF_INIT;
+  kvr_vcluster_describe(r->vc, &desc);
+  kvr_buf_printf(&desc, "; seed %llu", (unsigned long long)o->seed);
+  kvr_stats_set_str(&r->res->virtual_desc, desc.data);
+  kvr_buf_free(&desc);
   return 0;
 }
 

@@ -654,7 +654,7 @@ kvr_vcluster_t *kvr_vcluster_new(const kvr_vcluster_opts_t *o, char *err, size_t
   vc->cfg.seed = o->seed;
   vc->cfg.access_log = false;
   free(vc->cfg.policy);
-  vc->cfg.policy = kvr_xstrdup("round_robin");
+  vc->cfg.policy = kvr_xstrdup("kv_aware"); /* serve's default */
   for (size_t i = 0; i < o->workers; i++) {
     char url[64];
     snprintf(url, sizeof(url), "http://127.0.0.1:%zu", 9001 + i); /* a name: never contacted */
@@ -759,6 +759,10 @@ void kvr_vcluster_level_end(kvr_vcluster_t *vc, kvr_level_t *lv) {
   lv->engine_workers = vc->o.workers;
   lv->preemptions = pre;
   lv->kv_usage_peak = vc->kv_peak;
+}
+
+const char *kvr_vcluster_policy(const kvr_vcluster_t *vc) {
+  return vc->oracle ? KVR_VCLUSTER_ORACLE : kvr_policy_name(vc->router->policy);
 }
 
 double kvr_vcluster_now(const kvr_vcluster_t *vc) {

@@ -70,8 +70,8 @@ void kvr_vcluster_opts_default(kvr_vcluster_opts_t *opts);
 
 typedef struct kvr_vcluster_s kvr_vcluster_t;
 
-/* Creates the cluster (opts copied, strings too) with policy "round_robin". Returns NULL with a
- * one-line reason in err. */
+/* Creates the cluster (opts copied, strings too) with policy "kv_aware" (serve's default). Returns
+ * NULL with a one-line reason in err. */
 kvr_vcluster_t *kvr_vcluster_new(const kvr_vcluster_opts_t *opts, char *err, size_t errlen);
 void kvr_vcluster_free(kvr_vcluster_t *vc); /* accepts NULL; in-flight requests are dropped */
 
@@ -96,6 +96,9 @@ void kvr_vcluster_idle(kvr_vcluster_t *vc, double seconds);
  * lv->engine_workers, lv->preemptions and lv->kv_usage_peak. */
 void kvr_vcluster_level_begin(kvr_vcluster_t *vc);
 void kvr_vcluster_level_end(kvr_vcluster_t *vc, kvr_level_t *lv);
+
+/* The name of the policy routing now. */
+const char *kvr_vcluster_policy(const kvr_vcluster_t *vc);
 
 /* The current virtual time, seconds, and how many events have run (for the report). */
 double kvr_vcluster_now(const kvr_vcluster_t *vc);
