@@ -45,6 +45,13 @@ static int set_workload(const kvr_cli_opt_t *o, void *base, const char *text, un
   return KVR_EINVAL;
 }
 
+static int set_params(const kvr_cli_opt_t *o, void *base, const char *text, unsigned nth, char *err,
+                      size_t errlen) {
+  (void)o;
+  (void)nth;
+  return kvr_runner_add_params(base, text, err, errlen);
+}
+
 static void show_workload(const kvr_cli_opt_t *o, const void *base, char *buf, size_t len) {
   static const char *const kinds[] = {"multiturn", "documents", "control",
                                       "file:",     "agentic",   "hot-prefix"};
@@ -178,6 +185,9 @@ static const kvr_cli_opt_t options[] = {
      .help = "router admin listener, e.g. http://127.0.0.1:8001"},
     {KVR_CLI_LIST, "labels", KVR_CLI_ARRAY(kvr_runner_opts_t, labels, nlabels), .arg = "LIST",
      .elem = KVR_CLI_STR, .help = "run labels (default phase0,phase3 for two policies)"},
+    {KVR_CLI_CUSTOM, "policy-params", .arg = "LABEL=JSON", .parse = set_params,
+     .help = "parameters of the run labelled LABEL's policy, e.g. phase3='{\"decode_weight\":0.2}' "
+             "(repeatable; sent with its PUT /admin/policy)"},
     {KVR_CLI_SWITCH, "reset-cache", F(reset_cache), .set = 1,
      .help = "empty the prefix caches before each label: POST ADMIN/admin/reset_prefix_cache "
              "(every worker and the router's index), or URL/reset_prefix_cache without --admin "

@@ -464,7 +464,8 @@ int kvr_monitor_reset_cache(kvr_monitor_t *m, char *summary, size_t size) {
 
 /* ---- policy and model ------------------------------------------------------------------------ */
 
-int kvr_monitor_set_policy(kvr_monitor_t *m, const char *policy, char *err, size_t errlen) {
+int kvr_monitor_set_policy(kvr_monitor_t *m, const char *policy, const char *params, char *err,
+                           size_t errlen) {
   if (m->admin == NULL) {
     snprintf(err, errlen, "no admin URL to switch the policy through");
     return KVR_EINVAL;
@@ -474,6 +475,10 @@ int kvr_monitor_set_policy(kvr_monitor_t *m, const char *policy, char *err, size
   kvr_buf_t body = KVR_BUF_INIT;
   kvr_buf_puts(&body, "{\"policy\":");
   kvr_buf_json_str(&body, policy, strlen(policy));
+  if (params != NULL) {
+    kvr_buf_puts(&body, ",\"params\":");
+    kvr_buf_puts(&body, params);
+  }
   kvr_buf_puts(&body, "}");
   call_t *c = call_start(m, "PUT", url, body.data, true, -1, MON_JSON_MAX, MON_TIMEOUT_MS);
   kvr_buf_free(&body);

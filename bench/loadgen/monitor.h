@@ -46,10 +46,11 @@ void kvr_monitor_free(kvr_monitor_t *m);
  * or KVR_EIO / KVR_EUPSTREAM / KVR_EPARSE with the reason in err. */
 int kvr_monitor_fetch_model(kvr_monitor_t *m, char *model, size_t size, char *err, size_t errlen);
 
-/* Switches the router's policy: PUT ADMIN/admin/policy with {"policy": NAME}. Runs the loop until
- * the answer. Returns 0, KVR_EINVAL without an admin URL, or KVR_EUPSTREAM / KVR_EIO with the
- * reason in err. */
-int kvr_monitor_set_policy(kvr_monitor_t *m, const char *policy, char *err, size_t errlen);
+/* Switches the router's policy: PUT ADMIN/admin/policy with {"policy": NAME} and, when params (a
+ * JSON object's text) is not NULL, "params": params. Runs the loop until the answer. Returns 0,
+ * KVR_EINVAL without an admin URL, or KVR_EUPSTREAM / KVR_EIO with the reason in err. */
+int kvr_monitor_set_policy(kvr_monitor_t *m, const char *policy, const char *params, char *err,
+                           size_t errlen);
 
 /* Resets the prefix caches: POST ADMIN/admin/reset_prefix_cache when an admin URL was given (every
  * worker plus the router's cache index), else POST URL/reset_prefix_cache on the endpoint's server

@@ -19,6 +19,8 @@
 #include "src/buf.h"
 #include "src/kvr.h"
 
+#include <cjson/cJSON.h>
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +54,15 @@ void kvr_runner_opts_default(kvr_runner_opts_t *o) {
   kvr_vcluster_opts_default(&o->vc);
 }
 
+/* The --policy-params text of the run labelled label, or NULL. */
+static const char *run_params(const kvr_runner_opts_t *o, const char *label) {
+  size_t n = strlen(label);
+  for (size_t i = 0; i < o->nparams; i++)
+    if (strncmp(o->params[i], label, n) == 0 && o->params[i][n] == '=')
+      return o->params[i] + n + 1;
+  return NULL;
+}
+
 static int rules(const kvr_runner_opts_t *o, char *err, size_t errlen) {
   const char *e = NULL;
   if (o->nrates && o->nconc)
@@ -80,6 +91,17 @@ int kvr_runner_opts_check(kvr_runner_opts_t *o, char *err, size_t errlen) {
     }
   if (rules(o, err, errlen) != 0)
     return KVR_EINVAL;
+  size_t nruns = o->nab ? o->nab : 1;
+  for (size_t p = 0; p < o->nparams; p++) {
+    bool found = false;
+    for (size_t i = 0; i < nruns && !found; i++)
+      found = run_params(o, kvr_runner_label(o, i)) == strchr(o->params[p], '=') + 1;
+    if (!found) {
+      snprintf(err, errlen, "--policy-params: '%.*s' is not the label of a run",
+               (int)(strchr(o->params[p], '=') - o->params[p]), o->params[p]);
+      return KVR_EINVAL;
+    }
+  }
   o->wl.seed = o->seed;
   if (o->search && o->nrates)
     o->search_start = o->rates[0];
@@ -242,14 +264,38 @@ static void run_list(kvr_runner_t *r, kvr_run_t *run) {
 
 /* ---- labels ---- */
 
+int kvr_runner_add_params(kvr_runner_opts_t *o, const char *text, char *err, size_t errlen) {
+  const char *eq = strchr(text, '=');
+  if (eq == NULL || eq == text) {
+    snprintf(err, errlen, "'%s' needs the form LABEL={...}", text);
+    return KVR_EINVAL;
+  }
+  cJSON *j = cJSON_Parse(eq + 1);
+  bool obj = cJSON_IsObject(j);
+  cJSON_Delete(j);
+  if (!obj) {
+    snprintf(err, errlen, "'%s': the parameters are not a JSON object", eq + 1);
+    return KVR_EINVAL;
+  }
+  if (o->nparams == KVR_RUNNER_MAX_LIST) {
+    snprintf(err, errlen, "at most %d given", KVR_RUNNER_MAX_LIST);
+    return KVR_EINVAL;
+  }
+  o->params[o->nparams++] = text;
+  return 0;
+}
+
 /* Switches the router's policy and empties the prefix caches before label i's levels. */
 static int prepare_label(kvr_runner_t *r, kvr_run_t *run, const char *policy, char *err,
                          size_t errlen) {
   FILE *f = r->o->lg.progress;
   if (policy) {
     char e2[400];
-    int rc = r->vc ? kvr_vcluster_set_policy(r->vc, policy, NULL, e2, sizeof(e2))
-                   : kvr_monitor_set_policy(r->mon, policy, e2, sizeof(e2));
+    const char *params = run_params(r->o, run->label);
+    cJSON *pj = params ? cJSON_Parse(params) : NULL;
+    int rc = r->vc ? kvr_vcluster_set_policy(r->vc, policy, pj, e2, sizeof(e2))
+                   : kvr_monitor_set_policy(r->mon, policy, params, e2, sizeof(e2));
+    cJSON_Delete(pj);
     if (rc != 0) {
       snprintf(err, errlen, "switching policy to %s: %s", policy, e2);
       return KVR_EUPSTREAM;

@@ -56,6 +56,9 @@ typedef struct kvr_runner_opts_s {
   size_t nab;
   char *labels[KVR_RUNNER_MAX_LIST]; /* run labels (one per run), < 64 characters */
   size_t nlabels;
+  /* --policy-params LABEL=JSON: the policy parameters of one run (borrowed strings, checked). */
+  const char *params[KVR_RUNNER_MAX_LIST];
+  size_t nparams;
   const char *admin; /* the router's admin URL, or NULL */
   const char *out;   /* results folder */
   const char *title; /* report title, NULL for the default */
@@ -68,6 +71,10 @@ typedef struct kvr_runner_opts_s {
   bool virt;              /* --virtual: run against a cluster in virtual time (bench/vcluster/) */
   kvr_vcluster_opts_t vc; /* that cluster */
 } kvr_runner_opts_t;
+
+/* Adds one --policy-params value, "LABEL=JSON" (text is borrowed). Returns 0 or KVR_EINVAL with
+ * err ("needs LABEL={...}", "not a JSON object", too many). */
+int kvr_runner_add_params(kvr_runner_opts_t *opts, const char *text, char *err, size_t errlen);
 
 /* Fills opts with the bench's defaults (model NULL: asked from the endpoint; seed 42; SLO TTFT p99
  * 1000 ms, TPOT p99 60 ms; cooldown 30 s; search 1..64 by 0.05; out results/bench). */
