@@ -16,6 +16,7 @@
 #include "bench/loadgen/report.h"
 #include "bench/loadgen/runner.h"
 #include "bench/routing/route_bench.h"
+#include "bench/vcluster/study.h"
 #include "policies/policy.h"
 #include "src/buf.h"
 #include "src/cli.h"
@@ -367,9 +368,118 @@ static int check_and_run(kvr_runner_opts_t *o, int argc, char **argv) {
   return status;
 }
 
+/* ---- `kvrouter bench study` ---- */
+
+#define S(field) KVR_CLI_FIELD(kvr_study_opts_t, field)
+
+static const kvr_cli_opt_t study_options[] = {
+    {KVR_CLI_LIST, "scenarios", KVR_CLI_ARRAY(kvr_study_opts_t, scenarios, nscenarios),
+     .arg = "LIST", .elem = KVR_CLI_STR,
+     .help = "scenarios (default all: multiturn, documents, control, agentic, hot-prefix, bursty, "
+             "mixed-fleet)"},
+    {KVR_CLI_LIST, "policies", KVR_CLI_ARRAY(kvr_study_opts_t, policies, npolicies), .arg = "LIST",
+     .elem = KVR_CLI_STR,
+     .help = "policies, the first the baseline (default every policy, then the oracle)"},
+    {KVR_CLI_UINT, "seeds", S(seeds), .arg = "N", KVR_CLI_RANGE(1, 100),
+     .help = "seeds per scenario: --seed, --seed + 1, ..."},
+    {KVR_CLI_UINT, "seed", S(seed), .arg = "N", .help = "the first seed"},
+    {KVR_CLI_UINT, "jobs", S(jobs), .arg = "N", KVR_CLI_RANGE(0, 64),
+     .help = "cells run at once, one thread each; 0 = one per core"},
+    {KVR_CLI_DOUBLE, "search-resolution", S(resolution), .arg = "R", KVR_CLI_GT(0),
+     .help = "max-SLO-rate search resolution, req/s"},
+    {KVR_CLI_STR, "out", S(out), .arg = "DIR", .help = "results folder"},
+    {KVR_CLI_SWITCH, "quiet", S(quiet), .set = 1, .help = "no line per finished cell"},
+};
+
+static void print_study_epilog(FILE *out) {
+  fputs(
+      "\nEverything after -- goes to every cell's kvrouter bench --virtual after the study's own\n"
+      "flags (later flags win), e.g. kvrouter bench study -- --scrape-interval-ms 4000\n",
+      out);
+}
+
+static const kvr_cli_cmd_t study_cmd = {
+    .name = "bench study",
+    .usage = "[options] [-- BENCH-OPTIONS...]",
+    .about = "Every policy on every scenario over several seeds in virtual time (kvrouter bench\n"
+             "--virtual --search per scenario and seed, run in parallel), summed up in one table:\n"
+             "each policy's mean max SLO-compliant rate with its spread, and kv_aware's ratio to\n"
+             "round_robin, to the best reference policy and to the oracle.",
+    .opts = study_options,
+    .nopts = KVR_ARRAY_SIZE(study_options),
+    .epilog = print_study_epilog,
+};
+
+/* One study cell: the bench in this thread, quietly, its report written; the results returned. */
+static int study_cell(int argc, char **argv, kvr_results_t **out, char *err, size_t errlen) {
+  *out = NULL;
+  kvr_runner_opts_t o;
+  kvr_runner_opts_default(&o);
+  char perr[512];
+  int rest = 0;
+  int rc = kvr_cli_parse(&bench_cmd, &o, argc, argv, NULL, NULL, perr, sizeof(perr));
+  (void)rest;
+  if (rc == 0 && kvr_runner_opts_check(&o, perr, sizeof(perr)) != 0)
+    rc = KVR_EINVAL;
+  if (rc != 0) {
+    snprintf(err, errlen, "kvrouter bench: %s", perr);
+    kvr_cli_free(&bench_cmd, &o);
+    return 2;
+  }
+  char *cmd = join_argv(argc, argv);
+  o.command = cmd;
+  o.lg.progress = NULL;
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  kvr_runner_t *r = NULL;
+  int status = 0;
+  if ((rc = kvr_runner_new(&loop, &o, &r, perr, sizeof(perr))) != 0 ||
+      (rc = kvr_runner_run(r, perr, sizeof(perr))) != 0) {
+    snprintf(err, errlen, "%s", perr);
+    status = rc == KVR_EINVAL ? 2 : 1;
+  }
+  FILE *devnull = fopen("/dev/null", "w");
+  if (r != NULL && kvr_runner_report(r, devnull ? devnull : stdout, perr, sizeof(perr)) != 0) {
+    snprintf(err, errlen, "%s", perr);
+    status = status ? status : 1;
+  }
+  if (devnull)
+    fclose(devnull);
+  if (r != NULL)
+    *out = kvr_runner_take_results(r);
+  kvr_runner_free(r);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_loop_close(&loop);
+  free(cmd);
+  kvr_cli_free(&bench_cmd, &o);
+  return status;
+}
+
+static int study_main(int argc, char **argv) {
+  kvr_study_opts_t o;
+  kvr_study_opts_default(&o);
+  int rest;
+  int rc = kvr_cli_main(&study_cmd, &o, argc, argv, &rest);
+  if (rc == KVR_CLI_CONTINUE) {
+    o.extra = argv + rest;
+    o.nextra = argc - rest;
+    kvr_log_set_level(KVR_LOG_WARN);
+    char err[768];
+    rc = kvr_study_run(&o, study_cell, stdout, err, sizeof(err));
+    if (rc == 2)
+      rc = kvr_cli_fail(&study_cmd, "%s", err);
+    else if (rc != 0)
+      fprintf(stderr, "kvrouter bench study: %s\n", err);
+  }
+  kvr_cli_free(&study_cmd, &o);
+  return rc;
+}
+
 int kvr_bench_main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "routing") == 0)
     return route_bench_main(argc - 1, argv + 1);
+  if (argc > 1 && strcmp(argv[1], "study") == 0)
+    return study_main(argc - 1, argv + 1);
   kvr_runner_opts_t o;
   kvr_runner_opts_default(&o);
   int rc = kvr_cli_main(&bench_cmd, &o, argc, argv, NULL);

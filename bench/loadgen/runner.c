@@ -495,6 +495,12 @@ void kvr_runner_interrupt(kvr_runner_t *r) {
   kvr_loadgen_interrupt(r->lg);
 }
 
+kvr_results_t *kvr_runner_take_results(kvr_runner_t *r) {
+  kvr_results_t *res = r->res;
+  r->res = NULL;
+  return res;
+}
+
 bool kvr_runner_virtual(const kvr_runner_t *r) {
   return r->vc != NULL;
 }

@@ -110,6 +110,10 @@ int kvr_runner_report(kvr_runner_t *r, FILE *out, char *err, size_t errlen);
 void kvr_runner_interrupt(kvr_runner_t *r);
 bool kvr_runner_interrupted(const kvr_runner_t *r);
 
+/* Hands the results over to the caller (who frees them with kvr_stats_results_free); the runner
+ * keeps none afterwards (call after kvr_runner_report). */
+kvr_results_t *kvr_runner_take_results(kvr_runner_t *r);
+
 /* True when the run is in virtual time (--virtual). */
 bool kvr_runner_virtual(const kvr_runner_t *r);
 

@@ -1,0 +1,423 @@
+/* study.c -- `kvrouter bench study`: cells on a thread pool, then the table.
+ *
+ * Flow: kvr_study_run() checks the names -> builds one argv per (scenario, seed) cell -> `jobs`
+ * threads take cells in order from a shared counter and run each through the caller's
+ * kvr_study_run_fn (a whole virtual bench: its report lands in the cell's folder) -> each cell's
+ * per-policy max SLO-compliant load (kvr_report_cap) is kept -> the table (mean, min, max over the
+ * seeds; "at least" when some seed found no limit) and the ratios are written as STUDY.md and
+ * study.json and printed.
+ *
+ * Invariants: cells share nothing but this file's read-only tables and the caller's run function;
+ * a cell's results are written only by the thread that ran it, and read after every thread joined.
+ */
+#include "study.h"
+
+#include "bench/vcluster/vcluster.h"
+#include "policies/policy.h"
+#include "src/kvr.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *const sc_multiturn[] = {
+    "--workload", "multiturn", "--multiturn-mode", "session", "--warmup-s", "120", NULL};
+static const char *const sc_documents[] = {"--workload", "documents", "--warmup-s", "60", NULL};
+static const char *const sc_control[] = {"--workload", "control", "--warmup-s", "60", NULL};
+static const char *const sc_agentic[] = {"--workload", "agentic", "--warmup-s", "300", NULL};
+static const char *const sc_hot[] = {"--workload", "hot-prefix", "--warmup-s", "60", NULL};
+static const char *const sc_bursty[] = {"--workload",   "multiturn",  "--multiturn-mode",
+                                        "session",      "--warmup-s", "120",
+                                        "--burstiness", "0.3",        NULL};
+static const char *const sc_mixed[] = {"--workload", "documents",       "--warmup-s",
+                                       "60",         "--worker-blocks", "21770,21770,21770,10885",
+                                       NULL};
+
+const kvr_study_scenario_t kvr_study_scenarios[] = {
+    {"multiturn", "multiturn sessions resending the streamed answers", sc_multiturn},
+    {"documents", "150 long documents, 4 questions each", sc_documents},
+    {"control", "unique prompts: nothing to reuse", sc_control},
+    {"agentic", "20-60 turn tool-using sessions growing past 60k tokens", sc_agentic},
+    {"hot-prefix", "one system prompt in 80% of the requests", sc_hot},
+    {"bursty", "multiturn sessions with bursty arrivals (gamma shape 0.3)", sc_bursty},
+    {"mixed-fleet", "documents on 4 workers, one with half the KV cache", sc_mixed},
+    {NULL, NULL, NULL},
+};
+
+const kvr_study_scenario_t *kvr_study_scenario(const char *name) {
+  for (const kvr_study_scenario_t *s = kvr_study_scenarios; s->name; s++)
+    if (strcmp(s->name, name) == 0)
+      return s;
+  return NULL;
+}
+
+void kvr_study_opts_default(kvr_study_opts_t *o) {
+  memset(o, 0, sizeof(*o));
+  o->seeds = 3;
+  o->seed = 42;
+  o->resolution = 0.05;
+  o->out = "results/study";
+}
+
+/* ---- cells ----------------------------------------------------------------------------------- */
+
+#define ARGV_MAX 96
+
+typedef struct cell_s {
+  const kvr_study_scenario_t *sc;
+  unsigned long long seed;
+  char *argv[ARGV_MAX];
+  int argc;
+  char seed_s[32], res_s[32], out_s[1024], title_s[256];
+  kvr_report_cap_t caps[KVR_STUDY_MAX];
+  int status;
+  char err[512];
+  double seconds;
+} cell_t;
+
+typedef struct study_s {
+  const kvr_study_opts_t *o;
+  kvr_study_run_fn run;
+  const char *policies[KVR_STUDY_MAX];
+  size_t npolicies;
+  const kvr_study_scenario_t *scs[KVR_STUDY_MAX];
+  size_t nscs;
+  char ab[1024];
+  cell_t *cells;
+  size_t ncells, next, ndone;
+  pthread_mutex_t mu;
+  FILE *progress;
+  unsigned jobs; /* threads */
+} study_t;
+
+static void cell_argv(study_t *st, cell_t *c) {
+  const kvr_study_opts_t *o = st->o;
+  int k = 0;
+  snprintf(c->seed_s, sizeof(c->seed_s), "%llu", c->seed);
+  snprintf(c->res_s, sizeof(c->res_s), "%g", o->resolution);
+  snprintf(c->out_s, sizeof(c->out_s), "%s/%s/seed%llu", o->out, c->sc->name, c->seed);
+  snprintf(c->title_s, sizeof(c->title_s), "kvrouter study: %s, seed %llu", c->sc->name, c->seed);
+  const char *head[] = {
+      "bench",   "--virtual",     "--ab",     st->ab,           "--labels", st->ab,
+      "--seed",  c->seed_s,       "--search", "--search-start", "2",        "--search-resolution",
+      c->res_s,  "--num-prompts", "100",      "--warmup",       "0",        "--min-level-s",
+      "60",      "--cooldown-s",  "10",       "--quiet",        "--out",    c->out_s,
+      "--title", c->title_s};
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(head); i++)
+    c->argv[k++] = (char *)head[i];
+  for (size_t i = 0; c->sc->args[i] && k < ARGV_MAX - 1; i++)
+    c->argv[k++] = (char *)c->sc->args[i];
+  for (int i = 0; i < o->nextra && k < ARGV_MAX - 1; i++)
+    c->argv[k++] = o->extra[i];
+  c->argv[k] = NULL;
+  c->argc = k;
+}
+
+static void cell_run(study_t *st, cell_t *c) {
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  kvr_results_t *res = NULL;
+  c->status = st->run(c->argc, c->argv, &res, c->err, sizeof(c->err));
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  c->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+  for (size_t p = 0; res && p < st->npolicies && p < res->nruns; p++)
+    c->caps[p] = kvr_report_cap(&res->runs[p]);
+  if (res && res->nruns < st->npolicies && c->status == 0) {
+    c->status = 1;
+    snprintf(c->err, sizeof(c->err), "ran %zu of %zu policies", res->nruns, st->npolicies);
+  }
+  kvr_stats_results_free(res);
+}
+
+static void *worker(void *arg) {
+  study_t *st = arg;
+  for (;;) {
+    pthread_mutex_lock(&st->mu);
+    size_t i = st->next < st->ncells ? st->next++ : SIZE_MAX;
+    pthread_mutex_unlock(&st->mu);
+    if (i == SIZE_MAX)
+      return NULL;
+    cell_t *c = &st->cells[i];
+    cell_run(st, c);
+    pthread_mutex_lock(&st->mu);
+    st->ndone++;
+    if (st->progress) {
+      fprintf(st->progress, "[study %zu/%zu] %s seed %llu: %s in %.1f s\n", st->ndone, st->ncells,
+              c->sc->name, c->seed, c->status ? c->err : "done", c->seconds);
+      fflush(st->progress);
+    }
+    pthread_mutex_unlock(&st->mu);
+  }
+}
+
+/* ---- the table ------------------------------------------------------------------------------- */
+
+typedef struct agg_s {
+  double mean, min, max;
+  bool lower; /* some seed found no limit: the mean is a lower bound */
+  size_t n;
+} agg_t;
+
+static agg_t aggregate(const study_t *st, size_t sc, size_t p) {
+  agg_t a = {0, INFINITY, 0, false, 0};
+  for (size_t s = 0; s < st->o->seeds; s++) {
+    const cell_t *c = &st->cells[sc * st->o->seeds + s];
+    if (c->status != 0 || !c->caps[p].ran)
+      continue;
+    double x = c->caps[p].load;
+    a.mean += x;
+    a.min = fmin(a.min, x);
+    a.max = fmax(a.max, x);
+    a.lower |= !c->caps[p].found;
+    a.n++;
+  }
+  if (a.n)
+    a.mean /= (double)a.n;
+  else
+    a.min = 0;
+  return a;
+}
+
+static bool is_reference(const char *name) {
+  return strcmp(name, "kv_aware") != 0 && strcmp(name, "round_robin") != 0 &&
+         strcmp(name, "least_load") != 0 && strcmp(name, KVR_VCLUSTER_ORACLE) != 0;
+}
+
+static int policy_index(const study_t *st, const char *name) {
+  for (size_t p = 0; p < st->npolicies; p++)
+    if (strcmp(st->policies[p], name) == 0)
+      return (int)p;
+  return -1;
+}
+
+static void ratio_cell(kvr_buf_t *b, agg_t num, agg_t den) {
+  if (num.n == 0 || den.n == 0 || den.mean <= 0) {
+    kvr_buf_puts(b, " - |");
+    return;
+  }
+  /* A lower-bound numerator makes the ratio a lower bound; a lower-bound denominator an upper. */
+  const char *mark = num.lower && !den.lower ? ">= " : !num.lower && den.lower ? "<= " : "";
+  kvr_buf_printf(b, " %s%.2fx%s |", mark, num.mean / den.mean,
+                 num.lower && den.lower ? " (both bounds)" : "");
+}
+
+static void render_md(const study_t *st, double seconds, kvr_buf_t *b) {
+  const kvr_study_opts_t *o = st->o;
+  kvr_buf_printf(b, "# kvrouter policy study (virtual time)\n\n");
+  kvr_buf_printf(b,
+                 "Max SLO-compliant rate (req/s) per policy: the mean over %u seeds (%llu..%llu), "
+                 "with the lowest and highest seed in brackets; \">=\" marks a mean with some seed "
+                 "whose limit was not found (every level it tried passed). Search resolution %g "
+                 "req/s. %zu cells on %u threads took %.1f s.\n\n",
+                 o->seeds, o->seed, o->seed + o->seeds - 1, o->resolution, st->ncells, st->jobs,
+                 seconds);
+  kvr_buf_puts(b, "| scenario |");
+  for (size_t p = 0; p < st->npolicies; p++)
+    kvr_buf_printf(b, " %s |", st->policies[p]);
+  kvr_buf_puts(b,
+               " kv_aware / round_robin | kv_aware / best reference | kv_aware / oracle |\n|---|");
+  for (size_t p = 0; p < st->npolicies + 3; p++)
+    kvr_buf_puts(b, "---:|");
+  kvr_buf_puts(b, "\n");
+  int kv = policy_index(st, "kv_aware"), rr = policy_index(st, "round_robin"),
+      orc = policy_index(st, KVR_VCLUSTER_ORACLE);
+  for (size_t s = 0; s < st->nscs; s++) {
+    kvr_buf_printf(b, "| %s |", st->scs[s]->name);
+    int best = -1;
+    agg_t bestv = {0};
+    for (size_t p = 0; p < st->npolicies; p++) {
+      agg_t a = aggregate(st, s, p);
+      if (a.n == 0)
+        kvr_buf_puts(b, " - |");
+      else
+        kvr_buf_printf(b, " %s%.2f [%.2f-%.2f] |", a.lower ? ">= " : "", a.mean, a.min, a.max);
+      if (is_reference(st->policies[p]) && a.n && (best < 0 || a.mean > bestv.mean)) {
+        best = (int)p;
+        bestv = a;
+      }
+    }
+    agg_t kva = kv >= 0 ? aggregate(st, s, (size_t)kv) : (agg_t){0};
+    agg_t none = {0};
+    ratio_cell(b, kva, rr >= 0 ? aggregate(st, s, (size_t)rr) : none);
+    size_t mark = b->len;
+    ratio_cell(b, kva, best >= 0 ? bestv : none);
+    if (best >= 0 && b->len > mark + 2) {
+      b->len -= 2; /* " |" */
+      b->data[b->len] = '\0';
+      kvr_buf_printf(b, " (%s) |", st->policies[best]);
+    }
+    ratio_cell(b, kva, orc >= 0 ? aggregate(st, s, (size_t)orc) : none);
+    kvr_buf_puts(b, "\n");
+  }
+  kvr_buf_puts(b, "\n## Scenarios\n\n");
+  for (size_t s = 0; s < st->nscs; s++) {
+    const cell_t *c = &st->cells[s * o->seeds];
+    kvr_buf_printf(b, "- **%s**: %s. First seed's command: `kvrouter", st->scs[s]->name,
+                   st->scs[s]->about);
+    for (int i = 0; i < c->argc; i++)
+      kvr_buf_printf(b, " %s", c->argv[i]);
+    kvr_buf_puts(b, "`\n");
+  }
+  kvr_buf_puts(b, "\nEach cell's own report: <scenario>/seed<N>/report.md.\n");
+}
+
+static void render_json(const study_t *st, double seconds, kvr_buf_t *b) {
+  const kvr_study_opts_t *o = st->o;
+  kvr_buf_printf(b,
+                 "{\"virtual\":true,\"seeds\":%u,\"first_seed\":%llu,\"resolution\":%g,"
+                 "\"seconds\":%.3f,\"threads\":%u,\"policies\":[",
+                 o->seeds, o->seed, o->resolution, seconds, st->jobs);
+  for (size_t p = 0; p < st->npolicies; p++)
+    kvr_buf_printf(b, "%s\"%s\"", p ? "," : "", st->policies[p]);
+  kvr_buf_puts(b, "],\"scenarios\":[");
+  for (size_t s = 0; s < st->nscs; s++) {
+    kvr_buf_printf(b, "%s{\"name\":\"%s\",\"cells\":[", s ? "," : "", st->scs[s]->name);
+    for (size_t k = 0; k < o->seeds; k++) {
+      const cell_t *c = &st->cells[s * o->seeds + k];
+      kvr_buf_printf(b, "%s{\"seed\":%llu,\"status\":%d,\"seconds\":%.3f,\"max_rate\":{",
+                     k ? "," : "", c->seed, c->status, c->seconds);
+      for (size_t p = 0; p < st->npolicies; p++)
+        kvr_buf_printf(b, "%s\"%s\":{\"rate\":%g,\"found\":%s,\"ran\":%s}", p ? "," : "",
+                       st->policies[p], c->caps[p].load, c->caps[p].found ? "true" : "false",
+                       c->caps[p].ran ? "true" : "false");
+      kvr_buf_puts(b, "}}");
+    }
+    kvr_buf_puts(b, "],\"mean\":{");
+    for (size_t p = 0; p < st->npolicies; p++) {
+      agg_t a = aggregate(st, s, p);
+      kvr_buf_printf(b, "%s\"%s\":{\"mean\":%g,\"min\":%g,\"max\":%g,\"lower_bound\":%s,\"n\":%zu}",
+                     p ? "," : "", st->policies[p], a.mean, a.min, a.max,
+                     a.lower ? "true" : "false", a.n);
+    }
+    kvr_buf_puts(b, "}}");
+  }
+  kvr_buf_puts(b, "]}\n");
+}
+
+static int write_file(const char *dir, const char *name, const kvr_buf_t *b, char *err,
+                      size_t errlen) {
+  char path[1200];
+  snprintf(path, sizeof(path), "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  if (f == NULL || fwrite(b->data, 1, b->len, f) != b->len) {
+    snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+    if (f)
+      fclose(f);
+    return 1;
+  }
+  return fclose(f) == 0 ? 0 : 1;
+}
+
+/* ---- the run --------------------------------------------------------------------------------- */
+
+static int check(study_t *st, char *err, size_t errlen) {
+  const kvr_study_opts_t *o = st->o;
+  if (o->nscenarios == 0) {
+    for (const kvr_study_scenario_t *s = kvr_study_scenarios; s->name; s++)
+      st->scs[st->nscs++] = s;
+  }
+  for (size_t i = 0; i < o->nscenarios; i++) {
+    const kvr_study_scenario_t *s = kvr_study_scenario(o->scenarios[i]);
+    if (s == NULL) {
+      kvr_buf_t names = KVR_BUF_INIT;
+      for (const kvr_study_scenario_t *t = kvr_study_scenarios; t->name; t++)
+        kvr_buf_printf(&names, "%s%s", names.len ? ", " : "", t->name);
+      snprintf(err, errlen, "--scenarios: unknown scenario '%s' (valid: %s)", o->scenarios[i],
+               names.data);
+      kvr_buf_free(&names);
+      return 2;
+    }
+    st->scs[st->nscs++] = s;
+  }
+  if (o->npolicies == 0) {
+    for (size_t i = 0; kvr_policy_registry[i] && st->npolicies < KVR_STUDY_MAX - 1; i++)
+      st->policies[st->npolicies++] = kvr_policy_registry[i]->name;
+    st->policies[st->npolicies++] = KVR_VCLUSTER_ORACLE;
+  }
+  for (size_t i = 0; i < o->npolicies; i++) {
+    if (strcmp(o->policies[i], KVR_VCLUSTER_ORACLE) != 0 &&
+        kvr_policy_find(o->policies[i]) == NULL) {
+      char names[512];
+      kvr_policy_names(names, sizeof(names));
+      snprintf(err, errlen, "--policies: unknown policy '%s' (valid: %s, %s)", o->policies[i],
+               names, KVR_VCLUSTER_ORACLE);
+      return 2;
+    }
+    st->policies[st->npolicies++] = o->policies[i];
+  }
+  size_t k = 0;
+  for (size_t p = 0; p < st->npolicies; p++)
+    k += (size_t)snprintf(st->ab + k, sizeof(st->ab) - k, "%s%s", p ? "," : "", st->policies[p]);
+  return 0;
+}
+
+static int make_dirs(const char *path) {
+  char tmp[1200];
+  snprintf(tmp, sizeof(tmp), "%s", path);
+  for (char *p = tmp + 1; *p; p++)
+    if (*p == '/') {
+      *p = '\0';
+      if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+        return -1;
+      *p = '/';
+    }
+  return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+int kvr_study_run(const kvr_study_opts_t *o, kvr_study_run_fn run, FILE *out, char *err,
+                  size_t errlen) {
+  study_t st = {.o = o, .run = run, .progress = o->quiet ? NULL : stderr};
+  int rc = check(&st, err, errlen);
+  if (rc != 0)
+    return rc;
+  if (make_dirs(o->out) != 0) {
+    snprintf(err, errlen, "--out: cannot create %s: %s", o->out, strerror(errno));
+    return 1;
+  }
+  st.ncells = st.nscs * o->seeds;
+  st.cells = kvr_xcalloc(st.ncells, sizeof(cell_t));
+  for (size_t s = 0; s < st.nscs; s++)
+    for (unsigned k = 0; k < o->seeds; k++) {
+      cell_t *c = &st.cells[s * o->seeds + k];
+      c->sc = st.scs[s];
+      c->seed = o->seed + k;
+      cell_argv(&st, c);
+    }
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  st.jobs = o->jobs ? o->jobs : cores > 0 ? (unsigned)cores : 1;
+  pthread_mutex_init(&st.mu, NULL);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  pthread_t th[64];
+  unsigned nth = KVR_MIN(st.jobs, 64u);
+  for (unsigned i = 0; i < nth; i++)
+    pthread_create(&th[i], NULL, worker, &st);
+  for (unsigned i = 0; i < nth; i++)
+    pthread_join(th[i], NULL);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  pthread_mutex_destroy(&st.mu);
+  double seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+  kvr_buf_t md = KVR_BUF_INIT, js = KVR_BUF_INIT;
+  render_md(&st, seconds, &md);
+  render_json(&st, seconds, &js);
+  rc = write_file(o->out, "STUDY.md", &md, err, errlen) ||
+       write_file(o->out, "study.json", &js, err, errlen);
+  fputs(md.data, out);
+  fprintf(out, "\nStudy: %s/STUDY.md (study.json beside it)\n", o->out);
+  int failed = 0;
+  for (size_t i = 0; i < st.ncells; i++)
+    if (st.cells[i].status != 0) {
+      if (!failed)
+        snprintf(err, errlen, "%s seed %llu: %s", st.cells[i].sc->name, st.cells[i].seed,
+                 st.cells[i].err);
+      failed++;
+    }
+  kvr_buf_free(&md);
+  kvr_buf_free(&js);
+  free(st.cells);
+  return rc ? 1 : failed ? 1 : 0;
+}
