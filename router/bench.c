@@ -410,8 +410,7 @@ static const kvr_cli_cmd_t study_cmd = {
     .epilog = print_study_epilog,
 };
 
-/* One study cell: the bench in this thread, quietly, its report written; the results returned. */
-static int study_cell(int argc, char **argv, kvr_results_t **out, char *err, size_t errlen) {
+int kvr_bench_study_cell(int argc, char **argv, kvr_results_t **out, char *err, size_t errlen) {
   *out = NULL;
   kvr_runner_opts_t o;
   kvr_runner_opts_default(&o);
@@ -465,7 +464,7 @@ static int study_main(int argc, char **argv) {
     o.nextra = argc - rest;
     kvr_log_set_level(KVR_LOG_WARN);
     char err[768];
-    rc = kvr_study_run(&o, study_cell, stdout, err, sizeof(err));
+    rc = kvr_study_run(&o, kvr_bench_study_cell, stdout, NULL, err, sizeof(err));
     if (rc == 2)
       rc = kvr_cli_fail(&study_cmd, "%s", err);
     else if (rc != 0)

@@ -156,11 +156,7 @@ static void *worker(void *arg) {
 
 /* ---- the table ------------------------------------------------------------------------------- */
 
-typedef struct agg_s {
-  double mean, min, max;
-  bool lower; /* some seed found no limit: the mean is a lower bound */
-  size_t n;
-} agg_t;
+typedef kvr_study_agg_t agg_t;
 
 static agg_t aggregate(const study_t *st, size_t sc, size_t p) {
   agg_t a = {0, INFINITY, 0, false, 0};
@@ -368,8 +364,8 @@ static int make_dirs(const char *path) {
   return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
-int kvr_study_run(const kvr_study_opts_t *o, kvr_study_run_fn run, FILE *out, char *err,
-                  size_t errlen) {
+int kvr_study_run(const kvr_study_opts_t *o, kvr_study_run_fn run, FILE *out,
+                  kvr_study_summary_t *sum, char *err, size_t errlen) {
   study_t st = {.o = o, .run = run, .progress = o->quiet ? NULL : stderr};
   int rc = check(&st, err, errlen);
   if (rc != 0)
@@ -401,6 +397,19 @@ int kvr_study_run(const kvr_study_opts_t *o, kvr_study_run_fn run, FILE *out, ch
   clock_gettime(CLOCK_MONOTONIC, &t1);
   pthread_mutex_destroy(&st.mu);
   double seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+  if (sum != NULL) {
+    memset(sum, 0, sizeof(*sum));
+    sum->seconds = seconds;
+    sum->nscenarios = st.nscs;
+    sum->npolicies = st.npolicies;
+    for (size_t p = 0; p < st.npolicies; p++)
+      sum->policies[p] = st.policies[p];
+    for (size_t s = 0; s < st.nscs; s++) {
+      sum->scenarios[s] = st.scs[s]->name;
+      for (size_t p = 0; p < st.npolicies; p++)
+        sum->agg[s][p] = aggregate(&st, s, p);
+    }
+  }
   kvr_buf_t md = KVR_BUF_INIT, js = KVR_BUF_INIT;
   render_md(&st, seconds, &md);
   render_json(&st, seconds, &js);

@@ -59,10 +59,27 @@ void kvr_study_opts_default(kvr_study_opts_t *o);
 typedef int (*kvr_study_run_fn)(int argc, char **argv, kvr_results_t **out, char *err,
                                 size_t errlen);
 
+/* One policy on one scenario over the seeds. */
+typedef struct kvr_study_agg_s {
+  double mean, min, max; /* max SLO-compliant rate, req/s */
+  bool lower;            /* some seed found no limit: the mean is a lower bound */
+  size_t n;              /* seeds that ran */
+} kvr_study_agg_t;
+
+/* What a study found, for a caller that goes on from it (the demo). */
+typedef struct kvr_study_summary_s {
+  const char *scenarios[KVR_STUDY_MAX]; /* names, in run order */
+  size_t nscenarios;
+  const char *policies[KVR_STUDY_MAX];
+  size_t npolicies;
+  kvr_study_agg_t agg[KVR_STUDY_MAX][KVR_STUDY_MAX]; /* [scenario][policy] */
+  double seconds;
+} kvr_study_summary_t;
+
 /* Runs the study and writes its files; prints the table (and, unless quiet, a line per finished
- * cell) to out. Returns 0, 1 when a cell failed (the others still count), or 2 on bad options
- * with one line in err. */
-int kvr_study_run(const kvr_study_opts_t *o, kvr_study_run_fn run, FILE *out, char *err,
-                  size_t errlen);
+ * cell) to out; fills *sum when not NULL. Returns 0, 1 when a cell failed (the others still
+ * count), or 2 on bad options with one line in err. */
+int kvr_study_run(const kvr_study_opts_t *o, kvr_study_run_fn run, FILE *out,
+                  kvr_study_summary_t *sum, char *err, size_t errlen);
 
 #endif

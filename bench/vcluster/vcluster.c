@@ -110,7 +110,8 @@ struct kvr_vcluster_s {
   char *model;
   kvr_config_t cfg;
   kvr_router_t *router;
-  bool oracle;
+  kvr_policy_t
+      *oracle; /* kv_aware deciding on the engines' true state, or NULL (see oracle_pick) */
   worker_t w[KVR_MAX_WORKERS];
   ev_t *heap;
   size_t nheap, capheap;
@@ -220,10 +221,14 @@ static void client_error(kvr_vcluster_t *vc, vreq_t *q, int status) {
   push_q(vc, EV_CLIENT_ERROR, vc->now + ns_of(NET(vc)), q, (uint64_t)status);
 }
 
-/* The oracle: the worker whose engine, as it is now, would give this request the lowest larger
- * SLO share of TTFT and decode step time. It reads the true prefix cache (the prompt's token ids
- * as the engine will see them) and the true queues: what no router can see. */
-static int oracle_pick(kvr_vcluster_t *vc, const vreq_t *q) {
+/* The oracle: kv_aware's choice made on the engines' true state instead of the router's estimates.
+ * Each worker's snapshot gets, from kvr_sim_engine_probe on the prompt's token ids as the engine
+ * will see them, the prefix it really caches (in router blocks), the prompt tokens really queued
+ * for prefill, the context really decoding, the requests really running and waiting and the KV
+ * usage now -- what no router can see. So the gap between kv_aware and the oracle is what the
+ * router's imperfect view (learnt index, estimated backlog, scraped figures seconds old) costs. */
+static int oracle_pick(kvr_vcluster_t *vc, const vreq_t *q, const kvr_route_req_t *rreq,
+                       kvr_decision_t *d) {
   kvr_sim_completion_t p;
   char err[256];
   cJSON *body = cJSON_ParseWithLength(q->body, q->len);
@@ -232,30 +237,37 @@ static int oracle_pick(kvr_vcluster_t *vc, const vreq_t *q) {
                                              vc->o.engine.max_model_len, &p, err, sizeof(err))
            : 400;
   cJSON_Delete(body);
-  int best = -1;
-  double best_cost = INFINITY;
-  const kvr_sim_cost_t *c = &vc->o.engine.cost;
-  for (size_t i = 0; i < vc->o.workers && status == 0; i++) {
-    const kvr_worker_t *w = vc->router->slots[i];
-    if (w == NULL || w->state != KVR_WORKER_UP)
+  if (status != 0) {
+    kvr_sim_toks_free(&p.prompt);
+    return KVR_POLICY_NONE;
+  }
+  for (size_t i = 0; i < d->nsnaps; i++) {
+    kvr_worker_snap_t *s = &d->snaps[i];
+    if (vc->router->slots[i] == NULL)
       continue;
     kvr_sim_probe_t pr;
     kvr_sim_engine_probe(vc->w[i].eng, p.prompt.v, (uint32_t)p.prompt.n, &pr);
-    double prefill = (double)(pr.pending_tokens + p.prompt.n - pr.cached_tokens);
-    double ttft = prefill * c->dense_tok_us * 1e-6 +
-                  (double)(pr.running + pr.waiting + 1) * c->per_seq_ms * 1e-3 +
-                  c->weights_ms * 1e-3;
-    double step = c->weights_ms * 1e-3 + c->step_ms * 1e-3 +
-                  (double)(pr.running + pr.waiting + 1) * c->per_seq_ms * 1e-3 +
-                  (double)(pr.decode_ctx + p.prompt.n) * c->decode_ctx_ns * 1e-9;
-    double cost = fmax(ttft / vc->o.slo_ttft_s, step / vc->o.slo_tpot_s);
-    if (cost < best_cost) {
-      best_cost = cost;
-      best = (int)i;
-    }
+    kvr_sim_stats_t st;
+    kvr_sim_engine_stats(vc->w[i].eng, &st);
+    /* The engine computes a step when it starts: the prefill of the step still running in
+     * virtual time is not done yet, whatever the engine's counters say. */
+    const worker_t *w = &vc->w[i];
+    double end = w->step.start_s + w->step.duration_s, now = secs(vc->now);
+    if (w->have_step && end > now && w->step.duration_s > 0)
+      pr.pending_tokens +=
+          (uint64_t)((double)w->step.prefill_tokens * (end - now) / w->step.duration_s);
+    size_t blocks = (size_t)pr.cached_tokens * KVR_CHARS_PER_TOKEN / vc->cfg.block_chars;
+    s->matched_blocks = KVR_MIN(blocks, rreq->nblocks);
+    s->prefill_backlog_tokens = s->queued_prefill_tokens = pr.pending_tokens;
+    s->active_tokens = pr.decode_ctx;
+    s->inflight = pr.running + pr.waiting;
+    s->num_requests_running = pr.running;
+    s->num_requests_waiting = pr.waiting;
+    s->kv_cache_usage = (double)st.blocks_used / (double)vc->w[i].blocks;
+    s->metrics_fresh = true;
   }
   kvr_sim_toks_free(&p.prompt);
-  return best;
+  return kvr_policy_select(vc->oracle, d->snaps, d->nsnaps, rreq, 0, d->scores);
 }
 
 /* The request reached the router: what proxy.c's on_proxied and attempt() do. */
@@ -276,9 +288,9 @@ static void router_in(kvr_vcluster_t *vc, vreq_t *q) {
   kvr_route_req_t rreq;
   kvr_prompt_route_req(&q->prompt, &rreq);
   kvr_decision_t d;
-  int slot = kvr_router_decide(r, &rreq, 0, !vc->oracle, &d);
-  if (vc->oracle)
-    slot = oracle_pick(vc, q);
+  int slot = kvr_router_decide(r, &rreq, 0, vc->oracle == NULL, &d);
+  if (vc->oracle != NULL)
+    slot = oracle_pick(vc, q, &rreq, &d);
   if (slot < 0) {
     client_error(vc, q, 503);
     return;
@@ -700,6 +712,7 @@ void kvr_vcluster_free(kvr_vcluster_t *vc) {
     vreq_free(KVR_CONTAINER_OF(vc->live.next, vreq_t, node));
   free(vc->heap);
   kvr_router_free(vc->router);
+  kvr_policy_destroy(vc->oracle);
   kvr_config_free(&vc->cfg);
   free(vc->model);
   free(vc);
@@ -708,12 +721,19 @@ void kvr_vcluster_free(kvr_vcluster_t *vc) {
 int kvr_vcluster_set_policy(kvr_vcluster_t *vc, const char *name, const cJSON *params, char *err,
                             size_t errlen) {
   if (strcmp(name, KVR_VCLUSTER_ORACLE) == 0) {
-    vc->oracle = true;
-    return kvr_router_set_policy(vc->router, "round_robin", NULL, err, errlen);
+    /* The router keeps kv_aware for its bookkeeping; the oracle's instance decides. */
+    kvr_policy_t *p = kvr_policy_create("kv_aware", params, vc->o.seed, err, errlen);
+    if (p == NULL)
+      return KVR_EINVAL;
+    kvr_policy_destroy(vc->oracle);
+    vc->oracle = p;
+    return kvr_router_set_policy(vc->router, "kv_aware", params, err, errlen);
   }
   int rc = kvr_router_set_policy(vc->router, name, params, err, errlen);
-  if (rc == 0)
-    vc->oracle = false;
+  if (rc == 0) {
+    kvr_policy_destroy(vc->oracle);
+    vc->oracle = NULL;
+  }
   return rc;
 }
 
@@ -762,7 +782,7 @@ void kvr_vcluster_level_end(kvr_vcluster_t *vc, kvr_level_t *lv) {
 }
 
 const char *kvr_vcluster_policy(const kvr_vcluster_t *vc) {
-  return vc->oracle ? KVR_VCLUSTER_ORACLE : kvr_policy_name(vc->router->policy);
+  return vc->oracle != NULL ? KVR_VCLUSTER_ORACLE : kvr_policy_name(vc->router->policy);
 }
 
 double kvr_vcluster_now(const kvr_vcluster_t *vc) {
