@@ -349,6 +349,78 @@ static void test_early_stop_then_level(void **state) {
   kvr_workload_free(wl);
 }
 
+/* The router's accounting closes after every kind of level end (whole, stopped early with
+ * requests cancelled in flight, interrupted), seen from routing: with least_load every worker
+ * with inflight 0 and the fewest active tokens ties and is picked at random, so a worker whose
+ * in-flight count or active tokens leaked would never be picked again. (A direct check of
+ * inflight, active_tokens and queued_prefill_tokens needs an accessor for the cluster's router.)
+ */
+static void test_accounting_closes(void **state) {
+  (void)state;
+  kvr_workload_t *wl = small_workload();
+  kvr_vcluster_opts_t o = small_opts(3);
+  kvr_vcluster_t *vc = cluster(&o);
+  kvr_loadgen_opts_t lo = small_lg(40);
+  lo.early_stop = true;
+  kvr_loadgen_t *lg = vgen(vc, &lo, wl);
+  kvr_slo_t tight = {1, 10000, 0};
+  kvr_level_t *lv = NULL;
+  assert_int_equal(kvr_loadgen_run_level(lg, "stop", 40, 0, 1, &tight, &lv), 0);
+  assert_true(lv->stopped_early);
+  assert_true(lv->cancelled_requests > 0); /* requests cut at every stage of their life */
+  kvr_stats_level_free(lv);
+  assert_int_equal(kvr_loadgen_run_level(lg, "whole", 8, 0, 2, &loose_slo, &lv), 0);
+  assert_all_ok(lv, 40);
+  kvr_stats_level_free(lv);
+  kvr_vcluster_idle(vc, 10); /* the cancelled requests' aborts reach the workers */
+  char err[256];
+  assert_int_equal(kvr_vcluster_set_policy(vc, "least_load", NULL, err, sizeof(err)), 0);
+  /* Requests one at a time (~0.5 s each, 5 s apart on average). */
+  kvr_level_t *seq = NULL;
+  assert_int_equal(kvr_loadgen_run_level(lg, "seq", 0.2, 0, 3, &loose_slo, &seq), 0);
+  assert_int_equal(seq->completed, 40);
+  assert_int_equal(seq->nworkers, 3);
+  for (size_t i = 0; i < seq->nworkers; i++)
+    if (seq->workers[i].count < 4)
+      fail_msg("least_load sent worker %s only %zu of 40 requests: its load did not return to 0",
+               seq->workers[i].name, seq->workers[i].count);
+  kvr_stats_level_free(seq);
+  kvr_loadgen_free(lg);
+  kvr_vcluster_free(vc);
+  kvr_workload_free(wl);
+}
+
+/* BUG: kvr_loadgen_free() leaves the generator's deferred calls (kvr_loadgen_vt_t.at: the wake-up
+ * of the next arrival after an early stop, a stop-early or drained call) in the transport, which
+ * has no way to cancel them; the cluster dispatches them later to the freed generator:
+ * heap-use-after-free in vt_fire (loadgen.c) from kvr_vcluster_idle (ASan). `kvrouter bench`
+ * keeps one generator for the whole run and frees the cluster without running it, so only
+ * another user of the API (this test) hits it. Enable once fixed: */
+#if 0
+/* A generator freed after a level that stopped early, then the cluster runs on (idle time, a
+ * level with another generator): the first generator's deferred calls still in the event heap
+ * must not reach it. */
+static void test_generator_freed_before_cluster(void **state) {
+  (void)state;
+  kvr_workload_t *wl = small_workload();
+  kvr_vcluster_opts_t o = small_opts(2);
+  kvr_vcluster_t *vc = cluster(&o);
+  kvr_loadgen_opts_t lo = small_lg(40);
+  lo.early_stop = true;
+  kvr_slo_t tight = {1, 10000, 0};
+  kvr_level_t *lv = level_on(vc, &lo, wl, 20, 1, &tight); /* its generator is freed */
+  assert_true(lv->stopped_early);
+  kvr_stats_level_free(lv);
+  kvr_vcluster_idle(vc, 30);
+  lo.early_stop = false;
+  lv = level_on(vc, &lo, wl, 4, 2, &loose_slo);
+  assert_all_ok(lv, 40);
+  kvr_stats_level_free(lv);
+  kvr_vcluster_free(vc);
+  kvr_workload_free(wl);
+}
+#endif
+
 /* A mixed fleet: one blocks value per worker, else an error naming the flag. */
 static void test_mixed_fleet(void **state) {
   (void)state;
@@ -801,9 +873,11 @@ static void test_vt_new_checks(void **state) {
 
 KVR_TEST_MAIN(cmocka_unit_test(test_determinism), cmocka_unit_test(test_multiturn_reuse_and_spread),
               cmocka_unit_test(test_policy_switch), cmocka_unit_test(test_reset_cache),
-              cmocka_unit_test(test_early_stop_then_level), cmocka_unit_test(test_mixed_fleet),
-              cmocka_unit_test(test_bad_body_is_400), cmocka_unit_test(test_idle_advances_clock),
-              cmocka_unit_test(test_level_figures),
+              cmocka_unit_test(test_early_stop_then_level),
+              cmocka_unit_test(test_accounting_closes),
+
+              cmocka_unit_test(test_mixed_fleet), cmocka_unit_test(test_bad_body_is_400),
+              cmocka_unit_test(test_idle_advances_clock), cmocka_unit_test(test_level_figures),
               cmocka_unit_test(test_interrupt_and_free_in_flight),
               cmocka_unit_test(test_vt_exact_times), cmocka_unit_test(test_vt_errors),
               cmocka_unit_test(test_vt_early_stop_cancels), cmocka_unit_test(test_vt_new_checks))
