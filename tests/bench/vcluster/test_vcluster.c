@@ -349,6 +349,43 @@ static void test_early_stop_then_level(void **state) {
   kvr_workload_free(wl);
 }
 
+/* A closed-loop level in virtual time: steady state, every measured request completes, the
+ * cool-down ones still in flight are cancelled, and a rate level on the same generator follows. */
+static void test_concurrency_level(void **state) {
+  (void)state;
+  kvr_workload_t *wl = small_workload();
+  kvr_vcluster_opts_t o = small_opts(2);
+  kvr_vcluster_t *vc = cluster(&o);
+  kvr_loadgen_opts_t lo = small_lg(20);
+  kvr_loadgen_t *lg = vgen(vc, &lo, wl);
+  kvr_level_t *lv = NULL;
+  assert_int_equal(kvr_loadgen_run_level(lg, "users", 0, 6, 1, &loose_slo, &lv), 0);
+  assert_true(lv->steady_state);
+  assert_int_equal(lv->concurrency, 6);
+  assert_int_equal(lv->measured, 20);
+  assert_int_equal(lv->completed, 20);
+  assert_int_equal(lv->failed, 0);
+  assert_true(lv->warmup_requests >= 6); /* each user's first */
+  assert_true(lv->max_concurrent <= 6);
+  size_t users[6] = {0};
+  for (size_t i = 0; i < lv->nrecs; i++) {
+    const kvr_req_rec_t *r = &lv->recs[i];
+    assert_true(r->user >= 0 && r->user < 6);
+    users[r->user]++;
+    if (!r->warmup)
+      assert_true(r->ok);
+  }
+  for (size_t u = 0; u < 6; u++)
+    assert_true(users[u] > 0);
+  kvr_stats_level_free(lv);
+  assert_int_equal(kvr_loadgen_run_level(lg, "rate", 4, 0, 2, &loose_slo, &lv), 0);
+  assert_all_ok(lv, 20);
+  kvr_stats_level_free(lv);
+  kvr_loadgen_free(lg);
+  kvr_vcluster_free(vc);
+  kvr_workload_free(wl);
+}
+
 /* The router's accounting closes after every kind of level end (whole, stopped early with
  * requests cancelled in flight, interrupted), seen from routing: with least_load every worker
  * with inflight 0 and the fewest active tokens ties and is picked at random, so a worker whose
@@ -874,7 +911,7 @@ static void test_vt_new_checks(void **state) {
 KVR_TEST_MAIN(cmocka_unit_test(test_determinism), cmocka_unit_test(test_multiturn_reuse_and_spread),
               cmocka_unit_test(test_policy_switch), cmocka_unit_test(test_reset_cache),
               cmocka_unit_test(test_early_stop_then_level),
-              cmocka_unit_test(test_accounting_closes),
+              cmocka_unit_test(test_accounting_closes), cmocka_unit_test(test_concurrency_level),
 
               cmocka_unit_test(test_mixed_fleet), cmocka_unit_test(test_bad_body_is_400),
               cmocka_unit_test(test_idle_advances_clock), cmocka_unit_test(test_level_figures),
