@@ -386,6 +386,39 @@ static void test_concurrency_level(void **state) {
   kvr_workload_free(wl);
 }
 
+/* The delays of a deployment add up hop by hop: an isolated request's first token crosses
+ * client->router, router->worker (after the router's own time), worker->router and
+ * router->client, so TTFT and E2E grow by exactly 4 net_ms + router_ms. */
+static void test_network_delays(void **state) {
+  (void)state;
+  kvr_workload_t *wl = small_workload();
+  kvr_loadgen_opts_t lo = small_lg(4);
+  kvr_level_t *lv[2];
+  for (int i = 0; i < 2; i++) {
+    kvr_vcluster_opts_t o = small_opts(2);
+    o.net_ms = i ? 10 : 0;
+    o.router_ms = i ? 5 : 0;
+    kvr_vcluster_t *vc = cluster(&o);
+    lv[i] = level_on(vc, &lo, wl, 0.01, 1, &loose_slo); /* ~100 s apart: nothing overlaps */
+    assert_all_ok(lv[i], 4);
+    kvr_vcluster_free(vc);
+  }
+  assert_int_equal(lv[0]->nrecs, lv[1]->nrecs);
+  for (size_t i = 0; i < lv[0]->nrecs; i++) {
+    const kvr_req_rec_t *a = &lv[0]->recs[i], *b = &lv[1]->recs[i];
+    assert_int_equal(a->conv, b->conv);
+    assert_int_equal(a->turn, b->turn);
+    assert_true(a->sent_s == b->sent_s);
+    assert_int_equal(a->cached_tokens, b->cached_tokens);
+    if (fabs(b->ttft_ms - a->ttft_ms - 45) > 1e-3 || fabs(b->e2e_ms - a->e2e_ms - 45) > 1e-3)
+      fail_msg("request %zu: TTFT %.6f -> %.6f ms, E2E %.6f -> %.6f ms: want +45 ms each", i,
+               a->ttft_ms, b->ttft_ms, a->e2e_ms, b->e2e_ms);
+  }
+  kvr_stats_level_free(lv[0]);
+  kvr_stats_level_free(lv[1]);
+  kvr_workload_free(wl);
+}
+
 /* The router's accounting closes after every kind of level end (whole, stopped early with
  * requests cancelled in flight, interrupted), seen from routing: with least_load every worker
  * with inflight 0 and the fewest active tokens ties and is picked at random, so a worker whose
@@ -912,6 +945,7 @@ KVR_TEST_MAIN(cmocka_unit_test(test_determinism), cmocka_unit_test(test_multitur
               cmocka_unit_test(test_policy_switch), cmocka_unit_test(test_reset_cache),
               cmocka_unit_test(test_early_stop_then_level),
               cmocka_unit_test(test_accounting_closes), cmocka_unit_test(test_concurrency_level),
+              cmocka_unit_test(test_network_delays),
 
               cmocka_unit_test(test_mixed_fleet), cmocka_unit_test(test_bad_body_is_400),
               cmocka_unit_test(test_idle_advances_clock), cmocka_unit_test(test_level_figures),
