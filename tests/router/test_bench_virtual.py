@@ -11,9 +11,10 @@ clock (bench/vcluster/). The checks, end to end through the command line:
 - determinism: the same command twice gives the same summary lines and the same per-request
   latencies, workers and cached tokens in requests.jsonl;
 - the oracle is a valid --ab name in virtual time;
-- usage errors: --worker-blocks with a count other than --workers exits 2 with one line naming
-  --worker-blocks; --ab without --admin is refused only without --virtual; an unknown policy exits
-  non-zero with a one-line error naming it.
+- a mixed fleet (--worker-blocks, one value per worker) shows in the Clock line; with a count
+  other than --workers it exits 2 with one line naming --worker-blocks;
+- usage: --ab without --admin is refused only without --virtual; an unknown policy exits non-zero
+  with a one-line error naming it.
 
 Usage: python3 tests/router/test_bench_virtual.py --kvrouter PATH/TO/kvrouter [-k NAME] [-v]
 The harness is tests/harness/kvrharness.py.
@@ -150,6 +151,12 @@ def test_usage_errors():
     p, _ = bench("--virtual", "--ab", "kv_aware,round_robin", "--rates", 2, "--num-prompts", 10,
                  "--out", out, "--quiet")
     assert p.returncode == 0, (p.returncode, p.stderr)
+    # A mixed fleet, one value per worker, is described in the report's Clock line.
+    _, report, _, reqs = bench_ok(os.path.join(SCRATCH.path, "mixed"), "--virtual", "--workers", 4,
+                                  "--worker-blocks", "4000,4000,8000,9000", "--rates", 2,
+                                  "--num-prompts", 10, "--quiet")
+    assert "(KV blocks 4000/4000/8000/9000)" in report, report[:2000]
+    assert reqs and all(r["ok"] for r in reqs), reqs[:3]
     # An unknown policy: non-zero, one line naming it and the valid ones.
     p, _ = bench("--virtual", "--ab", "no_such_policy", "--rates", 2, "--num-prompts", 10,
                  "--out", os.path.join(SCRATCH.path, "bad"), "--quiet")
