@@ -24,6 +24,7 @@
 #include "bench/loadgen/loadgen.h"
 #include "bench/loadgen/stats.h"
 #include "bench/loadgen/workload.h"
+#include "bench/sim/sim_server.h"
 #include "bench/vcluster/vcluster.h"
 #include "src/buf.h"
 #include "src/kvr.h"
@@ -416,6 +417,63 @@ static void test_network_delays(void **state) {
   }
   kvr_stats_level_free(lv[0]);
   kvr_stats_level_free(lv[1]);
+  kvr_workload_free(wl);
+}
+
+/* With no network or router delay, the first request of a level on an idle cluster sees exactly
+ * the engine alone: its TTFT and E2E are when the engine's steps deliver its first and last
+ * tokens (the same body parsed as the worker parses it, the same engine configuration). */
+static void test_matches_engine_alone(void **state) {
+  (void)state;
+  kvr_workload_t *wl = small_workload();
+  kvr_vcluster_opts_t o = small_opts(2);
+  o.net_ms = o.router_ms = 0;
+  kvr_vcluster_t *vc = cluster(&o);
+  kvr_loadgen_opts_t lo = small_lg(1);
+  kvr_level_t *lv = level_on(vc, &lo, wl, 1, 77, &loose_slo);
+  assert_all_ok(lv, 1);
+  const kvr_req_rec_t *rec = &lv->recs[0];
+  assert_int_equal(rec->conv, 0);
+  assert_true(rec->sent_s == 0);
+  /* The same request to a lone engine. */
+  kvr_conv_t conv;
+  kvr_workload_conv(wl, 77, 0, &conv);
+  kvr_buf_t body = KVR_BUF_INIT;
+  kvr_workload_body(&conv, 0, NULL, "test-model", KVR_API_CHAT, true, &body);
+  cJSON *j = cJSON_Parse(body.data);
+  kvr_sim_completion_t p;
+  char err[256];
+  assert_int_equal(kvr_sim_server_parse_completion(j, true, "test-model", o.engine.max_model_len,
+                                                   &p, err, sizeof(err)),
+                   0);
+  assert_int_equal(p.prompt.n, rec->prompt_tokens);
+  kvr_sim_engine_t *eng = kvr_sim_engine_new(&o.engine);
+  kvr_sim_engine_set_now(eng, 0);
+  kvr_sim_req_t *q =
+      kvr_sim_engine_add(eng, p.prompt.v, (uint32_t)p.prompt.n, 16, KVR_SIM_FINISH_LENGTH, 1, NULL);
+  double first = -1, last = -1;
+  kvr_sim_step_t st;
+  for (int i = 0; i < 10000 && q->state != KVR_SIM_FINISHED; i++) {
+    kvr_sim_engine_step(eng, &st);
+    for (size_t k = 0; k < st.nevents; k++)
+      if (st.events[k].req == q && st.events[k].new_tokens > 0) {
+        if (first < 0)
+          first = st.deliver_s;
+        last = st.deliver_s;
+      }
+  }
+  assert_true(first > 0 && last > first);
+  if (fabs(rec->ttft_ms - first * 1e3) > 1e-3 || fabs(rec->e2e_ms - last * 1e3) > 1e-3)
+    fail_msg("virtual TTFT %.6f E2E %.6f ms, engine alone %.6f %.6f ms", rec->ttft_ms, rec->e2e_ms,
+             first * 1e3, last * 1e3);
+  kvr_sim_engine_remove(eng, q);
+  kvr_sim_engine_free(eng);
+  kvr_sim_toks_free(&p.prompt);
+  cJSON_Delete(j);
+  kvr_buf_free(&body);
+  kvr_workload_conv_free(&conv);
+  kvr_stats_level_free(lv);
+  kvr_vcluster_free(vc);
   kvr_workload_free(wl);
 }
 
@@ -945,7 +1003,7 @@ KVR_TEST_MAIN(cmocka_unit_test(test_determinism), cmocka_unit_test(test_multitur
               cmocka_unit_test(test_policy_switch), cmocka_unit_test(test_reset_cache),
               cmocka_unit_test(test_early_stop_then_level),
               cmocka_unit_test(test_accounting_closes), cmocka_unit_test(test_concurrency_level),
-              cmocka_unit_test(test_network_delays),
+              cmocka_unit_test(test_network_delays), cmocka_unit_test(test_matches_engine_alone),
 
               cmocka_unit_test(test_mixed_fleet), cmocka_unit_test(test_bad_body_is_400),
               cmocka_unit_test(test_idle_advances_clock), cmocka_unit_test(test_level_figures),
