@@ -3,8 +3,13 @@
  *
  * Every level runs a small cluster (2-3 workers of a small engine) on a short multiturn workload
  * in session mode (answers resent), so each test runs in milliseconds of real time:
- *   - determinism: the same options and seed give identical records; another policy differs;
- *   - every request of a level completes (accounting through the level's counts);
+ *   - determinism: the same options and seed give identical records; another policy or router
+ *     seed differs;
+ *   - every request of a level completes; the router's load returns to zero after every kind of
+ *     level end (seen through least_load's choices: the cluster has no accessor for its router);
+ *   - timing: an isolated request times exactly as the engine alone, and the network and router
+ *     delays add up hop by hop;
+ *   - a closed-loop (concurrency) level in virtual time;
  *   - prefix reuse across turns with kv_aware, spreading with round_robin;
  *   - the policy switch (unknown names, the oracle), the cache reset, idle time, level figures;
  *   - early stop, then another level on the same cluster (stale deferred events ignored);
@@ -198,6 +203,35 @@ static void test_determinism(void **state) {
   assert_true(now[0] > 0 && now[0] == now[1]);
   assert_true(same_records(lv[0], lv[1]));
   assert_false(same_records(lv[0], lv[2]));
+  for (int i = 0; i < 3; i++)
+    kvr_stats_level_free(lv[i]);
+  kvr_workload_free(wl);
+}
+
+/* The router's seed drives its random choices: least_load breaks its (frequent, at light load)
+ * ties at random, so another seed sends requests elsewhere; the same seed again does not. */
+static void test_router_seed(void **state) {
+  (void)state;
+  kvr_workload_t *wl = small_workload();
+  kvr_loadgen_opts_t lo = small_lg(30);
+  kvr_level_t *lv[3];
+  uint64_t seeds[3] = {1, 1, 2};
+  for (int i = 0; i < 3; i++) {
+    kvr_vcluster_opts_t o = small_opts(3);
+    o.seed = seeds[i];
+    kvr_vcluster_t *vc = cluster(&o);
+    char err[256];
+    assert_int_equal(kvr_vcluster_set_policy(vc, "least_load", NULL, err, sizeof(err)), 0);
+    lv[i] = level_on(vc, &lo, wl, 1, 4, &loose_slo);
+    assert_all_ok(lv[i], 30);
+    kvr_vcluster_free(vc);
+  }
+  assert_true(same_records(lv[0], lv[1]));
+  assert_false(same_records(lv[0], lv[2]));
+  size_t moved = 0;
+  for (size_t i = 0; i < lv[0]->nrecs && i < lv[2]->nrecs; i++)
+    moved += strcmp(lv[0]->recs[i].worker, lv[2]->recs[i].worker) != 0;
+  assert_true(moved > 0);
   for (int i = 0; i < 3; i++)
     kvr_stats_level_free(lv[i]);
   kvr_workload_free(wl);
@@ -999,7 +1033,8 @@ static void test_vt_new_checks(void **state) {
   kvr_workload_free(wl);
 }
 
-KVR_TEST_MAIN(cmocka_unit_test(test_determinism), cmocka_unit_test(test_multiturn_reuse_and_spread),
+KVR_TEST_MAIN(cmocka_unit_test(test_determinism), cmocka_unit_test(test_router_seed),
+              cmocka_unit_test(test_multiturn_reuse_and_spread),
               cmocka_unit_test(test_policy_switch), cmocka_unit_test(test_reset_cache),
               cmocka_unit_test(test_early_stop_then_level),
               cmocka_unit_test(test_accounting_closes), cmocka_unit_test(test_concurrency_level),
