@@ -18,6 +18,7 @@
 #include "src/router_view.h"
 #include "src/scrape.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -457,10 +458,79 @@ static void test_accounting_invariant_random(void **state) {
   fx_close(&f);
 }
 
+static uint64_t fake_clock(void *ctx) {
+  return *(const uint64_t *)ctx;
+}
+
+/* kvr_router_set_clock: dispatch times, the prefill clock's rate and backlog, and the freshness of
+ * scraped figures all follow the injected clock (the virtual cluster's); NULL restores the real
+ * one. */
+static void test_injected_clock(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 1, "least_load");
+  f.cfg.scrape_stale_ms = 1000;
+  kvr_router_t *r = f.r;
+  uint64_t t = 5000000000ull; /* 5 s: far from the real monotonic clock */
+  kvr_router_set_clock(r, fake_clock, &t);
+  assert_int_equal(kvr_router_now_ns(r), t);
+  kvr_route_req_t req = {0};
+  kvr_decision_t d;
+  /* A lone 1000-token prefill answered 0.5 s later: 2000 tokens/s. */
+  kvr_router_dispatch_t a;
+  assert_non_null(kvr_router_on_dispatch(r, 0, 1000, 0, &a));
+  assert_int_equal(a.dispatched_ns, 5000000000ull);
+  assert_true(a.prefill_alone);
+  t += 500000000ull;
+  kvr_router_on_token(r, &a);
+  const kvr_worker_t *w = r->slots[0];
+  assert_int_equal(w->prefill.samples, 1);
+  assert_true(fabs(w->prefill.rate - 2000) < 1e-6);
+  assert_int_equal(w->queued_prefill_tokens, 0);
+  kvr_router_on_end(r, &a);
+  /* Two more at 6 s: 1 s of prefill queued, worked off as the clock moves. */
+  t = 6000000000ull;
+  kvr_router_dispatch_t b, c;
+  kvr_router_on_dispatch(r, 0, 1000, 0, &b);
+  kvr_router_on_dispatch(r, 0, 1000, 0, &c);
+  assert_int_equal(b.dispatched_ns, t);
+  assert_int_equal(w->prefill.busy_until_ns, 7000000000ull);
+  kvr_router_decide(r, &req, 0, false, &d);
+  assert_int_equal(d.snaps[0].queued_prefill_tokens, 2000);
+  assert_int_equal(d.snaps[0].prefill_backlog_tokens, 2000);
+  t = 6500000000ull;
+  kvr_router_decide(r, &req, 0, false, &d);
+  assert_int_equal(d.snaps[0].prefill_backlog_tokens, 1000);
+  assert_int_equal(kvr_router_worker_backlog(w, t), 1000);
+  t = 7500000000ull; /* overdue: the floor, a tenth of what is pending */
+  kvr_router_decide(r, &req, 0, false, &d);
+  assert_int_equal(d.snaps[0].prefill_backlog_tokens, 200);
+  kvr_router_on_end(r, &b);
+  kvr_router_on_end(r, &c);
+  assert_idle(r);
+  /* Scraped figures are fresh for scrape_stale_ms of the injected clock. */
+  kvr_router_scrape_t m = {.at_ms = t / 1000000u, .num_requests_running = 1};
+  assert_int_equal(kvr_router_on_scrape(r, w->id, &m), 0);
+  kvr_router_decide(r, &req, 0, false, &d);
+  assert_true(d.snaps[0].metrics_fresh);
+  t += 1000000000ull;
+  kvr_router_decide(r, &req, 0, false, &d);
+  assert_true(d.snaps[0].metrics_fresh);
+  t += 1000000ull;
+  kvr_router_decide(r, &req, 0, false, &d);
+  assert_false(d.snaps[0].metrics_fresh);
+  /* Back to the real clock. */
+  kvr_router_set_clock(r, NULL, NULL);
+  uint64_t before = kvr_now_ns(), now = kvr_router_now_ns(r), after = kvr_now_ns();
+  assert_true(now >= before && now <= after);
+  fx_close(&f);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_round_robin_and_tried),
               cmocka_unit_test(test_look_changes_nothing),
               cmocka_unit_test(test_accounting_and_drain),
               cmocka_unit_test(test_failures_mark_down), cmocka_unit_test(test_policy_switch),
               cmocka_unit_test(test_scrape_parse), cmocka_unit_test(test_requests_return_to_zero),
               cmocka_unit_test(test_scrape_and_reset), cmocka_unit_test(test_drain_remove_add),
-              cmocka_unit_test(test_accounting_invariant_random))
+              cmocka_unit_test(test_accounting_invariant_random),
+              cmocka_unit_test(test_injected_clock))

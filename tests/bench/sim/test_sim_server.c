@@ -195,6 +195,63 @@ static void test_context_length(void **state) {
   kvr_sim_toks_free(&p.prompt);
 }
 
+/* kvr_sim_server_answer: max_tokens with ignore_eos (or no natural length), else a natural length
+ * in [mean/2, 3 mean/2] drawn from the text seed, raised to min_tokens, capped by max_tokens; the
+ * word seed mixes the prompt, the worker's seed and the request's. Pure: same input, same answer.
+ */
+static void test_answer(void **state) {
+  (void)state;
+  kvr_sim_completion_t p;
+  kvr_sim_answer_t a, b;
+  parse_ok("{\"model\":\"" MODEL "\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+           "\"max_tokens\":1000,\"ignore_eos\":true}",
+           true, &p);
+  kvr_sim_server_answer(&p, 3, 100, &a);
+  assert_int_equal(a.max_output, 1000);
+  assert_int_equal(a.stop_reason, KVR_SIM_FINISH_LENGTH);
+  assert_int_equal(a.gen_seed, kvr_sim_tokens_seed(p.prompt.v, p.prompt.n, 3));
+  kvr_sim_server_answer(&p, 3, 100, &b);
+  assert_memory_equal(&a, &b, sizeof(a));
+  kvr_sim_server_answer(&p, 4, 100, &b);
+  assert_true(b.gen_seed != a.gen_seed); /* another worker writes other words */
+  /* EOS on, no natural length (mean 0): max_tokens. */
+  p.ignore_eos = false;
+  kvr_sim_server_answer(&p, 3, 0, &a);
+  assert_int_equal(a.max_output, 1000);
+  assert_int_equal(a.stop_reason, KVR_SIM_FINISH_LENGTH);
+  /* EOS on: the natural length, over many seeds within [50, 150] and not always the same. */
+  uint32_t lo = UINT32_MAX, hi = 0;
+  for (uint64_t seed = 0; seed < 200; seed++) {
+    kvr_sim_server_answer(&p, seed, 100, &a);
+    assert_int_equal(a.gen_seed, kvr_sim_tokens_seed(p.prompt.v, p.prompt.n, seed));
+    assert_true(a.max_output >= 50 && a.max_output <= 150);
+    assert_int_equal(a.stop_reason, KVR_SIM_FINISH_STOP);
+    lo = a.max_output < lo ? a.max_output : lo;
+    hi = a.max_output > hi ? a.max_output : hi;
+  }
+  assert_true(lo < 70 && hi > 130);
+  /* The request's seed changes the words. */
+  kvr_sim_server_answer(&p, 3, 100, &a);
+  p.seed = 77;
+  kvr_sim_server_answer(&p, 3, 100, &b);
+  assert_int_equal(b.gen_seed, kvr_sim_tokens_seed(p.prompt.v, p.prompt.n, 3 ^ 77));
+  assert_true(b.gen_seed != a.gen_seed);
+  /* min_tokens raises it; max_tokens caps it (then it is a length stop). */
+  p.min_tokens = 400;
+  kvr_sim_server_answer(&p, 3, 100, &a);
+  assert_int_equal(a.max_output, 400);
+  assert_int_equal(a.stop_reason, KVR_SIM_FINISH_STOP);
+  p.min_tokens = 0;
+  p.max_tokens = 20;
+  kvr_sim_server_answer(&p, 3, 100, &a);
+  assert_int_equal(a.max_output, 20);
+  assert_int_equal(a.stop_reason, KVR_SIM_FINISH_LENGTH);
+  p.max_tokens = 1;
+  kvr_sim_server_answer(&p, 3, 100, &a);
+  assert_int_equal(a.max_output, 1);
+  kvr_sim_toks_free(&p.prompt);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_chat_defaults), cmocka_unit_test(test_chat_fields),
               cmocka_unit_test(test_completions_prompts), cmocka_unit_test(test_errors),
-              cmocka_unit_test(test_context_length))
+              cmocka_unit_test(test_context_length), cmocka_unit_test(test_answer))

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""test_bench_virtual.py -- `kvrouter bench --virtual` runs the A/B in one process on a virtual clock.
+
+No server is started: the bench runs simulated engines behind the router core on a discrete-event
+clock (bench/vcluster/). The checks, end to end through the command line:
+
+- an A/B (round_robin, kv_aware) on the multiturn workload in session mode exits 0 in seconds,
+  without --url or --admin; the report's title ends with "(virtual time)" and carries the Clock
+  line describing the cluster; every level's JSON says "virtual": true; kv_aware finds later
+  turns' prefixes cached, round_robin spreads requests over every worker;
+- determinism: the same command twice gives the same summary lines and the same per-request
+  latencies, workers and cached tokens in requests.jsonl;
+- the oracle is a valid --ab name in virtual time;
+- a mixed fleet (--worker-blocks, one value per worker) shows in the Clock line; with a count
+  other than --workers it exits 2 with one line naming --worker-blocks;
+- usage: --ab without --admin is refused only without --virtual; an unknown policy exits non-zero
+  with a one-line error naming it.
+
+Usage: python3 tests/router/test_bench_virtual.py --kvrouter PATH/TO/kvrouter [-k NAME] [-v]
+The harness is tests/harness/kvrharness.py.
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+import kvrharness as h  # noqa: E402
+
+TESTS, test = h.registry()
+SCRATCH = h.Scratch("kvr_bench_virtual_test_")  # the bench's output while run() runs
+
+AB = ["--virtual", "--ab", "round_robin,kv_aware", "--workload", "multiturn",
+      "--multiturn-mode", "session", "--rates", "2", "--num-prompts", "60", "--quiet"]
+
+# requests.jsonl fields that must not change between two runs of the same command.
+SAME = ("label", "rate", "conversation", "turn", "warmup", "ok", "status", "target_s", "sent_s",
+        "ttft_ms", "tpot_ms", "e2e_ms", "itl_count", "itl_mean_ms", "itl_max_ms", "output_tokens",
+        "prompt_tokens", "cached_tokens", "worker")
+
+
+def bench(*args, timeout=30):
+    """Runs `kvrouter bench ARGS`; returns the CompletedProcess (text) and its real duration."""
+    t0 = time.monotonic()
+    p = subprocess.run([h.KVROUTER, "bench"] + [str(a) for a in args], capture_output=True,
+                       text=True, timeout=timeout)
+    return p, time.monotonic() - t0
+
+
+def bench_ok(out, *args):
+    """Runs a bench that must succeed into out; returns (stdout, report.md, levels, requests)."""
+    p, dt = bench(*(list(args) + ["--out", out]))
+    assert p.returncode == 0, "bench failed (%d):\n%s\n%s" % (p.returncode, p.stdout, p.stderr)
+    assert h.sanitized() or dt < 10, "a virtual run of 120 requests took %.1f s" % dt
+    for marker in h.SANITIZER_MARKERS:
+        assert marker not in p.stderr, p.stderr
+    report = open(os.path.join(out, "report.md")).read()
+    levels = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(out, "results", "*.json")))]
+    with open(os.path.join(out, "requests.jsonl")) as f:
+        reqs = [json.loads(line) for line in f if line.strip()]
+    return p.stdout, report, levels, reqs
+
+
+def summary_lines(stdout):
+    """The summary's lines (the report path differs between runs)."""
+    return [line for line in stdout.splitlines() if not line.startswith("Report: ")]
+
+
+def one_error_line(p, *needles):
+    """p failed with exactly one stderr line containing every needle; returns the line."""
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, p.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+@test(timeout=40)
+def test_ab_report_and_determinism():
+    runs = []
+    for i in range(2):
+        runs.append(bench_ok(os.path.join(SCRATCH.path, "ab%d" % i), *AB))
+    stdout, report, levels, reqs = runs[0]
+    # The report is marked and describes the cluster.
+    title = report.splitlines()[0]
+    assert title.startswith("# ") and title.endswith("(virtual time)"), title
+    clock = [line for line in report.splitlines() if line.startswith("Clock: virtual time")]
+    assert len(clock) == 1, report[:2000]
+    assert "4 workers" in clock[0] and "discrete-event clock" in clock[0], clock[0]
+    assert "seed 42" in clock[0], clock[0]
+    # Both labels, one level each, every level virtual.
+    assert len(levels) == 2, [lv.get("label") for lv in levels]
+    for lv in levels:
+        assert lv["kvrouter"]["virtual"] is True, lv["kvrouter"]
+        assert lv["completed"] >= 60 and lv["failed"] == 0, (lv["completed"], lv["failed"])
+    assert "Max SLO-compliant rate" in stdout, stdout
+    # What each policy does with a multiturn session.
+    by_label = {}
+    for r in reqs:
+        by_label.setdefault(r["label"], []).append(r)
+    assert sorted(by_label) == ["phase0", "phase3"], sorted(by_label)
+    rr, kv = by_label["phase0"], by_label["phase3"]
+    assert all(r["ok"] for r in rr + kv), [r for r in rr + kv if not r["ok"]][:3]
+    assert {r["worker"] for r in rr} == {"0", "1", "2", "3"}, {r["worker"] for r in rr}
+    later = [r for r in kv if r["turn"] > 1]
+    assert later and all(r["cached_tokens"] > 0 for r in later), \
+        [r for r in later if r["cached_tokens"] == 0][:3]
+    hit = sum(r["cached_tokens"] for r in kv) / sum(r["prompt_tokens"] for r in kv)
+    hit_rr = sum(r["cached_tokens"] for r in rr) / sum(r["prompt_tokens"] for r in rr)
+    assert hit > hit_rr, (hit, hit_rr)
+    # Determinism end to end: the same summary and the same requests.
+    stdout2, report2, levels2, reqs2 = runs[1]
+    assert summary_lines(stdout) == summary_lines(stdout2), (stdout, stdout2)
+    assert len(reqs) == len(reqs2), (len(reqs), len(reqs2))
+    for a, b in zip(reqs, reqs2):
+        for k in SAME:
+            assert a[k] == b[k], (k, a, b)
+    for a, b in zip(levels, levels2):
+        for k in ("completed", "p99_ttft_ms", "p99_tpot_ms", "total_input_tokens"):
+            assert a[k] == b[k], (k, a[k], b[k])
+
+
+@test(timeout=30)
+def test_oracle_in_ab():
+    out = os.path.join(SCRATCH.path, "oracle")
+    stdout, report, levels, reqs = bench_ok(
+        out, "--virtual", "--ab", "kv_aware,oracle", "--workload", "multiturn",
+        "--multiturn-mode", "session", "--rates", "2", "--num-prompts", "30", "--quiet")
+    assert "| oracle |" in report, report[:1500]
+    assert len(levels) == 2 and all(lv["failed"] == 0 for lv in levels), levels
+    assert {r["label"] for r in reqs} == {"phase0", "phase3"}
+    assert all(r["ok"] for r in reqs), [r for r in reqs if not r["ok"]][:3]
+
+
+@test(timeout=30)
+def test_usage_errors():
+    out = os.path.join(SCRATCH.path, "errors")
+    # --worker-blocks: one value per worker.
+    p, _ = bench("--virtual", "--workers", 4, "--worker-blocks", "1,2", "--rates", 2,
+                 "--num-prompts", 10, "--out", out, "--quiet")
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    one_error_line(p, "--worker-blocks", "2 values for 4 workers")
+    assert not os.path.exists(os.path.join(out, "report.md"))
+    # --ab needs --admin, unless --virtual.
+    p, _ = bench("--ab", "kv_aware,round_robin", "--rates", 2, "--num-prompts", 10, "--out", out,
+                 "--quiet")
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "--ab: needs --admin" in p.stderr, p.stderr
+    p, _ = bench("--virtual", "--ab", "kv_aware,round_robin", "--rates", 2, "--num-prompts", 10,
+                 "--out", out, "--quiet")
+    assert p.returncode == 0, (p.returncode, p.stderr)
+    # A mixed fleet, one value per worker, is described in the report's Clock line.
+    _, report, _, reqs = bench_ok(os.path.join(SCRATCH.path, "mixed"), "--virtual", "--workers", 4,
+                                  "--worker-blocks", "4000,4000,8000,9000", "--rates", 2,
+                                  "--num-prompts", 10, "--quiet")
+    assert "(KV blocks 4000/4000/8000/9000)" in report, report[:2000]
+    assert reqs and all(r["ok"] for r in reqs), reqs[:3]
+    # An unknown policy: non-zero, one line naming it and the valid ones.
+    p, _ = bench("--virtual", "--ab", "no_such_policy", "--rates", 2, "--num-prompts", 10,
+                 "--out", os.path.join(SCRATCH.path, "bad"), "--quiet")
+    assert p.returncode != 0, (p.returncode, p.stdout, p.stderr)
+    one_error_line(p, "no_such_policy", "kv_aware", "round_robin")
+
+
+if __name__ == "__main__":
+    sys.exit(h.run(TESTS, description=__doc__.splitlines()[0], around=SCRATCH.around))
