@@ -267,6 +267,8 @@ void kvr_loadgen_free(kvr_loadgen_t *lg) {
   if (lg == NULL)
     return;
   if (lg->virt) {
+    if (lg->vt.forget != NULL)
+      lg->vt.forget(lg->vt.ctx, lg);
     free(lg->url);
     free(lg->model);
     free(lg->api_key);

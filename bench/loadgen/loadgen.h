@@ -137,6 +137,8 @@ typedef struct kvr_loadgen_vt_s {
   void (*cancel)(void *ctx, void *handle); /* no callback for it afterwards */
   void (*run)(void *ctx);                  /* runs the loop until stop() */
   void (*stop)(void *ctx);
+  /* The generator arg is being freed: drop its calls still pending (kvr_loadgen_free calls it). */
+  void (*forget)(void *ctx, void *arg);
 } kvr_loadgen_vt_t;
 
 /* A generator on a virtual transport (vt copied; wl borrowed). Returns NULL with err. */

@@ -458,7 +458,12 @@ void kvr_sim_engine_probe(const kvr_sim_engine_t *eng, const uint32_t *prompt, u
   }
   for (uint32_t i = 0; i < eng->nrunning; i++) {
     const kvr_sim_req_t *r = eng->running[i];
-    out->pending_tokens += r->ntokens > r->num_computed + 1 ? r->ntokens - r->num_computed - 1 : 0;
+    /* Still to compute: all of it while prefilling; a decoding request's last (sampled) token is
+     * computed by its next decode, which is not prefill. */
+    uint32_t left = r->ntokens - KVR_MIN(r->ntokens, r->num_computed);
+    if (r->ntokens > r->num_prompt && left > 0)
+      left--;
+    out->pending_tokens += left;
     out->decode_ctx += r->ntokens;
   }
   out->running = eng->nrunning;

@@ -289,8 +289,11 @@ static void router_in(kvr_vcluster_t *vc, vreq_t *q) {
   kvr_prompt_route_req(&q->prompt, &rreq);
   kvr_decision_t d;
   int slot = kvr_router_decide(r, &rreq, 0, vc->oracle == NULL, &d);
-  if (vc->oracle != NULL)
-    slot = oracle_pick(vc, q, &rreq, &d);
+  if (vc->oracle != NULL && slot >= 0) {
+    /* A body no engine would take keeps the router's pick: that worker answers its 400. */
+    int truth = oracle_pick(vc, q, &rreq, &d);
+    slot = truth >= 0 ? truth : slot;
+  }
   if (slot < 0) {
     client_error(vc, q, 503);
     return;
@@ -534,7 +537,8 @@ static void dispatch(kvr_vcluster_t *vc, ev_t *ev) {
   vreq_t *q = ev->p;
   switch (ev->kind) {
   case EV_TIMER:
-    ev->fn(ev->p, ev->tag);
+    if (ev->fn != NULL) /* NULL: its generator was freed (vt_forget) */
+      ev->fn(ev->p, ev->tag);
     return;
   case EV_STEP:
     step(vc, ev->w);
@@ -622,6 +626,14 @@ static void vt_run(void *ctx) {
   }
 }
 
+/* The generator arg is going away: its calls still in the heap must not reach it. */
+static void vt_forget(void *ctx, void *arg) {
+  kvr_vcluster_t *vc = ctx;
+  for (size_t i = 0; i < vc->nheap; i++)
+    if (vc->heap[i].kind == EV_TIMER && vc->heap[i].p == arg)
+      vc->heap[i].fn = NULL;
+}
+
 static void vt_stop(void *ctx) {
   ((kvr_vcluster_t *)ctx)->stopped = true;
 }
@@ -633,7 +645,8 @@ void kvr_vcluster_transport(kvr_vcluster_t *vc, kvr_loadgen_vt_t *out) {
                             .send = vt_send,
                             .cancel = vt_cancel,
                             .run = vt_run,
-                            .stop = vt_stop};
+                            .stop = vt_stop,
+                            .forget = vt_forget};
 }
 
 /* ---- lifecycle and operations ---------------------------------------------------------------- */
@@ -720,7 +733,7 @@ void kvr_vcluster_free(kvr_vcluster_t *vc) {
 
 int kvr_vcluster_set_policy(kvr_vcluster_t *vc, const char *name, const cJSON *params, char *err,
                             size_t errlen) {
-  if (strcmp(name, KVR_VCLUSTER_ORACLE) == 0) {
+  if (name != NULL && strcmp(name, KVR_VCLUSTER_ORACLE) == 0) {
     /* The router keeps kv_aware for its bookkeeping; the oracle's instance decides. */
     kvr_policy_t *p = kvr_policy_create("kv_aware", params, vc->o.seed, err, errlen);
     if (p == NULL)
@@ -733,6 +746,10 @@ int kvr_vcluster_set_policy(kvr_vcluster_t *vc, const char *name, const cJSON *p
   if (rc == 0) {
     kvr_policy_destroy(vc->oracle);
     vc->oracle = NULL;
+  } else if (name != NULL && kvr_policy_find(name) == NULL) {
+    char names[512];
+    kvr_policy_names(names, sizeof(names));
+    snprintf(err, errlen, "unknown policy '%s' (valid: %s, %s)", name, names, KVR_VCLUSTER_ORACLE);
   }
   return rc;
 }

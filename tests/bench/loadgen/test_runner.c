@@ -49,7 +49,7 @@ static void test_rules(void **state) {
   o.ab[0] = ab[0];
   o.ab[1] = ab[1];
   o.nab = 2;
-  expect_rule(&o, "--ab: needs --admin URL");
+  expect_rule(&o, "--ab: needs --admin URL (or --virtual)");
   o.admin = "http://127.0.0.1:8001";
   o.labels[0] = "one";
   o.nlabels = 1;

@@ -289,9 +289,7 @@ static void test_policy_switch(void **state) {
   assert_non_null(strstr(err, "no_such_policy"));
   assert_non_null(strstr(err, "round_robin"));
   assert_non_null(strstr(err, "kv_aware"));
-  /* BUG: the error names the router's policies only, not "oracle", which set_policy accepts (and
-   * `kvrouter bench --virtual --ab` takes). Enable once fixed:
-   * assert_non_null(strstr(err, KVR_VCLUSTER_ORACLE)); */
+  assert_non_null(strstr(err, KVR_VCLUSTER_ORACLE));
   assert_string_equal(kvr_vcluster_policy(vc), "kv_aware"); /* unchanged */
   assert_int_equal(kvr_vcluster_set_policy(vc, KVR_VCLUSTER_ORACLE, NULL, err, sizeof(err)), 0);
   assert_string_equal(kvr_vcluster_policy(vc), KVR_VCLUSTER_ORACLE);
@@ -552,13 +550,6 @@ static void test_accounting_closes(void **state) {
   kvr_workload_free(wl);
 }
 
-/* BUG: kvr_loadgen_free() leaves the generator's deferred calls (kvr_loadgen_vt_t.at: the wake-up
- * of the next arrival after an early stop, a stop-early or drained call) in the transport, which
- * has no way to cancel them; the cluster dispatches them later to the freed generator:
- * heap-use-after-free in vt_fire (loadgen.c) from kvr_vcluster_idle (ASan). `kvrouter bench`
- * keeps one generator for the whole run and frees the cluster without running it, so only
- * another user of the API (this test) hits it. Enable once fixed: */
-#if 0
 /* A generator freed after a level that stopped early, then the cluster runs on (idle time, a
  * level with another generator): the first generator's deferred calls still in the event heap
  * must not reach it. */
@@ -581,7 +572,6 @@ static void test_generator_freed_before_cluster(void **state) {
   kvr_vcluster_free(vc);
   kvr_workload_free(wl);
 }
-#endif
 
 /* A mixed fleet: one blocks value per worker, else an error naming the flag. */
 static void test_mixed_fleet(void **state) {
@@ -664,10 +654,7 @@ static void test_bad_body_is_400(void **state) {
   (void)state;
   check_context_overflow("kv_aware");
   check_context_overflow("round_robin");
-  /* BUG: under the oracle, oracle_pick() parses the body itself and, when the worker would refuse
-   * it, picks no worker, so router_in() answers 503 (no worker) instead of forwarding it to a
-   * worker that answers 400. Enable once fixed:
-   * check_context_overflow(KVR_VCLUSTER_ORACLE); */
+  check_context_overflow(KVR_VCLUSTER_ORACLE);
 }
 
 /* kvr_vcluster_idle moves the clock by exactly the given time, idle or with requests in flight. */
@@ -1039,7 +1026,7 @@ KVR_TEST_MAIN(cmocka_unit_test(test_determinism), cmocka_unit_test(test_router_s
               cmocka_unit_test(test_early_stop_then_level),
               cmocka_unit_test(test_accounting_closes), cmocka_unit_test(test_concurrency_level),
               cmocka_unit_test(test_network_delays), cmocka_unit_test(test_matches_engine_alone),
-
+              cmocka_unit_test(test_generator_freed_before_cluster),
               cmocka_unit_test(test_mixed_fleet), cmocka_unit_test(test_bad_body_is_400),
               cmocka_unit_test(test_idle_advances_clock), cmocka_unit_test(test_level_figures),
               cmocka_unit_test(test_interrupt_and_free_in_flight),
