@@ -6,11 +6,27 @@
  *
  *   matched_i  = min(prompt_tokens, matched_blocks_i * block_chars / KVR_CHARS_PER_TOKEN)
  *   uncached_i = prompt_tokens - matched_i
- *   cost_i     = prefill_weight  * (prefill_backlog_tokens_i + uncached_i)  (prefill ahead of us)
- *              + decode_weight   * active_tokens_i                          (decode batch we join)
- *              + inflight_weight * inflight_i                               (per-sequence overhead)
+ *   ahead_i    = prefill_backlog_tokens_i + uncached_i                  (prefill before our first
+ * token) cost_i     = prefill_weight  * ahead_i
+ *              + decode_weight   * active_tokens_i * C / C_i         (decode batch we join,
+ * relative to the worker's KV cache)
+ *              + inflight_weight * inflight_i                        (per-sequence overhead)
  *              + [metrics fresh]  waiting_weight  * num_requests_waiting_i
  *                               + kv_usage_weight * kv_cache_usage_i
+ *
+ * C_i is the worker's cache capacity (cache_capacity_blocks, from its /metrics) and C the mean over
+ * the eligible workers: on equal workers the factor is 1; on a mixed fleet the same decode tokens
+ * weigh more on a smaller cache, which they fill sooner.
+ *
+ * Prefill gate: a worker whose ahead_i exceeds the lowest eligible ahead by more than
+ * prefill_gate_tokens is out, whatever the rest of its cost: a long conversation whose history one
+ * worker holds stays there instead of being moved for a load difference and paying its whole
+ * prefill again (tens of thousands of tokens, seconds of TTFT), while a prefix shorter than the
+ * gate (a popular system prompt) still spreads by load. 4096 tokens is about 0.4 s of prefill on
+ * the simulated H200 (bench/sim/README.md); set it near what the TTFT SLO allows for prefill on
+ * your hardware, or 0 to turn the gate off. The bounded-load cap below wins over the gate, and the
+ * gate never shuts out a worker running more than balance_slack requests below the mean (a popular
+ * prefix would otherwise starve it).
  *
  * Bounded load (consistent hashing with bounded loads, Mirrokni et al. 2018, as in HAProxy's
  * hash-balance-factor): with F requests in flight over the n eligible workers, a worker is capped
@@ -27,6 +43,9 @@
  * With no shared prefixes every uncached_i is equal and the cost orders workers by load, so the
  * policy degrades to least-loaded rather than below round-robin.
  *
+ * Defaults: chosen in virtual time with bench/scripts/tune.py against every reference policy on
+ * the seven scenarios of `kvrouter bench study` (3 seeds each); policies/README.md has the table.
+ *
  * State: the parameters and the RNG for ties. Scores: cost_i as above, capped per the bound.
  */
 #include <math.h>
@@ -38,12 +57,13 @@
 /* The parameters: X(name, default, min, max, integer), each a double member below. */
 #define KV_PARAMS(X)                                                                               \
   X(prefill_weight, 1.0, 0, 1e9, false)                                                            \
-  X(decode_weight, 0.1, 0, 1e9, false)                                                             \
+  X(decode_weight, 0.02, 0, 1e9, false)                                                            \
   X(inflight_weight, 128, 0, 1e12, false)                                                          \
   X(waiting_weight, 512, 0, 1e12, false)                                                           \
   X(kv_usage_weight, 2048, 0, 1e12, false)                                                         \
   X(balance_epsilon, 0.5, 0, 1e6, false)                                                           \
-  X(balance_slack, 2, 0, 1e9, false)
+  X(balance_slack, 8, 0, 1e9, false)                                                               \
+  X(prefill_gate_tokens, 4096, 0, 1e12, false)
 
 typedef struct kv_s {
   kvr_policy_t super;
@@ -57,18 +77,33 @@ static int kv_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t 
   uint64_t prompt = req ? req->prompt_tokens : 0;
   size_t block_chars = req ? req->block_chars : 0;
 
+  /* A worker's decode load counts relative to its KV cache: on a mixed fleet the same tokens
+   * fill a small cache sooner. Equal caches: a factor of 1. */
+  double cap_sum = 0;
+  size_t ncap = 0;
+  for (size_t i = 0; i < n; i++)
+    if (s[i].eligible && workers[i].cache_capacity_blocks > 0) {
+      cap_sum += (double)workers[i].cache_capacity_blocks;
+      ncap++;
+    }
+  double cap_mean = ncap ? cap_sum / (double)ncap : 0;
+
   size_t neligible = 0;
-  double inflight_sum = 0;
+  double inflight_sum = 0, ahead[KVR_MAX_WORKERS];
   for (size_t i = 0; i < n; i++) {
     const kvr_worker_snap_t *w = &workers[i];
     double matched = (double)w->matched_blocks * (double)block_chars / KVR_CHARS_PER_TOKEN;
     double uncached = (double)prompt - KVR_MIN(matched, (double)prompt);
+    double rel = cap_mean > 0 && w->cache_capacity_blocks > 0
+                     ? cap_mean / (double)w->cache_capacity_blocks
+                     : 1;
     double cost = p->prefill_weight * ((double)w->prefill_backlog_tokens + uncached) +
-                  p->decode_weight * (double)w->active_tokens +
+                  p->decode_weight * (double)w->active_tokens * rel +
                   p->inflight_weight * (double)w->inflight;
     if (w->metrics_fresh)
       cost += p->waiting_weight * w->num_requests_waiting + p->kv_usage_weight * w->kv_cache_usage;
     s[i].cost = cost;
+    ahead[i] = (double)w->prefill_backlog_tokens + uncached;
     if (s[i].eligible) {
       neligible++;
       inflight_sum += w->inflight;
@@ -80,13 +115,28 @@ static int kv_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t 
   double mean = (inflight_sum + 1) / (double)neligible;
   double limit = KVR_MAX((1 + p->balance_epsilon) * mean, mean + p->balance_slack);
   size_t open = 0;
+  double ahead_min = INFINITY; /* over the workers the bound leaves open */
   for (size_t i = 0; i < n; i++) {
     if (!s[i].eligible)
       continue;
     s[i].capped = (double)workers[i].inflight + 1 > limit;
+    if (!s[i].capped)
+      ahead_min = fmin(ahead_min, ahead[i]);
     open += !s[i].capped;
   }
-  if (open == 0) /* cannot happen (min <= mean), but never refuse an eligible worker for it */
+  /* The prefill gate, among the workers the bound left open (the bound wins: a worker it capped
+   * never keeps a request here): while one of them would start the first token within the gate,
+   * those with more prefill ahead are out -- except a worker more than balance_slack below the
+   * mean in flight, mirror of the bound, so a popular prefix cannot starve a worker of requests
+   * (and of the chance to learn it). */
+  for (size_t i = 0; i < n && p->prefill_gate_tokens > 0 && ahead_min <= p->prefill_gate_tokens;
+       i++)
+    if (s[i].eligible && !s[i].capped && ahead[i] > p->prefill_gate_tokens &&
+        (double)workers[i].inflight >= mean - p->balance_slack) {
+      s[i].capped = true;
+      open--;
+    }
+  if (open == 0) /* cannot happen (min <= mean, and the gate keeps its best), but never refuse */
     for (size_t i = 0; i < n; i++)
       s[i].capped = false;
   return kvr_policy_pick_lowest(workers, n, s, KVR_POLICY_TIES_LOAD, &p->rng);

@@ -86,6 +86,7 @@ typedef struct out_s {
   vreq_t *q;
   char word[KVR_SIM_TOKEN_BYTES];
   bool final;
+  bool client_done; /* the client's reference goes with the batch's */
 } out_t;
 
 typedef struct batch_s {
@@ -207,9 +208,15 @@ static void vreq_free(vreq_t *q) {
   free(q);
 }
 
-static void drop(vreq_t *q) {
-  if (--q->refs == 0)
+/* Gives up n references at once (a caller done with several must not touch q between them). */
+static void release(vreq_t *q, int n) {
+  q->refs -= n;
+  if (q->refs == 0)
     vreq_free(q);
+}
+
+static void drop(vreq_t *q) {
+  release(q, 1);
 }
 
 static kvr_worker_t const *slot_worker(const kvr_vcluster_t *vc, int slot) {
@@ -384,6 +391,7 @@ static batch_t *deliver(kvr_vcluster_t *vc, worker_t *w, const kvr_sim_step_t *s
       q->cached = (uint32_t)q->ereq->num_cached;
     out_t *o = &b->items[b->n++];
     o->q = q;
+    o->client_done = false;
     q->refs++;
     kvr_sim_tokens_word(q->gen_seed, q->sent, o->word);
     o->final = ++q->sent >= q->max_output;
@@ -400,12 +408,13 @@ static batch_t *deliver(kvr_vcluster_t *vc, worker_t *w, const kvr_sim_step_t *s
 static void reap(worker_t *w) {
   for (size_t i = 0; i < w->ngone; i++) {
     vreq_t *q = w->gone[i];
+    int n = 1; /* the gone list's */
     if (q->ereq != NULL) {
       kvr_sim_engine_remove(w->eng, q->ereq);
       q->ereq = NULL;
-      drop(q); /* the engine's */
+      n++; /* the engine's */
     }
-    drop(q); /* the gone list's */
+    release(q, n);
   }
   w->ngone = 0;
 }
@@ -468,23 +477,25 @@ static void client_tokens(kvr_vcluster_t *vc, batch_t *b) {
         q->lgr = NULL;
         kvr_loadgen_vt_usage(lgr, q->prompt_tokens, q->max_output, q->cached);
         kvr_loadgen_vt_done(lgr, NULL);
-        drop(q); /* the client's */
+        b->items[i].client_done = true;
       }
     }
   }
-  for (size_t i = 0; i < b->n; i++)
-    drop(b->items[i].q);
+  for (size_t i = 0; i < b->n; i++) /* the batch's, and the client's when it ended here */
+    release(b->items[i].q, 1 + b->items[i].client_done);
   free(b);
 }
 
-static void client_error_in(vreq_t *q, int status) {
+/* The router's own answer reached the client; returns the references to give up with the
+ * event's (1: the client's, when this ended it). */
+static int client_error_in(vreq_t *q, int status) {
   if (q->lgr == NULL)
-    return;
+    return 0;
   kvr_loadgen_req_t *lgr = q->lgr;
   q->lgr = NULL;
   kvr_loadgen_vt_head(lgr, status, NULL);
   kvr_loadgen_vt_done(lgr, NULL);
-  drop(q); /* the client's */
+  return 1;
 }
 
 static void router_abort(kvr_vcluster_t *vc, vreq_t *q) {
@@ -535,6 +546,7 @@ static void scrape(kvr_vcluster_t *vc) {
 
 static void dispatch(kvr_vcluster_t *vc, ev_t *ev) {
   vreq_t *q = ev->p;
+  int refs = 1; /* the event's */
   switch (ev->kind) {
   case EV_TIMER:
     if (ev->fn != NULL) /* NULL: its generator was freed (vt_forget) */
@@ -567,7 +579,7 @@ static void dispatch(kvr_vcluster_t *vc, ev_t *ev) {
                           slot_worker(vc, q->slot) ? slot_worker(vc, q->slot)->label : NULL);
     break;
   case EV_CLIENT_ERROR:
-    client_error_in(q, (int)ev->tag);
+    refs += client_error_in(q, (int)ev->tag);
     break;
   case EV_ROUTER_ABORT:
     router_abort(vc, q);
@@ -576,7 +588,7 @@ static void dispatch(kvr_vcluster_t *vc, ev_t *ev) {
     worker_abort(vc, q);
     break;
   }
-  drop(q); /* the event's */
+  release(q, refs);
 }
 
 /* ---- the load generator's transport ---------------------------------------------------------- */
