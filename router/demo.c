@@ -151,7 +151,7 @@ typedef struct demo_s {
   const demo_cli_t *cli;
   char exe[4096], logs[4200], virt_out[4200], real_out[4200], agree_out[4200];
   char scale_s[32], seed_s[32], workers_s[32], blocks_s[256], scrape_s[32], stale_s[32];
-  const char *warmup_s; /* the scenario's --warmup-s */
+  const char *warmup_s;             /* the scenario's --warmup-s */
   kvr_proc_t kids[MAX_WORKERS + 1]; /* the workers, then the router */
   size_t nkids;
   int admin_port;
@@ -460,12 +460,13 @@ static int bench_args(demo_t *d, bool virt, char **extra, int nextra, char **a, 
     a[k++] = "--labels";
     a[k++] = (char *)cli->labels;
   }
-  char *run[] = {"--workload", (char *)cli->workload, "--seed", d->seed_s,
+  char *run[] = {"--workload", (char *)cli->workload,
+                 "--seed",     d->seed_s,
                  "--out",      virt ? d->agree_out : d->real_out};
   memcpy(a + k, run, sizeof(run));
   k += KVR_ARRAY_SIZE(run);
   a[k++] = "--title";
-  a[k++] = virt  ? "kvrouter demo: the real run's levels in virtual time"
+  a[k++] = virt         ? "kvrouter demo: the real run's levels in virtual time"
            : cli->quick ? "kvrouter demo (quick): round-robin vs KV-aware routing, real time"
                         : "kvrouter demo: round-robin vs KV-aware routing, real time";
   if (strcmp(cli->workload, "multiturn") == 0) {
@@ -479,8 +480,8 @@ static int bench_args(demo_t *d, bool virt, char **extra, int nextra, char **a, 
     a[k++] = d->rates_s;
   }
   /* The study's plan (see the header). */
-  char *plan[] = {"--num-prompts", "100",         "--warmup", "0",  "--warmup-s",   (char *)d->warmup_s,
-                  "--min-level-s", "60",          "--cooldown-s", "10"};
+  char *plan[] = {"--num-prompts", "100", "--warmup",     "0", "--warmup-s", (char *)d->warmup_s,
+                  "--min-level-s", "60",  "--cooldown-s", "10"};
   memcpy(a + k, plan, sizeof(plan));
   k += KVR_ARRAY_SIZE(plan);
   for (int i = 0; i < nextra; i++)
@@ -735,19 +736,22 @@ static void headline(const demo_t *d, kvr_buf_t *b) {
   bounds_t rb = real_bounds(d, "round_robin"), kb = real_bounds(d, "kv_aware");
   kvr_buf_puts(b, "- real (step 2): ");
   if (rb.n == 0 || kb.n == 0) {
-    kvr_buf_puts(b, "not measured (the real run did not complete both round_robin and kv_aware).\n");
+    kvr_buf_puts(b,
+                 "not measured (the real run did not complete both round_robin and kv_aware).\n");
     return;
   }
   put_bounds(b, "kv_aware", kb);
   kvr_buf_puts(b, "; ");
   put_bounds(b, "round_robin", rb);
   if (kb.lo > 0 && kb.lo >= rb.hi)
-    kvr_buf_printf(b, ": kv_aware's limit is higher (it passed %.2f req/s, where round_robin "
-                      "failed).\n",
+    kvr_buf_printf(b,
+                   ": kv_aware's limit is higher (it passed %.2f req/s, where round_robin "
+                   "failed).\n",
                    kb.lo);
   else if (rb.lo > 0 && rb.lo >= kb.hi)
-    kvr_buf_printf(b, ": round_robin's limit is higher (it passed %.2f req/s, where kv_aware "
-                      "failed).\n",
+    kvr_buf_printf(b,
+                   ": round_robin's limit is higher (it passed %.2f req/s, where kv_aware "
+                   "failed).\n",
                    rb.lo);
   else
     kvr_buf_puts(b, ": these levels do not tell which limit is higher.\n");
@@ -755,8 +759,9 @@ static void headline(const demo_t *d, kvr_buf_t *b) {
 
 static void agreement(demo_t *d, bool twin_ok, bool own_rates, kvr_buf_t *b) {
   qsort(d->lv, d->nlv, sizeof(lvl_t), cmp_level);
-  kvr_buf_printf(b, "Real (time scale %s, %s workers on 127.0.0.1) vs virtual time, the same "
-                    "levels (",
+  kvr_buf_printf(b,
+                 "Real (time scale %s, %s workers on 127.0.0.1) vs virtual time, the same "
+                 "levels (",
                  d->scale_s, d->workers_s);
   if (own_rates)
     kvr_buf_puts(b, "the caller's load");
@@ -818,10 +823,12 @@ static void agreement(demo_t *d, bool twin_ok, bool own_rates, kvr_buf_t *b) {
     kvr_buf_printf(b, "No level was measured by both%s, so there is no agreement to report.\n",
                    twin_ok ? "" : " (the virtual run failed)");
   else if (same == both)
-    kvr_buf_printf(b, "The virtual verdicts match the real ones at each of the %zu levels.\n", both);
+    kvr_buf_printf(b, "The virtual verdicts match the real ones at each of the %zu levels.\n",
+                   both);
   else
-    kvr_buf_printf(b, "The virtual verdicts match the real ones at %zu of %zu levels; they differ "
-                      "for %s.\n",
+    kvr_buf_printf(b,
+                   "The virtual verdicts match the real ones at %zu of %zu levels; they differ "
+                   "for %s.\n",
                    same, both, differ.data);
   kvr_buf_free(&differ);
   kvr_buf_puts(b, "\n");
@@ -836,8 +843,9 @@ static int write_agreement(demo_t *d, const kvr_buf_t *b) {
     fprintf(stderr, "kvrouter demo: %s: %s\n", path, strerror(errno));
     return 1;
   }
-  fprintf(f, "# kvrouter demo: real vs virtual time\n\n%s\nFiles: virtual study %s/STUDY.md, real "
-             "report %s/report.md, its virtual twin %s/report.md.\n",
+  fprintf(f,
+          "# kvrouter demo: real vs virtual time\n\n%s\nFiles: virtual study %s/STUDY.md, real "
+          "report %s/report.md, its virtual twin %s/report.md.\n",
           b->data, d->virt_out, d->real_out, d->agree_out);
   return fclose(f) == 0 ? 0 : 1;
 }
@@ -890,7 +898,8 @@ static int run(demo_t *d, char **extra, int nextra) {
   fflush(stdout);
   rc = run_twin(d, extra, nextra);
   kvr_buf_t b = KVR_BUF_INIT;
-  agreement(d, rc == 0, extra_has(extra, nextra, "--rates") || extra_has(extra, nextra, "--concurrency"), &b);
+  agreement(d, rc == 0,
+            extra_has(extra, nextra, "--rates") || extra_has(extra, nextra, "--concurrency"), &b);
   fputs(b.data, stdout);
   int wrc = write_agreement(d, &b);
   kvr_buf_free(&b);
