@@ -49,6 +49,7 @@
 #include "bench/demo/procs.h"
 #include "bench/loadgen/stats.h"
 #include "bench/vcluster/study.h"
+#include "policies/policy.h"
 #include "src/buf.h"
 #include "src/cli.h"
 #include "src/kvr.h"
@@ -495,6 +496,58 @@ static int bench_args(demo_t *d, bool virt, char **extra, int nextra, char **a, 
   return k;
 }
 
+/* flag's list of policies: every name one the router knows, else a usage error (2). */
+static int check_policies(const char *flag, const char *list) {
+  char tmp[1024], *save = NULL;
+  snprintf(tmp, sizeof(tmp), "%s", list);
+  for (char *t = strtok_r(tmp, ",", &save); t; t = strtok_r(NULL, ",", &save))
+    if (kvr_policy_find(t) == NULL) {
+      char names[512];
+      kvr_policy_names(names, sizeof(names));
+      return kvr_cli_fail(&demo_cmd, "%s: unknown policy '%s' (valid: %s)", flag, t, names);
+    }
+  return 0;
+}
+
+/* The caller's bench options after -- checked before step 1 (minutes) rather than after it: the
+ * twin's argv, run in virtual time through
+ * the bench's own parser and rules (the caller's load, one request per level, nothing written).
+ * Returns 2 with one line on stderr when the bench refuses them. */
+static int preflight(demo_t *d, char **extra, int nextra) {
+  int rc = check_policies("--ab", d->cli->ab);
+  for (int i = 0; rc == 0 && i < nextra; i++) {
+    if (strcmp(extra[i], "--ab") == 0 && i + 1 < nextra)
+      rc = check_policies("after --: --ab", extra[i + 1]);
+    else if (strncmp(extra[i], "--ab=", 5) == 0)
+      rc = check_policies("after --: --ab", extra[i] + 5);
+  }
+  if (rc != 0 || nextra == 0)
+    return rc;
+  char *a[160];
+  snprintf(d->rates_s, sizeof(d->rates_s), "1"); /* step 1 sets the real ones */
+  int n = bench_args(d, true, extra, nextra, a, NULL, NULL);
+  char *one[] = {"--num-prompts", "1",
+                 "--warmup",      "0",
+                 "--warmup-s",    "0",
+                 "--min-level-s", "0",
+                 "--cooldown-s",  "0",
+                 "--out",         "/dev/null/kvrouter-demo-preflight"}; /* nothing written */
+  memcpy(a + n, one, sizeof(one));
+  n += (int)KVR_ARRAY_SIZE(one);
+  a[n] = NULL;
+  kvr_log_level_t level = kvr_log_get_level();
+  kvr_log_set_level(KVR_LOG_ERROR);
+  kvr_results_t *res = NULL;
+  char err[512] = "";
+  rc = kvr_bench_study_cell(n, a, &res, err, sizeof(err));
+  kvr_log_set_level(level);
+  kvr_stats_results_free(res);
+  if (rc != 2)
+    return 0;
+  const char *why = strncmp(err, "kvrouter bench: ", 16) == 0 ? err + 16 : err;
+  return kvr_cli_fail(&demo_cmd, "after --: %s", why);
+}
+
 /* Removes the .json files of DIR/results, so that only this run's levels are read back. */
 static void clear_results(const char *dir) {
   char path[4400];
@@ -515,7 +568,7 @@ static void clear_results(const char *dir) {
 }
 
 static int run_bench(demo_t *d, char **extra, int nextra) {
-  char url[64], admin_url[64], *a[128];
+  char url[64], admin_url[64], *a[160];
   int n = bench_args(d, false, extra, nextra, a, url, admin_url);
   fprintf(stderr, "kvrouter demo: step 2/3: running the A/B (simulated time x%s) at %s req/s\n",
           d->scale_s, extra_has(extra, nextra, "--rates") ? "the caller's" : d->rates_disp);
@@ -622,7 +675,7 @@ static void read_real(demo_t *d) {
 /* ---- step 3: the same levels in virtual time, and the agreement ---- */
 
 static int run_twin(demo_t *d, char **extra, int nextra) {
-  char *a[128];
+  char *a[160];
   int n = bench_args(d, true, extra, nextra, a, NULL, NULL);
   fprintf(stderr, "kvrouter demo: step 3/3: the same levels in virtual time\n");
   kvr_log_level_t level = kvr_log_get_level();
@@ -859,9 +912,12 @@ static int write_agreement(demo_t *d, const kvr_buf_t *b) {
 
 static int run(demo_t *d, char **extra, int nextra) {
   double t0 = now_s();
+  int rc = preflight(d, extra, nextra);
+  if (rc != 0)
+    return rc;
   if (prepare(d) != 0)
     return 1;
-  int rc = run_study(d);
+  rc = run_study(d);
   if (rc != 0)
     return rc;
   pick_rates(d);

@@ -172,7 +172,10 @@ def test_mixed_fleet_worker_blocks():
         assert p.returncode == 2 and p.stderr.count("\n") == 1, (p.returncode, p.stderr)
         assert "--worker-blocks: 2 values for 4 workers" in p.stderr, p.stderr
         # Other bad flags: one line, exit 2, nothing started.
-        for bad in (["--workload", "nope"], ["--bogus"], ["--seeds", "0"]):
+        # Bench options after -- and policy names are checked before the minutes of step 1.
+        for bad in (["--workload", "nope"], ["--bogus"], ["--seeds", "0"],
+                    ["--ab", "round_robin,nope"], ["--", "--bogus"], ["--", "--ab", "nope"],
+                    ["--", "--rates", "6", "--concurrency", "4"]):
             p = subprocess.run([h.KVROUTER, "demo"] + bad, capture_output=True, text=True,
                                timeout=10)
             assert p.returncode == 2 and p.stderr.count("\n") == 1, (bad, p.returncode, p.stderr)
