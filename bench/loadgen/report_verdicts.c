@@ -584,7 +584,10 @@ static void summary_tail(const kvr_results_t *res, size_t r, kvr_buf_t *out) {
   else if (!base.ran || !c.ran)
     kvr_buf_printf(out, "  (not known: %s ran no level to its end)",
                    c.ran ? l0 : res->runs[r].label);
-  else
+  else if (g.bound == KVR_REPORT_UNKNOWN) {
+    kvr_buf_puts(out, "  (no ratio: both passed every level tried, so neither limit was found)");
+    return;
+  } else
     kvr_buf_printf(out, "  (%+.0f%% vs %s)", pct, l0);
   if (g.bound == KVR_REPORT_NO_BASE && !c.found)
     kvr_buf_puts(out, " at least: every level tried passed");
@@ -592,8 +595,6 @@ static void summary_tail(const kvr_results_t *res, size_t r, kvr_buf_t *out) {
     kvr_buf_printf(out, " at least: %s passed every level tried", res->runs[r].label);
   else if (g.bound == KVR_REPORT_AT_MOST)
     kvr_buf_printf(out, " at most: %s passed every level tried", l0);
-  else if (g.bound == KVR_REPORT_UNKNOWN && base.ran && c.ran)
-    kvr_buf_puts(out, " not a gain: both passed every level tried, so neither limit was found");
 }
 
 void kvr_report_summary(const kvr_results_t *res, kvr_buf_t *out) {
