@@ -5,13 +5,19 @@ The real-time A/B (bench/scripts/ab.sh) keeps, per workload, its stamp (time sca
 command and its bench flags) and each label's max SLO-compliant rate in AB_RAW/<workload>/, and the
 per-level JSON in AB_RAW/<workload>/results/. This script reruns every workload in virtual time
 with the same bench flags and the same seed -- so the same request traces -- and the delays the
-real run had at its time scale: `kvrouter serve` scrapes every 1 s and ignores figures older than
-5 s of real time, which at time scale S are S and 5 S simulated seconds. It then writes AGREEMENT.md:
+real run had at its time scale: the demo that ran it (commit 775aa0e, and bench/scripts/real_ab.sh)
+started `kvrouter serve --scrape-interval-ms 100` with the default 5 s staleness, real time, which
+at time scale S are 100 S ms and 5 S s simulated. It then writes AGREEMENT.md:
 per workload and policy the real and the virtual max SLO-compliant rate and their difference (the
 issue's bar: within 7%), the mean over three seeds in virtual time, and, for every (label, rate)
 level both runs measured, TTFT p99 and TPOT p99 side by side.
 
-usage: bench/scripts/agreement.py KVROUTER AB_RAW OUT AGREEMENT_MD [--seeds N]
+usage: bench/scripts/agreement.py KVROUTER OUT AGREEMENT_MD RAW_FOLDER... [--seeds N]
+       [--params LABEL=JSON ...]
+RAW_FOLDER: an AB_RAW folder of ab.sh (a folder per workload: stamp with demo_cmd, rates,
+results/) or an OUT folder of bench/scripts/real_ab.sh (stamp with cmd, summary.txt, results/),
+or a folder of those. --params is passed to the virtual runs as --policy-params (e.g. the
+parameters a policy had when the real run was made).
 The standard library only.
 """
 import argparse
@@ -34,13 +40,21 @@ def stamp(path):
     return out
 
 
-def rates(path):
+def rates(folder):
+    """ab.sh's rates file ("<label> <rate>"), or the bench summary real_ab.sh keeps."""
     out = {}
-    with open(path) as f:
+    if os.path.exists(os.path.join(folder, "rates")):
+        with open(os.path.join(folder, "rates")) as f:
+            for line in f:
+                p = line.split()
+                if len(p) == 2:
+                    out[p[0]] = float(p[1])
+        return out
+    with open(os.path.join(folder, "summary.txt")) as f:
         for line in f:
-            p = line.split()
-            if len(p) == 2:
-                out[p[0]] = float(p[1])
+            m = re.match(r"\s+(\S+)\s+([0-9.]+) RPS", line)
+            if m:
+                out[m.group(1)] = float(m.group(2))
     return out
 
 
@@ -55,10 +69,23 @@ def levels(folder):
     return out
 
 
-def bench_flags(demo_cmd):
-    """The bench flags of the demo command: the workload, policies, labels, seed and the flags
-    after --."""
-    argv = shlex.split(demo_cmd)
+def bench_flags(st):
+    """The bench flags of the real run: the workload, policies, labels, seed and the plan."""
+    if "cmd" in st:  # real_ab.sh: a bench command line already
+        argv = shlex.split(st["cmd"])
+        flags, i = [], 2
+        while i < len(argv):
+            a = argv[i]
+            if a in ("--url", "--admin", "--time-scale", "--out"):
+                i += 2
+                continue
+            if a in ("--quiet", "--multiturn-mode"):
+                i += 2 if a == "--multiturn-mode" else 1
+                continue
+            flags.append(a)
+            i += 1
+        return flags
+    argv = shlex.split(st["demo_cmd"])
     flags, after = [], False
     i = 2  # "kvrouter demo"
     while i < len(argv):
@@ -76,9 +103,9 @@ def bench_flags(demo_cmd):
     return flags
 
 
-def run_virtual(kvr, flags, workload, scale, out, seed):
-    cmd = [kvr, "bench", "--virtual"] + flags + [
-        "--seed", str(seed), "--scrape-interval-ms", str(int(1000 * scale)),
+def run_virtual(kvr, flags, workload, scale, out, seed, params):
+    cmd = [kvr, "bench", "--virtual"] + flags + [a for p in params for a in ("--policy-params", p)] + [
+        "--seed", str(seed), "--scrape-interval-ms", str(int(100 * scale)),
         "--scrape-stale-ms", str(int(5000 * scale)), "--out", out, "--quiet"]
     if workload == "multiturn":
         cmd += ["--multiturn-mode", "session"]  # what the demo passes for multiturn
@@ -101,31 +128,40 @@ def pct(a, b):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("kvrouter")
-    ap.add_argument("ab_raw")
     ap.add_argument("out")
     ap.add_argument("md")
+    ap.add_argument("raw", nargs="+")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--params", action="append", default=[])
     a = ap.parse_args()
+    wdirs = []
+    for r in a.raw:
+        if os.path.exists(os.path.join(r, "stamp")):
+            wdirs.append(r)
+        else:
+            wdirs += sorted(d for d in glob.glob(os.path.join(r, "*"))
+                            if os.path.exists(os.path.join(d, "stamp")))
     rows, lvl_rows, cmds = [], [], []
     within = total = 0
-    for wdir in sorted(glob.glob(os.path.join(a.ab_raw, "*"))):
-        w = os.path.basename(wdir)
-        if not os.path.exists(os.path.join(wdir, "stamp")):
-            continue
+    for wdir in wdirs:
         st = stamp(os.path.join(wdir, "stamp"))
-        real = rates(os.path.join(wdir, "rates"))
+        w = st["workload"]
+        tag = os.path.basename(os.path.dirname(os.path.abspath(wdir))) + "-" + w
+        real = rates(wdir)
         scale = float(st["time_scale"])
-        flags = bench_flags(st["demo_cmd"])
+        flags = bench_flags(st)
         seed = 42
         if "--seed" in flags:
             seed = int(flags[flags.index("--seed") + 1])
             del flags[flags.index("--seed"):flags.index("--seed") + 2]
-        virt, secs, cmd = run_virtual(a.kvrouter, flags, w, scale, os.path.join(a.out, w), seed)
-        cmds.append((w, st["demo_cmd"], st.get("commit", "?"), " ".join(shlex.quote(c) for c in cmd)))
+        virt, secs, cmd = run_virtual(a.kvrouter, flags, w, scale, os.path.join(a.out, tag), seed,
+                                      a.params)
+        cmds.append((w, st.get("demo_cmd", st.get("cmd")), st.get("commit", "?"),
+                     " ".join(shlex.quote(c) for c in cmd)))
         means = {}
         for k in range(1, a.seeds):
-            v, _, _ = run_virtual(a.kvrouter, flags, w, scale, os.path.join(a.out, f"{w}-seed{seed + k}"),
-                                  seed + k)
+            v, _, _ = run_virtual(a.kvrouter, flags, w, scale,
+                                  os.path.join(a.out, f"{tag}-seed{seed + k}"), seed + k, a.params)
             for lab, x in v.items():
                 means.setdefault(lab, []).append(x)
         for lab, x in real.items():
@@ -139,7 +175,7 @@ def main():
             rows.append(f"| {w} | {lab} | {x:.3f} | {y:.3f} | {d:+.1f}% | {'yes' if ok else 'no'} | "
                         f"{mean:.3f} ({len(ms)} seeds) |")
         rl = levels(os.path.join(wdir, "results"))
-        vl = levels(os.path.join(a.out, w, "results"))
+        vl = levels(os.path.join(a.out, tag, "results"))
         for key in sorted(set(rl) & set(vl)):
             (rt, rp), (vt, vp) = rl[key], vl[key]
             if not (rt and vt and rp and vp):
@@ -151,7 +187,7 @@ def main():
           "Generated by `bench/scripts/agreement.py` (see its header). The real column is the A/B of",
           "`bench/scripts/ab.sh` kept in the raw folder given; the virtual column reruns the same",
           "bench flags and seed in virtual time, with the scrape interval and staleness the real",
-          "router had at that time scale. The issue's bar: each policy's virtual max SLO-compliant",
+          "router had at that time scale (100 ms and 5 s real). The issue's bar: each policy's virtual max SLO-compliant",
           "rate within 7% of the real one.", "",
           f"**{within} of {total} within 7%.**", "",
           "| workload | label | real (req/s) | virtual, same seed | difference | within 7% | virtual mean |",
