@@ -710,6 +710,14 @@ static int cmp_level(const void *pa, const void *pb) {
   return c ? c : (a->rate > b->rate) - (a->rate < b->rate);
 }
 
+/* One table cell: the figure in ms with `decimals`, or "-" when that run has no such level. */
+static void put_ms(kvr_buf_t *b, bool have, double ms, int decimals) {
+  if (have)
+    kvr_buf_printf(b, " %.*f ms |", decimals, ms);
+  else
+    kvr_buf_puts(b, " - |");
+}
+
 static void put_diff(kvr_buf_t *b, double real, double virt) {
   if (isnan(real) || isnan(virt) || virt <= 0)
     kvr_buf_puts(b, " - |");
@@ -834,23 +842,11 @@ static void agreement(demo_t *d, bool twin_ok, bool own_rates, kvr_buf_t *b) {
   for (size_t i = 0; i < d->nlv; i++) {
     const lvl_t *l = &d->lv[i];
     kvr_buf_printf(b, "| %s | %s | %.2f |", l->label, l->policy, l->rate);
-    if (l->real)
-      kvr_buf_printf(b, " %.0f ms |", l->real_ttft);
-    else
-      kvr_buf_puts(b, " - |");
-    if (l->virt)
-      kvr_buf_printf(b, " %.0f ms |", l->virt_ttft);
-    else
-      kvr_buf_puts(b, " - |");
+    put_ms(b, l->real, l->real_ttft, 0);
+    put_ms(b, l->virt, l->virt_ttft, 0);
     put_diff(b, l->real ? l->real_ttft : NAN, l->virt ? l->virt_ttft : NAN);
-    if (l->real)
-      kvr_buf_printf(b, " %.1f ms |", l->real_tpot);
-    else
-      kvr_buf_puts(b, " - |");
-    if (l->virt)
-      kvr_buf_printf(b, " %.1f ms |", l->virt_tpot);
-    else
-      kvr_buf_puts(b, " - |");
+    put_ms(b, l->real, l->real_tpot, 1);
+    put_ms(b, l->virt, l->virt_tpot, 1);
     put_diff(b, l->real ? l->real_tpot : NAN, l->virt ? l->virt_tpot : NAN);
     if (l->real)
       put_verdict(b, l->real_pass, l->real_interrupted ? "interrupted" : l->real_fail);

@@ -228,6 +228,21 @@ static void client_error(kvr_vcluster_t *vc, vreq_t *q, int status) {
   push_q(vc, EV_CLIENT_ERROR, vc->now + ns_of(NET(vc)), q, (uint64_t)status);
 }
 
+/* The body as the worker reads it (sim_server.c's read_completion): 0, or vLLM's status (400, 404).
+ * The caller frees p->prompt either way. */
+static int parse_body(const kvr_vcluster_t *vc, const vreq_t *q, kvr_sim_completion_t *p) {
+  char err[256];
+  cJSON *body = cJSON_ParseWithLength(q->body, q->len);
+  int status = 400;
+  if (body != NULL)
+    status = kvr_sim_server_parse_completion(body, vc->o.chat, vc->model,
+                                             vc->o.engine.max_model_len, p, err, sizeof(err));
+  else
+    memset(p, 0, sizeof(*p));
+  cJSON_Delete(body);
+  return status;
+}
+
 /* The oracle: kv_aware's choice made on the engines' true state instead of the router's estimates.
  * Each worker's snapshot gets, from kvr_sim_engine_probe on the prompt's token ids as the engine
  * will see them, the prefix it really caches (in router blocks), the prompt tokens really queued
@@ -237,13 +252,7 @@ static void client_error(kvr_vcluster_t *vc, vreq_t *q, int status) {
 static int oracle_pick(kvr_vcluster_t *vc, const vreq_t *q, const kvr_route_req_t *rreq,
                        kvr_decision_t *d) {
   kvr_sim_completion_t p;
-  char err[256];
-  cJSON *body = cJSON_ParseWithLength(q->body, q->len);
-  int status =
-      body ? kvr_sim_server_parse_completion(body, vc->o.chat, vc->model,
-                                             vc->o.engine.max_model_len, &p, err, sizeof(err))
-           : 400;
-  cJSON_Delete(body);
+  int status = parse_body(vc, q, &p);
   if (status != 0) {
     kvr_sim_toks_free(&p.prompt);
     return KVR_POLICY_NONE;
@@ -326,13 +335,7 @@ static void worker_in(kvr_vcluster_t *vc, vreq_t *q) {
     return;
   worker_t *w = &vc->w[q->slot];
   kvr_sim_completion_t p;
-  char err[256];
-  cJSON *body = cJSON_ParseWithLength(q->body, q->len);
-  int status =
-      body ? kvr_sim_server_parse_completion(body, vc->o.chat, vc->model,
-                                             vc->o.engine.max_model_len, &p, err, sizeof(err))
-           : 400;
-  cJSON_Delete(body);
+  int status = parse_body(vc, q, &p);
   if (status == 0) {
     kvr_sim_answer_t a;
     kvr_sim_server_answer(&p, (uint64_t)q->slot, vc->o.output_len_mean, &a);
