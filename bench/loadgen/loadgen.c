@@ -1,5 +1,12 @@
 /* loadgen.c -- the open-loop engine of `kvrouter bench`: schedules, sends, streams and measures.
  *
+ * Two transports, one generator: over HTTP (libcurl on the caller's libuv loop, the clock
+ * uv_hrtime) or over a virtual transport (kvr_loadgen_vt_t, loadgen.h: a cluster in virtual time
+ * owns the clock and the loop, takes each body and answers through kvr_loadgen_vt_head/token/
+ * usage/done). Everything below the transport -- conversations, arrivals, steady state, early stop,
+ * records -- is the same code; the HTTP-only parts are the easy handles, the SSE scan and the
+ * timerfd, and each place that differs tests lg->virt.
+ *
  * Structs:
  *   kvr_loadgen_t  options, the workload (borrowed), the kvr_curlm_t, one scheduler timer (`tick`),
  *                  one progress timer, one `drain` timer that ends a concurrency level, and the
