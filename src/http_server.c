@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #define KVR_HTTP_INBUF_MAX (256 * 1024)
 
@@ -432,6 +433,8 @@ static bool conn_keeps_alive(const kvr_http_req_t *req) {
 static void head_begin(kvr_buf_t *h, kvr_http_req_t *req, int status) {
   kvr_buf_printf(h, "HTTP/1.%d %d %s\r\n", req->http_minor == 0 ? 0 : 1, status,
                  kvr_http_reason(status));
+  if (req->request_id[0])
+    kvr_buf_printf(h, "x-request-id: %s\r\n", req->request_id);
 }
 
 int kvr_http_start(kvr_http_req_t *req, int status, const char *headers) {
@@ -629,6 +632,54 @@ void kvr_http_abort(kvr_http_req_t *req) {
   kvr_buf_reset(&conn->head);
   conn_close(conn);
   conn_unref(conn);
+}
+
+/* ---- request ids ------------------------------------------------------------------------------
+ */
+
+bool kvr_http_request_id_ok(const char *v) {
+  if (v == NULL || *v == '\0')
+    return false;
+  size_t n = 0;
+  for (const unsigned char *s = (const unsigned char *)v; *s; s++, n++)
+    if (*s < 0x21 || *s > 0x7e || n >= KVR_HTTP_REQUEST_ID_MAX)
+      return false;
+  return true;
+}
+
+static uint64_t splitmix64(uint64_t *state) {
+  uint64_t z = (*state += UINT64_C(0x9E3779B97F4A7C15));
+  z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+  return z ^ (z >> 31);
+}
+
+void kvr_http_request_id_gen(uint64_t *state, char *out, size_t outlen) {
+  if (outlen <= KVR_HTTP_REQUEST_ID_GEN_LEN) {
+    if (outlen)
+      out[0] = '\0';
+    return;
+  }
+  uint64_t hi = splitmix64(state), lo = splitmix64(state);
+  snprintf(out, outlen, "%016llx%016llx", (unsigned long long)hi, (unsigned long long)lo);
+}
+
+uint64_t kvr_http_request_id_seed(void) {
+  uint64_t seed = 0;
+  if (uv_random(NULL, NULL, &seed, sizeof seed, 0, NULL) == 0 && seed != 0)
+    return seed;
+  uint64_t mix = uv_hrtime() ^ ((uint64_t)uv_os_getpid() << 32) ^ (uint64_t)time(NULL);
+  return splitmix64(&mix);
+}
+
+bool kvr_http_request_id_assign(kvr_http_req_t *req, uint64_t *state) {
+  const char *v = kvr_http_header(req, "x-request-id");
+  if (kvr_http_request_id_ok(v)) {
+    snprintf(req->request_id, sizeof req->request_id, "%s", v);
+    return true;
+  }
+  kvr_http_request_id_gen(state, req->request_id, sizeof req->request_id);
+  return false;
 }
 
 /* ---- parsing -----------------------------------------------------------------------------------
