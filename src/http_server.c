@@ -66,6 +66,7 @@ struct kvr_http_server_s {
   void *close_data;
   int port;
   bool log_rejects;
+  uint64_t rid_state; /* request ids of the requests the server rejects itself */
 };
 
 struct kvr_http_conn_s {
@@ -406,16 +407,24 @@ static void send_error_and_close(kvr_http_conn_t *conn, int status, const char *
                                  const char *msg) {
   kvr_buf_t body = KVR_BUF_INIT, head = KVR_BUF_INIT;
   kvr_http_error_body(&body, msg, kvr_http_error_type(status), code);
+  /* Like a handled request's: the client's sane x-request-id if its headers got that far. */
+  char rid[KVR_HTTP_REQUEST_ID_MAX + 1];
+  const char *given = conn->cur ? kvr_http_header(conn->cur, "x-request-id") : NULL;
+  if (kvr_http_request_id_ok(given))
+    snprintf(rid, sizeof rid, "%s", given);
+  else
+    kvr_http_request_id_gen(&conn->srv->rid_state, rid, sizeof rid);
   kvr_buf_printf(&head,
-                 "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                 "Connection: close\r\n\r\n",
-                 status, kvr_http_reason(status), body.len);
+                 "HTTP/1.1 %d %s\r\nx-request-id: %s\r\nContent-Type: application/json\r\n"
+                 "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                 status, kvr_http_reason(status), rid, body.len);
   kvr_buf_append(&head, body.data, body.len);
   if (conn->srv->log_rejects) {
     char peer[64];
     peer_name(conn, peer, sizeof peer);
-    kvr_log(KVR_LOG_INFO, "access", "method=- path=- status=%d outcome=rejected code=%s client=%s",
-            status, code ? code : "-", peer[0] ? peer : "-");
+    kvr_log(KVR_LOG_INFO, "access",
+            "method=- path=- status=%d outcome=rejected code=%s client=%s request_id=%s", status,
+            code ? code : "-", peer[0] ? peer : "-", rid);
   }
   if (conn_write(conn, head.data, head.len) == 0) {
     conn->close_after_write = true;
@@ -1015,6 +1024,7 @@ kvr_http_server_t *kvr_http_server_new(uv_loop_t *loop, const kvr_http_limits_t 
   srv->on_request = on_request;
   srv->data = data;
   srv->port = -1;
+  srv->rid_state = kvr_http_request_id_seed();
   kvr_list_init(&srv->conns);
   return srv;
 }

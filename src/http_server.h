@@ -9,7 +9,9 @@
  *   Upgrade                       -> 501      CONNECT                          -> 405
  *   headers not complete by header_timeout_ms -> 408
  *
- * and answers those itself with an OpenAI-style JSON error, then closes the connection.
+ * and answers those itself with an OpenAI-style JSON error, then closes the connection. Those
+ * answers carry x-request-id: the client's when its headers got that far and it is sane
+ * (kvr_http_request_id_ok()), else a generated one, on every listener.
  *
  * Flow of a request:
  *

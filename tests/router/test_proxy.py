@@ -115,6 +115,8 @@ class RecordingUpstream:
 
 TESTS, test = h.registry()
 
+RID = re.compile(r"^[0-9a-f]{32}$")  # a request id the router generated
+
 # ---- the tests ---------------------------------------------------------------------------------------
 
 
@@ -221,6 +223,8 @@ def _bad(port, raw, status, close=True, timeout=3.0):
             pass  # the router may answer and close before reading everything
         resp = conn.read_response()
         assert_openai_error(resp, status)
+        rid = resp.header_all("x-request-id")  # rejected before any handler, still tagged
+        assert len(rid) == 1 and RID.match(rid[0]), resp.headers
         if close:
             assert conn.closed_by_peer(2.0), "connection left open after %d" % status
         return resp
@@ -403,6 +407,7 @@ def test_silent_worker_first_byte_timeout_504():
                                      "timeout" % stream)
             dt = time.monotonic() - t0
             assert_openai_error(resp, 504)
+            assert RID.match(resp.header("x-request-id") or ""), resp.headers
             assert 0.35 < dt < 2.0, "504 after %.3fs with a 400 ms first-byte timeout" % dt
 
 
@@ -971,8 +976,6 @@ def _access_lines(r):
     return [ln for ln in r.stderr_lines() if re.search(r"\baccess\b", ln)]
 
 
-RID = re.compile(r"^[0-9a-f]{32}$")
-
 
 @test(timeout=20)
 def test_livez_alive_while_health_503():
@@ -1119,6 +1122,14 @@ def test_request_id_on_router_errors():
             r.wait_line(r"access: .*status=%d .*request_id=%s$" % (status, rid), timeout=2.0)
             resp = request(r.port, method, path, body)
             assert RID.match(resp.header("x-request-id") or ""), (path, resp.headers)
+        # Rejected by the HTTP layer before any handler (413 from Content-Length): still echoed.
+        conn = c.add(Conn(r.port))
+        conn.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: big-1\r\n"
+                  b"Content-Length: 99999999\r\n\r\n")
+        resp = conn.read_response()
+        assert_openai_error(resp, 413)
+        assert resp.header_all("x-request-id") == ["big-1"], resp.headers
+        r.wait_line(r"access: .*status=413 .*request_id=big-1$", timeout=2.0)
         # 503: no usable worker.
         dead = "http://127.0.0.1:%d" % closed_port()
         r2 = c.add(Router([dead], *FAST, "--fail-threshold", "1"))
