@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #define KVR_HTTP_INBUF_MAX (256 * 1024)
 
@@ -65,6 +66,7 @@ struct kvr_http_server_s {
   void *close_data;
   int port;
   bool log_rejects;
+  uint64_t rid_state; /* request ids of the requests the server rejects itself */
 };
 
 struct kvr_http_conn_s {
@@ -405,16 +407,24 @@ static void send_error_and_close(kvr_http_conn_t *conn, int status, const char *
                                  const char *msg) {
   kvr_buf_t body = KVR_BUF_INIT, head = KVR_BUF_INIT;
   kvr_http_error_body(&body, msg, kvr_http_error_type(status), code);
+  /* Like a handled request's: the client's sane x-request-id if its headers got that far. */
+  char rid[KVR_HTTP_REQUEST_ID_MAX + 1];
+  const char *given = conn->cur ? kvr_http_header(conn->cur, "x-request-id") : NULL;
+  if (kvr_http_request_id_ok(given))
+    snprintf(rid, sizeof rid, "%s", given);
+  else
+    kvr_http_request_id_gen(&conn->srv->rid_state, rid, sizeof rid);
   kvr_buf_printf(&head,
-                 "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                 "Connection: close\r\n\r\n",
-                 status, kvr_http_reason(status), body.len);
+                 "HTTP/1.1 %d %s\r\nx-request-id: %s\r\nContent-Type: application/json\r\n"
+                 "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                 status, kvr_http_reason(status), rid, body.len);
   kvr_buf_append(&head, body.data, body.len);
   if (conn->srv->log_rejects) {
     char peer[64];
     peer_name(conn, peer, sizeof peer);
-    kvr_log(KVR_LOG_INFO, "access", "method=- path=- status=%d outcome=rejected code=%s client=%s",
-            status, code ? code : "-", peer[0] ? peer : "-");
+    kvr_log(KVR_LOG_INFO, "access",
+            "method=- path=- status=%d outcome=rejected code=%s client=%s request_id=%s", status,
+            code ? code : "-", peer[0] ? peer : "-", rid);
   }
   if (conn_write(conn, head.data, head.len) == 0) {
     conn->close_after_write = true;
@@ -432,6 +442,8 @@ static bool conn_keeps_alive(const kvr_http_req_t *req) {
 static void head_begin(kvr_buf_t *h, kvr_http_req_t *req, int status) {
   kvr_buf_printf(h, "HTTP/1.%d %d %s\r\n", req->http_minor == 0 ? 0 : 1, status,
                  kvr_http_reason(status));
+  if (req->request_id[0])
+    kvr_buf_printf(h, "x-request-id: %s\r\n", req->request_id);
 }
 
 int kvr_http_start(kvr_http_req_t *req, int status, const char *headers) {
@@ -629,6 +641,54 @@ void kvr_http_abort(kvr_http_req_t *req) {
   kvr_buf_reset(&conn->head);
   conn_close(conn);
   conn_unref(conn);
+}
+
+/* ---- request ids ------------------------------------------------------------------------------
+ */
+
+bool kvr_http_request_id_ok(const char *v) {
+  if (v == NULL || *v == '\0')
+    return false;
+  size_t n = 0;
+  for (const unsigned char *s = (const unsigned char *)v; *s; s++, n++)
+    if (*s < 0x21 || *s > 0x7e || n >= KVR_HTTP_REQUEST_ID_MAX)
+      return false;
+  return true;
+}
+
+static uint64_t splitmix64(uint64_t *state) {
+  uint64_t z = (*state += UINT64_C(0x9E3779B97F4A7C15));
+  z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+  return z ^ (z >> 31);
+}
+
+void kvr_http_request_id_gen(uint64_t *state, char *out, size_t outlen) {
+  if (outlen <= KVR_HTTP_REQUEST_ID_GEN_LEN) {
+    if (outlen)
+      out[0] = '\0';
+    return;
+  }
+  uint64_t hi = splitmix64(state), lo = splitmix64(state);
+  snprintf(out, outlen, "%016llx%016llx", (unsigned long long)hi, (unsigned long long)lo);
+}
+
+uint64_t kvr_http_request_id_seed(void) {
+  uint64_t seed = 0;
+  if (uv_random(NULL, NULL, &seed, sizeof seed, 0, NULL) == 0 && seed != 0)
+    return seed;
+  uint64_t mix = uv_hrtime() ^ ((uint64_t)uv_os_getpid() << 32) ^ (uint64_t)time(NULL);
+  return splitmix64(&mix);
+}
+
+bool kvr_http_request_id_assign(kvr_http_req_t *req, uint64_t *state) {
+  const char *v = kvr_http_header(req, "x-request-id");
+  if (kvr_http_request_id_ok(v)) {
+    snprintf(req->request_id, sizeof req->request_id, "%s", v);
+    return true;
+  }
+  kvr_http_request_id_gen(state, req->request_id, sizeof req->request_id);
+  return false;
 }
 
 /* ---- parsing -----------------------------------------------------------------------------------
@@ -964,6 +1024,7 @@ kvr_http_server_t *kvr_http_server_new(uv_loop_t *loop, const kvr_http_limits_t 
   srv->on_request = on_request;
   srv->data = data;
   srv->port = -1;
+  srv->rid_state = kvr_http_request_id_seed();
   kvr_list_init(&srv->conns);
   return srv;
 }

@@ -9,7 +9,9 @@
  *   Upgrade                       -> 501      CONNECT                          -> 405
  *   headers not complete by header_timeout_ms -> 408
  *
- * and answers those itself with an OpenAI-style JSON error, then closes the connection.
+ * and answers those itself with an OpenAI-style JSON error, then closes the connection. Those
+ * answers carry x-request-id: the client's when its headers got that far and it is sane
+ * (kvr_http_request_id_ok()), else a generated one, on every listener.
  *
  * Flow of a request:
  *
@@ -48,6 +50,11 @@ typedef struct kvr_http_server_s kvr_http_server_t;
 typedef struct kvr_http_conn_s kvr_http_conn_t;
 typedef struct kvr_http_req_s kvr_http_req_t;
 
+/* Longest request id accepted from a client (x-request-id); longer ones are replaced. */
+#define KVR_HTTP_REQUEST_ID_MAX 128
+/* Length of a generated request id: 32 lower-case hex digits (128 bits). */
+#define KVR_HTTP_REQUEST_ID_GEN_LEN 32
+
 typedef void (*kvr_http_request_cb)(kvr_http_req_t *req, void *data);
 typedef void (*kvr_http_req_cb)(kvr_http_req_t *req);
 
@@ -70,6 +77,9 @@ struct kvr_http_req_s {
   void *data;
   kvr_http_req_cb on_close; /* client went away before kvr_http_finish(); called once */
   kvr_http_req_cb on_drain; /* the write queue emptied after kvr_http_pending() was > 0 */
+  /* When non-empty (kvr_http_request_id_assign()), every response head sent for req carries
+   * "x-request-id: <it>" (kvr_http_respond(), kvr_http_error*(), kvr_http_start()). */
+  char request_id[KVR_HTTP_REQUEST_ID_MAX + 1];
 
   /* Response state, read-only for handlers. */
   int status;          /* status sent, 0 before kvr_http_start() */
@@ -156,6 +166,26 @@ void kvr_http_finish(kvr_http_req_t *req);
  * HTTP framing shows the body as truncated (used when a body already started cannot be completed).
  */
 void kvr_http_abort(kvr_http_req_t *req);
+
+/* ---- request ids (pure) */
+
+/* True when v is acceptable as a request id taken from a client: 1..KVR_HTTP_REQUEST_ID_MAX
+ * characters, each printable ASCII other than space (0x21-0x7e), so it is safe in a header and in
+ * a logfmt line. */
+bool kvr_http_request_id_ok(const char *v);
+
+/* Writes a new request id into out (KVR_HTTP_REQUEST_ID_GEN_LEN hex digits + NUL; outlen must be
+ * larger) from the generator state *state (splitmix64; advanced twice). Seed the state from
+ * kvr_http_request_id_seed(). */
+void kvr_http_request_id_gen(uint64_t *state, char *out, size_t outlen);
+
+/* A generator seed from the OS's random source (uv_random), falling back to the clock and the pid
+ * mixed together when that fails. */
+uint64_t kvr_http_request_id_seed(void);
+
+/* Sets req->request_id: the client's x-request-id when kvr_http_request_id_ok(), else a new one
+ * from *state. Returns true when the client's was kept. */
+bool kvr_http_request_id_assign(kvr_http_req_t *req, uint64_t *state);
 
 /* Parses "HOST:PORT" / "[V6]:PORT" into a sockaddr_storage. Returns 0 or KVR_EINVAL. */
 int kvr_parse_hostport(const char *hostport, struct sockaddr_storage *out);

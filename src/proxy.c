@@ -27,6 +27,16 @@
  * the transfer with curl_easy_pause(CURLPAUSE_CONT), so a slow reader holds at most about
  * HIGH_WATER + one curl buffer per request.
  *
+ * Request ids: kvr_proxy_on_request() gives every request one (the client's x-request-id when it
+ * is sane, else 32 generated hex digits, kvr_http_request_id_assign()). http_server.c puts it on
+ * every response head the request gets (proxied answers, local answers, 4xx/5xx error bodies); it
+ * is sent to the worker as x-request-id (replacing the client's), the worker's own x-request-id
+ * response header is dropped (the client gets exactly one), and the access-log line carries it.
+ *
+ * Probes: GET/HEAD /health (readiness: a usable worker) and /livez (liveness: the loop runs) count
+ * in kvrouter_probe_requests_total only: not in kvrouter_requests_total, the duration histograms or
+ * the access log, so a probe every few seconds neither floods the log nor skews the figures.
+ *
  * Client disconnect: the request's on_close cancels the transfer at once (curl closes the upstream
  * connection, which makes vLLM abort the generation). on_close and timers run from the loop, never
  * inside curl callbacks, so removing the easy handle there is allowed.
@@ -43,6 +53,7 @@
 #include <llhttp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #define HIGH_WATER (256u * 1024u)
 #define ANSWER_MAX (1u << 20)   /* answer text kept for the cache index */
@@ -55,8 +66,9 @@ struct kvr_proxy_s {
   uv_loop_t *loop;    /* not owned; request timers */
   kvr_curlm_t *curlm; /* not owned; upstream transfers */
   kvr_router_t *r;
-  kvr_list_t pxs; /* in-flight requests (px_t.node), newest first */
-  size_t active;  /* their number */
+  kvr_list_t pxs;     /* in-flight requests (px_t.node), newest first */
+  size_t active;      /* their number */
+  uint64_t rid_state; /* request-id generator (kvr_http_request_id_gen) */
 };
 
 typedef enum { TM_NONE, TM_FIRST_BYTE, TM_IDLE } tm_kind_t;
@@ -111,6 +123,7 @@ kvr_proxy_t *kvr_proxy_new(uv_loop_t *loop, kvr_router_t *r, kvr_curlm_t *curlm)
   p->loop = loop;
   p->curlm = curlm;
   p->r = r;
+  p->rid_state = kvr_http_request_id_seed();
   kvr_list_init(&p->pxs);
   return p;
 }
@@ -151,6 +164,14 @@ static void learn_dispatch(px_t *px) {
     kvr_router_on_learn(px->r, &px->acct, px->prompt.blocks, px->prompt.nblocks);
 }
 
+/* True for a header line (with or without CRLF) named x-request-id. */
+static bool is_request_id_line(const char *line, size_t len) {
+  static const char name[] = "x-request-id";
+  size_t n = sizeof name - 1;
+  return len > n && strncasecmp(line, name, n) == 0 &&
+         (line[n] == ':' || line[n] == ';' || line[n] == ' ' || line[n] == '\t');
+}
+
 static size_t on_header(char *data, size_t size, size_t n, void *ud) {
   px_t *px = ud;
   size_t len = size * n;
@@ -176,6 +197,8 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud) {
       kvr_http_headers_drop_named(&px->resp_headers, &px->conn_tokens);
     return len;
   }
+  if (is_request_id_line(data, len))
+    return len; /* the client gets the router's x-request-id (the same id, sent upstream) */
   if (kvr_http_headers_response_field(&px->resp_headers, &px->conn_tokens, data, len, px->head_req))
     px->sse = true;
   return len;
@@ -305,7 +328,7 @@ static void on_timer_closed(uv_handle_t *h) {
   free(px);
 }
 
-static void access_log(px_t *px, const char *method, const char *path, const char *peer) {
+static void access_log(px_t *px, const kvr_http_req_t *req) {
   if (!px->r->cfg->access_log)
     return;
   uint64_t now = kvr_now_ns();
@@ -313,10 +336,11 @@ static void access_log(px_t *px, const char *method, const char *path, const cha
   double ttfb = px->t_first_byte_ns ? (double)(px->t_first_byte_ns - px->t_start_ns) / 1e6 : -1;
   kvr_log(KVR_LOG_INFO, "access",
           "method=%s path=%s status=%d worker=%s policy=%s bytes=%llu ttfb_ms=%.1f total_ms=%.1f "
-          "attempts=%d outcome=%s client=%s",
-          method, path, px->final_status, px->worker_label[0] ? px->worker_label : "-",
-          kvr_policy_name(px->r->policy), (unsigned long long)px->bytes_out, ttfb, total,
-          px->attempts, px->outcome ? px->outcome : "ok", peer);
+          "attempts=%d outcome=%s client=%s request_id=%s",
+          req->method_str, req->path, px->final_status,
+          px->worker_label[0] ? px->worker_label : "-", kvr_policy_name(px->r->policy),
+          (unsigned long long)px->bytes_out, ttfb, total, px->attempts,
+          px->outcome ? px->outcome : "ok", req->peer, req->request_id[0] ? req->request_id : "-");
 }
 
 /* Hands the client request back from px (which must not touch it again), writing the access-log
@@ -328,7 +352,7 @@ static kvr_http_req_t *detach(px_t *px, int status) {
   req->on_close = NULL;
   req->on_drain = NULL;
   px->final_status = status;
-  access_log(px, req->method_str, req->path, req->peer);
+  access_log(px, req);
   kvr_router_observe_duration(px->r, (double)(kvr_now_ns() - px->t_start_ns) / 1e9);
   return req;
 }
@@ -536,12 +560,19 @@ static void on_client_close(kvr_http_req_t *req) {
 
 static void on_upstream_line(void *data, const char *line) {
   struct curl_slist **l = data;
+  if (is_request_id_line(line, strlen(line)))
+    return; /* replaced by the request's id below */
   *l = kvr_curl_slist_append(*l, line);
 }
 
 static struct curl_slist *upstream_headers(const kvr_http_req_t *req) {
   struct curl_slist *l = NULL;
   kvr_http_headers_upstream(req->headers, req->nheaders, req->peer, on_upstream_line, &l);
+  if (req->request_id[0]) {
+    char line[sizeof req->request_id + 16];
+    snprintf(line, sizeof line, "x-request-id: %s", req->request_id);
+    l = kvr_curl_slist_append(l, line);
+  }
   /* A bare "Expect:" stops curl from adding "Expect: 100-continue" to large bodies. */
   l = kvr_curl_slist_append(l, "Expect:");
   return l;
@@ -637,9 +668,10 @@ static void local_log(kvr_router_t *r, const kvr_http_req_t *req, int status, co
     return;
   kvr_log(KVR_LOG_INFO, "access",
           "method=%s path=%s status=%d worker=- policy=%s bytes=0 ttfb_ms=-1.0 total_ms=%.1f "
-          "attempts=0 outcome=%s client=%s",
+          "attempts=0 outcome=%s client=%s request_id=%s",
           req->method_str, req->path, status, kvr_policy_name(r->policy),
-          (double)(kvr_now_ns() - req->start_ns) / 1e6, outcome, req->peer);
+          (double)(kvr_now_ns() - req->start_ns) / 1e6, outcome, req->peer,
+          req->request_id[0] ? req->request_id : "-");
 }
 
 /* True for targets curl or the worker could resolve to another path: dot segments (plain or
@@ -657,7 +689,8 @@ static bool unsafe_path(const char *p) {
   return false;
 }
 
-/* GET /health: 200 while some worker is usable, else 503. */
+/* GET /health (readiness): 200 while some worker is usable, else 503. A probe: not logged, not in
+ * the request metrics (kvr_proxy_on_request counted it as a probe). */
 static void on_health(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_router_t *r = ((kvr_proxy_t *)data)->r;
   (void)tail;
@@ -672,8 +705,16 @@ static void on_health(kvr_http_req_t *req, void *data, const char *tail) {
   int n =
       snprintf(body, sizeof body, "{\"status\":\"%s\",\"usable_workers\":%zu,\"workers\":%zu}\n",
                usable ? "ok" : "unavailable", usable, total);
-  local_log(r, req, usable ? 200 : 503, "local");
   kvr_http_respond(req, usable ? 200 : 503, "application/json", NULL, body, (size_t)n);
+}
+
+/* GET /livez (liveness): 200 whenever the loop runs to answer it, whatever the workers. A probe,
+ * like /health. */
+static void on_livez(kvr_http_req_t *req, void *data, const char *tail) {
+  static const char body[] = "{\"status\":\"alive\"}\n";
+  (void)data;
+  (void)tail;
+  kvr_http_respond(req, 200, "application/json", NULL, body, sizeof body - 1);
 }
 
 /* Every /v1/ request the table lets through: proxied to a worker. */
@@ -717,14 +758,36 @@ static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
  * Allow); every other /v1/ path passes through to a worker whatever its method. */
 static const kvr_http_route_t routes[] = {
     {"/health", KVR_HTTP_M(GET), on_health},
+    {"/livez", KVR_HTTP_M(GET), on_livez},
     {"/v1/chat/completions", KVR_HTTP_M(POST), on_proxied},
     {"/v1/completions", KVR_HTTP_M(POST), on_proxied},
     {"/v1/models", KVR_HTTP_M(GET), on_proxied},
     {"/v1/*", KVR_HTTP_M_ANY, on_proxied},
 };
 
+/* A readiness or liveness probe (GET or HEAD, exact path): *probe says which. Other methods on
+ * those paths are ordinary (405) requests. */
+static bool is_probe(const kvr_http_req_t *req, kvr_probe_t *probe) {
+  if (req->method != HTTP_GET && req->method != HTTP_HEAD)
+    return false;
+  if (strcmp(req->path, "/health") == 0)
+    *probe = KVR_PROBE_HEALTH;
+  else if (strcmp(req->path, "/livez") == 0)
+    *probe = KVR_PROBE_LIVEZ;
+  else
+    return false;
+  return true;
+}
+
 void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
   kvr_proxy_t *p = data;
+  kvr_http_request_id_assign(req, &p->rid_state);
+  kvr_probe_t probe;
+  if (is_probe(req, &probe)) {
+    kvr_router_on_probe(p->r, probe);
+    kvr_http_route_dispatch(routes, KVR_ARRAY_SIZE(routes), req, p, KVR_HTTP_DIALECT_OPENAI);
+    return;
+  }
   kvr_router_on_request(p->r);
   if (unsafe_path(req->path)) {
     local_log(p->r, req, 400, "rejected");

@@ -427,6 +427,11 @@ void kvr_router_on_request(kvr_router_t *r) {
   r->requests_total++;
 }
 
+void kvr_router_on_probe(kvr_router_t *r, kvr_probe_t probe) {
+  if ((unsigned)probe < KVR_ARRAY_SIZE(r->probe_requests_total))
+    r->probe_requests_total[probe]++;
+}
+
 void kvr_router_on_client_error(kvr_router_t *r) {
   r->client_errors_total++;
 }

@@ -93,7 +93,8 @@ struct kvr_router_s {
   uint64_t client_errors_total; /* 4xx answered by the router itself */
   uint64_t client_aborts_total; /* clients that went away mid-request */
   uint64_t upstream_failures_total;
-  uint64_t requests_total;
+  uint64_t requests_total;          /* client requests, probes excepted */
+  uint64_t probe_requests_total[2]; /* GET/HEAD probes, by kvr_probe_t (not in requests_total) */
   /* The clock every time the router keeps (dispatch, first token, freshness) is read from:
    * kvr_now_ns() unless kvr_router_set_clock() gave another (the virtual-time cluster's). */
   uint64_t (*clock)(void *ctx);
@@ -248,6 +249,9 @@ void kvr_router_on_request(kvr_router_t *r);          /* a client request arrive
 void kvr_router_on_client_error(kvr_router_t *r);     /* the router answered 4xx itself */
 void kvr_router_on_client_abort(kvr_router_t *r);     /* a client went away mid-request */
 void kvr_router_on_upstream_failure(kvr_router_t *r); /* 502/504 or a broken stream */
+/* The public listener's probes, counted apart from requests (kvrouter_probe_requests_total). */
+typedef enum { KVR_PROBE_HEALTH = 0, KVR_PROBE_LIVEZ = 1 } kvr_probe_t;
+void kvr_router_on_probe(kvr_router_t *r, kvr_probe_t probe);
 /* Seconds from request received to the first response byte from a worker. */
 void kvr_router_observe_ttfb(kvr_router_t *r, double seconds);
 /* Seconds from request received to response end (proxied requests). */

@@ -189,7 +189,15 @@ static void counter(kvr_buf_t *out, const char *name, const char *help, uint64_t
 }
 
 static void request_metrics(const kvr_router_t *r, kvr_buf_t *out) {
-  counter(out, "kvrouter_requests_total", "Client requests received", r->requests_total);
+  counter(out, "kvrouter_requests_total", "Client requests received (probes excepted)",
+          r->requests_total);
+  kvr_metric_family(out, "kvrouter_probe_requests_total", "counter",
+                    "GET/HEAD /health and /livez probes on the public listener (not in "
+                    "kvrouter_requests_total)");
+  kvr_metric_sample(out, "kvrouter_probe_requests_total", "path=\"/health\"",
+                    (double)r->probe_requests_total[KVR_PROBE_HEALTH]);
+  kvr_metric_sample(out, "kvrouter_probe_requests_total", "path=\"/livez\"",
+                    (double)r->probe_requests_total[KVR_PROBE_LIVEZ]);
   counter(out, "kvrouter_client_errors_total", "Requests the router rejected itself (4xx)",
           r->client_errors_total);
   counter(out, "kvrouter_client_aborts_total",

@@ -32,7 +32,8 @@ from kvrharness import (FAST, MODEL, Cleanup, Conn, Router, Sim, assert_openai_e
 
 class RecordingUpstream:
     """A tiny threaded http.server that records each request's headers and body and answers
-    OpenAI-shaped JSON, with a set of hop-by-hop response headers the proxy must not forward.
+    OpenAI-shaped JSON, with a set of hop-by-hop response headers the proxy must not forward, and
+    its own X-Request-Id (the router must answer with exactly one, its own).
     GET /v1/status/NNN answers status NNN with no body; GET /metrics answers after metrics_delay
     seconds (a worker whose metrics page is slow)."""
 
@@ -91,6 +92,7 @@ class RecordingUpstream:
                 self.send_header("Trailer", "X-Checksum")
                 self.send_header("Upgrade", "h2c")
                 self.send_header("X-Resp-Kept", "yes")
+                self.send_header("X-Request-Id", "worker-own-id")
                 self.end_headers()
                 self.wfile.write(out)
 
@@ -112,6 +114,8 @@ class RecordingUpstream:
 
 
 TESTS, test = h.registry()
+
+RID = re.compile(r"^[0-9a-f]{32}$")  # a request id the router generated
 
 # ---- the tests ---------------------------------------------------------------------------------------
 
@@ -219,6 +223,8 @@ def _bad(port, raw, status, close=True, timeout=3.0):
             pass  # the router may answer and close before reading everything
         resp = conn.read_response()
         assert_openai_error(resp, status)
+        rid = resp.header_all("x-request-id")  # rejected before any handler, still tagged
+        assert len(rid) == 1 and RID.match(rid[0]), resp.headers
         if close:
             assert conn.closed_by_peer(2.0), "connection left open after %d" % status
         return resp
@@ -401,6 +407,7 @@ def test_silent_worker_first_byte_timeout_504():
                                      "timeout" % stream)
             dt = time.monotonic() - t0
             assert_openai_error(resp, 504)
+            assert RID.match(resp.header("x-request-id") or ""), resp.headers
             assert 0.35 < dt < 2.0, "504 after %.3fs with a 400 ms first-byte timeout" % dt
 
 
@@ -586,10 +593,12 @@ def test_access_log_one_line_per_request_without_prompt():
                 ("POST", "/v1/completions", {"model": MODEL, "prompt": secret, "max_tokens": 2}, 200),
                 ("GET", "/v1/models", None, 200),
                 ("POST", "/v1/chat/completions", '{"model": "%s", "messages": [' % secret, 400),
-                ("GET", "/health", None, 200)]
+                ("GET", "/nope", None, 404)]
         for method, path, body, status in reqs:
             resp = request(r.port, method, path, body)
             assert resp.status == status, (path, resp)
+            # Probes between them write no line (test_probes_not_counted_nor_logged).
+            assert request(r.port, "GET", "/health").status == 200
         lines = wait_for(lambda: len(access_lines()) >= before + len(reqs) and access_lines(), 2.0,
                          "one access-log line per request")
         new = lines[before:]
@@ -597,6 +606,7 @@ def test_access_log_one_line_per_request_without_prompt():
             len(new), len(reqs), "\n".join(new))
         for (method, path, _, status), line in zip(reqs, new):
             assert path in line and str(status) in line, (path, status, line)
+            assert re.search(r" request_id=[0-9a-f]{32}$", line), line
         leaked = [ln for ln in r.stderr_lines() if secret in ln]
         assert not leaked, "prompt text in the router's log: %r" % leaked[:2]
 
@@ -957,6 +967,186 @@ def test_no_body_statuses_and_client_abort_accounting():
         wait_for(lambda: r2.workers()[0]["in_flight"] == 0, 1.0, "in_flight 0")
         w = r2.workers()[0]
         assert w["errors_total"] == 0 and w["state"] == "up", w
+
+
+# ---- liveness, probes, request ids --------------------------------------------------------------
+
+
+def _access_lines(r):
+    return [ln for ln in r.stderr_lines() if re.search(r"\baccess\b", ln)]
+
+
+
+@test(timeout=20)
+def test_livez_alive_while_health_503():
+    with Cleanup() as c:
+        a = c.add(Sim())
+        b = c.add(Sim())
+        r = c.add(Router([a, b], *FAST, "--fail-threshold", "1"))
+        live = request(r.port, "GET", "/livez")
+        assert live.status == 200 and live.json() == {"status": "alive"}, live
+        assert live.header("content-type") == "application/json", live.headers
+        a.fault("refuse")
+        b.fault("refuse")
+        wait_for(lambda: request(r.port, "GET", "/health").status == 503, 3.0,
+                 "/health to turn 503 with every worker down")
+        assert request(r.port, "GET", "/health").json()["usable_workers"] == 0
+        live = request(r.port, "GET", "/livez")
+        assert live.status == 200 and live.json() == {"status": "alive"}, live
+        head = request(r.port, "HEAD", "/livez")
+        assert head.status == 200 and head.body == b"", head
+        assert head.header("content-length") == str(len(live.body)), head.headers
+        assert request(r.port, "HEAD", "/health").status == 503
+        for method in ("POST", "PUT", "DELETE"):
+            bad = request(r.port, method, "/livez", b"" if method != "DELETE" else None)
+            assert_openai_error(bad, 405)
+            assert bad.header("allow") == "GET, HEAD", bad.headers
+        # Every worker process gone: liveness still answers, readiness still refuses.
+        assert a.stop() is None and b.stop() is None
+        assert request(r.port, "GET", "/livez").status == 200
+        assert request(r.port, "GET", "/health").status == 503
+
+
+@test(timeout=20)
+def test_probes_not_counted_nor_logged():
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        r = c.add(Router([sim], *FAST))
+        assert request(r.port, "POST", "/v1/chat/completions", chat_body()).status == 200
+        wait_for(lambda: len(_access_lines(r)) >= 1, 2.0, "the first access line")
+        before = parse_prom_samples(r.metrics_text())
+        lines_before = len(_access_lines(r))
+        for _ in range(5):
+            assert request(r.port, "GET", "/health").status == 200
+            assert request(r.port, "GET", "/livez").status == 200
+        assert request(r.port, "HEAD", "/health").status == 200
+        assert request(r.port, "HEAD", "/livez").status == 200
+        after = parse_prom_samples(r.metrics_text())
+        for name in ("kvrouter_requests_total", "kvrouter_request_duration_seconds_count",
+                     "kvrouter_time_to_first_byte_seconds_count", "kvrouter_client_errors_total"):
+            assert prom_value(after, name) == prom_value(before, name), (
+                name, prom_value(before, name), prom_value(after, name))
+        assert prom_value(before, "kvrouter_requests_total") == 1
+        for path, n in (("/health", 6), ("/livez", 6)):
+            got = (prom_value(after, "kvrouter_probe_requests_total", path=path)
+                   - prom_value(before, "kvrouter_probe_requests_total", path=path))
+            assert got == n, (path, got)
+        # The log is written in order: a real request's line comes right after the first ones.
+        assert request(r.port, "GET", "/v1/models").status == 200
+        lines = wait_for(lambda: len(_access_lines(r)) > lines_before and _access_lines(r), 2.0,
+                         "the access line of GET /v1/models")
+        new = lines[lines_before:]
+        assert len(new) == 1 and "path=/v1/models" in new[0], new
+        assert not [ln for ln in r.stderr_lines() if "/health" in ln or "/livez" in ln], \
+            [ln for ln in r.stderr_lines() if "/health" in ln or "/livez" in ln]
+        # A wrong method on a probe path is an ordinary request: counted and logged.
+        assert request(r.port, "POST", "/health", b"").status == 405
+        wait_for(lambda: any("path=/health status=405" in ln for ln in _access_lines(r)), 2.0,
+                 "the 405's access line")
+        assert prom_value(parse_prom_samples(r.metrics_text()), "kvrouter_requests_total") == 3
+
+
+@test(timeout=20)
+def test_request_id_echoed_generated_and_forwarded():
+    with Cleanup() as c:
+        up = c.add(RecordingUpstream())
+        r = c.add(Router([up], "--scrape-interval-ms", "0"))
+
+        def sent_upstream():
+            return [v for n, v in up.requests[-1]["headers"] if n == "x-request-id"]
+
+        # The client's id: echoed once (not the worker's own), and sent to the worker in its place.
+        resp = request(r.port, "POST", "/v1/chat/completions", chat_body(),
+                       headers=[("X-Request-Id", "client-req-42")])
+        assert resp.status == 200, resp
+        assert resp.header_all("x-request-id") == ["client-req-42"], resp.headers
+        assert sent_upstream() == ["client-req-42"], up.requests[-1]["headers"]
+        line = r.wait_line(r"access: .*request_id=client-req-42$", timeout=2.0).string
+        assert "path=/v1/chat/completions status=200" in line, line
+        # No id, or one that is not sane: a generated one, unique per request, sent upstream too.
+        longest = "a" * 128
+        resp = request(r.port, "POST", "/v1/chat/completions", chat_body(),
+                       headers=[("X-Request-Id", longest)])
+        assert resp.header_all("x-request-id") == [longest] and sent_upstream() == [longest]
+        ids = []
+        for given in (None, None, None, "b" * 129, "has space", "caf\xe9", ""):
+            hdrs = [("X-Request-Id", given)] if given is not None else []
+            resp = request(r.port, "POST", "/v1/chat/completions", chat_body(), headers=hdrs)
+            assert resp.status == 200, resp
+            got = resp.header_all("x-request-id")
+            assert len(got) == 1 and RID.match(got[0]), (given, resp.headers)
+            assert sent_upstream() == got, (given, got, up.requests[-1]["headers"])
+            ids.append(got[0])
+        assert len(set(ids)) == len(ids), ids
+        wait_for(lambda: all(any("request_id=%s" % i in ln for ln in _access_lines(r)) for i in ids),
+                 2.0, "every generated id in the access log")
+        # A GET passed through (no body) and the probes carry one too.
+        m = request(r.port, "GET", "/v1/models", headers=[("X-Request-Id", "m-1")])
+        assert m.header_all("x-request-id") == ["m-1"] and sent_upstream() == ["m-1"], m.headers
+        for path in ("/health", "/livez"):
+            p = request(r.port, "GET", path)
+            assert len(p.header_all("x-request-id")) == 1 and RID.match(p.header("x-request-id"))
+
+
+@test(timeout=20)
+def test_request_id_streaming_through_sim():
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        r = c.add(Router([sim], *FAST))
+        resp = request(r.port, "POST", "/v1/chat/completions", chat_body(stream=True),
+                       headers=[("X-Request-Id", "stream-1")])
+        assert resp.status == 200 and resp.complete, resp
+        assert resp.header_all("x-request-id") == ["stream-1"], resp.headers
+        assert token_events(sse_events(resp.body)), resp.body[:200]
+        r.wait_line(r"access: .*path=/v1/chat/completions status=200 .*request_id=stream-1$",
+                    timeout=2.0)
+        resp = request(r.port, "POST", "/v1/chat/completions", chat_body(stream=True))
+        assert RID.match(resp.header("x-request-id") or ""), resp.headers
+
+
+@test(timeout=20)
+def test_request_id_on_router_errors():
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        r = c.add(Router([sim], *FAST))
+        # 400 (invalid JSON), 404, 405, 400 (unsafe path): echoed, or generated, and logged.
+        cases = [("POST", "/v1/chat/completions", b"{bad", 400),
+                 ("GET", "/nope", None, 404),
+                 ("GET", "/v1/chat/completions", None, 405),
+                 ("GET", "/v1/../admin", None, 400)]
+        for i, (method, path, body, status) in enumerate(cases):
+            rid = "err-%d" % i
+            resp = request(r.port, method, path, body, headers=[("X-Request-Id", rid)])
+            assert_openai_error(resp, status)
+            assert resp.header_all("x-request-id") == [rid], (path, resp.headers)
+            r.wait_line(r"access: .*status=%d .*request_id=%s$" % (status, rid), timeout=2.0)
+            resp = request(r.port, method, path, body)
+            assert RID.match(resp.header("x-request-id") or ""), (path, resp.headers)
+        # Rejected by the HTTP layer before any handler (413 from Content-Length): still echoed.
+        conn = c.add(Conn(r.port))
+        conn.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: big-1\r\n"
+                  b"Content-Length: 99999999\r\n\r\n")
+        resp = conn.read_response()
+        assert_openai_error(resp, 413)
+        assert resp.header_all("x-request-id") == ["big-1"], resp.headers
+        r.wait_line(r"access: .*status=413 .*request_id=big-1$", timeout=2.0)
+        # 503: no usable worker.
+        dead = "http://127.0.0.1:%d" % closed_port()
+        r2 = c.add(Router([dead], *FAST, "--fail-threshold", "1"))
+        seen = {}
+        for i in range(4):
+            resp = request(r2.port, "POST", "/v1/chat/completions", chat_body(),
+                           headers=[("X-Request-Id", "down-%d" % i)])
+            assert resp.header_all("x-request-id") == ["down-%d" % i], resp.headers
+            seen[resp.status] = resp
+            if resp.status == 503:
+                break
+        assert 503 in seen, sorted(seen)
+        assert_openai_error(seen[503], 503)
+        assert seen[503].header("retry-after") == "1", seen[503].headers
+        r2.wait_line(r"access: .*status=503 .*outcome=no_worker .*request_id=down-\d$", timeout=2.0)
+        resp = request(r2.port, "POST", "/v1/chat/completions", chat_body())
+        assert resp.status == 503 and RID.match(resp.header("x-request-id") or ""), resp.headers
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@
  *   - each limit and rejection (414, 431 by size and count, 413 before the body, 400 for TE+CL and
  *     duplicate Content-Length, 501 Upgrade, 405 CONNECT, 408 slow headers, 400 garbage);
  *   - chunked request bodies, streamed chunked responses, HTTP/1.0 framing;
- *   - a client that disconnects while its request is held gets on_close called once.
+ *   - a client that disconnects while its request is held gets on_close called once;
+ *   - request ids: which client values are kept, the generator's format and uniqueness, and the
+ *     x-request-id header on plain, error and streamed responses once the handler assigned one.
  * Every case ends by closing the server and asserting uv_loop_close() == 0 (no leaked handle).
  */
 #include <setjmp.h>
@@ -51,6 +53,8 @@ typedef struct {
   kvr_http_req_t *held; /* a request the handler keeps (stream / close tests) */
   bool stream_mode;
   bool hold_mode;
+  bool rid_mode; /* the handler assigns a request id (kvr_http_request_id_assign) first */
+  uint64_t rid_state;
   uv_timer_t stream_timer;
   int stream_left;
 } ctx_t;
@@ -58,6 +62,13 @@ typedef struct {
 static void on_request(kvr_http_req_t *req, void *data) {
   ctx_t *c = data;
   c->requests++;
+  if (c->rid_mode) {
+    kvr_http_request_id_assign(req, &c->rid_state);
+    if (strcmp(req->path, "/err") == 0) {
+      kvr_http_error_h(req, 503, "Retry-After: 1\r\n", NULL, "busy", "%s", "busy");
+      return;
+    }
+  }
   if (c->hold_mode) {
     c->held = req;
     req->data = c;
@@ -348,6 +359,119 @@ static void test_client_close_calls_on_close(void **state) {
   kvr_http_server_free(c.srv);
 }
 
+static void test_request_id_ok(void **state) {
+  (void)state;
+  assert_true(kvr_http_request_id_ok("abc-123"));
+  assert_true(kvr_http_request_id_ok("req_01HZX:9/+=~!"));
+  assert_false(kvr_http_request_id_ok(NULL));
+  assert_false(kvr_http_request_id_ok(""));
+  assert_false(kvr_http_request_id_ok("has space"));
+  assert_false(kvr_http_request_id_ok("tab\there"));
+  assert_false(kvr_http_request_id_ok("caf\xc3\xa9")); /* not ASCII */
+  assert_false(kvr_http_request_id_ok("del\x7f"));
+  char id[KVR_HTTP_REQUEST_ID_MAX + 2];
+  memset(id, 'a', sizeof id);
+  id[KVR_HTTP_REQUEST_ID_MAX] = '\0';
+  assert_true(kvr_http_request_id_ok(id)); /* 128 characters: kept */
+  id[KVR_HTTP_REQUEST_ID_MAX] = 'a';
+  id[KVR_HTTP_REQUEST_ID_MAX + 1] = '\0';
+  assert_false(kvr_http_request_id_ok(id)); /* 129: replaced */
+}
+
+static bool all_hex(const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+      return false;
+  return s[n] == '\0';
+}
+
+static void test_request_id_gen_and_assign(void **state) {
+  (void)state;
+  enum { N = 1000 };
+  static char ids[N][KVR_HTTP_REQUEST_ID_GEN_LEN + 1];
+  uint64_t st = kvr_http_request_id_seed();
+  for (int i = 0; i < N; i++) {
+    kvr_http_request_id_gen(&st, ids[i], sizeof ids[i]);
+    assert_int_equal(strlen(ids[i]), KVR_HTTP_REQUEST_ID_GEN_LEN);
+    assert_true(all_hex(ids[i], KVR_HTTP_REQUEST_ID_GEN_LEN));
+    for (int j = 0; j < i; j++)
+      assert_string_not_equal(ids[i], ids[j]);
+  }
+  /* The same seed gives the same sequence; two seeds from the OS differ. */
+  uint64_t a = 42, b = 42;
+  char x[KVR_HTTP_REQUEST_ID_GEN_LEN + 1], y[KVR_HTTP_REQUEST_ID_GEN_LEN + 1];
+  kvr_http_request_id_gen(&a, x, sizeof x);
+  kvr_http_request_id_gen(&b, y, sizeof y);
+  assert_string_equal(x, y);
+  assert_true(kvr_http_request_id_seed() != kvr_http_request_id_seed());
+  /* Too small an output buffer gets "" rather than a truncated id. */
+  char small[8] = "zz";
+  kvr_http_request_id_gen(&a, small, sizeof small);
+  assert_string_equal(small, "");
+
+  /* assign: the client's sane value is kept, anything else replaced by a generated id. */
+  kvr_http_header_t hs[1] = {{.name = "X-Request-Id", .value = "client-7"}};
+  kvr_http_req_t req = {.headers = hs, .nheaders = 1};
+  assert_true(kvr_http_request_id_assign(&req, &st));
+  assert_string_equal(req.request_id, "client-7");
+  hs[0].value = "bad id";
+  assert_false(kvr_http_request_id_assign(&req, &st));
+  assert_true(all_hex(req.request_id, KVR_HTTP_REQUEST_ID_GEN_LEN));
+  req.nheaders = 0;
+  assert_false(kvr_http_request_id_assign(&req, &st));
+  assert_true(all_hex(req.request_id, KVR_HTTP_REQUEST_ID_GEN_LEN));
+}
+
+/* Every response head of a request with an id carries x-request-id: plain, error, streamed. */
+static void test_request_id_header_on_responses(void **state) {
+  (void)state;
+  static const char req[] = "GET /a HTTP/1.1\r\nHost: a\r\nX-Request-Id: abc-1\r\n\r\n"
+                            "GET /err HTTP/1.1\r\nHost: a\r\nX-Request-Id: abc-2\r\n\r\n"
+                            "GET /b HTTP/1.1\r\nHost: a\r\nX-Request-Id: has space\r\n\r\n";
+  ctx_t c = {0};
+  c.rid_mode = true;
+  c.rid_state = 7;
+  run_simple(&c, req, sizeof req - 1, NULL);
+  assert_int_equal(c.requests, 3);
+  /* The three answers in order: 200 (id kept), 503 error (id kept), 200 (id generated). */
+  const char *h1 = c.response.data;
+  const char *h2 = strstr(h1 + 1, "HTTP/1.1 503");
+  assert_non_null(h2);
+  const char *h3 = strstr(h2 + 1, "HTTP/1.1 200");
+  assert_non_null(h3);
+  const char *r1 = strstr(h1, "x-request-id: abc-1\r\n");
+  const char *r2 = strstr(h1, "x-request-id: abc-2\r\n");
+  const char *r3 = strstr(h3, "x-request-id: ");
+  assert_true(r1 != NULL && r1 < h2);
+  assert_true(r2 != NULL && r2 > h2 && r2 < h3);
+  assert_non_null(r3);
+  char got[KVR_HTTP_REQUEST_ID_GEN_LEN + 1];
+  memcpy(got, r3 + 14, KVR_HTTP_REQUEST_ID_GEN_LEN);
+  got[KVR_HTTP_REQUEST_ID_GEN_LEN] = '\0';
+  assert_true(all_hex(got, KVR_HTTP_REQUEST_ID_GEN_LEN));
+  assert_memory_equal(r3 + 14 + KVR_HTTP_REQUEST_ID_GEN_LEN, "\r\n", 2);
+  assert_non_null(strstr(h2, "Retry-After: 1\r\n"));
+  kvr_buf_free(&c.response);
+
+  /* A streamed response too. */
+  static const char sreq[] = "GET /s HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
+  ctx_t s = {0};
+  s.rid_mode = true;
+  s.stream_mode = true;
+  s.rid_state = 9;
+  run_simple(&s, sreq, sizeof sreq - 1, NULL);
+  const char *h = strstr(s.response.data, "x-request-id: ");
+  assert_non_null(h);
+  assert_true(h < strstr(s.response.data, "\r\n\r\n"));
+  kvr_buf_free(&s.response);
+
+  /* Without an assigned id no header is added (the admin API, the simulated worker). */
+  ctx_t n = {0};
+  run_simple(&n, sreq, sizeof sreq - 1, NULL);
+  assert_null(strstr(n.response.data, "x-request-id"));
+  kvr_buf_free(&n.response);
+}
+
 static void test_parse_hostport(void **state) {
   (void)state;
   struct sockaddr_storage ss;
@@ -365,4 +489,7 @@ static void test_parse_hostport(void **state) {
 KVR_TEST_MAIN(cmocka_unit_test(test_parse_hostport), cmocka_unit_test(test_split_every_byte),
               cmocka_unit_test(test_rejections), cmocka_unit_test(test_header_timeout),
               cmocka_unit_test(test_chunked_request_and_stream),
-              cmocka_unit_test(test_client_close_calls_on_close))
+              cmocka_unit_test(test_client_close_calls_on_close),
+              cmocka_unit_test(test_request_id_ok),
+              cmocka_unit_test(test_request_id_gen_and_assign),
+              cmocka_unit_test(test_request_id_header_on_responses))
