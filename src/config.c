@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static void clear_workers(kvr_config_t *cfg) {
   for (size_t i = 0; i < cfg->nworkers; i++)
@@ -66,7 +67,7 @@ int kvr_worker_url_check(const char *url, char *out, size_t outlen, char *err, s
       return KVR_EINVAL;
     }
   }
-  if (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0) {
+  if (strncasecmp(url, "http://", 7) != 0 && strncasecmp(url, "https://", 8) != 0) {
     snprintf(err, errlen, "worker URL '%s' must start with http:// or https://", url);
     return KVR_EINVAL;
   }
