@@ -27,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 import kvrharness as h  # noqa: E402
-from kvrharness import (FAST, Cleanup, Conn, Router, Sim, build_request, chat_body,  # noqa: E402
+from kvrharness import (FAST, AdminToken, Cleanup, Conn, Router, Sim, build_request, chat_body,  # noqa: E402
                         request, sse_events, token_events)
 
 TESTS, test = h.registry()
@@ -170,6 +170,105 @@ def test_config_file_errors_named():
             os.unlink(path)
     assert not failed, "%d of %d cases failed:\n      %s" % (len(failed), len(cases),
                                                            "\n      ".join(failed))
+
+
+@test(timeout=15)
+def test_config_json_syntax_error_has_line_and_column():
+    path = write_config('{\n  "workers": [\n    "http://127.0.0.1:9",\n  ]\n}\n')
+    try:
+        rc, out, err = serve("--config", path, "--listen", "127.0.0.1:0",
+                             "--admin-listen", "127.0.0.1:0")
+        assert rc == 2, (rc, err)
+        line = one_line_error(rc, err, path, "line 4, column 3", "invalid JSON")
+        assert "not a JSON object" not in line, line
+    finally:
+        os.unlink(path)
+
+
+@test(timeout=20)
+def test_bad_worker_urls_refused_at_start():
+    cases = [
+        ("http://127.0.0.1:abc", "port"),
+        ("http://127.0.0.1:99999", "port"),
+        ("http://127.0.0.1:0", "port"),
+        ("http://127.0.0.1:", "port"),
+        ("http://:9001", "host"),
+        ("http://user:pw@127.0.0.1:9001", "user"),
+        ("http://127.0.0.1:9001?x=1", "query"),
+        ("http://127.0.0.1:9001#top", "fragment"),
+        ("http://127.0.0.1:9001/v1", "path"),
+        ("ftp://127.0.0.1:9001", "https://"),
+    ]
+    failed = []
+    for url, word in cases:
+        try:
+            rc, out, err = serve("--worker", url, "--listen", "127.0.0.1:0",
+                                 "--admin-listen", "127.0.0.1:0")
+            assert rc == 2, "exit %d" % rc
+            one_line_error(rc, err, "--worker", url, word)
+        except (AssertionError, subprocess.TimeoutExpired) as e:
+            failed.append("%s: %s" % (url, str(e)[:200]))
+    assert not failed, "%d of %d cases failed:\n      %s" % (len(failed), len(cases),
+                                                           "\n      ".join(failed))
+
+
+@test(timeout=15)
+def test_https_worker_accepted_at_start():
+    with Cleanup() as c:
+        # Nothing listens there: the URL only has to be valid for the router to start.
+        r = c.add(Router(["https://127.0.0.1:9/"], *FAST))
+        assert [w["url"] for w in r.workers()] == ["https://127.0.0.1:9"], r.workers()
+        # --worker-ca-file is taken (a missing file only fails the TLS handshakes).
+        r2 = c.add(Router(["https://127.0.0.1:9"], *FAST, "--worker-ca-file", "/nonexistent.pem"))
+        assert r2.workers()[0]["url"] == "https://127.0.0.1:9"
+
+
+@test(timeout=20)
+def test_bad_admin_token_file_refused_at_start():
+    with Cleanup() as c:
+        empty = c.add(AdminToken(content=""))
+        blank = c.add(AdminToken(content="  \n\n"))
+        short = c.add(AdminToken(token="tooshort"))
+        cases = [
+            (empty.path, ["empty"]),
+            (blank.path, ["empty"]),
+            (short.path, ["shorter than 16"]),
+            ("/nonexistent/admin-token", ["cannot open"]),
+        ]
+        failed = []
+        for path, words in cases:
+            try:
+                rc, out, err = serve("--worker", W, "--listen", "127.0.0.1:0",
+                                     "--admin-listen", "127.0.0.1:0", "--admin-token-file", path)
+                assert rc == 2, "exit %d" % rc
+                one_line_error(rc, err, "--admin-token-file", path, *words)
+            except (AssertionError, subprocess.TimeoutExpired) as e:
+                failed.append("%s: %s" % (path, str(e)[:200]))
+        # The same through the config file's admin_token_file key.
+        cfg = write_config({"workers": [W], "listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0",
+                            "admin_token_file": short.path})
+        try:
+            rc, out, err = serve("--config", cfg)
+            one_line_error(rc, err, "--admin-token-file", short.path)
+        except AssertionError as e:
+            failed.append("config file: %s" % str(e)[:200])
+        finally:
+            os.unlink(cfg)
+        assert not failed, "\n      ".join(failed)
+
+
+@test(timeout=15)
+def test_open_admin_off_loopback_warns_once():
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        wide = c.add(Router([sim], *FAST, "--admin-listen", "0.0.0.0:0"))
+        warn = [ln for ln in wide.stderr_lines() if "unauthenticated" in ln]
+        assert len(warn) == 1 and "--admin-token-file" in warn[0], wide.stderr_text()
+        tok = c.add(AdminToken())
+        guarded = c.add(Router([sim], *FAST, "--admin-listen", "0.0.0.0:0", *tok.flags))
+        assert not [ln for ln in guarded.stderr_lines() if "unauthenticated" in ln]
+        local = c.add(Router([sim], *FAST))
+        assert not [ln for ln in local.stderr_lines() if "unauthenticated" in ln]
 
 
 @test(timeout=20)
