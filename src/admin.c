@@ -446,7 +446,7 @@ static bool authorized(const kvr_http_req_t *req, const char *token) {
 
 /* Paths that stay open for probes whatever the token. */
 static bool probe_path(const char *path) {
-  return strcmp(path, "/health") == 0 || strcmp(path, "/livez") == 0;
+  return strcmp(path, "/health") == 0;
 }
 
 void kvr_admin_on_request(kvr_http_req_t *req, void *data) {
