@@ -27,8 +27,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 import kvrharness as h  # noqa: E402
-from kvrharness import (FAST, AdminToken, Cleanup, Conn, Router, Sim, build_request, chat_body,  # noqa: E402
-                        request, sse_events, token_events)
+from kvrharness import (FAST, AdminToken, Cleanup, Conn, Router, Sim,  # noqa: E402
+                        build_request, chat_body, request, sse_events, token_events)
 
 TESTS, test = h.registry()
 
@@ -221,6 +221,72 @@ def test_https_worker_accepted_at_start():
         # --worker-ca-file is taken (a missing file only fails the TLS handshakes).
         r2 = c.add(Router(["https://127.0.0.1:9"], *FAST, "--worker-ca-file", "/nonexistent.pem"))
         assert r2.workers()[0]["url"] == "https://127.0.0.1:9"
+
+
+class _TLSModels(threading.Thread):
+    """A minimal https:// worker on an ephemeral port: GET /v1/models answers one model."""
+
+    def __init__(self, cert, key):
+        import http.server
+        import ssl
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                body = json.dumps({"object": "list", "data": [{"id": "tls-model",
+                                                               "object": "model"}]}).encode()
+                self.send_response(200 if self.path.startswith("/v1/models") else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(daemon=True)
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        self.url = "https://127.0.0.1:%d" % self.httpd.server_address[1]
+        self.start()
+
+    def run(self):
+        self.httpd.serve_forever(poll_interval=0.05)
+
+    def kill(self):  # Cleanup protocol
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@test(timeout=20)
+def test_https_worker_verified_with_ca_file():
+    import shutil
+    if shutil.which("openssl") is None:
+        print("    (skipped: no openssl to make a certificate)")
+        return
+    d = tempfile.mkdtemp(prefix="kvr-tls-")
+    cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+    try:
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                        "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1",
+                        "-addext", "subjectAltName=IP:127.0.0.1"],
+                       check=True, capture_output=True, timeout=30)
+        with Cleanup() as c:
+            tls = c.add(_TLSModels(cert, key))
+            # Verified against the given CA: the answer comes through.
+            r = c.add(Router([tls.url], *FAST, "--worker-ca-file", cert))
+            ok = request(r.port, "GET", "/v1/models")
+            assert ok.status == 200 and ok.json()["data"][0]["id"] == "tls-model", ok
+            # Against the system's CAs the self-signed certificate is refused: a 502, not a leak.
+            r2 = c.add(Router([tls.url], *FAST))
+            bad = request(r2.port, "GET", "/v1/models")
+            assert bad.status == 502, bad
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @test(timeout=20)
