@@ -16,9 +16,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 import kvrharness as h  # noqa: E402
-from kvrharness import (FAST, MODEL, AdminToken, Cleanup, Conn, Router, Sim, assert_openai_error,  # noqa: E402
-                        build_request, chat_body, closed_port, request, sse_events, token_events,
-                        wait_for)
+from kvrharness import (FAST, MODEL, AdminToken, Cleanup, Conn, Router, Sim,  # noqa: E402
+                        assert_openai_error, build_request, chat_body, closed_port, request,
+                        sse_events, token_events, wait_for)
 
 TESTS, test = h.registry()
 
