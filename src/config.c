@@ -21,6 +21,7 @@
 
 #include <ctype.h>
 #include <curl/curl.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -233,7 +234,8 @@ static const char *const log_levels[] = {"debug", "info", "warn", "error", "off"
 
 static const kvr_cli_opt_t options[] = {
     {KVR_CLI_CUSTOM, "worker", .arg = "URL", .json = "workers", .flags = KVR_CLI_JSON_LIST,
-     .help = "a worker base URL (http://HOST:PORT); repeat for each", .parse = set_worker},
+     .help = "a worker base URL (http://HOST:PORT or https://HOST:PORT); repeat for each",
+     .parse = set_worker},
     {KVR_CLI_CUSTOM, "config", .arg = "FILE.json", .flags = KVR_CLI_EARLY,
      .help = "read settings from a JSON file (keys as in JSON: below); flags override it",
      .parse = set_config_file},
@@ -458,6 +460,15 @@ int kvr_config_validate(const kvr_config_t *cfg, char *err, size_t errlen) {
   if (cfg->limits.max_body == 0) {
     snprintf(err, errlen, "--max-body-bytes: must be positive");
     return KVR_EINVAL;
+  }
+  if (cfg->worker_ca_file != NULL) {
+    FILE *f = fopen(cfg->worker_ca_file, "rb");
+    if (f == NULL) {
+      snprintf(err, errlen, "--worker-ca-file: cannot open '%s': %s", cfg->worker_ca_file,
+               strerror(errno));
+      return KVR_EINVAL;
+    }
+    fclose(f);
   }
   return 0;
 }

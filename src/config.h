@@ -53,7 +53,8 @@ void kvr_config_free(kvr_config_t *cfg);
 
 /* Parses `serve` arguments (argv[0] is "serve") through the option engine (cli.h), loading
  * --config first wherever it appears, then checks kvr_config_validate(). Returns 0, 1 if --help or
- * --version was printed to out, or a negative code with a one-line message in err. */
+ * --version was printed to out, or a negative code with a one-line message in err. Then reads
+ * --admin-token-file (kvr_config_load_admin_token()). */
 int kvr_config_parse_args(kvr_config_t *cfg, int argc, char **argv, FILE *out, char *err,
                           size_t errlen);
 
@@ -62,7 +63,8 @@ int kvr_config_apply_json(kvr_config_t *cfg, const char *json, size_t len, const
                           char *err, size_t errlen);
 
 /* Checks what one flag's own range cannot: at least one worker, a known policy, the listeners
- * differ, block_chars in 8..4096, positive timeouts and body limit. Returns 0 or KVR_EINVAL + err.
+ * differ, block_chars in 8..4096, positive timeouts and body limit, a readable --worker-ca-file.
+ * Returns 0 or KVR_EINVAL + err.
  */
 int kvr_config_validate(const kvr_config_t *cfg, char *err, size_t errlen);
 

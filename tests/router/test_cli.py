@@ -218,9 +218,11 @@ def test_https_worker_accepted_at_start():
         # Nothing listens there: the URL only has to be valid for the router to start.
         r = c.add(Router(["https://127.0.0.1:9/"], *FAST))
         assert [w["url"] for w in r.workers()] == ["https://127.0.0.1:9"], r.workers()
-        # --worker-ca-file is taken (a missing file only fails the TLS handshakes).
-        r2 = c.add(Router(["https://127.0.0.1:9"], *FAST, "--worker-ca-file", "/nonexistent.pem"))
-        assert r2.workers()[0]["url"] == "https://127.0.0.1:9"
+        # An unreadable --worker-ca-file stops the start with one line.
+        rc, out, err = serve("--worker", "https://127.0.0.1:9", "--listen", "127.0.0.1:0",
+                             "--admin-listen", "127.0.0.1:0", "--worker-ca-file", "/nonexistent.pem")
+        assert rc == 2, (rc, err)
+        one_line_error(rc, err, "--worker-ca-file", "/nonexistent.pem")
 
 
 class _TLSModels(threading.Thread):
