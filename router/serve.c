@@ -1,8 +1,9 @@
 /* serve.c -- `kvrouter serve`: wires config, router, public proxy and admin API onto one loop.
  *
- * Start-up: parse flags and config (one-line error and exit 2 on any bad value), create the router
- * (workers, policy, cache index; no loop), the curl multi and the scraper on the loop, the proxy
- * and the admin API over them, listen on the public and admin addresses, run the loop.
+ * Start-up: parse flags and config (one-line error and exit 2 on any bad value, an unusable
+ * --admin-token-file included; a warning when the admin API is open and off loopback), create the
+ * router (workers, policy, cache index; no loop), the curl multi and the scraper on the loop, the
+ * proxy and the admin API over them, listen on the public and admin addresses, run the loop.
  *
  * Shutdown on SIGINT/SIGTERM: both listeners stop accepting and idle connections close; requests in
  * flight get up to SHUTDOWN_GRACE_MS to finish, then (or at a second signal) they are aborted. When
@@ -96,6 +97,13 @@ int kvr_serve_main(int argc, char **argv) {
   kvr_log_level_t lvl;
   if (kvr_log_parse_level(s->cfg.log_level, &lvl) == 0)
     kvr_log_set_level(lvl);
+  if (s->cfg.admin_token == NULL && !kvr_config_admin_on_loopback(&s->cfg))
+    KVR_WARN("serve",
+             "the admin API on %s is unauthenticated and not on loopback: anyone who reaches it "
+             "can change workers and policy (give --admin-token-file)",
+             s->cfg.admin_listen);
+  if (s->cfg.worker_ca_file != NULL)
+    kvr_curl_set_ca_file(s->cfg.worker_ca_file);
   uv_loop_init(&s->loop);
   s->router = kvr_router_new(&s->cfg, err, sizeof err);
   s->curlm = s->router ? kvr_curlm_new(&s->loop) : NULL;
@@ -150,6 +158,7 @@ out_loop:
     KVR_ERROR("serve", "event loop closed with handles still open");
     exit_code = exit_code ? exit_code : 1;
   }
+  kvr_curl_set_ca_file(NULL);
   kvr_config_free(&s->cfg);
   free(s);
   return exit_code;

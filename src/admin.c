@@ -28,6 +28,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 struct kvr_admin_s {
   kvr_router_t *r;    /* not owned */
@@ -408,6 +409,60 @@ static const kvr_http_route_t routes[] = {
     {"/admin/reset_prefix_cache", KVR_HTTP_M(POST), reset_prefix_cache},
 };
 
+/* ---- authentication ---------------------------------------------------------------------------
+ */
+
+/* Compares the presented token with the configured one in time that depends only on their
+ * lengths' maximum, not on where they first differ. */
+static bool token_equal(const char *given, size_t glen, const char *want) {
+  size_t wlen = strlen(want);
+  size_t n = glen > wlen ? glen : wlen;
+  unsigned diff = (unsigned)(glen ^ wlen) | (glen == 0);
+  for (size_t i = 0; i < n; i++) {
+    unsigned char a = i < glen ? (unsigned char)given[i] : 0;
+    unsigned char b = i < wlen ? (unsigned char)want[i] : 0;
+    diff |= (unsigned)(a ^ b);
+  }
+  return diff == 0;
+}
+
+/* True if the request carries "Authorization: Bearer <token>" with the configured token. */
+static bool authorized(const kvr_http_req_t *req, const char *token) {
+  const char *v = kvr_http_header(req, "authorization");
+  if (v == NULL)
+    return false;
+  while (*v == ' ' || *v == '\t')
+    v++;
+  if (strncasecmp(v, "bearer", 6) != 0 || (v[6] != ' ' && v[6] != '\t'))
+    return false;
+  v += 6;
+  while (*v == ' ' || *v == '\t')
+    v++;
+  size_t n = strlen(v);
+  while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+    n--;
+  return token_equal(v, n, token);
+}
+
+/* Paths that stay open for probes whatever the token. */
+static bool probe_path(const char *path) {
+  return strcmp(path, "/health") == 0;
+}
+
 void kvr_admin_on_request(kvr_http_req_t *req, void *data) {
+  kvr_admin_t *a = data;
+  const kvr_config_t *cfg = a->r->cfg;
+  if (cfg->admin_token != NULL && !probe_path(req->path)) {
+    bool read = req->method == HTTP_GET || req->method == HTTP_HEAD;
+    if (!(read && cfg->admin_open_reads) && !authorized(req, cfg->admin_token)) {
+      KVR_WARN("admin", "unauthorized %s %s from %s: %s", req->method_str, req->path, req->peer,
+               kvr_http_header(req, "authorization") ? "wrong token" : "no token");
+      kvr_http_error_h(req, 401, "WWW-Authenticate: Bearer realm=\"kvrouter-admin\"\r\n",
+                       "authentication_error", "invalid_api_key", "%s",
+                       "the admin API needs 'Authorization: Bearer TOKEN' with the token of "
+                       "--admin-token-file");
+      return;
+    }
+  }
   kvr_http_route_dispatch(routes, KVR_ARRAY_SIZE(routes), req, data, KVR_HTTP_DIALECT_OPENAI);
 }

@@ -21,6 +21,12 @@
  *   GET    /metrics                Prometheus text exposition
  *   GET    /health                 200 {"status":"ok"} while a worker is usable, else 503
  *                                  {"status":"unavailable"} (public /health also counts workers)
+ *
+ * Authentication: with a token (--admin-token-file, cfg->admin_token) every call but GET /health
+ * needs "Authorization: Bearer TOKEN" (scheme in any case, token compared in constant time); with
+ * --admin-open-reads GET and HEAD need none. A missing or wrong token is a 401 with
+ * WWW-Authenticate: Bearer and an OpenAI-style authentication_error/invalid_api_key body, checked
+ * before any route runs, so the call changes nothing. Without a token nothing is checked.
  */
 #ifndef KVR_ADMIN_H
 #define KVR_ADMIN_H

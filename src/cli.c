@@ -692,7 +692,23 @@ static int apply_value(const kvr_cli_opt_t *o, void *base, const cJSON *v, const
 int kvr_cli_apply_json(const kvr_cli_cmd_t *cmd, void *base, const char *json, size_t len,
                        const char *source, char *err, size_t errlen) {
   cJSON *root = cJSON_ParseWithLength(json, len);
-  if (root == NULL || !cJSON_IsObject(root)) {
+  if (root == NULL) {
+    /* Where the parser stopped, as line:column (1-based; a column counts bytes). */
+    const char *at = cJSON_GetErrorPtr();
+    size_t pos = (at != NULL && at >= json && at <= json + len) ? (size_t)(at - json) : len;
+    unsigned long line = 1, col = 1;
+    for (size_t i = 0; i < pos; i++) {
+      if (json[i] == '\n') {
+        line++;
+        col = 1;
+      } else {
+        col++;
+      }
+    }
+    snprintf(err, errlen, "%s: line %lu, column %lu: invalid JSON", source, line, col);
+    return KVR_EINVAL;
+  }
+  if (!cJSON_IsObject(root)) {
     snprintf(err, errlen, "%s: not a JSON object", source);
     cJSON_Delete(root);
     return KVR_EINVAL;

@@ -19,9 +19,14 @@
 #include "kvr.h"
 #include "policies/policy.h"
 
+#include <ctype.h>
+#include <curl/curl.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static void clear_workers(kvr_config_t *cfg) {
   for (size_t i = 0; i < cfg->nworkers; i++)
@@ -36,40 +41,111 @@ void kvr_config_free(kvr_config_t *cfg) {
   free(cfg->admin_listen);
   free(cfg->policy);
   free(cfg->log_level);
+  free(cfg->admin_token_file);
+  if (cfg->admin_token != NULL) /* no copy of the secret left in freed memory */
+    memset(cfg->admin_token, 0, strlen(cfg->admin_token));
+  free(cfg->admin_token);
+  free(cfg->worker_ca_file);
   clear_workers(cfg);
   free(cfg->workers);
   cJSON_Delete(cfg->policy_params);
   memset(cfg, 0, sizeof *cfg);
 }
 
+/* One URL part, or NULL when absent; the caller frees it with curl_free(). */
+static char *url_part(CURLU *u, CURLUPart what) {
+  char *v = NULL;
+  if (curl_url_get(u, what, &v, 0) != CURLUE_OK)
+    return NULL;
+  return v;
+}
+
 int kvr_worker_url_check(const char *url, char *out, size_t outlen, char *err, size_t errlen) {
-  if (strncmp(url, "http://", 7) != 0) {
-    snprintf(err, errlen, "worker URL '%s' must start with http://", url);
-    return KVR_EINVAL;
-  }
-  const char *host = url + 7;
-  size_t n = strlen(host);
-  while (n > 0 && host[n - 1] == '/')
-    n--;
-  if (n == 0 || memchr(host, '/', n) || memchr(host, '?', n) || memchr(host, '#', n) ||
-      memchr(host, '@', n)) {
-    snprintf(err, errlen, "worker URL '%s' must be http://HOST[:PORT] with no path", url);
-    return KVR_EINVAL;
-  }
-  for (size_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)host[i];
+  for (const char *p = url; *p; p++) {
+    unsigned char c = (unsigned char)*p;
     if (c <= ' ' || c >= 0x7f) {
       snprintf(err, errlen, "worker URL '%s' contains an invalid character", url);
       return KVR_EINVAL;
     }
   }
-  if (n + 8 > outlen) {
-    snprintf(err, errlen, "worker URL '%s' is too long", url);
+  if (strncasecmp(url, "http://", 7) != 0 && strncasecmp(url, "https://", 8) != 0) {
+    snprintf(err, errlen, "worker URL '%s' must start with http:// or https://", url);
     return KVR_EINVAL;
   }
-  memcpy(out, url, 7 + n);
-  out[7 + n] = '\0';
-  return 0;
+  CURLU *u = curl_url();
+  if (u == NULL)
+    kvr_oom("curl_url", 0);
+  int rc = KVR_EINVAL;
+  char *scheme = NULL, *host = NULL, *port = NULL, *user = NULL, *password = NULL, *path = NULL,
+       *query = NULL, *fragment = NULL;
+  CURLUcode uc = curl_url_set(u, CURLUPART_URL, url, 0);
+  if (uc == CURLUE_BAD_PORT_NUMBER) {
+    snprintf(err, errlen, "worker URL '%s': the port must be a number in 1..65535", url);
+    goto out;
+  }
+  if (uc != CURLUE_OK) {
+    snprintf(err, errlen, "worker URL '%s': %s", url, curl_url_strerror(uc));
+    goto out;
+  }
+  const char *auth = strstr(url, "://") + 3;
+  size_t alen = strcspn(auth, "/");
+  if (alen > 0 && auth[alen - 1] == ':') {
+    snprintf(err, errlen, "worker URL '%s': the port must be a number in 1..65535", url);
+    goto out;
+  }
+  scheme = url_part(u, CURLUPART_SCHEME);
+  host = url_part(u, CURLUPART_HOST);
+  port = url_part(u, CURLUPART_PORT); /* only when the URL names one */
+  user = url_part(u, CURLUPART_USER);
+  password = url_part(u, CURLUPART_PASSWORD);
+  path = url_part(u, CURLUPART_PATH);
+  query = url_part(u, CURLUPART_QUERY);
+  fragment = url_part(u, CURLUPART_FRAGMENT);
+  if (scheme == NULL || (strcmp(scheme, "http") != 0 && strcmp(scheme, "https") != 0)) {
+    snprintf(err, errlen, "worker URL '%s' must start with http:// or https://", url);
+    goto out;
+  }
+  if (host == NULL || host[0] == '\0' || strcmp(host, "[]") == 0) {
+    snprintf(err, errlen, "worker URL '%s' has no host", url);
+    goto out;
+  }
+  if (user != NULL || password != NULL || strchr(url, '@') != NULL) {
+    snprintf(err, errlen, "worker URL '%s' must not contain user info (USER@)", url);
+    goto out;
+  }
+  if (port != NULL) {
+    char *end;
+    long pn = strtol(port, &end, 10);
+    if (*port == '\0' || *end != '\0' || pn < 1 || pn > 65535) {
+      snprintf(err, errlen, "worker URL '%s': the port must be a number in 1..65535", url);
+      goto out;
+    }
+  }
+  if (query != NULL || fragment != NULL || strchr(url, '?') != NULL || strchr(url, '#') != NULL) {
+    snprintf(err, errlen, "worker URL '%s' must have no query or fragment", url);
+    goto out;
+  }
+  if (path != NULL && path[strspn(path, "/")] != '\0') {
+    snprintf(err, errlen, "worker URL '%s' must be %s://HOST[:PORT] with no path", url, scheme);
+    goto out;
+  }
+  int n = snprintf(out, outlen, "%s://%s%s%s", scheme, host, port ? ":" : "", port ? port : "");
+  if (n < 0 || (size_t)n >= outlen) {
+    snprintf(err, errlen, "worker URL '%s' is too long", url);
+    goto out;
+  }
+  rc = 0;
+out:
+  curl_free(scheme);
+  curl_free(host);
+  curl_free(port);
+  curl_free(user);
+  curl_free(password);
+  curl_free(path);
+  curl_free(query);
+  curl_free(fragment);
+  curl_url_cleanup(u);
+  return rc;
 }
 
 int kvr_config_add_worker(kvr_config_t *cfg, const char *url, char *err, size_t errlen) {
@@ -158,7 +234,8 @@ static const char *const log_levels[] = {"debug", "info", "warn", "error", "off"
 
 static const kvr_cli_opt_t options[] = {
     {KVR_CLI_CUSTOM, "worker", .arg = "URL", .json = "workers", .flags = KVR_CLI_JSON_LIST,
-     .help = "a worker base URL (http://HOST:PORT); repeat for each", .parse = set_worker},
+     .help = "a worker base URL (http://HOST:PORT or https://HOST:PORT); repeat for each",
+     .parse = set_worker},
     {KVR_CLI_CUSTOM, "config", .arg = "FILE.json", .flags = KVR_CLI_EARLY,
      .help = "read settings from a JSON file (keys as in JSON: below); flags override it",
      .parse = set_config_file},
@@ -221,6 +298,15 @@ static const kvr_cli_opt_t options[] = {
      .flags = KVR_CLI_OWNED, .names = log_levels, .help = "debug, info, warn, error, off"},
     {KVR_CLI_UINT, "seed", F(seed), .arg = "N", .json = "seed",
      .help = "seed of the policies' tie-breaking randomness"},
+    {KVR_CLI_STR, "admin-token-file", F(admin_token_file), .arg = "FILE",
+     .json = "admin_token_file", .flags = KVR_CLI_OWNED | KVR_CLI_NONEMPTY | KVR_CLI_NODEFAULT,
+     .help = "file holding the admin API's bearer token (16+ characters); when set, admin calls "
+             "need 'Authorization: Bearer TOKEN' (/health excepted); default: no authentication"},
+    {KVR_CLI_BOOL, "admin-open-reads", F(admin_open_reads), .json = "admin_open_reads",
+     .help = "with --admin-token-file, GET/HEAD admin calls (and /metrics) need no token"},
+    {KVR_CLI_STR, "worker-ca-file", F(worker_ca_file), .arg = "FILE", .json = "worker_ca_file",
+     .flags = KVR_CLI_OWNED | KVR_CLI_NONEMPTY | KVR_CLI_NODEFAULT,
+     .help = "CA bundle (PEM) that verifies https:// workers; default: the system's"},
 };
 
 static const kvr_cli_cmd_t serve_cmd = {
@@ -274,7 +360,75 @@ int kvr_config_parse_args(kvr_config_t *cfg, int argc, char **argv, FILE *out, c
   int rc = kvr_cli_parse(&serve_cmd, cfg, argc, argv, NULL, out, err, errlen);
   if (rc != 0)
     return rc;
-  return kvr_config_validate(cfg, err, errlen);
+  rc = kvr_config_validate(cfg, err, errlen);
+  if (rc != 0)
+    return rc;
+  return kvr_config_load_admin_token(cfg, err, errlen);
+}
+
+int kvr_config_load_admin_token(kvr_config_t *cfg, char *err, size_t errlen) {
+  if (cfg->admin_token_file == NULL)
+    return 0;
+  const char *path = cfg->admin_token_file;
+  kvr_buf_t b = KVR_BUF_INIT;
+  char why[256];
+  if (kvr_buf_read_file(&b, path, 4096, why, sizeof why) != 0) {
+    snprintf(err, errlen, "--admin-token-file: %s", why);
+    return KVR_EINVAL;
+  }
+  size_t lo = 0, hi = b.len;
+  while (lo < hi && isspace((unsigned char)b.data[lo]))
+    lo++;
+  while (hi > lo && isspace((unsigned char)b.data[hi - 1]))
+    hi--;
+  int rc = 0;
+  if (hi == lo) {
+    snprintf(err, errlen, "--admin-token-file: '%s' is empty (it must hold one bearer token)",
+             path);
+    rc = KVR_EINVAL;
+  } else if (hi - lo < KVR_ADMIN_TOKEN_MIN) {
+    snprintf(err, errlen,
+             "--admin-token-file: the token in '%s' is %zu characters, shorter than %d", path,
+             hi - lo, KVR_ADMIN_TOKEN_MIN);
+    rc = KVR_EINVAL;
+  } else {
+    for (size_t i = lo; i < hi; i++) {
+      unsigned char c = (unsigned char)b.data[i];
+      if (c <= ' ' || c >= 0x7f) {
+        snprintf(err, errlen,
+                 "--admin-token-file: '%s' must hold one token of printable ASCII characters "
+                 "without blanks",
+                 path);
+        rc = KVR_EINVAL;
+        break;
+      }
+    }
+  }
+  if (rc == 0) {
+    free(cfg->admin_token);
+    cfg->admin_token = kvr_xmalloc(hi - lo + 1);
+    memcpy(cfg->admin_token, b.data + lo, hi - lo);
+    cfg->admin_token[hi - lo] = '\0';
+  }
+  if (b.data != NULL)
+    memset(b.data, 0, b.len);
+  kvr_buf_free(&b);
+  return rc;
+}
+
+bool kvr_config_admin_on_loopback(const kvr_config_t *cfg) {
+  struct sockaddr_storage ss;
+  if (kvr_parse_hostport(cfg->admin_listen, &ss) != 0)
+    return false;
+  if (ss.ss_family == AF_INET) {
+    const struct sockaddr_in *in = (const struct sockaddr_in *)&ss;
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (ss.ss_family == AF_INET6) {
+    const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&ss;
+    return IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
+  }
+  return false;
 }
 
 int kvr_config_validate(const kvr_config_t *cfg, char *err, size_t errlen) {
@@ -306,6 +460,15 @@ int kvr_config_validate(const kvr_config_t *cfg, char *err, size_t errlen) {
   if (cfg->limits.max_body == 0) {
     snprintf(err, errlen, "--max-body-bytes: must be positive");
     return KVR_EINVAL;
+  }
+  if (cfg->worker_ca_file != NULL) {
+    FILE *f = fopen(cfg->worker_ca_file, "rb");
+    if (f == NULL) {
+      snprintf(err, errlen, "--worker-ca-file: cannot open '%s': %s", cfg->worker_ca_file,
+               strerror(errno));
+      return KVR_EINVAL;
+    }
+    fclose(f);
   }
   return 0;
 }

@@ -39,14 +39,22 @@ typedef struct kvr_config_s {
   bool access_log;             /* default true */
   char *log_level;             /* default "info" */
   uint64_t seed;               /* policy randomness, default 1 */
+  char *admin_token_file;      /* --admin-token-file: the admin API's bearer token, or NULL */
+  char *admin_token;           /* its token, read by kvr_config_load_admin_token(); NULL: open */
+  bool admin_open_reads;       /* GET/HEAD on the admin API need no token, default false */
+  char *worker_ca_file;        /* CA bundle for https:// workers (CURLOPT_CAINFO), or NULL */
 } kvr_config_t;
+
+/* Shortest admin token accepted. */
+#define KVR_ADMIN_TOKEN_MIN 16
 
 void kvr_config_init(kvr_config_t *cfg);
 void kvr_config_free(kvr_config_t *cfg);
 
 /* Parses `serve` arguments (argv[0] is "serve") through the option engine (cli.h), loading
  * --config first wherever it appears, then checks kvr_config_validate(). Returns 0, 1 if --help or
- * --version was printed to out, or a negative code with a one-line message in err. */
+ * --version was printed to out, or a negative code with a one-line message in err. Then reads
+ * --admin-token-file (kvr_config_load_admin_token()). */
 int kvr_config_parse_args(kvr_config_t *cfg, int argc, char **argv, FILE *out, char *err,
                           size_t errlen);
 
@@ -55,16 +63,29 @@ int kvr_config_apply_json(kvr_config_t *cfg, const char *json, size_t len, const
                           char *err, size_t errlen);
 
 /* Checks what one flag's own range cannot: at least one worker, a known policy, the listeners
- * differ, block_chars in 8..4096, positive timeouts and body limit. Returns 0 or KVR_EINVAL + err.
+ * differ, block_chars in 8..4096, positive timeouts and body limit, a readable --worker-ca-file.
+ * Returns 0 or KVR_EINVAL + err.
  */
 int kvr_config_validate(const kvr_config_t *cfg, char *err, size_t errlen);
 
-/* Adds a worker URL (validated: http://host:port with no path beyond "/"). Returns 0, KVR_EINVAL
+/* Reads cfg->admin_token_file (when set) into cfg->admin_token: one token, surrounding whitespace
+ * stripped, at least KVR_ADMIN_TOKEN_MIN characters, no blanks or control characters inside.
+ * Returns 0 or KVR_EINVAL with one line naming --admin-token-file in err. Called by
+ * kvr_config_parse_args() after kvr_config_validate(). */
+int kvr_config_load_admin_token(kvr_config_t *cfg, char *err, size_t errlen);
+
+/* True if the admin listener's address is a loopback one (127.0.0.0/8, ::1, localhost). */
+bool kvr_config_admin_on_loopback(const kvr_config_t *cfg);
+
+/* Adds a worker URL (validated by kvr_worker_url_check()). Returns 0, KVR_EINVAL
  * (bad URL) or KVR_ELIMIT (more than KVR_MAX_WORKERS), with err.
  */
 int kvr_config_add_worker(kvr_config_t *cfg, const char *url, char *err, size_t errlen);
 
-/* Checks a worker URL; on success writes the normalized form (no trailing slash) into out. */
+/* Checks a worker URL with libcurl's URL parser: http:// or https://, a host, an optional port in
+ * 1..65535, no user info, no path beyond "/", no query or fragment. On success writes the
+ * normalized form "scheme://host[:port]" (scheme and host as libcurl gives them, no trailing
+ * slash) into out; else KVR_EINVAL with one line naming the URL in err. */
 int kvr_worker_url_check(const char *url, char *out, size_t outlen, char *err, size_t errlen);
 
 /* Prints `serve --help`. */

@@ -265,6 +265,14 @@ static size_t discard(char *ptr, size_t size, size_t nmemb, void *data) {
   return size * nmemb;
 }
 
+/* The CA bundle of https:// transfers (kvr_curl_set_ca_file()), or NULL: libcurl's default. */
+static char *ca_file;
+
+void kvr_curl_set_ca_file(const char *path) {
+  free(ca_file);
+  ca_file = path ? kvr_xstrdup(path) : NULL;
+}
+
 CURL *kvr_curl_easy_new(const char *url, long connect_timeout_ms, long timeout_ms,
                         curl_write_callback write, void *data) {
   CURL *e = curl_easy_init();
@@ -272,7 +280,9 @@ CURL *kvr_curl_easy_new(const char *url, long connect_timeout_ms, long timeout_m
     kvr_oom("curl_easy_init", 0);
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(e, CURLOPT_URL, url);
-  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http");
+  curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https"); /* workers may be https:// */
+  if (ca_file != NULL)
+    curl_easy_setopt(e, CURLOPT_CAINFO, ca_file);
   curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
   curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
   if (connect_timeout_ms > 0)

@@ -51,12 +51,18 @@ void kvr_curlm_close(kvr_curlm_t *m);
 
 /* The one easy-handle setup of kvrouter (proxy, scraper, admin fan-out, load generator, monitor,
  * demo): a new handle for url with the options every transfer shares: no signals (we are
- * single-threaded on a loop), HTTP/1.1 over plain http only, TCP_NODELAY, the given connect and
+ * single-threaded on a loop), HTTP/1.1 over http or https (verified against the system's CAs or
+ * kvr_curl_set_ca_file()'s), TCP_NODELAY, the given connect and
  * total timeouts in ms (0 = none), and the body delivered to write(data) (NULL: discarded).
  * The caller adds what its transfer needs (method, body, headers, header callback). Never returns
  * NULL (out of memory aborts, kvr.h). */
 CURL *kvr_curl_easy_new(const char *url, long connect_timeout_ms, long timeout_ms,
                         curl_write_callback write, void *data);
+
+/* Sets the CA bundle (PEM file) that verifies https:// peers of every later kvr_curl_easy_new()
+ * handle (CURLOPT_CAINFO); NULL restores libcurl's default. Process-wide: `serve` sets it once at
+ * start from --worker-ca-file. */
+void kvr_curl_set_ca_file(const char *path);
 
 /* curl_slist_append() under the out-of-memory contract (kvr.h): returns the list with line (copied)
  * appended, never NULL. l may be NULL (a new list). */

@@ -370,6 +370,27 @@ class Router(Proc):
         return r.text()
 
 
+class AdminToken:
+    """A file holding an admin bearer token, for `serve --admin-token-file`: pass *tok.flags to
+    Router, send tok.headers (an Authorization: Bearer header) with admin calls. content is what
+    the file holds (default: the token and a newline). Add it to a Cleanup to remove the file."""
+
+    def __init__(self, token="kvr-test-admin-token-0123456789", content=None):
+        self.token = token
+        f = tempfile.NamedTemporaryFile("w", prefix="kvr-admin-token-", delete=False)
+        f.write(token + "\n" if content is None else content)
+        f.close()
+        self.path = f.name
+        self.flags = ("--admin-token-file", self.path)
+        self.headers = [("Authorization", "Bearer " + token)]
+
+    def kill(self):  # Cleanup protocol
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
 class Cleanup:
     """Collects what a test starts (processes, connections, servers: anything with stop() or
     kill()) and ends it all, last first. Processes are stopped with Proc.stop(); a problem it

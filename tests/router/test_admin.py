@@ -16,9 +16,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 import kvrharness as h  # noqa: E402
-from kvrharness import (FAST, MODEL, Cleanup, Conn, Router, Sim, assert_openai_error,  # noqa: E402
-                        build_request, chat_body, closed_port, request, sse_events, token_events,
-                        wait_for)
+from kvrharness import (FAST, MODEL, AdminToken, Cleanup, Conn, Router, Sim,  # noqa: E402
+                        assert_openai_error, build_request, chat_body, closed_port, request,
+                        sse_events, token_events, wait_for)
 
 TESTS, test = h.registry()
 
@@ -592,6 +592,77 @@ def test_admin_health_and_public_routes_separate():
         x = request(r.port, "GET", "/metrics")
         assert x.status == 404, x
 
+
+
+def assert_unauthorized(resp):
+    """A 401 with WWW-Authenticate: Bearer and the OpenAI-style authentication error body."""
+    err = assert_openai_error(resp, 401, "authentication_error")
+    assert err["code"] == "invalid_api_key" and err["param"] is None, err
+    www = resp.header("www-authenticate")
+    assert www is not None and www.split()[0] == "Bearer", resp.headers
+
+
+@test(timeout=15)
+def test_admin_token_guards_changes_and_reads():
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        sim2 = c.add(Sim())
+        tok = c.add(AdminToken())
+        r = c.add(Router([sim], *FAST, *tok.flags))
+        good = tok.headers
+        wrong = [("Authorization", "Bearer " + "x" * len(tok.token))]
+        prefix = [("Authorization", "Bearer " + tok.token[:-1])]
+        longer = [("Authorization", "Bearer " + tok.token + "x")]
+        basic = [("Authorization", "Basic " + tok.token)]
+        # A policy switch without the token, or with a wrong one, is refused and changes nothing.
+        for hdrs in (None, wrong, prefix, longer, basic, [("Authorization", "Bearer")]):
+            assert_unauthorized(request(r.admin_port, "PUT", "/admin/policy",
+                                        {"policy": "round_robin"}, headers=hdrs))
+        g = request(r.admin_port, "GET", "/admin/policy", headers=good)
+        assert g.status == 200 and g.json()["policy"] == "kv_aware", (g, g.body[:300])
+        # The other changes are guarded too, and change nothing.
+        assert_unauthorized(request(r.admin_port, "POST", "/admin/workers", {"url": sim2.url}))
+        assert_unauthorized(request(r.admin_port, "DELETE", "/admin/workers/0"))
+        assert_unauthorized(request(r.admin_port, "POST", "/admin/reset_prefix_cache", b""))
+        assert_unauthorized(request(r.admin_port, "POST", "/admin/route/explain", chat_body()))
+        w = request(r.admin_port, "GET", "/admin/workers", headers=good)
+        assert w.status == 200, w
+        workers = w.json()["workers"]
+        assert [x["url"] for x in workers] == [sim.url], workers  # sim2 not added
+        assert workers[0]["state"] != "draining", workers  # worker 0 not drained
+        # Reads need the token as well (no --admin-open-reads).
+        for path in ("/admin/policy", "/admin/workers", "/metrics"):
+            assert_unauthorized(request(r.admin_port, "GET", path))
+            assert request(r.admin_port, "GET", path, headers=good).status == 200, path
+        # Probes stay open.
+        assert request(r.admin_port, "GET", "/health").status == 200
+        # With the token the switch goes through (the scheme's case does not matter).
+        p = request(r.admin_port, "PUT", "/admin/policy", {"policy": "round_robin"},
+                    headers=[("Authorization", "bearer " + tok.token)])
+        assert p.status == 200 and p.json()["policy"] == "round_robin", (p, p.body[:300])
+        g = request(r.admin_port, "GET", "/admin/policy", headers=good)
+        assert g.json()["policy"] == "round_robin", g.json()
+        a = request(r.admin_port, "POST", "/admin/workers", {"url": sim2.url}, headers=good)
+        assert a.status == 201, (a, a.body[:300])
+        # The public listener knows nothing of the admin token.
+        assert request(r.port, "POST", "/v1/chat/completions", chat_body()).status == 200
+
+
+@test(timeout=15)
+def test_admin_open_reads_keeps_changes_guarded():
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        tok = c.add(AdminToken())
+        r = c.add(Router([sim], *FAST, *tok.flags, "--admin-open-reads", "true"))
+        for path in ("/admin/policy", "/admin/workers", "/metrics", "/health"):
+            assert request(r.admin_port, "GET", path).status == 200, path
+        assert request(r.admin_port, "HEAD", "/admin/policy").status == 200
+        assert_unauthorized(request(r.admin_port, "PUT", "/admin/policy",
+                                    {"policy": "round_robin"}))
+        assert request(r.admin_port, "GET", "/admin/policy").json()["policy"] == "kv_aware"
+        p = request(r.admin_port, "PUT", "/admin/policy", {"policy": "round_robin"},
+                    headers=tok.headers)
+        assert p.status == 200 and p.json()["policy"] == "round_robin", (p, p.body[:300])
 
 if __name__ == "__main__":
     sys.exit(h.run(TESTS, description=__doc__.splitlines()[0]))

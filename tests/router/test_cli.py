@@ -27,8 +27,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 import kvrharness as h  # noqa: E402
-from kvrharness import (FAST, Cleanup, Conn, Router, Sim, build_request, chat_body,  # noqa: E402
-                        request, sse_events, token_events)
+from kvrharness import (FAST, AdminToken, Cleanup, Conn, Router, Sim,  # noqa: E402
+                        build_request, chat_body, request, sse_events, token_events)
 
 TESTS, test = h.registry()
 
@@ -170,6 +170,173 @@ def test_config_file_errors_named():
             os.unlink(path)
     assert not failed, "%d of %d cases failed:\n      %s" % (len(failed), len(cases),
                                                            "\n      ".join(failed))
+
+
+@test(timeout=15)
+def test_config_json_syntax_error_has_line_and_column():
+    path = write_config('{\n  "workers": [\n    "http://127.0.0.1:9",\n  ]\n}\n')
+    try:
+        rc, out, err = serve("--config", path, "--listen", "127.0.0.1:0",
+                             "--admin-listen", "127.0.0.1:0")
+        assert rc == 2, (rc, err)
+        line = one_line_error(rc, err, path, "line 4, column 3", "invalid JSON")
+        assert "not a JSON object" not in line, line
+    finally:
+        os.unlink(path)
+
+
+@test(timeout=20)
+def test_bad_worker_urls_refused_at_start():
+    cases = [
+        ("http://127.0.0.1:abc", "port"),
+        ("http://127.0.0.1:99999", "port"),
+        ("http://127.0.0.1:0", "port"),
+        ("http://127.0.0.1:", "port"),
+        ("http://:9001", "host"),
+        ("http://user:pw@127.0.0.1:9001", "user"),
+        ("http://127.0.0.1:9001?x=1", "query"),
+        ("http://127.0.0.1:9001#top", "fragment"),
+        ("http://127.0.0.1:9001/v1", "path"),
+        ("ftp://127.0.0.1:9001", "https://"),
+    ]
+    failed = []
+    for url, word in cases:
+        try:
+            rc, out, err = serve("--worker", url, "--listen", "127.0.0.1:0",
+                                 "--admin-listen", "127.0.0.1:0")
+            assert rc == 2, "exit %d" % rc
+            one_line_error(rc, err, "--worker", url, word)
+        except (AssertionError, subprocess.TimeoutExpired) as e:
+            failed.append("%s: %s" % (url, str(e)[:200]))
+    assert not failed, "%d of %d cases failed:\n      %s" % (len(failed), len(cases),
+                                                           "\n      ".join(failed))
+
+
+@test(timeout=15)
+def test_https_worker_accepted_at_start():
+    with Cleanup() as c:
+        # Nothing listens there: the URL only has to be valid for the router to start.
+        r = c.add(Router(["https://127.0.0.1:9/"], *FAST))
+        assert [w["url"] for w in r.workers()] == ["https://127.0.0.1:9"], r.workers()
+        # An unreadable --worker-ca-file stops the start with one line.
+        rc, out, err = serve("--worker", "https://127.0.0.1:9", "--listen", "127.0.0.1:0",
+                             "--admin-listen", "127.0.0.1:0", "--worker-ca-file", "/nonexistent.pem")
+        assert rc == 2, (rc, err)
+        one_line_error(rc, err, "--worker-ca-file", "/nonexistent.pem")
+
+
+class _TLSModels(threading.Thread):
+    """A minimal https:// worker on an ephemeral port: GET /v1/models answers one model."""
+
+    def __init__(self, cert, key):
+        import http.server
+        import ssl
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self):
+                body = json.dumps({"object": "list", "data": [{"id": "tls-model",
+                                                               "object": "model"}]}).encode()
+                self.send_response(200 if self.path.startswith("/v1/models") else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(daemon=True)
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        self.url = "https://127.0.0.1:%d" % self.httpd.server_address[1]
+        self.start()
+
+    def run(self):
+        self.httpd.serve_forever(poll_interval=0.05)
+
+    def kill(self):  # Cleanup protocol
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@test(timeout=20)
+def test_https_worker_verified_with_ca_file():
+    import shutil
+    if shutil.which("openssl") is None:
+        print("    (skipped: no openssl to make a certificate)")
+        return
+    d = tempfile.mkdtemp(prefix="kvr-tls-")
+    cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+    try:
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                        "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1",
+                        "-addext", "subjectAltName=IP:127.0.0.1"],
+                       check=True, capture_output=True, timeout=30)
+        with Cleanup() as c:
+            tls = c.add(_TLSModels(cert, key))
+            # Verified against the given CA: the answer comes through.
+            r = c.add(Router([tls.url], *FAST, "--worker-ca-file", cert))
+            ok = request(r.port, "GET", "/v1/models")
+            assert ok.status == 200 and ok.json()["data"][0]["id"] == "tls-model", ok
+            # Against the system's CAs the self-signed certificate is refused: a 502, not a leak.
+            r2 = c.add(Router([tls.url], *FAST))
+            bad = request(r2.port, "GET", "/v1/models")
+            assert bad.status == 502, bad
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@test(timeout=20)
+def test_bad_admin_token_file_refused_at_start():
+    with Cleanup() as c:
+        empty = c.add(AdminToken(content=""))
+        blank = c.add(AdminToken(content="  \n\n"))
+        short = c.add(AdminToken(token="tooshort"))
+        cases = [
+            (empty.path, ["empty"]),
+            (blank.path, ["empty"]),
+            (short.path, ["shorter than 16"]),
+            ("/nonexistent/admin-token", ["cannot open"]),
+        ]
+        failed = []
+        for path, words in cases:
+            try:
+                rc, out, err = serve("--worker", W, "--listen", "127.0.0.1:0",
+                                     "--admin-listen", "127.0.0.1:0", "--admin-token-file", path)
+                assert rc == 2, "exit %d" % rc
+                one_line_error(rc, err, "--admin-token-file", path, *words)
+            except (AssertionError, subprocess.TimeoutExpired) as e:
+                failed.append("%s: %s" % (path, str(e)[:200]))
+        # The same through the config file's admin_token_file key.
+        cfg = write_config({"workers": [W], "listen": "127.0.0.1:0", "admin_listen": "127.0.0.1:0",
+                            "admin_token_file": short.path})
+        try:
+            rc, out, err = serve("--config", cfg)
+            one_line_error(rc, err, "--admin-token-file", short.path)
+        except AssertionError as e:
+            failed.append("config file: %s" % str(e)[:200])
+        finally:
+            os.unlink(cfg)
+        assert not failed, "\n      ".join(failed)
+
+
+@test(timeout=15)
+def test_open_admin_off_loopback_warns_once():
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        wide = c.add(Router([sim], *FAST, "--admin-listen", "0.0.0.0:0"))
+        warn = [ln for ln in wide.stderr_lines() if "unauthenticated" in ln]
+        assert len(warn) == 1 and "--admin-token-file" in warn[0], wide.stderr_text()
+        tok = c.add(AdminToken())
+        guarded = c.add(Router([sim], *FAST, "--admin-listen", "0.0.0.0:0", *tok.flags))
+        assert not [ln for ln in guarded.stderr_lines() if "unauthenticated" in ln]
+        local = c.add(Router([sim], *FAST))
+        assert not [ln for ln in local.stderr_lines() if "unauthenticated" in ln]
 
 
 @test(timeout=20)

@@ -10,6 +10,7 @@
 #include "tests/test_util.h"
 
 #include "src/config.h"
+#include "src/kvr.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -189,7 +190,145 @@ static void test_cli_workers_replace_file(void **state) {
   remove(path);
 }
 
+/* Worker URLs go through libcurl's URL parser: bad ports, no host, user info, query, fragment and
+ * paths are refused with one line naming the URL; https:// is accepted; the form is normalized. */
+static void test_worker_url_check(void **state) {
+  (void)state;
+  static const struct {
+    const char *url, *norm;
+  } good[] = {
+      {"http://127.0.0.1:9001", "http://127.0.0.1:9001"},
+      {"http://127.0.0.1:9001/", "http://127.0.0.1:9001"},
+      {"http://h:2//", "http://h:2"},
+      {"https://vllm.example:8443/", "https://vllm.example:8443"},
+      {"https://vllm.example", "https://vllm.example"},
+      {"http://[::1]:9001", "http://[::1]:9001"},
+      {"http://localhost", "http://localhost"},
+      {"HTTP://h:3", "http://h:3"},
+  };
+  static const struct {
+    const char *url, *needle;
+  } bad[] = {
+      {"http://h:abc", "port"},
+      {"http://h:99999", "port"},
+      {"http://h:0", "port"},
+      {"http://h:", "port"},
+      {"http://:80", "host"},
+      {"http:///", "host"},
+      {"http://u:p@h:1", "user"},
+      {"http://u@h:1", "user"},
+      {"http://h:1?x=1", "query"},
+      {"http://h:1#frag", "fragment"},
+      {"http://h:1/v1", "no path"},
+      {"ftp://h:1", "http://"},
+      {"h:1", "http://"},
+      {"http://h 1:2", "invalid character"},
+      {"", "http://"},
+  };
+  char out[512], err[512];
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(good); i++) {
+    err[0] = '\0';
+    if (kvr_worker_url_check(good[i].url, out, sizeof out, err, sizeof err) != 0)
+      fail_msg("'%s' refused: %s", good[i].url, err);
+    assert_string_equal(out, good[i].norm);
+  }
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(bad); i++) {
+    err[0] = '\0';
+    if (kvr_worker_url_check(bad[i].url, out, sizeof out, err, sizeof err) == 0)
+      fail_msg("'%s' accepted as '%s'", bad[i].url, out);
+    if (strstr(err, bad[i].needle) == NULL || strchr(err, '\n') != NULL)
+      fail_msg("error for '%s' is '%s', expected one line with '%s'", bad[i].url, err,
+               bad[i].needle);
+  }
+  /* The same check guards the command line. */
+  char *a1[] = {"serve", "--worker", "http://h:99999"};
+  expect_error("--worker: worker URL 'http://h:99999'", 3, a1);
+}
+
+/* A config file that is not JSON is reported with the line and column where parsing stopped. */
+static void test_json_syntax_error_position(void **state) {
+  (void)state;
+  char err[512];
+  kvr_config_t cfg;
+  kvr_config_init(&cfg);
+  const char *doc = "{\n  \"workers\": [\n    \"http://a:1\",\n  ]\n}\n";
+  assert_int_not_equal(kvr_config_apply_json(&cfg, doc, strlen(doc), "c.json", err, sizeof err), 0);
+  assert_string_equal(err, "c.json: line 4, column 3: invalid JSON");
+  const char *doc2 = "{\"policy\": kv_aware}";
+  assert_int_not_equal(kvr_config_apply_json(&cfg, doc2, strlen(doc2), "c.json", err, sizeof err),
+                       0);
+  assert_string_equal(err, "c.json: line 1, column 12: invalid JSON");
+  const char *doc3 = "";
+  assert_int_not_equal(kvr_config_apply_json(&cfg, doc3, 0, "c.json", err, sizeof err), 0);
+  assert_non_null(strstr(err, "c.json: line 1, column 1"));
+  /* Valid JSON that is not an object keeps its own wording. */
+  assert_int_not_equal(kvr_config_apply_json(&cfg, "[1]", 3, "c.json", err, sizeof err), 0);
+  assert_string_equal(err, "c.json: not a JSON object");
+  kvr_config_free(&cfg);
+}
+
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* --admin-token-file: one token, whitespace around it stripped; empty, short, unreadable or
+ * multi-word files are refused naming the flag. */
+static void test_admin_token_file(void **state) {
+  (void)state;
+  const char *path = "/tmp/kvr_test_admin_token";
+  char err[512];
+  kvr_config_t cfg;
+  char *argv[] = {"serve", "--worker", "http://a:1", "--admin-token-file", (char *)path};
+
+  write_file(path, "  s3cret-token-0123456789\r\n\n");
+  assert_int_equal(parse(&cfg, err, sizeof err, 5, argv), 0);
+  assert_string_equal(cfg.admin_token, "s3cret-token-0123456789");
+  assert_false(cfg.admin_open_reads);
+  kvr_config_free(&cfg);
+
+  char *open_reads[] = {"serve",      "--worker",
+                        "http://a:1", "--admin-token-file",
+                        (char *)path, "--admin-open-reads=true"};
+  assert_int_equal(parse(&cfg, err, sizeof err, 6, open_reads), 0);
+  assert_true(cfg.admin_open_reads);
+  kvr_config_free(&cfg);
+
+  write_file(path, "");
+  expect_error("--admin-token-file: '/tmp/kvr_test_admin_token' is empty", 5, argv);
+  write_file(path, " \n\n");
+  expect_error("--admin-token-file: '/tmp/kvr_test_admin_token' is empty", 5, argv);
+  write_file(path, "short-token\n");
+  expect_error("--admin-token-file: the token in '/tmp/kvr_test_admin_token' is 11 characters, "
+               "shorter than 16",
+               5, argv);
+  write_file(path, "two words-0123456789\n");
+  expect_error("--admin-token-file", 5, argv);
+  remove(path);
+  expect_error("--admin-token-file: cannot open '/tmp/kvr_test_admin_token'", 5, argv);
+
+  /* Without the flag there is no token: the admin API is open as before. */
+  char *none[] = {"serve", "--worker", "http://a:1"};
+  assert_int_equal(parse(&cfg, err, sizeof err, 3, none), 0);
+  assert_null(cfg.admin_token);
+  assert_true(kvr_config_admin_on_loopback(&cfg));
+  kvr_config_free(&cfg);
+  char *wide[] = {"serve", "--worker", "http://a:1", "--admin-listen", "0.0.0.0:8001"};
+  assert_int_equal(parse(&cfg, err, sizeof err, 5, wide), 0);
+  assert_false(kvr_config_admin_on_loopback(&cfg));
+  kvr_config_free(&cfg);
+  char *v6[] = {"serve", "--worker", "http://a:1", "--admin-listen", "[::1]:8001"};
+  assert_int_equal(parse(&cfg, err, sizeof err, 5, v6), 0);
+  assert_true(kvr_config_admin_on_loopback(&cfg));
+  kvr_config_free(&cfg);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_flags),
               cmocka_unit_test(test_errors), cmocka_unit_test(test_json_and_precedence),
               cmocka_unit_test(test_engine_wording),
-              cmocka_unit_test(test_cli_workers_replace_file))
+              cmocka_unit_test(test_cli_workers_replace_file),
+              cmocka_unit_test(test_worker_url_check),
+              cmocka_unit_test(test_json_syntax_error_position),
+              cmocka_unit_test(test_admin_token_file))
