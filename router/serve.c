@@ -6,9 +6,10 @@
  * proxy and the admin API over them, listen on the public and admin addresses, run the loop.
  *
  * Shutdown on SIGINT/SIGTERM: both listeners stop accepting and idle connections close; requests in
- * flight get up to SHUTDOWN_GRACE_MS to finish, then (or at a second signal) they are aborted. When
- * the last connection is gone the scraper and the curl multi close their handles, the router is
- * freed and the loop ends; the process exits 0 with every handle closed (uv_loop_close() succeeds).
+ * flight get up to --shutdown-grace-ms (default 10 s) to finish, then (or at a second signal) they
+ * are aborted. When the last connection is gone the scraper and the curl multi close their handles,
+ * the router is freed and the loop ends; the process exits 0 with every handle closed
+ * (uv_loop_close() succeeds).
  */
 
 #include "commands.h"
@@ -25,8 +26,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define SHUTDOWN_GRACE_MS 10000
 
 typedef struct {
   uv_loop_t loop;
@@ -74,9 +73,9 @@ static void on_signal(uv_signal_t *sig, int signum) {
     return;
   }
   s->stopping = true;
-  KVR_INFO("serve", "signal %d: shutting down (%zu requests in flight)", signum,
-           kvr_proxy_active(s->proxy));
-  uv_timer_start(&s->grace, on_grace, SHUTDOWN_GRACE_MS, 0);
+  KVR_INFO("serve", "signal %d: shutting down (%zu requests in flight, grace %llu ms)", signum,
+           kvr_proxy_active(s->proxy), (unsigned long long)s->cfg.shutdown_grace_ms);
+  uv_timer_start(&s->grace, on_grace, s->cfg.shutdown_grace_ms, 0);
   kvr_http_server_close(s->pub, on_server_closed, s);
   kvr_http_server_close(s->admin, on_server_closed, s);
 }
@@ -97,6 +96,9 @@ int kvr_serve_main(int argc, char **argv) {
   kvr_log_level_t lvl;
   if (kvr_log_parse_level(s->cfg.log_level, &lvl) == 0)
     kvr_log_set_level(lvl);
+  kvr_log_format_t lfmt;
+  if (kvr_log_parse_format(s->cfg.log_format, &lfmt) == 0)
+    kvr_log_set_format(lfmt);
   if (s->cfg.admin_token == NULL && !kvr_config_admin_on_loopback(&s->cfg))
     KVR_WARN("serve",
              "the admin API on %s is unauthenticated and not on loopback: anyone who reaches it "

@@ -41,6 +41,7 @@ void kvr_config_free(kvr_config_t *cfg) {
   free(cfg->admin_listen);
   free(cfg->policy);
   free(cfg->log_level);
+  free(cfg->log_format);
   free(cfg->admin_token_file);
   if (cfg->admin_token != NULL) /* no copy of the secret left in freed memory */
     memset(cfg->admin_token, 0, strlen(cfg->admin_token));
@@ -231,6 +232,7 @@ static int set_config_file(const kvr_cli_opt_t *o, void *base, const char *path,
 #define F(field) KVR_CLI_FIELD(kvr_config_t, field)
 
 static const char *const log_levels[] = {"debug", "info", "warn", "error", "off", NULL};
+static const char *const log_formats[] = {"text", "json", NULL};
 
 static const kvr_cli_opt_t options[] = {
     {KVR_CLI_CUSTOM, "worker", .arg = "URL", .json = "workers", .flags = KVR_CLI_JSON_LIST,
@@ -296,6 +298,14 @@ static const kvr_cli_opt_t options[] = {
      .help = "one line per request on stderr"},
     {KVR_CLI_STR, "log-level", F(log_level), .arg = "LEVEL", .json = "log_level",
      .flags = KVR_CLI_OWNED, .names = log_levels, .help = "debug, info, warn, error, off"},
+    {KVR_CLI_STR, "log-format", F(log_format), .arg = "FORMAT", .json = "log_format",
+     .flags = KVR_CLI_OWNED, .names = log_formats,
+     .help = "text (\"TIME LEVEL COMPONENT: MSG\") or json (one object per line: ts, level, "
+             "component, msg); timestamps are UTC with milliseconds"},
+    {KVR_CLI_UINT, "shutdown-grace-ms", F(shutdown_grace_ms), .arg = "MS",
+     .json = "shutdown_grace_ms", KVR_CLI_RANGE(0, 3600000),
+     .help = "at SIGTERM/SIGINT, requests in flight get this long to finish before they are "
+             "aborted (0 = abort at once)"},
     {KVR_CLI_UINT, "seed", F(seed), .arg = "N", .json = "seed",
      .help = "seed of the policies' tie-breaking randomness"},
     {KVR_CLI_STR, "admin-token-file", F(admin_token_file), .arg = "FILE",
@@ -340,6 +350,8 @@ void kvr_config_init(kvr_config_t *cfg) {
   cfg->worker_header = true;
   cfg->access_log = true;
   cfg->log_level = kvr_xstrdup("info");
+  cfg->log_format = kvr_xstrdup("text");
+  cfg->shutdown_grace_ms = 10000;
   cfg->seed = 1;
 }
 

@@ -38,6 +38,8 @@ typedef struct kvr_config_s {
   bool worker_header;          /* add x-kvrouter-worker to responses, default true */
   bool access_log;             /* default true */
   char *log_level;             /* default "info" */
+  char *log_format;            /* "text" or "json", default "text" */
+  uint64_t shutdown_grace_ms;  /* in-flight requests' time to finish at SIGTERM, default 10000 */
   uint64_t seed;               /* policy randomness, default 1 */
   char *admin_token_file;      /* --admin-token-file: the admin API's bearer token, or NULL */
   char *admin_token;           /* its token, read by kvr_config_load_admin_token(); NULL: open */
