@@ -50,6 +50,8 @@ static void test_defaults(void **state) {
   assert_string_equal(cfg.admin_listen, "127.0.0.1:8001");
   assert_string_equal(cfg.policy, "kv_aware");
   assert_string_equal(cfg.log_level, "info");
+  assert_string_equal(cfg.log_format, "text");
+  assert_int_equal(cfg.shutdown_grace_ms, 10000);
   assert_int_equal(cfg.connect_timeout_ms, 2000);
   assert_int_equal(cfg.first_byte_timeout_ms, 300000);
   assert_int_equal(cfg.limits.header_timeout_ms, 10000);
@@ -325,10 +327,55 @@ static void test_admin_token_file(void **state) {
   kvr_config_free(&cfg);
 }
 
+/* --log-format text|json and --shutdown-grace-ms 0..3600000, as flags and as JSON keys. */
+static void test_log_format_and_shutdown_grace(void **state) {
+  (void)state;
+  char err[512] = "";
+  kvr_config_t cfg;
+  char *ok[] = {"serve", "--worker", "http://a:1", "--log-format", "json", "--shutdown-grace-ms",
+                "0"};
+  assert_int_equal(parse(&cfg, err, sizeof err, 7, ok), 0);
+  assert_string_equal(cfg.log_format, "json");
+  assert_int_equal(cfg.shutdown_grace_ms, 0);
+  kvr_config_free(&cfg);
+  char *max[] = {"serve", "--worker", "http://a:1", "--log-format=text",
+                 "--shutdown-grace-ms=3600000"};
+  assert_int_equal(parse(&cfg, err, sizeof err, 5, max), 0);
+  assert_string_equal(cfg.log_format, "text");
+  assert_int_equal(cfg.shutdown_grace_ms, 3600000);
+  kvr_config_free(&cfg);
+
+  char *b1[] = {"serve", "--worker", "http://a:1", "--log-format", "xml"};
+  expect_error("--log-format: 'xml' is not one of text, json", 5, b1);
+  char *b2[] = {"serve", "--worker", "http://a:1", "--log-format", ""};
+  expect_error("--log-format", 5, b2);
+  char *b3[] = {"serve", "--worker", "http://a:1", "--shutdown-grace-ms", "3600001"};
+  expect_error("--shutdown-grace-ms: '3600001'", 5, b3);
+  char *b4[] = {"serve", "--worker", "http://a:1", "--shutdown-grace-ms", "-1"};
+  expect_error("--shutdown-grace-ms", 5, b4);
+  char *b5[] = {"serve", "--worker", "http://a:1", "--shutdown-grace-ms", "soon"};
+  expect_error("--shutdown-grace-ms: 'soon'", 5, b5);
+
+  kvr_config_init(&cfg);
+  const char *js = "{\"log_format\": \"json\", \"shutdown_grace_ms\": 2500}";
+  assert_int_equal(kvr_config_apply_json(&cfg, js, strlen(js), "c.json", err, sizeof err), 0);
+  assert_string_equal(cfg.log_format, "json");
+  assert_int_equal(cfg.shutdown_grace_ms, 2500);
+  const char *bad = "{\"log_format\": \"yaml\"}";
+  assert_int_not_equal(kvr_config_apply_json(&cfg, bad, strlen(bad), "c.json", err, sizeof err), 0);
+  assert_string_equal(err, "c.json: log_format: 'yaml' is not one of text, json");
+  const char *bad2 = "{\"shutdown_grace_ms\": 4000000}";
+  assert_int_not_equal(kvr_config_apply_json(&cfg, bad2, strlen(bad2), "c.json", err, sizeof err),
+                       0);
+  assert_non_null(strstr(err, "c.json: shutdown_grace_ms:"));
+  kvr_config_free(&cfg);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_flags),
               cmocka_unit_test(test_errors), cmocka_unit_test(test_json_and_precedence),
               cmocka_unit_test(test_engine_wording),
               cmocka_unit_test(test_cli_workers_replace_file),
               cmocka_unit_test(test_worker_url_check),
               cmocka_unit_test(test_json_syntax_error_position),
-              cmocka_unit_test(test_admin_token_file))
+              cmocka_unit_test(test_admin_token_file),
+              cmocka_unit_test(test_log_format_and_shutdown_grace))
