@@ -3,7 +3,8 @@
 
 --help, bad flags and values (non-zero exit, one line naming the flag), --config JSON files (settings
 applied, flags override the file, a bad key named with its path), and shutdown on SIGTERM/SIGINT
-(exit 0, in-flight streams allowed to finish). Also `kvrouter bench`'s workload flags
+(exit 0, in-flight streams allowed to finish, aborted after --shutdown-grace-ms), and
+--log-format json (every stderr line one JSON object with a millisecond timestamp). Also `kvrouter bench`'s workload flags
 (router/bench.c): --replay-order, --replay-dataset, --answer-mean/--answer-std listed by --help,
 bad values rejected before any request is sent; the model looked up and the policy switched
 through the bench's side channel (bench/loadgen/monitor.c), their failures one line and exit 1. And
@@ -60,7 +61,7 @@ def test_help_lists_flags():
     for flag in ("--worker", "--config", "--listen", "--admin-listen", "--policy", "--policy-params",
                  "--first-byte-timeout-ms", "--header-timeout-ms", "--max-body-bytes",
                  "--max-url-bytes", "--max-header-bytes", "--max-header-fields", "--access-log",
-                 "--log-level"):
+                 "--log-level", "--log-format", "--shutdown-grace-ms"):
         assert flag in out, "%s not in --help" % flag
     assert "round_robin" in out and "kv_aware" in out, "policies not listed"
     rc2, out2, _ = serve("-h")
@@ -81,6 +82,9 @@ def test_bad_flags_and_values_named():
         (("--worker", W, "--listen", "nowhere"), ["--listen", "nowhere"]),
         (("--worker", W, "--access-log", "maybe"), ["--access-log", "maybe"]),
         (("--worker", W, "--log-level", "loud"), ["--log-level", "loud"]),
+        (("--worker", W, "--log-format", "xml"), ["--log-format", "xml"]),
+        (("--worker", W, "--shutdown-grace-ms", "3600001"), ["--shutdown-grace-ms", "3600001"]),
+        (("--worker", W, "--shutdown-grace-ms", "-1"), ["--shutdown-grace-ms"]),
         (("--worker", W, "--first-byte-timeout-ms", "0"), ["first"]),
         (("--worker", "ftp://127.0.0.1:9"), ["--worker", "ftp://127.0.0.1:9"]),
         (("--worker", W, "--policy-params", "[1]"), ["--policy-params"]),
@@ -393,6 +397,82 @@ def test_sigterm_exits_zero_after_in_flight_stream():
         rc = r3.wait(5)
         assert rc == 0, "exit %r after SIGINT; stderr tail:\n%s" % (rc, "\n".join(
             ln for ln in r3.stderr_lines() if "ERROR" in ln or "SUMMARY" in ln or " #" in ln)[:1500])
+
+
+TS_MS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+
+
+@test(timeout=20)
+def test_log_format_json_lines():
+    """--log-format json: every stderr line is one JSON object (ts with milliseconds, level,
+    component, msg), the access log included; the default text lines carry the same timestamp."""
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        r = c.add(Router([sim], *FAST, "--log-format", "json"))
+        resp = request(r.port, "POST", "/v1/chat/completions", chat_body())
+        assert resp.status == 200, resp
+        r.wait_line(r'"component":"access"', timeout=5)
+        r.signal(signal.SIGTERM)
+        rc = r.wait(5)
+        assert rc == 0, "exit %r after SIGTERM; stderr tail: %s" % (rc, r.stderr_lines()[-5:])
+        lines = [ln for ln in r.stderr_lines() if ln.strip()]
+        assert len(lines) >= 3, lines
+        objs = []
+        for ln in lines:
+            try:
+                o = json.loads(ln)
+            except ValueError as e:
+                raise AssertionError("not a JSON line (%s): %r" % (e, ln))
+            assert isinstance(o, dict) and set(o) == {"ts", "level", "component", "msg"}, o
+            assert TS_MS.match(o["ts"]), "ts without milliseconds: %r" % o["ts"]
+            assert o["level"] in ("debug", "info", "warn", "error"), o
+            objs.append(o)
+        comps = {o["component"] for o in objs}
+        assert {"serve", "access"} <= comps, comps
+        assert any("listening on" in o["msg"] for o in objs if o["component"] == "serve"), objs[:5]
+        assert any("shutting down" in o["msg"] for o in objs), objs[-3:]
+        # Text (the default): "TIME LEVEL COMPONENT: MSG" with the same millisecond timestamp.
+        r2 = c.add(Router([sim], *FAST))
+        first = r2.stderr_lines()[0]
+        ts, level, rest = first.split(" ", 2)
+        assert TS_MS.match(ts), "text timestamp without milliseconds: %r" % first
+        assert level in ("debug", "info", "warn", "error") and ": " in rest, first
+    # A bad value: exit 2, one line naming the flag.
+    for args in (("--log-format", "yaml"), ("--shutdown-grace-ms", "99999999")):
+        rc, out, err = serve("--worker", W, "--listen", "127.0.0.1:0", "--admin-listen",
+                             "127.0.0.1:0", *args)
+        assert rc == 2, (args, rc, err)
+        one_line_error(rc, err, args[0], args[1])
+
+
+@test(timeout=20)
+def test_shutdown_grace_aborts_after_the_grace():
+    """--shutdown-grace-ms 300: a stream of ~3 s still in flight at SIGTERM is aborted after about
+    0.3 s (not the default 10 s), and the router still exits 0."""
+    with Cleanup() as c:
+        sim = c.add(Sim(fixed=(20, 20)))
+        r = c.add(Router([sim], *FAST, "--shutdown-grace-ms", "300"))
+        conn = c.add(Conn(r.port, timeout=10))
+        n = 150  # ~3 s of tokens
+        conn.send(build_request("POST", "/v1/chat/completions", chat_body(max_tokens=n, stream=True)))
+        t = {}
+
+        def on_head(resp):
+            r.signal(signal.SIGTERM)
+            t["sig"] = time.monotonic()
+
+        resp = conn.read_response("POST", on_head=on_head)
+        cut_after = time.monotonic() - t["sig"]
+        assert resp.status == 200, resp
+        events = sse_events(resp.body)
+        # The stream ends early with the proxy's error event (src/proxy.c broken_stream()).
+        assert token_events(events) < n, "the stream finished despite a 300 ms grace"
+        assert "shutting down" in resp.body.decode(errors="replace"), events[-2:]
+        assert cut_after < 2.5, "stream cut %.2f s after SIGTERM (grace 300 ms)" % cut_after
+        conn.close()  # else the router's lingering close waits up to 2 s for our EOF
+        rc = r.wait(5)
+        assert rc == 0, "exit %r after the grace; stderr tail: %s" % (rc, r.stderr_lines()[-5:])
+        assert any("aborting" in ln for ln in r.stderr_lines()), r.stderr_lines()[-5:]
 
 
 def bench(*args, timeout=5):
