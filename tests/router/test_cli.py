@@ -2,10 +2,10 @@
 """Integration tests of the `kvrouter serve` command line (src/config.c, router/serve.c).
 
 --help, bad flags and values (non-zero exit, one line naming the flag), --config JSON files (settings
-applied, flags override the file, a bad key named with its path), and shutdown on SIGTERM/SIGINT
-(exit 0, in-flight streams allowed to finish, aborted after --shutdown-grace-ms), and
---log-format json (every stderr line one JSON object with a millisecond timestamp). Also `kvrouter bench`'s workload flags
-(router/bench.c): --replay-order, --replay-dataset, --answer-mean/--answer-std listed by --help,
+applied, flags override the file, a bad key named with its path), shutdown on SIGTERM/SIGINT (exit
+0, in-flight streams allowed to finish, aborted after --shutdown-grace-ms), and --log-format json
+(every stderr line one JSON object with a millisecond timestamp). Also `kvrouter bench`'s workload
+flags (router/bench.c): --replay-order, --replay-dataset, --answer-mean/--answer-std listed by --help,
 bad values rejected before any request is sent; the model looked up and the policy switched
 through the bench's side channel (bench/loadgen/monitor.c), their failures one line and exit 1. And
 `kvrouter sim --help`: its defaults are the live ones (router/sim.c). Every subcommand (serve, sim,
