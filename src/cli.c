@@ -79,11 +79,11 @@ static uint64_t umax_of(size_t size) {
 /* The range of o as text ("in [1, 64]", ">= 0") for messages. */
 static void range_text(const kvr_cli_opt_t *o, char *buf, size_t len) {
   if (o->has_min && o->has_max)
-    snprintf(buf, len, "in %c%g, %g]", o->min_excl ? '(' : '[', o->min, o->max);
+    snprintf(buf, len, "in %c%.15g, %.15g]", o->min_excl ? '(' : '[', o->min, o->max);
   else if (o->has_min)
-    snprintf(buf, len, "%s %g", o->min_excl ? ">" : ">=", o->min);
+    snprintf(buf, len, "%s %.15g", o->min_excl ? ">" : ">=", o->min);
   else
-    snprintf(buf, len, "<= %g", o->max);
+    snprintf(buf, len, "<= %.15g", o->max);
 }
 
 static bool in_range(const kvr_cli_opt_t *o, double v) {
