@@ -3,10 +3,13 @@
 
 #include "kvr.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 const double kvr_hist_latency_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06,  0.08,
                                            0.1,   0.25,  0.5,  0.75, 1.0,  2.5,   5.0,
@@ -128,4 +131,118 @@ int kvr_metric_line_value(const char *line, const char *end, double *out) {
   char *e;
   *out = strtod(num, &e);
   return e == num ? -1 : 0;
+}
+
+/* ---- process collector --------------------------------------------------------------------------
+ */
+
+/* Seconds since the epoch at which this process started, or -1. */
+static double process_start_time(void) {
+  char buf[1024];
+  FILE *f = fopen("/proc/self/stat", "r");
+  if (f == NULL)
+    return -1;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  /* The command name (field 2) is in parentheses and may hold spaces: count from the last ')'. */
+  char *p = strrchr(buf, ')');
+  if (p == NULL)
+    return -1;
+  p++;
+  unsigned long long start_ticks = 0;
+  for (int field = 3; field <= 22; field++) {
+    while (*p == ' ')
+      p++;
+    if (*p == '\0')
+      return -1;
+    if (field == 22)
+      start_ticks = strtoull(p, NULL, 10);
+    while (*p && *p != ' ')
+      p++;
+  }
+  f = fopen("/proc/stat", "r");
+  if (f == NULL)
+    return -1;
+  char line[256];
+  double btime = -1;
+  unsigned long long bt;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "btime %llu", &bt) == 1) {
+      btime = (double)bt;
+      break;
+    }
+  fclose(f);
+  long hz = sysconf(_SC_CLK_TCK);
+  if (btime < 0 || hz <= 0)
+    return -1;
+  return btime + (double)start_ticks / (double)hz;
+}
+
+static double process_rss(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  unsigned long long size = 0, resident = 0;
+  int ok = f && fscanf(f, "%llu %llu", &size, &resident) == 2;
+  if (f)
+    fclose(f);
+  long page = sysconf(_SC_PAGESIZE);
+  if (ok && page > 0)
+    return (double)resident * (double)page;
+  struct rusage ru; /* fallback: the peak, in KiB on Linux */
+  if (getrusage(RUSAGE_SELF, &ru) == 0)
+    return (double)ru.ru_maxrss * 1024.0;
+  return -1;
+}
+
+static double process_open_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  if (d == NULL)
+    return -1;
+  double n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.')
+      n++;
+  closedir(d);
+  return n; /* the directory's own descriptor included, as Prometheus' collectors count it */
+}
+
+void kvr_process_stats_read(kvr_process_stats_t *st) {
+  st->start_time_s = process_start_time();
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) == 0)
+    st->cpu_seconds = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+                      (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+  else
+    st->cpu_seconds = -1;
+  st->rss_bytes = process_rss();
+  st->open_fds = process_open_fds();
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+    st->max_fds = rl.rlim_cur == RLIM_INFINITY ? INFINITY : (double)rl.rlim_cur;
+  else
+    st->max_fds = -1;
+}
+
+static void process_family(kvr_buf_t *out, const char *name, const char *type, const char *help,
+                           double value) {
+  kvr_metric_family(out, name, type, help);
+  if (value >= 0)
+    kvr_metric_sample(out, name, NULL, value);
+}
+
+void kvr_metric_process(kvr_buf_t *out, const kvr_process_stats_t *st) {
+  /* Printed with its clock ticks (1/100 s): the usual 9 significant digits would round an epoch
+   * time to 100 s. */
+  kvr_metric_family(out, "process_start_time_seconds", "gauge",
+                    "Start time of the process since unix epoch in seconds");
+  if (st->start_time_s >= 0)
+    kvr_buf_printf(out, "process_start_time_seconds %.2f\n", st->start_time_s);
+  process_family(out, "process_cpu_seconds_total", "counter",
+                 "Total user and system CPU time spent in seconds", st->cpu_seconds);
+  process_family(out, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes",
+                 st->rss_bytes);
+  process_family(out, "process_open_fds", "gauge", "Number of open file descriptors", st->open_fds);
+  process_family(out, "process_max_fds", "gauge", "Maximum number of open file descriptors",
+                 st->max_fds);
 }

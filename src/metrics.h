@@ -47,6 +47,23 @@ void kvr_metric_histogram(kvr_buf_t *out, const char *name, const char *help, co
 /* Appends a label value escaped for the text format (no quotes added). */
 void kvr_metric_escape(kvr_buf_t *out, const char *value);
 
+/* This process's figures for the standard process_* families (the names Prometheus' client
+ * libraries' process collectors use). A figure below 0 could not be read: its family is written
+ * with no sample. */
+typedef struct kvr_process_stats_s {
+  double start_time_s; /* since the Unix epoch (/proc/self/stat starttime + /proc/stat btime) */
+  double cpu_seconds;  /* user + system (getrusage) */
+  double rss_bytes;    /* resident set (/proc/self/statm) */
+  double open_fds;     /* entries of /proc/self/fd */
+  double max_fds;      /* RLIMIT_NOFILE soft limit */
+} kvr_process_stats_t;
+
+/* Fills st for the calling process. */
+void kvr_process_stats_read(kvr_process_stats_t *st);
+/* Writes the process_start_time_seconds, process_cpu_seconds_total, process_resident_memory_bytes,
+ * process_open_fds and process_max_fds families from st. */
+void kvr_metric_process(kvr_buf_t *out, const kvr_process_stats_t *st);
+
 /* Whether the sample line [line, end) is of metric `name`: the name followed by '{' or ' '. */
 bool kvr_metric_line_is(const char *line, const char *end, const char *name);
 /* Reads the value that follows the name and label set of the sample line [line, end) (quoted label

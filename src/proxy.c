@@ -90,7 +90,8 @@ struct px_s {
   bool paused;
   int attempts;
   uint64_t tried;
-  kvr_router_dispatch_t acct; /* what the current attempt added to w; open while accounted */
+  kvr_req_error_t retried_error; /* why the attempt that was retried failed */
+  kvr_router_dispatch_t acct;    /* what the current attempt added to w; open while accounted */
   /* Response. */
   int status;
   kvr_buf_t resp_headers; /* filtered "Name: value\r\n" lines for the client */
@@ -435,8 +436,10 @@ static void transfer_succeeded(px_t *px) {
   kvr_router_t *r = px->r;
   if (!px->sse && px->body.len && px->has_prompt)
     read_held_body(px);
-  if (px->status >= 500)
+  if (px->status >= 500) {
     kvr_router_on_worker_error(r, &px->acct);
+    kvr_router_on_request_error(r, KVR_REQ_ERROR_UPSTREAM_5XX);
+  }
   learn(px);
   if (!px->streaming) {
     kvr_buf_t h = KVR_BUF_INIT;
@@ -471,8 +474,12 @@ static void transfer_failed(px_t *px, CURL *easy, CURLcode rc) {
     kvr_router_on_health(r, w->id, false);
   /* A failure after connecting but before any response byte is retried too (the worker never
    * answered), except a timeout, which would double the wait. */
-  if (!px->got_byte && (unreached || (retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT)) &&
-      px->attempts < MAX_ATTEMPTS) {
+  bool can_retry =
+      !px->got_byte && (unreached || (retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT));
+  /* Before any response byte the worker was not reached or dropped the connection unanswered. */
+  kvr_req_error_t reason = px->got_byte ? KVR_REQ_ERROR_BROKEN_STREAM : KVR_REQ_ERROR_CONNECT;
+  if (can_retry && px->attempts < MAX_ATTEMPTS) {
+    px->retried_error = reason;
     KVR_WARN("proxy", "worker %s failed before responding (%s); retrying elsewhere",
              w ? w->label : "-", why);
     if (w)
@@ -482,6 +489,9 @@ static void transfer_failed(px_t *px, CURL *easy, CURLcode rc) {
     attempt(px);
     return;
   }
+  if (can_retry)
+    kvr_router_on_retries_exhausted(r);
+  kvr_router_on_request_error(r, reason);
   if (!px->streaming) {
     fail(px, 502, "upstream_error", "worker_failed", "upstream worker failed: %s", why);
   } else {
@@ -524,6 +534,8 @@ static void on_timer(uv_timer_t *t) {
     kvr_router_on_worker_error(px->r, &px->acct);
   if (kind == TM_FIRST_BYTE && !px->got_byte && px->w)
     kvr_router_on_health(px->r, px->w->id, false); /* accepted but never answered */
+  kvr_router_on_request_error(px->r, kind == TM_FIRST_BYTE ? KVR_REQ_ERROR_FIRST_BYTE_TIMEOUT
+                                                           : KVR_REQ_ERROR_IDLE_TIMEOUT);
   if (!px->streaming) {
     fail(px, 504, "upstream_timeout", "worker_timeout", "%s",
          kind == TM_FIRST_BYTE ? "upstream worker did not start responding in time"
@@ -580,12 +592,17 @@ static struct curl_slist *upstream_headers(const kvr_http_req_t *req) {
 
 /* No worker can take the request: 503 before any attempt, else 502 (the attempt failed). */
 static void no_worker(px_t *px) {
-  if (px->attempts == 0)
+  if (px->attempts == 0) {
+    kvr_router_on_request_error(px->r, KVR_REQ_ERROR_NO_WORKER);
     fail(px, 503, "no_worker_available", "no_worker", "%s",
          "no usable worker is available; retry later");
-  else
+  } else {
+    /* The retry found no other worker: the request failed for the retried attempt's reason. */
+    kvr_router_on_retries_exhausted(px->r);
+    kvr_router_on_request_error(px->r, px->retried_error);
     fail(px, 502, "upstream_error", "worker_failed", "%s",
          "upstream worker failed and no other worker could take the request");
+  }
   px_end(px);
 }
 

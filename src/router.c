@@ -434,10 +434,30 @@ void kvr_router_on_probe(kvr_router_t *r, kvr_probe_t probe) {
 
 void kvr_router_on_client_error(kvr_router_t *r) {
   r->client_errors_total++;
+  r->request_errors_total[KVR_REQ_ERROR_CLIENT_ERROR]++;
 }
 
 void kvr_router_on_client_abort(kvr_router_t *r) {
   r->client_aborts_total++;
+  r->request_errors_total[KVR_REQ_ERROR_CLIENT_ABORT]++;
+}
+
+const char *kvr_req_error_name(kvr_req_error_t e) {
+  static const char *const names[] = {
+#define XX(name, str) str,
+      KVR_REQ_ERROR_MAP(XX)
+#undef XX
+  };
+  return (unsigned)e < KVR_ARRAY_SIZE(names) ? names[e] : "unknown";
+}
+
+void kvr_router_on_request_error(kvr_router_t *r, kvr_req_error_t e) {
+  if ((unsigned)e < KVR_REQ_ERROR_COUNT)
+    r->request_errors_total[e]++;
+}
+
+void kvr_router_on_retries_exhausted(kvr_router_t *r) {
+  r->retries_exhausted_total++;
 }
 
 void kvr_router_on_upstream_failure(kvr_router_t *r) {

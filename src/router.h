@@ -48,6 +48,27 @@ const char *kvr_worker_state_name(kvr_worker_state_t s);
 
 typedef struct kvr_router_s kvr_router_t;
 
+/* Why a client request ended in an error (kvrouter_request_errors_total{reason}): a fixed set, so
+ * every reason is exported (0 when none) and the label's cardinality is bounded. */
+#define KVR_REQ_ERROR_MAP(XX)                                                                      \
+  XX(CONNECT, "connect")                                                                           \
+  XX(FIRST_BYTE_TIMEOUT, "first_byte_timeout")                                                     \
+  XX(IDLE_TIMEOUT, "idle_timeout")                                                                 \
+  XX(UPSTREAM_5XX, "upstream_5xx")                                                                 \
+  XX(BROKEN_STREAM, "broken_stream")                                                               \
+  XX(NO_WORKER, "no_worker")                                                                       \
+  XX(CLIENT_ERROR, "client_error")                                                                 \
+  XX(CLIENT_ABORT, "client_abort")
+
+typedef enum {
+#define XX(name, str) KVR_REQ_ERROR_##name,
+  KVR_REQ_ERROR_MAP(XX)
+#undef XX
+      KVR_REQ_ERROR_COUNT
+} kvr_req_error_t;
+
+const char *kvr_req_error_name(kvr_req_error_t e);
+
 /* One worker. Owned by its router (slots[slot]); read-only outside router.c. */
 typedef struct kvr_worker_s {
   uint32_t id;    /* stable, shown in the admin API and the x-kvrouter-worker header */
@@ -93,6 +114,8 @@ struct kvr_router_s {
   uint64_t client_errors_total; /* 4xx answered by the router itself */
   uint64_t client_aborts_total; /* clients that went away mid-request */
   uint64_t upstream_failures_total;
+  uint64_t request_errors_total[KVR_REQ_ERROR_COUNT]; /* by kvr_req_error_t, one per request */
+  uint64_t retries_exhausted_total; /* failed before responding, and no attempt or worker left */
   uint64_t requests_total;          /* client requests, probes excepted */
   uint64_t probe_requests_total[2]; /* GET/HEAD probes, by kvr_probe_t (not in requests_total) */
   /* The clock every time the router keeps (dispatch, first token, freshness) is read from:
@@ -249,6 +272,12 @@ void kvr_router_on_request(kvr_router_t *r);          /* a client request arrive
 void kvr_router_on_client_error(kvr_router_t *r);     /* the router answered 4xx itself */
 void kvr_router_on_client_abort(kvr_router_t *r);     /* a client went away mid-request */
 void kvr_router_on_upstream_failure(kvr_router_t *r); /* 502/504 or a broken stream */
+/* A request ended in error for reason e (client_error and client_abort are counted by the two calls
+ * above; the proxy reports the others). */
+void kvr_router_on_request_error(kvr_router_t *r, kvr_req_error_t e);
+/* A request failed before any response byte and could not be retried (attempts used up, or no
+ * other worker left). */
+void kvr_router_on_retries_exhausted(kvr_router_t *r);
 /* The public listener's probes, counted apart from requests (kvrouter_probe_requests_total). */
 typedef enum { KVR_PROBE_HEALTH = 0, KVR_PROBE_LIVEZ = 1 } kvr_probe_t;
 void kvr_router_on_probe(kvr_router_t *r, kvr_probe_t probe);

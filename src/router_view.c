@@ -146,6 +146,43 @@ static void worker_family(const kvr_router_t *r, kvr_buf_t *out, const worker_fa
   kvr_buf_free(&l);
 }
 
+/* kvrouter_worker_state: one series per worker and state, 1 for the state the worker is in, so a
+ * query or alert can select a state by label. */
+static void worker_state_metrics(const kvr_router_t *r, kvr_buf_t *out) {
+  static const kvr_worker_state_t states[] = {
+#define XX(name, str) KVR_WORKER_##name,
+      KVR_WORKER_STATE_MAP(XX)
+#undef XX
+  };
+  kvr_buf_t l = KVR_BUF_INIT;
+  kvr_metric_family(out, "kvrouter_worker_state", "gauge",
+                    "1 for the state the worker is in (up, down, draining), 0 for the others");
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w == NULL)
+      continue;
+    for (size_t k = 0; k < KVR_ARRAY_SIZE(states); k++) {
+      kvr_buf_reset(&l);
+      kvr_buf_printf(&l, "worker=\"%s\",state=\"%s\"", w->label, kvr_worker_state_name(states[k]));
+      kvr_metric_sample(out, "kvrouter_worker_state", l.data, w->state == states[k]);
+    }
+  }
+  uint64_t now_ms = kvr_router_now_ns(r) / 1000000u;
+  kvr_metric_family(out, "kvrouter_worker_scrape_age_seconds", "gauge",
+                    "Age of the worker's last scraped /metrics figures (no sample until the first "
+                    "scrape)");
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w == NULL || !w->metrics_seen)
+      continue;
+    kvr_buf_reset(&l);
+    kvr_buf_printf(&l, "worker=\"%s\"", w->label);
+    double age = now_ms > w->scraped_at_ms ? (double)(now_ms - w->scraped_at_ms) / 1e3 : 0;
+    kvr_metric_sample(out, "kvrouter_worker_scrape_age_seconds", l.data, age);
+  }
+  kvr_buf_free(&l);
+}
+
 /* ---- router-wide families ---------------------------------------------------------------------
  */
 
@@ -204,6 +241,20 @@ static void request_metrics(const kvr_router_t *r, kvr_buf_t *out) {
           "Requests whose client disconnected before the response ended", r->client_aborts_total);
   counter(out, "kvrouter_upstream_failures_total",
           "Proxied requests that ended in 502/504 or a broken stream", r->upstream_failures_total);
+  kvr_metric_family(out, "kvrouter_request_errors_total", "counter",
+                    "Client requests that ended in an error, by reason (every reason is exported)");
+  kvr_buf_t l = KVR_BUF_INIT;
+  for (int e = 0; e < KVR_REQ_ERROR_COUNT; e++) {
+    kvr_buf_reset(&l);
+    kvr_buf_printf(&l, "reason=\"%s\"", kvr_req_error_name((kvr_req_error_t)e));
+    kvr_metric_sample(out, "kvrouter_request_errors_total", l.data,
+                      (double)r->request_errors_total[e]);
+  }
+  kvr_buf_free(&l);
+  counter(out, "kvrouter_retries_exhausted_total",
+          "Requests that failed before any response byte with no attempt or other worker left "
+          "to retry on",
+          r->retries_exhausted_total);
   kvr_metric_histogram(out, "kvrouter_request_duration_seconds",
                        "Proxied request duration, request received to response end", NULL,
                        &r->request_seconds);
@@ -212,11 +263,39 @@ static void request_metrics(const kvr_router_t *r, kvr_buf_t *out) {
                        &r->ttfb_seconds);
 }
 
-void kvr_router_view_metrics(const kvr_router_t *r, kvr_buf_t *out) {
+/* The build: no commit is known to the build (CMakeLists.txt defines only KVR_VERSION), so commit
+ * is "unknown" unless KVR_COMMIT is defined. */
+#ifndef KVR_COMMIT
+#define KVR_COMMIT "unknown"
+#endif
+
+static void build_metrics(kvr_buf_t *out) {
+  kvr_buf_t l = KVR_BUF_INIT;
+  kvr_metric_family(out, "kvrouter_build_info", "gauge",
+                    "Always 1; the labels name the kvrouter version and commit");
+  kvr_buf_puts(&l, "version=\"");
+  kvr_metric_escape(&l, KVR_VERSION);
+  kvr_buf_puts(&l, "\",commit=\"");
+  kvr_metric_escape(&l, KVR_COMMIT);
+  kvr_buf_puts(&l, "\"");
+  kvr_metric_sample(out, "kvrouter_build_info", l.data, 1);
+  kvr_buf_free(&l);
+}
+
+static void metrics_with(const kvr_router_t *r, const kvr_process_stats_t *proc, kvr_buf_t *out) {
   for (size_t i = 0; i < KVR_ARRAY_SIZE(worker_families); i++)
     worker_family(r, out, &worker_families[i]);
+  worker_state_metrics(r, out);
   routing_metrics(r, out);
   request_metrics(r, out);
+  build_metrics(out);
+  kvr_metric_process(out, proc);
+}
+
+void kvr_router_view_metrics(const kvr_router_t *r, kvr_buf_t *out) {
+  kvr_process_stats_t proc;
+  kvr_process_stats_read(&proc);
+  metrics_with(r, &proc, out);
 }
 
 /* ---- admin JSON -------------------------------------------------------------------------------

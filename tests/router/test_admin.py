@@ -13,6 +13,7 @@ import math
 import os
 import re
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
 import kvrharness as h  # noqa: E402
@@ -547,6 +548,77 @@ def test_metrics_strict_prometheus_and_counters():
         assert metric(after, "kvrouter_routing_decision_seconds_count") == n
         assert metric(after, "kvrouter_time_to_first_byte_seconds_count") == n, \
             "time-to-first-byte histogram not observed"
+
+
+REQUEST_ERROR_REASONS = ("connect", "first_byte_timeout", "idle_timeout", "upstream_5xx",
+                         "broken_stream", "no_worker", "client_error", "client_abort")
+
+
+@test(timeout=20)
+def test_metrics_process_build_worker_state_and_error_reasons():
+    """The process_* families, kvrouter_build_info, kvrouter_worker_state and
+    kvrouter_worker_scrape_age_seconds, and kvrouter_request_errors_total{reason} (every reason
+    exported from the start) with kvrouter_retries_exhausted_total. promtool is not installed
+    here: parse_prometheus() is the format check (HELP and TYPE per family, no duplicate series)."""
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        dead = "http://127.0.0.1:%d" % closed_port()
+        r = c.add(Router([sim, dead], *FAST, "--policy", "round_robin", "--fail-threshold", "100"))
+        ids = {w["url"]: str(w["id"]) for w in r.workers()}
+        live = ids[sim.url]
+        # The sim is scraped every 100 ms: wait for a scrape age to appear.
+        wait_for(lambda: "kvrouter_worker_scrape_age_seconds{" in r.metrics_text(), 5,
+                 "a scrape of the sim")
+        before = parse_prometheus(r.metrics_text())
+        for fam_name, fam in before.items():
+            assert fam["type"] is not None and fam["help"], "family %s lacks TYPE/HELP" % fam_name
+        for reason in REQUEST_ERROR_REASONS:
+            assert metric(before, "kvrouter_request_errors_total", reason=reason) == 0, reason
+        reasons = {ls["reason"] for _, ls, _ in before["kvrouter_request_errors_total"]["samples"]}
+        assert reasons == set(REQUEST_ERROR_REASONS), reasons
+        assert metric(before, "kvrouter_retries_exhausted_total") == 0
+        # Process collector.
+        assert before["process_cpu_seconds_total"]["type"] == "counter"
+        assert metric(before, "process_resident_memory_bytes") > 1 << 20
+        assert metric(before, "process_open_fds") > 0
+        assert metric(before, "process_max_fds") >= metric(before, "process_open_fds")
+        start = metric(before, "process_start_time_seconds")
+        now = time.time()
+        assert now - 120 < start <= now + 1, (start, now)
+        # Build info.
+        (name, labels, value), = before["kvrouter_build_info"]["samples"]
+        assert value == 1 and set(labels) == {"version", "commit"}, labels
+        assert re.fullmatch(r"\d+\.\d+\.\d+.*", labels["version"]), labels
+        # Worker state: one series per worker and state, 1 for the state it is in.
+        for wid in ids.values():
+            states = {ls["state"]: v for _, ls, v in before["kvrouter_worker_state"]["samples"]
+                      if ls["worker"] == wid}
+            assert set(states) == {"up", "down", "draining"}, states
+            assert sum(states.values()) == 1, states
+        assert metric(before, "kvrouter_worker_state", worker=live, state="up") == 1
+        age = metric(before, "kvrouter_worker_scrape_age_seconds", worker=live)
+        assert 0 <= age < 5, age
+        ages = {ls["worker"] for _, ls, _ in before["kvrouter_worker_scrape_age_seconds"]["samples"]}
+        assert ids[dead] not in ages, ages  # never scraped: no sample
+        # Requests the dead worker refuses are retried on the sim: not errors.
+        for _ in range(2):
+            assert request(r.port, "POST", "/v1/chat/completions", chat_body()).status == 200
+        mid = parse_prometheus(r.metrics_text())
+        assert metric(mid, "kvrouter_request_errors_total") == 0
+        # With the sim stopped too, every attempt is refused: a 502 counted as connect.
+        assert sim.stop() is None
+        resp = request(r.port, "POST", "/v1/chat/completions", chat_body())
+        assert_openai_error(resp, 502)
+        after = parse_prometheus(r.metrics_text())
+        assert metric(after, "kvrouter_request_errors_total", reason="connect") == 1
+        assert metric(after, "kvrouter_retries_exhausted_total") == 1
+        for reason in REQUEST_ERROR_REASONS[1:]:
+            assert metric(after, "kvrouter_request_errors_total", reason=reason) == 0, reason
+        assert request(r.port, "POST", "/v1/chat/completions", b"{bad").status == 400
+        after = parse_prometheus(r.metrics_text())
+        assert metric(after, "kvrouter_request_errors_total", reason="client_error") == 1
+        assert metric(after, "process_cpu_seconds_total") >= metric(before,
+                                                                   "process_cpu_seconds_total")
 
 
 @test(timeout=20)

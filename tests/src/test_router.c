@@ -14,6 +14,7 @@
 
 #include "src/config.h"
 #include "src/kvr.h"
+#include "src/metrics.h"
 #include "src/router.h"
 #include "src/router_view.h"
 #include "src/scrape.h"
@@ -526,6 +527,132 @@ static void test_injected_clock(void **state) {
   fx_close(&f);
 }
 
+/* The family's HELP and TYPE lines are in text, TYPE naming type. */
+static void assert_family(const char *text, const char *name, const char *type) {
+  char want[256];
+  snprintf(want, sizeof want, "# HELP %s ", name);
+  if (strstr(text, want) == NULL)
+    fail_msg("no HELP for %s", name);
+  snprintf(want, sizeof want, "# TYPE %s %s\n", name, type);
+  if (strstr(text, want) == NULL)
+    fail_msg("no '# TYPE %s %s'", name, type);
+}
+
+/* Request errors by reason (all reasons always present), retries exhausted, worker state and
+ * scrape age, build info and the process families. */
+static void test_metrics_ops_families(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 2, "round_robin");
+  kvr_router_t *r = f.r;
+  uint64_t t = 10000000000ull; /* 10 s */
+  kvr_router_set_clock(r, fake_clock, &t);
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_router_view_metrics(r, &b);
+  assert_family(b.data, "kvrouter_request_errors_total", "counter");
+  assert_family(b.data, "kvrouter_retries_exhausted_total", "counter");
+  assert_family(b.data, "kvrouter_worker_state", "gauge");
+  assert_family(b.data, "kvrouter_worker_scrape_age_seconds", "gauge");
+  assert_family(b.data, "kvrouter_build_info", "gauge");
+  assert_family(b.data, "process_start_time_seconds", "gauge");
+  assert_family(b.data, "process_cpu_seconds_total", "counter");
+  assert_family(b.data, "process_resident_memory_bytes", "gauge");
+  assert_family(b.data, "process_open_fds", "gauge");
+  assert_family(b.data, "process_max_fds", "gauge");
+  /* Never scraped: the family has no sample. */
+  assert_null(strstr(b.data, "kvrouter_worker_scrape_age_seconds{"));
+  kvr_buf_free(&b);
+  static const char *const reasons[] = {"connect",      "first_byte_timeout", "idle_timeout",
+                                        "upstream_5xx", "broken_stream",      "no_worker",
+                                        "client_error", "client_abort"};
+  char line[128];
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(reasons); i++) {
+    snprintf(line, sizeof line, "kvrouter_request_errors_total{reason=\"%s\"} 0", reasons[i]);
+    assert_metric(r, line);
+  }
+  kvr_router_on_request_error(r, KVR_REQ_ERROR_CONNECT);
+  kvr_router_on_request_error(r, KVR_REQ_ERROR_CONNECT);
+  kvr_router_on_request_error(r, KVR_REQ_ERROR_IDLE_TIMEOUT);
+  kvr_router_on_request_error(r, KVR_REQ_ERROR_COUNT); /* out of range: ignored */
+  kvr_router_on_client_error(r);
+  kvr_router_on_client_abort(r);
+  kvr_router_on_retries_exhausted(r);
+  assert_metric(r, "kvrouter_request_errors_total{reason=\"connect\"} 2");
+  assert_metric(r, "kvrouter_request_errors_total{reason=\"idle_timeout\"} 1");
+  assert_metric(r, "kvrouter_request_errors_total{reason=\"client_error\"} 1");
+  assert_metric(r, "kvrouter_request_errors_total{reason=\"client_abort\"} 1");
+  assert_metric(r, "kvrouter_request_errors_total{reason=\"no_worker\"} 0");
+  assert_metric(r, "kvrouter_retries_exhausted_total 1");
+  assert_string_equal(kvr_req_error_name(KVR_REQ_ERROR_COUNT), "unknown");
+  /* Worker state: one series per worker and state. */
+  const kvr_worker_t *w0 = r->slots[0], *w1 = r->slots[1];
+  for (int i = 0; i < 3; i++)
+    kvr_router_on_health(r, w1->id, false);
+  snprintf(line, sizeof line, "kvrouter_worker_state{worker=\"%s\",state=\"up\"} 1", w0->label);
+  assert_metric(r, line);
+  snprintf(line, sizeof line, "kvrouter_worker_state{worker=\"%s\",state=\"down\"} 0", w0->label);
+  assert_metric(r, line);
+  snprintf(line, sizeof line, "kvrouter_worker_state{worker=\"%s\",state=\"draining\"} 0",
+           w0->label);
+  assert_metric(r, line);
+  snprintf(line, sizeof line, "kvrouter_worker_state{worker=\"%s\",state=\"up\"} 0", w1->label);
+  assert_metric(r, line);
+  snprintf(line, sizeof line, "kvrouter_worker_state{worker=\"%s\",state=\"down\"} 1", w1->label);
+  assert_metric(r, line);
+  /* Scrape age on the router's clock: scraped at 10 s, shown at 12.5 s. */
+  kvr_router_scrape_t m = {.at_ms = t / 1000000u};
+  assert_int_equal(kvr_router_on_scrape(r, w0->id, &m), 0);
+  t += 2500000000ull;
+  snprintf(line, sizeof line, "kvrouter_worker_scrape_age_seconds{worker=\"%s\"} 2.5", w0->label);
+  assert_metric(r, line);
+  kvr_buf_init(&b);
+  kvr_router_view_metrics(r, &b);
+  snprintf(line, sizeof line, "kvrouter_worker_scrape_age_seconds{worker=\"%s\"}", w1->label);
+  assert_null(strstr(b.data, line));
+  snprintf(line, sizeof line, "kvrouter_build_info{version=\"%s\",commit=\"unknown\"} 1\n",
+           KVR_VERSION);
+  assert_non_null(strstr(b.data, line));
+  kvr_buf_free(&b);
+  fx_close(&f);
+}
+
+/* The process families from fixed figures (one sample each, none for an unreadable figure), and
+ * this process's own figures. */
+static void test_metrics_process(void **state) {
+  (void)state;
+  kvr_process_stats_t st = {.start_time_s = 1700000000.5,
+                            .cpu_seconds = 1.25,
+                            .rss_bytes = 4096 * 10,
+                            .open_fds = 7,
+                            .max_fds = -1};
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_metric_process(&b, &st);
+  assert_string_equal(b.data,
+                      "# HELP process_start_time_seconds Start time of the process since unix "
+                      "epoch in seconds\n"
+                      "# TYPE process_start_time_seconds gauge\n"
+                      "process_start_time_seconds 1700000000.50\n"
+                      "# HELP process_cpu_seconds_total Total user and system CPU time spent in "
+                      "seconds\n"
+                      "# TYPE process_cpu_seconds_total counter\n"
+                      "process_cpu_seconds_total 1.25\n"
+                      "# HELP process_resident_memory_bytes Resident memory size in bytes\n"
+                      "# TYPE process_resident_memory_bytes gauge\n"
+                      "process_resident_memory_bytes 40960\n"
+                      "# HELP process_open_fds Number of open file descriptors\n"
+                      "# TYPE process_open_fds gauge\n"
+                      "process_open_fds 7\n"
+                      "# HELP process_max_fds Maximum number of open file descriptors\n"
+                      "# TYPE process_max_fds gauge\n");
+  kvr_buf_free(&b);
+  kvr_process_stats_read(&st);
+  assert_true(st.start_time_s > 1e9);
+  assert_true(st.cpu_seconds >= 0);
+  assert_true(st.rss_bytes > 0);
+  assert_true(st.open_fds >= 3);
+  assert_true(st.max_fds >= st.open_fds);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_round_robin_and_tried),
               cmocka_unit_test(test_look_changes_nothing),
               cmocka_unit_test(test_accounting_and_drain),
@@ -533,4 +660,5 @@ KVR_TEST_MAIN(cmocka_unit_test(test_round_robin_and_tried),
               cmocka_unit_test(test_scrape_parse), cmocka_unit_test(test_requests_return_to_zero),
               cmocka_unit_test(test_scrape_and_reset), cmocka_unit_test(test_drain_remove_add),
               cmocka_unit_test(test_accounting_invariant_random),
-              cmocka_unit_test(test_injected_clock))
+              cmocka_unit_test(test_injected_clock), cmocka_unit_test(test_metrics_ops_families),
+              cmocka_unit_test(test_metrics_process))
