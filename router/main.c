@@ -47,7 +47,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (strcmp(argv[1], "--version") == 0) {
-    printf("kvrouter %s\n", KVR_VERSION);
+    printf("kvrouter %s (commit %s)\n", KVR_VERSION, KVR_COMMIT);
     return 0;
   }
   for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)

@@ -310,7 +310,7 @@ static const kvr_cli_opt_t *lookup(const kvr_cli_cmd_t *cmd, const char *a, cons
 }
 
 static void print_version(FILE *out) {
-  fprintf(out, "kvrouter %s\n", KVR_VERSION);
+  fprintf(out, "kvrouter %s (commit %s)\n", KVR_VERSION, KVR_COMMIT);
 }
 
 /* -h, --help or --version anywhere among the options: printed before anything is stored. */

@@ -263,8 +263,8 @@ static void request_metrics(const kvr_router_t *r, kvr_buf_t *out) {
                        &r->ttfb_seconds);
 }
 
-/* The build: no commit is known to the build (CMakeLists.txt defines only KVR_VERSION), so commit
- * is "unknown" unless KVR_COMMIT is defined. */
+/* The build: version and commit (CMakeLists.txt defines both; the commit is "unknown" when the
+ * build had neither git nor -DKVR_COMMIT). */
 #ifndef KVR_COMMIT
 #define KVR_COMMIT "unknown"
 #endif

@@ -106,7 +106,7 @@ def serve_help():
 
 def binary_version():
     r = subprocess.run([ARGS.kvrouter, "--version"], capture_output=True, text=True, timeout=30)
-    m = re.match(r"^kvrouter (\S+)$", r.stdout.strip())
+    m = re.match(r"^kvrouter (\S+) \(commit \S+\)$", r.stdout.strip())
     assert r.returncode == 0 and m, (r.returncode, r.stdout, r.stderr)
     return m.group(1)
 

@@ -627,7 +627,7 @@ def run_cmd(words, *args, timeout=10):
 @test(timeout=30)
 def test_help_and_version_on_every_subcommand():
     _, version, _ = run_cmd(["--version"])
-    assert re.fullmatch(r"kvrouter \d+\.\d+\.\d+\n", version), version
+    assert re.fullmatch(r"kvrouter \d+\.\d+\.\d+ \(commit ([0-9a-f]{4,40}|unknown)\)\n", version), version
     for words in SUBCOMMANDS:
         name = " ".join(words)
         rc, out, err = run_cmd(words, "--help")

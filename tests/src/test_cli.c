@@ -347,7 +347,7 @@ static void test_help_and_version(void **state) {
     assert_true(strcspn(line, "\n") <= 100);
   const char *v[] = {"test", "--ratio", "5", "--version", NULL};
   assert_int_equal(parse(&s, out, sizeof(out), err, sizeof(err), v), KVR_CLI_EXIT);
-  assert_string_equal(out, "kvrouter " KVR_VERSION "\n");
+  assert_string_equal(out, "kvrouter " KVR_VERSION " (commit " KVR_COMMIT ")\n");
   /* A value that looks like --version is a value. */
   const char *v2[] = {"test", "--name", "--version", NULL};
   assert_int_equal(parse(&s, out, sizeof(out), err, sizeof(err), v2), 0);

@@ -609,8 +609,8 @@ static void test_metrics_ops_families(void **state) {
   kvr_router_view_metrics(r, &b);
   snprintf(line, sizeof line, "kvrouter_worker_scrape_age_seconds{worker=\"%s\"}", w1->label);
   assert_null(strstr(b.data, line));
-  snprintf(line, sizeof line, "kvrouter_build_info{version=\"%s\",commit=\"unknown\"} 1\n",
-           KVR_VERSION);
+  snprintf(line, sizeof line, "kvrouter_build_info{version=\"%s\",commit=\"%s\"} 1\n", KVR_VERSION,
+           KVR_COMMIT);
   assert_non_null(strstr(b.data, line));
   kvr_buf_free(&b);
   fx_close(&f);
