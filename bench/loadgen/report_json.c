@@ -6,7 +6,8 @@
  *
  * Invariants: warm-up and cool-down requests are left out of the per-level arrays (input_lens,
  * ttfts, latencies, start_times, ... and the kvrouter object's cached_lens, e2els, tpots, turns,
- * all aligned: entry i of each is the same measured request, in send order as vllm's) and kept,
+ * all aligned: entry i of each is the same measured request, in completion order, the JSONL's;
+ * vllm's follow its sends: start_times gives that order) and kept,
  * flagged, in the JSONL; the engine figures are null when no worker's /metrics was read; a vllm
  * key whose figure the records cannot give (itls, generated_texts) is null, never made up.
  *
@@ -171,38 +172,13 @@ static void vllm_keys(cJSON *o, const kvr_results_t *res, const kvr_run_t *run,
   add_dist(o, "e2el", &lv->e2e);
 }
 
-/* A measured request's place in send order: by send time, ties in record order. */
-typedef struct {
-  double sent_s;
-  size_t i;
-} sent_ix_t;
-
-static int cmp_sent(const void *a, const void *b) {
-  const sent_ix_t *x = a, *y = b;
-  if (x->sent_s != y->sent_s)
-    return x->sent_s < y->sent_s ? -1 : 1;
-  return x->i < y->i ? -1 : x->i > y->i;
-}
-
-/* The measured requests' indices into lv->recs in send order (vllm's arrays follow its sends, the
- * records their completions); *n of them. Caller frees. */
-static sent_ix_t *send_order(const kvr_level_t *lv, size_t *n) {
-  sent_ix_t *ix = kvr_xcalloc(lv->nrecs ? lv->nrecs : 1, sizeof(*ix));
-  size_t k = 0;
-  for (size_t i = 0; i < lv->nrecs; i++)
-    if (!lv->recs[i].warmup)
-      ix[k++] = (sent_ix_t){lv->recs[i].sent_s, i};
-  qsort(ix, k, sizeof(*ix), cmp_sent);
-  *n = k;
-  return ix;
-}
-
 /* vllm's per-request arrays in o (its --save-detailed ones: seconds, as vllm writes them; ttfts and
  * latencies 0 when the request failed or had no token, as vllm's defaults; start_times from the
  * level's start where vllm's are perf_counter() readings: only differences compare) and, aligned
  * with them, the ones vllm lacks in k (cached tokens, E2E and TPOT in ms, TPOT -1 under 2 tokens,
- * 1-based turn); measured requests only, in send order. itls and generated_texts are null: a
- * record keeps its ITL count, mean and max, not each gap, and no generated text. */
+ * 1-based turn); measured requests only, in completion order (the JSONL's). itls and
+ * generated_texts are null: a record keeps its ITL count, mean and max, not each gap, and no
+ * generated text. */
 static void request_arrays(cJSON *o, cJSON *k, const kvr_level_t *lv) {
   cJSON *in = cJSON_AddArrayToObject(o, "input_lens");
   cJSON *outl = cJSON_AddArrayToObject(o, "output_lens");
@@ -216,10 +192,10 @@ static void request_arrays(cJSON *o, cJSON *k, const kvr_level_t *lv) {
   cJSON *e2els = cJSON_AddArrayToObject(k, "e2els");
   cJSON *tpots = cJSON_AddArrayToObject(k, "tpots");
   cJSON *turns = cJSON_AddArrayToObject(k, "turns");
-  size_t n = 0;
-  sent_ix_t *ix = send_order(lv, &n);
-  for (size_t j = 0; j < n; j++) {
-    const kvr_req_rec_t *r = &lv->recs[ix[j].i];
+  for (size_t i = 0; i < lv->nrecs; i++) {
+    const kvr_req_rec_t *r = &lv->recs[i];
+    if (r->warmup)
+      continue;
     cJSON_AddItemToArray(in, cJSON_CreateNumber(r->prompt_tokens));
     cJSON_AddItemToArray(outl, cJSON_CreateNumber(r->output_tokens));
     cJSON_AddItemToArray(ttfts, cJSON_CreateNumber(r->ttft_ms >= 0 ? r->ttft_ms / 1000.0 : 0));
@@ -231,7 +207,6 @@ static void request_arrays(cJSON *o, cJSON *k, const kvr_level_t *lv) {
     cJSON_AddItemToArray(tpots, cJSON_CreateNumber(r->tpot_ms >= 0 ? r->tpot_ms : -1));
     cJSON_AddItemToArray(turns, cJSON_CreateNumber(r->turn));
   }
-  free(ix);
 }
 
 /* What the run was: policy, workload, rate meaning, time scale, seed, requests. */
