@@ -6,10 +6,10 @@
  *
  * Invariants: warm-up and cool-down requests are left out of the per-level arrays (input_lens,
  * ttfts, latencies, start_times, ... and the kvrouter object's cached_lens, e2els, tpots, turns,
- * all aligned: entry i of each is the same measured request, in completion order, the JSONL's;
- * vllm's follow its sends: start_times gives that order) and kept,
- * flagged, in the JSONL; the engine figures are null when no worker's /metrics was read; a vllm
- * key whose figure the records cannot give (itls, generated_texts) is null, never made up.
+ * all aligned: entry i of each is the same measured request, in completion order as the JSONL,
+ * where vllm's follow its sends: start_times gives that order) and kept, flagged, in the JSONL;
+ * the engine figures are null when no worker's /metrics was read; a vllm key whose figure the
+ * records cannot give (itls, generated_texts) is null, never made up.
  *
  * Source of the vllm keys and their meaning: vllm/benchmarks/serve.py (calculate_metrics(),
  * benchmark()'s result dict, main_async()'s result_json) in vllm-project/vllm.
