@@ -5,15 +5,21 @@
  * Structs: none of its own; cJSON objects are built from a kvr_level_t and freed after printing.
  *
  * Invariants: warm-up and cool-down requests are left out of the per-level arrays (input_lens,
- * ttfts, ... and the kvrouter object's cached_lens, e2els, tpots, turns, all aligned: entry i of
- * each is the same measured request, in completion order) and kept, flagged, in the JSONL; the
- * engine figures are null when no worker's /metrics was read.
+ * ttfts, latencies, start_times, ... and the kvrouter object's cached_lens, e2els, tpots, turns,
+ * all aligned: entry i of each is the same measured request, in completion order as the JSONL,
+ * where vllm's follow its sends: start_times gives that order) and kept, flagged, in the JSONL;
+ * the engine figures are null when no worker's /metrics was read; a vllm key whose figure the
+ * records cannot give (itls, generated_texts) is null, never made up.
+ *
+ * Source of the vllm keys and their meaning: vllm/benchmarks/serve.py (calculate_metrics(),
+ * benchmark()'s result dict, main_async()'s result_json) in vllm-project/vllm.
  */
 #include "report.h"
 
 #include "src/kvr.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,14 +57,91 @@ static cJSON *dist_obj(const kvr_dist_t *d) {
   return o;
 }
 
+/* vllm's request_goodput: completed measured requests meeting every goodput SLO, per second of the
+ * measured window (duration). vllm's SLOs are --goodput ttft:MS tpot:MS, a request being good when
+ * each figure is <= its SLO, with TPOT 0 under 2 output tokens; kvrouter's are its TTFT and TPOT
+ * SLO thresholds (an unset one, <= 0, is left out). A completed request with no first token cannot
+ * show its TTFT met and is not counted. -1 (written null) when neither SLO is set, as vllm writes
+ * None without --goodput, or when the window is empty. */
+static double request_goodput(const kvr_slo_t *slo, const kvr_level_t *lv) {
+  if ((slo->ttft_p99_ms <= 0 && slo->tpot_p99_ms <= 0) || lv->duration_s <= 0)
+    return -1;
+  size_t good = 0;
+  for (size_t i = 0; i < lv->nrecs; i++) {
+    const kvr_req_rec_t *r = &lv->recs[i];
+    if (r->warmup || !r->ok)
+      continue;
+    if (slo->ttft_p99_ms > 0 && !(r->ttft_ms >= 0 && r->ttft_ms <= slo->ttft_p99_ms))
+      continue;
+    double tpot = r->tpot_ms >= 0 ? r->tpot_ms : 0;
+    if (slo->tpot_p99_ms > 0 && tpot > slo->tpot_p99_ms)
+      continue;
+    good++;
+  }
+  return (double)good / lv->duration_s;
+}
+
+/* vllm's max_output_tokens_per_s: the most output tokens that arrived within one 1-s bucket, the
+ * buckets counted from the earliest send of a completed measured request (report seconds).
+ * vllm places each token from the request's start, TTFT and ITLs. The records keep no per-token
+ * timestamps (an ITL count, mean and max only), so this places a request's first token at
+ * sent + TTFT, exactly, and spreads its other output_tokens - 1 evenly up to sent + E2E: the
+ * figure vllm would get were each request's ITLs equal, an estimate otherwise. 0 when no measured
+ * request completed, as vllm. */
+static double max_output_tokens_per_s(const kvr_level_t *lv) {
+  double t0 = 0, t1 = 0;
+  bool any = false;
+  for (size_t i = 0; i < lv->nrecs; i++) {
+    const kvr_req_rec_t *r = &lv->recs[i];
+    if (r->warmup || !r->ok)
+      continue;
+    double end = r->sent_s + r->e2e_ms / 1000.0;
+    if (!any || r->sent_s < t0)
+      t0 = r->sent_s;
+    if (!any || end > t1)
+      t1 = end;
+    any = true;
+  }
+  if (!any || !(t1 >= t0))
+    return 0;
+  size_t nb = (size_t)ceil(t1 - t0) + 1;
+  uint64_t *bucket = kvr_xcalloc(nb, sizeof(*bucket));
+  for (size_t i = 0; i < lv->nrecs; i++) {
+    const kvr_req_rec_t *r = &lv->recs[i];
+    if (r->warmup || !r->ok || r->ttft_ms < 0 || r->output_tokens == 0)
+      continue;
+    double first = r->sent_s + r->ttft_ms / 1000.0, last = r->sent_s + r->e2e_ms / 1000.0;
+    double step = r->output_tokens > 1 ? (last - first) / (r->output_tokens - 1) : 0;
+    for (uint32_t k = 0; k < r->output_tokens; k++) {
+      double off = first + k * step - t0;
+      if (off >= 0 && off < (double)nb)
+        bucket[(size_t)off]++;
+    }
+  }
+  uint64_t peak = 0;
+  for (size_t b = 0; b < nb; b++)
+    if (bucket[b] > peak)
+      peak = bucket[b];
+  free(bucket);
+  return (double)peak;
+}
+
 /* The keys `vllm bench serve --save-result` writes, with its meaning. */
 static void vllm_keys(cJSON *o, const kvr_results_t *res, const kvr_run_t *run,
                       const kvr_level_t *lv) {
+  const char *backend = res->api && strcmp(res->api, "completions") == 0 ? "openai" : "openai-chat";
   cJSON_AddStringToObject(o, "date", res->generated ? res->generated : "");
-  cJSON_AddStringToObject(
-      o, "backend", res->api && strcmp(res->api, "completions") == 0 ? "openai" : "openai-chat");
+  /* vllm writes its --backend under both names ("endpoint_type" for backward compatibility). */
+  cJSON_AddStringToObject(o, "endpoint_type", backend);
+  cJSON_AddStringToObject(o, "backend", backend);
   cJSON_AddStringToObject(o, "label", run->label);
   cJSON_AddStringToObject(o, "model_id", res->model ? res->model : "");
+  /* vllm's tokenizer defaults to the model; kvrouter counts tokens from usage, with no tokenizer
+   * of its own, so the model name is the tokenizer it stands for. */
+  if (res->model)
+    cJSON_AddStringToObject(o, "tokenizer_id", res->model);
+  else
+    cJSON_AddNullToObject(o, "tokenizer_id");
   cJSON_AddNumberToObject(o, "num_prompts", (double)lv->nrecs);
   if (lv->concurrency) {
     cJSON_AddStringToObject(o, "request_rate", "inf");
@@ -74,8 +157,14 @@ static void vllm_keys(cJSON *o, const kvr_results_t *res, const kvr_run_t *run,
   cJSON_AddNumberToObject(o, "total_input_tokens", (double)lv->total_input);
   cJSON_AddNumberToObject(o, "total_output_tokens", (double)lv->total_output);
   cJSON_AddNumberToObject(o, "request_throughput", lv->request_throughput);
+  double goodput = request_goodput(&res->slo, lv);
+  if (goodput >= 0)
+    cJSON_AddNumberToObject(o, "request_goodput", goodput);
+  else
+    cJSON_AddNullToObject(o, "request_goodput");
   cJSON_AddNumberToObject(o, "output_throughput", lv->output_throughput);
   cJSON_AddNumberToObject(o, "total_token_throughput", lv->total_token_throughput);
+  cJSON_AddNumberToObject(o, "max_output_tokens_per_s", max_output_tokens_per_s(lv));
   cJSON_AddNumberToObject(o, "max_concurrent_requests", lv->max_concurrent);
   add_dist(o, "ttft", &lv->ttft);
   add_dist(o, "tpot", &lv->tpot);
@@ -83,12 +172,21 @@ static void vllm_keys(cJSON *o, const kvr_results_t *res, const kvr_run_t *run,
   add_dist(o, "e2el", &lv->e2e);
 }
 
-/* vllm's per-request arrays in o and, aligned with them, the ones vllm lacks in k (cached tokens,
- * E2E and TPOT in ms, TPOT -1 under 2 tokens, 1-based turn); measured requests only. */
+/* vllm's per-request arrays in o (its --save-detailed ones: seconds, as vllm writes them; ttfts and
+ * latencies 0 when the request failed or had no token, as vllm's defaults; start_times from the
+ * level's start where vllm's are perf_counter() readings: only differences compare) and, aligned
+ * with them, the ones vllm lacks in k (cached tokens, E2E and TPOT in ms, TPOT -1 under 2 tokens,
+ * 1-based turn); measured requests only, in completion order (the JSONL's). itls and
+ * generated_texts are null: a record keeps its ITL count, mean and max, not each gap, and no
+ * generated text. */
 static void request_arrays(cJSON *o, cJSON *k, const kvr_level_t *lv) {
   cJSON *in = cJSON_AddArrayToObject(o, "input_lens");
   cJSON *outl = cJSON_AddArrayToObject(o, "output_lens");
   cJSON *ttfts = cJSON_AddArrayToObject(o, "ttfts");
+  cJSON_AddNullToObject(o, "itls");
+  cJSON *lats = cJSON_AddArrayToObject(o, "latencies");
+  cJSON *starts = cJSON_AddArrayToObject(o, "start_times");
+  cJSON_AddNullToObject(o, "generated_texts");
   cJSON *errs = cJSON_AddArrayToObject(o, "errors");
   cJSON *cached = cJSON_AddArrayToObject(k, "cached_lens");
   cJSON *e2els = cJSON_AddArrayToObject(k, "e2els");
@@ -101,6 +199,8 @@ static void request_arrays(cJSON *o, cJSON *k, const kvr_level_t *lv) {
     cJSON_AddItemToArray(in, cJSON_CreateNumber(r->prompt_tokens));
     cJSON_AddItemToArray(outl, cJSON_CreateNumber(r->output_tokens));
     cJSON_AddItemToArray(ttfts, cJSON_CreateNumber(r->ttft_ms >= 0 ? r->ttft_ms / 1000.0 : 0));
+    cJSON_AddItemToArray(lats, cJSON_CreateNumber(r->ok ? r->e2e_ms / 1000.0 : 0));
+    cJSON_AddItemToArray(starts, cJSON_CreateNumber(r->sent_s));
     cJSON_AddItemToArray(errs, cJSON_CreateString(r->error));
     cJSON_AddItemToArray(cached, cJSON_CreateNumber(r->cached_tokens));
     cJSON_AddItemToArray(e2els, cJSON_CreateNumber(r->e2e_ms));

@@ -13,6 +13,7 @@
 #include "src/kvr.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -338,6 +339,112 @@ static void test_level_json_and_jsonl(void **state) {
     cJSON_Delete(o);
   }
   assert_int_equal(failed, 3);
+  kvr_buf_free(&b);
+  kvr_stats_results_free(res);
+}
+
+/* One request of the hand-built level of test_vllm_keys(). */
+static void add_req(kvr_level_t *lv, bool warmup, double sent, bool ok, double ttft, uint32_t out,
+                    double e2e) {
+  kvr_req_rec_t r;
+  memset(&r, 0, sizeof(r));
+  r.warmup = warmup;
+  r.user = -1;
+  r.sent_s = r.target_s = sent;
+  r.ok = ok;
+  r.status = ok ? 200 : 503;
+  r.ttft_ms = ttft;
+  r.output_tokens = out;
+  r.tpot_ms = ok && out > 1 ? (e2e - ttft) / (out - 1) : -1;
+  r.e2e_ms = e2e;
+  r.prompt_tokens = 100 + (uint32_t)lround(sent * 100);
+  if (!ok)
+    snprintf(r.error, sizeof(r.error), "HTTP 503");
+  kvr_stats_level_add(lv, &r, NULL, 0);
+}
+
+static double num(const cJSON *o, const char *key) {
+  const cJSON *v = cJSON_GetObjectItem(o, key);
+  assert_non_null(v);
+  assert_true(cJSON_IsNumber(v));
+  return v->valuedouble;
+}
+
+#define assert_near(a, b) assert_true(fabs((a) - (b)) < 1e-9)
+
+/* The keys vllm/benchmarks/serve.py writes that kvrouter added: endpoint_type, tokenizer_id,
+ * request_goodput, max_output_tokens_per_s, and the per-request latencies and start_times (seconds,
+ * measured requests in completion order), itls and generated_texts null. */
+static void test_vllm_keys(void **state) {
+  (void)state;
+  kvr_results_t *res = kvr_stats_results_new();
+  kvr_stats_set_str(&res->model, "org/model");
+  kvr_stats_set_str(&res->api, "chat");
+  kvr_run_t *run = kvr_stats_results_add_run(res, "base", "", "");
+  kvr_level_t *lv = kvr_stats_level_new(2, 0);
+  /* Added in completion order; sent at 1.0 (C), 1.2 (E), 1.5 (D), 1.8 (F), 2.05 (B). */
+  add_req(lv, true, 0.0, true, 100, 5, 500);     /* warm-up: left out */
+  add_req(lv, false, 1.2, false, -1, 0, 5);      /* E: failed */
+  add_req(lv, false, 1.0, true, 500, 3, 600);    /* C: TPOT 50, good */
+  add_req(lv, false, 1.8, true, 900, 1, 900);    /* F: one token (TPOT 0), good */
+  add_req(lv, false, 2.05, true, 200, 11, 1200); /* B: TPOT 100 over 60 */
+  add_req(lv, false, 1.5, true, 1500, 1, 1500);  /* D: TTFT 1500 over 1000 */
+  kvr_stats_level_finish(lv, &res->slo);
+  kvr_stats_run_add(run, lv);
+  assert_near(lv->duration_s, 2.25); /* 1.0 -> B's end at 3.25 */
+
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_report_level_json(res, run, lv, &b);
+  cJSON *j = cJSON_Parse(b.data);
+  assert_non_null(j);
+  assert_string_equal(cJSON_GetObjectItem(j, "endpoint_type")->valuestring, "openai-chat");
+  assert_string_equal(cJSON_GetObjectItem(j, "backend")->valuestring, "openai-chat");
+  assert_string_equal(cJSON_GetObjectItem(j, "tokenizer_id")->valuestring, "org/model");
+  /* C and F meet TTFT <= 1000 and TPOT <= 60 ms: 2 over the 2.25 s window. */
+  assert_near(num(j, "request_goodput"), 2 / 2.25);
+  /* 1-s buckets from 1.0: C's 3 tokens in [1, 2); F's, and B's first 8 (2.25 + 0.1k) in [2, 3);
+   * B's last 3 and D's in [3, 4). */
+  assert_near(num(j, "max_output_tokens_per_s"), 9);
+  assert_near(num(j, "max_concurrent_requests"), (double)lv->max_concurrent);
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "itls")));
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "generated_texts")));
+
+  /* Completion order, the records' (and the JSONL's): E, C, F, B, D. */
+  static const double start[] = {1.2, 1.0, 1.8, 2.05, 1.5};
+  static const double ttft[] = {0, 0.5, 0.9, 0.2, 1.5};
+  static const double lat[] = {0, 0.6, 0.9, 1.2, 1.5};
+  static const double e2e_ms[] = {5, 600, 900, 1200, 1500};
+  static const double in[] = {220, 200, 280, 305, 250};
+  const cJSON *k = cJSON_GetObjectItem(j, "kvrouter");
+  static const char *const top[] = {"input_lens", "output_lens", "ttfts",
+                                    "latencies",  "start_times", "errors"};
+  static const char *const kv[] = {"cached_lens", "e2els", "tpots", "turns"};
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(top); i++)
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, top[i])), 5);
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(kv); i++)
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(k, kv[i])), 5);
+  for (int i = 0; i < 5; i++) {
+    assert_near(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "start_times"), i)->valuedouble,
+                start[i]);
+    assert_near(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "ttfts"), i)->valuedouble, ttft[i]);
+    assert_near(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "latencies"), i)->valuedouble, lat[i]);
+    assert_near(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "input_lens"), i)->valuedouble, in[i]);
+    assert_near(cJSON_GetArrayItem(cJSON_GetObjectItem(k, "e2els"), i)->valuedouble, e2e_ms[i]);
+  }
+  assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "errors"), 0)->valuestring,
+                      "HTTP 503");
+  cJSON_Delete(j);
+
+  /* No SLO set: vllm writes null without --goodput; no model: no tokenizer. */
+  res->slo.ttft_p99_ms = res->slo.tpot_p99_ms = 0;
+  kvr_stats_set_str(&res->model, NULL);
+  kvr_buf_reset(&b);
+  kvr_report_level_json(res, run, lv, &b);
+  j = cJSON_Parse(b.data);
+  assert_non_null(j);
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "request_goodput")));
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "tokenizer_id")));
+  cJSON_Delete(j);
   kvr_buf_free(&b);
   kvr_stats_results_free(res);
 }
@@ -1097,7 +1204,8 @@ static void test_chart_axes_fit(void **state) {
 
 KVR_TEST_MAIN(cmocka_unit_test(test_markdown_structure), cmocka_unit_test(test_no_improvement),
               cmocka_unit_test(test_html_charts), cmocka_unit_test(test_level_json_and_jsonl),
-              cmocka_unit_test(test_write_files), cmocka_unit_test(test_engine_figures_and_reset),
+              cmocka_unit_test(test_vllm_keys), cmocka_unit_test(test_write_files),
+              cmocka_unit_test(test_engine_figures_and_reset),
               cmocka_unit_test(test_html_has_every_table), cmocka_unit_test(test_reset_verdicts),
               cmocka_unit_test(test_capacity_not_found),
               cmocka_unit_test(test_capacity_bounds_as_data),
