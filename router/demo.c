@@ -548,8 +548,8 @@ static int preflight(demo_t *d, char **extra, int nextra) {
   return kvr_cli_fail(&demo_cmd, "after --: %s", why);
 }
 
-/* Removes the .json files of DIR/results, so that only this run's levels are read back. */
-static void clear_results(const char *dir) {
+/* Calls fn(path, ctx) for each .json file of DIR/results (the bench's per-level files). */
+static void each_result(const char *dir, void (*fn)(const char *path, void *ctx), void *ctx) {
   char path[4400];
   snprintf(path, sizeof(path), "%s/results", dir);
   DIR *dp = opendir(path);
@@ -561,10 +561,20 @@ static void clear_results(const char *dir) {
     if (n > 5 && strcmp(e->d_name + n - 5, ".json") == 0) {
       char f[4700];
       snprintf(f, sizeof(f), "%s/%s", path, e->d_name);
-      unlink(f);
+      fn(f, ctx);
     }
   }
   closedir(dp);
+}
+
+static void remove_file(const char *path, void *ctx) {
+  (void)ctx;
+  unlink(path);
+}
+
+/* Removes the .json files of DIR/results, so that only this run's levels are read back. */
+static void clear_results(const char *dir) {
+  each_result(dir, remove_file, NULL);
 }
 
 static int run_bench(demo_t *d, char **extra, int nextra) {
@@ -654,22 +664,12 @@ static void read_real_level(demo_t *d, const char *path) {
   cJSON_Delete(o);
 }
 
+static void read_real_cb(const char *path, void *ctx) {
+  read_real_level(ctx, path);
+}
+
 static void read_real(demo_t *d) {
-  char path[4400];
-  snprintf(path, sizeof(path), "%s/results", d->real_out);
-  DIR *dp = opendir(path);
-  if (dp == NULL)
-    return;
-  struct dirent *e;
-  while ((e = readdir(dp)) != NULL) {
-    size_t n = strlen(e->d_name);
-    if (n > 5 && strcmp(e->d_name + n - 5, ".json") == 0) {
-      char f[4700];
-      snprintf(f, sizeof(f), "%s/%s", path, e->d_name);
-      read_real_level(d, f);
-    }
-  }
-  closedir(dp);
+  each_result(d->real_out, read_real_cb, d);
 }
 
 /* ---- step 3: the same levels in virtual time, and the agreement ---- */

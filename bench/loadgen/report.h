@@ -2,8 +2,9 @@
  *
  * Every renderer is a pure function of a kvr_results_t (see stats.h): it reads the collected
  * figures and appends text to a kvr_buf_t. Nothing here touches the network or a loop, so the
- * report is unit-tested on hand-built results. kvr_report_write() is the only function that touches
- * files.
+ * report is unit-tested on hand-built results. Only report_files.c touches files:
+ * kvr_report_write() and the two helpers it is made of, which the policy study
+ * (bench/vcluster/study.c) uses too.
  *
  * The Markdown follows the team's report form (shared/seeds/002_*.txt), opened by a summary
  * paragraph of the winner and its gain (exact, a bound, or not known): configuration, SLO targets,
@@ -115,5 +116,11 @@ void kvr_report_title(const kvr_results_t *res, kvr_buf_t *out);
 /* Writes DIR/report.md, DIR/report.html, DIR/requests.jsonl and DIR/results/<label>_<load>.json,
  * creating DIR and DIR/results as needed. Returns 0 or KVR_EIO with a one-line reason in err. */
 int kvr_report_write(const kvr_results_t *res, const char *dir, char *err, size_t errlen);
+
+/* Creates dir and its missing parents (mkdir -p). Returns 0 or KVR_EIO with "PATH: reason". */
+int kvr_report_mkdir_p(const char *dir, char *err, size_t errlen);
+
+/* Writes b to path, replacing it. Returns 0 or KVR_EIO with "PATH: reason" in err. */
+int kvr_report_write_file(const char *path, const kvr_buf_t *b, char *err, size_t errlen);
 
 #endif

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static int mkdir_p(const char *dir, char *err, size_t errlen) {
+int kvr_report_mkdir_p(const char *dir, char *err, size_t errlen) {
   char tmp[4096];
   snprintf(tmp, sizeof(tmp), "%s", dir);
   for (char *p = tmp + 1; *p; p++) {
@@ -33,7 +33,7 @@ static int mkdir_p(const char *dir, char *err, size_t errlen) {
   return 0;
 }
 
-static int write_file(const char *path, const kvr_buf_t *b, char *err, size_t errlen) {
+int kvr_report_write_file(const char *path, const kvr_buf_t *b, char *err, size_t errlen) {
   FILE *f = fopen(path, "wb");
   if (f == NULL) {
     snprintf(err, errlen, "%s: %s", path, strerror(errno));
@@ -61,21 +61,21 @@ static void safe_name(const char *s, char *out, size_t size) {
 
 int kvr_report_write(const kvr_results_t *res, const char *dir, char *err, size_t errlen) {
   char path[4096];
-  int rc = mkdir_p(dir, err, errlen);
+  int rc = kvr_report_mkdir_p(dir, err, errlen);
   if (rc != 0)
     return rc;
   snprintf(path, sizeof(path), "%s/results", dir);
-  if ((rc = mkdir_p(path, err, errlen)) != 0)
+  if ((rc = kvr_report_mkdir_p(path, err, errlen)) != 0)
     return rc;
   kvr_buf_t b = KVR_BUF_INIT;
   kvr_report_markdown(res, &b);
   snprintf(path, sizeof(path), "%s/report.md", dir);
-  rc = write_file(path, &b, err, errlen);
+  rc = kvr_report_write_file(path, &b, err, errlen);
   kvr_buf_reset(&b);
   if (rc == 0) {
     kvr_report_html(res, &b);
     snprintf(path, sizeof(path), "%s/report.html", dir);
-    rc = write_file(path, &b, err, errlen);
+    rc = kvr_report_write_file(path, &b, err, errlen);
     kvr_buf_reset(&b);
   }
   for (size_t r = 0; rc == 0 && r < res->nruns; r++)
@@ -83,7 +83,7 @@ int kvr_report_write(const kvr_results_t *res, const char *dir, char *err, size_
       kvr_report_jsonl(&res->runs[r], res->runs[r].levels[i], &b);
   if (rc == 0) {
     snprintf(path, sizeof(path), "%s/requests.jsonl", dir);
-    rc = write_file(path, &b, err, errlen);
+    rc = kvr_report_write_file(path, &b, err, errlen);
   }
   for (size_t r = 0; rc == 0 && r < res->nruns; r++) {
     for (size_t i = 0; rc == 0 && i < res->runs[r].nlevels; i++) {
@@ -95,7 +95,7 @@ int kvr_report_write(const kvr_results_t *res, const char *dir, char *err, size_
       kvr_report_level_json(res, &res->runs[r], lv, &b);
       snprintf(path, sizeof(path), "%s/results/%s_%s%s.json", dir, label,
                lv->concurrency ? "c" : "rate", load);
-      rc = write_file(path, &b, err, errlen);
+      rc = kvr_report_write_file(path, &b, err, errlen);
     }
   }
   kvr_buf_free(&b);

@@ -16,12 +16,10 @@
 #include "policies/policy.h"
 #include "src/kvr.h"
 
-#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 static const char *const sc_multiturn[] = {
@@ -294,18 +292,12 @@ static void render_json(const study_t *st, double seconds, kvr_buf_t *b) {
   kvr_buf_puts(b, "]}\n");
 }
 
-static int write_file(const char *dir, const char *name, const kvr_buf_t *b, char *err,
-                      size_t errlen) {
+/* DIR/NAME from b; 0 or nonzero with the reason in err. */
+static int write_in(const char *dir, const char *name, const kvr_buf_t *b, char *err,
+                    size_t errlen) {
   char path[1200];
   snprintf(path, sizeof(path), "%s/%s", dir, name);
-  FILE *f = fopen(path, "w");
-  if (f == NULL || fwrite(b->data, 1, b->len, f) != b->len) {
-    snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-    if (f)
-      fclose(f);
-    return 1;
-  }
-  return fclose(f) == 0 ? 0 : 1;
+  return kvr_report_write_file(path, b, err, errlen);
 }
 
 /* ---- the run --------------------------------------------------------------------------------- */
@@ -351,27 +343,15 @@ static int check(study_t *st, char *err, size_t errlen) {
   return 0;
 }
 
-static int make_dirs(const char *path) {
-  char tmp[1200];
-  snprintf(tmp, sizeof(tmp), "%s", path);
-  for (char *p = tmp + 1; *p; p++)
-    if (*p == '/') {
-      *p = '\0';
-      if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-        return -1;
-      *p = '/';
-    }
-  return mkdir(tmp, 0755) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 int kvr_study_run(const kvr_study_opts_t *o, kvr_study_run_fn run, FILE *out,
                   kvr_study_summary_t *sum, char *err, size_t errlen) {
   study_t st = {.o = o, .run = run, .progress = o->quiet ? NULL : stderr};
   int rc = check(&st, err, errlen);
   if (rc != 0)
     return rc;
-  if (make_dirs(o->out) != 0) {
-    snprintf(err, errlen, "--out: cannot create %s: %s", o->out, strerror(errno));
+  char e2[600];
+  if (kvr_report_mkdir_p(o->out, e2, sizeof(e2)) != 0) {
+    snprintf(err, errlen, "--out: cannot create %s (%s)", o->out, e2);
     return 1;
   }
   st.ncells = st.nscs * o->seeds;
@@ -413,8 +393,8 @@ int kvr_study_run(const kvr_study_opts_t *o, kvr_study_run_fn run, FILE *out,
   kvr_buf_t md = KVR_BUF_INIT, js = KVR_BUF_INIT;
   render_md(&st, seconds, &md);
   render_json(&st, seconds, &js);
-  rc = write_file(o->out, "STUDY.md", &md, err, errlen) ||
-       write_file(o->out, "study.json", &js, err, errlen);
+  rc = write_in(o->out, "STUDY.md", &md, err, errlen) ||
+       write_in(o->out, "study.json", &js, err, errlen);
   fputs(md.data, out);
   fprintf(out, "\nStudy: %s/STUDY.md (study.json beside it)\n", o->out);
   int failed = 0;

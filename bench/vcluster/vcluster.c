@@ -125,16 +125,22 @@ struct kvr_vcluster_s {
 void kvr_vcluster_opts_default(kvr_vcluster_opts_t *o) {
   memset(o, 0, sizeof(*o));
   o->workers = 4;
-  kvr_sim_config_default(&o->engine);
-  o->output_len_mean = 830;
-  o->model = "meta-llama/Llama-3.3-70B-Instruct";
+  /* The workers and the router start from the defaults of `kvrouter sim` and `kvrouter serve`. */
+  kvr_sim_server_opts_t sim;
+  kvr_sim_server_opts_default(&sim);
+  o->engine = sim.engine;
+  o->output_len_mean = sim.output_len_mean;
+  o->model = sim.model;
+  kvr_config_t cfg;
+  kvr_config_init(&cfg);
+  o->block_chars = cfg.block_chars;
+  o->scrape_interval_ms = cfg.scrape_interval_ms;
+  o->scrape_stale_ms = cfg.scrape_stale_ms;
+  o->seed = cfg.seed;
+  kvr_config_free(&cfg);
   o->chat = true;
   o->net_ms = 0.1;
   o->router_ms = 0.05;
-  o->block_chars = 64;
-  o->scrape_interval_ms = 1000;
-  o->scrape_stale_ms = 5000;
-  o->seed = 1;
   o->slo_ttft_s = 1.0;
   o->slo_tpot_s = 0.060;
 }
