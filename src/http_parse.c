@@ -56,7 +56,7 @@ struct kvr_http_parse_s {
   bool paused;       /* llhttp is paused (HEAD or DONE) and needs llhttp_resume() */
   /* The buffer of the current feed and the last byte other than SP/HTAB fed before it. */
   const char *feed_start, *feed_end;
-  char prev_nonws;
+  char prev_byte, prev_nonws;
   kvr_http_rejection_t rej;
   char msg[192];
 };
@@ -359,7 +359,12 @@ static int on_header_field(llhttp_t *lp, const char *at, size_t len) {
   return header_piece(p, at, len, &p->hfield);
 }
 
-/* The last byte other than SP/HTAB before at, in this feed or (at its start) the ones before. */
+/* The byte just before at, in this feed or (at its start) the last one fed before. */
+static char prev_byte(const kvr_http_parse_t *p, const char *at) {
+  return at > p->feed_start ? at[-1] : p->prev_byte;
+}
+
+/* The last byte other than SP/HTAB before at, likewise. */
 static char prev_nonws(const kvr_http_parse_t *p, const char *at) {
   while (at > p->feed_start && is_ows(at[-1]))
     at--;
@@ -368,10 +373,12 @@ static char prev_nonws(const kvr_http_parse_t *p, const char *at) {
 
 static int on_header_value(llhttp_t *lp, const char *at, size_t len) {
   kvr_http_parse_t *p = parse_of(lp);
-  /* A value piece that starts a line (after LF and blanks) continues the previous line: obs-fold,
-   * which RFC 9112 5.2 lets a server refuse with 400. A proxy must: the worker could unfold it
-   * differently. llhttp splits a value only there and at the end of a feed, never after an LF. */
-  if (prev_nonws(p, at) == '\n')
+  /* A value piece that starts a line with SP/HTAB continues the previous line: obs-fold, which
+   * RFC 9112 5.2 lets a server refuse with 400. A proxy must: the worker could unfold it
+   * differently. llhttp starts such a piece at the blank right after the LF (an ordinary value
+   * starts after the colon and its blanks); the piece may also be the rest of that line after a
+   * feed ended inside the blanks. An empty value's zero-length piece is no fold. */
+  if (len > 0 && prev_nonws(p, at) == '\n' && (is_ows(at[0]) || is_ows(prev_byte(p, at))))
     return reject(p, 400, "obsolete_line_folding",
                   "%s field value is folded across lines (obs-fold), which is not allowed",
                   p->phase == KVR_HTTP_PHASE_BODY ? "a trailer" : "a header");
@@ -399,7 +406,7 @@ static int on_header_value_complete(llhttp_t *lp) {
   }
   /* llhttp drops leading OWS; the field value excludes the trailing OWS too (RFC 9112 5). */
   while (p->hvalue.len && is_ows(p->hvalue.data[p->hvalue.len - 1]))
-    p->hvalue.len--;
+    p->hvalue.data[--p->hvalue.len] = '\0';
   kvr_http_header_t *h = kvr_xrealloc(req->headers, (req->nheaders + 1) * sizeof *h);
   req->headers = h;
   h[req->nheaders].name = kvr_buf_steal(&p->hfield);
@@ -556,7 +563,7 @@ kvr_http_parse_t *kvr_http_parse_new(const kvr_http_limits_t *limits) {
   p->parser.data = p;
   kvr_buf_init(&p->hfield);
   kvr_buf_init(&p->hvalue);
-  p->prev_nonws = '\n'; /* as if after a line end: a first line starting with SP is no fold */
+  p->prev_byte = p->prev_nonws = '\0';
   return p;
 }
 
@@ -595,7 +602,10 @@ static void reject_llhttp(kvr_http_parse_t *p, llhttp_errno_t err) {
 
 kvr_http_parse_event_t kvr_http_parse_feed(kvr_http_parse_t *p, const char *data, size_t len,
                                            size_t *used) {
+  static const char none[1];
   *used = 0;
+  if (data == NULL)
+    data = none; /* an empty buffer may have no storage; llhttp does pointer arithmetic on it */
   if (p->phase == KVR_HTTP_PHASE_FAILED)
     return KVR_HTTP_PARSE_REJECT;
   if (p->done)
@@ -621,6 +631,8 @@ kvr_http_parse_event_t kvr_http_parse_feed(kvr_http_parse_t *p, const char *data
     ev = KVR_HTTP_PARSE_REJECT;
   }
   *used = (size_t)(stop - data);
+  if (stop > data)
+    p->prev_byte = stop[-1];
   for (const char *s = stop; s > data; s--)
     if (!is_ows(s[-1])) {
       p->prev_nonws = s[-1];
