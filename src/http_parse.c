@@ -302,15 +302,17 @@ static int on_message_begin(llhttp_t *lp) {
 
 static int on_url(llhttp_t *lp, const char *at, size_t len) {
   kvr_http_parse_t *p = parse_of(lp);
-  p->url_bytes += len;
-  if (p->url_bytes > p->limits.max_url)
-    return reject(p, 414, "uri_too_long", "request target exceeds the configured limit");
+  /* Byte by byte, so that the first offending byte decides (too long or not visible ASCII)
+   * whatever the pieces llhttp hands over. */
   for (size_t i = 0; i < len; i++) {
     unsigned char c = (unsigned char)at[i];
+    if (p->url_bytes + i >= p->limits.max_url)
+      return reject(p, 414, "uri_too_long", "request target exceeds the configured limit");
     if (c < 0x21 || c > 0x7e)
       return reject(p, 400, "invalid_request_target",
                     "request target has byte 0x%02x; only visible ASCII (0x21-0x7e) is allowed", c);
   }
+  p->url_bytes += len;
   /* The span ends inside this buffer: at[len] is what ended the target. */
   if (at + len < p->feed_end && (at[len] == '\r' || at[len] == '\n'))
     return reject(p, 400, "missing_http_version",
@@ -600,6 +602,25 @@ static void reject_llhttp(kvr_http_parse_t *p, llhttp_errno_t err) {
   }
 }
 
+/* When llhttp fails on a byte inside a span (target, header name or value), it returns without
+ * passing the span's bytes before that byte to our callback. Fed in smaller pieces, those bytes
+ * would have reached the callback at the end of an earlier feed, and its verdict (a 414, a 431, a
+ * byte outside visible ASCII...) would have come first. So they are passed now, the way llhttp
+ * passes a span at the end of a feed (_span_pos0/_span_cb0 are fields of llhttp's public parser
+ * struct), so that the verdict does not depend on how the bytes were split. The end of the
+ * feed is set to the failing byte: that byte ends nothing. */
+static void flush_failed_span(kvr_http_parse_t *p) {
+  typedef int (*span_cb_t)(llhttp_t *, const char *, const char *);
+  const char *start = p->parser._span_pos0, *pos = llhttp_get_error_pos(&p->parser);
+  if (start == NULL || p->parser._span_cb0 == NULL || pos == NULL || start < p->feed_start ||
+      pos > p->feed_end || start > pos)
+    return;
+  span_cb_t cb;
+  memcpy(&cb, &p->parser._span_cb0, sizeof cb);
+  p->feed_end = pos;
+  cb(&p->parser, start, pos);
+}
+
 kvr_http_parse_event_t kvr_http_parse_feed(kvr_http_parse_t *p, const char *data, size_t len,
                                            size_t *used) {
   static const char none[1];
@@ -624,6 +645,8 @@ kvr_http_parse_event_t kvr_http_parse_feed(kvr_http_parse_t *p, const char *data
     p->paused = true;
     ev = p->done ? KVR_HTTP_PARSE_DONE : KVR_HTTP_PARSE_HEAD;
   } else if (err != HPE_OK) {
+    if (!p->rej.status)
+      flush_failed_span(p);
     if (!p->rej.status)
       reject_llhttp(p, err);
     p->phase = KVR_HTTP_PHASE_FAILED;
