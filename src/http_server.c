@@ -1,19 +1,24 @@
-/* http_server.c -- HTTP/1.1 listener and client connections on libuv, parsed by llhttp.
+/* http_server.c -- HTTP/1.1 listener and client connections on libuv; requests parsed by
+ * http_parse.c (llhttp plus the strictness rules).
  *
  * Structures:
  *   kvr_http_server_t  one listening socket, the list of its connections, the limits, the handler.
- *   kvr_http_conn_t    one accepted client: its uv_tcp_t and uv_timer_t (embedded), its llhttp
- * parser, the bytes read and not yet parsed (inbuf), the request being parsed (cur) and the request
- * held by the handler (active). At most one request is active. kvr_http_req_t     one request:
- * parsed head, buffered body, response state (see the header).
+ *   kvr_http_conn_t    one accepted client: its uv_tcp_t and uv_timer_t (embedded), its request
+ *                      parser (kvr_http_parse_t, which owns the request being parsed), the bytes
+ *                      read and not yet parsed (inbuf) and the request held by the handler
+ *                      (active). At most one request is active.
+ *   kvr_http_req_t     one request: parsed head, buffered body, response state (see the header).
  *
  * Connection states and the bytes through them:
  *
- *     socket --read--> inbuf --llhttp_execute--> cur --(message complete, parser paused)--> active
- *        ^                                                                                  |
- *        |   uv_write <-- kvr_http_start/_write/_finish <-- handler <-----on_request--------+
- *        |                                                                                  |
- *        +---- kvr_http_finish(): active = NULL, parser resumed, next pipelined request ----+
+ *     socket --read--> inbuf --kvr_http_parse_feed--> HEAD (timers, 100 Continue) ... DONE -->
+ * active ^                      |                                                          | | +-->
+ * REJECT: JSON error + Connection: close, then close    | |   uv_write <--
+ * kvr_http_start/_write/_finish <-- handler <-----on_request-------+ | |
+ *        +---- kvr_http_finish(): active = NULL, next pipelined request from inbuf --------+
+ *
+ * Every rejection the parser reports is answered at once and the connection closed after the
+ * write; the parser never leaves a malformed request waiting for bytes that will not come.
  *
  * While a request is active the connection keeps reading (so a client that goes away is noticed at
  * once and the handler's upstream work can be aborted) but stops parsing; unparsed bytes are
@@ -25,8 +30,10 @@
  * callback, i.e. always from the loop, never synchronously inside a kvr_http_* call.
  *
  * Timers: one per connection, reused: header timeout from the first byte of a request (or accept)
- * to the end of its headers (408), body idle timeout while the body streams in (408), keep-alive
- * idle timeout between requests (silent close).
+ * to the end of its headers (408); while the body streams in, whichever is nearer of the idle
+ * limit (header_timeout_ms since the last bytes) and the total body deadline (body_timeout_ms
+ * since the end of the headers), both 408; keep-alive idle timeout between requests (silent
+ * close).
  */
 #include "http_server.h"
 
@@ -155,6 +162,8 @@ const char *kvr_http_reason(int status) {
     return "Service Unavailable";
   case 504:
     return "Gateway Timeout";
+  case 505:
+    return "HTTP Version Not Supported";
   default:
     return status < 400 ? "OK" : "Error";
   }
