@@ -696,7 +696,9 @@ static void body_timer_arm(kvr_http_conn_t *conn) {
 static void on_head(kvr_http_conn_t *conn) {
   const kvr_http_limits_t *lim = &conn->srv->limits;
   const kvr_http_req_t *req = kvr_http_parse_current(conn->parse);
-  conn->body_deadline_ns = lim->body_timeout_ms ? kvr_now_ns() + lim->body_timeout_ms * 1000000 : 0;
+  /* A limit too large to add to the clock (over ~290 years) means none. */
+  bool limited = lim->body_timeout_ms && lim->body_timeout_ms < UINT64_MAX / 4000000;
+  conn->body_deadline_ns = limited ? kvr_now_ns() + lim->body_timeout_ms * 1000000 : 0;
   body_timer_arm(conn);
   const char *expect = kvr_http_header(req, "expect");
   if (expect && strcasecmp(expect, "100-continue") == 0 && req->http_minor >= 1)
