@@ -2,7 +2,8 @@
  *
  * Apart from http_server.h so that configuration (config.h) and the router core can carry them
  * without pulling in the listener and libuv. kvr_http_limits_default() is implemented by the
- * listener (http_server.c), which owns their meaning.
+ * request parser (http_parse.c), which enforces the size limits; the listener (http_server.c)
+ * enforces the timeouts and the connection count.
  */
 #ifndef KVR_HTTP_LIMITS_H
 #define KVR_HTTP_LIMITS_H
@@ -15,7 +16,10 @@ typedef struct kvr_http_limits_s {
   size_t max_header_bytes;       /* all header names+values; default 32768 */
   size_t max_header_fields;      /* default 100 */
   size_t max_body;               /* default 8 MiB */
-  uint64_t header_timeout_ms;    /* first byte to end of headers; default 10000 */
+  uint64_t header_timeout_ms;    /* first byte to end of headers, and the longest pause while a
+                                    body streams in; default 10000 */
+  uint64_t body_timeout_ms;      /* end of headers to end of body, in total (a body trickled in
+                                    slower than this gets 408); default 60000; 0 = no limit */
   uint64_t keepalive_timeout_ms; /* idle between requests; default 75000 */
   size_t max_connections;        /* 0 = unlimited; over it new clients get 503 and close */
 } kvr_http_limits_t;

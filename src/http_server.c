@@ -1,19 +1,24 @@
-/* http_server.c -- HTTP/1.1 listener and client connections on libuv, parsed by llhttp.
+/* http_server.c -- HTTP/1.1 listener and client connections on libuv; requests parsed by
+ * http_parse.c (llhttp plus the strictness rules).
  *
  * Structures:
  *   kvr_http_server_t  one listening socket, the list of its connections, the limits, the handler.
- *   kvr_http_conn_t    one accepted client: its uv_tcp_t and uv_timer_t (embedded), its llhttp
- * parser, the bytes read and not yet parsed (inbuf), the request being parsed (cur) and the request
- * held by the handler (active). At most one request is active. kvr_http_req_t     one request:
- * parsed head, buffered body, response state (see the header).
+ *   kvr_http_conn_t    one accepted client: its uv_tcp_t and uv_timer_t (embedded), its request
+ *                      parser (kvr_http_parse_t, which owns the request being parsed), the bytes
+ *                      read and not yet parsed (inbuf) and the request held by the handler
+ *                      (active). At most one request is active.
+ *   kvr_http_req_t     one request: parsed head, buffered body, response state (see the header).
  *
  * Connection states and the bytes through them:
  *
- *     socket --read--> inbuf --llhttp_execute--> cur --(message complete, parser paused)--> active
- *        ^                                                                                  |
- *        |   uv_write <-- kvr_http_start/_write/_finish <-- handler <-----on_request--------+
- *        |                                                                                  |
- *        +---- kvr_http_finish(): active = NULL, parser resumed, next pipelined request ----+
+ *     socket --read--> inbuf --kvr_http_parse_feed--> HEAD (timers, 100 Continue) ... DONE -->
+ * active ^                      |                                                          | | +-->
+ * REJECT: JSON error + Connection: close, then close    | |   uv_write <--
+ * kvr_http_start/_write/_finish <-- handler <-----on_request-------+ | |
+ *        +---- kvr_http_finish(): active = NULL, next pipelined request from inbuf --------+
+ *
+ * Every rejection the parser reports is answered at once and the connection closed after the
+ * write; the parser never leaves a malformed request waiting for bytes that will not come.
  *
  * While a request is active the connection keeps reading (so a client that goes away is noticed at
  * once and the handler's upstream work can be aborted) but stops parsing; unparsed bytes are
@@ -25,11 +30,14 @@
  * callback, i.e. always from the loop, never synchronously inside a kvr_http_* call.
  *
  * Timers: one per connection, reused: header timeout from the first byte of a request (or accept)
- * to the end of its headers (408), body idle timeout while the body streams in (408), keep-alive
- * idle timeout between requests (silent close).
+ * to the end of its headers (408); while the body streams in, whichever is nearer of the idle
+ * limit (header_timeout_ms since the last bytes) and the total body deadline (body_timeout_ms
+ * since the end of the headers), both 408; keep-alive idle timeout between requests (silent
+ * close).
  */
 #include "http_server.h"
 
+#include "http_parse.h"
 #include "kvr.h"
 #include "list.h"
 #include "log.h"
@@ -74,19 +82,15 @@ struct kvr_http_conn_s {
   uv_timer_t timer;
   uv_shutdown_t shutdown;
   kvr_http_server_t *srv;
-  kvr_list_t node; /* in srv->conns from accept until the tcp handle has closed */
-  llhttp_t parser;
+  kvr_list_t node;         /* in srv->conns from accept until the tcp handle has closed */
+  kvr_http_parse_t *parse; /* the requests' bytes -> kvr_http_req_t or a rejection; owned */
   kvr_buf_t inbuf;
-  kvr_http_req_t *cur;    /* being parsed; owned by the connection */
   kvr_http_req_t *active; /* with the handler; released by kvr_http_finish() */
-  kvr_buf_t hfield, hvalue;
   kvr_buf_t head; /* a streamed response's head, held until its first body bytes (one write) */
-  size_t header_bytes, header_fields, url_bytes;
   size_t pending_write;
   int refs;
-  int err_status; /* set by parser callbacks that reject the request */
-  const char *err_msg;
-  const char *err_code;
+  uint64_t body_deadline_ns; /* end of headers + body_timeout_ms; 0 when none */
+  bool body_deadline_hit;    /* the armed TIMER_BODY is the total deadline, not the idle one */
   timer_kind_t timer_kind;
   bool closing;
   bool reading;
@@ -107,16 +111,6 @@ static void process(kvr_http_conn_t *conn);
 static void conn_close(kvr_http_conn_t *conn);
 static void send_error_and_close(kvr_http_conn_t *conn, int status, const char *code,
                                  const char *msg);
-
-void kvr_http_limits_default(kvr_http_limits_t *l) {
-  l->max_url = 8192;
-  l->max_header_bytes = 32768;
-  l->max_header_fields = 100;
-  l->max_body = 8u << 20;
-  l->header_timeout_ms = 10000;
-  l->keepalive_timeout_ms = 75000;
-  l->max_connections = 0;
-}
 
 const char *kvr_http_reason(int status) {
   switch (status) {
@@ -168,6 +162,8 @@ const char *kvr_http_reason(int status) {
     return "Service Unavailable";
   case 504:
     return "Gateway Timeout";
+  case 505:
+    return "HTTP Version Not Supported";
   default:
     return status < 400 ? "OK" : "Error";
   }
@@ -201,28 +197,8 @@ static void peer_name(kvr_http_conn_t *conn, char *out, size_t len) {
     uv_ip4_name((struct sockaddr_in *)&ss, out, len);
 }
 
-static kvr_http_req_t *req_new(kvr_http_conn_t *conn) {
-  kvr_http_req_t *req = kvr_xcalloc(1, sizeof *req);
-  req->conn = conn;
-  req->start_ns = kvr_now_ns();
-  kvr_buf_init(&req->body);
-  req->query = "";
-  peer_name(conn, req->peer, sizeof req->peer);
-  return req;
-}
-
 static void req_free(kvr_http_req_t *req) {
-  if (req == NULL)
-    return;
-  for (size_t i = 0; i < req->nheaders; i++) {
-    free(req->headers[i].name);
-    free(req->headers[i].value);
-  }
-  free(req->headers);
-  free(req->target);
-  free(req->path);
-  kvr_buf_free(&req->body);
-  free(req);
+  kvr_http_parse_req_free(req);
 }
 
 const char *kvr_http_header(const kvr_http_req_t *req, const char *name) {
@@ -239,10 +215,8 @@ static void conn_unref(kvr_http_conn_t *conn) {
   if (--conn->refs > 0)
     return;
   kvr_http_server_t *srv = conn->srv;
-  req_free(conn->cur);
+  kvr_http_parse_free(conn->parse);
   kvr_buf_free(&conn->inbuf);
-  kvr_buf_free(&conn->hfield);
-  kvr_buf_free(&conn->hvalue);
   kvr_buf_free(&conn->head);
   free(conn);
   if (srv->closing && srv->nconns == 0 && !srv->listener_open && srv->close_done) {
@@ -293,9 +267,15 @@ static void on_timer(uv_timer_t *t) {
   }
   if (conn->active)
     return; /* the request is complete; the handler owns the connection now */
-  send_error_and_close(conn, 408, "request_timeout",
-                       kind == TIMER_HEADERS ? "request headers not received in time"
-                                             : "request body not received in time");
+  char msg[128];
+  if (kind == TIMER_HEADERS)
+    snprintf(msg, sizeof msg, "request headers not received in time");
+  else if (conn->body_deadline_hit)
+    snprintf(msg, sizeof msg, "request body not complete %llu ms after the headers",
+             (unsigned long long)conn->srv->limits.body_timeout_ms);
+  else
+    snprintf(msg, sizeof msg, "request body not received in time");
+  send_error_and_close(conn, 408, "request_timeout", msg);
 }
 
 static void timer_arm(kvr_http_conn_t *conn, timer_kind_t kind, uint64_t ms) {
@@ -409,7 +389,8 @@ static void send_error_and_close(kvr_http_conn_t *conn, int status, const char *
   kvr_http_error_body(&body, msg, kvr_http_error_type(status), code);
   /* Like a handled request's: the client's sane x-request-id if its headers got that far. */
   char rid[KVR_HTTP_REQUEST_ID_MAX + 1];
-  const char *given = conn->cur ? kvr_http_header(conn->cur, "x-request-id") : NULL;
+  const kvr_http_req_t *cur = kvr_http_parse_current(conn->parse);
+  const char *given = cur ? kvr_http_header(cur, "x-request-id") : NULL;
   if (kvr_http_request_id_ok(given))
     snprintf(rid, sizeof rid, "%s", given);
   else
@@ -625,7 +606,6 @@ void kvr_http_finish(kvr_http_req_t *req) {
     maybe_close_after_write(conn);
     return;
   }
-  llhttp_resume(&conn->parser);
   if (!conn->in_process)
     process(conn);
 }
@@ -691,212 +671,85 @@ bool kvr_http_request_id_assign(kvr_http_req_t *req, uint64_t *state) {
   return false;
 }
 
-/* ---- parsing -----------------------------------------------------------------------------------
+/* ---- parsing (http_parse.c) and dispatch --------------------------------------------------------
  */
 
-static kvr_http_conn_t *conn_of(llhttp_t *p) {
-  return p->data;
-}
-
-static int reject(kvr_http_conn_t *conn, int status, const char *code, const char *msg) {
-  conn->err_status = status;
-  conn->err_code = code;
-  conn->err_msg = msg;
-  return -1;
-}
-
-static int on_message_begin(llhttp_t *p) {
-  kvr_http_conn_t *conn = conn_of(p);
-  req_free(conn->cur);
-  conn->cur = req_new(conn);
-  conn->header_bytes = conn->header_fields = conn->url_bytes = 0;
-  kvr_buf_reset(&conn->hfield);
-  kvr_buf_reset(&conn->hvalue);
-  conn->got_bytes = true;
-  timer_arm(conn, TIMER_HEADERS, conn->srv->limits.header_timeout_ms);
-  return 0;
-}
-
-static int on_url(llhttp_t *p, const char *at, size_t len) {
-  kvr_http_conn_t *conn = conn_of(p);
-  conn->url_bytes += len;
-  if (conn->url_bytes > conn->srv->limits.max_url)
-    return reject(conn, 414, "uri_too_long", "request target exceeds the configured limit");
-  kvr_buf_append(&conn->hfield, at, len); /* hfield doubles as the URL accumulator */
-  return 0;
-}
-
-static int on_url_complete(llhttp_t *p) {
-  kvr_http_conn_t *conn = conn_of(p);
-  kvr_http_req_t *req = conn->cur;
-  req->target = kvr_buf_steal(&conn->hfield);
-  char *q = strchr(req->target, '?');
-  size_t plen = q ? (size_t)(q - req->target) : strlen(req->target);
-  req->path = kvr_xmalloc(plen + 1);
-  memcpy(req->path, req->target, plen);
-  req->path[plen] = '\0';
-  req->query = q ? q + 1 : "";
-  return 0;
-}
-
-/* Appends a piece of a header name (value false) or value to its buffer, after counting it against
- * max_header_bytes (431 when over). */
-static int header_piece(llhttp_t *p, const char *at, size_t len, bool value) {
-  kvr_http_conn_t *conn = conn_of(p);
-  conn->header_bytes += len;
-  if (conn->header_bytes > conn->srv->limits.max_header_bytes)
-    return reject(conn, 431, "headers_too_large",
-                  "request headers exceed the configured size limit");
-  kvr_buf_append(value ? &conn->hvalue : &conn->hfield, at, len);
-  return 0;
-}
-
-static int on_header_field(llhttp_t *p, const char *at, size_t len) {
-  return header_piece(p, at, len, false);
-}
-
-static int on_header_value(llhttp_t *p, const char *at, size_t len) {
-  return header_piece(p, at, len, true);
-}
-
-/* RFC 9110 5.6.2 token characters. llhttp 8 lets a space inside a name or before the colon
- * through; forwarding such a name is how request desync between proxy and worker starts. */
-static bool is_token(const char *s, size_t n) {
-  static const char extra[] = "!#$%&'*+-.^_`|~";
-  if (n == 0)
-    return false;
-  for (size_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)s[i];
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-          (c && strchr(extra, c))))
-      return false;
+/* Arms the body timer: the idle limit (header_timeout_ms) or what is left of the total body
+ * deadline (body_timeout_ms from the end of the headers), whichever comes first. */
+static void body_timer_arm(kvr_http_conn_t *conn) {
+  uint64_t ms = conn->srv->limits.header_timeout_ms;
+  conn->body_deadline_hit = false;
+  if (conn->body_deadline_ns) {
+    uint64_t now = kvr_now_ns();
+    uint64_t left =
+        conn->body_deadline_ns > now ? (conn->body_deadline_ns - now + 999999) / 1000000 : 1;
+    if (ms == 0 || left <= ms) {
+      ms = left;
+      conn->body_deadline_hit = true;
+    }
   }
-  return true;
+  timer_arm(conn, TIMER_BODY, ms);
 }
 
-static int on_header_value_complete(llhttp_t *p) {
-  kvr_http_conn_t *conn = conn_of(p);
-  kvr_http_req_t *req = conn->cur;
-  if (++conn->header_fields > conn->srv->limits.max_header_fields)
-    return reject(conn, 431, "too_many_headers", "request has more header fields than allowed");
-  if (!is_token(conn->hfield.data, conn->hfield.len))
-    return reject(conn, 400, "invalid_header", "header field name is not a valid token");
-  /* llhttp (strict) already refuses CR, LF and NUL inside values; the check is kept as a second
-   * line of defence because header values are copied to upstream requests verbatim. */
-  if (conn->hvalue.len && memchr(conn->hvalue.data, '\0', conn->hvalue.len))
-    return reject(conn, 400, "invalid_header", "header value contains a NUL byte");
-  kvr_http_header_t *h = kvr_xrealloc(req->headers, (req->nheaders + 1) * sizeof *h);
-  req->headers = h;
-  h[req->nheaders].name = kvr_buf_steal(&conn->hfield);
-  h[req->nheaders].value = kvr_buf_steal(&conn->hvalue);
-  req->nheaders++;
-  return 0;
-}
-
-static int on_headers_complete(llhttp_t *p) {
-  kvr_http_conn_t *conn = conn_of(p);
-  kvr_http_req_t *req = conn->cur;
+/* The head of a request passed every rule: the body deadline starts, and a client waiting for
+ * 100 Continue gets it. */
+static void on_head(kvr_http_conn_t *conn) {
   const kvr_http_limits_t *lim = &conn->srv->limits;
-  req->method = p->method;
-  req->method_str = llhttp_method_name((llhttp_method_t)p->method);
-  req->http_major = p->http_major;
-  req->http_minor = p->http_minor;
-  req->keep_alive = llhttp_should_keep_alive(p);
-  if (req->path == NULL)
-    return reject(conn, 400, "invalid_request_target", "missing request target");
-  if (p->method == HTTP_CONNECT)
-    return reject(conn, 405, "method_not_allowed", "CONNECT is not supported");
-  if (p->upgrade || (p->flags & F_UPGRADE) || kvr_http_header(req, "upgrade"))
-    return reject(conn, 501, "upgrade_not_supported", "protocol upgrades are not supported");
-  if ((p->flags & F_CONTENT_LENGTH) && p->content_length > lim->max_body)
-    return reject(conn, 413, "body_too_large", "request body exceeds the configured limit");
-  timer_arm(conn, TIMER_BODY, lim->header_timeout_ms);
+  const kvr_http_req_t *req = kvr_http_parse_current(conn->parse);
+  /* A limit too large to add to the clock (over ~290 years) means none. */
+  bool limited = lim->body_timeout_ms && lim->body_timeout_ms < UINT64_MAX / 4000000;
+  conn->body_deadline_ns = limited ? kvr_now_ns() + lim->body_timeout_ms * 1000000 : 0;
+  body_timer_arm(conn);
   const char *expect = kvr_http_header(req, "expect");
   if (expect && strcasecmp(expect, "100-continue") == 0 && req->http_minor >= 1)
     conn_write(conn, "HTTP/1.1 100 Continue\r\n\r\n", 25);
-  return 0;
-}
-
-static int on_body(llhttp_t *p, const char *at, size_t len) {
-  kvr_http_conn_t *conn = conn_of(p);
-  kvr_http_req_t *req = conn->cur;
-  if (req->body.len + len > conn->srv->limits.max_body)
-    return reject(conn, 413, "body_too_large", "request body exceeds the configured limit");
-  kvr_buf_append(&req->body, at, len);
-  timer_arm(conn, TIMER_BODY, conn->srv->limits.header_timeout_ms);
-  return 0;
-}
-
-static int on_message_complete(llhttp_t *p) {
-  /* Pause so that llhttp_execute() returns here: the request is dispatched from process(), outside
-   * the parser, and the bytes of any pipelined request stay in inbuf until this one is finished. */
-  (void)p;
-  return HPE_PAUSED;
-}
-
-static const llhttp_settings_t *parser_settings(void) {
-  static llhttp_settings_t s;
-  static bool init;
-  if (!init) {
-    llhttp_settings_init(&s);
-    s.on_message_begin = on_message_begin;
-    s.on_url = on_url;
-    s.on_url_complete = on_url_complete;
-    s.on_header_field = on_header_field;
-    s.on_header_value = on_header_value;
-    s.on_header_value_complete = on_header_value_complete;
-    s.on_headers_complete = on_headers_complete;
-    s.on_body = on_body;
-    s.on_message_complete = on_message_complete;
-    init = true;
-  }
-  return &s;
 }
 
 static void dispatch(kvr_http_conn_t *conn) {
-  kvr_http_req_t *req = conn->cur;
-  conn->cur = NULL;
+  kvr_http_req_t *req = kvr_http_parse_take(conn->parse);
+  req->conn = conn;
+  peer_name(conn, req->peer, sizeof req->peer);
   conn->active = req;
   conn->refs++;
+  conn->body_deadline_ns = 0;
   timer_stop(conn);
   kvr_http_server_t *srv = conn->srv;
   srv->on_request(req, srv->data);
 }
 
-/* Parses buffered bytes and dispatches complete requests, one at a time. */
+/* Parses buffered bytes and dispatches complete requests, one at a time. Every rejection the
+ * parser reports is answered and closes the connection; nothing is left waiting. */
 static void process(kvr_http_conn_t *conn) {
   conn->in_process = true;
-  while (!conn->closing && conn->active == NULL && !conn->close_after_write && conn->inbuf.len) {
-    const char *data = conn->inbuf.data;
-    llhttp_errno_t err = llhttp_execute(&conn->parser, data, conn->inbuf.len);
-    if (err == HPE_OK) {
-      kvr_buf_reset(&conn->inbuf);
-      break;
+  bool after_head = false; /* the parser may complete a body-less request without more bytes */
+  while (!conn->closing && conn->active == NULL && !conn->close_after_write &&
+         (conn->inbuf.len || after_head)) {
+    after_head = false;
+    kvr_http_parse_phase_t before = kvr_http_parse_phase(conn->parse);
+    size_t used;
+    kvr_http_parse_event_t ev =
+        kvr_http_parse_feed(conn->parse, conn->inbuf.data, conn->inbuf.len, &used);
+    kvr_buf_consume(&conn->inbuf, used);
+    kvr_http_parse_phase_t phase = kvr_http_parse_phase(conn->parse);
+    if (before == KVR_HTTP_PHASE_IDLE && phase != KVR_HTTP_PHASE_IDLE) {
+      conn->got_bytes = true; /* a request began: its headers are due within header_timeout_ms */
+      timer_arm(conn, TIMER_HEADERS, conn->srv->limits.header_timeout_ms);
     }
-    if (err == HPE_PAUSED) {
-      size_t used = (size_t)(llhttp_get_error_pos(&conn->parser) - data);
-      kvr_buf_consume(&conn->inbuf, used);
-      dispatch(conn);
-      continue; /* loops on only if the handler already finished the request */
+    if (ev == KVR_HTTP_PARSE_HEAD) {
+      on_head(conn);
+      after_head = true;
+    } else if (ev == KVR_HTTP_PARSE_DONE) {
+      dispatch(conn); /* loops on only if the handler already finished the request */
+    } else if (ev == KVR_HTTP_PARSE_REJECT) {
+      const kvr_http_rejection_t *r = kvr_http_parse_rejection(conn->parse);
+      send_error_and_close(conn, r->status, r->code, r->message);
+    } else if (phase == KVR_HTTP_PHASE_BODY && used) {
+      body_timer_arm(conn); /* body bytes arrived: the idle limit starts again */
     }
-    if (err == HPE_PAUSED_UPGRADE) {
-      send_error_and_close(conn, 501, "upgrade_not_supported",
-                           "protocol upgrades are not supported");
-      break;
-    }
-    if (conn->err_status) {
-      send_error_and_close(conn, conn->err_status, conn->err_code, conn->err_msg);
-    } else {
-      char msg[160];
-      snprintf(msg, sizeof msg, "malformed HTTP request: %s",
-               llhttp_get_error_reason(&conn->parser));
-      send_error_and_close(conn, 400, "bad_request", msg);
-    }
-    break;
   }
   conn->in_process = false;
   if (!conn->closing && conn->active == NULL && !conn->close_after_write && conn->inbuf.len == 0 &&
-      conn->cur == NULL)
+      kvr_http_parse_phase(conn->parse) == KVR_HTTP_PHASE_IDLE)
     timer_arm(conn, TIMER_KEEPALIVE, conn->srv->limits.keepalive_timeout_ms);
   read_control(conn);
 }
@@ -956,6 +809,7 @@ static void on_connection(uv_stream_t *ls, int status) {
   }
   kvr_http_conn_t *conn = kvr_xcalloc(1, sizeof *conn);
   conn->srv = srv;
+  conn->parse = kvr_http_parse_new(&srv->limits);
   uv_tcp_init(srv->loop, &conn->tcp);
   uv_timer_init(srv->loop, &conn->timer);
   conn->tcp.data = conn;
@@ -968,8 +822,6 @@ static void on_connection(uv_stream_t *ls, int status) {
     return;
   }
   uv_tcp_nodelay(&conn->tcp, 1);
-  llhttp_init(&conn->parser, HTTP_REQUEST, parser_settings());
-  conn->parser.data = conn;
   if (srv->limits.max_connections && srv->nconns > srv->limits.max_connections) {
     send_error_and_close(conn, 503, "too_many_connections", "connection limit reached");
     return;

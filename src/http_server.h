@@ -1,13 +1,20 @@
 /* http_server.h -- the HTTP/1.1 server side of kvrouter: listener, client connections, requests.
  *
  * One kvr_http_server_t listens on one address (public API, admin API, or a simulated worker) and
- * owns its client connections. llhttp parses each connection's bytes with every lenient flag off.
- * The server enforces the configured limits before anything is allocated for them:
+ * owns its client connections. Each connection's bytes go through the request parser
+ * (http_parse.h: llhttp plus the RFC 9110/9112 rules llhttp leaves out). The limits are enforced
+ * before anything is allocated for them:
  *
  *   request line > max_url        -> 414      headers > max_header_bytes/fields -> 431
  *   Content-Length > max_body     -> 413      malformed / TE+CL / dup CL       -> 400
  *   Upgrade                       -> 501      CONNECT                          -> 405
- *   headers not complete by header_timeout_ms -> 408
+ *   HTTP version not 1.0 or 1.1   -> 505      no version in the request line   -> 400
+ *   Host missing (1.1), twice, or not host[:port]                              -> 400
+ *   Transfer-Encoding not ending in chunked, empty element, on HTTP/1.0        -> 400
+ *   a coding other than chunked (gzip, identity, ...)                           -> 501
+ *   target byte outside 0x21-0x7e, obs-fold, chunk size over 32 bits          -> 400
+ *   headers not complete by header_timeout_ms, body idle for header_timeout_ms
+ *   or not complete body_timeout_ms after the headers                          -> 408
  *
  * and answers those itself with an OpenAI-style JSON error, then closes the connection. Those
  * answers carry x-request-id: the client's when its headers got that far and it is sane
@@ -15,7 +22,7 @@
  *
  * Flow of a request:
  *
- *   bytes -> llhttp -> kvr_http_req_t (method, path, headers, buffered body)
+ *   bytes -> http_parse (llhttp) -> kvr_http_req_t (method, path, headers, buffered body)
  *         -> on_request(req) handler, once the whole body has arrived
  *         -> handler answers with kvr_http_respond()/kvr_http_error() (one shot), or streams with
  *            kvr_http_start() + kvr_http_write()* + kvr_http_finish()
@@ -100,8 +107,8 @@ kvr_http_server_t *kvr_http_server_new(uv_loop_t *loop, const kvr_http_limits_t 
 int kvr_http_server_listen(kvr_http_server_t *srv, const char *hostport, char *errbuf,
                            size_t errlen);
 
-/* When on, requests the server rejects itself (400/408/413/414/431/501/405 before any handler) are
- * logged as one "access" line each, like handled requests. */
+/* When on, requests the server rejects itself (400/405/408/413/414/431/501/505 before any handler)
+ * are logged as one "access" line each, like handled requests. */
 void kvr_http_server_log_rejects(kvr_http_server_t *srv, bool on);
 
 /* The port actually bound (useful after listening on port 0), or -1. */

@@ -269,7 +269,8 @@ def test_bad_requests_rejected_with_status_and_close():
         cases = [
             ("garbage request line", lambda: _bad(p, b"GARBAGE\r\n\r\n", 400)),
             ("header line without colon", lambda: _bad(p, get + b"this is not a header\r\n\r\n", 400)),
-            ("bad HTTP version", lambda: _bad(p, b"GET /v1/models HTTP/9.7\r\nHost: x\r\n\r\n", 400)),
+            ("unsupported HTTP version -> 505",
+             lambda: _bad(p, b"GET /v1/models HTTP/9.7\r\nHost: x\r\n\r\n", 505)),
             ("bare LF line ends", lambda: _bad(p, b"GET /v1/models HTTP/1.1\nHost: x\n\n", 400)),
             ("CR inside a header value", lambda: _bad(p, get + b"X-A: a\rb\r\n\r\n", 400)),
             ("space in header name", lambda: _bad(p, get + b"Bad Name: v\r\n\r\n", 400)),

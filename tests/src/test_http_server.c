@@ -6,6 +6,10 @@
  *     method, target, query, headers and body whatever the split);
  *   - each limit and rejection (414, 431 by size and count, 413 before the body, 400 for TE+CL and
  *     duplicate Content-Length, 501 Upgrade, 405 CONNECT, 408 slow headers, 400 garbage);
+ *   - the HTTP/1.1 strictness rules (Host, Transfer-Encoding, version, request line, target,
+ *     obs-fold, chunk size): exact status at once, JSON error, x-request-id, Connection: close,
+ *     then the server closes while the client still holds its side open;
+ *   - the body deadline (408 for a body trickled in too slowly in total) and the idle limit;
  *   - chunked request bodies, streamed chunked responses, HTTP/1.0 framing;
  *   - a client that disconnects while its request is held gets on_close called once;
  *   - request ids: which client values are kept, the generator's format and uniqueness, and the
@@ -39,12 +43,15 @@ typedef struct {
   kvr_http_server_t *srv;
   int port;
   /* Client side, run in a thread. */
-  const char *parts[4];
-  size_t part_len[4];
+  const char *parts[16];
+  size_t part_len[16];
   int nparts;
   int pause_us;
   bool close_early; /* close the socket right after sending */
+  bool keep_open;   /* no half-close after sending: the server alone decides when to answer */
   kvr_buf_t response;
+  bool eof;          /* the server closed the connection (recv returned 0) */
+  double elapsed_ms; /* from connect to the end of the answer */
   pthread_t thread;
   uv_async_t done_async;
   /* Handler observations. */
@@ -107,6 +114,7 @@ static void *client_main(void *arg) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)c->port)};
   inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  uint64_t t0 = kvr_now_ns();
   if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
     for (int i = 0; i < c->nparts; i++) {
       size_t off = 0;
@@ -120,15 +128,18 @@ static void *client_main(void *arg) {
         usleep((useconds_t)c->pause_us);
     }
     if (!c->close_early) {
-      shutdown(fd, SHUT_WR);
+      if (!c->keep_open)
+        shutdown(fd, SHUT_WR);
       char buf[4096];
       ssize_t n;
       struct timeval tv = {.tv_sec = 5};
       setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
       while ((n = recv(fd, buf, sizeof buf, 0)) > 0)
         kvr_buf_append(&c->response, buf, (size_t)n);
+      c->eof = n == 0;
     }
   }
+  c->elapsed_ms = (double)(kvr_now_ns() - t0) / 1e6;
   close(fd);
   uv_async_send(&c->done_async);
   return NULL;
@@ -319,6 +330,127 @@ static void test_chunked_request_and_stream(void **state) {
   kvr_buf_free(&r);
 }
 
+/* The strictness rules over a real socket: the client sends the bytes and keeps its side open, so
+ * only the server can end the exchange. Each must get its exact status at once, as a JSON error
+ * with x-request-id and Connection: close, and then the server closes (the client reads EOF). A
+ * request the parser would wait on (HTTP/0.9 line, huge chunk size) shows up as a missing EOF. */
+typedef struct {
+  const char *req;
+  int status;
+  const char *code;
+} strict_case_t;
+
+#define SH " HTTP/1.1\r\nHost: a\r\n"
+static const strict_case_t strict_cases[] = {
+    {"GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n", 400, "invalid_host"},
+    {"GET / HTTP/1.1\r\nX-A: 1\r\n\r\n", 400, "missing_host"},
+    {"GET / HTTP/1.1\r\nHost: exa mple\r\n\r\n", 400, "invalid_host"},
+    {"GET / HTTP/1.1\r\nHost: [::1\r\n\r\n", 400, "invalid_host"},
+    {"POST /" SH "Transfer-Encoding: identity, chunked\r\n\r\n0\r\n\r\n", 501,
+     "unsupported_transfer_encoding"},
+    {"POST /" SH "Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501,
+     "unsupported_transfer_encoding"},
+    {"POST /" SH "Transfer-Encoding: x-foo\r\n\r\n", 400, "invalid_transfer_encoding"},
+    {"POST /" SH "Transfer-Encoding: ,chunked\r\n\r\n0\r\n\r\n", 400, "invalid_transfer_encoding"},
+    {"POST /" SH "Transfer-Encoding: chunked, \r\n\r\n0\r\n\r\n", 400, "invalid_transfer_encoding"},
+    {"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400,
+     "invalid_transfer_encoding"},
+    {"GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505, "http_version_not_supported"},
+    {"GET / HTTP/1.2\r\nHost: a\r\n\r\n", 505, "http_version_not_supported"},
+    {"GET / HTTP/0.9\r\n\r\n", 505, "http_version_not_supported"},
+    {"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505, "http_version_not_supported"},
+    {"GET /\r\n", 400, "missing_http_version"},
+    {"GET /\r\n\r\n", 400, "missing_http_version"},
+    {"GET / HTTP/1.x\r\nHost: a\r\n\r\n", 400, "bad_request"},
+    {"POST /" SH "Transfer-Encoding: chunked\r\n\r\n100000000\r\n", 400, "invalid_chunk_size"},
+    {"GET /caf\xc3\xa9 HTTP/1.1\r\nHost: a\r\n\r\n", 400, "invalid_request_target"},
+    {"GET /a\tb HTTP/1.1\r\nHost: a\r\n\r\n", 400, "invalid_request_target"},
+    {"GET /" SH "X-A: one\r\n two\r\n\r\n", 400, "obsolete_line_folding"},
+    {"POST /" SH "Transfer-Encoding: chunked\r\n\r\n1\r\nz\r\n0\r\nX-T: a\r\n\tb\r\n\r\n", 400,
+     "obsolete_line_folding"},
+};
+
+static void expect_strict(const char *req, int status, const char *code, const char *rid) {
+  ctx_t c = {0};
+  c.keep_open = true;
+  run_simple(&c, req, strlen(req), NULL);
+  const char *r = c.response.data ? c.response.data : "";
+  if (status_of(&c.response) != status || !c.eof || c.elapsed_ms > 2000)
+    fail_msg("%s\n  want %d and close at once; got '%.40s' eof=%d after %.0f ms", req, status, r,
+             c.eof, c.elapsed_ms);
+  const char *end = strstr(r, "\r\n\r\n");
+  assert_non_null(end);
+  const char *conn = strstr(r, "Connection: close\r\n");
+  assert_true(conn != NULL && conn < end);
+  const char *xr = strstr(r, "x-request-id: ");
+  assert_true(xr != NULL && xr < end);
+  if (rid)
+    assert_memory_equal(xr + 14, rid, strlen(rid));
+  assert_non_null(strstr(end, "{\"error\":{"));
+  char want[96];
+  snprintf(want, sizeof want, "\"code\":\"%s\"", code);
+  if (strstr(end, want) == NULL)
+    fail_msg("%s\n  want %s in '%s'", req, want, end);
+  assert_int_equal(c.requests, 0);
+  kvr_buf_free(&c.response);
+}
+
+static void test_strict_rejections_socket(void **state) {
+  (void)state;
+  for (size_t i = 0; i < sizeof strict_cases / sizeof *strict_cases; i++)
+    expect_strict(strict_cases[i].req, strict_cases[i].status, strict_cases[i].code, NULL);
+  /* The client's request id is kept on a rejection once its headers got that far. */
+  expect_strict("GET / HTTP/1.1\r\nX-Request-Id: strict-7\r\nHost: a\r\nHost: b\r\n\r\n", 400,
+                "invalid_host", "strict-7");
+  /* HTTP/1.0 may leave Host out. */
+  kvr_buf_t r = answer("GET /old HTTP/1.0\r\n\r\n", false);
+  assert_int_equal(strncmp(r.data, "HTTP/1.0 200", 12), 0);
+  kvr_buf_free(&r);
+}
+
+/* A body trickled in, each byte within the idle limit, still gets 408 once body_timeout_ms has
+ * passed since the headers; a body that stops gets 408 after the idle limit. */
+static void test_body_deadline(void **state) {
+  (void)state;
+  kvr_http_limits_t lim;
+  kvr_http_limits_default(&lim);
+  lim.header_timeout_ms = 400;
+  lim.body_timeout_ms = 600;
+  ctx_t c = {0};
+  c.keep_open = true;
+  ctx_start(&c, &lim);
+  c.parts[0] = "POST /slow HTTP/1.1\r\nHost: a\r\nContent-Length: 20\r\n\r\n";
+  c.part_len[0] = strlen(c.parts[0]);
+  for (int i = 1; i < 12; i++) {
+    c.parts[i] = "x";
+    c.part_len[i] = 1;
+  }
+  c.nparts = 12;
+  c.pause_us = 150000;
+  ctx_run_and_close(&c);
+  assert_int_equal(status_of(&c.response), 408);
+  assert_non_null(strstr(c.response.data, "not complete 600 ms after the headers"));
+  assert_non_null(strstr(c.response.data, "Connection: close"));
+  assert_true(c.eof);
+  assert_int_equal(c.requests, 0);
+  kvr_buf_free(&c.response);
+
+  lim.body_timeout_ms = 60000;
+  lim.header_timeout_ms = 200;
+  ctx_t d = {0};
+  d.keep_open = true;
+  ctx_start(&d, &lim);
+  d.parts[0] = "POST /stall HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nab";
+  d.part_len[0] = strlen(d.parts[0]);
+  d.nparts = 1;
+  ctx_run_and_close(&d);
+  assert_int_equal(status_of(&d.response), 408);
+  assert_non_null(strstr(d.response.data, "request body not received in time"));
+  assert_true(d.eof);
+  assert_true(d.elapsed_ms < 2000);
+  kvr_buf_free(&d.response);
+}
+
 static void on_hold_request(kvr_http_req_t *req, void *data) {
   ctx_t *c = data;
   c->requests++;
@@ -489,6 +621,7 @@ static void test_parse_hostport(void **state) {
 KVR_TEST_MAIN(cmocka_unit_test(test_parse_hostport), cmocka_unit_test(test_split_every_byte),
               cmocka_unit_test(test_rejections), cmocka_unit_test(test_header_timeout),
               cmocka_unit_test(test_chunked_request_and_stream),
+              cmocka_unit_test(test_strict_rejections_socket), cmocka_unit_test(test_body_deadline),
               cmocka_unit_test(test_client_close_calls_on_close),
               cmocka_unit_test(test_request_id_ok),
               cmocka_unit_test(test_request_id_gen_and_assign),
