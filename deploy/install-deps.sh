@@ -5,7 +5,8 @@
 set -euo pipefail
 
 PACKAGES=(build-essential cmake pkg-config libuv1-dev node-llhttp libcurl4-openssl-dev
-          libxxhash-dev libcjson-dev libcmocka-dev python3 python3-yaml curl clang-format)
+          libxxhash-dev libcjson-dev libcmocka-dev libzmq3-dev libmsgpack-dev python3 python3-yaml
+          python3-zmq python3-msgpack curl clang-format)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

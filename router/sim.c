@@ -28,6 +28,7 @@ typedef struct sim_cli_s {
   kvr_sim_calibrate_opts_t cal;
   bool print_costs, calibrate;
   kvr_log_level_t log_level;
+  const char *kv_events_config; /* vLLM's --kv-events-config JSON, parsed by check() */
 } sim_cli_t;
 
 #define F(field) KVR_CLI_FIELD(sim_cli_t, field)
@@ -36,6 +37,7 @@ typedef struct sim_cli_s {
 
 static const char *const fault_names[] = {KVR_SIM_FAULT_MAP(FAULT_NAME) NULL};
 static const char *const log_names[] = {"debug", "info", "warn", "error", "off", NULL};
+static const char *const encoding_names[] = {"map", "array", NULL}; /* kvr_kv_encoding_t order */
 
 static const kvr_cli_opt_t options[] = {
     {KVR_CLI_STR, "listen", F(opts.listen), .arg = "HOST:PORT",
@@ -67,6 +69,12 @@ static const kvr_cli_opt_t options[] = {
      .help = "slow fault: extra simulated ms per token"},
     {KVR_CLI_DOUBLE, "fault-duration-ms", F(opts.fault.duration_ms), .arg = "N", KVR_CLI_MIN(0),
      .help = "refuse fault: wall-clock ms before listening again; 0 = until POST /sim/fault"},
+    {KVR_CLI_STR, "kv-events-config", F(kv_events_config), .arg = "JSON",
+     .help = "publish KV-cache events as vLLM does, with vLLM's keys, e.g. "
+             "'{\"enable_kv_cache_events\":true,\"endpoint\":\"tcp://*:5557\","
+             "\"replay_endpoint\":\"tcp://*:5558\"}' (bench/sim/README.md)"},
+    {KVR_CLI_ENUM, "kv-events-encoding", F(opts.kv_encoding), .arg = "ENC", .names = encoding_names,
+     .help = "map (vLLM 0.26: map events, replay replies with the topic) or array (vLLM 0.23)"},
     {KVR_CLI_ENUM, "log-level", F(log_level), .arg = "LEVEL", .names = log_names,
      .help = "debug, info, warn, error, off"},
     {KVR_CLI_SWITCH, "print-costs", F(print_costs), .set = 1,
@@ -188,6 +196,9 @@ static int check(sim_cli_t *cli) {
     return kvr_cli_fail(&sim_cmd, "%s: needs %s (give both or neither)",
                         o->fixed_ttft_ms >= 0 ? "--fixed-ttft-ms" : "--fixed-itl-ms",
                         o->fixed_ttft_ms >= 0 ? "--fixed-itl-ms" : "--fixed-ttft-ms");
+  if (cli->kv_events_config &&
+      kvr_kv_events_config_parse(&o->kv_events, cli->kv_events_config, err, sizeof(err)) != 0)
+    return kvr_cli_fail(&sim_cmd, "--%s", err);
   return 0;
 }
 

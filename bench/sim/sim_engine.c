@@ -85,6 +85,9 @@ struct kvr_sim_engine_s {
   /* async scheduling: requests that stopped on EOS in the last step take part in the next one */
   uint32_t nextra;
   uint64_t extra_ctx;
+  /* KV events (kvr_sim_engine_kv_events); kv_on false: nothing is logged */
+  bool kv_on;
+  kvr_sim_kv_log_t kv;
 };
 
 void kvr_sim_config_default(kvr_sim_config_t *cfg) {
@@ -218,12 +221,85 @@ static void hash_remove(kvr_sim_engine_t *eng, int32_t id) {
   b->hash = 0;
 }
 
+/* ---- KV event log ---- */
+
+#define GROW(arr, n, cap, need)                                                                    \
+  do {                                                                                             \
+    if ((n) + (need) > (cap)) {                                                                    \
+      size_t c_ = (cap) ? (cap) : 64;                                                              \
+      while (c_ < (n) + (need))                                                                    \
+        c_ *= 2;                                                                                   \
+      (arr) = kvr_xrealloc((arr), c_ * sizeof(*(arr)));                                            \
+      (cap) = c_;                                                                                  \
+    }                                                                                              \
+  } while (0)
+
+static kvr_sim_kv_event_t *kv_event_new(kvr_sim_engine_t *eng, kvr_sim_kv_kind_t kind) {
+  kvr_sim_kv_log_t *l = &eng->kv;
+  GROW(l->ev, l->nev, l->ev_cap, 1);
+  kvr_sim_kv_event_t *e = &l->ev[l->nev++];
+  memset(e, 0, sizeof(*e));
+  e->kind = kind;
+  e->hash_off = (uint32_t)l->nhashes;
+  e->tok_off = (uint32_t)l->ntokens;
+  return e;
+}
+
+static void kv_push_hash(kvr_sim_engine_t *eng, uint64_t h) {
+  kvr_sim_kv_log_t *l = &eng->kv;
+  GROW(l->hashes, l->nhashes, l->hashes_cap, 1);
+  l->hashes[l->nhashes++] = h;
+  l->ev[l->nev - 1].nhashes++;
+}
+
+/* One REMOVED event per evicted block, as vLLM's _maybe_evict_cached_block. */
+static void kv_removed(kvr_sim_engine_t *eng, uint64_t h) {
+  if (!eng->kv_on)
+    return;
+  kv_event_new(eng, KVR_SIM_KV_REMOVED);
+  kv_push_hash(eng, h);
+}
+
+/* Appends a newly cached block to the last event, a STORED one while *open, else starts one. */
+static void kv_stored(kvr_sim_engine_t *eng, bool *open, bool has_parent, uint64_t parent,
+                      uint64_t h, const uint32_t *tokens) {
+  if (!eng->kv_on)
+    return;
+  kvr_sim_kv_log_t *l = &eng->kv;
+  if (!*open) {
+    kvr_sim_kv_event_t *e = kv_event_new(eng, KVR_SIM_KV_STORED);
+    e->has_parent = has_parent;
+    e->parent = has_parent ? parent : 0;
+    *open = true;
+  }
+  kv_push_hash(eng, h);
+  uint32_t bs = eng->cfg.block_size;
+  GROW(l->tokens, l->ntokens, l->tokens_cap, bs);
+  memcpy(l->tokens + l->ntokens, tokens, bs * sizeof(*tokens));
+  l->ntokens += bs;
+}
+
+void kvr_sim_engine_kv_events(kvr_sim_engine_t *eng, bool on) {
+  eng->kv_on = on;
+  kvr_sim_engine_kv_log_clear(eng);
+}
+
+const kvr_sim_kv_log_t *kvr_sim_engine_kv_log(const kvr_sim_engine_t *eng) {
+  return eng->kv_on ? &eng->kv : NULL;
+}
+
+void kvr_sim_engine_kv_log_clear(kvr_sim_engine_t *eng) {
+  eng->kv.nev = eng->kv.nhashes = eng->kv.ntokens = 0;
+}
+
 /* Takes the least recently freed block, evicting its cached hash. Caller checked nfree > 0. */
 static int32_t block_take(kvr_sim_engine_t *eng) {
   int32_t id = eng->free_head;
   free_remove(eng, id);
-  if (eng->blocks[id].hashed)
+  if (eng->blocks[id].hashed) {
+    kv_removed(eng, eng->blocks[id].hash);
     hash_remove(eng, id);
+  }
   eng->blocks[id].ref = 1;
   return id;
 }
@@ -287,6 +363,9 @@ void kvr_sim_engine_free(kvr_sim_engine_t *eng) {
   free(eng->sched);
   free(eng->events);
   free(eng->scratch);
+  free(eng->kv.ev);
+  free(eng->kv.hashes);
+  free(eng->kv.tokens);
   free(eng);
 }
 
@@ -316,14 +395,18 @@ void kvr_sim_engine_stats(const kvr_sim_engine_t *eng, kvr_sim_stats_t *out) {
 
 uint32_t kvr_sim_engine_reset_prefix_cache(kvr_sim_engine_t *eng, uint32_t *kept) {
   uint32_t dropped = 0, held = 0;
+  for (uint32_t id = 0; id < eng->cfg.num_gpu_blocks; id++)
+    held += eng->blocks[id].hashed && eng->blocks[id].ref > 0;
+  /* vLLM resets only when no block is in use and then reports AllBlocksCleared; a partial reset
+   * (the sim's own, see the header) reports each block it drops. */
+  if (eng->kv_on && held == 0)
+    kv_event_new(eng, KVR_SIM_KV_CLEARED);
   for (uint32_t id = 0; id < eng->cfg.num_gpu_blocks; id++) {
     block_t *b = &eng->blocks[id];
-    if (!b->hashed)
+    if (!b->hashed || b->ref > 0)
       continue;
-    if (b->ref > 0) {
-      held++;
-      continue;
-    }
+    if (held > 0)
+      kv_removed(eng, b->hash);
     hash_remove(eng, (int32_t)id);
     dropped++;
   }
@@ -482,11 +565,17 @@ static void cache_full_blocks(kvr_sim_engine_t *eng, kvr_sim_req_t *req, uint32_
   uint32_t bs = eng->cfg.block_size;
   uint32_t full = KVR_MIN(upto, req->ntokens) / bs;
   full = KVR_MIN(full, req->nblocks);
+  bool open = false; /* the log's last event is this run's STORED event */
   for (uint32_t i = req->nhashed; i < full; i++) {
-    uint64_t h = kvr_sim_block_hash(req->last_hash, req->tokens + (size_t)i * bs, bs);
+    const uint32_t *toks = req->tokens + (size_t)i * bs;
+    uint64_t h = kvr_sim_block_hash(req->last_hash, toks, bs);
     int32_t id = req->blocks[i];
-    if (!eng->blocks[id].hashed && hash_find(eng, h) < 0)
+    if (!eng->blocks[id].hashed && hash_find(eng, h) < 0) {
       hash_insert(eng, id, h);
+      kv_stored(eng, &open, i > 0, req->last_hash, h, toks);
+    } else {
+      open = false; /* a duplicate breaks the run: the next new block starts an event */
+    }
     req->last_hash = h;
   }
   if (full > req->nhashed)

@@ -211,6 +211,42 @@ int kvr_sim_engine_step(kvr_sim_engine_t *eng, kvr_sim_step_t *out);
 void kvr_sim_engine_stats(const kvr_sim_engine_t *eng, kvr_sim_stats_t *out);
 const kvr_sim_config_t *kvr_sim_engine_config(const kvr_sim_engine_t *eng);
 
+/* ---- KV-cache events (vLLM's --kv-events-config), off by default ----
+ *
+ * When on, the engine logs its block lifecycle in the order it happens, as vLLM's block pool
+ * reports it (vllm/v1/core/block_pool.py): a run of blocks newly cached by one request in one call
+ * is one STORED event (engine hashes in prefix order, the parent block's hash unless the run starts
+ * the chain, the runs' token ids); a cached block evicted to make room is one REMOVED event per
+ * block; a reset that leaves no block cached is one CLEARED event (a partial reset, which vLLM
+ * refuses, is the REMOVED events of what it dropped). Preemption frees blocks but keeps their
+ * hashes, so it logs nothing, as in vLLM. The caller (sim_server.c) takes the log after each step
+ * and publishes it (kv_events.c), then clears it. */
+typedef enum { KVR_SIM_KV_STORED, KVR_SIM_KV_REMOVED, KVR_SIM_KV_CLEARED } kvr_sim_kv_kind_t;
+
+typedef struct kvr_sim_kv_event_s {
+  kvr_sim_kv_kind_t kind;
+  bool has_parent;   /* STORED: false when the run starts at the chain's first block */
+  uint64_t parent;   /* STORED: engine hash of the block before hashes[0] */
+  uint32_t hash_off; /* hashes are log->hashes[hash_off .. hash_off + nhashes) */
+  uint32_t nhashes;
+  uint32_t tok_off; /* STORED: nhashes * block_size token ids from log->tokens[tok_off] */
+} kvr_sim_kv_event_t;
+
+typedef struct kvr_sim_kv_log_s {
+  kvr_sim_kv_event_t *ev;
+  size_t nev, ev_cap;
+  uint64_t *hashes;
+  size_t nhashes, hashes_cap;
+  uint32_t *tokens;
+  size_t ntokens, tokens_cap;
+} kvr_sim_kv_log_t;
+
+/* Turns the event log on or off (off drops what it holds). */
+void kvr_sim_engine_kv_events(kvr_sim_engine_t *eng, bool on);
+/* The events logged since the last clear; NULL when events are off. */
+const kvr_sim_kv_log_t *kvr_sim_engine_kv_log(const kvr_sim_engine_t *eng);
+void kvr_sim_engine_kv_log_clear(kvr_sim_engine_t *eng);
+
 /* Resets the prefix cache, as vLLM's POST /reset_prefix_cache: every cached block no request holds
  * (a free block still carrying its hash) loses its hash, so a later identical prompt misses.
  * Blocks held by running requests keep theirs; vLLM's own block pool refuses the whole reset

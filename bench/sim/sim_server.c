@@ -125,6 +125,7 @@ struct kvr_sim_server_s {
   void (*done)(void *data);
   void *done_data;
   kvr_buf_t scratch;
+  kvr_kv_pub_t *kv_pub; /* KV-event publisher, NULL when events are off */
 };
 
 /* ---- options and faults ---- */
@@ -171,6 +172,8 @@ void kvr_sim_server_opts_default(kvr_sim_server_opts_t *opts) {
   opts->fixed_ttft_ms = -1;
   opts->fixed_itl_ms = -1;
   kvr_sim_fault_default(&opts->fault, KVR_SIM_FAULT_NONE);
+  kvr_kv_events_config_default(&opts->kv_events);
+  opts->kv_encoding = KVR_KV_ENCODING_MAP;
 }
 
 static double sim_seconds(const kvr_sim_server_t *srv, uint64_t wall_ns) {
@@ -471,14 +474,24 @@ static void deliver(kvr_sim_server_t *srv, const kvr_sim_step_t *st) {
   }
 }
 
+/* Sends what the engine logged since the last batch (nothing when events are off). */
+static void publish_kv_events(kvr_sim_server_t *srv) {
+  if (srv->kv_pub == NULL)
+    return;
+  kvr_kv_pub_publish(srv->kv_pub, kvr_sim_engine_kv_log(srv->eng), srv->opts.engine.block_size);
+  kvr_sim_engine_kv_log_clear(srv->eng);
+}
+
 static void on_step(uv_poll_t *p, int status, int events) {
   kvr_sim_server_t *srv = p->data;
   uint64_t expirations;
   if (read(srv->step_fd, &expirations, sizeof(expirations)) < 0 && status == 0)
     return; /* spurious wake-up: not expired yet */
   uv_poll_stop(p);
-  if (srv->have_step)
+  if (srv->have_step) {
     deliver(srv, &srv->step);
+    publish_kv_events(srv);
+  }
   srv->have_step = false;
   reap_gone(srv);
   if (!kvr_sim_engine_busy(srv->eng)) {
@@ -1225,6 +1238,13 @@ int kvr_sim_server_start(kvr_sim_server_t *srv, char *err, size_t errlen) {
     if (rc != 0)
       return rc;
   }
+  if (kvr_kv_events_config_active(&srv->opts.kv_events)) {
+    srv->kv_pub =
+        kvr_kv_pub_new(srv->loop, &srv->opts.kv_events, srv->opts.kv_encoding, err, errlen);
+    if (srv->kv_pub == NULL)
+      return KVR_EINVAL;
+    kvr_sim_engine_kv_events(srv->eng, true);
+  }
   if (srv->opts.fault.mode != KVR_SIM_FAULT_NONE)
     apply_fault(srv, &srv->opts.fault);
   return 0;
@@ -1255,6 +1275,11 @@ static void on_step_poll_close(uv_handle_t *h) {
   on_handle_close(h);
 }
 
+static void on_kv_pub_closed(void *data) {
+  uv_handle_t h = {.data = data};
+  on_handle_close(&h);
+}
+
 void kvr_sim_server_close(kvr_sim_server_t *srv, void (*done)(void *data), void *data) {
   srv->closing = true;
   srv->done = done;
@@ -1265,6 +1290,11 @@ void kvr_sim_server_close(kvr_sim_server_t *srv, void (*done)(void *data), void 
     stream_t *s = KVR_CONTAINER_OF(srv->streams.next, stream_t, node);
     stream_release(s, true);
     stream_destroy(s);
+  }
+  if (srv->kv_pub) {
+    srv->pending_closes++;
+    kvr_kv_pub_close(srv->kv_pub, on_kv_pub_closed, srv);
+    srv->kv_pub = NULL;
   }
   srv->pending_closes += 2;
   uv_close((uv_handle_t *)&srv->step_poll, on_step_poll_close);

@@ -7,10 +7,16 @@
  * Endpoints (as vLLM's OpenAI server): POST /v1/chat/completions, POST /v1/completions,
  * GET /v1/models, GET /health, GET /metrics, POST /reset_prefix_cache (vLLM's dev-mode endpoint:
  * cached blocks no running request holds lose their hash); and the admin path GET/POST /sim/fault.
+ *
+ * KV-cache events: with opts.kv_events enabled, each step's block lifecycle (sim_engine.h's event
+ * log) is published as one vLLM EventBatch (kv_events.h) when that step's tokens are delivered, the
+ * moment vLLM's scheduler publishes them (update_from_output); a reset's AllBlocksCleared waits
+ * for the next step, as in vLLM, where an idle engine holds its pending events.
  */
 #ifndef KVR_SIM_SERVER_H
 #define KVR_SIM_SERVER_H
 
+#include "kv_events.h"
 #include "sim_engine.h"
 #include "sim_tokens.h"
 
@@ -55,6 +61,9 @@ typedef struct kvr_sim_server_opts_s {
   double fixed_ttft_ms;     /* >= 0: bypass the engine: first token after this (simulated) ... */
   double fixed_itl_ms;      /* ... and then one token every fixed_itl_ms; < 0 = off */
   kvr_sim_fault_t fault;    /* initial fault */
+  /* vLLM's --kv-events-config (kv_events.h); events are published only when it enables "zmq" */
+  kvr_kv_events_config_t kv_events;
+  kvr_kv_encoding_t kv_encoding; /* map (vLLM 0.26) or array (vLLM 0.23) */
 } kvr_sim_server_opts_t;
 
 typedef struct kvr_sim_server_s kvr_sim_server_t;

@@ -677,6 +677,95 @@ static void test_probe_queues(void **state) {
   free(pc);
 }
 
+/* The KV event log (vLLM's BlockStored / BlockRemoved / AllBlocksCleared): a run of new blocks is
+ * one STORED event with its parent link and tokens; a cached prefix is not stored again; each
+ * evicted block is one REMOVED; a partial reset reports REMOVED per dropped block, a full one a
+ * single CLEARED; turning the log off logs nothing. */
+static void test_kv_events(void **state) {
+  kvr_sim_engine_t *eng = small_engine(8, 8192, 16);
+  assert_null(kvr_sim_engine_kv_log(eng));
+  kvr_sim_engine_kv_events(eng, true);
+  uint32_t *pa = prompt_seq(100, 40), *pb = prompt_seq(200, 96);
+  /* A: 40 prompt tokens + 1 generated: 2 full blocks cached at prefill */
+  kvr_sim_req_t *a = kvr_sim_engine_add(eng, pa, 40, 1, KVR_SIM_FINISH_STOP, 1, NULL);
+  run_until_done(eng, a);
+  const kvr_sim_kv_log_t *log = kvr_sim_engine_kv_log(eng);
+  assert_int_equal(log->nev, 1);
+  const kvr_sim_kv_event_t *e = &log->ev[0];
+  assert_int_equal(e->kind, KVR_SIM_KV_STORED);
+  assert_false(e->has_parent);
+  assert_int_equal(e->nhashes, 2);
+  uint64_t h0 = kvr_sim_block_hash(0, pa, 16), h1 = kvr_sim_block_hash(h0, pa + 16, 16);
+  assert_true(log->hashes[e->hash_off] == h0 && log->hashes[e->hash_off + 1] == h1);
+  assert_memory_equal(log->tokens + e->tok_off, pa, 32 * sizeof(uint32_t));
+  kvr_sim_engine_kv_log_clear(eng);
+
+  /* A's prompt extended by 20 tokens: blocks 0-1 hit, block 2 (tokens 32..47) and 3 are new and
+   * chained to h1 */
+  uint32_t *pa2 = prompt_seq(100, 64);
+  kvr_sim_req_t *a2 = kvr_sim_engine_add(eng, pa2, 64, 1, KVR_SIM_FINISH_STOP, 1, NULL);
+  run_until_done(eng, a2);
+  assert_int_equal(log->nev, 1);
+  e = &log->ev[0];
+  assert_true(e->kind == KVR_SIM_KV_STORED && e->has_parent && e->parent == h1);
+  assert_int_equal(e->nhashes, 2);
+  assert_memory_equal(log->tokens + e->tok_off, pa2 + 32, 32 * sizeof(uint32_t));
+  kvr_sim_engine_kv_log_clear(eng);
+  kvr_sim_engine_remove(eng, a);
+  kvr_sim_engine_remove(eng, a2);
+
+  /* B needs 6 of the 8 blocks: the free list is [6, 7, 2, 5 (none hashed), 4, 3 (A2's cached
+   * blocks 3 and 2), ...], so 2 cached blocks go, each one REMOVED, before B's 6 are STORED */
+  kvr_sim_req_t *b = kvr_sim_engine_add(eng, pb, 96, 1, KVR_SIM_FINISH_STOP, 1, NULL);
+  run_until_done(eng, b);
+  size_t removed = 0, stored = 0;
+  for (size_t i = 0; i < log->nev; i++) {
+    if (log->ev[i].kind == KVR_SIM_KV_REMOVED) {
+      assert_int_equal(log->ev[i].nhashes, 1);
+      assert_false(kvr_sim_engine_has_hash(eng, log->hashes[log->ev[i].hash_off]));
+      assert_int_equal(stored, 0); /* evictions come first: blocks are taken before hashing */
+      removed++;
+    } else {
+      assert_int_equal(log->ev[i].kind, KVR_SIM_KV_STORED);
+      stored += log->ev[i].nhashes;
+    }
+  }
+  assert_int_equal(stored, 6);
+  assert_int_equal(removed, 2);
+  kvr_sim_engine_kv_log_clear(eng);
+
+  /* partial reset (b is still held: not removed) -> REMOVED per dropped block; full -> CLEARED */
+  kvr_sim_req_t *r = kvr_sim_engine_add(eng, pb, 64, 50, KVR_SIM_FINISH_LENGTH, 2, NULL);
+  kvr_sim_step_t st;
+  kvr_sim_engine_step(eng, &st);
+  kvr_sim_engine_kv_log_clear(eng);
+  uint32_t kept = 0;
+  uint32_t dropped = kvr_sim_engine_reset_prefix_cache(eng, &kept);
+  assert_true(kept > 0);
+  assert_int_equal(log->nev, dropped);
+  for (size_t i = 0; i < log->nev; i++)
+    assert_int_equal(log->ev[i].kind, KVR_SIM_KV_REMOVED);
+  kvr_sim_engine_kv_log_clear(eng);
+  kvr_sim_engine_remove(eng, r);
+  kvr_sim_engine_remove(eng, b);
+  kvr_sim_engine_reset_prefix_cache(eng, &kept);
+  assert_int_equal(kept, 0);
+  assert_int_equal(log->nev, 1);
+  assert_int_equal(log->ev[0].kind, KVR_SIM_KV_CLEARED);
+
+  kvr_sim_engine_kv_events(eng, false);
+  assert_null(kvr_sim_engine_kv_log(eng));
+  kvr_sim_req_t *c = kvr_sim_engine_add(eng, pa, 40, 1, KVR_SIM_FINISH_STOP, 1, NULL);
+  run_until_done(eng, c);
+  kvr_sim_engine_kv_events(eng, true);
+  assert_int_equal(kvr_sim_engine_kv_log(eng)->nev, 0);
+  kvr_sim_engine_remove(eng, c);
+  kvr_sim_engine_free(eng);
+  free(pa);
+  free(pa2);
+  free(pb);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_prefix_hits),
               cmocka_unit_test(test_eviction_order), cmocka_unit_test(test_preemption),
               cmocka_unit_test(test_waiting_order),
@@ -685,4 +774,5 @@ KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_prefix_hits
               cmocka_unit_test(test_free_with_pending), cmocka_unit_test(test_reset_prefix_cache),
               cmocka_unit_test(test_cost_roofline), cmocka_unit_test(test_frontend_delays),
               cmocka_unit_test(test_async_scheduling), cmocka_unit_test(test_retok_drift),
-              cmocka_unit_test(test_probe_cached), cmocka_unit_test(test_probe_queues))
+              cmocka_unit_test(test_probe_cached), cmocka_unit_test(test_probe_queues),
+              cmocka_unit_test(test_kv_events))
