@@ -892,6 +892,70 @@ static void handle_models(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
 }
 
+/* POST /tokenize, as vLLM's serving_tokenization: {"model"?, "prompt", "add_special_tokens"
+ * (true)} or {"model"?, "messages", "add_generation_prompt" (true), "add_special_tokens" (false)}
+ * -> {"count", "max_model_len", "tokens", "token_strs": null}. The ids are exactly those a
+ * completion with the same prompt is served with (BOS first: Llama-3's template starts with it, a
+ * text prompt gets it as a special token), so a router can hash the blocks the engine caches. */
+static void handle_tokenize(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_sim_server_t *srv = data;
+  (void)tail;
+  char err[512];
+  cJSON *body = cJSON_ParseWithLength(req->body.data ? req->body.data : "", req->body.len);
+  if (body == NULL || !cJSON_IsObject(body)) {
+    cJSON_Delete(body);
+    kvr_http_error(req, 400, "BadRequestError", NULL, "Request body is not a valid JSON object");
+    return;
+  }
+  kvr_sim_completion_t p;
+  memset(&p, 0, sizeof(p));
+  int status = parse_model(body, srv->model, err, sizeof(err));
+  const cJSON *messages = cJSON_GetObjectItemCaseSensitive(body, "messages");
+  const cJSON *gen = cJSON_GetObjectItemCaseSensitive(body, "add_generation_prompt");
+  const cJSON *special = cJSON_GetObjectItemCaseSensitive(body, "add_special_tokens");
+  if (status == 0 && ((gen && !cJSON_IsBool(gen)) || (special && !cJSON_IsBool(special)))) {
+    snprintf(err, sizeof(err), "%s: Input should be a valid boolean",
+             gen && !cJSON_IsBool(gen) ? "add_generation_prompt" : "add_special_tokens");
+    status = 400;
+  }
+  if (status == 0 && messages != NULL) {
+    kvr_buf_t text = KVR_BUF_INIT;
+    if (kvr_sim_tokens_render_chat_ex(messages, gen == NULL || cJSON_IsTrue(gen), &text, err,
+                                      sizeof(err)) != 0) {
+      status = 400;
+    } else {
+      kvr_sim_toks_push(&p.prompt, BOS_TOKEN); /* the chat template's own <|begin_of_text|> */
+      if (cJSON_IsTrue(special))
+        kvr_sim_toks_push(&p.prompt, BOS_TOKEN); /* as vLLM: a second BOS when asked for */
+      kvr_sim_tokens_encode(text.data, text.len, &p.prompt);
+    }
+    kvr_buf_free(&text);
+  } else if (status == 0) {
+    status = parse_text_prompt(body, &p, err, sizeof(err));
+    if (status == 0 && cJSON_IsFalse(special) && p.prompt.n > 0 && p.prompt.v[0] == BOS_TOKEN &&
+        cJSON_IsString(cJSON_GetObjectItemCaseSensitive(body, "prompt"))) {
+      memmove(p.prompt.v, p.prompt.v + 1, (p.prompt.n - 1) * sizeof(uint32_t));
+      p.prompt.n--;
+    }
+  }
+  cJSON_Delete(body);
+  if (status != 0) {
+    kvr_sim_toks_free(&p.prompt);
+    kvr_http_error(req, status, status == 404 ? "NotFoundError" : "BadRequestError", NULL, "%s",
+                   err);
+    return;
+  }
+  kvr_buf_t *b = &srv->scratch;
+  kvr_buf_reset(b);
+  kvr_buf_printf(b, "{\"count\":%zu,\"max_model_len\":%u,\"tokens\":[", p.prompt.n,
+                 srv->opts.engine.max_model_len);
+  for (size_t i = 0; i < p.prompt.n; i++)
+    kvr_buf_printf(b, i ? ",%u" : "%u", p.prompt.v[i]);
+  kvr_buf_puts(b, "],\"token_strs\":null}");
+  kvr_sim_toks_free(&p.prompt);
+  kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
+}
+
 /* A family with one sample (a gauge or a counter). */
 static void metric_one(kvr_buf_t *b, const char *name, const char *type, const char *help,
                        const char *labels, double v) {
@@ -1153,6 +1217,7 @@ static const kvr_http_route_t routes[] = {
     {"/v1/models", KVR_HTTP_M(GET), handle_models},
     {"/metrics", KVR_HTTP_M(GET), handle_metrics},
     {"/reset_prefix_cache", KVR_HTTP_M(POST), handle_reset_prefix_cache},
+    {"/tokenize", KVR_HTTP_M(POST), handle_tokenize},
     {"/sim/fault", KVR_HTTP_M(GET) | KVR_HTTP_M(POST), handle_fault},
 };
 

@@ -5,8 +5,9 @@
  * streams, run the next step. An idle engine has no timer armed.
  *
  * Endpoints (as vLLM's OpenAI server): POST /v1/chat/completions, POST /v1/completions,
- * GET /v1/models, GET /health, GET /metrics, POST /reset_prefix_cache (vLLM's dev-mode endpoint:
- * cached blocks no running request holds lose their hash); and the admin path GET/POST /sim/fault.
+ * GET /v1/models, GET /health, GET /metrics, POST /tokenize (the ids a completion is served
+ * with), POST /reset_prefix_cache (vLLM's dev-mode endpoint: cached blocks no running request
+ * holds lose their hash); and the admin path GET/POST /sim/fault.
  *
  * KV-cache events: with opts.kv_events enabled, each step's block lifecycle (sim_engine.h's event
  * log) is published as one vLLM EventBatch (kv_events.h) when that step's tokens are delivered, the

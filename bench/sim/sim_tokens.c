@@ -87,6 +87,11 @@ static int render_content(const cJSON *content, kvr_buf_t *out, size_t idx, char
 }
 
 int kvr_sim_tokens_render_chat(const cJSON *messages, kvr_buf_t *out, char *err, size_t errlen) {
+  return kvr_sim_tokens_render_chat_ex(messages, true, out, err, errlen);
+}
+
+int kvr_sim_tokens_render_chat_ex(const cJSON *messages, bool generation_prompt, kvr_buf_t *out,
+                                  char *err, size_t errlen) {
   static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
   if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) == 0) {
     snprintf(err, errlen, "messages: must be a non-empty array");
@@ -116,7 +121,8 @@ int kvr_sim_tokens_render_chat(const cJSON *messages, kvr_buf_t *out, char *err,
     pad4(out);
     idx++;
   }
-  render_header(out, "assistant");
+  if (generation_prompt)
+    render_header(out, "assistant");
   return 0;
 }
 

@@ -23,6 +23,7 @@
 #include "src/buf.h"
 
 #include <cjson/cJSON.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,6 +50,9 @@ void kvr_sim_tokens_encode(const char *text, size_t len, kvr_sim_toks_t *out);
  * Content may be a string, null, or an array of {"type":"text","text":...} parts. Returns 0, or
  * KVR_EINVAL with a one-line reason in err (the message vLLM's 400 would carry). */
 int kvr_sim_tokens_render_chat(const cJSON *messages, kvr_buf_t *out, char *err, size_t errlen);
+/* The same, with the generation prompt (the assistant header) only when generation_prompt. */
+int kvr_sim_tokens_render_chat_ex(const cJSON *messages, bool generation_prompt, kvr_buf_t *out,
+                                  char *err, size_t errlen);
 
 /* The seed of a request's generated text: a hash of its prompt ids and the worker's --seed, so a
  * repeated request produces the same answer. */

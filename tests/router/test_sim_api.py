@@ -475,6 +475,41 @@ def fault_refuse_admin_port():
 
 
 @test(timeout=20)
+def tokenize():
+    """POST /tokenize as vLLM serves it: the ids a completion with the same prompt is served with
+    (count = usage.prompt_tokens), chat with or without the generation prompt, text with or without
+    BOS, max_model_len, and vLLM's errors."""
+    with Sim("--max-model-len", 4096, fixed=None) as sim:
+        msgs = [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Name three rivers of Europe, please."}]
+        st, tok = sim.post_json("/tokenize", {"model": MODEL, "messages": msgs})
+        check(st == 200, (st, tok))
+        check(set(tok) == {"count", "max_model_len", "tokens", "token_strs"}, tok)
+        check(tok["count"] == len(tok["tokens"]) and tok["max_model_len"] == 4096, tok)
+        check(tok["tokens"][0] == 128000 and tok["token_strs"] is None, tok)
+        st, done = sim.post_json("/v1/chat/completions", {"model": MODEL, "messages": msgs,
+                                                          "max_tokens": 2})
+        check(st == 200 and done["usage"]["prompt_tokens"] == tok["count"], (done, tok["count"]))
+        st, nogen = sim.post_json("/tokenize", {"messages": msgs, "add_generation_prompt": False})
+        check(st == 200 and nogen["tokens"] == tok["tokens"][:nogen["count"]], nogen)
+        check(nogen["count"] < tok["count"], (nogen["count"], tok["count"]))
+        st, text = sim.post_json("/tokenize", {"prompt": "Once upon a time"})
+        check(st == 200 and text["tokens"][0] == 128000, text)
+        st, done = sim.post_json("/v1/completions", {"model": MODEL, "prompt": "Once upon a time",
+                                                     "max_tokens": 1})
+        check(done["usage"]["prompt_tokens"] == text["count"], (done, text))
+        st, raw = sim.post_json("/tokenize", {"prompt": "Once upon a time",
+                                              "add_special_tokens": False})
+        check(st == 200 and raw["tokens"] == text["tokens"][1:], raw)
+        for body, want in [({"model": "other", "prompt": "x"}, 404), ({"messages": []}, 400),
+                           ({"prompt": "x", "add_special_tokens": "no"}, 400), ({}, 400)]:
+            st, err = sim.post_json("/tokenize", body)
+            check(st == want and isinstance(err, dict) and "error" in err, (body, st, err))
+        r = sim.request("POST", "/tokenize", b"{not json")
+        check(r.status == 400, r.status)
+
+
+@test(timeout=20)
 def fixed_latency():
     with Sim(fixed=(150, 20)) as sim:
         r = stream_chat(sim, [{"role": "user", "content": "x"}], max_tokens=11, ignore_eos=True)

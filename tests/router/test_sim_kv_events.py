@@ -4,7 +4,7 @@ a ZMQ SUB receiving 3-frame messages (topic, 8-byte big-endian sequence, msgpack
 DEALER asking the replay socket for old batches. Checked in both encodings (map, vLLM 0.26; array,
 vLLM 0.23): the frames and sequence, every field of BlockStored / BlockRemoved / AllBlocksCleared,
 the hash chain (parent links, token count = blocks x block_size), that a cached prefix is not
-stored twice, evictions under a small cache (every removed hash was stored, the stored set never
+stored twice, POST /tokenize giving the ids BlockStored reports, evictions under a small cache (every removed hash was stored, the stored set never
 exceeds the cache), AllBlocksCleared after POST /reset_prefix_cache, both replay reply forms and
 their end markers, a restart counting from 0 again, vLLM's bind-or-connect rule, and the config
 errors. Uses Debian's python3-zmq and python3-msgpack (exit 77 = skipped when they are missing).
@@ -352,6 +352,27 @@ def test_restart_counts_from_zero_and_bind_rule():
                 sim.stop()
                 sub.close()
     finally:
+        ctx.term()
+
+
+@test(timeout=60)
+def test_tokenize_ids_hash_like_the_events():
+    """A consumer that tokenizes a request with POST /tokenize gets the token ids of the blocks
+    the engine then reports in BlockStored: the prompt's full blocks, in order."""
+    ctx = zmq.Context()
+    sub, sim, _ = start_pair(ctx, "map")
+    try:
+        msgs = [{"role": "user", "content": words(90, 7)}]
+        st, tok = sim.post_json("/tokenize", {"model": MODEL, "messages": msgs})
+        assert st == 200, (st, tok)
+        chat(sim, words(90, 7), max_tokens=3)
+        stored = [e for m in sub.drain() for e in batch_events(m[2]) if e["type"] == "BlockStored"]
+        ids = [t for e in stored for t in e["token_ids"]]
+        full = tok["count"] // BLOCK * BLOCK
+        assert full > 0 and ids[:full] == tok["tokens"][:full], "tokenize and events disagree"
+    finally:
+        sim.stop()
+        sub.close()
         ctx.term()
 
 
