@@ -14,7 +14,8 @@
  * Beside it, a worker whose context length is not known yet gets a GET /v1/models probe (one at a
  * time, at most every MODELS_RETRY_MS after a failed one): vLLM lists each model with its
  * max_model_len, which the router keeps (kvr_router_on_models) to cap what the cache index learns
- * from one request. A worker that comes back up is asked again (it may have restarted).
+ * from one request. A worker that comes back up is asked again (it may have restarted). With
+ * scraping disabled the workers get no /v1/models probe either (the cap is then the cache's).
  *
  * Structs: kvr_scrape_t holds the timer and probes[slot], at most one probe per worker slot, each
  * tagged with the id of the worker it was started for. Flow: tick -> probe_start (curl easy on the
@@ -240,8 +241,9 @@ static void probe_cancel(kvr_scrape_t *s, probe_t **pp) {
 /* Starts a /v1/models probe of w when its context length is unknown and none is due later. */
 static void models_tick(kvr_scrape_t *s, const kvr_worker_t *w, uint64_t now_ms) {
   size_t i = (size_t)w->slot;
-  if (w->models_known || s->models[i] || now_ms < s->models_next_ms[i] ||
-      w->state == KVR_WORKER_DOWN || w->state == KVR_WORKER_DRAINING)
+  if (s->r->cfg->scrape_interval_ms == 0 || w->models_known || s->models[i] ||
+      now_ms < s->models_next_ms[i] || w->state == KVR_WORKER_DOWN ||
+      w->state == KVR_WORKER_DRAINING)
     return;
   probe_start(s, w, PROBE_MODELS);
 }
