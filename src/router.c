@@ -25,6 +25,14 @@
  * Worker removal: kvr_router_drain_worker() marks a worker DRAINING; the last request to end on it
  * (kvr_router_on_end) or the drain call itself when nothing is in flight frees it, after the cache
  * index forgot its slot. A scrape probe or admin call still in flight for it finds its id gone.
+ *
+ * Worker states: UP -> DOWN (fail_threshold connection failures, kvr_router_on_health) -> UP (a
+ * probe reached it); UP -> EJECTED (outlier_consecutive failed attempts, kvr_router_on_result)
+ * -> half-open when ejected_until_ms has passed (kvr_router_worker_usable: one trial, marked by
+ * trial_inflight and the record's trial flag) -> UP on a successful trial, EJECTED again on a
+ * failed one; any -> DRAINING (admin). The cache index learns only through kvr_router_on_learn,
+ * capped at the worker's max_model_len (kvr_router_learn_cap); the proxy calls it for 2xx answers
+ * only. The retry budget (retries_inflight) and the admission counters are router-wide.
  */
 #include "router.h"
 
