@@ -348,6 +348,8 @@ void kvr_router_on_end(kvr_router_t *r, kvr_router_dispatch_t *d) {
   w->queued_prefill_tokens = w->queued_prefill_tokens >= d->prefill_tokens
                                  ? w->queued_prefill_tokens - d->prefill_tokens
                                  : 0;
+  if (d->prefill_tokens) /* ended before its first token: its prefill leaves the clock too */
+    kvr_prefill_clock_cancel(&w->prefill, d->prefill_tokens, kvr_router_now_ns(r));
   d->prefill_tokens = 0;
   if (d->trial) /* ended without a verdict (client gone): the next request may try */
     w->trial_inflight = false;

@@ -591,6 +591,35 @@ static void test_learning_refused_and_capped(void **state) {
   fx_close(&f);
 }
 
+/* A request that ends before its first token (a 400 for an over-long prompt) also leaves the
+ * prefill clock as it found it: the next request's backlog is not inflated by it. */
+static void test_refused_prefill_leaves_clock(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 1, "least_load");
+  kvr_router_t *r = f.r;
+  uint64_t t = 10ull * 1000000000ull;
+  kvr_router_set_clock(r, fake_clock, &t);
+  const kvr_worker_t *w = r->slots[0];
+  kvr_router_dispatch_t a, big, c;
+  kvr_router_on_dispatch(r, 0, 1000, 0, &a); /* 1000 tokens in 0.5 s: 2000 tokens/s */
+  t += 500000000ull;
+  kvr_router_on_token(r, &a);
+  kvr_router_on_end(r, &a);
+  kvr_router_on_dispatch(r, 0, 2000, 0, &c); /* 1 s of prefill pending */
+  uint64_t busy = w->prefill.busy_until_ns;
+  kvr_router_on_dispatch(r, 0, 500000, 0, &big); /* a 2 MB prompt: 250 s more */
+  assert_true(w->prefill.busy_until_ns > busy + 200ull * 1000000000ull);
+  kvr_router_on_end(r, &big); /* answered 400 */
+  assert_int_equal(w->prefill.busy_until_ns, busy);
+  assert_int_equal(w->queued_prefill_tokens, 2000);
+  t += 500000000ull; /* half of c's prefill done */
+  assert_int_equal(kvr_router_worker_backlog(w, t), 1000);
+  kvr_router_on_end(r, &c);
+  assert_idle(r);
+  fx_close(&f);
+}
+
 /* consecutive_failures failures in a row eject a worker for base * 2^(n-1) (capped); when the time
  * is up one trial goes (half-open): a failure ejects it for twice as long, a success restores it.
  */
@@ -911,6 +940,7 @@ KVR_TEST_MAIN(cmocka_unit_test(test_round_robin_and_tried),
               cmocka_unit_test(test_injected_clock), cmocka_unit_test(test_metrics_ops_families),
               cmocka_unit_test(test_metrics_process),
               cmocka_unit_test(test_learning_refused_and_capped),
+              cmocka_unit_test(test_refused_prefill_leaves_clock),
               cmocka_unit_test(test_outlier_ejection_backoff_and_trial),
               cmocka_unit_test(test_ejection_keeps_a_worker), cmocka_unit_test(test_retry_budget),
               cmocka_unit_test(test_admission_bound))
