@@ -16,6 +16,7 @@ Run:  python3 tests/router/test_reliability.py --kvrouter build/kvrouter [-k sub
 import http.server
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -376,6 +377,32 @@ def test_admission_client_leaves_while_queued():
         assert prom_value(m, "kvrouter_client_aborts_total") == 1
         assert prom_value(m, "kvrouter_worker_requests_total") == 2  # the abandoned one never went
         assert worker_view(r, sim.url)["in_flight"] == 0
+
+
+# ---- flags ---------------------------------------------------------------------------------------
+
+
+@test(timeout=20)
+def test_flags_in_help_and_bad_values_refused():
+    """serve --help lists every new flag with its default; a bad value stops the start with exit 2
+    and one line naming the flag."""
+    kvr = h._kvrouter()
+    out = subprocess.run([kvr, "serve", "--help"], capture_output=True, text=True, timeout=10)
+    assert out.returncode == 0, out.stderr
+    for flag in ("--outlier-consecutive-failures", "--outlier-base-ejection-ms",
+                 "--outlier-max-ejection-ms", "--outlier-max-ejection-percent",
+                 "--retry-budget-percent", "--retry-min-concurrency", "--admission-max-inflight",
+                 "--admission-queue-limit", "--admission-max-wait-ms"):
+        assert flag in out.stdout, "%s not in serve --help" % flag
+    for args, word in ((["--outlier-max-ejection-percent", "150"], "--outlier-max-ejection-percent"),
+                       (["--admission-max-wait-ms", "0"], "--admission-max-wait-ms"),
+                       (["--outlier-base-ejection-ms", "5000", "--outlier-max-ejection-ms", "10"],
+                        "--outlier-max-ejection-ms")):
+        res = subprocess.run([kvr, "serve", "--worker", "http://127.0.0.1:1", *args],
+                             capture_output=True, text=True, timeout=10)
+        assert res.returncode == 2, (args, res.returncode, res.stderr)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and word in lines[0], (args, res.stderr)
 
 
 if __name__ == "__main__":
