@@ -4,6 +4,8 @@
  *
  *   client request (kvr_http_req_t, body complete)
  *     -> validate route and JSON, extract prompt features (openai.c, prompt.c)
+ *     -> admission bound, when on: waits in proxy->queue while every usable worker has
+ *        admission_max_inflight in flight, or 503 (see admit() and pump())
  *     -> kvr_router_decide(): cache-index match + policy -> worker slot
  *     -> attempt: a curl easy handle on the proxy's multi; load accounting begins on the worker
  *          (kvr_router_on_dispatch fills px->acct with what it added)
@@ -13,17 +15,15 @@
  *                           curl delivery, no buffering) and read line by line on the way
  *                           (openai.c's splitter: tokens, usage); other bodies are held (bounded by
  *                           response_buffer_max, then streamed) so a failure is still a clean 502
- *     (admission bound, when on: a new request waits in proxy->queue while every usable worker
- *      has admission_max_inflight in flight; see admit() and pump())
  *          end of a 2xx head: the cache index learns the prompt (a 4xx/5xx teaches nothing)
  *     -> transfer done: 2xx and complete -> finish the client response, teach the cache index the
  *                       prompt plus the generated answer; the attempt's outlier verdict
  *                       (kvr_router_on_result: a 5xx, a first-byte timeout or a failed transfer
  *                       is a failure);
  *                       failure before any response byte -> one retry on another worker (tried
- *                       mask) if the retry budget allows (kvr_router_retry_acquire), then 502;
- * first-byte timeout -> 504; failure mid-stream -> an SSE error event and a clean end (SSE) or a
- * truncated body (other)
+ *                       mask) if the retry budget allows (kvr_router_retry_acquire), then
+ *                       502; first-byte timeout -> 504; failure mid-stream -> an SSE error
+ *                       event and a clean end (SSE) or a truncated body (other)
  *     -> load accounting ends (kvr_router_on_end removes exactly what px->acct says was added),
  *        access-log line, px freed after its timer handle has closed.
  * Every change of router or worker state goes through a kvr_router_on_* call (router.h).
