@@ -261,6 +261,10 @@ static const kvr_cli_opt_t options[] = {
     {KVR_CLI_UINT, "header-timeout-ms", F(limits.header_timeout_ms), .arg = "MS",
      .json = "timeouts.client_header_ms",
      .help = "client must send its request headers (and each body piece) within this (408)"},
+    {KVR_CLI_UINT, "body-timeout-ms", F(limits.body_timeout_ms), .arg = "MS",
+     .json = "timeouts.client_body_ms",
+     .help = "client must send the whole request body within this after its headers (408); 0 = "
+             "no limit"},
     {KVR_CLI_UINT, "keepalive-timeout-ms", F(limits.keepalive_timeout_ms), .arg = "MS",
      .json = "timeouts.client_keepalive_ms", .help = "idle client connection is closed after this"},
     {KVR_CLI_UINT, "max-body-bytes", F(limits.max_body), .arg = "N",

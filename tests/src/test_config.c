@@ -55,6 +55,7 @@ static void test_defaults(void **state) {
   assert_int_equal(cfg.connect_timeout_ms, 2000);
   assert_int_equal(cfg.first_byte_timeout_ms, 300000);
   assert_int_equal(cfg.limits.header_timeout_ms, 10000);
+  assert_int_equal(cfg.limits.body_timeout_ms, 60000);
   assert_int_equal(cfg.limits.max_body, 8388608);
   assert_int_equal(cfg.response_buffer_max, 16u << 20);
   assert_int_equal(cfg.cache_capacity_blocks, 21766);
@@ -113,7 +114,8 @@ static void test_json_and_precedence(void **state) {
   const char *path = "/tmp/kvr_test_config.json";
   FILE *f = fopen(path, "w");
   fputs("{\"workers\":[\"http://127.0.0.1:1\",\"http://127.0.0.1:2\"],\"policy\":\"least_load\","
-        "\"timeouts\":{\"first_byte_ms\":1234},\"cache\":{\"block_chars\":32},"
+        "\"timeouts\":{\"first_byte_ms\":1234,\"client_body_ms\":777},"
+        "\"cache\":{\"block_chars\":32},"
         "\"worker_header\":false}",
         f);
   fclose(f);
@@ -124,6 +126,7 @@ static void test_json_and_precedence(void **state) {
   assert_int_equal(cfg.nworkers, 2);
   assert_string_equal(cfg.policy, "kv_aware"); /* the flag wins over the file */
   assert_int_equal(cfg.first_byte_timeout_ms, 1234);
+  assert_int_equal(cfg.limits.body_timeout_ms, 777);
   assert_int_equal(cfg.block_chars, 32);
   assert_false(cfg.worker_header);
   kvr_config_free(&cfg);
