@@ -46,6 +46,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -527,6 +528,7 @@ def run(args):
         final_workers, reloads = [], (None, None)
     finally:
         failures += chaos.stop_all()
+        shutil.rmtree(tmp, ignore_errors=True)
     return summarize(args, chaos, load.results, rss, final_workers, reloads, failures, deadline_s)
 
 
