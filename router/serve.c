@@ -32,6 +32,7 @@
 #include "src/router.h"
 #include "src/scrape.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,6 +113,9 @@ static void on_sighup(uv_signal_t *sig, int signum) {
 }
 
 int kvr_serve_main(int argc, char **argv) {
+  /* A SIGHUP before the reload handler is installed (while the config is read) must not end the
+   * process with the default action: ignored until uv_signal_start() takes it over. */
+  signal(SIGHUP, SIG_IGN);
   serve_t *s = kvr_xcalloc(1, sizeof *s);
   s->argc = argc;
   s->argv = argv;
