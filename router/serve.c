@@ -69,6 +69,7 @@ static void on_server_closed(void *data) {
   uv_close((uv_handle_t *)&s->sigint, on_handle_closed);
   uv_close((uv_handle_t *)&s->sigterm, on_handle_closed);
   uv_close((uv_handle_t *)&s->sighup, on_handle_closed);
+  signal(SIGHUP, SIG_IGN); /* libuv restored the default action, which would end the process */
   uv_close((uv_handle_t *)&s->grace, on_handle_closed);
 }
 
