@@ -545,6 +545,10 @@ def rss_growth(rss, duration):
             "growth_pct": round(100.0 * (last[1] - ref[1]) / ref[1], 2)}
 
 
+def pct(results, p):
+    return round(h.percentile([r["seconds"] for r in results], p), 3) if results else None
+
+
 def summarize(args, chaos, results, rss, final_workers, reloads, failures, deadline_s):
     by = {"completed": 0, "clean_error": 0, "bad": 0}
     for r in results:
@@ -572,6 +576,8 @@ def summarize(args, chaos, results, rss, final_workers, reloads, failures, deadl
         "kvrouter": args.kvrouter, "duration_s": args.duration, "seed": args.seed,
         "workers": args.workers, "spares": args.spares, "concurrency": args.concurrency,
         "client_deadline_s": deadline_s,
+        "request_seconds": {"p50": pct(results, 50), "p99": pct(results, 99),
+                            "max": max((r["seconds"] for r in results), default=None)},
         "requests": len(results), "completed": by["completed"], "clean_errors": by["clean_error"],
         "bad_outcomes": by["bad"], "bad_examples": bad[:20],
         "chaos": chaos.counts,
@@ -601,6 +607,9 @@ def write_markdown(path, s):
         "| requests | completed | clean errors | bad outcomes |", "|---:|---:|---:|---:|",
         "| %d | %d | %d | %d |" % (s["requests"], s["completed"], s["clean_errors"],
                                   s["bad_outcomes"]), "",
+        "Request seconds: p50 %s, p99 %s, max %s (deadline %.1f s)." % (
+            s["request_seconds"]["p50"], s["request_seconds"]["p99"], s["request_seconds"]["max"],
+            s["client_deadline_s"]), "",
         "| kills | restarts | hangs | refusals | disconnects | switches | adds | drains | reloads "
         "| broken reloads |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         "| %d | %d | %d | %d | %d | %d | %d | %d | %d | %d |" % (
