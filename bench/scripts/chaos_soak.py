@@ -321,6 +321,7 @@ class Chaos:
         self.listed_spare = None  # the spare the config file lists, if any
         self.policy = "kv_aware"
         self.idle_ms = IDLE_MS[1]
+        self.log_level = "info"  # the harness reads the router's "listening" line at info
         self.config = os.path.join(tmp, "router.json")
         self.write_config()
         self.router = h.Router([], "--config", self.config, *h.FAST)
@@ -336,7 +337,7 @@ class Chaos:
                "timeouts": {"first_byte_ms": FIRST_BYTE_MS, "idle_ms": self.idle_ms,
                             "connect_ms": 500},
                "health": {"fail_threshold": 2}, "access_log": False,
-               "log_level": self.rng.choice(["info", "warn"])}
+               "log_level": self.log_level}
         text = json.dumps(cfg, indent=1)
         if broken:
             text = text.replace('"policy"', '"policy" "', 1)  # a JSON syntax error
@@ -408,6 +409,7 @@ class Chaos:
         if not broken:
             self.policy = self.rng.choice(POLICIES)
             self.idle_ms = self.rng.randint(*IDLE_MS)
+            self.log_level = self.rng.choice(["info", "warn"])
             self.listed_spare = self.rng.choice(self.spares + [None]) if self.spares else None
         self.write_config(broken=broken)
         self.router.signal(signal.SIGHUP)
@@ -421,8 +423,9 @@ class Chaos:
             self.counts["reloads"] += 1
             pol = self.admin("GET", "/admin/policy").json()
             assert pol["policy"] == self.policy, (pol["policy"], self.policy)
-        log("SIGHUP (%s)" % ("broken file" if broken else "policy %s, idle %d ms, spare %s" % (
-            self.policy, self.idle_ms, self.listed_spare and self.listed_spare.name)))
+        log("SIGHUP (%s)" % ("broken file" if broken else "policy %s, idle %d ms, log %s, spare %s"
+                             % (self.policy, self.idle_ms, self.log_level,
+                                self.listed_spare and self.listed_spare.name)))
 
     def restore(self, now):
         """Restarts killed workers and clears faults whose time came."""
