@@ -124,7 +124,10 @@ static void test_apply(void **state) {
   assert_int_equal(reload(&f,
                           "{\"workers\": [\"http://127.0.0.1:9001\", \"http://127.0.0.1:9003/\"],"
                           " \"policy\": \"kv_aware\", \"policy_params\": {\"balance_slack\": 3},"
-                          " \"timeouts\": {\"idle_ms\": 5000}, \"log_level\": \"off\","
+                          " \"timeouts\": {\"idle_ms\": 5000, \"client_body_ms\": 5},"
+                          " \"log_level\": \"off\", \"outlier\": {\"consecutive_failures\": 2},"
+                          " \"retry\": {\"budget_percent\": 50},"
+                          " \"admission\": {\"max_inflight\": 7, \"max_wait_ms\": 900},"
                           " \"cache\": {\"block_chars\": 128}, \"listen\": \"127.0.0.1:1\"}",
                           err, sizeof err),
                    0);
@@ -141,6 +144,11 @@ static void test_apply(void **state) {
   /* Live settings changed, restart-only ones did not. */
   assert_int_equal(f.cfg.idle_timeout_ms, 5000);
   assert_string_equal(f.cfg.log_level, "off");
+  assert_int_equal(f.cfg.outlier_consecutive, 2);
+  assert_int_equal(f.cfg.retry_budget_percent, 50);
+  assert_int_equal(f.cfg.admission_max_inflight, 7);
+  assert_int_equal(f.cfg.admission_max_wait_ms, 900);
+  assert_int_equal(f.cfg.limits.body_timeout_ms, 60000); /* the listener copied it: restart */
   assert_int_equal(f.cfg.block_chars, 64);
   assert_string_equal(f.cfg.listen, "0.0.0.0:8000");
   assert_int_equal(f.cfg.nworkers, 2);
