@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # fuzz.sh -- long libFuzzer runs of the targets in tests/fuzz/ (the CTest smokes run seconds only).
 #
-# Builds build-fuzz (CC=clang, -DKVR_FUZZ=ON: every object under ASan+UBSan with fuzzer coverage)
-# unless FUZZ_BUILD says otherwise, then runs each target over a scratch corpus outside the repo,
-# seeded from tests/fuzz/corpus/<x>/ and kept between runs, so each run starts from what the last
-# one found. Inputs that crash land in ARTIFACTS/<x>/crash-<sha1> (or leak-, timeout-, oom-); the
-# repo is never written. At the end it prints, per target, executions, exec/s, corpus size and the
-# crash files found by this run, and exits 1 if any target crashed.
+# Builds FUZZ_BUILD (CC=clang, -DKVR_FUZZ=ON: every object under ASan+UBSan with fuzzer coverage)
+# (FUZZ_NO_BUILD=1 skips it), then runs each target over a scratch corpus outside the repo, seeded
+# from tests/fuzz/corpus/<x>/ and kept between runs, so each run starts from what the last one
+# found; tests/fuzz/<x>.dict, when there is one, is its libFuzzer dictionary. Inputs that crash
+# land in ARTIFACTS/<x>/crash-<sha1> (or leak-, timeout-, oom-); the repo is never written. At the
+# end it prints, per target, executions, exec/s, corpus size and the crash files found by this run,
+# and exits 1 if any target crashed.
 #
 # usage: bench/scripts/fuzz.sh TARGET|all [SECONDS | -runs=N]
 #   TARGET   openai, sse, prom, config, http_request (whichever build-fuzz has), or all
@@ -73,12 +74,14 @@ for t in "${targets[@]}"; do
   fi
   before="$(count_crashes "$artifacts/$t")"
   log="$artifacts/$t/last-run.log"
+  dict=()
+  [ -f "tests/fuzz/$t.dict" ] && dict=(-dict="tests/fuzz/$t.dict")
   fork=()
   [ "$jobs" -gt 1 ] && fork=(-fork="$jobs" -ignore_crashes=1)
   echo "== fuzz_$t ${bound[*]} (corpus $scratch/$t, log $log)"
   rc=0
   # shellcheck disable=SC2086
-  "$build/tests/fuzz_$t" "${bound[@]}" "${fork[@]}" -artifact_prefix="$artifacts/$t/" \
+  "$build/tests/fuzz_$t" "${bound[@]}" "${dict[@]}" "${fork[@]}" -artifact_prefix="$artifacts/$t/" \
     -print_final_stats=1 ${FUZZ_ARGS:-} "$scratch/$t" >"$log" 2>&1 || rc=$?
   execs="$(grep -E '^stat::number_of_executed_units' "$log" | tail -1 | awk '{print $2}')"
   rate="$(grep -E '^stat::average_exec_per_sec' "$log" | tail -1 | awk '{print $2}')"

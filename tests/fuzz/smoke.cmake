@@ -1,7 +1,7 @@
 # smoke.cmake -- one fuzz.* CTest test: a bounded libFuzzer run over a copy of a seed corpus.
 #
 # cmake -DFUZZER=<fuzz_x> -DSEEDS=<tests/fuzz/corpus/x> -DWORK=<build dir> -DRUNS=N -DSECONDS=S
-#       -P smoke.cmake
+#       [-DDICT=<tests/fuzz/x.dict>] -P smoke.cmake
 # WORK/corpus is recreated from SEEDS on every run (libFuzzer adds the new inputs it finds to its
 # first corpus directory: the repo's seeds are never written); a crash leaves its input in WORK as
 # crash-<sha1> (artifact_prefix) and fails the test with libFuzzer's exit code.
@@ -18,7 +18,11 @@ if(IS_DIRECTORY ${SEEDS})
     file(COPY ${seeds} DESTINATION ${WORK}/corpus)
   endif()
 endif()
-execute_process(COMMAND ${FUZZER} -runs=${RUNS} -max_total_time=${SECONDS} -max_len=65536
+set(dict_arg "")
+if(DEFINED DICT AND EXISTS ${DICT})
+  set(dict_arg -dict=${DICT})
+endif()
+execute_process(COMMAND ${FUZZER} ${dict_arg} -runs=${RUNS} -max_total_time=${SECONDS} -max_len=65536
                         -artifact_prefix=${WORK}/ -print_final_stats=1 ${WORK}/corpus
                 RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
