@@ -10,6 +10,8 @@
  *   - a document that applied cleanly applies again onto its own result with no change (every
  *     setting replaces, never accumulates: "workers" replaces the list), and kvr_config_validate
  *     answers 0 or KVR_EINVAL with a message;
+ *   - `serve --policy-params TEXT` is accepted exactly when TEXT is a JSON object, which then is
+ *     the config's policy_params;
  *   - for every policy and every candidate params object (the document itself, its
  *     "policy_params"), create either fails with "params..." in err, or succeeds and then: the
  *     echoed parameters hold the value given for each field, creating from the echo gives the same
@@ -143,6 +145,32 @@ static void check_params(const cJSON *params, uint64_t seed) {
   }
 }
 
+/* The input as `serve --worker URL --policy-params TEXT`: accepted exactly when TEXT is a JSON
+ * object, which then is the config's policy_params. */
+static void check_flag(const uint8_t *data, size_t len) {
+  char *text = fuzz_strndup(data, len);
+  char *argv[] = {"serve", "--worker", "http://127.0.0.1:9001", "--policy-params", text, NULL};
+  kvr_config_t c;
+  kvr_config_init(&c);
+  char err[512] = "";
+  int rc = kvr_config_parse_args(&c, 5, argv, stdout, err, sizeof err);
+  cJSON *want = cJSON_Parse(text);
+  if (cJSON_IsObject(want)) {
+    FUZZ_CHECK(rc == 0);
+    FUZZ_CHECK(c.policy_params != NULL);
+    /* Printed, not cJSON_Compare: that looks duplicate keys up by name and finds the first. */
+    char *a = cJSON_PrintUnformatted(c.policy_params), *b = cJSON_PrintUnformatted(want);
+    FUZZ_CHECK(a != NULL && b != NULL && strcmp(a, b) == 0);
+    cJSON_free(a);
+    cJSON_free(b);
+  } else {
+    FUZZ_CHECK(rc == KVR_EINVAL && strstr(err, "policy-params") != NULL);
+  }
+  cJSON_Delete(want);
+  kvr_config_free(&c);
+  free(text);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
   kvr_log_set_level(KVR_LOG_OFF);
   const char *json = (const char *)data;
@@ -172,6 +200,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
   if (root != NULL)
     check_params(root, 1);
   cJSON_Delete(root);
+  check_flag(data, len);
   kvr_buf_free(&da);
   kvr_buf_free(&db);
   kvr_config_free(&a);
