@@ -91,9 +91,11 @@ for t in "${targets[@]}"; do
   fi
   crashes="$(count_crashes "$artifacts/$t")"
   [ "$rc" -ne 0 ] && failed=1
-  summary+=("$(printf '%-14s executions %-12s exec/s %-8s corpus %-6s exit %-3s crash files %s (%s new)' \
-    "fuzz_$t" "${execs:-?}" "${rate:-?}" "$(ls "$scratch/$t" | wc -l)" "$rc" "$crashes" \
-    "$((crashes - before))")")
+  new=$((crashes - before))
+  size="$(ls "$scratch/$t" | wc -l)"
+  line="$(printf '%-14s executions %-12s exec/s %-8s corpus %-6s exit %-3s crash files %s, %s new' \
+    "fuzz_$t" "${execs:-?}" "${rate:-?}" "$size" "$rc" "$crashes" "$new")"
+  summary+=("$line")
   if [ "$rc" -ne 0 ]; then
     grep -E 'ERROR|invariant failed|runtime error|SUMMARY' "$log" | head -5 >&2 || true
   fi
