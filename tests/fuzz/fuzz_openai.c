@@ -54,7 +54,10 @@ static int features(const char *body, size_t len, kvr_route_t route, size_t bc, 
 }
 
 /* Turn N is a prefix of turn N+1: the body without the last item of its "messages" (chat) or of
- * its "prompt" array (completions) is accepted too, and its text and blocks are prefixes. */
+ * its "prompt" array (completions) is accepted too, and its text and blocks are prefixes. The
+ * shorter body is handed over as a cJSON tree (kvr_prompt_from_json, what kvr_openai_features
+ * calls), not printed and parsed again: cJSON prints numbers with 15 significant digits when they
+ * compare equal within DBL_EPSILON, which changes token ids above 10^15. */
 static void check_prefix(const char *body, size_t len, kvr_route_t route,
                          const kvr_prompt_t *full) {
   cJSON *json = cJSON_ParseWithLength(body, len);
@@ -63,16 +66,14 @@ static void check_prefix(const char *body, size_t len, kvr_route_t route,
       cJSON_GetObjectItemCaseSensitive(json, route == KVR_ROUTE_CHAT ? "messages" : "prompt");
   if (cJSON_IsArray(arr) && cJSON_GetArraySize(arr) >= 2) {
     cJSON_DeleteItemFromArray(arr, cJSON_GetArraySize(arr) - 1);
-    char *shorter = cJSON_PrintUnformatted(json);
-    FUZZ_CHECK(shorter != NULL);
     kvr_prompt_t p;
-    FUZZ_CHECK(features(shorter, strlen(shorter), route, full->block_chars, &p) == 0);
+    char err[256];
+    FUZZ_CHECK(kvr_prompt_from_json(json, full->kind, full->block_chars, &p, err, sizeof err) == 0);
     FUZZ_CHECK(p.text.len <= full->text.len);
     FUZZ_CHECK(memcmp(p.text.data, full->text.data, p.text.len) == 0);
     FUZZ_CHECK(p.nblocks <= full->nblocks);
     FUZZ_CHECK(p.nblocks == 0 || memcmp(p.blocks, full->blocks, p.nblocks * sizeof *p.blocks) == 0);
     kvr_prompt_free(&p);
-    cJSON_free(shorter);
   }
   cJSON_Delete(json);
 }
