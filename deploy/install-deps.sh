@@ -4,9 +4,11 @@
 # something is missing. Needs root (or sudo).
 set -euo pipefail
 
+# clang and libclang-rt-14-dev (libFuzzer, clang's sanitizer runtimes): the fuzz stage of
+# deploy/run-tests.sh (tests/fuzz/, -DKVR_FUZZ=ON). Debian 12's clang is clang-14.
 PACKAGES=(build-essential cmake pkg-config libuv1-dev node-llhttp libcurl4-openssl-dev
           libxxhash-dev libcjson-dev libcmocka-dev libzmq3-dev libmsgpack-dev python3 python3-yaml
-          python3-zmq python3-msgpack curl clang-format)
+          python3-zmq python3-msgpack curl clang-format clang libclang-rt-14-dev)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

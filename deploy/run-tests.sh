@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's second command: install dependencies, then build and run the whole test suite twice,
-# once in a normal build and once under AddressSanitizer + UndefinedBehaviorSanitizer.
+# once in a normal build and once under AddressSanitizer + UndefinedBehaviorSanitizer, then a short
+# libFuzzer smoke of every fuzz target over its seed corpus (clang, -DKVR_FUZZ=ON, tests/fuzz/).
 # Unit tests (cmocka) and integration tests (real processes on 127.0.0.1) both run through CTest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,3 +26,9 @@ echo "== tests under ASan+UBSan"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 KVR_SANITIZED=1 ctest --test-dir build-asan --output-on-failure -j"$jobs" --timeout 900
+
+echo "== build (clang, libFuzzer + ASan+UBSan)"
+CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_FUZZ=ON >/dev/null
+cmake --build build-fuzz -j"$jobs" --target fuzz_all >/dev/null
+echo "== fuzz smokes (long runs: bench/scripts/fuzz.sh all)"
+ctest --test-dir build-fuzz -L fuzz --output-on-failure -j"$jobs" --timeout 300

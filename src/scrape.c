@@ -86,8 +86,18 @@ static uint64_t label_u64(const char *line, const char *end, const char *label) 
       return 0;
     /* Must be a whole label name: preceded by '{' or ','. */
     if (hit > line && (hit[-1] == '{' || hit[-1] == ',')) {
-      double v = strtod(hit + klen, NULL);
-      return v > 0 ? (uint64_t)v : 0;
+      /* The value is read from a copy bounded by its closing quote and the line's end: the page
+       * need not be NUL-terminated, and the next line is not part of the value. A value no
+       * integer can hold (NaN, 1e30, negative) counts as absent. */
+      const char *v = hit + klen;
+      char num[32];
+      size_t n = 0;
+      while (v + n < end && v[n] != '"' && n < sizeof num - 1)
+        n++;
+      memcpy(num, v, n);
+      num[n] = '\0';
+      double d = strtod(num, NULL);
+      return d > 0 && d <= 9007199254740992.0 ? (uint64_t)d : 0;
     }
     p = hit + klen;
   }
