@@ -1,10 +1,11 @@
 /* cache_index.h -- which workers probably hold which prefix blocks (approximate mode).
  *
- * The router learns each worker's prefix cache from its own routing decisions: when it sends a
- * prompt to a worker (and when the response completes, prompt plus answer) it inserts the prompt's
- * block hashes for that worker. Per worker the index is bounded by a capacity in blocks with
- * least-recently-used eviction, so the router forgets what the worker itself would have evicted.
- * A worker that restarts or is removed loses its state (kvr_cache_index_forget_worker).
+ * The router learns each worker's prefix cache from its own routing decisions: when a worker
+ * accepts a prompt (a 2xx answer; and when the response completes, prompt plus answer) it inserts
+ * the prompt's block hashes for that worker, at most the worker's context length of them. Per
+ * worker the index is bounded by a capacity in blocks with least-recently-used eviction, so the
+ * router forgets what the worker itself would have evicted. A worker that restarts or is removed
+ * loses its state (kvr_cache_index_forget_worker).
  *
  * Lookups answer, for a request's chained block hashes, how many leading blocks each worker holds
  * (the longest matching prefix); because a block hash names its whole prefix (see prompt.h), one

@@ -261,6 +261,10 @@ static const kvr_cli_opt_t options[] = {
     {KVR_CLI_UINT, "header-timeout-ms", F(limits.header_timeout_ms), .arg = "MS",
      .json = "timeouts.client_header_ms",
      .help = "client must send its request headers (and each body piece) within this (408)"},
+    {KVR_CLI_UINT, "body-timeout-ms", F(limits.body_timeout_ms), .arg = "MS",
+     .json = "timeouts.client_body_ms",
+     .help = "client must send the whole request body within this after its headers (408); 0 = "
+             "no limit"},
     {KVR_CLI_UINT, "keepalive-timeout-ms", F(limits.keepalive_timeout_ms), .arg = "MS",
      .json = "timeouts.client_keepalive_ms", .help = "idle client connection is closed after this"},
     {KVR_CLI_UINT, "max-body-bytes", F(limits.max_body), .arg = "N",
@@ -292,6 +296,35 @@ static const kvr_cli_opt_t options[] = {
      .json = "metrics_scrape.stale_ms", .help = "scraped figures older than this are ignored"},
     {KVR_CLI_UINT, "fail-threshold", F(fail_threshold), .arg = "N", .json = "health.fail_threshold",
      .help = "consecutive connection failures that mark a worker down"},
+    {KVR_CLI_UINT, "outlier-consecutive-failures", F(outlier_consecutive), .arg = "N",
+     .json = "outlier.consecutive_failures",
+     .help = "5xx answers, first-byte timeouts or connect failures in a row that eject a worker, "
+             "0 = never eject"},
+    {KVR_CLI_UINT, "outlier-base-ejection-ms", F(outlier_base_ejection_ms), .arg = "MS",
+     .json = "outlier.base_ejection_ms", KVR_CLI_RANGE(1, 86400000),
+     .help = "first ejection's length; each ejection in a row doubles it"},
+    {KVR_CLI_UINT, "outlier-max-ejection-ms", F(outlier_max_ejection_ms), .arg = "MS",
+     .json = "outlier.max_ejection_ms", KVR_CLI_RANGE(1, 86400000),
+     .help = "longest ejection (and how long a worker must stay clean to start again at the base)"},
+    {KVR_CLI_UINT, "outlier-max-ejection-percent", F(outlier_max_percent), .arg = "PCT",
+     .json = "outlier.max_ejection_percent", KVR_CLI_RANGE(0, 100),
+     .help = "at most this share of the workers is ejected at once, and never the last usable one"},
+    {KVR_CLI_UINT, "retry-budget-percent", F(retry_budget_percent), .arg = "PCT",
+     .json = "retry.budget_percent", KVR_CLI_RANGE(0, 100),
+     .help = "retries in flight may be this share of the requests in flight (above: no retry)"},
+    {KVR_CLI_UINT, "retry-min-concurrency", F(retry_min_concurrency), .arg = "N",
+     .json = "retry.min_concurrency",
+     .help = "retries in flight always allowed, whatever the budget"},
+    {KVR_CLI_UINT, "admission-max-inflight", F(admission_max_inflight), .arg = "N",
+     .json = "admission.max_inflight",
+     .help = "requests in flight per worker; when every worker has this many, new requests wait "
+             "in a FIFO queue (0 = no bound)"},
+    {KVR_CLI_UINT, "admission-queue-limit", F(admission_queue_limit), .arg = "N",
+     .json = "admission.queue_limit", KVR_CLI_RANGE(0, 1000000),
+     .help = "requests waiting at most; above, 503 with Retry-After"},
+    {KVR_CLI_UINT, "admission-max-wait-ms", F(admission_max_wait_ms), .arg = "MS",
+     .json = "admission.max_wait_ms", KVR_CLI_RANGE(1, 3600000),
+     .help = "longest wait in the admission queue; then 503 with Retry-After"},
     {KVR_CLI_BOOL, "worker-header", F(worker_header), .json = "worker_header",
      .help = "add x-kvrouter-worker (the serving worker's id) to responses"},
     {KVR_CLI_BOOL, "access-log", F(access_log), .json = "access_log",
@@ -347,6 +380,15 @@ void kvr_config_init(kvr_config_t *cfg) {
   cfg->scrape_interval_ms = 1000;
   cfg->scrape_stale_ms = 5000;
   cfg->fail_threshold = 3;
+  cfg->outlier_consecutive = 5;
+  cfg->outlier_base_ejection_ms = 30000;
+  cfg->outlier_max_ejection_ms = 300000;
+  cfg->outlier_max_percent = 50;
+  cfg->retry_budget_percent = 20;
+  cfg->retry_min_concurrency = 3;
+  cfg->admission_max_inflight = 0;
+  cfg->admission_queue_limit = 256;
+  cfg->admission_max_wait_ms = 10000;
   cfg->worker_header = true;
   cfg->access_log = true;
   cfg->log_level = kvr_xstrdup("info");
@@ -471,6 +513,11 @@ int kvr_config_validate(const kvr_config_t *cfg, char *err, size_t errlen) {
   }
   if (cfg->limits.max_body == 0) {
     snprintf(err, errlen, "--max-body-bytes: must be positive");
+    return KVR_EINVAL;
+  }
+  if (cfg->outlier_max_ejection_ms < cfg->outlier_base_ejection_ms) {
+    snprintf(err, errlen, "--outlier-max-ejection-ms: must be >= --outlier-base-ejection-ms (%llu)",
+             (unsigned long long)cfg->outlier_base_ejection_ms);
     return KVR_EINVAL;
   }
   if (cfg->worker_ca_file != NULL) {

@@ -35,16 +35,31 @@ typedef struct kvr_config_s {
   uint64_t scrape_interval_ms; /* /metrics scrape period, default 1000; 0 disables */
   uint64_t scrape_stale_ms;    /* scraped data older than this is ignored, default 5000 */
   uint64_t fail_threshold;     /* consecutive connect failures before a worker is DOWN, default 3 */
-  bool worker_header;          /* add x-kvrouter-worker to responses, default true */
-  bool access_log;             /* default true */
-  char *log_level;             /* default "info" */
-  char *log_format;            /* "text" or "json", default "text" */
-  uint64_t shutdown_grace_ms;  /* in-flight requests' time to finish at SIGTERM, default 10000 */
-  uint64_t seed;               /* policy randomness, default 1 */
-  char *admin_token_file;      /* --admin-token-file: the admin API's bearer token, or NULL */
-  char *admin_token;           /* its token, read by kvr_config_load_admin_token(); NULL: open */
-  bool admin_open_reads;       /* GET/HEAD on the admin API need no token, default false */
-  char *worker_ca_file;        /* CA bundle for https:// workers (CURLOPT_CAINFO), or NULL */
+  /* Outlier ejection (router.c): consecutive 5xx answers, first-byte timeouts or connect failures
+   * of proxied requests eject a worker for base * 2^(n-1) ms (n: its ejections in a row), capped.
+   */
+  uint64_t outlier_consecutive;      /* failures in a row that eject, default 5; 0 = never eject */
+  uint64_t outlier_base_ejection_ms; /* first ejection's length, default 30000 */
+  uint64_t outlier_max_ejection_ms;  /* longest ejection, default 300000 */
+  uint64_t outlier_max_percent;      /* at most this % of the workers ejected at once, default 50 */
+  /* Retry budget (router.c): a retry is allowed while retries in flight stay under budget_percent
+   * of the requests in flight, or under min_concurrency. */
+  uint64_t retry_budget_percent;  /* default 20 */
+  uint64_t retry_min_concurrency; /* default 3 */
+  /* Admission bound (proxy.c): 0 = off (default). */
+  uint64_t admission_max_inflight; /* requests in flight per worker before new ones queue */
+  uint64_t admission_queue_limit;  /* queued requests at most, default 256 (503 above) */
+  uint64_t admission_max_wait_ms;  /* longest wait in the queue, default 10000 (then 503) */
+  bool worker_header;              /* add x-kvrouter-worker to responses, default true */
+  bool access_log;                 /* default true */
+  char *log_level;                 /* default "info" */
+  char *log_format;                /* "text" or "json", default "text" */
+  uint64_t shutdown_grace_ms; /* in-flight requests' time to finish at SIGTERM, default 10000 */
+  uint64_t seed;              /* policy randomness, default 1 */
+  char *admin_token_file;     /* --admin-token-file: the admin API's bearer token, or NULL */
+  char *admin_token;          /* its token, read by kvr_config_load_admin_token(); NULL: open */
+  bool admin_open_reads;      /* GET/HEAD on the admin API need no token, default false */
+  char *worker_ca_file;       /* CA bundle for https:// workers (CURLOPT_CAINFO), or NULL */
 } kvr_config_t;
 
 /* Shortest admin token accepted. */

@@ -24,6 +24,13 @@ void kvr_prefill_clock_first_token(kvr_prefill_clock_t *c, uint64_t tokens, uint
     c->busy_until_ns = now_ns + (uint64_t)((double)pending_after / c->rate * 1e9);
 }
 
+void kvr_prefill_clock_cancel(kvr_prefill_clock_t *c, uint64_t tokens, uint64_t now_ns) {
+  if (c->rate <= 0 || c->busy_until_ns <= now_ns)
+    return;
+  uint64_t share = (uint64_t)((double)tokens / c->rate * 1e9);
+  c->busy_until_ns = c->busy_until_ns - now_ns > share ? c->busy_until_ns - share : now_ns;
+}
+
 uint64_t kvr_prefill_clock_backlog(const kvr_prefill_clock_t *c, uint64_t pending,
                                    uint64_t now_ns) {
   if (c->rate <= 0 || pending == 0)

@@ -49,6 +49,10 @@ void kvr_prefill_clock_first_token(kvr_prefill_clock_t *c, uint64_t tokens, uint
                                    bool alone, uint64_t pending_after, uint64_t now_ns);
 
 /* The tokens of `pending` the worker probably has not prefilled yet at now_ns (see above). */
+/* A request of tokens prefill tokens ended before its first token (refused, failed, abandoned):
+ * its share leaves the expected end (not before now_ns), so it leaves no residue in the backlog. */
+void kvr_prefill_clock_cancel(kvr_prefill_clock_t *c, uint64_t tokens, uint64_t now_ns);
+
 uint64_t kvr_prefill_clock_backlog(const kvr_prefill_clock_t *c, uint64_t pending, uint64_t now_ns);
 
 #endif

@@ -4,6 +4,8 @@
  *
  *   client request (kvr_http_req_t, body complete)
  *     -> validate route and JSON, extract prompt features (openai.c, prompt.c)
+ *     -> admission bound, when on: waits in proxy->queue while every usable worker has
+ *        admission_max_inflight in flight, or 503 (see admit() and pump())
  *     -> kvr_router_decide(): cache-index match + policy -> worker slot
  *     -> attempt: a curl easy handle on the proxy's multi; load accounting begins on the worker
  *          (kvr_router_on_dispatch fills px->acct with what it added)
@@ -13,11 +15,15 @@
  *                           curl delivery, no buffering) and read line by line on the way
  *                           (openai.c's splitter: tokens, usage); other bodies are held (bounded by
  *                           response_buffer_max, then streamed) so a failure is still a clean 502
- *     -> transfer done: success -> finish the client response, teach the cache index the prompt
- *                       plus the generated answer;
+ *          end of a 2xx head: the cache index learns the prompt (a 4xx/5xx teaches nothing)
+ *     -> transfer done: 2xx and complete -> finish the client response, teach the cache index the
+ *                       prompt plus the generated answer; the attempt's outlier verdict
+ *                       (kvr_router_on_result: a 5xx, a first-byte timeout or a failed transfer
+ *                       is a failure);
  *                       failure before any response byte -> one retry on another worker (tried
- *                       mask), then 502; first-byte timeout -> 504; failure mid-stream -> an SSE
- *                       error event and a clean end (SSE) or a truncated body (other)
+ *                       mask) if the retry budget allows (kvr_router_retry_acquire), then
+ *                       502; first-byte timeout -> 504; failure mid-stream -> an SSE error
+ *                       event and a clean end (SSE) or a truncated body (other)
  *     -> load accounting ends (kvr_router_on_end removes exactly what px->acct says was added),
  *        access-log line, px freed after its timer handle has closed.
  * Every change of router or worker state goes through a kvr_router_on_* call (router.h).
@@ -68,15 +74,20 @@ struct kvr_proxy_s {
   kvr_router_t *r;
   kvr_list_t pxs;     /* in-flight requests (px_t.node), newest first */
   size_t active;      /* their number */
+  kvr_list_t queue;   /* admission queue (px_t.qnode), oldest first; see admit() */
+  bool pumping;       /* pump() is running (it may end requests, which call it again) */
   uint64_t rid_state; /* request-id generator (kvr_http_request_id_gen) */
 };
 
-typedef enum { TM_NONE, TM_FIRST_BYTE, TM_IDLE } tm_kind_t;
+typedef enum { TM_NONE, TM_FIRST_BYTE, TM_IDLE, TM_QUEUE } tm_kind_t;
 
 struct px_s {
   kvr_proxy_t *proxy;
   kvr_router_t *r;
   kvr_list_t node;     /* in proxy->pxs from the first attempt until px_end() */
+  kvr_list_t qnode;    /* in proxy->queue while queued */
+  bool queued;         /* waiting for admission (no attempt yet) */
+  bool retrying;       /* holds one retry of the retry budget until px_end() */
   kvr_http_req_t *req; /* NULL once finished */
   kvr_prompt_t prompt;
   bool has_prompt;
@@ -126,6 +137,7 @@ kvr_proxy_t *kvr_proxy_new(uv_loop_t *loop, kvr_router_t *r, kvr_curlm_t *curlm)
   p->r = r;
   p->rid_state = kvr_http_request_id_seed();
   kvr_list_init(&p->pxs);
+  kvr_list_init(&p->queue);
   return p;
 }
 
@@ -157,11 +169,13 @@ static void start_client_response(px_t *px) {
   px->streaming = true;
 }
 
-/* Learning from routing: a worker that accepted the request will prefill the prompt and hold its
- * blocks. Recorded when the worker first answers, so an attempt that failed to connect teaches the
- * index nothing. */
+/* Learning from routing: a worker that accepted the request (a 2xx head: vLLM validates the
+ * request, context length and model included, before it answers one) will prefill the prompt and
+ * hold its blocks. Recorded at the end of that head, so a request in flight already attracts its
+ * followers (kv_aware's match); an attempt that failed to connect or was answered 4xx/5xx teaches
+ * the index nothing. The router caps what is learned at the worker's max_model_len. */
 static void learn_dispatch(px_t *px) {
-  if (px->has_prompt && px->w)
+  if (px->has_prompt && px->w && px->status >= 200 && px->status < 300)
     kvr_router_on_learn(px->r, &px->acct, px->prompt.blocks, px->prompt.nblocks);
 }
 
@@ -182,7 +196,6 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud) {
      * before the request has been scheduled and prefilled. */
     px->got_byte = true;
     kvr_router_on_health(px->r, px->w->id, true);
-    learn_dispatch(px);
   }
   if (len >= 5 && memcmp(data, "HTTP/", 5) == 0) {
     /* Status line: a new response head (after a 1xx, or the first). */
@@ -194,8 +207,10 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud) {
     return len;
   }
   if (len <= 2) { /* blank line: end of a head */
-    if (px->status >= 200)
+    if (px->status >= 200) {
       kvr_http_headers_drop_named(&px->resp_headers, &px->conn_tokens);
+      learn_dispatch(px);
+    }
     return len;
   }
   if (is_request_id_line(data, len))
@@ -358,16 +373,32 @@ static kvr_http_req_t *detach(px_t *px, int status) {
   return req;
 }
 
+static void pump(kvr_proxy_t *p);
+
+/* Takes px out of the admission queue (it is admitted, expired or gone). */
+static void unqueue(px_t *px) {
+  if (!px->queued)
+    return;
+  px->queued = false;
+  kvr_list_remove(&px->qnode);
+  kvr_router_on_dequeued(px->r);
+}
+
 /* Ends the client side (if still held) and frees px once its timer has closed. */
 static void px_end(px_t *px) {
   transfer_release(px);
   account_end(px);
+  unqueue(px);
+  if (px->retrying)
+    kvr_router_retry_release(px->r);
+  px->retrying = false;
   /* 499 (nginx's "client closed request") keeps client aborts out of 5xx counts in the log. */
   if (px->req)
     kvr_http_finish(detach(px, px->req->closed ? 499 : px->req->status ? px->req->status : 500));
   kvr_list_remove(&px->node);
   px->proxy->active--;
   uv_close((uv_handle_t *)&px->timer, on_timer_closed);
+  pump(px->proxy); /* a worker may have room now */
 }
 
 static void fail(px_t *px, int status, const char *code, const char *outcome, const char *fmt,
@@ -413,7 +444,7 @@ static void learn(px_t *px) {
     return;
   if (px->usage_seen)
     kvr_router_on_usage(px->r, &px->acct, px->usage_prompt, px->usage_cached);
-  if (px->answer.len && px->status == 200) {
+  if (px->answer.len && px->status >= 200 && px->status < 300 && !px->mid_stream_error) {
     kvr_prompt_extend_answer(&px->prompt, px->answer.data, px->answer.len);
     kvr_router_on_learn(px->r, &px->acct, px->prompt.blocks, px->prompt.nblocks);
   }
@@ -440,6 +471,7 @@ static void transfer_succeeded(px_t *px) {
     kvr_router_on_worker_error(r, &px->acct);
     kvr_router_on_request_error(r, KVR_REQ_ERROR_UPSTREAM_5XX);
   }
+  kvr_router_on_result(r, &px->acct, px->status < 500);
   learn(px);
   if (!px->streaming) {
     kvr_buf_t h = KVR_BUF_INIT;
@@ -462,6 +494,19 @@ static bool never_connected(const px_t *px, CURL *easy, CURLcode rc) {
                            (rc == CURLE_OPERATION_TIMEDOUT && connect_us == 0));
 }
 
+/* The retry budget: the first retry of px takes one retry slot until px ends. */
+static bool retry_allowed(px_t *px) {
+  if (px->retrying)
+    return true;
+  if (!kvr_router_retry_acquire(px->r, px->proxy->active)) {
+    KVR_WARN("proxy", "retry refused by the retry budget (%llu retries in flight)",
+             (unsigned long long)px->r->retries_inflight);
+    return false;
+  }
+  px->retrying = true;
+  return true;
+}
+
 /* The transfer failed while the client is still there. */
 static void transfer_failed(px_t *px, CURL *easy, CURLcode rc) {
   kvr_router_t *r = px->r;
@@ -472,13 +517,15 @@ static void transfer_failed(px_t *px, CURL *easy, CURLcode rc) {
   bool unreached = never_connected(px, easy, rc);
   if (w && unreached)
     kvr_router_on_health(r, w->id, false);
+  kvr_router_on_result(r, &px->acct, false);
+  w = px->w; /* still valid: the record is open */
   /* A failure after connecting but before any response byte is retried too (the worker never
    * answered), except a timeout, which would double the wait. */
   bool can_retry =
       !px->got_byte && (unreached || (retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT));
   /* Before any response byte the worker was not reached or dropped the connection unanswered. */
   kvr_req_error_t reason = px->got_byte ? KVR_REQ_ERROR_BROKEN_STREAM : KVR_REQ_ERROR_CONNECT;
-  if (can_retry && px->attempts < MAX_ATTEMPTS) {
+  if (can_retry && px->attempts < MAX_ATTEMPTS && retry_allowed(px)) {
     px->retried_error = reason;
     KVR_WARN("proxy", "worker %s failed before responding (%s); retrying elsewhere",
              w ? w->label : "-", why);
@@ -518,6 +565,65 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
   }
 }
 
+/* ---- admission bound
+ * -----------------------------------------------------------------------------
+ *
+ * Off unless admission_max_inflight > 0. A new request goes straight to attempt() while some
+ * usable worker has fewer than max_inflight requests in flight and nobody is queued; otherwise it
+ * waits in proxy->queue (FIFO, at most admission_queue_limit) with a TM_QUEUE timer of
+ * admission_max_wait_ms. Whenever a request ends, pump() admits queued requests from the head
+ * while a worker has room. A full queue or an expired wait answers 503 with Retry-After; a client
+ * that goes away while queued is taken out by px_end() (on_client_close). Retries skip the bound:
+ * their request was admitted already and its slot on the failed worker is free again.
+ */
+
+static void attempt(px_t *px);
+
+static void reject_overloaded(px_t *px, kvr_admission_reject_t why) {
+  unqueue(px);
+  kvr_router_on_admission_reject(px->r, why);
+  kvr_router_on_request_error(px->r, KVR_REQ_ERROR_OVERLOADED);
+  fail(px, 503, "server_overloaded", why == KVR_ADMISSION_TIMEOUT ? "queue_timeout" : "queue_full",
+       "%s",
+       why == KVR_ADMISSION_TIMEOUT
+           ? "the server is overloaded: the request waited too long for a worker; retry later"
+           : "the server is overloaded: too many requests are waiting; retry later");
+  px_end(px);
+}
+
+/* A new request: attempted now, queued, or refused with 503 when the queue is full. */
+static void admit(px_t *px) {
+  kvr_proxy_t *p = px->proxy;
+  kvr_router_t *r = px->r;
+  if (r->cfg->admission_max_inflight == 0 ||
+      (kvr_list_empty(&p->queue) && !kvr_router_admission_blocked(r, 0))) {
+    attempt(px);
+    return;
+  }
+  if (r->admission_queue_depth >= r->cfg->admission_queue_limit) {
+    reject_overloaded(px, KVR_ADMISSION_QUEUE_FULL);
+    return;
+  }
+  px->queued = true;
+  kvr_list_insert_tail(&p->queue, &px->qnode);
+  kvr_router_on_queued(r);
+  timer_set(px, TM_QUEUE, r->cfg->admission_max_wait_ms);
+}
+
+/* Admits queued requests, oldest first, while a worker has room. */
+static void pump(kvr_proxy_t *p) {
+  if (p->pumping)
+    return;
+  p->pumping = true;
+  while (!kvr_list_empty(&p->queue) && !kvr_router_admission_blocked(p->r, 0)) {
+    px_t *px = KVR_CONTAINER_OF(p->queue.next, px_t, qnode);
+    unqueue(px);
+    timer_set(px, TM_NONE, 0);
+    attempt(px);
+  }
+  p->pumping = false;
+}
+
 /* ---- timers -------------------------------------------------------------------------------------
  */
 
@@ -525,6 +631,11 @@ static void on_timer(uv_timer_t *t) {
   px_t *px = t->data;
   tm_kind_t kind = px->tm;
   px->tm = TM_NONE;
+  if (kind == TM_QUEUE) {
+    if (px->queued)
+      reject_overloaded(px, KVR_ADMISSION_TIMEOUT);
+    return;
+  }
   if (!px->transfer_active)
     return;
   /* Outside curl callbacks: the handle may be removed here. */
@@ -534,6 +645,8 @@ static void on_timer(uv_timer_t *t) {
     kvr_router_on_worker_error(px->r, &px->acct);
   if (kind == TM_FIRST_BYTE && !px->got_byte && px->w)
     kvr_router_on_health(px->r, px->w->id, false); /* accepted but never answered */
+  if (kind == TM_FIRST_BYTE)
+    kvr_router_on_result(px->r, &px->acct, false);
   kvr_router_on_request_error(px->r, kind == TM_FIRST_BYTE ? KVR_REQ_ERROR_FIRST_BYTE_TIMEOUT
                                                            : KVR_REQ_ERROR_IDLE_TIMEOUT);
   if (!px->streaming) {
@@ -659,7 +772,9 @@ static CURL *upstream_transfer(px_t *px) {
 static void attempt(px_t *px) {
   kvr_router_t *r = px->r;
   kvr_decision_t d;
-  int slot = kvr_router_decide(r, &px->rreq, px->tried, true, &d);
+  /* A first attempt avoids workers at the admission bound (admit() saw one with room). */
+  uint64_t full = px->attempts == 0 ? kvr_router_admission_full(r) : 0;
+  int slot = kvr_router_decide(r, &px->rreq, px->tried | full, true, &d);
   if (slot < 0) {
     no_worker(px);
     return;
@@ -768,7 +883,7 @@ static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
   px->timer.data = px;
   kvr_list_insert_head(&p->pxs, &px->node);
   p->active++;
-  attempt(px);
+  admit(px);
 }
 
 /* The public routes. The exact routes decide their paths (a wrong method there is a 405 with
@@ -824,6 +939,7 @@ void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
 }
 
 void kvr_proxy_abort_all(kvr_proxy_t *p) {
+  p->pumping = true; /* nothing queued is admitted any more: everything ends here */
   while (!kvr_list_empty(&p->pxs)) {
     px_t *px = KVR_CONTAINER_OF(p->pxs.next, px_t, node);
     timer_set(px, TM_NONE, 0);

@@ -25,6 +25,14 @@
  * Worker removal: kvr_router_drain_worker() marks a worker DRAINING; the last request to end on it
  * (kvr_router_on_end) or the drain call itself when nothing is in flight frees it, after the cache
  * index forgot its slot. A scrape probe or admin call still in flight for it finds its id gone.
+ *
+ * Worker states: UP -> DOWN (fail_threshold connection failures, kvr_router_on_health) -> UP (a
+ * probe reached it); UP -> EJECTED (outlier_consecutive failed attempts, kvr_router_on_result)
+ * -> half-open when ejected_until_ms has passed (kvr_router_worker_usable: one trial, marked by
+ * trial_inflight and the record's trial flag) -> UP on a successful trial, EJECTED again on a
+ * failed one; any -> DRAINING (admin). The cache index learns only through kvr_router_on_learn,
+ * capped at the worker's max_model_len (kvr_router_learn_cap); the proxy calls it for 2xx answers
+ * only. The retry budget (retries_inflight) and the admission counters are router-wide.
  */
 #include "router.h"
 
@@ -159,6 +167,12 @@ bool kvr_router_has_usable(const kvr_router_t *r) {
   return false;
 }
 
+bool kvr_router_worker_usable(const kvr_worker_t *w, uint64_t now_ms) {
+  if (w->state == KVR_WORKER_UP)
+    return true;
+  return w->state == KVR_WORKER_EJECTED && now_ms >= w->ejected_until_ms && !w->trial_inflight;
+}
+
 uint64_t kvr_router_worker_backlog(const kvr_worker_t *w, uint64_t now_ns) {
   return kvr_prefill_clock_backlog(&w->prefill, w->queued_prefill_tokens, now_ns);
 }
@@ -229,7 +243,7 @@ static size_t policy_index(const kvr_policy_t *p) {
 static void snapshot(const kvr_router_t *r, const kvr_worker_t *w, size_t matched, uint64_t now_ns,
                      kvr_worker_snap_t *s) {
   s->id = w->id;
-  s->usable = w->state == KVR_WORKER_UP;
+  s->usable = kvr_router_worker_usable(w, now_ns / 1000000u);
   s->inflight = w->inflight;
   s->active_tokens = w->active_tokens;
   s->queued_prefill_tokens = w->queued_prefill_tokens;
@@ -293,6 +307,11 @@ const kvr_worker_t *kvr_router_on_dispatch(kvr_router_t *r, int slot, uint64_t p
   d->prefill_tokens = prompt_tokens - d->predicted_cached;
   d->prefill_alone = w->queued_prefill_tokens == 0;
   d->dispatched_ns = kvr_router_now_ns(r);
+  if (w->state == KVR_WORKER_EJECTED) {
+    /* Half-open: this request is the one trial; no other goes until it has a verdict. */
+    d->trial = true;
+    w->trial_inflight = true;
+  }
   w->inflight++;
   w->active_tokens += d->prompt_tokens;
   w->queued_prefill_tokens += d->prefill_tokens;
@@ -329,15 +348,29 @@ void kvr_router_on_end(kvr_router_t *r, kvr_router_dispatch_t *d) {
   w->queued_prefill_tokens = w->queued_prefill_tokens >= d->prefill_tokens
                                  ? w->queued_prefill_tokens - d->prefill_tokens
                                  : 0;
+  if (d->prefill_tokens) /* ended before its first token: its prefill leaves the clock too */
+    kvr_prefill_clock_cancel(&w->prefill, d->prefill_tokens, kvr_router_now_ns(r));
   d->prefill_tokens = 0;
+  if (d->trial) /* ended without a verdict (client gone): the next request may try */
+    w->trial_inflight = false;
+  d->trial = false;
   if (w->state == KVR_WORKER_DRAINING && w->inflight == 0)
     worker_free(r, w);
 }
 
+size_t kvr_router_learn_cap(const kvr_router_t *r, const kvr_worker_t *w) {
+  if (w->max_model_len == 0)
+    return SIZE_MAX;
+  uint64_t blocks = w->max_model_len * KVR_CHARS_PER_TOKEN / r->cfg->block_chars;
+  return blocks ? (size_t)KVR_MIN(blocks, (uint64_t)SIZE_MAX) : 1;
+}
+
 void kvr_router_on_learn(kvr_router_t *r, const kvr_router_dispatch_t *d, const uint64_t *blocks,
                          size_t n) {
-  if (record_worker(r, d) != NULL)
-    kvr_cache_index_insert(r->index, (size_t)d->slot, blocks, n);
+  const kvr_worker_t *w = record_worker(r, d);
+  if (w != NULL)
+    kvr_cache_index_insert(r->index, (size_t)d->slot, blocks,
+                           KVR_MIN(n, kvr_router_learn_cap(r, w)));
 }
 
 void kvr_router_on_usage(kvr_router_t *r, const kvr_router_dispatch_t *d, uint64_t prompt_tokens,
@@ -348,6 +381,78 @@ void kvr_router_on_usage(kvr_router_t *r, const kvr_router_dispatch_t *d, uint64
   w->usage_prompt_tokens_total += prompt_tokens;
   w->usage_cached_tokens_total += cached_tokens;
   w->usage_predicted_cached_total += KVR_MIN(d->predicted_cached, prompt_tokens);
+}
+
+/* ---- outlier ejection ------------------------------------------------------------------------ */
+
+/* Whether ejecting w keeps another UP worker and stays within max_ejection_percent. */
+static bool may_eject(const kvr_router_t *r, const kvr_worker_t *w) {
+  uint64_t members = 0, ejected = 0, other_up = 0;
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *x = r->slots[i];
+    if (x == NULL || x->state == KVR_WORKER_DRAINING)
+      continue;
+    members++;
+    ejected += x->state == KVR_WORKER_EJECTED && x != w;
+    other_up += x->state == KVR_WORKER_UP && x != w;
+  }
+  return other_up > 0 && (ejected + 1) * 100 <= r->cfg->outlier_max_percent * members;
+}
+
+/* Ejects w (UP, or EJECTED after a failed trial) for its next backoff, or counts a refusal. */
+static bool eject(kvr_router_t *r, kvr_worker_t *w) {
+  uint64_t now = now_ms(r);
+  if (!may_eject(r, w)) {
+    r->ejections_refused_total++;
+    KVR_WARN("router",
+             "worker %u (%s) failing (%llu in a row) but not ejected: it would leave "
+             "too few usable workers",
+             w->id, w->url, (unsigned long long)w->consecutive_errors);
+    if (w->state == KVR_WORKER_EJECTED)
+      w->state = KVR_WORKER_UP; /* a failed trial with nothing else left: keep serving */
+    return false;
+  }
+  if (w->state == KVR_WORKER_UP && now - w->restored_ms >= r->cfg->outlier_max_ejection_ms)
+    w->ejection_streak = 0; /* clean for long enough: start again at the base */
+  uint64_t ms = r->cfg->outlier_base_ejection_ms;
+  for (uint32_t i = 0; i < w->ejection_streak && ms < r->cfg->outlier_max_ejection_ms; i++)
+    ms *= 2;
+  ms = KVR_MIN(ms, r->cfg->outlier_max_ejection_ms);
+  w->ejection_streak++;
+  w->ejections_total++;
+  w->ejected_until_ms = now + ms;
+  w->consecutive_errors = 0;
+  w->state = KVR_WORKER_EJECTED;
+  KVR_WARN("router", "worker %u (%s) ejected for %llu ms (ejection %u in a row)", w->id, w->url,
+           (unsigned long long)ms, w->ejection_streak);
+  return true;
+}
+
+bool kvr_router_on_result(kvr_router_t *r, kvr_router_dispatch_t *d, bool ok) {
+  kvr_worker_t *w = record_worker(r, d);
+  if (w == NULL)
+    return false;
+  bool trial = d->trial;
+  if (trial) {
+    w->trial_inflight = false;
+    d->trial = false;
+  }
+  if (ok) {
+    w->consecutive_errors = 0;
+    if (trial && w->state == KVR_WORKER_EJECTED) {
+      w->state = KVR_WORKER_UP;
+      w->restored_ms = now_ms(r);
+      KVR_INFO("router", "worker %u (%s) restored after a successful trial", w->id, w->url);
+    }
+    return false;
+  }
+  w->consecutive_errors++;
+  if (trial && w->state == KVR_WORKER_EJECTED)
+    return eject(r, w);
+  if (w->state == KVR_WORKER_UP && r->cfg->outlier_consecutive > 0 &&
+      w->consecutive_errors >= r->cfg->outlier_consecutive)
+    return eject(r, w);
+  return false;
 }
 
 void kvr_router_on_worker_error(kvr_router_t *r, const kvr_router_dispatch_t *d) {
@@ -373,6 +478,7 @@ int kvr_router_on_health(kvr_router_t *r, uint32_t id, bool reachable) {
     if (w->state == KVR_WORKER_DOWN) {
       KVR_INFO("router", "worker %u is up again", w->id);
       w->state = KVR_WORKER_UP;
+      w->models_known = false; /* it may have restarted with another model */
     }
     w->consecutive_failures = 0;
     return 0;
@@ -408,6 +514,18 @@ int kvr_router_on_scrape(kvr_router_t *r, uint32_t id, const kvr_router_scrape_t
              w->id, (unsigned long long)cap, (unsigned long long)m->num_gpu_blocks,
              (unsigned long long)m->block_size);
   }
+  return 0;
+}
+
+int kvr_router_on_models(kvr_router_t *r, uint32_t id, uint64_t max_model_len) {
+  kvr_worker_t *w = worker_by_id(r, id);
+  if (w == NULL)
+    return KVR_ENOENT;
+  if (w->max_model_len != max_model_len)
+    KVR_INFO("scrape", "worker %u: max_model_len %llu tokens", w->id,
+             (unsigned long long)max_model_len);
+  w->max_model_len = max_model_len;
+  w->models_known = true;
   return 0;
 }
 
@@ -470,4 +588,60 @@ void kvr_router_observe_ttfb(kvr_router_t *r, double seconds) {
 
 void kvr_router_observe_duration(kvr_router_t *r, double seconds) {
   kvr_hist_observe(&r->request_seconds, seconds);
+}
+
+/* ---- retry budget and admission bound ------------------------------------------------------- */
+
+bool kvr_router_retry_acquire(kvr_router_t *r, uint64_t requests_inflight) {
+  uint64_t budget = requests_inflight * r->cfg->retry_budget_percent / 100;
+  if (r->retries_inflight < KVR_MAX(budget, r->cfg->retry_min_concurrency)) {
+    r->retries_inflight++;
+    return true;
+  }
+  r->retry_budget_refused_total++;
+  return false;
+}
+
+void kvr_router_retry_release(kvr_router_t *r) {
+  if (r->retries_inflight > 0)
+    r->retries_inflight--;
+}
+
+uint64_t kvr_router_admission_full(const kvr_router_t *r) {
+  uint64_t full = 0, max = r->cfg->admission_max_inflight;
+  for (size_t i = 0; max && i < r->nslots; i++)
+    if (r->slots[i] && r->slots[i]->inflight >= max)
+      full |= UINT64_C(1) << i;
+  return full;
+}
+
+bool kvr_router_admission_blocked(const kvr_router_t *r, uint64_t tried) {
+  if (r->cfg->admission_max_inflight == 0)
+    return false;
+  uint64_t now = now_ms(r), full = kvr_router_admission_full(r);
+  bool usable = false;
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w == NULL || (tried >> i & 1) || !kvr_router_worker_usable(w, now))
+      continue;
+    if (!(full >> i & 1))
+      return false; /* a usable worker has room */
+    usable = true;
+  }
+  return usable;
+}
+
+void kvr_router_on_queued(kvr_router_t *r) {
+  r->admission_queue_depth++;
+  r->admission_queued_total++;
+}
+
+void kvr_router_on_dequeued(kvr_router_t *r) {
+  if (r->admission_queue_depth > 0)
+    r->admission_queue_depth--;
+}
+
+void kvr_router_on_admission_reject(kvr_router_t *r, kvr_admission_reject_t why) {
+  if ((unsigned)why < KVR_ARRAY_SIZE(r->admission_rejected_total))
+    r->admission_rejected_total[why]++;
 }

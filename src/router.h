@@ -17,7 +17,23 @@
  * tokens) and writes what it added into a kvr_router_dispatch_t the caller holds; every later
  * change (the first token ends the prefill, each generated token) updates the worker and that
  * record together; kvr_router_on_end() removes exactly what the record says, however the request
- * ended, and closes the record, so a second call removes nothing.
+ * ended, and closes the record, so a second call removes nothing. Nothing else a request does is
+ * left on the worker: the cache index learns only what the proxy reports through
+ * kvr_router_on_learn(), which it does only for a 2xx answer (never for a 4xx or 5xx).
+ *
+ * Outlier ejection (Envoy's outlier detection, consecutive-failure flavour): the proxy reports
+ * each attempt's verdict with kvr_router_on_result() (a 5xx answer, a first-byte timeout or a
+ * failed transfer is a failure; any other answer a success). outlier_consecutive failures in a
+ * row eject an UP worker for base_ejection_ms * 2^(n-1), capped at max_ejection_ms, n being its
+ * ejections in a row (n starts again at 1 once it has stayed clean for max_ejection_ms). When the
+ * time is up the worker is half-open: still EJECTED, but usable for exactly one request (the
+ * trial, marked in its dispatch record); a success restores it to UP, a failure ejects it again
+ * for twice as long. An ejection is refused (and counted) when it would leave no other UP worker
+ * or eject more than max_ejection_percent of the workers: the router keeps sending to a bad worker
+ * rather than to no worker at all.
+ *
+ * Retry budget (Envoy's and Linkerd's): kvr_router_retry_acquire() allows a retry while retries
+ * in flight stay under budget_percent of the requests in flight, or under min_concurrency.
  */
 #ifndef KVR_ROUTER_H
 #define KVR_ROUTER_H
@@ -36,7 +52,8 @@ typedef struct kvr_config_s kvr_config_t; /* config.h */
 #define KVR_WORKER_STATE_MAP(XX)                                                                   \
   XX(UP, "up")                                                                                     \
   XX(DOWN, "down")                                                                                 \
-  XX(DRAINING, "draining")
+  XX(DRAINING, "draining")                                                                         \
+  XX(EJECTED, "ejected")
 
 typedef enum {
 #define XX(name, str) KVR_WORKER_##name,
@@ -57,6 +74,7 @@ typedef struct kvr_router_s kvr_router_t;
   XX(UPSTREAM_5XX, "upstream_5xx")                                                                 \
   XX(BROKEN_STREAM, "broken_stream")                                                               \
   XX(NO_WORKER, "no_worker")                                                                       \
+  XX(OVERLOADED, "overloaded")                                                                     \
   XX(CLIENT_ERROR, "client_error")                                                                 \
   XX(CLIENT_ABORT, "client_abort")
 
@@ -86,8 +104,18 @@ typedef struct kvr_worker_s {
   uint64_t requests_total, errors_total, retries_total;
   uint64_t prompt_tokens_total, predicted_cached_tokens_total;
   uint64_t usage_prompt_tokens_total, usage_predicted_cached_total, usage_cached_tokens_total;
-  uint64_t consecutive_failures;
+  uint64_t consecutive_failures; /* connection failures in a row (health: DOWN) */
   uint64_t added_ms;
+  /* Outlier ejection (see the header comment). */
+  uint64_t consecutive_errors; /* failed attempts in a row (kvr_router_on_result) */
+  uint64_t ejections_total;
+  uint32_t ejection_streak;  /* ejections in a row: the next one lasts base * 2^streak */
+  uint64_t ejected_until_ms; /* while EJECTED: when the half-open trial may go */
+  uint64_t restored_ms;      /* when it last became UP after an ejection */
+  bool trial_inflight;       /* the half-open trial request is in flight */
+  /* From the worker's GET /v1/models (kvr_router_on_models); 0 until known. */
+  uint64_t max_model_len;
+  bool models_known; /* false again when the worker comes back up (it may have restarted) */
   /* From the worker's /metrics (kvr_router_on_scrape). */
   bool metrics_seen;
   uint64_t scraped_at_ms;
@@ -116,7 +144,14 @@ struct kvr_router_s {
   uint64_t upstream_failures_total;
   uint64_t request_errors_total[KVR_REQ_ERROR_COUNT]; /* by kvr_req_error_t, one per request */
   uint64_t retries_exhausted_total; /* failed before responding, and no attempt or worker left */
-  uint64_t requests_total;          /* client requests, probes excepted */
+  uint64_t retries_inflight;        /* retried requests still in flight (the retry budget) */
+  uint64_t retry_budget_refused_total;
+  uint64_t ejections_refused_total; /* ejections not done: last usable worker or percent cap */
+  /* Admission bound (proxy.c's queue, counted here). */
+  uint64_t admission_queue_depth;
+  uint64_t admission_queued_total;
+  uint64_t admission_rejected_total[2]; /* by kvr_admission_reject_t */
+  uint64_t requests_total;              /* client requests, probes excepted */
   uint64_t probe_requests_total[2]; /* GET/HEAD probes, by kvr_probe_t (not in requests_total) */
   /* The clock every time the router keeps (dispatch, first token, freshness) is read from:
    * kvr_now_ns() unless kvr_router_set_clock() gave another (the virtual-time cluster's). */
@@ -200,6 +235,7 @@ typedef struct kvr_router_dispatch_s {
   uint32_t worker_id;        /* the worker it went to */
   int slot;                  /* that worker's slot (stable while open) */
   bool prefill_alone;        /* no other prefill was pending on the worker (a rate sample) */
+  bool trial;                /* the half-open trial of an ejected worker */
   uint64_t dispatched_ns;    /* kvr_router_now_ns() at dispatch */
   uint64_t prompt_tokens;    /* added to active_tokens at dispatch */
   uint64_t predicted_cached; /* prompt tokens the cache index predicted the worker held */
@@ -231,6 +267,12 @@ void kvr_router_on_learn(kvr_router_t *r, const kvr_router_dispatch_t *d, const 
 void kvr_router_on_usage(kvr_router_t *r, const kvr_router_dispatch_t *d, uint64_t prompt_tokens,
                          uint64_t cached_tokens);
 
+/* The verdict of d's attempt for outlier detection: ok false for a 5xx answer, a first-byte
+ * timeout or a failed transfer, true for any other answer. Failures in a row eject the worker (see
+ * the header comment); the verdict of a half-open trial restores or re-ejects it. Returns true
+ * when this call ejected the worker. No-op (false) on a closed d. */
+bool kvr_router_on_result(kvr_router_t *r, kvr_router_dispatch_t *d, bool ok);
+
 /* The request of d failed on its worker (connect, timeout, 5xx, broken stream). No-op if closed. */
 void kvr_router_on_worker_error(kvr_router_t *r, const kvr_router_dispatch_t *d);
 
@@ -248,6 +290,19 @@ void kvr_router_on_end(kvr_router_t *r, kvr_router_dispatch_t *d);
  * reachable resets the consecutive failures and brings a DOWN worker back UP; unreachable counts
  * one towards DOWN at the configured threshold. Returns 0 or KVR_ENOENT (worker gone meanwhile). */
 int kvr_router_on_health(kvr_router_t *r, uint32_t id, bool reachable);
+
+/* Worker id serves models of at most max_model_len tokens (GET /v1/models; the smallest over
+ * its models). kvr_router_on_learn() never teaches the index more than that many tokens' blocks.
+ * Returns 0 or KVR_ENOENT. */
+int kvr_router_on_models(kvr_router_t *r, uint32_t id, uint64_t max_model_len);
+
+/* The most blocks the index learns for w: max_model_len tokens' worth (block_chars /
+ * KVR_CHARS_PER_TOKEN tokens a block, at least 1), or SIZE_MAX while max_model_len is unknown. */
+size_t kvr_router_learn_cap(const kvr_router_t *r, const kvr_worker_t *w);
+
+/* True while w can take a new request at now_ms: UP, or EJECTED with its time served and no trial
+ * in flight (half-open). */
+bool kvr_router_worker_usable(const kvr_worker_t *w, uint64_t now_ms);
 
 /* One parsed vLLM /metrics page (scrape.c's kvr_scrape_parse). */
 typedef struct kvr_router_scrape_s {
@@ -281,6 +336,30 @@ void kvr_router_on_retries_exhausted(kvr_router_t *r);
 /* The public listener's probes, counted apart from requests (kvrouter_probe_requests_total). */
 typedef enum { KVR_PROBE_HEALTH = 0, KVR_PROBE_LIVEZ = 1 } kvr_probe_t;
 void kvr_router_on_probe(kvr_router_t *r, kvr_probe_t probe);
+/* The retry budget: true (and one more retry in flight) when a retry is allowed with
+ * requests_inflight client requests in flight; false counts a refusal. Every true is paired with
+ * one kvr_router_retry_release() when that request ends. */
+bool kvr_router_retry_acquire(kvr_router_t *r, uint64_t requests_inflight);
+void kvr_router_retry_release(kvr_router_t *r);
+
+/* ---- admission bound (proxy.c's queue; cfg->admission_max_inflight, 0 = off) ------------------
+ */
+
+/* The slots of workers at or above admission_max_inflight requests in flight (0 when off). */
+uint64_t kvr_router_admission_full(const kvr_router_t *r);
+
+/* True when the bound is on, some worker outside tried is usable, and every such worker is full:
+ * a new request must wait. */
+bool kvr_router_admission_blocked(const kvr_router_t *r, uint64_t tried);
+
+typedef enum { KVR_ADMISSION_QUEUE_FULL = 0, KVR_ADMISSION_TIMEOUT = 1 } kvr_admission_reject_t;
+#define KVR_ADMISSION_REJECT_NAMES                                                                 \
+  { "queue_full", "timeout" }
+
+void kvr_router_on_queued(kvr_router_t *r);   /* a request entered the admission queue */
+void kvr_router_on_dequeued(kvr_router_t *r); /* it left the queue (admitted, expired or gone) */
+void kvr_router_on_admission_reject(kvr_router_t *r, kvr_admission_reject_t why); /* 503 */
+
 /* Seconds from request received to the first response byte from a worker. */
 void kvr_router_observe_ttfb(kvr_router_t *r, double seconds);
 /* Seconds from request received to response end (proxied requests). */

@@ -106,6 +106,14 @@ static const worker_family_t worker_families[] = {
      "vllm:num_requests_waiting last scraped from the worker", DBL(num_requests_waiting)},
     {"kvrouter_worker_kv_cache_usage_perc", "gauge",
      "vllm:kv_cache_usage_perc last scraped from the worker (0-1)", DBL(kv_cache_usage)},
+    {"kvrouter_worker_ejections_total", "counter",
+     "Times the worker was ejected by outlier detection (consecutive 5xx, timeouts, connect "
+     "failures)",
+     U64(ejections_total)},
+    {"kvrouter_worker_max_model_len_tokens", "gauge",
+     "Context length of the worker's model from GET /v1/models (0 until known); the cache index "
+     "learns at most this many tokens of one request",
+     U64(max_model_len)},
 };
 
 #undef U64
@@ -155,8 +163,9 @@ static void worker_state_metrics(const kvr_router_t *r, kvr_buf_t *out) {
 #undef XX
   };
   kvr_buf_t l = KVR_BUF_INIT;
-  kvr_metric_family(out, "kvrouter_worker_state", "gauge",
-                    "1 for the state the worker is in (up, down, draining), 0 for the others");
+  kvr_metric_family(
+      out, "kvrouter_worker_state", "gauge",
+      "1 for the state the worker is in (up, down, draining, ejected), 0 for the others");
   for (size_t i = 0; i < r->nslots; i++) {
     const kvr_worker_t *w = r->slots[i];
     if (w == NULL)
@@ -225,6 +234,26 @@ static void counter(kvr_buf_t *out, const char *name, const char *help, uint64_t
   kvr_metric_sample(out, name, NULL, (double)value);
 }
 
+/* The admission bound's queue (exported whether the bound is on or off). */
+static void admission_metrics(const kvr_router_t *r, kvr_buf_t *out) {
+  static const char *const reasons[] = KVR_ADMISSION_REJECT_NAMES;
+  kvr_metric_family(out, "kvrouter_admission_queue_depth", "gauge",
+                    "Requests waiting in the admission queue");
+  kvr_metric_sample(out, "kvrouter_admission_queue_depth", NULL, (double)r->admission_queue_depth);
+  counter(out, "kvrouter_admission_queued_total", "Requests that waited in the admission queue",
+          r->admission_queued_total);
+  kvr_metric_family(out, "kvrouter_admission_rejected_total", "counter",
+                    "Requests answered 503 by the admission bound, by reason");
+  kvr_buf_t l = KVR_BUF_INIT;
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(reasons); i++) {
+    kvr_buf_reset(&l);
+    kvr_buf_printf(&l, "reason=\"%s\"", reasons[i]);
+    kvr_metric_sample(out, "kvrouter_admission_rejected_total", l.data,
+                      (double)r->admission_rejected_total[i]);
+  }
+  kvr_buf_free(&l);
+}
+
 static void request_metrics(const kvr_router_t *r, kvr_buf_t *out) {
   counter(out, "kvrouter_requests_total", "Client requests received (probes excepted)",
           r->requests_total);
@@ -255,6 +284,14 @@ static void request_metrics(const kvr_router_t *r, kvr_buf_t *out) {
           "Requests that failed before any response byte with no attempt or other worker left "
           "to retry on",
           r->retries_exhausted_total);
+  counter(out, "kvrouter_retry_budget_refused_total",
+          "Retries not made because the retry budget was spent (the error went to the client)",
+          r->retry_budget_refused_total);
+  counter(out, "kvrouter_ejections_refused_total",
+          "Ejections not made: they would have left no other usable worker or ejected more than "
+          "max_ejection_percent of the workers",
+          r->ejections_refused_total);
+  admission_metrics(r, out);
   kvr_metric_histogram(out, "kvrouter_request_duration_seconds",
                        "Proxied request duration, request received to response end", NULL,
                        &r->request_seconds);
@@ -316,6 +353,19 @@ static void scraped_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t 
   }
 }
 
+/* The "outlier" object of one worker: its failures in a row and its ejection, if any. */
+static void outlier_json(const kvr_worker_t *w, uint64_t now, cJSON *o) {
+  cJSON_AddNumberToObject(o, "consecutive_errors", (double)w->consecutive_errors);
+  cJSON_AddNumberToObject(o, "ejections_total", (double)w->ejections_total);
+  cJSON_AddNumberToObject(o, "ejections_in_a_row", w->ejection_streak);
+  bool ejected = w->state == KVR_WORKER_EJECTED;
+  cJSON_AddNumberToObject(o, "ejection_remaining_ms",
+                          ejected && w->ejected_until_ms > now ? (double)(w->ejected_until_ms - now)
+                                                               : 0);
+  cJSON_AddBoolToObject(o, "half_open", ejected && now >= w->ejected_until_ms);
+  cJSON_AddBoolToObject(o, "trial_in_flight", w->trial_inflight);
+}
+
 static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t now) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "id", w->id);
@@ -332,6 +382,13 @@ static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t
   cJSON_AddNumberToObject(o, "index_blocks",
                           (double)kvr_cache_index_entries(r->index, (size_t)w->slot));
   cJSON_AddNumberToObject(o, "cache_capacity_blocks", (double)w->cache_capacity_blocks);
+  if (w->max_model_len)
+    cJSON_AddNumberToObject(o, "max_model_len", (double)w->max_model_len);
+  else
+    cJSON_AddNullToObject(o, "max_model_len");
+  cJSON_AddNumberToObject(o, "learn_cap_blocks",
+                          w->max_model_len ? (double)kvr_router_learn_cap(r, w) : -1);
+  outlier_json(w, now, cJSON_AddObjectToObject(o, "outlier"));
   scraped_json(r, w, now, cJSON_AddObjectToObject(o, "scraped"));
   return o;
 }

@@ -1,4 +1,5 @@
-/* scrape.h -- periodic GET /metrics of every worker: load figures for the policies, and health.
+/* scrape.h -- periodic GET /metrics of every worker: load figures for the policies, and health;
+ * and GET /v1/models of every worker until its context length (max_model_len) is known.
  *
  * A kvr_scrape_t is owned by serve.c. It owns its uv timer and its in-flight probes, uses the curl
  * multi and reads the router it is given (both must outlive it), and reports every result through
@@ -42,5 +43,10 @@ int kvr_scrape_parse(const char *text, size_t len, uint64_t now_ms, kvr_router_s
  * (worker gone). The path every probe takes; exposed for tests. */
 int kvr__scrape_report(kvr_router_t *r, uint32_t id, bool reachable, bool ok, const char *page,
                        size_t len, uint64_t now_ms);
+
+/* Parses a GET /v1/models answer: *max_model_len gets the smallest positive max_model_len of the
+ * objects in "data" (vLLM gives one per model it serves). Returns 0, or KVR_EPARSE when the text is
+ * not such a list or no model gives one. */
+int kvr_scrape_parse_models(const char *text, size_t len, uint64_t *max_model_len);
 
 #endif

@@ -551,7 +551,8 @@ def test_metrics_strict_prometheus_and_counters():
 
 
 REQUEST_ERROR_REASONS = ("connect", "first_byte_timeout", "idle_timeout", "upstream_5xx",
-                         "broken_stream", "no_worker", "client_error", "client_abort")
+                         "broken_stream", "no_worker", "overloaded", "client_error",
+                         "client_abort")
 
 
 @test(timeout=20)
@@ -593,7 +594,7 @@ def test_metrics_process_build_worker_state_and_error_reasons():
         for wid in ids.values():
             states = {ls["state"]: v for _, ls, v in before["kvrouter_worker_state"]["samples"]
                       if ls["worker"] == wid}
-            assert set(states) == {"up", "down", "draining"}, states
+            assert set(states) == {"up", "down", "draining", "ejected"}, states
             assert sum(states.values()) == 1, states
         assert metric(before, "kvrouter_worker_state", worker=live, state="up") == 1
         age = metric(before, "kvrouter_worker_scrape_age_seconds", worker=live)

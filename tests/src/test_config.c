@@ -55,6 +55,7 @@ static void test_defaults(void **state) {
   assert_int_equal(cfg.connect_timeout_ms, 2000);
   assert_int_equal(cfg.first_byte_timeout_ms, 300000);
   assert_int_equal(cfg.limits.header_timeout_ms, 10000);
+  assert_int_equal(cfg.limits.body_timeout_ms, 60000);
   assert_int_equal(cfg.limits.max_body, 8388608);
   assert_int_equal(cfg.response_buffer_max, 16u << 20);
   assert_int_equal(cfg.cache_capacity_blocks, 21766);
@@ -113,7 +114,8 @@ static void test_json_and_precedence(void **state) {
   const char *path = "/tmp/kvr_test_config.json";
   FILE *f = fopen(path, "w");
   fputs("{\"workers\":[\"http://127.0.0.1:1\",\"http://127.0.0.1:2\"],\"policy\":\"least_load\","
-        "\"timeouts\":{\"first_byte_ms\":1234},\"cache\":{\"block_chars\":32},"
+        "\"timeouts\":{\"first_byte_ms\":1234,\"client_body_ms\":777},"
+        "\"cache\":{\"block_chars\":32},"
         "\"worker_header\":false}",
         f);
   fclose(f);
@@ -124,6 +126,7 @@ static void test_json_and_precedence(void **state) {
   assert_int_equal(cfg.nworkers, 2);
   assert_string_equal(cfg.policy, "kv_aware"); /* the flag wins over the file */
   assert_int_equal(cfg.first_byte_timeout_ms, 1234);
+  assert_int_equal(cfg.limits.body_timeout_ms, 777);
   assert_int_equal(cfg.block_chars, 32);
   assert_false(cfg.worker_header);
   kvr_config_free(&cfg);
@@ -371,11 +374,81 @@ static void test_log_format_and_shutdown_grace(void **state) {
   kvr_config_free(&cfg);
 }
 
+/* Issue 18's keys: outlier ejection, retry budget, admission bound; flags and JSON paths agree. */
+static void test_reliability_keys(void **state) {
+  (void)state;
+  char err[512] = "";
+  kvr_config_t cfg;
+  kvr_config_init(&cfg);
+  assert_int_equal(cfg.outlier_consecutive, 5);
+  assert_int_equal(cfg.outlier_base_ejection_ms, 30000);
+  assert_int_equal(cfg.outlier_max_ejection_ms, 300000);
+  assert_int_equal(cfg.outlier_max_percent, 50);
+  assert_int_equal(cfg.retry_budget_percent, 20);
+  assert_int_equal(cfg.retry_min_concurrency, 3);
+  assert_int_equal(cfg.admission_max_inflight, 0); /* off by default */
+  assert_int_equal(cfg.admission_queue_limit, 256);
+  assert_int_equal(cfg.admission_max_wait_ms, 10000);
+  kvr_config_free(&cfg);
+  char *ok[] = {"serve",
+                "--worker",
+                "http://a:1",
+                "--outlier-consecutive-failures=2",
+                "--outlier-base-ejection-ms=500",
+                "--outlier-max-ejection-ms=4000",
+                "--outlier-max-ejection-percent=100",
+                "--retry-budget-percent=10",
+                "--retry-min-concurrency=1",
+                "--admission-max-inflight=8",
+                "--admission-queue-limit=0",
+                "--admission-max-wait-ms=250"};
+  assert_int_equal(parse(&cfg, err, sizeof err, 12, ok), 0);
+  assert_int_equal(cfg.outlier_consecutive, 2);
+  assert_int_equal(cfg.outlier_base_ejection_ms, 500);
+  assert_int_equal(cfg.outlier_max_ejection_ms, 4000);
+  assert_int_equal(cfg.outlier_max_percent, 100);
+  assert_int_equal(cfg.retry_budget_percent, 10);
+  assert_int_equal(cfg.retry_min_concurrency, 1);
+  assert_int_equal(cfg.admission_max_inflight, 8);
+  assert_int_equal(cfg.admission_queue_limit, 0);
+  assert_int_equal(cfg.admission_max_wait_ms, 250);
+  kvr_config_free(&cfg);
+  char *b1[] = {"serve", "--worker", "http://a:1", "--outlier-max-ejection-percent", "101"};
+  expect_error("--outlier-max-ejection-percent: '101'", 5, b1);
+  char *b2[] = {"serve", "--worker", "http://a:1", "--outlier-base-ejection-ms=9000",
+                "--outlier-max-ejection-ms=8000"};
+  expect_error("--outlier-max-ejection-ms: must be >= --outlier-base-ejection-ms (9000)", 5, b2);
+  char *b3[] = {"serve", "--worker", "http://a:1", "--admission-max-wait-ms", "0"};
+  expect_error("--admission-max-wait-ms: '0'", 5, b3);
+  char *b4[] = {"serve", "--worker", "http://a:1", "--retry-budget-percent", "x"};
+  expect_error("--retry-budget-percent: 'x'", 5, b4);
+
+  kvr_config_init(&cfg);
+  const char *js = "{\"outlier\": {\"consecutive_failures\": 7, \"base_ejection_ms\": 100, "
+                   "\"max_ejection_ms\": 200, \"max_ejection_percent\": 25}, \"retry\": "
+                   "{\"budget_percent\": 50, \"min_concurrency\": 0}, \"admission\": "
+                   "{\"max_inflight\": 4, \"queue_limit\": 16, \"max_wait_ms\": 1000}}";
+  assert_int_equal(kvr_config_apply_json(&cfg, js, strlen(js), "c.json", err, sizeof err), 0);
+  assert_int_equal(cfg.outlier_consecutive, 7);
+  assert_int_equal(cfg.outlier_base_ejection_ms, 100);
+  assert_int_equal(cfg.outlier_max_ejection_ms, 200);
+  assert_int_equal(cfg.outlier_max_percent, 25);
+  assert_int_equal(cfg.retry_budget_percent, 50);
+  assert_int_equal(cfg.retry_min_concurrency, 0);
+  assert_int_equal(cfg.admission_max_inflight, 4);
+  assert_int_equal(cfg.admission_queue_limit, 16);
+  assert_int_equal(cfg.admission_max_wait_ms, 1000);
+  const char *bad = "{\"admission\": {\"max_inflight\": -1}}";
+  assert_int_not_equal(kvr_config_apply_json(&cfg, bad, strlen(bad), "c.json", err, sizeof err), 0);
+  assert_non_null(strstr(err, "c.json: admission.max_inflight:"));
+  kvr_config_free(&cfg);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_flags),
               cmocka_unit_test(test_errors), cmocka_unit_test(test_json_and_precedence),
               cmocka_unit_test(test_engine_wording),
               cmocka_unit_test(test_cli_workers_replace_file),
               cmocka_unit_test(test_worker_url_check),
               cmocka_unit_test(test_json_syntax_error_position),
-              cmocka_unit_test(test_admin_token_file),
+              cmocka_unit_test(test_admin_token_file), cmocka_unit_test(test_reliability_keys),
               cmocka_unit_test(test_log_format_and_shutdown_grace))

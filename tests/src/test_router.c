@@ -527,6 +527,283 @@ static void test_injected_clock(void **state) {
   fx_close(&f);
 }
 
+/* ---- issue 18: what the router learns, outlier ejection, the retry budget, admission --------- */
+
+/* One failed (ok false) or successful attempt on slot: dispatch, verdict, end. Returns whether the
+ * verdict ejected the worker. */
+static bool attempt_on(kvr_router_t *r, int slot, bool ok) {
+  kvr_router_dispatch_t d;
+  assert_non_null(kvr_router_on_dispatch(r, slot, 100, 0, &d));
+  bool ejected = kvr_router_on_result(r, &d, ok);
+  kvr_router_on_end(r, &d);
+  return ejected;
+}
+
+/* A request the worker refused (the proxy reports no learning for a 4xx/5xx) leaves no residue:
+ * the index holds what it held before and the load is back to zero. Learning is capped at the
+ * worker's max_model_len (GET /v1/models) in blocks: max_model_len * KVR_CHARS_PER_TOKEN /
+ * block_chars. */
+static void test_learning_refused_and_capped(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 1, "kv_aware");
+  kvr_router_t *r = f.r;
+  const kvr_worker_t *w = r->slots[0];
+  static uint64_t blocks[400];
+  for (size_t i = 0; i < 400; i++)
+    blocks[i] = 1000 + i;
+  kvr_route_req_t req = {.blocks = blocks, .nblocks = 400, .prompt_tokens = 400 * 16};
+  /* Refused: dispatched, answered 400, ended, nothing learned. */
+  kvr_decision_t d;
+  assert_int_equal(kvr_router_decide(r, &req, 0, true, &d), 0);
+  kvr_router_dispatch_t a;
+  kvr_router_on_dispatch(r, 0, req.prompt_tokens, d.snaps[0].matched_blocks, &a);
+  assert_int_equal(w->inflight, 1);
+  kvr_router_on_result(r, &a, true); /* a 4xx is no worker failure */
+  kvr_router_on_end(r, &a);
+  assert_int_equal(kvr_cache_index_entries(r->index, 0), 0);
+  assert_idle(r);
+  assert_int_equal(w->consecutive_errors, 0);
+  /* Unknown context length: no cap but the cache's. */
+  assert_true(kvr_router_learn_cap(r, w) == SIZE_MAX);
+  /* A 2048-token model: 2048 * 4 / 64 = 128 blocks at most from one request. */
+  assert_int_equal(kvr_router_on_models(r, w->id, 2048), 0);
+  assert_int_equal(w->max_model_len, 2048);
+  assert_true(w->models_known);
+  assert_int_equal(kvr_router_learn_cap(r, w), 128);
+  kvr_router_on_dispatch(r, 0, req.prompt_tokens, 0, &a);
+  kvr_router_on_learn(r, &a, blocks, 400);
+  kvr_router_on_end(r, &a);
+  assert_int_equal(kvr_cache_index_entries(r->index, 0), 128);
+  /* The leading blocks are the ones kept: a later request matches 128 of them. */
+  kvr_router_decide(r, &req, 0, false, &d);
+  assert_int_equal(d.snaps[0].matched_blocks, 128);
+  assert_metric(r, "kvrouter_worker_max_model_len_tokens{worker=\"0\",url=\"http://127.0.0.1:1\"} "
+                   "2048");
+  /* A tiny model still learns one block; a worker back from DOWN is asked again. */
+  kvr_router_on_models(r, w->id, 3);
+  assert_int_equal(kvr_router_learn_cap(r, w), 1);
+  for (int i = 0; i < 3; i++)
+    kvr_router_on_health(r, w->id, false);
+  kvr_router_on_health(r, w->id, true);
+  assert_false(w->models_known);
+  assert_int_equal(kvr_router_on_models(r, 99, 10), KVR_ENOENT);
+  fx_close(&f);
+}
+
+/* A request that ends before its first token (a 400 for an over-long prompt) also leaves the
+ * prefill clock as it found it: the next request's backlog is not inflated by it. */
+static void test_refused_prefill_leaves_clock(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 1, "least_load");
+  kvr_router_t *r = f.r;
+  uint64_t t = 10ull * 1000000000ull;
+  kvr_router_set_clock(r, fake_clock, &t);
+  const kvr_worker_t *w = r->slots[0];
+  kvr_router_dispatch_t a, big, c;
+  kvr_router_on_dispatch(r, 0, 1000, 0, &a); /* 1000 tokens in 0.5 s: 2000 tokens/s */
+  t += 500000000ull;
+  kvr_router_on_token(r, &a);
+  kvr_router_on_end(r, &a);
+  kvr_router_on_dispatch(r, 0, 2000, 0, &c); /* 1 s of prefill pending */
+  uint64_t busy = w->prefill.busy_until_ns;
+  kvr_router_on_dispatch(r, 0, 500000, 0, &big); /* a 2 MB prompt: 250 s more */
+  assert_true(w->prefill.busy_until_ns > busy + 200ull * 1000000000ull);
+  kvr_router_on_end(r, &big); /* answered 400 */
+  assert_int_equal(w->prefill.busy_until_ns, busy);
+  assert_int_equal(w->queued_prefill_tokens, 2000);
+  t += 500000000ull; /* half of c's prefill done */
+  assert_int_equal(kvr_router_worker_backlog(w, t), 1000);
+  kvr_router_on_end(r, &c);
+  assert_idle(r);
+  fx_close(&f);
+}
+
+/* consecutive_failures failures in a row eject a worker for base * 2^(n-1) (capped); when the time
+ * is up one trial goes (half-open): a failure ejects it for twice as long, a success restores it.
+ */
+static void test_outlier_ejection_backoff_and_trial(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  f.cfg.outlier_consecutive = 3;
+  f.cfg.outlier_base_ejection_ms = 1000;
+  f.cfg.outlier_max_ejection_ms = 3000;
+  f.cfg.outlier_max_percent = 50;
+  kvr_router_t *r = f.r;
+  uint64_t t = 100ull * 1000000000ull;
+  kvr_router_set_clock(r, fake_clock, &t);
+  const kvr_worker_t *w = r->slots[0];
+  /* A success in between starts the count again. */
+  assert_false(attempt_on(r, 0, false));
+  assert_false(attempt_on(r, 0, false));
+  assert_false(attempt_on(r, 0, true));
+  assert_false(attempt_on(r, 0, false));
+  assert_false(attempt_on(r, 0, false));
+  assert_true(attempt_on(r, 0, false));
+  assert_int_equal(w->state, KVR_WORKER_EJECTED);
+  assert_int_equal(w->ejections_total, 1);
+  assert_int_equal(w->ejected_until_ms, t / 1000000u + 1000);
+  assert_true(kvr_router_has_usable(r));
+  assert_metric(r, "kvrouter_worker_state{worker=\"0\",state=\"ejected\"} 1");
+  assert_metric(r, "kvrouter_worker_state{worker=\"0\",state=\"up\"} 0");
+  assert_metric(r, "kvrouter_worker_ejections_total{worker=\"0\",url=\"http://127.0.0.1:1\"} 1");
+  /* Ejected: never chosen. */
+  kvr_route_req_t req = {0};
+  kvr_decision_t d;
+  for (int i = 0; i < 6; i++)
+    assert_int_not_equal(kvr_router_decide(r, &req, 0, true, &d), 0);
+  assert_int_equal(kvr_router_decide(r, &req, 6, true, &d), KVR_POLICY_NONE);
+  /* Time served: half-open, one trial only. */
+  t += 1000ull * 1000000u;
+  assert_int_equal(kvr_router_decide(r, &req, 6, true, &d), 0);
+  kvr_router_dispatch_t trial;
+  kvr_router_on_dispatch(r, 0, 10, 0, &trial);
+  assert_true(trial.trial);
+  assert_true(w->trial_inflight);
+  assert_int_equal(kvr_router_decide(r, &req, 6, true, &d), KVR_POLICY_NONE);
+  /* The trial fails: ejected again for 2 s. */
+  assert_true(kvr_router_on_result(r, &trial, false));
+  kvr_router_on_end(r, &trial);
+  assert_int_equal(w->state, KVR_WORKER_EJECTED);
+  assert_int_equal(w->ejected_until_ms, t / 1000000u + 2000);
+  /* The next trial ends without a verdict (client gone): the one after may go. */
+  t += 2000ull * 1000000u;
+  kvr_router_on_dispatch(r, 0, 10, 0, &trial);
+  kvr_router_on_end(r, &trial);
+  assert_false(w->trial_inflight);
+  /* Fails again: 4 s capped at 3 s. */
+  kvr_router_on_dispatch(r, 0, 10, 0, &trial);
+  assert_true(kvr_router_on_result(r, &trial, false));
+  kvr_router_on_end(r, &trial);
+  assert_int_equal(w->ejected_until_ms, t / 1000000u + 3000);
+  /* A successful trial restores it. */
+  t += 3000ull * 1000000u;
+  kvr_router_on_dispatch(r, 0, 10, 0, &trial);
+  assert_false(kvr_router_on_result(r, &trial, true));
+  kvr_router_on_end(r, &trial);
+  assert_int_equal(w->state, KVR_WORKER_UP);
+  assert_int_equal(w->ejections_total, 3);
+  assert_idle(r);
+  /* Ejected again soon after: the streak goes on (3 s); after max_ejection_ms clean, the base. */
+  for (int i = 0; i < 3; i++)
+    attempt_on(r, 0, false);
+  assert_int_equal(w->ejected_until_ms, t / 1000000u + 3000);
+  t += 3000ull * 1000000u;
+  kvr_router_on_dispatch(r, 0, 10, 0, &trial);
+  kvr_router_on_result(r, &trial, true);
+  kvr_router_on_end(r, &trial);
+  t += 3000ull * 1000000u;
+  for (int i = 0; i < 3; i++)
+    attempt_on(r, 0, false);
+  assert_int_equal(w->ejected_until_ms, t / 1000000u + 1000);
+  /* 0 consecutive failures: never ejects. */
+  f.cfg.outlier_consecutive = 0;
+  for (int i = 0; i < 10; i++)
+    assert_false(attempt_on(r, 1, false));
+  assert_int_equal(r->slots[1]->state, KVR_WORKER_UP);
+  fx_close(&f);
+}
+
+/* An ejection that would leave no other UP worker, or eject more than max_ejection_percent of the
+ * workers, is refused and counted; the worker keeps serving. */
+static void test_ejection_keeps_a_worker(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 4, "round_robin");
+  f.cfg.outlier_consecutive = 1;
+  f.cfg.outlier_max_percent = 50;
+  kvr_router_t *r = f.r;
+  assert_true(attempt_on(r, 0, false));
+  assert_true(attempt_on(r, 1, false));
+  assert_false(attempt_on(r, 2, false)); /* a third of four is above 50% */
+  assert_int_equal(r->slots[2]->state, KVR_WORKER_UP);
+  assert_int_equal(r->ejections_refused_total, 1);
+  assert_metric(r, "kvrouter_ejections_refused_total 1");
+  fx_close(&f);
+  /* One worker: never ejected, whatever the percentage. */
+  fx_open(&f, 1, "round_robin");
+  f.cfg.outlier_consecutive = 1;
+  f.cfg.outlier_max_percent = 100;
+  assert_false(attempt_on(f.r, 0, false));
+  assert_int_equal(f.r->slots[0]->state, KVR_WORKER_UP);
+  /* Two at 100%: the second is the last UP one. */
+  fx_close(&f);
+  fx_open(&f, 2, "round_robin");
+  f.cfg.outlier_consecutive = 1;
+  f.cfg.outlier_max_percent = 100;
+  assert_true(attempt_on(f.r, 0, false));
+  assert_false(attempt_on(f.r, 1, false));
+  assert_true(kvr_router_has_usable(f.r));
+  fx_close(&f);
+}
+
+/* Retries in flight may be budget_percent of the requests in flight, at least min_concurrency. */
+static void test_retry_budget(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 2, "round_robin");
+  kvr_router_t *r = f.r; /* defaults: 20%, at least 3 */
+  for (int i = 0; i < 3; i++)
+    assert_true(kvr_router_retry_acquire(r, 10));
+  assert_false(kvr_router_retry_acquire(r, 10));
+  assert_int_equal(r->retry_budget_refused_total, 1);
+  assert_true(kvr_router_retry_acquire(r, 20)); /* 20% of 20 = 4 */
+  assert_false(kvr_router_retry_acquire(r, 20));
+  kvr_router_retry_release(r);
+  assert_true(kvr_router_retry_acquire(r, 20));
+  for (int i = 0; i < 4; i++)
+    kvr_router_retry_release(r);
+  assert_int_equal(r->retries_inflight, 0);
+  kvr_router_retry_release(r); /* never below zero */
+  assert_int_equal(r->retries_inflight, 0);
+  assert_metric(r, "kvrouter_retry_budget_refused_total 2");
+  f.cfg.retry_budget_percent = 0;
+  f.cfg.retry_min_concurrency = 0;
+  assert_false(kvr_router_retry_acquire(r, 1000));
+  fx_close(&f);
+}
+
+/* The admission bound: full workers, blocked only when every usable untried worker is full. */
+static void test_admission_bound(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 2, "round_robin");
+  kvr_router_t *r = f.r;
+  kvr_router_dispatch_t d[4];
+  for (int i = 0; i < 4; i++)
+    kvr_router_on_dispatch(r, i % 2, 10, 0, &d[i]);
+  assert_int_equal(kvr_router_admission_full(r), 0); /* off by default */
+  assert_false(kvr_router_admission_blocked(r, 0));
+  f.cfg.admission_max_inflight = 2;
+  assert_int_equal(kvr_router_admission_full(r), 3);
+  assert_true(kvr_router_admission_blocked(r, 0));
+  kvr_router_on_end(r, &d[1]);
+  assert_int_equal(kvr_router_admission_full(r), 1);
+  assert_false(kvr_router_admission_blocked(r, 0));
+  assert_true(kvr_router_admission_blocked(r, 2)); /* slot 1 tried: only full ones left */
+  kvr_router_on_queued(r);
+  kvr_router_on_queued(r);
+  kvr_router_on_dequeued(r);
+  kvr_router_on_admission_reject(r, KVR_ADMISSION_TIMEOUT);
+  assert_metric(r, "kvrouter_admission_queue_depth 1");
+  assert_metric(r, "kvrouter_admission_queued_total 2");
+  assert_metric(r, "kvrouter_admission_rejected_total{reason=\"timeout\"} 1");
+  assert_metric(r, "kvrouter_admission_rejected_total{reason=\"queue_full\"} 0");
+  kvr_router_on_end(r, &d[0]);
+  kvr_router_on_end(r, &d[2]);
+  kvr_router_on_end(r, &d[3]);
+  assert_idle(r);
+  /* No usable worker at all is not "blocked": the request gets its 503 at once. */
+  for (int i = 0; i < 3; i++) {
+    kvr_router_on_health(r, r->slots[0]->id, false);
+    kvr_router_on_health(r, r->slots[1]->id, false);
+  }
+  assert_false(kvr_router_admission_blocked(r, 0));
+  fx_close(&f);
+}
+
 /* The family's HELP and TYPE lines are in text, TYPE naming type. */
 static void assert_family(const char *text, const char *name, const char *type) {
   char want[256];
@@ -661,4 +938,9 @@ KVR_TEST_MAIN(cmocka_unit_test(test_round_robin_and_tried),
               cmocka_unit_test(test_scrape_and_reset), cmocka_unit_test(test_drain_remove_add),
               cmocka_unit_test(test_accounting_invariant_random),
               cmocka_unit_test(test_injected_clock), cmocka_unit_test(test_metrics_ops_families),
-              cmocka_unit_test(test_metrics_process))
+              cmocka_unit_test(test_metrics_process),
+              cmocka_unit_test(test_learning_refused_and_capped),
+              cmocka_unit_test(test_refused_prefill_leaves_clock),
+              cmocka_unit_test(test_outlier_ejection_backoff_and_trial),
+              cmocka_unit_test(test_ejection_keeps_a_worker), cmocka_unit_test(test_retry_budget),
+              cmocka_unit_test(test_admission_bound))

@@ -214,5 +214,28 @@ static void test_scraper_on_loop(void **state) {
   fx_close(&t.f);
 }
 
-KVR_TEST_MAIN(cmocka_unit_test(test_parse), cmocka_unit_test(test_report_path),
-              cmocka_unit_test(test_scraper_on_loop))
+/* GET /v1/models as vLLM answers it: the smallest max_model_len over data[]. */
+static void test_parse_models(void **state) {
+  (void)state;
+  const char *vllm = "{\"object\":\"list\",\"data\":[{\"id\":\"a\",\"object\":\"model\","
+                     "\"max_model_len\":32768},{\"id\":\"b\",\"max_model_len\":8192}]}";
+  uint64_t len = 0;
+  assert_int_equal(kvr_scrape_parse_models(vllm, strlen(vllm), &len), 0);
+  assert_int_equal(len, 8192);
+  const char *bad[] = {"",
+                       "not json",
+                       "{\"data\":{}}",
+                       "{\"data\":[]}",
+                       "{\"data\":[{\"id\":\"a\"}]}",
+                       "{\"data\":[{\"max_model_len\":0}]}",
+                       "{\"data\":[{\"max_model_len\":\"4096\"}]}",
+                       "[1,2]"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    len = 7;
+    assert_int_equal(kvr_scrape_parse_models(bad[i], strlen(bad[i]), &len), KVR_EPARSE);
+    assert_int_equal(len, 7);
+  }
+}
+
+KVR_TEST_MAIN(cmocka_unit_test(test_parse), cmocka_unit_test(test_parse_models),
+              cmocka_unit_test(test_report_path), cmocka_unit_test(test_scraper_on_loop))
