@@ -151,6 +151,7 @@ static void test_salts_groups_and_block_size(void **state) {
   e->block_size = 2 * BS;
   e->ntokens = 2 * BS;
   b.ntokens = 2 * BS;
+  b.tokens = realloc(b.tokens, sizeof(toks));
   memcpy(b.tokens, toks, sizeof(toks));
   kvr_kv_index_apply(idx, 0, &b);
   assert_int_equal(kvr_kv_index_blocks(idx, 0), 1);
