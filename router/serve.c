@@ -5,6 +5,14 @@
  * router (workers, policy, cache index; no loop), the curl multi and the scraper on the loop, the
  * proxy and the admin API over them, listen on the public and admin addresses, run the loop.
  *
+ * Reload on SIGHUP (src/reload.h): the settings are read again from the same command line (so from
+ * the --config file, flags still overriding it) and checked whole; a bad file logs one error line
+ * and changes nothing. Otherwise policy, workers (new ones added, removed ones drained: their
+ * requests finish), timeouts, logging and the other settings read live take effect at once; those
+ * only a restart can change (listen addresses, client limits, cache geometry...) are logged as
+ * "needs restart" and left as they are. Without --config there is nothing to reload (logged).
+ * kvrouter_config_reloads_total{result} counts the reloads. No reload once shutdown has begun.
+ *
  * Shutdown on SIGINT/SIGTERM: both listeners stop accepting and idle connections close; requests in
  * flight get up to --shutdown-grace-ms (default 10 s) to finish, then (or at a second signal) they
  * are aborted. When the last connection is gone the scraper and the curl multi close their handles,
@@ -20,9 +28,11 @@
 #include "src/kvr.h"
 #include "src/log.h"
 #include "src/proxy.h"
+#include "src/reload.h"
 #include "src/router.h"
 #include "src/scrape.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +46,9 @@ typedef struct {
   kvr_proxy_t *proxy;
   kvr_admin_t *admin_api;
   kvr_http_server_t *pub, *admin;
-  uv_signal_t sigint, sigterm;
+  uv_signal_t sigint, sigterm, sighup;
+  int argc; /* serve's command line, read again at each reload */
+  char **argv;
   uv_timer_t grace;
   int servers_open;
   bool stopping;
@@ -56,6 +68,8 @@ static void on_server_closed(void *data) {
   s->router = NULL;
   uv_close((uv_handle_t *)&s->sigint, on_handle_closed);
   uv_close((uv_handle_t *)&s->sigterm, on_handle_closed);
+  uv_close((uv_handle_t *)&s->sighup, on_handle_closed);
+  signal(SIGHUP, SIG_IGN); /* libuv restored the default action, which would end the process */
   uv_close((uv_handle_t *)&s->grace, on_handle_closed);
 }
 
@@ -80,8 +94,32 @@ static void on_signal(uv_signal_t *sig, int signum) {
   kvr_http_server_close(s->admin, on_server_closed, s);
 }
 
+static void on_sighup(uv_signal_t *sig, int signum) {
+  serve_t *s = sig->data;
+  (void)signum;
+  if (s->stopping)
+    return;
+  const char *path = kvr_reload_config_path(s->argc, s->argv);
+  if (path == NULL) {
+    KVR_WARN("serve", "SIGHUP: no --config file was given, nothing to reload");
+    return;
+  }
+  KVR_INFO("serve", "SIGHUP: reloading the settings from %s", path);
+  char err[1024];
+  if (kvr_reload_apply(&s->cfg, s->router, s->argc, s->argv, err, sizeof err) != 0) {
+    KVR_ERROR("serve", "config reload failed, nothing changed: %s", err);
+    return;
+  }
+  kvr_http_server_log_rejects(s->pub, s->cfg.access_log);
+}
+
 int kvr_serve_main(int argc, char **argv) {
+  /* A SIGHUP before the reload handler is installed (while the config is read) must not end the
+   * process with the default action: ignored until uv_signal_start() takes it over. */
+  signal(SIGHUP, SIG_IGN);
   serve_t *s = kvr_xcalloc(1, sizeof *s);
+  s->argc = argc;
+  s->argv = argv;
   char err[1024] = "";
   int exit_code = 0;
   kvr_config_init(&s->cfg);
@@ -131,8 +169,9 @@ int kvr_serve_main(int argc, char **argv) {
   kvr_http_server_log_rejects(s->pub, s->cfg.access_log);
   uv_signal_init(&s->loop, &s->sigint);
   uv_signal_init(&s->loop, &s->sigterm);
+  uv_signal_init(&s->loop, &s->sighup);
   uv_timer_init(&s->loop, &s->grace);
-  s->sigint.data = s->sigterm.data = s->grace.data = s;
+  s->sigint.data = s->sigterm.data = s->sighup.data = s->grace.data = s;
   s->servers_open = 2;
   if (kvr_http_server_listen(s->pub, s->cfg.listen, err, sizeof err) != 0 ||
       kvr_http_server_listen(s->admin, s->cfg.admin_listen, err, sizeof err) != 0) {
@@ -144,6 +183,7 @@ int kvr_serve_main(int argc, char **argv) {
   } else {
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&s->sighup, on_sighup, SIGHUP);
     KVR_INFO("serve",
              "kvrouter %s listening on %s (port %d), admin on %s (port %d), policy %s, "
              "%zu workers",

@@ -12,6 +12,7 @@
 
 #include "kvr.h"
 #include "metrics.h"
+#include "reload.h"
 
 /* ---- per-worker metric families ---------------------------------------------------------------
  */
@@ -325,6 +326,7 @@ static void metrics_with(const kvr_router_t *r, const kvr_process_stats_t *proc,
   worker_state_metrics(r, out);
   routing_metrics(r, out);
   request_metrics(r, out);
+  kvr_reload_metrics(out);
   build_metrics(out);
   kvr_metric_process(out, proc);
 }

@@ -13,7 +13,7 @@ coherently (selectors, named ports, ConfigMap, listen ports). Every flag passed 
 except the two being added in the same release (--admin-token-file / admin_token_file). Also
 deploy/k8s/Dockerfile (numeric USER, EXPOSE of both ports, OCI labels, Debian 12 stages),
 /.dockerignore (excludes .git, build*, results; keeps what the Dockerfile needs) and
-deploy/kvrouter.service (hardening directives, no ExecReload, and when systemd-analyze is
+deploy/kvrouter.service (hardening directives, ExecReload by SIGHUP, and when systemd-analyze is
 installed, `systemd-analyze security --offline=true` exposure <= 2.0). No cluster, no network.
 
 Run: python3 tests/deploy/test_deploy_manifests.py --kvrouter build/kvrouter
@@ -488,7 +488,7 @@ def test_dockerignore():
 @test
 def test_systemd_unit_hardening():
     d = unit_directives()
-    assert "ExecReload" not in d, "kvrouter has no reload (SIGHUP terminates it)"
+    assert d.get("ExecReload") == ["/bin/kill -HUP $MAINPID"], d.get("ExecReload")
     assert d.get("DynamicUser") == ["yes"] or (d.get("User") and d["User"][0] != "root"), d.get("User")
     want = {"ProtectSystem": "strict", "ProtectHome": "yes", "PrivateTmp": "yes",
             "PrivateDevices": "yes", "NoNewPrivileges": "yes", "MemoryDenyWriteExecute": "yes",
