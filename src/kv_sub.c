@@ -106,6 +106,7 @@ static void held_clear(kvr_kv_sub_t *s) {
 
 static void hold(kvr_kv_sub_t *s, uint64_t seq, const void *data, size_t len);
 static void on_live(kvr_kv_sub_t *s, uint64_t seq, const void *data, size_t len);
+static void start_replay(kvr_kv_sub_t *s, uint64_t from);
 
 /* The reply stream ended (ok) or was abandoned: leave replay mode, decide whether the history is
  * still complete, then apply the live batches held meanwhile in order (one of them may start a
@@ -113,6 +114,18 @@ static void on_live(kvr_kv_sub_t *s, uint64_t seq, const void *data, size_t len)
 static void replay_done(kvr_kv_sub_t *s, bool ok) {
   uv_timer_stop(&s->timer);
   s->replaying = false;
+  if (!s->have_last && s->fallback == KVR_KV_FALLBACK_WAITING && s->nheld == 0) {
+    /* the first-contact probe: an empty answer means the publisher has sent nothing yet (a fresh
+     * engine, an empty cache): the history is complete. No answer: it may not be up yet; ask
+     * again (the live stream's first batch also settles it). */
+    if (ok) {
+      s->fallback = KVR_KV_FALLBACK_NONE;
+      s->have_last = s->replay_got_any;
+    } else {
+      start_replay(s, 0);
+    }
+    return;
+  }
   bool evicted = ok && !s->replay_got_any && s->nheld > 0 &&
                  (!s->have_last || s->last + 1 < s->held[s->held_head].seq);
   if (!ok || evicted) {
@@ -373,6 +386,10 @@ kvr_kv_sub_t *kvr_kv_sub_new(uv_loop_t *loop, void *zmq_ctx, const kvr_kv_sub_op
    * it, and ZMQ_FD signals edges only: look once now, before any wake-up. */
   (void)readable(s->sub);
   (void)readable(s->dealer);
+  /* With a replay socket, ask for the whole history at once: it brings what the engine cached
+   * before the router started, or says there is none. */
+  if (s->dealer)
+    start_replay(s, 0);
   return s;
 }
 

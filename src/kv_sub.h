@@ -19,6 +19,11 @@
  * replay_timeout_ms is abandoned: reset. Both reply forms are accepted: ["", topic, seq, payload]
  * (vLLM 0.26) and ["", seq, payload], each stream ended by seq 2^64-1.
  *
+ * First contact: with a replay endpoint the stream asks for everything from seq 0 as soon as it
+ * opens (re-asked every replay_timeout_ms until answered, e.g. while the engine starts): batches
+ * bring the engine's history, an empty answer says it has none (a fresh engine) -- complete
+ * either way. Without one it waits for seq 0, or takes a later first batch as NO_HISTORY.
+ *
  * Mode (kvr_kv_sub_mode): PRECISE once the stream is known complete (from seq 0, or recovered by
  * replay); otherwise FALLBACK, with a reason, until refill_ms after the last reset (the engine's
  * cache refills with blocks the events then report) -- the router uses its approximate index for

@@ -64,6 +64,9 @@ static void settle(fixture_t *f) {
   }
 }
 
+static uint64_t replay_request(fixture_t *f, zmq_msg_t *id);
+static void replay_reply(fixture_t *f, zmq_msg_t *id, uint64_t from, uint64_t to, bool new_form);
+
 static void setup(fixture_t *f, bool replay, uint64_t refill_ms) {
   memset(f, 0, sizeof(*f));
   uv_loop_init(&f->loop);
@@ -86,6 +89,14 @@ static void setup(fixture_t *f, bool replay, uint64_t refill_ms) {
   f->sub = kvr_kv_sub_new(&f->loop, f->ctx, &o, &cbs, err, sizeof(err));
   assert_non_null(f->sub);
   pump(f, 30); /* the subscription reaches the PUB */
+}
+
+/* Answers the stream's first-contact request (replay from 0) with an empty history. */
+static void fresh_engine(fixture_t *f) {
+  zmq_msg_t id;
+  assert_int_equal(replay_request(f, &id), 0);
+  replay_reply(f, &id, 0, 0, true);
+  assert_int_equal(kvr_kv_sub_mode(f->sub, (uint64_t)kvr_now_ms()), KVR_KV_FALLBACK_NONE);
 }
 
 static void teardown(fixture_t *f) {
@@ -178,6 +189,7 @@ static void test_complete_stream_and_gap_replay(void **state) {
   fixture_t f;
   setup(&f, true, 50);
   assert_int_equal(kvr_kv_sub_mode(f.sub, now_ms()), KVR_KV_FALLBACK_WAITING);
+  fresh_engine(&f); /* the first-contact probe finds no history: complete at once */
   publish(&f, 0);
   publish(&f, 1);
   assert_int_equal(f.batches, 2);
@@ -193,7 +205,7 @@ static void test_complete_stream_and_gap_replay(void **state) {
   assert_int_equal(f.resets, 0);
   const kvr_kv_sub_stats_t *st = kvr_kv_sub_stats(f.sub);
   assert_int_equal(st->gaps, 1);
-  assert_int_equal(st->replays, 1);
+  assert_int_equal(st->replays, 2); /* the first-contact probe and this one */
   assert_int_equal(st->last_seq, 4);
   assert_int_equal(kvr_kv_sub_mode(f.sub, now_ms()), KVR_KV_FALLBACK_NONE);
 
@@ -217,29 +229,45 @@ static void test_late_join_and_evicted(void **state) {
   (void)state;
   fixture_t f;
   setup(&f, true, 40);
-  /* join at 5: replay from 0 brings 0..4 -> complete */
-  publish(&f, 5);
+  /* the router starts after the engine published 0..4: the first-contact replay brings them */
   zmq_msg_t id;
   assert_int_equal(replay_request(&f, &id), 0);
   replay_reply(&f, &id, 0, 5, true);
-  assert_int_equal(f.batches, 6);
+  assert_int_equal(f.batches, 5);
   assert_int_equal(kvr_kv_sub_mode(f.sub, now_ms()), KVR_KV_FALLBACK_NONE);
+  publish(&f, 5);
+  assert_int_equal(f.batches, 6);
+  assert_int_equal(f.resets, 0);
   teardown(&f);
 
-  /* join at 9: the buffer starts at 7 -> evicted: reset, fallback until refill */
+  /* the engine's buffer starts at 7: evicted: reset, fallback until refill, then precise */
   setup(&f, true, 40);
-  publish(&f, 9);
   assert_int_equal(replay_request(&f, &id), 0);
   replay_reply(&f, &id, 7, 9, true);
   assert_int_equal(f.resets, 1);
-  assert_int_equal(f.batches, 3); /* 7, 8 from the replay, then the held 9 */
+  assert_int_equal(f.batches, 2);
   assert_int_equal(kvr_kv_sub_mode(f.sub, now_ms()), KVR_KV_FALLBACK_EVICTED);
+  publish(&f, 9);
+  assert_int_equal(f.batches, 3);
   pump(&f, 60);
+  assert_int_equal(kvr_kv_sub_mode(f.sub, now_ms()), KVR_KV_FALLBACK_NONE);
+  teardown(&f);
+
+  /* the first-contact probe is asked again until the engine answers */
+  setup(&f, true, 40);
+  assert_int_equal(replay_request(&f, &id), 0);
+  zmq_msg_close(&id);
+  pump(&f, 600); /* past the 500 ms replay timeout */
+  assert_int_equal(kvr_kv_sub_mode(f.sub, now_ms()), KVR_KV_FALLBACK_WAITING);
+  assert_int_equal(f.resets, 0);
+  assert_int_equal(replay_request(&f, &id), 0);
+  replay_reply(&f, &id, 0, 0, false);
   assert_int_equal(kvr_kv_sub_mode(f.sub, now_ms()), KVR_KV_FALLBACK_NONE);
   teardown(&f);
 
   /* a gap whose replay is empty: evicted */
   setup(&f, true, 40);
+  fresh_engine(&f);
   publish(&f, 0);
   publish(&f, 3);
   assert_int_equal(replay_request(&f, &id), 1);
@@ -275,8 +303,9 @@ static void test_no_replay_timeout_and_garbage(void **state) {
   assert_int_equal(kvr_kv_sub_mode(f.sub, now_ms()), KVR_KV_FALLBACK_DECODE);
   teardown(&f);
 
-  /* a replay socket that never answers: reset after the timeout, the held batch applied */
+  /* a replay socket that stops answering: reset after the timeout, the held batch applied */
   setup(&f, true, 1000);
+  fresh_engine(&f);
   publish(&f, 0);
   publish(&f, 2);
   zmq_msg_t id;
