@@ -51,8 +51,10 @@ typedef struct kvr_worker_snap_s {
   uint64_t
       cached_blocks; /* blocks the cache index holds for this worker (kvr_cache_index_entries) */
   /* Filled per request from the cache index: how many of the request's leading blocks this worker
-   * probably holds (longest matching prefix, in blocks). */
+   * probably holds (longest matching prefix, in blocks). For a worker in precise mode it comes
+   * from the engine's own KV events: the matched tokens, expressed in these blocks. */
   size_t matched_blocks;
+  bool precise; /* matched_blocks came from the engine's events */
 } kvr_worker_snap_t;
 
 /* Characters of prompt text per token: the router's one estimate wherever it has text but no token
@@ -65,8 +67,14 @@ typedef struct kvr_route_req_s {
   const uint64_t *blocks; /* chained prefix-block hashes, leading block first; may be NULL */
   size_t nblocks;
   size_t block_chars;     /* characters per block (tokens ~= chars / KVR_CHARS_PER_TOKEN) */
-  uint64_t prompt_tokens; /* estimated prompt tokens */
+  uint64_t prompt_tokens; /* estimated prompt tokens (exact when the ids are known) */
   uint64_t max_tokens;    /* requested output bound, 0 if unknown */
+  /* Precise mode (kv_index.h): own hashes of the prompt's full token blocks of kv_block_size
+   * tokens, from the engine's own tokenization; NULL when not tokenized. The router matches them
+   * on workers whose event stream is healthy and reports the match in matched_blocks' units. */
+  const uint64_t *kv_chain;
+  size_t kv_nchain;
+  uint32_t kv_block_size;
 } kvr_route_req_t;
 
 /* Per-worker line of a decision's explanation (POST /admin/route/explain). */

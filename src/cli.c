@@ -664,6 +664,15 @@ static int apply_array(const kvr_cli_opt_t *o, void *base, const cJSON *v, const
     char w[240], text[64];
     const char *s;
     snprintf(w, sizeof w, "%s[%u]", what, i);
+    if ((o->flags & KVR_CLI_JSON_RAW) && cJSON_IsObject(it)) {
+      /* an element given as an object reaches the option's parser as its JSON text */
+      char *raw = cJSON_PrintUnformatted(it);
+      int rc = store(o, base, raw ? raw : "", i, w, err, errlen);
+      cJSON_free(raw);
+      if (rc != 0)
+        return KVR_EINVAL;
+      continue;
+    }
     if (scalar_text(kind, it, &s, text, sizeof text, w, err, errlen) != 0 ||
         store(o, base, s, i, w, err, errlen) != 0)
       return KVR_EINVAL;

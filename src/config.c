@@ -29,8 +29,11 @@
 #include <strings.h>
 
 static void clear_workers(kvr_config_t *cfg) {
-  for (size_t i = 0; i < cfg->nworkers; i++)
+  for (size_t i = 0; i < cfg->nworkers; i++) {
     free(cfg->workers[i]);
+    free(cfg->worker_kv_events[i]);
+    free(cfg->worker_kv_replay[i]);
+  }
   cfg->nworkers = 0;
 }
 
@@ -49,6 +52,9 @@ void kvr_config_free(kvr_config_t *cfg) {
   free(cfg->worker_ca_file);
   clear_workers(cfg);
   free(cfg->workers);
+  free(cfg->worker_kv_events);
+  free(cfg->worker_kv_replay);
+  free(cfg->kv_events_topic);
   cJSON_Delete(cfg->policy_params);
   memset(cfg, 0, sizeof *cfg);
 }
@@ -163,9 +169,106 @@ int kvr_config_add_worker(kvr_config_t *cfg, const char *url, char *err, size_t 
     snprintf(err, errlen, "too many workers (at most %d)", KVR_MAX_WORKERS);
     return KVR_ELIMIT;
   }
-  cfg->workers = kvr_xrealloc(cfg->workers, (cfg->nworkers + 1) * sizeof *cfg->workers);
-  cfg->workers[cfg->nworkers++] = kvr_xstrdup(norm);
+  size_t n = cfg->nworkers + 1;
+  cfg->workers = kvr_xrealloc(cfg->workers, n * sizeof *cfg->workers);
+  cfg->worker_kv_events = kvr_xrealloc(cfg->worker_kv_events, n * sizeof(char *));
+  cfg->worker_kv_replay = kvr_xrealloc(cfg->worker_kv_replay, n * sizeof(char *));
+  cfg->workers[cfg->nworkers] = kvr_xstrdup(norm);
+  cfg->worker_kv_events[cfg->nworkers] = NULL;
+  cfg->worker_kv_replay[cfg->nworkers] = NULL;
+  cfg->nworkers++;
   return 0;
+}
+
+int kvr_kv_endpoint_check(const char *ep, char *err, size_t errlen) {
+  bool tcp = strncmp(ep, "tcp://", 6) == 0, ipc = strncmp(ep, "ipc://", 6) == 0;
+  const char *rest = ep + 6;
+  const char *colon = tcp ? strrchr(rest, ':') : NULL;
+  char *end = NULL;
+  long port = colon ? strtol(colon + 1, &end, 10) : 0;
+  if (ipc ? rest[0] == '\0'
+          : !tcp || colon == NULL || colon == rest || *end != '\0' || port < 1 || port > 65535 ||
+                strchr(rest, '*') != NULL) {
+    snprintf(err, errlen,
+             "KV-event endpoint '%.200s': want tcp://HOST:PORT (the engine's address, connected "
+             "to) or ipc://PATH",
+             ep);
+    return KVR_EINVAL;
+  }
+  return 0;
+}
+
+/* "URL[,kv_events=EP][,kv_replay=EP]" or {"url": URL, "kv_events": EP, "kv_replay": EP}. */
+int kvr_config_add_worker_spec(kvr_config_t *cfg, const char *spec, char *err, size_t errlen) {
+  char *url = NULL, *events = NULL, *replay = NULL;
+  int rc = KVR_EINVAL;
+  if (spec[0] == '{') {
+    cJSON *o = cJSON_Parse(spec);
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "url");
+    for (const cJSON *it = o ? o->child : NULL; it; it = it->next) {
+      bool known = strcmp(it->string, "url") == 0 || strcmp(it->string, "kv_events") == 0 ||
+                   strcmp(it->string, "kv_replay") == 0;
+      if (!known || !cJSON_IsString(it)) {
+        snprintf(err, errlen,
+                 "worker: %s \"%.60s\" (want \"url\", \"kv_events\", \"kv_replay\" strings)",
+                 known ? "non-string" : "unknown key", it->string);
+        cJSON_Delete(o);
+        return KVR_EINVAL;
+      }
+    }
+    if (!cJSON_IsString(u)) {
+      snprintf(err, errlen, "worker: an object needs \"url\"");
+      cJSON_Delete(o);
+      return KVR_EINVAL;
+    }
+    url = kvr_xstrdup(u->valuestring);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "kv_events");
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "kv_replay");
+    events = cJSON_IsString(e) ? kvr_xstrdup(e->valuestring) : NULL;
+    replay = cJSON_IsString(r) ? kvr_xstrdup(r->valuestring) : NULL;
+    cJSON_Delete(o);
+  } else {
+    char *copy = kvr_xstrdup(spec), *save = NULL;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+      if (url == NULL) {
+        url = kvr_xstrdup(tok);
+      } else if (strncmp(tok, "kv_events=", 10) == 0 && events == NULL) {
+        events = kvr_xstrdup(tok + 10);
+      } else if (strncmp(tok, "kv_replay=", 10) == 0 && replay == NULL) {
+        replay = kvr_xstrdup(tok + 10);
+      } else {
+        snprintf(err, errlen,
+                 "worker '%.200s': unknown or repeated option '%.60s' (kv_events=, "
+                 "kv_replay=)",
+                 spec, tok);
+        free(copy);
+        goto out;
+      }
+    }
+    free(copy);
+    if (url == NULL) {
+      snprintf(err, errlen, "worker: empty");
+      goto out;
+    }
+  }
+  if (replay && !events) {
+    snprintf(err, errlen, "worker %.200s: kv_replay needs kv_events", url);
+    goto out;
+  }
+  if ((events && kvr_kv_endpoint_check(events, err, errlen) != 0) ||
+      (replay && kvr_kv_endpoint_check(replay, err, errlen) != 0))
+    goto out;
+  rc = kvr_config_add_worker(cfg, url, err, errlen);
+  if (rc == 0) {
+    cfg->worker_kv_events[cfg->nworkers - 1] = events;
+    cfg->worker_kv_replay[cfg->nworkers - 1] = replay;
+    events = replay = NULL;
+  }
+out:
+  free(url);
+  free(events);
+  free(replay);
+  return rc;
 }
 
 /* ---- the settings that need code of their own ---- */
@@ -176,7 +279,7 @@ static int set_worker(const kvr_cli_opt_t *o, void *base, const char *text, unsi
   (void)o;
   if (nth == 0)
     clear_workers(base);
-  return kvr_config_add_worker(base, text, err, errlen);
+  return kvr_config_add_worker_spec(base, text, err, errlen);
 }
 
 static int set_policy_params(const kvr_cli_opt_t *o, void *base, const char *text, unsigned nth,
@@ -235,8 +338,11 @@ static const char *const log_levels[] = {"debug", "info", "warn", "error", "off"
 static const char *const log_formats[] = {"text", "json", NULL};
 
 static const kvr_cli_opt_t options[] = {
-    {KVR_CLI_CUSTOM, "worker", .arg = "URL", .json = "workers", .flags = KVR_CLI_JSON_LIST,
-     .help = "a worker base URL (http://HOST:PORT or https://HOST:PORT); repeat for each",
+    {KVR_CLI_CUSTOM, "worker", .arg = "URL[,kv_events=EP[,kv_replay=EP]]", .json = "workers",
+     .flags = KVR_CLI_JSON_LIST | KVR_CLI_JSON_RAW,
+     .help = "a worker base URL (http://HOST:PORT or https://HOST:PORT), optionally with its "
+             "vLLM KV-event endpoints (tcp://HOST:PORT) for precise routing; repeat for each "
+             "(JSON: a URL string or {\"url\", \"kv_events\", \"kv_replay\"})",
      .parse = set_worker},
     {KVR_CLI_CUSTOM, "config", .arg = "FILE.json", .flags = KVR_CLI_EARLY,
      .help = "read settings from a JSON file (keys as in JSON: below); flags override it",
@@ -292,6 +398,19 @@ static const kvr_cli_opt_t options[] = {
     {KVR_CLI_UINT, "scrape-interval-ms", F(scrape_interval_ms), .arg = "MS",
      .json = "metrics_scrape.interval_ms",
      .help = "how often each worker's /metrics is read, 0 = never"},
+    {KVR_CLI_UINT, "kv-events-refill-ms", F(kv_events_refill_ms), .arg = "MS",
+     .json = "kv_events.refill_ms", KVR_CLI_RANGE(1, 86400000),
+     .help = "after a worker's event stream lost batches it could not replay, route that worker "
+             "on the approximate index this long while its cache refills"},
+    {KVR_CLI_UINT, "kv-events-replay-timeout-ms", F(kv_events_replay_timeout_ms), .arg = "MS",
+     .json = "kv_events.replay_timeout_ms", KVR_CLI_RANGE(1, 600000),
+     .help = "a replay request not answered within this is abandoned (the worker is reset)"},
+    {KVR_CLI_STR, "kv-events-topic", F(kv_events_topic), .arg = "PREFIX", .json = "kv_events.topic",
+     .flags = KVR_CLI_OWNED, .help = "subscribe to topics starting with this (\"\" = all)"},
+    {KVR_CLI_UINT, "tokenize-cache-entries", F(tokenize_cache_entries), .arg = "N",
+     .json = "kv_events.tokenize_cache_entries", KVR_CLI_RANGE(0, 10000000),
+     .help = "precise mode: /tokenize answers kept (an identical prompt is not tokenized again); "
+             "0 = no cache"},
     {KVR_CLI_UINT, "scrape-stale-ms", F(scrape_stale_ms), .arg = "MS",
      .json = "metrics_scrape.stale_ms", .help = "scraped figures older than this are ignored"},
     {KVR_CLI_UINT, "fail-threshold", F(fail_threshold), .arg = "N", .json = "health.fail_threshold",
@@ -378,6 +497,10 @@ void kvr_config_init(kvr_config_t *cfg) {
   cfg->block_chars = 64;
   cfg->cache_capacity_blocks = 21766;
   cfg->scrape_interval_ms = 1000;
+  cfg->kv_events_refill_ms = 30000;
+  cfg->kv_events_replay_timeout_ms = 2000;
+  cfg->kv_events_topic = kvr_xstrdup("");
+  cfg->tokenize_cache_entries = 4096;
   cfg->scrape_stale_ms = 5000;
   cfg->fail_threshold = 3;
   cfg->outlier_consecutive = 5;

@@ -17,9 +17,11 @@
 #include <stdio.h>
 
 typedef struct kvr_config_s {
-  char *listen;       /* public OpenAI-compatible listener, default 0.0.0.0:8000 */
-  char *admin_listen; /* operators' listener, default 127.0.0.1:8001 */
-  char **workers;     /* worker base URLs ("http://127.0.0.1:9001"), owned */
+  char *listen;            /* public OpenAI-compatible listener, default 0.0.0.0:8000 */
+  char *admin_listen;      /* operators' listener, default 127.0.0.1:8001 */
+  char **workers;          /* worker base URLs ("http://127.0.0.1:9001"), owned */
+  char **worker_kv_events; /* per worker: its KV-event PUB endpoint (tcp://HOST:PORT) or NULL */
+  char **worker_kv_replay; /* per worker: its replay endpoint or NULL */
   size_t nworkers;
   char *policy;         /* default "kv_aware" */
   cJSON *policy_params; /* owned JSON object or NULL */
@@ -32,9 +34,13 @@ typedef struct kvr_config_s {
   size_t block_chars;             /* prefix block size in characters, default 64 */
   uint64_t
       cache_capacity_blocks; /* per worker, before /metrics tells; default from 21,766 GPU blocks */
-  uint64_t scrape_interval_ms; /* /metrics scrape period, default 1000; 0 disables */
-  uint64_t scrape_stale_ms;    /* scraped data older than this is ignored, default 5000 */
-  uint64_t fail_threshold;     /* consecutive connect failures before a worker is DOWN, default 3 */
+  uint64_t scrape_interval_ms;          /* /metrics scrape period, default 1000; 0 disables */
+  uint64_t kv_events_refill_ms;         /* approximate index after a lost stream, default 30000 */
+  uint64_t kv_events_replay_timeout_ms; /* a replay's deadline, default 2000 */
+  char *kv_events_topic;                /* subscription prefix, default "" (every topic) */
+  size_t tokenize_cache_entries;        /* /tokenize answers kept for precise mode, default 4096 */
+  uint64_t scrape_stale_ms;             /* scraped data older than this is ignored, default 5000 */
+  uint64_t fail_threshold; /* consecutive connect failures before a worker is DOWN, default 3 */
   /* Outlier ejection (router.c): consecutive 5xx answers, first-byte timeouts or connect failures
    * of proxied requests eject a worker for base * 2^(n-1) ms (n: its ejections in a row), capped.
    */
@@ -98,6 +104,13 @@ bool kvr_config_admin_on_loopback(const kvr_config_t *cfg);
  * (bad URL) or KVR_ELIMIT (more than KVR_MAX_WORKERS), with err.
  */
 int kvr_config_add_worker(kvr_config_t *cfg, const char *url, char *err, size_t errlen);
+
+/* Adds a worker from its spec: "URL[,kv_events=EP][,kv_replay=EP]" (the --worker form) or the
+ * JSON object text {"url": URL, "kv_events": EP, "kv_replay": EP} (the config file's form). */
+int kvr_config_add_worker_spec(kvr_config_t *cfg, const char *spec, char *err, size_t errlen);
+
+/* A KV-event endpoint the router connects to: tcp://HOST:PORT (no wildcard) or ipc://PATH. */
+int kvr_kv_endpoint_check(const char *ep, char *err, size_t errlen);
 
 /* Checks a worker URL with libcurl's URL parser: http:// or https://, a host, an optional port in
  * 1..65535, no user info, no path beyond "/", no query or fragment. On success writes the

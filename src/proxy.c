@@ -49,6 +49,9 @@
  */
 #include "proxy.h"
 
+#include "config.h"
+#include "tokenize.h"
+
 #include "http_headers.h"
 #include "http_route.h"
 #include "kvr.h"
@@ -65,6 +68,8 @@
 #define ANSWER_MAX (1u << 20)   /* answer text kept for the cache index */
 #define SSE_LINE_MAX (1u << 20) /* longer SSE lines are passed through but not inspected */
 #define MAX_ATTEMPTS 2
+/* A /tokenize call not answered within this is given up: the request is routed approximately. */
+#define TOKENIZE_TIMEOUT_MS 5000
 
 typedef struct px_s px_t;
 
@@ -72,11 +77,12 @@ struct kvr_proxy_s {
   uv_loop_t *loop;    /* not owned; request timers */
   kvr_curlm_t *curlm; /* not owned; upstream transfers */
   kvr_router_t *r;
-  kvr_list_t pxs;     /* in-flight requests (px_t.node), newest first */
-  size_t active;      /* their number */
-  kvr_list_t queue;   /* admission queue (px_t.qnode), oldest first; see admit() */
-  bool pumping;       /* pump() is running (it may end requests, which call it again) */
-  uint64_t rid_state; /* request-id generator (kvr_http_request_id_gen) */
+  kvr_list_t pxs;             /* in-flight requests (px_t.node), newest first */
+  size_t active;              /* their number */
+  kvr_list_t queue;           /* admission queue (px_t.qnode), oldest first; see admit() */
+  bool pumping;               /* pump() is running (it may end requests, which call it again) */
+  uint64_t rid_state;         /* request-id generator (kvr_http_request_id_gen) */
+  kvr_tokenizer_t *tokenizer; /* precise mode's POST /tokenize calls and their cache */
 };
 
 typedef enum { TM_NONE, TM_FIRST_BYTE, TM_IDLE, TM_QUEUE } tm_kind_t;
@@ -92,6 +98,13 @@ struct px_s {
   kvr_prompt_t prompt;
   bool has_prompt;
   kvr_route_req_t rreq;
+  /* Precise mode: the prompt's token-block chain (rreq.kv_chain points here) and the tokenize
+   * call in flight before the decision. */
+  uint64_t *kv_chain;
+  uint32_t tok_block_size;
+  kvr_tokenize_op_t *tok_op;
+  bool tok_sync; /* inside kvr_tokenize(): a cache hit answers before it returns */
+  uint64_t tok_t0_ns;
   /* Current attempt. */
   const kvr_worker_t *w; /* valid while acct is open */
   CURL *easy;
@@ -138,10 +151,14 @@ kvr_proxy_t *kvr_proxy_new(uv_loop_t *loop, kvr_router_t *r, kvr_curlm_t *curlm)
   p->rid_state = kvr_http_request_id_seed();
   kvr_list_init(&p->pxs);
   kvr_list_init(&p->queue);
+  p->tokenizer = kvr_tokenizer_new(curlm, r->cfg->tokenize_cache_entries,
+                                   r->cfg->connect_timeout_ms, TOKENIZE_TIMEOUT_MS);
   return p;
 }
 
 void kvr_proxy_free(kvr_proxy_t *p) {
+  if (p)
+    kvr_tokenizer_free(p->tokenizer);
   free(p);
 }
 
@@ -335,6 +352,7 @@ static void transfer_release(px_t *px) {
 static void on_timer_closed(uv_handle_t *h) {
   px_t *px = h->data;
   kvr_prompt_free(&px->prompt);
+  free(px->kv_chain);
   kvr_buf_free(&px->resp_headers);
   kvr_buf_free(&px->body);
   kvr_openai_sse_free(&px->sse_lines);
@@ -386,6 +404,8 @@ static void unqueue(px_t *px) {
 
 /* Ends the client side (if still held) and frees px once its timer has closed. */
 static void px_end(px_t *px) {
+  kvr_tokenize_cancel(px->tok_op);
+  px->tok_op = NULL;
   transfer_release(px);
   account_end(px);
   unqueue(px);
@@ -850,6 +870,63 @@ static void on_livez(kvr_http_req_t *req, void *data, const char *tail) {
 }
 
 /* Every /v1/ request the table lets through: proxied to a worker. */
+/* ---- precise mode: the prompt's token ids before the decision ---------------------------------
+ */
+
+/* The chain of ids[0..n) for the precise index; the request's prompt tokens become exact. */
+static void set_ids(px_t *px, const uint32_t *ids, size_t n) {
+  free(px->kv_chain);
+  px->kv_chain = kvr_xmalloc((n / px->tok_block_size + 1) * sizeof(uint64_t));
+  px->rreq.kv_nchain = kvr_kv_chain(ids, n, px->tok_block_size, px->kv_chain);
+  px->rreq.kv_chain = px->kv_chain;
+  px->rreq.kv_block_size = px->tok_block_size;
+  px->rreq.prompt_tokens = n;
+}
+
+static void on_tokenized(void *data, bool ok, const uint32_t *ids, size_t n) {
+  px_t *px = data;
+  double secs = (double)(kvr_now_ns() - px->tok_t0_ns) / 1e9;
+  kvr_router_observe_tokenize(px->r,
+                              !ok            ? KVR_TOKENIZE_FAILED
+                              : px->tok_sync ? KVR_TOKENIZE_CACHED
+                                             : KVR_TOKENIZE_CALLED,
+                              secs);
+  if (ok)
+    set_ids(px, ids, n);
+  if (px->tok_sync)
+    return; /* answered inside kvr_tokenize(): the caller goes on */
+  px->tok_op = NULL;
+  admit(px);
+}
+
+/* Starts tokenizing px's prompt when some usable worker is in precise mode. True when the answer
+ * comes later (on_tokenized admits px then); false when px may be admitted now (ids known, or
+ * precise mode not available for it). */
+static bool tokenize(px_t *px, kvr_route_t route) {
+  const char *url = NULL;
+  uint32_t bs = kvr_router_kv_tokenizer(px->r, &url);
+  if (bs == 0)
+    return false;
+  px->tok_block_size = bs;
+  kvr_buf_t body = KVR_BUF_INIT;
+  uint32_t *ids = NULL;
+  size_t n = 0;
+  int k = kvr_tokenize_body(px->req->body.data, px->req->body.len, route, &body, &ids, &n);
+  if (k == 0)
+    set_ids(px, ids, n); /* a prompt given as token ids */
+  free(ids);
+  if (k != 1) {
+    kvr_buf_free(&body);
+    return false;
+  }
+  px->tok_t0_ns = kvr_now_ns();
+  px->tok_sync = true;
+  px->tok_op = kvr_tokenize(px->proxy->tokenizer, url, &body, on_tokenized, px);
+  px->tok_sync = false;
+  kvr_buf_free(&body);
+  return px->tok_op != NULL;
+}
+
 static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_proxy_t *p = data;
   kvr_router_t *r = p->r;
@@ -883,6 +960,8 @@ static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
   px->timer.data = px;
   kvr_list_insert_head(&p->pxs, &px->node);
   p->active++;
+  if (px->has_prompt && tokenize(px, route))
+    return; /* admitted when the ids arrive */
   admit(px);
 }
 

@@ -124,6 +124,8 @@ const kvr_worker_t *kvr_router_add_worker(kvr_router_t *r, const char *url, char
   w->added_ms = now_ms(r);
   w->cache_capacity_blocks = r->cfg->cache_capacity_blocks;
   kvr_cache_index_set_capacity(r->index, (size_t)slot, w->cache_capacity_blocks);
+  kvr_kv_index_clear(r->kv_index, (size_t)slot);
+  snprintf(w->kv_mode, sizeof w->kv_mode, "off");
   r->slots[slot] = w;
   if ((size_t)slot + 1 > r->nslots)
     r->nslots = (size_t)slot + 1;
@@ -134,6 +136,9 @@ const kvr_worker_t *kvr_router_add_worker(kvr_router_t *r, const char *url, char
 
 static void worker_free(kvr_router_t *r, kvr_worker_t *w) {
   kvr_cache_index_forget_worker(r->index, (size_t)w->slot);
+  kvr_kv_index_clear(r->kv_index, (size_t)w->slot);
+  free(w->kv_events);
+  free(w->kv_replay);
   r->slots[w->slot] = NULL;
   while (r->nslots > 0 && r->slots[r->nslots - 1] == NULL)
     r->nslots--;
@@ -202,17 +207,23 @@ kvr_router_t *kvr_router_new(const kvr_config_t *cfg, char *err, size_t errlen) 
   kvr_hist_init(&r->decision_seconds, kvr_hist_fast_buckets, kvr_hist_fast_nbuckets);
   kvr_hist_init(&r->request_seconds, kvr_hist_latency_buckets, kvr_hist_latency_nbuckets);
   kvr_hist_init(&r->ttfb_seconds, kvr_hist_latency_buckets, kvr_hist_latency_nbuckets);
+  kvr_hist_init(&r->tokenize_seconds, kvr_hist_fast_buckets, kvr_hist_fast_nbuckets);
   r->index = kvr_cache_index_new(KVR_MAX_WORKERS, cfg->cache_capacity_blocks);
   if (r->index == NULL) {
     snprintf(err, errlen, "cannot create the cache index");
     free(r);
     return NULL;
   }
+  r->kv_index = kvr_kv_index_new(KVR_MAX_WORKERS);
   if (kvr_router_set_policy(r, cfg->policy, cfg->policy_params, err, errlen) != 0)
     goto fail;
-  for (size_t i = 0; i < cfg->nworkers; i++)
-    if (kvr_router_add_worker(r, cfg->workers[i], err, errlen) == NULL)
+  for (size_t i = 0; i < cfg->nworkers; i++) {
+    const kvr_worker_t *w = kvr_router_add_worker(r, cfg->workers[i], err, errlen);
+    if (w == NULL)
       goto fail;
+    if (cfg->worker_kv_events && cfg->worker_kv_events[i])
+      kvr_router_set_worker_kv(r, w->id, cfg->worker_kv_events[i], cfg->worker_kv_replay[i]);
+  }
   return r;
 fail:
   kvr_router_free(r);
@@ -227,6 +238,7 @@ void kvr_router_free(kvr_router_t *r) {
       worker_free(r, r->slots[i]);
   kvr_policy_destroy(r->policy);
   kvr_cache_index_free(r->index);
+  kvr_kv_index_free(r->kv_index);
   free(r);
 }
 
@@ -257,6 +269,26 @@ static void snapshot(const kvr_router_t *r, const kvr_worker_t *w, size_t matche
   s->cached_blocks = kvr_cache_index_entries(r->index, (size_t)w->slot);
 }
 
+/* A precise worker's match: the leading token blocks its engine holds, in the approximate index's
+ * block units (the unit policies read), at most the request's blocks. False (matched untouched)
+ * when the worker is not precise or the request has no ids of that block size. */
+static bool precise_match(const kvr_router_t *r, const kvr_worker_t *w, const kvr_route_req_t *req,
+                          size_t *matched) {
+  uint32_t bs = kvr_kv_index_block_size(r->kv_index, (size_t)w->slot);
+  if (!w->kv_precise || req->kv_chain == NULL || req->kv_block_size == 0 ||
+      (bs != 0 && bs != req->kv_block_size))
+    return false;
+  if (bs == 0) { /* nothing stored since the stream began: the engine holds nothing */
+    *matched = 0;
+    return true;
+  }
+  size_t n = kvr_kv_index_match(r->kv_index, (size_t)w->slot, req->kv_chain, req->kv_nchain);
+  uint64_t tokens = (uint64_t)n * req->kv_block_size;
+  uint64_t blocks = tokens * KVR_CHARS_PER_TOKEN / r->cfg->block_chars;
+  *matched = (size_t)KVR_MIN(blocks, (uint64_t)req->nblocks);
+  return true;
+}
+
 int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t tried, bool record,
                       kvr_decision_t *d) {
   uint64_t t0 = kvr_router_now_ns(r), wall0 = kvr_now_ns();
@@ -264,10 +296,21 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t trie
   if (req->nblocks)
     kvr_cache_index_match(r->index, req->blocks, req->nblocks, matched);
   d->nsnaps = r->nslots;
+  bool any_precise = false;
   for (size_t i = 0; i < r->nslots; i++) {
     memset(&d->snaps[i], 0, sizeof d->snaps[i]);
-    if (r->slots[i])
-      snapshot(r, r->slots[i], matched[i], t0, &d->snaps[i]);
+    if (r->slots[i] == NULL)
+      continue;
+    bool precise = precise_match(r, r->slots[i], req, &matched[i]);
+    snapshot(r, r->slots[i], matched[i], t0, &d->snaps[i]);
+    d->snaps[i].precise = precise;
+    any_precise |= precise;
+  }
+  if (record && req->nblocks) {
+    if (any_precise)
+      r->kv_routed_precise++;
+    else
+      r->kv_routed_approx++;
   }
   /* A look (record false) must not move the policy on: no cursor step, no RNG draw. */
   d->chosen = record ? kvr_policy_select(r->policy, d->snaps, d->nsnaps, req, tried, d->scores)
@@ -644,4 +687,76 @@ void kvr_router_on_dequeued(kvr_router_t *r) {
 void kvr_router_on_admission_reject(kvr_router_t *r, kvr_admission_reject_t why) {
   if ((unsigned)why < KVR_ARRAY_SIZE(r->admission_rejected_total))
     r->admission_rejected_total[why]++;
+}
+
+/* ---- KV events (precise mode) ------------------------------------------------------------------
+ */
+
+int kvr_router_set_worker_kv(kvr_router_t *r, uint32_t id, const char *events, const char *replay) {
+  kvr_worker_t *w = worker_by_id(r, id);
+  if (w == NULL)
+    return KVR_ENOENT;
+  free(w->kv_events);
+  free(w->kv_replay);
+  w->kv_events = kvr_xstrdup(events);
+  w->kv_replay = kvr_xstrdup(replay);
+  w->kv_precise = false;
+  kvr_kv_index_clear(r->kv_index, (size_t)w->slot);
+  snprintf(w->kv_mode, sizeof w->kv_mode, "%s", events ? "waiting" : "off");
+  return 0;
+}
+
+void kvr_router_on_kv_batch(kvr_router_t *r, uint32_t id, const kvr_kv_batch_t *b) {
+  kvr_worker_t *w = worker_by_id(r, id);
+  if (w)
+    kvr_kv_index_apply(r->kv_index, (size_t)w->slot, b);
+}
+
+void kvr_router_on_kv_reset(kvr_router_t *r, uint32_t id) {
+  kvr_worker_t *w = worker_by_id(r, id);
+  if (w)
+    kvr_kv_index_clear(r->kv_index, (size_t)w->slot);
+}
+
+void kvr_router_on_kv_mode(kvr_router_t *r, uint32_t id, bool precise, const char *mode) {
+  kvr_worker_t *w = worker_by_id(r, id);
+  if (w == NULL)
+    return;
+  if (w->kv_precise != precise)
+    KVR_INFO("router", "worker %u: routed on the %s index%s%s%s", w->id,
+             precise ? "precise (KV events)" : "approximate", precise ? "" : " (",
+             precise ? "" : mode, precise ? "" : ")");
+  w->kv_precise = precise;
+  snprintf(w->kv_mode, sizeof w->kv_mode, "%s", precise ? "precise" : mode);
+}
+
+void kvr_router_observe_tokenize(kvr_router_t *r, kvr_tokenize_result_t res, double seconds) {
+  if ((unsigned)res < KVR_ARRAY_SIZE(r->tokenize_total))
+    r->tokenize_total[res]++;
+  if (res != KVR_TOKENIZE_FAILED)
+    kvr_hist_observe(&r->tokenize_seconds, seconds);
+}
+
+void kvr_router_on_kv_stats(kvr_router_t *r, uint32_t id, const kvr_kv_sub_stats_t *st) {
+  kvr_worker_t *w = worker_by_id(r, id);
+  if (w)
+    w->kv_stats = *st;
+}
+
+uint32_t kvr_router_kv_tokenizer(const kvr_router_t *r, const char **url) {
+  uint64_t now = now_ms(r);
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w && w->kv_precise && kvr_router_worker_usable(w, now)) {
+      /* the events' block size, or before any BlockStored the one vllm:cache_config_info gave */
+      uint32_t bs = kvr_kv_index_block_size(r->kv_index, (size_t)w->slot);
+      if (bs == 0)
+        bs = (uint32_t)w->block_size;
+      if (bs == 0)
+        continue;
+      *url = w->url;
+      return bs;
+    }
+  }
+  return 0;
 }

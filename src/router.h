@@ -39,6 +39,8 @@
 #define KVR_ROUTER_H
 
 #include "cache_index.h"
+#include "kv_index.h"
+#include "kv_sub.h" /* kvr_kv_sub_stats_t only: the router has no sockets */
 #include "metrics.h"
 #include "policies/policy.h"
 #include "prefill_clock.h"
@@ -122,6 +124,12 @@ typedef struct kvr_worker_s {
   double num_requests_running, num_requests_waiting, kv_cache_usage;
   uint64_t num_gpu_blocks, block_size;
   uint64_t cache_capacity_blocks; /* in router blocks */
+  /* KV events (precise mode): the engine's endpoints, or NULL; kv_precise while its stream is
+   * complete (kvr_router_on_kv_mode), kv_mode the reason when not. */
+  char *kv_events, *kv_replay;
+  bool kv_precise;
+  char kv_mode[24];
+  kvr_kv_sub_stats_t kv_stats; /* the stream's counters (kvr_router_on_kv_stats) */
 } kvr_worker_t;
 
 /* Read-only outside router.c. */
@@ -132,6 +140,10 @@ struct kvr_router_s {
   uint32_t next_id;
   kvr_policy_t *policy;     /* owned; replaced whole by kvr_router_set_policy() */
   kvr_cache_index_t *index; /* owned */
+  kvr_kv_index_t *kv_index; /* owned: the precise index, fed by KV events */
+  uint64_t kv_routed_precise, kv_routed_approx; /* decisions with / without token ids */
+  kvr_hist_t tokenize_seconds;                  /* POST /tokenize round trips (precise mode) */
+  uint64_t tokenize_total[3];                   /* by kvr_tokenize_result_t */
   /* Router-wide metrics. */
   kvr_hist_t decision_seconds;
   kvr_hist_t request_seconds;
@@ -219,6 +231,30 @@ typedef struct kvr_decision_s {
  * slots already attempted. */
 int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t tried, bool record,
                       kvr_decision_t *d);
+
+/* ---- KV events (precise mode) -----------------------------------------------------------------
+ */
+
+/* Sets worker id's KV-event endpoints (copied; NULL clears). Returns 0 or KVR_ENOENT. */
+int kvr_router_set_worker_kv(kvr_router_t *r, uint32_t id, const char *events, const char *replay);
+/* A batch of worker id's events: applied to its precise index. */
+void kvr_router_on_kv_batch(kvr_router_t *r, uint32_t id, const kvr_kv_batch_t *b);
+/* Its stream lost batches: the precise index forgets the worker. */
+void kvr_router_on_kv_reset(kvr_router_t *r, uint32_t id);
+/* Whether worker id's stream is complete (precise) and, when not, why (kv_sub.h's names). */
+void kvr_router_on_kv_mode(kvr_router_t *r, uint32_t id, bool precise, const char *mode);
+typedef enum {
+  KVR_TOKENIZE_CALLED,
+  KVR_TOKENIZE_CACHED,
+  KVR_TOKENIZE_FAILED
+} kvr_tokenize_result_t;
+/* One request's tokenization for precise routing: seconds it added before the decision. */
+void kvr_router_observe_tokenize(kvr_router_t *r, kvr_tokenize_result_t res, double seconds);
+/* The latest counters of worker id's stream (copied). */
+void kvr_router_on_kv_stats(kvr_router_t *r, uint32_t id, const kvr_kv_sub_stats_t *st);
+/* The block size of the precise workers and the URL of a usable one to tokenize on; 0 when no
+ * usable worker is precise (then requests are routed on the approximate index alone). */
+uint32_t kvr_router_kv_tokenizer(const kvr_router_t *r, const char **url);
 
 /* The prompt tokens a worker probably holds: matched_blocks * block_chars / KVR_CHARS_PER_TOKEN,
  * at most prompt_tokens. What kvr_router_on_dispatch() records and route/explain shows. */

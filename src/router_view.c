@@ -320,12 +320,133 @@ static void build_metrics(kvr_buf_t *out) {
   kvr_buf_free(&l);
 }
 
+/* ---- KV events (precise mode) ---- */
+
+typedef struct kv_counter_s {
+  const char *name, *help;
+  size_t off; /* offsetof in kvr_kv_sub_stats_t */
+} kv_counter_t;
+
+static const kv_counter_t kv_counters[] = {
+    {"kvrouter_kv_events_batches_total", "KV-event batches applied to the worker's precise index",
+     offsetof(kvr_kv_sub_stats_t, batches)},
+    {"kvrouter_kv_events_total",
+     "KV events in the applied batches (BlockStored, BlockRemoved, "
+     "AllBlocksCleared) the decoder kept",
+     offsetof(kvr_kv_sub_stats_t, events)},
+    {"kvrouter_kv_events_replays_total", "Replay requests sent to the worker's replay socket",
+     offsetof(kvr_kv_sub_stats_t, replays)},
+    {"kvrouter_kv_events_replay_failures_total",
+     "Replays that did not recover the missing batches (evicted, not answered)",
+     offsetof(kvr_kv_sub_stats_t, replay_failures)},
+    {"kvrouter_kv_events_gaps_total", "Sequence gaps seen on the live stream",
+     offsetof(kvr_kv_sub_stats_t, gaps)},
+    {"kvrouter_kv_events_publisher_restarts_total",
+     "Sequence numbers going back (the engine's publisher restarted)",
+     offsetof(kvr_kv_sub_stats_t, restarts)},
+    {"kvrouter_kv_events_resets_total",
+     "Times the worker's precise index was cleared because its stream was incomplete",
+     offsetof(kvr_kv_sub_stats_t, resets)},
+    {"kvrouter_kv_events_duplicates_total", "Replayed batches already applied (dropped)",
+     offsetof(kvr_kv_sub_stats_t, duplicates)},
+};
+
+typedef struct kv_skip_row_s {
+  const char *reason;
+  uint64_t v;
+} kv_skip_row_t;
+
+static void kv_metrics(const kvr_router_t *r, kvr_buf_t *out) {
+  kvr_buf_t l = KVR_BUF_INIT;
+  for (size_t k = 0; k < KVR_ARRAY_SIZE(kv_counters); k++) {
+    kvr_metric_family(out, kv_counters[k].name, "counter", kv_counters[k].help);
+    for (size_t i = 0; i < r->nslots; i++) {
+      const kvr_worker_t *w = r->slots[i];
+      if (w == NULL || w->kv_events == NULL)
+        continue;
+      kvr_buf_reset(&l);
+      kvr_buf_printf(&l, "worker=\"%s\"", w->label);
+      const uint64_t *v = (const uint64_t *)((const char *)&w->kv_stats + kv_counters[k].off);
+      kvr_metric_sample(out, kv_counters[k].name, l.data, (double)*v);
+    }
+  }
+  /* events skipped: the decoder's reasons and the index's own */
+  kvr_metric_family(out, "kvrouter_kv_events_skipped_total", "counter",
+                    "KV events not applied, by reason: unknown_type, medium (an offload tier), "
+                    "group (another KV-cache group), malformed, orphan (unknown parent), "
+                    "unknown_block (a removal of a block never stored), decode_error (batches)");
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w == NULL || w->kv_events == NULL)
+      continue;
+    const kvr_kv_apply_stats_t *ap = kvr_kv_index_stats(r->kv_index, (size_t)w->slot);
+    kv_skip_row_t rows[KVR_KV_SKIP_COUNT + 4];
+    size_t n = 0;
+    for (int k = 0; k < KVR_KV_SKIP_COUNT; k++)
+      rows[n++] = (kv_skip_row_t){kvr_kv_skip_name((kvr_kv_skip_t)k), w->kv_stats.skipped[k]};
+    rows[n++] = (kv_skip_row_t){"orphan", ap ? ap->orphan_events : 0};
+    rows[n++] = (kv_skip_row_t){"unknown_block", ap ? ap->unknown_removed : 0};
+    rows[n++] = (kv_skip_row_t){"other_group", ap ? ap->other_group : 0};
+    rows[n++] = (kv_skip_row_t){"decode_error", w->kv_stats.decode_errors};
+    for (size_t k = 0; k < n; k++) {
+      kvr_buf_reset(&l);
+      kvr_buf_printf(&l, "worker=\"%s\",reason=\"%s\"", w->label, rows[k].reason);
+      kvr_metric_sample(out, "kvrouter_kv_events_skipped_total", l.data, (double)rows[k].v);
+    }
+  }
+  kvr_metric_family(out, "kvrouter_worker_kv_index_mode", "gauge",
+                    "1 for the index the worker is routed on: precise (its engine's KV events) "
+                    "or approximate (the router's own model), with the reason when approximate");
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w == NULL || w->kv_events == NULL)
+      continue;
+    kvr_buf_reset(&l);
+    kvr_buf_printf(&l, "worker=\"%s\",mode=\"%s\"", w->label, w->kv_mode);
+    kvr_metric_sample(out, "kvrouter_worker_kv_index_mode", l.data, 1);
+  }
+  kvr_metric_family(out, "kvrouter_worker_kv_index_blocks", "gauge",
+                    "Blocks the worker's engine reported holding (precise index)");
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w == NULL || w->kv_events == NULL)
+      continue;
+    kvr_buf_reset(&l);
+    kvr_buf_printf(&l, "worker=\"%s\"", w->label);
+    kvr_metric_sample(out, "kvrouter_worker_kv_index_blocks", l.data,
+                      (double)kvr_kv_index_blocks(r->kv_index, (size_t)w->slot));
+  }
+  kvr_metric_family(out, "kvrouter_routing_index_decisions_total", "counter",
+                    "Routing decisions with a prompt, by the index at least one worker was "
+                    "matched on (precise: token ids and KV events)");
+  kvr_metric_sample(out, "kvrouter_routing_index_decisions_total", "index=\"precise\"",
+                    (double)r->kv_routed_precise);
+  kvr_metric_sample(out, "kvrouter_routing_index_decisions_total", "index=\"approximate\"",
+                    (double)r->kv_routed_approx);
+  static const char *const tok[] = {"called", "cached", "failed"};
+  kvr_metric_family(out, "kvrouter_tokenize_requests_total", "counter",
+                    "Prompts tokenized for precise routing, by result: called (a worker's POST "
+                    "/tokenize), cached (the same prompt seen before), failed (routed "
+                    "approximately)");
+  for (size_t k = 0; k < KVR_ARRAY_SIZE(tok); k++) {
+    kvr_buf_reset(&l);
+    kvr_buf_printf(&l, "result=\"%s\"", tok[k]);
+    kvr_metric_sample(out, "kvrouter_tokenize_requests_total", l.data,
+                      (double)r->tokenize_total[k]);
+  }
+  kvr_metric_histogram(out, "kvrouter_tokenize_duration_seconds",
+                       "Time tokenization added before the routing decision (precise mode)", NULL,
+                       &r->tokenize_seconds);
+  kvr_buf_free(&l);
+}
+
 static void metrics_with(const kvr_router_t *r, const kvr_process_stats_t *proc, kvr_buf_t *out) {
   for (size_t i = 0; i < KVR_ARRAY_SIZE(worker_families); i++)
     worker_family(r, out, &worker_families[i]);
   worker_state_metrics(r, out);
   routing_metrics(r, out);
   request_metrics(r, out);
+  kv_metrics(r, out);
   kvr_reload_metrics(out);
   build_metrics(out);
   kvr_metric_process(out, proc);
@@ -391,6 +512,25 @@ static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t
   cJSON_AddNumberToObject(o, "learn_cap_blocks",
                           w->max_model_len ? (double)kvr_router_learn_cap(r, w) : -1);
   outlier_json(w, now, cJSON_AddObjectToObject(o, "outlier"));
+  if (w->kv_events) {
+    cJSON *kv = cJSON_AddObjectToObject(o, "kv_events");
+    cJSON_AddStringToObject(kv, "endpoint", w->kv_events);
+    if (w->kv_replay)
+      cJSON_AddStringToObject(kv, "replay_endpoint", w->kv_replay);
+    else
+      cJSON_AddNullToObject(kv, "replay_endpoint");
+    cJSON_AddStringToObject(kv, "index", w->kv_precise ? "precise" : "approximate");
+    cJSON_AddStringToObject(kv, "mode", w->kv_mode);
+    cJSON_AddNumberToObject(kv, "blocks",
+                            (double)kvr_kv_index_blocks(r->kv_index, (size_t)w->slot));
+    cJSON_AddNumberToObject(kv, "block_size",
+                            kvr_kv_index_block_size(r->kv_index, (size_t)w->slot));
+    cJSON_AddNumberToObject(kv, "batches", (double)w->kv_stats.batches);
+    cJSON_AddNumberToObject(kv, "last_seq", (double)w->kv_stats.last_seq);
+    cJSON_AddNumberToObject(kv, "resets", (double)w->kv_stats.resets);
+  } else {
+    cJSON_AddNullToObject(o, "kv_events");
+  }
   scraped_json(r, w, now, cJSON_AddObjectToObject(o, "scraped"));
   return o;
 }

@@ -161,7 +161,11 @@ static void test_contract_all_policies(void **state) {
     assert_non_null(strstr(err, "params.bogus_field"));
     cJSON_Delete(obj);
 
-    kvr_route_req_t req = {blocks, 100, 64, 1600, 256};
+    kvr_route_req_t req = {.blocks = blocks,
+                           .nblocks = 100,
+                           .block_chars = 64,
+                           .prompt_tokens = 1600,
+                           .max_tokens = 256};
     kvr_worker_snap_t w[KVR_MAX_WORKERS];
     kvr_policy_score_t scores[KVR_MAX_WORKERS];
 
@@ -176,7 +180,8 @@ static void test_contract_all_policies(void **state) {
     w[0].usable = false;
     assert_int_equal(kvr_policy_select(a, w, 1, &req, 0, NULL), KVR_POLICY_NONE);
     /* A request without blocks (empty or tiny prompt) is routable. */
-    kvr_route_req_t empty = {NULL, 0, 64, 3, 0};
+    kvr_route_req_t empty = {
+        .blocks = NULL, .nblocks = 0, .block_chars = 64, .prompt_tokens = 3, .max_tokens = 0};
     w[0].usable = true;
     w[0].matched_blocks = 0;
     assert_int_equal(kvr_policy_select(a, w, 1, &empty, 0, NULL), 0);
@@ -244,7 +249,8 @@ static void test_round_robin_and_least_load(void **state) {
   (void)state;
   kvr_worker_snap_t w[4];
   idle_workers(w, 4);
-  kvr_route_req_t req = {NULL, 0, 64, 100, 0};
+  kvr_route_req_t req = {
+      .blocks = NULL, .nblocks = 0, .block_chars = 64, .prompt_tokens = 100, .max_tokens = 0};
   kvr_policy_t *rr = make("round_robin", NULL);
   w[2].inflight = 50; /* round robin is load-blind */
   for (int k = 0; k < 8; k++)
@@ -285,7 +291,8 @@ static void test_kv_aware_joins_the_prefill_closest_to_done(void **state) {
   kvr_policy_t *p = make("kv_aware", NULL);
   kvr_worker_snap_t w[4];
   kvr_policy_score_t s[4];
-  kvr_route_req_t req = {NULL, 0, 64, 6000, 800};
+  kvr_route_req_t req = {
+      .blocks = NULL, .nblocks = 0, .block_chars = 64, .prompt_tokens = 6000, .max_tokens = 800};
   idle_workers(w, 4);
   const uint64_t backlog[4] = {6500, 5200, 900, 4000};
   for (int i = 0; i < 4; i++) {
@@ -309,7 +316,11 @@ static void test_kv_aware_rules(void **state) {
   kvr_worker_snap_t w[4];
   kvr_policy_score_t s[4];
   uint64_t blocks[100] = {0};
-  kvr_route_req_t req = {blocks, 100, 64, 1700, 200};
+  kvr_route_req_t req = {.blocks = blocks,
+                         .nblocks = 100,
+                         .block_chars = 64,
+                         .prompt_tokens = 1700,
+                         .max_tokens = 200};
 
   /* Equal load: the worker holding the prefix wins, and the cost is exactly the formula. */
   idle_workers(w, 4);
@@ -379,7 +390,11 @@ static void test_kv_aware_prefill_gate(void **state) {
   kvr_policy_score_t s[4];
   uint64_t blocks[2500] = {0};
   /* 40,000 prompt tokens in 2,500 blocks of 16; worker 1 holds 2,400 of them (38,400 tokens). */
-  kvr_route_req_t req = {blocks, 2500, 64, 40000, 200};
+  kvr_route_req_t req = {.blocks = blocks,
+                         .nblocks = 2500,
+                         .block_chars = 64,
+                         .prompt_tokens = 40000,
+                         .max_tokens = 200};
   idle_workers(w, 4);
   for (int i = 0; i < 4; i++)
     w[i].inflight = 3;
@@ -408,7 +423,8 @@ static void test_kv_aware_capacity(void **state) {
   kvr_policy_t *p = make("kv_aware", NULL);
   kvr_worker_snap_t w[2];
   kvr_policy_score_t s[2];
-  kvr_route_req_t req = {NULL, 0, 64, 1000, 100};
+  kvr_route_req_t req = {
+      .blocks = NULL, .nblocks = 0, .block_chars = 64, .prompt_tokens = 1000, .max_tokens = 100};
   idle_workers(w, 2);
   w[0].cache_capacity_blocks = 20000;
   w[1].cache_capacity_blocks = 10000; /* half the cache */
@@ -429,7 +445,8 @@ static void test_gie_scorer_rules(void **state) {
   kvr_worker_snap_t w[3];
   kvr_policy_score_t s[3];
   uint64_t blocks[300] = {0};
-  kvr_route_req_t req = {blocks, 300, 64, 4800, 0};
+  kvr_route_req_t req = {
+      .blocks = blocks, .nblocks = 300, .block_chars = 64, .prompt_tokens = 4800, .max_tokens = 0};
   idle_workers(w, 3);
   for (int i = 0; i < 3; i++)
     w[i].metrics_fresh = true;
@@ -464,7 +481,8 @@ static void test_sglang_rules(void **state) {
   kvr_policy_t *p = make("sglang_cache_aware", NULL);
   kvr_worker_snap_t w[4];
   uint64_t blocks[100] = {0};
-  kvr_route_req_t req = {blocks, 100, 64, 1600, 0};
+  kvr_route_req_t req = {
+      .blocks = blocks, .nblocks = 100, .block_chars = 64, .prompt_tokens = 1600, .max_tokens = 0};
   idle_workers(w, 4);
   /* Balanced, match rate 0.6 > 0.5: the best match. */
   w[3].matched_blocks = 60;
@@ -823,7 +841,11 @@ static void test_no_loss_when_nothing_shared(void **state) {
 
 /* 100 blocks of 64 characters = 16 tokens each, 1,600 prompt tokens. */
 static uint64_t dyn_blocks[100];
-static const kvr_route_req_t dyn_req = {dyn_blocks, 100, 64, 1600, 0};
+static const kvr_route_req_t dyn_req = {.blocks = dyn_blocks,
+                                        .nblocks = 100,
+                                        .block_chars = 64,
+                                        .prompt_tokens = 1600,
+                                        .max_tokens = 0};
 
 static void test_dynamo_kv_cost(void **state) {
   (void)state;
@@ -982,7 +1004,8 @@ static void test_dynamo_kv_temperature(void **state) {
 
 /* 100 blocks of 64 characters = 16 tokens each, 1,600 prompt tokens. */
 static uint64_t lp_blocks[100];
-static const kvr_route_req_t lp_req = {lp_blocks, 100, 64, 1600, 0};
+static const kvr_route_req_t lp_req = {
+    .blocks = lp_blocks, .nblocks = 100, .block_chars = 64, .prompt_tokens = 1600, .max_tokens = 0};
 
 /* The guide's profile: 2 * prefix + 1 * (1 - kv usage) + 1 * normalized queue, max wins. */
 static void test_llmd_precise_scores(void **state) {
@@ -1087,7 +1110,8 @@ static void test_llmd_precise_affinity_gate(void **state) {
   for (int i = 0; i < 5; i++)
     assert_false(s[i].capped);
   /* No blocks: every match is 0, the filter is a no-op. */
-  kvr_route_req_t none = {NULL, 0, 64, 3, 0};
+  kvr_route_req_t none = {
+      .blocks = NULL, .nblocks = 0, .block_chars = 64, .prompt_tokens = 3, .max_tokens = 0};
   assert_int_not_equal(kvr_policy_select(p, w, 5, &none, 0, s), KVR_POLICY_NONE);
   for (int i = 0; i < 5; i++)
     assert_false(s[i].capped);
