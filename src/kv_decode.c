@@ -249,6 +249,101 @@ static void read_event(kvr_kv_batch_t *b, const msgpack_object *o) {
     b->skipped[skip]++;
 }
 
+/* True when every array and map in the first msgpack object of p[0..len) declares no more
+ * elements than bytes remain. msgpack-c's unpacker allocates a container's element array from its
+ * declared count before reading the elements (the C API has no size limit), so a 6-byte
+ * "array32 of 2^32 elements" would ask for 96 GiB; each element takes at least one byte, so this
+ * walk bounds what the unpacker may allocate by the payload's size. */
+static bool sizes_plausible(const unsigned char *p, size_t len) {
+  size_t i = 0;
+  uint64_t items = 1; /* objects still to walk */
+  while (items > 0) {
+    if (i >= len)
+      return false;
+    unsigned b = p[i];
+    uint64_t skip = 0, n = 0; /* payload bytes after the header; container elements */
+    size_t hdr = 1;
+    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
+    } else if ((b & 0xf0) == 0x80) {
+      n = 2 * (b & 0x0f);
+    } else if ((b & 0xf0) == 0x90) {
+      n = b & 0x0f;
+    } else if ((b & 0xe0) == 0xa0) {
+      skip = b & 0x1f;
+    } else {
+      static const unsigned char fixed[] = {/* 0xca..0xd8: payload bytes */
+                                            4, 8, 1, 2, 4, 8, 1, 2, 4, 8, 2, 3, 5, 9, 17};
+      unsigned lenbytes = 0, kind = 0; /* kind: 0 bytes, 1 array, 2 map */
+      switch (b) {
+      case 0xc4:
+      case 0xd9:
+        lenbytes = 1;
+        break;
+      case 0xc5:
+      case 0xda:
+        lenbytes = 2;
+        break;
+      case 0xc6:
+      case 0xdb:
+        lenbytes = 4;
+        break;
+      case 0xc7:
+        lenbytes = 1;
+        skip = 1;
+        break;
+      case 0xc8:
+        lenbytes = 2;
+        skip = 1;
+        break;
+      case 0xc9:
+        lenbytes = 4;
+        skip = 1;
+        break;
+      case 0xdc:
+        lenbytes = 2;
+        kind = 1;
+        break;
+      case 0xdd:
+        lenbytes = 4;
+        kind = 1;
+        break;
+      case 0xde:
+        lenbytes = 2;
+        kind = 2;
+        break;
+      case 0xdf:
+        lenbytes = 4;
+        kind = 2;
+        break;
+      default:
+        if (b >= 0xca && b <= 0xd8)
+          skip = fixed[b - 0xca];
+        else
+          return false; /* 0xc1: never used */
+      }
+      if (i + 1 + lenbytes > len)
+        return false;
+      uint64_t v = 0;
+      for (unsigned k = 0; k < lenbytes; k++)
+        v = v << 8 | p[i + 1 + k];
+      hdr += lenbytes;
+      if (kind == 1)
+        n = v;
+      else if (kind == 2)
+        n = 2 * v;
+      else
+        skip += v;
+    }
+    if (skip > len - i - hdr)
+      return false;
+    i += hdr + (size_t)skip;
+    if (n > len - i)
+      return false;
+    items = items - 1 + n;
+  }
+  return true;
+}
+
 int kvr_kv_decode_batch(const void *data, size_t len, kvr_kv_batch_t *b, char *err, size_t errlen) {
   b->nev = b->nhashes = b->ntokens = 0;
   memset(b->skipped, 0, sizeof(b->skipped));
@@ -258,6 +353,10 @@ int kvr_kv_decode_batch(const void *data, size_t len, kvr_kv_batch_t *b, char *e
   msgpack_unpacked_init(&u);
   size_t off = 0;
   int rc = -1;
+  if (!sizes_plausible(data, len)) {
+    snprintf(err, errlen, "not msgpack (truncated, or a container larger than the payload)");
+    goto out;
+  }
   msgpack_unpack_return ur = msgpack_unpack_next(&u, data, len, &off);
   if (ur != MSGPACK_UNPACK_SUCCESS && ur != MSGPACK_UNPACK_EXTRA_BYTES) {
     snprintf(err, errlen, "not msgpack (%s)",

@@ -119,7 +119,8 @@ static void check_policy(kvr_policy_t *p, const cJSON *params, uint64_t seed) {
        .prefill_backlog_tokens = 200,
        .matched_blocks = 4},
   };
-  kvr_route_req_t req = {blocks, 4, 64, 64, 16};
+  kvr_route_req_t req = {
+      .blocks = blocks, .nblocks = 4, .block_chars = 64, .prompt_tokens = 64, .max_tokens = 16};
   for (uint64_t tried = 0; tried < 4; tried++) {
     kvr_policy_score_t s1[4], s2[4];
     int peek = kvr_policy_peek(p, w, 4, &req, tried, s1);

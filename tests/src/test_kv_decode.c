@@ -249,6 +249,12 @@ static void test_not_a_batch(void **state) {
   msgpack_pack_map(&p.pk, 0);
   assert_int_equal(kvr_kv_decode_batch(p.sb.data, p.sb.size, &b, err, sizeof(err)), -1);
   assert_non_null(strstr(err, "EventBatch"));
+  /* containers that claim more elements than the payload has bytes are refused before msgpack-c
+   * allocates for them (array32 of 2^32 - 1, map32 inside a batch) */
+  assert_int_equal(kvr_kv_decode_batch("\xdd\xff\xff\xff\xff", 5, &b, err, sizeof(err)), -1);
+  assert_int_equal(kvr_kv_decode_batch("\x93\xcb\0\0\0\0\0\0\0\0\xdf\x7f\xff\xff\xff\xc0", 15, &b,
+                                       err, sizeof(err)),
+                   -1);
   /* a batch cut in the middle */
   msgpack_sbuffer_clear(&p.sb);
   batch_begin(&p, 1);
