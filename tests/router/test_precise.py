@@ -113,6 +113,8 @@ def precise_predictions_match_both_encodings():
         cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
         pred, act = gap(r)
         assert act == cached and act > 0, (act, cached)
+        print("    predicted %d, reported %d cached tokens over %d requests" % (pred, act,
+                                                                               len(usages)))
         assert abs(pred - act) <= 0.02 * act, "predicted %d vs actual %d cached tokens" % (pred,
                                                                                          act)
         assert metric(r, "kvrouter_routing_index_decisions_total", index="precise") >= len(usages)
