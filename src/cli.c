@@ -595,7 +595,15 @@ static int check_keys(const kvr_cli_cmd_t *cmd, const cJSON *obj, const char *pr
     if (known)
       continue;
     if (!is_prefix || !cJSON_IsObject(it)) {
-      snprintf(err, errlen, "%s: %s: unknown setting", source, path);
+      /* control characters in the key (cJSON accepts raw ones) are shown as \xNN, so the error
+       * stays one line */
+      char shown[4 * sizeof path];
+      size_t n = 0;
+      for (const unsigned char *c = (const unsigned char *)path; *c && n + 5 < sizeof shown; c++)
+        n += (size_t)(*c < 0x20 || *c == 0x7f ? snprintf(shown + n, 5, "\\x%02x", *c)
+                                              : snprintf(shown + n, 2, "%c", *c));
+      shown[n] = '\0';
+      snprintf(err, errlen, "%s: %s: unknown setting", source, shown);
       return KVR_EINVAL;
     }
     if (check_keys(cmd, it, path, source, err, errlen) != 0)

@@ -5,7 +5,8 @@
  *
  * The input is the JSON text. Invariants:
  *   - kvr_config_apply_json returns 0 or KVR_EINVAL with a message naming the source (not checked:
- *     that it is one line; a key holding a raw LF, which cJSON accepts, is echoed as is);
+ *     that it is one line; an unknown key's control characters are escaped, but a value holding a
+ *     raw LF, which cJSON accepts, may still be echoed in the message);
  *     the outcome (code, message, resulting settings) is deterministic;
  *   - a document that applied cleanly applies again onto its own result with no change (every
  *     setting replaces, never accumulates: "workers" replaces the list), and kvr_config_validate

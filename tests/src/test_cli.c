@@ -391,6 +391,7 @@ static void test_json(void **state) {
   expect_json_error("[1]", "c.json: not a JSON object");
   expect_json_error("{\"numbers\": {\"cnt\": 1}}", "c.json: numbers.cnt: unknown setting");
   expect_json_error("{\"nam\": 1}", "c.json: nam: unknown setting");
+  expect_json_error("{\"a\nb\": 1}", "c.json: a\\x0ab: unknown setting"); /* raw LF: one line */
   expect_json_error("{\"numbers\": {\"count\": \"3\"}}",
                     "c.json: numbers.count: must be a number, not a string");
   expect_json_error("{\"numbers\": {\"count\": -1}}",
