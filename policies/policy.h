@@ -27,6 +27,7 @@
 
 #define KVR_POLICY_NONE (-1)
 #define KVR_MAX_WORKERS 64 /* bounded so `tried` fits one uint64_t */
+#define KVR_MAX_PEERS 8    /* other router replicas whose load one replica reads (--peer) */
 
 typedef struct kvr_policy_s kvr_policy_t;
 typedef struct kvr_policy_ops_s kvr_policy_ops_t;

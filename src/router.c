@@ -254,12 +254,15 @@ static size_t policy_index(const kvr_policy_t *p) {
 
 static void snapshot(const kvr_router_t *r, const kvr_worker_t *w, size_t matched, uint64_t now_ns,
                      kvr_worker_snap_t *s) {
+  kvr_peer_load_t peers;
+  kvr_router_peer_load(r, w, now_ns / 1000000u, &peers);
   s->id = w->id;
   s->usable = kvr_router_worker_usable(w, now_ns / 1000000u);
-  s->inflight = w->inflight;
-  s->active_tokens = w->active_tokens;
-  s->queued_prefill_tokens = w->queued_prefill_tokens;
-  s->prefill_backlog_tokens = kvr_router_worker_backlog(w, now_ns);
+  /* the load is the cluster's: this replica's own plus what its peers reported recently */
+  s->inflight = w->inflight + peers.inflight;
+  s->active_tokens = w->active_tokens + peers.active_tokens;
+  s->queued_prefill_tokens = w->queued_prefill_tokens + peers.queued_prefill_tokens;
+  s->prefill_backlog_tokens = kvr_router_worker_backlog(w, now_ns) + peers.prefill_backlog_tokens;
   s->metrics_fresh = kvr_router_worker_fresh(r, w, now_ns / 1000000u);
   s->num_requests_running = w->num_requests_running;
   s->num_requests_waiting = w->num_requests_waiting;
@@ -759,4 +762,48 @@ uint32_t kvr_router_kv_tokenizer(const kvr_router_t *r, const char **url) {
     }
   }
   return 0;
+}
+
+/* ---- replicas ----------------------------------------------------------------------------------
+ */
+
+void kvr_router_on_peer_load(kvr_router_t *r, size_t peer, const kvr_peer_row_t *rows, size_t n) {
+  if (peer >= KVR_MAX_PEERS)
+    return;
+  uint64_t now = now_ms(r);
+  r->peer_polls_total[peer][0]++;
+  r->peer_ok_ms[peer] = now;
+  for (size_t i = 0; i < r->nslots; i++) {
+    kvr_worker_t *w = r->slots[i];
+    if (w == NULL)
+      continue;
+    memset(&w->peer[peer], 0, sizeof w->peer[peer]);
+    w->peer[peer].at_ms = now; /* listed or not, the peer has nothing else on it */
+    for (size_t k = 0; k < n; k++) {
+      if (strcmp(rows[k].url, w->url) == 0) {
+        w->peer[peer] = rows[k].load;
+        w->peer[peer].at_ms = now;
+        break;
+      }
+    }
+  }
+}
+
+void kvr_router_on_peer_error(kvr_router_t *r, size_t peer) {
+  if (peer < KVR_MAX_PEERS)
+    r->peer_polls_total[peer][1]++;
+}
+
+void kvr_router_peer_load(const kvr_router_t *r, const kvr_worker_t *w, uint64_t now_ms,
+                          kvr_peer_load_t *sum) {
+  memset(sum, 0, sizeof *sum);
+  for (size_t p = 0; p < r->cfg->npeers && p < KVR_MAX_PEERS; p++) {
+    const kvr_peer_load_t *l = &w->peer[p];
+    if (l->at_ms == 0 || now_ms > l->at_ms + r->cfg->peer_stale_ms)
+      continue;
+    sum->inflight += l->inflight;
+    sum->active_tokens += l->active_tokens;
+    sum->queued_prefill_tokens += l->queued_prefill_tokens;
+    sum->prefill_backlog_tokens += l->prefill_backlog_tokens;
+  }
 }
