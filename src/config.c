@@ -492,7 +492,8 @@ static const kvr_cli_opt_t options[] = {
      .help = "at SIGTERM/SIGINT, requests in flight get this long to finish before they are "
              "aborted (0 = abort at once)"},
     {KVR_CLI_UINT, "seed", F(seed), .arg = "N", .json = "seed",
-     .help = "seed of the policies' tie-breaking randomness"},
+     .help = "seed of the policies' random draws (ties of requests with a prompt break by a "
+             "rendezvous rank instead, the same on every replica)"},
     {KVR_CLI_STR, "admin-token-file", F(admin_token_file), .arg = "FILE",
      .json = "admin_token_file", .flags = KVR_CLI_OWNED | KVR_CLI_NONEMPTY | KVR_CLI_NODEFAULT,
      .help = "file holding the admin API's bearer token (16+ characters); when set, admin calls "

@@ -42,6 +42,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 const char *kvr_worker_state_name(kvr_worker_state_t s) {
   switch (s) {
@@ -307,6 +308,12 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t trie
     bool precise = precise_match(r, r->slots[i], req, &matched[i]);
     snapshot(r, r->slots[i], matched[i], t0, &d->snaps[i]);
     d->snaps[i].precise = precise;
+    /* rendezvous rank for the last tie-break: the same worker order for a prompt on every replica,
+     * keyed by its last block (the most specific prefix), so distinct prompts spread evenly */
+    if (req->nblocks)
+      d->snaps[i].rank = XXH3_64bits_withSeed(r->slots[i]->url, strlen(r->slots[i]->url),
+                                              req->blocks[req->nblocks - 1]) |
+                         1;
     any_precise |= precise;
   }
   if (record && req->nblocks) {
