@@ -32,10 +32,12 @@ struct kvr_peers_s {
 };
 
 int kvr_peers_parse(const char *text, size_t len, kvr_peer_row_t *rows, size_t max,
-                    void **json_out) {
+                    uint64_t *instance, void **json_out) {
   cJSON *o = cJSON_ParseWithLength(text ? text : "", len);
   const cJSON *arr = cJSON_GetObjectItemCaseSensitive(o, "workers");
+  const cJSON *inst = cJSON_GetObjectItemCaseSensitive(o, "instance");
   *json_out = o;
+  *instance = cJSON_IsString(inst) ? strtoull(inst->valuestring, NULL, 16) : 0;
   if (!cJSON_IsArray(arr))
     return -1;
   size_t n = 0;
@@ -85,11 +87,15 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
   curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
   kvr_peer_row_t rows[KVR_MAX_WORKERS];
   void *json = NULL;
+  uint64_t instance = 0;
   int n = rc == CURLE_OK && status == 200
-              ? kvr_peers_parse(q->body.data, q->body.len, rows, KVR_MAX_WORKERS, &json)
+              ? kvr_peers_parse(q->body.data, q->body.len, rows, KVR_MAX_WORKERS, &instance, &json)
               : -1;
   const char *url = p->r->cfg->peers[q->peer];
-  if (n < 0) {
+  if (n >= 0 && instance == p->r->instance) {
+    /* our own address in the list (one peer list for every replica): never count ourselves */
+    kvr_router_on_peer_self(p->r, q->peer);
+  } else if (n < 0) {
     kvr_router_on_peer_error(p->r, q->peer);
     if (!p->failing[q->peer])
       KVR_WARN("peers", "peer %s: no load (%s, HTTP %ld); its figures age out", url,

@@ -37,6 +37,7 @@
 #include "router.h"
 
 #include "config.h"
+#include "http_server.h" /* kvr_http_request_id_seed */
 #include "kvr.h"
 #include "log.h"
 
@@ -216,6 +217,7 @@ kvr_router_t *kvr_router_new(const kvr_config_t *cfg, char *err, size_t errlen) 
     return NULL;
   }
   r->kv_index = kvr_kv_index_new(KVR_MAX_WORKERS);
+  r->instance = kvr_http_request_id_seed() | 1;
   if (kvr_router_set_policy(r, cfg->policy, cfg->policy_params, err, errlen) != 0)
     goto fail;
   for (size_t i = 0; i < cfg->nworkers; i++) {
@@ -799,6 +801,11 @@ void kvr_router_on_peer_load(kvr_router_t *r, size_t peer, const kvr_peer_row_t 
 void kvr_router_on_peer_error(kvr_router_t *r, size_t peer) {
   if (peer < KVR_MAX_PEERS)
     r->peer_polls_total[peer][1]++;
+}
+
+void kvr_router_on_peer_self(kvr_router_t *r, size_t peer) {
+  if (peer < KVR_MAX_PEERS)
+    r->peer_polls_total[peer][2]++;
 }
 
 void kvr_router_peer_load(const kvr_router_t *r, const kvr_worker_t *w, uint64_t now_ms,

@@ -153,9 +153,10 @@ struct kvr_router_s {
   kvr_kv_index_t *kv_index; /* owned: the precise index, fed by KV events */
   uint64_t kv_routed_precise, kv_routed_approx; /* decisions with / without token ids */
   kvr_hist_t tokenize_seconds;                  /* POST /tokenize round trips (precise mode) */
-  uint64_t peer_polls_total[KVR_MAX_PEERS][2];  /* [peer][0 ok, 1 error] */
-  uint64_t peer_ok_ms[KVR_MAX_PEERS];           /* last good answer of each peer */
-  uint64_t tokenize_total[3];                   /* by kvr_tokenize_result_t */
+  uint64_t peer_polls_total[KVR_MAX_PEERS][3];  /* [peer][0 ok, 1 error, 2 self] */
+  uint64_t instance; /* random per process: tells a replica its own answer in a peer list */
+  uint64_t peer_ok_ms[KVR_MAX_PEERS]; /* last good answer of each peer */
+  uint64_t tokenize_total[3];         /* by kvr_tokenize_result_t */
   /* Router-wide metrics. */
   kvr_hist_t decision_seconds;
   kvr_hist_t request_seconds;
@@ -283,6 +284,8 @@ typedef struct kvr_peer_row_s {
 void kvr_router_on_peer_load(kvr_router_t *r, size_t peer, const kvr_peer_row_t *rows, size_t n);
 /* Peer `peer` did not answer (its figures age out by themselves). */
 void kvr_router_on_peer_error(kvr_router_t *r, size_t peer);
+/* Peer `peer` is this replica itself (its answer carried our instance): ignored. */
+void kvr_router_on_peer_self(kvr_router_t *r, size_t peer);
 /* The fresh peer load on w summed into *sum (inflight and token figures). */
 void kvr_router_peer_load(const kvr_router_t *r, const kvr_worker_t *w, uint64_t now_ms,
                           kvr_peer_load_t *sum);

@@ -448,14 +448,17 @@ static void peer_metrics(const kvr_router_t *r, kvr_buf_t *out) {
   const kvr_config_t *cfg = r->cfg;
   uint64_t now = kvr_router_now_ns(r) / 1000000u;
   kvr_buf_t l = KVR_BUF_INIT;
-  kvr_metric_family(out, "kvrouter_peer_polls_total", "counter",
-                    "GET /admin/load polls of each peer replica, by result (ok, error)");
+  kvr_metric_family(
+      out, "kvrouter_peer_polls_total", "counter",
+      "GET /admin/load polls of each peer replica, by result (ok, error, self: the address is "
+      "this replica's own, ignored)");
   for (size_t p = 0; p < cfg->npeers && p < KVR_MAX_PEERS; p++) {
-    for (int k = 0; k < 2; k++) {
+    static const char *const results[] = {"ok", "error", "self"};
+    for (int k = 0; k < 3; k++) {
       kvr_buf_reset(&l);
       kvr_buf_puts(&l, "peer=\"");
       kvr_metric_escape(&l, cfg->peers[p]);
-      kvr_buf_printf(&l, "\",result=\"%s\"", k ? "error" : "ok");
+      kvr_buf_printf(&l, "\",result=\"%s\"", results[k]);
       kvr_metric_sample(out, "kvrouter_peer_polls_total", l.data,
                         (double)r->peer_polls_total[p][k]);
     }
@@ -611,6 +614,9 @@ cJSON *kvr_router_view_policy(const kvr_router_t *r) {
 
 cJSON *kvr_router_view_load(const kvr_router_t *r) {
   cJSON *o = cJSON_CreateObject();
+  char inst[24];
+  snprintf(inst, sizeof inst, "%016llx", (unsigned long long)r->instance);
+  cJSON_AddStringToObject(o, "instance", inst);
   cJSON *arr = cJSON_AddArrayToObject(o, "workers");
   uint64_t now_ns = kvr_router_now_ns(r);
   for (size_t i = 0; i < r->nslots; i++) {

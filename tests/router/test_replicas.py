@@ -165,6 +165,24 @@ class _Rm:
         self.kill()
 
 
+@test(timeout=60)
+def own_address_in_the_peer_list_is_ignored():
+    """One peer list for every replica (a StatefulSet's): a replica reading its own /admin/load
+    (same instance id) ignores it instead of counting its requests twice."""
+    with h.Cleanup() as c:
+        s0 = c.add(Sim(fixed=(20, 40)))
+        pa = free_port()
+        a = c.add(Router([s0], "--admin-listen", "127.0.0.1:%d" % pa, "--peer",
+                         "http://127.0.0.1:%d" % pa, "--peer-interval-ms", 50, *h.FAST))
+        ts = long_streams(a.port, 3)
+        wait_for(lambda: a.workers()[0]["in_flight"] == 3, 5, "streams in flight")
+        wait_for(lambda: metric(a, "kvrouter_peer_polls_total", result="self") > 2, 5, "self polls")
+        assert a.workers()[0]["peer_in_flight"] == 0, a.workers()
+        assert metric(a, "kvrouter_peer_polls_total", result="ok") == 0
+        for t in ts:
+            t.join(30)
+
+
 @test(timeout=30)
 def peer_flag_errors():
     for bad, want in [("ftp://x:1", "http://"), ("http://x:99999", "port")]:
