@@ -256,6 +256,8 @@ int kvr_policy_pick_lowest(const kvr_worker_snap_t *workers, size_t nworkers,
       if (c == 0)
         c = cmp_tie(&workers[i], &workers[best], ties);
     }
+    if (c == 0 && best != KVR_POLICY_NONE && workers[i].rank != workers[best].rank)
+      c = workers[i].rank > workers[best].rank ? -1 : 1; /* rendezvous: replicas agree */
     if (best == KVR_POLICY_NONE || c < 0) {
       best = (int)i;
       nties = 1;

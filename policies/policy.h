@@ -27,6 +27,7 @@
 
 #define KVR_POLICY_NONE (-1)
 #define KVR_MAX_WORKERS 64 /* bounded so `tried` fits one uint64_t */
+#define KVR_MAX_PEERS 8    /* other router replicas whose load one replica reads (--peer) */
 
 typedef struct kvr_policy_s kvr_policy_t;
 typedef struct kvr_policy_ops_s kvr_policy_ops_t;
@@ -55,6 +56,10 @@ typedef struct kvr_worker_snap_s {
    * from the engine's own KV events: the matched tokens, expressed in these blocks. */
   size_t matched_blocks;
   bool precise; /* matched_blocks came from the engine's events */
+  /* The last tie-break (kvr_policy_pick_lowest): a rendezvous rank of this worker for this
+   * request, from the worker's URL and the prompt's last block, the same on every router
+   * replica; 0 when the request has no prompt block (then ties are drawn at random). */
+  uint64_t rank;
 } kvr_worker_snap_t;
 
 /* Characters of prompt text per token: the router's one estimate wherever it has text but no token
@@ -250,7 +255,8 @@ void kvr__policy_free(kvr_policy_t *p);
       .size = sizeof(type_),                                                                       \
   }
 
-/* How kvr_policy_pick_lowest() orders workers whose costs tie, before the random draw. */
+/* How kvr_policy_pick_lowest() orders workers whose costs tie, before the rendezvous rank (or,
+ * without one, the random draw). */
 typedef enum {
   KVR_POLICY_TIES_RANDOM = 0, /* uniformly at random */
   KVR_POLICY_TIES_LOAD,       /* the lower inflight, then the lower active_tokens */
@@ -258,7 +264,9 @@ typedef enum {
 } kvr_policy_ties_t;
 
 /* Among scores[i].eligible && !scores[i].capped picks the lowest cost; ties (within 1e-9
- * relative) are ordered by ties; remaining ties are broken uniformly at random with rng. Returns
+ * relative) are ordered by ties, then by the higher rendezvous rank (workers[i].rank, set by the
+ * router from the worker's URL and the prompt's last block, so every replica breaks a tie the
+ * same way); ties left (no rank: no prompt block) are broken uniformly at random with rng. Returns
  * KVR_POLICY_NONE when nothing qualifies. */
 int kvr_policy_pick_lowest(const kvr_worker_snap_t *workers, size_t nworkers,
                            const kvr_policy_score_t *scores, kvr_policy_ties_t ties, uint64_t *rng);

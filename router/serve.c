@@ -3,7 +3,8 @@
  * Start-up: parse flags and config (one-line error and exit 2 on any bad value, an unusable
  * --admin-token-file included; a warning when the admin API is open and off loopback), create the
  * router (workers, policy, cache index; no loop), the curl multi, the scraper and the KV-event
- * feed (kv_feed.h: one ZMQ subscription per worker with a kv_events endpoint) on the loop, the
+ * feed (kv_feed.h: one ZMQ subscription per worker with a kv_events endpoint) and the peers' load
+ * polls (peers.h, --peer) on the loop, the
  * proxy and the admin API over them, listen on the public and admin addresses, run the loop.
  *
  * Reload on SIGHUP (src/reload.h): the settings are read again from the same command line (so from
@@ -29,6 +30,7 @@
 #include "src/kv_feed.h"
 #include "src/kvr.h"
 #include "src/log.h"
+#include "src/peers.h"
 #include "src/proxy.h"
 #include "src/reload.h"
 #include "src/router.h"
@@ -46,6 +48,7 @@ typedef struct {
   kvr_curlm_t *curlm;
   kvr_scrape_t *scrape;
   kvr_kv_feed_t *kv_feed; /* workers' KV-event streams (precise mode) */
+  kvr_peers_t *peers;     /* other replicas' load (--peer) */
   kvr_proxy_t *proxy;
   kvr_admin_t *admin_api;
   kvr_http_server_t *pub, *admin;
@@ -67,6 +70,7 @@ static void on_server_closed(void *data) {
     return;
   kvr_scrape_close(s->scrape);
   kvr_kv_feed_close(s->kv_feed);
+  kvr_peers_close(s->peers);
   kvr_curlm_close(s->curlm);
   kvr_router_free(s->router);
   s->router = NULL;
@@ -165,6 +169,7 @@ int kvr_serve_main(int argc, char **argv) {
     goto out_loop;
   }
   s->kv_feed = kvr_kv_feed_new(&s->loop, s->router);
+  s->peers = kvr_peers_new(&s->loop, s->curlm, s->router);
   s->proxy = kvr_proxy_new(&s->loop, s->router, s->curlm);
   s->admin_api = kvr_admin_new(s->router, s->curlm);
   s->pub = kvr_http_server_new(&s->loop, &s->cfg.limits, kvr_proxy_on_request, s->proxy);

@@ -25,24 +25,29 @@
 #include "openai.h"
 #include "policies/policy.h"
 #include "router_view.h"
+#include "tokenize.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 struct kvr_admin_s {
-  kvr_router_t *r;    /* not owned */
-  kvr_curlm_t *curlm; /* not owned; the reset fan-out's transfers */
+  kvr_router_t *r;            /* not owned */
+  kvr_curlm_t *curlm;         /* not owned; the reset fan-out's transfers */
+  kvr_tokenizer_t *tokenizer; /* route/explain's /tokenize calls in precise mode */
 };
 
 kvr_admin_t *kvr_admin_new(kvr_router_t *r, kvr_curlm_t *curlm) {
   kvr_admin_t *a = kvr_xcalloc(1, sizeof *a);
   a->r = r;
   a->curlm = curlm;
+  a->tokenizer = kvr_tokenizer_new(curlm, 256, r->cfg->connect_timeout_ms, 5000);
   return a;
 }
 
 void kvr_admin_free(kvr_admin_t *a) {
+  if (a)
+    kvr_tokenizer_free(a->tokenizer);
   free(a);
 }
 
@@ -98,7 +103,28 @@ static void workers_post(kvr_http_req_t *req, void *data, const char *tail) {
     return;
   }
   char err[256];
+  const cJSON *ev = cJSON_GetObjectItemCaseSensitive(body, "kv_events");
+  const cJSON *rp = cJSON_GetObjectItemCaseSensitive(body, "kv_replay");
+  const char *bad = NULL;
+  if ((ev && !cJSON_IsString(ev) && !cJSON_IsNull(ev)) ||
+      (rp && !cJSON_IsString(rp) && !cJSON_IsNull(rp)))
+    bad = "kv_events and kv_replay must be strings";
+  else if (cJSON_IsString(rp) && !cJSON_IsString(ev))
+    bad = "kv_replay needs kv_events";
+  else if ((cJSON_IsString(ev) && kvr_kv_endpoint_check(ev->valuestring, err, sizeof err) != 0) ||
+           (cJSON_IsString(rp) && kvr_kv_endpoint_check(rp->valuestring, err, sizeof err) != 0))
+    bad = err;
+  if (bad) {
+    char msg[300];
+    snprintf(msg, sizeof msg, "%s", bad);
+    cJSON_Delete(body);
+    kvr_http_error(req, 400, NULL, "invalid_value", "%s", msg);
+    return;
+  }
   const kvr_worker_t *w = kvr_router_add_worker(r, url->valuestring, err, sizeof err);
+  if (w != NULL && cJSON_IsString(ev))
+    kvr_router_set_worker_kv(r, w->id, ev->valuestring,
+                             cJSON_IsString(rp) ? rp->valuestring : NULL);
   cJSON_Delete(body);
   if (w == NULL) {
     kvr_http_error(req, 400, NULL, "invalid_value", "url: %s", err);
@@ -170,34 +196,52 @@ static void policy_put(kvr_http_req_t *req, void *data, const char *tail) {
   send_json(req, 200, kvr_router_view_policy(r));
 }
 
-static void explain(kvr_http_req_t *req, void *data, const char *tail) {
-  kvr_router_t *r = ((kvr_admin_t *)data)->r;
-  (void)tail;
-  /* Which endpoint the body is for: ?endpoint=completions, else by the presence of "prompt". */
-  kvr_route_t route = KVR_ROUTE_CHAT;
-  if (strstr(req->query, "endpoint=completions"))
-    route = KVR_ROUTE_COMPLETIONS;
-  else if (req->body.len && memmem(req->body.data, req->body.len, "\"prompt\"", 8) &&
-           !memmem(req->body.data, req->body.len, "\"messages\"", 10))
-    route = KVR_ROUTE_COMPLETIONS;
+/* POST /admin/route/explain: the decision the proxy would take for this body, without taking it.
+ * Like the proxy, when a worker is in precise mode the prompt is first tokenized by a worker
+ * (explain_t waits for it; a client that leaves cancels the call), so the explanation shows the
+ * precise matches the real decision would use. */
+typedef struct explain_s {
+  kvr_admin_t *a;
+  kvr_http_req_t *req;
   kvr_prompt_t prompt;
-  char err[256];
-  const char *code = NULL;
-  if (kvr_openai_features(req->body.data, req->body.len, route, r->cfg->block_chars, &prompt, err,
-                          sizeof err, &code) != 0) {
-    kvr_http_error(req, 400, "invalid_request_error", code, "%s", err);
-    return;
-  }
   kvr_route_req_t rr;
-  kvr_prompt_route_req(&prompt, &rr);
+  uint64_t *chain;
+  uint32_t bs;
+  bool tokenized, sync;
+  kvr_tokenize_op_t *op;
+} explain_t;
+
+static void explain_free(explain_t *x) {
+  kvr_prompt_free(&x->prompt);
+  free(x->chain);
+  free(x);
+}
+
+static void explain_ids(explain_t *x, const uint32_t *ids, size_t n) {
+  x->chain = kvr_xmalloc((n / x->bs + 1) * sizeof(uint64_t));
+  x->rr.kv_nchain = kvr_kv_chain(ids, n, x->bs, x->chain);
+  x->rr.kv_chain = x->chain;
+  x->rr.kv_block_size = x->bs;
+  x->rr.prompt_tokens = n;
+  x->tokenized = true;
+}
+
+static void explain_answer(explain_t *x) {
+  kvr_router_t *r = x->a->r;
+  kvr_http_req_t *req = x->req;
+  req->data = NULL;
+  req->on_close = NULL;
   kvr_decision_t *d = kvr_xmalloc(sizeof *d);
-  int chosen = kvr_router_decide(r, &rr, 0, false, d);
+  int chosen = kvr_router_decide(r, &x->rr, 0, false, d);
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "policy", kvr_policy_name(r->policy));
-  cJSON_AddStringToObject(o, "model", prompt.model ? prompt.model : "");
-  cJSON_AddNumberToObject(o, "prompt_chars", (double)prompt.text.len);
-  cJSON_AddNumberToObject(o, "prompt_tokens_estimate", (double)prompt.prompt_tokens);
-  cJSON_AddNumberToObject(o, "blocks", (double)prompt.nblocks);
+  cJSON_AddStringToObject(o, "model", x->prompt.model ? x->prompt.model : "");
+  cJSON_AddNumberToObject(o, "prompt_chars", (double)x->prompt.text.len);
+  cJSON_AddNumberToObject(o, "prompt_tokens_estimate", (double)x->prompt.prompt_tokens);
+  cJSON_AddBoolToObject(o, "tokenized", x->tokenized);
+  if (x->tokenized)
+    cJSON_AddNumberToObject(o, "prompt_tokens", (double)x->rr.prompt_tokens);
+  cJSON_AddNumberToObject(o, "blocks", (double)x->prompt.nblocks);
   cJSON_AddNumberToObject(o, "block_chars", (double)r->cfg->block_chars);
   cJSON_AddNumberToObject(o, "decision_us", d->seconds * 1e6);
   if (chosen >= 0) {
@@ -213,31 +257,99 @@ static void explain(kvr_http_req_t *req, void *data, const char *tail) {
     if (w == NULL)
       continue;
     const kvr_worker_snap_t *s = &d->snaps[i];
-    cJSON *x = cJSON_CreateObject();
-    cJSON_AddNumberToObject(x, "id", w->id);
-    cJSON_AddStringToObject(x, "url", w->url);
-    cJSON_AddStringToObject(x, "state", kvr_worker_state_name(w->state));
-    cJSON_AddNumberToObject(x, "matched_blocks", (double)s->matched_blocks);
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "id", w->id);
+    cJSON_AddStringToObject(e, "url", w->url);
+    cJSON_AddStringToObject(e, "state", kvr_worker_state_name(w->state));
+    cJSON_AddStringToObject(e, "index", s->precise ? "precise" : "approximate");
+    cJSON_AddNumberToObject(e, "matched_blocks", (double)s->matched_blocks);
     cJSON_AddNumberToObject(
-        x, "predicted_cached_tokens",
-        (double)kvr_router_predicted_cached(r, s->matched_blocks, prompt.prompt_tokens));
-    cJSON_AddNumberToObject(x, "in_flight", s->inflight);
-    cJSON_AddNumberToObject(x, "active_tokens", (double)s->active_tokens);
-    cJSON_AddNumberToObject(x, "queued_prefill_tokens", (double)s->queued_prefill_tokens);
-    cJSON_AddNumberToObject(x, "prefill_backlog_tokens", (double)s->prefill_backlog_tokens);
-    cJSON_AddBoolToObject(x, "metrics_fresh", s->metrics_fresh);
-    cJSON_AddNumberToObject(x, "num_requests_running", s->num_requests_running);
-    cJSON_AddNumberToObject(x, "num_requests_waiting", s->num_requests_waiting);
-    cJSON_AddNumberToObject(x, "kv_cache_usage_perc", s->kv_cache_usage);
-    cJSON_AddBoolToObject(x, "eligible", d->scores[i].eligible);
-    cJSON_AddBoolToObject(x, "capped", d->scores[i].capped);
-    cJSON_AddNumberToObject(x, "cost", d->scores[i].cost);
-    cJSON_AddBoolToObject(x, "chosen", (int)i == chosen);
-    cJSON_AddItemToArray(arr, x);
+        e, "predicted_cached_tokens",
+        (double)kvr_router_predicted_cached(r, s->matched_blocks, x->rr.prompt_tokens));
+    cJSON_AddNumberToObject(e, "in_flight", s->inflight);
+    cJSON_AddNumberToObject(e, "active_tokens", (double)s->active_tokens);
+    cJSON_AddNumberToObject(e, "queued_prefill_tokens", (double)s->queued_prefill_tokens);
+    cJSON_AddNumberToObject(e, "prefill_backlog_tokens", (double)s->prefill_backlog_tokens);
+    cJSON_AddBoolToObject(e, "metrics_fresh", s->metrics_fresh);
+    cJSON_AddNumberToObject(e, "num_requests_running", s->num_requests_running);
+    cJSON_AddNumberToObject(e, "num_requests_waiting", s->num_requests_waiting);
+    cJSON_AddNumberToObject(e, "kv_cache_usage_perc", s->kv_cache_usage);
+    cJSON_AddBoolToObject(e, "eligible", d->scores[i].eligible);
+    cJSON_AddBoolToObject(e, "capped", d->scores[i].capped);
+    cJSON_AddNumberToObject(e, "cost", d->scores[i].cost);
+    cJSON_AddBoolToObject(e, "chosen", (int)i == chosen);
+    cJSON_AddItemToArray(arr, e);
   }
   free(d);
-  kvr_prompt_free(&prompt);
+  explain_free(x);
   send_json(req, 200, o);
+}
+
+static void on_explain_tokenized(void *data, bool ok, const uint32_t *ids, size_t n) {
+  explain_t *x = data;
+  if (ok)
+    explain_ids(x, ids, n);
+  if (x->sync)
+    return;
+  x->op = NULL;
+  explain_answer(x);
+}
+
+static void on_explain_close(kvr_http_req_t *req) {
+  explain_t *x = req->data;
+  if (x == NULL)
+    return;
+  kvr_tokenize_cancel(x->op);
+  req->data = NULL;
+  explain_free(x);
+  kvr_http_finish(req);
+}
+
+static void explain(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_admin_t *a = data;
+  kvr_router_t *r = a->r;
+  (void)tail;
+  /* Which endpoint the body is for: ?endpoint=completions, else by the presence of "prompt". */
+  kvr_route_t route = KVR_ROUTE_CHAT;
+  if (strstr(req->query, "endpoint=completions"))
+    route = KVR_ROUTE_COMPLETIONS;
+  else if (req->body.len && memmem(req->body.data, req->body.len, "\"prompt\"", 8) &&
+           !memmem(req->body.data, req->body.len, "\"messages\"", 10))
+    route = KVR_ROUTE_COMPLETIONS;
+  explain_t *x = kvr_xcalloc(1, sizeof *x);
+  x->a = a;
+  x->req = req;
+  char err[256];
+  const char *code = NULL;
+  if (kvr_openai_features(req->body.data, req->body.len, route, r->cfg->block_chars, &x->prompt,
+                          err, sizeof err, &code) != 0) {
+    free(x);
+    kvr_http_error(req, 400, "invalid_request_error", code, "%s", err);
+    return;
+  }
+  kvr_prompt_route_req(&x->prompt, &x->rr);
+  const char *url = NULL;
+  x->bs = kvr_router_kv_tokenizer(r, &url);
+  if (x->bs) {
+    kvr_buf_t body = KVR_BUF_INIT;
+    uint32_t *ids = NULL;
+    size_t n = 0;
+    int k = kvr_tokenize_body(req->body.data, req->body.len, route, &body, &ids, &n);
+    if (k == 0)
+      explain_ids(x, ids, n);
+    free(ids);
+    if (k == 1) {
+      req->data = x;
+      req->on_close = on_explain_close;
+      x->sync = true;
+      x->op = kvr_tokenize(a->tokenizer, url, &body, on_explain_tokenized, x);
+      x->sync = false;
+    }
+    kvr_buf_free(&body);
+    if (x->op)
+      return; /* answered when the ids arrive */
+  }
+  explain_answer(x);
 }
 
 /* ---- POST /admin/reset_prefix_cache -----------------------------------------------------------
@@ -390,6 +502,14 @@ static void workers_get(kvr_http_req_t *req, void *data, const char *tail) {
   send_json(req, 200, o);
 }
 
+/* GET /admin/load: this replica's own load per worker (no peer figures in it), what its peers
+ * add to their view (peers.h). Workers are keyed by URL: ids differ between replicas. */
+static void load_get(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_admin_t *a = data;
+  (void)tail;
+  send_json(req, 200, kvr_router_view_load(a->r));
+}
+
 static void policy_get(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_admin_t *a = data;
   (void)tail;
@@ -401,6 +521,7 @@ static const kvr_http_route_t routes[] = {
     {"/metrics", KVR_HTTP_M(GET), metrics_get},
     {"/health", KVR_HTTP_M(GET), health_get},
     {"/admin/workers", KVR_HTTP_M(GET), workers_get},
+    {"/admin/load", KVR_HTTP_M(GET), load_get},
     {"/admin/workers", KVR_HTTP_M(POST), workers_post},
     {"/admin/workers/*", KVR_HTTP_M(DELETE), workers_delete},
     {"/admin/policy", KVR_HTTP_M(GET), policy_get},

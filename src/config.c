@@ -55,6 +55,9 @@ void kvr_config_free(kvr_config_t *cfg) {
   free(cfg->worker_kv_events);
   free(cfg->worker_kv_replay);
   free(cfg->kv_events_topic);
+  for (size_t i = 0; i < cfg->npeers; i++)
+    free(cfg->peers[i]);
+  free(cfg->peers);
   cJSON_Delete(cfg->policy_params);
   memset(cfg, 0, sizeof *cfg);
 }
@@ -282,6 +285,28 @@ static int set_worker(const kvr_cli_opt_t *o, void *base, const char *text, unsi
   return kvr_config_add_worker_spec(base, text, err, errlen);
 }
 
+/* --peer / "peers": another replica's admin base URL; the first replaces the list. */
+static int set_peer(const kvr_cli_opt_t *o, void *base, const char *text, unsigned nth, char *err,
+                    size_t errlen) {
+  kvr_config_t *cfg = base;
+  (void)o;
+  if (nth == 0) {
+    for (size_t i = 0; i < cfg->npeers; i++)
+      free(cfg->peers[i]);
+    cfg->npeers = 0;
+  }
+  char norm[512];
+  if (kvr_worker_url_check(text, norm, sizeof norm, err, errlen) != 0)
+    return KVR_EINVAL;
+  if (cfg->npeers >= KVR_MAX_PEERS) {
+    snprintf(err, errlen, "too many peers (at most %d)", KVR_MAX_PEERS);
+    return KVR_ELIMIT;
+  }
+  cfg->peers = kvr_xrealloc(cfg->peers, (cfg->npeers + 1) * sizeof(char *));
+  cfg->peers[cfg->npeers++] = kvr_xstrdup(norm);
+  return 0;
+}
+
 static int set_policy_params(const kvr_cli_opt_t *o, void *base, const char *text, unsigned nth,
                              char *err, size_t errlen) {
   kvr_config_t *cfg = base;
@@ -398,6 +423,14 @@ static const kvr_cli_opt_t options[] = {
     {KVR_CLI_UINT, "scrape-interval-ms", F(scrape_interval_ms), .arg = "MS",
      .json = "metrics_scrape.interval_ms",
      .help = "how often each worker's /metrics is read, 0 = never"},
+    {KVR_CLI_CUSTOM, "peer", .arg = "URL", .json = "peers", .flags = KVR_CLI_JSON_LIST,
+     .help = "another kvrouter replica's admin base URL (http://HOST:PORT); its per-worker load "
+             "(GET /admin/load) is added to this replica's view; repeat for each",
+     .parse = set_peer},
+    {KVR_CLI_UINT, "peer-interval-ms", F(peer_interval_ms), .arg = "MS", .json = "peer.interval_ms",
+     KVR_CLI_RANGE(10, 60000), .help = "how often each peer's load is read"},
+    {KVR_CLI_UINT, "peer-stale-ms", F(peer_stale_ms), .arg = "MS", .json = "peer.stale_ms",
+     KVR_CLI_RANGE(10, 600000), .help = "a peer's load older than this is ignored"},
     {KVR_CLI_UINT, "kv-events-refill-ms", F(kv_events_refill_ms), .arg = "MS",
      .json = "kv_events.refill_ms", KVR_CLI_RANGE(1, 86400000),
      .help = "after a worker's event stream lost batches it could not replay, route that worker "
@@ -459,7 +492,8 @@ static const kvr_cli_opt_t options[] = {
      .help = "at SIGTERM/SIGINT, requests in flight get this long to finish before they are "
              "aborted (0 = abort at once)"},
     {KVR_CLI_UINT, "seed", F(seed), .arg = "N", .json = "seed",
-     .help = "seed of the policies' tie-breaking randomness"},
+     .help = "seed of the policies' random draws (ties of requests with a prompt break by a "
+             "rendezvous rank instead, the same on every replica)"},
     {KVR_CLI_STR, "admin-token-file", F(admin_token_file), .arg = "FILE",
      .json = "admin_token_file", .flags = KVR_CLI_OWNED | KVR_CLI_NONEMPTY | KVR_CLI_NODEFAULT,
      .help = "file holding the admin API's bearer token (16+ characters); when set, admin calls "
@@ -497,6 +531,8 @@ void kvr_config_init(kvr_config_t *cfg) {
   cfg->block_chars = 64;
   cfg->cache_capacity_blocks = 21766;
   cfg->scrape_interval_ms = 1000;
+  cfg->peer_interval_ms = 200;
+  cfg->peer_stale_ms = 1000;
   cfg->kv_events_refill_ms = 30000;
   cfg->kv_events_replay_timeout_ms = 2000;
   cfg->kv_events_topic = kvr_xstrdup("");

@@ -34,8 +34,12 @@ typedef struct kvr_config_s {
   size_t block_chars;             /* prefix block size in characters, default 64 */
   uint64_t
       cache_capacity_blocks; /* per worker, before /metrics tells; default from 21,766 GPU blocks */
-  uint64_t scrape_interval_ms;          /* /metrics scrape period, default 1000; 0 disables */
-  uint64_t kv_events_refill_ms;         /* approximate index after a lost stream, default 30000 */
+  uint64_t scrape_interval_ms; /* /metrics scrape period, default 1000; 0 disables */
+  char **peers;                /* other replicas' admin base URLs (--peer), owned */
+  size_t npeers;
+  uint64_t peer_interval_ms;    /* how often each peer's GET /admin/load is read, default 200 */
+  uint64_t peer_stale_ms;       /* a peer's figures older than this are ignored, default 1000 */
+  uint64_t kv_events_refill_ms; /* approximate index after a lost stream, default 30000 */
   uint64_t kv_events_replay_timeout_ms; /* a replay's deadline, default 2000 */
   char *kv_events_topic;                /* subscription prefix, default "" (every topic) */
   size_t tokenize_cache_entries;        /* /tokenize answers kept for precise mode, default 4096 */

@@ -60,6 +60,13 @@ static const scalar_t scalars[] = {
     SC("admission.max_inflight", K_U64, admission_max_inflight, true),
     SC("admission.queue_limit", K_U64, admission_queue_limit, true),
     SC("admission.max_wait_ms", K_U64, admission_max_wait_ms, true),
+    /* Read by the peers' polls at each tick and the router at each snapshot. */
+    SC("peer.stale_ms", K_U64, peer_stale_ms, true),
+    /* Copied by each KV-event stream and the tokenizer when they are created. */
+    SC("kv_events.refill_ms", K_U64, kv_events_refill_ms, false),
+    SC("kv_events.replay_timeout_ms", K_U64, kv_events_replay_timeout_ms, false),
+    SC("kv_events.tokenize_cache_entries", K_SIZE, tokenize_cache_entries, false),
+    SC("peer.interval_ms", K_U64, peer_interval_ms, false),
     /* The listener copied these when it was created. */
     SC("timeouts.client_header_ms", K_U64, limits.header_timeout_ms, false),
     SC("timeouts.client_body_ms", K_U64, limits.body_timeout_ms, false),
@@ -95,6 +102,7 @@ static const string_t strings[] = {
     ST("admin_token_file", admin_token_file, false, false),
     ST("the admin token", admin_token, false, true),
     ST("worker_ca_file", worker_ca_file, false, false),
+    ST("kv_events.topic", kv_events_topic, false, false),
 };
 
 static uint64_t scalar_get(const kvr_config_t *c, const scalar_t *s) {
@@ -236,12 +244,37 @@ static void apply_workers(kvr_config_t *live, kvr_config_t *next, kvr_router_t *
     else
       (*applied)++;
   }
-  char **t = live->workers;
+  /* KV-event endpoints: set on new workers, changed on kept ones whose config changed them */
+  for (size_t i = 0; i < next->nworkers; i++) {
+    const kvr_worker_t *w = served(r, next->workers[i]);
+    const char *ev = next->worker_kv_events[i], *rp = next->worker_kv_replay[i];
+    if (w && (!str_eq(w->kv_events, ev) || !str_eq(w->kv_replay, rp))) {
+      KVR_INFO("reload", "worker %u: KV events %s", w->id, ev ? ev : "off");
+      kvr_router_set_worker_kv(r, w->id, ev, rp);
+      (*applied)++;
+    }
+  }
+  char **t = live->workers, **te = live->worker_kv_events, **tr = live->worker_kv_replay;
   size_t n = live->nworkers;
   live->workers = next->workers;
+  live->worker_kv_events = next->worker_kv_events;
+  live->worker_kv_replay = next->worker_kv_replay;
   live->nworkers = next->nworkers;
   next->workers = t;
+  next->worker_kv_events = te;
+  next->worker_kv_replay = tr;
   next->nworkers = n;
+}
+
+/* The peer list is read when the poll timer starts: a change needs a restart. */
+static void check_peers(const kvr_config_t *live, const kvr_config_t *next, int *restart) {
+  bool same = live->npeers == next->npeers;
+  for (size_t i = 0; same && i < live->npeers; i++)
+    same = strcmp(live->peers[i], next->peers[i]) == 0;
+  if (!same) {
+    KVR_WARN("reload", "peers changed: needs restart, the old list stays in force");
+    (*restart)++;
+  }
 }
 
 /* ---- policy ------------------------------------------------------------------------------------
@@ -331,6 +364,7 @@ int kvr_reload_apply(kvr_config_t *live, kvr_router_t *r, int argc, char **argv,
   int applied = 0, restart = 0;
   bool seed_changed = next.seed != live->seed;
   apply_settings(live, &next, &applied, &restart);
+  check_peers(live, &next, &restart);
   apply_workers(live, &next, r, &applied);
   apply_policy(live, &next, r, cand, seed_changed, &applied);
   kvr_policy_destroy(cand);

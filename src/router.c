@@ -37,11 +37,13 @@
 #include "router.h"
 
 #include "config.h"
+#include "http_server.h" /* kvr_http_request_id_seed */
 #include "kvr.h"
 #include "log.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 const char *kvr_worker_state_name(kvr_worker_state_t s) {
   switch (s) {
@@ -215,6 +217,7 @@ kvr_router_t *kvr_router_new(const kvr_config_t *cfg, char *err, size_t errlen) 
     return NULL;
   }
   r->kv_index = kvr_kv_index_new(KVR_MAX_WORKERS);
+  r->instance = kvr_http_request_id_seed() | 1;
   if (kvr_router_set_policy(r, cfg->policy, cfg->policy_params, err, errlen) != 0)
     goto fail;
   for (size_t i = 0; i < cfg->nworkers; i++) {
@@ -254,12 +257,15 @@ static size_t policy_index(const kvr_policy_t *p) {
 
 static void snapshot(const kvr_router_t *r, const kvr_worker_t *w, size_t matched, uint64_t now_ns,
                      kvr_worker_snap_t *s) {
+  kvr_peer_load_t peers;
+  kvr_router_peer_load(r, w, now_ns / 1000000u, &peers);
   s->id = w->id;
   s->usable = kvr_router_worker_usable(w, now_ns / 1000000u);
-  s->inflight = w->inflight;
-  s->active_tokens = w->active_tokens;
-  s->queued_prefill_tokens = w->queued_prefill_tokens;
-  s->prefill_backlog_tokens = kvr_router_worker_backlog(w, now_ns);
+  /* the load is the cluster's: this replica's own plus what its peers reported recently */
+  s->inflight = w->inflight + peers.inflight;
+  s->active_tokens = w->active_tokens + peers.active_tokens;
+  s->queued_prefill_tokens = w->queued_prefill_tokens + peers.queued_prefill_tokens;
+  s->prefill_backlog_tokens = kvr_router_worker_backlog(w, now_ns) + peers.prefill_backlog_tokens;
   s->metrics_fresh = kvr_router_worker_fresh(r, w, now_ns / 1000000u);
   s->num_requests_running = w->num_requests_running;
   s->num_requests_waiting = w->num_requests_waiting;
@@ -304,6 +310,12 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t trie
     bool precise = precise_match(r, r->slots[i], req, &matched[i]);
     snapshot(r, r->slots[i], matched[i], t0, &d->snaps[i]);
     d->snaps[i].precise = precise;
+    /* rendezvous rank for the last tie-break: the same worker order for a prompt on every replica,
+     * keyed by its last block (the most specific prefix), so distinct prompts spread evenly */
+    if (req->nblocks)
+      d->snaps[i].rank = XXH3_64bits_withSeed(r->slots[i]->url, strlen(r->slots[i]->url),
+                                              req->blocks[req->nblocks - 1]) |
+                         1;
     any_precise |= precise;
   }
   if (record && req->nblocks) {
@@ -759,4 +771,53 @@ uint32_t kvr_router_kv_tokenizer(const kvr_router_t *r, const char **url) {
     }
   }
   return 0;
+}
+
+/* ---- replicas ----------------------------------------------------------------------------------
+ */
+
+void kvr_router_on_peer_load(kvr_router_t *r, size_t peer, const kvr_peer_row_t *rows, size_t n) {
+  if (peer >= KVR_MAX_PEERS)
+    return;
+  uint64_t now = now_ms(r);
+  r->peer_polls_total[peer][0]++;
+  r->peer_ok_ms[peer] = now;
+  for (size_t i = 0; i < r->nslots; i++) {
+    kvr_worker_t *w = r->slots[i];
+    if (w == NULL)
+      continue;
+    memset(&w->peer[peer], 0, sizeof w->peer[peer]);
+    w->peer[peer].at_ms = now; /* listed or not, the peer has nothing else on it */
+    for (size_t k = 0; k < n; k++) {
+      if (strcmp(rows[k].url, w->url) == 0) {
+        w->peer[peer] = rows[k].load;
+        w->peer[peer].at_ms = now;
+        break;
+      }
+    }
+  }
+}
+
+void kvr_router_on_peer_error(kvr_router_t *r, size_t peer) {
+  if (peer < KVR_MAX_PEERS)
+    r->peer_polls_total[peer][1]++;
+}
+
+void kvr_router_on_peer_self(kvr_router_t *r, size_t peer) {
+  if (peer < KVR_MAX_PEERS)
+    r->peer_polls_total[peer][2]++;
+}
+
+void kvr_router_peer_load(const kvr_router_t *r, const kvr_worker_t *w, uint64_t now_ms,
+                          kvr_peer_load_t *sum) {
+  memset(sum, 0, sizeof *sum);
+  for (size_t p = 0; p < r->cfg->npeers && p < KVR_MAX_PEERS; p++) {
+    const kvr_peer_load_t *l = &w->peer[p];
+    if (l->at_ms == 0 || now_ms > l->at_ms + r->cfg->peer_stale_ms)
+      continue;
+    sum->inflight += l->inflight;
+    sum->active_tokens += l->active_tokens;
+    sum->queued_prefill_tokens += l->queued_prefill_tokens;
+    sum->prefill_backlog_tokens += l->prefill_backlog_tokens;
+  }
 }

@@ -89,6 +89,13 @@ typedef enum {
 
 const char *kvr_req_error_name(kvr_req_error_t e);
 
+/* What one peer replica has in flight on a worker (its GET /admin/load), and when it said so. */
+typedef struct kvr_peer_load_s {
+  uint32_t inflight;
+  uint64_t active_tokens, queued_prefill_tokens, prefill_backlog_tokens;
+  uint64_t at_ms; /* 0: never */
+} kvr_peer_load_t;
+
 /* One worker. Owned by its router (slots[slot]); read-only outside router.c. */
 typedef struct kvr_worker_s {
   uint32_t id;    /* stable, shown in the admin API and the x-kvrouter-worker header */
@@ -130,6 +137,9 @@ typedef struct kvr_worker_s {
   bool kv_precise;
   char kv_mode[24];
   kvr_kv_sub_stats_t kv_stats; /* the stream's counters (kvr_router_on_kv_stats) */
+  /* Replicas: the load each peer reported for this worker (kvr_router_on_peer_load); the
+   * snapshot adds the fresh ones to the router's own figures. */
+  kvr_peer_load_t peer[KVR_MAX_PEERS];
 } kvr_worker_t;
 
 /* Read-only outside router.c. */
@@ -143,7 +153,10 @@ struct kvr_router_s {
   kvr_kv_index_t *kv_index; /* owned: the precise index, fed by KV events */
   uint64_t kv_routed_precise, kv_routed_approx; /* decisions with / without token ids */
   kvr_hist_t tokenize_seconds;                  /* POST /tokenize round trips (precise mode) */
-  uint64_t tokenize_total[3];                   /* by kvr_tokenize_result_t */
+  uint64_t peer_polls_total[KVR_MAX_PEERS][3];  /* [peer][0 ok, 1 error, 2 self] */
+  uint64_t instance; /* random per process: tells a replica its own answer in a peer list */
+  uint64_t peer_ok_ms[KVR_MAX_PEERS]; /* last good answer of each peer */
+  uint64_t tokenize_total[3];         /* by kvr_tokenize_result_t */
   /* Router-wide metrics. */
   kvr_hist_t decision_seconds;
   kvr_hist_t request_seconds;
@@ -243,6 +256,7 @@ void kvr_router_on_kv_batch(kvr_router_t *r, uint32_t id, const kvr_kv_batch_t *
 void kvr_router_on_kv_reset(kvr_router_t *r, uint32_t id);
 /* Whether worker id's stream is complete (precise) and, when not, why (kv_sub.h's names). */
 void kvr_router_on_kv_mode(kvr_router_t *r, uint32_t id, bool precise, const char *mode);
+
 typedef enum {
   KVR_TOKENIZE_CALLED,
   KVR_TOKENIZE_CACHED,
@@ -255,6 +269,26 @@ void kvr_router_on_kv_stats(kvr_router_t *r, uint32_t id, const kvr_kv_sub_stats
 /* The block size of the precise workers and the URL of a usable one to tokenize on; 0 when no
  * usable worker is precise (then requests are routed on the approximate index alone). */
 uint32_t kvr_router_kv_tokenizer(const kvr_router_t *r, const char **url);
+
+/* ---- replicas ----------------------------------------------------------------------------------
+ */
+
+/* One row of a peer's GET /admin/load. */
+typedef struct kvr_peer_row_s {
+  const char *url;
+  kvr_peer_load_t load;
+} kvr_peer_row_t;
+
+/* Peer `peer` (index in cfg->peers) answered with rows: each worker found by URL gets its figures
+ * (stamped now); a worker the peer did not list gets none from it. */
+void kvr_router_on_peer_load(kvr_router_t *r, size_t peer, const kvr_peer_row_t *rows, size_t n);
+/* Peer `peer` did not answer (its figures age out by themselves). */
+void kvr_router_on_peer_error(kvr_router_t *r, size_t peer);
+/* Peer `peer` is this replica itself (its answer carried our instance): ignored. */
+void kvr_router_on_peer_self(kvr_router_t *r, size_t peer);
+/* The fresh peer load on w summed into *sum (inflight and token figures). */
+void kvr_router_peer_load(const kvr_router_t *r, const kvr_worker_t *w, uint64_t now_ms,
+                          kvr_peer_load_t *sum);
 
 /* The prompt tokens a worker probably holds: matched_blocks * block_chars / KVR_CHARS_PER_TOKEN,
  * at most prompt_tokens. What kvr_router_on_dispatch() records and route/explain shows. */

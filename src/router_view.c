@@ -8,6 +8,8 @@
  */
 #include "router_view.h"
 
+#include "config.h"
+
 #include <stddef.h>
 
 #include "kvr.h"
@@ -440,6 +442,52 @@ static void kv_metrics(const kvr_router_t *r, kvr_buf_t *out) {
   kvr_buf_free(&l);
 }
 
+/* ---- replicas ---- */
+
+static void peer_metrics(const kvr_router_t *r, kvr_buf_t *out) {
+  const kvr_config_t *cfg = r->cfg;
+  uint64_t now = kvr_router_now_ns(r) / 1000000u;
+  kvr_buf_t l = KVR_BUF_INIT;
+  kvr_metric_family(
+      out, "kvrouter_peer_polls_total", "counter",
+      "GET /admin/load polls of each peer replica, by result (ok, error, self: the address is "
+      "this replica's own, ignored)");
+  for (size_t p = 0; p < cfg->npeers && p < KVR_MAX_PEERS; p++) {
+    static const char *const results[] = {"ok", "error", "self"};
+    for (int k = 0; k < 3; k++) {
+      kvr_buf_reset(&l);
+      kvr_buf_puts(&l, "peer=\"");
+      kvr_metric_escape(&l, cfg->peers[p]);
+      kvr_buf_printf(&l, "\",result=\"%s\"", results[k]);
+      kvr_metric_sample(out, "kvrouter_peer_polls_total", l.data,
+                        (double)r->peer_polls_total[p][k]);
+    }
+  }
+  kvr_metric_family(out, "kvrouter_peer_up", "gauge",
+                    "1 while the peer's last load is fresh (within --peer-stale-ms)");
+  for (size_t p = 0; p < cfg->npeers && p < KVR_MAX_PEERS; p++) {
+    kvr_buf_reset(&l);
+    kvr_buf_puts(&l, "peer=\"");
+    kvr_metric_escape(&l, cfg->peers[p]);
+    kvr_buf_puts(&l, "\"");
+    bool up = r->peer_ok_ms[p] && now <= r->peer_ok_ms[p] + cfg->peer_stale_ms;
+    kvr_metric_sample(out, "kvrouter_peer_up", l.data, up);
+  }
+  kvr_metric_family(out, "kvrouter_worker_peer_inflight_requests", "gauge",
+                    "Requests the peer replicas reported in flight on the worker (fresh ones)");
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w == NULL)
+      continue;
+    kvr_peer_load_t sum;
+    kvr_router_peer_load(r, w, now, &sum);
+    kvr_buf_reset(&l);
+    kvr_buf_printf(&l, "worker=\"%s\"", w->label);
+    kvr_metric_sample(out, "kvrouter_worker_peer_inflight_requests", l.data, sum.inflight);
+  }
+  kvr_buf_free(&l);
+}
+
 static void metrics_with(const kvr_router_t *r, const kvr_process_stats_t *proc, kvr_buf_t *out) {
   for (size_t i = 0; i < KVR_ARRAY_SIZE(worker_families); i++)
     worker_family(r, out, &worker_families[i]);
@@ -447,6 +495,7 @@ static void metrics_with(const kvr_router_t *r, const kvr_process_stats_t *proc,
   routing_metrics(r, out);
   request_metrics(r, out);
   kv_metrics(r, out);
+  peer_metrics(r, out);
   kvr_reload_metrics(out);
   build_metrics(out);
   kvr_metric_process(out, proc);
@@ -495,6 +544,9 @@ static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t
   cJSON_AddStringToObject(o, "url", w->url);
   cJSON_AddStringToObject(o, "state", kvr_worker_state_name(w->state));
   cJSON_AddNumberToObject(o, "in_flight", w->inflight);
+  kvr_peer_load_t peers;
+  kvr_router_peer_load(r, w, now, &peers);
+  cJSON_AddNumberToObject(o, "peer_in_flight", peers.inflight);
   cJSON_AddNumberToObject(o, "requests_total", (double)w->requests_total);
   cJSON_AddNumberToObject(o, "errors_total", (double)w->errors_total);
   cJSON_AddNumberToObject(o, "active_tokens", (double)w->active_tokens);
@@ -556,6 +608,29 @@ cJSON *kvr_router_view_policy(const kvr_router_t *r) {
     cJSON_AddStringToObject(p, "name", kvr_policy_registry[i]->name);
     cJSON_AddStringToObject(p, "description", kvr_policy_registry[i]->description);
     cJSON_AddItemToArray(avail, p);
+  }
+  return o;
+}
+
+cJSON *kvr_router_view_load(const kvr_router_t *r) {
+  cJSON *o = cJSON_CreateObject();
+  char inst[24];
+  snprintf(inst, sizeof inst, "%016llx", (unsigned long long)r->instance);
+  cJSON_AddStringToObject(o, "instance", inst);
+  cJSON *arr = cJSON_AddArrayToObject(o, "workers");
+  uint64_t now_ns = kvr_router_now_ns(r);
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w == NULL)
+      continue;
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "url", w->url);
+    cJSON_AddNumberToObject(e, "in_flight", w->inflight);
+    cJSON_AddNumberToObject(e, "active_tokens", (double)w->active_tokens);
+    cJSON_AddNumberToObject(e, "queued_prefill_tokens", (double)w->queued_prefill_tokens);
+    cJSON_AddNumberToObject(e, "prefill_backlog_tokens",
+                            (double)kvr_router_worker_backlog(w, now_ns));
+    cJSON_AddItemToArray(arr, e);
   }
   return o;
 }

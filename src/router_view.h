@@ -21,4 +21,7 @@ cJSON *kvr_router_view_workers(const kvr_router_t *r);
  * available policies; the caller owns it. */
 cJSON *kvr_router_view_policy(const kvr_router_t *r);
 
+/* This replica's own per-worker load, keyed by URL (GET /admin/load, read by its peers). */
+cJSON *kvr_router_view_load(const kvr_router_t *r);
+
 #endif

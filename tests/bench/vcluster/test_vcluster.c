@@ -208,8 +208,9 @@ static void test_determinism(void **state) {
   kvr_workload_free(wl);
 }
 
-/* The router's seed drives its random choices: least_load breaks its (frequent, at light load)
- * ties at random, so another seed sends requests elsewhere; the same seed again does not. */
+/* The router's seed does not move requests that have a prompt: least_load's ties (frequent at
+ * light load) break by the prompt's rendezvous rank, so the same run with another seed sends every
+ * request to the same worker, as a second router replica would. */
 static void test_router_seed(void **state) {
   (void)state;
   kvr_workload_t *wl = small_workload();
@@ -226,12 +227,10 @@ static void test_router_seed(void **state) {
     assert_all_ok(lv[i], 30);
     kvr_vcluster_free(vc);
   }
+  /* Ties between equally loaded workers break by a rendezvous rank of the prompt, not by the
+   * seeded draw, so routers with other seeds (replicas) take the same decisions. */
   assert_true(same_records(lv[0], lv[1]));
-  assert_false(same_records(lv[0], lv[2]));
-  size_t moved = 0;
-  for (size_t i = 0; i < lv[0]->nrecs && i < lv[2]->nrecs; i++)
-    moved += strcmp(lv[0]->recs[i].worker, lv[2]->recs[i].worker) != 0;
-  assert_true(moved > 0);
+  assert_true(same_records(lv[0], lv[2]));
   for (int i = 0; i < 3; i++)
     kvr_stats_level_free(lv[i]);
   kvr_workload_free(wl);

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Two `kvrouter serve` replicas in front of the same `kvrouter sim` workers, each reading the
+other's load (--peer ADMIN_URL, GET /admin/load), on 127.0.0.1.
+
+Checked: a replica's own load (GET /admin/load) lists its in-flight requests per worker URL and
+never its peers'; streams in flight through replica A show up as peer load in replica B's worker
+view, metrics and route/explain snapshots, so B sends a new request to the worker A left idle;
+with the admin token the polls carry it (a peer with another token is counted as an error);
+a peer that stops is marked down and its figures age out; route/explain tokenizes like the proxy
+and shows the precise index when a worker publishes KV events; --peer validation.
+
+    python3 tests/router/test_replicas.py --kvrouter build/kvrouter [-k NAME] [-v]
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "harness"))
+import kvrharness as h  # noqa: E402
+from kvrharness import MODEL, Router, Sim, wait_for  # noqa: E402
+
+TESTS, test = h.registry()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metric(router, name, **labels):
+    return h.prom_value(h.parse_prom_samples(router.metrics_text()), name, **labels)
+
+
+def admin(router, method, path, body=None, token=None):
+    hdr = [("Authorization", "Bearer " + token)] if token else None
+    return h.request(router.admin_port, method, path, body, headers=hdr, timeout=10)
+
+
+def long_streams(port, n, tokens=200):
+    """n streaming requests held open (the sims answer slowly); returns the threads."""
+    def one(i):
+        h.request(port, "POST", "/v1/chat/completions",
+                  h.chat_body("stream %d " % i * 30, max_tokens=tokens, stream=True), timeout=60)
+    ts = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
+    for t in ts:
+        t.start()
+    return ts
+
+
+def pair(sims, *flags, token_files=(None, None)):
+    """Replicas A and B on chosen admin ports, each the other's peer."""
+    pa, pb = free_port(), free_port()
+    common = ["--policy", "least_load", "--peer-interval-ms", 50, "--peer-stale-ms", 400] + list(
+        flags) + h.FAST
+    ta = ["--admin-token-file", token_files[0]] if token_files[0] else []
+    tb = ["--admin-token-file", token_files[1]] if token_files[1] else []
+    a = Router(sims, "--admin-listen", "127.0.0.1:%d" % pa, "--peer", "http://127.0.0.1:%d" % pb,
+               *(common + ta))
+    b = Router(sims, "--admin-listen", "127.0.0.1:%d" % pb, "--peer", "http://127.0.0.1:%d" % pa,
+               *(common + tb))
+    return a, b
+
+
+@test(timeout=90)
+def peer_load_shared_and_used():
+    with h.Cleanup() as c:
+        s0 = c.add(Sim(fixed=(20, 40)))
+        s1 = c.add(Sim(fixed=(20, 40)))
+        a, b = pair([s0, s1])
+        c.add(a)
+        c.add(b)
+        # 4 streams on A, all on worker 0: drain worker 1 on A for the duration
+        r = admin(a, "DELETE", "/admin/workers/1")
+        assert r.status == 202, r.status
+        ts = long_streams(a.port, 4)
+        wait_for(lambda: {w["url"]: w["in_flight"] for w in
+                          admin(a, "GET", "/admin/load").json()["workers"]}.get(s0.url) == 4,
+                 5, "A's own load on worker 0")
+        wait_for(lambda: [w["peer_in_flight"] for w in b.workers()] == [4, 0], 5,
+                 "B sees A's streams as peer load")
+        assert [w["in_flight"] for w in b.workers()] == [0, 0]
+        assert metric(b, "kvrouter_worker_peer_inflight_requests", worker="0") == 4
+        assert metric(b, "kvrouter_peer_up") == 1
+        assert metric(b, "kvrouter_peer_polls_total", result="ok") > 0
+        # B's own load view has none of A's requests in it (no double counting between peers)
+        load_b = admin(b, "GET", "/admin/load").json()["workers"]
+        assert all(w["in_flight"] == 0 for w in load_b), load_b
+        # B's decision sees the cluster: least_load picks the idle worker 1
+        ex = admin(b, "POST", "/admin/route/explain", h.chat_body("new " * 20)).json()
+        assert ex["choice"]["url"] == s1.url, ex
+        assert [w["in_flight"] for w in ex["workers"]] == [4, 0], ex["workers"]
+        for t in ts:
+            t.join(30)
+        wait_for(lambda: [w["peer_in_flight"] for w in b.workers()] == [0, 0], 5, "streams done")
+        # A stops: B marks it down, its figures age out
+        a.stop()
+        wait_for(lambda: metric(b, "kvrouter_peer_up") == 0, 5, "peer down")
+        assert metric(b, "kvrouter_peer_polls_total", result="error") > 0
+
+
+@test(timeout=60)
+def peers_with_admin_tokens():
+    with h.Cleanup() as c:
+        s0 = c.add(Sim(fixed=(20, 5)))
+        good = c.add(h.AdminToken())
+        other = c.add(h.AdminToken("another-token-of-32-characters-x"))
+        a, b = pair([s0], token_files=(good.path, good.path))
+        c.add(a)
+        c.add(b)
+        wait_for(lambda: metric_auth(b, good.token, "kvrouter_peer_polls_total", result="ok") > 2,
+                 5, "polls with the shared token")
+        a2, b2 = pair([s0], token_files=(good.path, other.path))
+        c.add(a2)
+        c.add(b2)
+        wait_for(lambda: metric_auth(b2, other.token, "kvrouter_peer_polls_total",
+                                     result="error") > 2, 5, "wrong token counted as an error")
+        assert metric_auth(b2, other.token, "kvrouter_peer_up") == 0
+
+
+def metric_auth(router, token, name, **labels):
+    r = admin(router, "GET", "/metrics", token=token)
+    assert r.status == 200, r.status
+    return h.prom_value(h.parse_prom_samples(r.text()), name, **labels)
+
+
+@test(timeout=60)
+def explain_uses_precise_index():
+    with h.Cleanup() as c:
+        d = tempfile.mkdtemp(prefix="kvr-replicas-")
+        c.add(_Rm(d))
+        ev, rp = "ipc://%s/ev" % d, "ipc://%s/rp" % d
+        s0 = c.add(Sim("--time-scale", 20, "--kv-events-config", json.dumps(
+            {"enable_kv_cache_events": True, "endpoint": ev, "replay_endpoint": rp}), fixed=None))
+        s1 = c.add(Sim(fixed=None))
+        r = c.add(Router(["%s,kv_events=%s,kv_replay=%s" % (s0.url, ev, rp), s1.url], *h.FAST))
+        wait_for(lambda: r.workers()[0]["kv_events"]["index"] == "precise", 10, "precise")
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "shared doc " * 200}],
+                "max_tokens": 4}
+        assert h.request(s0.port, "POST", "/v1/chat/completions", body, timeout=20).status == 200
+        wait_for(lambda: r.workers()[0]["kv_events"]["blocks"] > 0, 5, "events applied")
+        ex = admin(r, "POST", "/admin/route/explain", body).json()
+        assert ex["tokenized"] and ex["prompt_tokens"] > 0, ex
+        w0, w1 = ex["workers"]
+        assert w0["index"] == "precise" and w1["index"] == "approximate", ex["workers"]
+        assert w0["predicted_cached_tokens"] >= ex["prompt_tokens"] - 16, (w0, ex["prompt_tokens"])
+        assert w1["matched_blocks"] == 0
+
+
+class _Rm:
+    def __init__(self, path):
+        self.path = path
+
+    def kill(self):
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def stop(self):
+        self.kill()
+
+
+@test(timeout=60)
+def own_address_in_the_peer_list_is_ignored():
+    """One peer list for every replica (a StatefulSet's): a replica reading its own /admin/load
+    (same instance id) ignores it instead of counting its requests twice."""
+    with h.Cleanup() as c:
+        s0 = c.add(Sim(fixed=(20, 40)))
+        pa = free_port()
+        a = c.add(Router([s0], "--admin-listen", "127.0.0.1:%d" % pa, "--peer",
+                         "http://127.0.0.1:%d" % pa, "--peer-interval-ms", 50, *h.FAST))
+        ts = long_streams(a.port, 3)
+        wait_for(lambda: a.workers()[0]["in_flight"] == 3, 5, "streams in flight")
+        wait_for(lambda: metric(a, "kvrouter_peer_polls_total", result="self") > 2, 5, "self polls")
+        assert a.workers()[0]["peer_in_flight"] == 0, a.workers()
+        assert metric(a, "kvrouter_peer_polls_total", result="ok") == 0
+        for t in ts:
+            t.join(30)
+
+
+@test(timeout=30)
+def peer_flag_errors():
+    for bad, want in [("ftp://x:1", "http://"), ("http://x:99999", "port")]:
+        p = subprocess.run([h._kvrouter(), "serve", "--worker", "http://127.0.0.1:1", "--peer", bad],
+                           capture_output=True, text=True, timeout=10)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and "--peer" in lines[0], (bad, p.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(h.run(TESTS, description=__doc__))
