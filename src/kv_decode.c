@@ -70,17 +70,6 @@ static bool read_hash(const msgpack_object *o, uint64_t *out) {
   return true;
 }
 
-#define GROW(arr, n, cap, need)                                                                    \
-  do {                                                                                             \
-    if ((n) + (need) > (cap)) {                                                                    \
-      size_t c_ = (cap) ? (cap) : 64;                                                              \
-      while (c_ < (n) + (need))                                                                    \
-        c_ *= 2;                                                                                   \
-      (arr) = kvr_xrealloc((arr), c_ * sizeof(*(arr)));                                            \
-      (cap) = c_;                                                                                  \
-    }                                                                                              \
-  } while (0)
-
 static uint64_t salt_of_object(const msgpack_object *o) {
   msgpack_sbuffer sb;
   msgpack_sbuffer_init(&sb);
@@ -97,7 +86,7 @@ static bool take_hashes(kvr_kv_batch_t *b, kvr_kv_event_t *e, const msgpack_obje
   if (arr == NULL || arr->type != MSGPACK_OBJECT_ARRAY)
     return false;
   uint32_t n = arr->via.array.size;
-  GROW(b->hashes, b->nhashes, b->hashes_cap, n);
+  KVR_GROW(b->hashes, b->nhashes, b->hashes_cap, n);
   b->extra = kvr_xrealloc(b->extra, b->hashes_cap * sizeof(*b->extra));
   for (uint32_t i = 0; i < n; i++) {
     if (!read_hash(&arr->via.array.ptr[i], &b->hashes[b->nhashes + i]))
@@ -154,7 +143,7 @@ static int add_event(kvr_kv_batch_t *b, kvr_kv_kind_t kind, const fields_t *f) {
   /* the group filter's second half: only a group whose tokens are the blocks' tokens */
   if ((uint64_t)nt != (uint64_t)e.nhashes * e.block_size || e.nhashes == 0)
     return is_nil(f->kind) ? KVR_KV_SKIP_GROUP : KVR_KV_SKIP_MALFORMED;
-  GROW(b->tokens, b->ntokens, b->tokens_cap, nt);
+  KVR_GROW(b->tokens, b->ntokens, b->tokens_cap, nt);
   for (uint32_t i = 0; i < nt; i++) {
     const msgpack_object *t = &f->tokens->via.array.ptr[i];
     if (t->type != MSGPACK_OBJECT_POSITIVE_INTEGER || t->via.u64 > UINT32_MAX)
@@ -182,7 +171,7 @@ static int add_event(kvr_kv_batch_t *b, kvr_kv_kind_t kind, const fields_t *f) {
   b->ntokens += nt;
 keep:
   b->nhashes = h0 + e.nhashes;
-  GROW(b->ev, b->nev, b->ev_cap, 1);
+  KVR_GROW(b->ev, b->nev, b->ev_cap, 1);
   b->ev[b->nev++] = e;
   return -1;
 }

@@ -54,6 +54,19 @@ const char *kvr_errname(int err);
 void *kvr_xmalloc(size_t size);
 void *kvr_xcalloc(size_t n, size_t size);
 void *kvr_xrealloc(void *p, size_t size);
+
+/* Grows the array arr (with n used of cap) to hold need more elements: capacity doubles from 64.
+ * Out of memory aborts (kvr_xrealloc). */
+#define KVR_GROW(arr, n, cap, need)                                                                \
+  do {                                                                                             \
+    if ((n) + (need) > (cap)) {                                                                    \
+      size_t c_ = (cap) ? (cap) : 64;                                                              \
+      while (c_ < (n) + (need))                                                                    \
+        c_ *= 2;                                                                                   \
+      (arr) = kvr_xrealloc((arr), c_ * sizeof(*(arr)));                                            \
+      (cap) = c_;                                                                                  \
+    }                                                                                              \
+  } while (0)
 char *kvr_xstrdup(const char *s);
 /* Prints "kvrouter: out of memory (what, N bytes)" and aborts. */
 _Noreturn void kvr_oom(const char *what, size_t size);

@@ -27,18 +27,8 @@ WORKLOAD=${ADM_WORKLOAD:-control} POLICY=${ADM_POLICY:-kv_aware} RATE=${ADM_RATE
 PROMPTS=${ADM_PROMPTS:-300} MAXIN=${ADM_MAX_INFLIGHT:-12} QLIM=${ADM_QUEUE_LIMIT:-32}
 WAIT=${ADM_MAX_WAIT_MS:-150}
 mkdir -p "$OUT"
-PIDS=""
-stop() {
-  for p in $PIDS; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in $PIDS; do
-    i=0
-    while kill -0 "$p" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-    kill -KILL "$p" 2>/dev/null || true
-  done
-  PIDS=""
-}
+. "$(dirname "$0")/procs.sh"
 trap stop EXIT INT TERM
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # run_once LABEL [ROUTER-FLAGS...]: fresh workers and router, one bench level into OUT/LABEL.
 run_once() {

@@ -16,18 +16,8 @@ KVR=$1 OUT=$2 WORKLOAD=$3 POLICIES=$4 LABELS=$5
 shift 5
 N=${RAB_WORKERS:-4} SCALE=${RAB_TIME_SCALE:-4} SEED=${RAB_SEED:-42}
 mkdir -p "$OUT/logs"
-PIDS=""
-stop() {
-  for p in $PIDS; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in $PIDS; do
-    i=0
-    while kill -0 "$p" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
-    kill -KILL "$p" 2>/dev/null || true
-  done
-  PIDS=""
-}
+. "$(dirname "$0")/procs.sh"
 trap stop EXIT INT TERM
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 WORKERS=""
 w=0
 while [ $w -lt "$N" ]; do

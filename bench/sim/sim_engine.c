@@ -223,20 +223,9 @@ static void hash_remove(kvr_sim_engine_t *eng, int32_t id) {
 
 /* ---- KV event log ---- */
 
-#define GROW(arr, n, cap, need)                                                                    \
-  do {                                                                                             \
-    if ((n) + (need) > (cap)) {                                                                    \
-      size_t c_ = (cap) ? (cap) : 64;                                                              \
-      while (c_ < (n) + (need))                                                                    \
-        c_ *= 2;                                                                                   \
-      (arr) = kvr_xrealloc((arr), c_ * sizeof(*(arr)));                                            \
-      (cap) = c_;                                                                                  \
-    }                                                                                              \
-  } while (0)
-
 static kvr_sim_kv_event_t *kv_event_new(kvr_sim_engine_t *eng, kvr_sim_kv_kind_t kind) {
   kvr_sim_kv_log_t *l = &eng->kv;
-  GROW(l->ev, l->nev, l->ev_cap, 1);
+  KVR_GROW(l->ev, l->nev, l->ev_cap, 1);
   kvr_sim_kv_event_t *e = &l->ev[l->nev++];
   memset(e, 0, sizeof(*e));
   e->kind = kind;
@@ -247,7 +236,7 @@ static kvr_sim_kv_event_t *kv_event_new(kvr_sim_engine_t *eng, kvr_sim_kv_kind_t
 
 static void kv_push_hash(kvr_sim_engine_t *eng, uint64_t h) {
   kvr_sim_kv_log_t *l = &eng->kv;
-  GROW(l->hashes, l->nhashes, l->hashes_cap, 1);
+  KVR_GROW(l->hashes, l->nhashes, l->hashes_cap, 1);
   l->hashes[l->nhashes++] = h;
   l->ev[l->nev - 1].nhashes++;
 }
@@ -274,7 +263,7 @@ static void kv_stored(kvr_sim_engine_t *eng, bool *open, bool has_parent, uint64
   }
   kv_push_hash(eng, h);
   uint32_t bs = eng->cfg.block_size;
-  GROW(l->tokens, l->ntokens, l->tokens_cap, bs);
+  KVR_GROW(l->tokens, l->ntokens, l->tokens_cap, bs);
   memcpy(l->tokens + l->ntokens, tokens, bs * sizeof(*tokens));
   l->ntokens += bs;
 }
