@@ -227,7 +227,8 @@ def check_query(expr, catalogue, where):
                 wanted = value.split("|") if op in ("=~", "!~") else [value]
                 for v in wanted:
                     assert re.fullmatch(r"[A-Za-z0-9_/.]+", v), \
-                        "%s: %s{%s%s%r}: only plain alternations are checked" % (where, name, label, op, value)
+                        "%s: %s{%s%s%r}: only plain alternations are checked" % (
+                            where, name, label, op, value)
                     assert v in seen, "%s: %s{%s=%r}: the router exports %s only" % (
                         where, name, label, v, sorted(seen))
     avail = q.labels_available(catalogue, grouping=False)
@@ -304,7 +305,8 @@ def test_catalogue_has_the_precise_mode_families():
 
 @test(timeout=10)
 def test_tokenizer_finds_names_matchers_and_grouping():
-    q = Query('histogram_quantile(0.95, sum by (job, le) (rate(a_bucket{x="1",y=~"$v|b"}[$__rate_interval])))'
+    q = Query('histogram_quantile(0.95, sum by (job, le) '
+              '(rate(a_bucket{x="1",y=~"$v|b"}[$__rate_interval])))'
               ' / ignoring(z) b offset 5m > 1e-3 and on (w) c{s!="u"}[5m:1m]')
     assert [n for n, _ in q.selectors] == ["a_bucket", "b", "c"], q.selectors
     assert q.selectors[0][1] == [("x", "=", "1"), ("y", "=~", "$v|b")]
@@ -414,7 +416,8 @@ def test_alerts_are_complete_and_name_exported_metrics():
 
 @test(timeout=10)
 def test_prometheus_rule_equals_the_rule_file():
-    docs = [d for d in yaml.safe_load_all(open(OPERATOR_RULES)) if d]
+    with open(OPERATOR_RULES) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d]
     assert len(docs) == 1, "expected one document in %s" % OPERATOR_RULES
     pr = docs[0]
     assert pr["apiVersion"] == "monitoring.coreos.com/v1" and pr["kind"] == "PrometheusRule"
@@ -423,8 +426,8 @@ def test_prometheus_rule_equals_the_rule_file():
     assert pr["spec"]["groups"] == load_yaml(RULES)["groups"], \
         "PrometheusRule spec.groups differs from %s: copy it again" % RULES
     # The job matcher must be the job the ServiceMonitor of kvrouter.yaml produces (its Service).
-    manifest = [d for d in yaml.safe_load_all(open(os.path.join(ROOT, "deploy", "k8s", "kvrouter.yaml")))
-                if d]
+    with open(os.path.join(ROOT, "deploy", "k8s", "kvrouter.yaml")) as f:
+        manifest = [d for d in yaml.safe_load_all(f) if d]
     sm = [d for d in manifest if d["kind"] == "ServiceMonitor"][0]
     want = sm["spec"]["selector"]["matchLabels"]
     svc = [d for d in manifest if d["kind"] == "Service"
@@ -492,5 +495,6 @@ if __name__ == "__main__":
             fn.timeout = 60
             TESTS.append(fn)
     else:
-        print("SKIP promtool checks: promtool is not on PATH (Debian package prometheus, or KVR_PROMTOOL)")
+        print("SKIP promtool checks: promtool is not on PATH "
+              "(Debian package prometheus, or KVR_PROMTOOL)")
     sys.exit(h.run(TESTS, description=__doc__, around=real_metrics))
