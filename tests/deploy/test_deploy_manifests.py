@@ -74,7 +74,7 @@ def one(kind, name=None):
 
 
 def pod_spec():
-    return one("Deployment", "kvrouter")["spec"]["template"]["spec"]
+    return one("StatefulSet", "kvrouter")["spec"]["template"]["spec"]
 
 
 def container():
@@ -84,7 +84,7 @@ def container():
 
 
 def pod_labels():
-    return one("Deployment", "kvrouter")["spec"]["template"]["metadata"]["labels"]
+    return one("StatefulSet", "kvrouter")["spec"]["template"]["metadata"]["labels"]
 
 
 def selects(match_labels, labels):
@@ -187,13 +187,14 @@ def ignored(path):
 @test
 def test_all_documents_parse_with_expected_kinds():
     kinds = sorted((d["apiVersion"], d["kind"], d["metadata"]["name"]) for d in docs())
-    want = [("apps/v1", "Deployment", "kvrouter"),
+    want = [("apps/v1", "StatefulSet", "kvrouter"),
             ("monitoring.coreos.com/v1", "ServiceMonitor", "kvrouter"),
             ("networking.k8s.io/v1", "NetworkPolicy", "kvrouter"),
             ("policy/v1", "PodDisruptionBudget", "kvrouter"),
             ("v1", "ConfigMap", "kvrouter-config"),
             ("v1", "Service", "kvrouter"),
-            ("v1", "Service", "kvrouter-admin")]
+            ("v1", "Service", "kvrouter-admin"),
+            ("v1", "Service", "kvrouter-peers")]
     assert kinds == sorted(want), kinds
     for d in docs():
         assert "namespace" not in d["metadata"], "objects follow the namespace applied into"
@@ -282,8 +283,11 @@ def test_shutdown_timeline():
     grace = spec["terminationGracePeriodSeconds"]
     assert grace >= sleep_s + SHUTDOWN_GRACE_S, (grace, sleep_s)
     assert grace <= sleep_s + SHUTDOWN_GRACE_S + 15, "no point waiting far past the router's grace"
-    s = one("Deployment", "kvrouter")["spec"]["strategy"]
-    assert s["rollingUpdate"]["maxUnavailable"] == 0, "a rollout must not empty the front door"
+    sts = one("StatefulSet", "kvrouter")["spec"]
+    s = sts["updateStrategy"]
+    assert s["type"] == "RollingUpdate", s
+    assert s["rollingUpdate"]["maxUnavailable"] < sts["replicas"], \
+        "a rollout must not empty the front door"
 
 
 @test
@@ -357,7 +361,7 @@ def test_config_ports_match_container_and_services():
 @test
 def test_services_select_the_pod():
     labels = pod_labels()
-    dep = one("Deployment", "kvrouter")
+    dep = one("StatefulSet", "kvrouter")
     assert selects(dep["spec"]["selector"]["matchLabels"], labels)
     pub, adm = one("Service", "kvrouter"), one("Service", "kvrouter-admin")
     for svc, port_name in ((pub, "http"), (adm, "admin")):
@@ -370,12 +374,31 @@ def test_services_select_the_pod():
 
 
 @test
+def test_replicas_peer_each_other_and_read_kv_events():
+    """Several replicas: each peer URL names a StatefulSet pod through the headless Service on the
+    admin port (one entry per replica), and every worker has its KV-event endpoints."""
+    sts = one("StatefulSet", "kvrouter")["spec"]
+    assert sts["replicas"] >= 2, sts["replicas"]
+    peers_svc = one("Service", "kvrouter-peers")["spec"]
+    assert sts["serviceName"] == "kvrouter-peers"
+    assert peers_svc["clusterIP"] == "None" and peers_svc.get("publishNotReadyAddresses") is True
+    assert selects(peers_svc["selector"], pod_labels())
+    cfg = config_json()
+    want = ["http://kvrouter-%d.kvrouter-peers:%d" % (i, container_port("admin"))
+            for i in range(sts["replicas"])]
+    assert cfg["peers"] == want, (cfg["peers"], want)
+    for w in cfg["workers"]:
+        assert isinstance(w, dict) and w["kv_events"].startswith("tcp://"), w
+        assert w["kv_replay"].startswith("tcp://"), w
+
+
+@test
 def test_pod_disruption_budget():
     pdb = one("PodDisruptionBudget", "kvrouter")
     assert selects(pdb["spec"]["selector"]["matchLabels"], pod_labels())
     spec = pdb["spec"]
     assert ("minAvailable" in spec) != ("maxUnavailable" in spec), spec
-    replicas = one("Deployment", "kvrouter")["spec"]["replicas"]
+    replicas = one("StatefulSet", "kvrouter")["spec"]["replicas"]
     if "minAvailable" in spec:
         assert isinstance(spec["minAvailable"], int) and 1 <= spec["minAvailable"] <= replicas
 
@@ -431,7 +454,7 @@ def test_service_monitor_scrapes_admin_metrics_with_token():
     vol = [v for v in pod_spec()["volumes"] if "secret" in v][0]["secret"]
     assert cred == {"name": vol["secretName"], "key": vol["items"][0]["key"]}, cred
     # Annotation-based scraping carries no token: it would only collect 401s.
-    annotations = one("Deployment", "kvrouter")["spec"]["template"]["metadata"].get("annotations", {})
+    annotations = one("StatefulSet", "kvrouter")["spec"]["template"]["metadata"].get("annotations", {})
     assert "prometheus.io/scrape" not in annotations, annotations
 
 
