@@ -9,7 +9,7 @@ terminationGracePeriodSeconds), the admin token Secret mount and --admin-token-f
 PodDisruptionBudget, the NetworkPolicy (admin port only from selected pods), the ServiceMonitor
 (admin /metrics, bearer token from the same Secret), and that the objects refer to each other
 coherently (selectors, named ports, ConfigMap, listen ports). Every flag passed to `kvrouter serve`
-(Deployment args, systemd ExecStart) and every ConfigMap key must exist in `kvrouter serve --help`,
+(StatefulSet args, systemd ExecStart) and every ConfigMap key must exist in `kvrouter serve --help`,
 except the two being added in the same release (--admin-token-file / admin_token_file). Also
 deploy/k8s/Dockerfile (numeric USER, EXPOSE of both ports, OCI labels, Debian 12 stages),
 /.dockerignore (excludes .git, build*, results; keeps what the Dockerfile needs) and
