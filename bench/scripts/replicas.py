@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""replicas.py -- how often two kvrouter replicas agree, and what a second replica costs.
+"""replicas.py -- how often two kvrouter replicas agree, what a second replica costs, and how far
+the router's cache prediction is from what the workers report, precise against approximate.
 
 Runs the same multi-turn load (CONV conversations of TURNS turns, a long system prompt per
 conversation, CONCURRENCY client threads) against fresh `kvrouter sim` workers (time scale 20,
 KV events on ipc:// sockets in a temporary folder) in three set-ups:
 
   one        one router, precise mode (the workers' KV events)
+  approx     one router, approximate index only (what it learned from routing)
   replicas   two routers, both precise, each reading the other's load (--peer)
   blind      two routers, approximate index only, no --peer (each sees only its own traffic)
 
@@ -61,6 +63,8 @@ def start_routers(specs, setup):
     flags = ["--scrape-interval-ms", 200]
     if setup == "one":
         return [h.Router([p for _, p in specs], *flags)]
+    if setup == "approx":
+        return [h.Router([u for u, _ in specs], *flags)]
     pa, pb = free_port(), free_port()
     workers = [p if setup == "replicas" else u for u, p in specs]
     peer = setup == "replicas"
@@ -80,7 +84,7 @@ def run(setup, args, d):
     routers = []
     try:
         routers = start_routers(specs, setup)
-        if setup != "blind":
+        if setup in ("one", "replicas"):
             for r in routers:
                 h.wait_for(lambda: all((w["kv_events"] or {}).get("index") == "precise"
                                        for w in r.workers()), 15, "precise mode")
@@ -180,7 +184,7 @@ def main():
     ap.add_argument("--conversations", type=int, default=24)
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--setups", default="one,replicas,blind")
+    ap.add_argument("--setups", default="one,approx,replicas,blind")
     args = ap.parse_args()
     h.set_kvrouter(args.kvrouter)
     d = tempfile.mkdtemp(prefix="kvr-replicas-")
