@@ -20,6 +20,16 @@ const double kvr_hist_fast_buckets[] = {1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5,
                                         1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2};
 const size_t kvr_hist_fast_nbuckets =
     sizeof kvr_hist_fast_buckets / sizeof kvr_hist_fast_buckets[0];
+/* vLLM's vllm:inter_token_latency_seconds bounds, with 1 ms and 5 ms below them: a router sees
+ * tokens that arrive in one network read as nearly simultaneous. */
+const double kvr_hist_itl_buckets[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,
+                                       0.15,  0.2,   0.3,  0.4,   0.5,  0.75,  1.0,
+                                       2.5,   5.0,   7.5,  10.0,  20.0, 40.0,  80.0};
+const size_t kvr_hist_itl_nbuckets = sizeof(kvr_hist_itl_buckets) / sizeof(kvr_hist_itl_buckets[0]);
+const double kvr_hist_call_buckets[] = {1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+                                        5e-2, 0.1,    0.25, 0.5,  1.0,    2.5,  5.0};
+const size_t kvr_hist_call_nbuckets =
+    sizeof(kvr_hist_call_buckets) / sizeof(kvr_hist_call_buckets[0]);
 
 void kvr_hist_init(kvr_hist_t *h, const double *bounds, size_t nbounds) {
   memset(h, 0, sizeof *h);

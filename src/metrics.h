@@ -30,6 +30,10 @@ extern const double kvr_hist_latency_buckets[]; /* 1 ms .. 300 s, for request du
 extern const size_t kvr_hist_latency_nbuckets;
 extern const double kvr_hist_fast_buckets[]; /* 1 us .. 10 ms, for routing decisions */
 extern const size_t kvr_hist_fast_nbuckets;
+extern const double kvr_hist_itl_buckets[]; /* 1 ms .. 80 s, vLLM's inter-token latency bounds */
+extern const size_t kvr_hist_itl_nbuckets;
+extern const double kvr_hist_call_buckets[]; /* 100 us .. 5 s, for calls on the request path */
+extern const size_t kvr_hist_call_nbuckets;
 
 void kvr_hist_init(kvr_hist_t *h, const double *bounds, size_t nbounds);
 void kvr_hist_observe(kvr_hist_t *h, double v);

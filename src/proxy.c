@@ -128,7 +128,9 @@ struct px_s {
   kvr_openai_sse_t sse_lines; /* SSE line splitter (lines over SSE_LINE_MAX are not inspected) */
   kvr_buf_t answer;
   bool usage_seen;
-  uint64_t usage_prompt, usage_cached;
+  uint64_t usage_prompt, usage_cached, usage_completion;
+  kvr_route_t route;      /* for kvrouter_http_requests_total */
+  uint64_t last_token_ns; /* the previous token event (TTFT, then inter-token latency) */
   bool mid_stream_error;
   /* Timing and outcome. */
   uv_timer_t timer;
@@ -243,7 +245,19 @@ static void take_usage(px_t *px, const kvr_openai_chunk_t *c) {
     px->usage_seen = true;
     px->usage_prompt = c->prompt_tokens;
     px->usage_cached = c->has_cached_tokens ? c->cached_tokens : 0;
+    px->usage_completion = c->has_completion_tokens ? c->completion_tokens : 0;
   }
+}
+
+/* A token event reached the client's stream: the first one's delay since the request arrived,
+ * then the gaps between them. */
+static void token_timing(px_t *px) {
+  uint64_t now = kvr_now_ns();
+  if (px->last_token_ns == 0)
+    kvr_router_observe_ttft(px->r, (double)(now - px->t_start_ns) / 1e9);
+  else
+    kvr_router_observe_itl(px->r, (double)(now - px->last_token_ns) / 1e9);
+  px->last_token_ns = now;
 }
 
 /* Appends the generated text of one choice; true if there was some (a token event). */
@@ -268,8 +282,10 @@ static void sse_line(void *data, const char *line, size_t len) {
     return;
   kvr_openai_chunk_t c;
   kvr_openai_chunk_read(obj, &c);
-  if (take_text(px, &c))
+  if (take_text(px, &c)) {
     kvr_router_on_token(px->r, &px->acct); /* the first one also ends the prefill */
+    token_timing(px);
+  }
   take_usage(px, &c);
   if (c.error)
     px->mid_stream_error = true;
@@ -388,6 +404,7 @@ static kvr_http_req_t *detach(px_t *px, int status) {
   px->final_status = status;
   access_log(px, req);
   kvr_router_observe_duration(px->r, (double)(kvr_now_ns() - px->t_start_ns) / 1e9);
+  kvr_router_on_response(px->r, status, px->route, px->worker_label);
   return req;
 }
 
@@ -462,8 +479,10 @@ static void learn(px_t *px) {
   const kvr_worker_t *w = px->w;
   if (!px->has_prompt || w == NULL)
     return;
-  if (px->usage_seen)
+  if (px->usage_seen) {
     kvr_router_on_usage(px->r, &px->acct, px->usage_prompt, px->usage_cached);
+    kvr_router_on_token_usage(px->r, px->usage_prompt, px->usage_completion);
+  }
   if (px->answer.len && px->status >= 200 && px->status < 300 && !px->mid_stream_error) {
     kvr_prompt_extend_answer(&px->prompt, px->answer.data, px->answer.len);
     kvr_router_on_learn(px->r, &px->acct, px->prompt.blocks, px->prompt.nblocks);
@@ -816,6 +835,7 @@ static void attempt(px_t *px) {
 static void local_log(kvr_router_t *r, const kvr_http_req_t *req, int status, const char *outcome) {
   if (status >= 400 && status < 500)
     kvr_router_on_client_error(r);
+  kvr_router_on_response(r, status, kvr_openai_route(req->path), NULL);
   if (!r->cfg->access_log)
     return;
   kvr_log(KVR_LOG_INFO, "access",
@@ -936,6 +956,7 @@ static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
   px->proxy = p;
   px->r = r;
   px->t_start_ns = req->start_ns;
+  px->route = route;
   kvr_prompt_init(&px->prompt);
   kvr_openai_sse_init(&px->sse_lines, SSE_LINE_MAX);
   if (route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS) {

@@ -209,7 +209,9 @@ kvr_router_t *kvr_router_new(const kvr_config_t *cfg, char *err, size_t errlen) 
   kvr_hist_init(&r->decision_seconds, kvr_hist_fast_buckets, kvr_hist_fast_nbuckets);
   kvr_hist_init(&r->request_seconds, kvr_hist_latency_buckets, kvr_hist_latency_nbuckets);
   kvr_hist_init(&r->ttfb_seconds, kvr_hist_latency_buckets, kvr_hist_latency_nbuckets);
-  kvr_hist_init(&r->tokenize_seconds, kvr_hist_fast_buckets, kvr_hist_fast_nbuckets);
+  kvr_hist_init(&r->tokenize_seconds, kvr_hist_call_buckets, kvr_hist_call_nbuckets);
+  kvr_hist_init(&r->ttft_seconds, kvr_hist_latency_buckets, kvr_hist_latency_nbuckets);
+  kvr_hist_init(&r->itl_seconds, kvr_hist_itl_buckets, kvr_hist_itl_nbuckets);
   r->index = kvr_cache_index_new(KVR_MAX_WORKERS, cfg->cache_capacity_blocks);
   if (r->index == NULL) {
     snprintf(err, errlen, "cannot create the cache index");
@@ -242,6 +244,7 @@ void kvr_router_free(kvr_router_t *r) {
   kvr_policy_destroy(r->policy);
   kvr_cache_index_free(r->index);
   kvr_kv_index_free(r->kv_index);
+  free(r->responses);
   free(r);
 }
 
@@ -643,6 +646,37 @@ void kvr_router_observe_ttfb(kvr_router_t *r, double seconds) {
 
 void kvr_router_observe_duration(kvr_router_t *r, double seconds) {
   kvr_hist_observe(&r->request_seconds, seconds);
+}
+
+void kvr_router_on_response(kvr_router_t *r, int code, int route, const char *worker) {
+  const char *wl = worker && *worker ? worker : "none";
+  for (size_t i = 0; i < r->nresponses; i++) {
+    kvr_response_count_t *e = &r->responses[i];
+    if (e->code == code && e->route == route && strcmp(e->worker, wl) == 0) {
+      e->count++;
+      return;
+    }
+  }
+  KVR_GROW(r->responses, r->nresponses, r->responses_cap, 1);
+  kvr_response_count_t *e = &r->responses[r->nresponses++];
+  memset(e, 0, sizeof *e);
+  e->code = code;
+  e->route = route;
+  snprintf(e->worker, sizeof e->worker, "%s", wl);
+  e->count = 1;
+}
+
+void kvr_router_observe_ttft(kvr_router_t *r, double seconds) {
+  kvr_hist_observe(&r->ttft_seconds, seconds);
+}
+
+void kvr_router_observe_itl(kvr_router_t *r, double seconds) {
+  kvr_hist_observe(&r->itl_seconds, seconds);
+}
+
+void kvr_router_on_token_usage(kvr_router_t *r, uint64_t prompt, uint64_t generated) {
+  r->prompt_tokens_total += prompt;
+  r->generation_tokens_total += generated;
 }
 
 /* ---- retry budget and admission bound ------------------------------------------------------- */

@@ -89,6 +89,14 @@ typedef enum {
 
 const char *kvr_req_error_name(kvr_req_error_t e);
 
+/* One kvrouter_http_requests_total series. */
+typedef struct kvr_response_count_s {
+  int code;
+  int route;       /* kvr_route_t */
+  char worker[16]; /* the worker's label, or "none" (answered by the router itself) */
+  uint64_t count;
+} kvr_response_count_t;
+
 /* What one peer replica has in flight on a worker (its GET /admin/load), and when it said so. */
 typedef struct kvr_peer_load_s {
   uint32_t inflight;
@@ -165,7 +173,14 @@ struct kvr_router_s {
   uint64_t decisions_by_policy[16];
   uint64_t no_worker_total;
   uint64_t client_errors_total; /* 4xx answered by the router itself */
-  uint64_t client_aborts_total; /* clients that went away mid-request */
+  /* Responses by status code, route and worker (kvr_router_on_response); a flat list, as the
+   * combinations seen stay few (codes x 4 routes x workers). */
+  kvr_response_count_t *responses;
+  size_t nresponses, responses_cap;
+  kvr_hist_t ttft_seconds; /* streaming: request start -> first token event */
+  kvr_hist_t itl_seconds;  /* streaming: between token events */
+  uint64_t prompt_tokens_total, generation_tokens_total; /* from the workers' usage */
+  uint64_t client_aborts_total;                          /* clients that went away mid-request */
   uint64_t upstream_failures_total;
   uint64_t request_errors_total[KVR_REQ_ERROR_COUNT]; /* by kvr_req_error_t, one per request */
   uint64_t retries_exhausted_total; /* failed before responding, and no attempt or worker left */
@@ -434,5 +449,13 @@ void kvr_router_on_admission_reject(kvr_router_t *r, kvr_admission_reject_t why)
 void kvr_router_observe_ttfb(kvr_router_t *r, double seconds);
 /* Seconds from request received to response end (proxied requests). */
 void kvr_router_observe_duration(kvr_router_t *r, double seconds);
+/* A response sent to a client: its status, route (kvr_route_t) and worker label (NULL: none). */
+void kvr_router_on_response(kvr_router_t *r, int code, int route, const char *worker);
+/* Streaming token events as the client receives them: the first one's delay after the request
+ * arrived, and the gap to the previous one. */
+void kvr_router_observe_ttft(kvr_router_t *r, double seconds);
+void kvr_router_observe_itl(kvr_router_t *r, double seconds);
+/* usage of an answer: prompt and generated tokens. */
+void kvr_router_on_token_usage(kvr_router_t *r, uint64_t prompt, uint64_t generated);
 
 #endif

@@ -488,12 +488,46 @@ static void peer_metrics(const kvr_router_t *r, kvr_buf_t *out) {
   kvr_buf_free(&l);
 }
 
+/* ---- responses and token streams ---- */
+
+static void response_metrics(const kvr_router_t *r, kvr_buf_t *out) {
+  static const char *const routes[] = {"chat_completions", "completions", "models", "other"};
+  kvr_buf_t l = KVR_BUF_INIT;
+  kvr_metric_family(out, "kvrouter_http_requests_total", "counter",
+                    "Responses sent on the public listener by status code, route "
+                    "(chat_completions, completions, models, other) and worker (\"none\": "
+                    "answered by the router itself); probes excepted");
+  for (size_t i = 0; i < r->nresponses; i++) {
+    const kvr_response_count_t *e = &r->responses[i];
+    kvr_buf_reset(&l);
+    kvr_buf_printf(&l, "code=\"%d\",route=\"%s\",worker=\"%s\"", e->code,
+                   (unsigned)e->route < KVR_ARRAY_SIZE(routes) ? routes[e->route] : "other",
+                   e->worker);
+    kvr_metric_sample(out, "kvrouter_http_requests_total", l.data, (double)e->count);
+  }
+  kvr_buf_free(&l);
+  kvr_metric_histogram(out, "kvrouter_time_to_first_token_seconds",
+                       "Streaming answers: request arrival to the first token event sent to the "
+                       "client",
+                       NULL, &r->ttft_seconds);
+  kvr_metric_histogram(out, "kvrouter_inter_token_latency_seconds",
+                       "Streaming answers: time between token events sent to the client (0-ish "
+                       "for events that arrived in one read)",
+                       NULL, &r->itl_seconds);
+  counter(out, "kvrouter_prompt_tokens_total",
+          "Prompt tokens of the answers whose usage the workers reported", r->prompt_tokens_total);
+  counter(out, "kvrouter_generation_tokens_total",
+          "Generated tokens of the answers whose usage the workers reported",
+          r->generation_tokens_total);
+}
+
 static void metrics_with(const kvr_router_t *r, const kvr_process_stats_t *proc, kvr_buf_t *out) {
   for (size_t i = 0; i < KVR_ARRAY_SIZE(worker_families); i++)
     worker_family(r, out, &worker_families[i]);
   worker_state_metrics(r, out);
   routing_metrics(r, out);
   request_metrics(r, out);
+  response_metrics(r, out);
   kv_metrics(r, out);
   peer_metrics(r, out);
   kvr_reload_metrics(out);

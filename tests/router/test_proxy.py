@@ -146,6 +146,37 @@ def test_streaming_passthrough_timing():
         assert median > 0.02, "median gap between events %.4fs: buffered, not streamed" % median
 
 
+@test(timeout=20)
+def test_labelled_request_and_token_metrics():
+    """kvrouter_http_requests_total counts each response by code, route and worker (\"none\" when
+    the router answered itself, probes excepted); a stream feeds the time-to-first-token and
+    inter-token histograms; usage feeds the prompt and generation token counters."""
+    with Cleanup() as c:
+        sim = c.add(Sim(fixed=(60, 20)))
+        r = c.add(Router([sim], *FAST))
+        body = chat_body(max_tokens=6, stream=True, stream_options={"include_usage": True})
+        assert request(r.port, "POST", "/v1/chat/completions", body).status == 200
+        assert request(r.port, "POST", "/v1/chat/completions", b"{bad").status == 400
+        assert request(r.port, "GET", "/v1/models").status == 200
+        assert request(r.port, "GET", "/health").status == 200
+        m = h.parse_prom_samples(r.metrics_text())
+        v = lambda name, **l: h.prom_value(m, name, **l)  # noqa: E731
+        assert v("kvrouter_http_requests_total", code="200", route="chat_completions",
+                 worker="0") == 1
+        assert v("kvrouter_http_requests_total", code="400", route="chat_completions",
+                 worker="none") == 1
+        assert v("kvrouter_http_requests_total", code="200", route="models", worker="0") == 1
+        assert v("kvrouter_http_requests_total") == 3, "probes are not requests"
+        assert v("kvrouter_time_to_first_token_seconds_count") == 1
+        ttft = v("kvrouter_time_to_first_token_seconds_sum")
+        assert 0.05 <= ttft < 0.5, ttft
+        assert v("kvrouter_inter_token_latency_seconds_count") == 5  # 6 tokens, 5 gaps
+        itl = v("kvrouter_inter_token_latency_seconds_sum") / 5
+        assert 0.01 <= itl < 0.1, itl
+        assert v("kvrouter_generation_tokens_total") == 6
+        assert v("kvrouter_prompt_tokens_total") > 0
+
+
 @test(timeout=15)
 def test_keepalive_several_requests_one_connection():
     with Cleanup() as c:
