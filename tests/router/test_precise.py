@@ -147,7 +147,7 @@ def reset_restart_and_late_join():
         wait_mode(r, 1, "precise", timeout=5)  # after the refill period
 
         # a prefix-cache reset on w0 empties its precise index (the clear rides the next step)
-        conversations(r.port, n_conv=2, turns=1)
+        chat(s0.port, [{"role": "user", "content": "fill w0 " * 120}], max_tokens=4)
         wait_for(lambda: kv_view(r)[0]["blocks"] > 0, 5, "w0 holds blocks")
         assert s0.request("POST", "/reset_prefix_cache").status == 200
         _, u = chat(s0.port, [{"role": "user", "content": "tiny"}], max_tokens=2)
