@@ -222,6 +222,14 @@ static const kvr_cli_opt_t options[] = {
      .help = "virtual: the router's prefix block size in characters"},
     {KVR_CLI_UINT, "router-seed", F(vc.seed), .arg = "N",
      .help = "virtual: the router's policy randomness"},
+    {KVR_CLI_SWITCH, "kv-events", F(vc.kv_events), .set = 1,
+     .help = "virtual: precise mode: the engines publish vLLM KV events the router reads, and "
+             "prompts are tokenized at the router"},
+    {KVR_CLI_DOUBLE, "tokenize-ms", F(vc.tokenize_ms), .arg = "MS", KVR_CLI_RANGE(0, 1e4),
+     .help = "virtual, precise mode: what the /tokenize round trip adds before forwarding"},
+    {KVR_CLI_DOUBLE, "flush-every-s", F(vc.flush_every_s), .arg = "S", KVR_CLI_RANGE(0, 1e6),
+     .help = "virtual: every S simulated seconds one worker's prefix cache is emptied behind the "
+             "router's back (0 = never): the case that breaks the approximate index"},
     {KVR_CLI_UINT, "output-len-mean", F(vc.output_len_mean), .arg = "N",
      .help = "virtual: the sims' natural answer length with --no-ignore-eos (as kvrouter sim)"},
     KVR_ENGINE_CLI_ROWS(E),

@@ -26,9 +26,12 @@
  */
 #include "vcluster.h"
 
+#include "bench/sim/kv_events.h"
 #include "bench/sim/sim_server.h"
 #include "bench/sim/sim_tokens.h"
 #include "src/config.h"
+#include "src/kv_decode.h"
+#include "src/kv_index.h"
 #include "src/kvr.h"
 #include "src/openai.h"
 #include "src/prompt.h"
@@ -52,7 +55,16 @@ typedef enum {
   EV_ROUTER_ABORT,
   EV_WORKER_ABORT,
   EV_SCRAPE,
+  EV_KV_BATCH,
+  EV_FLUSH,
 } ev_kind_t;
+
+/* One engine step's KV events on their way to the router, as the wire carries them. */
+typedef struct kv_msg_s {
+  size_t w;
+  size_t len;
+  char data[];
+} kv_msg_t;
 
 typedef struct ev_s {
   uint64_t t, seq;
@@ -108,6 +120,8 @@ typedef struct worker_s {
 
 struct kvr_vcluster_s {
   kvr_vcluster_opts_t o;
+  kvr_kv_batch_t kv_batch; /* precise mode: decode scratch */
+  uint64_t flushes;        /* EV_FLUSH events so far (the next worker to flush) */
   char *model;
   kvr_config_t cfg;
   kvr_router_t *router;
@@ -141,6 +155,7 @@ void kvr_vcluster_opts_default(kvr_vcluster_opts_t *o) {
   o->chat = true;
   o->net_ms = 0.1;
   o->router_ms = 0.05;
+  o->tokenize_ms = 1.0; /* a loopback POST /tokenize of a few thousand tokens */
   o->slo_ttft_s = 1.0;
   o->slo_tpot_s = 0.060;
 }
@@ -292,6 +307,30 @@ static int oracle_pick(kvr_vcluster_t *vc, const vreq_t *q, const kvr_route_req_
   return kvr_policy_select(vc->oracle, d->snaps, d->nsnaps, rreq, 0, d->scores);
 }
 
+/* Precise mode: the prompt's token ids as the worker's POST /tokenize gives them (the same parse
+ * the worker serves the request with) and their block chain into rreq, as proxy.c's tokenize().
+ * Returns the chain (the caller frees it after the decision), NULL for a body no engine takes. */
+static uint64_t *tokenize(kvr_vcluster_t *vc, const vreq_t *q, kvr_route_req_t *rreq) {
+  cJSON *body = cJSON_ParseWithLength(q->body, q->len);
+  kvr_sim_completion_t p;
+  memset(&p, 0, sizeof(p));
+  char err[256];
+  uint64_t *chain = NULL;
+  if (body != NULL &&
+      kvr_sim_server_parse_completion(body, vc->o.chat, vc->model, vc->o.engine.max_model_len, &p,
+                                      err, sizeof(err)) == 0) {
+    uint32_t bs = vc->o.engine.block_size;
+    chain = kvr_xmalloc((p.prompt.n / bs + 1) * sizeof(uint64_t));
+    rreq->kv_nchain = kvr_kv_chain(p.prompt.v, p.prompt.n, bs, chain);
+    rreq->kv_chain = chain;
+    rreq->kv_block_size = bs;
+    rreq->prompt_tokens = p.prompt.n;
+  }
+  kvr_sim_toks_free(&p.prompt);
+  cJSON_Delete(body);
+  return chain;
+}
+
 /* The request reached the router: what proxy.c's on_proxied and attempt() do. */
 static void router_in(kvr_vcluster_t *vc, vreq_t *q) {
   if (q->lgr == NULL)
@@ -309,8 +348,10 @@ static void router_in(kvr_vcluster_t *vc, vreq_t *q) {
   q->has_prompt = true;
   kvr_route_req_t rreq;
   kvr_prompt_route_req(&q->prompt, &rreq);
+  uint64_t *chain = vc->o.kv_events ? tokenize(vc, q, &rreq) : NULL;
   kvr_decision_t d;
   int slot = kvr_router_decide(r, &rreq, 0, vc->oracle == NULL, &d);
+  free(chain);
   if (vc->oracle != NULL && slot >= 0) {
     /* A body no engine would take keeps the router's pick: that worker answers its 400. */
     int truth = oracle_pick(vc, q, &rreq, &d);
@@ -322,7 +363,8 @@ static void router_in(kvr_vcluster_t *vc, vreq_t *q) {
   }
   q->slot = slot;
   kvr_router_on_dispatch(r, slot, q->prompt.prompt_tokens, d.snaps[slot].matched_blocks, &q->acct);
-  push_q(vc, EV_WORKER_IN, vc->now + ns_of(ROUTER(vc) + NET(vc)), q, 0);
+  double tok_s = vc->o.kv_events ? vc->o.tokenize_ms * 1e-3 : 0; /* the /tokenize round trip */
+  push_q(vc, EV_WORKER_IN, vc->now + ns_of(ROUTER(vc) + NET(vc) + tok_s), q, 0);
 }
 
 static void kick(kvr_vcluster_t *vc, size_t wi) {
@@ -428,6 +470,35 @@ static void reap(worker_t *w) {
   w->ngone = 0;
 }
 
+/* Precise mode: the step's KV events leave the engine as vLLM sends them (one msgpack EventBatch,
+ * what sim_server.c publishes at the same moment) and reach the router net_ms later. */
+static void publish_kv(kvr_vcluster_t *vc, size_t wi) {
+  const kvr_sim_kv_log_t *log = kvr_sim_engine_kv_log(vc->w[wi].eng);
+  if (log == NULL || log->nev == 0)
+    return;
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  kvr_kv_encode_batch(&sb, log, vc->o.engine.block_size, (double)vc->now / 1e9, 0,
+                      KVR_KV_ENCODING_MAP);
+  kv_msg_t *m = kvr_xmalloc(sizeof(*m) + sb.size);
+  m->w = wi;
+  m->len = sb.size;
+  memcpy(m->data, sb.data, sb.size);
+  msgpack_sbuffer_destroy(&sb);
+  kvr_sim_engine_kv_log_clear(vc->w[wi].eng);
+  push(vc, (ev_t){.t = vc->now + ns_of(NET(vc)), .kind = EV_KV_BATCH, .p = m});
+}
+
+/* The batch reached the router: kv_sub.c's decode and kv_feed.c's apply. */
+static void kv_batch_in(kvr_vcluster_t *vc, kv_msg_t *m) {
+  char err[128];
+  kvr_router_t *r = vc->router;
+  if (kvr_kv_decode_batch(m->data, m->len, &vc->kv_batch, err, sizeof(err)) == 0 &&
+      r->slots[m->w] != NULL)
+    kvr_router_on_kv_batch(r, r->slots[m->w]->id, &vc->kv_batch);
+  free(m);
+}
+
 /* sim_server.c's on_step in virtual time. */
 static void step(kvr_vcluster_t *vc, size_t wi) {
   worker_t *w = &vc->w[wi];
@@ -435,6 +506,7 @@ static void step(kvr_vcluster_t *vc, size_t wi) {
     batch_t *b = deliver(vc, w, &w->step);
     if (b != NULL)
       push(vc, (ev_t){.t = vc->now + ns_of(NET(vc)), .kind = EV_ROUTER_TOKENS, .p = b});
+    publish_kv(vc, wi);
   }
   w->have_step = false;
   reap(w);
@@ -572,6 +644,14 @@ static void dispatch(kvr_vcluster_t *vc, ev_t *ev) {
     return;
   case EV_SCRAPE:
     scrape(vc);
+    return;
+  case EV_KV_BATCH:
+    kv_batch_in(vc, ev->p);
+    return;
+  case EV_FLUSH:
+    /* an idle engine holds the clear until its next step, as vLLM's does */
+    kvr_vcluster_flush_worker(vc, vc->flushes++ % vc->o.workers);
+    push(vc, (ev_t){.t = vc->now + ns_of(vc->o.flush_every_s), .kind = EV_FLUSH});
     return;
   case EV_ROUTER_IN:
     router_in(vc, q);
@@ -722,8 +802,17 @@ kvr_vcluster_t *kvr_vcluster_new(const kvr_vcluster_opts_t *o, char *err, size_t
       goto fail;
     }
   }
+  if (o->kv_events) {
+    /* every engine's history is known from its start: precise from the first request */
+    for (size_t i = 0; i < o->workers; i++) {
+      kvr_sim_engine_kv_events(vc->w[i].eng, true);
+      kvr_router_on_kv_mode(vc->router, vc->router->slots[i]->id, true, "precise");
+    }
+  }
   if (o->scrape_interval_ms > 0)
     push(vc, (ev_t){.t = 0, .kind = EV_SCRAPE});
+  if (o->flush_every_s > 0)
+    push(vc, (ev_t){.t = ns_of(o->flush_every_s), .kind = EV_FLUSH});
   return vc;
 fail:
   kvr_vcluster_free(vc);
@@ -736,12 +825,14 @@ void kvr_vcluster_free(kvr_vcluster_t *vc) {
   /* Whatever is still in flight goes at once: the batches in the heap, the engines (with the
    * requests they hold) and every request not freed yet. */
   for (size_t i = 0; i < vc->nheap; i++)
-    if (vc->heap[i].kind == EV_ROUTER_TOKENS || vc->heap[i].kind == EV_CLIENT_TOKENS)
+    if (vc->heap[i].kind == EV_ROUTER_TOKENS || vc->heap[i].kind == EV_CLIENT_TOKENS ||
+        vc->heap[i].kind == EV_KV_BATCH)
       free(vc->heap[i].p);
   for (size_t i = 0; i < vc->o.workers; i++) {
     free(vc->w[i].gone);
     kvr_sim_engine_free(vc->w[i].eng);
   }
+  kvr_kv_batch_free(&vc->kv_batch);
   while (!kvr_list_empty(&vc->live))
     vreq_free(KVR_CONTAINER_OF(vc->live.next, vreq_t, node));
   free(vc->heap);
@@ -773,6 +864,15 @@ int kvr_vcluster_set_policy(kvr_vcluster_t *vc, const char *name, const cJSON *p
     snprintf(err, errlen, "unknown policy '%s' (valid: %s, %s)", name, names, KVR_VCLUSTER_ORACLE);
   }
   return rc;
+}
+
+const kvr_router_t *kvr_vcluster_router(const kvr_vcluster_t *vc) {
+  return vc->router;
+}
+
+void kvr_vcluster_flush_worker(kvr_vcluster_t *vc, size_t wi) {
+  if (wi < vc->o.workers)
+    kvr_sim_engine_reset_prefix_cache(vc->w[wi].eng, NULL);
 }
 
 void kvr_vcluster_reset_cache(kvr_vcluster_t *vc, char *summary, size_t size) {

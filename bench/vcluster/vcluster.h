@@ -33,6 +33,7 @@
 #include "bench/loadgen/stats.h"
 #include "bench/sim/sim_engine.h"
 #include "policies/policy.h"
+#include "src/router.h"
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>
@@ -59,6 +60,15 @@ typedef struct kvr_vcluster_opts_s {
   uint64_t scrape_interval_ms; /* 0: never scraped */
   uint64_t scrape_stale_ms;
   uint64_t seed;
+  /* Precise mode (README "Precise mode"): every engine publishes its KV events, which reach the
+   * router net_ms after the step that made them, encoded and decoded on vLLM's wire format
+   * (bench/sim/kv_events.h, src/kv_decode.h); requests are tokenized at the router (what the
+   * worker's POST /tokenize answers) and take tokenize_ms more before they are forwarded. */
+  bool kv_events;
+  double tokenize_ms;
+  /* > 0: every this many simulated seconds one worker (in turn) has its prefix cache emptied
+   * behind the router's back (kvr_vcluster_flush_worker): the case built to break the guess. */
+  double flush_every_s;
   /* The oracle weighs a worker's predicted TTFT and decode step against these (the run's SLO). */
   double slo_ttft_s, slo_tpot_s;
 } kvr_vcluster_opts_t;
@@ -82,6 +92,14 @@ void kvr_vcluster_transport(kvr_vcluster_t *vc, kvr_loadgen_vt_t *out);
  * the oracle (KVR_VCLUSTER_ORACLE). Returns 0 or KVR_EINVAL with err. */
 int kvr_vcluster_set_policy(kvr_vcluster_t *vc, const char *name, const cJSON *params, char *err,
                             size_t errlen);
+
+/* The cluster's router (read-only: its workers, indexes and counters). */
+const kvr_router_t *kvr_vcluster_router(const kvr_vcluster_t *vc);
+
+/* Empties worker wi's prefix cache behind the router's back (an operator's reset on the engine, a
+ * restart): the approximate index does not learn it; in precise mode the engine's events say so.
+ * The case that breaks the router's guess. */
+void kvr_vcluster_flush_worker(kvr_vcluster_t *vc, size_t wi);
 
 /* Empties every engine's prefix cache and the router's cache index, as POST
  * /admin/reset_prefix_cache does; writes "N/N workers reset" into summary. */

@@ -573,6 +573,46 @@ static void test_generator_freed_before_cluster(void **state) {
 }
 
 /* A mixed fleet: one blocks value per worker, else an error naming the flag. */
+/* Precise mode: the engines' KV events reach the router's precise index (through the real
+ * encoder and decoder), every decision with a prompt is taken on it, and the router's prediction
+ * of cached tokens equals what the engines report; a worker flushed behind the router's back is
+ * seen as empty by the precise index once its clear arrives, while the approximate index still
+ * believes it holds its blocks. */
+static void test_precise_mode(void **state) {
+  (void)state;
+  kvr_vcluster_opts_t o = small_opts(3);
+  o.kv_events = true;
+  kvr_vcluster_t *vc = cluster(&o);
+  kvr_workload_t *wl = small_workload();
+  kvr_loadgen_opts_t lo = small_lg(24);
+  kvr_level_t *lv = level_on(vc, &lo, wl, 4, 1, &loose_slo);
+  assert_all_ok(lv, 24);
+  kvr_stats_level_free(lv);
+  const kvr_router_t *r = kvr_vcluster_router(vc);
+  assert_int_equal(r->kv_routed_approx, 0);
+  assert_true(r->kv_routed_precise >= 24);
+  uint64_t pred = 0, act = 0, blocks = 0;
+  for (size_t i = 0; i < r->nslots; i++) {
+    pred += r->slots[i]->usage_predicted_cached_total;
+    act += r->slots[i]->usage_cached_tokens_total;
+    blocks += kvr_kv_index_blocks(r->kv_index, i);
+  }
+  assert_true(act > 0 && blocks > 0);
+  if (pred != act)
+    fail_msg("precise prediction %llu cached tokens, engines reported %llu",
+             (unsigned long long)pred, (unsigned long long)act);
+  /* flush worker 0 behind the router's back; its clear rides its next step */
+  size_t held = kvr_kv_index_blocks(r->kv_index, 0);
+  assert_true(held > 0);
+  kvr_vcluster_flush_worker(vc, 0);
+  lv = level_on(vc, &lo, wl, 4, 2, &loose_slo);
+  assert_all_ok(lv, 24);
+  kvr_stats_level_free(lv);
+  assert_true(kvr_kv_index_stats(r->kv_index, 0)->clears >= 1);
+  kvr_vcluster_free(vc);
+  kvr_workload_free(wl);
+}
+
 static void test_mixed_fleet(void **state) {
   (void)state;
   kvr_vcluster_opts_t o = small_opts(3);
@@ -1026,8 +1066,9 @@ KVR_TEST_MAIN(cmocka_unit_test(test_determinism), cmocka_unit_test(test_router_s
               cmocka_unit_test(test_accounting_closes), cmocka_unit_test(test_concurrency_level),
               cmocka_unit_test(test_network_delays), cmocka_unit_test(test_matches_engine_alone),
               cmocka_unit_test(test_generator_freed_before_cluster),
-              cmocka_unit_test(test_mixed_fleet), cmocka_unit_test(test_bad_body_is_400),
-              cmocka_unit_test(test_idle_advances_clock), cmocka_unit_test(test_level_figures),
+              cmocka_unit_test(test_mixed_fleet), cmocka_unit_test(test_precise_mode),
+              cmocka_unit_test(test_bad_body_is_400), cmocka_unit_test(test_idle_advances_clock),
+              cmocka_unit_test(test_level_figures),
               cmocka_unit_test(test_interrupt_and_free_in_flight),
               cmocka_unit_test(test_vt_exact_times), cmocka_unit_test(test_vt_errors),
               cmocka_unit_test(test_vt_early_stop_cancels), cmocka_unit_test(test_vt_new_checks))
