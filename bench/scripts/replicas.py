@@ -59,8 +59,9 @@ def start_sims(d, n, blocks):
     return sims, specs
 
 
-def start_routers(specs, setup):
-    flags = ["--scrape-interval-ms", 200]
+def start_routers(specs, setup, args):
+    flags = ["--scrape-interval-ms", args.scrape_interval_ms, "--peer-interval-ms",
+             args.peer_interval_ms]
     if setup == "one":
         return [h.Router([p for _, p in specs], *flags)]
     if setup == "approx":
@@ -83,7 +84,7 @@ def run(setup, args, d):
     sims, specs = start_sims(d, args.workers, args.blocks)
     routers = []
     try:
-        routers = start_routers(specs, setup)
+        routers = start_routers(specs, setup, args)
         if setup in ("one", "replicas"):
             for r in routers:
                 h.wait_for(lambda: all((w["kv_events"] or {}).get("index") == "precise"
@@ -91,7 +92,7 @@ def run(setup, args, d):
         urls = [worker_urls(r) for r in routers]
         lock = threading.Lock()
         stats = {"n": 0, "agree": 0, "compared": 0, "prompt": 0, "cached": 0, "lat": [],
-                 "errors": 0}
+                 "errors": 0, "warm_agree": 0, "warm_compared": 0, "self_agree": 0}
         counter = [0]
 
         def conversation(c):
@@ -111,6 +112,10 @@ def run(setup, args, d):
                     ex = h.request(routers[y].admin_port, "POST", "/admin/route/explain", body,
                                    timeout=30)
                     other = (ex.json().get("choice") or {}).get("url") if ex.status == 200 else None
+                # the noise floor: the same router's own explanation just before it decides
+                ex = h.request(routers[x].admin_port, "POST", "/admin/route/explain", body,
+                               timeout=30)
+                own = (ex.json().get("choice") or {}).get("url") if ex.status == 200 else None
                 t0 = time.time()
                 r = h.request(routers[x].port, "POST", "/v1/chat/completions", body, timeout=120)
                 lat = (time.time() - t0) * SCALE
@@ -127,9 +132,13 @@ def run(setup, args, d):
                     stats["cached"] += (u.get("prompt_tokens_details") or {}).get(
                         "cached_tokens", 0)
                     stats["lat"].append(lat)
+                    stats["self_agree"] += own == served
                     if other is not None:
                         stats["compared"] += 1
                         stats["agree"] += other == served
+                        if t > 0:  # a later turn: its history is cached somewhere
+                            stats["warm_compared"] += 1
+                            stats["warm_agree"] += other == served
                 msgs.append({"role": "assistant", "content": resp["choices"][0]["message"]
                              ["content"]})
 
@@ -162,6 +171,9 @@ def run(setup, args, d):
             "errors": stats["errors"],
             "agreement": stats["agree"] / stats["compared"] if stats["compared"] else None,
             "compared": stats["compared"],
+            "self_agreement": stats["self_agree"] / stats["n"] if stats["n"] else None,
+            "warm_agreement": stats["warm_agree"] / stats["warm_compared"]
+            if stats["warm_compared"] else None,
             "cached_share": stats["cached"] / stats["prompt"] if stats["prompt"] else 0,
             "prediction_gap": (pred - act) / act if act else None,
             "latency_p50_s": h.percentile(lat, 50) if lat else None,
@@ -185,6 +197,8 @@ def main():
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--setups", default="one,approx,replicas,blind")
+    ap.add_argument("--peer-interval-ms", type=int, default=50)
+    ap.add_argument("--scrape-interval-ms", type=int, default=200)
     args = ap.parse_args()
     h.set_kvrouter(args.kvrouter)
     d = tempfile.mkdtemp(prefix="kvr-replicas-")
@@ -199,18 +213,21 @@ def main():
     lines = ["# Two router replicas: agreement and cost", "",
              "Command: `python3 bench/scripts/replicas.py --kvrouter build/kvrouter --out "
              "bench/results/replicas` (%d workers, %d conversations x %d turns, %d clients, "
-             "time scale %d; latencies scaled back)." % (args.workers, args.conversations,
-                                                        args.turns, args.concurrency, SCALE), "",
-             "| set-up | routers | requests | errors | agreement | cached share | prediction gap "
-             "| latency p50 | latency p95 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "time scale %d, --peer-interval-ms %d, --scrape-interval-ms %d; latencies scaled "
+             "back)." % (args.workers, args.conversations, args.turns, args.concurrency, SCALE,
+                         args.peer_interval_ms, args.scrape_interval_ms), "",
+             "| set-up | routers | requests | errors | agreement | agreement, later turns | "
+             "same router 1 ms earlier | cached share | prediction gap | latency p50 | latency p95 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         agree = "%.1f%% of %d" % (100 * r["agreement"], r["compared"]) if r["agreement"] is not None \
             else "n/a"
         gap = "%+.2f%%" % (100 * r["prediction_gap"]) if r["prediction_gap"] is not None else "n/a"
-        lines.append("| %s | %d | %d | %d | %s | %.1f%% | %s | %.2f s | %.2f s |" % (
-            r["setup"], r["routers"], r["requests"], r["errors"], agree, 100 * r["cached_share"],
-            gap, r["latency_p50_s"] or 0, r["latency_p95_s"] or 0))
+        warm = "%.1f%%" % (100 * r["warm_agreement"]) if r["warm_agreement"] is not None else "n/a"
+        selfa = "%.1f%%" % (100 * r["self_agreement"]) if r["self_agreement"] is not None else "n/a"
+        lines.append("| %s | %d | %d | %d | %s | %s | %s | %.1f%% | %s | %.2f s | %.2f s |" % (
+            r["setup"], r["routers"], r["requests"], r["errors"], agree, warm, selfa,
+            100 * r["cached_share"], gap, r["latency_p50_s"] or 0, r["latency_p95_s"] or 0))
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
