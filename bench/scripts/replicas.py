@@ -14,7 +14,9 @@ KV events on ipc:// sockets in a temporary folder) in three set-ups:
 Requests alternate between the two routers. Before each one is sent to router X, the same body is
 given to the other router Y's POST /admin/route/explain (which decides without routing, tokenizing
 like the proxy); agreement is the share of requests for which Y would have picked the worker X
-then used (compared by worker URL: ids differ between replicas). Beside it, per set-up: the
+then used (compared by worker URL: ids differ between replicas), over all turns and over the later
+turns (whose history some worker holds). The noise floor is X's own explanation just before it
+decides ("same router 1 ms earlier"): the load moves between the two calls. Beside it, per set-up: the
 prompt tokens the workers served from their cache (usage cached_tokens / prompt_tokens), the
 router's predicted-vs-reported cached-token gap, and the request latency (non-streaming, p50/p95,
 scaled back by the time scale).
@@ -197,7 +199,7 @@ def main():
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--setups", default="one,approx,replicas,blind")
-    ap.add_argument("--peer-interval-ms", type=int, default=50)
+    ap.add_argument("--peer-interval-ms", type=int, default=10)
     ap.add_argument("--scrape-interval-ms", type=int, default=200)
     args = ap.parse_args()
     h.set_kvrouter(args.kvrouter)
