@@ -4,6 +4,9 @@
  *
  *   client request (kvr_http_req_t, body complete)
  *     -> validate route and JSON, extract prompt features (openai.c, prompt.c)
+ *     -> precise mode, when a usable worker's KV-event stream is complete: the prompt's token ids
+ *        from a worker's POST /tokenize (tokenize.c, cached) and their block chain into the
+ *        route request (see tokenize()); a failed call routes on the approximate index
  *     -> admission bound, when on: waits in proxy->queue while every usable worker has
  *        admission_max_inflight in flight, or 503 (see admit() and pump())
  *     -> kvr_router_decide(): cache-index match + policy -> worker slot
