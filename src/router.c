@@ -6,8 +6,10 @@
  *
  * Decision flow (kvr_router_decide):
  *   request blocks --kvr_cache_index_match--> matched blocks per slot
- *   worker fields + matched blocks ----------> kvr_worker_snap_t[] (one per slot, empty slots
- *                                              unusable)
+ *   token-block chain --kvr_kv_index_match---> on precise workers (their KV-event stream is
+ *                                              complete), the matched blocks instead
+ *   worker fields + peers' load + matched ----> kvr_worker_snap_t[] (one per slot, empty slots
+ *                                              unusable; rank: the rendezvous tie-break)
  *   snapshots + route req + tried -----------> policy->select() --> slot
  * The decision is timed with the monotonic clock for the routing-decision latency histogram.
  *
