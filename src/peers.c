@@ -56,6 +56,21 @@ int kvr_peers_parse(const char *text, size_t len, kvr_peer_row_t *rows, size_t m
       const cJSON *x = cJSON_GetObjectItemCaseSensitive(e, keys[k]);
       v[k] = cJSON_IsNumber(x) && x->valuedouble > 0 && x->valuedouble < 1e15 ? x->valuedouble : 0;
     }
+    const cJSON *sc = cJSON_GetObjectItemCaseSensitive(e, "scraped");
+    if (cJSON_IsObject(sc)) {
+      const cJSON *age = cJSON_GetObjectItemCaseSensitive(sc, "age_ms");
+      const cJSON *run = cJSON_GetObjectItemCaseSensitive(sc, "num_requests_running");
+      const cJSON *wait = cJSON_GetObjectItemCaseSensitive(sc, "num_requests_waiting");
+      const cJSON *kv = cJSON_GetObjectItemCaseSensitive(sc, "kv_cache_usage_perc");
+      if (cJSON_IsNumber(age) && age->valuedouble >= 0 && age->valuedouble < 1e12 &&
+          cJSON_IsNumber(run) && cJSON_IsNumber(wait) && cJSON_IsNumber(kv)) {
+        row->has_scrape = true;
+        row->scrape_age_ms = (uint64_t)age->valuedouble;
+        row->num_requests_running = run->valuedouble;
+        row->num_requests_waiting = wait->valuedouble;
+        row->kv_cache_usage = kv->valuedouble;
+      }
+    }
     row->load.inflight = (uint32_t)KVR_MIN(v[0], (double)UINT32_MAX);
     row->load.active_tokens = (uint64_t)v[1];
     row->load.queued_prefill_tokens = (uint64_t)v[2];

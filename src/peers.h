@@ -6,6 +6,8 @@
  * (that peer's own in-flight requests and token figures per worker, keyed by worker URL, with the
  * admin bearer token when one is configured) and reports it to its router
  * (kvr_router_on_peer_load), whose snapshots add the figures fresher than peer_stale_ms to its own.
+ * Each row also carries the peer's last scrape of the worker, adopted when fresher than this
+ * replica's own, so replicas weigh the same engine figures.
  * No external store: a peer that stops answering simply ages out. Every replica may be given the
  * same list, itself included: /admin/load carries a random per-process instance id, and a replica
  * that reads its own id ignores that address.

@@ -825,11 +825,19 @@ void kvr_router_on_peer_load(kvr_router_t *r, size_t peer, const kvr_peer_row_t 
     memset(&w->peer[peer], 0, sizeof w->peer[peer]);
     w->peer[peer].at_ms = now; /* listed or not, the peer has nothing else on it */
     for (size_t k = 0; k < n; k++) {
-      if (strcmp(rows[k].url, w->url) == 0) {
-        w->peer[peer] = rows[k].load;
-        w->peer[peer].at_ms = now;
-        break;
+      if (strcmp(rows[k].url, w->url) != 0)
+        continue;
+      w->peer[peer] = rows[k].load;
+      w->peer[peer].at_ms = now;
+      uint64_t taken = now > rows[k].scrape_age_ms ? now - rows[k].scrape_age_ms : 0;
+      if (rows[k].has_scrape && (!w->metrics_seen || taken > w->scraped_at_ms)) {
+        w->num_requests_running = rows[k].num_requests_running;
+        w->num_requests_waiting = rows[k].num_requests_waiting;
+        w->kv_cache_usage = rows[k].kv_cache_usage;
+        w->scraped_at_ms = taken;
+        w->metrics_seen = true;
       }
+      break;
     }
   }
 }

@@ -292,6 +292,11 @@ uint32_t kvr_router_kv_tokenizer(const kvr_router_t *r, const char **url);
 typedef struct kvr_peer_row_s {
   const char *url;
   kvr_peer_load_t load;
+  /* The peer's last scrape of the worker, when it has one: adopted when fresher than ours, so
+   * replicas weigh the same engine figures. */
+  bool has_scrape;
+  uint64_t scrape_age_ms;
+  double num_requests_running, num_requests_waiting, kv_cache_usage;
 } kvr_peer_row_t;
 
 /* Peer `peer` (index in cfg->peers) answered with rows: each worker found by URL gets its figures

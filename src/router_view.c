@@ -664,6 +664,15 @@ cJSON *kvr_router_view_load(const kvr_router_t *r) {
     cJSON_AddNumberToObject(e, "queued_prefill_tokens", (double)w->queued_prefill_tokens);
     cJSON_AddNumberToObject(e, "prefill_backlog_tokens",
                             (double)kvr_router_worker_backlog(w, now_ns));
+    if (w->metrics_seen) {
+      uint64_t now_ms = now_ns / 1000000u;
+      cJSON *m = cJSON_AddObjectToObject(e, "scraped");
+      cJSON_AddNumberToObject(m, "age_ms",
+                              now_ms > w->scraped_at_ms ? (double)(now_ms - w->scraped_at_ms) : 0);
+      cJSON_AddNumberToObject(m, "num_requests_running", w->num_requests_running);
+      cJSON_AddNumberToObject(m, "num_requests_waiting", w->num_requests_waiting);
+      cJSON_AddNumberToObject(m, "kv_cache_usage_perc", w->kv_cache_usage);
+    }
     cJSON_AddItemToArray(arr, e);
   }
   return o;

@@ -93,6 +93,9 @@ def peer_load_shared_and_used():
         # B's own load view has none of A's requests in it (no double counting between peers)
         load_b = admin(b, "GET", "/admin/load").json()["workers"]
         assert all(w["in_flight"] == 0 for w in load_b), load_b
+        # each row carries the replica's last scrape of the worker (peers adopt the freshest)
+        assert all(w["scraped"]["age_ms"] >= 0 and "num_requests_waiting" in w["scraped"]
+                   for w in load_b), load_b
         # B's decision sees the cluster: least_load picks the idle worker 1
         ex = admin(b, "POST", "/admin/route/explain", h.chat_body("new " * 20)).json()
         assert ex["choice"]["url"] == s1.url, ex
