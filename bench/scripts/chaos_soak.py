@@ -291,7 +291,13 @@ class Load:
         while not self.stop.is_set():
             rid = "chaos-%d-%d" % (cid, n)
             n += 1
-            self.results.append(await one_request(self.port, rng, rid, self.deadline_s))
+            r = await one_request(self.port, rng, rid, self.deadline_s)
+            self.results.append(r)
+            if r.get("status") == 503:
+                # as an OpenAI SDK client: back off before the next try (the router's Retry-After
+                # is 1 s; 0.25 s keeps the soak busy), instead of spinning on 503s while no worker
+                # is usable
+                await asyncio.sleep(0.25)
 
     async def _main(self):
         await asyncio.gather(*(self._client(i) for i in range(self.concurrency)))
