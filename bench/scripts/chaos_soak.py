@@ -8,7 +8,8 @@ What runs (loopback only; every process started here is stopped here, by PID):
   - `kvrouter serve --config FILE` (the workers and timeouts live only in the file, so a SIGHUP
     reload controls them);
   - a client pool: --concurrency asyncio clients in one thread, each sending one request after the
-    other on a fresh connection (85% streaming chat with usage, 15% non-streaming), each with a
+    other on a fresh connection (after a 503, 0.25 s later, as an SDK client backs off; 85%
+    streaming chat with usage, 15% non-streaming), each with a
     x-request-id, and classifying every answer byte by byte (the load generator `kvrouter bench`
     reports per-request errors, but not the wire-level facts this soak asserts: chunked framing
     ended, last SSE event, error events, token counts).
