@@ -218,11 +218,7 @@ static void explain_free(explain_t *x) {
 }
 
 static void explain_ids(explain_t *x, const uint32_t *ids, size_t n) {
-  x->chain = kvr_xmalloc((n / x->bs + 1) * sizeof(uint64_t));
-  x->rr.kv_nchain = kvr_kv_chain(ids, n, x->bs, x->chain);
-  x->rr.kv_chain = x->chain;
-  x->rr.kv_block_size = x->bs;
-  x->rr.prompt_tokens = n;
+  x->chain = kvr_tokenize_route_req(ids, n, x->bs, &x->rr);
   x->tokenized = true;
 }
 

@@ -899,11 +899,7 @@ static void on_livez(kvr_http_req_t *req, void *data, const char *tail) {
 /* The chain of ids[0..n) for the precise index; the request's prompt tokens become exact. */
 static void set_ids(px_t *px, const uint32_t *ids, size_t n) {
   free(px->kv_chain);
-  px->kv_chain = kvr_xmalloc((n / px->tok_block_size + 1) * sizeof(uint64_t));
-  px->rreq.kv_nchain = kvr_kv_chain(ids, n, px->tok_block_size, px->kv_chain);
-  px->rreq.kv_chain = px->kv_chain;
-  px->rreq.kv_block_size = px->tok_block_size;
-  px->rreq.prompt_tokens = n;
+  px->kv_chain = kvr_tokenize_route_req(ids, n, px->tok_block_size, &px->rreq);
 }
 
 static void on_tokenized(void *data, bool ok, const uint32_t *ids, size_t n) {

@@ -3,6 +3,7 @@
  * multi, the answer being read, and the caller's callback. */
 #include "tokenize.h"
 
+#include "kv_index.h"
 #include "kvr.h"
 
 #include <cjson/cJSON.h>
@@ -153,6 +154,16 @@ int kvr_tokenize_parse_answer(const char *text, size_t len, uint32_t **ids, size
   *ids = v;
   *nids = n;
   return 0;
+}
+
+uint64_t *kvr_tokenize_route_req(const uint32_t *ids, size_t n, uint32_t block_size,
+                                 kvr_route_req_t *rr) {
+  uint64_t *chain = kvr_xmalloc((n / block_size + 1) * sizeof(uint64_t));
+  rr->kv_nchain = kvr_kv_chain(ids, n, block_size, chain);
+  rr->kv_chain = chain;
+  rr->kv_block_size = block_size;
+  rr->prompt_tokens = n;
+  return chain;
 }
 
 /* ---- calls ---- */

@@ -21,6 +21,7 @@
 
 #include "curlm.h"
 #include "openai.h"
+#include "policies/policy.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -48,6 +49,13 @@ int kvr_tokenize_body(const char *body, size_t len, kvr_route_t route, kvr_buf_t
 
 /* Reads a /tokenize answer's "tokens" into *ids (malloc'ed). Returns 0 or -1. Pure. */
 int kvr_tokenize_parse_answer(const char *text, size_t len, uint32_t **ids, size_t *nids);
+
+/* Gives rr the precise-mode inputs of a prompt of token ids[0..n): the chain of its full blocks
+ * of block_size tokens (kv_index.h's kvr_kv_chain), that block size, and the exact prompt token
+ * count. Returns the chain rr points to, which the caller frees after the decision. What the
+ * proxy, route/explain and the virtual cluster do with the ids a worker's /tokenize gives. */
+uint64_t *kvr_tokenize_route_req(const uint32_t *ids, size_t n, uint32_t block_size,
+                                 kvr_route_req_t *rr);
 
 /* Starts tokenizing body (a kvr_tokenize_body() result) on worker_url. A cache hit calls done
  * before returning and returns NULL; otherwise returns the op, whose done runs later from the

@@ -31,11 +31,11 @@
 #include "bench/sim/sim_tokens.h"
 #include "src/config.h"
 #include "src/kv_decode.h"
-#include "src/kv_index.h"
 #include "src/kvr.h"
 #include "src/openai.h"
 #include "src/prompt.h"
 #include "src/router.h"
+#include "src/tokenize.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -319,12 +319,7 @@ static uint64_t *tokenize(kvr_vcluster_t *vc, const vreq_t *q, kvr_route_req_t *
   if (body != NULL &&
       kvr_sim_server_parse_completion(body, vc->o.chat, vc->model, vc->o.engine.max_model_len, &p,
                                       err, sizeof(err)) == 0) {
-    uint32_t bs = vc->o.engine.block_size;
-    chain = kvr_xmalloc((p.prompt.n / bs + 1) * sizeof(uint64_t));
-    rreq->kv_nchain = kvr_kv_chain(p.prompt.v, p.prompt.n, bs, chain);
-    rreq->kv_chain = chain;
-    rreq->kv_block_size = bs;
-    rreq->prompt_tokens = p.prompt.n;
+    chain = kvr_tokenize_route_req(p.prompt.v, p.prompt.n, vc->o.engine.block_size, rreq);
   }
   kvr_sim_toks_free(&p.prompt);
   cJSON_Delete(body);
