@@ -37,8 +37,19 @@ static bool get_u64(const msgpack_object *o, uint64_t *v) {
   return true;
 }
 
+static bool get_f64(const msgpack_object *o, double *v) {
+  if (o->type == MSGPACK_OBJECT_FLOAT64 || o->type == MSGPACK_OBJECT_FLOAT32)
+    *v = o->via.f64;
+  else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+    *v = (double)o->via.u64;
+  else
+    return false;
+  return *v >= 0 && *v < 1e15; /* NaN fails too */
+}
+
 static const char *dup_str(priv_t *p, const msgpack_object *o) {
-  if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 || o->via.str.size > 4096)
+  if (o->type != MSGPACK_OBJECT_STR || o->via.str.size == 0 || o->via.str.size > 4096 ||
+      memchr(o->via.str.ptr, '\0', o->via.str.size) != NULL) /* no URL holds a NUL */
     return NULL;
   char *s = kvr_xmalloc(o->via.str.size + 1);
   memcpy(s, o->via.str.ptr, o->via.str.size);
@@ -69,7 +80,7 @@ int kvr_peer_sync_decode(const void *data, size_t len, kvr_sync_msg_t *msg, char
   uint64_t kind = 0;
   if ((ur != MSGPACK_UNPACK_SUCCESS && ur != MSGPACK_UNPACK_EXTRA_BYTES) ||
       o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size < 4 ||
-      !get_u64(&o->via.array.ptr[0], &kind) || kind > KVR_SYNC_MSG_END ||
+      !get_u64(&o->via.array.ptr[0], &kind) || kind > KVR_SYNC_MSG_SCRAPE ||
       !get_u64(&o->via.array.ptr[1], &msg->instance) || !get_u64(&o->via.array.ptr[2], &msg->seq)) {
     snprintf(err, errlen, "not a sync message [kind, instance, seq, ...]");
     goto fail;
@@ -102,6 +113,14 @@ int kvr_peer_sync_decode(const void *data, size_t len, kvr_sync_msg_t *msg, char
     }
     msg->nentries = 1;
     msg->id = msg->entries[0].id;
+  } else if (kind == KVR_SYNC_MSG_SCRAPE) {
+    p->urls = kvr_xcalloc(1, sizeof(char *));
+    if (o->via.array.size < 7 || (msg->url = dup_str(p, &a[3])) == NULL ||
+        !get_f64(&a[4], &msg->running) || !get_f64(&a[5], &msg->waiting) ||
+        !get_f64(&a[6], &msg->kv_cache_usage) || msg->kv_cache_usage > 1) {
+      snprintf(err, errlen, "scrape is not [4, instance, seq, url, running, waiting, kv usage]");
+      goto fail;
+    }
   } else if (!get_u64(&a[3], &msg->id)) {
     snprintf(err, errlen, "message without a request id");
     goto fail;
@@ -139,8 +158,8 @@ void kvr_peer_sync_encode(const kvr_sync_msg_t *msg, void **out, size_t *outlen)
   msgpack_sbuffer_init(&sb);
   msgpack_packer pk;
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  bool dispatch = msg->kind == KVR_SYNC_MSG_DISPATCH;
-  msgpack_pack_array(&pk, dispatch ? 7 : 4);
+  bool dispatch = msg->kind == KVR_SYNC_MSG_DISPATCH, scrape = msg->kind == KVR_SYNC_MSG_SCRAPE;
+  msgpack_pack_array(&pk, dispatch || scrape ? 7 : 4);
   msgpack_pack_uint64(&pk, (uint64_t)msg->kind);
   msgpack_pack_uint64(&pk, msg->instance);
   msgpack_pack_uint64(&pk, msg->seq);
@@ -152,6 +171,13 @@ void kvr_peer_sync_encode(const kvr_sync_msg_t *msg, void **out, size_t *outlen)
     }
   } else if (dispatch) {
     pack_entry(&pk, &msg->entries[0]);
+  } else if (scrape) {
+    size_t ulen = msg->url ? strlen(msg->url) : 0;
+    msgpack_pack_str(&pk, ulen);
+    msgpack_pack_str_body(&pk, msg->url ? msg->url : "", ulen);
+    msgpack_pack_double(&pk, msg->running);
+    msgpack_pack_double(&pk, msg->waiting);
+    msgpack_pack_double(&pk, msg->kv_cache_usage);
   } else {
     msgpack_pack_uint64(&pk, msg->id);
   }
@@ -297,6 +323,15 @@ static void on_router_event(void *ctx, kvr_sync_event_t ev, const kvr_router_dis
                             const kvr_worker_t *w) {
   kvr_peer_sync_t *s = ctx;
   kvr_sync_msg_t m = {0};
+  if (ev == KVR_SYNC_SCRAPE) {
+    m.kind = KVR_SYNC_MSG_SCRAPE;
+    m.url = w->url;
+    m.running = w->num_requests_running;
+    m.waiting = w->num_requests_waiting;
+    m.kv_cache_usage = w->kv_cache_usage;
+    publish(s, &m);
+    return;
+  }
   kvr_sync_entry_t e = {d->id, d->prompt_tokens, d->prefill_tokens, w->url};
   m.id = d->id;
   rec_t *rec = find(s, 0, d->id);
@@ -320,6 +355,8 @@ static void on_router_event(void *ctx, kvr_sync_event_t ev, const kvr_router_dis
     if (rec)
       erase(s, rec);
     m.kind = KVR_SYNC_MSG_END;
+    break;
+  case KVR_SYNC_SCRAPE:
     break;
   }
   publish(s, &m);
@@ -416,6 +453,8 @@ void kvr_peer_sync_receive(kvr_peer_sync_t *s, const void *data, size_t len) {
   rec_t *e;
   if (m.kind == KVR_SYNC_MSG_SNAPSHOT) {
     apply_snapshot(s, p, &m);
+  } else if (m.kind == KVR_SYNC_MSG_SCRAPE) {
+    kvr_router_on_peer_scrape(r, m.url, m.running, m.waiting, m.kv_cache_usage);
   } else if (!r->peer_sync_live[p]) {
     /* before the first snapshot the peer's load is its polled figures: nothing to adjust */
   } else if (m.kind == KVR_SYNC_MSG_DISPATCH) {

@@ -12,6 +12,9 @@
  *     -> own table + PUB: D [1, instance, seq, id, worker url, prompt tokens, prefill tokens]
  *                         F [2, instance, seq, id]   (first token: its prefill is done)
  *                         E [3, instance, seq, id]   (ended, however)
+ *   scrape of a worker -> PUB: C [4, instance, seq, url, running, waiting, kv usage]
+ *                         (adopted by the peers: replicas weigh the same engine figures, not
+ *                         each its own scrape taken at another moment)
  *   every peer_interval_ms -> PUB: S [0, instance, seq, [[id, url, prompt, prefill], ...]]
  *                         (the whole open set: a late joiner or a gap is repaired by the next one)
  *   SUB (connected to each peer's advertised sync port, learned by its /admin/load poll)
@@ -37,7 +40,8 @@ typedef enum {
   KVR_SYNC_MSG_SNAPSHOT = 0,
   KVR_SYNC_MSG_DISPATCH = 1,
   KVR_SYNC_MSG_FIRST = 2,
-  KVR_SYNC_MSG_END = 3
+  KVR_SYNC_MSG_END = 3,
+  KVR_SYNC_MSG_SCRAPE = 4
 } kvr_sync_kind_t;
 
 typedef struct kvr_sync_entry_s {
@@ -49,6 +53,9 @@ typedef struct kvr_sync_entry_s {
 typedef struct kvr_sync_msg_s {
   kvr_sync_kind_t kind;
   uint64_t instance, seq, id;
+  /* a scrape's: the worker and its figures */
+  const char *url;
+  double running, waiting, kv_cache_usage;
   kvr_sync_entry_t *entries;
   size_t nentries;
   void *priv;

@@ -620,6 +620,8 @@ int kvr_router_on_scrape(kvr_router_t *r, uint32_t id, const kvr_router_scrape_t
   w->kv_cache_usage = m->kv_cache_usage;
   w->metrics_seen = true;
   w->scraped_at_ms = m->at_ms;
+  if (r->sync_hook)
+    r->sync_hook(r->sync_ctx, KVR_SYNC_SCRAPE, NULL, w);
   if (m->num_gpu_blocks == 0 || m->block_size == 0)
     return 0;
   w->num_gpu_blocks = m->num_gpu_blocks;
@@ -634,6 +636,22 @@ int kvr_router_on_scrape(kvr_router_t *r, uint32_t id, const kvr_router_scrape_t
              (unsigned long long)m->block_size);
   }
   return 0;
+}
+
+int kvr_router_on_peer_scrape(kvr_router_t *r, const char *url, double running, double waiting,
+                              double kv_cache_usage) {
+  for (size_t i = 0; i < r->nslots; i++) {
+    kvr_worker_t *w = r->slots[i];
+    if (w == NULL || strcmp(w->url, url) != 0)
+      continue;
+    w->num_requests_running = running;
+    w->num_requests_waiting = waiting;
+    w->kv_cache_usage = kv_cache_usage;
+    w->metrics_seen = true;
+    w->scraped_at_ms = now_ms(r);
+    return 0;
+  }
+  return KVR_ENOENT;
 }
 
 int kvr_router_on_models(kvr_router_t *r, uint32_t id, uint64_t max_model_len) {

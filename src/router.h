@@ -158,7 +158,12 @@ typedef struct kvr_worker_s {
 } kvr_worker_t;
 
 /* A dispatch the router reports to its sync hook (peer_sync.h publishes them to the peers). */
-typedef enum { KVR_SYNC_DISPATCH, KVR_SYNC_FIRST_TOKEN, KVR_SYNC_END } kvr_sync_event_t;
+typedef enum {
+  KVR_SYNC_DISPATCH,
+  KVR_SYNC_FIRST_TOKEN,
+  KVR_SYNC_END,
+  KVR_SYNC_SCRAPE /* this replica scraped the worker (d is NULL) */
+} kvr_sync_event_t;
 struct kvr_router_dispatch_s;
 typedef void (*kvr_router_sync_hook_t)(void *ctx, kvr_sync_event_t ev,
                                        const struct kvr_router_dispatch_s *d,
@@ -442,6 +447,12 @@ typedef struct kvr_router_scrape_s {
  * geometry, its cache capacity in router blocks (the cache index is resized to match). Returns 0
  * or KVR_ENOENT (worker gone meanwhile). */
 int kvr_router_on_scrape(kvr_router_t *r, uint32_t id, const kvr_router_scrape_t *m);
+
+/* Replica sync: a peer just scraped the worker with this URL (running, waiting, KV usage 0..1):
+ * adopted as this replica's latest scrape, so replicas weigh the same engine figures. Returns 0 or
+ * KVR_ENOENT (no such worker). */
+int kvr_router_on_peer_scrape(kvr_router_t *r, const char *url, double running, double waiting,
+                              double kv_cache_usage);
 
 /* Forgets every cache-index entry of worker id (its prefix cache was reset); *forgotten gets how
  * many there were. Returns 0 or KVR_ENOENT. */

@@ -3,12 +3,14 @@
 the router's cache prediction is from what the workers report, precise against approximate.
 
 Runs the same multi-turn load (CONV conversations of TURNS turns, a long system prompt per
-conversation, CONCURRENCY client threads) against fresh `kvrouter sim` workers (time scale 20,
-KV events on ipc:// sockets in a temporary folder) in three set-ups:
+conversation, CONCURRENCY client threads) against fresh `kvrouter sim` workers (--time-scale,
+default 20; 1 is real time, KV events on ipc:// sockets in a temporary folder) in these set-ups:
 
   one        one router, precise mode (the workers' KV events)
   approx     one router, approximate index only (what it learned from routing)
-  replicas   two routers, both precise, each reading the other's load (--peer)
+  replicas   two routers, both precise, each reading the other's load (--peer polls)
+  synced     two routers, both precise, each announcing its requests and scrapes to the other as
+             they happen (--peer-sync-listen; the polls stay as the fallback)
   blind      two routers, approximate index only, no --peer (each sees only its own traffic)
 
 Requests alternate between the two routers. Before each one is sent to router X, the same body is
@@ -16,12 +18,16 @@ given to the other router Y's POST /admin/route/explain (which decides without r
 like the proxy); agreement is the share of requests for which Y would have picked the worker X
 then used (compared by worker URL: ids differ between replicas), over all turns and over the later
 turns (whose history some worker holds). The noise floor is X's own explanation just before it
-decides ("same router 1 ms earlier"): the load moves between the two calls. Beside it, per set-up: the
+decides ("same router 1 ms earlier"): the load moves between the two calls, the more so the higher
+the time scale. "Explanations agree" compares Y's and X's explanations, taken one after the other
+before the request: the two replicas' views at (nearly) the same moment. Beside it, per set-up: the
 prompt tokens the workers served from their cache (usage cached_tokens / prompt_tokens), the
 router's predicted-vs-reported cached-token gap, and the request latency (non-streaming, p50/p95,
 scaled back by the time scale).
 
-    python3 bench/scripts/replicas.py --kvrouter build/kvrouter --out bench/results/replicas
+    python3 bench/scripts/replicas.py --kvrouter build/kvrouter --out bench/results/replicas \
+        --setups one,approx,replicas,synced,blind --conversations 48 --time-scale 1 \
+        --peer-interval-ms 200
 
 Loopback only; every process is stopped by its PID (tests/harness/kvrharness.py).
 """
@@ -220,7 +226,7 @@ def main():
     ap.add_argument("--conversations", type=int, default=24)
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--setups", default="one,approx,replicas,blind")
+    ap.add_argument("--setups", default="one,approx,replicas,synced,blind")
     ap.add_argument("--peer-interval-ms", type=int, default=10)
     ap.add_argument("--time-scale", type=float, default=SCALE,
                     help="the sims' time scale (1 = real time: the few milliseconds between "
@@ -241,21 +247,27 @@ def main():
         shutil.rmtree(d, ignore_errors=True)
     lines = ["# Two router replicas: agreement and cost", "",
              "Command: `python3 bench/scripts/replicas.py --kvrouter build/kvrouter --out "
-             "bench/results/replicas` (%d workers, %d conversations x %d turns, %d clients, "
+             "bench/results/replicas --setups %s --conversations %d --time-scale %g "
+             "--peer-interval-ms %d` (%d workers, %d conversations x %d turns, %d clients, "
              "time scale %g, --peer-interval-ms %d, --scrape-interval-ms %d; latencies scaled "
-             "back)." % (args.workers, args.conversations, args.turns, args.concurrency, args.time_scale,
-                         args.peer_interval_ms, args.scrape_interval_ms), "",
+             "back)." % (args.setups, args.conversations, args.time_scale,
+                         args.peer_interval_ms, args.workers, args.conversations, args.turns,
+                         args.concurrency, args.time_scale, args.peer_interval_ms,
+                         args.scrape_interval_ms), "",
              "| set-up | routers | requests | errors | agreement | agreement, later turns | "
-             "same router 1 ms earlier | cached share | prediction gap | latency p50 | latency p95 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "explanations agree | same router 1 ms earlier | cached share | prediction gap | "
+             "latency p50 | latency p95 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         agree = "%.1f%% of %d" % (100 * r["agreement"], r["compared"]) if r["agreement"] is not None \
             else "n/a"
         gap = "%+.2f%%" % (100 * r["prediction_gap"]) if r["prediction_gap"] is not None else "n/a"
         warm = "%.1f%%" % (100 * r["warm_agreement"]) if r["warm_agreement"] is not None else "n/a"
         selfa = "%.1f%%" % (100 * r["self_agreement"]) if r["self_agreement"] is not None else "n/a"
-        lines.append("| %s | %d | %d | %d | %s | %s | %s | %.1f%% | %s | %.2f s | %.2f s |" % (
-            r["setup"], r["routers"], r["requests"], r["errors"], agree, warm, selfa,
+        exa = "%.1f%%" % (100 * r["explain_agreement"]) if r["explain_agreement"] is not None \
+            else "n/a"
+        lines.append("| %s | %d | %d | %d | %s | %s | %s | %s | %.1f%% | %s | %.2f s | %.2f s |" % (
+            r["setup"], r["routers"], r["requests"], r["errors"], agree, warm, exa, selfa,
             100 * r["cached_share"], gap, r["latency_p50_s"] or 0, r["latency_p95_s"] or 0))
     text = "\n".join(lines) + "\n"
     print(text)

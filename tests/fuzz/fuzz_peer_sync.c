@@ -12,6 +12,7 @@
 #include "fuzz_util.h"
 
 #include "src/config.h"
+#include "src/log.h"
 #include "src/peer_sync.h"
 #include "src/router.h"
 
@@ -36,6 +37,7 @@ static void check_roundtrip(const kvr_sync_msg_t *m) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
+  kvr_log_set_level(KVR_LOG_OFF); /* a router per input: no lines about its workers */
   kvr_config_t cfg;
   kvr_config_init(&cfg);
   char err[256];
@@ -82,8 +84,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
                  r->slots[i]->queued_prefill_tokens == 0);
   }
   if (last_instance) {
-    kvr_sync_msg_t empty = {.kind = KVR_SYNC_MSG_SNAPSHOT, .instance = last_instance,
-                            .seq = UINT64_MAX};
+    kvr_sync_msg_t empty = {
+        .kind = KVR_SYNC_MSG_SNAPSHOT, .instance = last_instance, .seq = UINT64_MAX};
     void *buf = NULL;
     size_t blen = 0;
     kvr_peer_sync_encode(&empty, &buf, &blen);

@@ -1,10 +1,10 @@
 /* test_peer_sync.c -- replica sync without sockets: the message codec (round trips, every bad
  * shape refused), and two real routers whose sync objects are wired back to back (what one
  * publishes, the other receives): a peer's dispatch, first token and end move the other's view of
- * the worker exactly; a replica counts nothing of a peer before its first snapshot; a lost message
- * is counted as a gap and repaired by the next snapshot; a silent peer is dropped after
- * peer_stale_ms (back to polled figures, its load gone); a restarted peer (new instance) loses its
- * old records. Time is the routers' injectable clock. */
+ * the worker exactly; a peer's scrape is adopted (and not echoed); a replica counts nothing of a
+ * peer before its first snapshot; a lost message is counted as a gap and repaired by the next
+ * snapshot; a silent peer is dropped after peer_stale_ms (back to polled figures, its load gone); a
+ * restarted peer (new instance) loses its old records. Time is the routers' injectable clock. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -38,6 +38,11 @@ static void roundtrip(const kvr_sync_msg_t *m) {
   if (m->kind == KVR_SYNC_MSG_FIRST || m->kind == KVR_SYNC_MSG_END)
     assert_true(got.id == m->id);
   assert_int_equal(got.nentries, m->nentries);
+  if (m->kind == KVR_SYNC_MSG_SCRAPE) {
+    assert_string_equal(got.url, m->url);
+    assert_true(got.running == m->running && got.waiting == m->waiting &&
+                got.kv_cache_usage == m->kv_cache_usage);
+  }
   for (size_t i = 0; i < m->nentries; i++) {
     assert_true(got.entries[i].id == m->entries[i].id);
     assert_string_equal(got.entries[i].url, m->entries[i].url);
@@ -69,6 +74,14 @@ static void test_codec_roundtrip(void **state) {
   roundtrip(&f);
   kvr_sync_msg_t e = {.kind = KVR_SYNC_MSG_END, .instance = 1, .seq = 5, .id = 9};
   roundtrip(&e);
+  kvr_sync_msg_t c = {.kind = KVR_SYNC_MSG_SCRAPE,
+                      .instance = 1,
+                      .seq = 6,
+                      .url = "http://w:1",
+                      .running = 3,
+                      .waiting = 0.5,
+                      .kv_cache_usage = 0.25};
+  roundtrip(&c);
 }
 
 static void assert_refused(const void *data, size_t len) {
@@ -246,6 +259,28 @@ static void test_dispatch_first_end(void **state) {
   pair_close(p);
 }
 
+static void test_scrape_adopted(void **state) {
+  (void)state;
+  pair_t *p = pair_open();
+  kvr_router_scrape_t m = {.at_ms = fake_ns / 1000000u,
+                           .num_requests_running = 5,
+                           .num_requests_waiting = 2,
+                           .kv_cache_usage = 0.5};
+  assert_int_equal(kvr_router_on_scrape(p->b.r, p->b.r->slots[1]->id, &m), 0);
+  const kvr_worker_t *w = p->a.r->slots[1];
+  assert_true(w->metrics_seen);
+  assert_true(w->num_requests_running == 5 && w->num_requests_waiting == 2 &&
+              w->kv_cache_usage == 0.5);
+  assert_true(view(p->a.r, 1).metrics_fresh);
+  assert_false(p->a.r->slots[0]->metrics_seen); /* the other worker untouched */
+  /* adopting is not scraping: nothing goes back to b */
+  uint64_t published = p->a.r->sync_published_total;
+  assert_int_equal(kvr_router_on_peer_scrape(p->a.r, "http://127.0.0.1:2", 1, 1, 0.1), 0);
+  assert_true(p->a.r->sync_published_total == published);
+  assert_int_equal(kvr_router_on_peer_scrape(p->a.r, "http://nowhere", 1, 1, 0.1), KVR_ENOENT);
+  pair_close(p);
+}
+
 static void test_gap_repaired_by_snapshot(void **state) {
   (void)state;
   pair_t *p = pair_open();
@@ -314,6 +349,7 @@ int main(void) {
       cmocka_unit_test(test_codec_roundtrip),     cmocka_unit_test(test_codec_refuses),
       cmocka_unit_test(test_dispatch_first_end),  cmocka_unit_test(test_gap_repaired_by_snapshot),
       cmocka_unit_test(test_silent_peer_dropped), cmocka_unit_test(test_restart_drops_old_records),
+      cmocka_unit_test(test_scrape_adopted),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
