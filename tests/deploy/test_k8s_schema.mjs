@@ -5,9 +5,10 @@
 // Owns the schema check only; what the objects mean and how they refer to each other is
 // tests/deploy/test_deploy_manifests.py's. Data flow:
 //   deploy/k8s/*.yaml --yaml (YAML 1.1, as Kubernetes' sigs.k8s.io/yaml reads it)--> one JS object
-//   per document --apiVersion/kind--> the model class of npm `kubernetes-models` (Kubernetes
-//   v1.36.0 OpenAPI spec) or `@kubernetes-models/prometheus-operator` (the monitoring.coreos.com
-//   CRDs) --> its ajv validator, compiled by those packages from the official schemas: types,
+//   per document --apiVersion/kind (GA versions only, see modelFor)--> the model class of npm
+//   `kubernetes-models` (Kubernetes v1.36.0 OpenAPI spec) or
+//   `@kubernetes-models/prometheus-operator` (monitoring.coreos.com types of prometheus-operator
+//   v0.91.0) --> its ajv validator, compiled by those packages from the upstream schemas: types,
 //   required fields, enums, formats.
 // Unknown fields: the official OpenAPI spec does not say `additionalProperties: false`, so the
 // compiled validators accept any extra key (a typo such as `livenesProbe` passes). The validator is
@@ -53,9 +54,17 @@ function modelModule(apiVersion) {
   return `kubernetes-models/${apiVersion}`;
 }
 
+// kubernetes-models merges the OpenAPI specs of several releases, the latest (v1.36.0) last and
+// winning for every definition it has, so that API versions removed since (policy/v1beta1, ...)
+// keep their old schemas. Every removed version was alpha or beta (the deprecation policy never
+// removes a GA version), so accepting GA versions only is what pins the check to v1.36.0; it is
+// also what a manifest meant for any cluster should use (beta APIs are off by default since 1.24).
 async function modelFor(apiVersion, kind) {
   if (typeof apiVersion !== "string" || typeof kind !== "string")
     return { error: "apiVersion and kind must be strings" };
+  if (/(alpha|beta)\d*$/.test(apiVersion))
+    return { error: `${apiVersion} is not a GA API version (removed from, or off by default in, ` +
+                    `Kubernetes ${K8S_VERSION}; use the GA version of ${kind})` };
   let mod;
   try {
     mod = await import(modelModule(apiVersion));
@@ -201,6 +210,11 @@ const SELF_CHECKS = [
       spec: { selector: { matchLabels: { app: "x" } }, endpoints: [{ port: "admin", bearerToken: "x" }] },
     },
     expect: ["/spec/endpoints/0/bearerToken"],
+  },
+  {
+    what: "a removed (beta) API version is rejected",
+    doc: { ...pod([goodContainer()]), apiVersion: "extensions/v1beta1" },
+    expect: [""],
   },
   {
     what: "an apiVersion/kind without a schema is an error, not a pass",
