@@ -97,8 +97,14 @@ int kvr_discovery_addr_host(const struct sockaddr *addr, char *out, size_t outle
 
 int kvr_discovery_parse_url(const char *url, kvr_discovery_target_t *t, char *err, size_t errlen) {
   char norm[512];
-  if (kvr_worker_url_check(url, norm, sizeof norm, err, errlen) != 0)
+  if (kvr_worker_url_check(url, norm, sizeof norm, err, errlen) != 0) {
+    char why[256];
+    if (strncmp(err, "worker URL ", 11) == 0) { /* the same checks, under this URL's name */
+      snprintf(why, sizeof why, "%s", err + 11);
+      snprintf(err, errlen, "discovery URL %s", why);
+    }
     return KVR_EINVAL;
+  }
   /* norm is "scheme://host[:port]", the host of an IPv6 address in brackets */
   const char *sep = strstr(norm, "://");
   const char *host = sep + 3;
