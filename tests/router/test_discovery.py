@@ -4,10 +4,12 @@ src/discovery.c), through real processes on loopback.
 
 Covers: `localhost` discovered (127.0.0.1, and ::1 when /etc/hosts maps localhost to it too; else
 that part is skipped with the reason printed) with requests reaching each discovered sim; an IPv6
-address ([::1]) as a worker with its derived KV-event endpoints; static --worker entries beside
+address ([::1]) as a worker with its derived KV-event endpoints; a discovered sim's KV events read
+from the endpoints derived from its address (precise mode); static --worker entries beside
 discovered ones; a name that cannot resolve (a 64-octet label, refused by the resolver itself, so
 no DNS packet leaves the machine): the router starts with no worker, /health 503, one warning line,
-the error counter grows; SIGHUP adding and removing the discovery (the removed worker drains: its
+the error counter grows; a changed answer (a reload pointing the name elsewhere) draining the gone
+worker; SIGHUP adding and removing the discovery (the removed worker drains: its
 stream in flight finishes whole, then it is gone); bad --discover flags (one line, exit 2).
 
 Removal of an address from a live DNS answer is covered by the unit test of the diff
@@ -17,6 +19,7 @@ Run:  python3 tests/router/test_discovery.py --kvrouter build/kvrouter [-k subst
 """
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -131,6 +134,41 @@ def test_discover_ipv6_address():
         assert x.status == 200 and x.header("x-kvrouter-worker") == str(w["id"]), x
 
 
+def free_tcp_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@test(timeout=40)
+def test_discovered_worker_reads_derived_kv_events():
+    """Precise mode through discovery: the sim publishes KV events on tcp://127.0.0.1:N (+ replay
+    on another free port); the router derives both endpoints from the discovered address, connects
+    and routes the worker on its precise index."""
+    ev, rp = free_tcp_port(), free_tcp_port()
+    with Cleanup() as c:
+        cfg = {"enable_kv_cache_events": True, "endpoint": "tcp://127.0.0.1:%d" % ev,
+               "replay_endpoint": "tcp://127.0.0.1:%d" % rp}
+        sim = c.add(Sim("--time-scale", 20, "--kv-events-config", json.dumps(cfg), fixed=None))
+        r = c.add(Router([], *FAST, "--discover", "http://127.0.0.1:%d" % sim.port,
+                         "--discover-interval-ms", "200", "--discover-kv-events-port", ev,
+                         "--discover-kv-replay-port", rp))
+        wait_for(lambda: len(r.workers()) == 1, 5.0, "the discovered worker")
+        kv = r.workers()[0]["kv_events"]
+        assert kv["endpoint"] == "tcp://127.0.0.1:%d" % ev, kv
+        assert kv["replay_endpoint"] == "tcp://127.0.0.1:%d" % rp, kv
+
+        def batch_after_request():  # the subscription may join after the first request's events
+            x = request(r.port, "POST", "/v1/chat/completions", chat_body("Hello " * 100))
+            assert x.status == 200, x
+            return r.workers()[0]["kv_events"]["batches"] >= 1
+
+        wait_for(batch_after_request, 10.0, "an event batch of the discovered worker applied",
+                 interval=0.2)
+        kv = r.workers()[0]["kv_events"]
+        assert kv["index"] == "precise" and kv["blocks"] > 0, kv
+
+
 @test(timeout=40)
 def test_static_and_discovered_workers_coexist():
     with Cleanup() as c:
@@ -223,6 +261,25 @@ def test_reload_adds_then_removes_discovery_draining():
         assert prom_value(metrics(r), "kvrouter_discovery_workers") == 0
         x = request(r.port, "POST", "/v1/chat/completions", chat_body())
         assert x.status == 200 and x.header("x-kvrouter-worker") != bid
+
+
+@test(timeout=40)
+def test_answer_change_drains_gone_worker():
+    """A reload points the discovery at another address: once it answers, the worker of the old
+    address is drained and removed and the new one serves; never a moment with no worker."""
+    with Cleanup() as c, tempfile.TemporaryDirectory() as tmp:
+        a = c.add(Sim())
+        b = c.add(Sim())
+        cfg = os.path.join(tmp, "kvrouter.json")
+        write_config(cfg, {"discovery": {"url": a.url, "interval_ms": 100}})
+        r = c.add(Router([], *FAST, "--config", cfg))
+        wait_for(lambda: [w["url"] for w in r.workers()] == [a.url], 5.0, "a discovered")
+        write_config(cfg, {"discovery": {"url": b.url, "interval_ms": 100}})
+        r.signal(signal.SIGHUP)
+        wait_for(lambda: [w["url"] for w in r.workers()] == [b.url], 5.0, "a replaced by b")
+        r.wait_line(r"discovery: %s is gone from 127\.0\.0\.1: draining worker 0" % re.escape(a.url))
+        assert prom_value(metrics(r), "kvrouter_discovery_workers") == 1
+        assert served_by(r, 2) == {str(r.workers()[0]["id"]): 2}
 
 
 @test(timeout=30)

@@ -4,7 +4,8 @@
  * answer keeps the set, order-insensitivity, IPv4 and IPv6 URLs), the address-to-host formatting
  * and the --discover URL and flag checks. Then the resolver on a real libuv loop with a real
  * router, resolving address literals (getaddrinfo answers them without any DNS traffic): workers
- * added with their derived KV-event endpoints, the set kept through a resolution error (a name
+ * added with their derived KV-event endpoints, a gone address drained when the answer changes,
+ * resolved once with an interval of 0, the set kept through a resolution error (a name
  * glibc refuses locally: a 64-octet label), drained when the discovery is removed, kept by a SIGHUP
  * reload whose list does not name them; every handle closed (uv_loop_close() == 0). */
 #include <setjmp.h>
@@ -419,6 +420,29 @@ static void test_loop_error_keeps_then_removed_drains(void **state) {
   loop_close(&f);
 }
 
+static bool only_second(loop_fx_t *f) {
+  return count_workers(f->r, true) == 1 && find(f->r, "http://127.0.0.2:18003") != NULL;
+}
+
+static void test_loop_new_answer_drains_gone_address(void **state) {
+  (void)state;
+  loop_fx_t f;
+  loop_open(&f, "http://127.0.0.1:18003", 20);
+  assert_true(run_until(&f, has_one));
+  uint32_t first = find(f.r, "http://127.0.0.1:18003")->id;
+  /* the name now answers another address: the diff adds it and drains the gone one (freed at
+   * once: nothing in flight), without a moment with no worker */
+  free(f.cfg.discover_url);
+  f.cfg.discover_url = kvr_xstrdup("http://127.0.0.2:18003");
+  kvr_discovery_apply(f.d);
+  assert_non_null(kvr_router_worker_by_id(f.r, first)); /* kept until the new name answers */
+  assert_true(run_until(&f, only_second));
+  assert_null(kvr_router_worker_by_id(f.r, first));
+  assert_false(kvr_discovery_has(f.d, "http://127.0.0.1:18003"));
+  assert_true(kvr_discovery_has(f.d, "http://127.0.0.2:18003"));
+  loop_close(&f);
+}
+
 static void test_loop_static_worker_not_duplicated_nor_drained(void **state) {
   (void)state;
   loop_fx_t f;
@@ -438,6 +462,13 @@ static void test_loop_static_worker_not_duplicated_nor_drained(void **state) {
   }
   assert_true(kvr_discovery_has(f.d, "http://127.0.0.1:18002"));
   assert_int_equal(count_workers(f.r, true), 1); /* the static one, not a second */
+  /* interval 0: answered once, never resolved again */
+  double ok = metric("kvrouter_discovery_resolutions_total", "result=\"ok\"");
+  for (int i = 0; i < 20; i++) {
+    uv_run(&f.loop, UV_RUN_NOWAIT);
+    usleep(10000);
+  }
+  assert_true(metric("kvrouter_discovery_resolutions_total", "result=\"ok\"") == ok);
   free(f.cfg.discover_url);
   f.cfg.discover_url = NULL;
   kvr_discovery_apply(f.d);
@@ -500,5 +531,6 @@ KVR_TEST_MAIN(cmocka_unit_test(test_diff_adds_and_removes),
               cmocka_unit_test(test_config_flags), cmocka_unit_test(test_config_json),
               cmocka_unit_test(test_loop_v6_literal_with_kv_ports),
               cmocka_unit_test(test_loop_error_keeps_then_removed_drains),
+              cmocka_unit_test(test_loop_new_answer_drains_gone_address),
               cmocka_unit_test(test_loop_static_worker_not_duplicated_nor_drained),
               cmocka_unit_test(test_reload_keeps_discovered))
