@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs what kvrouter needs to build and test on Debian 12, from Debian's own packages only.
-# Idempotent: packages already present are not fetched again, and `apt-get update` runs only when
-# something is missing. Needs root (or sudo).
+# Installs what kvrouter needs to build and test on Debian 12: Debian's own packages, then the npm
+# packages of tests/deploy/package-lock.json (the Kubernetes schema check, tests/deploy/
+# test_k8s_schema.mjs) into tests/deploy/node_modules. Idempotent: packages already present are not
+# fetched again, `apt-get update` runs only when something is missing, and `npm ci` only when the
+# lockfile changed since the last install. Needs root (or sudo) for apt-get.
 set -euo pipefail
 
 # clang and libclang-rt-14-dev (libFuzzer, clang's sanitizer runtimes): the fuzz stage of
@@ -14,14 +16,25 @@ missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
-fi
+# Node.js and npm: Debian's, unless the machine already has a node with npm (a nodejs package
+# from another source bundles npm, and Debian's npm would conflict with it).
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
   SUDO="sudo"
 fi
-echo "install-deps: installing ${missing[*]}" >&2
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The schema check's npm packages, exactly as locked. The copy of the lockfile kept in
+# node_modules says what is installed there.
+deploy_tests="$(cd "$(dirname "$0")/../tests/deploy" && pwd)"
+if ! cmp -s "$deploy_tests/package-lock.json" "$deploy_tests/node_modules/.kvr-package-lock.json"; then
+  echo "install-deps: npm ci in tests/deploy" >&2
+  (cd "$deploy_tests" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  cp "$deploy_tests/package-lock.json" "$deploy_tests/node_modules/.kvr-package-lock.json"
+fi

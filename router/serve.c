@@ -3,16 +3,19 @@
  * Start-up: parse flags and config (one-line error and exit 2 on any bad value, an unusable
  * --admin-token-file included; a warning when the admin API is open and off loopback), create the
  * router (workers, policy, cache index; no loop), the curl multi, the scraper and the KV-event
- * feed (kv_feed.h: one ZMQ subscription per worker with a kv_events endpoint) and the peers' load
- * polls (peers.h, --peer) on the loop, the
+ * feed (kv_feed.h: one ZMQ subscription per worker with a kv_events endpoint), the peers' load
+ * polls (peers.h, --peer) and the discovery (discovery.h, --discover: workers from a DNS name,
+ * re-resolved; the router may start with none and /health answers 503 until it answers) on the
+ * loop, the
  * proxy and the admin API over them, listen on the public and admin addresses, run the loop.
  *
  * Reload on SIGHUP (src/reload.h): the settings are read again from the same command line (so from
  * the --config file, flags still overriding it) and checked whole; a bad file logs one error line
  * and changes nothing. Otherwise policy, workers (new ones added, removed ones drained: their
- * requests finish), timeouts, logging and the other settings read live take effect at once; those
- * only a restart can change (listen addresses, client limits, cache geometry...) are logged as
- * "needs restart" and left as they are. Without --config there is nothing to reload (logged).
+ * requests finish; discovered ones stay), the discovery settings (kvr_discovery_apply()), timeouts,
+ * logging and the other settings read live take effect at once; those only a restart can change
+ * (listen addresses, client limits, cache geometry...) are logged as "needs restart" and left as
+ * they are. Without --config there is nothing to reload (logged).
  * kvrouter_config_reloads_total{result} counts the reloads. No reload once shutdown has begun.
  *
  * Shutdown on SIGINT/SIGTERM: both listeners stop accepting and idle connections close; requests in
@@ -26,6 +29,7 @@
 
 #include "src/admin.h"
 #include "src/config.h"
+#include "src/discovery.h"
 #include "src/http_server.h"
 #include "src/kv_feed.h"
 #include "src/kvr.h"
@@ -51,6 +55,7 @@ typedef struct {
   kvr_kv_feed_t *kv_feed; /* workers' KV-event streams (precise mode) */
   kvr_peers_t *peers;     /* other replicas' load (--peer) */
   kvr_peer_sync_t *sync;  /* announced requests, ours and theirs (--peer-sync-listen) */
+  kvr_discovery_t *disc;  /* workers from a DNS name (--discover) */
   kvr_proxy_t *proxy;
   kvr_admin_t *admin_api;
   kvr_http_server_t *pub, *admin;
@@ -70,6 +75,7 @@ static void on_server_closed(void *data) {
   serve_t *s = data;
   if (--s->servers_open > 0)
     return;
+  kvr_discovery_close(s->disc);
   kvr_scrape_close(s->scrape);
   kvr_kv_feed_close(s->kv_feed);
   kvr_peers_close(s->peers);
@@ -117,10 +123,11 @@ static void on_sighup(uv_signal_t *sig, int signum) {
   }
   KVR_INFO("serve", "SIGHUP: reloading the settings from %s", path);
   char err[1024];
-  if (kvr_reload_apply(&s->cfg, s->router, s->argc, s->argv, err, sizeof err) != 0) {
+  if (kvr_reload_apply(&s->cfg, s->router, s->disc, s->argc, s->argv, err, sizeof err) != 0) {
     KVR_ERROR("serve", "config reload failed, nothing changed: %s", err);
     return;
   }
+  kvr_discovery_apply(s->disc);
   kvr_http_server_log_rejects(s->pub, s->cfg.access_log);
 }
 
@@ -175,6 +182,7 @@ int kvr_serve_main(int argc, char **argv) {
   s->peers = kvr_peers_new(&s->loop, s->curlm, s->router);
   char sync_err[256];
   s->sync = kvr_peer_sync_new(&s->loop, s->router, sync_err, sizeof sync_err);
+  s->disc = kvr_discovery_new(&s->loop, s->router, &s->cfg);
   s->proxy = kvr_proxy_new(&s->loop, s->router, s->curlm);
   s->admin_api = kvr_admin_new(s->router, s->curlm);
   s->pub = kvr_http_server_new(&s->loop, &s->cfg.limits, kvr_proxy_on_request, s->proxy);

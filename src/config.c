@@ -13,6 +13,7 @@
 #include "config.h"
 
 #include "buf.h"
+#include "discovery.h"
 #include "http_server.h"
 
 #include "cli.h"
@@ -50,6 +51,7 @@ void kvr_config_free(kvr_config_t *cfg) {
     memset(cfg->admin_token, 0, strlen(cfg->admin_token));
   free(cfg->admin_token);
   free(cfg->worker_ca_file);
+  free(cfg->discover_url);
   clear_workers(cfg);
   free(cfg->workers);
   free(cfg->worker_kv_events);
@@ -343,6 +345,19 @@ static void show_addr(const kvr_cli_opt_t *o, const void *base, char *buf, size_
   snprintf(buf, len, "%s", *s ? *s : "");
 }
 
+/* --discover URL: checked here (http(s), a host, a port), resolved by discovery.c. */
+static int set_discover(const kvr_cli_opt_t *o, void *base, const char *text, unsigned nth,
+                        char *err, size_t errlen) {
+  (void)nth;
+  kvr_discovery_target_t t;
+  if (kvr_discovery_parse_url(text, &t, err, errlen) != 0)
+    return KVR_EINVAL;
+  char **dst = (char **)((char *)base + o->off);
+  free(*dst);
+  *dst = kvr_xstrdup(text);
+  return 0;
+}
+
 /* --config FILE.json: read and applied before the other flags. */
 static int set_config_file(const kvr_cli_opt_t *o, void *base, const char *path, unsigned nth,
                            char *err, size_t errlen) {
@@ -370,6 +385,24 @@ static const kvr_cli_opt_t options[] = {
              "vLLM KV-event endpoints (tcp://HOST:PORT) for precise routing; repeat for each "
              "(JSON: a URL string or {\"url\", \"kv_events\", \"kv_replay\"})",
      .parse = set_worker},
+    {KVR_CLI_CUSTOM, "discover", F(discover_url), .arg = "URL", .json = "discovery.url",
+     .flags = KVR_CLI_NODEFAULT,
+     .help = "find the workers by resolving a DNS name (a Kubernetes headless Service, e.g. "
+             "http://vllm-workers.llm.svc.cluster.local:8000): every IPv4/IPv6 address becomes "
+             "the worker http://ADDR:PORT (Host: ADDR:PORT), a new address is added, a gone one "
+             "drained; an error or empty answer keeps the workers; beside --worker; default: none",
+     .parse = set_discover, .show = show_addr},
+    {KVR_CLI_UINT, "discover-interval-ms", F(discover_interval_ms), .arg = "MS",
+     .json = "discovery.interval_ms", KVR_CLI_RANGE(0, 86400000),
+     .help = "how often the --discover name is resolved again; 0 = only until it first answers"},
+    {KVR_CLI_UINT, "discover-kv-events-port", F(discover_kv_events_port), .arg = "PORT",
+     .json = "discovery.kv_events_port", KVR_CLI_RANGE(1, 65535), .flags = KVR_CLI_NODEFAULT,
+     .help = "each discovered worker's KV-event endpoint is tcp://ADDR:PORT (precise mode); "
+             "default: none"},
+    {KVR_CLI_UINT, "discover-kv-replay-port", F(discover_kv_replay_port), .arg = "PORT",
+     .json = "discovery.kv_replay_port", KVR_CLI_RANGE(1, 65535), .flags = KVR_CLI_NODEFAULT,
+     .help = "each discovered worker's KV-event replay endpoint is tcp://ADDR:PORT (needs "
+             "--discover-kv-events-port); default: none"},
     {KVR_CLI_CUSTOM, "config", .arg = "FILE.json", .flags = KVR_CLI_EARLY,
      .help = "read settings from a JSON file (keys as in JSON: below); flags override it",
      .parse = set_config_file},
@@ -513,7 +546,7 @@ static const kvr_cli_opt_t options[] = {
 
 static const kvr_cli_cmd_t serve_cmd = {
     .name = "serve",
-    .usage = "--worker URL [--worker URL ...] [options]",
+    .usage = "--worker URL [--worker URL ...] [--discover URL] [options]",
     .about = "Runs the KV-cache-aware reverse proxy in front of OpenAI-compatible (vLLM) workers.\n"
              "Settings come from defaults, then --config FILE.json, then flags.",
     .opts = options,
@@ -536,6 +569,7 @@ void kvr_config_init(kvr_config_t *cfg) {
   cfg->retry_after_s = 1;
   cfg->block_chars = 64;
   cfg->cache_capacity_blocks = 21766;
+  cfg->discover_interval_ms = 5000;
   cfg->scrape_interval_ms = 1000;
   cfg->peer_interval_ms = 200;
   cfg->peer_stale_ms = 1000;
@@ -651,8 +685,12 @@ bool kvr_config_admin_on_loopback(const kvr_config_t *cfg) {
 }
 
 int kvr_config_validate(const kvr_config_t *cfg, char *err, size_t errlen) {
-  if (cfg->nworkers == 0) {
-    snprintf(err, errlen, "no workers: give at least one --worker URL");
+  if (cfg->nworkers == 0 && cfg->discover_url == NULL) {
+    snprintf(err, errlen, "no workers: give at least one --worker URL or --discover URL");
+    return KVR_EINVAL;
+  }
+  if (cfg->discover_kv_replay_port != 0 && cfg->discover_kv_events_port == 0) {
+    snprintf(err, errlen, "--discover-kv-replay-port: needs --discover-kv-events-port");
     return KVR_EINVAL;
   }
   size_t llen = strlen(cfg->listen);

@@ -23,8 +23,13 @@ typedef struct kvr_config_s {
   char **worker_kv_events; /* per worker: its KV-event PUB endpoint (tcp://HOST:PORT) or NULL */
   char **worker_kv_replay; /* per worker: its replay endpoint or NULL */
   size_t nworkers;
-  char *policy;         /* default "kv_aware" */
-  cJSON *policy_params; /* owned JSON object or NULL */
+  /* Discovery (discovery.h): workers are the addresses of a DNS name, re-resolved. */
+  char *discover_url;               /* --discover http(s)://NAME:PORT, or NULL */
+  uint64_t discover_interval_ms;    /* re-resolution period, default 5000; 0 = until answered */
+  uint64_t discover_kv_events_port; /* tcp://ADDR:N for each discovered worker, 0 = none */
+  uint64_t discover_kv_replay_port; /* its replay endpoint, 0 = none */
+  char *policy;                     /* default "kv_aware" */
+  cJSON *policy_params;             /* owned JSON object or NULL */
   kvr_http_limits_t limits;
   uint64_t connect_timeout_ms;    /* TCP connect to a worker, default 2000 */
   uint64_t first_byte_timeout_ms; /* request sent -> first response byte, default 300000 */
@@ -90,7 +95,8 @@ int kvr_config_parse_args(kvr_config_t *cfg, int argc, char **argv, FILE *out, c
 int kvr_config_apply_json(kvr_config_t *cfg, const char *json, size_t len, const char *source,
                           char *err, size_t errlen);
 
-/* Checks what one flag's own range cannot: at least one worker, a known policy, the listeners
+/* Checks what one flag's own range cannot: at least one worker or --discover, a replay port only
+ * with an events port, a known policy, the listeners
  * differ, block_chars in 8..4096, positive timeouts and body limit, a readable --worker-ca-file.
  * Returns 0 or KVR_EINVAL + err.
  */

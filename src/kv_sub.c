@@ -336,6 +336,8 @@ static int open_socket(kvr_kv_sub_t *s, void *ctx, int type, const char *ep, voi
   void *sock = zmq_socket(ctx, type);
   int linger = 0;
   zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger));
+  int ipv6 = 1; /* tcp://[ADDR]:PORT endpoints too (discovered IPv6 workers); IPv4 still works */
+  zmq_setsockopt(sock, ZMQ_IPV6, &ipv6, sizeof(ipv6));
   if (type == ZMQ_SUB) {
     const char *t = s->topic ? s->topic : "";
     zmq_setsockopt(sock, ZMQ_SUBSCRIBE, t, strlen(t));

@@ -14,6 +14,7 @@
  */
 #include "reload.h"
 
+#include "discovery.h"
 #include "kvr.h"
 #include "log.h"
 #include "metrics.h"
@@ -62,6 +63,10 @@ static const scalar_t scalars[] = {
     SC("admission.max_wait_ms", K_U64, admission_max_wait_ms, true),
     /* Read by the peers' polls at each tick and the router at each snapshot. */
     SC("peer.stale_ms", K_U64, peer_stale_ms, true),
+    /* Taken by the discovery at kvr_discovery_apply(), right after the reload. */
+    SC("discovery.interval_ms", K_U64, discover_interval_ms, true),
+    SC("discovery.kv_events_port", K_U64, discover_kv_events_port, true),
+    SC("discovery.kv_replay_port", K_U64, discover_kv_replay_port, true),
     /* Copied by each KV-event stream and the tokenizer when they are created. */
     SC("kv_events.refill_ms", K_U64, kv_events_refill_ms, false),
     SC("kv_events.replay_timeout_ms", K_U64, kv_events_replay_timeout_ms, false),
@@ -97,6 +102,7 @@ typedef struct {
 static const string_t strings[] = {
     ST("log_level", log_level, true, false),
     ST("log_format", log_format, true, false),
+    ST("discovery.url", discover_url, true, false),
     ST("listen", listen, false, false),
     ST("admin_listen", admin_listen, false, false),
     ST("admin_token_file", admin_token_file, false, false),
@@ -191,6 +197,12 @@ static bool listed(const kvr_config_t *c, const char *url) {
   return false;
 }
 
+/* Whether the worker at url stays: the new list names it, or the discovery found it (the
+ * discovery itself drains what it found once its settings or its answers say so). */
+static bool kept(const kvr_config_t *c, const kvr_discovery_t *disc, const char *url) {
+  return listed(c, url) || kvr_discovery_has(disc, url);
+}
+
 /* The worker serving url (not draining), or NULL. */
 static const kvr_worker_t *served(const kvr_router_t *r, const char *url) {
   for (size_t i = 0; i < r->nslots; i++) {
@@ -203,11 +215,13 @@ static const kvr_worker_t *served(const kvr_router_t *r, const char *url) {
 
 /* Checks that the workers to add find free slots once the ones to drain that have nothing in
  * flight are freed. Returns 0 or KVR_ELIMIT with err. */
-static int check_slots(const kvr_router_t *r, const kvr_config_t *next, char *err, size_t errlen) {
+static int check_slots(const kvr_router_t *r, const kvr_config_t *next, const kvr_discovery_t *disc,
+                       char *err, size_t errlen) {
   size_t free_slots = 0, adds = 0;
   for (size_t i = 0; i < KVR_MAX_WORKERS; i++) {
     const kvr_worker_t *w = i < r->nslots ? r->slots[i] : NULL;
-    if (w == NULL || (w->state != KVR_WORKER_DRAINING && w->inflight == 0 && !listed(next, w->url)))
+    if (w == NULL ||
+        (w->state != KVR_WORKER_DRAINING && w->inflight == 0 && !kept(next, disc, w->url)))
       free_slots++;
   }
   for (size_t i = 0; i < next->nworkers; i++)
@@ -223,12 +237,13 @@ static int check_slots(const kvr_router_t *r, const kvr_config_t *next, char *er
 
 /* Drains the served workers next does not list, adds the listed ones not served, then makes
  * next's list the live one. Adds to *applied. */
-static void apply_workers(kvr_config_t *live, kvr_config_t *next, kvr_router_t *r, int *applied) {
+static void apply_workers(kvr_config_t *live, kvr_config_t *next, kvr_router_t *r,
+                          const kvr_discovery_t *disc, int *applied) {
   uint32_t drain[KVR_MAX_WORKERS];
   size_t ndrain = 0;
   for (size_t i = 0; i < r->nslots; i++) {
     const kvr_worker_t *w = r->slots[i];
-    if (w && w->state != KVR_WORKER_DRAINING && !listed(next, w->url))
+    if (w && w->state != KVR_WORKER_DRAINING && !kept(next, disc, w->url))
       drain[ndrain++] = w->id;
   }
   for (size_t i = 0; i < ndrain; i++) {
@@ -329,8 +344,8 @@ const char *kvr_reload_config_path(int argc, char **argv) {
 }
 
 /* Parses and checks everything; on success *next holds the settings and *cand their policy. */
-static int prepare(kvr_config_t *next, kvr_policy_t **cand, const kvr_router_t *r, int argc,
-                   char **argv, char *err, size_t errlen) {
+static int prepare(kvr_config_t *next, kvr_policy_t **cand, const kvr_router_t *r,
+                   const kvr_discovery_t *disc, int argc, char **argv, char *err, size_t errlen) {
   kvr_config_init(next);
   FILE *devnull = fopen("/dev/null", "w");
   int rc = kvr_config_parse_args(next, argc, argv, devnull ? devnull : stdout, err, errlen);
@@ -348,14 +363,14 @@ static int prepare(kvr_config_t *next, kvr_policy_t **cand, const kvr_router_t *
     snprintf(err, errlen, "policy_params of %s: %s", next->policy, perr);
     return KVR_EINVAL;
   }
-  return check_slots(r, next, err, errlen);
+  return check_slots(r, next, disc, err, errlen);
 }
 
-int kvr_reload_apply(kvr_config_t *live, kvr_router_t *r, int argc, char **argv, char *err,
-                     size_t errlen) {
+int kvr_reload_apply(kvr_config_t *live, kvr_router_t *r, const kvr_discovery_t *disc, int argc,
+                     char **argv, char *err, size_t errlen) {
   kvr_config_t next;
   kvr_policy_t *cand = NULL;
-  int rc = prepare(&next, &cand, r, argc, argv, err, errlen);
+  int rc = prepare(&next, &cand, r, disc, argc, argv, err, errlen);
   if (rc != 0) {
     kvr_policy_destroy(cand);
     kvr_config_free(&next);
@@ -366,7 +381,7 @@ int kvr_reload_apply(kvr_config_t *live, kvr_router_t *r, int argc, char **argv,
   bool seed_changed = next.seed != live->seed;
   apply_settings(live, &next, &applied, &restart);
   check_peers(live, &next, &restart);
-  apply_workers(live, &next, r, &applied);
+  apply_workers(live, &next, r, disc, &applied);
   apply_policy(live, &next, r, cand, seed_changed, &applied);
   kvr_policy_destroy(cand);
   kvr_config_free(&next);

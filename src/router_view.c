@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 
+#include "discovery.h"
 #include "kvr.h"
 #include "metrics.h"
 #include "reload.h"
@@ -568,6 +569,7 @@ static void metrics_with(const kvr_router_t *r, const kvr_process_stats_t *proc,
   kv_metrics(r, out);
   peer_metrics(r, out);
   kvr_reload_metrics(out);
+  kvr_discovery_metrics(out);
   build_metrics(out);
   kvr_metric_process(out, proc);
 }

@@ -58,7 +58,7 @@ static void fx_close(fx_t *f) {
 
 static int reload(fx_t *f, const char *json, char *err, size_t errlen) {
   write_file(f->path, json);
-  return kvr_reload_apply(&f->cfg, f->r, 3, f->argv, err, errlen);
+  return kvr_reload_apply(&f->cfg, f->r, NULL, 3, f->argv, err, errlen);
 }
 
 /* The id of the non-draining worker serving url, or -1. */
