@@ -14,6 +14,7 @@ end within a fraction of the poll interval, and drops A's announced load when A 
     python3 tests/router/test_replicas.py --kvrouter build/kvrouter [-k NAME] [-v]
 """
 
+import glob
 import json
 import os
 import shutil
@@ -226,6 +227,40 @@ def synced_load_is_immediate():
         a.stop()
         wait_for(lambda: metric(b, "kvrouter_peer_sync_live") == 0, 8, "sync dropped")
         assert b.workers()[0]["peer_in_flight"] == 0, b.workers()
+
+
+@test(timeout=60)
+def bench_alternates_between_replicas():
+    """`kvrouter bench --url A,B` (the replica A/B's load) sends every other request to each
+    endpoint, and the level's router_cached figures come from --admin's router."""
+    with h.Cleanup() as c:
+        s0 = c.add(Sim(fixed=(5, 5)))
+        a, b = pair([s0])
+        c.add(a)
+        c.add(b)
+        out = tempfile.mkdtemp(prefix="kvr_rep_bench_")
+        try:
+            p = subprocess.run(
+                [h._kvrouter(), "bench", "--url", "http://127.0.0.1:%d,http://127.0.0.1:%d" % (
+                    a.port, b.port), "--admin", "http://127.0.0.1:%d" % a.admin_port,
+                 "--workload", "control", "--rates", "20", "--num-prompts", "20", "--warmup",
+                 "0", "--cooldown-s", "0", "--output-mean", "8", "--output-min", "4",
+                 "--output-max", "16", "--out", out, "--quiet"],
+                capture_output=True, text=True, timeout=50)
+            assert p.returncode == 0, p.stderr
+            # (the model list, GET /v1/models, goes to the first endpoint only)
+            na = metric(a, "kvrouter_http_requests_total", route="chat_completions")
+            nb = metric(b, "kvrouter_http_requests_total", route="chat_completions")
+            assert na == nb == 10, (na, nb)
+            level = json.load(open(glob.glob(os.path.join(out, "results", "*.json"))[0]))
+            rc = level["kvrouter"]["router_cached"]
+            assert rc is not None and rc["reported_tokens"] >= 0, rc
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+        for bad in ["http://127.0.0.1:1,ftp://x", "http://127.0.0.1:1,"]:
+            p = subprocess.run([h._kvrouter(), "bench", "--url", bad, "--model", "m", "--rates",
+                                "1"], capture_output=True, text=True, timeout=10)
+            assert p.returncode != 0 and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
 @test(timeout=30)
