@@ -10,7 +10,8 @@
  *   script-src 'nonce-N'            the page's own inline script only
  *   style-src 'nonce-N'             the page's own inline style element only
  *   connect-src 'self'              fetch() to the admin listener itself (its JSON endpoints)
- *   img-src 'self'                  (the favicon request browsers make; the page has no image)
+ *   img-src data:                   the page's empty data: favicon (else browsers ask for
+ *                                   /favicon.ico, a 401 or 404 in the console); no other image
  *   base-uri 'none'; form-action 'none'; frame-ancestors 'none'
  *
  * So an external script, font, style or image cannot load even if a worker URL shown in the page
@@ -50,7 +51,7 @@ void kvr_dashboard_render(const char *nonce, kvr_buf_t *body, kvr_buf_t *headers
   kvr_buf_append(body, p, (size_t)(end - p));
   kvr_buf_printf(headers,
                  "Content-Security-Policy: default-src 'none'; script-src 'nonce-%.*s'; "
-                 "style-src 'nonce-%.*s'; connect-src 'self'; img-src 'self'; base-uri 'none'; "
+                 "style-src 'nonce-%.*s'; connect-src 'self'; img-src data:; base-uri 'none'; "
                  "form-action 'none'; frame-ancestors 'none'\r\n",
                  KVR_DASHBOARD_NONCE_LEN, nonce, KVR_DASHBOARD_NONCE_LEN, nonce);
   kvr_buf_puts(headers, "Cache-Control: no-store\r\n"
