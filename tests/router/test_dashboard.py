@@ -169,6 +169,14 @@ class Browser:
         rows = self.d.find_elements(self.By.CSS_SELECTOR, "#workers tbody tr")
         return {row.get_attribute("data-url"): row.get_attribute("data-state") for row in rows}
 
+    def cached_rows(self):
+        """{url: [usage prompt, predicted cached, actual cached tokens]} of the cached table."""
+        out = {}
+        for row in self.d.find_elements(self.By.CSS_SELECTOR, "#cached tbody tr"):
+            cells = [td.text for td in row.find_elements(self.By.TAG_NAME, "td")]
+            out[row.get_attribute("data-url")] = [int(t.replace(",", "")) for t in cells[1:4]]
+        return out
+
     def decisions(self, policy):
         cells = self.d.find_elements(self.By.CSS_SELECTOR,
                                      '#decisions tr[data-policy="%s"] td' % policy)
@@ -230,11 +238,13 @@ def browser_test(stack):
         assert before == want, (before, want)
         send_requests(r, 6)
         b.wait(lambda: b.decisions("kv_aware") >= before + 6, "decisions +6 on the page")
-        # and the predicted/actual table now has usage figures
-        b.wait(lambda: all(int(row.find_elements(b.By.TAG_NAME, "td")[1].text.replace(",", ""))
-                           > 0 for row in b.d.find_elements(b.By.CSS_SELECTOR,
-                                                            "#cached tbody tr")),
-               "usage prompt tokens on both workers")
+        # and the predicted-vs-actual table shows the router's figures for each worker
+        want = {w["url"]: [w["cached"][k] for k in ("usage_prompt_tokens",
+                                                     "usage_predicted_cached_tokens",
+                                                     "usage_cached_tokens")]
+                for w in admin_get(r, "/admin/workers", tok)["workers"]}
+        assert sum(v[0] for v in want.values()) > 0, want
+        b.wait(lambda: b.cached_rows() == want, "the cached table equal to /admin/workers")
 
         # A wrong token: the switch is refused with the 401 message, the policy stays.
         b.use_token("not-the-admin-token-0000000000")
