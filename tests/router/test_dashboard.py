@@ -19,7 +19,6 @@ HTTP checks above ran and passed (a failure there still fails the test):
     python3 tests/router/test_dashboard.py --kvrouter build/kvrouter [-k NAME] [-v]
 """
 
-import json
 import os
 import re
 import shutil
