@@ -11,7 +11,9 @@ In the browser: the page loads with no request off the admin origin (performance
 no console error; without a token it shows the router's 401 message; with the token the workers
 table shows both workers and their state; requests sent through the proxy raise the decision count
 of the current policy; a wrong token makes a policy switch show the 401 message and the policy
-stays (checked from Python); the right token switches it (checked from Python).
+stays (checked from Python); the right token switches it (checked from Python), and the new
+policy's decision count rises. With --admin-open-reads the page reads without a token and asks
+for none, and the switch still needs the token.
 
 Exit 77 (CTest: skipped) when chromium, chromedriver or python3-selenium is missing, after the
 HTTP checks above ran and passed (a failure there still fails the test):
@@ -163,23 +165,28 @@ class Browser:
     def severe_logs(self):
         return [e for e in self.d.get_log("browser") if e["level"] == "SEVERE"]
 
+    # The page replaces its table rows on every poll, so each table is read in one script call
+    # (an element found in one call may be gone by the next: a stale reference).
+    def rows(self, table):
+        """[[data-url or data-policy, [cell texts]]] of a table's body, read atomically."""
+        return self.d.execute_script(
+            "return Array.from(document.querySelectorAll('#' + arguments[0] + ' tbody tr'))"
+            ".map(tr => [tr.dataset.url || tr.dataset.policy,"
+            " Array.from(tr.cells).map(td => td.textContent)]);", table)
+
     def worker_rows(self):
-        """{url: state} of the workers table, read from the DOM."""
-        rows = self.d.find_elements(self.By.CSS_SELECTOR, "#workers tbody tr")
-        return {row.get_attribute("data-url"): row.get_attribute("data-state") for row in rows}
+        """{url: state} of the workers table."""
+        return {url: cells[2] for url, cells in self.rows("workers")}
 
     def cached_rows(self):
         """{url: [usage prompt, predicted cached, actual cached tokens]} of the cached table."""
-        out = {}
-        for row in self.d.find_elements(self.By.CSS_SELECTOR, "#cached tbody tr"):
-            cells = [td.text for td in row.find_elements(self.By.TAG_NAME, "td")]
-            out[row.get_attribute("data-url")] = [int(t.replace(",", "")) for t in cells[1:4]]
-        return out
+        return {url: [int(t.replace(",", "")) for t in cells[1:4]]
+                for url, cells in self.rows("cached")}
 
     def decisions(self, policy):
-        cells = self.d.find_elements(self.By.CSS_SELECTOR,
-                                     '#decisions tr[data-policy="%s"] td' % policy)
-        return int(cells[1].text.replace(",", "")) if len(cells) == 2 else None
+        """The decision count the page shows for policy, None when it has no row."""
+        got = {name: int(cells[1].replace(",", "")) for name, cells in self.rows("decisions")}
+        return got.get(policy)
 
     def use_token(self, token):
         box = self.d.find_element(self.By.ID, "token")
@@ -226,8 +233,7 @@ def browser_test(stack):
         assert any(n.endswith("/admin/workers") for n in names), names
         off = [n for n in names if not n.startswith(origin + "/")]
         assert not off, "requests off the admin origin: %r" % off
-        cached_rows = b.d.find_elements(b.By.CSS_SELECTOR, "#cached tbody tr")
-        assert len(cached_rows) == 2, len(cached_rows)
+        assert set(b.cached_rows()) == set(urls), b.cached_rows()
 
         # Requests through the proxy raise the current policy's decision count on the page.
         assert b.text("policy-name") == "kv_aware"
@@ -260,8 +266,38 @@ def browser_test(stack):
         b.wait(lambda: b.text("policy-msg") == "policy is now round_robin", "the switch message")
         assert admin_get(r, "/admin/policy", tok)["policy"] == "round_robin"
         b.wait(lambda: b.text("policy-name") == "round_robin", "the page showing round_robin")
+        kv_aware = b.decisions("kv_aware")
+        send_requests(r, 2)
+        b.wait(lambda: b.decisions("round_robin") == 2, "round_robin's decisions on the page")
+        assert b.decisions("kv_aware") == kv_aware, (b.decisions("kv_aware"), kv_aware)
         severe = [e for e in b.severe_logs() if "401" not in e["message"]]
         assert not severe, "console errors other than the expected 401s: %r" % severe
+
+
+def open_reads_test(stack):
+    """--admin-open-reads: the page shows everything without a token and asks for none, but the
+    switch still needs it."""
+    with Cleanup() as c:
+        tok = c.add(AdminToken())
+        sims = [c.add(Sim()) for _ in range(2)]
+        r = c.add(Router(sims, *FAST, *tok.flags, "--admin-open-reads", "true"))
+        b = c.add(Browser(stack))
+        b.d.get("http://127.0.0.1:%d/dashboard" % r.admin_port)
+        urls = {s.url: "up" for s in sims}
+        b.wait(lambda: b.worker_rows() == urls, "both workers up without a token")
+        assert not b.d.find_element(b.By.ID, "auth").is_displayed()
+        assert not b.severe_logs(), b.severe_logs()
+        before = admin_get(r, "/admin/policy", tok)["policy"]
+        other = "least_load" if before != "least_load" else "round_robin"
+        b.switch_policy(other)
+        b.wait(lambda: "HTTP 401" in b.text("policy-msg"), "the 401 message of the switch")
+        assert b.text("policy-msg").startswith("not switched: HTTP 401: "), b.text("policy-msg")
+        assert admin_get(r, "/admin/policy", tok)["policy"] == before
+        assert not b.d.find_element(b.By.ID, "auth").is_displayed()  # reads still work
+        b.use_token(tok.token)
+        b.switch_policy(other)
+        b.wait(lambda: b.text("policy-msg") == "policy is now " + other, "the switch message")
+        assert admin_get(r, "/admin/policy", tok)["policy"] == other
 
 
 def main():
@@ -277,6 +313,10 @@ def main():
     @test(timeout=120)
     def test_dashboard_in_chromium():
         browser_test(stack)
+
+    @test(timeout=120)
+    def test_dashboard_open_reads():
+        open_reads_test(stack)
 
     return h.run(TESTS)
 
