@@ -574,6 +574,19 @@ static void outlier_json(const kvr_worker_t *w, uint64_t now, cJSON *o) {
   cJSON_AddBoolToObject(o, "trial_in_flight", w->trial_inflight);
 }
 
+/* The "cached" object of one worker: the predicted-vs-actual cached prompt tokens (the
+ * kvrouter_worker_*prompt_tokens_total and *cached* counters). The usage_* figures cover only the
+ * responses that reported usage, so usage_predicted_cached_tokens / usage_prompt_tokens and
+ * usage_cached_tokens / usage_prompt_tokens compare like with like. */
+static void cached_json(const kvr_worker_t *w, cJSON *c) {
+  cJSON_AddNumberToObject(c, "prompt_tokens", (double)w->prompt_tokens_total);
+  cJSON_AddNumberToObject(c, "predicted_cached_tokens", (double)w->predicted_cached_tokens_total);
+  cJSON_AddNumberToObject(c, "usage_prompt_tokens", (double)w->usage_prompt_tokens_total);
+  cJSON_AddNumberToObject(c, "usage_predicted_cached_tokens",
+                          (double)w->usage_predicted_cached_total);
+  cJSON_AddNumberToObject(c, "usage_cached_tokens", (double)w->usage_cached_tokens_total);
+}
+
 static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t now) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "id", w->id);
@@ -599,6 +612,8 @@ static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t
     cJSON_AddNullToObject(o, "max_model_len");
   cJSON_AddNumberToObject(o, "learn_cap_blocks",
                           w->max_model_len ? (double)kvr_router_learn_cap(r, w) : -1);
+  cJSON_AddNumberToObject(o, "decisions_total", (double)r->decisions_total[w->slot]);
+  cached_json(w, cJSON_AddObjectToObject(o, "cached"));
   outlier_json(w, now, cJSON_AddObjectToObject(o, "outlier"));
   if (w->kv_events) {
     cJSON *kv = cJSON_AddObjectToObject(o, "kv_events");
@@ -645,6 +660,21 @@ cJSON *kvr_router_view_policy(const kvr_router_t *r) {
     cJSON_AddStringToObject(p, "description", kvr_policy_registry[i]->description);
     cJSON_AddItemToArray(avail, p);
   }
+  cJSON *dec = cJSON_AddObjectToObject(o, "decisions_by_policy");
+  for (size_t i = 0; kvr_policy_registry[i] && i < KVR_ARRAY_SIZE(r->decisions_by_policy); i++)
+    cJSON_AddNumberToObject(dec, kvr_policy_registry[i]->name, (double)r->decisions_by_policy[i]);
+  return o;
+}
+
+cJSON *kvr_router_view_cache_index(const kvr_router_t *r) {
+  kvr_cache_index_stats_t st;
+  kvr_cache_index_stats(r->index, &st);
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "blocks", (double)st.blocks);
+  cJSON_AddNumberToObject(o, "entries", (double)st.entries);
+  cJSON_AddNumberToObject(o, "bytes", (double)st.bytes);
+  cJSON_AddNumberToObject(o, "inserts", (double)st.inserts);
+  cJSON_AddNumberToObject(o, "evictions", (double)st.evictions);
   return o;
 }
 
