@@ -35,6 +35,24 @@
  * failed one; any -> DRAINING (admin). The cache index learns only through kvr_router_on_learn,
  * capped at the worker's max_model_len (kvr_router_learn_cap); the proxy calls it for 2xx answers
  * only. The retry budget (retries_inflight) and the admission counters are router-wide.
+ *
+ * Actual cached tokens and token counts: a default vLLM sends usage only in non-streamed answers
+ * and in streams that ask (stream_options.include_usage), and usage.prompt_tokens_details only
+ * with --enable-prompt-tokens-details (then only when cached_tokens is not 0). Its /metrics always
+ * has vllm:prefix_cache_hits_total and the token counters. Each worker has two sources of actual
+ * figures, the cached tokens (cached_source) and the prompt and generated tokens (tokens_source),
+ * and each is exactly one of:
+ *   scrape  (the start) the counters' increases from page to page (kvr_scrape_counters_advance:
+ *           counted from the first page the router saw; a restart counts from the new values);
+ *   usage   from the first answer whose usage shows the figure (details for the cached tokens, any
+ *           usage for the tokens) on for good: that answer's and later ones' usage. The counters'
+ *           increases are no longer added. An answer to a request dispatched before the last page
+ *           the scrape counted (cut_ms) is left out: that page may already hold its tokens.
+ * So nothing is counted twice; at the switch the figures may miss the tokens of requests in
+ * flight across that last page (at most one scrape interval's worth, once per worker). In usage
+ * mode a streamed answer without usage adds nothing (answers_without_usage_total counts them).
+ * The scraped counters also count requests that did not come through this router (other replicas,
+ * direct clients): scrape figures are the worker's, usage figures this router's.
  */
 #include "router.h"
 
@@ -42,6 +60,7 @@
 #include "http_server.h" /* kvr_http_request_id_seed */
 #include "kvr.h"
 #include "log.h"
+#include "scrape.h" /* kvr_scrape_counters_advance (pure) */
 
 #include <stdlib.h>
 #include <string.h>
@@ -433,14 +452,45 @@ void kvr_router_on_learn(kvr_router_t *r, const kvr_router_dispatch_t *d, const 
                            KVR_MIN(n, kvr_router_learn_cap(r, w)));
 }
 
-void kvr_router_on_usage(kvr_router_t *r, const kvr_router_dispatch_t *d, uint64_t prompt_tokens,
-                         uint64_t cached_tokens) {
+/* The first answer showing a figure in its usage moves src to usage: cut at the last page the
+ * scrape counted, if any. */
+static void source_to_usage(kvr_count_source_t *src, const kvr_worker_t *w, const char *what) {
+  if (src->usage)
+    return;
+  src->usage = true;
+  src->cut = w->counters.last.present != 0;
+  src->cut_ms = w->counters_at_ms;
+  KVR_INFO("router", "worker %u: %s from usage from now on (answers showed it)", w->id, what);
+}
+
+/* Whether an answer to d counts in src: usage mode, and d dispatched after the cut. */
+static bool source_counts(const kvr_count_source_t *src, const kvr_router_dispatch_t *d) {
+  return src->usage && (!src->cut || d->dispatched_ns / 1000000u > src->cut_ms);
+}
+
+void kvr_router_on_usage(kvr_router_t *r, const kvr_router_dispatch_t *d,
+                         const kvr_router_usage_t *u) {
   kvr_worker_t *w = record_worker(r, d);
   if (w == NULL)
     return;
-  w->usage_prompt_tokens_total += prompt_tokens;
-  w->usage_cached_tokens_total += cached_tokens;
-  w->usage_predicted_cached_total += KVR_MIN(d->predicted_cached, prompt_tokens);
+  if (u == NULL) {
+    w->answers_without_usage_total++;
+    return;
+  }
+  w->usage_prompt_tokens_total += u->prompt_tokens;
+  w->usage_cached_tokens_total += u->cached_tokens;
+  w->usage_predicted_cached_total += KVR_MIN(d->predicted_cached, u->prompt_tokens);
+  if (u->has_details)
+    source_to_usage(&w->cached_source, w, "cached tokens");
+  source_to_usage(&w->tokens_source, w, "token counts");
+  if (source_counts(&w->cached_source, d))
+    w->actual_cached_tokens_total += u->cached_tokens;
+  if (source_counts(&w->tokens_source, d)) {
+    w->actual_prompt_tokens_total += u->prompt_tokens;
+    w->actual_generation_tokens_total += u->completion_tokens;
+    r->prompt_tokens_total += u->prompt_tokens;
+    r->generation_tokens_total += u->completion_tokens;
+  }
 }
 
 /* ---- outlier ejection ------------------------------------------------------------------------ */
@@ -552,10 +602,38 @@ int kvr_router_on_health(kvr_router_t *r, uint32_t id, bool reachable) {
   return 0;
 }
 
+/* A page's vLLM counters: their increases feed the figures still in scrape mode, and the window
+ * of the prediction moves on to this page. */
+static void apply_counters(kvr_router_t *r, kvr_worker_t *w, const kvr_router_scrape_t *m) {
+  if (m->counters.present == 0)
+    return;
+  bool first = w->counters.last.present == 0;
+  uint64_t d[KVR_VLLM_NCOUNTERS];
+  if (kvr_scrape_counters_advance(&w->counters, &m->counters, d))
+    KVR_WARN("scrape", "worker %u: vLLM's token counters went back (restarted): counting again "
+             "from their new values", w->id);
+  w->counters_at_ms = m->at_ms;
+  if (!first) {
+    w->window_predicted_cached += w->predicted_cached_tokens_total - w->mark_predicted;
+    w->window_prompt_estimate += w->prompt_tokens_total - w->mark_prompt;
+  }
+  w->mark_predicted = w->predicted_cached_tokens_total;
+  w->mark_prompt = w->prompt_tokens_total;
+  if (!w->cached_source.usage)
+    w->actual_cached_tokens_total += d[KVR_VLLM_HITS];
+  if (!w->tokens_source.usage) {
+    w->actual_prompt_tokens_total += d[KVR_VLLM_PROMPT];
+    w->actual_generation_tokens_total += d[KVR_VLLM_GENERATION];
+    r->prompt_tokens_total += d[KVR_VLLM_PROMPT];
+    r->generation_tokens_total += d[KVR_VLLM_GENERATION];
+  }
+}
+
 int kvr_router_on_scrape(kvr_router_t *r, uint32_t id, const kvr_router_scrape_t *m) {
   kvr_worker_t *w = worker_by_id(r, id);
   if (w == NULL)
     return KVR_ENOENT;
+  apply_counters(r, w, m);
   w->num_requests_running = m->num_requests_running;
   w->num_requests_waiting = m->num_requests_waiting;
   w->kv_cache_usage = m->kv_cache_usage;
@@ -674,11 +752,6 @@ void kvr_router_observe_ttft(kvr_router_t *r, double seconds) {
 
 void kvr_router_observe_itl(kvr_router_t *r, double seconds) {
   kvr_hist_observe(&r->itl_seconds, seconds);
-}
-
-void kvr_router_on_token_usage(kvr_router_t *r, uint64_t prompt, uint64_t generated) {
-  r->prompt_tokens_total += prompt;
-  r->generation_tokens_total += generated;
 }
 
 /* ---- retry budget and admission bound ------------------------------------------------------- */
