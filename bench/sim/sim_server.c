@@ -199,12 +199,14 @@ static double rng_uniform(kvr_sim_server_t *srv) {
 /* ---- streams: chunks and endings ---- */
 
 /* The usage object, as vLLM's OpenAI server writes it: prompt_tokens_details only when the server
- * runs with --enable-prompt-tokens-details and the request had cached tokens (vLLM tests
- * `enable_prompt_tokens_details and num_cached_tokens`; a None field is left out). */
+ * runs with --enable-prompt-tokens-details (vLLM's _make_prompt_tokens_details() in
+ * vllm/entrypoints/openai/chat_completion/serving.py returns None without it, and None fields are
+ * left out), then with cached_tokens even when 0 (older vLLM left it out at 0; the router copes
+ * with both). */
 static void usage_json(kvr_buf_t *b, const stream_t *s) {
   kvr_buf_printf(b, "{\"prompt_tokens\":%u,\"total_tokens\":%u,\"completion_tokens\":%u",
                  s->prompt_tokens, s->prompt_tokens + s->sent, s->sent);
-  if (s->srv->opts.enable_prompt_tokens_details && s->cached_tokens > 0)
+  if (s->srv->opts.enable_prompt_tokens_details)
     kvr_buf_printf(b, ",\"prompt_tokens_details\":{\"cached_tokens\":%u}", s->cached_tokens);
   kvr_buf_puts(b, "}");
 }

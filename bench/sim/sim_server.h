@@ -66,7 +66,7 @@ typedef struct kvr_sim_server_opts_s {
   kvr_kv_events_config_t kv_events;
   kvr_kv_encoding_t kv_encoding; /* map (vLLM 0.26) or array (vLLM 0.23) */
   /* vLLM's --enable-prompt-tokens-details (default off, as in vLLM): usage carries
-   * prompt_tokens_details.cached_tokens, and only when that count is not 0, as vLLM writes it. */
+   * prompt_tokens_details.cached_tokens. */
   bool enable_prompt_tokens_details;
   /* vLLM's --enable-force-include-usage (default off): every streamed answer ends with a usage
    * chunk, as if the request had asked with stream_options.include_usage. */
