@@ -159,7 +159,7 @@ static const worker_family_t worker_families[] = {
     {"kvrouter_worker_vllm_generation_tokens_total", "counter",
      "Increase of the worker's vllm:generation_tokens_total since the router first scraped it",
      FN(f_vllm_generation)},
-    {"kvrouter_worker_vllm_counter_resets_total", "counter",
+    {"kvrouter_worker_vllm_resets_total", "counter",
      "Scrapes on which the worker's vLLM counters went back (a restart; counted again from their "
      "new values)",
      U64(counters.resets)},

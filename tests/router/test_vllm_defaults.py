@@ -242,7 +242,7 @@ def worker_restart():
         assert w["token_counts"]["generation"] == \
             before["generation_tokens_total"] + after["generation_tokens_total"], (w, before, after)
         m = parse_prom_samples(r.metrics_text())
-        assert prom_value(m, "kvrouter_worker_vllm_counter_resets_total", worker=str(wid)) >= 1
+        assert prom_value(m, "kvrouter_worker_vllm_resets_total", worker=str(wid)) >= 1
 
 
 if __name__ == "__main__":
