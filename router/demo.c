@@ -244,9 +244,10 @@ static int start_workers(demo_t *d) {
     char blocks[32];
     /* --enable-prompt-tokens-details: the demo's bench reports per-request cached tokens, as an
      * operator who wants them starts vLLM. */
-    char *args[] = {d->exe,    "sim",   "--listen", listen, "--time-scale",
-                    d->scale_s, "--seed", seed_s,     "--enable-prompt-tokens-details",
-                    NULL,       NULL,     NULL};
+    char *args[] = {d->exe,   "sim",          "--listen",
+                    listen,   "--time-scale", d->scale_s,
+                    "--seed", seed_s,         "--enable-prompt-tokens-details",
+                    NULL,     NULL,           NULL};
     if (d->cli->nworker_blocks > 0) {
       snprintf(blocks, sizeof(blocks), "%u", d->cli->worker_blocks[w]);
       args[9] = "--num-gpu-blocks";

@@ -75,8 +75,7 @@ static const kvr_cli_opt_t options[] = {
              "\"replay_endpoint\":\"tcp://*:5558\"}' (bench/sim/README.md)"},
     {KVR_CLI_ENUM, "kv-events-encoding", F(opts.kv_encoding), .arg = "ENC", .names = encoding_names,
      .help = "map (vLLM 0.26: map events, replay replies with the topic) or array (vLLM 0.23)"},
-    {KVR_CLI_SWITCH, "enable-prompt-tokens-details", F(opts.enable_prompt_tokens_details),
-     .set = 1,
+    {KVR_CLI_SWITCH, "enable-prompt-tokens-details", F(opts.enable_prompt_tokens_details), .set = 1,
      .help = "vLLM's flag: usage carries prompt_tokens_details.cached_tokens; off by default, as "
              "in vLLM"},
     {KVR_CLI_SWITCH, "enable-force-include-usage", F(opts.enable_force_include_usage), .set = 1,

@@ -132,8 +132,8 @@ struct px_s {
   kvr_buf_t answer;
   bool usage_seen;
   kvr_router_usage_t usage; /* the last usage object of the answer */
-  kvr_route_t route;      /* for kvrouter_http_requests_total */
-  uint64_t last_token_ns; /* the previous token event (TTFT, then inter-token latency) */
+  kvr_route_t route;        /* for kvrouter_http_requests_total */
+  uint64_t last_token_ns;   /* the previous token event (TTFT, then inter-token latency) */
   bool mid_stream_error;
   /* Timing and outcome. */
   uv_timer_t timer;

@@ -610,8 +610,10 @@ static void apply_counters(kvr_router_t *r, kvr_worker_t *w, const kvr_router_sc
   bool first = w->counters.last.present == 0;
   uint64_t d[KVR_VLLM_NCOUNTERS];
   if (kvr_scrape_counters_advance(&w->counters, &m->counters, d))
-    KVR_WARN("scrape", "worker %u: vLLM's token counters went back (restarted): counting again "
-             "from their new values", w->id);
+    KVR_WARN("scrape",
+             "worker %u: vLLM's token counters went back (restarted): counting again "
+             "from their new values",
+             w->id);
   w->counters_at_ms = m->at_ms;
   if (!first) {
     w->window_predicted_cached += w->predicted_cached_tokens_total - w->mark_predicted;

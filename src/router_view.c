@@ -269,8 +269,8 @@ static void worker_state_metrics(const kvr_router_t *r, kvr_buf_t *out) {
 
 /* kvrouter_worker_cached_tokens_source and kvrouter_worker_token_counts_source: one series per
  * worker and source (usage, scrape), 1 for the source the worker's actual figures come from. */
-static void source_family(const kvr_router_t *r, kvr_buf_t *out, const char *name,
-                          const char *help, size_t off) {
+static void source_family(const kvr_router_t *r, kvr_buf_t *out, const char *name, const char *help,
+                          size_t off) {
   kvr_buf_t l = KVR_BUF_INIT;
   kvr_metric_family(out, name, "gauge", help);
   for (size_t i = 0; i < r->nslots; i++) {

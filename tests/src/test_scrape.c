@@ -225,9 +225,8 @@ static void scrape_at(fx_t *f, uint64_t at_ms, uint64_t h, uint64_t q, uint64_t 
   char buf[1024];
   fake_now_ns = at_ms * 1000000u;
   counter_page(buf, sizeof buf, h, q, p, g);
-  assert_int_equal(kvr__scrape_report(f->r, f->r->slots[0]->id, true, true, buf, strlen(buf),
-                                      at_ms),
-                   0);
+  assert_int_equal(
+      kvr__scrape_report(f->r, f->r->slots[0]->id, true, true, buf, strlen(buf), at_ms), 0);
 }
 
 /* The worker's actual figures: scraped increases until usage shows them, then usage only, with no
@@ -279,8 +278,8 @@ static void test_actual_sources(void **state) {
   assert_int_equal(w->actual_prompt_tokens_total, 200);
   assert_int_equal(f.r->prompt_tokens_total, 200);
   /* Details: the cached tokens move to usage, from requests dispatched after the page at 1400. */
-  kvr_router_usage_t det = {.prompt_tokens = 100, .completion_tokens = 8, .cached_tokens = 64,
-                            .has_details = true};
+  kvr_router_usage_t det = {
+      .prompt_tokens = 100, .completion_tokens = 8, .cached_tokens = 64, .has_details = true};
   dispatch_at(&f, 1500, &d);
   kvr_router_on_usage(f.r, &d, &det);
   kvr_router_on_end(f.r, &d);
@@ -416,5 +415,5 @@ static void test_parse_models(void **state) {
 
 KVR_TEST_MAIN(cmocka_unit_test(test_parse), cmocka_unit_test(test_parse_models),
               cmocka_unit_test(test_parse_counters), cmocka_unit_test(test_counters_advance),
-              cmocka_unit_test(test_actual_sources),
-              cmocka_unit_test(test_report_path), cmocka_unit_test(test_scraper_on_loop))
+              cmocka_unit_test(test_actual_sources), cmocka_unit_test(test_report_path),
+              cmocka_unit_test(test_scraper_on_loop))
