@@ -46,10 +46,18 @@
  *           counted from the first page the router saw; a restart counts from the new values);
  *   usage   from the first answer whose usage shows the figure (details for the cached tokens, any
  *           usage for the tokens) on for good: that answer's and later ones' usage. The counters'
- *           increases are no longer added. An answer to a request dispatched before the last page
- *           the scrape counted (cut_ms) is left out: that page may already hold its tokens.
- * So nothing is counted twice; at the switch the figures may miss the tokens of requests in
- * flight across that last page (at most one scrape interval's worth, once per worker). In usage
+ *           increases are no longer added.
+ * A page's increases are not added at once: the page waits (pending[], oldest first) until every
+ * request in flight on the worker when it came has ended (kvr_router_on_end counts them down),
+ * then is committed, in order; committed_ns is the last committed page's time (0: none yet; the
+ * first page, the baseline, has no increases but waits too). At the switch, the
+ * pages still pending are dropped for that figure, and usage counts the requests dispatched after
+ * committed_ns (cut_ns): every request whose tokens a committed page may hold had ended, without
+ * usage, before that page was committed, so nothing is counted twice. Exact when every answer
+ * carries usage (the first answer, whose pages were still pending, counts whole); with mixed
+ * answers, the tokens of answers without usage in the dropped pages are missed (once per worker).
+ * More than KVR_PENDING_PAGES pending pages (a request open that long) commit the oldest early:
+ * still never counted twice (the cut moves past the requests it holds), possibly missed. In usage
  * mode a streamed answer without usage adds nothing (answers_without_usage_total counts them).
  * The scraped counters also count requests that did not come through this router (other replicas,
  * direct clients): scrape figures are the worker's, usage figures this router's.
@@ -416,6 +424,8 @@ void kvr_router_on_token(kvr_router_t *r, kvr_router_dispatch_t *d) {
   w->active_tokens++;
 }
 
+static void pages_on_end(kvr_router_t *r, kvr_worker_t *w, const kvr_router_dispatch_t *d);
+
 void kvr_router_on_end(kvr_router_t *r, kvr_router_dispatch_t *d) {
   kvr_worker_t *w = record_worker(r, d);
   d->open = false;
@@ -433,6 +443,7 @@ void kvr_router_on_end(kvr_router_t *r, kvr_router_dispatch_t *d) {
   if (d->trial) /* ended without a verdict (client gone): the next request may try */
     w->trial_inflight = false;
   d->trial = false;
+  pages_on_end(r, w, d);
   if (w->state == KVR_WORKER_DRAINING && w->inflight == 0)
     worker_free(r, w);
 }
@@ -458,14 +469,13 @@ static void source_to_usage(kvr_count_source_t *src, const kvr_worker_t *w, cons
   if (src->usage)
     return;
   src->usage = true;
-  src->cut = w->counters.last.present != 0;
-  src->cut_ms = w->counters_at_ms;
+  src->cut_ns = w->committed_ns;
   KVR_INFO("router", "worker %u: %s from usage from now on (answers showed it)", w->id, what);
 }
 
 /* Whether an answer to d counts in src: usage mode, and d dispatched after the cut. */
 static bool source_counts(const kvr_count_source_t *src, const kvr_router_dispatch_t *d) {
-  return src->usage && (!src->cut || d->dispatched_ns / 1000000u > src->cut_ms);
+  return src->usage && (src->cut_ns == 0 || d->dispatched_ns > src->cut_ns);
 }
 
 void kvr_router_on_usage(kvr_router_t *r, const kvr_router_dispatch_t *d,
@@ -602,7 +612,30 @@ int kvr_router_on_health(kvr_router_t *r, uint32_t id, bool reachable) {
   return 0;
 }
 
-/* A page's vLLM counters: their increases feed the figures still in scrape mode, and the window
+/* Adds the oldest pending page's increases to the figures still in scrape mode. */
+static void commit_page(kvr_router_t *r, kvr_worker_t *w) {
+  const kvr_pending_page_t *p = &w->pending[0];
+  if (!w->cached_source.usage)
+    w->actual_cached_tokens_total += p->delta[KVR_VLLM_HITS];
+  if (!w->tokens_source.usage) {
+    w->actual_prompt_tokens_total += p->delta[KVR_VLLM_PROMPT];
+    w->actual_generation_tokens_total += p->delta[KVR_VLLM_GENERATION];
+    r->prompt_tokens_total += p->delta[KVR_VLLM_PROMPT];
+    r->generation_tokens_total += p->delta[KVR_VLLM_GENERATION];
+  }
+  w->committed_ns = p->at_ns;
+  w->npending--;
+  memmove(&w->pending[0], &w->pending[1], w->npending * sizeof(w->pending[0]));
+}
+
+/* Commits the pending pages, oldest first, while no request they wait for is open. */
+static void commit_ready(kvr_router_t *r, kvr_worker_t *w) {
+  while (w->npending > 0 && w->pending[0].open == 0)
+    commit_page(r, w);
+}
+
+/* A page's vLLM counters: their increases wait as a pending page (the first page, the baseline,
+ * with none: requests open across it are still whole for usage until it commits), and the window
  * of the prediction moves on to this page. */
 static void apply_counters(kvr_router_t *r, kvr_worker_t *w, const kvr_router_scrape_t *m) {
   if (m->counters.present == 0)
@@ -614,21 +647,27 @@ static void apply_counters(kvr_router_t *r, kvr_worker_t *w, const kvr_router_sc
              "worker %u: vLLM's token counters went back (restarted): counting again "
              "from their new values",
              w->id);
-  w->counters_at_ms = m->at_ms;
   if (!first) {
     w->window_predicted_cached += w->predicted_cached_tokens_total - w->mark_predicted;
     w->window_prompt_estimate += w->prompt_tokens_total - w->mark_prompt;
   }
+  if (w->npending == KVR_PENDING_PAGES)
+    commit_page(r, w); /* a request open that long: commit early (see the header comment) */
+  kvr_pending_page_t *p = &w->pending[w->npending++];
+  p->at_ns = kvr_router_now_ns(r);
+  memcpy(p->delta, d, sizeof(p->delta)); /* the first page's are 0: it is the baseline */
+  p->open = w->inflight;
   w->mark_predicted = w->predicted_cached_tokens_total;
   w->mark_prompt = w->prompt_tokens_total;
-  if (!w->cached_source.usage)
-    w->actual_cached_tokens_total += d[KVR_VLLM_HITS];
-  if (!w->tokens_source.usage) {
-    w->actual_prompt_tokens_total += d[KVR_VLLM_PROMPT];
-    w->actual_generation_tokens_total += d[KVR_VLLM_GENERATION];
-    r->prompt_tokens_total += d[KVR_VLLM_PROMPT];
-    r->generation_tokens_total += d[KVR_VLLM_GENERATION];
-  }
+  commit_ready(r, w);
+}
+
+/* d ends on w: the pending pages that came while it was open wait for one request fewer. */
+static void pages_on_end(kvr_router_t *r, kvr_worker_t *w, const kvr_router_dispatch_t *d) {
+  for (uint32_t i = 0; i < w->npending; i++)
+    if (w->pending[i].at_ns >= d->dispatched_ns && w->pending[i].open > 0)
+      w->pending[i].open--;
+  commit_ready(r, w);
 }
 
 int kvr_router_on_scrape(kvr_router_t *r, uint32_t id, const kvr_router_scrape_t *m) {

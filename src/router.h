@@ -129,12 +129,21 @@ typedef struct kvr_vllm_counter_state_s {
 
 /* Where a worker's actual figures come from (see "Actual cached tokens and token counts" in
  * router.c): the scraped counters until an answer of the worker shows the figure in its usage,
- * then usage, for the requests dispatched after the last page the scrape counted (cut_ms). */
+ * then usage, for the requests dispatched after the last page the scrape committed (cut_ns). */
 typedef struct kvr_count_source_s {
   bool usage;
-  bool cut;        /* the switch came after a page with counters: usage counts from cut_ms on */
-  uint64_t cut_ms; /* that page's at_ms */
+  uint64_t cut_ns; /* usage counts requests dispatched after this (kvr_router_now_ns() time) */
 } kvr_count_source_t;
+
+/* A page of counters not yet added to the actual figures: it waits until every request that was
+ * in flight on the worker when it came has ended (open == 0), so that an answer whose usage could
+ * still move a figure to usage finds its tokens in no committed page. */
+#define KVR_PENDING_PAGES 32
+typedef struct kvr_pending_page_s {
+  uint64_t at_ns; /* kvr_router_now_ns() when the page was applied */
+  uint64_t delta[KVR_VLLM_NCOUNTERS];
+  uint32_t open; /* requests dispatched before at_ns still in flight */
+} kvr_pending_page_t;
 
 /* What one peer replica has in flight on a worker (its GET /admin/load), and when it said so. */
 typedef struct kvr_peer_load_s {
@@ -168,7 +177,9 @@ typedef struct kvr_worker_s {
    * cached and estimated prompt tokens of the requests dispatched between the first and the last
    * page with counters (mark_*: the totals at the last such page). */
   kvr_vllm_counter_state_t counters;
-  uint64_t counters_at_ms; /* at_ms of the last page with counters */
+  kvr_pending_page_t pending[KVR_PENDING_PAGES]; /* oldest first */
+  uint32_t npending;
+  uint64_t committed_ns; /* at_ns of the last committed page; 0: none yet */
   uint64_t window_predicted_cached, window_prompt_estimate, mark_predicted, mark_prompt;
   uint64_t consecutive_failures; /* connection failures in a row (health: DOWN) */
   uint64_t added_ms;

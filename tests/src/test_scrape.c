@@ -230,7 +230,7 @@ static void scrape_at(fx_t *f, uint64_t at_ms, uint64_t h, uint64_t q, uint64_t 
 }
 
 /* The worker's actual figures: scraped increases until usage shows them, then usage only, with no
- * request counted by both. */
+ * request counted by both: a page waits until the requests open when it came have ended. */
 static void test_actual_sources(void **state) {
   (void)state;
   static const char *const urls[] = {"http://127.0.0.1:1"};
@@ -241,11 +241,11 @@ static void test_actual_sources(void **state) {
   kvr_router_dispatch_t d;
   scrape_at(&f, 1000, 500, 900, 900, 50); /* baseline */
   assert_int_equal(w->actual_cached_tokens_total, 0);
-  /* No usage (streams that did not ask): the scrape fills the figures. */
+  /* No usage (a stream that did not ask): the scrape fills the figures. */
   dispatch_at(&f, 1100, &d);
   kvr_router_on_usage(f.r, &d, NULL);
   kvr_router_on_end(f.r, &d);
-  scrape_at(&f, 1200, 560, 1000, 1000, 58);
+  scrape_at(&f, 1200, 560, 1000, 1000, 58); /* nothing open: committed at once */
   assert_false(w->cached_source.usage);
   assert_false(w->tokens_source.usage);
   assert_int_equal(w->actual_cached_tokens_total, 60);
@@ -253,44 +253,63 @@ static void test_actual_sources(void **state) {
   assert_int_equal(w->actual_generation_tokens_total, 8);
   assert_int_equal(f.r->prompt_tokens_total, 100);
   assert_int_equal(w->answers_without_usage_total, 1);
-  /* The prediction over the same scrapes: the request dispatched between them. */
-  assert_int_equal(w->window_prompt_estimate, 100);
-  /* Usage without details (vLLM without --enable-prompt-tokens-details): the token counts move
-   * to usage, the cached tokens stay on the scrape. A request dispatched before the last page
-   * (1200) is the scrape's: its usage is not counted again. */
-  kvr_router_dispatch_t early;
-  dispatch_at(&f, 1150, &early);
+  assert_int_equal(w->window_prompt_estimate, 100); /* the prediction over the same scrapes */
+  /* A page that comes while a request is open waits for it. */
+  dispatch_at(&f, 1300, &d);
+  scrape_at(&f, 1400, 590, 1100, 1100, 62);
+  assert_int_equal(w->npending, 1);
+  assert_int_equal(w->actual_cached_tokens_total, 60);
+  /* Its answer carries usage without details (vLLM without --enable-prompt-tokens-details): the
+   * token counts move to usage and count it whole; the page, committed when it ends, adds its
+   * hits (the cached tokens stay on the scrape) but not its tokens again. */
   kvr_router_usage_t plain = {.prompt_tokens = 100, .completion_tokens = 8};
-  fake_now_ns = 1250 * 1000000u;
-  kvr_router_on_usage(f.r, &early, &plain);
-  kvr_router_on_end(f.r, &early);
+  kvr_router_on_usage(f.r, &d, &plain);
   assert_true(w->tokens_source.usage);
   assert_false(w->cached_source.usage);
-  assert_int_equal(w->actual_prompt_tokens_total, 100);
-  dispatch_at(&f, 1300, &d);
-  kvr_router_on_usage(f.r, &d, &plain);
-  kvr_router_on_end(f.r, &d);
   assert_int_equal(w->actual_prompt_tokens_total, 200);
-  assert_int_equal(w->actual_generation_tokens_total, 16);
-  /* The next page adds its hits (scrape source) but no tokens (usage source). */
-  scrape_at(&f, 1400, 590, 1200, 1200, 74);
+  kvr_router_on_end(f.r, &d);
+  assert_int_equal(w->npending, 0);
   assert_int_equal(w->actual_cached_tokens_total, 90);
   assert_int_equal(w->actual_prompt_tokens_total, 200);
+  assert_int_equal(w->actual_generation_tokens_total, 16);
   assert_int_equal(f.r->prompt_tokens_total, 200);
-  /* Details: the cached tokens move to usage, from requests dispatched after the page at 1400. */
+  /* Details: the cached tokens move to usage the same way. */
   kvr_router_usage_t det = {
       .prompt_tokens = 100, .completion_tokens = 8, .cached_tokens = 64, .has_details = true};
   dispatch_at(&f, 1500, &d);
+  scrape_at(&f, 1600, 654, 1200, 1200, 70);
   kvr_router_on_usage(f.r, &d, &det);
   kvr_router_on_end(f.r, &d);
   assert_true(w->cached_source.usage);
   assert_int_equal(w->actual_cached_tokens_total, 90 + 64);
-  /* Later pages no longer add hits, even after a restart. */
-  scrape_at(&f, 1600, 10, 20, 20, 1);
+  assert_int_equal(w->actual_prompt_tokens_total, 300);
+  /* Later pages add nothing, even after a restart (counted as one). */
+  scrape_at(&f, 1700, 10, 20, 20, 1);
   assert_int_equal(w->counters.resets, 1);
-  assert_int_equal(w->counters.sum[KVR_VLLM_HITS], 90 + 10);
+  assert_int_equal(w->counters.sum[KVR_VLLM_HITS], 154 + 10);
   assert_int_equal(w->actual_cached_tokens_total, 90 + 64);
   assert_int_equal(w->actual_prompt_tokens_total, 300);
+  kvr_router_set_clock(f.r, NULL, NULL);
+  fx_close(&f);
+
+  /* A request open across more than KVR_PENDING_PAGES pages: the oldest commit early, and its
+   * usage, dispatched before the last committed page, is then left to the scrape. */
+  fx_open(&f, urls, 1, 0);
+  kvr_router_set_clock(f.r, fake_clock, NULL);
+  w = f.r->slots[0];
+  scrape_at(&f, 1000, 0, 0, 0, 0);
+  dispatch_at(&f, 1001, &d);
+  for (uint64_t i = 1; i <= KVR_PENDING_PAGES + 2; i++)
+    scrape_at(&f, 1001 + i, 0, 100, 100, i); /* its prompt, then one token a page */
+  assert_int_equal(w->npending, KVR_PENDING_PAGES);
+  assert_int_equal(w->actual_prompt_tokens_total, 100); /* two pages committed early */
+  assert_int_equal(w->actual_generation_tokens_total, 2);
+  kvr_router_usage_t whole = {.prompt_tokens = 100, .completion_tokens = KVR_PENDING_PAGES + 2};
+  kvr_router_on_usage(f.r, &d, &whole);
+  kvr_router_on_end(f.r, &d);
+  assert_true(w->tokens_source.usage);
+  assert_int_equal(w->actual_prompt_tokens_total, 100); /* not twice */
+  assert_int_equal(w->actual_generation_tokens_total, 2);
   kvr_router_set_clock(f.r, NULL, NULL);
   fx_close(&f);
 }
