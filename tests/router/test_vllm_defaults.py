@@ -9,7 +9,7 @@ actual cached tokens and token counts from the workers' scraped vLLM counters
 their answers show the figures in usage (src/router.c, "Actual cached tokens and token counts").
 
 - sim_usage_flags: without the flags, no prompt_tokens_details and no usage chunk in a stream
-  that did not ask; with --enable-prompt-tokens-details the details are there (cached_tokens 0 on a
+  that did not ask (continuous_usage_stats alone gives none either); with --enable-prompt-tokens-details the details are there (cached_tokens 0 on a
   cold cache, the cached prefix after); with --enable-force-include-usage every stream ends with
   usage.
 - scrape_fills_figures: sims without the flag, streams without include_usage (4 at a time): the
@@ -120,6 +120,11 @@ def sim_usage_flags():
         assert u is None, "usage chunk in a stream that did not ask: %r" % r.body[-300:]
         _, u = chat(plain.port, DOC, stream=True, include_usage=True)
         assert u and "prompt_tokens_details" not in u, u
+        # Per-chunk usage needs include_usage too (vLLM's should_include_usage()).
+        body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 3, "stream": True,
+                "stream_options": {"continuous_usage_stats": True}}
+        r = request(plain.port, "POST", "/v1/completions", body)
+        assert r.status == 200 and b'"usage"' not in r.body, r.body[-300:]
         # With the flags: details on a cold cache (0), then the cached prefix; usage in every
         # stream.
         _, u = chat(full.port, DOC, stream=False)
