@@ -3,8 +3,9 @@
  * Reads only, through const pointers: the router module (router.c) is the one writer of what is
  * shown here. The per-worker metric families are one table (worker_families): name, type, help and
  * where the figure is, a field of kvr_worker_t (by offset and type) or a function computing it;
- * kvr_router_view_metrics() prints the table, then the routing-decision families, then the request
- * families, in that fixed order.
+ * kvr_router_view_metrics() prints the table, then the worker state and actual-figure source
+ * families, then the routing-decision families, then the request families, in that fixed order.
+ * The predicted-vs-actual fractions follow the worker's cached-token source (window_source()).
  */
 #include "router_view.h"
 
