@@ -229,8 +229,11 @@ def worker_restart():
         traffic(r, stream=True, include_usage=False)
         before = sim_counters(first)
         wid = worker_ids(r, [first])[0]
-        wait_for(lambda: router_worker_figures(r, wid)["prompt"] == before["prompt_tokens_total"],
-                 10, "the first worker's tokens")
+        # Every token of the first worker scraped before it goes (a page it never served is lost).
+        wait_for(lambda: (lambda f: f["prompt"] == before["prompt_tokens_total"] and
+                          f["generation"] == before["generation_tokens_total"] and
+                          f["cached"] == before["prefix_cache_hits_total"])(
+                              router_worker_figures(r, wid)), 10, "the first worker's tokens")
         assert first.stop() is None
         second = c.add(Sim(*ENGINE, "--listen", "127.0.0.1:%d" % port, fixed=None,
                            details=False, admin=False))
@@ -249,7 +252,11 @@ def worker_restart():
                 t["prompt"] == before["prompt_tokens_total"] + after["prompt_tokens_total"] and \
                 t["generation"] == before["generation_tokens_total"] + \
                 after["generation_tokens_total"] else None
-        w = wait_for(counted, 10, "the restarted worker's tokens added from its new values")
+        try:
+            w = wait_for(counted, 10, "the restarted worker's tokens added from its new values")
+        except AssertionError as e:
+            raise AssertionError("%s: router %r, before %r, after %r" % (
+                e, r.workers()[0]["token_counts"], before, after))
         assert w["cached_tokens"]["actual"] == \
             before["prefix_cache_hits_total"] + after["prefix_cache_hits_total"], (w, after)
         m = parse_prom_samples(r.metrics_text())
