@@ -8,9 +8,12 @@ set -euo pipefail
 
 # clang and libclang-rt-14-dev (libFuzzer, clang's sanitizer runtimes): the fuzz stage of
 # deploy/run-tests.sh (tests/fuzz/, -DKVR_FUZZ=ON). Debian 12's clang is clang-14.
+# chromium, chromium-driver and python3-selenium: the admin dashboard in a headless browser
+# (tests/router/test_dashboard.py).
 PACKAGES=(build-essential cmake pkg-config libuv1-dev node-llhttp libcurl4-openssl-dev
           libxxhash-dev libcjson-dev libcmocka-dev libzmq3-dev libmsgpack-dev python3 python3-yaml
-          python3-zmq python3-msgpack curl clang-format clang libclang-rt-14-dev)
+          python3-zmq python3-msgpack curl clang-format clang libclang-rt-14-dev
+          chromium chromium-driver python3-selenium)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

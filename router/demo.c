@@ -242,12 +242,16 @@ static int start_workers(demo_t *d) {
     snprintf(seed_s, sizeof(seed_s), "%u", w);
     snprintf(log_name, sizeof(log_name), "worker-%u.log", w);
     char blocks[32];
-    char *args[] = {d->exe, "sim", "--listen", listen, "--time-scale", d->scale_s, "--seed",
-                    seed_s, NULL,  NULL,       NULL};
+    /* --enable-prompt-tokens-details: the demo's bench reports per-request cached tokens, as an
+     * operator who wants them starts vLLM. */
+    char *args[] = {d->exe,   "sim",          "--listen",
+                    listen,   "--time-scale", d->scale_s,
+                    "--seed", seed_s,         "--enable-prompt-tokens-details",
+                    NULL,     NULL,           NULL};
     if (d->cli->nworker_blocks > 0) {
       snprintf(blocks, sizeof(blocks), "%u", d->cli->worker_blocks[w]);
-      args[8] = "--num-gpu-blocks";
-      args[9] = blocks;
+      args[9] = "--num-gpu-blocks";
+      args[10] = blocks;
     }
     if (spawn(d, c, args, log_name) != 0)
       return 1;

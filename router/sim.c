@@ -75,6 +75,12 @@ static const kvr_cli_opt_t options[] = {
              "\"replay_endpoint\":\"tcp://*:5558\"}' (bench/sim/README.md)"},
     {KVR_CLI_ENUM, "kv-events-encoding", F(opts.kv_encoding), .arg = "ENC", .names = encoding_names,
      .help = "map (vLLM 0.26: map events, replay replies with the topic) or array (vLLM 0.23)"},
+    {KVR_CLI_SWITCH, "enable-prompt-tokens-details", F(opts.enable_prompt_tokens_details), .set = 1,
+     .help = "vLLM's flag: usage carries prompt_tokens_details.cached_tokens; off by default, as "
+             "in vLLM"},
+    {KVR_CLI_SWITCH, "enable-force-include-usage", F(opts.enable_force_include_usage), .set = 1,
+     .help = "vLLM's flag: every stream ends with a usage chunk, asked for or not "
+             "(stream_options.include_usage); off by default, as in vLLM"},
     {KVR_CLI_ENUM, "log-level", F(log_level), .arg = "LEVEL", .names = log_names,
      .help = "debug, info, warn, error, off"},
     {KVR_CLI_SWITCH, "print-costs", F(print_costs), .set = 1,

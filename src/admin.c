@@ -19,6 +19,7 @@
 #include "admin.h"
 
 #include "config.h"
+#include "dashboard.h"
 #include "http_route.h"
 #include "kvr.h"
 #include "log.h"
@@ -495,6 +496,7 @@ static void workers_get(kvr_http_req_t *req, void *data, const char *tail) {
   (void)tail;
   cJSON *o = cJSON_CreateObject();
   cJSON_AddItemToObject(o, "workers", kvr_router_view_workers(a->r));
+  cJSON_AddItemToObject(o, "cache_index", kvr_router_view_cache_index(a->r));
   send_json(req, 200, o);
 }
 
@@ -569,6 +571,10 @@ static bool probe_path(const char *path) {
 void kvr_admin_on_request(kvr_http_req_t *req, void *data) {
   kvr_admin_t *a = data;
   const kvr_config_t *cfg = a->r->cfg;
+  if (kvr_dashboard_owns(req->path)) { /* static page, no data: it asks for the token itself */
+    kvr_dashboard_on_request(req);
+    return;
+  }
   if (cfg->admin_token != NULL && !probe_path(req->path)) {
     bool read = req->method == HTTP_GET || req->method == HTTP_HEAD;
     if (!(read && cfg->admin_open_reads) && !authorized(req, cfg->admin_token)) {

@@ -3,7 +3,8 @@
  * Routes (JSON in and out, errors OpenAI-style; one route table, http_route.h, so HEAD works
  * wherever GET does, another method on a known path is a 405 with Allow, any other path a 404):
  *   GET    /admin/workers          every worker: URL, state, in-flight, totals, errors, scraped
- *                                  load
+ *                                  load, predicted vs actual cached tokens; and the cache index's
+ *                                  totals ("cache_index")
  *   POST   /admin/workers          {"url": "http://host:port"} adds a worker (201)
  *   DELETE /admin/workers/{id}     drains a worker: no new requests, in-flight ones finish (202)
  *   GET    /admin/policy           the active policy, its effective parameters, the choices
@@ -21,8 +22,10 @@
  *   GET    /metrics                Prometheus text exposition
  *   GET    /health                 200 {"status":"ok"} while a worker is usable, else 503
  *                                  {"status":"unavailable"} (public /health also counts workers)
+ *   GET    /dashboard, /           the live dashboard page (dashboard.h), served without a token
  *
  * Authentication: with a token (--admin-token-file, cfg->admin_token) every call but GET /health
+ * and the dashboard page (static HTML that asks for the token and sends it on its own calls)
  * needs "Authorization: Bearer TOKEN" (scheme in any case, token compared in constant time); with
  * --admin-open-reads GET and HEAD need none. A missing or wrong token is a 401 with
  * WWW-Authenticate: Bearer and an OpenAI-style authentication_error/invalid_api_key body, checked

@@ -124,6 +124,8 @@ const char *kvr_http_reason(int status) {
     return "Accepted";
   case 204:
     return "No Content";
+  case 302:
+    return "Found";
   case 400:
     return "Bad Request";
   case 401:

@@ -131,9 +131,9 @@ struct px_s {
   kvr_openai_sse_t sse_lines; /* SSE line splitter (lines over SSE_LINE_MAX are not inspected) */
   kvr_buf_t answer;
   bool usage_seen;
-  uint64_t usage_prompt, usage_cached, usage_completion;
-  kvr_route_t route;      /* for kvrouter_http_requests_total */
-  uint64_t last_token_ns; /* the previous token event (TTFT, then inter-token latency) */
+  kvr_router_usage_t usage; /* the last usage object of the answer */
+  kvr_route_t route;        /* for kvrouter_http_requests_total */
+  uint64_t last_token_ns;   /* the previous token event (TTFT, then inter-token latency) */
   bool mid_stream_error;
   /* Timing and outcome. */
   uv_timer_t timer;
@@ -246,9 +246,10 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud) {
 static void take_usage(px_t *px, const kvr_openai_chunk_t *c) {
   if (c->has_prompt_tokens) {
     px->usage_seen = true;
-    px->usage_prompt = c->prompt_tokens;
-    px->usage_cached = c->has_cached_tokens ? c->cached_tokens : 0;
-    px->usage_completion = c->has_completion_tokens ? c->completion_tokens : 0;
+    px->usage.prompt_tokens = c->prompt_tokens;
+    px->usage.has_details = c->has_cached_tokens;
+    px->usage.cached_tokens = c->has_cached_tokens ? c->cached_tokens : 0;
+    px->usage.completion_tokens = c->has_completion_tokens ? c->completion_tokens : 0;
   }
 }
 
@@ -482,11 +483,12 @@ static void learn(px_t *px) {
   const kvr_worker_t *w = px->w;
   if (!px->has_prompt || w == NULL)
     return;
-  if (px->usage_seen) {
-    kvr_router_on_usage(px->r, &px->acct, px->usage_prompt, px->usage_cached);
-    kvr_router_on_token_usage(px->r, px->usage_prompt, px->usage_completion);
-  }
-  if (px->answer.len && px->status >= 200 && px->status < 300 && !px->mid_stream_error) {
+  bool ok = px->status >= 200 && px->status < 300 && !px->mid_stream_error;
+  if (px->usage_seen)
+    kvr_router_on_usage(px->r, &px->acct, &px->usage);
+  else if (ok)
+    kvr_router_on_usage(px->r, &px->acct, NULL); /* a stream that did not ask for usage */
+  if (px->answer.len && ok) {
     kvr_prompt_extend_answer(&px->prompt, px->answer.data, px->answer.len);
     kvr_router_on_learn(px->r, &px->acct, px->prompt.blocks, px->prompt.nblocks);
   }

@@ -35,6 +35,32 @@
  * failed one; any -> DRAINING (admin). The cache index learns only through kvr_router_on_learn,
  * capped at the worker's max_model_len (kvr_router_learn_cap); the proxy calls it for 2xx answers
  * only. The retry budget (retries_inflight) and the admission counters are router-wide.
+ *
+ * Actual cached tokens and token counts: a default vLLM sends usage only in non-streamed answers
+ * and in streams that ask (stream_options.include_usage), and usage.prompt_tokens_details only
+ * with --enable-prompt-tokens-details (then only when cached_tokens is not 0). Its /metrics always
+ * has vllm:prefix_cache_hits_total and the token counters. Each worker has two sources of actual
+ * figures, the cached tokens (cached_source) and the prompt and generated tokens (tokens_source),
+ * and each is exactly one of:
+ *   scrape  (the start) the counters' increases from page to page (kvr_scrape_counters_advance:
+ *           counted from the first page the router saw; a restart counts from the new values);
+ *   usage   from the first answer whose usage shows the figure (details for the cached tokens, any
+ *           usage for the tokens) on for good: that answer's and later ones' usage. The counters'
+ *           increases are no longer added.
+ * A page's increases are not added at once: the page waits (pending[], oldest first) until every
+ * request in flight on the worker when it came has ended (kvr_router_on_end counts them down),
+ * then is committed, in order; committed_ns is the last committed page's time (0: none yet; the
+ * first page, the baseline, has no increases but waits too). At the switch, the
+ * pages still pending are dropped for that figure, and usage counts the requests dispatched after
+ * committed_ns (cut_ns): every request whose tokens a committed page may hold had ended, without
+ * usage, before that page was committed, so nothing is counted twice. Exact when every answer
+ * carries usage (the first answer, whose pages were still pending, counts whole); with mixed
+ * answers, the tokens of answers without usage in the dropped pages are missed (once per worker).
+ * More than KVR_PENDING_PAGES pending pages (a request open that long) commit the oldest early:
+ * still never counted twice (the cut moves past the requests it holds), possibly missed. In usage
+ * mode a streamed answer without usage adds nothing (answers_without_usage_total counts them).
+ * The scraped counters also count requests that did not come through this router (other replicas,
+ * direct clients): scrape figures are the worker's, usage figures this router's.
  */
 #include "router.h"
 
@@ -42,6 +68,7 @@
 #include "http_server.h" /* kvr_http_request_id_seed */
 #include "kvr.h"
 #include "log.h"
+#include "scrape.h" /* kvr_scrape_counters_advance (pure) */
 
 #include <stdlib.h>
 #include <string.h>
@@ -444,6 +471,8 @@ void kvr_router_on_token(kvr_router_t *r, kvr_router_dispatch_t *d) {
     w->active_tokens++;
 }
 
+static void pages_on_end(kvr_router_t *r, kvr_worker_t *w, const kvr_router_dispatch_t *d);
+
 void kvr_router_on_end(kvr_router_t *r, kvr_router_dispatch_t *d) {
   kvr_worker_t *w = record_worker(r, d);
   d->open = false;
@@ -473,6 +502,7 @@ void kvr_router_on_end(kvr_router_t *r, kvr_router_dispatch_t *d) {
   if (d->trial) /* ended without a verdict (client gone): the next request may try */
     w->trial_inflight = false;
   d->trial = false;
+  pages_on_end(r, w, d);
   if (w->state == KVR_WORKER_DRAINING && w->inflight == 0)
     worker_free(r, w);
 }
@@ -492,14 +522,44 @@ void kvr_router_on_learn(kvr_router_t *r, const kvr_router_dispatch_t *d, const 
                            KVR_MIN(n, kvr_router_learn_cap(r, w)));
 }
 
-void kvr_router_on_usage(kvr_router_t *r, const kvr_router_dispatch_t *d, uint64_t prompt_tokens,
-                         uint64_t cached_tokens) {
+/* The first answer showing a figure in its usage moves src to usage: cut at the last page the
+ * scrape counted, if any. */
+static void source_to_usage(kvr_count_source_t *src, const kvr_worker_t *w, const char *what) {
+  if (src->usage)
+    return;
+  src->usage = true;
+  src->cut_ns = w->committed_ns;
+  KVR_INFO("router", "worker %u: %s from usage from now on (answers showed it)", w->id, what);
+}
+
+/* Whether an answer to d counts in src: usage mode, and d dispatched after the cut. */
+static bool source_counts(const kvr_count_source_t *src, const kvr_router_dispatch_t *d) {
+  return src->usage && (src->cut_ns == 0 || d->dispatched_ns > src->cut_ns);
+}
+
+void kvr_router_on_usage(kvr_router_t *r, const kvr_router_dispatch_t *d,
+                         const kvr_router_usage_t *u) {
   kvr_worker_t *w = record_worker(r, d);
   if (w == NULL)
     return;
-  w->usage_prompt_tokens_total += prompt_tokens;
-  w->usage_cached_tokens_total += cached_tokens;
-  w->usage_predicted_cached_total += KVR_MIN(d->predicted_cached, prompt_tokens);
+  if (u == NULL) {
+    w->answers_without_usage_total++;
+    return;
+  }
+  w->usage_prompt_tokens_total += u->prompt_tokens;
+  w->usage_cached_tokens_total += u->cached_tokens;
+  w->usage_predicted_cached_total += KVR_MIN(d->predicted_cached, u->prompt_tokens);
+  if (u->has_details)
+    source_to_usage(&w->cached_source, w, "cached tokens");
+  source_to_usage(&w->tokens_source, w, "token counts");
+  if (source_counts(&w->cached_source, d))
+    w->actual_cached_tokens_total += u->cached_tokens;
+  if (source_counts(&w->tokens_source, d)) {
+    w->actual_prompt_tokens_total += u->prompt_tokens;
+    w->actual_generation_tokens_total += u->completion_tokens;
+    r->prompt_tokens_total += u->prompt_tokens;
+    r->generation_tokens_total += u->completion_tokens;
+  }
 }
 
 /* ---- outlier ejection ------------------------------------------------------------------------ */
@@ -611,10 +671,69 @@ int kvr_router_on_health(kvr_router_t *r, uint32_t id, bool reachable) {
   return 0;
 }
 
+/* Adds the oldest pending page's increases to the figures still in scrape mode. */
+static void commit_page(kvr_router_t *r, kvr_worker_t *w) {
+  const kvr_pending_page_t *p = &w->pending[0];
+  if (!w->cached_source.usage)
+    w->actual_cached_tokens_total += p->delta[KVR_VLLM_HITS];
+  if (!w->tokens_source.usage) {
+    w->actual_prompt_tokens_total += p->delta[KVR_VLLM_PROMPT];
+    w->actual_generation_tokens_total += p->delta[KVR_VLLM_GENERATION];
+    r->prompt_tokens_total += p->delta[KVR_VLLM_PROMPT];
+    r->generation_tokens_total += p->delta[KVR_VLLM_GENERATION];
+  }
+  w->committed_ns = p->at_ns;
+  w->npending--;
+  memmove(&w->pending[0], &w->pending[1], w->npending * sizeof(w->pending[0]));
+}
+
+/* Commits the pending pages, oldest first, while no request they wait for is open. */
+static void commit_ready(kvr_router_t *r, kvr_worker_t *w) {
+  while (w->npending > 0 && w->pending[0].open == 0)
+    commit_page(r, w);
+}
+
+/* A page's vLLM counters: their increases wait as a pending page (the first page, the baseline,
+ * with none: requests open across it are still whole for usage until it commits), and the window
+ * of the prediction moves on to this page. */
+static void apply_counters(kvr_router_t *r, kvr_worker_t *w, const kvr_router_scrape_t *m) {
+  if (m->counters.present == 0)
+    return;
+  bool first = w->counters.last.present == 0;
+  uint64_t d[KVR_VLLM_NCOUNTERS];
+  if (kvr_scrape_counters_advance(&w->counters, &m->counters, d))
+    KVR_WARN("scrape",
+             "worker %u: vLLM's token counters went back (restarted): counting again "
+             "from their new values",
+             w->id);
+  if (!first) {
+    w->window_predicted_cached += w->predicted_cached_tokens_total - w->mark_predicted;
+    w->window_prompt_estimate += w->prompt_tokens_total - w->mark_prompt;
+  }
+  if (w->npending == KVR_PENDING_PAGES)
+    commit_page(r, w); /* a request open that long: commit early (see the header comment) */
+  kvr_pending_page_t *p = &w->pending[w->npending++];
+  p->at_ns = kvr_router_now_ns(r);
+  memcpy(p->delta, d, sizeof(p->delta)); /* the first page's are 0: it is the baseline */
+  p->open = w->inflight;
+  w->mark_predicted = w->predicted_cached_tokens_total;
+  w->mark_prompt = w->prompt_tokens_total;
+  commit_ready(r, w);
+}
+
+/* d ends on w: the pending pages that came while it was open wait for one request fewer. */
+static void pages_on_end(kvr_router_t *r, kvr_worker_t *w, const kvr_router_dispatch_t *d) {
+  for (uint32_t i = 0; i < w->npending; i++)
+    if (w->pending[i].at_ns >= d->dispatched_ns && w->pending[i].open > 0)
+      w->pending[i].open--;
+  commit_ready(r, w);
+}
+
 int kvr_router_on_scrape(kvr_router_t *r, uint32_t id, const kvr_router_scrape_t *m) {
   kvr_worker_t *w = worker_by_id(r, id);
   if (w == NULL)
     return KVR_ENOENT;
+  apply_counters(r, w, m);
   w->num_requests_running = m->num_requests_running;
   w->num_requests_waiting = m->num_requests_waiting;
   w->kv_cache_usage = m->kv_cache_usage;
@@ -751,11 +870,6 @@ void kvr_router_observe_ttft(kvr_router_t *r, double seconds) {
 
 void kvr_router_observe_itl(kvr_router_t *r, double seconds) {
   kvr_hist_observe(&r->itl_seconds, seconds);
-}
-
-void kvr_router_on_token_usage(kvr_router_t *r, uint64_t prompt, uint64_t generated) {
-  r->prompt_tokens_total += prompt;
-  r->generation_tokens_total += generated;
 }
 
 /* ---- retry budget and admission bound ------------------------------------------------------- */

@@ -97,6 +97,54 @@ typedef struct kvr_response_count_s {
   uint64_t count;
 } kvr_response_count_t;
 
+/* vLLM's cumulative token counters, as one /metrics page gives them (each summed over its label
+ * sets, e.g. one per engine): the prefix cache's hits and queries in tokens, prompt and generated
+ * tokens. Names from vLLM's vllm/v1/metrics/loggers.py (Counter "vllm:prefix_cache_hits" and so
+ * on; prometheus_client exposes a Counter with the _total suffix). */
+#define KVR_VLLM_COUNTER_MAP(XX)                                                                   \
+  XX(HITS, "vllm:prefix_cache_hits_total")                                                         \
+  XX(QUERIES, "vllm:prefix_cache_queries_total")                                                   \
+  XX(PROMPT, "vllm:prompt_tokens_total")                                                           \
+  XX(GENERATION, "vllm:generation_tokens_total")
+
+typedef enum {
+#define KVR__VLLM_COUNTER_ENUM(name, str) KVR_VLLM_##name,
+  KVR_VLLM_COUNTER_MAP(KVR__VLLM_COUNTER_ENUM)
+#undef KVR__VLLM_COUNTER_ENUM
+      KVR_VLLM_NCOUNTERS
+} kvr_vllm_counter_t;
+
+typedef struct kvr_vllm_counters_s {
+  uint64_t v[KVR_VLLM_NCOUNTERS];
+  unsigned present; /* bit (1u << i): counter i was on the page */
+} kvr_vllm_counters_t;
+
+/* Those counters followed across the pages of one worker (scrape.c's kvr_scrape_counters_advance):
+ * the last page's values and the increases summed since the router first saw them. */
+typedef struct kvr_vllm_counter_state_s {
+  kvr_vllm_counters_t last; /* last.present is 0 until a page carried one of them */
+  uint64_t sum[KVR_VLLM_NCOUNTERS];
+  uint64_t resets; /* pages on which a counter went back: the worker restarted */
+} kvr_vllm_counter_state_t;
+
+/* Where a worker's actual figures come from (see "Actual cached tokens and token counts" in
+ * router.c): the scraped counters until an answer of the worker shows the figure in its usage,
+ * then usage, for the requests dispatched after the last page the scrape committed (cut_ns). */
+typedef struct kvr_count_source_s {
+  bool usage;
+  uint64_t cut_ns; /* usage counts requests dispatched after this (kvr_router_now_ns() time) */
+} kvr_count_source_t;
+
+/* A page of counters not yet added to the actual figures: it waits until every request that was
+ * in flight on the worker when it came has ended (open == 0), so that an answer whose usage could
+ * still move a figure to usage finds its tokens in no committed page. */
+#define KVR_PENDING_PAGES 32
+typedef struct kvr_pending_page_s {
+  uint64_t at_ns; /* kvr_router_now_ns() when the page was applied */
+  uint64_t delta[KVR_VLLM_NCOUNTERS];
+  uint32_t open; /* requests dispatched before at_ns still in flight */
+} kvr_pending_page_t;
+
 /* What one peer replica has in flight on a worker (its GET /admin/load), and when it said so. */
 typedef struct kvr_peer_load_s {
   uint32_t inflight;
@@ -123,6 +171,18 @@ typedef struct kvr_worker_s {
   uint64_t requests_total, errors_total, retries_total;
   uint64_t prompt_tokens_total, predicted_cached_tokens_total;
   uint64_t usage_prompt_tokens_total, usage_predicted_cached_total, usage_cached_tokens_total;
+  uint64_t answers_without_usage_total; /* 2xx completions whose answer carried no usage */
+  /* Actual figures from usage or the scraped counters (kvr_count_source_t). */
+  kvr_count_source_t cached_source, tokens_source;
+  uint64_t actual_cached_tokens_total, actual_prompt_tokens_total, actual_generation_tokens_total;
+  /* vLLM's counters and the router's prediction over the same scrapes: window_* sum the predicted
+   * cached and estimated prompt tokens of the requests dispatched between the first and the last
+   * page with counters (mark_*: the totals at the last such page). */
+  kvr_vllm_counter_state_t counters;
+  kvr_pending_page_t pending[KVR_PENDING_PAGES]; /* oldest first */
+  uint32_t npending;
+  uint64_t committed_ns; /* at_ns of the last committed page; 0: none yet */
+  uint64_t window_predicted_cached, window_prompt_estimate, mark_predicted, mark_prompt;
   uint64_t consecutive_failures; /* connection failures in a row (health: DOWN) */
   uint64_t added_ms;
   /* Outlier ejection (see the header comment). */
@@ -210,7 +270,7 @@ struct kvr_router_s {
   size_t nresponses, responses_cap;
   kvr_hist_t ttft_seconds; /* streaming: request start -> first token event */
   kvr_hist_t itl_seconds;  /* streaming: between token events */
-  uint64_t prompt_tokens_total, generation_tokens_total; /* from the workers' usage */
+  uint64_t prompt_tokens_total, generation_tokens_total; /* the workers' actual_* figures */
   uint64_t client_aborts_total;                          /* clients that went away mid-request */
   uint64_t upstream_failures_total;
   uint64_t request_errors_total[KVR_REQ_ERROR_COUNT]; /* by kvr_req_error_t, one per request */
@@ -393,10 +453,18 @@ void kvr_router_on_token(kvr_router_t *r, kvr_router_dispatch_t *d);
 void kvr_router_on_learn(kvr_router_t *r, const kvr_router_dispatch_t *d, const uint64_t *blocks,
                          size_t n);
 
-/* The response to d reported usage: prompt_tokens, of which cached_tokens were cached. Counts
- * them beside d's prediction. No-op on a closed d. */
-void kvr_router_on_usage(kvr_router_t *r, const kvr_router_dispatch_t *d, uint64_t prompt_tokens,
-                         uint64_t cached_tokens);
+/* The usage object of an answer. */
+typedef struct kvr_router_usage_s {
+  uint64_t prompt_tokens, completion_tokens;
+  uint64_t cached_tokens; /* usage.prompt_tokens_details.cached_tokens, 0 when absent */
+  bool has_details;       /* prompt_tokens_details.cached_tokens was there */
+} kvr_router_usage_t;
+
+/* The 2xx answer to d ended with usage u, or without any (u NULL: a stream the client did not ask
+ * usage for). Counts u beside d's prediction and feeds the worker's actual cached and token
+ * figures (router.c: "Actual cached tokens and token counts"). No-op on a closed d. */
+void kvr_router_on_usage(kvr_router_t *r, const kvr_router_dispatch_t *d,
+                         const kvr_router_usage_t *u);
 
 /* The verdict of d's attempt for outlier detection: ok false for a 5xx answer, a first-byte
  * timeout or a failed transfer, true for any other answer. Failures in a row eject the worker (see
@@ -441,6 +509,7 @@ typedef struct kvr_router_scrape_s {
   double num_requests_running, num_requests_waiting;
   double kv_cache_usage;               /* 0..1 */
   uint64_t num_gpu_blocks, block_size; /* vllm:cache_config_info, 0 when absent */
+  kvr_vllm_counters_t counters;        /* vLLM's token counters on the page */
 } kvr_router_scrape_t;
 
 /* Applies a parsed page to worker id: its scraped figures and, when the page gave the cache
@@ -507,7 +576,5 @@ void kvr_router_on_response(kvr_router_t *r, int code, int route, const char *wo
  * arrived, and the gap to the previous one. */
 void kvr_router_observe_ttft(kvr_router_t *r, double seconds);
 void kvr_router_observe_itl(kvr_router_t *r, double seconds);
-/* usage of an answer: prompt and generated tokens. */
-void kvr_router_on_token_usage(kvr_router_t *r, uint64_t prompt, uint64_t generated);
 
 #endif

@@ -3,8 +3,9 @@
  * Reads only, through const pointers: the router module (router.c) is the one writer of what is
  * shown here. The per-worker metric families are one table (worker_families): name, type, help and
  * where the figure is, a field of kvr_worker_t (by offset and type) or a function computing it;
- * kvr_router_view_metrics() prints the table, then the routing-decision families, then the request
- * families, in that fixed order.
+ * kvr_router_view_metrics() prints the table, then the worker state and actual-figure source
+ * families, then the routing-decision families, then the request families, in that fixed order.
+ * The predicted-vs-actual fractions follow the worker's cached-token source (window_source()).
  */
 #include "router_view.h"
 
@@ -36,11 +37,34 @@ static double f_backlog(const kvr_router_t *r, const kvr_worker_t *w) {
 static double f_up(const kvr_router_t *r, const kvr_worker_t *w) {
   return w->state == KVR_WORKER_UP;
 }
+/* The predicted-vs-actual comparison follows the cached-token source: over the answers that
+ * reported usage, or (scrape source, once two pages with counters came) over the same scrapes:
+ * the requests dispatched between the first and the last page with counters, against the
+ * increases of vllm:prefix_cache_hits_total and vllm:prefix_cache_queries_total between them. */
+static bool window_source(const kvr_worker_t *w) {
+  return !w->cached_source.usage && w->counters.last.present != 0;
+}
 static double f_pred_frac(const kvr_router_t *r, const kvr_worker_t *w) {
+  if (window_source(w))
+    return ratio(w->window_predicted_cached, w->window_prompt_estimate);
   return ratio(w->usage_predicted_cached_total, w->usage_prompt_tokens_total);
 }
 static double f_act_frac(const kvr_router_t *r, const kvr_worker_t *w) {
+  if (window_source(w))
+    return ratio(w->counters.sum[KVR_VLLM_HITS], w->counters.sum[KVR_VLLM_QUERIES]);
   return ratio(w->usage_cached_tokens_total, w->usage_prompt_tokens_total);
+}
+static double f_vllm_hits(const kvr_router_t *r, const kvr_worker_t *w) {
+  return (double)w->counters.sum[KVR_VLLM_HITS];
+}
+static double f_vllm_queries(const kvr_router_t *r, const kvr_worker_t *w) {
+  return (double)w->counters.sum[KVR_VLLM_QUERIES];
+}
+static double f_vllm_prompt(const kvr_router_t *r, const kvr_worker_t *w) {
+  return (double)w->counters.sum[KVR_VLLM_PROMPT];
+}
+static double f_vllm_generation(const kvr_router_t *r, const kvr_worker_t *w) {
+  return (double)w->counters.sum[KVR_VLLM_GENERATION];
 }
 static double f_index(const kvr_router_t *r, const kvr_worker_t *w) {
   return (double)kvr_cache_index_entries(r->index, (size_t)w->slot);
@@ -96,10 +120,59 @@ static const worker_family_t worker_families[] = {
      "usage.prompt_tokens_details.cached_tokens reported by the worker",
      U64(usage_cached_tokens_total)},
     {"kvrouter_worker_predicted_cached_fraction", "gauge",
-     "Predicted cached share of prompt tokens, over responses that reported usage",
+     "Predicted cached share of prompt tokens: over the answers that reported usage, or with the "
+     "scrape source over the requests dispatched between the first and the last scrape of "
+     "vLLM's counters",
      FN(f_pred_frac)},
     {"kvrouter_worker_actual_cached_fraction", "gauge",
-     "Cached share of prompt tokens the worker reported in usage", FN(f_act_frac)},
+     "Actual cached share of prompt tokens: from usage, or with the scrape source "
+     "vllm:prefix_cache_hits_total over vllm:prefix_cache_queries_total increases over the same "
+     "scrapes",
+     FN(f_act_frac)},
+    {"kvrouter_worker_actual_cached_tokens_total", "counter",
+     "Cached prompt tokens of the worker: usage.prompt_tokens_details.cached_tokens, or the "
+     "increase of vllm:prefix_cache_hits_total while its answers show no details "
+     "(kvrouter_worker_cached_tokens_source)",
+     U64(actual_cached_tokens_total)},
+    {"kvrouter_worker_actual_prompt_tokens_total", "counter",
+     "Prompt tokens of the worker: usage.prompt_tokens, or the increase of "
+     "vllm:prompt_tokens_total while its answers carry no usage "
+     "(kvrouter_worker_token_counts_source)",
+     U64(actual_prompt_tokens_total)},
+    {"kvrouter_worker_actual_generation_tokens_total", "counter",
+     "Generated tokens of the worker: usage.completion_tokens, or the increase of "
+     "vllm:generation_tokens_total while its answers carry no usage",
+     U64(actual_generation_tokens_total)},
+    {"kvrouter_worker_answers_without_usage_total", "counter",
+     "2xx completion answers of the worker that carried no usage (streams without "
+     "stream_options.include_usage)",
+     U64(answers_without_usage_total)},
+    {"kvrouter_worker_vllm_prefix_cache_hits_total", "counter",
+     "Increase of the worker's vllm:prefix_cache_hits_total (tokens) since the router first "
+     "scraped it",
+     FN(f_vllm_hits)},
+    {"kvrouter_worker_vllm_prefix_cache_queries_total", "counter",
+     "Increase of the worker's vllm:prefix_cache_queries_total (tokens) since the router first "
+     "scraped it",
+     FN(f_vllm_queries)},
+    {"kvrouter_worker_vllm_prompt_tokens_total", "counter",
+     "Increase of the worker's vllm:prompt_tokens_total since the router first scraped it",
+     FN(f_vllm_prompt)},
+    {"kvrouter_worker_vllm_generation_tokens_total", "counter",
+     "Increase of the worker's vllm:generation_tokens_total since the router first scraped it",
+     FN(f_vllm_generation)},
+    {"kvrouter_worker_vllm_resets_total", "counter",
+     "Scrapes on which the worker's vLLM counters went back (a restart; counted again from their "
+     "new values)",
+     U64(counters.resets)},
+    {"kvrouter_worker_scrape_window_predicted_cached_tokens_total", "counter",
+     "Predicted cached tokens of the requests dispatched between the first and the last scrape of "
+     "the worker's vLLM counters",
+     U64(window_predicted_cached)},
+    {"kvrouter_worker_scrape_window_prompt_tokens_total", "counter",
+     "Estimated prompt tokens of the requests dispatched between the first and the last scrape "
+     "of the worker's vLLM counters",
+     U64(window_prompt_estimate)},
     {"kvrouter_worker_index_blocks", "gauge",
      "Prefix blocks the cache index believes the worker holds", FN(f_index)},
     {"kvrouter_worker_cache_capacity_blocks", "gauge",
@@ -194,6 +267,37 @@ static void worker_state_metrics(const kvr_router_t *r, kvr_buf_t *out) {
     kvr_metric_sample(out, "kvrouter_worker_scrape_age_seconds", l.data, age);
   }
   kvr_buf_free(&l);
+}
+
+/* kvrouter_worker_cached_tokens_source and kvrouter_worker_token_counts_source: one series per
+ * worker and source (usage, scrape), 1 for the source the worker's actual figures come from. */
+static void source_family(const kvr_router_t *r, kvr_buf_t *out, const char *name, const char *help,
+                          size_t off) {
+  kvr_buf_t l = KVR_BUF_INIT;
+  kvr_metric_family(out, name, "gauge", help);
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w == NULL)
+      continue;
+    bool usage = ((const kvr_count_source_t *)((const char *)w + off))->usage;
+    for (int k = 0; k < 2; k++) {
+      kvr_buf_reset(&l);
+      kvr_buf_printf(&l, "worker=\"%s\",source=\"%s\"", w->label, k ? "scrape" : "usage");
+      kvr_metric_sample(out, name, l.data, usage == (k == 0));
+    }
+  }
+  kvr_buf_free(&l);
+}
+
+static void source_metrics(const kvr_router_t *r, kvr_buf_t *out) {
+  source_family(r, out, "kvrouter_worker_cached_tokens_source",
+                "1 for where the worker's actual cached tokens come from: usage (its answers "
+                "carry prompt_tokens_details) or scrape (vllm:prefix_cache_hits_total)",
+                offsetof(kvr_worker_t, cached_source));
+  source_family(r, out, "kvrouter_worker_token_counts_source",
+                "1 for where the worker's actual prompt and generated tokens come from: usage or "
+                "scrape (vllm:prompt_tokens_total, vllm:generation_tokens_total)",
+                offsetof(kvr_worker_t, tokens_source));
 }
 
 /* ---- router-wide families ---------------------------------------------------------------------
@@ -553,9 +657,12 @@ static void response_metrics(const kvr_router_t *r, kvr_buf_t *out) {
                        "for events that arrived in one read)",
                        NULL, &r->itl_seconds);
   counter(out, "kvrouter_prompt_tokens_total",
-          "Prompt tokens of the answers whose usage the workers reported", r->prompt_tokens_total);
+          "Prompt tokens processed by the workers: the sum of kvrouter_worker_actual_prompt_tokens "
+          "(usage, or scraped vllm:prompt_tokens_total)",
+          r->prompt_tokens_total);
   counter(out, "kvrouter_generation_tokens_total",
-          "Generated tokens of the answers whose usage the workers reported",
+          "Generated tokens of the workers: the sum of kvrouter_worker_actual_generation_tokens "
+          "(usage, or scraped vllm:generation_tokens_total)",
           r->generation_tokens_total);
 }
 
@@ -563,6 +670,7 @@ static void metrics_with(const kvr_router_t *r, const kvr_process_stats_t *proc,
   for (size_t i = 0; i < KVR_ARRAY_SIZE(worker_families); i++)
     worker_family(r, out, &worker_families[i]);
   worker_state_metrics(r, out);
+  source_metrics(r, out);
   routing_metrics(r, out);
   request_metrics(r, out);
   response_metrics(r, out);
@@ -598,6 +706,35 @@ static void scraped_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t 
   }
 }
 
+/* The "cached_tokens", "token_counts" and "vllm_counters" objects of one worker: its actual
+ * figures, their sources and the prediction they are compared with (router.c: "Actual cached
+ * tokens and token counts"). */
+static void actual_json(const kvr_router_t *r, const kvr_worker_t *w, cJSON *o) {
+  cJSON *c = cJSON_AddObjectToObject(o, "cached_tokens");
+  cJSON_AddStringToObject(c, "source", w->cached_source.usage ? "usage" : "scrape");
+  cJSON_AddNumberToObject(c, "actual", (double)w->actual_cached_tokens_total);
+  cJSON_AddStringToObject(c, "fraction_window", window_source(w) ? "scrapes" : "usage");
+  cJSON_AddNumberToObject(c, "predicted_fraction", f_pred_frac(r, w));
+  cJSON_AddNumberToObject(c, "actual_fraction", f_act_frac(r, w));
+  cJSON *t = cJSON_AddObjectToObject(o, "token_counts");
+  cJSON_AddStringToObject(t, "source", w->tokens_source.usage ? "usage" : "scrape");
+  cJSON_AddNumberToObject(t, "prompt", (double)w->actual_prompt_tokens_total);
+  cJSON_AddNumberToObject(t, "generation", (double)w->actual_generation_tokens_total);
+  cJSON_AddNumberToObject(t, "answers_without_usage", (double)w->answers_without_usage_total);
+  if (w->counters.last.present == 0) {
+    cJSON_AddNullToObject(o, "vllm_counters");
+    return;
+  }
+  static const char *const keys[] = {"prefix_cache_hits", "prefix_cache_queries", "prompt_tokens",
+                                     "generation_tokens"};
+  cJSON *v = cJSON_AddObjectToObject(o, "vllm_counters");
+  for (int i = 0; i < KVR_VLLM_NCOUNTERS; i++)
+    cJSON_AddNumberToObject(v, keys[i], (double)w->counters.sum[i]);
+  cJSON_AddNumberToObject(v, "resets", (double)w->counters.resets);
+  cJSON_AddNumberToObject(v, "window_predicted_cached_tokens", (double)w->window_predicted_cached);
+  cJSON_AddNumberToObject(v, "window_prompt_tokens_estimate", (double)w->window_prompt_estimate);
+}
+
 /* The "outlier" object of one worker: its failures in a row and its ejection, if any. */
 static void outlier_json(const kvr_worker_t *w, uint64_t now, cJSON *o) {
   cJSON_AddNumberToObject(o, "consecutive_errors", (double)w->consecutive_errors);
@@ -609,6 +746,19 @@ static void outlier_json(const kvr_worker_t *w, uint64_t now, cJSON *o) {
                                                                : 0);
   cJSON_AddBoolToObject(o, "half_open", ejected && now >= w->ejected_until_ms);
   cJSON_AddBoolToObject(o, "trial_in_flight", w->trial_inflight);
+}
+
+/* The "cached" object of one worker: the predicted-vs-actual cached prompt tokens (the
+ * kvrouter_worker_*prompt_tokens_total and *cached* counters). The usage_* figures cover only the
+ * responses that reported usage, so usage_predicted_cached_tokens / usage_prompt_tokens and
+ * usage_cached_tokens / usage_prompt_tokens compare like with like. */
+static void cached_json(const kvr_worker_t *w, cJSON *c) {
+  cJSON_AddNumberToObject(c, "prompt_tokens", (double)w->prompt_tokens_total);
+  cJSON_AddNumberToObject(c, "predicted_cached_tokens", (double)w->predicted_cached_tokens_total);
+  cJSON_AddNumberToObject(c, "usage_prompt_tokens", (double)w->usage_prompt_tokens_total);
+  cJSON_AddNumberToObject(c, "usage_predicted_cached_tokens",
+                          (double)w->usage_predicted_cached_total);
+  cJSON_AddNumberToObject(c, "usage_cached_tokens", (double)w->usage_cached_tokens_total);
 }
 
 static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t now) {
@@ -636,6 +786,8 @@ static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t
     cJSON_AddNullToObject(o, "max_model_len");
   cJSON_AddNumberToObject(o, "learn_cap_blocks",
                           w->max_model_len ? (double)kvr_router_learn_cap(r, w) : -1);
+  cJSON_AddNumberToObject(o, "decisions_total", (double)r->decisions_total[w->slot]);
+  cached_json(w, cJSON_AddObjectToObject(o, "cached"));
   outlier_json(w, now, cJSON_AddObjectToObject(o, "outlier"));
   if (w->kv_events) {
     cJSON *kv = cJSON_AddObjectToObject(o, "kv_events");
@@ -657,6 +809,7 @@ static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t
     cJSON_AddNullToObject(o, "kv_events");
   }
   scraped_json(r, w, now, cJSON_AddObjectToObject(o, "scraped"));
+  actual_json(r, w, o);
   return o;
 }
 
@@ -682,6 +835,21 @@ cJSON *kvr_router_view_policy(const kvr_router_t *r) {
     cJSON_AddStringToObject(p, "description", kvr_policy_registry[i]->description);
     cJSON_AddItemToArray(avail, p);
   }
+  cJSON *dec = cJSON_AddObjectToObject(o, "decisions_by_policy");
+  for (size_t i = 0; kvr_policy_registry[i] && i < KVR_ARRAY_SIZE(r->decisions_by_policy); i++)
+    cJSON_AddNumberToObject(dec, kvr_policy_registry[i]->name, (double)r->decisions_by_policy[i]);
+  return o;
+}
+
+cJSON *kvr_router_view_cache_index(const kvr_router_t *r) {
+  kvr_cache_index_stats_t st;
+  kvr_cache_index_stats(r->index, &st);
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "blocks", (double)st.blocks);
+  cJSON_AddNumberToObject(o, "entries", (double)st.entries);
+  cJSON_AddNumberToObject(o, "bytes", (double)st.bytes);
+  cJSON_AddNumberToObject(o, "inserts", (double)st.inserts);
+  cJSON_AddNumberToObject(o, "evictions", (double)st.evictions);
   return o;
 }
 

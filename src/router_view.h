@@ -17,9 +17,13 @@ void kvr_router_view_metrics(const kvr_router_t *r, kvr_buf_t *out);
 /* The JSON array of GET /admin/workers (one object per worker); the caller owns it. */
 cJSON *kvr_router_view_workers(const kvr_router_t *r);
 
-/* The JSON object of GET /admin/policy: the active policy, its effective parameters and the
- * available policies; the caller owns it. */
+/* The JSON object of GET /admin/policy: the active policy, its effective parameters, the
+ * available policies and the routing decisions each has taken; the caller owns it. */
 cJSON *kvr_router_view_policy(const kvr_router_t *r);
+
+/* The approximate cache index's totals (distinct blocks, (block, worker) entries, bytes, inserts,
+ * evictions) for GET /admin/workers' "cache_index"; the caller owns it. */
+cJSON *kvr_router_view_cache_index(const kvr_router_t *r);
 
 /* This replica's own per-worker load, keyed by URL (GET /admin/load, read by its peers). */
 cJSON *kvr_router_view_load(const kvr_router_t *r);

@@ -4,7 +4,11 @@
  * is a libcurl GET of URL/metrics whose body is collected (bounded at 4 MiB) and parsed for the
  * series the policies read: vllm:num_requests_running, vllm:num_requests_waiting,
  * vllm:kv_cache_usage_perc (0..1), vllm:cache_config_info{block_size=..., num_gpu_blocks=...}
- * Samples of one name are summed across label sets (several engines behind one server).
+ * Samples of one name are summed across label sets (several engines behind one server). The page
+ * also gives vLLM's token counters (vllm:prefix_cache_hits_total, vllm:prefix_cache_queries_total,
+ * vllm:prompt_tokens_total, vllm:generation_tokens_total, router.h's KVR_VLLM_COUNTER_MAP): the
+ * router turns their increases from page to page into the worker's actual cached and token figures
+ * when its answers carry no usage (kvr_scrape_counters_advance, then router.c).
  *
  * The probe doubles as the health check: a worker that answers anything is reachable (a DOWN worker
  * comes back UP), a connection failure counts towards the fail threshold. With scraping disabled
@@ -30,6 +34,7 @@
 #include "log.h"
 #include "metrics.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,6 +129,20 @@ static int parse_line(const char *p, const char *eol, kvr_router_scrape_t *m, in
     (*nusage)++;
     return 1;
   }
+  static const char *const counters[] = {
+#define XX(name, str) str,
+      KVR_VLLM_COUNTER_MAP(XX)
+#undef XX
+  };
+  for (int i = 0; i < KVR_VLLM_NCOUNTERS; i++)
+    if (kvr_metric_line_is(p, eol, counters[i]) && kvr_metric_line_value(p, eol, &v) == 0) {
+      /* A counter of tokens: a value no integer holds (NaN, negative, > 2^53) is left out. */
+      if (v >= 0 && v <= 9007199254740992.0) {
+        m->counters.v[i] += (uint64_t)llround(v);
+        m->counters.present |= 1u << i;
+      }
+      return 0; /* not a load series: a page of counters alone is not a vLLM load page */
+    }
   if (kvr_metric_line_is(p, eol, "vllm:cache_config_info")) {
     m->num_gpu_blocks = label_u64(p, eol, "num_gpu_blocks");
     m->block_size = label_u64(p, eol, "block_size");
@@ -150,6 +169,28 @@ int kvr_scrape_parse(const char *text, size_t len, uint64_t now_ms, kvr_router_s
     m.num_gpu_blocks = m.block_size = 0;
   *out = m;
   return 0;
+}
+
+bool kvr_scrape_counters_advance(kvr_vllm_counter_state_t *st, const kvr_vllm_counters_t *cur,
+                                 uint64_t delta[KVR_VLLM_NCOUNTERS]) {
+  unsigned both = st->last.present & cur->present;
+  bool reset = false;
+  for (int i = 0; i < KVR_VLLM_NCOUNTERS; i++)
+    if ((both >> i & 1u) && cur->v[i] < st->last.v[i])
+      reset = true;
+  for (int i = 0; i < KVR_VLLM_NCOUNTERS; i++) {
+    delta[i] = 0;
+    if (!(cur->present >> i & 1u))
+      continue; /* absent from this page: keeps its last value, no increase */
+    if (both >> i & 1u)
+      delta[i] = reset ? cur->v[i] : cur->v[i] - st->last.v[i];
+    st->sum[i] += delta[i];
+    st->last.v[i] = cur->v[i];
+  }
+  st->last.present |= cur->present;
+  if (reset)
+    st->resets++;
+  return reset;
 }
 
 int kvr_scrape_parse_models(const char *text, size_t len, uint64_t *max_model_len) {

@@ -1,5 +1,6 @@
-/* scrape.h -- periodic GET /metrics of every worker: load figures for the policies, and health;
- * and GET /v1/models of every worker until its context length (max_model_len) is known.
+/* scrape.h -- periodic GET /metrics of every worker: load figures for the policies, vLLM's token
+ * counters for the actual cached and token figures, and health; and GET /v1/models of every
+ * worker until its context length (max_model_len) is known.
  *
  * A kvr_scrape_t is owned by serve.c. It owns its uv timer and its in-flight probes, uses the curl
  * multi and reads the router it is given (both must outlive it), and reports every result through
@@ -36,6 +37,16 @@ void kvr_scrape_close(kvr_scrape_t *s);
  * are summed across label sets (several engines behind one server), the cache usage is their mean.
  * Returns 0, or KVR_EPARSE when none of the expected series is present (*out is then unusable). */
 int kvr_scrape_parse(const char *text, size_t len, uint64_t now_ms, kvr_router_scrape_t *out);
+
+/* Follows one worker's vLLM counters from page to page: st holds the last page's values, cur is the
+ * new page's. For each counter on both pages, delta[i] gets its increase; when any counter on both
+ * pages went down, the worker restarted (a counter never decreases otherwise): every counter then
+ * counts from zero again, so its increase is its whole new value (Prometheus' rate() reads a reset
+ * the same way), and st->resets is counted. A counter first seen on this page only sets its
+ * baseline (increase 0); one missing from it keeps its last value. Adds the increases to st->sum
+ * and returns whether the page was a reset. Pure; no negative increase is ever reported. */
+bool kvr_scrape_counters_advance(kvr_vllm_counter_state_t *st, const kvr_vllm_counters_t *cur,
+                                 uint64_t delta[KVR_VLLM_NCOUNTERS]);
 
 /* What one probe of worker id found, reported to r: reachable is whether a connection was made;
  * page (len bytes, may be NULL when !ok) is the body of a 200 answer when ok. Applies health and,

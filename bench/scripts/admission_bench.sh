@@ -41,7 +41,7 @@ run_once() {
   w=0
   while [ $w -lt "$N" ]; do
     p=$(port)
-    "$KVR" sim --listen "127.0.0.1:$p" --time-scale "$SCALE" --seed "$w" \
+    "$KVR" sim --listen "127.0.0.1:$p" --time-scale "$SCALE" --seed "$w" --enable-prompt-tokens-details \
       >"$dir/logs/worker-$w.log" 2>&1 &
     PIDS="$PIDS $!"
     workers="$workers --worker http://127.0.0.1:$p"

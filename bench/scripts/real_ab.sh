@@ -22,7 +22,7 @@ WORKERS=""
 w=0
 while [ $w -lt "$N" ]; do
   p=$(port)
-  "$KVR" sim --listen "127.0.0.1:$p" --time-scale "$SCALE" --seed "$w" >"$OUT/logs/worker-$w.log" 2>&1 &
+  "$KVR" sim --listen "127.0.0.1:$p" --time-scale "$SCALE" --seed "$w" --enable-prompt-tokens-details >"$OUT/logs/worker-$w.log" 2>&1 &
   PIDS="$PIDS $!"
   WORKERS="$WORKERS --worker http://127.0.0.1:$p"
   w=$((w + 1))

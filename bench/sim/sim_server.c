@@ -198,11 +198,17 @@ static double rng_uniform(kvr_sim_server_t *srv) {
 
 /* ---- streams: chunks and endings ---- */
 
+/* The usage object, as vLLM's OpenAI server writes it: prompt_tokens_details only when the server
+ * runs with --enable-prompt-tokens-details (vLLM's _make_prompt_tokens_details() in
+ * vllm/entrypoints/openai/chat_completion/serving.py returns None without it, and None fields are
+ * left out), then with cached_tokens even when 0 (older vLLM left it out at 0; the router copes
+ * with both). */
 static void usage_json(kvr_buf_t *b, const stream_t *s) {
-  kvr_buf_printf(b,
-                 "{\"prompt_tokens\":%u,\"total_tokens\":%u,\"completion_tokens\":%u,"
-                 "\"prompt_tokens_details\":{\"cached_tokens\":%u}}",
-                 s->prompt_tokens, s->prompt_tokens + s->sent, s->sent, s->cached_tokens);
+  kvr_buf_printf(b, "{\"prompt_tokens\":%u,\"total_tokens\":%u,\"completion_tokens\":%u",
+                 s->prompt_tokens, s->prompt_tokens + s->sent, s->sent);
+  if (s->srv->opts.enable_prompt_tokens_details)
+    kvr_buf_printf(b, ",\"prompt_tokens_details\":{\"cached_tokens\":%u}", s->cached_tokens);
+  kvr_buf_puts(b, "}");
 }
 
 static const char *finish_name(kvr_sim_finish_t f) {
@@ -792,8 +798,10 @@ static stream_t *stream_new(kvr_sim_server_t *srv, kvr_http_req_t *req, bool cha
   s->http = req;
   s->chat = chat;
   s->stream = p->stream;
-  s->include_usage = p->include_usage;
-  s->continuous_usage = p->continuous_usage;
+  /* vLLM's should_include_usage(): the server's --enable-force-include-usage adds the final usage
+   * chunk to every stream; per-chunk usage needs the final one too. */
+  s->include_usage = p->stream && (p->include_usage || srv->opts.enable_force_include_usage);
+  s->continuous_usage = s->include_usage && p->continuous_usage;
   s->arrival_ns = kvr_now_ns();
   s->prompt_tokens = (uint32_t)p->prompt.n;
   kvr_sim_answer_t a;

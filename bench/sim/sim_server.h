@@ -65,6 +65,12 @@ typedef struct kvr_sim_server_opts_s {
   /* vLLM's --kv-events-config (kv_events.h); events are published only when it enables "zmq" */
   kvr_kv_events_config_t kv_events;
   kvr_kv_encoding_t kv_encoding; /* map (vLLM 0.26) or array (vLLM 0.23) */
+  /* vLLM's --enable-prompt-tokens-details (default off, as in vLLM): usage carries
+   * prompt_tokens_details.cached_tokens. */
+  bool enable_prompt_tokens_details;
+  /* vLLM's --enable-force-include-usage (default off): every streamed answer ends with a usage
+   * chunk, as if the request had asked with stream_options.include_usage. */
+  bool enable_force_include_usage;
 } kvr_sim_server_opts_t;
 
 typedef struct kvr_sim_server_s kvr_sim_server_t;

@@ -533,7 +533,13 @@ static void router_tokens(kvr_vcluster_t *vc, batch_t *b) {
     kvr_buf_append(&q->answer, b->items[i].word, KVR_SIM_TOKEN_BYTES);
     if (!b->items[i].final)
       continue;
-    kvr_router_on_usage(r, &q->acct, q->prompt_tokens, q->cached);
+    /* The modelled workers report usage with its details, as vLLM started with
+     * --enable-prompt-tokens-details does (what the cluster's cached figures are read from). */
+    kvr_router_usage_t u = {.prompt_tokens = q->prompt_tokens,
+                            .completion_tokens = q->acct.generated,
+                            .cached_tokens = q->cached,
+                            .has_details = true};
+    kvr_router_on_usage(r, &q->acct, &u);
     if (q->has_prompt) {
       kvr_prompt_extend_answer(&q->prompt, q->answer.data, q->answer.len);
       kvr_router_on_learn(r, &q->acct, q->prompt.blocks, q->prompt.nblocks);

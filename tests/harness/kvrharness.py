@@ -287,10 +287,16 @@ class Sim(Proc):
     """`kvrouter sim` on 127.0.0.1 (port, url, host), with a second (admin) listener unless
     admin=False: it serves the same API and stays reachable during the refuse fault, so fault() and
     metrics() go through it. fixed=(ttft_ms, itl_ms) bypasses the engine (the tests' default: exact,
-    load-independent timing); fixed=None runs the simulated engine. Extra flags are appended."""
+    load-independent timing); fixed=None runs the simulated engine. details=True passes vLLM's
+    --enable-prompt-tokens-details (usage carries cached_tokens), as an operator who wants
+    per-request cached figures starts vLLM; details=False is vLLM's default. Extra flags are
+    appended."""
 
-    def __init__(self, *flags, fixed=(20, 5), admin=True, log_level="warn", env=None):
+    def __init__(self, *flags, fixed=(20, 5), admin=True, log_level="warn", env=None,
+                 details=True):
         argv = [_kvrouter(), "sim", "--listen", "127.0.0.1:0"]
+        if details:
+            argv += ["--enable-prompt-tokens-details"]
         if admin:
             argv += ["--admin-listen", "127.0.0.1:0"]
         if log_level:

@@ -238,8 +238,12 @@ static int run_request(kvr_router_t *r, const kvr_route_req_t *req, uint64_t tri
   kvr_router_on_learn(r, &acct, req->blocks, req->nblocks);
   for (int i = 0; i < tokens; i++)
     kvr_router_on_token(r, &acct);
-  if (usage)
-    kvr_router_on_usage(r, &acct, req->prompt_tokens, acct.predicted_cached);
+  if (usage) {
+    kvr_router_usage_t u = {.prompt_tokens = req->prompt_tokens,
+                            .cached_tokens = acct.predicted_cached,
+                            .has_details = true};
+    kvr_router_on_usage(r, &acct, &u);
+  }
   kvr_router_on_end(r, &acct);
   kvr_router_on_end(r, &acct); /* a second end removes nothing */
   assert_false(acct.open);

@@ -1,5 +1,7 @@
 /* test_scrape.c -- the /metrics scraper: the pure page parser, the report path into the router
- * (health transitions, applied figures, workers gone meanwhile) without a loop, and one real run on
+ * (health transitions, applied figures, workers gone meanwhile) without a loop, vLLM's token
+ * counters (parsing, increases across restarts, the worker's actual figures switching from the
+ * scrape to usage without counting a request twice), and one real run on
  * a loop against a loopback HTTP server and a refused port (removed mid-run), which must leave no
  * libuv handle. */
 #include <setjmp.h>
@@ -116,6 +118,199 @@ static void test_report_path(void **state) {
   /* The worker is removed while a probe is out: its report finds nothing. */
   assert_int_equal(kvr_router_drain_worker(f.r, id), 0);
   assert_int_equal(kvr__scrape_report(f.r, id, true, true, page, strlen(page), 7), KVR_ENOENT);
+  fx_close(&f);
+}
+
+/* ---- vLLM's token counters --------------------------------------------------------------------
+ */
+
+/* A page with the counters of two engines, as prometheus_client writes them (_total samples beside
+ * _created ones, which are not counters of tokens). */
+static const char *counter_page(char *buf, size_t cap, uint64_t hits, uint64_t queries,
+                                uint64_t prompt, uint64_t gen) {
+  snprintf(buf, cap,
+           "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0\n"
+           "# TYPE vllm:prefix_cache_hits_total counter\n"
+           "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} %llu.0\n"
+           "vllm:prefix_cache_hits_total{engine=\"1\",model_name=\"m\"} 0.0\n"
+           "vllm:prefix_cache_hits_created{engine=\"0\",model_name=\"m\"} 1.7e9\n"
+           "vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} %llu.0\n"
+           "vllm:prompt_tokens_total{engine=\"0\",model_name=\"m\"} %llu.0\n"
+           "vllm:generation_tokens_total{engine=\"0\",model_name=\"m\"} %llu.0\n",
+           (unsigned long long)hits, (unsigned long long)queries, (unsigned long long)prompt,
+           (unsigned long long)gen);
+  return buf;
+}
+
+static void test_parse_counters(void **state) {
+  (void)state;
+  kvr_router_scrape_t m;
+  const char *two = "vllm:num_requests_running 1\n"
+                    "vllm:prefix_cache_hits_total{engine=\"0\"} 100\n"
+                    "vllm:prefix_cache_hits_total{engine=\"1\"} 28\n"
+                    "vllm:prefix_cache_hits_created{engine=\"0\"} 1700000000\n"
+                    "vllm:gpu_prefix_cache_hits_total{engine=\"0\"} 999\n"
+                    "vllm:prefix_cache_queries_total{engine=\"0\"} 1e3\n"
+                    "vllm:prompt_tokens_total{engine=\"0\"} NaN\n"
+                    "vllm:generation_tokens_total{engine=\"0\"} -4\n";
+  assert_int_equal(kvr_scrape_parse(two, strlen(two), 1, &m), 0);
+  assert_int_equal(m.counters.v[KVR_VLLM_HITS], 128); /* summed over engines; not the others */
+  assert_int_equal(m.counters.v[KVR_VLLM_QUERIES], 1000);
+  /* A value no counter of tokens has (NaN, negative) is absent. */
+  assert_int_equal(m.counters.present, (1u << KVR_VLLM_HITS) | (1u << KVR_VLLM_QUERIES));
+  /* A page of counters alone is not a load page. */
+  const char *alone = "vllm:prefix_cache_hits_total 5\n";
+  assert_int_equal(kvr_scrape_parse(alone, strlen(alone), 1, &m), KVR_EPARSE);
+}
+
+static void advance(kvr_vllm_counter_state_t *st, unsigned present, uint64_t h, uint64_t q,
+                    uint64_t p, uint64_t g, uint64_t *d) {
+  kvr_vllm_counters_t cur = {.v = {h, q, p, g}, .present = present};
+  kvr_scrape_counters_advance(st, &cur, d);
+}
+
+static void test_counters_advance(void **state) {
+  (void)state;
+  const unsigned all = (1u << KVR_VLLM_NCOUNTERS) - 1;
+  kvr_vllm_counter_state_t st = {0};
+  uint64_t d[KVR_VLLM_NCOUNTERS];
+  /* The first page is the baseline: what the worker counted before is not ours. */
+  advance(&st, all, 50, 100, 100, 7, d);
+  assert_int_equal(d[KVR_VLLM_HITS] + d[KVR_VLLM_QUERIES] + d[KVR_VLLM_PROMPT], 0);
+  assert_int_equal(st.sum[KVR_VLLM_HITS], 0);
+  /* Increases. */
+  advance(&st, all, 80, 160, 160, 10, d);
+  assert_int_equal(d[KVR_VLLM_HITS], 30);
+  assert_int_equal(d[KVR_VLLM_QUERIES], 60);
+  assert_int_equal(d[KVR_VLLM_GENERATION], 3);
+  /* Restart: hits went back, so every counter counts from zero again: the increase is the new
+   * value, even for a counter that is above its last value already (prompt), never negative. */
+  assert_false(kvr_scrape_counters_advance(
+      &st, &(kvr_vllm_counters_t){.v = {80, 160, 160, 10}, .present = all}, d));
+  advance(&st, all, 16, 40, 200, 2, d);
+  assert_int_equal(st.resets, 1);
+  assert_int_equal(d[KVR_VLLM_HITS], 16);
+  assert_int_equal(d[KVR_VLLM_QUERIES], 40);
+  assert_int_equal(d[KVR_VLLM_PROMPT], 200);
+  assert_int_equal(d[KVR_VLLM_GENERATION], 2);
+  assert_int_equal(st.sum[KVR_VLLM_HITS], 30 + 16);
+  assert_int_equal(st.sum[KVR_VLLM_PROMPT], 60 + 200);
+  /* A counter missing from a page keeps its last value; when it comes back, only its increase
+   * since then counts. */
+  advance(&st, 1u << KVR_VLLM_HITS, 20, 0, 0, 0, d);
+  assert_int_equal(d[KVR_VLLM_HITS], 4);
+  assert_int_equal(d[KVR_VLLM_PROMPT], 0);
+  assert_int_equal(st.last.v[KVR_VLLM_PROMPT], 200);
+  advance(&st, all, 20, 41, 210, 2, d);
+  assert_int_equal(d[KVR_VLLM_PROMPT], 10);
+  assert_int_equal(d[KVR_VLLM_QUERIES], 1);
+  assert_int_equal(st.resets, 1);
+}
+
+static uint64_t fake_now_ns;
+static uint64_t fake_clock(void *ctx) {
+  (void)ctx;
+  return fake_now_ns;
+}
+
+/* One request to the only worker dispatched at at_ms, its prompt predicted 40% cached. */
+static void dispatch_at(fx_t *f, uint64_t at_ms, kvr_router_dispatch_t *d) {
+  fake_now_ns = at_ms * 1000000u;
+  assert_non_null(kvr_router_on_dispatch(f->r, 0, 100, 0, d));
+  d->predicted_cached = 40; /* what a match would have given; read by on_usage only */
+}
+
+/* A page of counters taken at at_ms. */
+static void scrape_at(fx_t *f, uint64_t at_ms, uint64_t h, uint64_t q, uint64_t p, uint64_t g) {
+  char buf[1024];
+  fake_now_ns = at_ms * 1000000u;
+  counter_page(buf, sizeof buf, h, q, p, g);
+  assert_int_equal(
+      kvr__scrape_report(f->r, f->r->slots[0]->id, true, true, buf, strlen(buf), at_ms), 0);
+}
+
+/* The worker's actual figures: scraped increases until usage shows them, then usage only, with no
+ * request counted by both: a page waits until the requests open when it came have ended. */
+static void test_actual_sources(void **state) {
+  (void)state;
+  static const char *const urls[] = {"http://127.0.0.1:1"};
+  fx_t f;
+  fx_open(&f, urls, 1, 0);
+  kvr_router_set_clock(f.r, fake_clock, NULL);
+  const kvr_worker_t *w = f.r->slots[0];
+  kvr_router_dispatch_t d;
+  scrape_at(&f, 1000, 500, 900, 900, 50); /* baseline */
+  assert_int_equal(w->actual_cached_tokens_total, 0);
+  /* No usage (a stream that did not ask): the scrape fills the figures. */
+  dispatch_at(&f, 1100, &d);
+  kvr_router_on_usage(f.r, &d, NULL);
+  kvr_router_on_end(f.r, &d);
+  scrape_at(&f, 1200, 560, 1000, 1000, 58); /* nothing open: committed at once */
+  assert_false(w->cached_source.usage);
+  assert_false(w->tokens_source.usage);
+  assert_int_equal(w->actual_cached_tokens_total, 60);
+  assert_int_equal(w->actual_prompt_tokens_total, 100);
+  assert_int_equal(w->actual_generation_tokens_total, 8);
+  assert_int_equal(f.r->prompt_tokens_total, 100);
+  assert_int_equal(w->answers_without_usage_total, 1);
+  assert_int_equal(w->window_prompt_estimate, 100); /* the prediction over the same scrapes */
+  /* A page that comes while a request is open waits for it. */
+  dispatch_at(&f, 1300, &d);
+  scrape_at(&f, 1400, 590, 1100, 1100, 62);
+  assert_int_equal(w->npending, 1);
+  assert_int_equal(w->actual_cached_tokens_total, 60);
+  /* Its answer carries usage without details (vLLM without --enable-prompt-tokens-details): the
+   * token counts move to usage and count it whole; the page, committed when it ends, adds its
+   * hits (the cached tokens stay on the scrape) but not its tokens again. */
+  kvr_router_usage_t plain = {.prompt_tokens = 100, .completion_tokens = 8};
+  kvr_router_on_usage(f.r, &d, &plain);
+  assert_true(w->tokens_source.usage);
+  assert_false(w->cached_source.usage);
+  assert_int_equal(w->actual_prompt_tokens_total, 200);
+  kvr_router_on_end(f.r, &d);
+  assert_int_equal(w->npending, 0);
+  assert_int_equal(w->actual_cached_tokens_total, 90);
+  assert_int_equal(w->actual_prompt_tokens_total, 200);
+  assert_int_equal(w->actual_generation_tokens_total, 16);
+  assert_int_equal(f.r->prompt_tokens_total, 200);
+  /* Details: the cached tokens move to usage the same way. */
+  kvr_router_usage_t det = {
+      .prompt_tokens = 100, .completion_tokens = 8, .cached_tokens = 64, .has_details = true};
+  dispatch_at(&f, 1500, &d);
+  scrape_at(&f, 1600, 654, 1200, 1200, 70);
+  kvr_router_on_usage(f.r, &d, &det);
+  kvr_router_on_end(f.r, &d);
+  assert_true(w->cached_source.usage);
+  assert_int_equal(w->actual_cached_tokens_total, 90 + 64);
+  assert_int_equal(w->actual_prompt_tokens_total, 300);
+  /* Later pages add nothing, even after a restart (counted as one). */
+  scrape_at(&f, 1700, 10, 20, 20, 1);
+  assert_int_equal(w->counters.resets, 1);
+  assert_int_equal(w->counters.sum[KVR_VLLM_HITS], 154 + 10);
+  assert_int_equal(w->actual_cached_tokens_total, 90 + 64);
+  assert_int_equal(w->actual_prompt_tokens_total, 300);
+  kvr_router_set_clock(f.r, NULL, NULL);
+  fx_close(&f);
+
+  /* A request open across more than KVR_PENDING_PAGES pages: the oldest commit early, and its
+   * usage, dispatched before the last committed page, is then left to the scrape. */
+  fx_open(&f, urls, 1, 0);
+  kvr_router_set_clock(f.r, fake_clock, NULL);
+  w = f.r->slots[0];
+  scrape_at(&f, 1000, 0, 0, 0, 0);
+  dispatch_at(&f, 1001, &d);
+  for (uint64_t i = 1; i <= KVR_PENDING_PAGES + 2; i++)
+    scrape_at(&f, 1001 + i, 0, 100, 100, i); /* its prompt, then one token a page */
+  assert_int_equal(w->npending, KVR_PENDING_PAGES);
+  assert_int_equal(w->actual_prompt_tokens_total, 100); /* two pages committed early */
+  assert_int_equal(w->actual_generation_tokens_total, 2);
+  kvr_router_usage_t whole = {.prompt_tokens = 100, .completion_tokens = KVR_PENDING_PAGES + 2};
+  kvr_router_on_usage(f.r, &d, &whole);
+  kvr_router_on_end(f.r, &d);
+  assert_true(w->tokens_source.usage);
+  assert_int_equal(w->actual_prompt_tokens_total, 100); /* not twice */
+  assert_int_equal(w->actual_generation_tokens_total, 2);
+  kvr_router_set_clock(f.r, NULL, NULL);
   fx_close(&f);
 }
 
@@ -238,4 +433,6 @@ static void test_parse_models(void **state) {
 }
 
 KVR_TEST_MAIN(cmocka_unit_test(test_parse), cmocka_unit_test(test_parse_models),
-              cmocka_unit_test(test_report_path), cmocka_unit_test(test_scraper_on_loop))
+              cmocka_unit_test(test_parse_counters), cmocka_unit_test(test_counters_advance),
+              cmocka_unit_test(test_actual_sources), cmocka_unit_test(test_report_path),
+              cmocka_unit_test(test_scraper_on_loop))
