@@ -547,8 +547,10 @@ void kvr_router_on_usage(kvr_router_t *r, const kvr_router_dispatch_t *d,
     return;
   }
   w->usage_prompt_tokens_total += u->prompt_tokens;
-  w->usage_cached_tokens_total += u->cached_tokens;
-  w->usage_predicted_cached_total += KVR_MIN(d->predicted_cached, u->prompt_tokens);
+  if (u->has_details) { /* the prediction is compared over the answers that say what was cached */
+    w->usage_cached_tokens_total += u->cached_tokens;
+    w->usage_predicted_cached_total += KVR_MIN(d->predicted_cached, u->prompt_tokens);
+  }
   if (u->has_details)
     source_to_usage(&w->cached_source, w, "cached tokens");
   source_to_usage(&w->tokens_source, w, "token counts");

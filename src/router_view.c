@@ -114,7 +114,8 @@ static const worker_family_t worker_families[] = {
     {"kvrouter_worker_usage_prompt_tokens_total", "counter",
      "usage.prompt_tokens of responses that reported usage", U64(usage_prompt_tokens_total)},
     {"kvrouter_worker_usage_predicted_cached_tokens_total", "counter",
-     "Predicted cached tokens of the requests whose responses reported usage",
+     "Predicted cached tokens of the requests whose responses reported "
+     "usage.prompt_tokens_details",
      U64(usage_predicted_cached_total)},
     {"kvrouter_worker_usage_cached_tokens_total", "counter",
      "usage.prompt_tokens_details.cached_tokens reported by the worker",
