@@ -71,7 +71,9 @@ static const char *const order_names[] = {"blocks", "sample", NULL};
 static const kvr_cli_opt_t options[] = {
     KVR_CLI_HEADING("Target and requests"),
     {KVR_CLI_STR, "url", F(lg.url), .arg = "URL",
-     .help = "endpoint, e.g. http://127.0.0.1:8000 (the API path is added if absent)"},
+     .help = "endpoint, e.g. http://127.0.0.1:8000 (the API path is added if absent); a "
+             "comma-separated list of up to 16: requests alternate between them, as a Service "
+             "spreads them over router replicas"},
     {KVR_CLI_STR, "model", F(lg.model), .arg = "NAME",
      .help = "model field of requests (default: the first of GET /v1/models)"},
     {KVR_CLI_ENUM, "api", F(lg.api), .names = api_names, .help = "streaming chat or completions"},

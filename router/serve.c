@@ -34,6 +34,7 @@
 #include "src/kv_feed.h"
 #include "src/kvr.h"
 #include "src/log.h"
+#include "src/peer_sync.h"
 #include "src/peers.h"
 #include "src/proxy.h"
 #include "src/reload.h"
@@ -53,6 +54,7 @@ typedef struct {
   kvr_scrape_t *scrape;
   kvr_kv_feed_t *kv_feed; /* workers' KV-event streams (precise mode) */
   kvr_peers_t *peers;     /* other replicas' load (--peer) */
+  kvr_peer_sync_t *sync;  /* announced requests, ours and theirs (--peer-sync-listen) */
   kvr_discovery_t *disc;  /* workers from a DNS name (--discover) */
   kvr_proxy_t *proxy;
   kvr_admin_t *admin_api;
@@ -77,6 +79,7 @@ static void on_server_closed(void *data) {
   kvr_scrape_close(s->scrape);
   kvr_kv_feed_close(s->kv_feed);
   kvr_peers_close(s->peers);
+  kvr_peer_sync_close(s->sync);
   kvr_curlm_close(s->curlm);
   kvr_router_free(s->router);
   s->router = NULL;
@@ -177,6 +180,8 @@ int kvr_serve_main(int argc, char **argv) {
   }
   s->kv_feed = kvr_kv_feed_new(&s->loop, s->router);
   s->peers = kvr_peers_new(&s->loop, s->curlm, s->router);
+  char sync_err[256];
+  s->sync = kvr_peer_sync_new(&s->loop, s->router, sync_err, sizeof sync_err);
   s->disc = kvr_discovery_new(&s->loop, s->router, &s->cfg);
   s->proxy = kvr_proxy_new(&s->loop, s->router, s->curlm);
   s->admin_api = kvr_admin_new(s->router, s->curlm);
@@ -191,7 +196,10 @@ int kvr_serve_main(int argc, char **argv) {
   uv_timer_init(&s->loop, &s->grace);
   s->sigint.data = s->sigterm.data = s->sighup.data = s->grace.data = s;
   s->servers_open = 2;
-  if (kvr_http_server_listen(s->pub, s->cfg.listen, err, sizeof err) != 0 ||
+  if (sync_err[0] != '\0') {
+    snprintf(err, sizeof err, "%s", sync_err);
+  }
+  if (sync_err[0] != '\0' || kvr_http_server_listen(s->pub, s->cfg.listen, err, sizeof err) != 0 ||
       kvr_http_server_listen(s->admin, s->cfg.admin_listen, err, sizeof err) != 0) {
     fprintf(stderr, "kvrouter serve: %s\n", err);
     exit_code = 1;

@@ -57,6 +57,7 @@ void kvr_config_free(kvr_config_t *cfg) {
   free(cfg->worker_kv_events);
   free(cfg->worker_kv_replay);
   free(cfg->kv_events_topic);
+  free(cfg->peer_sync_listen);
   for (size_t i = 0; i < cfg->npeers; i++)
     free(cfg->peers[i]);
   free(cfg->peers);
@@ -464,6 +465,11 @@ static const kvr_cli_opt_t options[] = {
      KVR_CLI_RANGE(10, 60000), .help = "how often each peer's load is read"},
     {KVR_CLI_UINT, "peer-stale-ms", F(peer_stale_ms), .arg = "MS", .json = "peer.stale_ms",
      KVR_CLI_RANGE(10, 600000), .help = "a peer's load older than this is ignored"},
+    {KVR_CLI_STR, "peer-sync-listen", F(peer_sync_listen), .arg = "ENDPOINT",
+     .json = "peer.sync_listen", .flags = KVR_CLI_OWNED,
+     .help = "announce each request this replica routes to its peers as it happens, on this ZMQ "
+             "endpoint (tcp://0.0.0.0:8002; port advertised in /admin/load), and read theirs: "
+             "replicas then weigh the same load (off: peers' polled load only)"},
     {KVR_CLI_UINT, "kv-events-refill-ms", F(kv_events_refill_ms), .arg = "MS",
      .json = "kv_events.refill_ms", KVR_CLI_RANGE(1, 86400000),
      .help = "after a worker's event stream lost batches it could not replay, route that worker "

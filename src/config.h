@@ -44,6 +44,7 @@ typedef struct kvr_config_s {
   size_t npeers;
   uint64_t peer_interval_ms;    /* how often each peer's GET /admin/load is read, default 200 */
   uint64_t peer_stale_ms;       /* a peer's figures older than this are ignored, default 1000 */
+  char *peer_sync_listen;       /* ZMQ endpoint announcing our requests to peers (peer_sync.h) */
   uint64_t kv_events_refill_ms; /* approximate index after a lost stream, default 30000 */
   uint64_t kv_events_replay_timeout_ms; /* a replay's deadline, default 2000 */
   char *kv_events_topic;                /* subscription prefix, default "" (every topic) */

@@ -243,7 +243,8 @@ static void read_event(kvr_kv_batch_t *b, const msgpack_object *o) {
  * declared count before reading the elements (the C API has no size limit), so a 6-byte
  * "array32 of 2^32 elements" would ask for 96 GiB; each element takes at least one byte, so this
  * walk bounds what the unpacker may allocate by the payload's size. */
-static bool sizes_plausible(const unsigned char *p, size_t len) {
+bool kvr_msgpack_sizes_plausible(const void *data, size_t len) {
+  const unsigned char *p = data;
   size_t i = 0;
   uint64_t items = 1; /* objects still to walk */
   while (items > 0) {
@@ -342,7 +343,7 @@ int kvr_kv_decode_batch(const void *data, size_t len, kvr_kv_batch_t *b, char *e
   msgpack_unpacked_init(&u);
   size_t off = 0;
   int rc = -1;
-  if (!sizes_plausible(data, len)) {
+  if (!kvr_msgpack_sizes_plausible(data, len)) {
     snprintf(err, errlen, "not msgpack (truncated, or a container larger than the payload)");
     goto out;
   }

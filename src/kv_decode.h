@@ -76,4 +76,8 @@ int kvr_kv_decode_batch(const void *data, size_t len, kvr_kv_batch_t *b, char *e
 /* Frees b's arrays (b itself is the caller's); accepts a zeroed or NULL b. */
 void kvr_kv_batch_free(kvr_kv_batch_t *b);
 
+/* True when every msgpack container in data[0..len) declares no more elements than the bytes left
+ * could hold (msgpack-c allocates a container from its declared count before reading it). */
+bool kvr_msgpack_sizes_plausible(const void *data, size_t len);
+
 #endif

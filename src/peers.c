@@ -120,6 +120,13 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
     if (p->failing[q->peer])
       KVR_INFO("peers", "peer %s answers again", url);
     p->failing[q->peer] = false;
+    /* who answers, and where it announces its requests (peer_sync.h) */
+    const cJSON *port = cJSON_GetObjectItemCaseSensitive(json, "sync_port");
+    p->r->peer_instance[q->peer] = instance;
+    p->r->peer_sync_port[q->peer] =
+        cJSON_IsNumber(port) && port->valuedouble >= 1 && port->valuedouble <= 65535
+            ? (uint32_t)port->valuedouble
+            : 0;
     kvr_router_on_peer_load(p->r, q->peer, rows, (size_t)n);
   }
   cJSON_Delete(json);

@@ -109,6 +109,7 @@ static const string_t strings[] = {
     ST("the admin token", admin_token, false, true),
     ST("worker_ca_file", worker_ca_file, false, false),
     ST("kv_events.topic", kv_events_topic, false, false),
+    ST("peer.sync_listen", peer_sync_listen, false, false),
 };
 
 static uint64_t scalar_get(const kvr_config_t *c, const scalar_t *s) {

@@ -115,7 +115,9 @@ static kvr_worker_t *worker_by_id(kvr_router_t *r, uint32_t id) {
 static kvr_worker_t *record_worker(kvr_router_t *r, const kvr_router_dispatch_t *d) {
   if (!d->open || d->slot < 0 || d->slot >= KVR_MAX_WORKERS)
     return NULL;
-  return r->slots[d->slot];
+  kvr_worker_t *w = r->slots[d->slot];
+  /* a peer's synced request may outlive its worker, whose slot a new worker may then take */
+  return w && w->id == d->worker_id ? w : NULL;
 }
 
 /* ---- workers ----------------------------------------------------------------------------------
@@ -213,6 +215,14 @@ uint64_t kvr_router_worker_backlog(const kvr_worker_t *w, uint64_t now_ns) {
   return kvr_prefill_clock_backlog(&w->prefill, w->queued_prefill_tokens, now_ns);
 }
 
+/* Prefill tokens in the worker's clock: its own plus every synced peer's. */
+static uint64_t pending_all(const kvr_worker_t *w) {
+  uint64_t n = w->queued_prefill_tokens;
+  for (size_t p = 0; p < KVR_MAX_PEERS; p++)
+    n += w->synced[p].queued_prefill_tokens;
+  return n;
+}
+
 bool kvr_router_worker_fresh(const kvr_router_t *r, const kvr_worker_t *w, uint64_t at_ms) {
   return w->metrics_seen && at_ms - w->scraped_at_ms <= r->cfg->scrape_stale_ms;
 }
@@ -297,7 +307,10 @@ static void snapshot(const kvr_router_t *r, const kvr_worker_t *w, size_t matche
   s->inflight = w->inflight + peers.inflight;
   s->active_tokens = w->active_tokens + peers.active_tokens;
   s->queued_prefill_tokens = w->queued_prefill_tokens + peers.queued_prefill_tokens;
-  s->prefill_backlog_tokens = kvr_router_worker_backlog(w, now_ns) + peers.prefill_backlog_tokens;
+  /* the clock holds this replica's prefill and its synced peers' (polled peers add their own) */
+  uint64_t pending = w->queued_prefill_tokens + peers.synced_prefill_tokens;
+  s->prefill_backlog_tokens =
+      kvr_prefill_clock_backlog(&w->prefill, pending, now_ns) + peers.prefill_backlog_tokens;
   s->metrics_fresh = kvr_router_worker_fresh(r, w, now_ns / 1000000u);
   s->num_requests_running = w->num_requests_running;
   s->num_requests_waiting = w->num_requests_waiting;
@@ -392,8 +405,9 @@ const kvr_worker_t *kvr_router_on_dispatch(kvr_router_t *r, int slot, uint64_t p
   d->prompt_tokens = prompt_tokens;
   d->predicted_cached = kvr_router_predicted_cached(r, matched_blocks, prompt_tokens);
   d->prefill_tokens = prompt_tokens - d->predicted_cached;
-  d->prefill_alone = w->queued_prefill_tokens == 0;
+  d->prefill_alone = pending_all(w) == 0;
   d->dispatched_ns = kvr_router_now_ns(r);
+  d->id = ++r->dispatch_ids;
   if (w->state == KVR_WORKER_EJECTED) {
     /* Half-open: this request is the one trial; no other goes until it has a verdict. */
     d->trial = true;
@@ -406,22 +420,55 @@ const kvr_worker_t *kvr_router_on_dispatch(kvr_router_t *r, int slot, uint64_t p
   w->requests_total++;
   w->prompt_tokens_total += d->prompt_tokens;
   w->predicted_cached_tokens_total += d->predicted_cached;
+  if (r->sync_hook)
+    r->sync_hook(r->sync_ctx, KVR_SYNC_DISPATCH, d, w);
   return w;
 }
 
+const kvr_worker_t *kvr_router_on_peer_dispatch(kvr_router_t *r, size_t peer, const char *url,
+                                                uint64_t prompt_tokens, uint64_t prefill_tokens,
+                                                kvr_router_dispatch_t *d) {
+  memset(d, 0, sizeof *d);
+  kvr_worker_t *w = NULL;
+  for (size_t i = 0; i < r->nslots && w == NULL && peer < KVR_MAX_PEERS; i++)
+    if (r->slots[i] && strcmp(r->slots[i]->url, url) == 0)
+      w = r->slots[i];
+  if (w == NULL)
+    return NULL;
+  d->open = true;
+  d->worker_id = w->id;
+  d->slot = w->slot;
+  d->peer_plus1 = (uint8_t)(peer + 1);
+  d->prompt_tokens = prompt_tokens;
+  d->prefill_tokens = KVR_MIN(prefill_tokens, prompt_tokens);
+  d->dispatched_ns = kvr_router_now_ns(r);
+  kvr_peer_load_t *l = &w->synced[peer];
+  l->inflight++;
+  l->active_tokens += d->prompt_tokens;
+  l->queued_prefill_tokens += d->prefill_tokens;
+  kvr_prefill_clock_dispatch(&w->prefill, d->prefill_tokens, d->dispatched_ns);
+  return w;
+}
 void kvr_router_on_token(kvr_router_t *r, kvr_router_dispatch_t *d) {
   kvr_worker_t *w = record_worker(r, d);
   if (w == NULL)
     return;
+  kvr_peer_load_t *l = d->peer_plus1 ? &w->synced[d->peer_plus1 - 1] : NULL;
   if (d->generated == 0) {
     /* First token: the prompt has been prefilled. */
-    w->queued_prefill_tokens -= KVR_MIN(w->queued_prefill_tokens, d->prefill_tokens);
+    uint64_t *q = l ? &l->queued_prefill_tokens : &w->queued_prefill_tokens;
+    *q -= KVR_MIN(*q, d->prefill_tokens);
     kvr_prefill_clock_first_token(&w->prefill, d->prefill_tokens, d->dispatched_ns,
-                                  d->prefill_alone, w->queued_prefill_tokens, kvr_router_now_ns(r));
+                                  d->prefill_alone, pending_all(w), kvr_router_now_ns(r));
     d->prefill_tokens = 0;
+    if (l == NULL && r->sync_hook)
+      r->sync_hook(r->sync_ctx, KVR_SYNC_FIRST_TOKEN, d, w);
   }
   d->generated++;
-  w->active_tokens++;
+  if (l)
+    l->active_tokens++;
+  else
+    w->active_tokens++;
 }
 
 static void pages_on_end(kvr_router_t *r, kvr_worker_t *w, const kvr_router_dispatch_t *d);
@@ -432,6 +479,18 @@ void kvr_router_on_end(kvr_router_t *r, kvr_router_dispatch_t *d) {
   if (w == NULL)
     return;
   uint64_t tok = d->prompt_tokens + d->generated;
+  if (d->peer_plus1) { /* a peer's synced request: its own figures, the shared clock */
+    kvr_peer_load_t *l = &w->synced[d->peer_plus1 - 1];
+    l->inflight = l->inflight ? l->inflight - 1 : 0;
+    l->active_tokens = l->active_tokens >= tok ? l->active_tokens - tok : 0;
+    l->queued_prefill_tokens -= KVR_MIN(l->queued_prefill_tokens, d->prefill_tokens);
+    if (d->prefill_tokens)
+      kvr_prefill_clock_cancel(&w->prefill, d->prefill_tokens, kvr_router_now_ns(r));
+    d->prefill_tokens = 0;
+    return;
+  }
+  if (r->sync_hook)
+    r->sync_hook(r->sync_ctx, KVR_SYNC_END, d, w);
   w->inflight = w->inflight ? w->inflight - 1 : 0;
   w->active_tokens = w->active_tokens >= tok ? w->active_tokens - tok : 0;
   w->queued_prefill_tokens = w->queued_prefill_tokens >= d->prefill_tokens
@@ -488,8 +547,10 @@ void kvr_router_on_usage(kvr_router_t *r, const kvr_router_dispatch_t *d,
     return;
   }
   w->usage_prompt_tokens_total += u->prompt_tokens;
-  w->usage_cached_tokens_total += u->cached_tokens;
-  w->usage_predicted_cached_total += KVR_MIN(d->predicted_cached, u->prompt_tokens);
+  if (u->has_details) { /* the prediction is compared over the answers that say what was cached */
+    w->usage_cached_tokens_total += u->cached_tokens;
+    w->usage_predicted_cached_total += KVR_MIN(d->predicted_cached, u->prompt_tokens);
+  }
   if (u->has_details)
     source_to_usage(&w->cached_source, w, "cached tokens");
   source_to_usage(&w->tokens_source, w, "token counts");
@@ -680,6 +741,8 @@ int kvr_router_on_scrape(kvr_router_t *r, uint32_t id, const kvr_router_scrape_t
   w->kv_cache_usage = m->kv_cache_usage;
   w->metrics_seen = true;
   w->scraped_at_ms = m->at_ms;
+  if (r->sync_hook)
+    r->sync_hook(r->sync_ctx, KVR_SYNC_SCRAPE, NULL, w);
   if (m->num_gpu_blocks == 0 || m->block_size == 0)
     return 0;
   w->num_gpu_blocks = m->num_gpu_blocks;
@@ -694,6 +757,22 @@ int kvr_router_on_scrape(kvr_router_t *r, uint32_t id, const kvr_router_scrape_t
              (unsigned long long)m->block_size);
   }
   return 0;
+}
+
+int kvr_router_on_peer_scrape(kvr_router_t *r, const char *url, double running, double waiting,
+                              double kv_cache_usage) {
+  for (size_t i = 0; i < r->nslots; i++) {
+    kvr_worker_t *w = r->slots[i];
+    if (w == NULL || strcmp(w->url, url) != 0)
+      continue;
+    w->num_requests_running = running;
+    w->num_requests_waiting = waiting;
+    w->kv_cache_usage = kv_cache_usage;
+    w->metrics_seen = true;
+    w->scraped_at_ms = now_ms(r);
+    return 0;
+  }
+  return KVR_ENOENT;
 }
 
 int kvr_router_on_models(kvr_router_t *r, uint32_t id, uint64_t max_model_len) {
@@ -970,6 +1049,14 @@ void kvr_router_peer_load(const kvr_router_t *r, const kvr_worker_t *w, uint64_t
                           kvr_peer_load_t *sum) {
   memset(sum, 0, sizeof *sum);
   for (size_t p = 0; p < r->cfg->npeers && p < KVR_MAX_PEERS; p++) {
+    if (r->peer_sync_live[p]) { /* what p announced, request by request */
+      const kvr_peer_load_t *l = &w->synced[p];
+      sum->inflight += l->inflight;
+      sum->active_tokens += l->active_tokens;
+      sum->queued_prefill_tokens += l->queued_prefill_tokens;
+      sum->synced_prefill_tokens += l->queued_prefill_tokens; /* in w's clock */
+      continue;
+    }
     const kvr_peer_load_t *l = &w->peer[p];
     if (l->at_ms == 0 || now_ms > l->at_ms + r->cfg->peer_stale_ms)
       continue;

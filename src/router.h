@@ -149,7 +149,9 @@ typedef struct kvr_pending_page_s {
 typedef struct kvr_peer_load_s {
   uint32_t inflight;
   uint64_t active_tokens, queued_prefill_tokens, prefill_backlog_tokens;
-  uint64_t at_ms; /* 0: never */
+  uint64_t
+      synced_prefill_tokens; /* in sums: synced peers' prefill, already in the worker's clock */
+  uint64_t at_ms;            /* 0: never */
 } kvr_peer_load_t;
 
 /* One worker. Owned by its router (slots[slot]); read-only outside router.c. */
@@ -208,7 +210,24 @@ typedef struct kvr_worker_s {
   /* Replicas: the load each peer reported for this worker (kvr_router_on_peer_load); the
    * snapshot adds the fresh ones to the router's own figures. */
   kvr_peer_load_t peer[KVR_MAX_PEERS];
+  /* Replicas with --peer-sync: what each peer's synced requests put on this worker (in flight,
+   * prompt tokens, prefill tokens before their first token; kvr_router_on_peer_dispatch). Their
+   * prefill is in the shared prefill clock above. Used instead of peer[p] while p's sync is live.
+   */
+  kvr_peer_load_t synced[KVR_MAX_PEERS];
 } kvr_worker_t;
+
+/* A dispatch the router reports to its sync hook (peer_sync.h publishes them to the peers). */
+typedef enum {
+  KVR_SYNC_DISPATCH,
+  KVR_SYNC_FIRST_TOKEN,
+  KVR_SYNC_END,
+  KVR_SYNC_SCRAPE /* this replica scraped the worker (d is NULL) */
+} kvr_sync_event_t;
+struct kvr_router_dispatch_s;
+typedef void (*kvr_router_sync_hook_t)(void *ctx, kvr_sync_event_t ev,
+                                       const struct kvr_router_dispatch_s *d,
+                                       const kvr_worker_t *w);
 
 /* Read-only outside router.c. */
 struct kvr_router_s {
@@ -224,7 +243,19 @@ struct kvr_router_s {
   uint64_t peer_polls_total[KVR_MAX_PEERS][3];  /* [peer][0 ok, 1 error, 2 self] */
   uint64_t instance; /* random per process: tells a replica its own answer in a peer list */
   uint64_t peer_ok_ms[KVR_MAX_PEERS]; /* last good answer of each peer */
-  uint64_t tokenize_total[3];         /* by kvr_tokenize_result_t */
+  /* Replica sync (peer_sync.h): while peer_sync_live[p], peer p's load is the requests it
+   * announced (workers' synced[p]), not its polled figures. The hook hears this router's own
+   * dispatches; dispatch_ids numbers them. */
+  bool peer_sync_live[KVR_MAX_PEERS];
+  uint64_t peer_instance[KVR_MAX_PEERS];  /* from p's last /admin/load answer (0: unknown) */
+  uint32_t peer_sync_port[KVR_MAX_PEERS]; /* p's advertised sync port (0: none) */
+  uint32_t sync_port;                     /* this replica's, advertised in /admin/load (0: off) */
+  uint64_t peer_sync_messages_total[KVR_MAX_PEERS], peer_sync_gaps_total[KVR_MAX_PEERS];
+  uint64_t sync_published_total, sync_skipped_total; /* skipped: undecodable or unknown sender */
+  kvr_router_sync_hook_t sync_hook;
+  void *sync_ctx;
+  uint64_t dispatch_ids;
+  uint64_t tokenize_total[3]; /* by kvr_tokenize_result_t */
   /* Router-wide metrics. */
   kvr_hist_t decision_seconds;
   kvr_hist_t request_seconds;
@@ -391,7 +422,17 @@ typedef struct kvr_router_dispatch_s {
   uint64_t predicted_cached; /* prompt tokens the cache index predicted the worker held */
   uint64_t prefill_tokens;   /* added to queued_prefill_tokens; 0 once the first token came */
   uint64_t generated;        /* tokens added to active_tokens since dispatch */
+  uint64_t id;               /* numbers this router's dispatches (replica sync) */
+  uint8_t peer_plus1;        /* 0: this router's request; p + 1: peer p's synced request */
 } kvr_router_dispatch_t;
+
+/* Replica sync: peer p announced a request of prompt_tokens, prefill_tokens of them uncached, on
+ * the worker with this URL. Adds it to the worker's synced[p] and prefill clock (no counters, no
+ * rate sample) and fills *d, which kvr_router_on_token (its first token only matters) and
+ * kvr_router_on_end then take as for an own request. NULL (d closed) when no worker has the URL. */
+const kvr_worker_t *kvr_router_on_peer_dispatch(kvr_router_t *r, size_t peer, const char *url,
+                                                uint64_t prompt_tokens, uint64_t prefill_tokens,
+                                                kvr_router_dispatch_t *d);
 
 /* Dispatches a request of prompt_tokens (estimated) to the worker in slot, of which the cache index
  * matched matched_blocks leading blocks (kvr_decision_t.snaps[slot].matched_blocks): the predicted
@@ -475,6 +516,12 @@ typedef struct kvr_router_scrape_s {
  * geometry, its cache capacity in router blocks (the cache index is resized to match). Returns 0
  * or KVR_ENOENT (worker gone meanwhile). */
 int kvr_router_on_scrape(kvr_router_t *r, uint32_t id, const kvr_router_scrape_t *m);
+
+/* Replica sync: a peer just scraped the worker with this URL (running, waiting, KV usage 0..1):
+ * adopted as this replica's latest scrape, so replicas weigh the same engine figures. Returns 0 or
+ * KVR_ENOENT (no such worker). */
+int kvr_router_on_peer_scrape(kvr_router_t *r, const char *url, double running, double waiting,
+                              double kv_cache_usage);
 
 /* Forgets every cache-index entry of worker id (its prefix cache was reset); *forgotten gets how
  * many there were. Returns 0 or KVR_ENOENT. */

@@ -114,7 +114,8 @@ static const worker_family_t worker_families[] = {
     {"kvrouter_worker_usage_prompt_tokens_total", "counter",
      "usage.prompt_tokens of responses that reported usage", U64(usage_prompt_tokens_total)},
     {"kvrouter_worker_usage_predicted_cached_tokens_total", "counter",
-     "Predicted cached tokens of the requests whose responses reported usage",
+     "Predicted cached tokens of the requests whose responses reported "
+     "usage.prompt_tokens_details",
      U64(usage_predicted_cached_total)},
     {"kvrouter_worker_usage_cached_tokens_total", "counter",
      "usage.prompt_tokens_details.cached_tokens reported by the worker",
@@ -578,6 +579,43 @@ static void peer_metrics(const kvr_router_t *r, kvr_buf_t *out) {
     bool up = r->peer_ok_ms[p] && now <= r->peer_ok_ms[p] + cfg->peer_stale_ms;
     kvr_metric_sample(out, "kvrouter_peer_up", l.data, up);
   }
+  kvr_metric_family(out, "kvrouter_peer_sync_live", "gauge",
+                    "1 while the peer's announced requests make up its load (--peer-sync-listen; "
+                    "0: its polled figures)");
+  for (size_t p = 0; p < cfg->npeers && p < KVR_MAX_PEERS; p++) {
+    kvr_buf_reset(&l);
+    kvr_buf_puts(&l, "peer=\"");
+    kvr_metric_escape(&l, cfg->peers[p]);
+    kvr_buf_puts(&l, "\"");
+    kvr_metric_sample(out, "kvrouter_peer_sync_live", l.data, r->peer_sync_live[p]);
+  }
+  kvr_metric_family(out, "kvrouter_peer_sync_messages_total", "counter",
+                    "Sync messages received from the peer");
+  for (size_t p = 0; p < cfg->npeers && p < KVR_MAX_PEERS; p++) {
+    kvr_buf_reset(&l);
+    kvr_buf_puts(&l, "peer=\"");
+    kvr_metric_escape(&l, cfg->peers[p]);
+    kvr_buf_puts(&l, "\"");
+    kvr_metric_sample(out, "kvrouter_peer_sync_messages_total", l.data,
+                      (double)r->peer_sync_messages_total[p]);
+  }
+  kvr_metric_family(out, "kvrouter_peer_sync_gaps_total", "counter",
+                    "Sequence gaps in the peer's sync messages (repaired by its next snapshot)");
+  for (size_t p = 0; p < cfg->npeers && p < KVR_MAX_PEERS; p++) {
+    kvr_buf_reset(&l);
+    kvr_buf_puts(&l, "peer=\"");
+    kvr_metric_escape(&l, cfg->peers[p]);
+    kvr_buf_puts(&l, "\"");
+    kvr_metric_sample(out, "kvrouter_peer_sync_gaps_total", l.data,
+                      (double)r->peer_sync_gaps_total[p]);
+  }
+  kvr_metric_family(out, "kvrouter_peer_sync_published_total", "counter",
+                    "Sync messages this replica published (its requests and snapshots)");
+  kvr_metric_sample(out, "kvrouter_peer_sync_published_total", NULL,
+                    (double)r->sync_published_total);
+  kvr_metric_family(out, "kvrouter_peer_sync_skipped_total", "counter",
+                    "Sync messages skipped: undecodable, or from an instance no peer poll named");
+  kvr_metric_sample(out, "kvrouter_peer_sync_skipped_total", NULL, (double)r->sync_skipped_total);
   kvr_metric_family(out, "kvrouter_worker_peer_inflight_requests", "gauge",
                     "Requests the peer replicas reported in flight on the worker (fresh ones)");
   for (size_t i = 0; i < r->nslots; i++) {
@@ -821,6 +859,8 @@ cJSON *kvr_router_view_load(const kvr_router_t *r) {
   char inst[24];
   snprintf(inst, sizeof inst, "%016llx", (unsigned long long)r->instance);
   cJSON_AddStringToObject(o, "instance", inst);
+  if (r->sync_port)
+    cJSON_AddNumberToObject(o, "sync_port", r->sync_port);
   cJSON *arr = cJSON_AddArrayToObject(o, "workers");
   uint64_t now_ns = kvr_router_now_ns(r);
   for (size_t i = 0; i < r->nslots; i++) {

@@ -108,6 +108,9 @@ struct kvr_loadgen_s {
   uint64_t level_no; /* levels started; a deferred call of an earlier level is stale */
   kvr_loadgen_opts_t o;
   char *url, *model, *api_key;
+  char *urls[KVR_LOADGEN_MAX_URLS]; /* the endpoints requests alternate between (urls[0] == url) */
+  size_t nurls;
+  uint64_t url_next; /* requests prepared: the next one goes to urls[url_next % nurls] */
   const kvr_workload_t *wl;
   kvr_curlm_t *curlm;
   uv_timer_t tick, progress, sleeper;
@@ -191,10 +194,23 @@ static void on_handle_closed(uv_handle_t *h) {
   lg->open_handles--;
 }
 
+/* Every element of a comma-separated endpoint list is an http(s) URL. */
+static bool urls_ok(const char *list) {
+  size_t n = 0;
+  for (const char *p = list;; n++) {
+    if (strncmp(p, "http://", 7) != 0 && strncmp(p, "https://", 8) != 0)
+      return false;
+    const char *comma = strchr(p, ',');
+    if (comma == NULL)
+      return n < KVR_LOADGEN_MAX_URLS;
+    p = comma + 1;
+  }
+}
+
 kvr_loadgen_t *kvr_loadgen_new(uv_loop_t *loop, const kvr_loadgen_opts_t *o,
                                const kvr_workload_t *wl, char *err, size_t errlen) {
-  if (o->url == NULL || strncmp(o->url, "http", 4) != 0 || !(o->time_scale >= 1e-6) ||
-      !(o->burstiness > 0) || o->num_prompts == 0) {
+  if (o->url == NULL || !urls_ok(o->url) || !(o->time_scale >= 1e-6) || !(o->burstiness > 0) ||
+      o->num_prompts == 0) {
     snprintf(err, errlen,
              "loadgen: need an http(s) URL, a model, time scale > 0, burstiness > 0 "
              "and at least one prompt");
@@ -205,20 +221,28 @@ kvr_loadgen_t *kvr_loadgen_new(uv_loop_t *loop, const kvr_loadgen_opts_t *o,
   lg->o = *o;
   lg->wl = wl;
   kvr_list_init(&lg->inflight);
-  /* The endpoint: keep a full /v1/... path, else add the API's. */
-  kvr_buf_t u = KVR_BUF_INIT;
-  kvr_buf_puts(&u, o->url);
-  while (u.len > 0 && u.data[u.len - 1] == '/')
-    u.data[--u.len] = '\0';
-  if (strstr(u.data + 8, "/v1/") == NULL)
-    kvr_buf_puts(&u, o->api == KVR_API_CHAT ? "/v1/chat/completions" : "/v1/completions");
-  lg->url = kvr_buf_steal(&u);
+  /* The endpoints (a comma-separated list: requests alternate between them, as a Service spreads
+   * them over router replicas): keep a full /v1/... path, else add the API's. */
+  for (const char *p = o->url; *p && lg->nurls < KVR_LOADGEN_MAX_URLS;) {
+    const char *comma = strchr(p, ',');
+    size_t n = comma ? (size_t)(comma - p) : strlen(p);
+    kvr_buf_t u = KVR_BUF_INIT;
+    kvr_buf_append(&u, p, n);
+    while (u.len > 0 && u.data[u.len - 1] == '/')
+      u.data[--u.len] = '\0';
+    if (u.len < 8 || strstr(u.data + 8, "/v1/") == NULL)
+      kvr_buf_puts(&u, o->api == KVR_API_CHAT ? "/v1/chat/completions" : "/v1/completions");
+    lg->urls[lg->nurls++] = kvr_buf_steal(&u);
+    p = comma ? comma + 1 : p + n;
+  }
+  lg->url = lg->urls[0];
   lg->model = kvr_xstrdup(o->model ? o->model : "default");
   lg->api_key = kvr_xstrdup(o->api_key);
   lg->curlm = kvr_curlm_new(loop);
   if (lg->curlm == NULL) {
     snprintf(err, errlen, "loadgen: curl multi init failed");
-    free(lg->url);
+    for (size_t i = 0; i < lg->nurls; i++)
+      free(lg->urls[i]);
     free(lg->model);
     free(lg->api_key);
     free(lg);
@@ -294,7 +318,9 @@ void kvr_loadgen_free(kvr_loadgen_t *lg) {
     uv_run(lg->loop, UV_RUN_NOWAIT);
   uv_run(lg->loop, UV_RUN_NOWAIT);
   if (lg->tfd >= 0)
-    close(lg->tfd); /* after its poll handle closed */
+    close(lg->tfd);                      /* after its poll handle closed */
+  for (size_t i = 1; i < lg->nurls; i++) /* urls[0] is url */
+    free(lg->urls[i]);
   free(lg->url);
   free(lg->model);
   free(lg->api_key);
@@ -695,7 +721,8 @@ static req_t *req_prepare(kvr_loadgen_t *lg, conv_t *cv, uint32_t turn) {
   if (lg->virt)
     return r; /* the virtual transport takes the body as it is */
   long timeout_ms = lg->o.request_timeout_s > 0 ? (long)(lg->o.request_timeout_s * 1000) : 0;
-  r->easy = kvr_curl_easy_new(lg->url, 10000L, timeout_ms, on_write, r);
+  r->easy =
+      kvr_curl_easy_new(lg->urls[lg->url_next++ % lg->nurls], 10000L, timeout_ms, on_write, r);
   /* The benchmarked endpoint may be a TLS one (kvr_curl_easy_new allows plain http only). */
   curl_easy_setopt(r->easy, CURLOPT_PROTOCOLS_STR, "http,https");
   r->headers = kvr_curl_slist_append(r->headers, "Content-Type: application/json");

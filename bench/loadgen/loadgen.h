@@ -61,10 +61,14 @@
 #include <stdio.h>
 #include <uv.h>
 
+#define KVR_LOADGEN_MAX_URLS 16 /* endpoints in one --url list */
+
 typedef struct kvr_loadgen_s kvr_loadgen_t;
 
 typedef struct kvr_loadgen_opts_s {
-  const char *url;     /* http://HOST:PORT[/v1/chat/completions]; the API path is added if absent */
+  const char *url;     /* http://HOST:PORT[/v1/chat/completions]; the API path is added if absent. A
+                        * comma-separated list: requests alternate between the endpoints in turn
+                        * (at most KVR_LOADGEN_MAX_URLS), as a Service spreads them over replicas */
   const char *model;   /* NULL: ask GET /v1/models (kvr_monitor_fetch_model) */
   const char *api_key; /* sent as "Authorization: Bearer" when not NULL */
   kvr_api_t api;

@@ -75,6 +75,9 @@ struct kvr_monitor_s {
   kvr_list_t calls; /* live calls (call_t.node), newest first */
   size_t sync_pending;
   bool in_sync;
+  /* the router's cached-token counters at the level's start (admin /metrics) */
+  bool router_have_begin;
+  double router_pred_begin, router_rep_begin;
 };
 
 /* ---- calls ----------------------------------------------------------------------------------- */
@@ -374,9 +377,31 @@ static void find_targets(kvr_monitor_t *m) {
     call_free(c);
 }
 
+/* The router's predicted and reported cached prompt tokens, summed over its workers, from its
+ * admin /metrics (kvrouter_worker_usage_*); false without an admin URL or an answer. */
+static bool router_cached(kvr_monitor_t *m, double *pred, double *rep) {
+  if (m->admin == NULL)
+    return false;
+  char url[600];
+  snprintf(url, sizeof(url), "%s/metrics", m->admin);
+  call_t *c = call_start(m, "GET", url, NULL, true, -1, MON_METRICS_MAX, MON_TIMEOUT_MS);
+  run_sync(m);
+  double max;
+  bool ok = call_ok(c) && c->body.data &&
+            kvr_monitor_prom_value(c->body.data, c->body.len,
+                                   "kvrouter_worker_usage_predicted_cached_tokens_total", pred,
+                                   &max) > 0 &&
+            kvr_monitor_prom_value(c->body.data, c->body.len,
+                                   "kvrouter_worker_usage_cached_tokens_total", rep, &max) > 0;
+  if (c)
+    call_free(c);
+  return ok;
+}
+
 void kvr_monitor_level_begin(kvr_monitor_t *m) {
   cancel_polls(m);
   find_targets(m);
+  m->router_have_begin = router_cached(m, &m->router_pred_begin, &m->router_rep_begin);
   read_all(m, true);
   uv_timer_start(&m->poll, on_poll_timer, m->poll_ms, m->poll_ms);
 }
@@ -386,6 +411,14 @@ void kvr_monitor_level_end(kvr_monitor_t *m, kvr_level_t *lv) {
   if (lv == NULL)
     return;
   read_all(m, false);
+  double pred, rep;
+  lv->router_cached_seen = false;
+  if (m->router_have_begin && router_cached(m, &pred, &rep) && pred >= m->router_pred_begin &&
+      rep >= m->router_rep_begin) { /* a router restarted meanwhile: unknown */
+    lv->router_cached_seen = true;
+    lv->router_predicted_cached = (uint64_t)llround(pred - m->router_pred_begin);
+    lv->router_reported_cached = (uint64_t)llround(rep - m->router_rep_begin);
+  }
   lv->engine_workers = 0;
   lv->preemptions = 0;
   lv->kv_usage_peak = 0;

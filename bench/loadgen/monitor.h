@@ -14,7 +14,8 @@
  * vllm:kv_cache_usage_perc (vllm:gpu_cache_usage_perc on older vLLM), then polls them every
  * poll interval while the level runs; kvr_monitor_level_end() reads them once more and writes into
  * the level the increase in preemptions summed over the workers read at both ends, and the highest
- * KV cache usage any read saw.
+ * KV cache usage any read saw. With an admin URL, the router's own predicted and reported cached
+ * prompt tokens (kvrouter_worker_usage_*_total on its /metrics) are read at both ends too.
  *
  * Loop discipline: the synchronous calls (reset, level begin/end) run the loop until their own
  * transfers finish and then uv_stop() it; a poll that finishes while the load generator runs the

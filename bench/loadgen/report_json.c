@@ -256,6 +256,22 @@ static void verdict_keys(cJSON *k, const kvr_run_t *run, const kvr_level_t *lv) 
     cJSON_AddNullToObject(k, "kv_cache_usage_peak");
   }
   cJSON_AddNumberToObject(k, "engine_metrics_workers", (double)lv->engine_workers);
+  /* The router's predicted against the workers' reported cached prompt tokens (null: unknown).
+   * gap = (predicted - reported) / reported. */
+  if (lv->router_cached_seen) {
+    cJSON *rc = cJSON_AddObjectToObject(k, "router_cached");
+    cJSON_AddNumberToObject(rc, "predicted_tokens", (double)lv->router_predicted_cached);
+    cJSON_AddNumberToObject(rc, "reported_tokens", (double)lv->router_reported_cached);
+    if (lv->router_reported_cached)
+      cJSON_AddNumberToObject(
+          rc, "gap",
+          ((double)lv->router_predicted_cached - (double)lv->router_reported_cached) /
+              (double)lv->router_reported_cached);
+    else
+      cJSON_AddNullToObject(rc, "gap");
+  } else {
+    cJSON_AddNullToObject(k, "router_cached");
+  }
   if (run->cache_reset[0])
     cJSON_AddStringToObject(k, "prefix_cache_reset", run->cache_reset);
   else

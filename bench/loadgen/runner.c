@@ -448,8 +448,11 @@ static int setup(kvr_runner_t *r, char *err, size_t errlen) {
     return setup_virtual(r, err, errlen);
   if ((r->lg = kvr_loadgen_new(r->loop, &o->lg, r->wl, err, errlen)) == NULL)
     return KVR_EINVAL;
-  if ((r->mon = kvr_monitor_new(r->loop, o->admin, o->lg.url, 200)) == NULL) {
-    snprintf(err, errlen, "cannot set up the metrics monitor for %s", o->lg.url);
+  /* the monitor reads the first endpoint (the model list; without --admin, its /metrics) */
+  char first[512];
+  snprintf(first, sizeof first, "%.*s", (int)strcspn(o->lg.url, ","), o->lg.url);
+  if ((r->mon = kvr_monitor_new(r->loop, o->admin, first, 200)) == NULL) {
+    snprintf(err, errlen, "cannot set up the metrics monitor for %s", first);
     return KVR_EIO;
   }
   int rc = find_model(r, err, errlen);

@@ -124,6 +124,11 @@ typedef struct kvr_level_s {
   size_t engine_workers; /* workers whose /metrics was read before and after; 0 = unknown */
   uint64_t preemptions;  /* increase of vllm:num_preemptions_total over the level, all workers */
   double kv_usage_peak;  /* highest vllm:kv_cache_usage_perc (0-1) seen on any worker */
+  /* The router's cache prediction over the level (its admin /metrics in a real run, its counters
+   * in virtual time): prompt tokens it predicted cached, and those the workers' usage reported
+   * cached, over the requests whose answer carried usage. router_cached_seen false: unknown. */
+  bool router_cached_seen;
+  uint64_t router_predicted_cached, router_reported_cached;
 
   kvr_req_rec_t *recs; /* owned, in completion order */
   size_t nrecs, caprecs;

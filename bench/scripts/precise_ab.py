@@ -6,12 +6,15 @@ Runs `kvrouter bench study` four times with the same scenarios, policies and see
 (approximate), with `-- --kv-events` (precise), and both with `--flush-every-s S` (every S simulated
 seconds one worker's prefix cache is emptied without the router being told: the case built to break
 the guess). Writes OUT/PRECISE.md (each policy's mean max SLO-compliant rate per scenario and set-up,
-and precise / approximate) and keeps each study's STUDY.md and study.json under OUT/<set-up>/.
+and precise / approximate, then the router's predicted-vs-reported cached-token gap at each
+policy's max SLO-compliant level) and keeps each study's STUDY.md and study.json under
+OUT/<set-up>/.
 
     python3 bench/scripts/precise_ab.py --kvrouter build/kvrouter --out bench/results/precise
 """
 
 import argparse
+import glob
 import json
 import os
 import subprocess
@@ -23,6 +26,32 @@ SETUPS = [("approximate", []), ("precise", ["--kv-events"]),
           ("precise+flush", ["--kv-events", "--flush-every-s", None])]
 
 
+def cell_gaps(out):
+    """{(scenario, policy): [gap per seed]}: the router's predicted-vs-reported cached-token gap
+    ((predicted - reported) / reported, from each level's kvrouter.router_cached) at the policy's
+    max SLO-compliant level (its highest passing rate; its lowest level when none passed)."""
+    found = {}
+    for sc in sorted(os.listdir(out)):
+        if not os.path.isdir(os.path.join(out, sc)):
+            continue
+        for cell in glob.glob(os.path.join(out, sc, "seed*", "results")):
+            levels = {}
+            for f in glob.glob(os.path.join(cell, "*.json")):
+                with open(f) as fh:
+                    j = json.load(fh)
+                k = j.get("kvrouter") or {}
+                rc = k.get("router_cached") or {}
+                levels.setdefault(j.get("label"), []).append(
+                    (j["request_rate"], bool(k.get("slo_pass")), rc.get("gap")))
+            for pol, lv in levels.items():
+                lv.sort()
+                passing = [x for x in lv if x[1]]
+                pick = passing[-1] if passing else lv[0]
+                if pick[2] is not None:
+                    found.setdefault((sc, pol), []).append(pick[2])
+    return found
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kvrouter", required=True)
@@ -32,7 +61,7 @@ def main():
     ap.add_argument("--flush-every-s", default="5")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    results = {}
+    results, gaps = {}, {}
     t0 = time.time()
     for name, extra in SETUPS:
         extra = [args.flush_every_s if x is None else x for x in extra]
@@ -43,6 +72,7 @@ def main():
         subprocess.run(cmd, check=True)
         with open(os.path.join(out, "study.json")) as f:
             results[name] = json.load(f)
+        gaps[name] = cell_gaps(out)
         # the per-cell folders are large; keep the tables
         for sc in os.listdir(out):
             p = os.path.join(out, sc)
@@ -84,6 +114,23 @@ def main():
                 return "%.2f" % x if x is not None else "-"
             lines.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
                 sc, pol, num(a), num(p), ratio(a, p), num(af), num(pf), ratio(af, pf)))
+    lines += ["", "The router's predicted against the workers' reported cached prompt tokens, "
+              "(predicted - reported) / reported over the requests of the policy's max "
+              "SLO-compliant level (its `kvrouter.router_cached` in the level's results JSON), "
+              "mean over the seeds:", "",
+              "| scenario | policy | approximate | precise | approximate + flush | "
+              "precise + flush |", "|---|---|---:|---:|---:|---:|"]
+    for sc in scenarios:
+        for pol in policies:
+            if pol == "round_robin":
+                continue
+
+            def gap(setup):
+                v = gaps.get(setup, {}).get((sc, pol))
+                return "%+.2f%%" % (100 * sum(v) / len(v)) if v else "-"
+            lines.append("| %s | %s | %s | %s | %s | %s |" % (
+                sc, pol, gap("approximate"), gap("precise"), gap("approximate+flush"),
+                gap("precise+flush")))
     text = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "PRECISE.md"), "w") as f:
         f.write(text)

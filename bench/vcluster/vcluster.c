@@ -134,6 +134,7 @@ struct kvr_vcluster_s {
   bool stopped;
   kvr_list_t live; /* every vreq_t not freed yet */
   double kv_peak;
+  uint64_t pred_base, rep_base; /* the router's cached-token counters at the level's start */
 };
 
 void kvr_vcluster_opts_default(kvr_vcluster_opts_t *o) {
@@ -897,6 +898,17 @@ void kvr_vcluster_idle(kvr_vcluster_t *vc, double seconds) {
   vc->now = until;
 }
 
+/* The router's usage counters summed over its workers: predicted and reported cached tokens. */
+static void router_cached(const kvr_vcluster_t *vc, uint64_t *pred, uint64_t *rep) {
+  *pred = *rep = 0;
+  const kvr_router_t *r = vc->router;
+  for (size_t i = 0; i < r->nslots; i++)
+    if (r->slots[i]) {
+      *pred += r->slots[i]->usage_predicted_cached_total;
+      *rep += r->slots[i]->usage_cached_tokens_total;
+    }
+}
+
 void kvr_vcluster_level_begin(kvr_vcluster_t *vc) {
   for (size_t i = 0; i < vc->o.workers; i++) {
     kvr_sim_stats_t st;
@@ -904,6 +916,7 @@ void kvr_vcluster_level_begin(kvr_vcluster_t *vc) {
     vc->w[i].preempt_base = st.preemptions;
   }
   vc->kv_peak = 0;
+  router_cached(vc, &vc->pred_base, &vc->rep_base);
 }
 
 void kvr_vcluster_level_end(kvr_vcluster_t *vc, kvr_level_t *lv) {
@@ -918,6 +931,11 @@ void kvr_vcluster_level_end(kvr_vcluster_t *vc, kvr_level_t *lv) {
   lv->engine_workers = vc->o.workers;
   lv->preemptions = pre;
   lv->kv_usage_peak = vc->kv_peak;
+  uint64_t pred, rep;
+  router_cached(vc, &pred, &rep);
+  lv->router_cached_seen = true;
+  lv->router_predicted_cached = pred - vc->pred_base;
+  lv->router_reported_cached = rep - vc->rep_base;
 }
 
 const char *kvr_vcluster_policy(const kvr_vcluster_t *vc) {

@@ -58,9 +58,11 @@ def hup(r, want):
 
 
 def policy(r):
+    """The policy in force and its parameters (not the decision counts, which move with traffic)."""
     resp = request(r.admin_port, "GET", "/admin/policy")
     assert resp.status == 200, resp
-    return resp.json()
+    j = resp.json()
+    return {"policy": j["policy"], "params": j["params"]}
 
 
 def served(r):

@@ -7,11 +7,14 @@ never its peers'; streams in flight through replica A show up as peer load in re
 view, metrics and route/explain snapshots, so B sends a new request to the worker A left idle;
 with the admin token the polls carry it (a peer with another token is counted as an error);
 a peer that stops is marked down and its figures age out; route/explain tokenizes like the proxy
-and shows the precise index when a worker publishes KV events; --peer validation.
+and shows the precise index when a worker publishes KV events; --peer validation. With
+--peer-sync-listen the replicas announce each request as it happens: B sees A's streams start and
+end within a fraction of the poll interval, and drops A's announced load when A goes silent.
 
     python3 tests/router/test_replicas.py --kvrouter build/kvrouter [-k NAME] [-v]
 """
 
+import glob
 import json
 import os
 import shutil
@@ -184,6 +187,90 @@ def own_address_in_the_peer_list_is_ignored():
         assert metric(a, "kvrouter_peer_polls_total", result="ok") == 0
         for t in ts:
             t.join(30)
+
+
+@test(timeout=90)
+def synced_load_is_immediate():
+    with h.Cleanup() as c:
+        s0 = c.add(Sim(fixed=(20, 40)))
+        s1 = c.add(Sim(fixed=(20, 40)))
+        # polls every 1.5 s: what B sees sooner than that came through the sync socket
+        a, b = pair([s0, s1], "--peer-sync-listen", "tcp://127.0.0.1:*",
+                    "--peer-interval-ms", 1500, "--peer-stale-ms", 4000)
+        c.add(a)
+        c.add(b)
+        assert admin(a, "GET", "/admin/load").json()["sync_port"] > 0
+        wait_for(lambda: metric(a, "kvrouter_peer_sync_live") == 1 and
+                 metric(b, "kvrouter_peer_sync_live") == 1, 10, "sync live both ways")
+        r = admin(a, "DELETE", "/admin/workers/1")
+        assert r.status == 202, r.status
+        t0 = time.time()
+        ts = long_streams(a.port, 4)
+        wait_for(lambda: [w["peer_in_flight"] for w in b.workers()] == [4, 0], 5,
+                 "B sees A's streams")
+        seen = time.time() - t0
+        assert seen < 1.0, "B saw A's streams after %.2f s: the polls, not the sync" % seen
+        ex = admin(b, "POST", "/admin/route/explain", h.chat_body("new " * 20)).json()
+        assert [w["in_flight"] for w in ex["workers"]] == [4, 0], ex["workers"]
+        for t in ts:
+            t.join(30)
+        wait_for(lambda: [w["peer_in_flight"] for w in b.workers()] == [0, 0], 1.0,
+                 "B sees them end")
+        assert metric(b, "kvrouter_peer_sync_messages_total") > 8
+        assert metric(b, "kvrouter_peer_sync_gaps_total") == 0
+        assert metric(a, "kvrouter_peer_sync_published_total") > 8
+        # A's own load never holds B's, nor B's A's
+        assert all(w["in_flight"] == 0 for w in admin(b, "GET", "/admin/load").json()["workers"])
+        # A goes: B drops its announced load after --peer-stale-ms
+        ts = long_streams(a.port, 2)
+        wait_for(lambda: b.workers()[0]["peer_in_flight"] == 2, 5, "B sees 2 more")
+        a.stop()
+        wait_for(lambda: metric(b, "kvrouter_peer_sync_live") == 0, 8, "sync dropped")
+        assert b.workers()[0]["peer_in_flight"] == 0, b.workers()
+
+
+@test(timeout=60)
+def bench_alternates_between_replicas():
+    """`kvrouter bench --url A,B` (the replica A/B's load) sends every other request to each
+    endpoint, and the level's router_cached figures come from --admin's router."""
+    with h.Cleanup() as c:
+        s0 = c.add(Sim(fixed=(5, 5)))
+        a, b = pair([s0])
+        c.add(a)
+        c.add(b)
+        out = tempfile.mkdtemp(prefix="kvr_rep_bench_")
+        try:
+            p = subprocess.run(
+                [h._kvrouter(), "bench", "--url", "http://127.0.0.1:%d,http://127.0.0.1:%d" % (
+                    a.port, b.port), "--admin", "http://127.0.0.1:%d" % a.admin_port,
+                 "--workload", "control", "--rates", "20", "--num-prompts", "20", "--warmup",
+                 "0", "--cooldown-s", "0", "--output-mean", "8", "--output-min", "4",
+                 "--output-max", "16", "--out", out, "--quiet"],
+                capture_output=True, text=True, timeout=50)
+            assert p.returncode == 0, p.stderr
+            # (the model list, GET /v1/models, goes to the first endpoint only)
+            na = metric(a, "kvrouter_http_requests_total", route="chat_completions")
+            nb = metric(b, "kvrouter_http_requests_total", route="chat_completions")
+            assert na == nb == 10, (na, nb)
+            level = json.load(open(glob.glob(os.path.join(out, "results", "*.json"))[0]))
+            rc = level["kvrouter"]["router_cached"]
+            assert rc is not None and rc["reported_tokens"] >= 0, rc
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+        for bad in ["http://127.0.0.1:1,ftp://x", "http://127.0.0.1:1,"]:
+            p = subprocess.run([h._kvrouter(), "bench", "--url", bad, "--model", "m", "--rates",
+                                "1"], capture_output=True, text=True, timeout=10)
+            assert p.returncode != 0 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+@test(timeout=30)
+def peer_sync_listen_errors():
+    for bad in ["bogus", "tcp://256.1.1.1:5"]:
+        p = subprocess.run([h._kvrouter(), "serve", "--worker", "http://127.0.0.1:1",
+                            "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+                            "--peer-sync-listen", bad], capture_output=True, text=True, timeout=10)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode != 0 and any("peer sync" in ln for ln in lines), (bad, p.stderr)
 
 
 @test(timeout=30)
