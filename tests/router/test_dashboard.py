@@ -179,9 +179,13 @@ class Browser:
         return {url: cells[2] for url, cells in self.rows("workers")}
 
     def cached_rows(self):
-        """{url: [usage prompt, predicted cached, actual cached tokens]} of the cached table."""
+        """{url: [prompt, predicted cached, actual cached tokens]} of the cached table."""
         return {url: [int(t.replace(",", "")) for t in cells[1:4]]
                 for url, cells in self.rows("cached")}
+
+    def cached_sources(self):
+        """{url: source column} of the cached table."""
+        return {url: cells[-1] for url, cells in self.rows("cached")}
 
     def decisions(self, policy):
         """The decision count the page shows for policy, None when it has no row."""
@@ -250,6 +254,11 @@ def browser_test(stack):
                 for w in admin_get(r, "/admin/workers", tok)["workers"]}
         assert sum(v[0] for v in want.values()) > 0, want
         b.wait(lambda: b.cached_rows() == want, "the cached table equal to /admin/workers")
+        # the sims report prompt_tokens_details: every worker that answered is on the usage source
+        srcs = {w["url"]: w["cached_tokens"]["source"]
+                for w in admin_get(r, "/admin/workers", tok)["workers"]}
+        assert "usage" in srcs.values() and b.cached_sources() == srcs, (srcs,
+                                                                          b.cached_sources())
 
         # A wrong token: the switch is refused with the 401 message, the policy stays.
         b.use_token("not-the-admin-token-0000000000")
