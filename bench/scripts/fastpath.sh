@@ -27,10 +27,14 @@
 #              p99 warm/cold, index insert p50, bytes per index entry.
 #   overhead   bench/scripts/proxy_overhead.py: time the router adds to the first token (p50).
 #   --perf     two extra kvrouter cells (small POST, 64 KiB POST), not in the table: `perf record
-#              -g` on the router's PID -> raw/perf_<cell>.txt (`perf report --no-children --stdio`),
+#              --call-graph dwarf` on the router's PID (frame pointers do not unwind through
+#              Debian's libcurl and libuv) -> raw/perf_<cell>.txt (`perf report --no-children
+#              --stdio | head -80`), raw/perf_flat_<cell>.txt (self time per function),
+#              raw/perf_inclusive_<cell>.txt (time including callees), raw/perf_dso_<cell>.txt,
 #              and libc allocation calls per request counted with uprobes (`perf probe` on malloc,
 #              calloc, realloc, free; `perf stat -p`) -> raw/allocs_<cell>.txt. The probes are
-#              removed at exit.
+#              removed at exit. And system calls per request of each proxy on the small POST
+#              (syscall tracepoints, `perf stat -p`, 3 s each) -> raw/syscalls_small.txt.
 # Missing nginx, haproxy, wrk (and perf with --perf) are installed from Debian with apt-get; a
 # service the package would start is prevented with policy-rc.d (created for the install and removed
 # after, unless one was there) or else stopped through its PID file.
@@ -38,14 +42,16 @@
 # Every process is started here, recorded by PID and stopped by PID at exit (trap), errors included.
 #
 # Output: OUT/FASTPATH.md (printed as well) rendered by bench/scripts/fastpath_report.py from the raw
-# files in OUT/raw/: wrk_<row>_<target>.txt (wrk's output with --latency, ending with the Lua
+# files in OUT/raw/: wrk_<row>_<target>_r<round>.txt (wrk's output with --latency, ending with the Lua
 # script's FASTPATH_RESULT line), cells.jsonl, sse.jsonl, bench_routing.md, proxy_overhead.{md,json},
 # meta.json.
 #
 # usage: bench/scripts/fastpath.sh [--duration S] [--quick] [--perf] [--kvrouter PATH] [--out DIR]
-#                                  [--base-port N] [--backend-cpu N] [--note TEXT]
+#                                  [--rounds N] [--base-port N] [--backend-cpu N] [--note TEXT]
 #   --duration S     seconds per wrk cell (default 10)
 #   --quick          3 s cells, 100 x 500 SSE events, 1 s proxy_overhead cells
+#   --rounds N       run every cell N times, rounds outermost (default 1); the table shows each
+#                    cell's best round (most req/s): on a shared machine the least disturbed one
 #   --perf           the profile cells above
 #   --kvrouter PATH  the binary (default build/kvrouter)
 #   --out DIR        results folder (default bench/results/fastpath)
@@ -64,6 +70,7 @@ OUT=bench/results/fastpath
 BASE=18600
 BACKEND_CPU=0
 NOTE=""
+ROUNDS=1
 CMDLINE="bash bench/scripts/fastpath.sh $*"
 
 die() {
@@ -81,12 +88,14 @@ while [ $# -gt 0 ]; do
   --base-port) BASE=${2:?--base-port needs a number}; shift 2 ;;
   --backend-cpu) BACKEND_CPU=${2:?--backend-cpu needs a core}; shift 2 ;;
   --note) NOTE=${2:?--note needs text}; shift 2 ;;
+  --rounds) ROUNDS=${2:?--rounds needs a number}; shift 2 ;;
   -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
   *) die "unknown option '$1' (see --help)" ;;
   esac
 done
 case "$DURATION" in '' | *[!0-9]*) die "--duration: must be a whole number of seconds" ;; esac
 [ "$DURATION" -ge 2 ] || die "--duration: must be >= 2"
+case "$ROUNDS" in '' | *[!0-9]* | 0) die "--rounds: must be a whole number >= 1" ;; esac
 case "$BASE" in '' | *[!0-9]*) die "--base-port: must be a number" ;; esac
 [ "$BASE" -ge 1024 ] && [ "$BASE" -le 65500 ] || die "--base-port: must be in 1024..65500"
 [ "$(nproc)" -ge 2 ] || die "needs at least 2 cores (wrk on core 0, the proxy on core 1)"
@@ -356,18 +365,18 @@ if bad or r["requests"] == 0:
 ' "$(result_of "$1")" "$1"
 }
 
-cell() { # $1 row, $2 target: one measured cell, appended to cells.jsonl
-  local row=$1 t=$2 out="$RAW/wrk_$1_$2.txt" c0 c1 pid
+cell() { # $1 row, $2 target, $3 round: one measured cell, appended to cells.jsonl
+  local row=$1 t=$2 round=$3 out="$RAW/wrk_$1_$2_r$3.txt" c0 c1 pid
   pid=${PID_OF[$t]}
   c0=$(proc_cpu "$pid")
   # shellcheck disable=SC2086
   run_wrk "${PORT[$t]}" "${ROW_CONNS[$row]}" "$DURATION" "$out" ${ROW_ARGS[$row]}
   c1=$(proc_cpu "$pid")
   check_errors "$out"
-  printf '{"row":"%s","target":"%s","conns":%d,"cpu_ticks":%d,"tick_hz":%d,"wrk":%s}\n' \
-    "$row" "$t" "${ROW_CONNS[$row]}" $((c1 - c0)) "$(getconf CLK_TCK)" "$(result_of "$out")" \
-    >>"$RAW/cells.jsonl"
-  printf '  %-6s %-9s %s\n' "$row" "$t" "$(result_of "$out")" >&2
+  printf '{"row":"%s","target":"%s","round":%d,"conns":%d,"cpu_ticks":%d,"tick_hz":%d,"wrk":%s}\n' \
+    "$row" "$t" "$round" "${ROW_CONNS[$row]}" $((c1 - c0)) "$(getconf CLK_TCK)" \
+    "$(result_of "$out")" >>"$RAW/cells.jsonl"
+  printf '  r%d %-6s %-9s %s\n' "$round" "$row" "$t" "$(result_of "$out")" >&2
 }
 
 # ---- streaming cost, routing bench, proxy overhead ----
@@ -409,7 +418,7 @@ add_probes() {
 perf_cell() { # $1 row: perf record during one kvrouter cell, then allocations per request in another
   local row=$1 kpid=${PID_OF[kvrouter]} prec pstat
   # shellcheck disable=SC2086
-  perf record -q -g -F 2999 -p "$kpid" -o "$TMP/perf_$row.data" >"$TMP/perf_rec.log" 2>&1 &
+  perf record -q --call-graph dwarf,16384 -F 999 -p "$kpid" -o "$TMP/perf_$row.data" >"$TMP/perf_rec.log" 2>&1 &
   prec=$!
   PIDS+=("$prec")
   sleep 0.3
@@ -418,10 +427,19 @@ perf_cell() { # $1 row: perf record during one kvrouter cell, then allocations p
   kill -INT "$prec" 2>/dev/null || true
   wait "$prec" 2>/dev/null || true
   forget_pid "$prec"
-  perf report -i "$TMP/perf_$row.data" --no-children --stdio 2>/dev/null | head -80 \
-    >"$RAW/perf_$row.txt"
-  perf report -i "$TMP/perf_$row.data" --no-children --stdio --sort dso 2>/dev/null |
-    grep -v '^#' | grep -v '^$' | head -20 >"$RAW/perf_dso_$row.txt"
+  # Whole reports to files first: `perf report | head` would end perf with SIGPIPE (pipefail).
+  perf report -i "$TMP/perf_$row.data" --no-children --stdio >"$TMP/report.txt" 2>/dev/null ||
+    die "perf report of the $row cell failed"
+  head -80 "$TMP/report.txt" >"$RAW/perf_$row.txt"
+  perf report -i "$TMP/perf_$row.data" --no-children --stdio --sort dso -g none \
+    >"$TMP/report.txt" 2>/dev/null || die "perf report --sort dso of the $row cell failed"
+  sed -e '/^#/d' -e '/^$/d' "$TMP/report.txt" | sed -n 1,20p >"$RAW/perf_dso_$row.txt"
+  perf report -i "$TMP/perf_$row.data" --no-children --stdio -g none --percent-limit 0.5 \
+    >"$TMP/report.txt" 2>/dev/null || die "perf report -g none of the $row cell failed"
+  sed -e '/^#/d' -e '/^$/d' "$TMP/report.txt" | sed -n 1,60p >"$RAW/perf_flat_$row.txt"
+  perf report -i "$TMP/perf_$row.data" --children --stdio -g none --percent-limit 1.5 \
+    >"$TMP/report.txt" 2>/dev/null || die "perf report --children of the $row cell failed"
+  sed -e '/^#/d' -e '/^$/d' "$TMP/report.txt" | sed -n 1,90p >"$RAW/perf_inclusive_$row.txt"
   perf stat -x, -e probe_libc:malloc,probe_libc:calloc,probe_libc:realloc,probe_libc:free \
     -p "$kpid" -o "$TMP/pstat_$row.txt" >/dev/null 2>&1 &
   pstat=$!
@@ -449,6 +467,55 @@ EOF
   echo "  perf $row: $(head -1 "$RAW/allocs_$row.txt")" >&2
 }
 
+SYSCALLS=(raw_syscalls:sys_enter epoll_ctl epoll_wait epoll_pwait poll ppoll sendto sendmsg write writev
+  recvfrom recvmsg read readv ioctl setsockopt getsockopt fcntl futex close accept4)
+
+syscall_cell() { # $1 row: system calls per request of each proxy (tracepoints, perf stat -p)
+  local row=$1 t ev=() s pids pstat
+  for s in "${SYSCALLS[@]}"; do
+    case "$s" in *:*) ev+=("$s") ;; *) ev+=("syscalls:sys_enter_$s") ;; esac
+  done
+  for t in nginx haproxy kvrouter; do
+    pids=$(echo "${PID_OF[$t]}" $(cat "/proc/${PID_OF[$t]}/task/${PID_OF[$t]}/children" 2>/dev/null) | tr ' ' ,)
+    perf stat -x, -e "$(IFS=,; echo "${ev[*]}")" -p "$pids" -o "$TMP/sys_$t.txt" >/dev/null 2>&1 &
+    pstat=$!
+    PIDS+=("$pstat")
+    sleep 0.3
+    # shellcheck disable=SC2086
+    run_wrk "${PORT[$t]}" "${ROW_CONNS[$row]}" 3 "$TMP/sys_wrk_$t.txt" ${ROW_ARGS[$row]}
+    sleep 0.2
+    kill -INT "$pstat" 2>/dev/null || true
+    wait "$pstat" 2>/dev/null || true
+    forget_pid "$pstat"
+    echo "$t $(result_of "$TMP/sys_wrk_$t.txt")" >>"$TMP/sys_requests.txt"
+  done
+  python3 - "$TMP" "$row" >"$RAW/syscalls_$row.txt" <<'PYEOF'
+import json, os, sys
+tmp, row = sys.argv[1], sys.argv[2]
+reqs = {l.split(" ", 1)[0]: json.loads(l.split(" ", 1)[1])["requests"]
+        for l in open(os.path.join(tmp, "sys_requests.txt"))}
+table, names = {}, []
+for t in ("nginx", "haproxy", "kvrouter"):
+    for line in open(os.path.join(tmp, "sys_%s.txt" % t)):
+        f = line.strip().split(",")
+        if len(f) < 3 or ":" not in f[2]:
+            continue
+        name = "all" if f[2].startswith("raw_syscalls") else f[2].split("sys_enter_")[1]
+        if name not in names:
+            names.append(name)
+        table.setdefault(t, {})[name] = int(f[0]) / reqs[t] if f[0].isdigit() else None
+print("System calls per request, cell %s (3 s each; nginx = master + worker)" % row)
+print("| syscall | nginx | HAProxy | kvrouter |")
+print("|---|---:|---:|---:|")
+for n in names:
+    vals = [table.get(t, {}).get(n) for t in ("nginx", "haproxy", "kvrouter")]
+    if all(not v for v in vals) and n != "all":
+        continue
+    print("| %s | %s |" % (n, " | ".join("%.2f" % v if v is not None else "n/a" for v in vals)))
+PYEOF
+  echo "  syscalls $row: $(grep '^| all' "$RAW/syscalls_$row.txt")" >&2
+}
+
 # ---- main ----
 
 install_tools
@@ -457,7 +524,7 @@ for p in $(seq $((BASE + 1)) $((BASE + 9))); do
 done
 : >"$RAW/cells.jsonl"
 : >"$RAW/sse.jsonl"
-rm -f "$RAW"/perf_*.txt "$RAW"/allocs_*.txt "$RAW"/wrk_*.txt "$RAW"/perf_wrk_*.txt "$RAW"/allocs_wrk_*.txt
+rm -f "$RAW"/syscalls_*.txt "$RAW"/perf_*.txt "$RAW"/allocs_*.txt "$RAW"/wrk_*.txt "$RAW"/perf_wrk_*.txt "$RAW"/allocs_wrk_*.txt
 
 write_backend_conf
 write_nginx_proxy_conf
@@ -485,13 +552,16 @@ for t in "${TARGETS[@]}"; do
   run_wrk "${PORT[$t]}" 64 1 "$TMP/warm_$t.txt" post 0
   check_errors "$TMP/warm_$t.txt"
 done
-echo "fastpath.sh: cells of ${DURATION} s" >&2
-for row in "${ROWS[@]}"; do
-  for t in "${TARGETS[@]}"; do cell "$row" "$t"; done
+echo "fastpath.sh: cells of ${DURATION} s, $ROUNDS round(s)" >&2
+for round in $(seq "$ROUNDS"); do
+  for row in "${ROWS[@]}"; do
+    for t in "${TARGETS[@]}"; do cell "$row" "$t" "$round"; done
+  done
 done
 
 if [ "$PERF" = 1 ]; then
   echo "fastpath.sh: perf cells" >&2
+  syscall_cell small
   add_probes
   perf_cell small
   perf_cell p64
@@ -528,6 +598,7 @@ meta = {
     "haproxy": out(["haproxy", "-v"]),
     "wrk": out(["wrk", "-v"]),
     "duration_s": $DURATION,
+    "rounds": $ROUNDS,
     "backend_cpu": $BACKEND_CPU,
     "sse": {"streams": $SSE_STREAMS, "events": $SSE_EVENTS},
     "note": os.environ["FP_NOTE"],
