@@ -33,7 +33,10 @@
 #              raw/perf_inclusive_<cell>.txt (time including callees), raw/perf_dso_<cell>.txt,
 #              and libc allocation calls per request counted with uprobes (`perf probe` on malloc,
 #              calloc, realloc, free; `perf stat -p`) -> raw/allocs_<cell>.txt. The probes are
-#              removed at exit. And system calls per request of each proxy on the small POST
+#              removed at exit. Who allocates: every malloc/calloc/realloc with its call chain
+#              during 1 s of small POSTs, attributed by bench/scripts/fastpath_allocs.py ->
+#              raw/alloc_sites_small.md. The paced streaming run once more under perf ->
+#              raw/perf_*_sse.txt. And system calls per request of each proxy on the small POST
 #              (syscall tracepoints, `perf stat -p`, 3 s each) -> raw/syscalls_small.txt.
 # Missing nginx, haproxy, wrk (and perf with --perf) are installed from Debian with apt-get; a
 # service the package would start is prevented with policy-rc.d (created for the install and removed
@@ -398,6 +401,13 @@ sse_cell() { # $1 inter-token latency in ms: sim + its own router, N streams of 
   python3 -c 'import json,sys; d=json.loads(sys.argv[1]); d["itl_ms"]=float(sys.argv[2]); print(json.dumps(d))' \
     "$(sed -n 's/^FASTPATH_SSE //p' "$TMP/sse.out")" "$itl" >>"$RAW/sse.jsonl"
   echo "  sse itl=${itl}ms $(cat "$TMP/sse.out")" >&2
+  if [ "$PERF" = 1 ] && [ "$itl" != 0 ]; then # an extra run under perf, not in the table
+    perf_start "$skvr" "$TMP/perf_sse.data" --call-graph dwarf,16384 -F 999
+    taskset -c 0 python3 "$HERE/fastpath_sse.py" --port "$P_SKVR" --pid "$skvr" \
+      --streams "$SSE_STREAMS" --events "$SSE_EVENTS" >/dev/null || die "SSE run under perf failed"
+    perf_stop
+    perf_reports "$TMP/perf_sse.data" sse
+  fi
   drop_pid "$skvr"
   drop_pid "$sim"
 }
@@ -415,31 +425,63 @@ add_probes() {
   done
 }
 
-perf_cell() { # $1 row: perf record during one kvrouter cell, then allocations per request in another
-  local row=$1 kpid=${PID_OF[kvrouter]} prec pstat
-  # shellcheck disable=SC2086
-  perf record -q --call-graph dwarf,16384 -F 999 -p "$kpid" -o "$TMP/perf_$row.data" >"$TMP/perf_rec.log" 2>&1 &
-  prec=$!
-  PIDS+=("$prec")
+perf_start() { # $1 pid, $2 data file, rest: events/options; sets PERF_PID
+  local pid=$1 data=$2
+  shift 2
+  perf record -q "$@" -p "$pid" -o "$data" >"$TMP/perf_rec.log" 2>&1 &
+  PERF_PID=$!
+  PIDS+=("$PERF_PID")
   sleep 0.3
+}
+
+perf_stop() {
+  kill -INT "$PERF_PID" 2>/dev/null || true
+  wait "$PERF_PID" 2>/dev/null || true
+  forget_pid "$PERF_PID"
+}
+
+perf_reports() { # $1 data file, $2 name: the four reports of one profile into raw/
+  local data=$1 name=$2
+  # Whole reports to files first: `perf report | head` would end perf with SIGPIPE (pipefail).
+  perf report -i "$data" --no-children --stdio >"$TMP/report.txt" 2>/dev/null ||
+    die "perf report of $name failed"
+  head -80 "$TMP/report.txt" >"$RAW/perf_$name.txt"
+  perf report -i "$data" --no-children --stdio --sort dso -g none >"$TMP/report.txt" 2>/dev/null ||
+    die "perf report --sort dso of $name failed"
+  sed -e '/^#/d' -e '/^$/d' "$TMP/report.txt" | sed -n 1,20p >"$RAW/perf_dso_$name.txt"
+  perf report -i "$data" --no-children --stdio -g none --percent-limit 0.5 \
+    >"$TMP/report.txt" 2>/dev/null || die "perf report -g none of $name failed"
+  sed -e '/^#/d' -e '/^$/d' "$TMP/report.txt" | sed -n 1,60p >"$RAW/perf_flat_$name.txt"
+  perf report -i "$data" --children --stdio -g none --percent-limit 1.5 \
+    >"$TMP/report.txt" 2>/dev/null || die "perf report --children of $name failed"
+  sed -e '/^#/d' -e '/^$/d' "$TMP/report.txt" | sed -n 1,90p >"$RAW/perf_inclusive_$name.txt"
+  rm -f "$data"
+}
+
+alloc_sites() { # who allocates: every malloc/calloc/realloc with its call chain, 1 s of small POST
+  local kpid=${PID_OF[kvrouter]}
+  perf_start "$kpid" "$TMP/allocs.data" --call-graph dwarf,4096 \
+    -e probe_libc:malloc,probe_libc:calloc,probe_libc:realloc
+  run_wrk "$P_KVR" 8 1 "$RAW/alloc_sites_wrk.txt" post 0
+  perf_stop
+  perf script -i "$TMP/allocs.data" -F event,ip,sym,dso 2>/dev/null >"$TMP/allocs.script" ||
+    die "perf script of the allocation probes failed"
+  rm -f "$TMP/allocs.data"
+  python3 "$HERE/fastpath_allocs.py" \
+    "$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["requests"])' \
+      "$(result_of "$RAW/alloc_sites_wrk.txt")")" 25 <"$TMP/allocs.script" \
+    >"$RAW/alloc_sites_small.md" || die "fastpath_allocs.py failed"
+  rm -f "$TMP/allocs.script"
+  echo "  alloc sites: $(head -1 "$RAW/alloc_sites_small.md")" >&2
+}
+
+perf_cell() { # $1 row: perf record during one kvrouter cell, then allocations per request in another
+  local row=$1 kpid=${PID_OF[kvrouter]} pstat
+  perf_start "$kpid" "$TMP/perf_$row.data" --call-graph dwarf,16384 -F 999
   # shellcheck disable=SC2086
   run_wrk "$P_KVR" "${ROW_CONNS[$row]}" "$DURATION" "$RAW/perf_wrk_$row.txt" ${ROW_ARGS[$row]}
-  kill -INT "$prec" 2>/dev/null || true
-  wait "$prec" 2>/dev/null || true
-  forget_pid "$prec"
-  # Whole reports to files first: `perf report | head` would end perf with SIGPIPE (pipefail).
-  perf report -i "$TMP/perf_$row.data" --no-children --stdio >"$TMP/report.txt" 2>/dev/null ||
-    die "perf report of the $row cell failed"
-  head -80 "$TMP/report.txt" >"$RAW/perf_$row.txt"
-  perf report -i "$TMP/perf_$row.data" --no-children --stdio --sort dso -g none \
-    >"$TMP/report.txt" 2>/dev/null || die "perf report --sort dso of the $row cell failed"
-  sed -e '/^#/d' -e '/^$/d' "$TMP/report.txt" | sed -n 1,20p >"$RAW/perf_dso_$row.txt"
-  perf report -i "$TMP/perf_$row.data" --no-children --stdio -g none --percent-limit 0.5 \
-    >"$TMP/report.txt" 2>/dev/null || die "perf report -g none of the $row cell failed"
-  sed -e '/^#/d' -e '/^$/d' "$TMP/report.txt" | sed -n 1,60p >"$RAW/perf_flat_$row.txt"
-  perf report -i "$TMP/perf_$row.data" --children --stdio -g none --percent-limit 1.5 \
-    >"$TMP/report.txt" 2>/dev/null || die "perf report --children of the $row cell failed"
-  sed -e '/^#/d' -e '/^$/d' "$TMP/report.txt" | sed -n 1,90p >"$RAW/perf_inclusive_$row.txt"
+  perf_stop
+  perf_reports "$TMP/perf_$row.data" "$row"
   perf stat -x, -e probe_libc:malloc,probe_libc:calloc,probe_libc:realloc,probe_libc:free \
     -p "$kpid" -o "$TMP/pstat_$row.txt" >/dev/null 2>&1 &
   pstat=$!
@@ -524,7 +566,7 @@ for p in $(seq $((BASE + 1)) $((BASE + 9))); do
 done
 : >"$RAW/cells.jsonl"
 : >"$RAW/sse.jsonl"
-rm -f "$RAW"/syscalls_*.txt "$RAW"/perf_*.txt "$RAW"/allocs_*.txt "$RAW"/wrk_*.txt "$RAW"/perf_wrk_*.txt "$RAW"/allocs_wrk_*.txt
+rm -f "$RAW"/alloc_sites_* "$RAW"/syscalls_*.txt "$RAW"/perf_*.txt "$RAW"/allocs_*.txt "$RAW"/wrk_*.txt "$RAW"/perf_wrk_*.txt "$RAW"/allocs_wrk_*.txt
 
 write_backend_conf
 write_nginx_proxy_conf
@@ -565,6 +607,7 @@ if [ "$PERF" = 1 ]; then
   add_probes
   perf_cell small
   perf_cell p64
+  alloc_sites
 fi
 
 echo "fastpath.sh: streaming ($SSE_STREAMS streams x $SSE_EVENTS events)" >&2
