@@ -263,6 +263,16 @@ def main():
             md.append("| latency added p50 (small non-streaming, 1 client) | %.0f us |"
                       % overhead["small_added_p50_us"])
         md += ["", "Full table: `raw/proxy_overhead.md`.", ""]
+    syscalls = os.path.join(raw, "syscalls_small.txt")
+    if os.path.exists(syscalls):  # --perf runs only
+        lines = open(syscalls).read().splitlines()
+        md += ["## System calls per request (`--perf`)", "", lines[0], ""] + lines[1:] + [""]
+    sites = os.path.join(raw, "alloc_sites_small.md")
+    if os.path.exists(sites):
+        md += ["## Allocation calls per request (`--perf`)", "",
+               open(sites).read().split("\n\n")[0] + " (small POST, malloc + calloc + realloc "
+               "under uprobes; by library and call site in `raw/alloc_sites_small.md`; the "
+               "analysis is in PROFILE.md).", ""]
     md += ["## Targets of issue 20", "",
            "The throughput ratios are the issue's definition; \"at equal CPU\" is the ratio of CPU "
            "per request (section above), which another process sharing the core disturbs less.",
