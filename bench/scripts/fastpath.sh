@@ -74,7 +74,7 @@ BASE=18600
 BACKEND_CPU=0
 NOTE=""
 ROUNDS=1
-CMDLINE="bash bench/scripts/fastpath.sh $*"
+CMDLINE="bash bench/scripts/fastpath.sh$(printf ' %q' "$@")"
 
 die() {
   echo "fastpath.sh: $*" >&2
@@ -124,9 +124,9 @@ PIDS=()
 PROBES=()
 
 stop_pid() { # TERM, up to 5 s, then KILL; the PID must be one this script started
-  local pid=$1 i
+  local pid=$1 _
   kill -TERM "$pid" 2>/dev/null || return 0
-  for i in $(seq 50); do
+  for _ in $(seq 50); do
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.1
   done
@@ -280,8 +280,8 @@ EOF
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 wait_port() { # $1 port, $2 pid, $3 name, $4 log: up to 10 s
-  local i
-  for i in $(seq 100); do
+  local _
+  for _ in $(seq 100); do
     if ! kill -0 "$2" 2>/dev/null; then
       cat "$4" >&2 || true
       die "$3 exited before listening on $1 (log above)"
@@ -518,7 +518,8 @@ syscall_cell() { # $1 row: system calls per request of each proxy (tracepoints, 
     case "$s" in *:*) ev+=("$s") ;; *) ev+=("syscalls:sys_enter_$s") ;; esac
   done
   for t in nginx haproxy kvrouter; do
-    pids=$(echo "${PID_OF[$t]}" $(cat "/proc/${PID_OF[$t]}/task/${PID_OF[$t]}/children" 2>/dev/null) | tr ' ' ,)
+    pids=$(echo "${PID_OF[$t]} $(cat "/proc/${PID_OF[$t]}/task/${PID_OF[$t]}/children" 2>/dev/null)" |
+      xargs | tr ' ' ,)
     perf stat -x, -e "$(IFS=,; echo "${ev[*]}")" -p "$pids" -o "$TMP/sys_$t.txt" >/dev/null 2>&1 &
     pstat=$!
     PIDS+=("$pstat")
