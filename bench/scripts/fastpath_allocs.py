@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""fastpath_allocs.py -- who calls malloc/calloc/realloc in kvrouter, from `perf script` output.
+
+bench/scripts/fastpath.sh --perf records every call of libc's malloc, calloc and realloc in the
+router (uprobes from `perf probe`, `perf record --call-graph dwarf`) during a short small-POST cell,
+then pipes `perf script -F event,ip,sym,dso` into this script with the cell's request count.
+
+Each sample is one allocation call with its call chain. The chain is read from the innermost frame
+outwards, skipping libc and the project's own thin wrappers (kvr_x*, kvr_buf_*), to the first frame
+that decided to allocate: its library says whose allocation it is (libcurl, cJSON, kvrouter), and
+the innermost three kvrouter frames say on which path of the router it happened. Prints calls per
+request by library and the top call sites as a Markdown table.
+
+usage: perf script -i allocs.data -F event,ip,sym,dso | fastpath_allocs.py REQUESTS [TOP]
+"""
+import collections
+import sys
+
+
+def is_wrapper(sym, dso):
+    """Frames that only pass an allocation on: libc itself, inlined libc entry points, kvr_x*()
+    and kvr_buf_*()."""
+    return ("libc.so" in dso or dso == "inlined" or sym.startswith("__GI___libc")
+            or sym.startswith("kvr_x") or sym.startswith("kvr_buf_"))
+
+
+def lib_name(dso):
+    name = dso.rsplit("/", 1)[-1]
+    return name.split(".so")[0] if ".so" in name else name
+
+
+def samples(lines):
+    """Yields each sample's frames as (symbol, dso) pairs, innermost first."""
+    frames, started = [], False
+    for line in lines:
+        if not line.strip():
+            if started:
+                yield frames
+            frames, started = [], False
+            continue
+        if not line.startswith("\t"):  # the sample's header line (frames start with a tab)
+            if started:
+                yield frames
+            frames, started = [], True
+            continue
+        parts = line.strip().split(None, 1)
+        if len(parts) == 2:
+            sym, _, dso = parts[1].rpartition(" (")
+            frames.append((sym.split("+0x")[0], dso.rstrip(")")))
+    if started:
+        yield frames
+
+
+def main():
+    if len(sys.argv) not in (2, 3) or not sys.argv[1].isdigit() or int(sys.argv[1]) == 0:
+        sys.exit("usage: perf script ... | fastpath_allocs.py REQUESTS [TOP]")
+    requests = int(sys.argv[1])
+    top = int(sys.argv[2]) if len(sys.argv) == 3 else 25
+    by_lib, by_site = collections.Counter(), collections.Counter()
+    n = 0
+    for frames in samples(sys.stdin):
+        n += 1
+        real = [f for f in frames if not is_wrapper(*f)]
+        sym, dso = real[0] if real else ("?", "?")
+        by_lib[lib_name(dso)] += 1
+        path = " <- ".join(s for s, d in real if d.endswith("kvrouter"))
+        path = " <- ".join(path.split(" <- ")[:3])
+        by_site["`%s` (%s) | %s" % (sym, lib_name(dso), path or "-")] += 1
+    if n == 0:
+        sys.exit("fastpath_allocs.py: no samples in the perf script output")
+    print("%d allocation calls (malloc, calloc, realloc) over %d requests: %.1f per request\n"
+          % (n, requests, n / requests))
+    print("| library of the allocating frame | calls per request | share |")
+    print("|---|---:|---:|")
+    for lib, c in by_lib.most_common():
+        print("| %s | %.1f | %.1f%% |" % (lib, c / requests, 100.0 * c / n))
+    print("\n| allocating frame (library) | innermost kvrouter frames | calls per request | share |")
+    print("|---|---|---:|---:|")
+    for site, c in by_site.most_common(top):
+        print("| %s | %.1f | %.1f%% |" % (site, c / requests, 100.0 * c / n))
+
+
+if __name__ == "__main__":
+    main()
