@@ -53,6 +53,8 @@ SCENARIOS = {
 RATES = {"multiturn": 7.76, "documents": 11.84, "control": 2.79, "agentic": 1.00,
          "hot-prefix": 8.41, "bursty": 7.64, "mixed-fleet": 10.76}
 FULL_BLOCKS, HALF_BLOCKS = 21770, 10885
+# The level shape of `kvrouter bench study`: measured requests after the scenario's warm-up.
+LEVEL = ["--warmup", "0", "--min-level-s", "60", "--cooldown-s", "10"]
 
 
 def start_sims(d, scenario, args):
@@ -99,7 +101,7 @@ def run(scenario, mode, args, d):
         shutil.rmtree(out, ignore_errors=True)
         rate = RATES[scenario] * args.rate_scale
         cmd = [args.kvrouter, "bench", "--url", "http://127.0.0.1:%d" % router.port, "--admin",
-               "http://127.0.0.1:%d" % router.admin_port, *SCENARIOS[scenario], "--rates",
+               "http://127.0.0.1:%d" % router.admin_port, *SCENARIOS[scenario], *LEVEL, "--rates",
                "%.3f" % rate, "--num-prompts", str(args.num_prompts), "--time-scale",
                str(args.time_scale), "--seed", str(args.seed), "--no-reset-cache", "--out", out,
                "--quiet"]
@@ -134,7 +136,7 @@ def main():
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--time-scale", type=float, default=4)
     ap.add_argument("--rate-scale", type=float, default=0.8)
-    ap.add_argument("--num-prompts", type=int, default=300)
+    ap.add_argument("--num-prompts", type=int, default=100)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--scrape-interval-ms", type=int, default=100)
     ap.add_argument("--flush", type=float, default=0,

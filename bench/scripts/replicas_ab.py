@@ -12,8 +12,9 @@ For each set-up, fresh `kvrouter sim` workers (KV events on ipc:// sockets in a 
   polled    the same two replicas without --peer-sync-listen (each polls the other's
             GET /admin/load every --peer-interval-ms)
 
-then `kvrouter bench --search` (the SLO search of the README, --workload W, session mode for
-multiturn) against the router(s). The max SLO-compliant rate is the highest passing rate below the
+then `kvrouter bench --search` (the SLO search of the README) against the router(s), with the
+scenario's flags and the level shape of `kvrouter bench study` (100 measured requests after the
+scenario's warm-up, levels of at least 60 simulated seconds). The max SLO-compliant rate is the highest passing rate below the
 lowest failing one, read from the levels' results JSON. Writes OUT/REPLICAS_AB.md and each set-up's
 bench report under OUT/<set-up>/.
 
@@ -36,6 +37,18 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "tests", "harness"))
 import kvrharness as h  # noqa: E402
+
+
+# The level shape and the scenarios of `kvrouter bench study` (bench/vcluster/study.c), so a real
+# run is comparable with the virtual study's.
+LEVEL = ["--num-prompts", "100", "--warmup", "0", "--min-level-s", "60", "--cooldown-s", "10"]
+SCENARIOS = {
+    "multiturn": ["--workload", "multiturn", "--multiturn-mode", "session", "--warmup-s", "120"],
+    "documents": ["--workload", "documents", "--warmup-s", "60"],
+    "control": ["--workload", "control", "--warmup-s", "60"],
+    "agentic": ["--workload", "agentic", "--warmup-s", "300"],
+    "hot-prefix": ["--workload", "hot-prefix", "--warmup-s", "60"],
+}
 
 
 def free_port():
@@ -101,12 +114,10 @@ def run(setup, args, d):
         shutil.rmtree(out, ignore_errors=True)
         urls = ",".join("http://127.0.0.1:%d" % r.port for r in routers)
         cmd = [args.kvrouter, "bench", "--url", urls, "--admin",
-               "http://127.0.0.1:%d" % routers[0].admin_port, "--workload", args.workload,
-               "--search", "--search-start", str(args.search_start), "--search-resolution",
-               str(args.search_resolution), "--time-scale", str(args.time_scale), "--seed",
-               str(args.seed), "--out", out, "--quiet"]
-        if args.workload == "multiturn":
-            cmd += ["--multiturn-mode", "session"]
+               "http://127.0.0.1:%d" % routers[0].admin_port, *SCENARIOS[args.workload],
+               *LEVEL, "--search", "--search-start", str(args.search_start),
+               "--search-resolution", str(args.search_resolution), "--time-scale",
+               str(args.time_scale), "--seed", str(args.seed), "--out", out, "--quiet"]
         t0 = time.time()
         print("==", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, timeout=args.timeout_s)
@@ -134,7 +145,7 @@ def main():
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--time-scale", type=float, default=4)
     ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--search-start", type=float, default=1)
+    ap.add_argument("--search-start", type=float, default=2)
     ap.add_argument("--search-resolution", type=float, default=0.05)
     ap.add_argument("--peer-interval-ms", type=int, default=200)
     ap.add_argument("--scrape-interval-ms", type=int, default=100)
