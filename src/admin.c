@@ -42,7 +42,8 @@ kvr_admin_t *kvr_admin_new(kvr_router_t *r, kvr_curlm_t *curlm) {
   kvr_admin_t *a = kvr_xcalloc(1, sizeof *a);
   a->r = r;
   a->curlm = curlm;
-  a->tokenizer = kvr_tokenizer_new(curlm, 256, r->cfg->connect_timeout_ms, 5000);
+  a->tokenizer = kvr_tokenizer_new(curlm, 256, r->cfg->tokenize_prefix_coverage,
+                                   r->cfg->connect_timeout_ms, 5000);
   return a;
 }
 
@@ -209,6 +210,7 @@ typedef struct explain_s {
   uint64_t *chain;
   uint32_t bs;
   bool tokenized, sync;
+  bool tokenized_prefix; /* the ids were a cached earlier turn's */
   kvr_tokenize_op_t *op;
 } explain_t;
 
@@ -218,9 +220,14 @@ static void explain_free(explain_t *x) {
   free(x);
 }
 
-static void explain_ids(explain_t *x, const uint32_t *ids, size_t n) {
+static void explain_ids(explain_t *x, const uint32_t *ids, size_t n, bool prefix) {
+  uint64_t estimate = x->rr.prompt_tokens;
+  free(x->chain);
   x->chain = kvr_tokenize_route_req(ids, n, x->bs, &x->rr);
+  if (prefix) /* a cached prefix's ids: the prompt is longer than they are */
+    x->rr.prompt_tokens = KVR_MAX(estimate, (uint64_t)n);
   x->tokenized = true;
+  x->tokenized_prefix = prefix;
 }
 
 static void explain_answer(explain_t *x) {
@@ -236,8 +243,10 @@ static void explain_answer(explain_t *x) {
   cJSON_AddNumberToObject(o, "prompt_chars", (double)x->prompt.text.len);
   cJSON_AddNumberToObject(o, "prompt_tokens_estimate", (double)x->prompt.prompt_tokens);
   cJSON_AddBoolToObject(o, "tokenized", x->tokenized);
-  if (x->tokenized)
+  if (x->tokenized) {
     cJSON_AddNumberToObject(o, "prompt_tokens", (double)x->rr.prompt_tokens);
+    cJSON_AddBoolToObject(o, "tokenized_prefix", x->tokenized_prefix);
+  }
   cJSON_AddNumberToObject(o, "blocks", (double)x->prompt.nblocks);
   cJSON_AddNumberToObject(o, "block_chars", (double)r->cfg->block_chars);
   cJSON_AddNumberToObject(o, "decision_us", d->seconds * 1e6);
@@ -282,10 +291,10 @@ static void explain_answer(explain_t *x) {
   send_json(req, 200, o);
 }
 
-static void on_explain_tokenized(void *data, bool ok, const uint32_t *ids, size_t n) {
+static void on_explain_tokenized(void *data, bool ok, const uint32_t *ids, size_t n, bool prefix) {
   explain_t *x = data;
   if (ok)
-    explain_ids(x, ids, n);
+    explain_ids(x, ids, n, prefix);
   if (x->sync)
     return;
   x->op = NULL;
@@ -331,17 +340,19 @@ static void explain(kvr_http_req_t *req, void *data, const char *tail) {
     kvr_buf_t body = KVR_BUF_INIT;
     uint32_t *ids = NULL;
     size_t n = 0;
-    int k = kvr_tokenize_body(req->body.data, req->body.len, route, &body, &ids, &n);
+    kvr_tokenize_prefixes_t pre;
+    int k = kvr_tokenize_body(req->body.data, req->body.len, route, &body, &ids, &n, &pre);
     if (k == 0)
-      explain_ids(x, ids, n);
+      explain_ids(x, ids, n, false);
     free(ids);
     if (k == 1) {
       req->data = x;
       req->on_close = on_explain_close;
       x->sync = true;
-      x->op = kvr_tokenize(a->tokenizer, url, &body, on_explain_tokenized, x);
+      x->op = kvr_tokenize(a->tokenizer, url, &body, &pre, on_explain_tokenized, x);
       x->sync = false;
     }
+    kvr_tokenize_prefixes_free(&pre);
     kvr_buf_free(&body);
     if (x->op)
       return; /* answered when the ids arrive */

@@ -483,6 +483,15 @@ static const kvr_cli_opt_t options[] = {
      .json = "kv_events.tokenize_cache_entries", KVR_CLI_RANGE(0, 10000000),
      .help = "precise mode: /tokenize answers kept (an identical prompt is not tokenized again); "
              "0 = no cache"},
+    {KVR_CLI_DOUBLE, "tokenize-prefix-coverage", F(tokenize_prefix_coverage), .arg = "F",
+     .json = "kv_events.tokenize_prefix_coverage", KVR_CLI_RANGE(0, 1),
+     .help =
+         "precise mode, chat: a conversation's earlier turn, tokenized before, stands for its "
+         "next one (not tokenized again) when its messages hold at least this share of the "
+         "new one's characters; its ids then match the blocks they fill (llm-d's prefix "
+         "store, at message granularity; llm-d uses 0.8); 0 = always tokenize whole (the default: "
+         "the earlier turn's ids miss the blocks of its answer, so the prediction runs "
+         "low)"},
     {KVR_CLI_UINT, "scrape-stale-ms", F(scrape_stale_ms), .arg = "MS",
      .json = "metrics_scrape.stale_ms", .help = "scraped figures older than this are ignored"},
     {KVR_CLI_UINT, "fail-threshold", F(fail_threshold), .arg = "N", .json = "health.fail_threshold",
@@ -577,6 +586,9 @@ void kvr_config_init(kvr_config_t *cfg) {
   cfg->kv_events_replay_timeout_ms = 2000;
   cfg->kv_events_topic = kvr_xstrdup("");
   cfg->tokenize_cache_entries = 4096;
+  /* Off: exact ids for every prompt. llm-d's default is 0.8 (defaultMinPrefixOverlapRatio); the
+   * prefix ids miss the previous answer's blocks (tests/router/test_precise.py measures it). */
+  cfg->tokenize_prefix_coverage = 0;
   cfg->scrape_stale_ms = 5000;
   cfg->fail_threshold = 3;
   cfg->outlier_consecutive = 5;

@@ -49,6 +49,7 @@ typedef struct kvr_config_s {
   uint64_t kv_events_replay_timeout_ms; /* a replay's deadline, default 2000 */
   char *kv_events_topic;                /* subscription prefix, default "" (every topic) */
   size_t tokenize_cache_entries;        /* /tokenize answers kept for precise mode, default 4096 */
+  double tokenize_prefix_coverage;      /* a cached earlier turn stands for a chat prompt; 0: off */
   uint64_t scrape_stale_ms;             /* scraped data older than this is ignored, default 5000 */
   uint64_t fail_threshold; /* consecutive connect failures before a worker is DOWN, default 3 */
   /* Outlier ejection (router.c): consecutive 5xx answers, first-byte timeouts or connect failures

@@ -156,8 +156,9 @@ kvr_proxy_t *kvr_proxy_new(uv_loop_t *loop, kvr_router_t *r, kvr_curlm_t *curlm)
   p->rid_state = kvr_http_request_id_seed();
   kvr_list_init(&p->pxs);
   kvr_list_init(&p->queue);
-  p->tokenizer = kvr_tokenizer_new(curlm, r->cfg->tokenize_cache_entries,
-                                   r->cfg->connect_timeout_ms, TOKENIZE_TIMEOUT_MS);
+  p->tokenizer =
+      kvr_tokenizer_new(curlm, r->cfg->tokenize_cache_entries, r->cfg->tokenize_prefix_coverage,
+                        r->cfg->connect_timeout_ms, TOKENIZE_TIMEOUT_MS);
   return p;
 }
 
@@ -899,21 +900,25 @@ static void on_livez(kvr_http_req_t *req, void *data, const char *tail) {
  */
 
 /* The chain of ids[0..n) for the precise index; the request's prompt tokens become exact. */
-static void set_ids(px_t *px, const uint32_t *ids, size_t n) {
+static void set_ids(px_t *px, const uint32_t *ids, size_t n, bool prefix) {
+  uint64_t estimate = px->rreq.prompt_tokens;
   free(px->kv_chain);
   px->kv_chain = kvr_tokenize_route_req(ids, n, px->tok_block_size, &px->rreq);
+  if (prefix) /* a cached prefix's ids: the prompt is longer; keep the estimate */
+    px->rreq.prompt_tokens = KVR_MAX(estimate, (uint64_t)n);
 }
 
-static void on_tokenized(void *data, bool ok, const uint32_t *ids, size_t n) {
+static void on_tokenized(void *data, bool ok, const uint32_t *ids, size_t n, bool prefix) {
   px_t *px = data;
   double secs = (double)(kvr_now_ns() - px->tok_t0_ns) / 1e9;
   kvr_router_observe_tokenize(px->r,
                               !ok            ? KVR_TOKENIZE_FAILED
+                              : prefix       ? KVR_TOKENIZE_PREFIX
                               : px->tok_sync ? KVR_TOKENIZE_CACHED
                                              : KVR_TOKENIZE_CALLED,
                               secs);
   if (ok)
-    set_ids(px, ids, n);
+    set_ids(px, ids, n, prefix);
   if (px->tok_sync)
     return; /* answered inside kvr_tokenize(): the caller goes on */
   px->tok_op = NULL;
@@ -932,18 +937,21 @@ static bool tokenize(px_t *px, kvr_route_t route) {
   kvr_buf_t body = KVR_BUF_INIT;
   uint32_t *ids = NULL;
   size_t n = 0;
-  int k = kvr_tokenize_body(px->req->body.data, px->req->body.len, route, &body, &ids, &n);
+  kvr_tokenize_prefixes_t pre;
+  int k = kvr_tokenize_body(px->req->body.data, px->req->body.len, route, &body, &ids, &n, &pre);
   if (k == 0)
-    set_ids(px, ids, n); /* a prompt given as token ids */
+    set_ids(px, ids, n, false); /* a prompt given as token ids */
   free(ids);
   if (k != 1) {
+    kvr_tokenize_prefixes_free(&pre);
     kvr_buf_free(&body);
     return false;
   }
   px->tok_t0_ns = kvr_now_ns();
   px->tok_sync = true;
-  px->tok_op = kvr_tokenize(px->proxy->tokenizer, url, &body, on_tokenized, px);
+  px->tok_op = kvr_tokenize(px->proxy->tokenizer, url, &body, &pre, on_tokenized, px);
   px->tok_sync = false;
+  kvr_tokenize_prefixes_free(&pre);
   kvr_buf_free(&body);
   return px->tok_op != NULL;
 }

@@ -27,7 +27,7 @@ static uint64_t reloads_total[2]; /* [0] success, [1] failure */
 /* ---- the settings ------------------------------------------------------------------------------
  */
 
-typedef enum { K_U64, K_SIZE, K_BOOL } scalar_kind_t;
+typedef enum { K_U64, K_SIZE, K_BOOL, K_DBL } scalar_kind_t;
 
 typedef struct {
   const char *key; /* the JSON key, as the config file names it */
@@ -71,6 +71,7 @@ static const scalar_t scalars[] = {
     SC("kv_events.refill_ms", K_U64, kv_events_refill_ms, false),
     SC("kv_events.replay_timeout_ms", K_U64, kv_events_replay_timeout_ms, false),
     SC("kv_events.tokenize_cache_entries", K_SIZE, tokenize_cache_entries, false),
+    SC("kv_events.tokenize_prefix_coverage", K_DBL, tokenize_prefix_coverage, false),
     SC("peer.interval_ms", K_U64, peer_interval_ms, false),
     /* The listener copied these when it was created. */
     SC("timeouts.client_header_ms", K_U64, limits.header_timeout_ms, false),
@@ -121,13 +122,30 @@ static uint64_t scalar_get(const kvr_config_t *c, const scalar_t *s) {
     return *(const size_t *)p;
   case K_BOOL:
     return *(const bool *)p;
+  case K_DBL: { /* compared by value bits, printed by scalar_text */
+    uint64_t bits;
+    memcpy(&bits, p, sizeof bits);
+    return bits;
+  }
   }
   return 0;
+}
+
+/* A scalar's value as the log shows it. */
+static const char *scalar_text(const scalar_t *s, uint64_t v, char *buf, size_t size) {
+  double d;
+  memcpy(&d, &v, sizeof d);
+  if (s->kind == K_DBL)
+    snprintf(buf, size, "%g", d);
+  else
+    snprintf(buf, size, "%llu", (unsigned long long)v);
+  return buf;
 }
 
 static void scalar_copy(kvr_config_t *dst, const kvr_config_t *src, const scalar_t *s) {
   size_t size = s->kind == K_U64    ? sizeof(uint64_t)
                 : s->kind == K_SIZE ? sizeof(size_t)
+                : s->kind == K_DBL  ? sizeof(double)
                                     : sizeof(bool);
   memcpy((char *)dst + s->off, (const char *)src + s->off, size);
 }
@@ -148,14 +166,16 @@ static void apply_settings(kvr_config_t *live, kvr_config_t *next, int *applied,
     uint64_t was = scalar_get(live, s), now = scalar_get(next, s);
     if (was == now)
       continue;
+    char a[32], b[32];
     if (s->live) {
       scalar_copy(live, next, s);
-      KVR_INFO("reload", "%s: %llu -> %llu", s->key, (unsigned long long)was,
-               (unsigned long long)now);
+      KVR_INFO("reload", "%s: %s -> %s", s->key, scalar_text(s, was, a, sizeof a),
+               scalar_text(s, now, b, sizeof b));
       (*applied)++;
     } else {
-      KVR_WARN("reload", "%s: %llu -> %llu needs restart, left at %llu", s->key,
-               (unsigned long long)was, (unsigned long long)now, (unsigned long long)was);
+      KVR_WARN("reload", "%s: %s -> %s needs restart, left at %s", s->key,
+               scalar_text(s, was, a, sizeof a), scalar_text(s, now, b, sizeof b),
+               scalar_text(s, was, a, sizeof a));
       (*restart)++;
     }
   }

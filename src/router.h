@@ -255,7 +255,7 @@ struct kvr_router_s {
   kvr_router_sync_hook_t sync_hook;
   void *sync_ctx;
   uint64_t dispatch_ids;
-  uint64_t tokenize_total[3]; /* by kvr_tokenize_result_t */
+  uint64_t tokenize_total[4]; /* by kvr_tokenize_result_t */
   /* Router-wide metrics. */
   kvr_hist_t decision_seconds;
   kvr_hist_t request_seconds;
@@ -366,7 +366,8 @@ void kvr_router_on_kv_mode(kvr_router_t *r, uint32_t id, bool precise, const cha
 typedef enum {
   KVR_TOKENIZE_CALLED,
   KVR_TOKENIZE_CACHED,
-  KVR_TOKENIZE_FAILED
+  KVR_TOKENIZE_FAILED,
+  KVR_TOKENIZE_PREFIX /* a cached earlier turn's ids stood for the prompt */
 } kvr_tokenize_result_t;
 /* One request's tokenization for precise routing: seconds it added before the decision. */
 void kvr_router_observe_tokenize(kvr_router_t *r, kvr_tokenize_result_t res, double seconds);

@@ -531,11 +531,12 @@ static void kv_metrics(const kvr_router_t *r, kvr_buf_t *out) {
                     (double)r->kv_routed_precise);
   kvr_metric_sample(out, "kvrouter_routing_index_decisions_total", "index=\"approximate\"",
                     (double)r->kv_routed_approx);
-  static const char *const tok[] = {"called", "cached", "failed"};
+  static const char *const tok[] = {"called", "cached", "failed", "prefix"};
   kvr_metric_family(out, "kvrouter_tokenize_requests_total", "counter",
                     "Prompts tokenized for precise routing, by result: called (a worker's POST "
                     "/tokenize), cached (the same prompt seen before), failed (routed "
-                    "approximately)");
+                    "approximately), prefix (an earlier turn of the conversation, tokenized "
+                    "before, stood for it: --tokenize-prefix-coverage)");
   for (size_t k = 0; k < KVR_ARRAY_SIZE(tok); k++) {
     kvr_buf_reset(&l);
     kvr_buf_printf(&l, "result=\"%s\"", tok[k]);

@@ -106,7 +106,9 @@ def precise_predictions_match_both_encodings():
         d = c.add(Dir())
         s0 = c.add(sim_with_events(d, "w0", encoding="map"))
         s1 = c.add(sim_with_events(d, "w1", encoding="array"))
-        r = c.add(Router([spec(d, s0, "w0"), spec(d, s1, "w1")], *h.FAST))
+        # every prompt tokenized whole (the prefix store trades exactness for calls: below)
+        r = c.add(Router([spec(d, s0, "w0"), spec(d, s1, "w1")], "--tokenize-prefix-coverage", 0,
+                         *h.FAST))
         for wid in (0, 1):
             wait_mode(r, wid, "precise")
         usages = conversations(r.port)
@@ -128,6 +130,38 @@ def precise_predictions_match_both_encodings():
         chat(r.port, [{"role": "user", "content": "repeat me " * 50}])
         chat(r.port, [{"role": "user", "content": "repeat me " * 50}])
         assert metric(r, "kvrouter_tokenize_requests_total", result="cached") == before + 1
+
+
+@test(timeout=120)
+def prefix_store_stands_for_the_next_turn():
+    """With --tokenize-prefix-coverage, a conversation's next turn is not tokenized again when its
+    earlier messages (tokenized before) hold enough of it: their ids stand for it, the turn goes
+    to the worker holding the conversation, and the prediction counts only the blocks those ids
+    fill (the previous answer and the new question are not in them)."""
+    with h.Cleanup() as c:
+        d = c.add(Dir())
+        s0 = c.add(sim_with_events(d, "w0"))
+        s1 = c.add(sim_with_events(d, "w1"))
+        r = c.add(Router([spec(d, s0, "w0"), spec(d, s1, "w1")], "--tokenize-prefix-coverage",
+                         0.6, *h.FAST))
+        for wid in (0, 1):
+            wait_mode(r, wid, "precise")
+        usages = conversations(r.port, n_conv=4, turns=4)
+        called = metric(r, "kvrouter_tokenize_requests_total", result="called")
+        prefix = metric(r, "kvrouter_tokenize_requests_total", result="prefix")
+        pred, act = gap(r)
+        print("    %d requests: %d tokenized, %d from an earlier turn; predicted %d, reported %d "
+              "cached tokens (%+.1f%%)" % (len(usages), called, prefix, pred, act,
+                                          100.0 * (pred - act) / act))
+        # turn 1 of each conversation is tokenized; at least the later turns whose earlier
+        # messages hold 60% of the characters come from the store
+        assert called >= 4 and prefix >= 4 and called + prefix == len(usages), (called, prefix)
+        # the prefix ids find the conversation's blocks: most of what the engines reuse is seen
+        assert 0.7 * act <= pred <= act, (pred, act)
+        ex = h.request(r.admin_port, "POST", "/admin/route/explain",
+                       {"model": MODEL, "messages": [{"role": "user", "content": "x " * 40}]},
+                       timeout=10).json()
+        assert ex["tokenized"] and ex["tokenized_prefix"] is False, ex
 
 
 @test(timeout=120)

@@ -1,8 +1,11 @@
 /* test_tokenize.c -- src/tokenize.c's pure parts: what a request body becomes for a worker's
  * POST /tokenize (chat fields kept, completion prompts, token-id prompts that need no call,
- * bodies with no single prompt) and how the answer's ids are read. The call itself runs against a
+ * bodies with no single prompt), a chat body's message-prefix keys (a conversation's next turn
+ * carries the previous turn's keys first; any other field or message changes them), and how the
+ * answer's ids are read. The call itself runs against a
  * real `kvrouter sim` in tests/router/test_precise.py. */
 #include "src/buf.h"
+#include "src/kvr.h"
 #include "src/tokenize.h"
 
 #include <cjson/cJSON.h>
@@ -21,7 +24,7 @@ static cJSON *body_of(const char *req, kvr_route_t route, int want) {
   kvr_buf_t out = KVR_BUF_INIT;
   uint32_t *ids = NULL;
   size_t n = 0;
-  assert_int_equal(kvr_tokenize_body(req, strlen(req), route, &out, &ids, &n), want);
+  assert_int_equal(kvr_tokenize_body(req, strlen(req), route, &out, &ids, &n, NULL), want);
   assert_null(ids);
   cJSON *o = want == 1 ? cJSON_Parse(out.data) : NULL;
   kvr_buf_free(&out);
@@ -59,11 +62,71 @@ static void test_bodies(void **state) {
   uint32_t *ids = NULL;
   size_t n = 0;
   const char *req = "{\"prompt\":[128000,5,4294967295]}";
-  assert_int_equal(kvr_tokenize_body(req, strlen(req), KVR_ROUTE_COMPLETIONS, &out, &ids, &n), 0);
+  assert_int_equal(kvr_tokenize_body(req, strlen(req), KVR_ROUTE_COMPLETIONS, &out, &ids, &n, NULL),
+                   0);
   assert_int_equal(n, 3);
   assert_int_equal(ids[0], 128000);
   assert_int_equal(ids[2], 4294967295u);
   free(ids);
+  kvr_buf_free(&out);
+}
+
+/* The message-prefix keys and characters of a chat request. */
+static kvr_tokenize_prefixes_t prefixes_of(const char *req) {
+  kvr_buf_t out = KVR_BUF_INIT;
+  uint32_t *ids = NULL;
+  size_t n = 0;
+  kvr_tokenize_prefixes_t pre;
+  assert_int_equal(kvr_tokenize_body(req, strlen(req), KVR_ROUTE_CHAT, &out, &ids, &n, &pre), 1);
+  kvr_buf_free(&out);
+  return pre;
+}
+
+static void test_prefixes(void **state) {
+  (void)state;
+  const char *turn1 = "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"S\"},"
+                      "{\"role\":\"user\",\"content\":\"q1\"}],\"max_tokens\":5}";
+  const char *turn2 = "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"S\"},"
+                      "{\"role\":\"user\",\"content\":\"q1\"},{\"role\":\"assistant\","
+                      "\"content\":\"a1\"},{\"role\":\"user\",\"content\":\"q2\"}],"
+                      "\"temperature\":1}";
+  kvr_tokenize_prefixes_t a = prefixes_of(turn1), b = prefixes_of(turn2);
+  assert_int_equal(a.n, 2);
+  assert_int_equal(b.n, 4);
+  /* turn 2 begins with turn 1's messages: the same keys (sampling fields do not count) */
+  for (size_t i = 0; i < a.n; i++) {
+    assert_true(a.keys[i] == b.keys[i]);
+    assert_int_equal(a.chars[i], b.chars[i]);
+    assert_true(a.keys[i] != 0);
+  }
+  assert_true(b.keys[2] != b.keys[1] && b.keys[3] != b.keys[2]);
+  assert_true(b.chars[3] > b.chars[2] && b.chars[2] > b.chars[1]);
+  /* another model, another template option, or another first message: other keys */
+  const char *other[] = {"{\"model\":\"n\",\"messages\":[{\"role\":\"system\",\"content\":\"S\"},"
+                         "{\"role\":\"user\",\"content\":\"q1\"}]}",
+                         "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"S\"},"
+                         "{\"role\":\"user\",\"content\":\"q1\"}],\"add_generation_prompt\":false}",
+                         "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"T\"},"
+                         "{\"role\":\"user\",\"content\":\"q1\"}]}"};
+  for (size_t k = 0; k < KVR_ARRAY_SIZE(other); k++) {
+    kvr_tokenize_prefixes_t c = prefixes_of(other[k]);
+    assert_int_equal(c.n, 2);
+    assert_true(c.keys[1] != a.keys[1]);
+    kvr_tokenize_prefixes_free(&c);
+  }
+  kvr_tokenize_prefixes_free(&a);
+  kvr_tokenize_prefixes_free(&b);
+  assert_null(b.keys);
+  /* a completion body has no message prefixes */
+  kvr_buf_t out = KVR_BUF_INIT;
+  uint32_t *ids = NULL;
+  size_t n = 0;
+  kvr_tokenize_prefixes_t c;
+  const char *req = "{\"prompt\":\"x\"}";
+  assert_int_equal(kvr_tokenize_body(req, strlen(req), KVR_ROUTE_COMPLETIONS, &out, &ids, &n, &c),
+                   1);
+  assert_int_equal(c.n, 0);
+  kvr_tokenize_prefixes_free(&c);
   kvr_buf_free(&out);
 }
 
@@ -86,4 +149,5 @@ static void test_answers(void **state) {
   free(ids);
 }
 
-KVR_TEST_MAIN(cmocka_unit_test(test_bodies), cmocka_unit_test(test_answers))
+KVR_TEST_MAIN(cmocka_unit_test(test_bodies), cmocka_unit_test(test_prefixes),
+              cmocka_unit_test(test_answers))
