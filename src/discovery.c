@@ -145,16 +145,6 @@ static bool static_worker(const kvr_discovery_t *d, const char *url) {
   return false;
 }
 
-/* The worker serving url (not draining), or NULL. */
-static const kvr_worker_t *served(const kvr_router_t *r, const char *url) {
-  for (size_t i = 0; i < r->nslots; i++) {
-    const kvr_worker_t *w = r->slots[i];
-    if (w && w->state != KVR_WORKER_DRAINING && strcmp(w->url, url) == 0)
-      return w;
-  }
-  return NULL;
-}
-
 /* The KV-event endpoint of port on url's host (tcp://ADDR:PORT), or NULL when port is 0. */
 static char *endpoint_of(const char *url, uint64_t port) {
   if (port == 0)
@@ -169,7 +159,7 @@ static char *endpoint_of(const char *url, uint64_t port) {
 
 /* Sets the derived KV-event endpoints on the discovered worker url, unless static. */
 static void set_kv(kvr_discovery_t *d, const char *url) {
-  const kvr_worker_t *w = served(d->r, url);
+  const kvr_worker_t *w = kvr_router_worker_serving(d->r, url);
   if (w == NULL || static_worker(d, url))
     return;
   char *ev = endpoint_of(url, d->events_port);
@@ -183,7 +173,7 @@ static void set_kv(kvr_discovery_t *d, const char *url) {
 /* Removes set[i]: drains its worker unless the static list names it. */
 static void drop(kvr_discovery_t *d, size_t i) {
   const char *url = d->set[i];
-  const kvr_worker_t *w = served(d->r, url);
+  const kvr_worker_t *w = kvr_router_worker_serving(d->r, url);
   if (w && !static_worker(d, url)) {
     KVR_INFO("discovery", "%s is gone from %s: draining worker %u", url, d->t.host, w->id);
     kvr_router_drain_worker(d->r, w->id);
@@ -196,7 +186,7 @@ static void drop(kvr_discovery_t *d, size_t i) {
 static void add(kvr_discovery_t *d, const char *url) {
   if (d->nset >= KVR_DISCOVERY_MAX_ADDRS)
     return;
-  if (served(d->r, url) == NULL) {
+  if (kvr_router_worker_serving(d->r, url) == NULL) {
     char err[256];
     const kvr_worker_t *w = kvr_router_add_worker(d->r, url, err, sizeof err);
     if (w == NULL) { /* not in the set: tried again at the next answer */

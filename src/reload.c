@@ -223,16 +223,6 @@ static bool kept(const kvr_config_t *c, const kvr_discovery_t *disc, const char 
   return listed(c, url) || kvr_discovery_has(disc, url);
 }
 
-/* The worker serving url (not draining), or NULL. */
-static const kvr_worker_t *served(const kvr_router_t *r, const char *url) {
-  for (size_t i = 0; i < r->nslots; i++) {
-    const kvr_worker_t *w = r->slots[i];
-    if (w && w->state != KVR_WORKER_DRAINING && strcmp(w->url, url) == 0)
-      return w;
-  }
-  return NULL;
-}
-
 /* Checks that the workers to add find free slots once the ones to drain that have nothing in
  * flight are freed. Returns 0 or KVR_ELIMIT with err. */
 static int check_slots(const kvr_router_t *r, const kvr_config_t *next, const kvr_discovery_t *disc,
@@ -245,7 +235,7 @@ static int check_slots(const kvr_router_t *r, const kvr_config_t *next, const kv
       free_slots++;
   }
   for (size_t i = 0; i < next->nworkers; i++)
-    adds += served(r, next->workers[i]) == NULL;
+    adds += kvr_router_worker_serving(r, next->workers[i]) == NULL;
   if (adds <= free_slots)
     return 0;
   snprintf(err, errlen,
@@ -273,7 +263,7 @@ static void apply_workers(kvr_config_t *live, kvr_config_t *next, kvr_router_t *
   }
   char err[256];
   for (size_t i = 0; i < next->nworkers; i++) {
-    if (served(r, next->workers[i]))
+    if (kvr_router_worker_serving(r, next->workers[i]))
       continue;
     if (kvr_router_add_worker(r, next->workers[i], err, sizeof err) == NULL)
       KVR_ERROR("reload", "worker %s not added: %s", next->workers[i], err);
@@ -282,7 +272,7 @@ static void apply_workers(kvr_config_t *live, kvr_config_t *next, kvr_router_t *
   }
   /* KV-event endpoints: set on new workers, changed on kept ones whose config changed them */
   for (size_t i = 0; i < next->nworkers; i++) {
-    const kvr_worker_t *w = served(r, next->workers[i]);
+    const kvr_worker_t *w = kvr_router_worker_serving(r, next->workers[i]);
     const char *ev = next->worker_kv_events[i], *rp = next->worker_kv_replay[i];
     if (w && (!str_eq(w->kv_events, ev) || !str_eq(w->kv_replay, rp))) {
       KVR_INFO("reload", "worker %u: KV events %s", w->id, ev ? ev : "off");

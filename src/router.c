@@ -198,6 +198,19 @@ const kvr_worker_t *kvr_router_worker_by_id(const kvr_router_t *r, uint32_t id) 
   return NULL;
 }
 
+static kvr_worker_t *worker_serving(const kvr_router_t *r, const char *url) {
+  for (size_t i = 0; i < r->nslots; i++) {
+    kvr_worker_t *w = r->slots[i];
+    if (w && w->state != KVR_WORKER_DRAINING && strcmp(w->url, url) == 0)
+      return w;
+  }
+  return NULL;
+}
+
+const kvr_worker_t *kvr_router_worker_serving(const kvr_router_t *r, const char *url) {
+  return worker_serving(r, url);
+}
+
 bool kvr_router_has_usable(const kvr_router_t *r) {
   for (size_t i = 0; i < r->nslots; i++)
     if (r->slots[i] && r->slots[i]->state == KVR_WORKER_UP)
@@ -429,10 +442,7 @@ const kvr_worker_t *kvr_router_on_peer_dispatch(kvr_router_t *r, size_t peer, co
                                                 uint64_t prompt_tokens, uint64_t prefill_tokens,
                                                 kvr_router_dispatch_t *d) {
   memset(d, 0, sizeof *d);
-  kvr_worker_t *w = NULL;
-  for (size_t i = 0; i < r->nslots && w == NULL && peer < KVR_MAX_PEERS; i++)
-    if (r->slots[i] && strcmp(r->slots[i]->url, url) == 0)
-      w = r->slots[i];
+  kvr_worker_t *w = peer < KVR_MAX_PEERS ? worker_serving(r, url) : NULL;
   if (w == NULL)
     return NULL;
   d->open = true;
@@ -761,18 +771,15 @@ int kvr_router_on_scrape(kvr_router_t *r, uint32_t id, const kvr_router_scrape_t
 
 int kvr_router_on_peer_scrape(kvr_router_t *r, const char *url, double running, double waiting,
                               double kv_cache_usage) {
-  for (size_t i = 0; i < r->nslots; i++) {
-    kvr_worker_t *w = r->slots[i];
-    if (w == NULL || strcmp(w->url, url) != 0)
-      continue;
-    w->num_requests_running = running;
-    w->num_requests_waiting = waiting;
-    w->kv_cache_usage = kv_cache_usage;
-    w->metrics_seen = true;
-    w->scraped_at_ms = now_ms(r);
-    return 0;
-  }
-  return KVR_ENOENT;
+  kvr_worker_t *w = worker_serving(r, url);
+  if (w == NULL)
+    return KVR_ENOENT;
+  w->num_requests_running = running;
+  w->num_requests_waiting = waiting;
+  w->kv_cache_usage = kv_cache_usage;
+  w->metrics_seen = true;
+  w->scraped_at_ms = now_ms(r);
+  return 0;
 }
 
 int kvr_router_on_models(kvr_router_t *r, uint32_t id, uint64_t max_model_len) {

@@ -318,6 +318,8 @@ int kvr_router_drain_worker(kvr_router_t *r, uint32_t id);
 
 /* Finds a worker by id; NULL if none. */
 const kvr_worker_t *kvr_router_worker_by_id(const kvr_router_t *r, uint32_t id);
+/* The worker serving url (normalized as the router keeps it), draining ones excepted, or NULL. */
+const kvr_worker_t *kvr_router_worker_serving(const kvr_router_t *r, const char *url);
 
 /* True while at least one worker can take requests. */
 bool kvr_router_has_usable(const kvr_router_t *r);
@@ -430,7 +432,8 @@ typedef struct kvr_router_dispatch_s {
 /* Replica sync: peer p announced a request of prompt_tokens, prefill_tokens of them uncached, on
  * the worker with this URL. Adds it to the worker's synced[p] and prefill clock (no counters, no
  * rate sample) and fills *d, which kvr_router_on_token (its first token only matters) and
- * kvr_router_on_end then take as for an own request. NULL (d closed) when no worker has the URL. */
+ * kvr_router_on_end then take as for an own request. NULL (d closed) when no worker serves the URL
+ * (a draining one does not count: it takes no new requests). */
 const kvr_worker_t *kvr_router_on_peer_dispatch(kvr_router_t *r, size_t peer, const char *url,
                                                 uint64_t prompt_tokens, uint64_t prefill_tokens,
                                                 kvr_router_dispatch_t *d);

@@ -208,6 +208,15 @@ static kvr_worker_snap_t view(kvr_router_t *r, int slot) {
   return s;
 }
 
+/* A pair whose b is live on a with one request of b's, d, in flight on worker 0. */
+static pair_t *pair_with_one_request(kvr_router_dispatch_t *d) {
+  pair_t *p = pair_open();
+  kvr_peer_sync_tick(p->b.s);
+  assert_non_null(kvr_router_on_dispatch(p->b.r, 0, 100, 0, d));
+  assert_int_equal(view(p->a.r, 0).inflight, 1);
+  return p;
+}
+
 static void test_dispatch_first_end(void **state) {
   (void)state;
   pair_t *p = pair_open();
@@ -283,11 +292,8 @@ static void test_scrape_adopted(void **state) {
 
 static void test_gap_repaired_by_snapshot(void **state) {
   (void)state;
-  pair_t *p = pair_open();
-  kvr_peer_sync_tick(p->b.s);
   kvr_router_dispatch_t d1, d2;
-  assert_non_null(kvr_router_on_dispatch(p->b.r, 0, 100, 0, &d1));
-  assert_int_equal(view(p->a.r, 0).inflight, 1);
+  pair_t *p = pair_with_one_request(&d1);
   p->drop_next = 1; /* the end of d1 is lost */
   kvr_router_on_end(p->b.r, &d1);
   assert_int_equal(view(p->a.r, 0).inflight, 1);
@@ -305,11 +311,8 @@ static void test_gap_repaired_by_snapshot(void **state) {
 
 static void test_silent_peer_dropped(void **state) {
   (void)state;
-  pair_t *p = pair_open();
-  kvr_peer_sync_tick(p->b.s);
   kvr_router_dispatch_t d1;
-  assert_non_null(kvr_router_on_dispatch(p->b.r, 0, 100, 0, &d1));
-  assert_int_equal(view(p->a.r, 0).inflight, 1);
+  pair_t *p = pair_with_one_request(&d1);
   fake_ns += (p->a.cfg.peer_stale_ms + 1) * 1000000ull;
   p->drop_next = 1000; /* b goes silent */
   kvr_peer_sync_tick(p->a.s);
@@ -323,11 +326,8 @@ static void test_silent_peer_dropped(void **state) {
 
 static void test_restart_drops_old_records(void **state) {
   (void)state;
-  pair_t *p = pair_open();
-  kvr_peer_sync_tick(p->b.s);
   kvr_router_dispatch_t d1;
-  assert_non_null(kvr_router_on_dispatch(p->b.r, 0, 100, 0, &d1));
-  assert_int_equal(view(p->a.r, 0).inflight, 1);
+  pair_t *p = pair_with_one_request(&d1);
   /* b restarts: a new instance, which a's poll learns; its first snapshot lists nothing */
   p->b.r->instance ^= 0x10;
   p->a.r->peer_instance[0] = p->b.r->instance;
