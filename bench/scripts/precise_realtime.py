@@ -35,39 +35,23 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "tests", "harness"))
 import kvrharness as h  # noqa: E402
+from scenarios import FULL_BLOCKS, HALF_BLOCKS, LEVEL, SCENARIOS  # noqa: E402
 
-# The scenarios of `kvrouter bench study` (bench/vcluster/study.c: kvr_study_scenarios), minus
-# --worker-blocks (virtual only: the mixed fleet's sims get --num-gpu-blocks instead).
-SCENARIOS = {
-    "multiturn": ["--workload", "multiturn", "--multiturn-mode", "session", "--warmup-s", "120"],
-    "documents": ["--workload", "documents", "--warmup-s", "60"],
-    "control": ["--workload", "control", "--warmup-s", "60"],
-    "agentic": ["--workload", "agentic", "--warmup-s", "300"],
-    "hot-prefix": ["--workload", "hot-prefix", "--warmup-s", "60"],
-    "bursty": ["--workload", "multiturn", "--multiturn-mode", "session", "--warmup-s", "120",
-               "--burstiness", "0.3"],
-    "mixed-fleet": ["--workload", "documents", "--warmup-s", "60"],
-}
 # kv_aware's max SLO-compliant rate in precise mode, virtual time (bench/results/precise/
 # PRECISE.md, the `precise` column): the load each scenario runs at, times --rate-scale.
 RATES = {"multiturn": 7.76, "documents": 11.84, "control": 2.79, "agentic": 1.00,
          "hot-prefix": 8.41, "bursty": 7.64, "mixed-fleet": 10.76}
-FULL_BLOCKS, HALF_BLOCKS = 21770, 10885
-# The level shape of `kvrouter bench study`: measured requests after the scenario's warm-up.
-LEVEL = ["--warmup", "0", "--min-level-s", "60", "--cooldown-s", "10"]
 
 
 def start_sims(d, scenario, args):
     sims, precise, plain = [], [], []
     for i in range(args.workers):
-        ev, rp = "ipc://%s/ev%d" % (d, i), "ipc://%s/rp%d" % (d, i)
-        cfg = {"enable_kv_cache_events": True, "endpoint": ev, "replay_endpoint": rp}
         blocks = HALF_BLOCKS if scenario == "mixed-fleet" and i == args.workers - 1 \
             else FULL_BLOCKS
-        s = h.Sim("--time-scale", args.time_scale, "--seed", i, "--num-gpu-blocks", blocks,
-                  "--kv-events-config", json.dumps(cfg), *args.sim_flag, fixed=None, admin=False)
+        s, spec = h.kv_event_sim(d, i, "--time-scale", args.time_scale, "--num-gpu-blocks",
+                                 blocks, *args.sim_flag, admin=False)
         sims.append(s)
-        precise.append("%s,kv_events=%s,kv_replay=%s" % (s.url, ev, rp))
+        precise.append(spec)
         plain.append(s.url)
     return sims, precise, plain
 

@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -49,21 +48,13 @@ import kvrharness as h  # noqa: E402
 SCALE = 20
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_sims(d, n, blocks, args):
     sims, specs = [], []
     for i in range(n):
-        ev, rp = "ipc://%s/ev%d" % (d, i), "ipc://%s/rp%d" % (d, i)
-        cfg = {"enable_kv_cache_events": True, "endpoint": ev, "replay_endpoint": rp}
-        s = h.Sim("--time-scale", args.time_scale, "--num-gpu-blocks", blocks, "--output-len-mean", 120,
-                  "--seed", i, "--kv-events-config", json.dumps(cfg), fixed=None, admin=False)
+        s, spec = h.kv_event_sim(d, i, "--time-scale", args.time_scale, "--num-gpu-blocks", blocks,
+                                 "--output-len-mean", 120, admin=False)
         sims.append(s)
-        specs.append((s.url, "%s,kv_events=%s,kv_replay=%s" % (s.url, ev, rp)))
+        specs.append((s.url, spec))
     return sims, specs
 
 
@@ -74,7 +65,7 @@ def start_routers(specs, setup, args):
         return [h.Router([p for _, p in specs], *flags)]
     if setup == "approx":
         return [h.Router([u for u, _ in specs], *flags)]
-    pa, pb = free_port(), free_port()
+    pa, pb = h.closed_port(), h.closed_port()
     workers = [p if setup in ("replicas", "synced") else u for u, p in specs]
     peer = setup in ("replicas", "synced")
     if setup == "synced":

@@ -28,7 +28,6 @@ import glob
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,36 +36,13 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "tests", "harness"))
 import kvrharness as h  # noqa: E402
-
-
-# The level shape and the scenarios of `kvrouter bench study` (bench/vcluster/study.c), so a real
-# run is comparable with the virtual study's.
-LEVEL = ["--num-prompts", "100", "--warmup", "0", "--min-level-s", "60", "--cooldown-s", "10"]
-SCENARIOS = {
-    "multiturn": ["--workload", "multiturn", "--multiturn-mode", "session", "--warmup-s", "120"],
-    "documents": ["--workload", "documents", "--warmup-s", "60"],
-    "control": ["--workload", "control", "--warmup-s", "60"],
-    "agentic": ["--workload", "agentic", "--warmup-s", "300"],
-    "hot-prefix": ["--workload", "hot-prefix", "--warmup-s", "60"],
-}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from scenarios import LEVEL, SCENARIOS  # noqa: E402
 
 
 def start_sims(d, args):
-    sims, specs = [], []
-    for i in range(args.workers):
-        ev, rp = "ipc://%s/ev%d" % (d, i), "ipc://%s/rp%d" % (d, i)
-        cfg = {"enable_kv_cache_events": True, "endpoint": ev, "replay_endpoint": rp}
-        s = h.Sim("--time-scale", args.time_scale, "--seed", i, "--kv-events-config",
-                  json.dumps(cfg), *args.sim_flag, fixed=None, admin=False)
-        sims.append(s)
-        specs.append("%s,kv_events=%s,kv_replay=%s" % (s.url, ev, rp))
-    return sims, specs
+    pairs = [h.kv_event_sim(d, i, "--time-scale", args.time_scale, *args.sim_flag, admin=False)
+             for i in range(args.workers)]
+    return [s for s, _ in pairs], [spec for _, spec in pairs]
 
 
 def start_routers(specs, setup, args):
@@ -74,7 +50,7 @@ def start_routers(specs, setup, args):
              args.scrape_interval_ms]
     if setup == "one":
         return [h.Router(specs, *flags)]
-    pa, pb = free_port(), free_port()
+    pa, pb = h.closed_port(), h.closed_port()
     peer = ["--peer-interval-ms", args.peer_interval_ms]
     if setup == "synced":
         peer += ["--peer-sync-listen", "tcp://127.0.0.1:*"]

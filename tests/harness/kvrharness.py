@@ -456,6 +456,17 @@ def closed_port():
     return port
 
 
+def kv_event_sim(folder, i, *flags, **kw):
+    """`kvrouter sim` number i (its --seed) publishing vLLM KV events on ipc:// sockets in folder,
+    with a replay socket: (the Sim, its worker spec URL,kv_events=EP,kv_replay=EP). Sim's keyword
+    arguments pass through (fixed=None: the simulated engine, the default here)."""
+    ev, rp = "ipc://%s/ev%d" % (folder, i), "ipc://%s/rp%d" % (folder, i)
+    cfg = {"enable_kv_cache_events": True, "endpoint": ev, "replay_endpoint": rp}
+    kw.setdefault("fixed", None)
+    s = Sim("--seed", i, "--kv-events-config", json.dumps(cfg), *flags, **kw)
+    return s, "%s,kv_events=%s,kv_replay=%s" % (s.url, ev, rp)
+
+
 def can_connect(port, timeout=1.0):
     """True when a TCP connection to 127.0.0.1:port is accepted (then closed at once)."""
     try:

@@ -18,7 +18,6 @@ import glob
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,12 +29,6 @@ import kvrharness as h  # noqa: E402
 from kvrharness import MODEL, Router, Sim, wait_for  # noqa: E402
 
 TESTS, test = h.registry()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def metric(router, name, **labels):
@@ -60,7 +53,7 @@ def long_streams(port, n, tokens=200):
 
 def pair(sims, *flags, token_files=(None, None)):
     """Replicas A and B on chosen admin ports, each the other's peer."""
-    pa, pb = free_port(), free_port()
+    pa, pb = h.closed_port(), h.closed_port()
     common = ["--policy", "least_load", "--peer-interval-ms", 50, "--peer-stale-ms", 400] + list(
         flags) + h.FAST
     ta = ["--admin-token-file", token_files[0]] if token_files[0] else []
@@ -177,7 +170,7 @@ def own_address_in_the_peer_list_is_ignored():
     (same instance id) ignores it instead of counting its requests twice."""
     with h.Cleanup() as c:
         s0 = c.add(Sim(fixed=(20, 40)))
-        pa = free_port()
+        pa = h.closed_port()
         a = c.add(Router([s0], "--admin-listen", "127.0.0.1:%d" % pa, "--peer",
                          "http://127.0.0.1:%d" % pa, "--peer-interval-ms", 50, *h.FAST))
         ts = long_streams(a.port, 3)

@@ -14,7 +14,6 @@ errors. Uses Debian's python3-zmq and python3-msgpack (exit 77 = skipped when th
 
 import json
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -43,12 +42,6 @@ except ImportError:
 TESTS, test = h.registry()
 END_SEQ = 0xFFFFFFFFFFFFFFFF
 BLOCK = 16
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def events_config(endpoint, replay=None, **extra):
@@ -179,9 +172,9 @@ class Model:
 
 def start_pair(ctx, encoding, *flags, replay=True):
     """A SUB bound on a free loopback port, and a sim connecting its PUB to it."""
-    port = free_port()
+    port = h.closed_port()
     sub = Sub(ctx, bind="tcp://127.0.0.1:%d" % port)
-    rport = free_port() if replay else None
+    rport = h.closed_port() if replay else None
     cfg = events_config("tcp://127.0.0.1:%d" % port,
                         replay="tcp://127.0.0.1:%d" % rport if replay else None)
     sim = Sim("--time-scale", 20, "--kv-events-config", cfg, "--kv-events-encoding", encoding,
@@ -314,7 +307,7 @@ def test_replay_both_reply_forms():
 @test(timeout=60)
 def test_replay_keeps_buffer_steps():
     ctx = zmq.Context()
-    port, rport = free_port(), free_port()
+    port, rport = h.closed_port(), h.closed_port()
     sub = Sub(ctx, bind="tcp://127.0.0.1:%d" % port)
     cfg = events_config("tcp://127.0.0.1:%d" % port, replay="tcp://127.0.0.1:%d" % rport,
                         buffer_steps=2)

@@ -1,0 +1,23 @@
+"""scenarios.py -- the scenarios and level shape of `kvrouter bench study` (bench/vcluster/study.c:
+kvr_study_scenarios), for the scripts that run them in real time against `kvrouter sim` workers
+(replicas_ab.py, precise_realtime.py), so a real run is comparable with the virtual study's.
+
+The mixed fleet's --worker-blocks is virtual only: a real run gives its last sim --num-gpu-blocks
+HALF_BLOCKS instead.
+"""
+
+# bench flags of each scenario
+SCENARIOS = {
+    "multiturn": ["--workload", "multiturn", "--multiturn-mode", "session", "--warmup-s", "120"],
+    "documents": ["--workload", "documents", "--warmup-s", "60"],
+    "control": ["--workload", "control", "--warmup-s", "60"],
+    "agentic": ["--workload", "agentic", "--warmup-s", "300"],
+    "hot-prefix": ["--workload", "hot-prefix", "--warmup-s", "60"],
+    "bursty": ["--workload", "multiturn", "--multiturn-mode", "session", "--warmup-s", "120",
+               "--burstiness", "0.3"],
+    "mixed-fleet": ["--workload", "documents", "--warmup-s", "60"],
+}
+# a level: its measured requests after the scenario's warm-up, at least 60 simulated seconds
+LEVEL = ["--num-prompts", "100", "--warmup", "0", "--min-level-s", "60", "--cooldown-s", "10"]
+# KV blocks of a simulated H200 worker (`kvrouter sim` default), and the mixed fleet's small one
+FULL_BLOCKS, HALF_BLOCKS = 21770, 10885
