@@ -10,13 +10,19 @@ Parts (--parts, default all; each starts its own `kvrouter sim` on 127.0.0.1 wit
 through the harness's Sim, runs `kvrouter bench` against it, stops it by its PID):
   phase0   the sim's defaults under the seed's open-loop load (OPEN_ARGS: 300 prompts per rate
            sampled from one fixed dataset of 70 5-turn conversations, Poisson, outputs
-           normal(500, 231) tokens (OUTPUT_STD), the history carrying dataset answers of normal(1000, 700) tokens), rates
-           0.5-5.0. Rates <= 3.0 compare with seed 002's phase0 column (in-sample: the cost terms
-           were fitted to it); 3.5-5.0, which phase0 did not run, with the phase1-baseline-rerun
-           column (the same configuration rerun; out-of-sample).
+           normal(500, 231) tokens (OUTPUT_STD), the history carrying dataset answers of
+           normal(1000, 700) tokens), rates 0.5-5.0. Rates <= 3.0 compare with seed 002's phase0
+           column (in-sample: the cost terms were fitted to it); 3.5-5.0, which phase0 did not
+           run, with the phase1-baseline-rerun column (the same configuration rerun;
+           out-of-sample).
   phase1   the five Phase 1 configurations (--configs, default all), out-of-sample: the same sim
            and load with only --max-num-batched-tokens, --max-num-seqs and --num-gpu-blocks (from
            the KV cache GiB the seed reports) changed; a fresh sim each.
+  noise    phase0 and the Phase 1 configurations again in virtual time (`kvrouter bench --virtual
+           --workers 1`: the same engine and load on a discrete-event clock, no HTTP, ~1 s a
+           configuration), once per bench seed (--noise-seeds): how far the table's counts and
+           figures move with the Poisson arrivals and the prompts sampled alone. Not in the
+           default parts; its summary (raw/noise/summary.json) is rendered below the table.
   closed   closed-loop users (--users, default 50-130) with the real workload's shape
            (CLOSED_ARGS: session mode, outputs normal(978, 450), the model stopping naturally),
            for seed 003's facts; plus `kvrouter sim --print-costs` for its prefill fact.
@@ -40,7 +46,8 @@ Where the results go:
               reading lives in bench/results/CALIBRATION-notes.md, which this script never writes.
 
 usage: bench/scripts/calibrate.py [--kvrouter build/kvrouter] [--out DIR] [--raw DIR] [--md FILE]
-          [--parts phase0,phase1,closed] [--configs mem095,seqs128] [--rates 0.5,1]
+          [--parts phase0,phase1,closed,noise] [--configs mem095,seqs128] [--rates 0.5,1]
+          [--noise-seeds 42,1,2]
           [--users 50,90] [--time-scale 10] [--sim-arg=--cost-weights-ms=21.5 ...]
           [--bench-arg=... (every part)] [--render-only]
 A quick check into scratch folders (a minute): --parts phase0 --rates 0.5 --time-scale 20
@@ -356,6 +363,69 @@ def run(args):
     if "closed" in args.parts:
         run_part(args, "closed", [], ["--concurrency", args.users] + CLOSED_ARGS,
                  "Calibration: closed-loop users, one kvrouter sim")
+    if "noise" in args.parts:
+        run_noise(args, rates)
+
+
+def noise_stats(rows):
+    """[within, measured, MAE in percent] of figure rows (judged copies)."""
+    rows = [dict(r) for r in rows]
+    for r in rows:
+        judge(r)
+    n_in, n, _, mae = stats(rows)
+    return [n_in, n, mae]
+
+
+def run_noise(args, rates):
+    """The noise part: phase0 and each --configs configuration in virtual time once per bench
+    seed; keeps raw/noise/summary.json (per seed: in-sample and out-of-sample counts and MAE; per
+    figure: the seed's value and the sim's under every bench seed) and raw/noise/stamp."""
+    t0 = time.monotonic()
+    folders = [("phase0", [])] + [(label, PHASE1[label][1]) for label in args.configs]
+    per_seed, figures = {}, {}
+    for seed in args.noise_seeds:
+        ins, oos = [], []
+        for folder, flags in folders:
+            out = os.path.join(args.out, "noise", "%s-seed%s" % (folder, seed))
+            if os.path.isdir(out):
+                shutil.rmtree(out)
+            cmd = ([h.KVROUTER, "bench", "--virtual", "--workers", "1", "--seed", seed,
+                    "--out", out] + rates + flags + args.sim_arg + args.bench_arg +
+                   ["--title", "Calibration noise: %s, bench seed %s" % (folder, seed)])
+            rc = subprocess.call(cmd, stdout=subprocess.DEVNULL)
+            if rc != 0:
+                sys.exit("calibrate.py: noise: %s exited with status %d" % (shlex.join(cmd), rc))
+            part = {"stamp": {}, "levels": load_levels(os.path.join(out, "results")), "costs": ""}
+            rows = phase0_rows(part) if folder == "phase0" else phase1_rows(folder, part)
+            for r in rows:
+                if r["group"] == "phase0":
+                    ins.append(r)
+                else:
+                    oos.append(r)
+                key = "|".join((r["config"], r["load"], r["figure"]))
+                figures.setdefault(key, {"config": r["config"], "load": r["load"],
+                                         "figure": r["figure"], "seed": r["seed"], "sims": []})
+                figures[key]["sims"].append(r["sim"])
+        per_seed[seed] = {"in_sample": noise_stats(ins), "out_of_sample": noise_stats(oos)}
+    dst = os.path.join(args.raw, "noise")
+    if os.path.isdir(dst):
+        shutil.rmtree(dst)
+    os.makedirs(dst)
+    with open(os.path.join(dst, "summary.json"), "w") as f:
+        json.dump({"seeds": args.noise_seeds, "configs": ["phase0"] + args.configs,
+                   "per_seed": per_seed, "figures": list(figures.values())}, f, indent=1)
+        f.write("\n")
+    stamp = {"part": "noise",
+             "command": shlex.join(["bench/scripts/calibrate.py"] + sys.argv[1:]),
+             "commit": commit(),
+             "started": datetime.datetime.now(datetime.timezone.utc).strftime(
+                 "%Y-%m-%dT%H:%M:%SZ"),
+             "bench_cmd": shlex.join(["kvrouter", "bench", "--virtual", "--workers", "1",
+                                      "--seed", "S"] + rates + args.sim_arg + args.bench_arg),
+             "took_s": "%.0f" % (time.monotonic() - t0)}
+    with open(os.path.join(dst, "stamp"), "w") as f:
+        for k, v in stamp.items():
+            f.write("%s=%s\n" % (k, v))
 
 # ---- reading raw -----------------------------------------------------------------------------
 
@@ -752,6 +822,51 @@ def closed_line(parts):
     return ["Closed-loop levels the seed 003 checks read: " + "; ".join(cl) + ".", ""]
 
 
+def noise_lines(raw):
+    """The noise part's reading: counts and MAE per bench seed, then the figures whose median
+    over the seeds misses by more than 20% (with their range). [] when it was not run."""
+    path = os.path.join(raw, "noise", "summary.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        d = json.load(f)
+    stamp = h.read_stamp(os.path.join(raw, "noise", "stamp"))
+
+    def counts(key):
+        v = [d["per_seed"][s][key] for s in d["seeds"]]
+        per = ", ".join("%s: %d/%d, %.1f%%" % (s, x[0], x[1], x[2]) for s, x in zip(d["seeds"], v))
+        return "within %.1f of %d on average (%d-%d), MAE %.1f%% on average (%s)" % (
+            sum(x[0] for x in v) / len(v), v[0][1], min(x[0] for x in v), max(x[0] for x in v),
+            sum(x[2] for x in v) / len(v), per)
+
+    lines = ["", "## Run-to-run noise (virtual time, %d bench seeds)" % len(d["seeds"]), "",
+             "The same engine and load as phase0 and %s, run by `kvrouter bench --virtual "
+             "--workers 1` once per bench seed (%s; 42 is the seed of the table above), at commit "
+             "%s, started %s. Only the Poisson arrivals and the sampled prompts change between "
+             "seeds. Per seed: within / measured, MAE." % (
+                 ", ".join(d["configs"][1:]) or "no Phase 1 configuration",
+                 ", ".join(d["seeds"]), stamp.get("commit", "?"), stamp.get("started", "?")),
+             "",
+             "- phase0, in-sample: %s." % counts("in_sample"),
+             "- out-of-sample: %s." % counts("out_of_sample"), "",
+             "Figures whose median over the seeds is more than 20% off the seed's (sim values "
+             "sorted):", "",
+             "| config | load | figure | seed | sim median | error | sim over the seeds |",
+             "|---|---|---|---:|---:|---:|---|"]
+    for fg in d["figures"]:
+        sims = sorted(v for v in fg["sims"] if v is not None)
+        if not sims or not fg["seed"]:
+            continue
+        mid = sims[len(sims) // 2] if len(sims) % 2 else (sims[len(sims) // 2 - 1] +
+                                                            sims[len(sims) // 2]) / 2
+        err = 100.0 * (mid - fg["seed"]) / fg["seed"]
+        if abs(err) > TOLERANCE * 100:
+            lines.append("| %s | %s | %s | %s | %s | %+.1f%% | %s |" % (
+                fg["config"], fg["load"], fg["figure"], fmt_num(fg["seed"]), fmt_num(mid), err,
+                " ".join(fmt_num(v) for v in sims)))
+    return lines
+
+
 def all_rows(parts):
     rows = phase0_rows(parts.get("phase0"))
     for label in PHASE1:
@@ -797,7 +912,7 @@ def render(raw, md):
         "| config | load | figure | seed | sim | error | within 20% |",
         "|---|---|---|---:|---:|---:|:-:|"]
     lines += [table_line(r) for r in rows]
-    lines += [""] + closed_line(parts) + summary(rows)
+    lines += [""] + closed_line(parts) + summary(rows) + noise_lines(raw)
     text = "\n".join(lines)
     with open(md, "w") as f:
         f.write(text + "\n")
@@ -816,13 +931,17 @@ def parse_args(argv=None):
     ap.add_argument("--time-scale", type=float, default=10)
     ap.add_argument("--rates", default=",".join("%g" % r for r in RATES))
     ap.add_argument("--users", default=",".join(map(str, USERS)))
+    ap.add_argument("--noise-seeds", default="42,1,2,3,4,5,6,7",
+                    help="bench seeds of the noise part (default 42,1,2,3,4,5,6,7)")
     ap.add_argument("--sim-arg", action="append", default=[])
     ap.add_argument("--bench-arg", action="append", default=[])
     ap.add_argument("--render-only", action="store_true",
                     help="only write --md from --raw (no run)")
     args = ap.parse_args(argv)
     args.parts = [p for p in args.parts.split(",") if p]
-    bad = [p for p in args.parts if p not in ("phase0", "phase1", "closed")]
+    bad = [p for p in args.parts if p not in ("phase0", "phase1", "closed", "noise")]
+    args.noise_seeds = [x for x in args.noise_seeds.split(",") if x]
+    bad += [x for x in args.noise_seeds if not x.isdigit()]
     args.configs = [c[len("phase1-"):] if c.startswith("phase1-") else c
                     for c in args.configs.split(",") if c]
     bad += [c for c in args.configs if c not in PHASE1]
