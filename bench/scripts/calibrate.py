@@ -834,6 +834,7 @@ def noise_lines(raw):
 
     def counts(key):
         v = [d["per_seed"][s][key] for s in d["seeds"]]
+        v = [[x[0], x[1], x[2] if x[2] is not None else 0.0] for x in v]
         per = ", ".join("%s: %d/%d, %.1f%%" % (s, x[0], x[1], x[2]) for s, x in zip(d["seeds"], v))
         return "within %.1f of %d on average (%d-%d), MAE %.1f%% on average (%s)" % (
             sum(x[0] for x in v) / len(v), v[0][1], min(x[0] for x in v), max(x[0] for x in v),
@@ -841,29 +842,34 @@ def noise_lines(raw):
 
     lines = ["", "## Run-to-run noise (virtual time, %d bench seeds)" % len(d["seeds"]), "",
              "The same engine and load as phase0 and %s, run by `kvrouter bench --virtual "
-             "--workers 1` once per bench seed (%s; 42 is the seed of the table above), at commit "
-             "%s, started %s. Only the Poisson arrivals and the sampled prompts change between "
-             "seeds. Per seed: within / measured, MAE." % (
+             "--workers 1` once per bench seed (%s%s), at commit %s, started %s. Only the Poisson "
+             "arrivals and the sampled prompts change between seeds. Per seed: within / "
+             "measured, MAE." % (
                  ", ".join(d["configs"][1:]) or "no Phase 1 configuration",
-                 ", ".join(d["seeds"]), stamp.get("commit", "?"), stamp.get("started", "?")),
+                 ", ".join(d["seeds"]),
+                 "; 42, the bench's default, is the seed of the table above"
+                 if "42" in d["seeds"] else "",
+                 stamp.get("commit", "?"), stamp.get("started", "?")),
              "",
              "- phase0, in-sample: %s." % counts("in_sample"),
              "- out-of-sample: %s." % counts("out_of_sample"), "",
-             "Figures whose median over the seeds is more than 20% off the seed's (sim values "
-             "sorted):", "",
-             "| config | load | figure | seed | sim median | error | sim over the seeds |",
-             "|---|---|---|---:|---:|---:|---|"]
+             "Figures whose median over the seeds is more than %d%% off the seed's (the sim's "
+             "figure under each bench seed, sorted):" % int(TOLERANCE * 100), ""]
+    misses = 0
     for fg in d["figures"]:
         sims = sorted(v for v in fg["sims"] if v is not None)
         if not sims or not fg["seed"]:
             continue
-        mid = sims[len(sims) // 2] if len(sims) % 2 else (sims[len(sims) // 2 - 1] +
-                                                            sims[len(sims) // 2]) / 2
+        n = len(sims)
+        mid = sims[n // 2] if n % 2 else (sims[n // 2 - 1] + sims[n // 2]) / 2
         err = 100.0 * (mid - fg["seed"]) / fg["seed"]
         if abs(err) > TOLERANCE * 100:
-            lines.append("| %s | %s | %s | %s | %s | %+.1f%% | %s |" % (
+            misses += 1
+            lines.append("- %s, %s, %s: seed %s, sim median %s (%+.1f%%); %s." % (
                 fg["config"], fg["load"], fg["figure"], fmt_num(fg["seed"]), fmt_num(mid), err,
                 " ".join(fmt_num(v) for v in sims)))
+    if not misses:
+        lines.append("- none.")
     return lines
 
 
