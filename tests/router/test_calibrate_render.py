@@ -46,7 +46,8 @@ def stamp(folder, part):
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "stamp"), "w") as f:
         f.write("part=%s\ncommand=calibrate.py --fake\ncommit=abc1234\nstarted=T0\ntook_s=7\n"
-                "sim_cmd=kvrouter sim --time-scale 10\nbench_cmd=kvrouter bench --fake\n" % part)
+                "sim_cmd=kvrouter sim --time-scale 10\nbench_cmd=kvrouter bench --fake\n"
+                "time_scale=10\n" % part)
 
 
 def render(raw):
@@ -77,7 +78,8 @@ def fake_raw(raw):
           p50_tpot_ms=25.0, p95_ttft_ms=596.4)
     # 3.5 req/s against the rerun column (1021 ms, 90 ms): fails the SLO.
     level(os.path.join(p0, "results", "bench_rate3.50.json"), rate=3.5, p99_ttft_ms=1021.0,
-          p99_tpot_ms=90.0, output_throughput=1155.0, max_concurrent_requests=147)
+          p99_tpot_ms=90.0, output_throughput=1155.0, max_concurrent_requests=147,
+          kvrouter={"send_lag_real_ms": {"p99": 7.4}})
     s128 = os.path.join(raw, "seqs128")
     stamp(s128, "seqs128")
     level(os.path.join(s128, "results", "bench_rate4.00.json"), rate=4.0, p99_ttft_ms=5990.0,
@@ -112,6 +114,10 @@ def rows_errors_and_flags():
         assert "abc1234" in text and "kvrouter sim --time-scale 10" in text
         assert "- mem095: not run (no raw files)." in text
         assert "In-sample: phase0 at 0.5-3.0 req/s" in text
+        # 3.5 req/s was sent 7.4 ms late at p99 (> 3 ms): named with the part's time scale.
+        assert ("- Send lag p99 over 3 real ms (CPU contention: arrivals late by that times the "
+                "time scale, in simulated time; read those levels with care): phase0 3.5 req/s: "
+                "7.4 ms (x10).") in text, text
         r = rows[("phase0", "0.50 req/s", "TTFT p99 (ms)")]
         assert r == ["770", "847", "+10.0%", "yes"], r
         r = rows[("phase0", "0.50 req/s", "TPOT p99 (ms)")]
