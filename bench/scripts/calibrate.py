@@ -287,14 +287,17 @@ PHASE1 = phase1_configs()
 
 
 def commit():
-    """The repository's HEAD, "+dirty" when tracked files differ from it; "unknown" outside git."""
+    """The repository's HEAD, "+dirty" when tracked files other than bench/results/ (which a run
+    itself rewrites) differ from it; "unknown" outside git."""
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         rev = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain",
-                                "--untracked-files=no"], capture_output=True, text=True,
-                               check=True).stdout.strip()
+        top = subprocess.run(["git", "-C", here, "rev-parse", "--show-toplevel"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", top, "status", "--porcelain",
+                                "--untracked-files=no", "--", ".", ":!bench/results"],
+                               capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return rev + ("+dirty" if dirty else "")
