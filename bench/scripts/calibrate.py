@@ -9,17 +9,28 @@ needs no other file, and the renderer of bench/results/CALIBRATION.md.
 Parts (--parts, default all; each starts its own `kvrouter sim` on 127.0.0.1 with --time-scale N
 through the harness's Sim, runs `kvrouter bench` against it, stops it by its PID):
   phase0   the sim's defaults under the seed's open-loop load (OPEN_ARGS: 300 prompts per rate
-           sampled from one fixed dataset of 70 5-turn conversations, Poisson, ~500 output
-           tokens, the history carrying dataset answers of normal(1000, 700) tokens), rates
-           0.5-5.0. Rates <= 3.0 compare with seed 002's phase0 column (in-sample: the cost terms
-           were fitted to it); 3.5-5.0, which phase0 did not run, with the phase1-baseline-rerun
-           column (the same configuration rerun; out-of-sample).
+           sampled from one fixed dataset of 70 5-turn conversations, Poisson, outputs
+           normal(500, 231) tokens (OUTPUT_STD), the history carrying dataset answers of
+           normal(1000, 700) tokens), rates 0.5-5.0. Rates <= 3.0 compare with seed 002's phase0
+           column (in-sample: the cost terms were fitted to it); 3.5-5.0, which phase0 did not
+           run, with the phase1-baseline-rerun column (the same configuration rerun;
+           out-of-sample).
   phase1   the five Phase 1 configurations (--configs, default all), out-of-sample: the same sim
            and load with only --max-num-batched-tokens, --max-num-seqs and --num-gpu-blocks (from
            the KV cache GiB the seed reports) changed; a fresh sim each.
+  noise    phase0 and the Phase 1 configurations again in virtual time (`kvrouter bench --virtual
+           --workers 1`: the same engine and load on a discrete-event clock, no HTTP, ~1 s a
+           configuration), once per bench seed (--noise-seeds): how far the table's counts and
+           figures move with the Poisson arrivals and the prompts sampled alone. Not in the
+           default parts; its summary (raw/noise/summary.json) is rendered below the table.
   closed   closed-loop users (--users, default 50-130) with the real workload's shape
            (CLOSED_ARGS: session mode, outputs normal(978, 450), the model stopping naturally),
            for seed 003's facts; plus `kvrouter sim --print-costs` for its prefill fact.
+
+--virtual runs phase0, phase1 and closed the way the noise part does, in virtual time: the same
+figures as an undisturbed run over HTTP (checked 2026-11-24: the phase0 and Phase 1 counts and
+MAE of a quiet HTTP run within 0.2 points), without the send lag a busy machine adds; their
+stamps say time_scale=virtual.
 
 Flow: run the parts asked for, keep each one's raw files, then render the Markdown from the raw
 files alone (--render-only skips the runs). Rows come from SEED_* x the per-level JSON: seed,
@@ -40,7 +51,8 @@ Where the results go:
               reading lives in bench/results/CALIBRATION-notes.md, which this script never writes.
 
 usage: bench/scripts/calibrate.py [--kvrouter build/kvrouter] [--out DIR] [--raw DIR] [--md FILE]
-          [--parts phase0,phase1,closed] [--configs mem095,seqs128] [--rates 0.5,1]
+          [--parts phase0,phase1,closed,noise] [--configs mem095,seqs128] [--rates 0.5,1]
+          [--noise-seeds 42,1,2] [--virtual]
           [--users 50,90] [--time-scale 10] [--sim-arg=--cost-weights-ms=21.5 ...]
           [--bench-arg=... (every part)] [--render-only]
 A quick check into scratch folders (a minute): --parts phase0 --rates 0.5 --time-scale 20
@@ -163,6 +175,9 @@ SEED_CONFIG = """
 | phase1-aggressive | 56.85 | 32768 | 256 |
 """
 SLO_TTFT_MS, SLO_TPOT_MS = 1000.0, 60.0  # seed 002, "## SLO Targets"
+# A level whose send lag p99 (real ms the bench sent late: CPU contention) exceeds this is named
+# under the runs; times the time scale, that lag is simulated time the load arrived late.
+LAG_WARN_REAL_MS = 3.0
 KV_BYTES_PER_TOKEN = 163840  # Llama-70B FP8: 80 layers x 8 KV heads x 128 dims x 2 x 1 B
 BLOCK_TOKENS = 16  # the sim's --block-size default
 
@@ -193,12 +208,18 @@ RATES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
 PHASE0_MAX_RATE = 3.0  # the phase0 column stops here; above it the rerun column stands in
 USERS = (50, 70, 90, 110, 130)
 
-# The seed's open-loop load shape, as `kvrouter bench` options (phase0 and phase1).
+# The seed's open-loop load shape, as `kvrouter bench` options (phase0 and phase1). Outputs:
+# seed 002 gives only the mean (~500 tokens); their spread takes the coefficient of variation of
+# the answers seed 003 measured under load (OSL p50 978, p95 1,720: std ~450, CV 0.46), so std
+# 500 x 742 / 1.645 / 978 = 231 (OUTPUT_STD). Until 2026-11-24 it was 150, a choice no seed stated.
+OUTPUT_MEAN = 500
+OUTPUT_STD = round(OUTPUT_MEAN * (1720 - 978) / 1.645 / 978)
 OPEN_ARGS = [
     "--workload", "multiturn", "--multiturn-mode", "replay", "--replay-order", "sample",
     "--replay-dataset", "70", "--answer-mean", "1000", "--answer-std", "700",
-    "--output-mean", "500", "--output-std", "150", "--output-min", "64", "--output-max", "2048",
-    "--num-prompts", "300", "--warmup", "10", "--burstiness", "1", "--cooldown-s", "5",
+    "--output-mean", "%d" % OUTPUT_MEAN, "--output-std", "%d" % OUTPUT_STD, "--output-min", "64",
+    "--output-max", "2048", "--num-prompts", "300", "--warmup", "10", "--burstiness", "1",
+    "--cooldown-s", "5",
 ]
 # The real workload's shape for the closed-loop part: conversations as sessions (answers
 # resent), output normal(978, 450) (seed 003's OSL p50 978, p95 1,720 ~ 978 + 1.645 x 450),
@@ -266,14 +287,17 @@ PHASE1 = phase1_configs()
 
 
 def commit():
-    """The repository's HEAD, "+dirty" when tracked files differ from it; "unknown" outside git."""
+    """The repository's HEAD, "+dirty" when tracked files other than bench/results/ (which a run
+    itself rewrites) differ from it; "unknown" outside git."""
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         rev = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain",
-                                "--untracked-files=no"], capture_output=True, text=True,
-                               check=True).stdout.strip()
+        top = subprocess.run(["git", "-C", here, "rev-parse", "--show-toplevel"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", top, "status", "--porcelain",
+                                "--untracked-files=no", "--", ".", ":!bench/results"],
+                               capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return rev + ("+dirty" if dirty else "")
@@ -312,26 +336,37 @@ def keep_raw(out, raw, folder, stamp, costs):
 
 
 def run_part(args, folder, sim_flags, bench_flags, title):
-    """One part: a fresh sim with sim_flags, the bench with bench_flags, raw files kept."""
+    """One part: a fresh sim with sim_flags, the bench with bench_flags, raw files kept. With
+    --virtual the bench runs the same engine in-process on a discrete-event clock instead (no
+    HTTP, no time scale, so no send lag)."""
     out = os.path.join(args.out, folder)
     old = os.path.join(out, "results")
     if os.path.isdir(old):  # a level this run skips must not be copied from an earlier one
         for name in os.listdir(old):
             if name.endswith(".json"):
                 os.remove(os.path.join(old, name))
-    ts = ["--time-scale", "%g" % args.time_scale]
+    ts = [] if args.virtual else ["--time-scale", "%g" % args.time_scale]
     sim_args = ts + sim_flags + args.sim_arg
     bench_args = ts + bench_flags + ["--title", title] + args.bench_arg
     stamp = {"part": folder, "command": shlex.join(["bench/scripts/calibrate.py"] + sys.argv[1:]),
              "commit": commit(),
              "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
              "cores": os.cpu_count() or 0, "arch": platform.machine(),
-             "time_scale": "%g" % args.time_scale,
+             "time_scale": "virtual" if args.virtual else "%g" % args.time_scale,
              "sim_cmd": shlex.join(["kvrouter", "sim"] + sim_args),
              "bench_cmd": shlex.join(["kvrouter", "bench", "--url", "URL"] + bench_args)}
     t0 = time.monotonic()
-    with h.Sim(*sim_args, fixed=None, admin=False) as sim:
-        rc = subprocess.call([h.KVROUTER, "bench", "--url", sim.url, "--out", out] + bench_args)
+    if args.virtual:
+        # The engine flags go to the bench, which runs one simulated worker itself.
+        stamp["sim_cmd"] = "(none: in the bench, --virtual --workers 1)"
+        stamp["bench_cmd"] = shlex.join(["kvrouter", "bench", "--virtual", "--workers", "1"] +
+                                        sim_args + bench_args)
+        rc = subprocess.call([h.KVROUTER, "bench", "--virtual", "--workers", "1", "--out", out] +
+                             sim_args + bench_args)
+    else:
+        with h.Sim(*sim_args, fixed=None, admin=False) as sim:
+            rc = subprocess.call([h.KVROUTER, "bench", "--url", sim.url, "--out", out] +
+                                 bench_args)
     if rc != 0:
         sys.exit("calibrate.py: %s: kvrouter bench exited with status %d" % (folder, rc))
     stamp["took_s"] = "%.0f" % (time.monotonic() - t0)
@@ -350,6 +385,69 @@ def run(args):
     if "closed" in args.parts:
         run_part(args, "closed", [], ["--concurrency", args.users] + CLOSED_ARGS,
                  "Calibration: closed-loop users, one kvrouter sim")
+    if "noise" in args.parts:
+        run_noise(args, rates)
+
+
+def noise_stats(rows):
+    """[within, measured, MAE in percent] of figure rows (judged copies)."""
+    rows = [dict(r) for r in rows]
+    for r in rows:
+        judge(r)
+    n_in, n, _, mae = stats(rows)
+    return [n_in, n, mae]
+
+
+def run_noise(args, rates):
+    """The noise part: phase0 and each --configs configuration in virtual time once per bench
+    seed; keeps raw/noise/summary.json (per seed: in-sample and out-of-sample counts and MAE; per
+    figure: the seed's value and the sim's under every bench seed) and raw/noise/stamp."""
+    t0 = time.monotonic()
+    folders = [("phase0", [])] + [(label, PHASE1[label][1]) for label in args.configs]
+    per_seed, figures = {}, {}
+    for seed in args.noise_seeds:
+        ins, oos = [], []
+        for folder, flags in folders:
+            out = os.path.join(args.out, "noise", "%s-seed%s" % (folder, seed))
+            if os.path.isdir(out):
+                shutil.rmtree(out)
+            cmd = ([h.KVROUTER, "bench", "--virtual", "--workers", "1", "--seed", seed,
+                    "--out", out] + rates + flags + args.sim_arg + args.bench_arg +
+                   ["--title", "Calibration noise: %s, bench seed %s" % (folder, seed)])
+            rc = subprocess.call(cmd, stdout=subprocess.DEVNULL)
+            if rc != 0:
+                sys.exit("calibrate.py: noise: %s exited with status %d" % (shlex.join(cmd), rc))
+            part = {"stamp": {}, "levels": load_levels(os.path.join(out, "results")), "costs": ""}
+            rows = phase0_rows(part) if folder == "phase0" else phase1_rows(folder, part)
+            for r in rows:
+                if r["group"] == "phase0":
+                    ins.append(r)
+                else:
+                    oos.append(r)
+                key = "|".join((r["config"], r["load"], r["figure"]))
+                figures.setdefault(key, {"config": r["config"], "load": r["load"],
+                                         "figure": r["figure"], "seed": r["seed"], "sims": []})
+                figures[key]["sims"].append(r["sim"])
+        per_seed[seed] = {"in_sample": noise_stats(ins), "out_of_sample": noise_stats(oos)}
+    dst = os.path.join(args.raw, "noise")
+    if os.path.isdir(dst):
+        shutil.rmtree(dst)
+    os.makedirs(dst)
+    with open(os.path.join(dst, "summary.json"), "w") as f:
+        json.dump({"seeds": args.noise_seeds, "configs": ["phase0"] + args.configs,
+                   "per_seed": per_seed, "figures": list(figures.values())}, f, indent=1)
+        f.write("\n")
+    stamp = {"part": "noise",
+             "command": shlex.join(["bench/scripts/calibrate.py"] + sys.argv[1:]),
+             "commit": commit(),
+             "started": datetime.datetime.now(datetime.timezone.utc).strftime(
+                 "%Y-%m-%dT%H:%M:%SZ"),
+             "bench_cmd": shlex.join(["kvrouter", "bench", "--virtual", "--workers", "1",
+                                      "--seed", "S"] + rates + args.sim_arg + args.bench_arg),
+             "took_s": "%.0f" % (time.monotonic() - t0)}
+    with open(os.path.join(dst, "stamp"), "w") as f:
+        for k, v in stamp.items():
+            f.write("%s=%s\n" % (k, v))
 
 # ---- reading raw -----------------------------------------------------------------------------
 
@@ -725,6 +823,26 @@ def stamp_lines(parts):
     return out
 
 
+def lag_lines(parts):
+    """Levels whose send lag p99 exceeded LAG_WARN_REAL_MS, per part; [] when none did."""
+    bad = []
+    for folder in ["phase0"] + list(PHASE1) + ["closed"]:
+        p = parts.get(folder)
+        if p is None:
+            continue
+        scale = p["stamp"].get("time_scale", "?")
+        for load, d in sorted(p["levels"].items()):
+            lag = ((d.get("kvrouter") or {}).get("send_lag_real_ms") or {}).get("p99")
+            if lag is not None and lag > LAG_WARN_REAL_MS:
+                bad.append("%s %s %s: %.1f ms (x%s)" % (
+                    folder, load, "users" if d.get("max_concurrency") else "req/s", lag, scale))
+    if not bad:
+        return []
+    return ["- Send lag p99 over %g real ms (CPU contention: arrivals late by that times the time "
+            "scale, in simulated time; read those levels with care): %s." % (
+                LAG_WARN_REAL_MS, "; ".join(bad))]
+
+
 def closed_line(parts):
     """The closed-loop levels the checks read, one clause per level."""
     closed = parts.get("closed")
@@ -746,6 +864,57 @@ def closed_line(parts):
     return ["Closed-loop levels the seed 003 checks read: " + "; ".join(cl) + ".", ""]
 
 
+def noise_lines(raw):
+    """The noise part's reading: counts and MAE per bench seed, then the figures whose median
+    over the seeds misses by more than 20% (with their range). [] when it was not run."""
+    path = os.path.join(raw, "noise", "summary.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        d = json.load(f)
+    stamp = h.read_stamp(os.path.join(raw, "noise", "stamp"))
+
+    def counts(key):
+        v = [d["per_seed"][s][key] for s in d["seeds"]]
+        v = [[x[0], x[1], x[2] if x[2] is not None else 0.0] for x in v]
+        per = ", ".join("%s: %d/%d, %.1f%%" % (s, x[0], x[1], x[2]) for s, x in zip(d["seeds"], v))
+        return "within %.1f of %d on average (%d-%d), MAE %.1f%% on average (%s)" % (
+            sum(x[0] for x in v) / len(v), v[0][1], min(x[0] for x in v), max(x[0] for x in v),
+            sum(x[2] for x in v) / len(v), per)
+
+    lines = ["", "## Run-to-run noise (virtual time, %d bench seeds)" % len(d["seeds"]), "",
+             "The same engine and load as phase0 and %s, run by `kvrouter bench --virtual "
+             "--workers 1` once per bench seed (%s%s), at commit %s, started %s. Only the Poisson "
+             "arrivals and the sampled prompts change between seeds. Per seed: within / "
+             "measured, MAE." % (
+                 ", ".join(d["configs"][1:]) or "no Phase 1 configuration",
+                 ", ".join(d["seeds"]),
+                 "; 42, the bench's default, is the seed of the table above"
+                 if "42" in d["seeds"] else "",
+                 stamp.get("commit", "?"), stamp.get("started", "?")),
+             "",
+             "- phase0, in-sample: %s." % counts("in_sample"),
+             "- out-of-sample: %s." % counts("out_of_sample"), "",
+             "Figures whose median over the seeds is more than %d%% off the seed's (the sim's "
+             "figure under each bench seed, sorted):" % int(TOLERANCE * 100), ""]
+    misses = 0
+    for fg in d["figures"]:
+        sims = sorted(v for v in fg["sims"] if v is not None)
+        if not sims or not fg["seed"]:
+            continue
+        n = len(sims)
+        mid = sims[n // 2] if n % 2 else (sims[n // 2 - 1] + sims[n // 2]) / 2
+        err = 100.0 * (mid - fg["seed"]) / fg["seed"]
+        if abs(err) > TOLERANCE * 100:
+            misses += 1
+            lines.append("- %s, %s, %s: seed %s, sim median %s (%+.1f%%); %s." % (
+                fg["config"], fg["load"], fg["figure"], fmt_num(fg["seed"]), fmt_num(mid), err,
+                " ".join(fmt_num(v) for v in sims)))
+    if not misses:
+        lines.append("- none.")
+    return lines
+
+
 def all_rows(parts):
     rows = phase0_rows(parts.get("phase0"))
     for label in PHASE1:
@@ -763,7 +932,7 @@ def header_lines(raw, parts):
         "Generated by `bench/scripts/calibrate.py` from the raw results in %s/ (one folder per "
         "part or configuration: stamp, costs.txt, the per-level JSON). Hand-written notes: "
         "bench/results/CALIBRATION-notes.md (not generated).\n" % raw,
-        "Runs (figures in simulated time):\n"] + stamp_lines(parts) + [
+        "Runs (figures in simulated time):\n"] + stamp_lines(parts) + lag_lines(parts) + [
         "",
         "Seeds: shared/seeds/002_03f57bbc2fe6bc6c.txt (Phase 0 / Phase 1 tuning report: Llama-3.3-"
         "70B FP8 on one H200, vLLM 0.14.1, `vllm bench serve`, 300 prompts per rate, Poisson) and "
@@ -791,7 +960,7 @@ def render(raw, md):
         "| config | load | figure | seed | sim | error | within 20% |",
         "|---|---|---|---:|---:|---:|:-:|"]
     lines += [table_line(r) for r in rows]
-    lines += [""] + closed_line(parts) + summary(rows)
+    lines += [""] + closed_line(parts) + summary(rows) + noise_lines(raw)
     text = "\n".join(lines)
     with open(md, "w") as f:
         f.write(text + "\n")
@@ -808,15 +977,23 @@ def parse_args(argv=None):
     ap.add_argument("--configs", default=",".join(PHASE1),
                     help="Phase 1 configurations (%s; phase1- prefix optional)" % ",".join(PHASE1))
     ap.add_argument("--time-scale", type=float, default=10)
+    ap.add_argument("--virtual", action="store_true",
+                    help="run phase0, phase1 and closed in virtual time (kvrouter bench "
+                         "--virtual --workers 1): the same engine and load without HTTP or "
+                         "a real-time clock, for a machine too busy for --time-scale")
     ap.add_argument("--rates", default=",".join("%g" % r for r in RATES))
     ap.add_argument("--users", default=",".join(map(str, USERS)))
+    ap.add_argument("--noise-seeds", default="42,1,2,3,4,5,6,7",
+                    help="bench seeds of the noise part (default 42,1,2,3,4,5,6,7)")
     ap.add_argument("--sim-arg", action="append", default=[])
     ap.add_argument("--bench-arg", action="append", default=[])
     ap.add_argument("--render-only", action="store_true",
                     help="only write --md from --raw (no run)")
     args = ap.parse_args(argv)
     args.parts = [p for p in args.parts.split(",") if p]
-    bad = [p for p in args.parts if p not in ("phase0", "phase1", "closed")]
+    bad = [p for p in args.parts if p not in ("phase0", "phase1", "closed", "noise")]
+    args.noise_seeds = [x for x in args.noise_seeds.split(",") if x]
+    bad += [x for x in args.noise_seeds if not x.isdigit()]
     args.configs = [c[len("phase1-"):] if c.startswith("phase1-") else c
                     for c in args.configs.split(",") if c]
     bad += [c for c in args.configs if c not in PHASE1]

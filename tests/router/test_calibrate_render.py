@@ -46,7 +46,8 @@ def stamp(folder, part):
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "stamp"), "w") as f:
         f.write("part=%s\ncommand=calibrate.py --fake\ncommit=abc1234\nstarted=T0\ntook_s=7\n"
-                "sim_cmd=kvrouter sim --time-scale 10\nbench_cmd=kvrouter bench --fake\n" % part)
+                "sim_cmd=kvrouter sim --time-scale 10\nbench_cmd=kvrouter bench --fake\n"
+                "time_scale=10\n" % part)
 
 
 def render(raw):
@@ -77,7 +78,8 @@ def fake_raw(raw):
           p50_tpot_ms=25.0, p95_ttft_ms=596.4)
     # 3.5 req/s against the rerun column (1021 ms, 90 ms): fails the SLO.
     level(os.path.join(p0, "results", "bench_rate3.50.json"), rate=3.5, p99_ttft_ms=1021.0,
-          p99_tpot_ms=90.0, output_throughput=1155.0, max_concurrent_requests=147)
+          p99_tpot_ms=90.0, output_throughput=1155.0, max_concurrent_requests=147,
+          kvrouter={"send_lag_real_ms": {"p99": 7.4}})
     s128 = os.path.join(raw, "seqs128")
     stamp(s128, "seqs128")
     level(os.path.join(s128, "results", "bench_rate4.00.json"), rate=4.0, p99_ttft_ms=5990.0,
@@ -112,6 +114,10 @@ def rows_errors_and_flags():
         assert "abc1234" in text and "kvrouter sim --time-scale 10" in text
         assert "- mem095: not run (no raw files)." in text
         assert "In-sample: phase0 at 0.5-3.0 req/s" in text
+        # 3.5 req/s was sent 7.4 ms late at p99 (> 3 ms): named with the part's time scale.
+        assert ("- Send lag p99 over 3 real ms (CPU contention: arrivals late by that times the "
+                "time scale, in simulated time; read those levels with care): phase0 3.5 req/s: "
+                "7.4 ms (x10).") in text, text
         r = rows[("phase0", "0.50 req/s", "TTFT p99 (ms)")]
         assert r == ["770", "847", "+10.0%", "yes"], r
         r = rows[("phase0", "0.50 req/s", "TPOT p99 (ms)")]
@@ -197,6 +203,48 @@ def empty_and_older_layout():
         level(os.path.join(raw, "results", "bench_rate0.50.json"), rate=0.5, p99_ttft_ms=770.0)
         text, rows = render(raw)
         assert rows[("phase0", "0.50 req/s", "TTFT p99 (ms)")] == ["770", "770", "+0.0%", "yes"]
+
+
+@test
+def noise_section():
+    with tempfile.TemporaryDirectory() as raw:
+        text, _ = render(raw)
+        assert "Run-to-run noise" not in text  # not run: no section
+        os.makedirs(os.path.join(raw, "noise"))
+        with open(os.path.join(raw, "noise", "stamp"), "w") as f:
+            f.write("part=noise\ncommit=abc1234\nstarted=T1\n")
+        summary = {"seeds": ["42", "1", "2"], "configs": ["phase0", "mem095"],
+                   "per_seed": {
+                       "42": {"in_sample": [30, 39, 12.0], "out_of_sample": [40, 70, 20.0]},
+                       "1": {"in_sample": [33, 39, 9.0], "out_of_sample": [50, 70, 15.0]},
+                       "2": {"in_sample": [36, 39, 6.0], "out_of_sample": [60, 70, 10.0]}},
+                   "figures": [
+                       # median 700 of 981: -28.6%, listed with its values sorted
+                       {"config": "phase0", "load": "1.50 req/s", "figure": "TTFT p99 (ms)",
+                        "seed": 981, "sims": [900, 650, 700]},
+                       # median 30 of 29: +3.4%, within: not listed
+                       {"config": "phase0", "load": "0.50 req/s", "figure": "TPOT p99 (ms)",
+                        "seed": 29, "sims": [28, 30, 33]},
+                       # a level not measured (None) is left out; an even count takes the mean
+                       # of the middle two: (150 + 250) / 2 = 200, +33.3% of 150
+                       {"config": "phase1-mem095", "load": "5.00 req/s",
+                        "figure": "max concurrent", "seed": 150,
+                        "sims": [250, 150, None, 260, 100]}]}
+        with open(os.path.join(raw, "noise", "summary.json"), "w") as f:
+            json.dump(summary, f)
+        text, rows = render(raw)
+        assert "## Run-to-run noise (virtual time, 3 bench seeds)" in text, text
+        assert "42, 1, 2; 42, the bench's default, is the seed of the table above" in text
+        assert ("- phase0, in-sample: within 33.0 of 39 on average (30-36), MAE 9.0% on average "
+                "(42: 30/39, 12.0%, 1: 33/39, 9.0%, 2: 36/39, 6.0%).") in text, text
+        assert "- out-of-sample: within 50.0 of 70 on average (40-60), MAE 15.0% on average" in text
+        assert ("- phase0, 1.50 req/s, TTFT p99 (ms): seed 981, sim median 700 (-28.6%); "
+                "650 700 900.") in text, text
+        assert "0.50 req/s, TPOT p99" not in text.split("## Run-to-run noise")[1]
+        assert ("- phase1-mem095, 5.00 req/s, max concurrent: seed 150, sim median 200 (+33.3%); "
+                "100 150 250 260.") in text, text
+        # The noise lines are bullets: the main table's rows are not overwritten by them.
+        assert rows[("phase0", "1.50 req/s", "TTFT p99 (ms)")] == ["981", "-", "-", "-"]
 
 
 @test
