@@ -161,9 +161,9 @@ int kvr_openai_features(const char *body, size_t len, kvr_route_t route, size_t 
     *code = "missing_body";
     return KVR_EINVAL;
   }
-  cJSON *json = cJSON_ParseWithLength(body, len);
+  /* Read once, into the scratch arena: nothing of the tree outlives this call. */
+  const cJSON *json = kvr_openai_parse_scratch(body, len);
   if (json == NULL || !cJSON_IsObject(json)) {
-    cJSON_Delete(json);
     snprintf(err, errlen, "the request body is not a valid JSON object");
     *code = "invalid_json";
     return KVR_EINVAL;
@@ -171,7 +171,6 @@ int kvr_openai_features(const char *body, size_t len, kvr_route_t route, size_t 
   int rc =
       kvr_prompt_from_json(json, route == KVR_ROUTE_CHAT ? KVR_PROMPT_CHAT : KVR_PROMPT_COMPLETIONS,
                            block_chars, prompt, err, errlen);
-  cJSON_Delete(json);
   if (rc != 0) {
     *code = prompt->err_code ? prompt->err_code : "invalid_value";
     kvr_prompt_free(prompt);
