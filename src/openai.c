@@ -48,6 +48,25 @@
 /* ---- scratch parses ----------------------------------------------------------------------------
  */
 
+/* Under AddressSanitizer the arena's free bytes are poisoned, so that a read or write past a
+ * node or string it served is reported as it would be for a malloc'd one. */
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVR_SCRATCH_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define KVR_SCRATCH_ASAN 1
+#endif
+#ifdef KVR_SCRATCH_ASAN
+#include <sanitizer/asan_interface.h>
+#define SCRATCH_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define SCRATCH_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define SCRATCH_POISON(p, n) ((void)(p), (void)(n))
+#define SCRATCH_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 #define SCRATCH_MIN (16u << 10) /* first chunk */
 #define SCRATCH_KEEP (1u << 20) /* bytes an idle arena may keep between parses */
 
@@ -66,6 +85,7 @@ static void *hook_malloc(size_t n) {
   if (!scratch.on)
     return malloc(n);
   size_t a = alignof(max_align_t);
+  size_t asked = n;
   n = (n + a - 1) & ~(a - 1);
   scratch_chunk_t *c = scratch.chunk;
   if (c == NULL || c->cap - c->used < n) {
@@ -78,10 +98,13 @@ static void *hook_malloc(size_t n) {
     nc->next = c;
     nc->cap = cap;
     nc->used = 0;
+    SCRATCH_POISON(nc->data, cap);
     scratch.chunk = c = nc;
   }
   void *p = c->data + c->used;
   c->used += n;
+  SCRATCH_UNPOISON(p, asked);
+  (void)asked;
   return p;
 }
 
@@ -104,12 +127,14 @@ static void scratch_reset(void) {
     return;
   if (c->next == NULL && c->cap <= SCRATCH_KEEP) {
     c->used = 0;
+    SCRATCH_POISON(c->data, c->cap);
     return;
   }
   size_t total = 0;
   while (c != NULL) {
     scratch_chunk_t *next = c->next;
     total += c->cap;
+    SCRATCH_UNPOISON(c->data, c->cap);
     free(c);
     c = next;
   }
@@ -120,6 +145,7 @@ static void scratch_reset(void) {
       c->next = NULL;
       c->cap = total;
       c->used = 0;
+      SCRATCH_POISON(c->data, total);
       scratch.chunk = c;
     }
   }
@@ -137,6 +163,7 @@ void kvr_openai_scratch_free(void) {
   scratch_chunk_t *c = scratch.chunk;
   while (c != NULL) {
     scratch_chunk_t *next = c->next;
+    SCRATCH_UNPOISON(c->data, c->cap);
     free(c);
     c = next;
   }
