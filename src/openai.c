@@ -21,13 +21,154 @@
  * Response objects. kvr_openai_chunk_read() reports what a chunk or body says (answer text,
  * reasoning text, usage, error) as views into the cJSON tree; whether a chunk counts as a token,
  * where its text goes and how usage is accounted is decided by the caller (proxy.c, loadgen.c).
+ *
+ * Scratch parses. The proxy parses every SSE event it relays and every held answer only to read
+ * a few fields, then drops the tree; cJSON allocates each node and string (about 25 calls for a
+ * token event) and frees them all again. kvr_openai_parse_scratch() runs cJSON_ParseWithLength
+ * with its allocations served from a per-thread bump arena instead: cJSON's hooks (installed once,
+ * before main, by install_hooks) send allocations to the arena while a scratch parse runs on the
+ * thread and to malloc/free at any other time, so every other cJSON use is unchanged. The arena is
+ * reset by the next scratch parse: its trees are never freed one by one.
+ *
+ *   scratch_parse(s): reset arena (one chunk: used = 0; several, or over SCRATCH_KEEP: freed, and
+ *                     the next chunk sized to what they held) -> arena on -> cJSON parse -> off
+ *   hook_malloc(n):   arena on ? bump (a new chunk when the current one is full) : malloc(n)
+ *   hook_free(p):     arena on ? nothing (only a failed parse frees, its own nodes) : free(p)
  */
 #include "openai.h"
 
 #include "kvr.h"
 
+#include <stdalign.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* ---- scratch parses ----------------------------------------------------------------------------
+ */
+
+/* Under AddressSanitizer the arena's free bytes are poisoned, so that a read or write past a
+ * node or string it served is reported as it would be for a malloc'd one. */
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVR_SCRATCH_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define KVR_SCRATCH_ASAN 1
+#endif
+#ifdef KVR_SCRATCH_ASAN
+#include <sanitizer/asan_interface.h>
+#define SCRATCH_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define SCRATCH_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define SCRATCH_POISON(p, n) ((void)(p), (void)(n))
+#define SCRATCH_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+#define SCRATCH_MIN (16u << 10) /* first chunk */
+#define SCRATCH_KEEP (1u << 20) /* bytes an idle arena may keep between parses */
+
+typedef struct scratch_chunk_s {
+  struct scratch_chunk_s *next; /* older chunks of the same parse */
+  size_t cap, used;
+  alignas(max_align_t) unsigned char data[];
+} scratch_chunk_t;
+
+static _Thread_local struct {
+  scratch_chunk_t *chunk; /* the current chunk, older ones behind it */
+  bool on;                /* a scratch parse is running on this thread */
+} scratch;
+
+static void *hook_malloc(size_t n) {
+  if (!scratch.on)
+    return malloc(n);
+  size_t a = alignof(max_align_t);
+  size_t asked = n;
+  n = (n + a - 1) & ~(a - 1);
+  scratch_chunk_t *c = scratch.chunk;
+  if (c == NULL || c->cap - c->used < n) {
+    size_t cap = c ? 2 * c->cap : SCRATCH_MIN;
+    if (cap < n)
+      cap = n;
+    scratch_chunk_t *nc = malloc(sizeof *nc + cap);
+    if (nc == NULL)
+      return NULL; /* cJSON fails the parse */
+    nc->next = c;
+    nc->cap = cap;
+    nc->used = 0;
+    SCRATCH_POISON(nc->data, cap);
+    scratch.chunk = c = nc;
+  }
+  void *p = c->data + c->used;
+  c->used += n;
+  SCRATCH_UNPOISON(p, asked);
+  (void)asked;
+  return p;
+}
+
+static void hook_free(void *p) {
+  if (!scratch.on)
+    free(p);
+}
+
+/* cJSON's hooks are process-wide: installed once before main, so before any thread or tree. */
+__attribute__((constructor)) static void install_hooks(void) {
+  cJSON_Hooks h = {.malloc_fn = hook_malloc, .free_fn = hook_free};
+  cJSON_InitHooks(&h);
+}
+
+/* Empties the arena for the next parse: one chunk is kept as it is; several (the last parse
+ * outgrew the first) are replaced by one of their total size, up to SCRATCH_KEEP. */
+static void scratch_reset(void) {
+  scratch_chunk_t *c = scratch.chunk;
+  if (c == NULL)
+    return;
+  if (c->next == NULL && c->cap <= SCRATCH_KEEP) {
+    c->used = 0;
+    SCRATCH_POISON(c->data, c->cap);
+    return;
+  }
+  size_t total = 0;
+  while (c != NULL) {
+    scratch_chunk_t *next = c->next;
+    total += c->cap;
+    SCRATCH_UNPOISON(c->data, c->cap);
+    free(c);
+    c = next;
+  }
+  scratch.chunk = NULL;
+  if (total <= SCRATCH_KEEP) {
+    c = malloc(sizeof *c + total);
+    if (c != NULL) {
+      c->next = NULL;
+      c->cap = total;
+      c->used = 0;
+      SCRATCH_POISON(c->data, total);
+      scratch.chunk = c;
+    }
+  }
+}
+
+const cJSON *kvr_openai_parse_scratch(const char *s, size_t len) {
+  scratch_reset();
+  scratch.on = true;
+  cJSON *obj = cJSON_ParseWithLength(s, len);
+  scratch.on = false;
+  return obj;
+}
+
+void kvr_openai_scratch_free(void) {
+  scratch_chunk_t *c = scratch.chunk;
+  while (c != NULL) {
+    scratch_chunk_t *next = c->next;
+    SCRATCH_UNPOISON(c->data, c->cap);
+    free(c);
+    c = next;
+  }
+  scratch.chunk = NULL;
+}
 
 kvr_route_t kvr_openai_route(const char *path) {
   if (strcmp(path, "/v1/chat/completions") == 0)
@@ -47,9 +188,9 @@ int kvr_openai_features(const char *body, size_t len, kvr_route_t route, size_t 
     *code = "missing_body";
     return KVR_EINVAL;
   }
-  cJSON *json = cJSON_ParseWithLength(body, len);
+  /* Read once, into the scratch arena: nothing of the tree outlives this call. */
+  const cJSON *json = kvr_openai_parse_scratch(body, len);
   if (json == NULL || !cJSON_IsObject(json)) {
-    cJSON_Delete(json);
     snprintf(err, errlen, "the request body is not a valid JSON object");
     *code = "invalid_json";
     return KVR_EINVAL;
@@ -57,7 +198,6 @@ int kvr_openai_features(const char *body, size_t len, kvr_route_t route, size_t 
   int rc =
       kvr_prompt_from_json(json, route == KVR_ROUTE_CHAT ? KVR_PROMPT_CHAT : KVR_PROMPT_COMPLETIONS,
                            block_chars, prompt, err, errlen);
-  cJSON_Delete(json);
   if (rc != 0) {
     *code = prompt->err_code ? prompt->err_code : "invalid_value";
     kvr_prompt_free(prompt);

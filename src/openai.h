@@ -8,7 +8,8 @@
  *   request body    -> kvr_openai_features()          validated prompt features (prompt.h)
  *   response bytes  -> kvr_openai_sse_feed()          complete SSE lines, from chunks of any size
  *   SSE line        -> kvr_openai_sse_data()          the "data:" payload
- *   payload or body -> kvr_openai_chunk_read()        answer text, reasoning, usage, error
+ *   payload or body -> kvr_openai_parse_scratch()     a cJSON tree in a per-thread arena
+ *                   -> kvr_openai_chunk_read()        answer text, reasoning, usage, error
  *   broken stream   -> kvr_openai_stream_error_event() the error event and [DONE] a client gets
  *   any error       -> kvr_openai_error_body()        {"error": {message, type, param, code}}
  *
@@ -129,6 +130,16 @@ typedef struct kvr_openai_chunk_s {
   const cJSON *error;
   const char *error_message;
 } kvr_openai_chunk_t;
+
+/* Parses JSON text like cJSON_ParseWithLength, into this thread's scratch arena (see openai.c):
+ * no allocation per node or string. The tree is valid until the next kvr_openai_parse_scratch() on
+ * the same thread (or kvr_openai_scratch_free()); it must not be given to cJSON_Delete or kept.
+ * NULL when s is not one JSON value. For parses whose tree is read and dropped at once. */
+const cJSON *kvr_openai_parse_scratch(const char *s, size_t len);
+
+/* Frees this thread's scratch arena (its last tree with it). The next scratch parse makes a new
+ * one. */
+void kvr_openai_scratch_free(void);
 
 /* Reads obj (any JSON value; only an object has anything to read) into out, which is overwritten.
  * Nothing is allocated: out is valid while obj is. */

@@ -282,7 +282,7 @@ static void sse_line(void *data, const char *line, size_t len) {
   size_t plen;
   if (!kvr_openai_sse_data(line, len, &p, &plen) || plen == 0 || *p != '{')
     return;
-  cJSON *obj = cJSON_ParseWithLength(p, plen);
+  const cJSON *obj = kvr_openai_parse_scratch(p, plen); /* no per-node allocation; not deleted */
   if (obj == NULL)
     return;
   kvr_openai_chunk_t c;
@@ -294,7 +294,6 @@ static void sse_line(void *data, const char *line, size_t len) {
   take_usage(px, &c);
   if (c.error)
     px->mid_stream_error = true;
-  cJSON_Delete(obj);
 }
 
 static size_t on_body(char *data, size_t size, size_t n, void *ud) {
@@ -490,21 +489,23 @@ static void learn(px_t *px) {
   else if (ok)
     kvr_router_on_usage(px->r, &px->acct, NULL); /* a stream that did not ask for usage */
   if (px->answer.len && ok) {
+    /* The prompt's blocks were learned at the 2xx head (learn_dispatch): only the answer's are
+     * inserted now, behind them. */
+    size_t have = px->prompt.nblocks;
     kvr_prompt_extend_answer(&px->prompt, px->answer.data, px->answer.len);
-    kvr_router_on_learn(px->r, &px->acct, px->prompt.blocks, px->prompt.nblocks);
+    kvr_router_on_learn_more(px->r, &px->acct, px->prompt.blocks, have, px->prompt.nblocks);
   }
 }
 
 /* Usage and answer text of a held (non-SSE) body, for learning. */
 static void read_held_body(px_t *px) {
-  cJSON *obj = cJSON_ParseWithLength(px->body.data, px->body.len);
+  const cJSON *obj = kvr_openai_parse_scratch(px->body.data, px->body.len); /* not deleted */
   if (obj == NULL)
     return;
   kvr_openai_chunk_t c;
   kvr_openai_chunk_read(obj, &c);
   take_text(px, &c);
   take_usage(px, &c);
-  cJSON_Delete(obj);
 }
 
 /* The transfer completed: learn from it and finish the client's response. */

@@ -32,9 +32,10 @@
  * probe reached it); UP -> EJECTED (outlier_consecutive failed attempts, kvr_router_on_result)
  * -> half-open when ejected_until_ms has passed (kvr_router_worker_usable: one trial, marked by
  * trial_inflight and the record's trial flag) -> UP on a successful trial, EJECTED again on a
- * failed one; any -> DRAINING (admin). The cache index learns only through kvr_router_on_learn,
- * capped at the worker's max_model_len (kvr_router_learn_cap); the proxy calls it for 2xx answers
- * only. The retry budget (retries_inflight) and the admission counters are router-wide.
+ * failed one; any -> DRAINING (admin). The cache index learns only through kvr_router_on_learn
+ * (and kvr_router_on_learn_more, the answer's blocks after the prompt's), capped at the worker's
+ * max_model_len (kvr_router_learn_cap); the proxy calls them for 2xx answers only. The retry
+ * budget (retries_inflight) and the admission counters are router-wide.
  *
  * Actual cached tokens and token counts: a default vLLM sends usage only in non-streamed answers
  * and in streams that ask (stream_options.include_usage), and usage.prompt_tokens_details only
@@ -530,6 +531,16 @@ void kvr_router_on_learn(kvr_router_t *r, const kvr_router_dispatch_t *d, const 
   if (w != NULL)
     kvr_cache_index_insert(r->index, (size_t)d->slot, blocks,
                            KVR_MIN(n, kvr_router_learn_cap(r, w)));
+}
+
+void kvr_router_on_learn_more(kvr_router_t *r, const kvr_router_dispatch_t *d,
+                              const uint64_t *blocks, size_t have, size_t n) {
+  const kvr_worker_t *w = record_worker(r, d);
+  if (w == NULL)
+    return;
+  size_t cap = kvr_router_learn_cap(r, w);
+  kvr_cache_index_insert_more(r->index, (size_t)d->slot, blocks, KVR_MIN(have, cap),
+                              KVR_MIN(n, cap));
 }
 
 /* The first answer showing a figure in its usage moves src to usage: cut at the last page the

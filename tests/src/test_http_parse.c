@@ -274,6 +274,41 @@ static void test_rejection_is_final(void **state) {
   kvr_http_parse_free(p);
 }
 
+/* A body with a Content-Length is stored in the one buffer reserved at the end of the head: it is
+ * not regrown (its data pointer does not move) however the 400 KiB arrive, and it is whole. */
+static void test_body_reserved_from_content_length(void **state) {
+  (void)state;
+  enum { N = 409600 };
+  char head[128];
+  int hl =
+      snprintf(head, sizeof head, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n", N);
+  char *body = malloc(N);
+  assert_non_null(body);
+  for (size_t i = 0; i < N; i++)
+    body[i] = (char)('a' + i % 26);
+  kvr_http_parse_t *p = kvr_http_parse_new(NULL);
+  size_t used;
+  assert_int_equal(kvr_http_parse_feed(p, head, (size_t)hl, &used), KVR_HTTP_PARSE_HEAD);
+  const kvr_http_req_t *cur = kvr_http_parse_current(p);
+  assert_true(cur->body.cap > N);
+  const char *data = cur->body.data;
+  for (size_t off = 0; off < N;) {
+    size_t n = off + 16384 < N ? 16384 : N - off;
+    kvr_http_parse_event_t ev = kvr_http_parse_feed(p, body + off, n, &used);
+    assert_int_equal(used, n);
+    off += n;
+    assert_int_equal(ev, off == N ? KVR_HTTP_PARSE_DONE : KVR_HTTP_PARSE_MORE);
+    assert_ptr_equal(kvr_http_parse_current(p)->body.data, data);
+  }
+  kvr_http_req_t *req = kvr_http_parse_take(p);
+  assert_non_null(req);
+  assert_int_equal(req->body.len, N);
+  assert_memory_equal(req->body.data, body, N);
+  kvr_http_parse_req_free(req);
+  kvr_http_parse_free(p);
+  free(body);
+}
+
 /* The configured limits: target length, header bytes and count, body. */
 static void test_limits(void **state) {
   (void)state;
@@ -366,4 +401,5 @@ static void test_te_check(void **state) {
 KVR_TEST_MAIN(cmocka_unit_test(test_table_whole), cmocka_unit_test(test_table_every_split),
               cmocka_unit_test(test_accepted_request_fields),
               cmocka_unit_test(test_rejection_is_final), cmocka_unit_test(test_limits),
+              cmocka_unit_test(test_body_reserved_from_content_length),
               cmocka_unit_test(test_host_ok), cmocka_unit_test(test_te_check))

@@ -5,7 +5,7 @@
  * broken-stream event; the SSE splitter fed a multi-event stream whole, in two and three pieces at
  * every split point, and byte by byte (every feeding must give the same lines), its line bound and
  * reset; "data:" payloads; and what kvr_openai_chunk_read() finds in chat, completions, reasoning,
- * usage and error objects.
+ * usage and error objects; scratch parses (the same tree as cJSON's, arena reuse and growth).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -518,10 +518,81 @@ static void test_chunk_error(void **state) {
   kvr_buf_free(&ev);
 }
 
+/* ---- scratch parses
+ * ------------------------------------------------------------------------------
+ */
+
+/* The tree of a scratch parse prints exactly as cJSON_ParseWithLength's; a parse reuses the arena
+ * (the next one replaces the tree); invalid and empty text give NULL; a tree bigger than the first
+ * chunk and one bigger than what the arena keeps (1 MiB) parse whole; ordinary cJSON trees made
+ * and freed between scratch parses are untouched by them (ASan checks every allocation). */
+static void test_parse_scratch(void **state) {
+  (void)state;
+  static const char *const docs[] = {
+      "{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1795538016,\"choices\":"
+      "[{\"index\":0,\"delta\":{\"content\":\"mep \\u00e9\\n\"},\"logprobs\":null,"
+      "\"finish_reason\":null}]}",
+      "{\"usage\":{\"prompt_tokens\":16,\"completion_tokens\":8,\"prompt_tokens_details\":"
+      "{\"cached_tokens\":4}},\"x\":[1.5,-2e3,true,false,null,\"\"]}",
+      "[]",
+      "\"just a string\"",
+  };
+  for (size_t i = 0; i < sizeof docs / sizeof *docs; i++) {
+    cJSON *ref = cJSON_ParseWithLength(docs[i], strlen(docs[i]));
+    assert_non_null(ref);
+    char *want = cJSON_PrintUnformatted(ref);
+    const cJSON *got = kvr_openai_parse_scratch(docs[i], strlen(docs[i]));
+    assert_non_null(got);
+    char *have = cJSON_PrintUnformatted(got);
+    assert_string_equal(have, want);
+    kvr_openai_chunk_t a, b;
+    kvr_openai_chunk_read(ref, &a);
+    kvr_openai_chunk_read(got, &b);
+    assert_int_equal(a.text_len, b.text_len);
+    assert_int_equal(b.prompt_tokens, a.prompt_tokens);
+    assert_int_equal(b.cached_tokens, a.cached_tokens);
+    free(have);
+    free(want);
+    cJSON_Delete(ref);
+  }
+  static const char *const bad[] = {"", "{", "{\"a\":}", "nul", "[1,2"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    assert_null(kvr_openai_parse_scratch(bad[i], strlen(bad[i])));
+
+  /* Large: an array of 40,000 strings (several chunks), then 400,000 (over the kept size). */
+  for (size_t n = 40000; n <= 400000; n *= 10) {
+    kvr_buf_t big = KVR_BUF_INIT;
+    kvr_buf_puts(&big, "[");
+    for (size_t i = 0; i < n; i++)
+      kvr_buf_printf(&big, "%s\"s%zu\"", i ? "," : "", i);
+    kvr_buf_puts(&big, "]");
+    const cJSON *t = kvr_openai_parse_scratch(big.data, big.len);
+    assert_non_null(t);
+    assert_int_equal(cJSON_GetArraySize(t), (int)n);
+    char last[32];
+    snprintf(last, sizeof last, "s%zu", n - 1);
+    assert_string_equal(cJSON_GetArrayItem(t, (int)n - 1)->valuestring, last);
+    kvr_buf_free(&big);
+    cJSON *own = cJSON_CreateObject(); /* malloc'd as before, freed as before */
+    cJSON_AddStringToObject(own, "k", "v");
+    cJSON_Delete(own);
+  }
+  const cJSON *t = kvr_openai_parse_scratch(docs[0], strlen(docs[0]));
+  kvr_openai_chunk_t c;
+  kvr_openai_chunk_read(t, &c);
+  assert_int_equal(c.text_len, strlen("mep \xc3\xa9\n"));
+  assert_memory_equal(c.text, "mep \xc3\xa9\n", c.text_len);
+  kvr_openai_scratch_free();
+  kvr_openai_scratch_free();
+  assert_non_null(kvr_openai_parse_scratch("{}", 2));
+  kvr_openai_scratch_free();
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_route), cmocka_unit_test(test_features_errors),
               cmocka_unit_test(test_features_match_prompt), cmocka_unit_test(test_error_body),
               cmocka_unit_test(test_stream_error_event), cmocka_unit_test(test_sse_whole),
               cmocka_unit_test(test_sse_every_split), cmocka_unit_test(test_sse_byte_by_byte),
               cmocka_unit_test(test_sse_line_bound), cmocka_unit_test(test_sse_reset),
               cmocka_unit_test(test_sse_data), cmocka_unit_test(test_chunk_text),
-              cmocka_unit_test(test_chunk_usage), cmocka_unit_test(test_chunk_error))
+              cmocka_unit_test(test_chunk_usage), cmocka_unit_test(test_chunk_error),
+              cmocka_unit_test(test_parse_scratch))
