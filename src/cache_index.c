@@ -17,10 +17,7 @@
  * Flow: insert walks the request's blocks from last to first; each block is either touched (its
  * node moves to the front of the worker's list) or gets a node, after evicting the worker's tail
  * node when it is at capacity. When the insert will evict, a first pass touches the blocks the
- * worker already holds so the request never evicts its own beginning. insert_more (the answer's
- * blocks once the prompt's were inserted) looks up only the prompt's last block (the anchor) and
- * places the answer's blocks right behind its node instead of at the front; it falls back to the
- * full insert whenever that could evict. Removing a worker's last hold
+ * worker already holds so the request never evicts its own beginning. Removing a worker's last hold
  * on a block deletes the slot with backward-shift deletion (no tombstones), which moves later slots
  * of the cluster back; moved slots rewrite the slot field of their few chain nodes. match reads
  * only slots[] and prefetches ahead, because a 64 KiB prompt is ~1,000 independent lookups in a
