@@ -32,10 +32,9 @@
  * probe reached it); UP -> EJECTED (outlier_consecutive failed attempts, kvr_router_on_result)
  * -> half-open when ejected_until_ms has passed (kvr_router_worker_usable: one trial, marked by
  * trial_inflight and the record's trial flag) -> UP on a successful trial, EJECTED again on a
- * failed one; any -> DRAINING (admin). The cache index learns only through kvr_router_on_learn
- * (and kvr_router_on_learn_more, the answer's blocks after the prompt's), capped at the worker's
- * max_model_len (kvr_router_learn_cap); the proxy calls them for 2xx answers only. The retry
- * budget (retries_inflight) and the admission counters are router-wide.
+ * failed one; any -> DRAINING (admin). The cache index learns only through kvr_router_on_learn,
+ * capped at the worker's max_model_len (kvr_router_learn_cap); the proxy calls it for 2xx answers
+ * only. The retry budget (retries_inflight) and the admission counters are router-wide.
  *
  * Actual cached tokens and token counts: a default vLLM sends usage only in non-streamed answers
  * and in streams that ask (stream_options.include_usage), and usage.prompt_tokens_details only
