@@ -227,19 +227,6 @@ static void lru_push_front(kvr_cache_index_t *idx, worker_t *w, uint32_t n) {
 }
 
 /* Removes one entry; deletes its slot when no worker holds the block any more. */
-/* Links node n right behind node at (toward the LRU end); at is linked in w's list. */
-static void lru_insert_after(kvr_cache_index_t *idx, worker_t *w, uint32_t at, uint32_t n) {
-  node_t *x = &idx->nodes[n];
-  node_t *a = &idx->nodes[at];
-  x->prev = at;
-  x->next = a->next;
-  if (a->next != NIL)
-    idx->nodes[a->next].prev = n;
-  else
-    w->lru = n;
-  a->next = n;
-}
-
 static void remove_node(kvr_cache_index_t *idx, uint32_t n) {
   node_t *x = &idx->nodes[n];
   uint32_t slot = node_slot(x);
@@ -312,26 +299,14 @@ uint64_t kvr_cache_index_capacity(const kvr_cache_index_t *idx, size_t worker) {
   return worker < idx->max_workers ? idx->workers[worker].capacity : 0;
 }
 
-/* Places node n (unlinked) in w's LRU list: at the front, or right behind node after. */
-static void lru_place(kvr_cache_index_t *idx, worker_t *w, uint32_t after, uint32_t n) {
-  if (after == NIL)
-    lru_push_front(idx, w, n);
-  else
-    lru_insert_after(idx, w, after, n);
-}
-
-/* Touches or inserts (hash, worker wi), placed at the front of the LRU list or right behind node
- * after (a node of wi that is not evicted here: the callers make room beforehand or pass NIL). */
-static int insert_one(kvr_cache_index_t *idx, uint32_t wi, uint64_t hash, uint32_t after) {
+static int insert_one(kvr_cache_index_t *idx, uint32_t wi, uint64_t hash) {
   worker_t *w = &idx->workers[wi];
   uint64_t bit = UINT64_C(1) << wi;
   uint32_t slot = find_slot(idx, hash);
   if (slot != NIL && (idx->slots[slot].mask & bit)) {
     uint32_t n = find_node(idx, slot, wi);
-    if (n == after)
-      return 0;
     lru_unlink(idx, w, n);
-    lru_place(idx, w, after, n);
+    lru_push_front(idx, w, n);
     return 0;
   }
   if (w->capacity == 0)
@@ -363,7 +338,7 @@ static int insert_one(kvr_cache_index_t *idx, uint32_t wi, uint64_t hash, uint32
   x->chain = idx->heads[slot];
   idx->heads[slot] = n;
   idx->slots[slot].mask |= bit;
-  lru_place(idx, w, after, n);
+  lru_push_front(idx, w, n);
   w->count++;
   idx->entries++;
   idx->inserts++;
@@ -395,40 +370,7 @@ int kvr_cache_index_insert(kvr_cache_index_t *idx, size_t worker, const uint64_t
     }
   }
   for (size_t i = n; i-- > 0;) {
-    int rc = insert_one(idx, (uint32_t)worker, blocks[i], NIL);
-    if (rc)
-      return rc;
-  }
-  return 0;
-}
-
-int kvr_cache_index_insert_more(kvr_cache_index_t *idx, size_t worker, const uint64_t *blocks,
-                                size_t have, size_t n) {
-  if (worker >= idx->max_workers)
-    return KVR_EINVAL;
-  if (have == 0 || have > n)
-    return kvr_cache_index_insert(idx, worker, blocks, n);
-  worker_t *w = &idx->workers[worker];
-  uint64_t bit = UINT64_C(1) << worker;
-  /* blocks[have-1] was touched first by that insert (last to first), so it is the first of those
-   * blocks to be evicted: while it is held, so is every block before it (a touch of it by a request
-   * sharing the prefix touches them all). */
-  uint32_t s = find_slot(idx, blocks[have - 1]);
-  uint32_t anchor =
-      s != NIL && (idx->slots[s].mask & bit) ? find_node(idx, s, (uint32_t)worker) : NIL;
-  if (anchor == NIL || n > w->capacity)
-    return kvr_cache_index_insert(idx, worker, blocks, n);
-  uint64_t missing = 0;
-  for (size_t i = have; i < n; i++) {
-    uint32_t t = find_slot(idx, blocks[i]);
-    missing += t == NIL || !(idx->slots[t].mask & bit);
-  }
-  /* Room for every new block: nothing is evicted, so the anchor stays. Otherwise the full insert
-   * chooses what goes (it touches the request's blocks first so that none of them does). */
-  if (w->count + missing > w->capacity)
-    return kvr_cache_index_insert(idx, worker, blocks, n);
-  for (size_t i = n; i-- > have;) {
-    int rc = insert_one(idx, (uint32_t)worker, blocks[i], anchor);
+    int rc = insert_one(idx, (uint32_t)worker, blocks[i]);
     if (rc)
       return rc;
   }

@@ -61,18 +61,6 @@ uint64_t kvr_cache_index_capacity(const kvr_cache_index_t *idx, size_t worker);
  * table would exceed its slot limit (the blocks inserted so far stay). */
 int kvr_cache_index_insert(kvr_cache_index_t *idx, size_t worker, const uint64_t *blocks, size_t n);
 
-/* The rest of a request whose blocks[0..have) this worker was given by kvr_cache_index_insert
- * (the prompt, when the worker accepted it), now that it holds blocks[0..n) (prompt and answer):
- * inserts or touches blocks[have..n) right behind blocks[have-1] in the LRU order, without looking
- * up blocks[0..have) again. When no other request touched the worker's entries in between, the
- * index ends exactly as after kvr_cache_index_insert(blocks, n): the same entries in the same LRU
- * order; otherwise the same entries, with blocks[0..have) where their last touch left them (not
- * made most recent again). Falls back to kvr_cache_index_insert(blocks, n) when blocks[have-1] is
- * no longer held, n is above the capacity, or the new blocks need evictions. Returns as
- * kvr_cache_index_insert. */
-int kvr_cache_index_insert_more(kvr_cache_index_t *idx, size_t worker, const uint64_t *blocks,
-                                size_t have, size_t n);
-
 /* For each worker w < max_workers writes into matched[w] how many leading blocks of blocks[0..n)
  * it holds (the longest matching prefix). matched has max_workers entries. Does not touch LRU
  * order: a lookup is not a use (the request may go elsewhere). */

@@ -489,11 +489,8 @@ static void learn(px_t *px) {
   else if (ok)
     kvr_router_on_usage(px->r, &px->acct, NULL); /* a stream that did not ask for usage */
   if (px->answer.len && ok) {
-    /* The prompt's blocks were learned at the 2xx head (learn_dispatch): only the answer's are
-     * inserted now, behind them. */
-    size_t have = px->prompt.nblocks;
     kvr_prompt_extend_answer(&px->prompt, px->answer.data, px->answer.len);
-    kvr_router_on_learn_more(px->r, &px->acct, px->prompt.blocks, have, px->prompt.nblocks);
+    kvr_router_on_learn(px->r, &px->acct, px->prompt.blocks, px->prompt.nblocks);
   }
 }
 

@@ -532,16 +532,6 @@ void kvr_router_on_learn(kvr_router_t *r, const kvr_router_dispatch_t *d, const 
                            KVR_MIN(n, kvr_router_learn_cap(r, w)));
 }
 
-void kvr_router_on_learn_more(kvr_router_t *r, const kvr_router_dispatch_t *d,
-                              const uint64_t *blocks, size_t have, size_t n) {
-  const kvr_worker_t *w = record_worker(r, d);
-  if (w == NULL)
-    return;
-  size_t cap = kvr_router_learn_cap(r, w);
-  kvr_cache_index_insert_more(r->index, (size_t)d->slot, blocks, KVR_MIN(have, cap),
-                              KVR_MIN(n, cap));
-}
-
 /* The first answer showing a figure in its usage moves src to usage: cut at the last page the
  * scrape counted, if any. */
 static void source_to_usage(kvr_count_source_t *src, const kvr_worker_t *w, const char *what) {

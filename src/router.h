@@ -457,12 +457,6 @@ void kvr_router_on_token(kvr_router_t *r, kvr_router_dispatch_t *d);
 void kvr_router_on_learn(kvr_router_t *r, const kvr_router_dispatch_t *d, const uint64_t *blocks,
                          size_t n);
 
-/* The worker of d, taught blocks[0..have) by kvr_router_on_learn when it answered, now holds
- * blocks[0..n) (prompt plus answer): teaches the index the rest without looking the first blocks
- * up again (kvr_cache_index_insert_more). No-op on a closed d. */
-void kvr_router_on_learn_more(kvr_router_t *r, const kvr_router_dispatch_t *d,
-                              const uint64_t *blocks, size_t have, size_t n);
-
 /* The usage object of an answer. */
 typedef struct kvr_router_usage_s {
   uint64_t prompt_tokens, completion_tokens;

@@ -3,7 +3,6 @@
  * on hashes crafted to collide, which exercises probing and backward-shift deletion. */
 #include <setjmp.h>
 #include <stdarg.h>
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -335,125 +334,7 @@ static void test_growth_and_drain(void **state) {
   kvr_cache_index_free(idx);
 }
 
-/* Whether worker w holds block b. */
-static bool holds(const kvr_cache_index_t *idx, size_t w, uint64_t b) {
-  size_t m[4];
-  kvr_cache_index_match(idx, &b, 1, m);
-  return m[w] == 1;
-}
-
-/* Drains worker w of both indexes one entry at a time (capacity count-1, count-2, ..., 0) and
- * asserts that the same block leaves both each time: the two hold the same entries in the same LRU
- * order. The universe u[0..nu) holds every block either index may hold. */
-static void assert_same_lru(kvr_cache_index_t *a, kvr_cache_index_t *b, size_t w, const uint64_t *u,
-                            size_t nu) {
-  uint64_t n = kvr_cache_index_entries(a, w);
-  assert_int_equal(kvr_cache_index_entries(b, w), n);
-  for (size_t i = 0; i < nu; i++)
-    assert_int_equal(holds(a, w, u[i]), holds(b, w, u[i]));
-  while (n-- > 0) {
-    assert_int_equal(kvr_cache_index_set_capacity(a, w, n), 0);
-    assert_int_equal(kvr_cache_index_set_capacity(b, w, n), 0);
-    for (size_t i = 0; i < nu; i++)
-      if (holds(a, w, u[i]) != holds(b, w, u[i]))
-        fail_msg("worker %zu, capacity %llu: block %llu held by one index only", w,
-                 (unsigned long long)n, (unsigned long long)u[i]);
-  }
-}
-
-/* One request learned the old way (the prompt at the head, prompt + answer again at the end) and
- * the new way (the prompt at the head, kvr_cache_index_insert_more for the answer at the end), from
- * the same starting state: the same entries in the same LRU order, when nothing else touched the
- * worker in between, whether the fast path applies (room for the answer) or the full insert does
- * (evictions needed, the prompt's last block evicted meanwhile, more blocks than the capacity). */
-static void test_insert_more_same_as_insert(void **state) {
-  (void)state;
-  enum { P = 10, N = 16 };
-  uint64_t req[N], other[40], u[N + 40];
-  chain(req, N, 1);
-  chain(other, 40, 2);
-  memcpy(u, req, sizeof req);
-  memcpy(u + N, other, sizeof other);
-  static const struct {
-    uint64_t capacity;
-    size_t before_req;   /* blocks of req the worker holds first (answer blocks already held) */
-    size_t before_other; /* then blocks of other */
-    size_t between;      /* blocks of other[20..) inserted between the head and the end */
-    size_t have, n;      /* the head's and the end's block counts */
-  } t[] = {
-      {100, 13, 20, 0, P, N}, /* fast path: 3 answer blocks held (behind other), 3 new */
-      {100, 0, 20, 0, P, N},  /* fast path: every answer block new */
-      {100, 0, 0, 0, P, N},   /* fast path: an empty worker */
-      {100, 0, 20, 0, P, P},  /* no new blocks: nothing to do */
-      {100, 16, 20, 0, P, N}, /* every answer block already held */
-      {33, 13, 20, 0, P, N},  /* the answer's 3 new blocks need evictions: full insert */
-      {30, 0, 15, 15, P, N},  /* the prompt's tail evicted in between: full insert */
-      {12, 0, 5, 0, P, N},    /* more blocks than the capacity: full insert */
-      {100, 0, 20, 0, 0, N},  /* nothing learned at the head: full insert */
-  };
-  for (size_t k = 0; k < sizeof t / sizeof *t; k++) {
-    kvr_cache_index_t *ix[2];
-    for (int v = 0; v < 2; v++) {
-      ix[v] = kvr_cache_index_new(2, t[k].capacity);
-      assert_non_null(ix[v]);
-      assert_int_equal(kvr_cache_index_insert(ix[v], 0, req, t[k].before_req), 0);
-      assert_int_equal(kvr_cache_index_insert(ix[v], 0, other, t[k].before_other), 0);
-      assert_int_equal(kvr_cache_index_insert(ix[v], 1, req, 4), 0);
-      assert_int_equal(kvr_cache_index_insert(ix[v], 0, req, t[k].have), 0);
-      assert_int_equal(kvr_cache_index_insert(ix[v], 0, other + 20, t[k].between), 0);
-    }
-    assert_int_equal(kvr_cache_index_insert(ix[0], 0, req, t[k].n), 0);
-    assert_int_equal(kvr_cache_index_insert_more(ix[1], 0, req, t[k].have, t[k].n), 0);
-    kvr_cache_index_stats_t sa, sb;
-    kvr_cache_index_stats(ix[0], &sa);
-    kvr_cache_index_stats(ix[1], &sb);
-    assert_int_equal(sa.entries, sb.entries);
-    assert_int_equal(sa.inserts, sb.inserts);
-    assert_int_equal(sa.evictions, sb.evictions);
-    assert_same_lru(ix[0], ix[1], 0, u, N + 40);
-    assert_same_lru(ix[0], ix[1], 1, u, N + 40);
-    kvr_cache_index_free(ix[0]);
-    kvr_cache_index_free(ix[1]);
-  }
-  kvr_cache_index_t *idx = kvr_cache_index_new(2, 100);
-  assert_int_equal(kvr_cache_index_insert_more(idx, 2, req, P, N), KVR_EINVAL);
-  kvr_cache_index_free(idx);
-}
-
-/* Another request on the same worker between the head and the end: the same entries (the prompt's
- * blocks are not made most recent again, so only their LRU position may differ). */
-static void test_insert_more_interleaved(void **state) {
-  (void)state;
-  enum { P = 10, N = 16 };
-  uint64_t req[N], other[20], u[N + 20];
-  chain(req, N, 1);
-  chain(other, 20, 2);
-  memcpy(u, req, sizeof req);
-  memcpy(u + N, other, sizeof other);
-  kvr_cache_index_t *ix[2];
-  for (int v = 0; v < 2; v++) {
-    ix[v] = kvr_cache_index_new(1, 100);
-    assert_int_equal(kvr_cache_index_insert(ix[v], 0, req, P), 0);
-    assert_int_equal(kvr_cache_index_insert(ix[v], 0, other, 20), 0);
-  }
-  assert_int_equal(kvr_cache_index_insert(ix[0], 0, req, N), 0);
-  assert_int_equal(kvr_cache_index_insert_more(ix[1], 0, req, P, N), 0);
-  assert_int_equal(kvr_cache_index_entries(ix[0], 0), P + 20 + (N - P));
-  assert_int_equal(kvr_cache_index_entries(ix[1], 0), P + 20 + (N - P));
-  for (size_t i = 0; i < N + 20; i++) {
-    assert_true(holds(ix[0], 0, u[i]));
-    assert_true(holds(ix[1], 0, u[i]));
-  }
-  size_t m[1];
-  kvr_cache_index_match(ix[1], req, N, m);
-  assert_int_equal(m[0], N);
-  kvr_cache_index_free(ix[0]);
-  kvr_cache_index_free(ix[1]);
-}
-
 KVR_TEST_MAIN(cmocka_unit_test(test_match_longest_prefix),
               cmocka_unit_test(test_eviction_at_capacity), cmocka_unit_test(test_forget_worker),
               cmocka_unit_test(test_bad_arguments), cmocka_unit_test(test_capacity_from_vllm),
-              cmocka_unit_test(test_random_vs_reference), cmocka_unit_test(test_growth_and_drain),
-              cmocka_unit_test(test_insert_more_same_as_insert),
-              cmocka_unit_test(test_insert_more_interleaved))
+              cmocka_unit_test(test_random_vs_reference), cmocka_unit_test(test_growth_and_drain))
