@@ -92,6 +92,8 @@ struct kvr_proxy_s {
   /* Idle upstream easy handles with the options every attempt shares (upstream_transfer()). */
   CURL *easy_pool[EASY_POOL_MAX];
   size_t neasy_pool;
+  kvr_buf_t hdr_lines; /* upstream_headers()'s scratch: the lines, NUL after each */
+  size_t nhdr_lines;
 };
 
 typedef enum { TM_NONE, TM_FIRST_BYTE, TM_IDLE, TM_QUEUE } tm_kind_t;
@@ -172,6 +174,7 @@ void kvr_proxy_free(kvr_proxy_t *p) {
     kvr_tokenizer_free(p->tokenizer);
     while (p->neasy_pool > 0)
       curl_easy_cleanup(p->easy_pool[--p->neasy_pool]);
+    kvr_buf_free(&p->hdr_lines);
   }
   free(p);
 }
@@ -384,7 +387,7 @@ static void transfer_release(px_t *px) {
     }
     px->easy = NULL;
   }
-  curl_slist_free_all(px->hdrs);
+  free(px->hdrs); /* one block: upstream_headers() */
   px->hdrs = NULL;
   px->transfer_active = false;
   px->paused = false;
@@ -748,23 +751,40 @@ static void on_client_close(kvr_http_req_t *req) {
 /* ---- request side ------------------------------------------------------------------------------
  */
 
-static void on_upstream_line(void *data, const char *line) {
-  struct curl_slist **l = data;
-  if (is_request_id_line(line, strlen(line)))
-    return; /* replaced by the request's id below */
-  *l = kvr_curl_slist_append(*l, line);
+static void add_upstream_line(kvr_proxy_t *p, const char *line) {
+  kvr_buf_append(&p->hdr_lines, line, strlen(line) + 1);
+  p->nhdr_lines++;
 }
 
-static struct curl_slist *upstream_headers(const kvr_http_req_t *req) {
-  struct curl_slist *l = NULL;
-  kvr_http_headers_upstream(req->headers, req->nheaders, req->peer, on_upstream_line, &l);
+static void on_upstream_line(void *data, const char *line) {
+  if (is_request_id_line(line, strlen(line)))
+    return; /* replaced by the request's id below */
+  add_upstream_line(data, line);
+}
+
+/* The header lines for the worker as one curl_slist in a single allocation (the nodes, then the
+ * text they point into), freed with free() by transfer_release(): curl only reads the list, and a
+ * node and a copy per line (curl_slist_append) were two allocations per line per request. */
+static struct curl_slist *upstream_headers(kvr_proxy_t *p, const kvr_http_req_t *req) {
+  kvr_buf_reset(&p->hdr_lines);
+  p->nhdr_lines = 0;
+  kvr_http_headers_upstream(req->headers, req->nheaders, req->peer, on_upstream_line, p);
   if (req->request_id[0]) {
     char line[sizeof req->request_id + 16];
     snprintf(line, sizeof line, "x-request-id: %s", req->request_id);
-    l = kvr_curl_slist_append(l, line);
+    add_upstream_line(p, line);
   }
   /* A bare "Expect:" stops curl from adding "Expect: 100-continue" to large bodies. */
-  l = kvr_curl_slist_append(l, "Expect:");
+  add_upstream_line(p, "Expect:");
+  size_t n = p->nhdr_lines, nodes = n * sizeof(struct curl_slist);
+  struct curl_slist *l = kvr_xmalloc(nodes + p->hdr_lines.len);
+  char *text = (char *)l + nodes;
+  memcpy(text, p->hdr_lines.data, p->hdr_lines.len);
+  for (size_t i = 0; i < n; i++) {
+    l[i].data = text;
+    l[i].next = i + 1 < n ? &l[i + 1] : NULL;
+    text += strlen(text) + 1;
+  }
   return l;
 }
 
@@ -830,7 +850,8 @@ static CURL *upstream_transfer(px_t *px) {
   kvr_proxy_t *p = px->proxy;
   kvr_http_req_t *req = px->req;
   kvr_buf_reset(&px->url);
-  kvr_buf_printf(&px->url, "%s%s", px->w->url, req->target);
+  kvr_buf_puts(&px->url, px->w->url);
+  kvr_buf_puts(&px->url, req->target);
   CURL *e;
   if (p->neasy_pool > 0) {
     e = p->easy_pool[--p->neasy_pool];
@@ -846,7 +867,7 @@ static CURL *upstream_transfer(px_t *px) {
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)px->r->cfg->connect_timeout_ms);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, px);
   curl_easy_setopt(e, CURLOPT_HEADERDATA, px);
-  px->hdrs = upstream_headers(req);
+  px->hdrs = upstream_headers(p, req);
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, px->hdrs);
   upstream_method(e, req);
   return e;
