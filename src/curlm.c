@@ -10,7 +10,9 @@
  *                  (CURL_POLL_REMOVE) and forgets its curl_multi_assign() pointer; the next
  *                  transfer on the same connection finds the context in m->fds again, so the poll
  *                  handle is created (an epoll probe and FIONBIO) once per connection and its epoll
- *                  registration stays (readable) while the connection idles in the pool.
+ *                  registration stays (readable) while the connection idles in the pool, the
+ *                  handle unreferenced (uv_unref) so that idle connections never keep the loop
+ *                  running.
  *   xfer_t         per easy handle: the done callback and its data, reached through
  * CURLOPT_PRIVATE.
  *
@@ -203,6 +205,12 @@ static curl_socket_t on_open_socket(void *clientp, curlsocktype purpose,
     memset(m->fds + m->nfds, 0, (n - m->nfds) * sizeof *m->fds);
     m->nfds = n;
   }
+  if (m->fds[s] != NULL) {
+    /* Only if curl closed a connection without on_close_socket(): never seen, but a handle left
+     * on this number would watch the new socket. */
+    KVR_WARN("curl", "socket %d reopened without being closed through curl's callback", (int)s);
+    sock_close(m, m->fds[s]);
+  }
   sock_ctx_t *ctx = kvr_xcalloc(1, sizeof *ctx);
   ctx->fd = s;
   ctx->m = m;
@@ -240,6 +248,7 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int action, void *userp, 
      * the next transfer on it usually changes nothing. */
     ctx->pooled = true;
     poll_set(ctx, ctx->events & UV_READABLE);
+    uv_unref((uv_handle_t *)&ctx->poll); /* an idle connection does not keep the loop running */
     return 0;
   }
   if (ctx == NULL)
@@ -261,6 +270,7 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int action, void *userp, 
     kvr_list_insert_head(&m->socks, &ctx->node);
   }
   ctx->pooled = false;
+  uv_ref((uv_handle_t *)&ctx->poll);
   curl_multi_assign(m->multi, s, ctx);
   int events = 0;
   if (action == CURL_POLL_IN || action == CURL_POLL_INOUT)

@@ -10,6 +10,8 @@
  *   - concurrent transfers over several connections, then all of them again on the pool;
  *   - a pooled connection the server closes while idle: the loop does not spin on the readable
  *     socket, and the next transfer to a new server works;
+ *   - an idle pooled connection keeps its poll handle, unreferenced (it must not keep a finished
+ *     client's uv_run() going);
  *   - kvr_curlm_close() with connections in the pool: every handle closes (uv_loop_close() == 0;
  *     ASan runs check nothing leaks).
  */
@@ -152,6 +154,17 @@ static long xfer_check(xfer_t *x, const char *want) {
   return (long)x->connects;
 }
 
+/* uv_walk(): counts poll handles, [0] all, [1] those that keep the loop alive (active and
+ * referenced). */
+static void count_polls(uv_handle_t *h, void *arg) {
+  int *n = arg;
+  if (h->type != UV_POLL || uv_is_closing(h))
+    return;
+  n[0]++;
+  if (uv_is_active(h) && uv_has_ref(h))
+    n[1]++;
+}
+
 static void test_keepalive_reuse(void **state) {
   (void)state;
   env_t env;
@@ -168,6 +181,12 @@ static void test_keepalive_reuse(void **state) {
   }
   assert_int_equal(env.requests, 50);
   assert_int_equal(kvr_curlm_active(env.m), 0);
+  /* The idle pooled connection keeps its poll handle (still watching, for a server close), but
+   * unreferenced: it must not keep uv_run() of a finished client (bench, monitor) running. */
+  int polls[2] = {0, 0};
+  uv_walk(&env.loop, count_polls, polls);
+  assert_int_equal(polls[0], 1);
+  assert_int_equal(polls[1], 0);
   env_free(&env);
 }
 
