@@ -4,6 +4,15 @@
  *   kvr_curlm_t    the CURLM, one uv_timer_t for curl's timeout, the count of active transfers.
  *   sock_ctx_t     one uv_poll_t per socket curl wants watched (CURLMOPT_SOCKETFUNCTION), attached
  *                  to the socket with curl_multi_assign() and freed in the poll's close callback.
+ *                  Sockets of connections (CURLOPT_OPENSOCKETFUNCTION / CLOSESOCKETFUNCTION, set
+ *                  on every transfer) keep theirs for the connection's whole life, in m->fds by
+ *                  descriptor: curl removes a pooled socket after every transfer
+ *                  (CURL_POLL_REMOVE) and forgets its curl_multi_assign() pointer; the next
+ *                  transfer on the same connection finds the context in m->fds again, so the poll
+ *                  handle is created (an epoll probe and FIONBIO) once per connection and its epoll
+ *                  registration stays (readable) while the connection idles in the pool, the
+ *                  handle unreferenced (uv_unref) so that idle connections never keep the loop
+ *                  running.
  *   xfer_t         per easy handle: the done callback and its data, reached through
  * CURLOPT_PRIVATE.
  *
@@ -14,6 +23,16 @@
  *
  * Invariant: an easy handle is removed from the multi exactly once: by check_done() when curl says
  * it finished, or by kvr_curlm_cancel(). Never inside a curl callback (curl forbids that).
+ *
+ * Invariant: a poll handle never outlives its descriptor. A connection socket is opened by
+ * on_open_socket() (its context goes into m->fds) and closed only by on_close_socket(), which
+ * closes the poll handle and then the descriptor (libuv allows closing the fd right after
+ * uv_close()), so a descriptor number curl or the loop reuses afterwards never meets a stale
+ * handle. Other sockets curl asks us to watch (the threaded resolver's socketpair) are closed by
+ * curl itself, always after CURL_POLL_REMOVE: their context is closed at that REMOVE, as before.
+ * An idle pooled socket that turns readable (the server closed it, or sent something unasked) has
+ * its poll stopped (level-triggered epoll would report it on every loop turn); curl sees the dead
+ * connection itself at its next reuse check and closes it through on_close_socket().
  */
 #include "curlm.h"
 
@@ -24,6 +43,8 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 typedef struct sock_ctx_s sock_ctx_t;
 typedef struct xfer_s xfer_t;
@@ -33,8 +54,10 @@ struct kvr_curlm_s {
   CURLM *multi;
   uv_timer_t timer;
   size_t active;
-  kvr_list_t xfers;    /* transfers in the multi (xfer_t.node), so close can detach them */
-  kvr_list_t socks;    /* watched sockets (sock_ctx_t.node), so close can stop any curl left */
+  kvr_list_t xfers; /* transfers in the multi (xfer_t.node), so close can detach them */
+  kvr_list_t socks; /* sockets with a poll handle (sock_ctx_t.node), so close can stop any left */
+  sock_ctx_t **fds; /* by descriptor: contexts of the sockets on_open_socket() opened */
+  size_t nfds;      /* entries of fds */
   int closing_handles; /* uv close callbacks still to run */
   bool closing;
 };
@@ -43,7 +66,11 @@ struct sock_ctx_s {
   uv_poll_t poll;
   curl_socket_t fd;
   kvr_curlm_t *m;
-  kvr_list_t node; /* in m->socks while watched */
+  kvr_list_t node; /* in m->socks while poll is initialised and not closing */
+  bool has_poll;   /* poll initialised (the first time curl asked to watch the socket) */
+  bool owned;      /* opened by on_open_socket(): in m->fds until on_close_socket() */
+  bool pooled;     /* curl removed it (CURL_POLL_REMOVE): no transfer uses it now */
+  int events;      /* UV_READABLE/UV_WRITABLE the poll is started with, 0 when stopped */
 };
 
 struct xfer_s {
@@ -77,9 +104,16 @@ static void check_done(kvr_curlm_t *m) {
   }
 }
 
+static void poll_set(sock_ctx_t *ctx, int events);
+
 static void on_poll(uv_poll_t *p, int status, int events) {
   sock_ctx_t *ctx = p->data;
   kvr_curlm_t *m = ctx->m;
+  if (ctx->pooled) {
+    /* Idle in curl's pool: curl is not watching it and will check it before any reuse. */
+    poll_set(ctx, 0);
+    return;
+  }
   int flags = 0;
   if (status < 0)
     flags = CURL_CSELECT_ERR;
@@ -125,11 +159,76 @@ static void on_sock_close(uv_handle_t *h) {
   maybe_free(m);
 }
 
+/* Closes ctx's poll handle (ctx is freed in the close callback), or frees ctx if it has none. */
 static void sock_close(kvr_curlm_t *m, sock_ctx_t *ctx) {
+  if (!ctx->has_poll) {
+    free(ctx);
+    return;
+  }
   kvr_list_remove(&ctx->node);
-  uv_poll_stop(&ctx->poll);
+  ctx->has_poll = false;
   m->closing_handles++;
-  uv_close((uv_handle_t *)&ctx->poll, on_sock_close);
+  uv_close((uv_handle_t *)&ctx->poll, on_sock_close); /* stops the poll too */
+}
+
+/* Starts the poll with events, or stops it (0); libuv changes the epoll registration only when
+ * events differ from what it has. */
+static void poll_set(sock_ctx_t *ctx, int events) {
+  if (events == ctx->events)
+    return;
+  ctx->events = events;
+  if (events == 0)
+    uv_poll_stop(&ctx->poll);
+  else
+    uv_poll_start(&ctx->poll, events, on_poll);
+}
+
+/* The context of a connection socket on_open_socket() opened, or NULL. */
+static sock_ctx_t *owned_ctx(const kvr_curlm_t *m, curl_socket_t s) {
+  return s >= 0 && (size_t)s < m->nfds ? m->fds[s] : NULL;
+}
+
+/* CURLOPT_OPENSOCKETFUNCTION: a connection's socket, as curl would open it, remembered in m->fds so
+ * its poll handle can outlive the transfers that use it. */
+static curl_socket_t on_open_socket(void *clientp, curlsocktype purpose,
+                                    struct curl_sockaddr *address) {
+  kvr_curlm_t *m = clientp;
+  (void)purpose;
+  curl_socket_t s = socket(address->family, address->socktype, address->protocol);
+  if (s == CURL_SOCKET_BAD)
+    return s;
+  if ((size_t)s >= m->nfds) {
+    size_t n = m->nfds ? m->nfds : 64;
+    while (n <= (size_t)s)
+      n *= 2;
+    m->fds = kvr_xrealloc(m->fds, n * sizeof *m->fds);
+    memset(m->fds + m->nfds, 0, (n - m->nfds) * sizeof *m->fds);
+    m->nfds = n;
+  }
+  if (m->fds[s] != NULL) {
+    /* Only if curl closed a connection without on_close_socket(): never seen, but a handle left
+     * on this number would watch the new socket. */
+    KVR_WARN("curl", "socket %d reopened without being closed through curl's callback", (int)s);
+    sock_close(m, m->fds[s]);
+  }
+  sock_ctx_t *ctx = kvr_xcalloc(1, sizeof *ctx);
+  ctx->fd = s;
+  ctx->m = m;
+  ctx->owned = true;
+  m->fds[s] = ctx;
+  return s;
+}
+
+/* CURLOPT_CLOSESOCKETFUNCTION: curl is done with a connection (after CURL_POLL_REMOVE if it was
+ * watched). The poll handle is closed before the descriptor, as libuv requires. */
+static int on_close_socket(void *clientp, curl_socket_t s) {
+  kvr_curlm_t *m = clientp;
+  sock_ctx_t *ctx = owned_ctx(m, s);
+  if (ctx) {
+    m->fds[s] = NULL;
+    sock_close(m, ctx);
+  }
+  return close(s);
 }
 
 /* CURLMOPT_SOCKETFUNCTION: start, change or stop watching one socket. */
@@ -138,30 +237,47 @@ static int on_curl_socket(CURL *easy, curl_socket_t s, int action, void *userp, 
   sock_ctx_t *ctx = socketp;
   (void)easy;
   if (action == CURL_POLL_REMOVE) {
-    if (ctx) {
-      sock_close(m, ctx);
-      curl_multi_assign(m->multi, s, NULL);
+    if (ctx == NULL)
+      return 0;
+    curl_multi_assign(m->multi, s, NULL);
+    if (!ctx->owned) {
+      sock_close(m, ctx); /* curl closes this one itself, right after */
+      return 0;
     }
+    /* A pooled connection: keep the poll, readable only (an idle socket is always writable), so
+     * the next transfer on it usually changes nothing. */
+    ctx->pooled = true;
+    poll_set(ctx, ctx->events & UV_READABLE);
+    uv_unref((uv_handle_t *)&ctx->poll); /* an idle connection does not keep the loop running */
     return 0;
   }
+  if (ctx == NULL)
+    ctx = owned_ctx(m, s);
   if (ctx == NULL) {
     ctx = kvr_xcalloc(1, sizeof *ctx);
     ctx->fd = s;
     ctx->m = m;
+  }
+  if (!ctx->has_poll) {
     if (uv_poll_init_socket(m->loop, &ctx->poll, s) != 0) {
-      free(ctx);
+      if (!ctx->owned)
+        free(ctx);
       return -1;
     }
     ctx->poll.data = ctx;
+    ctx->has_poll = true;
+    ctx->events = 0;
     kvr_list_insert_head(&m->socks, &ctx->node);
-    curl_multi_assign(m->multi, s, ctx);
   }
+  ctx->pooled = false;
+  uv_ref((uv_handle_t *)&ctx->poll);
+  curl_multi_assign(m->multi, s, ctx);
   int events = 0;
   if (action == CURL_POLL_IN || action == CURL_POLL_INOUT)
     events |= UV_READABLE;
   if (action == CURL_POLL_OUT || action == CURL_POLL_INOUT)
     events |= UV_WRITABLE;
-  uv_poll_start(&ctx->poll, events, on_poll);
+  poll_set(ctx, events);
   return 0;
 }
 
@@ -210,6 +326,11 @@ int kvr_curlm_add(kvr_curlm_t *m, CURL *easy, kvr_curlm_done_cb done, void *data
    * once in 46,440 bench requests against the router's 75 s keep-alive), and vLLM's uvicorn
    * closes idle connections after 5 s. */
   curl_easy_setopt(easy, CURLOPT_MAXAGE_CONN, KVR_CURL_MAX_IDLE_S);
+  /* Connection sockets go through m (sock_ctx_t): their poll handles live as long as they do. */
+  curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, on_open_socket);
+  curl_easy_setopt(easy, CURLOPT_OPENSOCKETDATA, m);
+  curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, on_close_socket);
+  curl_easy_setopt(easy, CURLOPT_CLOSESOCKETDATA, m);
   if (curl_multi_add_handle(m->multi, easy) != CURLM_OK) {
     curl_easy_setopt(easy, CURLOPT_PRIVATE, NULL);
     free(x);
@@ -254,8 +375,18 @@ void kvr_curlm_close(kvr_curlm_t *m) {
     kvr_curlm_cancel(m, KVR_CONTAINER_OF(m->xfers.next, xfer_t, node)->easy);
   curl_multi_cleanup(m->multi);
   m->multi = NULL;
+  /* curl closed the connections it opened (on_close_socket); any left is not ours to close. */
+  for (size_t i = 0; i < m->nfds; i++) {
+    sock_ctx_t *ctx = m->fds[i];
+    m->fds[i] = NULL;
+    if (ctx)
+      sock_close(m, ctx);
+  }
   while (!kvr_list_empty(&m->socks))
     sock_close(m, KVR_CONTAINER_OF(m->socks.next, sock_ctx_t, node));
+  free(m->fds);
+  m->fds = NULL;
+  m->nfds = 0;
   uv_close((uv_handle_t *)&m->timer, on_close_handle);
 }
 

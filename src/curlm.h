@@ -35,7 +35,10 @@ typedef void (*kvr_curlm_done_cb)(CURL *easy, CURLcode result, void *data);
 kvr_curlm_t *kvr_curlm_new(uv_loop_t *loop);
 
 /* Adds a configured easy handle. Returns 0, or KVR_EIO if curl refused it and KVR_ECLOSED after
- * kvr_curlm_close() (done is never called then). */
+ * kvr_curlm_close() (done is never called then). Sets CURLOPT_PRIVATE, CURLOPT_MAXAGE_CONN and the
+ * open/close socket callbacks (CURLOPT_OPENSOCKETFUNCTION, CURLOPT_CLOSESOCKETFUNCTION and their
+ * data: each connection's poll handle lives as long as its socket); callers must not set those. An
+ * easy handle may be added again after its done() or kvr_curlm_cancel(). */
 int kvr_curlm_add(kvr_curlm_t *m, CURL *easy, kvr_curlm_done_cb done, void *data);
 
 /* Removes a transfer that has not finished; done() is not called for it. Not from curl callbacks.

@@ -71,6 +71,8 @@
 #define ANSWER_MAX (1u << 20)   /* answer text kept for the cache index */
 #define SSE_LINE_MAX (1u << 20) /* longer SSE lines are passed through but not inspected */
 #define MAX_ATTEMPTS 2
+/* Idle configured easy handles kept for the next attempts (see upstream_transfer()). */
+#define EASY_POOL_MAX 256
 /* A /tokenize call not answered within this is given up: the request is routed approximately. */
 #define TOKENIZE_TIMEOUT_MS 5000
 
@@ -86,6 +88,12 @@ struct kvr_proxy_s {
   bool pumping;               /* pump() is running (it may end requests, which call it again) */
   uint64_t rid_state;         /* request-id generator (kvr_http_request_id_gen) */
   kvr_tokenizer_t *tokenizer; /* precise mode's POST /tokenize calls and their cache */
+
+  /* Idle upstream easy handles with the options every attempt shares (upstream_transfer()). */
+  CURL *easy_pool[EASY_POOL_MAX];
+  size_t neasy_pool;
+  kvr_buf_t hdr_lines; /* upstream_headers()'s scratch: the lines, NUL after each */
+  size_t nhdr_lines;
 };
 
 typedef enum { TM_NONE, TM_FIRST_BYTE, TM_IDLE, TM_QUEUE } tm_kind_t;
@@ -163,8 +171,12 @@ kvr_proxy_t *kvr_proxy_new(uv_loop_t *loop, kvr_router_t *r, kvr_curlm_t *curlm)
 }
 
 void kvr_proxy_free(kvr_proxy_t *p) {
-  if (p)
+  if (p) {
     kvr_tokenizer_free(p->tokenizer);
+    while (p->neasy_pool > 0)
+      curl_easy_cleanup(p->easy_pool[--p->neasy_pool]);
+    kvr_buf_free(&p->hdr_lines);
+  }
   free(p);
 }
 
@@ -356,14 +368,26 @@ static void account_end(px_t *px) {
   kvr_router_on_end(px->r, &px->acct);
 }
 
+/* Ends the attempt's transfer. Its easy handle, out of the multi now, goes back to the proxy's
+ * pool without the pointers into px and its request, unless the transfer was cancelled while paused
+ * (curl may still hold the paused data) or the pool is full. */
 static void transfer_release(px_t *px) {
   if (px->easy) {
+    kvr_proxy_t *p = px->proxy;
     if (px->transfer_active)
-      kvr_curlm_cancel(px->proxy->curlm, px->easy);
-    curl_easy_cleanup(px->easy);
+      kvr_curlm_cancel(p->curlm, px->easy);
+    if (!px->paused && p->neasy_pool < EASY_POOL_MAX) {
+      curl_easy_setopt(px->easy, CURLOPT_HTTPHEADER, NULL);
+      curl_easy_setopt(px->easy, CURLOPT_POSTFIELDS, NULL);
+      curl_easy_setopt(px->easy, CURLOPT_WRITEDATA, NULL);
+      curl_easy_setopt(px->easy, CURLOPT_HEADERDATA, NULL);
+      p->easy_pool[p->neasy_pool++] = px->easy;
+    } else {
+      curl_easy_cleanup(px->easy);
+    }
     px->easy = NULL;
   }
-  curl_slist_free_all(px->hdrs);
+  free(px->hdrs); /* one block: upstream_headers() */
   px->hdrs = NULL;
   px->transfer_active = false;
   px->paused = false;
@@ -726,23 +750,40 @@ static void on_client_close(kvr_http_req_t *req) {
 /* ---- request side ------------------------------------------------------------------------------
  */
 
-static void on_upstream_line(void *data, const char *line) {
-  struct curl_slist **l = data;
-  if (is_request_id_line(line, strlen(line)))
-    return; /* replaced by the request's id below */
-  *l = kvr_curl_slist_append(*l, line);
+static void add_upstream_line(kvr_proxy_t *p, const char *line) {
+  kvr_buf_append(&p->hdr_lines, line, strlen(line) + 1);
+  p->nhdr_lines++;
 }
 
-static struct curl_slist *upstream_headers(const kvr_http_req_t *req) {
-  struct curl_slist *l = NULL;
-  kvr_http_headers_upstream(req->headers, req->nheaders, req->peer, on_upstream_line, &l);
+static void on_upstream_line(void *data, const char *line) {
+  if (is_request_id_line(line, strlen(line)))
+    return; /* replaced by the request's id below */
+  add_upstream_line(data, line);
+}
+
+/* The header lines for the worker as one curl_slist in a single allocation (the nodes, then the
+ * text they point into), freed with free() by transfer_release(): curl only reads the list, and a
+ * node and a copy per line (curl_slist_append) were two allocations per line per request. */
+static struct curl_slist *upstream_headers(kvr_proxy_t *p, const kvr_http_req_t *req) {
+  kvr_buf_reset(&p->hdr_lines);
+  p->nhdr_lines = 0;
+  kvr_http_headers_upstream(req->headers, req->nheaders, req->peer, on_upstream_line, p);
   if (req->request_id[0]) {
     char line[sizeof req->request_id + 16];
     snprintf(line, sizeof line, "x-request-id: %s", req->request_id);
-    l = kvr_curl_slist_append(l, line);
+    add_upstream_line(p, line);
   }
   /* A bare "Expect:" stops curl from adding "Expect: 100-continue" to large bodies. */
-  l = kvr_curl_slist_append(l, "Expect:");
+  add_upstream_line(p, "Expect:");
+  size_t n = p->nhdr_lines, nodes = n * sizeof(struct curl_slist);
+  struct curl_slist *l = kvr_xmalloc(nodes + p->hdr_lines.len);
+  char *text = (char *)l + nodes;
+  memcpy(text, p->hdr_lines.data, p->hdr_lines.len);
+  for (size_t i = 0; i < n; i++) {
+    l[i].data = text;
+    l[i].next = i + 1 < n ? &l[i + 1] : NULL;
+    text += strlen(text) + 1;
+  }
   return l;
 }
 
@@ -778,10 +819,16 @@ static void attempt_begin(px_t *px, int slot) {
   kvr_buf_reset(&px->answer);
 }
 
-/* The client's method and body, as curl sends them. */
+/* The client's method and body, as curl sends them. A pooled handle still has the method of its
+ * previous request: that is cleared first (POSTFIELDS NULL makes curl's method POST, which HTTPGET
+ * then sets back to GET without NOBODY or upload). */
 static void upstream_method(CURL *e, const kvr_http_req_t *req) {
+  curl_easy_setopt(e, CURLOPT_POSTFIELDS, NULL);
+  curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
+  curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, NULL);
+  curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
   if (req->method == HTTP_GET) {
-    curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+    /* set above */
   } else if (req->method == HTTP_HEAD) {
     curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
   } else {
@@ -794,19 +841,33 @@ static void upstream_method(CURL *e, const kvr_http_req_t *req) {
   }
 }
 
-/* The easy handle of the current attempt: the client's request to px->w (px owns it). */
+/* The easy handle of the current attempt: the client's request to px->w (px owns it until
+ * transfer_release()). A handle from the proxy's pool keeps the options every attempt shares
+ * (kvr_curl_easy_new()'s, the callbacks, PATH_AS_IS...); only this request's are set here. The
+ * connection itself comes from the multi's pool either way. */
 static CURL *upstream_transfer(px_t *px) {
+  kvr_proxy_t *p = px->proxy;
   kvr_http_req_t *req = px->req;
   kvr_buf_reset(&px->url);
-  kvr_buf_printf(&px->url, "%s%s", px->w->url, req->target);
-  CURL *e = kvr_curl_easy_new(px->url.data, (long)px->r->cfg->connect_timeout_ms, 0, on_body, px);
-  px->hdrs = upstream_headers(req);
-  /* The target was validated (no dot segments); curl must not normalise it into another path. */
-  curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
-  curl_easy_setopt(e, CURLOPT_HTTPHEADER, px->hdrs);
-  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+  kvr_buf_puts(&px->url, px->w->url);
+  kvr_buf_puts(&px->url, req->target);
+  CURL *e;
+  if (p->neasy_pool > 0) {
+    e = p->easy_pool[--p->neasy_pool];
+    curl_easy_setopt(e, CURLOPT_URL, px->url.data);
+  } else {
+    e = kvr_curl_easy_new(px->url.data, 0, 0, on_body, NULL);
+    /* The target was validated (no dot segments); curl must not normalise it into another path. */
+    curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(e, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
+  }
+  /* Per attempt: a reload may change the connect timeout (0 is curl's default, 300 s). */
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)px->r->cfg->connect_timeout_ms);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, px);
   curl_easy_setopt(e, CURLOPT_HEADERDATA, px);
-  curl_easy_setopt(e, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
+  px->hdrs = upstream_headers(p, req);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, px->hdrs);
   upstream_method(e, req);
   return e;
 }
