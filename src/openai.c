@@ -39,6 +39,7 @@
 
 #include "kvr.h"
 
+#include <pthread.h>
 #include <stdalign.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -81,6 +82,21 @@ static _Thread_local struct {
   bool on;                /* a scratch parse is running on this thread */
 } scratch;
 
+/* A thread that parsed into its arena frees it when it ends (the study's worker threads): a key
+ * whose destructor runs at thread exit, set at the thread's first chunk. The main thread's arena
+ * stays reachable through its thread-local storage until the process ends. */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_thread_exit(void *unused) {
+  (void)unused;
+  kvr_openai_scratch_free();
+}
+
+static void scratch_key_create(void) {
+  (void)pthread_key_create(&scratch_key, scratch_thread_exit);
+}
+
 static void *hook_malloc(size_t n) {
   if (!scratch.on)
     return malloc(n);
@@ -94,7 +110,11 @@ static void *hook_malloc(size_t n) {
       cap = n;
     scratch_chunk_t *nc = malloc(sizeof *nc + cap);
     if (nc == NULL)
-      return NULL; /* cJSON fails the parse */
+      return NULL;   /* cJSON fails the parse */
+    if (c == NULL) { /* this thread's first chunk: free the arena when the thread ends */
+      (void)pthread_once(&scratch_once, scratch_key_create);
+      (void)pthread_setspecific(scratch_key, &scratch);
+    }
     nc->next = c;
     nc->cap = cap;
     nc->used = 0;
