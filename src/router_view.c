@@ -551,6 +551,15 @@ static void kv_metrics(const kvr_router_t *r, kvr_buf_t *out) {
 
 /* ---- replicas ---- */
 
+/* l := the label peer="URL" of peer p (escaped); returns l's text. */
+static const char *peer_label(kvr_buf_t *l, const kvr_config_t *cfg, size_t p) {
+  kvr_buf_reset(l);
+  kvr_buf_puts(l, "peer=\"");
+  kvr_metric_escape(l, cfg->peers[p]);
+  kvr_buf_puts(l, "\"");
+  return l->data;
+}
+
 static void peer_metrics(const kvr_router_t *r, kvr_buf_t *out) {
   const kvr_config_t *cfg = r->cfg;
   uint64_t now = kvr_router_now_ns(r) / 1000000u;
@@ -562,10 +571,8 @@ static void peer_metrics(const kvr_router_t *r, kvr_buf_t *out) {
   for (size_t p = 0; p < cfg->npeers && p < KVR_MAX_PEERS; p++) {
     static const char *const results[] = {"ok", "error", "self"};
     for (int k = 0; k < 3; k++) {
-      kvr_buf_reset(&l);
-      kvr_buf_puts(&l, "peer=\"");
-      kvr_metric_escape(&l, cfg->peers[p]);
-      kvr_buf_printf(&l, "\",result=\"%s\"", results[k]);
+      peer_label(&l, cfg, p);
+      kvr_buf_printf(&l, ",result=\"%s\"", results[k]);
       kvr_metric_sample(out, "kvrouter_peer_polls_total", l.data,
                         (double)r->peer_polls_total[p][k]);
     }
@@ -573,43 +580,24 @@ static void peer_metrics(const kvr_router_t *r, kvr_buf_t *out) {
   kvr_metric_family(out, "kvrouter_peer_up", "gauge",
                     "1 while the peer's last load is fresh (within --peer-stale-ms)");
   for (size_t p = 0; p < cfg->npeers && p < KVR_MAX_PEERS; p++) {
-    kvr_buf_reset(&l);
-    kvr_buf_puts(&l, "peer=\"");
-    kvr_metric_escape(&l, cfg->peers[p]);
-    kvr_buf_puts(&l, "\"");
     bool up = r->peer_ok_ms[p] && now <= r->peer_ok_ms[p] + cfg->peer_stale_ms;
-    kvr_metric_sample(out, "kvrouter_peer_up", l.data, up);
+    kvr_metric_sample(out, "kvrouter_peer_up", peer_label(&l, cfg, p), up);
   }
   kvr_metric_family(out, "kvrouter_peer_sync_live", "gauge",
                     "1 while the peer's announced requests make up its load (--peer-sync-listen; "
                     "0: its polled figures)");
-  for (size_t p = 0; p < cfg->npeers && p < KVR_MAX_PEERS; p++) {
-    kvr_buf_reset(&l);
-    kvr_buf_puts(&l, "peer=\"");
-    kvr_metric_escape(&l, cfg->peers[p]);
-    kvr_buf_puts(&l, "\"");
-    kvr_metric_sample(out, "kvrouter_peer_sync_live", l.data, r->peer_sync_live[p]);
-  }
+  for (size_t p = 0; p < cfg->npeers && p < KVR_MAX_PEERS; p++)
+    kvr_metric_sample(out, "kvrouter_peer_sync_live", peer_label(&l, cfg, p), r->peer_sync_live[p]);
   kvr_metric_family(out, "kvrouter_peer_sync_messages_total", "counter",
                     "Sync messages received from the peer");
-  for (size_t p = 0; p < cfg->npeers && p < KVR_MAX_PEERS; p++) {
-    kvr_buf_reset(&l);
-    kvr_buf_puts(&l, "peer=\"");
-    kvr_metric_escape(&l, cfg->peers[p]);
-    kvr_buf_puts(&l, "\"");
-    kvr_metric_sample(out, "kvrouter_peer_sync_messages_total", l.data,
+  for (size_t p = 0; p < cfg->npeers && p < KVR_MAX_PEERS; p++)
+    kvr_metric_sample(out, "kvrouter_peer_sync_messages_total", peer_label(&l, cfg, p),
                       (double)r->peer_sync_messages_total[p]);
-  }
   kvr_metric_family(out, "kvrouter_peer_sync_gaps_total", "counter",
                     "Sequence gaps in the peer's sync messages (repaired by its next snapshot)");
-  for (size_t p = 0; p < cfg->npeers && p < KVR_MAX_PEERS; p++) {
-    kvr_buf_reset(&l);
-    kvr_buf_puts(&l, "peer=\"");
-    kvr_metric_escape(&l, cfg->peers[p]);
-    kvr_buf_puts(&l, "\"");
-    kvr_metric_sample(out, "kvrouter_peer_sync_gaps_total", l.data,
+  for (size_t p = 0; p < cfg->npeers && p < KVR_MAX_PEERS; p++)
+    kvr_metric_sample(out, "kvrouter_peer_sync_gaps_total", peer_label(&l, cfg, p),
                       (double)r->peer_sync_gaps_total[p]);
-  }
   kvr_metric_family(out, "kvrouter_peer_sync_published_total", "counter",
                     "Sync messages this replica published (its requests and snapshots)");
   kvr_metric_sample(out, "kvrouter_peer_sync_published_total", NULL,
