@@ -172,11 +172,19 @@ static void cooldown(kvr_runner_t *r) {
 }
 
 /* The monitor's calls, or the virtual cluster's. */
-static void level_begin(kvr_runner_t *r) {
-  if (r->vc != NULL)
-    kvr_vcluster_level_begin(r->vc);
-  else
+static int level_begin(kvr_runner_t *r) {
+  if (r->vc == NULL) {
     kvr_monitor_level_begin(r->mon);
+    return 0;
+  }
+  /* Virtual time: every level on a cluster as fresh as the first level's (vcluster.h). */
+  char err[256];
+  if (kvr_vcluster_restart(r->vc, err, sizeof(err)) != 0) {
+    fprintf(stderr, "kvrouter bench: virtual cluster: %s\n", err);
+    return -1;
+  }
+  kvr_vcluster_level_begin(r->vc);
+  return 0;
 }
 
 static void level_end(kvr_runner_t *r, kvr_level_t *lv) {
@@ -222,7 +230,8 @@ static const kvr_level_t *run_level(kvr_runner_t *r, kvr_run_t *run, double load
     return NULL;
   bool conc = o->nconc > 0;
   kvr_level_t *lv = NULL;
-  level_begin(r);
+  if (level_begin(r) != 0)
+    return NULL;
   if (kvr_loadgen_run_level(r->lg, run->label, conc ? 0 : load, conc ? (unsigned)load : 0,
                             level_seed(o, load), &o->slo, &lv) != 0) {
     level_end(r, NULL);

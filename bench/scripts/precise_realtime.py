@@ -85,7 +85,7 @@ def run(scenario, mode, args, d):
         shutil.rmtree(out, ignore_errors=True)
         rate = RATES[scenario] * args.rate_scale
         cmd = [args.kvrouter, "bench", "--url", "http://127.0.0.1:%d" % router.port, "--admin",
-               "http://127.0.0.1:%d" % router.admin_port, *SCENARIOS[scenario], *LEVEL, "--rates",
+               "http://127.0.0.1:%d" % router.admin_port, *LEVEL, *SCENARIOS[scenario], "--rates",
                "%.3f" % rate, "--num-prompts", str(args.num_prompts), "--time-scale",
                str(args.time_scale), "--seed", str(args.seed), "--no-reset-cache", "--out", out,
                "--quiet"]

@@ -90,8 +90,8 @@ def run(setup, args, d):
         shutil.rmtree(out, ignore_errors=True)
         urls = ",".join("http://127.0.0.1:%d" % r.port for r in routers)
         cmd = [args.kvrouter, "bench", "--url", urls, "--admin",
-               "http://127.0.0.1:%d" % routers[0].admin_port, *SCENARIOS[args.workload],
-               *LEVEL, "--search", "--search-start", str(args.search_start),
+               "http://127.0.0.1:%d" % routers[0].admin_port, *LEVEL,
+               *SCENARIOS[args.workload], "--search", "--search-start", str(args.search_start),
                "--search-resolution", str(args.search_resolution), "--time-scale",
                str(args.time_scale), "--seed", str(args.seed), "--out", out, "--quiet"]
         t0 = time.time()

@@ -6,12 +6,13 @@ The mixed fleet's --worker-blocks is virtual only: a real run gives its last sim
 HALF_BLOCKS instead.
 """
 
-# bench flags of each scenario
+# bench flags of each scenario; they go after LEVEL, whose flags they may override (agentic's
+# --num-prompts, as study.c explains)
 SCENARIOS = {
     "multiturn": ["--workload", "multiturn", "--multiturn-mode", "session", "--warmup-s", "120"],
     "documents": ["--workload", "documents", "--warmup-s", "60"],
     "control": ["--workload", "control", "--warmup-s", "60"],
-    "agentic": ["--workload", "agentic", "--warmup-s", "300"],
+    "agentic": ["--workload", "agentic", "--warmup-s", "300", "--num-prompts", "300"],
     "hot-prefix": ["--workload", "hot-prefix", "--warmup-s", "60"],
     "bursty": ["--workload", "multiturn", "--multiturn-mode", "session", "--warmup-s", "120",
                "--burstiness", "0.3"],

@@ -516,18 +516,25 @@ static uint32_t prefix_lookup(kvr_sim_engine_t *eng, const kvr_sim_req_t *req) {
   return n;
 }
 
-void kvr_sim_engine_probe(const kvr_sim_engine_t *eng, const uint32_t *prompt, uint32_t n,
-                          kvr_sim_probe_t *out) {
-  memset(out, 0, sizeof(*out));
-  uint32_t bs = eng->cfg.block_size;
+/* The tokens of prompt[0..n) the prefix cache holds now, in whole blocks, at most n - 1 (the last
+ * token is always computed), as the scheduler will find them. */
+static uint32_t cached_prefix(const kvr_sim_engine_t *eng, const uint32_t *prompt, uint32_t n) {
+  uint32_t bs = eng->cfg.block_size, cached = 0;
   uint64_t parent = 0;
   for (uint32_t b = 0; eng->cfg.enable_prefix_caching && n > 0 && b < (n - 1) / bs; b++) {
     uint64_t h = kvr_sim_block_hash(parent, prompt + (size_t)b * bs, bs);
     if (hash_find(eng, h) < 0)
       break;
-    out->cached_tokens += bs;
+    cached += bs;
     parent = h;
   }
+  return cached;
+}
+
+void kvr_sim_engine_probe(const kvr_sim_engine_t *eng, const uint32_t *prompt, uint32_t n,
+                          kvr_sim_probe_t *out) {
+  memset(out, 0, sizeof(*out));
+  out->cached_tokens = cached_prefix(eng, prompt, n);
   for (uint32_t i = 0; i < eng->nrunning; i++) {
     const kvr_sim_req_t *r = eng->running[i];
     /* Still to compute: all of it while prefilling; a decoding request's last (sampled) token is
@@ -541,7 +548,10 @@ void kvr_sim_engine_probe(const kvr_sim_engine_t *eng, const uint32_t *prompt, u
   out->running = eng->nrunning;
   for (const kvr_list_t *q = eng->waiting.next; q != &eng->waiting; q = q->next) {
     const kvr_sim_req_t *r = KVR_CONTAINER_OF(q, kvr_sim_req_t, wnode);
-    out->pending_tokens += r->ntokens - KVR_MIN(r->ntokens, r->num_computed);
+    /* A waiting request's prefix hit is taken when it is scheduled: what it will prefill is what
+     * the cache does not hold now (a preempted request's computed tokens went with its blocks). */
+    uint32_t done = KVR_MAX(r->num_computed, cached_prefix(eng, r->tokens, r->ntokens));
+    out->pending_tokens += r->ntokens - KVR_MIN(r->ntokens, done);
     out->waiting++;
   }
 }

@@ -263,7 +263,8 @@ uint32_t kvr_sim_engine_reset_prefix_cache(kvr_sim_engine_t *eng, uint32_t *kept
 typedef struct kvr_sim_probe_s {
   uint32_t cached_tokens;  /* leading prompt tokens in full cached blocks (never the last token) */
   uint64_t pending_tokens; /* prompt (and recomputed) tokens of waiting and running requests not
-                            * computed yet */
+                            * computed yet; a waiting request's less the prefix the cache holds
+                            * now, which its scheduling will hit */
   uint32_t running, waiting;
   uint64_t decode_ctx; /* context tokens of the running requests (what one decode step reads) */
 } kvr_sim_probe_t;

@@ -133,6 +133,8 @@ struct kvr_vcluster_s {
   uint64_t now, seq, events;
   bool stopped;
   kvr_list_t live; /* every vreq_t not freed yet */
+  char *policy;    /* the last kvr_vcluster_set_policy's name and parameters (NULL: none), */
+  cJSON *params;   /* set again on the new router of kvr_vcluster_restart */
   double kv_peak;
   uint64_t pred_base, rep_base; /* the router's cached-token counters at the level's start */
 };
@@ -167,9 +169,8 @@ static bool ev_before(const ev_t *a, const ev_t *b) {
   return a->t < b->t || (a->t == b->t && a->seq < b->seq);
 }
 
-static void push(kvr_vcluster_t *vc, ev_t ev) {
-  ev.t = KVR_MAX(ev.t, vc->now);
-  ev.seq = vc->seq++;
+/* Into the heap as it is (its time and sequence number already set). */
+static void heap_insert(kvr_vcluster_t *vc, ev_t ev) {
   if (vc->nheap == vc->capheap) {
     vc->capheap = vc->capheap ? vc->capheap * 2 : 1024;
     vc->heap = kvr_xrealloc(vc->heap, vc->capheap * sizeof(ev_t));
@@ -183,6 +184,12 @@ static void push(kvr_vcluster_t *vc, ev_t ev) {
     i = parent;
   }
   vc->heap[i] = ev;
+}
+
+static void push(kvr_vcluster_t *vc, ev_t ev) {
+  ev.t = KVR_MAX(ev.t, vc->now);
+  ev.seq = vc->seq++;
+  heap_insert(vc, ev);
 }
 
 static ev_t pop(kvr_vcluster_t *vc) {
@@ -279,6 +286,13 @@ static int oracle_pick(kvr_vcluster_t *vc, const vreq_t *q, const kvr_route_req_
     kvr_sim_toks_free(&p.prompt);
     return KVR_POLICY_NONE;
   }
+  /* The prompt's true length, in the engine's tokens, and in router blocks of that many tokens:
+   * kv_aware's uncached = prompt - matched is then the engine's own count (the router's estimate
+   * of chars / KVR_CHARS_PER_TOKEN can be off either way). */
+  kvr_route_req_t truth = *rreq;
+  truth.prompt_tokens = p.prompt.n;
+  size_t nblocks =
+      (p.prompt.n * KVR_CHARS_PER_TOKEN + vc->cfg.block_chars - 1) / vc->cfg.block_chars;
   for (size_t i = 0; i < d->nsnaps; i++) {
     kvr_worker_snap_t *s = &d->snaps[i];
     if (vc->router->slots[i] == NULL)
@@ -295,7 +309,7 @@ static int oracle_pick(kvr_vcluster_t *vc, const vreq_t *q, const kvr_route_req_
       pr.pending_tokens +=
           (uint64_t)((double)w->step.prefill_tokens * (end - now) / w->step.duration_s);
     size_t blocks = (size_t)pr.cached_tokens * KVR_CHARS_PER_TOKEN / vc->cfg.block_chars;
-    s->matched_blocks = KVR_MIN(blocks, rreq->nblocks);
+    s->matched_blocks = KVR_MIN(blocks, nblocks);
     s->prefill_backlog_tokens = s->queued_prefill_tokens = pr.pending_tokens;
     s->active_tokens = pr.decode_ctx;
     s->inflight = pr.running + pr.waiting;
@@ -305,7 +319,7 @@ static int oracle_pick(kvr_vcluster_t *vc, const vreq_t *q, const kvr_route_req_
     s->metrics_fresh = true;
   }
   kvr_sim_toks_free(&p.prompt);
-  return kvr_policy_select(vc->oracle, d->snaps, d->nsnaps, rreq, 0, d->scores);
+  return kvr_policy_select(vc->oracle, d->snaps, d->nsnaps, &truth, 0, d->scores);
 }
 
 /* Precise mode: the prompt's token ids as the worker's POST /tokenize gives them (the same parse
@@ -754,6 +768,40 @@ void kvr_vcluster_transport(kvr_vcluster_t *vc, kvr_loadgen_vt_t *out) {
 
 /* ---- lifecycle and operations ---------------------------------------------------------------- */
 
+/* Makes the router and the engines from vc->cfg and vc->o, as at start, and schedules the scrape
+ * and flush loops from now. Returns 0, or -1 with err. */
+static int build(kvr_vcluster_t *vc, char *err, size_t errlen) {
+  const kvr_vcluster_opts_t *o = &vc->o;
+  vc->router = kvr_router_new(&vc->cfg, err, errlen);
+  if (vc->router == NULL)
+    return -1;
+  kvr_router_set_clock(vc->router, vt_now, vc);
+  for (size_t i = 0; i < o->workers; i++) {
+    kvr_sim_config_t ec = o->engine;
+    if (o->nworker_blocks > 0)
+      ec.num_gpu_blocks = o->worker_blocks[i];
+    vc->w[i] =
+        (worker_t){.blocks = ec.num_gpu_blocks, .gone = vc->w[i].gone, .capgone = vc->w[i].capgone};
+    vc->w[i].eng = kvr_sim_engine_new(&ec);
+    if (vc->w[i].eng == NULL) {
+      snprintf(err, errlen, "worker %zu: invalid engine configuration", i);
+      return -1;
+    }
+  }
+  if (o->kv_events) {
+    /* every engine's history is known from its start: precise from the first request */
+    for (size_t i = 0; i < o->workers; i++) {
+      kvr_sim_engine_kv_events(vc->w[i].eng, true);
+      kvr_router_on_kv_mode(vc->router, vc->router->slots[i]->id, true, "precise");
+    }
+  }
+  if (o->scrape_interval_ms > 0)
+    push(vc, (ev_t){.t = vc->now, .kind = EV_SCRAPE});
+  if (o->flush_every_s > 0)
+    push(vc, (ev_t){.t = vc->now + ns_of(o->flush_every_s), .kind = EV_FLUSH});
+  return 0;
+}
+
 kvr_vcluster_t *kvr_vcluster_new(const kvr_vcluster_opts_t *o, char *err, size_t errlen) {
   if (o->workers < 1 || o->workers > KVR_MAX_WORKERS) {
     snprintf(err, errlen, "--workers: %zu is out of range 1..%d", o->workers, KVR_MAX_WORKERS);
@@ -789,32 +837,8 @@ kvr_vcluster_t *kvr_vcluster_new(const kvr_vcluster_opts_t *o, char *err, size_t
     if (kvr_config_add_worker(&vc->cfg, url, err, errlen) != 0)
       goto fail;
   }
-  vc->router = kvr_router_new(&vc->cfg, err, errlen);
-  if (vc->router == NULL)
+  if (build(vc, err, errlen) != 0)
     goto fail;
-  kvr_router_set_clock(vc->router, vt_now, vc);
-  for (size_t i = 0; i < o->workers; i++) {
-    kvr_sim_config_t ec = o->engine;
-    if (o->nworker_blocks > 0)
-      ec.num_gpu_blocks = o->worker_blocks[i];
-    vc->w[i].blocks = ec.num_gpu_blocks;
-    vc->w[i].eng = kvr_sim_engine_new(&ec);
-    if (vc->w[i].eng == NULL) {
-      snprintf(err, errlen, "worker %zu: invalid engine configuration", i);
-      goto fail;
-    }
-  }
-  if (o->kv_events) {
-    /* every engine's history is known from its start: precise from the first request */
-    for (size_t i = 0; i < o->workers; i++) {
-      kvr_sim_engine_kv_events(vc->w[i].eng, true);
-      kvr_router_on_kv_mode(vc->router, vc->router->slots[i]->id, true, "precise");
-    }
-  }
-  if (o->scrape_interval_ms > 0)
-    push(vc, (ev_t){.t = 0, .kind = EV_SCRAPE});
-  if (o->flush_every_s > 0)
-    push(vc, (ev_t){.t = ns_of(o->flush_every_s), .kind = EV_FLUSH});
   return vc;
 fail:
   kvr_vcluster_free(vc);
@@ -841,8 +865,18 @@ void kvr_vcluster_free(kvr_vcluster_t *vc) {
   kvr_router_free(vc->router);
   kvr_policy_destroy(vc->oracle);
   kvr_config_free(&vc->cfg);
+  free(vc->policy);
+  cJSON_Delete(vc->params);
   free(vc->model);
   free(vc);
+}
+
+static void remember_policy(kvr_vcluster_t *vc, const char *name, const cJSON *params) {
+  char *copy = kvr_xstrdup(name); /* name may be vc->policy itself */
+  free(vc->policy);
+  vc->policy = copy;
+  cJSON_Delete(vc->params);
+  vc->params = params ? cJSON_Duplicate(params, true) : NULL;
 }
 
 int kvr_vcluster_set_policy(kvr_vcluster_t *vc, const char *name, const cJSON *params, char *err,
@@ -854,12 +888,16 @@ int kvr_vcluster_set_policy(kvr_vcluster_t *vc, const char *name, const cJSON *p
       return KVR_EINVAL;
     kvr_policy_destroy(vc->oracle);
     vc->oracle = p;
-    return kvr_router_set_policy(vc->router, "kv_aware", params, err, errlen);
+    int rc = kvr_router_set_policy(vc->router, "kv_aware", params, err, errlen);
+    if (rc == 0)
+      remember_policy(vc, KVR_VCLUSTER_ORACLE, params);
+    return rc;
   }
   int rc = kvr_router_set_policy(vc->router, name, params, err, errlen);
   if (rc == 0) {
     kvr_policy_destroy(vc->oracle);
     vc->oracle = NULL;
+    remember_policy(vc, kvr_policy_name(vc->router->policy), params);
   } else if (name != NULL && kvr_policy_find(name) == NULL) {
     char names[512];
     kvr_policy_names(names, sizeof(names));
@@ -885,6 +923,55 @@ void kvr_vcluster_reset_cache(kvr_vcluster_t *vc, char *summary, size_t size) {
       kvr_router_forget_cache(vc->router, vc->router->slots[i]->id, &forgotten);
   }
   snprintf(summary, size, "%zu/%zu workers reset", vc->o.workers, vc->o.workers);
+}
+
+int kvr_vcluster_restart(kvr_vcluster_t *vc, char *err, size_t errlen) {
+  /* Let what is in flight finish (a request the client cancelled is reaped at its engine's next
+   * step), bounded: a level ends with every request answered or cancelled. */
+  uint64_t until = vc->now + ns_of(3600);
+  while (!kvr_list_empty(&vc->live) && vc->nheap > 0 && vc->heap[0].t <= until) {
+    ev_t ev = pop(vc);
+    vc->now = ev.t;
+    vc->events++;
+    dispatch(vc, &ev);
+  }
+  if (!kvr_list_empty(&vc->live)) {
+    snprintf(err, errlen, "requests still in flight an hour (virtual) after the level");
+    return KVR_EINVAL;
+  }
+  /* Keep the load generator's timers; the rest (steps, scrapes, flushes, KV batches) belonged to
+   * the engines and router about to go. */
+  ev_t *keep = kvr_xmalloc((vc->nheap ? vc->nheap : 1) * sizeof(ev_t));
+  size_t nkeep = 0;
+  for (size_t i = 0; i < vc->nheap; i++)
+    if (vc->heap[i].kind == EV_TIMER)
+      keep[nkeep++] = vc->heap[i];
+    else if (vc->heap[i].kind == EV_KV_BATCH || vc->heap[i].kind == EV_ROUTER_TOKENS ||
+             vc->heap[i].kind == EV_CLIENT_TOKENS)
+      free(vc->heap[i].p);
+  vc->nheap = 0;
+  for (size_t i = 0; i < nkeep; i++)
+    heap_insert(vc, keep[i]); /* their times and order as they were */
+  free(keep);
+  for (size_t i = 0; i < vc->o.workers; i++) {
+    kvr_sim_engine_free(vc->w[i].eng);
+    vc->w[i].eng = NULL;
+    vc->w[i].ngone = 0;
+  }
+  kvr_router_free(vc->router);
+  vc->router = NULL;
+  kvr_policy_destroy(vc->oracle);
+  vc->oracle = NULL;
+  if (build(vc, err, errlen) != 0)
+    return KVR_EINVAL;
+  if (vc->policy == NULL)
+    return 0;
+  char *name = kvr_xstrdup(vc->policy);
+  cJSON *params = vc->params ? cJSON_Duplicate(vc->params, true) : NULL;
+  int rc = kvr_vcluster_set_policy(vc, name, params, err, errlen);
+  cJSON_Delete(params);
+  free(name);
+  return rc;
 }
 
 void kvr_vcluster_idle(kvr_vcluster_t *vc, double seconds) {

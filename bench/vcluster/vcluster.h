@@ -105,6 +105,15 @@ void kvr_vcluster_flush_worker(kvr_vcluster_t *vc, size_t wi);
  * /admin/reset_prefix_cache does; writes "N/N workers reset" into summary. */
 void kvr_vcluster_reset_cache(kvr_vcluster_t *vc, char *summary, size_t size);
 
+/* Starts the cluster afresh, as a run's first level finds it: lets the requests still in flight
+ * finish, then replaces the engines and the router (index, load accounting, learned prefill rates,
+ * scrapes) by new ones made from the same options, with the policy and parameters last set. The
+ * clock and the load generator's timers go on. The runner calls it before every level of a
+ * virtual run, so that a level's verdict depends on its policy, load and seed only, not on the
+ * levels run before it (the search's path) or the policies run before it (the A/B's order).
+ * Returns 0, or KVR_EINVAL with err. */
+int kvr_vcluster_restart(kvr_vcluster_t *vc, char *err, size_t errlen);
+
 /* Lets seconds of virtual time pass (the runner's cooldown): whatever is still in flight runs on.
  */
 void kvr_vcluster_idle(kvr_vcluster_t *vc, double seconds);

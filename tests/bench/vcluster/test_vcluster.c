@@ -344,6 +344,60 @@ static void test_reset_cache(void **state) {
   kvr_workload_free(wl);
 }
 
+/* kvr_vcluster_restart: a level run after another policy's level, on the restarted cluster,
+ * gives exactly the records of the same level on a new cluster -- the runner's promise that a
+ * level's verdict depends on its policy, load and seed only. The policy and its parameters
+ * survive the restart; the oracle too. */
+static void test_restart_is_fresh(void **state) {
+  (void)state;
+  kvr_workload_t *wl = small_workload();
+  kvr_vcluster_opts_t o = small_opts(3);
+  kvr_loadgen_opts_t lo = small_lg(16);
+  char err[256] = "";
+  cJSON *params = cJSON_Parse("{\"decode_weight\": 0.5, \"prefill_gate_tokens\": 0}");
+  for (int oracle = 0; oracle < 2; oracle++) {
+    const char *name = oracle ? KVR_VCLUSTER_ORACLE : "kv_aware";
+    kvr_vcluster_t *fresh = cluster(&o);
+    assert_int_equal(kvr_vcluster_set_policy(fresh, name, params, err, sizeof(err)), 0);
+    kvr_level_t *a = level_on(fresh, &lo, wl, 4, 11, &loose_slo);
+    assert_all_ok(a, 16);
+
+    kvr_vcluster_t *vc = cluster(&o);
+    assert_int_equal(kvr_vcluster_set_policy(vc, "round_robin", NULL, err, sizeof(err)), 0);
+    kvr_level_t *warm = level_on(vc, &lo, wl, 6, 5, &loose_slo); /* other prompts, other state */
+    assert_all_ok(warm, 16);
+    assert_int_equal(kvr_vcluster_set_policy(vc, name, params, err, sizeof(err)), 0);
+    kvr_vcluster_idle(vc, 3);
+    assert_int_equal(kvr_vcluster_restart(vc, err, sizeof(err)), 0);
+    assert_string_equal(kvr_vcluster_policy(vc), name);
+    assert_true(kvr_vcluster_router(vc)->index != NULL);
+    kvr_level_t *b = level_on(vc, &lo, wl, 4, 11, &loose_slo);
+    assert_all_ok(b, 16);
+    assert_true(kvr_vcluster_now(vc) > kvr_vcluster_now(fresh)); /* the clock went on */
+    /* The same decisions and tokens; times equal to the nanosecond rounding of event times
+     * counted from a later origin. */
+    assert_int_equal(a->nrecs, b->nrecs);
+    for (size_t i = 0; i < a->nrecs; i++) {
+      const kvr_req_rec_t *x = &a->recs[i], *y = &b->recs[i];
+      assert_int_equal(x->conv, y->conv);
+      assert_int_equal(x->turn, y->turn);
+      assert_string_equal(x->worker, y->worker);
+      assert_int_equal(x->cached_tokens, y->cached_tokens);
+      assert_int_equal(x->prompt_tokens, y->prompt_tokens);
+      assert_true(fabs(x->ttft_ms - y->ttft_ms) < 1e-4 && fabs(x->e2e_ms - y->e2e_ms) < 1e-4);
+      assert_true(fabs(x->sent_s - y->sent_s) < 1e-7 && fabs(x->tpot_ms - y->tpot_ms) < 1e-4);
+    }
+    assert_int_equal(kvr_vcluster_restart(vc, err, sizeof(err)), 0); /* twice in a row: fine */
+    kvr_stats_level_free(a);
+    kvr_stats_level_free(b);
+    kvr_stats_level_free(warm);
+    kvr_vcluster_free(fresh);
+    kvr_vcluster_free(vc);
+  }
+  cJSON_Delete(params);
+  kvr_workload_free(wl);
+}
+
 /* A level that stops early on a tight SLO, then a normal level on the same cluster and the same
  * generator: the first level's cancelled requests and deferred calls do not disturb it. */
 static void test_early_stop_then_level(void **state) {
@@ -1062,7 +1116,7 @@ static void test_vt_new_checks(void **state) {
 KVR_TEST_MAIN(cmocka_unit_test(test_determinism), cmocka_unit_test(test_router_seed),
               cmocka_unit_test(test_multiturn_reuse_and_spread),
               cmocka_unit_test(test_policy_switch), cmocka_unit_test(test_reset_cache),
-              cmocka_unit_test(test_early_stop_then_level),
+              cmocka_unit_test(test_restart_is_fresh), cmocka_unit_test(test_early_stop_then_level),
               cmocka_unit_test(test_accounting_closes), cmocka_unit_test(test_concurrency_level),
               cmocka_unit_test(test_network_delays), cmocka_unit_test(test_matches_engine_alone),
               cmocka_unit_test(test_generator_freed_before_cluster),
