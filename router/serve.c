@@ -190,6 +190,7 @@ int kvr_serve_main(int argc, char **argv) {
   admin_limits.max_connections = 0;
   s->admin = kvr_http_server_new(&s->loop, &admin_limits, kvr_admin_on_request, s->admin_api);
   kvr_http_server_log_rejects(s->pub, s->cfg.access_log);
+  kvr_http_server_reuse_port(s->pub, s->cfg.reuse_port);
   uv_signal_init(&s->loop, &s->sigint);
   uv_signal_init(&s->loop, &s->sigterm);
   uv_signal_init(&s->loop, &s->sighup);

@@ -411,6 +411,11 @@ static const kvr_cli_opt_t options[] = {
      .parse = set_policy_params},
     {KVR_CLI_CUSTOM, "listen", F(listen), .arg = "HOST:PORT", .json = "listen",
      .help = "public OpenAI-compatible listener", .parse = set_addr, .show = show_addr},
+    {KVR_CLI_BOOL, "reuse-port", F(reuse_port), .json = "reuse_port",
+     .help = "open the public listener with SO_REUSEPORT, so that several kvrouter processes on "
+             "one host share its port and the kernel spreads new connections over them (a way "
+             "past one core: run one per core, synced with --peer-sync-listen and --peer; each "
+             "keeps its own --admin-listen)"},
     {KVR_CLI_CUSTOM, "admin-listen", F(admin_listen), .arg = "HOST:PORT", .json = "admin_listen",
      .help = "operators' admin API listener (keep it off the public network)", .parse = set_addr,
      .show = show_addr},

@@ -68,9 +68,10 @@ typedef struct kvr_config_s {
   uint64_t admission_queue_limit;  /* queued requests at most, default 256 (503 above) */
   uint64_t admission_max_wait_ms;  /* longest wait in the queue, default 10000 (then 503) */
   bool worker_header;              /* add x-kvrouter-worker to responses, default true */
-  bool access_log;                 /* default true */
-  char *log_level;                 /* default "info" */
-  char *log_format;                /* "text" or "json", default "text" */
+  bool reuse_port;  /* SO_REUSEPORT on the public listener: several processes share one port */
+  bool access_log;  /* default true */
+  char *log_level;  /* default "info" */
+  char *log_format; /* "text" or "json", default "text" */
   uint64_t shutdown_grace_ms; /* in-flight requests' time to finish at SIGTERM, default 10000 */
   uint64_t seed;              /* policy randomness, default 1 */
   char *admin_token_file;     /* --admin-token-file: the admin API's bearer token, or NULL */

@@ -43,12 +43,14 @@
 #include "log.h"
 #include "openai.h"
 
+#include <errno.h>
 #include <llhttp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #define KVR_HTTP_INBUF_MAX (256 * 1024)
@@ -74,6 +76,7 @@ struct kvr_http_server_s {
   void *close_data;
   int port;
   bool log_rejects;
+  bool reuse_port;    /* SO_REUSEPORT on the listener */
   uint64_t rid_state; /* request ids of the requests the server rejects itself */
 };
 
@@ -890,10 +893,22 @@ int kvr_http_server_listen(kvr_http_server_t *srv, const char *hostport, char *e
     snprintf(errbuf, errlen, "invalid listen address '%s' (expected HOST:PORT)", hostport);
     return KVR_EINVAL;
   }
-  uv_tcp_init(srv->loop, &srv->listener);
+  /* With reuse_port the socket is made now (libuv 1.44 has no UV_TCP_REUSEPORT) so that the option
+   * is set before the bind. */
+  int rc = uv_tcp_init_ex(srv->loop, &srv->listener, srv->reuse_port ? ss.ss_family : AF_UNSPEC);
+  if (rc != 0) {
+    snprintf(errbuf, errlen, "cannot listen on %s: %s", hostport, uv_strerror(rc));
+    return KVR_EIO;
+  }
   srv->listener.data = srv;
   srv->listener_open = true;
-  int rc = uv_tcp_bind(&srv->listener, (struct sockaddr *)&ss, 0);
+  uv_os_fd_t fd;
+  int one = 1;
+  if (srv->reuse_port && (uv_fileno((uv_handle_t *)&srv->listener, &fd) != 0 ||
+                          setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0))
+    rc = uv_translate_sys_error(errno);
+  if (rc == 0)
+    rc = uv_tcp_bind(&srv->listener, (struct sockaddr *)&ss, 0);
   if (rc == 0)
     rc = uv_listen((uv_stream_t *)&srv->listener, 511, on_connection);
   if (rc != 0) {
@@ -908,6 +923,10 @@ int kvr_http_server_listen(kvr_http_server_t *srv, const char *hostport, char *e
     srv->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
                                                   : ((struct sockaddr_in *)&bound)->sin_port);
   return 0;
+}
+
+void kvr_http_server_reuse_port(kvr_http_server_t *srv, bool on) {
+  srv->reuse_port = on;
 }
 
 void kvr_http_server_log_rejects(kvr_http_server_t *srv, bool on) {

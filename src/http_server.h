@@ -111,6 +111,11 @@ int kvr_http_server_listen(kvr_http_server_t *srv, const char *hostport, char *e
  * are logged as one "access" line each, like handled requests. */
 void kvr_http_server_log_rejects(kvr_http_server_t *srv, bool on);
 
+/* Before kvr_http_server_listen(): open the listener with SO_REUSEPORT, so that other processes
+ * listening on the same address with it share the port (Linux spreads new connections over them
+ * by a hash of the 4-tuple). */
+void kvr_http_server_reuse_port(kvr_http_server_t *srv, bool on);
+
 /* The port actually bound (useful after listening on port 0), or -1. */
 int kvr_http_server_port(const kvr_http_server_t *srv);
 

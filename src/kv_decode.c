@@ -238,18 +238,18 @@ static void read_event(kvr_kv_batch_t *b, const msgpack_object *o) {
     b->skipped[skip]++;
 }
 
-/* True when every array and map in the first msgpack object of p[0..len) declares no more
- * elements than bytes remain. msgpack-c's unpacker allocates a container's element array from its
- * declared count before reading the elements (the C API has no size limit), so a 6-byte
- * "array32 of 2^32 elements" would ask for 96 GiB; each element takes at least one byte, so this
- * walk bounds what the unpacker may allocate by the payload's size. */
-bool kvr_msgpack_sizes_plausible(const void *data, size_t len) {
+/* The size of the first msgpack object of p[0..len), or 0 unless every array and map in it
+ * declares no more elements than bytes remain. msgpack-c's unpacker allocates a container's element
+ * array from its declared count before reading the elements (the C API has no size limit), so a
+ * 6-byte "array32 of 2^32 elements" would ask for 96 GiB; each element takes at least one byte, so
+ * this walk bounds what the unpacker may allocate by the payload's size. */
+size_t kvr_msgpack_object_size(const void *data, size_t len) {
   const unsigned char *p = data;
   size_t i = 0;
   uint64_t items = 1; /* objects still to walk */
   while (items > 0) {
     if (i >= len)
-      return false;
+      return 0;
     unsigned b = p[i];
     uint64_t skip = 0, n = 0; /* payload bytes after the header; container elements */
     size_t hdr = 1;
@@ -309,10 +309,10 @@ bool kvr_msgpack_sizes_plausible(const void *data, size_t len) {
         if (b >= 0xca && b <= 0xd8)
           skip = fixed[b - 0xca];
         else
-          return false; /* 0xc1: never used */
+          return 0; /* 0xc1: never used */
       }
       if (i + 1 + lenbytes > len)
-        return false;
+        return 0;
       uint64_t v = 0;
       for (unsigned k = 0; k < lenbytes; k++)
         v = v << 8 | p[i + 1 + k];
@@ -325,13 +325,17 @@ bool kvr_msgpack_sizes_plausible(const void *data, size_t len) {
         skip += v;
     }
     if (skip > len - i - hdr)
-      return false;
+      return 0;
     i += hdr + (size_t)skip;
     if (n > len - i)
-      return false;
+      return 0;
     items = items - 1 + n;
   }
-  return true;
+  return i;
+}
+
+bool kvr_msgpack_sizes_plausible(const void *data, size_t len) {
+  return kvr_msgpack_object_size(data, len) > 0;
 }
 
 int kvr_kv_decode_batch(const void *data, size_t len, kvr_kv_batch_t *b, char *err, size_t errlen) {

@@ -80,4 +80,8 @@ void kvr_kv_batch_free(kvr_kv_batch_t *b);
  * could hold (msgpack-c allocates a container from its declared count before reading it). */
 bool kvr_msgpack_sizes_plausible(const void *data, size_t len);
 
+/* The byte length of the first msgpack object of data[0..len) when it passes the same check, else
+ * 0: splits a stream of objects sent back to back (peer_sync.c's batched frames). */
+size_t kvr_msgpack_object_size(const void *data, size_t len);
+
 #endif

@@ -23,9 +23,11 @@
  *        its polled figures are then not used), and is dropped (records ended, back to polled
  *        figures) when silent for peer_stale_ms or when its instance changes (a restart).
  *
- * Messages are msgpack arrays (one ZMQ frame each, no topic). Unknown kinds, a wrong shape or an
- * unknown instance are counted and skipped; a sequence gap is counted and left to the next
- * snapshot.
+ * Messages are msgpack arrays, sent back to back in one ZMQ frame per loop iteration (no topic):
+ * what the iteration's requests published leaves together at the next one, so the ZMQ I/O thread
+ * wakes once per iteration, not once per message. Unknown kinds, a wrong shape or an unknown
+ * instance are counted and skipped; a frame whose rest cannot be split is counted once and
+ * dropped; a sequence gap is counted and left to the next snapshot.
  */
 #ifndef KVR_PEER_SYNC_H
 #define KVR_PEER_SYNC_H
@@ -77,13 +79,14 @@ typedef struct kvr_peer_sync_s kvr_peer_sync_t;
  * when sync is off; on a bind failure, NULL with err set. */
 kvr_peer_sync_t *kvr_peer_sync_new(uv_loop_t *loop, kvr_router_t *r, char *err, size_t errlen);
 
-/* One message from a peer (what the SUB socket hands over). */
+/* One frame from a peer (what the SUB socket hands over): one or more messages back to back. */
 void kvr_peer_sync_receive(kvr_peer_sync_t *s, const void *data, size_t len);
 
 /* The periodic work: connect to newly learned peers, drop silent ones, publish a snapshot. */
 void kvr_peer_sync_tick(kvr_peer_sync_t *s);
 
-/* With loop NULL, every message this replica would publish goes to fn instead (tests). */
+/* With loop NULL, every message this replica would publish goes to fn instead, one frame per
+ * message (tests). */
 void kvr_peer_sync_set_sink(kvr_peer_sync_t *s, void (*fn)(void *ctx, const void *, size_t),
                             void *ctx);
 

@@ -88,6 +88,7 @@ static const scalar_t scalars[] = {
     /* The scrape timer's period is set when it starts. */
     SC("metrics_scrape.interval_ms", K_U64, scrape_interval_ms, false),
     SC("admin_open_reads", K_BOOL, admin_open_reads, false),
+    SC("reuse_port", K_BOOL, reuse_port, false),
 };
 
 typedef struct {

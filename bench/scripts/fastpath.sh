@@ -61,6 +61,12 @@
 #   --base-port N    ports N+1 .. N+9 on 127.0.0.1 are used (default 18600)
 #   --backend-cpu N  core of the static backend (default 0)
 #   --note TEXT      a line printed under the title (e.g. "preliminary, machine shared")
+#   --cores N        N > 1: the wrk table only (no streaming, routing, overhead or --perf), every
+#                    proxy with N workers -- nginx worker_processes N, HAProxy nbthread N, N kvrouter
+#                    replicas sharing the port (`--reuse-port true`, each the others' --peer with
+#                    --peer-sync-listen) -- and nothing pinned: wrk (-tN), the backend (N workers)
+#                    and the proxy under test share cores 0..N-1. Ports N+10 .. N+9+N are the
+#                    replicas' admin ports. Default results folder bench/results/fastpath-Ncores.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -74,6 +80,8 @@ BASE=18600
 BACKEND_CPU=0
 NOTE=""
 ROUNDS=1
+CORES=1
+OUT_SET=0
 CMDLINE="bash bench/scripts/fastpath.sh$(printf ' %q' "$@")"
 
 die() {
@@ -87,7 +95,8 @@ while [ $# -gt 0 ]; do
   --quick) QUICK=1; DURATION=3; shift ;;
   --perf) PERF=1; shift ;;
   --kvrouter) KVROUTER=${2:?--kvrouter needs a path}; shift 2 ;;
-  --out) OUT=${2:?--out needs a folder}; shift 2 ;;
+  --out) OUT=${2:?--out needs a folder}; OUT_SET=1; shift 2 ;;
+  --cores) CORES=${2:?--cores needs a number}; shift 2 ;;
   --base-port) BASE=${2:?--base-port needs a number}; shift 2 ;;
   --backend-cpu) BACKEND_CPU=${2:?--backend-cpu needs a core}; shift 2 ;;
   --note) NOTE=${2:?--note needs text}; shift 2 ;;
@@ -102,6 +111,13 @@ case "$ROUNDS" in '' | *[!0-9]* | 0) die "--rounds: must be a whole number >= 1"
 case "$BASE" in '' | *[!0-9]*) die "--base-port: must be a number" ;; esac
 [ "$BASE" -ge 1024 ] && [ "$BASE" -le 65500 ] || die "--base-port: must be in 1024..65500"
 [ "$(nproc)" -ge 2 ] || die "needs at least 2 cores (wrk on core 0, the proxy on core 1)"
+case "$CORES" in '' | *[!0-9]* | 0) die "--cores: must be a whole number >= 1" ;; esac
+[ "$CORES" -le "$(nproc)" ] || die "--cores: $CORES is more than this machine's $(nproc)"
+if [ "$CORES" -gt 1 ]; then
+  [ "$PERF" = 0 ] || die "--perf profiles the one-core setup: leave out --cores"
+  [ "$OUT_SET" = 1 ] || OUT=bench/results/fastpath-${CORES}cores
+  ALL_CPUS=0-$((CORES - 1))
+fi
 cd "$ROOT"
 [ -x "$KVROUTER" ] || die "$KVROUTER: not an executable (build first, or pass --kvrouter)"
 KVROUTER=$(cd "$(dirname "$KVROUTER")" && pwd)/$(basename "$KVROUTER")
@@ -190,7 +206,7 @@ nginx_common() { # $1 prefix dir: the parts both nginx configurations share
   cat <<EOF
 daemon off;
 master_process on;
-worker_processes 1;
+worker_processes $CORES;
 pid $1/nginx.pid;
 error_log $1/error.log warn;
 events { worker_connections 4096; multi_accept on; }
@@ -256,7 +272,7 @@ write_haproxy_conf() {
   mkdir -p "$TMP/haproxy"
   cat >"$TMP/haproxy/haproxy.cfg" <<EOF
 global
-  nbthread 1
+  nbthread $CORES
   maxconn 4096
 defaults
   mode http
@@ -331,10 +347,12 @@ check_200() { # $1 target, $2 port: GET, small POST and 400 KiB POST answer 200 
   done
 }
 
-proc_cpu() { # utime + stime in clock ticks of a PID and its child processes (nginx's worker)
-  local pid=$1 total=0 c
-  for c in $pid $(cat "/proc/$pid/task/$pid/children" 2>/dev/null); do
-    total=$((total + $(awk '{sub(/.*\) /, ""); print $12 + $13}' "/proc/$c/stat" 2>/dev/null || echo 0)))
+proc_cpu() { # utime + stime in clock ticks of PIDs and their child processes (nginx's workers)
+  local pid total=0 c
+  for pid in "$@"; do
+    for c in $pid $(cat "/proc/$pid/task/$pid/children" 2>/dev/null); do
+      total=$((total + $(awk '{sub(/.*\) /, ""); print $12 + $13}' "/proc/$c/stat" 2>/dev/null || echo 0)))
+    done
   done
   echo "$total"
 }
@@ -350,7 +368,7 @@ declare -A PORT PID_OF
 run_wrk() { # $1 port, $2 connections, $3 seconds, $4 output file, rest: Lua arguments
   local port=$1 conns=$2 secs=$3 out=$4
   shift 4
-  taskset -c 0 wrk -t1 -c"$conns" -d"${secs}s" --timeout 10s --latency \
+  taskset -c "$WRK_CPUS" wrk -t"$CORES" -c"$conns" -d"${secs}s" --timeout 10s --latency \
     -s "$HERE/fastpath_wrk.lua" "http://127.0.0.1:$port" -- "$@" >"$out" 2>&1 ||
     die "wrk failed against port $port (output: $out)"
   grep -q '^FASTPATH_RESULT ' "$out" || die "wrk printed no FASTPATH_RESULT line (output: $out)"
@@ -371,10 +389,12 @@ if bad or r["requests"] == 0:
 cell() { # $1 row, $2 target, $3 round: one measured cell, appended to cells.jsonl
   local row=$1 t=$2 round=$3 out="$RAW/wrk_$1_$2_r$3.txt" c0 c1 pid
   pid=${PID_OF[$t]}
-  c0=$(proc_cpu "$pid")
+  # shellcheck disable=SC2086 # a list of PIDs (kvrouter's replicas with --cores)
+  c0=$(proc_cpu $pid)
   # shellcheck disable=SC2086
   run_wrk "${PORT[$t]}" "${ROW_CONNS[$row]}" "$DURATION" "$out" ${ROW_ARGS[$row]}
-  c1=$(proc_cpu "$pid")
+  # shellcheck disable=SC2086
+  c1=$(proc_cpu $pid)
   check_errors "$out"
   printf '{"row":"%s","target":"%s","round":%d,"conns":%d,"cpu_ticks":%d,"tick_hz":%d,"wrk":%s}\n' \
     "$row" "$t" "$round" "${ROW_CONNS[$row]}" $((c1 - c0)) "$(getconf CLK_TCK)" \
@@ -572,20 +592,41 @@ rm -f "$RAW"/alloc_sites_* "$RAW"/syscalls_*.txt "$RAW"/perf_*.txt "$RAW"/allocs
 write_backend_conf
 write_nginx_proxy_conf
 write_haproxy_conf
-start backend "$BACKEND_CPU" "$P_BE2" nginx -p "$TMP/backend" -c "$TMP/backend/nginx.conf"
+if [ "$CORES" = 1 ]; then
+  BE_CPUS=$BACKEND_CPU PROXY_CPUS=1 WRK_CPUS=0
+else
+  BE_CPUS=$ALL_CPUS PROXY_CPUS=$ALL_CPUS WRK_CPUS=$ALL_CPUS
+fi
+start backend "$BE_CPUS" "$P_BE2" nginx -p "$TMP/backend" -c "$TMP/backend/nginx.conf"
 PID_OF[direct]=$LAST_PID
 PORT[direct]=$P_BE1
-start nginx 1 "$P_NGINX" nginx -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf"
+start nginx "$PROXY_CPUS" "$P_NGINX" nginx -p "$TMP/nginx" -c "$TMP/nginx/nginx.conf"
 PID_OF[nginx]=$LAST_PID
 PORT[nginx]=$P_NGINX
-start haproxy 1 "$P_HAPROXY" haproxy -db -f "$TMP/haproxy/haproxy.cfg"
+start haproxy "$PROXY_CPUS" "$P_HAPROXY" haproxy -db -f "$TMP/haproxy/haproxy.cfg"
 PID_OF[haproxy]=$LAST_PID
 PORT[haproxy]=$P_HAPROXY
-start kvrouter 1 "$P_KVR" "$KVROUTER" serve --worker "http://127.0.0.1:$P_BE1" \
-  --worker "http://127.0.0.1:$P_BE2" --listen "127.0.0.1:$P_KVR" \
-  --admin-listen "127.0.0.1:$P_KVR_ADMIN" --policy round_robin --access-log false \
-  --scrape-interval-ms 0
-PID_OF[kvrouter]=$LAST_PID
+KVR_FLAGS=(--worker "http://127.0.0.1:$P_BE1" --worker "http://127.0.0.1:$P_BE2"
+  --listen "127.0.0.1:$P_KVR" --policy round_robin --access-log false --scrape-interval-ms 0)
+if [ "$CORES" = 1 ]; then
+  start kvrouter "$PROXY_CPUS" "$P_KVR" "$KVROUTER" serve "${KVR_FLAGS[@]}" \
+    --admin-listen "127.0.0.1:$P_KVR_ADMIN"
+  PID_OF[kvrouter]=$LAST_PID
+else
+  # N replicas on one port (SO_REUSEPORT), each the others' peer, synced over ZMQ.
+  PID_OF[kvrouter]=""
+  for i in $(seq 0 $((CORES - 1))); do
+    peers=()
+    for j in $(seq 0 $((CORES - 1))); do
+      [ "$i" = "$j" ] || peers+=(--peer "http://127.0.0.1:$((BASE + 10 + j))")
+    done
+    port_free $((BASE + 10 + i)) || die "127.0.0.1:$((BASE + 10 + i)) is in use (--base-port)"
+    start "kvrouter$i" "$PROXY_CPUS" $((BASE + 10 + i)) "$KVROUTER" serve "${KVR_FLAGS[@]}" \
+      --admin-listen "127.0.0.1:$((BASE + 10 + i))" --reuse-port true \
+      --peer-sync-listen "tcp://127.0.0.1:*" "${peers[@]}"
+    PID_OF[kvrouter]="${PID_OF[kvrouter]} $LAST_PID"
+  done
+fi
 PORT[kvrouter]=$P_KVR
 
 echo "fastpath.sh: checking that every target answers 200" >&2
@@ -602,7 +643,9 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-if [ "$PERF" = 1 ]; then
+if [ "$CORES" -gt 1 ]; then
+  : # the wrk table only
+elif [ "$PERF" = 1 ]; then
   echo "fastpath.sh: perf cells" >&2
   syscall_cell small
   add_probes
@@ -611,15 +654,18 @@ if [ "$PERF" = 1 ]; then
   alloc_sites
 fi
 
-echo "fastpath.sh: streaming ($SSE_STREAMS streams x $SSE_EVENTS events)" >&2
-sse_cell 1
-sse_cell 0
+rm -f "$RAW/bench_routing.md" "$RAW/proxy_overhead.json" "$RAW/proxy_overhead.md"
+if [ "$CORES" = 1 ]; then
+  echo "fastpath.sh: streaming ($SSE_STREAMS streams x $SSE_EVENTS events)" >&2
+  sse_cell 1
+  sse_cell 0
 
-echo "fastpath.sh: kvrouter bench routing" >&2
-taskset -c 1 "$KVROUTER" bench routing >"$RAW/bench_routing.md" 2>&1 || die "bench routing failed"
-echo "fastpath.sh: proxy_overhead.py (${PO_DURATION} s cells)" >&2
-python3 "$HERE/proxy_overhead.py" --kvrouter "$KVROUTER" --duration "$PO_DURATION" \
-  --json "$RAW/proxy_overhead.json" >"$RAW/proxy_overhead.md" 2>&1 || die "proxy_overhead.py failed"
+  echo "fastpath.sh: kvrouter bench routing" >&2
+  taskset -c 1 "$KVROUTER" bench routing >"$RAW/bench_routing.md" 2>&1 || die "bench routing failed"
+  echo "fastpath.sh: proxy_overhead.py (${PO_DURATION} s cells)" >&2
+  python3 "$HERE/proxy_overhead.py" --kvrouter "$KVROUTER" --duration "$PO_DURATION" \
+    --json "$RAW/proxy_overhead.json" >"$RAW/proxy_overhead.md" 2>&1 || die "proxy_overhead.py failed"
+fi
 
 FP_CMD=$CMDLINE FP_NOTE=$NOTE python3 - "$RAW/meta.json" <<EOF
 import json, os, platform, subprocess, sys
@@ -644,6 +690,7 @@ meta = {
     "duration_s": $DURATION,
     "rounds": $ROUNDS,
     "backend_cpu": $BACKEND_CPU,
+    "cores": $CORES,
     "sse": {"streams": $SSE_STREAMS, "events": $SSE_EVENTS},
     "note": os.environ["FP_NOTE"],
 }

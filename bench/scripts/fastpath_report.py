@@ -175,6 +175,8 @@ def targets_table(cells, sse, routing, overhead):
     ]
     lines = ["| target | measured | goal | met |", "|---|---:|---:|:---:|"]
     for name, val, goal, ok, f in rows:
+        if val is None and not (sse or routing or overhead):
+            continue  # a --cores run: the wrk table only
         if val is None:
             lines.append("| %s | n/a | %s | n/a |" % (name, goal))
             continue
@@ -217,26 +219,38 @@ def main():
     md = ["# The fast path: kvrouter, nginx and HAProxy in one run (issue 20)", ""]
     if meta.get("note"):
         md += ["**%s**" % meta["note"], ""]
+    cores = meta.get("cores", 1)
+    rounds = ("one round" if meta.get("rounds", 1) == 1 else
+              "%d rounds, each cell's best round shown (every round in raw/cells.jsonl)"
+              % meta["rounds"])
+    if cores == 1:
+        setup = ("`wrk -t1` pinned to core 0, each proxy pinned to core 1 (nginx 1 worker with "
+                 "upstream keepalive 64 and in-memory request bodies; HAProxy nbthread 1, "
+                 "http-reuse always; kvrouter `serve --policy round_robin --access-log false "
+                 "--scrape-interval-ms 0`), static nginx backend (1 worker, two ports) on core %d"
+                 % meta["backend_cpu"])
+    else:
+        setup = ("%d cores, nothing pinned: `wrk -t%d`, the static nginx backend (%d workers, two "
+                 "ports) and the proxy under test share cores 0-%d; nginx %d workers with upstream "
+                 "keepalive 64 and in-memory request bodies; HAProxy nbthread %d, http-reuse "
+                 "always; kvrouter: %d replicas of `serve --policy round_robin --access-log false "
+                 "--scrape-interval-ms 0` on one port (`--reuse-port true`), each the others' "
+                 "`--peer` with `--peer-sync-listen`; a proxy's CPU is the sum of its processes'"
+                 % (cores, cores, cores, cores - 1, cores, cores, cores))
     md += ["- command: `%s`" % meta["command"],
            "- date: %s; commit %s; %s" % (meta["date"], meta["commit"], meta["kvrouter"]),
            "- machine: nproc %d, %s, kernel %s; load average at the end %s" % (
                meta["nproc"], meta["cpu"], meta["kernel"], " ".join(meta["loadavg_at_end"])),
            "- versions: %s; %s; %s" % (meta["nginx"], meta["haproxy"], meta["wrk"]),
-           "- setup: `wrk -t1` pinned to core 0, each proxy pinned to core 1 (nginx 1 worker with "
-           "upstream keepalive 64 and in-memory request bodies; HAProxy nbthread 1, http-reuse "
-           "always; kvrouter `serve --policy round_robin --access-log false "
-           "--scrape-interval-ms 0`), static nginx backend (1 worker, two ports) on core %d; %d s "
-           "per cell after a 1 s warm-up; %s; every cell ended with 0 socket errors and 0 responses "
-           ">= 400 (the script fails otherwise); raw wrk output in `raw/`." % (
-               meta["backend_cpu"], meta["duration_s"],
-               "one round" if meta.get("rounds", 1) == 1 else
-               "%d rounds, each cell's best round shown (every round in raw/cells.jsonl)"
-               % meta["rounds"]), ""]
+           "- setup: %s; %d s per cell after a 1 s warm-up; %s; every cell ended with 0 socket "
+           "errors and 0 responses >= 400 (the script fails otherwise); raw wrk output in `raw/`."
+           % (setup, meta["duration_s"], rounds), ""]
     md += ["## Throughput (requests per second)", ""] + throughput_table(cells) + [""]
     md += ["## Latency", ""] + latency_table(cells) + [""]
     md += ["## Proxy CPU per request", "",
-           "CPU time (utime + stime from /proc, nginx's master and worker) over the cell divided by "
-           "its requests; \"cores busy\" near 1.00 means kvrouter was the bottleneck on its core.",
+           "CPU time (utime + stime from /proc, nginx's master and workers, every kvrouter "
+           "replica) over the cell divided by its requests; \"cores busy\" is kvrouter's CPU "
+           "over the cell's wall time (near 1.00 on one core: kvrouter was the bottleneck there).",
            ""] + cpu_table(cells) + [""]
     if sse:
         md += ["## Streaming cost", "",

@@ -10,6 +10,7 @@ a peer that stops is marked down and its figures age out; route/explain tokenize
 and shows the precise index when a worker publishes KV events; --peer validation. With
 --peer-sync-listen the replicas announce each request as it happens: B sees A's streams start and
 end within a fraction of the poll interval, and drops A's announced load when A goes silent.
+With --reuse-port two replicas share one public port and both serve it.
 
     python3 tests/router/test_replicas.py --kvrouter build/kvrouter [-k NAME] [-v]
 """
@@ -254,6 +255,43 @@ def bench_alternates_between_replicas():
             p = subprocess.run([h._kvrouter(), "bench", "--url", bad, "--model", "m", "--rates",
                                 "1"], capture_output=True, text=True, timeout=10)
             assert p.returncode != 0 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+@test(timeout=60)
+def reuse_port_shares_one_port():
+    """--reuse-port: two replicas listen on the same public port (each on its own admin port),
+    synced; the kernel spreads new connections over both, every request is answered, and each
+    replica's counters hold only its own. Without the flag the second one cannot listen, with one
+    line that says why and a non-zero exit."""
+    with h.Cleanup() as c:
+        s0 = c.add(Sim(fixed=(2, 2)))
+        port = h.closed_port()
+        listen = "127.0.0.1:%d" % port
+        pa, pb = h.closed_port(), h.closed_port()
+        common = ["--reuse-port", "true", "--peer-sync-listen", "tcp://127.0.0.1:*",
+                  "--peer-interval-ms", 200] + h.FAST
+        a = c.add(Router([s0], "--listen", listen, "--admin-listen", "127.0.0.1:%d" % pa,
+                         "--peer", "http://127.0.0.1:%d" % pb, *common))
+        b = c.add(Router([s0], "--listen", listen, "--admin-listen", "127.0.0.1:%d" % pb,
+                         "--peer", "http://127.0.0.1:%d" % pa, *common))
+        assert a.port == b.port == port, (a.port, b.port)
+        wait_for(lambda: metric(a, "kvrouter_peer_sync_live") == 1 and
+                 metric(b, "kvrouter_peer_sync_live") == 1, 10, "sync live both ways")
+        n = 60
+        for i in range(n):  # one connection each: the kernel picks a listener per connection
+            r = h.request(port, "POST", "/v1/chat/completions",
+                          h.chat_body("reuse %d" % i, max_tokens=4), timeout=10)
+            assert r.status == 200, (r.status, r.body[:200])
+        na = metric(a, "kvrouter_http_requests_total", route="chat_completions")
+        nb = metric(b, "kvrouter_http_requests_total", route="chat_completions")
+        assert na + nb == n and na > 0 and nb > 0, (na, nb)
+        # the one without the flag is refused the port while the two hold it
+        p = subprocess.run([h._kvrouter(), "serve", "--worker", s0.url, "--listen", listen,
+                            "--admin-listen", "127.0.0.1:0"], capture_output=True, text=True,
+                           timeout=10)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode != 0 and any("cannot listen on " + listen in ln for ln in lines), \
+            p.stderr
 
 
 @test(timeout=30)
