@@ -86,8 +86,8 @@ def run(scenario, mode, args, d):
         rate = RATES[scenario] * args.rate_scale
         cmd = [args.kvrouter, "bench", "--url", "http://127.0.0.1:%d" % router.port, "--admin",
                "http://127.0.0.1:%d" % router.admin_port, *LEVEL, *SCENARIOS[scenario], "--rates",
-               "%.3f" % rate, "--num-prompts", str(args.num_prompts), "--time-scale",
-               str(args.time_scale), "--seed", str(args.seed), "--no-reset-cache", "--out", out,
+               "%.3f" % rate, *(["--num-prompts", str(args.num_prompts)] if args.num_prompts
+                                else []), "--time-scale", str(args.time_scale), "--seed", str(args.seed), "--no-reset-cache", "--out", out,
                "--quiet"]
         print("==", scenario, mode, " ".join(cmd), flush=True)
         t0 = time.time()
@@ -120,7 +120,8 @@ def main():
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--time-scale", type=float, default=4)
     ap.add_argument("--rate-scale", type=float, default=0.8)
-    ap.add_argument("--num-prompts", type=int, default=100)
+    ap.add_argument("--num-prompts", type=int, default=None,
+                    help="measured requests per run (default: the study's, 100; agentic 300)")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--scrape-interval-ms", type=int, default=100)
     ap.add_argument("--flush", type=float, default=0,
@@ -145,13 +146,13 @@ def main():
     lines = ["# Precise mode against the approximate index (real time)", "",
              "Command: `python3 bench/scripts/precise_realtime.py --kvrouter build/kvrouter --out "
              "bench/results/precise-rt --time-scale %g --rate-scale %g%s` (%d workers, policy "
-             "kv_aware, %d measured requests per run after the scenario's warm-up, seed %d; "
+             "kv_aware, %s measured requests per run after the scenario's warm-up, seed %d; "
              "%.0f s). Each scenario at %g x kv_aware's precise max SLO rate in virtual time "
              "(simulated req/s). Gap = (predicted - reported) / reported cached prompt tokens over "
              "the level's requests (warm-up included)." % (
                  args.time_scale, args.rate_scale, (" --flush %g" % args.flush) if args.flush
-                 else "", args.workers, args.num_prompts, args.seed, time.time() - t0,
-                 args.rate_scale), "",
+                 else "", args.workers, args.num_prompts or "100 (agentic 300)", args.seed,
+                 time.time() - t0, args.rate_scale), "",
              "| scenario | rate | mode | gap | TTFT p50 (ms) | TTFT p99 (ms) | TPOT p99 (ms) | "
              "goodput (req/s) | SLO | send lag p99 (real ms) |",
              "|---|---:|---|---:|---:|---:|---:|---:|:-:|---:|"]
