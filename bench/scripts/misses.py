@@ -51,7 +51,8 @@ def breakdown(recs):
                     kind = "unknown"
                 else:
                     kind = "moved" if prev["worker"] != r["worker"] else "stayed"
-                    new += max(0, r["prompt_tokens"] - prev["prompt_tokens"] - prev["output_tokens"])
+                    grew = r["prompt_tokens"] - prev["prompt_tokens"] - prev["output_tokens"]
+                    new += max(0, grew)
                 unc[kind] += r["prompt_tokens"] - r["cached_tokens"]
                 count[kind] += 1
             prev = r
@@ -73,7 +74,8 @@ def main():
             return 1
         keys = sorted({(r["label"], r.get("rate", r.get("users", 0))) for r in recs})
         for label, load_ in keys:
-            sel = [r for r in recs if r["label"] == label and r.get("rate", r.get("users", 0)) == load_]
+            sel = [r for r in recs
+                   if r["label"] == label and r.get("rate", r.get("users", 0)) == load_]
             total, new, unc, count = breakdown(sel)
             if total == 0:
                 continue

@@ -87,7 +87,8 @@ def run(scenario, mode, args, d):
         cmd = [args.kvrouter, "bench", "--url", "http://127.0.0.1:%d" % router.port, "--admin",
                "http://127.0.0.1:%d" % router.admin_port, *LEVEL, *SCENARIOS[scenario], "--rates",
                "%.3f" % rate, *(["--num-prompts", str(args.num_prompts)] if args.num_prompts
-                                else []), "--time-scale", str(args.time_scale), "--seed", str(args.seed), "--no-reset-cache", "--out", out,
+                                else []), "--time-scale", str(args.time_scale), "--seed",
+               str(args.seed), "--no-reset-cache", "--out", out,
                "--quiet"]
         print("==", scenario, mode, " ".join(cmd), flush=True)
         t0 = time.time()
