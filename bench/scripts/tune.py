@@ -2,7 +2,7 @@
 """tune.py -- tries kv_aware parameter sets in virtual time against the reference policies.
 
 For each candidate (a JSON object of kv_aware parameters) it runs
-  kvrouter bench study --policies kv_aware --seeds N [--scenarios ...] --out OUT/<i> --quiet \
+  kvrouter bench study --policies round_robin,kv_aware --seeds N [--scenarios ...] --out OUT/<i> --quiet \
       -- --policy-params 'kv_aware=<candidate>'
 and compares kv_aware's mean max SLO-compliant rate per scenario with a reference study's
 (a full `kvrouter bench study` run: its study.json gives every reference policy's mean). It prints
@@ -36,8 +36,10 @@ def load_refs(path):
 
 def run(kvr, out, cand, seeds, scenarios):
     os.makedirs(out, exist_ok=True)
-    cmd = [kvr, "bench", "study", "--policies", "kv_aware", "--seeds", str(seeds), "--out", out,
-           "--quiet"]
+    # round_robin first, as in the full study: each policy's search starts at the first label's
+    # limit (bench/loadgen/runner.c), so kv_aware alone would search another path
+    cmd = [kvr, "bench", "study", "--policies", "round_robin,kv_aware", "--seeds", str(seeds),
+           "--out", out, "--quiet"]
     if scenarios:
         cmd += ["--scenarios", scenarios]
     cmd += ["--", "--policy-params", "kv_aware=" + json.dumps(cand, separators=(",", ":"))]
