@@ -93,7 +93,8 @@ void kvr_vcluster_transport(kvr_vcluster_t *vc, kvr_loadgen_vt_t *out);
 int kvr_vcluster_set_policy(kvr_vcluster_t *vc, const char *name, const cJSON *params, char *err,
                             size_t errlen);
 
-/* The cluster's router (read-only: its workers, indexes and counters). */
+/* The cluster's router (read-only: its workers, indexes and counters); kvr_vcluster_restart
+ * replaces it, so the pointer is good until the next restart. */
 const kvr_router_t *kvr_vcluster_router(const kvr_vcluster_t *vc);
 
 /* Empties worker wi's prefix cache behind the router's back (an operator's reset on the engine, a
