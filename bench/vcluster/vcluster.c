@@ -698,6 +698,14 @@ static void dispatch(kvr_vcluster_t *vc, ev_t *ev) {
 
 /* ---- the load generator's transport ---------------------------------------------------------- */
 
+/* The earliest event: the clock moves to it and it runs. */
+static void run_next(kvr_vcluster_t *vc) {
+  ev_t ev = pop(vc);
+  vc->now = ev.t;
+  vc->events++;
+  dispatch(vc, &ev);
+}
+
 static uint64_t vt_now(void *ctx) {
   return ((kvr_vcluster_t *)ctx)->now;
 }
@@ -736,10 +744,7 @@ static void vt_run(void *ctx) {
   kvr_vcluster_t *vc = ctx;
   vc->stopped = false;
   while (!vc->stopped && vc->nheap > 0) {
-    ev_t ev = pop(vc);
-    vc->now = ev.t;
-    vc->events++;
-    dispatch(vc, &ev);
+    run_next(vc);
   }
 }
 
@@ -930,10 +935,7 @@ int kvr_vcluster_restart(kvr_vcluster_t *vc, char *err, size_t errlen) {
    * step), bounded: a level ends with every request answered or cancelled. */
   uint64_t until = vc->now + ns_of(3600);
   while (!kvr_list_empty(&vc->live) && vc->nheap > 0 && vc->heap[0].t <= until) {
-    ev_t ev = pop(vc);
-    vc->now = ev.t;
-    vc->events++;
-    dispatch(vc, &ev);
+    run_next(vc);
   }
   if (!kvr_list_empty(&vc->live)) {
     snprintf(err, errlen, "requests still in flight an hour (virtual) after the level");
@@ -955,8 +957,7 @@ int kvr_vcluster_restart(kvr_vcluster_t *vc, char *err, size_t errlen) {
   free(keep);
   for (size_t i = 0; i < vc->o.workers; i++) {
     kvr_sim_engine_free(vc->w[i].eng);
-    vc->w[i].eng = NULL;
-    vc->w[i].ngone = 0;
+    vc->w[i].eng = NULL; /* build() makes each worker anew */
   }
   kvr_router_free(vc->router);
   vc->router = NULL;
@@ -977,10 +978,7 @@ int kvr_vcluster_restart(kvr_vcluster_t *vc, char *err, size_t errlen) {
 void kvr_vcluster_idle(kvr_vcluster_t *vc, double seconds) {
   uint64_t until = vc->now + ns_of(seconds);
   while (vc->nheap > 0 && vc->heap[0].t <= until) {
-    ev_t ev = pop(vc);
-    vc->now = ev.t;
-    vc->events++;
-    dispatch(vc, &ev);
+    run_next(vc);
   }
   vc->now = until;
 }
