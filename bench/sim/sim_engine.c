@@ -498,37 +498,37 @@ void kvr_sim_engine_remove(kvr_sim_engine_t *eng, kvr_sim_req_t *req) {
 
 /* ---- scheduling ---- */
 
-/* Looks req's full blocks up in the cache, stopping at the first miss; the last token is never a
- * hit (it must be computed to sample). Fills eng->scratch; returns the number of hit blocks. */
-static uint32_t prefix_lookup(kvr_sim_engine_t *eng, const kvr_sim_req_t *req) {
+/* Looks the full blocks of tokens[0..n) up in the cache, stopping at the first miss; the last
+ * token is never a hit (it must be computed to sample). Writes the hit blocks' ids into ids when
+ * it is not NULL; returns the number of hit blocks. */
+static uint32_t cached_blocks(const kvr_sim_engine_t *eng, const uint32_t *tokens, uint32_t n,
+                              int32_t *ids) {
   uint32_t bs = eng->cfg.block_size;
-  uint32_t max_blocks = (req->ntokens - 1) / bs;
+  uint32_t max_blocks = n > 0 ? (n - 1) / bs : 0;
   uint64_t parent = 0;
-  uint32_t n = 0;
-  for (; n < max_blocks; n++) {
-    uint64_t h = kvr_sim_block_hash(parent, req->tokens + (size_t)n * bs, bs);
+  uint32_t hits = 0;
+  for (; hits < max_blocks; hits++) {
+    uint64_t h = kvr_sim_block_hash(parent, tokens + (size_t)hits * bs, bs);
     int32_t id = hash_find(eng, h);
     if (id < 0)
       break;
-    eng->scratch[n] = id;
+    if (ids)
+      ids[hits] = id;
     parent = h;
   }
-  return n;
+  return hits;
 }
 
-/* The tokens of prompt[0..n) the prefix cache holds now, in whole blocks, at most n - 1 (the last
- * token is always computed), as the scheduler will find them. */
+/* req's hit blocks into eng->scratch; returns their number. */
+static uint32_t prefix_lookup(kvr_sim_engine_t *eng, const kvr_sim_req_t *req) {
+  return cached_blocks(eng, req->tokens, req->ntokens, eng->scratch);
+}
+
+/* The tokens of prompt[0..n) the prefix cache holds now, as the scheduler will find them. */
 static uint32_t cached_prefix(const kvr_sim_engine_t *eng, const uint32_t *prompt, uint32_t n) {
-  uint32_t bs = eng->cfg.block_size, cached = 0;
-  uint64_t parent = 0;
-  for (uint32_t b = 0; eng->cfg.enable_prefix_caching && n > 0 && b < (n - 1) / bs; b++) {
-    uint64_t h = kvr_sim_block_hash(parent, prompt + (size_t)b * bs, bs);
-    if (hash_find(eng, h) < 0)
-      break;
-    cached += bs;
-    parent = h;
-  }
-  return cached;
+  if (!eng->cfg.enable_prefix_caching)
+    return 0;
+  return cached_blocks(eng, prompt, n, NULL) * eng->cfg.block_size;
 }
 
 void kvr_sim_engine_probe(const kvr_sim_engine_t *eng, const uint32_t *prompt, uint32_t n,
