@@ -149,6 +149,10 @@ static const kvr_cli_opt_t options[] = {
      .help = "rates are conversation starts/s (default: turn arrivals/s)"},
     {KVR_CLI_DOUBLE, "burstiness", F(lg.burstiness), .arg = "B", KVR_CLI_GT(0),
      .help = "gamma shape of inter-arrival gaps (1 = Poisson)"},
+    {KVR_CLI_INT, "arrival-seed", F(lg.arrival_seed), .arg = "S", KVR_CLI_RANGE(-1, 4294967295.0),
+     .help = "rates: send the measured requests on the schedule `vllm bench serve --seed S` "
+             "draws (numpy's stream; its default seed is 0), to compare with its results on "
+             "the same arrivals; -1 = gaps from --seed"},
     {KVR_CLI_UINT, "num-prompts", F(lg.num_prompts), .arg = "N", KVR_CLI_RANGE(1, 10000000),
      .help = "measured requests per level"},
     {KVR_CLI_UINT, "warmup", F(lg.warmup), .arg = "N", KVR_CLI_RANGE(0, 1000000),
@@ -208,6 +212,10 @@ static const kvr_cli_opt_t options[] = {
              "marked virtual; deterministic for a --seed"},
     {KVR_CLI_UINT, "workers", F(vc.workers), .arg = "N", KVR_CLI_RANGE(1, KVR_MAX_WORKERS),
      .help = "virtual: simulated workers"},
+    {KVR_CLI_SWITCH, "keep-cluster", F(keep_cluster), .set = 1,
+     .help = "virtual: run each level on the cluster the previous level left (its caches and "
+             "learned rates), as one server swept from rate to rate is; by default every level "
+             "starts on a fresh cluster, so its verdict depends only on policy, load and seed"},
     {KVR_CLI_LIST, "worker-blocks",
      KVR_CLI_ARRAY(kvr_runner_opts_t, vc.worker_blocks, vc.nworker_blocks), .arg = "LIST",
      .elem = KVR_CLI_UINT, KVR_CLI_RANGE(1, 1 << 30),

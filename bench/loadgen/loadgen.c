@@ -46,6 +46,7 @@
  * loopback: transport_ms) is counted once, at 1x, in TTFT and E2E; TPOT and ITL are unaffected.
  */
 #include "loadgen.h"
+#include "np_random.h"
 
 #include "src/buf.h"
 #include "src/curlm.h"
@@ -162,6 +163,7 @@ void kvr_loadgen_opts_default(kvr_loadgen_opts_t *o) {
   o->ignore_eos = true;
   o->time_scale = 1;
   o->burstiness = 1;
+  o->arrival_seed = -1;
   o->num_prompts = 300;
   o->request_timeout_s = 600;
 }
@@ -1173,17 +1175,30 @@ static size_t level_reset(kvr_loadgen_t *lg, double rate, unsigned concurrency,
 }
 
 /* Rate mode: the arrival schedule, gamma gaps with mean 1/real_rate (vllm's burstiness: shape k,
- * scale 1/(rate*k)). */
+ * scale 1/(rate*k)). With an arrival seed the measured requests follow the schedule `vllm bench
+ * serve --seed S` draws for them at this rate, after the warm-up sends. */
 static void build_arrivals(kvr_loadgen_t *lg) {
   double real_rate = lg->rate * scale(lg);
   lg->arrivals = kvr_xmalloc(lg->total * sizeof(uint64_t));
   kvr_rng_t rng;
   kvr_workload_rng_seed(&rng, kvr_workload_mix(lg->level_seed, 0xA77));
+  size_t own = lg->o.arrival_seed >= 0 ? lg->warmup : lg->total;
   double t = 0;
-  for (size_t i = 0; i < lg->total; i++) {
+  for (size_t i = 0; i < own; i++) {
     lg->arrivals[i] = (uint64_t)(t * 1e9);
     t += kvr_workload_rng_gamma(&rng, lg->o.burstiness, 1.0 / (real_rate * lg->o.burstiness));
   }
+  if (own == lg->total)
+    return;
+  /* The first measured send waits the schedule's first gap after the last warm-up send, as vllm's
+   * first send waits it after the start. */
+  double base = own > 0 ? (double)lg->arrivals[own - 1] / 1e9 : 0;
+  size_t n = lg->total - own;
+  double *v = kvr_xmalloc(n * sizeof(*v));
+  kvr_np_vllm_schedule((uint32_t)lg->o.arrival_seed, lg->rate, lg->o.burstiness, n, v);
+  for (size_t i = 0; i < n; i++)
+    lg->arrivals[own + i] = (uint64_t)((base + v[i] / scale(lg)) * 1e9);
+  free(v);
 }
 
 /* Frees the level's conversations, prepared request and arrivals; hands lv its counts. */

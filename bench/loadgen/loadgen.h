@@ -75,6 +75,9 @@ typedef struct kvr_loadgen_opts_s {
   bool ignore_eos;    /* add "ignore_eos": true so outputs run to max_tokens (vLLM, the sim) */
   double time_scale;  /* >= 1e-6; 1 = real time */
   double burstiness;  /* gamma shape; 1 = Poisson */
+  int64_t arrival_seed; /* rate mode: >= 0 sends the measured requests on the schedule of
+                         * `vllm bench serve --seed arrival_seed` (np_random.h), after the warm-up
+                         * ones; -1 = gaps from the level seed */
   bool sessions;      /* rate = conversation starts/s */
   unsigned warmup;    /* requests per level excluded from metrics (the first sends) */
   double warmup_s;    /* rate mode: at least rate * warmup_s warm-up requests (simulated s), so

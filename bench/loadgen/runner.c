@@ -177,9 +177,10 @@ static int level_begin(kvr_runner_t *r) {
     kvr_monitor_level_begin(r->mon);
     return 0;
   }
-  /* Virtual time: every level on a cluster as fresh as the first level's (vcluster.h). */
+  /* Virtual time: every level on a cluster as fresh as the first level's (vcluster.h), unless the
+   * run models one long-lived server (--keep-cluster: a calibration against a real rate sweep). */
   char err[256];
-  if (kvr_vcluster_restart(r->vc, err, sizeof(err)) != 0) {
+  if (!r->o->keep_cluster && kvr_vcluster_restart(r->vc, err, sizeof(err)) != 0) {
     fprintf(stderr, "kvrouter bench: virtual cluster: %s\n", err);
     return -1;
   }

@@ -69,6 +69,9 @@ typedef struct kvr_runner_opts_s {
   bool quiet;             /* no progress output */
   const char *command;    /* the command line, for the report */
   bool virt;              /* --virtual: run against a cluster in virtual time (bench/vcluster/) */
+  bool keep_cluster;      /* virtual: each level on the cluster the previous one left (caches,
+                           * learned rates), as a server run at one rate after another; default:
+                           * each level on a fresh cluster (kvr_vcluster_restart) */
   kvr_vcluster_opts_t vc; /* that cluster */
 } kvr_runner_opts_t;
 

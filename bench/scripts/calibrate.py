@@ -9,7 +9,8 @@ needs no other file, and the renderer of bench/results/CALIBRATION.md.
 Parts (--parts, default all; each starts its own `kvrouter sim` on 127.0.0.1 with --time-scale N
 through the harness's Sim, runs `kvrouter bench` against it, stops it by its PID):
   phase0   the sim's defaults under the seed's open-loop load (OPEN_ARGS: 300 prompts per rate
-           sampled from one fixed dataset of 70 5-turn conversations, Poisson, outputs
+           sampled from one fixed dataset of 70 5-turn conversations, Poisson on the schedule
+           `vllm bench serve` drew for the seed's runs (--arrival-seed 0), outputs
            normal(500, 231) tokens (OUTPUT_STD), the history carrying dataset answers of
            normal(1000, 700) tokens), rates 0.5-5.0. Rates <= 3.0 compare with seed 002's phase0
            column (in-sample: the cost terms were fitted to it); 3.5-5.0, which phase0 did not
@@ -21,8 +22,9 @@ through the harness's Sim, runs `kvrouter bench` against it, stops it by its PID
   noise    phase0 and the Phase 1 configurations again in virtual time (`kvrouter bench --virtual
            --workers 1`: the same engine and load on a discrete-event clock, no HTTP, ~1 s a
            configuration), once per bench seed (--noise-seeds): how far the table's counts and
-           figures move with the Poisson arrivals and the prompts sampled alone. Not in the
-           default parts; its summary (raw/noise/summary.json) is rendered below the table.
+           figures move with the prompts sampled alone (the arrivals are the seed's schedule,
+           --arrival-seed 0, in every run). Not in the default parts; its summary
+           (raw/noise/summary.json) is rendered below the table.
   closed   closed-loop users (--users, default 50-130) with the real workload's shape
            (CLOSED_ARGS: session mode, outputs normal(978, 450), the model stopping naturally),
            for seed 003's facts; plus `kvrouter sim --print-costs` for its prefill fact.
@@ -64,6 +66,7 @@ import argparse
 import datetime
 import fractions
 import json
+import math
 import os
 import platform
 import re
@@ -208,7 +211,11 @@ RATES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
 PHASE0_MAX_RATE = 3.0  # the phase0 column stops here; above it the rerun column stands in
 USERS = (50, 70, 90, 110, 130)
 
-# The seed's open-loop load shape, as `kvrouter bench` options (phase0 and phase1). Outputs:
+# The seed's open-loop load shape, as `kvrouter bench` options (phase0 and phase1). Arrivals:
+# `vllm bench serve` seeds numpy with --seed (default 0; the seed's runs name none) and draws every
+# gap from it, so all of seed 002's runs, every rate and configuration, sent on one schedule scaled
+# by 1/rate (the max concurrency is 20 at 0.75 req/s in all seven columns); --arrival-seed 0
+# replays it (bench/loadgen/np_random.h). Until 2026-11-24 the bench drew its own. Outputs:
 # seed 002 gives only the mean (~500 tokens); their spread takes the coefficient of variation of
 # the answers seed 003 measured under load (OSL p50 978, p95 1,720: std ~450, CV 0.46), so std
 # 500 x 742 / 1.645 / 978 = 231 (OUTPUT_STD). Until 2026-11-24 it was 150, a choice no seed stated.
@@ -219,7 +226,7 @@ OPEN_ARGS = [
     "--replay-dataset", "70", "--answer-mean", "1000", "--answer-std", "700",
     "--output-mean", "%d" % OUTPUT_MEAN, "--output-std", "%d" % OUTPUT_STD, "--output-min", "64",
     "--output-max", "2048", "--num-prompts", "300", "--warmup", "10", "--burstiness", "1",
-    "--cooldown-s", "5",
+    "--cooldown-s", "5", "--arrival-seed", "0",
 ]
 # The real workload's shape for the closed-loop part: conversations as sessions (answers
 # resent), output normal(978, 450) (seed 003's OSL p50 978, p95 1,720 ~ 978 + 1.645 x 450),
@@ -233,11 +240,25 @@ CLOSED_ARGS = [
     "--num-prompts", "300",
 ]
 
+# Max concurrency as vLLM 0.14.1's `vllm bench serve` reported it (the seed's version): the most
+# requests touching one whole second, each counted from int(start) through int(end) inclusive in
+# seconds from the first start (vllm/benchmarks/serve.py calculate_metrics, PR #23867; later
+# versions count the exact peak, which the bench's max_concurrent_requests is). load_levels()
+# adds it to each level from the per-request start times and latencies.
+VLLM014_MAX_CONC = "max_concurrent_requests_vllm014"
+
+# A virtual run models one sim swept from rate to rate, as the HTTP parts and the seed's vLLM
+# were (one server per configuration, its prefix cache carried from one rate to the next): the
+# cluster is kept between levels. Without it each level starts cold (the bench's default since
+# 2026-11-24, for A/B verdicts that depend on nothing but policy, load and seed) and the table
+# moved far (TTFT p99 2.5 s at 2.0 req/s against 0.73 s).
+VIRTUAL_ARGS = ["--keep-cluster"]
+
 # The figures of each rate table: seed table, row label, per-level JSON key.
 RATE_FIGURES = ((SEED_TTFT_P99, "TTFT p99 (ms)", "p99_ttft_ms"),
                 (SEED_TPOT_P99, "TPOT p99 (ms)", "p99_tpot_ms"),
                 (SEED_OUT_TPS, "output tok/s", "output_throughput"),
-                (SEED_MAX_CONC, "max concurrent", "max_concurrent_requests"))
+                (SEED_MAX_CONC, "max concurrent", VLLM014_MAX_CONC))
 # seed 002's Detailed Comparison row -> (the row's name in our table, per-level JSON key)
 DETAILED_KEYS = {"TTFT p50 (ms)": ("TTFT p50 (ms)", "p50_ttft_ms"),
                  "TTFT p95 (ms)": ("TTFT p95 (ms)", "p95_ttft_ms"),
@@ -247,7 +268,7 @@ DETAILED_KEYS = {"TTFT p50 (ms)": ("TTFT p50 (ms)", "p50_ttft_ms"),
                  "TPOT p99 (ms)": ("TPOT p99 (ms)", "p99_tpot_ms"),
                  "ITL p50 (ms)": ("ITL p50 (ms)", "p50_itl_ms"),
                  "ITL p99 (ms)": ("ITL p99 (ms)", "p99_itl_ms"),
-                 "Max Concurrent": ("max concurrent", "max_concurrent_requests"),
+                 "Max Concurrent": ("max concurrent", VLLM014_MAX_CONC),
                  "Output tok/s": ("output tok/s", "output_throughput")}
 DETAILED_RATE = 2.0
 
@@ -360,9 +381,9 @@ def run_part(args, folder, sim_flags, bench_flags, title):
         # The engine flags go to the bench, which runs one simulated worker itself.
         stamp["sim_cmd"] = "(none: in the bench, --virtual --workers 1)"
         stamp["bench_cmd"] = shlex.join(["kvrouter", "bench", "--virtual", "--workers", "1"] +
-                                        sim_args + bench_args)
+                                        VIRTUAL_ARGS + sim_args + bench_args)
         rc = subprocess.call([h.KVROUTER, "bench", "--virtual", "--workers", "1", "--out", out] +
-                             sim_args + bench_args)
+                             VIRTUAL_ARGS + sim_args + bench_args)
     else:
         with h.Sim(*sim_args, fixed=None, admin=False) as sim:
             rc = subprocess.call([h.KVROUTER, "bench", "--url", sim.url, "--out", out] +
@@ -412,7 +433,7 @@ def run_noise(args, rates):
             if os.path.isdir(out):
                 shutil.rmtree(out)
             cmd = ([h.KVROUTER, "bench", "--virtual", "--workers", "1", "--seed", seed,
-                    "--out", out] + rates + flags + args.sim_arg + args.bench_arg +
+                    "--out", out] + VIRTUAL_ARGS + rates + flags + args.sim_arg + args.bench_arg +
                    ["--title", "Calibration noise: %s, bench seed %s" % (folder, seed)])
             rc = subprocess.call(cmd, stdout=subprocess.DEVNULL)
             if rc != 0:
@@ -443,7 +464,7 @@ def run_noise(args, rates):
              "started": datetime.datetime.now(datetime.timezone.utc).strftime(
                  "%Y-%m-%dT%H:%M:%SZ"),
              "bench_cmd": shlex.join(["kvrouter", "bench", "--virtual", "--workers", "1",
-                                      "--seed", "S"] + rates + args.sim_arg + args.bench_arg),
+                                      "--seed", "S"] + VIRTUAL_ARGS + rates + args.sim_arg + args.bench_arg),
              "took_s": "%.0f" % (time.monotonic() - t0)}
     with open(os.path.join(dst, "stamp"), "w") as f:
         for k, v in stamp.items():
@@ -462,6 +483,21 @@ def part_dirs(raw, folder):
     return None
 
 
+def max_concurrent_1s(d):
+    """VLLM014_MAX_CONC of a per-level JSON, over its successful requests; None without them."""
+    spans = [(s, s + lat) for s, lat, e in zip(d.get("start_times") or [], d.get("latencies") or [],
+                                               d.get("errors") or []) if not e]
+    if not spans:
+        return None
+    t0 = min(s for s, _ in spans)
+    n = int(math.ceil(max(e for _, e in spans) - t0)) + 1
+    count = [0] * n
+    for s, e in spans:
+        for sec in range(int(s - t0), min(int(e - t0) + 1, n)):
+            count[sec] += 1
+    return max(count)
+
+
 def load_levels(results_dir):
     """Per-level JSON by load: the rate (2 decimals) or, for closed-loop levels, the users."""
     levels = {}
@@ -470,6 +506,7 @@ def load_levels(results_dir):
             continue
         with open(os.path.join(results_dir, name)) as f:
             d = json.load(f)
+        d[VLLM014_MAX_CONC] = max_concurrent_1s(d)
         if d.get("max_concurrency"):
             levels[int(d["max_concurrency"])] = d
         else:
@@ -640,7 +677,7 @@ def check_ttft_at_05(p0):
         return check("0.50 req/s", crit, seed, "-", "not measured")
     err = 100.0 * (v - S003_TTFT_P95_AT_05) / S003_TTFT_P95_AT_05
     return check("0.50 req/s", crit, seed, "%.0f (%s max concurrent)" % (
-        v, fmt_num(fig(d, "max_concurrent_requests"))),
+        v, fmt_num(fig(d, VLLM014_MAX_CONC))),
         "pass" if within(S003_TTFT_P95_AT_05, v) else "fail", err)
 
 
@@ -884,14 +921,17 @@ def noise_lines(raw):
 
     lines = ["", "## Run-to-run noise (virtual time, %d bench seeds)" % len(d["seeds"]), "",
              "The same engine and load as phase0 and %s, run by `kvrouter bench --virtual "
-             "--workers 1` once per bench seed (%s%s), at commit %s, started %s. Only the Poisson "
-             "arrivals and the sampled prompts change between seeds. Per seed: within / "
-             "measured, MAE." % (
+             "--workers 1` once per bench seed (%s%s), at commit %s, started %s. %s Per seed: "
+             "within / measured, MAE." % (
                  ", ".join(d["configs"][1:]) or "no Phase 1 configuration",
                  ", ".join(d["seeds"]),
                  "; 42, the bench's default, is the seed of the table above"
                  if "42" in d["seeds"] else "",
-                 stamp.get("commit", "?"), stamp.get("started", "?")),
+                 stamp.get("commit", "?"), stamp.get("started", "?"),
+                 "Only the sampled prompts change between seeds: every run sends on the seed's "
+                 "arrival schedule (--arrival-seed 0)."
+                 if "--arrival-seed" in stamp.get("bench_cmd", "") else
+                 "Only the Poisson arrivals and the sampled prompts change between seeds."),
              "",
              "- phase0, in-sample: %s." % counts("in_sample"),
              "- out-of-sample: %s." % counts("out_of_sample"), "",

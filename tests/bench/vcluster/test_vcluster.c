@@ -27,6 +27,7 @@
 #include "tests/test_util.h"
 
 #include "bench/loadgen/loadgen.h"
+#include "bench/loadgen/np_random.h"
 #include "bench/loadgen/stats.h"
 #include "bench/loadgen/workload.h"
 #include "bench/sim/sim_server.h"
@@ -971,6 +972,16 @@ static kvr_loadgen_vt_t fake_vt(fake_t *f) {
                             .stop = fake_stop};
 }
 
+static kvr_loadgen_t *fake_gen_opts(fake_t *f, const kvr_workload_t *wl,
+                                     const kvr_loadgen_opts_t *lo) {
+  kvr_loadgen_vt_t vt = fake_vt(f);
+  char err[256] = "";
+  kvr_loadgen_t *lg = kvr_loadgen_new_virtual(lo, wl, &vt, err, sizeof(err));
+  if (lg == NULL)
+    fail_msg("%s", err);
+  return lg;
+}
+
 static kvr_loadgen_t *fake_gen(fake_t *f, const kvr_workload_t *wl, size_t n) {
   kvr_loadgen_opts_t lo = small_lg(n);
   kvr_loadgen_vt_t vt = fake_vt(f);
@@ -1017,6 +1028,54 @@ static void test_vt_exact_times(void **state) {
   kvr_stats_level_free(lv);
   kvr_loadgen_free(lg);
   free(f);
+  kvr_workload_free(wl);
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The send times of a level's records, warm-up or measured, sorted. */
+static size_t send_times(const kvr_level_t *lv, bool warmup, double *t) {
+  size_t n = 0;
+  for (size_t i = 0; i < lv->nrecs; i++)
+    if (lv->recs[i].warmup == warmup)
+      t[n++] = lv->recs[i].target_s;
+  qsort(t, n, sizeof(*t), cmp_double);
+  return n;
+}
+
+/* --arrival-seed: the measured sends follow vllm bench serve's schedule for that seed, whatever
+ * the level seed, one schedule gap after the last warm-up send; the warm-up keeps its own gaps. */
+static void test_vt_arrival_seed(void **state) {
+  (void)state;
+  kvr_workload_t *wl = small_workload();
+  double want[12], got[16], warm[4];
+  kvr_np_vllm_schedule(0, 3.0, 1.0, 12, want);
+  for (unsigned warmup = 0; warmup <= 3; warmup += 3) {
+    for (uint64_t seed = 1; seed <= 2; seed++) {
+      fake_t *f = calloc(1, sizeof(*f));
+      f->status = 200;
+      kvr_loadgen_opts_t lo = small_lg(12);
+      lo.arrival_seed = 0;
+      lo.warmup = warmup;
+      kvr_loadgen_t *lg = fake_gen_opts(f, wl, &lo);
+      kvr_level_t *lv = NULL;
+      assert_int_equal(kvr_loadgen_run_level(lg, "fake", 3, 0, seed, &loose_slo, &lv), 0);
+      assert_int_equal(lv->measured, 12);
+      assert_int_equal(send_times(lv, false, got), 12);
+      assert_int_equal(send_times(lv, true, warm), warmup);
+      double base = warmup ? warm[warmup - 1] : 0;
+      for (size_t i = 0; i < 12; i++)
+        if (fabs(got[i] - (base + want[i])) > 1e-6)
+          fail_msg("warm-up %u seed %llu: send %zu at %.9f s, schedule %.9f s", warmup,
+                   (unsigned long long)seed, i, got[i], base + want[i]);
+      kvr_stats_level_free(lv);
+      kvr_loadgen_free(lg);
+      free(f);
+    }
+  }
   kvr_workload_free(wl);
 }
 
@@ -1118,5 +1177,6 @@ KVR_TEST_MAIN(cmocka_unit_test(test_determinism), cmocka_unit_test(test_router_s
               cmocka_unit_test(test_bad_body_is_400), cmocka_unit_test(test_idle_advances_clock),
               cmocka_unit_test(test_level_figures),
               cmocka_unit_test(test_interrupt_and_free_in_flight),
-              cmocka_unit_test(test_vt_exact_times), cmocka_unit_test(test_vt_errors),
+              cmocka_unit_test(test_vt_exact_times), cmocka_unit_test(test_vt_arrival_seed),
+              cmocka_unit_test(test_vt_errors),
               cmocka_unit_test(test_vt_early_stop_cancels), cmocka_unit_test(test_vt_new_checks))
