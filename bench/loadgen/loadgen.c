@@ -20,7 +20,8 @@
  *
  * Flow of a level:
  *
- *   run_level -> build arrival schedule (gamma gaps from level_seed) -> arm tick -> uv_run
+ *   run_level -> build arrival schedule (gamma gaps from level_seed, or vllm bench serve's schedule
+ *                for --arrival-seed: np_random.h) -> arm tick -> uv_run
  *   timerfd (or tick): send every due arrival / eligible turn: the prepared req_t -> kvr_curlm_add;
  *         re-arm for the next arrival; prepare the request it will send (prepare_next)
  *   curl header cb: status, x-kvrouter-worker

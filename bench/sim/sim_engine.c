@@ -102,10 +102,10 @@ void kvr_sim_config_default(kvr_sim_config_t *cfg) {
   /* bench/sim/README.md ("Cost model") reads each term as a fraction of one H200 serving
    * Llama-3.3-70B FP8, and says where each default comes from. */
   cfg->cost.weights_ms = 20.0;
-  cfg->cost.dense_tok_us = 100.0;
+  cfg->cost.dense_tok_us = 110.0;
   cfg->cost.step_ms = 1.0;
   cfg->cost.per_seq_ms = 0.03;
-  cfg->cost.decode_ctx_ns = 60.0;
+  cfg->cost.decode_ctx_ns = 55.0;
   cfg->cost.attn_pair_ns = 2.5;
   cfg->frontend.req_ms = 2.0;
   cfg->frontend.prompt_tok_us = 1.1;

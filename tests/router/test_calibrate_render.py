@@ -42,6 +42,13 @@ def level(path, rate=None, users=None, **keys):
         json.dump(d, f)
 
 
+def burst(n):
+    """Per-request arrays of n requests that each last 1 ms, all within the first second: vLLM
+    0.14.1's max concurrency (1 s buckets) is n, the exact peak 1."""
+    return dict(start_times=[0.5 * i / n for i in range(n)], latencies=[0.001] * n,
+                errors=[""] * n)
+
+
 def stamp(folder, part):
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "stamp"), "w") as f:
@@ -74,16 +81,16 @@ def fake_raw(raw):
     # 0.5 req/s: TTFT p99 +10%, TPOT p99 +25%, output tok/s 0%, max concurrent -25%, TPOT p50
     # 0% of WORKLOAD.md's 25; TTFT p95 +5% of seed 003's 568.
     level(os.path.join(p0, "results", "bench_rate0.50.json"), rate=0.5, p99_ttft_ms=847.0,
-          p99_tpot_ms=36.25, output_throughput=252.0, max_concurrent_requests=12,
-          p50_tpot_ms=25.0, p95_ttft_ms=596.4)
+          p99_tpot_ms=36.25, output_throughput=252.0, max_concurrent_requests=1,
+          p50_tpot_ms=25.0, p95_ttft_ms=596.4, **burst(12))
     # 3.5 req/s against the rerun column (1021 ms, 90 ms): fails the SLO.
     level(os.path.join(p0, "results", "bench_rate3.50.json"), rate=3.5, p99_ttft_ms=1021.0,
-          p99_tpot_ms=90.0, output_throughput=1155.0, max_concurrent_requests=147,
-          kvrouter={"send_lag_real_ms": {"p99": 7.4}})
+          p99_tpot_ms=90.0, output_throughput=1155.0, max_concurrent_requests=1,
+          kvrouter={"send_lag_real_ms": {"p99": 7.4}}, **burst(147))
     s128 = os.path.join(raw, "seqs128")
     stamp(s128, "seqs128")
     level(os.path.join(s128, "results", "bench_rate4.00.json"), rate=4.0, p99_ttft_ms=5990.0,
-          p99_tpot_ms=85.0, output_throughput=1198.0, max_concurrent_requests=162)
+          p99_tpot_ms=85.0, output_throughput=1198.0, max_concurrent_requests=1, **burst(162))
     closed = os.path.join(raw, "closed")
     stamp(closed, "closed")
     # req/s 0.9..1.35 (+8% from 90 to 130 users: saturated); TPOT p50 jumps 1.59x at 110 users.
@@ -103,6 +110,19 @@ def fake_raw(raw):
               max_concurrent_requests=users, kvrouter=kv, **extra)
     with open(os.path.join(closed, "costs.txt"), "w") as f:
         f.write("cost model: fixed_ms=22\nturn-5 prefill, 7000 tokens (3800 cached): 612.0 ms\n")
+
+
+@test
+def max_concurrency_as_vllm_0_14():
+    """vLLM 0.14.1 counts a request in every second from int(start) to int(end), inclusive, and
+    only successful requests: two requests that only touch at 1.0 s count as 2, a failed one not."""
+    c = calibrate.max_concurrent_1s
+    assert c({"start_times": [0.0, 1.0], "latencies": [1.0, 1.0], "errors": ["", ""]}) == 2
+    assert c({"start_times": [0.0, 2.5], "latencies": [1.0, 1.0], "errors": ["", ""]}) == 1
+    assert c({"start_times": [0.0, 0.2, 0.4], "latencies": [5, 5, 5],
+              "errors": ["", "timeout", ""]}) == 2
+    assert c({"start_times": [], "latencies": [], "errors": []}) is None
+    assert c({"max_concurrent_requests": 7}) is None
 
 
 @test

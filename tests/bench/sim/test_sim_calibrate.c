@@ -49,15 +49,15 @@ static void test_print_costs(void **state) {
   kvr_sim_config_default(&cfg);
   char *text = capture_costs(&cfg);
   assert_int_equal(count_lines(text), 20);
-  assert_non_null(strstr(text, "cost model: weights_ms=20 dense_tok_us=100 step_ms=1 "
-                               "per_seq_ms=0.03 decode_ctx_ns=60 attn_pair_ns=2.5\n"));
+  assert_non_null(strstr(text, "cost model: weights_ms=20 dense_tok_us=110 step_ms=1 "
+                               "per_seq_ms=0.03 decode_ctx_ns=55 attn_pair_ns=2.5\n"));
   assert_non_null(strstr(text, "frontend: req_ms=2 prompt_tok_us=1.1 stream_tok_us=40 "
                                "async_scheduling=on; retok_drift=0.001\n"));
   assert_non_null(strstr(text, "kv cache: 21770 blocks x 16 tokens = 348320 tokens\n"));
   /* every term's hardware reading */
   assert_non_null(strstr(text, "weights_ms 20: 70.6 GB read at 3.53 TB/s = 74% of HBM peak\n"));
-  assert_non_null(strstr(text, "decode_ctx_ns 60: 163,840 B at 2.73 TB/s = 57% of HBM peak\n"));
-  /* 1 x 6000 ctx: 20 + 1 + 0.03 + 0.36 ms */
+  assert_non_null(strstr(text, "decode_ctx_ns 55: 163,840 B at 2.98 TB/s = 62% of HBM peak\n"));
+  /* 1 x 6000 ctx: 20 + 1 + 0.03 + 0.33 ms */
   assert_non_null(strstr(text, "decode step,   1 seqs x 6000 ctx:   21.4 ms"));
   assert_non_null(strstr(text, "turn-5 prefill, 7000 tokens with its 3750-token starter cached:"));
   assert_non_null(strstr(text, "cold prefill 3500 tokens (alone):"));
@@ -81,9 +81,9 @@ static void test_rate_is_deterministic(void **state) {
   char *b = capture_rate(&cfg, &o, 1.0);
   assert_string_equal(a, b);
   /* `kvrouter sim --calibrate --cal-requests 60 --cal-rates 1` with the 2026-11-24 cost model
-   * (roofline, API server, async scheduling, drift). */
-  assert_string_equal(a, " 1.00    60   4539   503  73.0%  10.9   23     177    1344    26.8"
-                         "    33.1    25.0    94.3    399     0\n");
+   * (roofline, API server, async scheduling, drift; KV reads 55 ns, dense 110 us per token). */
+  assert_string_equal(a, " 1.00    60   4516   500  73.1%  10.7   23     182    1714    26.5"
+                         "    33.2    24.7    99.2    395     0\n");
   free(b);
   o.seed = 3;
   b = capture_rate(&cfg, &o, 1.0);
