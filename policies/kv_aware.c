@@ -57,7 +57,7 @@
 /* The parameters: X(name, default, min, max, integer), each a double member below. */
 #define KV_PARAMS(X)                                                                               \
   X(prefill_weight, 1.0, 0, 1e9, false)                                                            \
-  X(decode_weight, 0.02, 0, 1e9, false)                                                            \
+  X(decode_weight, 0.01, 0, 1e9, false)                                                            \
   X(inflight_weight, 128, 0, 1e12, false)                                                          \
   X(waiting_weight, 512, 0, 1e12, false)                                                           \
   X(kv_usage_weight, 2048, 0, 1e12, false)                                                         \

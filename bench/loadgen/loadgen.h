@@ -72,20 +72,20 @@ typedef struct kvr_loadgen_opts_s {
   const char *model;   /* NULL: ask GET /v1/models (kvr_monitor_fetch_model) */
   const char *api_key; /* sent as "Authorization: Bearer" when not NULL */
   kvr_api_t api;
-  bool ignore_eos;    /* add "ignore_eos": true so outputs run to max_tokens (vLLM, the sim) */
-  double time_scale;  /* >= 1e-6; 1 = real time */
-  double burstiness;  /* gamma shape; 1 = Poisson */
+  bool ignore_eos;      /* add "ignore_eos": true so outputs run to max_tokens (vLLM, the sim) */
+  double time_scale;    /* >= 1e-6; 1 = real time */
+  double burstiness;    /* gamma shape; 1 = Poisson */
   int64_t arrival_seed; /* rate mode: >= 0 sends the measured requests on the schedule of
                          * `vllm bench serve --seed arrival_seed` (np_random.h), after the warm-up
                          * ones; -1 = gaps from the level seed */
-  bool sessions;      /* rate = conversation starts/s */
-  unsigned warmup;    /* requests per level excluded from metrics (the first sends) */
-  double warmup_s;    /* rate mode: at least rate * warmup_s warm-up requests (simulated s), so
-                       * the measured part starts once the system has filled up; concurrency
-                       * mode: every send in the first warmup_s simulated seconds is warm-up */
-  double min_level_s; /* rate mode: at least rate * min_level_s measured requests (simulated
-                       * s): a level must last several response times to measure capacity */
-  size_t num_prompts; /* measured requests per level */
+  bool sessions;        /* rate = conversation starts/s */
+  unsigned warmup;      /* requests per level excluded from metrics (the first sends) */
+  double warmup_s;      /* rate mode: at least rate * warmup_s warm-up requests (simulated s), so
+                         * the measured part starts once the system has filled up; concurrency
+                         * mode: every send in the first warmup_s simulated seconds is warm-up */
+  double min_level_s;   /* rate mode: at least rate * min_level_s measured requests (simulated
+                         * s): a level must last several response times to measure capacity */
+  size_t num_prompts;   /* measured requests per level */
   double request_timeout_s; /* real seconds per request; 0 = none */
   bool early_stop;          /* end a level as soon as its TTFT p99 is certain to miss the SLO (see
                              * kvr_loadgen_run_level); for searches, where only pass/fail counts */

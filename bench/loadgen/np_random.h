@@ -7,12 +7,13 @@
  * columns are one arrival draw). A calibration against such a run replays that schedule exactly
  * instead of drawing its own; `kvrouter bench --arrival-seed S` does so (bench/loadgen/loadgen.c).
  *
- * What is numpy's here (numpy 1.24, numpy/random/src/mt19937 and src/legacy/legacy-distributions.c):
- * MT19937 seeded by init_genrand(seed) (RandomState.seed(int)), doubles from two 32-bit outputs
- * (a >> 5, b >> 6: 53 bits), the legacy polar-method normal with its cached second value, and
- * legacy_standard_gamma: -log(1 - U) for shape 1, a rejection method on U and an exponential below
- * 1, Marsaglia-Tsang on the legacy normal above 1. No C library packages numpy's streams (GSL's MT19937 seeds 0 as 4357, and its gamma
- * sampler differs), so the few lines are written here and checked against numpy's own output
+ * What is numpy's here (numpy 1.24, numpy/random/src/mt19937 and
+ * src/legacy/legacy-distributions.c): MT19937 seeded by init_genrand(seed) (RandomState.seed(int)),
+ * doubles from two 32-bit outputs (a >> 5, b >> 6: 53 bits), the legacy polar-method normal with
+ * its cached second value, and legacy_standard_gamma: -log(1 - U) for shape 1, a rejection method
+ * on U and an exponential below 1, Marsaglia-Tsang on the legacy normal above 1. No C library
+ * packages numpy's streams (GSL's MT19937 seeds 0 as 4357, and its gamma sampler differs), so the
+ * few lines are written here and checked against numpy's own output
  * (tests/bench/loadgen/test_np_random.c).
  */
 #ifndef KVR_NP_RANDOM_H

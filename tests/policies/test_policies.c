@@ -399,7 +399,8 @@ static void test_kv_aware_prefill_gate(void **state) {
   for (int i = 0; i < 4; i++)
     w[i].inflight = 3;
   w[1].matched_blocks = 2400;
-  w[1].active_tokens = 3000000; /* a heavy decode load: cost far above the rest */
+  w[1].active_tokens = 6000000; /* a heavy decode load: 60,000 at decode_weight 0.01, far above
+                                 * the 38,400 tokens of prefill it saves */
   assert_int_equal(kvr_policy_select(p, w, 4, &req, 0, s), 1);
   for (int i = 0; i < 4; i++)
     if (i != 1)
@@ -431,8 +432,8 @@ static void test_kv_aware_capacity(void **state) {
   w[0].active_tokens = 150000;
   w[1].active_tokens = 100000; /* fewer tokens, but a larger share of its cache */
   assert_int_equal(kvr_policy_select(p, w, 2, &req, 0, s), 0);
-  /* mean capacity 15000: 150000 x 0.75 against 100000 x 1.5, times decode_weight 0.02 */
-  assert_true(fabs((s[1].cost - s[0].cost) - 0.02 * (100000 * 1.5 - 150000 * 0.75)) < 1e-6);
+  /* mean capacity 15000: 150000 x 0.75 against 100000 x 1.5, times decode_weight 0.01 */
+  assert_true(fabs((s[1].cost - s[0].cost) - 0.01 * (100000 * 1.5 - 150000 * 0.75)) < 1e-6);
   /* Equal caches: plain tokens. */
   w[1].cache_capacity_blocks = 20000;
   assert_int_equal(kvr_policy_select(p, w, 2, &req, 0, s), 1);

@@ -973,7 +973,7 @@ static kvr_loadgen_vt_t fake_vt(fake_t *f) {
 }
 
 static kvr_loadgen_t *fake_gen_opts(fake_t *f, const kvr_workload_t *wl,
-                                     const kvr_loadgen_opts_t *lo) {
+                                    const kvr_loadgen_opts_t *lo) {
   kvr_loadgen_vt_t vt = fake_vt(f);
   char err[256] = "";
   kvr_loadgen_t *lg = kvr_loadgen_new_virtual(lo, wl, &vt, err, sizeof(err));
@@ -1178,5 +1178,5 @@ KVR_TEST_MAIN(cmocka_unit_test(test_determinism), cmocka_unit_test(test_router_s
               cmocka_unit_test(test_level_figures),
               cmocka_unit_test(test_interrupt_and_free_in_flight),
               cmocka_unit_test(test_vt_exact_times), cmocka_unit_test(test_vt_arrival_seed),
-              cmocka_unit_test(test_vt_errors),
-              cmocka_unit_test(test_vt_early_stop_cancels), cmocka_unit_test(test_vt_new_checks))
+              cmocka_unit_test(test_vt_errors), cmocka_unit_test(test_vt_early_stop_cancels),
+              cmocka_unit_test(test_vt_new_checks))
