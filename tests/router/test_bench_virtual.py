@@ -134,6 +134,35 @@ def test_oracle_in_ab():
     assert all(r["ok"] for r in reqs), [r for r in reqs if not r["ok"]][:3]
 
 
+@test(timeout=40)
+def test_keep_cluster_and_arrival_seed():
+    """--keep-cluster: the second level finds the first level's prefixes cached (by default it
+    starts on a fresh cluster); --arrival-seed: the measured sends follow vllm bench serve's
+    schedule whatever --seed, the last at num_prompts / rate."""
+    load = ["--virtual", "--workers", 1, "--workload", "multiturn", "--multiturn-mode", "replay",
+            "--replay-order", "sample", "--replay-dataset", 5, "--rates", "0.5,0.6",
+            "--num-prompts", 20, "--warmup", 0, "--quiet"]
+
+    def cached(reqs, rate):
+        return sum(r["cached_tokens"] for r in reqs if r["rate"] == rate)
+
+    runs = {}
+    for name, extra in (("fresh", []), ("kept", ["--keep-cluster"]),
+                        ("arr1", ["--arrival-seed", 0, "--seed", 1]),
+                        ("arr2", ["--arrival-seed", 0, "--seed", 2])):
+        runs[name] = bench_ok(os.path.join(SCRATCH.path, "keep-" + name), *(load + extra))[3]
+    fresh, kept = runs["fresh"], runs["kept"]
+    first = [{k: r[k] for k in SAME} for r in fresh if r["rate"] == 0.5]
+    assert first == [{k: r[k] for k in SAME} for r in kept if r["rate"] == 0.5]
+    assert cached(kept, 0.6) > cached(fresh, 0.6), (cached(kept, 0.6), cached(fresh, 0.6))
+    sends = {}
+    for name in ("arr1", "arr2"):
+        sends[name] = sorted(r["target_s"] for r in runs[name] if r["rate"] == 0.5)
+        assert len(sends[name]) == 20 and abs(sends[name][-1] - 40.0) < 1e-6, sends[name]
+    assert sends["arr1"] == sends["arr2"], sends
+    assert sends["arr1"] != sorted(r["target_s"] for r in fresh if r["rate"] == 0.5)
+
+
 @test(timeout=30)
 def test_usage_errors():
     out = os.path.join(SCRATCH.path, "errors")
