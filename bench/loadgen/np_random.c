@@ -73,6 +73,9 @@ static double gauss(kvr_np_random_t *r) {
   return f * x2;
 }
 
+/* numpy's legacy_standard_gamma, step for step. The Marsaglia-Tsang branch has the shape of
+ * kvr_workload_rng_gamma's (workload.c), but the draws must come from this stream, in numpy's order
+ * and with numpy's normals, to give numpy's values, so the two are not shared. */
 static double standard_gamma(kvr_np_random_t *r, double shape) {
   if (shape == 1.0)
     return standard_exponential(r);
