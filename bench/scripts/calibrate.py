@@ -464,7 +464,8 @@ def run_noise(args, rates):
              "started": datetime.datetime.now(datetime.timezone.utc).strftime(
                  "%Y-%m-%dT%H:%M:%SZ"),
              "bench_cmd": shlex.join(["kvrouter", "bench", "--virtual", "--workers", "1",
-                                      "--seed", "S"] + VIRTUAL_ARGS + rates + args.sim_arg + args.bench_arg),
+                                      "--seed", "S"] + VIRTUAL_ARGS + rates + args.sim_arg +
+                                     args.bench_arg),
              "took_s": "%.0f" % (time.monotonic() - t0)}
     with open(os.path.join(dst, "stamp"), "w") as f:
         for k, v in stamp.items():
