@@ -4,11 +4,12 @@
  * readers only interpolate, with numpy's lerp: a + (b - a) t below t = 0.5, b - (b - a)(1 - t) from
  * there, which is exact at both ends and equal to numpy's result bit for bit.
  *
- * Pure arithmetic: no allocation, no state; the caller sorts.
+ * Pure arithmetic: no allocation, no state; the caller sorts, with kvr_quantile_sort() for doubles.
  */
 #include "quantile.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 void kvr_quantile_pos(size_t n, double p, size_t *lo, size_t *hi, double *frac) {
   double q = p > 0 ? (p < 100 ? p : 100) / 100.0 : 0;
@@ -54,4 +55,13 @@ double kvr_quantile(const double *sorted, size_t n, double p) {
 
 double kvr_quantile_u64(const uint64_t *sorted, size_t n, double p) {
   return quantile_at(sorted, n, p, at_u64);
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+void kvr_quantile_sort(double *v, size_t n) {
+  qsort(v, n, sizeof(*v), cmp_double);
 }

@@ -27,4 +27,7 @@ double kvr_quantile(const double *sorted, size_t n, double p);
 /* The same of sorted unsigned integers (e.g. nanosecond timings), as a double. */
 double kvr_quantile_u64(const uint64_t *sorted, size_t n, double p);
 
+/* Sorts v[0..n-1] ascending (qsort), ready for kvr_quantile(). */
+void kvr_quantile_sort(double *v, size_t n);
+
 #endif

@@ -20,6 +20,7 @@
 #include "report_int.h"
 
 #include "src/kvr.h"
+#include "src/quantile.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -60,11 +61,6 @@ size_t kvr__worker_count(const kvr_level_t *lv, const char *name) {
   return 0;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 double *kvr__all_loads(const kvr_results_t *res, size_t *n) {
   size_t total = 0;
   for (size_t r = 0; r < res->nruns; r++)
@@ -74,7 +70,7 @@ double *kvr__all_loads(const kvr_results_t *res, size_t *n) {
   for (size_t r = 0; r < res->nruns; r++)
     for (size_t i = 0; i < res->runs[r].nlevels; i++)
       v[k++] = kvr__load_of(res->runs[r].levels[i]);
-  qsort(v, k, sizeof(double), cmp_double);
+  kvr_quantile_sort(v, k);
   size_t u = 0;
   for (size_t i = 0; i < k; i++)
     if (u == 0 || fabs(v[i] - v[u - 1]) > 1e-9)

@@ -26,17 +26,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 void kvr_stats_dist(double *v, size_t n, kvr_dist_t *d) {
   memset(d, 0, sizeof(*d));
   d->n = n;
   if (n == 0)
     return;
-  qsort(v, n, sizeof(double), cmp_double);
+  kvr_quantile_sort(v, n);
   double sum = 0;
   for (size_t i = 0; i < n; i++)
     sum += v[i];

@@ -150,14 +150,9 @@ typedef struct cal_s {
   double now, conc_area;
 } cal_t;
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* Sorts v and returns its percentile p by the definition every product shares (src/quantile.h). */
 static double pct(double *v, size_t n, double p) {
-  qsort(v, n, sizeof(double), cmp_double);
+  kvr_quantile_sort(v, n);
   return kvr_quantile(v, n, p);
 }
 

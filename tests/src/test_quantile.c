@@ -109,6 +109,18 @@ static void test_u64(void **state) {
   SAME(kvr_quantile_u64(NULL, 0, 50), 0);
 }
 
+/* kvr_quantile_sort: ascending, duplicates and signs kept, then read by kvr_quantile. */
+static void test_sort(void **state) {
+  (void)state;
+  double v[] = {3.5, -1, 2, 3.5, 0, -7.25, 2};
+  const double want[] = {-7.25, -1, 0, 2, 2, 3.5, 3.5};
+  kvr_quantile_sort(v, 7);
+  for (size_t i = 0; i < 7; i++)
+    assert_true(v[i] == want[i]);
+  assert_true(kvr_quantile(v, 7, 50) == 2);
+  kvr_quantile_sort(v, 0); /* nothing to do */
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_by_hand), cmocka_unit_test(test_numpy_1_to_100),
               cmocka_unit_test(test_numpy_irregular), cmocka_unit_test(test_numpy_rank_rounding),
-              cmocka_unit_test(test_u64))
+              cmocka_unit_test(test_u64), cmocka_unit_test(test_sort))

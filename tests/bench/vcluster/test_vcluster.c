@@ -35,6 +35,7 @@
 #include "src/buf.h"
 #include "src/kvr.h"
 #include "src/log.h"
+#include "src/quantile.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -984,12 +985,7 @@ static kvr_loadgen_t *fake_gen_opts(fake_t *f, const kvr_workload_t *wl,
 
 static kvr_loadgen_t *fake_gen(fake_t *f, const kvr_workload_t *wl, size_t n) {
   kvr_loadgen_opts_t lo = small_lg(n);
-  kvr_loadgen_vt_t vt = fake_vt(f);
-  char err[256] = "";
-  kvr_loadgen_t *lg = kvr_loadgen_new_virtual(&lo, wl, &vt, err, sizeof(err));
-  if (lg == NULL)
-    fail_msg("%s", err);
-  return lg;
+  return fake_gen_opts(f, wl, &lo);
 }
 
 /* Every figure is virtual time, exactly: TTFT 100 ms, E2E 120 ms, TPOT 10 ms, no lag. */
@@ -1031,18 +1027,13 @@ static void test_vt_exact_times(void **state) {
   kvr_workload_free(wl);
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 /* The send times of a level's records, warm-up or measured, sorted. */
 static size_t send_times(const kvr_level_t *lv, bool warmup, double *t) {
   size_t n = 0;
   for (size_t i = 0; i < lv->nrecs; i++)
     if (lv->recs[i].warmup == warmup)
       t[n++] = lv->recs[i].target_s;
-  qsort(t, n, sizeof(*t), cmp_double);
+  kvr_quantile_sort(t, n);
   return n;
 }
 
