@@ -627,8 +627,8 @@ def run_open_loop(sim, scale, n=12, gap_ms=400.0, out=30):
     return ttft, tpot, itl
 
 
-@test(timeout=120)
-def time_scale_matches():
+def time_scale_figures():
+    """Runs the open-loop check at time scales 1 and 10; returns {scale: {figure: seconds}}."""
     figures = {}
     for scale in (1, 10):
         with Sim("--time-scale", scale, fixed=None) as sim:
@@ -644,13 +644,32 @@ def time_scale_matches():
     for k in figures[1]:
         a, b = figures[1][k] * 1e3, figures[10][k] * 1e3
         print("      %-9s scale1 %7.1f  scale10 %7.1f  diff %+5.1f%%" % (k, a, b, 100 * (b - a) / a))
-    # Individual token gaps are ~2.3 ms of real time at scale 10, so the OS's wake-up jitter
-    # (~0.2 ms) moves single ITLs by ~10%: itl_p90 is printed, the aggregates are checked.
+    return figures
+
+
+def time_scale_mismatches(figures):
+    """The figures that differ by 10% or more between the two scales. Individual token gaps are
+    ~2.3 ms of real time at scale 10, so the OS's wake-up jitter (~0.2 ms) moves single ITLs by
+    ~10%: itl_p90 is printed, not compared."""
+    out = []
     for k in figures[1]:
         a, b = figures[1][k], figures[10][k]
-        if k != "itl_p90":
-            check(abs(b - a) / a < 0.10, "%s differs by more than 10%%: %.4f vs %.4f" % (k, a, b))
+        if k != "itl_p90" and abs(b - a) / a >= 0.10:
+            out.append("%s differs by more than 10%%: %.4f vs %.4f" % (k, a, b))
+    return out
 
+
+@test(timeout=120)
+def time_scale_matches():
+    # Every real-time stall of the sim or the client during the scale-10 run counts ten times in
+    # simulated time: one 10 ms stall of a shared CI machine moved ttft_p90 (the second-slowest of
+    # 12 requests) by 10.8%. A failed comparison is run once more and the test fails only if both
+    # fail: a wrong time scale (a factor, a rounded timer) fails every run, a stall does not repeat.
+    misses = time_scale_mismatches(time_scale_figures())
+    if misses:
+        print("    first comparison missed (%s); running it once more" % "; ".join(misses))
+        misses = time_scale_mismatches(time_scale_figures())
+    check(not misses, "; ".join(misses))
 
 if __name__ == "__main__":
     sys.exit(h.run(TESTS, description=__doc__.splitlines()[0], around=shared_sim))
