@@ -8,13 +8,13 @@
  * loses its state (kvr_cache_index_forget_worker).
  *
  * Lookups answer, for a request's chained block hashes, how many leading blocks each worker holds
- * (the longest matching prefix); because a block hash names its whole prefix (see prompt.h), one
- * exact lookup per block is enough.
+ * (the longest matching prefix); because a block hash names its whole prefix (see prompt.h) and
+ * each worker's blocks are prefix-closed, a binary search of about log2(n) exact lookups finds it.
  *
- * Memory: an open-addressing table of 16-byte slots (hash, worker bitmask) plus a 4-byte chain head
- * per slot, and one 16-byte LRU node per (block, worker) entry; kvr_cache_index_stats() reports the
- * bytes allocated. Limits: KVR_MAX_WORKERS (64) workers, 2^26 table slots (about 47 million
- * distinct blocks), 2^32-1 entries.
+ * Memory: a cuckoo table of 16-byte slots (hash, worker bitmask) filled up to 90%, plus a 4-byte
+ * chain head per slot, and one 16-byte LRU node per (block, worker) entry; kvr_cache_index_stats()
+ * reports the bytes allocated. Limits: KVR_MAX_WORKERS (64) workers, 2^26 table slots (about 60
+ * million distinct blocks), 2^32-1 entries.
  *
  * Not thread-safe: the router owns one index and uses it from the loop thread.
  */
@@ -62,7 +62,9 @@ uint64_t kvr_cache_index_capacity(const kvr_cache_index_t *idx, size_t worker);
 int kvr_cache_index_insert(kvr_cache_index_t *idx, size_t worker, const uint64_t *blocks, size_t n);
 
 /* For each worker w < max_workers writes into matched[w] how many leading blocks of blocks[0..n)
- * it holds (the longest matching prefix). matched has max_workers entries. Does not touch LRU
+ * it holds (the longest matching prefix). matched has max_workers entries. blocks must be a chain
+ * (prompt.h: each hash covers every block before it): the answer is found by binary search, which
+ * is exact because every worker's blocks are prefix-closed (cache_index.c). Does not touch LRU
  * order: a lookup is not a use (the request may go elsewhere). */
 void kvr_cache_index_match(const kvr_cache_index_t *idx, const uint64_t *blocks, size_t n,
                            size_t *matched);

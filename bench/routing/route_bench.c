@@ -178,14 +178,16 @@ static void rb_free(rb_t *rb) {
   }
 }
 
-/* The index: o.blocks random blocks in 256-block chains over the workers, then each benchmark
- * prompt fully on worker k % W and its first half on worker (k + 1) % W, so matching walks the
- * whole prompt. */
+/* The index at capacity, as a router's is once its workers' caches have filled: each worker
+ * holds o.blocks / W blocks at most, the index is sized for that (kvr_cache_index_reserve, as the
+ * router does from its workers' capacities), o.blocks random blocks in 256-block chains go round
+ * robin over the workers, then each benchmark prompt fully on worker k % W and its first half on
+ * worker (k + 1) % W (evicting the oldest chains), so matching searches the whole prompt. */
 static int fill_index(rb_t *rb) {
   const kvr_route_bench_opts_t *o = &rb->o;
-  rb->per_worker = o->blocks / o->workers + 2 * NPROMPTS * (o->prompt_kib * 1024 / o->block_chars);
+  rb->per_worker = o->blocks / o->workers;
   rb->idx = kvr_cache_index_new(o->workers, rb->per_worker);
-  if (rb->idx == NULL || kvr_cache_index_reserve(rb->idx, o->blocks + rb->per_worker) != 0) {
+  if (rb->idx == NULL || kvr_cache_index_reserve(rb->idx, rb->per_worker * o->workers) != 0) {
     fprintf(stderr, "route bench: cannot allocate the index\n");
     return -1;
   }
@@ -314,10 +316,12 @@ static void print_report(rb_t *rb) {
          (double)rb->warm_ns / 1e6);
   printf("Index fill: %llu blocks in %.1f ms.\n", (unsigned long long)o->blocks,
          (double)rb->fill_ns / 1e6);
-  printf("Index memory: %llu bytes allocated (%llu table slots x 20 B, %llu nodes x 16 B) = "
-         "%.1f bytes per (block, worker) entry.\n",
+  printf("Index memory: %llu bytes allocated (%llu table slots x 20 B, %llu nodes x 16 B) for "
+         "%llu (block, worker) entries, %.1f%% of the capacity it is sized for = %.1f bytes per "
+         "entry.\n",
          (unsigned long long)cs.bytes, (unsigned long long)cs.table_slots,
-         (unsigned long long)cs.node_slots, cs.bytes_per_entry);
+         (unsigned long long)cs.node_slots, (unsigned long long)cs.entries,
+         100.0 * (double)cs.entries / (double)(rb->per_worker * o->workers), cs.bytes_per_entry);
 }
 
 int kvr_route_bench_run(const kvr_route_bench_opts_t *opts) {

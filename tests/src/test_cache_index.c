@@ -1,6 +1,7 @@
 /* test_cache_index.c -- the block -> workers index: matching, LRU eviction at capacity, worker
- * removal, and a randomized comparison against a naive reference model (arrays with use stamps)
- * on hashes crafted to collide, which exercises probing and backward-shift deletion. */
+ * removal, a randomized comparison against a naive reference model (arrays with use stamps) on
+ * hashes crafted to share their first bucket, which exercises cuckoo walks and growth after a
+ * failed walk, and a table filled to its maximum load. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -36,8 +37,9 @@ static void test_match_longest_prefix(void **state) {
   assert_int_equal(m[1], 5);
   assert_int_equal(m[2], 0);
   assert_int_equal(m[3], 0);
-  /* A hole at block 2 ends the prefix even though later blocks are held. */
-  uint64_t b[4] = {a[0], a[1], 424242, a[3]};
+  /* A request that shares the first two blocks, then goes its own way (chained hashes: every
+   * later block differs too). */
+  uint64_t b[4] = {a[0], a[1], 424242, 424243};
   kvr_cache_index_match(idx, b, 4, m);
   assert_int_equal(m[0], 2);
   assert_int_equal(m[1], 2);
@@ -228,10 +230,21 @@ static uint64_t rng_next(uint64_t *s) {
   return z ^ (z >> 31);
 }
 
-/* Hashes from a small universe whose low bits collide heavily, so probe clusters form and
- * deletions shift entries across them and across the table's wrap-around. */
+/* Hashes from a small universe whose high bits (which pick the first bucket) fall in 9 classes,
+ * so first buckets overflow, blocks live in their second bucket, cuckoo walks displace them
+ * and some walks fail and grow the table. */
 static uint64_t collide_hash(uint64_t k) {
-  return (k << 32) | (UINT64_C(1020) + k % 9);
+  return ((k % 9) << 60) | k;
+}
+
+/* Writes the first n blocks of a chain of the tree of prompts: one of 6 roots, then from block
+ * `split` on, branch 1 or 2 goes its own way (branch 0 stays on the trunk). Every block has one
+ * parent, as chained hashes make them: a branch block's key names its root, branch, split and
+ * depth. */
+static void chain_of(uint64_t *b, size_t n, uint64_t root, uint64_t branch, uint64_t split) {
+  for (size_t i = 0; i < n; i++)
+    b[i] =
+        collide_hash(root * 4096 + (branch == 0 || i < split ? 0 : (branch * 16 + split) * 16) + i);
 }
 
 static void test_random_vs_reference(void **state) {
@@ -247,9 +260,7 @@ static void test_random_vs_reference(void **state) {
     size_t w = r % RW;
     size_t n = 1 + (r >> 8) % 12;
     uint64_t b[12];
-    uint64_t base = (r >> 16) % 60;
-    for (size_t i = 0; i < n; i++)
-      b[i] = collide_hash(base + i * ((r >> 24) % 3));
+    chain_of(b, n, (r >> 16) % 6, (r >> 24) % 3, (r >> 44) % 13);
     switch ((r >> 32) % 10) {
     case 0:
       if ((r >> 40) % 20 == 0) {
@@ -283,8 +294,16 @@ static void test_random_vs_reference(void **state) {
         fail_msg("op %d worker %zu: index %zu, model %zu", op, k, m[k], ref_match(&ref[k], b, n));
       assert_int_equal(kvr_cache_index_entries(idx, k), ref[k].n);
     }
+    /* The longest chain of another root and branch: the binary search against the model's walk. */
+    uint64_t q[12], qr = rng_next(&seed);
+    chain_of(q, 12, qr % 6, qr / 6 % 3, qr / 18 % 13);
+    kvr_cache_index_match(idx, q, 12, m);
+    for (size_t k = 0; k < RW; k++)
+      if (m[k] != ref_match(&ref[k], q, 12))
+        fail_msg("op %d worker %zu: index %zu, model %zu (query)", op, k, m[k],
+                 ref_match(&ref[k], q, 12));
     if (op % 50 == 0) /* full membership, block by block */
-      for (uint64_t key = 0; key < 90; key++) {
+      for (uint64_t key = 0; key < 6 * 4096; key++) {
         uint64_t h = collide_hash(key);
         kvr_cache_index_match(idx, &h, 1, m);
         for (size_t k = 0; k < RW; k++)
@@ -321,7 +340,8 @@ static void test_growth_and_drain(void **state) {
   kvr_cache_index_stats(idx, &st);
   assert_int_equal(st.blocks, 50000);
   assert_int_equal(st.entries, 80000);
-  assert_true(st.table_slots * 7 >= st.blocks * 10);
+  assert_true(st.blocks * 100 <= st.table_slots * 90); /* load <= 90% */
+  assert_true(st.node_slots >= st.entries);
   for (size_t w = 0; w < 4; w++)
     kvr_cache_index_forget_worker(idx, w);
   kvr_cache_index_stats(idx, &st);
@@ -329,7 +349,48 @@ static void test_growth_and_drain(void **state) {
   assert_int_equal(st.entries, 0);
   assert_int_equal(kvr_cache_index_reserve(idx, 200000), 0);
   kvr_cache_index_stats(idx, &st);
-  assert_true(st.table_slots >= 200000 * 10 / 7);
+  assert_true(st.table_slots * 90 >= 200000 * 100);
+  assert_true(st.node_slots >= 200000);
+  free(b);
+  kvr_cache_index_free(idx);
+}
+
+/* A table reserved for n blocks takes n random blocks without growing (90% load at most) and
+ * finds every one of them, spread over workers; then each worker's capacity shrinks to half
+ * and exactly the most recently used half of each worker's blocks is still found. */
+static void test_full_reserved_table(void **state) {
+  (void)state;
+  enum { N = 60000, W = 3 };
+  kvr_cache_index_t *idx = kvr_cache_index_new(W, N);
+  assert_int_equal(kvr_cache_index_reserve(idx, N), 0);
+  kvr_cache_index_stats_t before, st;
+  kvr_cache_index_stats(idx, &before);
+  uint64_t *b = malloc(N * sizeof(uint64_t));
+  uint64_t s = 7;
+  for (size_t i = 0; i < N; i++)
+    b[i] = rng_next(&s);
+  for (size_t i = 0; i < N; i++) /* one block at a time: worker i % W, in order */
+    assert_int_equal(kvr_cache_index_insert(idx, i % W, &b[i], 1), 0);
+  kvr_cache_index_stats(idx, &st);
+  assert_int_equal(st.table_slots, before.table_slots); /* no growth */
+  assert_int_equal(st.node_slots, before.node_slots);
+  assert_int_equal(st.blocks, N);
+  assert_true(st.blocks * 100 > st.table_slots * 89); /* filled past 89% */
+  size_t m[W];
+  for (size_t i = 0; i < N; i++) {
+    kvr_cache_index_match(idx, &b[i], 1, m);
+    for (size_t w = 0; w < W; w++)
+      if (m[w] != (w == i % W))
+        fail_msg("block %zu worker %zu: matched %zu", i, w, m[w]);
+  }
+  for (size_t w = 0; w < W; w++)
+    assert_int_equal(kvr_cache_index_set_capacity(idx, w, N / W / 2), 0);
+  for (size_t i = 0; i < N; i++) {
+    kvr_cache_index_match(idx, &b[i], 1, m);
+    assert_int_equal(m[i % W], i >= N / 2); /* each worker kept its later half */
+  }
+  kvr_cache_index_stats(idx, &st);
+  assert_int_equal(st.blocks, N / 2);
   free(b);
   kvr_cache_index_free(idx);
 }
@@ -337,4 +398,5 @@ static void test_growth_and_drain(void **state) {
 KVR_TEST_MAIN(cmocka_unit_test(test_match_longest_prefix),
               cmocka_unit_test(test_eviction_at_capacity), cmocka_unit_test(test_forget_worker),
               cmocka_unit_test(test_bad_arguments), cmocka_unit_test(test_capacity_from_vllm),
-              cmocka_unit_test(test_random_vs_reference), cmocka_unit_test(test_growth_and_drain))
+              cmocka_unit_test(test_random_vs_reference), cmocka_unit_test(test_growth_and_drain),
+              cmocka_unit_test(test_full_reserved_table))

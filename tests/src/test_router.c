@@ -346,6 +346,33 @@ static void test_requests_return_to_zero(void **state) {
   fx_close(&f);
 }
 
+/* The cache index is sized for its workers' capacities (their sum) when workers come and when a
+ * scrape learns a capacity, so it does not rehash on the loop while the caches fill. */
+static void test_index_provisioned(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  kvr_router_t *r = f.r;
+  uint64_t sum = 0;
+  for (int i = 0; i < 3; i++)
+    sum += r->slots[i]->cache_capacity_blocks;
+  kvr_cache_index_stats_t st;
+  kvr_cache_index_stats(r->index, &st);
+  assert_true(st.table_slots * 9 >= sum * 10); /* at most 90% full when full */
+  assert_true(st.node_slots >= sum);
+  kvr_router_scrape_t m = {
+      .at_ms = kvr_now_ns() / 1000000u, .num_gpu_blocks = 200000, .block_size = 16};
+  assert_int_equal(kvr_router_on_scrape(r, r->slots[1]->id, &m), 0);
+  sum = 0;
+  for (int i = 0; i < 3; i++)
+    sum += r->slots[i]->cache_capacity_blocks;
+  assert_true(sum > 200000);
+  kvr_cache_index_stats(r->index, &st);
+  assert_true(st.table_slots * 9 >= sum * 10);
+  assert_true(st.node_slots >= sum);
+  fx_close(&f);
+}
+
 /* A scrape with the cache geometry resizes a worker's modelled cache; a reset forgets its blocks;
  * both show in /admin/workers. */
 static void test_scrape_and_reset(void **state) {
@@ -939,7 +966,8 @@ KVR_TEST_MAIN(cmocka_unit_test(test_round_robin_and_tried),
               cmocka_unit_test(test_accounting_and_drain),
               cmocka_unit_test(test_failures_mark_down), cmocka_unit_test(test_policy_switch),
               cmocka_unit_test(test_scrape_parse), cmocka_unit_test(test_requests_return_to_zero),
-              cmocka_unit_test(test_scrape_and_reset), cmocka_unit_test(test_drain_remove_add),
+              cmocka_unit_test(test_index_provisioned), cmocka_unit_test(test_scrape_and_reset),
+              cmocka_unit_test(test_drain_remove_add),
               cmocka_unit_test(test_accounting_invariant_random),
               cmocka_unit_test(test_injected_clock), cmocka_unit_test(test_metrics_ops_families),
               cmocka_unit_test(test_metrics_process),
