@@ -344,28 +344,37 @@ static void on_write(uv_write_t *w, int status) {
   conn_unref(conn);
 }
 
-/* Queues bytes on the socket: tries a direct write first, copies what is left. */
-static int conn_write(kvr_http_conn_t *conn, const void *data, size_t len) {
+/* Queues buffers on the socket, in order: tries one direct vectored write first (no copy when the
+ * socket takes everything, the usual case), copies what is left into one queued write. */
+static int conn_writev(kvr_http_conn_t *conn, uv_buf_t *bufs, unsigned nbufs) {
   if (conn->closing)
     return KVR_ECLOSED;
+  size_t len = 0;
+  for (unsigned i = 0; i < nbufs; i++)
+    len += bufs[i].len;
   if (len == 0)
     return 0;
-  const char *p = data;
+  size_t skip = 0; /* bytes the direct write took */
   if (conn->pending_write == 0) {
-    uv_buf_t b = uv_buf_init((char *)p, (unsigned)len);
-    int n = uv_try_write((uv_stream_t *)&conn->tcp, &b, 1);
+    int n = uv_try_write((uv_stream_t *)&conn->tcp, bufs, nbufs);
     if (n == (int)len)
       return 0;
     if (n > 0) {
-      p += n;
-      len -= (size_t)n;
+      skip = (size_t)n;
     } else if (n != UV_EAGAIN && n != UV_ENOSYS) {
       conn_close(conn);
       return KVR_ECLOSED;
     }
   }
+  len -= skip;
   write_req_t *wr = kvr_xmalloc(sizeof *wr + len);
-  memcpy(wr->data, p, len);
+  size_t at = 0;
+  for (unsigned i = 0; i < nbufs; i++) {
+    size_t from = KVR_MIN(skip, (size_t)bufs[i].len);
+    skip -= from;
+    memcpy(wr->data + at, bufs[i].base + from, bufs[i].len - from);
+    at += bufs[i].len - from;
+  }
   wr->conn = conn;
   wr->len = len;
   uv_buf_t b = uv_buf_init(wr->data, (unsigned)len);
@@ -377,6 +386,11 @@ static int conn_write(kvr_http_conn_t *conn, const void *data, size_t len) {
   conn->pending_write += len;
   conn->refs++;
   return 0;
+}
+
+static int conn_write(kvr_http_conn_t *conn, const void *data, size_t len) {
+  uv_buf_t b = uv_buf_init((char *)data, (unsigned)len);
+  return conn_writev(conn, &b, 1);
 }
 
 size_t kvr_http_pending(const kvr_http_req_t *req) {
@@ -472,12 +486,13 @@ int kvr_http_start(kvr_http_req_t *req, int status, const char *headers) {
   return 0;
 }
 
-/* Writes a held response head together with what follows it. */
-static int write_with_head(kvr_http_conn_t *conn, const void *data, size_t len) {
+/* Writes a held response head (if any) and then bufs[1..nbufs), in one vectored write; bufs[0] is
+ * the head's place. */
+static int write_with_head(kvr_http_conn_t *conn, uv_buf_t *bufs, unsigned nbufs) {
   if (conn->head.len == 0)
-    return conn_write(conn, data, len);
-  kvr_buf_append(&conn->head, data, len);
-  int rc = conn_write(conn, conn->head.data, conn->head.len);
+    return conn_writev(conn, bufs + 1, nbufs - 1);
+  bufs[0] = uv_buf_init(conn->head.data, (unsigned)conn->head.len);
+  int rc = conn_writev(conn, bufs, nbufs);
   kvr_buf_reset(&conn->head);
   return rc;
 }
@@ -490,19 +505,18 @@ int kvr_http_write(kvr_http_req_t *req, const void *data, size_t len) {
   if (len == 0)
     return 0;
   req->bytes_sent += len;
-  if (!req->chunked)
-    return write_with_head(req->conn, data, len);
+  uv_buf_t bufs[4];
+  if (!req->chunked) {
+    bufs[1] = uv_buf_init((char *)data, (unsigned)len);
+    return write_with_head(req->conn, bufs, 2);
+  }
+  /* A chunk's size line, payload and CRLF leave in one write (one packet), without a copy. */
   char hdr[24];
   int n = snprintf(hdr, sizeof hdr, "%zx\r\n", len);
-  /* One buffer per chunk keeps a chunk's framing and payload in a single write. */
-  kvr_buf_t b = KVR_BUF_INIT;
-  kvr_buf_reserve(&b, (size_t)n + len + 2);
-  kvr_buf_append(&b, hdr, (size_t)n);
-  kvr_buf_append(&b, data, len);
-  kvr_buf_append(&b, "\r\n", 2);
-  int rc = write_with_head(req->conn, b.data, b.len);
-  kvr_buf_free(&b);
-  return rc;
+  bufs[1] = uv_buf_init(hdr, (unsigned)n);
+  bufs[2] = uv_buf_init((char *)data, (unsigned)len);
+  bufs[3] = uv_buf_init("\r\n", 2);
+  return write_with_head(req->conn, bufs, 4);
 }
 
 /* True when a "Name: value\r\n" header block has a Content-Length line. */
@@ -548,10 +562,10 @@ void kvr_http_respond(kvr_http_req_t *req, int status, const char *content_type,
       }
     }
     kvr_buf_puts(&h, "\r\n");
-    if (req->method != HTTP_HEAD)
-      kvr_buf_append(&h, body, len);
     req->bytes_sent = len;
-    conn_write(req->conn, h.data, h.len);
+    uv_buf_t bufs[2] = {uv_buf_init(h.data, (unsigned)h.len),
+                        uv_buf_init((char *)body, req->method != HTTP_HEAD ? (unsigned)len : 0)};
+    conn_writev(req->conn, bufs, 2); /* head and body in one write, the body not copied */
     kvr_buf_free(&h);
   }
   kvr_http_finish(req);
@@ -594,10 +608,9 @@ void kvr_http_finish(kvr_http_req_t *req) {
   req->finished = true;
   kvr_http_conn_t *conn = req->conn;
   if (!req->closed) {
-    if (req->chunked)
-      write_with_head(conn, "0\r\n\r\n", 5);
-    else
-      write_with_head(conn, "", 0);
+    uv_buf_t bufs[2];
+    bufs[1] = req->chunked ? uv_buf_init("0\r\n\r\n", 5) : uv_buf_init("", 0);
+    write_with_head(conn, bufs, 2);
   }
   kvr_buf_reset(&conn->head);
   conn->active = NULL;

@@ -59,12 +59,20 @@ typedef struct {
   int closes;
   kvr_http_req_t *held; /* a request the handler keeps (stream / close tests) */
   bool stream_mode;
+  bool big_mode; /* the handler streams big_len bytes of pattern in chunks larger than the socket
+                  * takes at once */
   bool hold_mode;
   bool rid_mode; /* the handler assigns a request id (kvr_http_request_id_assign) first */
   uint64_t rid_state;
   uv_timer_t stream_timer;
   int stream_left;
 } ctx_t;
+
+/* Byte k of the big-mode body: a pattern with period 251 (prime), so a lost, repeated or swapped
+ * run of bytes shows. */
+static char big_byte(size_t k) {
+  return (char)('a' + k % 251 % 26);
+}
 
 static void on_request(kvr_http_req_t *req, void *data) {
   ctx_t *c = data;
@@ -80,6 +88,21 @@ static void on_request(kvr_http_req_t *req, void *data) {
     c->held = req;
     req->data = c;
     req->on_close = NULL;
+    return;
+  }
+  if (c->big_mode) {
+    kvr_http_start(req, 200, "Content-Type: application/octet-stream\r\n");
+    static const size_t sizes[] = {3u << 20, 1, 5u << 20, 7};
+    size_t at = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+      char *chunk = malloc(sizes[i]);
+      for (size_t k = 0; k < sizes[i]; k++)
+        chunk[k] = big_byte(at + k);
+      assert_int_equal(kvr_http_write(req, chunk, sizes[i]), 0);
+      free(chunk); /* the server copied what the socket did not take */
+      at += sizes[i];
+    }
+    kvr_http_finish(req);
     return;
   }
   if (c->stream_mode) {
@@ -328,6 +351,53 @@ static void test_chunked_request_and_stream(void **state) {
   assert_null(strstr(r.data, "chunked"));
   assert_non_null(strstr(r.data, "\r\n\r\ndata: 1\n\ndata: 2\n\n"));
   kvr_buf_free(&r);
+}
+
+/* Responses larger than the socket takes at once: the direct vectored write takes part of a
+ * chunk's buffers (size line, payload, CRLF; the held head before the first), the server copies
+ * the rest and later writes queue behind it. The client must read the exact bytes, framing
+ * included, chunked (HTTP/1.1) and raw (HTTP/1.0). */
+static void test_big_writes_partial(void **state) {
+  (void)state;
+  const size_t total = (3u << 20) + 1 + (5u << 20) + 7;
+  for (int minor = 1; minor >= 0; minor--) {
+    ctx_t c = {0};
+    c.big_mode = true;
+    const char *req = minor ? "GET /big HTTP/1.1\r\nHost: a\r\n\r\n" : "GET /big HTTP/1.0\r\n\r\n";
+    run_simple(&c, req, strlen(req), NULL);
+    assert_true(c.eof);
+    const char *body = strstr(c.response.data, "\r\n\r\n");
+    assert_non_null(body);
+    body += 4;
+    size_t left = c.response.len - (size_t)(body - c.response.data), at = 0;
+    if (minor) { /* chunked: size line, payload, CRLF ... then the last chunk */
+      for (;;) {
+        char *end;
+        size_t n = strtoul(body, &end, 16);
+        assert_memory_equal(end, "\r\n", 2);
+        left -= (size_t)(end + 2 - body);
+        body = end + 2;
+        if (n == 0)
+          break;
+        assert_true(left >= n + 2);
+        for (size_t k = 0; k < n; k++)
+          if (body[k] != big_byte(at + k))
+            fail_msg("byte %zu of the body: '%c', want '%c'", at + k, body[k], big_byte(at + k));
+        assert_memory_equal(body + n, "\r\n", 2);
+        at += n;
+        body += n + 2;
+        left -= n + 2;
+      }
+      assert_int_equal(left, 2); /* the final CRLF */
+    } else {
+      for (size_t k = 0; k < left; k++)
+        if (body[k] != big_byte(k))
+          fail_msg("byte %zu of the body: '%c', want '%c'", k, body[k], big_byte(k));
+      at = left;
+    }
+    assert_int_equal(at, total);
+    kvr_buf_free(&c.response);
+  }
 }
 
 /* The strictness rules over a real socket: the client sends the bytes and keeps its side open, so
@@ -621,6 +691,7 @@ static void test_parse_hostport(void **state) {
 KVR_TEST_MAIN(cmocka_unit_test(test_parse_hostport), cmocka_unit_test(test_split_every_byte),
               cmocka_unit_test(test_rejections), cmocka_unit_test(test_header_timeout),
               cmocka_unit_test(test_chunked_request_and_stream),
+              cmocka_unit_test(test_big_writes_partial),
               cmocka_unit_test(test_strict_rejections_socket), cmocka_unit_test(test_body_deadline),
               cmocka_unit_test(test_client_close_calls_on_close),
               cmocka_unit_test(test_request_id_ok),
