@@ -146,6 +146,7 @@ struct px_s {
   /* Timing and outcome. */
   uv_timer_t timer;
   tm_kind_t tm;
+  uint64_t idle_from_ms; /* loop time of the last upstream data (TM_IDLE counts from it) */
   uint64_t t_start_ns, t_first_byte_ns;
   uint64_t bytes_out;
   const char *outcome;
@@ -185,6 +186,15 @@ size_t kvr_proxy_active(const kvr_proxy_t *p) {
 }
 
 static void timer_set(px_t *px, tm_kind_t kind, uint64_t ms);
+
+/* The idle timeout counts again from now. Lazily: the running TM_IDLE timer is left alone (a
+ * stream's every event would otherwise stop and start it); when it fires early it re-arms for
+ * what is left (on_timer). */
+static void idle_restart(px_t *px) {
+  px->idle_from_ms = uv_now(px->proxy->loop);
+  if (px->tm != TM_IDLE)
+    timer_set(px, TM_IDLE, px->r->cfg->idle_timeout_ms);
+}
 
 /* ---- response side: curl callbacks
  * --------------------------------------------------------------- */
@@ -324,7 +334,7 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud) {
     px->t_first_byte_ns = kvr_now_ns();
     kvr_router_observe_ttfb(px->r, (double)(px->t_first_byte_ns - px->t_start_ns) / 1e9);
   }
-  timer_set(px, TM_IDLE, px->r->cfg->idle_timeout_ms);
+  idle_restart(px);
   if (px->sse) {
     if (!px->streaming)
       start_client_response(px);
@@ -353,7 +363,7 @@ static void on_client_drain(kvr_http_req_t *req) {
   px_t *px = req->data;
   if (px && px->paused && px->transfer_active) {
     px->paused = false;
-    timer_set(px, TM_IDLE, px->r->cfg->idle_timeout_ms);
+    idle_restart(px);
     curl_easy_pause(px->easy, CURLPAUSE_CONT);
   }
 }
@@ -697,6 +707,14 @@ static void pump(kvr_proxy_t *p) {
 static void on_timer(uv_timer_t *t) {
   px_t *px = t->data;
   tm_kind_t kind = px->tm;
+  if (kind == TM_IDLE) {
+    uint64_t idle = px->r->cfg->idle_timeout_ms,
+             silent = uv_now(px->proxy->loop) - px->idle_from_ms;
+    if (silent < idle) { /* data came since the timer was set: wait for what is left */
+      uv_timer_start(&px->timer, on_timer, idle - silent, 0);
+      return;
+    }
+  }
   px->tm = TM_NONE;
   if (kind == TM_QUEUE) {
     if (px->queued)
