@@ -271,7 +271,7 @@ def main():
         md += ["## Time added to the first token (bench/scripts/proxy_overhead.py)", "",
                "| figure | router - direct |", "|---|---:|"]
         if "ttft_added_p50_us" in overhead:
-            md.append("| TTFB added p50 (streaming, sim TTFT 20 ms, 8 clients) | %.0f us |"
+            md.append("| TTFT added p50 (streaming, sim TTFT 20 ms, 1 client) | %.0f us |"
                       % overhead["ttft_added_p50_us"])
         if "small_added_p50_us" in overhead:
             md.append("| latency added p50 (small non-streaming, 1 client) | %.0f us |"
