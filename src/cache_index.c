@@ -522,7 +522,10 @@ int kvr_cache_index_insert(kvr_cache_index_t *idx, size_t worker, const uint64_t
     kvr_cache_index_match(idx, blocks, n, held);
     if (held[worker] < n && w->count + (n - held[worker]) > w->capacity)
       for (size_t i = held[worker]; i-- > 0;) {
-        uint32_t x = find_node(idx, find_slot(idx, blocks[i]), (uint32_t)worker);
+        uint32_t s = find_slot(idx, blocks[i]);
+        uint32_t x = s == NIL ? NIL : find_node(idx, s, (uint32_t)worker);
+        if (x == NIL)
+          continue; /* only after a dropped block (see match): nothing to touch */
         lru_unlink(idx, w, x);
         lru_push_front(idx, w, x);
       }
