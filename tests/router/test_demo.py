@@ -43,20 +43,25 @@ def assert_gone(pids, deadline_s=5.0):
             time.sleep(0.05)
 
 
-@test(timeout=150)
+@test(timeout=330)  # check_quick's own limit is 300 s
 def test_quick():
     with tempfile.TemporaryDirectory(prefix="kvr_demo_test_") as tmp:
         check_quick(os.path.join(tmp, "quick"))
 
 
 def check_quick(out):
-    t0 = time.time()
+    # The demo promises a newcomer about 5 minutes (--quick: under one on quiet cores). The 5
+    # minutes bound any build on a loaded machine: a sanitizer build, several times slower in the
+    # virtual steps, took 90 s beside other work.
+    t0 = time.monotonic()
     p = subprocess.run([h.KVROUTER, "demo", "--quick", "--out", out], capture_output=True,
-                       text=True, timeout=120)
-    elapsed = time.time() - t0
+                       text=True, timeout=300)
+    elapsed = time.monotonic() - t0
     assert p.returncode == 0, "demo failed (%d):\n%s\n%s" % (p.returncode, p.stdout, p.stderr)
-    # Under a minute on 2 cores; a sanitizer build runs the virtual steps several times slower.
-    assert elapsed < 60 or h.sanitized(), "demo --quick took %.1f s" % elapsed
+    # A normal build stays within twice --quick's minute: 47-51 s alone on 2 cores, more beside
+    # other work (the virtual study is CPU-bound), so a demo that grew (a longer study or real
+    # run) fails this, a busy CI machine does not.
+    assert elapsed < 120 or h.sanitized(), "demo --quick took %.1f s" % elapsed
     pids = child_pids(p.stderr)
     assert len(pids) == 5, "expected 4 workers + router, saw %r" % pids
     assert_gone(pids)

@@ -738,7 +738,11 @@ def test_client_disconnect_before_first_byte_aborts_upstream():
             before = prom_value(sim.metrics(), "vllm:request_success_total", finished_reason="abort")
             conn = Conn(r.port)
             conn.send(build_request("POST", "/v1/chat/completions", chat_body(stream=stream)))
-            time.sleep(0.2)
+            # Close only once the worker holds the request (a hung one counts as running): a
+            # client gone before the router forwarded it leaves the worker nothing to abort, and a
+            # loaded machine can take longer than any fixed sleep to forward it.
+            wait_for(lambda: prom_value(sim.metrics(), "vllm:num_requests_running") == 1, 5.0,
+                     "the worker to hold the request (stream=%s)" % stream)
             conn.close()
             wait_for(lambda: prom_value(sim.metrics(), "vllm:request_success_total",
                                         finished_reason="abort") == before + 1, 1.0,

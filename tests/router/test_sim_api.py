@@ -442,16 +442,21 @@ def fault_disconnect(sim):
 @on_shared()
 def fault_slow(sim):
     # the shared sim runs at --time-scale 10: 200 simulated ms per token = 20 ms real
+    delay_ms, scale, tokens = 200, 10, 6
     msgs = [{"role": "user", "content": "x"}]
-    base = stream_chat(sim, msgs, max_tokens=6, ignore_eos=True)
-    sim.fault("slow", delay_ms=200)
-    slow = stream_chat(sim, msgs, max_tokens=6, ignore_eos=True)
+    sim.fault("slow", delay_ms=delay_ms)
+    slow = stream_chat(sim, msgs, max_tokens=tokens, ignore_eos=True)
     sim.fault("none")
 
-    def span(r):
-        times = sse_event_times(r)
-        return times[5][0] - times[0][0]
-    check(span(slow) - span(base) >= 5 * 0.018, (span(slow), span(base)))
+    # Every engine step (the prefill that makes token 1, then one decode per token) lasts at least
+    # the delay, and the first starts after the request arrived, so token 6 comes no sooner than
+    # 6 delays after the send: a floor, never a race, since the sim's timers never fire early. A
+    # stall only adds. Counted from the send, not from token 1: the sim keeps an absolute schedule,
+    # so tokens after a late first one catch up. Without the delay the 6 tokens take ~13 ms.
+    times = sse_event_times(slow)
+    span = times[tokens - 1][0] - slow.t_sent
+    check(span >= tokens * delay_ms / scale / 1000.0, "token %d %.1f ms after the send" % (
+        tokens, span * 1000))
 
 
 @on_shared()
@@ -509,20 +514,34 @@ def tokenize():
         check(r.status == 400, r.status)
 
 
-@test(timeout=20)
+def fixed_latency_medians(sim, n=5):
+    """Median real TTFT and mean ITL (s) over n streams of 11 tokens, after one warm-up stream
+    (the first request to a fresh sim also pays for its first connection and page faults)."""
+    ttfts, itls = [], []
+    for i in range(n + 1):
+        r = stream_chat(sim, [{"role": "user", "content": "x"}], max_tokens=11, ignore_eos=True)
+        times = [t for t, d in sse_event_times(r) if d != "[DONE]"]
+        check(len(times) == 11, times)
+        if i > 0:
+            ttfts.append(times[0] - r.t_sent)
+            itls.append((times[-1] - times[0]) / 10)
+    return percentile(ttfts, 50), percentile(itls, 50), ttfts, itls
+
+
+@test(timeout=30)
 def fixed_latency():
+    # The configured figures, exact to the timer's ~1 ms: medians of 5 streams, so one stream a
+    # loaded machine stalls cannot decide it. +-15 ms on TTFT and +-2 ms on ITL still fail a wrong
+    # figure (TTFT off by 50 ms, ITL by 10% or more) and a time-scale error (10x off).
     with Sim(fixed=(150, 20)) as sim:
-        r = stream_chat(sim, [{"role": "user", "content": "x"}], max_tokens=11, ignore_eos=True)
-        times = [t for t, d in sse_event_times(r) if d != "[DONE]"]
-        ttft = times[0] - r.t_sent
-        itl = (times[-1] - times[0]) / 10
-        check(abs(ttft - 0.150) < 0.015, "ttft %.4f" % ttft)
-        check(abs(itl - 0.020) < 0.002, "itl %.4f" % itl)
+        ttft, itl, ttfts, itls = fixed_latency_medians(sim)
+        check(abs(ttft - 0.150) < 0.015, "ttft median %.4f of %r" % (ttft, ttfts))
+        check(abs(itl - 0.020) < 0.002, "itl median %.4f of %r" % (itl, itls))
+    # At scale 10, 1000 and 200 simulated ms are 100 and 20 real ms.
     with Sim("--time-scale", 10, fixed=(1000, 200)) as sim:
-        r = stream_chat(sim, [{"role": "user", "content": "x"}], max_tokens=11, ignore_eos=True)
-        times = [t for t, d in sse_event_times(r) if d != "[DONE]"]
-        check(abs(times[0] - r.t_sent - 0.100) < 0.015, "scaled ttft")
-        check(abs((times[-1] - times[0]) / 10 - 0.020) < 0.002, "scaled itl")
+        ttft, itl, ttfts, itls = fixed_latency_medians(sim)
+        check(abs(ttft - 0.100) < 0.015, "scaled ttft median %.4f of %r" % (ttft, ttfts))
+        check(abs(itl - 0.020) < 0.002, "scaled itl median %.4f of %r" % (itl, itls))
 
 
 @test(timeout=30)
