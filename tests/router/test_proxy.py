@@ -665,6 +665,44 @@ def test_slow_client_not_cut_by_idle_timeout():
         assert token_events(events) == n, (token_events(events), n)
 
 
+@test(timeout=20)
+def test_idle_timeout_mid_stream_and_steady_stream_not_cut():
+    """The idle timeout (--idle-timeout-ms 300) counts from the worker's last data: a worker that
+    goes silent after the first token is cut ~300 ms later (an SSE error event, a clean end, outcome
+    stream_idle_timeout); a stream whose events come every 100 ms runs 1.5 s, five idle timeouts
+    long, and completes. The router re-arms its idle timer lazily (not on every event), so the
+    second case is what shows a late re-arm never cuts a live stream."""
+    with Cleanup() as c:
+        stalled = c.add(Sim("--fault", "slow", "--fault-delay-ms", "3000", fixed=(0, 10)))
+        steady = c.add(Sim(fixed=(0, 100)))
+        r1 = c.add(Router([stalled], *FAST, "--idle-timeout-ms", "300",
+                          "--first-byte-timeout-ms", "5000"))
+        t0 = time.monotonic()
+        resp = request(r1.port, "POST", "/v1/chat/completions",
+                       chat_body(max_tokens=5, stream=True), timeout=10)
+        dt = time.monotonic() - t0
+        assert resp.status == 200 and resp.complete, resp
+        events = sse_events(resp.body)
+        assert token_events(events) == 1, events
+        err = json.loads(events[-2])
+        assert "idle timeout" in err["error"]["message"], err
+        assert events[-1] == "[DONE]", events[-1:]
+        # bounds: not before the timeout; well before the worker's next token (3 s)
+        assert 0.29 < dt < 2.0, "cut after %.3f s with a 300 ms idle timeout" % dt
+        r1.wait_line(r"outcome=stream_idle_timeout")
+
+        r2 = c.add(Router([steady], *FAST, "--idle-timeout-ms", "300"))
+        t0 = time.monotonic()
+        resp = request(r2.port, "POST", "/v1/chat/completions",
+                       chat_body(max_tokens=15, stream=True), timeout=10)
+        dt = time.monotonic() - t0
+        events = sse_events(resp.body)
+        assert resp.status == 200 and resp.complete, resp
+        assert not any(e.startswith('{"error"') for e in events), events[-3:]
+        assert token_events(events) == 15 and events[-1] == "[DONE]", events[-3:]
+        assert dt > 1.3, "the stream took %.3f s, not the 1.4 s of 15 tokens 100 ms apart" % dt
+
+
 @test(timeout=15)
 def test_worker_error_status_passes_through():
     """A worker's own error answer (status and body) reaches the client unchanged, not retried."""
