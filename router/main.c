@@ -9,6 +9,7 @@
  * Everything else lives in the libraries so it can be tested; this file only dispatches.
  */
 #include "commands.h"
+#include "kvr_commit.h" /* generated at build time: KVR_COMMIT */
 
 #include <signal.h>
 #include <stdio.h>

@@ -16,6 +16,7 @@
 #include "cli.h"
 
 #include "kvr.h"
+#include "kvr_commit.h" /* generated at build time: KVR_COMMIT */
 
 #include <cjson/cJSON.h>
 #include <ctype.h>

@@ -15,6 +15,7 @@
 
 #include "discovery.h"
 #include "kvr.h"
+#include "kvr_commit.h"
 #include "metrics.h"
 #include "reload.h"
 
@@ -409,11 +410,8 @@ static void request_metrics(const kvr_router_t *r, kvr_buf_t *out) {
                        &r->ttfb_seconds);
 }
 
-/* The build: version and commit (CMakeLists.txt defines both; the commit is "unknown" when the
- * build had neither git nor -DKVR_COMMIT). */
-#ifndef KVR_COMMIT
-#define KVR_COMMIT "unknown"
-#endif
+/* The build: version (CMakeLists.txt) and commit (generated/kvr_commit.h, written at every build by
+ * deploy/kvr_commit.cmake; "unknown" when the build had neither git nor -DKVR_COMMIT). */
 
 static void build_metrics(kvr_buf_t *out) {
   kvr_buf_t l = KVR_BUF_INIT;

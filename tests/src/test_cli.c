@@ -12,6 +12,7 @@
 #include "tests/test_util.h"
 
 #include "src/cli.h"
+#include "kvr_commit.h" /* generated at build time */
 #include "src/kvr.h"
 
 #include <stdio.h>

@@ -16,6 +16,7 @@
 #include "src/kvr.h"
 #include "src/metrics.h"
 #include "src/router.h"
+#include "kvr_commit.h" /* generated at build time */
 #include "src/router_view.h"
 #include "src/scrape.h"
 
