@@ -318,7 +318,7 @@ static void print_report(rb_t *rb) {
          (double)rb->fill_ns / 1e6);
   printf("Index memory: %llu bytes allocated (%llu table slots x 20 B, %llu nodes x 16 B) for "
          "%llu (block, worker) entries, %.1f%% of the capacity it is sized for = %.1f bytes per "
-         "entry.\n",
+         "(block, worker) entry.\n",
          (unsigned long long)cs.bytes, (unsigned long long)cs.table_slots,
          (unsigned long long)cs.node_slots, (unsigned long long)cs.entries,
          100.0 * (double)cs.entries / (double)(rb->per_worker * o->workers), cs.bytes_per_entry);

@@ -45,7 +45,7 @@ def routing_figures(path):
         m = re.search(r"^\| %s[^|]*\|([^\n]*)$" % re.escape(label), text, re.M)
         if m:
             out[key] = float(m.group(1).split("|")[col - 1].strip())
-    m = re.search(r"= ([0-9.]+) bytes per \(block, worker\) entry", text)
+    m = re.search(r"= ([0-9.]+) bytes per (?:\(block, worker\) )?entry", text)
     if m:
         out["bytes_per_entry"] = float(m.group(1))
     m = re.search(r"^Prompt: (.*)$", text, re.M)
