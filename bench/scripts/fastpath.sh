@@ -26,7 +26,8 @@
 #   routing    `kvrouter bench routing` (64 KiB prompt, 4 workers, 1M blocks, kv_aware): decision
 #              p99 warm/cold, index insert p50, bytes per index entry.
 #   overhead   bench/scripts/proxy_overhead.py: time the router adds to the first token (p50), one
-#              streaming client at a time.
+#              streaming client at a time, and the same through nginx (proxy_buffering off) for
+#              reference.
 #   --perf     two extra kvrouter cells (small POST, 64 KiB POST), not in the table: `perf record
 #              --call-graph dwarf` on the router's PID (frame pointers do not unwind through
 #              Debian's libcurl and libuv) -> raw/perf_<cell>.txt (`perf report --no-children
@@ -667,7 +668,8 @@ if [ "$CORES" = 1 ]; then
   # One stream at a time: the time added to a first token, not a queue of clients' (with 8
   # clients in lockstep on 2 cores the difference measured the sim's queue, down to -118 us).
   python3 "$HERE/proxy_overhead.py" --kvrouter "$KVROUTER" --duration "$PO_DURATION" \
-    --stream-concurrency 1 --json "$RAW/proxy_overhead.json" >"$RAW/proxy_overhead.md" 2>&1 ||
+    --stream-concurrency 1 --nginx "$(command -v nginx)" --json "$RAW/proxy_overhead.json" \
+    >"$RAW/proxy_overhead.md" 2>&1 ||
     die "proxy_overhead.py failed"
 fi
 

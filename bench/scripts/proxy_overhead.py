@@ -10,6 +10,9 @@ closed-loop load twice, once against the sim directly and once through the route
                                  (pure added latency) and at --concurrency (throughput)
   streaming requests             max_tokens --tokens with a fixed TTFT and inter-token latency: time
                                  to first token event and the gap between successive events, p50/p99
+  first token only               one-token streams from the same sim, one client back to back: the
+                                 time to the first event with ~100 samples per 3 s (the row above has
+                                 one per stream)
 
 Each client is a separate process (no GIL contention) holding one keep-alive connection and
 sending the next request as soon as the previous answer is complete. The result is a Markdown table
@@ -22,10 +25,15 @@ Percentiles are the harness's percentile() (numpy's default linear interpolation
 and raw-HTTP helpers are the integration tests' harness (tests/harness/kvrharness.py).
 """
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
+import shutil
+import socket
+import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -117,6 +125,50 @@ def run_load(target, port, duration, concurrency, body, stream):
     return merged
 
 
+@contextlib.contextmanager
+def nginx_proxy(binary, upstream_port):
+    """nginx (1 worker, no master, proxy_buffering off: events pass as they come) on a free
+    loopback port in front of 127.0.0.1:upstream_port, started here and stopped by its PID; yields
+    the port."""
+    d = tempfile.mkdtemp(prefix="kvr_po_nginx_")
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    with open(os.path.join(d, "nginx.conf"), "w") as f:
+        f.write("""daemon off; master_process off; worker_processes 1; pid %(d)s/nginx.pid;
+error_log %(d)s/error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  client_body_temp_path %(d)s/body; proxy_temp_path %(d)s/proxy; fastcgi_temp_path %(d)s/f;
+  uwsgi_temp_path %(d)s/u; scgi_temp_path %(d)s/s;
+  keepalive_requests 1000000;
+  upstream sim { server 127.0.0.1:%(up)d; keepalive 16; keepalive_requests 1000000; }
+  server {
+    listen 127.0.0.1:%(port)d;
+    location / {
+      proxy_pass http://sim; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+""" % {"d": d, "up": upstream_port, "port": port})
+    proc = subprocess.Popen([binary, "-p", d, "-c", os.path.join(d, "nginx.conf")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        h.wait_for(lambda: h.can_connect(port, 0.2), 5.0, "nginx listening")
+        run_load("warmup", port, 0.5, 1, h.chat_body("warm up", max_tokens=1, stream=True), True)
+        yield port
+    finally:
+        proc.terminate()  # by PID
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def ms(x):
     return "%.3f" % (x * 1e3) if x == x else "n/a"
 
@@ -131,6 +183,10 @@ def main():
     ap.add_argument("--itl-ms", type=float, default=10.0, help="sim's fixed inter-token latency")
     ap.add_argument("--tokens", type=int, default=50, help="tokens per streaming request")
     ap.add_argument("--json", help="also write the raw figures here")
+    ap.add_argument("--nginx", metavar="PATH",
+                    help="also measure the first-token cell through this nginx binary (1 worker, "
+                         "proxy_buffering off, upstream keep-alive to the same sim): a reference "
+                         "proxy's added time on the same machine")
     args = ap.parse_args()
     h.set_kvrouter(args.kvrouter)
 
@@ -142,6 +198,7 @@ def main():
         r_timed = c.add(h.Router([timed], "--access-log", "false"))
         small = h.chat_body("What is the capital of France?", max_tokens=1)
         streamb = h.chat_body("Tell me a story about a router.", max_tokens=args.tokens, stream=True)
+        firstb = h.chat_body("Tell me a story about a router.", max_tokens=1, stream=True)
         # Warm up both paths (connections, allocations).
         for port in (fast.port, r_fast.port):
             run_load("warmup", port, 0.5, 1, small, False)
@@ -184,6 +241,32 @@ def main():
                              "ttft_p99": pctl(v["ttft"], 99), "gap_p50": pctl(v["gaps"], 50),
                              "gap_p99": pctl(v["gaps"], 99), "errors": v["errors"]}
                          for k, v in res.items()}
+        # The first token alone: one-token streams, one client, back to back, so a 3 s cell holds
+        # ~100 first tokens (a --tokens stream gives one per --tokens x ITL, ~6 in 3 s).
+        res = {}
+        for target, port in (("direct", timed.port), ("router", r_timed.port)):
+            m = run_load(target, port, args.duration, 1, firstb, True)
+            res[target] = m
+            rows.append(("first token only", target, 1, m["done"] / args.duration,
+                         pctl(m["ttft"], 50), pctl(m["ttft"], 99), None, None, m["errors"]))
+        d, rt = res["direct"], res["router"]
+        rows.append(("first token only", "**router - direct**", 1,
+                     "%+.0f%%" % (100.0 * (rt["done"] / max(1, d["done"]) - 1)),
+                     pctl(rt["ttft"], 50) - pctl(d["ttft"], 50),
+                     pctl(rt["ttft"], 99) - pctl(d["ttft"], 99), None, None, None))
+        if args.nginx:
+            with nginx_proxy(args.nginx, timed.port) as nport:
+                m = run_load("nginx", nport, args.duration, 1, firstb, True)
+            res["nginx"] = m
+            rows.append(("first token only", "nginx", 1, m["done"] / args.duration,
+                         pctl(m["ttft"], 50), pctl(m["ttft"], 99), None, None, m["errors"]))
+            rows.append(("first token only", "**nginx - direct**", 1,
+                         "%+.0f%%" % (100.0 * (m["done"] / max(1, d["done"]) - 1)),
+                         pctl(m["ttft"], 50) - pctl(d["ttft"], 50),
+                         pctl(m["ttft"], 99) - pctl(d["ttft"], 99), None, None, None))
+        raw["first_token"] = {k: {"done": v["done"], "ttft_p50": pctl(v["ttft"], 50),
+                                  "ttft_p99": pctl(v["ttft"], 99), "errors": v["errors"]}
+                              for k, v in res.items()}
 
     print("## Router overhead on loopback (%g s per cell, sim fixed latency; stream: TTFT %g ms, "
           "ITL %g ms, %d tokens)\n" % (args.duration, args.ttft_ms, args.itl_ms, args.tokens))
