@@ -32,9 +32,10 @@
  * first; a block hash names its whole prefix, so a block has one parent. Hence "worker w holds
  * block i of the request" is true up to w's prefix length and false after it, and match binary-
  * searches it: ~2 + log2(n) lookups (a 64 KiB prompt: ~12, not 1,025), each at most two cache
- * lines of slots[]. (One path breaks the closure: a table that can no longer grow drops a block a
- * failed walk displaced, children included or not; the index is approximate, so that block's
- * descendants are then matched as the search happens to probe them.)
+ * lines of slots[]. An insert that fails at a block (no memory, or the table at 2^26 slots) takes
+ * back the deeper blocks it added, so the closure holds. (One path still breaks it: a table that
+ * can no longer grow drops a block a failed walk displaced, children included or not; the index is
+ * approximate, so that block's descendants are then matched as the search happens to probe them.)
  *
  * Memory: 20 bytes per slot (16 in the bucket, 4 in heads[]) at up to 90% load, 16 bytes per node;
  * the node array grows by half too. kvr_cache_index_reserve() sizes both for a number of blocks.
@@ -234,6 +235,14 @@ static slot_t *alloc_slots(uint64_t nslots) {
   return p;
 }
 
+/* The bucket count a growth by half reaches, capped at MAX_SLOTS; 0 when already at the cap. */
+static uint64_t grown(uint64_t nbuckets) {
+  uint64_t cap = MAX_SLOTS / BUCKET, next = nbuckets + nbuckets / 2;
+  if (nbuckets >= cap)
+    return 0;
+  return next < cap ? next : cap;
+}
+
 /* Rebuilds the table with at least nbuckets buckets, plus the entry (*extra, extra_head) when
  * extra is non-NULL (one a cuckoo walk left without a slot); grows further by half while a walk
  * fails. */
@@ -270,7 +279,9 @@ static int resize(kvr_cache_index_t *idx, uint64_t nbuckets, const slot_t *extra
     if (!ok) {
       free(t.slots);
       free(t.heads);
-      nbuckets += nbuckets / 2;
+      nbuckets = grown(nbuckets);
+      if (nbuckets == 0)
+        return KVR_ELIMIT;
       continue;
     }
     free(idx->t.slots);
@@ -301,14 +312,16 @@ static void drop_chain(kvr_cache_index_t *idx, uint32_t head);
 static uint32_t add_slot(kvr_cache_index_t *idx, uint64_t hash, uint64_t bit, int *rc) {
   uint64_t nslots = idx->t.nbuckets * BUCKET;
   if ((idx->used + 1) * 100 > nslots * MAX_LOAD_PCT) {
-    *rc = resize(idx, idx->t.nbuckets + idx->t.nbuckets / 2, NULL, NIL);
+    uint64_t to = grown(idx->t.nbuckets);
+    *rc = to ? resize(idx, to, NULL, NIL) : KVR_ELIMIT;
     if (*rc)
       return NIL;
   }
   slot_t e = {hash, bit};
   uint32_t head = NIL;
   if (!cuckoo_put(&idx->t, &e, &head, &idx->rng, idx)) {
-    *rc = resize(idx, idx->t.nbuckets + idx->t.nbuckets / 2, &e, head);
+    uint64_t to = grown(idx->t.nbuckets);
+    *rc = to ? resize(idx, to, &e, head) : KVR_ELIMIT;
     if (*rc) {
       /* No bigger table: the block the walk left without a slot is forgotten, its entries
        * dropped as evictions. When that is not the new block, the new block (placed, no node
@@ -532,8 +545,18 @@ int kvr_cache_index_insert(kvr_cache_index_t *idx, size_t worker, const uint64_t
   }
   for (size_t i = n; i-- > 0;) {
     int rc = insert_one(idx, (uint32_t)worker, blocks[i]);
-    if (rc)
+    if (rc) {
+      /* Block i failed, so the worker did not hold it, nor (prefix-closed) any block after it:
+       * everything it holds of blocks (i, n) came in this call. Taking those out keeps the
+       * worker's blocks prefix-closed. */
+      for (size_t j = i + 1; j < n; j++) {
+        uint32_t s = find_slot(idx, blocks[j]);
+        uint32_t x = s == NIL ? NIL : find_node(idx, s, (uint32_t)worker);
+        if (x != NIL)
+          remove_node(idx, x);
+      }
       return rc;
+    }
   }
   return 0;
 }
@@ -602,6 +625,8 @@ uint64_t kvr_cache_index_entries(const kvr_cache_index_t *idx, size_t worker) {
 }
 
 int kvr_cache_index_reserve(kvr_cache_index_t *idx, uint64_t nblocks) {
+  if (nblocks > MAX_SLOTS / 100 * MAX_LOAD_PCT)
+    return KVR_ELIMIT; /* more than the table can ever hold (and no arithmetic overflows below) */
   uint64_t slots = (nblocks * 100 + MAX_LOAD_PCT - 1) / MAX_LOAD_PCT;
   uint64_t nbuckets = (slots + BUCKET - 1) / BUCKET;
   if (nbuckets > idx->t.nbuckets) {
@@ -629,5 +654,9 @@ uint64_t kvr_cache_index_capacity_from_vllm(uint64_t num_gpu_blocks, uint64_t bl
                                             size_t block_chars) {
   if (num_gpu_blocks == 0 || block_size_tokens == 0 || block_chars == 0)
     return 0;
-  return num_gpu_blocks * block_size_tokens * KVR_CHARS_PER_TOKEN / block_chars;
+  uint64_t chars;
+  if (__builtin_mul_overflow(num_gpu_blocks, block_size_tokens, &chars) ||
+      __builtin_mul_overflow(chars, (uint64_t)KVR_CHARS_PER_TOKEN, &chars))
+    return UINT64_MAX; /* an absurd scrape: unbounded rather than wrapped */
+  return chars / block_chars;
 }

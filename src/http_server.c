@@ -372,7 +372,8 @@ static int conn_writev(kvr_http_conn_t *conn, uv_buf_t *bufs, unsigned nbufs) {
   for (unsigned i = 0; i < nbufs; i++) {
     size_t from = KVR_MIN(skip, (size_t)bufs[i].len);
     skip -= from;
-    memcpy(wr->data + at, bufs[i].base + from, bufs[i].len - from);
+    if (bufs[i].len > from) /* a zero-length buffer may have a NULL base */
+      memcpy(wr->data + at, bufs[i].base + from, bufs[i].len - from);
     at += bufs[i].len - from;
   }
   wr->conn = conn;

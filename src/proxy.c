@@ -146,7 +146,8 @@ struct px_s {
   /* Timing and outcome. */
   uv_timer_t timer;
   tm_kind_t tm;
-  uint64_t idle_from_ms; /* loop time of the last upstream data (TM_IDLE counts from it) */
+  uint64_t idle_from_ms;  /* loop time of the last upstream data (TM_IDLE counts from it) */
+  uint64_t idle_armed_ms; /* the idle timeout the running TM_IDLE timer was set for */
   uint64_t t_start_ns, t_first_byte_ns;
   uint64_t bytes_out;
   const char *outcome;
@@ -191,9 +192,12 @@ static void timer_set(px_t *px, tm_kind_t kind, uint64_t ms);
  * stream's every event would otherwise stop and start it); when it fires early it re-arms for
  * what is left (on_timer). */
 static void idle_restart(px_t *px) {
+  uint64_t idle = px->r->cfg->idle_timeout_ms;
   px->idle_from_ms = uv_now(px->proxy->loop);
-  if (px->tm != TM_IDLE)
-    timer_set(px, TM_IDLE, px->r->cfg->idle_timeout_ms);
+  if (px->tm != TM_IDLE || idle < px->idle_armed_ms) { /* not running, or a reload shortened it */
+    timer_set(px, TM_IDLE, idle);
+    px->idle_armed_ms = idle;
+  }
 }
 
 /* ---- response side: curl callbacks
@@ -712,6 +716,7 @@ static void on_timer(uv_timer_t *t) {
              silent = uv_now(px->proxy->loop) - px->idle_from_ms;
     if (silent < idle) { /* data came since the timer was set: wait for what is left */
       uv_timer_start(&px->timer, on_timer, idle - silent, 0);
+      px->idle_armed_ms = idle;
       return;
     }
   }

@@ -147,8 +147,9 @@ static int free_slot(const kvr_router_t *r, const char *url, char *err, size_t e
 static void index_provision(kvr_router_t *r) {
   uint64_t total = 0;
   for (size_t i = 0; i < r->nslots; i++)
-    if (r->slots[i] != NULL)
-      total += r->slots[i]->cache_capacity_blocks;
+    if (r->slots[i] != NULL &&
+        __builtin_add_overflow(total, r->slots[i]->cache_capacity_blocks, &total))
+      total = UINT64_MAX; /* saturated: reserve refuses it */
   int rc = kvr_cache_index_reserve(r->index, total);
   if (rc != 0)
     KVR_WARN("router", "cache index: cannot size for %llu blocks (%s); it grows as it fills",

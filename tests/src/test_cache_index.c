@@ -149,6 +149,12 @@ static void test_bad_arguments(void **state) {
   kvr_cache_index_match(idx, a, 3, m);
   assert_int_equal(m[KVR_MAX_WORKERS - 1], 3);
   assert_int_equal(m[0], 0);
+  /* More blocks than 2^26 slots can hold: refused before any arithmetic or allocation. */
+  assert_int_equal(kvr_cache_index_reserve(idx, UINT64_MAX), KVR_ELIMIT);
+  assert_int_equal(kvr_cache_index_reserve(idx, UINT64_C(1) << 26), KVR_ELIMIT);
+  kvr_cache_index_stats_t st;
+  kvr_cache_index_stats(idx, &st);
+  assert_true(st.table_slots < 100000); /* nothing was reserved */
   kvr_cache_index_free(idx);
 }
 
@@ -158,6 +164,8 @@ static void test_capacity_from_vllm(void **state) {
    * 21,778 vLLM blocks of 16 tokens = 21,778 router blocks of 64 bytes (16 tokens). */
   assert_int_equal(kvr_cache_index_capacity_from_vllm(21778, 16, 64), 21778);
   assert_int_equal(kvr_cache_index_capacity_from_vllm(1000, 16, 128), 500);
+  /* A scrape whose product overflows reads as unbounded, not as a wrapped small number. */
+  assert_true(kvr_cache_index_capacity_from_vllm(UINT64_MAX / 8, 16, 64) == UINT64_MAX);
   assert_int_equal(kvr_cache_index_capacity_from_vllm(0, 16, 64), 0);
   assert_int_equal(kvr_cache_index_capacity_from_vllm(10, 0, 64), 0);
 }
