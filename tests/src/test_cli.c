@@ -11,8 +11,8 @@
 
 #include "tests/test_util.h"
 
-#include "src/cli.h"
 #include "kvr_commit.h" /* generated at build time */
+#include "src/cli.h"
 #include "src/kvr.h"
 
 #include <stdio.h>

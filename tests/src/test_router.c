@@ -12,11 +12,11 @@
 
 #include "tests/test_util.h"
 
+#include "kvr_commit.h" /* generated at build time */
 #include "src/config.h"
 #include "src/kvr.h"
 #include "src/metrics.h"
 #include "src/router.h"
-#include "kvr_commit.h" /* generated at build time */
 #include "src/router_view.h"
 #include "src/scrape.h"
 
