@@ -137,6 +137,12 @@ static inline uint64_t bucket2(uint64_t hash, uint64_t nbuckets) {
   return b2 != b1 ? b2 : (b1 + 1 == nbuckets ? 0 : b1 + 1);
 }
 
+/* The bucket of hash's two that is not b (b is one of them). */
+static inline uint64_t other_bucket(uint64_t hash, uint64_t b, uint64_t nbuckets) {
+  uint64_t b1 = bucket1(hash, nbuckets);
+  return b1 != b ? b1 : bucket2(hash, nbuckets);
+}
+
 /* Returns the slot of hash within bucket b, or NIL. */
 static inline uint32_t find_in(const slot_t *slots, uint64_t b, uint64_t hash) {
   const slot_t *s = &slots[b * BUCKET];
@@ -166,13 +172,6 @@ static void fix_chain(kvr_cache_index_t *idx, uint32_t slot) {
     idx->nodes[n].slot_w = slot | (idx->nodes[n].slot_w & ~SLOT_MASK);
 }
 
-static uint64_t rng_next(uint64_t *s) {
-  *s ^= *s << 13;
-  *s ^= *s >> 7;
-  *s ^= *s << 17;
-  return *s;
-}
-
 /* Puts the entry (*e, *head) into table t: a free slot of its first or second bucket, else a
  * cuckoo walk. idx non-NULL: t is the live table, and every moved entry's chain is fixed at once.
  * Returns true when everything has a slot; false after MAX_KICKS moves, with the entry left without
@@ -188,10 +187,9 @@ static bool cuckoo_put(table_t *t, slot_t *e, uint32_t *head, uint64_t *rng,
   for (int kick = 0; s == NIL && kick < MAX_KICKS; kick++) {
     /* Displace a resident of bucket b into its other bucket: one whose other bucket has room
      * when there is one (the walk ends at the next step), else a random one. */
-    uint32_t v = (uint32_t)(b * BUCKET + rng_next(rng) % BUCKET);
+    uint32_t v = (uint32_t)(b * BUCKET + kvr_policy_rand(rng) % BUCKET);
     for (uint32_t k = 0; k < BUCKET; k++) {
-      uint64_t h = t->slots[b * BUCKET + k].hash, b1 = bucket1(h, t->nbuckets);
-      if (free_in(t->slots, b1 != b ? b1 : bucket2(h, t->nbuckets)) != NIL) {
+      if (free_in(t->slots, other_bucket(t->slots[b * BUCKET + k].hash, b, t->nbuckets)) != NIL) {
         v = (uint32_t)(b * BUCKET + k);
         break;
       }
@@ -204,8 +202,7 @@ static bool cuckoo_put(table_t *t, slot_t *e, uint32_t *head, uint64_t *rng,
       fix_chain(idx, v);
     *e = out;
     *head = out_head;
-    uint64_t b1 = bucket1(e->hash, t->nbuckets);
-    b = b1 != b ? b1 : bucket2(e->hash, t->nbuckets);
+    b = other_bucket(e->hash, b, t->nbuckets);
     s = free_in(t->slots, b);
   }
   if (s == NIL)
@@ -435,6 +432,12 @@ static uint32_t find_node(const kvr_cache_index_t *idx, uint32_t slot, uint32_t 
   return NIL;
 }
 
+/* The node of (hash, worker), or NIL when the worker does not hold the block. */
+static uint32_t node_of(const kvr_cache_index_t *idx, uint64_t hash, uint32_t worker) {
+  uint32_t s = find_slot(idx, hash);
+  return s == NIL ? NIL : find_node(idx, s, worker);
+}
+
 kvr_cache_index_t *kvr_cache_index_new(size_t max_workers, uint64_t default_capacity) {
   if (max_workers == 0 || max_workers > KVR_MAX_WORKERS)
     return NULL;
@@ -535,8 +538,7 @@ int kvr_cache_index_insert(kvr_cache_index_t *idx, size_t worker, const uint64_t
     kvr_cache_index_match(idx, blocks, n, held);
     if (held[worker] < n && w->count + (n - held[worker]) > w->capacity)
       for (size_t i = held[worker]; i-- > 0;) {
-        uint32_t s = find_slot(idx, blocks[i]);
-        uint32_t x = s == NIL ? NIL : find_node(idx, s, (uint32_t)worker);
+        uint32_t x = node_of(idx, blocks[i], (uint32_t)worker);
         if (x == NIL)
           continue; /* only after a dropped block (see match): nothing to touch */
         lru_unlink(idx, w, x);
@@ -550,8 +552,7 @@ int kvr_cache_index_insert(kvr_cache_index_t *idx, size_t worker, const uint64_t
        * everything it holds of blocks (i, n) came in this call. Taking those out keeps the
        * worker's blocks prefix-closed. */
       for (size_t j = i + 1; j < n; j++) {
-        uint32_t s = find_slot(idx, blocks[j]);
-        uint32_t x = s == NIL ? NIL : find_node(idx, s, (uint32_t)worker);
+        uint32_t x = node_of(idx, blocks[j], (uint32_t)worker);
         if (x != NIL)
           remove_node(idx, x);
       }
