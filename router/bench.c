@@ -263,7 +263,8 @@ static const kvr_cli_opt_t route_options[] = {
      .help = "size of the synthetic chat prompt in KiB"},
     {KVR_CLI_UINT, "workers", R(workers), .arg = "N", KVR_CLI_RANGE(1, KVR_MAX_WORKERS),
      .help = "number of workers"},
-    {KVR_CLI_UINT, "blocks", R(blocks), .arg = "N", .help = "blocks pre-indexed over the workers"},
+    {KVR_CLI_UINT, "blocks", R(blocks), .arg = "N",
+     .help = "blocks pre-indexed over the workers (at least one per worker)"},
     {KVR_CLI_UINT, "decisions", R(decisions), .arg = "N", KVR_CLI_MIN(1),
      .help = "timed decisions"},
     {KVR_CLI_UINT, "block-chars", R(block_chars), .arg = "N",
@@ -294,6 +295,9 @@ static int route_bench_main(int argc, char **argv) {
     kvr_policy_names(names, sizeof(names));
     return kvr_cli_fail(&route_cmd, "--policy: unknown policy '%s' (valid: %s)", o.policy, names);
   }
+  if (o.blocks < o.workers) /* each worker's share is its index capacity */
+    return kvr_cli_fail(&route_cmd, "--blocks: at least one per worker (%zu), got %llu", o.workers,
+                        (unsigned long long)o.blocks);
   return kvr_route_bench_run(&o);
 }
 

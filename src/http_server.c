@@ -11,11 +11,13 @@
  *
  * Connection states and the bytes through them:
  *
- *     socket --read--> inbuf --kvr_http_parse_feed--> HEAD (timers, 100 Continue) ... DONE -->
- * active ^                      |                                                          | | +-->
- * REJECT: JSON error + Connection: close, then close    | |   uv_write <--
- * kvr_http_start/_write/_finish <-- handler <-----on_request-------+ | |
- *        +---- kvr_http_finish(): active = NULL, next pipelined request from inbuf --------+
+ *   socket --read--> slab --kvr_http_parse_feed--> HEAD (timers, 100 Continue) ... DONE
+ *                     |  (parsed in place when inbuf is empty)                    |
+ *                     +--> inbuf: what a read brought past the request handed on  v
+ *                          (a pipelined one), or bytes read while one is active   active
+ *   REJECT: JSON error + Connection: close, then close                            |
+ *   handler: kvr_http_start/_write/_finish --> uv_write                           |
+ *   kvr_http_finish(): active = NULL, the next pipelined request from inbuf <-----+
  *
  * Every rejection the parser reports is answered at once and the connection closed after the
  * write; the parser never leaves a malformed request waiting for bytes that will not come.
@@ -736,19 +738,29 @@ static void dispatch(kvr_http_conn_t *conn) {
   srv->on_request(req, srv->data);
 }
 
-/* Parses buffered bytes and dispatches complete requests, one at a time. Every rejection the
- * parser reports is answered and closes the connection; nothing is left waiting. */
-static void process(kvr_http_conn_t *conn) {
+/* Parses bytes and dispatches complete requests, one at a time: the bytes of one read in place
+ * (in, len; only when inbuf is empty) or, with in NULL, those buffered in inbuf. What is not
+ * parsed when a request goes to its handler is kept in inbuf (a pipelined request), so a read's
+ * bytes are copied once, into the request's body, not first into inbuf and then moved within it.
+ * Every rejection the parser reports is answered and closes the connection; nothing is left
+ * waiting. */
+static void process_bytes(kvr_http_conn_t *conn, const char *in, size_t len) {
   conn->in_process = true;
   bool after_head = false; /* the parser may complete a body-less request without more bytes */
   while (!conn->closing && conn->active == NULL && !conn->close_after_write &&
-         (conn->inbuf.len || after_head)) {
+         ((in ? len : conn->inbuf.len) || after_head)) {
     after_head = false;
     kvr_http_parse_phase_t before = kvr_http_parse_phase(conn->parse);
     size_t used;
     kvr_http_parse_event_t ev =
-        kvr_http_parse_feed(conn->parse, conn->inbuf.data, conn->inbuf.len, &used);
-    kvr_buf_consume(&conn->inbuf, used);
+        in ? kvr_http_parse_feed(conn->parse, in, len, &used)
+           : kvr_http_parse_feed(conn->parse, conn->inbuf.data, conn->inbuf.len, &used);
+    if (in) {
+      in += used;
+      len -= used;
+    } else {
+      kvr_buf_consume(&conn->inbuf, used);
+    }
     kvr_http_parse_phase_t phase = kvr_http_parse_phase(conn->parse);
     if (before == KVR_HTTP_PHASE_IDLE && phase != KVR_HTTP_PHASE_IDLE) {
       conn->got_bytes = true; /* a request began: its headers are due within header_timeout_ms */
@@ -766,6 +778,8 @@ static void process(kvr_http_conn_t *conn) {
       body_timer_arm(conn); /* body bytes arrived: the idle limit starts again */
     }
   }
+  if (in && len && !conn->closing && !conn->close_after_write)
+    kvr_buf_append(&conn->inbuf, in, len);
   conn->in_process = false;
   if (!conn->closing && conn->active == NULL && !conn->close_after_write && conn->inbuf.len == 0 &&
       kvr_http_parse_phase(conn->parse) == KVR_HTTP_PHASE_IDLE)
@@ -773,11 +787,16 @@ static void process(kvr_http_conn_t *conn) {
   read_control(conn);
 }
 
+static void process(kvr_http_conn_t *conn) {
+  process_bytes(conn, NULL, 0);
+}
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   static char slab[64 * 1024];
   (void)h;
   (void)suggested;
-  /* The loop is single-threaded and on_read copies out at once, so one static slab serves all. */
+  /* The loop is single-threaded and on_read parses or copies out at once, so one static slab
+   * serves all. */
   buf->base = slab;
   buf->len = sizeof slab;
 }
@@ -795,6 +814,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     return;
   if (conn->close_after_write)
     return; /* answering with an error; anything more the client sends is dropped */
+  if (conn->active == NULL && conn->inbuf.len == 0) {
+    process_bytes(conn, buf->base, (size_t)nread); /* parsed in the slab, nothing buffered first */
+    return;
+  }
   kvr_buf_append(&conn->inbuf, buf->base, (size_t)nread);
   if (conn->active == NULL)
     process(conn);

@@ -14,6 +14,12 @@
  * proxy does after the pick) is timed too. Memory per (block, worker) entry comes from the index's
  * own allocation figures.
  *
+ * Two index costs outside a decision: (4) steady state: --blocks more new random blocks into the
+ * full index (each evicting one), the cost per new block; (5) growth: a second index created
+ * unsized, as one is before the router learns its workers' capacities, filled with the same
+ * --blocks blocks; its rehashes happen inside single inserts, and the longest one is the stall a
+ * router would see on its loop if it did not size the index (src/router.c index_provision).
+ *
  * Output: a Markdown table on stdout.
  */
 #include "route_bench.h"
@@ -120,6 +126,10 @@ typedef struct rb_s {
   uint64_t per_worker;                /* index capacity per worker, in blocks */
   size_t prompt_blocks, prompt_bytes; /* of one benchmark prompt */
   uint64_t fill_ns, warm_ns;          /* index fill; the whole warm loop */
+  uint64_t steady_ns;                 /* --blocks new blocks into the full index */
+  uint64_t grow_ns, grow_max_ns;      /* unsized fill: whole, and its longest single insert */
+  size_t grow_slow;                   /* unsized fill: inserts that took over 1 ms */
+  uint64_t grow_slots;                /* unsized fill: table slots at the end */
   series_t parse, ins;                /* JSON parse; index insert after the pick */
   series_t warm[4], cold[4];          /* hash, match, select, decision */
 } rb_t;
@@ -288,6 +298,49 @@ static void time_insert(rb_t *rb) {
   }
 }
 
+/* Random chains of 256 blocks (the last one shorter), nblocks in all, into idx round robin over
+ * the workers, each insert timed; returns the total and the longest in *max_ns, the count over
+ * 1 ms in *slow. */
+static uint64_t insert_chains(kvr_cache_index_t *idx, size_t workers, uint64_t nblocks,
+                              uint64_t seed, uint64_t *max_ns, size_t *slow) {
+  uint64_t st = seed, chain[256], total = 0;
+  *max_ns = 0;
+  *slow = 0;
+  for (uint64_t done = 0, c = 0; done < nblocks; c++) {
+    size_t n = (size_t)KVR_MIN((uint64_t)256, nblocks - done);
+    for (size_t i = 0; i < n; i++)
+      chain[i] = kvr_policy_rand(&st);
+    uint64_t t0 = kvr_now_ns();
+    kvr_cache_index_insert(idx, c % workers, chain, n);
+    uint64_t dt = kvr_now_ns() - t0;
+    total += dt;
+    *max_ns = KVR_MAX(*max_ns, dt);
+    *slow += dt > 1000000;
+    done += n;
+  }
+  return total;
+}
+
+/* (4) and (5) of the header: steady-state inserts into the full index, then an unsized index
+ * filled from empty. */
+static int time_index_costs(rb_t *rb) {
+  uint64_t max_ns;
+  size_t slow;
+  rb->steady_ns = insert_chains(rb->idx, rb->o.workers, rb->o.blocks, 11, &max_ns, &slow);
+  kvr_cache_index_t *grow = kvr_cache_index_new(rb->o.workers, rb->per_worker);
+  if (grow == NULL) {
+    fprintf(stderr, "route bench: cannot allocate the index\n");
+    return -1;
+  }
+  rb->grow_ns = insert_chains(grow, rb->o.workers, rb->o.blocks, 7, &rb->grow_max_ns,
+                              &rb->grow_slow);
+  kvr_cache_index_stats_t cs;
+  kvr_cache_index_stats(grow, &cs);
+  rb->grow_slots = cs.table_slots;
+  kvr_cache_index_free(grow);
+  return 0;
+}
+
 static void print_report(rb_t *rb) {
   const kvr_route_bench_opts_t *o = &rb->o;
   static const char *const parts[4] = {"prompt features + hashing", "index match", "policy select",
@@ -314,8 +367,16 @@ static void print_report(rb_t *rb) {
   printf("\nThroughput: %.0f decisions/s on one core (warm loop, %zu decisions in %.1f ms).\n",
          (double)o->decisions / ((double)rb->warm_ns / 1e9), o->decisions,
          (double)rb->warm_ns / 1e6);
-  printf("Index fill: %llu blocks in %.1f ms.\n", (unsigned long long)o->blocks,
-         (double)rb->fill_ns / 1e6);
+  printf("Index fill: %llu blocks in %.1f ms (sized beforehand, as the router sizes it).\n",
+         (unsigned long long)o->blocks, (double)rb->fill_ns / 1e6);
+  printf("Index steady state: %llu more new blocks into the full index, each evicting one, in "
+         "%.1f ms = %.2f us per new block.\n",
+         (unsigned long long)o->blocks, (double)rb->steady_ns / 1e6,
+         (double)rb->steady_ns / 1e3 / (double)KVR_MAX(o->blocks, (uint64_t)1));
+  printf("Index growth (not sized beforehand): %llu blocks in %.1f ms, ending at %llu table slots; "
+         "longest single insert (a rehash on the loop) %.1f ms; %zu inserts over 1 ms.\n",
+         (unsigned long long)o->blocks, (double)rb->grow_ns / 1e6,
+         (unsigned long long)rb->grow_slots, (double)rb->grow_max_ns / 1e6, rb->grow_slow);
   printf("Index memory: %llu bytes allocated (%llu table slots x 20 B, %llu nodes x 16 B) for "
          "%llu (block, worker) entries, %.1f%% of the capacity it is sized for = %.1f bytes per "
          "(block, worker) entry.\n",
@@ -343,8 +404,10 @@ int kvr_route_bench_run(const kvr_route_bench_opts_t *opts) {
   }
   if (rc == 0) {
     time_insert(&rb);
-    print_report(&rb);
+    rc = time_index_costs(&rb);
   }
+  if (rc == 0)
+    print_report(&rb);
   rb_free(&rb);
   return rc == 0 ? 0 : 1;
 }

@@ -3,7 +3,8 @@
  * The server runs on a libuv loop in the test thread; a client thread speaks raw HTTP with
  * blocking sockets, so each case controls exactly which bytes arrive when:
  *   - a pipelined pair of requests split at every byte position (the llhttp glue must reassemble
- *     method, target, query, headers and body whatever the split);
+ *     method, target, query, headers and body whatever the split); three pipelined behind one
+ *     the handler holds (the bytes read with it wait, then are parsed in order);
  *   - each limit and rejection (414, 431 by size and count, 413 before the body, 400 for TE+CL and
  *     duplicate Content-Length, 501 Upgrade, 405 CONNECT, 408 slow headers, 400 garbage);
  *   - the HTTP/1.1 strictness rules (Host, Transfer-Encoding, version, request line, target,
@@ -64,8 +65,10 @@ typedef struct {
   bool hold_mode;
   bool rid_mode; /* the handler assigns a request id (kvr_http_request_id_assign) first */
   uint64_t rid_state;
-  uv_timer_t stream_timer;
-  int stream_left;
+  bool defer_mode;          /* the handler answers from a timer, 2 ms later, so the requests
+                             * pipelined behind the one it holds wait unparsed */
+  kvr_http_req_t *deferred; /* the request defer mode holds */
+  uv_timer_t defer_timer;
 } ctx_t;
 
 /* Byte k of the big-mode body: a pattern with period 251 (prime), so a lost, repeated or swapped
@@ -74,9 +77,33 @@ static char big_byte(size_t k) {
   return (char)('a' + k % 251 % 26);
 }
 
+/* The echo answer: method, path, query, the x-a header and the body. */
+static void echo(kvr_http_req_t *req) {
+  kvr_buf_t b = KVR_BUF_INIT;
+  const char *xa = kvr_http_header(req, "x-a");
+  kvr_buf_printf(&b, "%s %s q=%s xa=%s body=", req->method_str, req->path, req->query,
+                 xa ? xa : "-");
+  kvr_buf_append(&b, req->body.data, req->body.len);
+  kvr_http_respond(req, 200, "text/plain", NULL, b.data, b.len);
+  kvr_buf_free(&b);
+}
+
+static void on_defer_timer(uv_timer_t *t) {
+  ctx_t *c = t->data;
+  kvr_http_req_t *req = c->deferred;
+  c->deferred = NULL;
+  echo(req);
+}
+
 static void on_request(kvr_http_req_t *req, void *data) {
   ctx_t *c = data;
   c->requests++;
+  if (c->defer_mode) {
+    assert_null(c->deferred); /* one request at a time: the next waits for this one's answer */
+    c->deferred = req;
+    uv_timer_start(&c->defer_timer, on_defer_timer, 2, 0);
+    return;
+  }
   if (c->rid_mode) {
     kvr_http_request_id_assign(req, &c->rid_state);
     if (strcmp(req->path, "/err") == 0) {
@@ -114,13 +141,7 @@ static void on_request(kvr_http_req_t *req, void *data) {
     c->held = NULL;
     return;
   }
-  kvr_buf_t b = KVR_BUF_INIT;
-  const char *xa = kvr_http_header(req, "x-a");
-  kvr_buf_printf(&b, "%s %s q=%s xa=%s body=", req->method_str, req->path, req->query,
-                 xa ? xa : "-");
-  kvr_buf_append(&b, req->body.data, req->body.len);
-  kvr_http_respond(req, 200, "text/plain", NULL, b.data, b.len);
-  kvr_buf_free(&b);
+  echo(req);
 }
 
 static void on_held_close(kvr_http_req_t *req) {
@@ -187,6 +208,8 @@ static void ctx_start(ctx_t *c, const kvr_http_limits_t *lim) {
   assert_true(c->port > 0);
   uv_async_init(&c->loop, &c->done_async, on_done_async);
   c->done_async.data = c;
+  uv_timer_init(&c->loop, &c->defer_timer);
+  c->defer_timer.data = c;
 }
 
 /* Runs the client to completion, then tears everything down and checks for leaked handles. */
@@ -201,6 +224,7 @@ static void ctx_run_and_close(ctx_t *c) {
     kvr_http_finish(c->held);
   kvr_http_server_close(c->srv, on_server_closed, c);
   uv_close((uv_handle_t *)&c->done_async, NULL);
+  uv_close((uv_handle_t *)&c->defer_timer, NULL);
   uv_run(&c->loop, UV_RUN_DEFAULT);
   assert_int_equal(uv_loop_close(&c->loop), 0);
   kvr_http_server_free(c->srv);
@@ -244,6 +268,56 @@ static void test_split_every_byte(void **state) {
     assert_true(first < second); /* pipelined responses in request order */
     kvr_buf_free(&c.response);
   }
+}
+
+/* Three requests pipelined in one send while the handler answers each later: the bytes that came
+ * with the first (the others' heads and bodies, one body larger than a read) wait unparsed until
+ * it is finished, then are parsed in order. Sent whole, and in 1,000-byte parts. */
+static void test_pipelined_behind_held_request(void **state) {
+  (void)state;
+  static const size_t lens[3] = {3000, 70000, 5};
+  kvr_buf_t wire = KVR_BUF_INIT, bodies[3];
+  for (size_t i = 0; i < 3; i++) {
+    kvr_buf_init(&bodies[i]);
+    for (size_t k = 0; k < lens[i]; k++)
+      kvr_buf_append(&bodies[i], &(char){(char)('a' + (k * 7 + i) % 26)}, 1);
+    kvr_buf_printf(&wire, "POST /r%zu HTTP/1.1\r\nHost: a\r\nContent-Length: %zu\r\n%s\r\n", i,
+                   lens[i], i == 2 ? "Connection: close\r\n" : "");
+    kvr_buf_append(&wire, bodies[i].data, bodies[i].len);
+  }
+  for (int split = 0; split < 2; split++) {
+    ctx_t c = {0};
+    ctx_start(&c, NULL);
+    c.defer_mode = true;
+    c.keep_open = true;
+    size_t part = split ? 1000 : wire.len;
+    for (size_t off = 0; off < wire.len; off += part) {
+      if (c.nparts == 16) { /* the rest in the last part */
+        c.part_len[15] = wire.len - (size_t)(c.parts[15] - wire.data);
+        break;
+      }
+      c.parts[c.nparts] = wire.data + off;
+      c.part_len[c.nparts++] = KVR_MIN(part, wire.len - off);
+    }
+    ctx_run_and_close(&c);
+    assert_int_equal(c.requests, 3);
+    assert_true(c.eof);
+    const char *at = c.response.data;
+    for (size_t i = 0; i < 3; i++) {
+      char head[64];
+      snprintf(head, sizeof head, "POST /r%zu q= xa=- body=", i);
+      at = strstr(at, head);
+      assert_non_null(at); /* every answer, in request order */
+      at += strlen(head);
+      assert_true((size_t)(c.response.data + c.response.len - at) >= lens[i]);
+      assert_memory_equal(at, bodies[i].data, lens[i]);
+      at += lens[i];
+    }
+    kvr_buf_free(&c.response);
+  }
+  for (size_t i = 0; i < 3; i++)
+    kvr_buf_free(&bodies[i]);
+  kvr_buf_free(&wire);
 }
 
 static void expect_status(const char *req, const kvr_http_limits_t *lim, int status,
@@ -693,6 +767,7 @@ static void test_parse_hostport(void **state) {
 }
 
 KVR_TEST_MAIN(cmocka_unit_test(test_parse_hostport), cmocka_unit_test(test_split_every_byte),
+              cmocka_unit_test(test_pipelined_behind_held_request),
               cmocka_unit_test(test_rejections), cmocka_unit_test(test_header_timeout),
               cmocka_unit_test(test_chunked_request_and_stream),
               cmocka_unit_test(test_big_writes_partial),
