@@ -332,8 +332,8 @@ static int time_index_costs(rb_t *rb) {
     fprintf(stderr, "route bench: cannot allocate the index\n");
     return -1;
   }
-  rb->grow_ns = insert_chains(grow, rb->o.workers, rb->o.blocks, 7, &rb->grow_max_ns,
-                              &rb->grow_slow);
+  rb->grow_ns =
+      insert_chains(grow, rb->o.workers, rb->o.blocks, 7, &rb->grow_max_ns, &rb->grow_slow);
   kvr_cache_index_stats_t cs;
   kvr_cache_index_stats(grow, &cs);
   rb->grow_slots = cs.table_slots;
