@@ -1,20 +1,24 @@
 #!/bin/sh
 # ab.sh -- the policy A/B on 4 simulated workers for the three synthetic workloads.
 #
-# For each workload (multiturn, documents, control) it runs `kvrouter demo` (4 `kvrouter sim`
-# workers + the router, all stopped by PID afterwards) with the four policies round_robin,
-# kv_aware, gie_scorer and sglang_cache_aware (labels phase0, phase3, gie, sglang), each with the
-# max-SLO-rate search, then renders AB_RESULTS with bench/scripts/ab_report.py: per workload the
-# time scale, each policy's max SLO-compliant rate and kv_aware's ratio to each other policy.
+# For each workload (multiturn, documents, control) it runs bench/scripts/real_ab.sh (4 `kvrouter
+# sim` workers and `kvrouter serve` on 127.0.0.1, all stopped by PID afterwards, and one `kvrouter
+# bench --ab ... --search` against them) with the four policies round_robin, kv_aware, gie_scorer
+# and sglang_cache_aware (labels phase0, phase3, gie, sglang), each with the max-SLO-rate search,
+# then renders AB_RESULTS with bench/scripts/ab_report.py: per workload the time scale, each
+# policy's max SLO-compliant rate and kv_aware's ratio to each other policy. (Until the ninth
+# session it ran `kvrouter demo`, which since issue 16 is a virtual study plus a short real-time
+# confirmation and no longer searches every policy in real time.)
 #
 # Where the results go:
-#   OUT/<workload>/       the demo's full output (report.md, requests.jsonl, logs) and
-#                         OUT/<workload>.log its console; not kept in git.
+#   OUT/<workload>/       real_ab.sh's full output (report.md, requests.jsonl, summary.txt, logs),
+#                         emptied first; OUT/<workload>.log its console; not kept in git.
 #   AB_RAW/<workload>/    the small raw files kept in git: stamp (commit, start, duration, options,
-#                         the demo command line), rates ("<label> <rate>": the max SLO-compliant
-#                         rates the demo printed) and results/*.json (the per-level JSON of every
-#                         level searched). Written once the workload's A/B succeeded; workloads not
-#                         run keep their folders, stamps included.
+#                         the bench command line as cmd=), rates ("<label> <rate>": the max
+#                         SLO-compliant rates the bench printed) and results/*.json (the per-level
+#                         JSON of every level searched). Written once the workload's A/B succeeded
+#                         with a rate and levels for every label; workloads not run keep their
+#                         folders, stamps included.
 #   AB_RESULTS            rendered from AB_RAW only (`bench/scripts/ab_report.py AB_RAW AB_RESULTS`
 #                         re-renders it); each row names its own run. The hand-written reading is
 #                         bench/results/AB_RESULTS-notes.md, which this script never writes.
@@ -38,6 +42,7 @@
 #   AB_START        6       search start, req/s
 #   AB_SEARCH_MAX   (unset: the bench's default) search ceiling, req/s
 #   AB_COOLDOWN_S   10      pause between levels, s
+#   AB_SEED         42      the bench's seed (arrivals and prompts)
 # multiturn runs in session mode (every turn resends the answer streamed back), as `kvrouter demo`.
 # A quick check into scratch folders (seconds):
 #   AB_WORKLOADS=control AB_POLICIES=round_robin,kv_aware AB_LABELS=phase0,phase3 AB_TIME_SCALE=10 \
@@ -61,6 +66,7 @@ RESOL=${AB_RESOLUTION:-0.25}
 START=${AB_START:-6}
 SEARCH_MAX=${AB_SEARCH_MAX:-}
 COOLDOWN=${AB_COOLDOWN_S:-10}
+SEED=${AB_SEED:-42}
 HERE=$(cd "$(dirname "$0")" && pwd)
 
 [ -x "$KVR" ] || { echo "ab.sh: $KVR is not an executable (build first)" >&2; exit 2; }
@@ -83,16 +89,21 @@ for w in $WORKLOADS; do
   started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   t0=$(date +%s)
   rev=$(commit)
+  rm -rf "${OUT:?}/$w" # nothing of an earlier run may be taken for this one's
   # shellcheck disable=SC2086 # $max is empty or two words
-  set -- demo --workload "$w" --ab "$POLICIES" --labels "$LABELS" --time-scale "$SCALE" \
-    --out "$OUT/$w" -- --search --search-start "$START" --search-resolution "$RESOL" $max \
+  RAB_TIME_SCALE=$SCALE RAB_SEED=$SEED sh "$HERE/real_ab.sh" "$KVR" "$OUT/$w" "$w" "$POLICIES" \
+    "$LABELS" --search --search-start "$START" --search-resolution "$RESOL" $max \
     --num-prompts "$PROMPTS" --warmup 0 --warmup-s "$WARM" --min-level-s "$LEVEL" \
-    --cooldown-s "$COOLDOWN"
-  "$KVR" "$@" >"$OUT/$w.log" 2>&1 || { echo "ab.sh: $w failed, see $OUT/$w.log" >&2; exit 1; }
+    --cooldown-s "$COOLDOWN" >"$OUT/$w.log" 2>&1 || { echo "ab.sh: $w failed, see $OUT/$w.log" >&2; exit 1; }
   t1=$(date +%s)
-  # "  <label>   <rate> RPS ..." lines of the summary -> "<label> <rate>"
+  # "  <label>   <rate> RPS ..." lines of the bench's summary -> "<label> <rate>"
   awk '/^Max SLO-compliant rate/ {on = 1; next} on && $3 == "RPS" {print $1, $2}' \
-    "$OUT/$w.log" >"$OUT/$w.rates"
+    "$OUT/$w/summary.txt" >"$OUT/$w.rates"
+  # Every label must have its rate and levels, or the kept raw files would describe no run.
+  for l in $(echo "$LABELS" | tr , ' '); do
+    grep -q "^$l " "$OUT/$w.rates" || { echo "ab.sh: $w: no max SLO-compliant rate for $l in $OUT/$w/summary.txt" >&2; exit 1; }
+    ls "$OUT/$w/results/${l}_rate"*.json >/dev/null 2>&1 || { echo "ab.sh: $w: no level results for $l in $OUT/$w/results" >&2; exit 1; }
+  done
   rm -rf "${RAW:?}/$w"
   mkdir -p "$RAW/$w/results"
   cp "$OUT/$w.rates" "$RAW/$w/rates"
@@ -115,7 +126,7 @@ for w in $WORKLOADS; do
     echo "labels=$LABELS"
     echo "cores=$(nproc)"
     echo "arch=$(uname -m)"
-    echo "demo_cmd=kvrouter $*" | sed "s|--out $OUT/$w |--out OUT/$w |"
+    grep '^cmd=' "$OUT/$w/stamp"
   } >"$RAW/$w/stamp"
 done
 

@@ -46,7 +46,7 @@ start=$(date -u +%s)
   echo "commit=$(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "started=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "time_scale=$SCALE"
-  echo "cmd=kvrouter bench --url URL --admin ADMIN --workload $WORKLOAD $MODE --ab $POLICIES --labels $LABELS --time-scale $SCALE --seed $SEED $*"
+  echo "cmd=kvrouter bench --url URL --admin ADMIN --workload $WORKLOAD ${MODE:+$MODE }--ab $POLICIES --labels $LABELS --time-scale $SCALE --seed $SEED $*"
 } >"$OUT/stamp"
 # shellcheck disable=SC2086
 "$KVR" bench --url "http://127.0.0.1:$RP" --admin "http://127.0.0.1:$AP" --workload "$WORKLOAD" \
