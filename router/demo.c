@@ -8,7 +8,7 @@
  *
  * Flow:
  *   1. virtual: kvr_study_run() in this process (bench/vcluster/study.h) -- every policy on every
- *      scenario (--quick: round_robin and kv_aware on multiturn), one seed, each policy's max
+ *      scenario (--quick: round_robin and kv_aware on --workload), one seed, each policy's max
  *      SLO-compliant rate found by the search; its table is printed and OUT/virtual/STUDY.md kept.
  *   2. real: free loopback ports -> `kvrouter sim --time-scale N` per worker and `kvrouter serve`
  *      in front of them as children (this very binary, /proc/self/exe; output to OUT/logs/) ->
@@ -382,10 +382,12 @@ static int run_study(demo_t *d) {
   char *extra[8];
   o.nextra = cluster_args(d, extra);
   o.extra = extra;
-  fprintf(stderr,
-          "kvrouter demo: step 1/3: %s in virtual time (%u seed%s; a line per finished cell)\n",
-          cli->quick ? "round_robin and kv_aware on multiturn" : "every policy on every workload",
-          cli->seeds, cli->seeds == 1 ? "" : "s");
+  if (cli->quick)
+    fprintf(stderr, "kvrouter demo: step 1/3: round_robin and kv_aware on %s", cli->workload);
+  else
+    fprintf(stderr, "kvrouter demo: step 1/3: every policy on every workload");
+  fprintf(stderr, " in virtual time (%u seed%s; a line per finished cell)\n", cli->seeds,
+          cli->seeds == 1 ? "" : "s");
   printf("== Step 1/3: virtual study ==\n\n");
   fflush(stdout);
   kvr_log_level_t level = kvr_log_get_level();

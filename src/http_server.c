@@ -45,6 +45,7 @@
 #include "log.h"
 #include "openai.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <llhttp.h>
 #include <stdarg.h>
@@ -745,6 +746,7 @@ static void dispatch(kvr_http_conn_t *conn) {
  * Every rejection the parser reports is answered and closes the connection; nothing is left
  * waiting. */
 static void process_bytes(kvr_http_conn_t *conn, const char *in, size_t len) {
+  assert(in == NULL || conn->inbuf.len == 0); /* a read's bytes never overtake buffered ones */
   conn->in_process = true;
   bool after_head = false; /* the parser may complete a body-less request without more bytes */
   while (!conn->closing && conn->active == NULL && !conn->close_after_write &&

@@ -14,11 +14,13 @@
  * proxy does after the pick) is timed too. Memory per (block, worker) entry comes from the index's
  * own allocation figures.
  *
- * Two index costs outside a decision: (4) steady state: --blocks more new random blocks into the
- * full index (each evicting one), the cost per new block; (5) growth: a second index created
- * unsized, as one is before the router learns its workers' capacities, filled with the same
- * --blocks blocks; its rehashes happen inside single inserts, and the longest one is the stall a
- * router would see on its loop if it did not size the index (src/router.c index_provision).
+ * Two index costs outside a decision, after the memory figures are taken: (4) steady state:
+ * --blocks more new random blocks into the full index, which evicts as many (each worker at its
+ * capacity, give or take the last chain of the fill), the cost per new block; (5) growth: a second
+ * index created unsized, as one is before the router learns its workers' capacities, filled with
+ * the same --blocks blocks; its rehashes happen inside single inserts, so the longest insert is
+ * about the stall a router would see on its loop if it did not size the index (src/router.c
+ * index_provision).
  *
  * Output: a Markdown table on stdout.
  */
@@ -129,7 +131,8 @@ typedef struct rb_s {
   uint64_t steady_ns;                 /* --blocks new blocks into the full index */
   uint64_t grow_ns, grow_max_ns;      /* unsized fill: whole, and its longest single insert */
   size_t grow_slow;                   /* unsized fill: inserts that took over 1 ms */
-  uint64_t grow_slots;                /* unsized fill: table slots at the end */
+  uint64_t grow_slots, grow_blocks;   /* unsized fill: table slots and blocks at the end */
+  kvr_cache_index_stats_t cs;         /* the full index, before (4) */
   series_t parse, ins;                /* JSON parse; index insert after the pick */
   series_t warm[4], cold[4];          /* hash, match, select, decision */
 } rb_t;
@@ -337,6 +340,7 @@ static int time_index_costs(rb_t *rb) {
   kvr_cache_index_stats_t cs;
   kvr_cache_index_stats(grow, &cs);
   rb->grow_slots = cs.table_slots;
+  rb->grow_blocks = cs.blocks;
   kvr_cache_index_free(grow);
   return 0;
 }
@@ -345,8 +349,7 @@ static void print_report(rb_t *rb) {
   const kvr_route_bench_opts_t *o = &rb->o;
   static const char *const parts[4] = {"prompt features + hashing", "index match", "policy select",
                                        "decision (hash + match + select)"};
-  kvr_cache_index_stats_t cs;
-  kvr_cache_index_stats(rb->idx, &cs);
+  const kvr_cache_index_stats_t cs = rb->cs;
   printf("## Routing decision cost (policy %s)\n\n", o->policy);
   printf("Prompt: %zu bytes canonical (%zu KiB body), %zu blocks of %zu bytes; %zu workers; "
          "index: %llu blocks, %llu (block, worker) entries.\n\n",
@@ -369,14 +372,16 @@ static void print_report(rb_t *rb) {
          (double)rb->warm_ns / 1e6);
   printf("Index fill: %llu blocks in %.1f ms (sized beforehand, as the router sizes it).\n",
          (unsigned long long)o->blocks, (double)rb->fill_ns / 1e6);
-  printf("Index steady state: %llu more new blocks into the full index, each evicting one, in "
+  printf("Index steady state: %llu more new blocks into the full index, evicting as many, in "
          "%.1f ms = %.2f us per new block.\n",
          (unsigned long long)o->blocks, (double)rb->steady_ns / 1e6,
          (double)rb->steady_ns / 1e3 / (double)KVR_MAX(o->blocks, (uint64_t)1));
-  printf("Index growth (not sized beforehand): %llu blocks in %.1f ms, ending at %llu table slots; "
-         "longest single insert (a rehash on the loop) %.1f ms; %zu inserts over 1 ms.\n",
+  printf("Index growth (not sized beforehand): %llu blocks in %.1f ms, ending with %llu blocks in "
+         "%llu table slots; longest single insert (256 blocks and any rehash they set off) %.1f "
+         "ms; %zu inserts over 1 ms.\n",
          (unsigned long long)o->blocks, (double)rb->grow_ns / 1e6,
-         (unsigned long long)rb->grow_slots, (double)rb->grow_max_ns / 1e6, rb->grow_slow);
+         (unsigned long long)rb->grow_blocks, (unsigned long long)rb->grow_slots,
+         (double)rb->grow_max_ns / 1e6, rb->grow_slow);
   printf("Index memory: %llu bytes allocated (%llu table slots x 20 B, %llu nodes x 16 B) for "
          "%llu (block, worker) entries, %.1f%% of the capacity it is sized for = %.1f bytes per "
          "(block, worker) entry.\n",
@@ -404,6 +409,7 @@ int kvr_route_bench_run(const kvr_route_bench_opts_t *opts) {
   }
   if (rc == 0) {
     time_insert(&rb);
+    kvr_cache_index_stats(rb.idx, &rb.cs);
     rc = time_index_costs(&rb);
   }
   if (rc == 0)

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """agreement.py -- how well `kvrouter bench --virtual` agrees with the real-time A/B.
 
-The real-time A/B (bench/scripts/ab.sh) keeps, per workload, its stamp (time scale, the demo
-command and its bench flags) and each label's max SLO-compliant rate in AB_RAW/<workload>/, and the
-per-level JSON in AB_RAW/<workload>/results/. This script reruns every workload in virtual time
+The real-time A/B (bench/scripts/ab.sh) keeps, per workload, its stamp (time scale and the bench
+command, cmd=; demo_cmd= in folders from before the ninth session, when ab.sh ran `kvrouter
+demo`) and each label's max SLO-compliant rate in AB_RAW/<workload>/, and the per-level JSON in
+AB_RAW/<workload>/results/. This script reruns every workload in virtual time
 with the same bench flags and the same seed -- so the same request traces -- and the delays the
 real run had at its time scale: the demo that ran it (commit 775aa0e, and bench/scripts/real_ab.sh)
 started `kvrouter serve --scrape-interval-ms 100` with the default 5 s staleness, real time, which
@@ -14,7 +15,7 @@ level both runs measured, TTFT p99 and TPOT p99 side by side.
 
 usage: bench/scripts/agreement.py KVROUTER OUT AGREEMENT_MD RAW_FOLDER... [--seeds N]
        [--params LABEL=JSON ...]
-RAW_FOLDER: an AB_RAW folder of ab.sh (a folder per workload: stamp with demo_cmd, rates,
+RAW_FOLDER: an AB_RAW folder of ab.sh (a folder per workload: stamp with cmd or demo_cmd, rates,
 results/) or an OUT folder of bench/scripts/real_ab.sh (stamp with cmd, summary.txt, results/),
 or a folder of those. --params is passed to the virtual runs as --policy-params (e.g. the
 parameters a policy had when the real run was made).

@@ -302,6 +302,7 @@ static void test_pipelined_behind_held_request(void **state) {
     ctx_run_and_close(&c);
     assert_int_equal(c.requests, 3);
     assert_true(c.eof);
+    assert_non_null(c.response.data);
     const char *at = c.response.data;
     for (size_t i = 0; i < 3; i++) {
       char head[64];

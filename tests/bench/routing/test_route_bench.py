@@ -6,9 +6,10 @@ parses its Markdown table and summary lines. Times are not judged (a shared mach
 what is checked is what the report must get right whatever the machine: every row of the table
 with the sample count it says, percentiles in order, a decision costing at least each of its
 parts, the steady-state line's per-block figure equal to its total over its blocks, the growth
-line's table large enough for its blocks at the index's 90% load and its longest insert within
-its total, and the memory line's bytes per entry equal to its bytes over its entries. Also: a bad
-option (no workers; fewer blocks than workers) exits non-zero with one line on stderr.
+line's blocks nearly all kept and its table large enough for them at the index's 90% load, its
+longest insert within its total, and the memory line's bytes per entry equal to its bytes over its
+entries. Also: a bad option (no workers; fewer blocks than workers) exits non-zero with one line on
+stderr.
 
 Run: python3 tests/bench/routing/test_route_bench.py --kvrouter build/kvrouter
 (CTest: script.test_route_bench); exits 1 on a failure.
@@ -66,20 +67,22 @@ def main():
     for name in ("JSON parse (cJSON, separate)", "index insert/touch after the pick"):
         assert rows[name]["n"] == DECISIONS and rows[name]["p50"] <= rows[name]["p99"], rows[name]
 
-    m = one(r"Index steady state: (\d+) more new blocks into the full index, each evicting one, "
+    m = one(r"Index steady state: (\d+) more new blocks into the full index, evicting as many, "
             r"in ([0-9.]+) ms = ([0-9.]+) us per new block\.", out)
     n, ms, per = int(m[1]), float(m[2]), float(m[3])
     assert n == BLOCKS, m[0]
     assert per > 0 and abs(per - ms * 1000 / n) <= 0.006 + ms * 1000 / n * 0.01, m[0]
 
-    m = one(r"Index growth \(not sized beforehand\): (\d+) blocks in ([0-9.]+) ms, ending at "
-            r"(\d+) table slots; longest single insert \(a rehash on the loop\) ([0-9.]+) ms; "
-            r"(\d+) inserts over 1 ms\.", out)
-    n, total_ms, slots, longest, slow = int(m[1]), float(m[2]), int(m[3]), float(m[4]), int(m[5])
+    m = one(r"Index growth \(not sized beforehand\): (\d+) blocks in ([0-9.]+) ms, ending with "
+            r"(\d+) blocks in (\d+) table slots; longest single insert \(256 blocks and any rehash "
+            r"they set off\) ([0-9.]+) ms; (\d+) inserts over 1 ms\.", out)
+    n, total_ms, held, slots, longest = int(m[1]), float(m[2]), int(m[3]), int(m[4]), float(m[5])
     assert n == BLOCKS, m[0]
-    assert slots * 0.9 >= BLOCKS, m[0]  # every block has a slot, the table at most 90% full
-    assert 0 < longest <= total_ms + 0.05, m[0]
-    assert slow <= (BLOCKS + 255) // 256, m[0]  # at most every insert (256-block chains)
+    # Round robin by chain leaves a worker a chain past its capacity, so a few blocks are evicted;
+    # most stay, and the table holds them at most 90% full.
+    assert BLOCKS * 0.95 <= held <= BLOCKS, m[0]
+    assert slots * 0.9 >= held, m[0]
+    assert 0 <= longest <= total_ms + 0.05, m[0]
 
     m = one(r"Index memory: (\d+) bytes allocated \((\d+) table slots x 20 B, (\d+) nodes x 16 B\) "
             r"for (\d+) \(block, worker\) entries, ([0-9.]+)% of the capacity it is sized for = "
