@@ -141,9 +141,10 @@ static int free_slot(const kvr_router_t *r, const char *url, char *err, size_t e
 }
 
 /* Sizes the cache index for every block its workers' capacities allow (the sum), so it never
- * rehashes on the loop while caches fill (growing past 1.5 million blocks took 137 ms on the
- * 2-core test machine, one stall of the loop). The index only grows; on failure it grows by
- * itself as blocks come. */
+ * rehashes on the loop while caches fill (an unsized index's last rehash on the way to 1M blocks
+ * stalled the loop ~74 ms: `kvrouter bench routing`, "Index growth"). A worker added while the
+ * others' caches are full grows it once, one such rehash. The index only grows; on failure it
+ * grows by itself as blocks come. */
 static void index_provision(kvr_router_t *r) {
   uint64_t total = 0;
   for (size_t i = 0; i < r->nslots; i++)

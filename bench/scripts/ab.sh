@@ -100,8 +100,12 @@ for w in $WORKLOADS; do
   awk '/^Max SLO-compliant rate/ {on = 1; next} on && $3 == "RPS" {print $1, $2}' \
     "$OUT/$w/summary.txt" >"$OUT/$w.rates"
   # Every label must have its rate and levels, or the kept raw files would describe no run.
+  if grep -q "no level ran to its end" "$OUT/$w/summary.txt"; then
+    echo "ab.sh: $w: a label ran no level to its end, see $OUT/$w/summary.txt" >&2
+    exit 1
+  fi
   for l in $(echo "$LABELS" | tr , ' '); do
-    grep -q "^$l " "$OUT/$w.rates" || { echo "ab.sh: $w: no max SLO-compliant rate for $l in $OUT/$w/summary.txt" >&2; exit 1; }
+    awk -v l="$l" '$1 == l {f = 1} END {exit !f}' "$OUT/$w.rates" || { echo "ab.sh: $w: no max SLO-compliant rate for $l in $OUT/$w/summary.txt" >&2; exit 1; }
     ls "$OUT/$w/results/${l}_rate"*.json >/dev/null 2>&1 || { echo "ab.sh: $w: no level results for $l in $OUT/$w/results" >&2; exit 1; }
   done
   rm -rf "${RAW:?}/$w"
@@ -115,6 +119,7 @@ for w in $WORKLOADS; do
     echo "finished=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "took_s=$((t1 - t0))"
     echo "binary=$KVR"
+    echo "kvrouter=$("$KVR" --version)" # the binary's own commit; commit= is the checkout's
     echo "time_scale=$SCALE"
     echo "warmup_s=$WARM"
     echo "level_s=$LEVEL"

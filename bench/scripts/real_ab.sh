@@ -44,12 +44,18 @@ start=$(date -u +%s)
 {
   echo "workload=$WORKLOAD"
   echo "commit=$(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "kvrouter=$("$KVR" --version)"
   echo "started=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "time_scale=$SCALE"
   echo "cmd=kvrouter bench --url URL --admin ADMIN --workload $WORKLOAD ${MODE:+$MODE }--ab $POLICIES --labels $LABELS --time-scale $SCALE --seed $SEED $*"
 } >"$OUT/stamp"
+# Not piped into tee: a pipeline's status is tee's, and a bench that failed or was interrupted
+# (it still prints a summary) must fail this script.
+rc=0
 # shellcheck disable=SC2086
 "$KVR" bench --url "http://127.0.0.1:$RP" --admin "http://127.0.0.1:$AP" --workload "$WORKLOAD" \
   $MODE --ab "$POLICIES" --labels "$LABELS" --time-scale "$SCALE" --seed "$SEED" --out "$OUT" \
-  --quiet "$@" | tee "$OUT/summary.txt"
+  --quiet "$@" >"$OUT/summary.txt" || rc=$?
+cat "$OUT/summary.txt"
 echo "took_s=$(($(date -u +%s) - start))" >>"$OUT/stamp"
+[ "$rc" -eq 0 ] || { echo "real_ab.sh: kvrouter bench exited with status $rc" >&2; exit "$rc"; }
