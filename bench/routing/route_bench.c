@@ -191,6 +191,29 @@ static void rb_free(rb_t *rb) {
   }
 }
 
+/* Random chains of 256 blocks (the last one shorter), nblocks in all, into idx round robin over
+ * the workers, each insert timed; returns the total and the longest in *max_ns, the count over
+ * 1 ms in *slow. */
+static uint64_t insert_chains(kvr_cache_index_t *idx, size_t workers, uint64_t nblocks,
+                              uint64_t seed, uint64_t *max_ns, size_t *slow) {
+  uint64_t st = seed, chain[256], total = 0;
+  *max_ns = 0;
+  *slow = 0;
+  for (uint64_t done = 0, c = 0; done < nblocks; c++) {
+    size_t n = (size_t)KVR_MIN((uint64_t)256, nblocks - done);
+    for (size_t i = 0; i < n; i++)
+      chain[i] = kvr_policy_rand(&st);
+    uint64_t t0 = kvr_now_ns();
+    kvr_cache_index_insert(idx, c % workers, chain, n);
+    uint64_t dt = kvr_now_ns() - t0;
+    total += dt;
+    *max_ns = KVR_MAX(*max_ns, dt);
+    *slow += dt > 1000000;
+    done += n;
+  }
+  return total;
+}
+
 /* The index at capacity, as a router's is once its workers' caches have filled: each worker
  * holds o.blocks / W blocks at most, the index is sized for that (kvr_cache_index_reserve, as the
  * router does from its workers' capacities), o.blocks random blocks in 256-block chains go round
@@ -204,16 +227,10 @@ static int fill_index(rb_t *rb) {
     fprintf(stderr, "route bench: cannot allocate the index\n");
     return -1;
   }
-  uint64_t st = 7, chain[256];
-  uint64_t t0 = kvr_now_ns();
-  for (uint64_t done = 0, c = 0; done < o->blocks; c++) {
-    size_t n = (size_t)KVR_MIN((uint64_t)256, o->blocks - done);
-    for (size_t i = 0; i < n; i++)
-      chain[i] = kvr_policy_rand(&st);
-    kvr_cache_index_insert(rb->idx, c % o->workers, chain, n);
-    done += n;
-  }
-  rb->fill_ns = kvr_now_ns() - t0;
+  uint64_t max_ns, t0 = kvr_now_ns();
+  size_t slow;
+  insert_chains(rb->idx, o->workers, o->blocks, 7, &max_ns, &slow);
+  rb->fill_ns = kvr_now_ns() - t0; /* the whole fill, drawing the blocks included, as before */
   for (size_t k = 0; k < NPROMPTS; k++) {
     kvr_prompt_t p;
     char err[256];
@@ -299,29 +316,6 @@ static void time_insert(rb_t *rb) {
     rb->ins.ns[i] = kvr_now_ns() - t0;
     kvr_prompt_free(&p);
   }
-}
-
-/* Random chains of 256 blocks (the last one shorter), nblocks in all, into idx round robin over
- * the workers, each insert timed; returns the total and the longest in *max_ns, the count over
- * 1 ms in *slow. */
-static uint64_t insert_chains(kvr_cache_index_t *idx, size_t workers, uint64_t nblocks,
-                              uint64_t seed, uint64_t *max_ns, size_t *slow) {
-  uint64_t st = seed, chain[256], total = 0;
-  *max_ns = 0;
-  *slow = 0;
-  for (uint64_t done = 0, c = 0; done < nblocks; c++) {
-    size_t n = (size_t)KVR_MIN((uint64_t)256, nblocks - done);
-    for (size_t i = 0; i < n; i++)
-      chain[i] = kvr_policy_rand(&st);
-    uint64_t t0 = kvr_now_ns();
-    kvr_cache_index_insert(idx, c % workers, chain, n);
-    uint64_t dt = kvr_now_ns() - t0;
-    total += dt;
-    *max_ns = KVR_MAX(*max_ns, dt);
-    *slow += dt > 1000000;
-    done += n;
-  }
-  return total;
 }
 
 /* (4) and (5) of the header: steady-state inserts into the full index, then an unsized index
