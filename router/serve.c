@@ -7,7 +7,8 @@
  * polls (peers.h, --peer) and the discovery (discovery.h, --discover: workers from a DNS name,
  * re-resolved; the router may start with none and /health answers 503 until it answers) on the
  * loop, the
- * proxy and the admin API over them, listen on the public and admin addresses, run the loop.
+ * proxy and the admin API over them, listen on the public and admin addresses, run the loop. Log
+ * lines, the access log's included, then leave once per loop iteration (log.h, batching).
  *
  * Reload on SIGHUP (src/reload.h): the settings are read again from the same command line (so from
  * the --config file, flags still overriding it) and checked whole; a bad file logs one error line
@@ -83,6 +84,7 @@ static void on_server_closed(void *data) {
   kvr_curlm_close(s->curlm);
   kvr_router_free(s->router);
   s->router = NULL;
+  kvr_log_batch_stop();
   uv_close((uv_handle_t *)&s->sigint, on_handle_closed);
   uv_close((uv_handle_t *)&s->sigterm, on_handle_closed);
   uv_close((uv_handle_t *)&s->sighup, on_handle_closed);
@@ -211,6 +213,7 @@ int kvr_serve_main(int argc, char **argv) {
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
     uv_signal_start(&s->sighup, on_sighup, SIGHUP);
+    kvr_log_batch_start(&s->loop); /* log lines leave once per loop iteration (log.h) */
     KVR_INFO("serve",
              "kvrouter %s listening on %s (port %d), admin on %s (port %d), policy %s, "
              "%zu workers",

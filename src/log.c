@@ -1,9 +1,19 @@
-/* log.c -- leveled stderr logging; see log.h. Single-threaded like the loop that calls it. */
+/* log.c -- leveled stderr logging; see log.h.
+ *
+ * kvr_log() formats a line (kvr_log_format_line()) and writes it with one fwrite. Between
+ * kvr_log_batch_start() and kvr_log_batch_stop() (`kvrouter serve`'s loop) lines below warn are
+ * appended to one pending buffer instead, and a prepare handle writes that buffer with one fwrite
+ * each time the loop is about to wait for I/O: every access-log line of a loop iteration leaves in
+ * one write(2) instead of one each, at most one iteration late. A warn or error line, or 64 KiB
+ * pending, writes the buffer at once (lines stay in order). Batching is for one loop's thread;
+ * other threads (the virtual study's) log as before, one fwrite per line.
+ */
 #include "log.h"
 
 #include "kvr.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -12,6 +22,12 @@ static kvr_log_format_t g_format = KVR_LOG_TEXT;
 static FILE *g_stream = NULL; /* NULL: stderr */
 static const char *const level_names[] = {"debug", "info", "warn", "error", "off"};
 static const char *const format_names[] = {"text", "json"};
+
+/* Batching (kvr_log_batch_start()): lines held for the loop's next prepare. */
+#define PENDING_MAX (64 * 1024)
+static kvr_buf_t g_pending = KVR_BUF_INIT;
+static uv_prepare_t g_flush;
+static bool g_batching;
 
 void kvr_log_set_level(kvr_log_level_t level) {
   g_level = level;
@@ -64,17 +80,29 @@ void kvr_log_timestamp(char *buf, size_t size, const struct timespec *t) {
     clock_gettime(CLOCK_REALTIME, &now);
     t = &now;
   }
-  time_t sec = t->tv_sec;
-  struct tm tm;
-  if (gmtime_r(&sec, &tm) == NULL)
-    return;
-  char base[32];
-  if (strftime(base, sizeof base, "%Y-%m-%dT%H:%M:%S", &tm) == 0)
-    return;
+  /* The date and time of the last second formatted, per thread: one strftime per second. */
+  static _Thread_local time_t cached_sec = (time_t)-1;
+  static _Thread_local char base[32];
+  if (t->tv_sec != cached_sec) {
+    time_t sec = t->tv_sec;
+    struct tm tm;
+    if (gmtime_r(&sec, &tm) == NULL ||
+        strftime(base, sizeof base, "%Y-%m-%dT%H:%M:%S", &tm) != KVR_LOG_TS_LEN - 5) {
+      cached_sec = (time_t)-1;
+      return;
+    }
+    cached_sec = sec;
+  }
   long ms = t->tv_nsec / 1000000;
   if (ms < 0 || ms > 999)
     ms = 0;
-  snprintf(buf, size, "%s.%03ldZ", base, ms);
+  memcpy(buf, base, KVR_LOG_TS_LEN - 5);
+  buf[KVR_LOG_TS_LEN - 5] = '.';
+  buf[KVR_LOG_TS_LEN - 4] = (char)('0' + ms / 100);
+  buf[KVR_LOG_TS_LEN - 3] = (char)('0' + ms / 10 % 10);
+  buf[KVR_LOG_TS_LEN - 2] = (char)('0' + ms % 10);
+  buf[KVR_LOG_TS_LEN - 1] = 'Z';
+  buf[KVR_LOG_TS_LEN] = '\0';
 }
 
 void kvr_log_format_line(kvr_buf_t *out, kvr_log_format_t fmt, const char *ts,
@@ -95,6 +123,15 @@ void kvr_log_format_line(kvr_buf_t *out, kvr_log_format_t fmt, const char *ts,
   }
 }
 
+/* One fwrite per line, or per batch of whole lines, keeps lines whole when several processes
+ * share a terminal or a pipe. */
+static void write_out(const char *data, size_t len) {
+  FILE *f = g_stream ? g_stream : stderr;
+  fwrite(data, 1, len, f);
+  if (f != stderr)
+    fflush(f);
+}
+
 void kvr_log(kvr_log_level_t level, const char *module, const char *fmt, ...) {
   if (level < g_level || level >= KVR_LOG_OFF)
     return;
@@ -105,12 +142,46 @@ void kvr_log(kvr_log_level_t level, const char *module, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  if (g_batching) {
+    kvr_log_format_line(&g_pending, g_format, ts, level, module, msg);
+    if (level >= KVR_LOG_WARN || g_pending.len >= PENDING_MAX)
+      kvr_log_flush();
+    return;
+  }
   kvr_buf_t line = KVR_BUF_INIT;
   kvr_log_format_line(&line, g_format, ts, level, module, msg);
-  /* One fwrite per line keeps lines whole when several processes share a terminal. */
-  FILE *f = g_stream ? g_stream : stderr;
-  fwrite(line.data, 1, line.len, f);
-  if (f != stderr)
-    fflush(f);
+  write_out(line.data, line.len);
   kvr_buf_free(&line);
+}
+
+void kvr_log_flush(void) {
+  if (g_pending.len == 0)
+    return;
+  write_out(g_pending.data, g_pending.len);
+  g_pending.len = 0;
+  if (g_pending.cap > 4 * PENDING_MAX) /* a burst of long lines: do not keep its memory */
+    kvr_buf_free(&g_pending);
+}
+
+static void on_flush(uv_prepare_t *h) {
+  (void)h;
+  kvr_log_flush();
+}
+
+void kvr_log_batch_start(uv_loop_t *loop) {
+  if (g_batching)
+    return;
+  uv_prepare_init(loop, &g_flush);
+  uv_prepare_start(&g_flush, on_flush);
+  uv_unref((uv_handle_t *)&g_flush); /* never keeps the loop alive by itself */
+  g_batching = true;
+}
+
+void kvr_log_batch_stop(void) {
+  if (!g_batching)
+    return;
+  g_batching = false;
+  kvr_log_flush();
+  kvr_buf_free(&g_pending);
+  uv_close((uv_handle_t *)&g_flush, NULL);
 }

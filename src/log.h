@@ -14,6 +14,7 @@
 
 #include <stdio.h>
 #include <time.h>
+#include <uv.h>
 
 typedef enum {
   KVR_LOG_DEBUG = 0,
@@ -52,6 +53,17 @@ void kvr_log_format_line(kvr_buf_t *out, kvr_log_format_t fmt, const char *ts,
 
 void kvr_log(kvr_log_level_t level, const char *module, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* Batching on one loop: from kvr_log_batch_start() on, lines below warn wait in memory and are
+ * written together, one fwrite, each time the loop is about to wait for I/O (an unreferenced
+ * prepare handle); a warn or error line, or 64 KiB waiting, writes them at once. A crash loses at
+ * most what one loop iteration logged. Only the loop's thread may log while batching.
+ * kvr_log_batch_stop() writes what waits and closes the handle (run the loop once more before
+ * uv_loop_close()); both are no-ops when already in that state. kvr_log_flush() writes what waits
+ * now. */
+void kvr_log_batch_start(uv_loop_t *loop);
+void kvr_log_batch_stop(void);
+void kvr_log_flush(void);
 
 #define KVR_DEBUG(mod, ...) kvr_log(KVR_LOG_DEBUG, mod, __VA_ARGS__)
 #define KVR_INFO(mod, ...) kvr_log(KVR_LOG_INFO, mod, __VA_ARGS__)
