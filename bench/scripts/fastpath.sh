@@ -12,7 +12,12 @@
 #   haproxy    HAProxy: nbthread 1, http-reuse always, roundrobin over both ports.
 #   kvrouter   `kvrouter serve --policy round_robin --access-log false --scrape-interval-ms 0` with
 #              the two ports as workers.
-#   The three proxies are pinned to core 1 and wrk (`wrk -t1`) to core 0. Rows: GET /v1/models (64
+#   nginx_log, kvrouter_log   the same two with their access log on, one line per request to a
+#              file in the run's temporary folder: nginx's default (combined format, a write(2) per
+#              request: no `buffer=`), kvrouter `--access-log true` with its stderr to a file (its
+#              lines leave once per loop iteration). After the cells each file must hold at least one
+#              line per response wrk counted. HAProxy logs only to syslog and is not in these cells.
+#   The proxies are pinned to core 1 and wrk (`wrk -t1`) to core 0. Rows: GET /v1/models (64
 #   connections), POST small chat body (64), POST 64 KiB prompt (16), POST 400 KiB prompt (16); each
 #   cell runs --duration seconds after a 1 s warm-up of every target. Before the cells each target
 #   must answer 200 with the backend's body to a GET, a small POST and a 400 KiB POST, and every wrk
@@ -49,7 +54,7 @@
 # Output: OUT/FASTPATH.md (printed as well) rendered by bench/scripts/fastpath_report.py from the raw
 # files in OUT/raw/: wrk_<row>_<target>_r<round>.txt (wrk's output with --latency, ending with the Lua
 # script's FASTPATH_RESULT line), cells.jsonl, sse.jsonl, bench_routing.md, proxy_overhead.{md,json},
-# meta.json.
+# access_log.jsonl (lines each access-logging target wrote, responses wrk counted), meta.json.
 #
 # usage: bench/scripts/fastpath.sh [--duration S] [--quick] [--perf] [--kvrouter PATH] [--out DIR]
 #                                  [--rounds N] [--base-port N] [--backend-cpu N] [--note TEXT]
@@ -69,6 +74,7 @@
 #                    --peer-sync-listen) -- and nothing pinned: wrk (-tN), the backend (N workers)
 #                    and the proxy under test share cores 0..N-1. Ports N+10 .. N+9+N are the
 #                    replicas' admin ports. Default results folder bench/results/fastpath-Ncores.
+#                    (One core: ports N+20 .. N+22 are the access-log targets'.)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -133,6 +139,7 @@ SSE_STREAMS=100
 P_BE1=$((BASE + 1)) P_BE2=$((BASE + 2)) P_NGINX=$((BASE + 3)) P_HAPROXY=$((BASE + 4))
 P_KVR=$((BASE + 5)) P_KVR_ADMIN=$((BASE + 6)) P_SIM=$((BASE + 7)) P_SKVR=$((BASE + 8))
 P_SKVR_ADMIN=$((BASE + 9))
+P_NGINXL=$((BASE + 20)) P_KVRL=$((BASE + 21)) P_KVRL_ADMIN=$((BASE + 22))
 
 # ---- processes and cleanup: everything started is in PIDS and is stopped by PID ----
 
@@ -245,11 +252,12 @@ EOF
   } >"$d/nginx.conf"
 }
 
-write_nginx_proxy_conf() {
-  local d=$TMP/nginx
+write_nginx_proxy_conf() { # $1 name (prefix folder), $2 port, $3 access log on (1) or off (0)
+  local d=$TMP/$1
   mkdir -p "$d"
   {
     nginx_common "$d"
+    [ "$3" = 0 ] || echo "  access_log $d/access.log;" # the default format, combined
     cat <<EOF
   upstream backend {
     server 127.0.0.1:$P_BE1;
@@ -258,7 +266,7 @@ write_nginx_proxy_conf() {
     keepalive_requests 1000000;
   }
   server {
-    listen 127.0.0.1:$P_NGINX reuseport;
+    listen 127.0.0.1:$2 reuseport;
     location / {
       proxy_pass http://backend;
       proxy_http_version 1.1;
@@ -365,6 +373,7 @@ ROWS=(get small p64 p400)
 declare -A ROW_ARGS=([get]="get" [small]="post 0" [p64]="post 65536" [p400]="post 409600")
 declare -A ROW_CONNS=([get]=64 [small]=64 [p64]=16 [p400]=16)
 TARGETS=(direct nginx haproxy kvrouter)
+[ "$CORES" -gt 1 ] || TARGETS+=(nginx_log kvrouter_log)
 declare -A PORT PID_OF
 
 run_wrk() { # $1 port, $2 connections, $3 seconds, $4 output file, rest: Lua arguments
@@ -589,10 +598,10 @@ for p in $(seq $((BASE + 1)) $((BASE + 9))); do
 done
 : >"$RAW/cells.jsonl"
 : >"$RAW/sse.jsonl"
-rm -f "$RAW"/alloc_sites_* "$RAW"/syscalls_*.txt "$RAW"/perf_*.txt "$RAW"/allocs_*.txt "$RAW"/wrk_*.txt "$RAW"/perf_wrk_*.txt "$RAW"/allocs_wrk_*.txt
+rm -f "$RAW/access_log.jsonl" "$RAW"/alloc_sites_* "$RAW"/syscalls_*.txt "$RAW"/perf_*.txt "$RAW"/allocs_*.txt "$RAW"/wrk_*.txt "$RAW"/perf_wrk_*.txt "$RAW"/allocs_wrk_*.txt
 
 write_backend_conf
-write_nginx_proxy_conf
+write_nginx_proxy_conf nginx "$P_NGINX" 0
 write_haproxy_conf
 if [ "$CORES" = 1 ]; then
   BE_CPUS=$BACKEND_CPU PROXY_CPUS=1 WRK_CPUS=0
@@ -608,12 +617,25 @@ PORT[nginx]=$P_NGINX
 start haproxy "$PROXY_CPUS" "$P_HAPROXY" haproxy -db -f "$TMP/haproxy/haproxy.cfg"
 PID_OF[haproxy]=$LAST_PID
 PORT[haproxy]=$P_HAPROXY
-KVR_FLAGS=(--worker "http://127.0.0.1:$P_BE1" --worker "http://127.0.0.1:$P_BE2"
-  --listen "127.0.0.1:$P_KVR" --policy round_robin --access-log false --scrape-interval-ms 0)
+KVR_COMMON=(--worker "http://127.0.0.1:$P_BE1" --worker "http://127.0.0.1:$P_BE2"
+  --policy round_robin --scrape-interval-ms 0)
+KVR_FLAGS=("${KVR_COMMON[@]}" --listen "127.0.0.1:$P_KVR" --access-log false)
 if [ "$CORES" = 1 ]; then
   start kvrouter "$PROXY_CPUS" "$P_KVR" "$KVROUTER" serve "${KVR_FLAGS[@]}" \
     --admin-listen "127.0.0.1:$P_KVR_ADMIN"
   PID_OF[kvrouter]=$LAST_PID
+  for p in "$P_NGINXL" "$P_KVRL" "$P_KVRL_ADMIN"; do
+    port_free "$p" || die "127.0.0.1:$p is in use (pick other ports with --base-port)"
+  done
+  write_nginx_proxy_conf nginx_log "$P_NGINXL" 1
+  start nginx_log "$PROXY_CPUS" "$P_NGINXL" nginx -p "$TMP/nginx_log" -c "$TMP/nginx_log/nginx.conf"
+  PID_OF[nginx_log]=$LAST_PID
+  PORT[nginx_log]=$P_NGINXL
+  # The same flags with the access log on; start() sends its stderr, the log, to a file.
+  start kvrouter_log "$PROXY_CPUS" "$P_KVRL" "$KVROUTER" serve "${KVR_COMMON[@]}" \
+    --listen "127.0.0.1:$P_KVRL" --admin-listen "127.0.0.1:$P_KVRL_ADMIN" --access-log true
+  PID_OF[kvrouter_log]=$LAST_PID
+  PORT[kvrouter_log]=$P_KVRL
 else
   # N replicas on one port (SO_REUSEPORT), each the others' peer, synced over ZMQ.
   PID_OF[kvrouter]=""
@@ -644,6 +666,32 @@ for round in $(seq "$ROUNDS"); do
     for t in "${TARGETS[@]}"; do cell "$row" "$t" "$round"; done
   done
 done
+
+log_lines() { # $1 target, $2 its access log, $3 a line's marker: every response wrk counted logged
+  python3 - "$1" "$2" "$3" "$RAW/cells.jsonl" "$TMP/warm_$1.txt" >>"$RAW/access_log.jsonl" <<'PYEOF'
+import json, sys
+t, log, marker, cells, warm = sys.argv[1:]
+lines = sum(1 for l in open(log, errors="replace") if marker in l)
+resp = 3  # check_200: a GET and two POSTs
+for l in open(cells):
+    c = json.loads(l)
+    resp += c["wrk"]["requests"] if c["target"] == t else 0
+for l in open(warm):
+    if l.startswith("FASTPATH_RESULT "):
+        resp += json.loads(l.split(" ", 1)[1])["requests"]
+if lines < resp:
+    sys.exit("fastpath.sh: %s: %d access-log lines for %d responses (%s)" % (t, lines, resp, log))
+print(json.dumps({"target": t, "lines": lines, "responses": resp}))
+PYEOF
+  echo "  access log $1: $(tail -n1 "$RAW/access_log.jsonl")" >&2
+}
+
+if [ "$CORES" = 1 ]; then
+  sleep 0.5 # a loop iteration for kvrouter's last batch of lines
+  : >"$RAW/access_log.jsonl"
+  log_lines nginx_log "$TMP/nginx_log/access.log" 'HTTP/1.1"' || die "nginx's access log lost lines"
+  log_lines kvrouter_log "$TMP/kvrouter_log.log" ' access: ' || die "kvrouter's access log lost lines"
+fi
 
 if [ "$CORES" -gt 1 ]; then
   : # the wrk table only

@@ -4,9 +4,11 @@
 Reads RAW/meta.json (command, date, machine, versions), RAW/cells.jsonl (one wrk cell per line: row,
 target, connections, the proxy's CPU ticks over the cell and wrk's FASTPATH_RESULT), RAW/sse.jsonl
 (fastpath_sse.py's results), RAW/bench_routing.md (`kvrouter bench routing`'s table) and
-RAW/proxy_overhead.json, and writes the Markdown: throughput with the kvrouter/nginx and
-kvrouter/HAProxy ratios, p99 latency, proxy CPU per request, streaming cost, routing cost, and the
-issue's targets each with its measured value. Nothing is computed that the raw files do not hold, so
+RAW/proxy_overhead.json and RAW/access_log.jsonl (lines each access-logging target wrote against the
+responses wrk counted), and writes the Markdown: throughput with the kvrouter/nginx and
+kvrouter/HAProxy ratios, p99 latency, proxy CPU per request, the same with the access log on (what a
+log line costs each), streaming cost, routing cost, and the issue's targets each with its measured
+value. Nothing is computed that the raw files do not hold, so
 `fastpath_report.py RAW OUT.md` re-renders a kept run.
 
 usage: bench/scripts/fastpath_report.py RAW_DIR OUT.md
@@ -19,7 +21,8 @@ import sys
 ROWS = [("get", "GET /v1/models"), ("small", "POST small chat body"),
         ("p64", "POST 64 KiB prompt"), ("p400", "POST 400 KiB prompt")]
 TARGETS = ["direct", "nginx", "haproxy", "kvrouter"]
-NAMES = {"direct": "direct", "nginx": "nginx", "haproxy": "HAProxy", "kvrouter": "kvrouter"}
+NAMES = {"direct": "direct", "nginx": "nginx", "haproxy": "HAProxy", "kvrouter": "kvrouter",
+         "nginx_log": "nginx (access log on)", "kvrouter_log": "kvrouter (access log on)"}
 
 
 def load_jsonl(path):
@@ -143,6 +146,32 @@ def cpu_table(cells):
     return lines
 
 
+def access_log_table(cells, logs):
+    """nginx and kvrouter with their access log on, against the same without it."""
+    lines = ["| request | nginx, log on | kvrouter, log on | kvrouter / nginx | CPU per request: "
+             "nginx, log on | kvrouter, log on | a line costs nginx | a line costs kvrouter |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row, label in ROWS:
+        c = cells.get(row, {})
+        if "nginx_log" not in c or "kvrouter_log" not in c:
+            continue
+        cpu = {t: cpu_per_request(c.get(t)) for t in ("nginx", "kvrouter", "nginx_log", "kvrouter_log")}
+        us = lambda v: "%.1f us" % (v * 1e6) if v else "n/a"
+        cost = lambda t: ("%+.1f us" % ((cpu[t + "_log"] - cpu[t]) * 1e6)
+                          if cpu[t] and cpu[t + "_log"] else "n/a")
+        lines.append("| %s | %s/s | %s/s | %.2f | %s | %s | %s | %s |" % (
+            label, fmt_int(rps(c["nginx_log"])), fmt_int(rps(c["kvrouter_log"])),
+            rps(c["kvrouter_log"]) / rps(c["nginx_log"]), us(cpu["nginx_log"]),
+            us(cpu["kvrouter_log"]), cost("nginx"), cost("kvrouter")))
+    if logs:
+        lines += ["", "Lines written against responses wrk counted (every cell, warm-up and check "
+                  "included; in-flight requests at a cell's end are logged too): " +
+                  "; ".join("%s %s lines for %s responses" % (
+                      NAMES.get(l["target"], l["target"]), fmt_int(l["lines"]),
+                      fmt_int(l["responses"])) for l in logs) + "."]
+    return lines
+
+
 def targets_table(cells, sse, routing, overhead):
     def ratio(row, other):
         c = cells.get(row, {})
@@ -257,6 +286,16 @@ def main():
            "replica) over the cell divided by its requests; \"cores busy\" is kvrouter's CPU "
            "over the cell's wall time (near 1.00 on one core: kvrouter was the bottleneck there).",
            ""] + cpu_table(cells) + [""]
+    if any("kvrouter_log" in c for c in cells.values()):
+        md += ["## With the access log on", "",
+               "The same cells through a second nginx and a second kvrouter with their access log "
+               "on, one line per request to a file: nginx's default (`access_log PATH;`, combined "
+               "format, one write(2) per request), kvrouter `--access-log true` with stderr to a "
+               "file (logfmt lines, written once per loop iteration). \"A line costs\" is the "
+               "CPU per request with the log on minus without it, from the table above (best "
+               "rounds of each, so noise of a few us either way). HAProxy logs only to syslog and "
+               "has no cell here.", ""] + access_log_table(
+                   cells, load_jsonl(os.path.join(raw, "access_log.jsonl"))) + [""]
     if sse:
         md += ["## Streaming cost", "",
                "`kvrouter sim --fixed-ttft-ms 0 --fixed-itl-ms ITL` behind `kvrouter serve` "
