@@ -8,8 +8,11 @@ folder holds a level file an earlier run could have left; it must not reach the 
 Checks: the raw folder has, for the workload, a stamp naming the bench command (cmd=) and the
 options, a rates line per label, and exactly the level JSONs this run wrote (each label's printed
 rate reproduced from its levels' verdicts: the highest passing rate below the lowest failing one);
-AB_RESULTS.md has the workload's row with both rates and the run's command. A binary that is not
-executable fails at once with one line and exit 2.
+AB_RESULTS.md has the workload's row with both rates and the run's command. ab_report.py given this
+raw folder and a second one (the same run relabelled as two other policies, as ab.sh would keep a
+run of the reference policies in bench/results/ab-refs) renders one row with all four policies and
+lists both runs; the same folder given twice (a label in two folders) exits 1 with one line. A
+binary that is not executable fails at once with one line and exit 2.
 
 Run: python3 tests/bench/scripts/test_ab.py --kvrouter build/kvrouter (CTest: script.test_ab);
 exits 1 on a failure.
@@ -24,6 +27,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 AB = os.path.join(HERE, "..", "..", "..", "bench", "scripts", "ab.sh")
+REPORT = os.path.join(HERE, "..", "..", "..", "bench", "scripts", "ab_report.py")
 TINY = {"AB_WORKLOADS": "control", "AB_POLICIES": "round_robin,kv_aware",
         "AB_LABELS": "phase0,phase3", "AB_TIME_SCALE": "10", "AB_WARMUP_S": "2", "AB_LEVEL_S": "2",
         "AB_NUM_PROMPTS": "10", "AB_START": "1", "AB_RESOLUTION": "1", "AB_SEARCH_MAX": "2",
@@ -91,6 +95,49 @@ def main():
         assert cells[1] == "10", cells
         assert [float(c) for c in cells[2:4]] == [rates["phase0"], rates["phase3"]], (cells, rates)
         assert st["cmd"] in report, report
+
+        # A second raw folder: the same run as gie_scorer/sglang_cache_aware (labels gie, sglang).
+        raw2 = os.path.join(d, "raw2")
+        w2 = os.path.join(raw2, "control")
+        os.makedirs(os.path.join(w2, "results"))
+        rename = {"phase0": "gie", "phase3": "sglang"}
+        with open(os.path.join(w2, "stamp"), "w") as f:
+            for k, v in st.items():
+                v = {"policies": "gie_scorer,sglang_cache_aware", "labels": "gie,sglang",
+                     "cmd": v.replace("round_robin,kv_aware", "gie_scorer,sglang_cache_aware")
+                     }.get(k, v)
+                f.write("%s=%s\n" % (k, v))
+        with open(os.path.join(w2, "rates"), "w") as f:
+            f.writelines("%s %g\n" % (rename[a], b) for a, b in rates.items())
+        for x in glob.glob(os.path.join(w, "results", "*.json")):
+            with open(x) as f:
+                j = json.load(f)
+            base = os.path.basename(x)
+            label = base.split("_rate")[0]
+            j["label"] = rename[label]
+            with open(os.path.join(w2, "results", rename[label] + base[len(label):]), "w") as f:
+                json.dump(j, f)
+        md2 = os.path.join(d, "AB2.md")
+        p = subprocess.run([sys.executable, REPORT, raw, raw2, md2], capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 0, p.stderr
+        with open(md2) as f:
+            report2 = f.read()
+        head = [line for line in report2.splitlines() if line.startswith("| workload |")][0]
+        assert [c.strip() for c in head.strip("|").split("|")][2:6] == [
+            "round_robin", "kv_aware", "gie_scorer", "sglang_cache_aware"], head
+        row = [line for line in report2.splitlines() if line.startswith("| control |")]
+        assert len(row) == 1, report2
+        cells = [c.strip() for c in row[0].strip("|").split("|")]
+        assert [float(c) for c in cells[2:6]] == [rates["phase0"], rates["phase3"]] * 2, cells
+        assert "levels say" not in row[0], row  # each label's rate reproduced from its own levels
+        runs = [line for line in report2.splitlines() if line.startswith("- control: ")]
+        assert len(runs) == 2 and "gie_scorer,sglang_cache_aware" in runs[1], runs
+        p = subprocess.run([sys.executable, REPORT, raw, raw, md2], capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1, (p.returncode,
+                                                                              p.stderr)
+        assert "two raw folders" in p.stderr, p.stderr
 
         env = dict(os.environ, AB_RAW=raw, **TINY)
         p = subprocess.run(["sh", AB, os.path.join(d, "nonexistent"), out, md], env=env,
