@@ -257,7 +257,6 @@ write_nginx_proxy_conf() { # $1 name (prefix folder), $2 port, $3 access log on 
   mkdir -p "$d"
   {
     nginx_common "$d"
-    [ "$3" = 0 ] || echo "  access_log $d/access.log;" # the default format, combined
     cat <<EOF
   upstream backend {
     server 127.0.0.1:$P_BE1;
@@ -267,6 +266,7 @@ write_nginx_proxy_conf() { # $1 name (prefix folder), $2 port, $3 access log on 
   }
   server {
     listen 127.0.0.1:$2 reuseport;
+$([ "$3" = 0 ] || echo "    access_log $d/access.log;") # on: the default, combined (http's is off)
     location / {
       proxy_pass http://backend;
       proxy_http_version 1.1;
@@ -668,7 +668,7 @@ for round in $(seq "$ROUNDS"); do
 done
 
 log_lines() { # $1 target, $2 its access log, $3 a line's marker: every response wrk counted logged
-  python3 - "$1" "$2" "$3" "$RAW/cells.jsonl" "$TMP/warm_$1.txt" >>"$RAW/access_log.jsonl" <<'PYEOF'
+  python3 - "$1" "$2" "$3" "$RAW/cells.jsonl" "$TMP/warm_$1.txt" >>"$RAW/access_log.jsonl" <<'PYEOF' ||
 import json, sys
 t, log, marker, cells, warm = sys.argv[1:]
 lines = sum(1 for l in open(log, errors="replace") if marker in l)
@@ -683,6 +683,7 @@ if lines < resp:
     sys.exit("fastpath.sh: %s: %d access-log lines for %d responses (%s)" % (t, lines, resp, log))
 print(json.dumps({"target": t, "lines": lines, "responses": resp}))
 PYEOF
+    return 1
   echo "  access log $1: $(tail -n1 "$RAW/access_log.jsonl")" >&2
 }
 
