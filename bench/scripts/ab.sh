@@ -20,8 +20,12 @@
 #                         with a rate and levels for every label; workloads not run keep their
 #                         folders, stamps included.
 #   AB_RESULTS            rendered from AB_RAW only (`bench/scripts/ab_report.py AB_RAW AB_RESULTS`
-#                         re-renders it); each row names its own run. The hand-written reading is
-#                         bench/results/AB_RESULTS-notes.md, which this script never writes.
+#                         re-renders it; several raw folders render together, e.g. the committed
+#                         `ab_report.py bench/results/ab bench/results/ab-refs AB_RESULTS`, where
+#                         ab-refs is a run with AB_POLICIES=dynamo_kv,llmd_precise
+#                         AB_LABELS=dynamo,llmd AB_RAW=bench/results/ab-refs); each row names its
+#                         own run. The hand-written reading is bench/results/AB_RESULTS-notes.md,
+#                         which this script never writes.
 #
 # usage: bench/scripts/ab.sh [KVROUTER] [OUT] [AB_RESULTS]
 #   KVROUTER    the binary (default build/kvrouter)
