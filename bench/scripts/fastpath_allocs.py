@@ -8,8 +8,12 @@ then pipes `perf script -F event,ip,sym,dso` into this script with the cell's re
 Each sample is one allocation call with its call chain. The chain is read from the innermost frame
 outwards, skipping libc and the project's own thin wrappers (kvr_x*, kvr_buf_*), to the first frame
 that decided to allocate: its library says whose allocation it is (libcurl, cJSON, kvrouter), and
-the innermost three kvrouter frames say on which path of the router it happened. Prints calls per
-request by library and the top call sites as a Markdown table.
+the innermost three kvrouter frames say on which path of the router it happened (kvrouter's frames
+are those of the executable, whatever its file is called: a copy such as /tmp/kvr_fp10 included).
+Prints the calls recorded per request by library and the top call sites as a Markdown table. perf
+record drops samples when its buffer fills (dwarf stacks are large), so the shares are the figure
+here, not the count: the exact count per request is fastpath.sh's `perf stat` of the same probes
+(raw/allocs_<cell>.txt).
 
 usage: perf script -i allocs.data -F event,ip,sym,dso | fastpath_allocs.py REQUESTS [TOP]
 """
@@ -24,7 +28,15 @@ def is_wrapper(sym, dso):
             or sym.startswith("kvr_x") or sym.startswith("kvr_buf_"))
 
 
+def is_main(dso):
+    """The executable's frames: a file that is not a shared object ([unknown], [kernel] are not
+    files)."""
+    return not dso.startswith("[") and ".so" not in dso.rsplit("/", 1)[-1]
+
+
 def lib_name(dso):
+    if is_main(dso):
+        return "kvrouter"
     name = dso.rsplit("/", 1)[-1]
     return name.split(".so")[0] if ".so" in name else name
 
@@ -63,18 +75,20 @@ def main():
         real = [f for f in frames if not is_wrapper(*f)]
         sym, dso = real[0] if real else ("?", "?")
         by_lib[lib_name(dso)] += 1
-        path = " <- ".join(s for s, d in real if d.endswith("kvrouter"))
+        path = " <- ".join(s for s, d in real if is_main(d))
         path = " <- ".join(path.split(" <- ")[:3])
         by_site["`%s` (%s) | %s" % (sym, lib_name(dso), path or "-")] += 1
     if n == 0:
         sys.exit("fastpath_allocs.py: no samples in the perf script output")
-    print("%d allocation calls (malloc, calloc, realloc) over %d requests: %.1f per request\n"
+    print("%d allocation calls (malloc, calloc, realloc) recorded with their call chains over %d "
+          "requests (%.1f per request; perf record drops samples under load, so the shares are the "
+          "figure: the exact count per request is raw/allocs_small.txt's)\n"
           % (n, requests, n / requests))
-    print("| library of the allocating frame | calls per request | share |")
+    print("| library of the allocating frame | recorded per request | share |")
     print("|---|---:|---:|")
     for lib, c in by_lib.most_common():
         print("| %s | %.1f | %.1f%% |" % (lib, c / requests, 100.0 * c / n))
-    print("\n| allocating frame (library) | innermost kvrouter frames | calls per request | share |")
+    print("\n| allocating frame (library) | innermost kvrouter frames | recorded per request | share |")
     print("|---|---|---:|---:|")
     for site, c in by_site.most_common(top):
         print("| %s | %.1f | %.1f%% |" % (site, c / requests, 100.0 * c / n))

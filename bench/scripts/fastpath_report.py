@@ -329,12 +329,20 @@ def main():
     if os.path.exists(syscalls):  # --perf runs only
         lines = open(syscalls).read().splitlines()
         md += ["## System calls per request (`--perf`)", "", lines[0], ""] + lines[1:] + [""]
-    sites = os.path.join(raw, "alloc_sites_small.md")
-    if os.path.exists(sites):
+    counts = os.path.join(raw, "allocs_small.txt")
+    if os.path.exists(counts):
         md += ["## Allocation calls per request (`--perf`)", "",
-               open(sites).read().split("\n\n")[0] + " (small POST, malloc + calloc + realloc "
-               "under uprobes; by library and call site in `raw/alloc_sites_small.md`; the "
-               "analysis is in PROFILE.md).", ""]
+               "libc's malloc, calloc, realloc and free under uprobes, counted by `perf stat -p` "
+               "over a small-POST cell (`raw/allocs_small.txt`: every call counted, not sampled; "
+               "wrk is slower under the probes):", ""]
+        md += ["- " + line.strip() for line in open(counts).read().splitlines() if line.strip()]
+        sites = os.path.join(raw, "alloc_sites_small.md")
+        if os.path.exists(sites):
+            lib = re.findall(r"^\| (\S+) \| [0-9.]+ \| ([0-9.]+%) \|$", open(sites).read(), re.M)
+            md += ["", "Whose they are (a 1-s cell recorded with call chains, "
+                   "`raw/alloc_sites_small.md`; shares of the calls recorded): " +
+                   ", ".join("%s %s" % x for x in lib) + "; the analysis is in PROFILE.md."]
+        md += [""]
     md += ["## Targets of issue 20", "",
            "The throughput ratios are the issue's definition; \"at equal CPU\" is the ratio of CPU "
            "per request (section above), which another process sharing the core disturbs less.",

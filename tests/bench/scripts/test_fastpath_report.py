@@ -6,7 +6,10 @@ with figures chosen here, renders FASTPATH.md with the script as a child process
 rendered numbers against the arithmetic done here: each cell's best round (most requests per
 second) is the one shown, the throughput and equal-CPU ratios, CPU per request, and the access-log
 section (kvrouter against nginx with their logs on, what a line costs each: CPU per request with
-the log minus without, and the lines written against the responses counted). A run without the
+the log minus without, and the lines written against the responses counted). Also
+bench/scripts/fastpath_allocs.py on a synthetic `perf script` text: allocation calls attributed
+past libc and kvr_x* wrappers to their library, the router's frames recognised by being the
+executable's whatever its file is called. A run without the
 access-log targets (the --cores N table) has no such section; a folder without meta.json exits 1
 with one line.
 
@@ -22,6 +25,26 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "..", "..", "..", "bench", "scripts", "fastpath_report.py")
+ALLOCS = os.path.join(HERE, "..", "..", "..", "bench", "scripts", "fastpath_allocs.py")
+
+# `perf script -F event,ip,sym,dso` of three allocation calls: two from the router (an executable
+# copied to /tmp/kvr_fp10, one of them through kvr_xmalloc), one from libcurl.
+PERF_SCRIPT = """probe_libc:malloc:
+\t7f0000000001 malloc+0x0 (/usr/lib/x86_64-linux-gnu/libc.so.6)
+\t55000000a001 kvr_xmalloc+0x10 (/tmp/kvr_fp10)
+\t55000000a002 on_header_field+0x22 (/tmp/kvr_fp10)
+\t55000000a003 llhttp__internal_execute+0x99 (/tmp/kvr_fp10)
+
+probe_libc:realloc:
+\t7f0000000002 realloc+0x0 (/usr/lib/x86_64-linux-gnu/libc.so.6)
+\t55000000a004 on_header_field+0x40 (/tmp/kvr_fp10)
+
+probe_libc:calloc:
+\t7f0000000003 calloc+0x0 (/usr/lib/x86_64-linux-gnu/libc.so.6)
+\t7f0000100000 [unknown] (/usr/lib/x86_64-linux-gnu/libcurl.so.4.8.0)
+\t55000000a005 kvr_curlm_add+0x5 (/tmp/kvr_fp10)
+
+"""
 HZ = 100
 
 META = {"command": "bash bench/scripts/fastpath.sh --rounds 2", "date": "2026-11-25 07:00 UTC",
@@ -115,6 +138,19 @@ def main():
     md2 = render([c for c in cells if not c["target"].endswith("_log")],
                  meta=dict(META, cores=2))
     assert "## With the access log on" not in md2, md2
+
+    # fastpath_allocs.py: the executable's frames are kvrouter's whatever its file is called.
+    p = subprocess.run([sys.executable, ALLOCS, "2"], input=PERF_SCRIPT, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    libs = dict((r[0], r[2]) for r in (
+        [c.strip() for c in line.strip("|").split("|")] for line in p.stdout.splitlines()
+        if line.startswith("| kvrouter |") or line.startswith("| libcurl |")))
+    assert libs == {"kvrouter": "66.7%", "libcurl": "33.3%"}, p.stdout
+    assert "| `on_header_field` (kvrouter) | on_header_field <- llhttp__internal_execute | 0.5 | " \
+        "33.3% |" in p.stdout, p.stdout
+    assert "| `[unknown]` (libcurl) | kvr_curlm_add | 0.5 | 33.3% |" in p.stdout, p.stdout
+    assert p.stdout.startswith("3 allocation calls"), p.stdout
 
     # No meta.json: one line, exit 1.
     with tempfile.TemporaryDirectory() as d:
