@@ -44,7 +44,8 @@
 #              during 1 s of small POSTs, attributed by bench/scripts/fastpath_allocs.py ->
 #              raw/alloc_sites_small.md. The paced streaming run once more under perf ->
 #              raw/perf_*_sse.txt. And system calls per request of each proxy on the small POST
-#              (syscall tracepoints, `perf stat -p`, 3 s each) -> raw/syscalls_small.txt.
+#              and the 64 KiB POST (syscall tracepoints, `perf stat -p`, 3 s each) ->
+#              raw/syscalls_small.txt, raw/syscalls_p64.txt.
 # Missing nginx, haproxy, wrk (and perf with --perf) are installed from Debian with apt-get; a
 # service the package would start is prevented with policy-rc.d (created for the install and removed
 # after, unless one was there) or else stopped through its PID file.
@@ -541,7 +542,7 @@ EOF
 }
 
 SYSCALLS=(raw_syscalls:sys_enter epoll_ctl epoll_wait epoll_pwait poll ppoll sendto sendmsg write writev
-  recvfrom recvmsg read readv ioctl setsockopt getsockopt fcntl futex close accept4)
+  recvfrom recvmsg read readv splice ioctl setsockopt getsockopt fcntl futex close accept4)
 
 syscall_cell() { # $1 row: system calls per request of each proxy (tracepoints, perf stat -p)
   local row=$1 t ev=() s pids pstat
@@ -699,6 +700,7 @@ if [ "$CORES" -gt 1 ]; then
 elif [ "$PERF" = 1 ]; then
   echo "fastpath.sh: perf cells" >&2
   syscall_cell small
+  syscall_cell p64
   add_probes
   perf_cell small
   perf_cell p64

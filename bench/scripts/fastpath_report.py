@@ -325,10 +325,13 @@ def main():
             md.append("| latency added p50 (small non-streaming, 1 client) | %.0f us |"
                       % overhead["small_added_p50_us"])
         md += ["", "Full table: `raw/proxy_overhead.md`.", ""]
-    syscalls = os.path.join(raw, "syscalls_small.txt")
-    if os.path.exists(syscalls):  # --perf runs only
-        lines = open(syscalls).read().splitlines()
-        md += ["## System calls per request (`--perf`)", "", lines[0], ""] + lines[1:] + [""]
+    for row in ("small", "p64"):
+        syscalls = os.path.join(raw, "syscalls_%s.txt" % row)
+        if os.path.exists(syscalls):  # --perf runs only
+            lines = open(syscalls).read().splitlines()
+            if row == "small":
+                md += ["## System calls per request (`--perf`)", ""]
+            md += [lines[0], ""] + lines[1:] + [""]
     counts = os.path.join(raw, "allocs_small.txt")
     if os.path.exists(counts):
         md += ["## Allocation calls per request (`--perf`)", "",
