@@ -111,14 +111,20 @@ static void test_json_escaping(void **state) {
   kvr_buf_free(&b);
 }
 
-/* kvr_log() end to end: level filter, format switch, one line per call with a fresh timestamp. */
-static void test_kvr_log_writes_lines(void **state) {
-  (void)state;
+/* Sends log lines, text, info and above, to a new temporary file. */
+static FILE *log_to_tmpfile(void) {
   FILE *f = tmpfile();
   assert_non_null(f);
   kvr_log_set_stream(f);
   kvr_log_set_level(KVR_LOG_INFO);
   kvr_log_set_format(KVR_LOG_TEXT);
+  return f;
+}
+
+/* kvr_log() end to end: level filter, format switch, one line per call with a fresh timestamp. */
+static void test_kvr_log_writes_lines(void **state) {
+  (void)state;
+  FILE *f = log_to_tmpfile();
   KVR_DEBUG("t", "hidden");
   KVR_INFO("serve", "n=%d", 7);
   kvr_log_set_format(KVR_LOG_JSON);
@@ -177,11 +183,7 @@ static void one_iteration(uv_loop_t *loop, uv_timer_t *t) {
  * alive. */
 static void test_batching_on_a_loop(void **state) {
   (void)state;
-  FILE *f = tmpfile();
-  assert_non_null(f);
-  kvr_log_set_stream(f);
-  kvr_log_set_level(KVR_LOG_INFO);
-  kvr_log_set_format(KVR_LOG_TEXT);
+  FILE *f = log_to_tmpfile();
   uv_loop_t loop;
   assert_int_equal(uv_loop_init(&loop), 0);
   uv_timer_t tick;
