@@ -412,6 +412,11 @@ CURL *kvr_curl_easy_new(const char *url, long connect_timeout_ms, long timeout_m
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(e, CURLOPT_URL, url);
   curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https"); /* workers may be https:// */
+  /* Workers, peers and tokenizers are reached directly: "" disables proxies, so http_proxy,
+   * HTTPS_PROXY or ALL_PROXY in the router's environment (common in pods with an egress proxy)
+   * never sends worker traffic through one, and libcurl skips its environment lookups on every
+   * transfer. */
+  curl_easy_setopt(e, CURLOPT_PROXY, "");
   if (ca_file != NULL)
     curl_easy_setopt(e, CURLOPT_CAINFO, ca_file);
   curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);

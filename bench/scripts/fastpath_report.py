@@ -72,6 +72,10 @@ def overhead_figures(path):
         out["ttft_samples"] = s["router"].get("done")
         if "nginx" in s:
             out["nginx_ttft_added_p50_us"] = (s["nginx"]["ttft_p50"] - s["direct"]["ttft_p50"]) * 1e6
+        # Proxy CPU per one-token stream (runs since the eleventh session record it).
+        for who in ("router", "nginx"):
+            if "cpu_us_per_request" in s.get(who, {}):
+                out[who + "_cpu_us"] = s[who]["cpu_us_per_request"]
     if "small_c1" in raw:
         s = raw["small_c1"]
         out["small_added_p50_us"] = (s["router"]["p50"] - s["direct"]["p50"]) * 1e6
@@ -313,7 +317,7 @@ def main():
                                                   routing.get("bytes_per_entry", "n/a")), ""]
     if overhead:
         md += ["## Time added to the first token (bench/scripts/proxy_overhead.py)", "",
-               "| figure | router - direct |", "|---|---:|"]
+               "| figure | value |", "|---|---:|"]
         if "ttft_added_p50_us" in overhead:
             md.append("| TTFT added p50 (streaming, sim TTFT 20 ms, 1 client, %s first tokens) | "
                       "%.0f us |" % (overhead.get("ttft_samples", "?"),
@@ -324,6 +328,10 @@ def main():
         if "small_added_p50_us" in overhead:
             md.append("| latency added p50 (small non-streaming, 1 client) | %.0f us |"
                       % overhead["small_added_p50_us"])
+        for who, label in (("router", "kvrouter"), ("nginx", "nginx")):
+            if who + "_cpu_us" in overhead:
+                md.append("| %s CPU per one-token stream in the first-token cell (run time of its "
+                          "threads, schedstat) | %.1f us |" % (label, overhead[who + "_cpu_us"]))
         md += ["", "Full table: `raw/proxy_overhead.md`.", ""]
     for row in ("small", "p64"):
         syscalls = os.path.join(raw, "syscalls_%s.txt" % row)

@@ -12,7 +12,9 @@ closed-loop load twice, once against the sim directly and once through the route
                                  to first token event and the gap between successive events, p50/p99
   first token only               one-token streams from the same sim, one client back to back: the
                                  time to the first event with ~100 samples per 3 s (the row above has
-                                 one per stream)
+                                 one per stream); the CPU the router (and, with --nginx, nginx)
+                                 ran over that cell, per stream, from the run time of its threads
+                                 in /proc/PID/task/*/schedstat
 
 Each client is a separate process (no GIL contention) holding one keep-alive connection and
 sending the next request as soon as the previous answer is complete. The result is a Markdown table
@@ -129,7 +131,7 @@ def run_load(target, port, duration, concurrency, body, stream):
 def nginx_proxy(binary, upstream_port):
     """nginx (1 worker, no master, proxy_buffering off: events pass as they come) on a free
     loopback port in front of 127.0.0.1:upstream_port, started here and stopped by its PID; yields
-    the port."""
+    (port, pid)."""
     d = tempfile.mkdtemp(prefix="kvr_po_nginx_")
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
@@ -158,7 +160,7 @@ http {
     try:
         h.wait_for(lambda: h.can_connect(port, 0.2), 5.0, "nginx listening")
         run_load("warmup", port, 0.5, 1, h.chat_body("warm up", max_tokens=1, stream=True), True)
-        yield port
+        yield port, proc.pid
     finally:
         proc.terminate()  # by PID
         try:
@@ -171,6 +173,25 @@ http {
 
 def ms(x):
     return "%.3f" % (x * 1e3) if x == x else "n/a"
+
+
+def cpu_ns(pid):
+    """CPU time the process has run, in ns: the sum of its threads' first /proc/PID/task/TID/schedstat
+    field (the scheduler's run time, nanosecond resolution; utime/stime count 10 ms ticks, too
+    coarse for a cell of a few hundred one-token streams)."""
+    total = 0
+    for tid in os.listdir("/proc/%d/task" % pid):
+        with open("/proc/%d/task/%s/schedstat" % (pid, tid)) as f:
+            total += int(f.read().split()[0])
+    return total
+
+
+def run_load_cpu(target, port, duration, concurrency, body, stream, pid):
+    """run_load, plus the CPU the proxy process pid spent over it ("cpu_ns")."""
+    before = cpu_ns(pid)
+    m = run_load(target, port, duration, concurrency, body, stream)
+    m["cpu_ns"] = cpu_ns(pid) - before
+    return m
 
 
 def main():
@@ -245,7 +266,10 @@ def main():
         # ~100 first tokens (a --tokens stream gives one per --tokens x ITL, ~6 in 3 s).
         res = {}
         for target, port in (("direct", timed.port), ("router", r_timed.port)):
-            m = run_load(target, port, args.duration, 1, firstb, True)
+            if target == "router":
+                m = run_load_cpu(target, port, args.duration, 1, firstb, True, r_timed.pid)
+            else:
+                m = run_load(target, port, args.duration, 1, firstb, True)
             res[target] = m
             rows.append(("first token only", target, 1, m["done"] / args.duration,
                          pctl(m["ttft"], 50), pctl(m["ttft"], 99), None, None, m["errors"]))
@@ -255,8 +279,8 @@ def main():
                      pctl(rt["ttft"], 50) - pctl(d["ttft"], 50),
                      pctl(rt["ttft"], 99) - pctl(d["ttft"], 99), None, None, None))
         if args.nginx:
-            with nginx_proxy(args.nginx, timed.port) as nport:
-                m = run_load("nginx", nport, args.duration, 1, firstb, True)
+            with nginx_proxy(args.nginx, timed.port) as (nport, npid):
+                m = run_load_cpu("nginx", nport, args.duration, 1, firstb, True, npid)
             res["nginx"] = m
             rows.append(("first token only", "nginx", 1, m["done"] / args.duration,
                          pctl(m["ttft"], 50), pctl(m["ttft"], 99), None, None, m["errors"]))
@@ -267,6 +291,9 @@ def main():
         raw["first_token"] = {k: {"done": v["done"], "ttft_p50": pctl(v["ttft"], 50),
                                   "ttft_p99": pctl(v["ttft"], 99), "errors": v["errors"]}
                               for k, v in res.items()}
+        for k, v in res.items():
+            if "cpu_ns" in v and v["done"]:
+                raw["first_token"][k]["cpu_us_per_request"] = v["cpu_ns"] / 1e3 / v["done"]
 
     print("## Router overhead on loopback (%g s per cell, sim fixed latency; stream: TTFT %g ms, "
           "ITL %g ms, %d tokens)\n" % (args.duration, args.ttft_ms, args.itl_ms, args.tokens))
@@ -280,6 +307,12 @@ def main():
     print("\nlatency = request written -> complete response read (non-streaming); TTFT = request "
           "written -> first SSE event read; gap = time between successive SSE events as read by the "
           "client. cores: %d" % os.cpu_count())
+    cpu = ["%s %.1f us" % (k, v["cpu_us_per_request"]) for k, v in raw["first_token"].items()
+           if "cpu_us_per_request" in v]
+    if cpu:
+        print("\nProxy CPU per one-token stream in the first-token cell (its threads' run time from "
+              "/proc/PID/task/*/schedstat over the cell, divided by the streams): " + ", ".join(cpu)
+              + ".")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(raw, f, indent=1)

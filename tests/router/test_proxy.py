@@ -611,6 +611,38 @@ def test_worker_header_health_and_models():
 
 
 @test(timeout=15)
+def test_proxy_environment_variables_ignored():
+    # A router whose environment names an HTTP proxy (as pods behind an egress proxy have) still
+    # reaches its workers directly: the "proxy" here is a listening socket that must see no
+    # connection, while requests, the worker's scrape and /v1/models all work.
+    with Cleanup() as c:
+        trap = socket.socket()
+        trap.bind(("127.0.0.1", 0))
+        trap.listen(16)
+        trap.settimeout(0.0)
+        url = "http://127.0.0.1:%d" % trap.getsockname()[1]
+        env = {k: url for k in ("http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY",
+                                "all_proxy")}
+        env.update(no_proxy="", NO_PROXY="")
+        a = c.add(Sim())
+        r = c.add(Router([a], *FAST, env=env))
+        for stream in (False, True):
+            resp = request(r.port, "POST", "/v1/chat/completions", chat_body(stream=stream))
+            assert resp.status == 200, (resp.status, resp.body[:200])
+        assert request(r.port, "GET", "/v1/models").status == 200
+        wait_for(lambda: r.workers()[0]["scraped"].get("fresh") is True, 3.0,
+                 "a scrape of the worker")
+        try:
+            conn, _ = trap.accept()
+            conn.close()
+            raise AssertionError("the router connected to the proxy named in its environment")
+        except BlockingIOError:
+            pass
+        finally:
+            trap.close()
+
+
+@test(timeout=15)
 def test_access_log_one_line_per_request_without_prompt():
     secret = "TOPSECRET-PROMPT-7f3a9"
     with Cleanup() as c:

@@ -6,7 +6,9 @@ with figures chosen here, renders FASTPATH.md with the script as a child process
 rendered numbers against the arithmetic done here: each cell's best round (most requests per
 second) is the one shown, the throughput and equal-CPU ratios, CPU per request, and the access-log
 section (kvrouter against nginx with their logs on, what a line costs each: CPU per request with
-the log minus without, and the lines written against the responses counted). Also
+the log minus without, and the lines written against the responses counted), and the first-token
+section from proxy_overhead.py's JSON (added times, each proxy's CPU per one-token stream when the
+run recorded it). Also
 bench/scripts/fastpath_allocs.py on a synthetic `perf script` text: allocation calls attributed
 past libc and kvr_x* wrappers to their library, the router's frames recognised by being the
 executable's whatever its file is called. A run without the
@@ -61,7 +63,7 @@ def cell(row, target, rnd, requests, ticks, secs=10.0, p99_us=1000, p50_us=500):
                                    "write": 0, "status": 0, "timeout": 0}}
 
 
-def render(cells, logs=None, meta=META):
+def render(cells, logs=None, meta=META, overhead=None):
     with tempfile.TemporaryDirectory() as d:
         raw = os.path.join(d, "raw")
         os.mkdir(raw)
@@ -72,6 +74,9 @@ def render(cells, logs=None, meta=META):
         if logs is not None:
             with open(os.path.join(raw, "access_log.jsonl"), "w") as f:
                 f.writelines(json.dumps(x) + "\n" for x in logs)
+        if overhead is not None:
+            with open(os.path.join(raw, "proxy_overhead.json"), "w") as f:
+                json.dump(overhead, f)
         out = os.path.join(d, "FASTPATH.md")
         p = subprocess.run([sys.executable, SCRIPT, raw, out], capture_output=True, text=True,
                            timeout=60)
@@ -133,6 +138,34 @@ def main():
     assert "kvrouter (access log on) 290,020 lines for 290,003 responses" in acc, acc
     # Rows without the log targets are not in that section.
     assert "GET /v1/models" not in acc
+
+    # The first-token section from proxy_overhead.py's JSON: added times are p50 minus direct's
+    # p50, and each proxy's CPU per one-token stream is shown as recorded.
+    overhead = {"first_token": {
+        "direct": {"done": 140, "ttft_p50": 0.0205, "ttft_p99": 0.021, "errors": 0},
+        "router": {"done": 138, "ttft_p50": 0.0208, "ttft_p99": 0.0215, "errors": 0,
+                   "cpu_us_per_request": 61.25},
+        "nginx": {"done": 139, "ttft_p50": 0.0207, "ttft_p99": 0.0212, "errors": 0,
+                  "cpu_us_per_request": 22.5}},
+        "small_c1": {"direct": {"n": 100, "p50": 0.00013, "p99": 0.0002, "errors": 0},
+                     "router": {"n": 90, "p50": 0.00024, "p99": 0.0004, "errors": 0}}}
+    ft = section(render(cells, logs, overhead=overhead),
+                 "Time added to the first token (bench/scripts/proxy_overhead.py)")
+    assert row_cells(ft, "TTFT added p50 (streaming, sim TTFT 20 ms, 1 client, 138 first tokens)") \
+        [1] == "300 us", ft
+    assert row_cells(ft, "the same through nginx (1 worker, proxy_buffering off), for reference") \
+        [1] == "200 us", ft
+    assert row_cells(ft, "latency added p50 (small non-streaming, 1 client)")[1] == "110 us", ft
+    assert row_cells(ft, "kvrouter CPU per one-token stream in the first-token cell (run time of "
+                     "its threads, schedstat)")[1] == "61.2 us", ft
+    assert row_cells(ft, "nginx CPU per one-token stream in the first-token cell (run time of "
+                     "its threads, schedstat)")[1] == "22.5 us", ft
+    # A run from before the CPU figures were recorded renders without those rows.
+    del overhead["first_token"]["router"]["cpu_us_per_request"]
+    del overhead["first_token"]["nginx"]["cpu_us_per_request"]
+    ft = section(render(cells, logs, overhead=overhead),
+                 "Time added to the first token (bench/scripts/proxy_overhead.py)")
+    assert "CPU per one-token stream" not in ft, ft
 
     # The --cores N table: no access-log targets, no section.
     md2 = render([c for c in cells if not c["target"].endswith("_log")],
