@@ -187,7 +187,9 @@ def cpu_ns(pid):
 
 
 def run_load_cpu(target, port, duration, concurrency, body, stream, pid):
-    """run_load, plus the CPU the proxy process pid spent over it ("cpu_ns")."""
+    """run_load, plus the CPU the proxy process pid spent over it ("cpu_ns"); pid None: run_load."""
+    if pid is None:
+        return run_load(target, port, duration, concurrency, body, stream)
     before = cpu_ns(pid)
     m = run_load(target, port, duration, concurrency, body, stream)
     m["cpu_ns"] = cpu_ns(pid) - before
@@ -265,11 +267,9 @@ def main():
         # The first token alone: one-token streams, one client, back to back, so a 3 s cell holds
         # ~100 first tokens (a --tokens stream gives one per --tokens x ITL, ~6 in 3 s).
         res = {}
-        for target, port in (("direct", timed.port), ("router", r_timed.port)):
-            if target == "router":
-                m = run_load_cpu(target, port, args.duration, 1, firstb, True, r_timed.pid)
-            else:
-                m = run_load(target, port, args.duration, 1, firstb, True)
+        for target, port, pid in (("direct", timed.port, None),
+                                  ("router", r_timed.port, r_timed.pid)):
+            m = run_load_cpu(target, port, args.duration, 1, firstb, True, pid)
             res[target] = m
             rows.append(("first token only", target, 1, m["done"] / args.duration,
                          pctl(m["ttft"], 50), pctl(m["ttft"], 99), None, None, m["errors"]))
