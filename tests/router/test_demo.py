@@ -75,7 +75,9 @@ def check_quick(out):
     header = [l for l in p.stdout.splitlines() if l.startswith("| scenario |")]
     assert header and "| round_robin |" in header[0] and "| kv_aware |" in header[0], header
     row = [l for l in p.stdout.splitlines() if l.startswith("| multiturn |")]
-    assert row and re.match(r"\| multiturn \| (>= )?\d+\.\d+ \[", row[0]), row
+    # One seed: each limit alone, no [min-max] spread.
+    assert row and re.match(r"\| multiturn \| (>= )?\d+\.\d+ \|", row[0]), row
+    assert "[" not in row[0] and "seed 42;" in p.stdout, row
     assert os.path.exists(os.path.join(out, "virtual", "STUDY.md"))
 
     # Step 2: the real confirmation at a rate step 1 gave, and its lines.
