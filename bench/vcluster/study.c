@@ -207,21 +207,19 @@ static void ratio_cell(kvr_buf_t *b, agg_t num, agg_t den) {
 static void render_md(const study_t *st, double seconds, kvr_buf_t *b) {
   const kvr_study_opts_t *o = st->o;
   kvr_buf_printf(b, "# kvrouter policy study (virtual time)\n\n");
-  if (o->seeds == 1) /* one seed: no spread to show (the demo's study) */
-    kvr_buf_printf(b,
-                   "Max SLO-compliant rate (req/s) per policy, seed %llu; \">=\" marks a limit "
-                   "that was not found (every level tried passed). Search resolution %g req/s. "
-                   "%zu cell%s on %u threads took %.1f s.\n\n",
-                   o->seed, o->resolution, st->ncells, st->ncells == 1 ? "" : "s", st->jobs,
-                   seconds);
+  /* One seed (the demo's study) has no spread to show: its limits stand alone. */
+  char what[256];
+  if (o->seeds == 1)
+    snprintf(what, sizeof(what), "seed %llu; \">=\" marks a limit that was not found", o->seed);
   else
-    kvr_buf_printf(
-        b,
-        "Max SLO-compliant rate (req/s) per policy: the mean over %u seeds (%llu..%llu), "
-        "with the lowest and highest seed in brackets; \">=\" marks a mean with some "
-        "seed whose limit was not found (every level it tried passed). Search resolution "
-        "%g req/s. %zu cells on %u threads took %.1f s.\n\n",
-        o->seeds, o->seed, o->seed + o->seeds - 1, o->resolution, st->ncells, st->jobs, seconds);
+    snprintf(what, sizeof(what),
+             "the mean over %u seeds (%llu..%llu), with the lowest and highest seed in brackets; "
+             "\">=\" marks a mean with some seed whose limit was not found",
+             o->seeds, o->seed, o->seed + o->seeds - 1);
+  kvr_buf_printf(b,
+                 "Max SLO-compliant rate (req/s) per policy, %s (every level it tried passed). "
+                 "Search resolution %g req/s. %zu cell%s on %u threads took %.1f s.\n\n",
+                 what, o->resolution, st->ncells, st->ncells == 1 ? "" : "s", st->jobs, seconds);
   kvr_buf_puts(b, "| scenario |");
   for (size_t p = 0; p < st->npolicies; p++)
     kvr_buf_printf(b, " %s |", st->policies[p]);
