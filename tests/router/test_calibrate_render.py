@@ -235,13 +235,16 @@ def noise_section():
             f.write("part=noise\ncommit=abc1234\nstarted=T1\n")
         summary = {"seeds": ["42", "1", "2"], "configs": ["phase0", "mem095"],
                    "per_seed": {
-                       "42": {"in_sample": [30, 39, 12.0], "out_of_sample": [40, 70, 20.0]},
-                       "1": {"in_sample": [33, 39, 9.0], "out_of_sample": [50, 70, 15.0]},
-                       "2": {"in_sample": [36, 39, 6.0], "out_of_sample": [60, 70, 10.0]}},
+                       "42": {"in_sample": [30, 39, 12.0], "out_of_sample": [40, 70, 20.0],
+                              "max_slo_rate": {"phase0": 2.0, "mem095": 2.5}},
+                       "1": {"in_sample": [33, 39, 9.0], "out_of_sample": [50, 70, 15.0],
+                             "max_slo_rate": {"phase0": 1.5, "mem095": 2.0}},
+                       "2": {"in_sample": [36, 39, 6.0], "out_of_sample": [60, 70, 10.0],
+                             "max_slo_rate": {"phase0": 2.0, "mem095": None}}},
                    "figures": [
                        # median 700 of 981: -28.6%, listed with its values sorted
                        {"config": "phase0", "load": "1.50 req/s", "figure": "TTFT p99 (ms)",
-                        "seed": 981, "sims": [900, 650, 700]},
+                        "seed": 981, "in_sample": True, "sims": [900, 650, 700]},
                        # median 30 of 29: +3.4%, within: not listed
                        {"config": "phase0", "load": "0.50 req/s", "figure": "TPOT p99 (ms)",
                         "seed": 29, "sims": [28, 30, 33]},
@@ -263,6 +266,14 @@ def noise_section():
         assert "0.50 req/s, TPOT p99" not in text.split("## Run-to-run noise")[1]
         assert ("- phase1-mem095, 5.00 req/s, max concurrent: seed 150, sim median 200 (+33.3%); "
                 "100 150 250 260.") in text, text
+        # Judged once on the medians: in-sample 700 of 981 (28.6% off) and 30 of 29 (3.4%; no
+        # "in_sample" key: phase0's own rows are in-sample), out-of-sample 200 of 150 (33.3%).
+        assert ("- each figure judged once, on its median over the seeds: in-sample 1 of 2 "
+                "within 20%, MAE 16.0%; out-of-sample 0 of 1 within 20%, MAE 33.3%.") in text, text
+        # Each configuration's max SLO rate per seed against the report's (None: "-").
+        assert ("- max SLO-compliant rate (req/s) under each bench seed, in the order above: "
+                "phase0 2 1.5 2 (seed 2; its rerun column 1.5: 2 of 3 equal); "
+                "mem095 2.5 2 - (seed 2: 1 of 3 equal).") in text, text
         # The noise lines are bullets: the main table's rows are not overwritten by them.
         assert rows[("phase0", "1.50 req/s", "TTFT p99 (ms)")] == ["981", "-", "-", "-"]
 
