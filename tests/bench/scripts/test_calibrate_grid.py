@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""test_calibrate_grid -- bench/scripts/calibrate_grid.py: candidates in, one ranked line each out.
+
+Owns the checks of the grid script: its candidate file reader, its summary of a noise part's
+summary.json (means over seeds, figures judged on their medians, max SLO rates equal to the seed
+report's), and one tiny real grid end to end (two candidates and a bad one, `kvrouter bench
+--virtual` through calibrate.py: no network, no server, a few seconds).
+
+Run: python3 tests/bench/scripts/test_calibrate_grid.py --kvrouter build/kvrouter (CTest:
+script.test_calibrate_grid); prints one PASS/FAIL line per test and exits 1 when one failed.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.join(HERE, "..", "..", "..", "bench", "scripts")
+SCRIPT = os.path.join(SCRIPTS, "calibrate_grid.py")
+sys.path.insert(0, SCRIPTS)
+import calibrate_grid  # noqa: E402
+
+TESTS = []
+KVROUTER = None
+
+
+def test(fn):
+    TESTS.append(fn)
+    return fn
+
+
+@test
+def candidates_file():
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "c.txt")
+        with open(p, "w") as f:
+            f.write("# a comment\n\nbase\nwide --bench-arg=--output-std=300  # why\n"
+                    "both --sim-arg=--cost-weights-ms=22 '--bench-arg=--title=a b'\n")
+        assert calibrate_grid.read_candidates(p) == [
+            ("base", []), ("wide", ["--bench-arg=--output-std=300"]),
+            ("both", ["--sim-arg=--cost-weights-ms=22", "--bench-arg=--title=a b"])]
+        with open(p, "a") as f:
+            f.write("base --rates=1\n")
+        try:
+            calibrate_grid.read_candidates(p)
+        except SystemExit as e:
+            assert "candidate base named twice" in str(e), e
+        else:
+            raise AssertionError("a name given twice was accepted")
+
+
+@test
+def summary_figures():
+    summary = {"seeds": ["42", "1"], "configs": ["phase0", "mem095"],
+               "per_seed": {
+                   "42": {"in_sample": [30, 39, 12.0], "out_of_sample": [40, 70, 20.0],
+                          "max_slo_rate": {"phase0": 2.0, "mem095": 2.5}},
+                   "1": {"in_sample": [35, 39, 8.0], "out_of_sample": [50, 70, None],
+                         "max_slo_rate": {"phase0": 1.5, "mem095": 2.0}}},
+               "figures": [
+                   # in-sample by its key: median 700 of 981, 28.6% off: not within
+                   {"config": "phase0", "load": "1.50 req/s", "figure": "TTFT p99 (ms)",
+                    "seed": 981, "in_sample": True, "sims": [900, 500]},
+                   # in-sample by config (older summaries): median 30 of 29, within
+                   {"config": "phase0", "load": "0.50 req/s", "figure": "TPOT p99 (ms)",
+                    "seed": 29, "sims": [28, 32]},
+                   # out-of-sample, exactly 20% off: within (|error| <= 20%)
+                   {"config": "phase1-mem095", "load": "5.00 req/s", "figure": "max concurrent",
+                    "seed": 150, "in_sample": False, "sims": [180, None]},
+                   # nothing measured: left out
+                   {"config": "phase1-mem095", "load": "4.00 req/s", "figure": "TTFT p99 (ms)",
+                    "seed": 1013, "in_sample": False, "sims": [None, None]}]}
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "summary.json")
+        with open(p, "w") as f:
+            json.dump(summary, f)
+        s = calibrate_grid.summarize(p)
+    assert s["in"] == 32.5 and s["in_n"] == 39 and s["in_mae"] == 10.0, s
+    assert s["oos"] == 45.0 and s["oos_n"] == 70 and s["oos_mae"] == 10.0, s  # None counts 0
+    assert s["med_in"] == [1, 2] and s["med_oos"] == [1, 1], s
+    assert s["slo"] == [2, 4], s  # phase0 2.0 under 42, mem095 2.0 under 1 (the report: 2.0)
+    text = calibrate_grid.line("x", s)
+    assert text.startswith("x ") and "in 32.5/39 MAE 10.0%" in text, text
+    assert text.endswith("oos  45.0/70 MAE 10.0%  medians in 1/2 oos 1/1  slo 2/4"), text
+    # Paired against a reference on the seeds both ran (42 and 1; 7 only in the reference):
+    # in-sample 30-28, 35-33: +2.0 +- 0.0; out-of-sample 40-30, 50-50: +5.0, sd 7.07 / sqrt 2.
+    ref = {"per_seed": {"42": (28, 30), "1": (33, 50), "7": (0, 0)}}
+    assert calibrate_grid.paired(s, ref) == [2.0, 0.0, 5.0, 5.0, 2], calibrate_grid.paired(s, ref)
+    text = calibrate_grid.line("x", s, "base", ref)
+    assert text.endswith("slo 2/4  vs base: in +2.0 +- 0.0, oos +5.0 +- 5.0 (2 seeds)"), text
+    assert calibrate_grid.paired(s, {"per_seed": {"42": (1, 1)}}) is None  # one seed: no error
+
+
+@test
+def tiny_grid_end_to_end():
+    tiny = "--rates=0.5 --configs=mem095 --bench-arg=--num-prompts=12 --bench-arg=--warmup=0"
+    with tempfile.TemporaryDirectory() as d:
+        cands = os.path.join(d, "c.txt")
+        with open(cands, "w") as f:
+            f.write("base %s\nwide %s --bench-arg=--output-std=400\n" % (tiny, tiny))
+            f.write("bad %s --sim-arg=--cost-weights-ms=-1\n" % tiny)
+        out = os.path.join(d, "grid")
+        r = subprocess.run([sys.executable, SCRIPT, "--candidates", cands, "--dir", out,
+                            "--kvrouter", KVROUTER, "--noise-seeds", "42,1", "--jobs", "2"],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)  # "bad" failed
+        lines = r.stdout.strip().splitlines()
+        assert [x.split()[0] for x in lines] == ["base", "wide", "bad:"], r.stdout
+        # 0.5 req/s alone: in-sample figures of that rate only; 2 configs x 2 seeds of SLO; the
+        # second candidate paired against the first.
+        assert lines[0].split(" slo ")[1].split("/")[1] == "4", lines[0]
+        assert "vs " not in lines[0] and "vs base: in " in lines[1], lines
+        assert lines[1].endswith("(2 seeds)"), lines[1]
+        assert "calibrate.py exited with status" in lines[2], lines[2]
+        for name in ("base", "wide"):
+            assert os.path.exists(os.path.join(out, name, "raw", "noise", "summary.json"))
+            assert not os.path.exists(os.path.join(out, name, "out"))  # the bench output went
+        # The same lines again from the raw files alone.
+        r2 = subprocess.run([sys.executable, SCRIPT, "--candidates", cands, "--dir", out,
+                             "--summarize-only"], capture_output=True, text=True, timeout=60)
+        assert r2.stdout.splitlines()[:2] == lines[:2], (r2.stdout, lines)
+        assert r2.returncode == 1 and "bad: no " in r2.stdout, r2.stdout
+
+
+def main():
+    global KVROUTER
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvrouter", default="build/kvrouter")
+    KVROUTER = os.path.abspath(ap.parse_args().kvrouter)
+    failed = 0
+    for fn in TESTS:
+        t0 = time.monotonic()
+        try:
+            fn()
+            print("PASS %-44s %6.2fs" % (fn.__name__, time.monotonic() - t0), flush=True)
+        except Exception as e:
+            failed += 1
+            print("FAIL %-44s %s: %s" % (fn.__name__, type(e).__name__, e), flush=True)
+            traceback.print_exc()
+    print("%d passed, %d failed" % (len(TESTS) - failed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
