@@ -924,6 +924,20 @@ def median(vals):
     return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
+def median_errors(figures):
+    """{True: in-sample, False: out-of-sample} lists of |median - seed| / seed, each figure of a
+    noise summary judged once on its median over the seeds (unmeasured ones left out; summaries
+    written before the "in_sample" key was kept: phase0's own rows are the in-sample ones)."""
+    out = {True: [], False: []}
+    for fg in figures:
+        mid = median(fg["sims"])
+        if mid is None or not fg["seed"]:
+            continue
+        ins = fg.get("in_sample", fg["config"] == "phase0")
+        out[ins].append(abs(mid - fg["seed"]) / fg["seed"])
+    return out
+
+
 def noise_lines(raw):
     """The noise part's reading: counts and MAE per bench seed; the same counts judged on each
     figure's median over the seeds; each configuration's max SLO-compliant rate per seed; then
@@ -943,15 +957,7 @@ def noise_lines(raw):
             sum(x[0] for x in v) / len(v), v[0][1], min(x[0] for x in v), max(x[0] for x in v),
             sum(x[2] for x in v) / len(v), per)
 
-    # Each figure judged once, on its median over the seeds (summaries written before the
-    # "in_sample" key was kept: phase0's own rows are the in-sample ones).
-    med = {True: [], False: []}
-    for fg in d["figures"]:
-        mid = median(fg["sims"])
-        if mid is None or not fg["seed"]:
-            continue
-        ins = fg.get("in_sample", fg["config"] == "phase0")
-        med[ins].append(abs(mid - fg["seed"]) / fg["seed"])
+    med = median_errors(d["figures"])
 
     def med_text(errs):
         if not errs:

@@ -35,7 +35,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import calibrate  # noqa: E402  (the seed tables, PHASE1, median)
+import calibrate  # noqa: E402  (the seed tables, PHASE1, median_errors)
 
 
 def read_candidates(path):
@@ -62,14 +62,8 @@ def summarize(path):
     def mean(key, i):
         return sum(d["per_seed"][s][key][i] or 0.0 for s in seeds) / len(seeds)
 
-    med = {True: [0, 0], False: [0, 0]}
-    for fg in d["figures"]:
-        mid = calibrate.median(fg["sims"])
-        if mid is None or not fg["seed"]:
-            continue
-        ins = fg.get("in_sample", fg["config"] == "phase0")
-        med[ins][1] += 1
-        med[ins][0] += abs(mid - fg["seed"]) / fg["seed"] <= calibrate.TOLERANCE
+    med = {ins: [sum(1 for e in errs if e <= calibrate.TOLERANCE), len(errs)]
+           for ins, errs in calibrate.median_errors(d["figures"]).items()}
     want = calibrate.seed_table(calibrate.SEED_MAX_SLO_RATE)["max SLO rate"]
     slo_eq = slo_n = 0
     for folder in d["configs"]:

@@ -7,33 +7,27 @@ report's), and one tiny real grid end to end (two candidates and a bad one, `kvr
 --virtual` through calibrate.py: no network, no server, a few seconds).
 
 Run: python3 tests/bench/scripts/test_calibrate_grid.py --kvrouter build/kvrouter (CTest:
-script.test_calibrate_grid); prints one PASS/FAIL line per test and exits 1 when one failed.
+script.test_calibrate_grid); kvrharness's runner prints one PASS/FAIL line per test and exits 1
+when one failed.
 """
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPTS = os.path.join(HERE, "..", "..", "..", "bench", "scripts")
 SCRIPT = os.path.join(SCRIPTS, "calibrate_grid.py")
 sys.path.insert(0, SCRIPTS)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "harness"))
 import calibrate_grid  # noqa: E402
+import kvrharness as h  # noqa: E402
 
-TESTS = []
-KVROUTER = None
-
-
-def test(fn):
-    TESTS.append(fn)
-    return fn
+TESTS, test = h.registry()
 
 
-@test
+@test()
 def candidates_file():
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "c.txt")
@@ -53,7 +47,7 @@ def candidates_file():
             raise AssertionError("a name given twice was accepted")
 
 
-@test
+@test()
 def summary_figures():
     summary = {"seeds": ["42", "1"], "configs": ["phase0", "mem095"],
                "per_seed": {
@@ -95,7 +89,7 @@ def summary_figures():
     assert calibrate_grid.paired(s, {"per_seed": {"42": (1, 1)}}) is None  # one seed: no error
 
 
-@test
+@test(timeout=120)
 def tiny_grid_end_to_end():
     tiny = "--rates=0.5 --configs=mem095 --bench-arg=--num-prompts=12 --bench-arg=--warmup=0"
     with tempfile.TemporaryDirectory() as d:
@@ -105,7 +99,7 @@ def tiny_grid_end_to_end():
             f.write("bad %s --sim-arg=--cost-weights-ms=-1\n" % tiny)
         out = os.path.join(d, "grid")
         r = subprocess.run([sys.executable, SCRIPT, "--candidates", cands, "--dir", out,
-                            "--kvrouter", KVROUTER, "--noise-seeds", "42,1", "--jobs", "2"],
+                            "--kvrouter", h.KVROUTER, "--noise-seeds", "42,1", "--jobs", "2"],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)  # "bad" failed
         lines = r.stdout.strip().splitlines()
@@ -126,24 +120,5 @@ def tiny_grid_end_to_end():
         assert r2.returncode == 1 and "bad: no " in r2.stdout, r2.stdout
 
 
-def main():
-    global KVROUTER
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--kvrouter", default="build/kvrouter")
-    KVROUTER = os.path.abspath(ap.parse_args().kvrouter)
-    failed = 0
-    for fn in TESTS:
-        t0 = time.monotonic()
-        try:
-            fn()
-            print("PASS %-44s %6.2fs" % (fn.__name__, time.monotonic() - t0), flush=True)
-        except Exception as e:
-            failed += 1
-            print("FAIL %-44s %s: %s" % (fn.__name__, type(e).__name__, e), flush=True)
-            traceback.print_exc()
-    print("%d passed, %d failed" % (len(TESTS) - failed, failed))
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(h.run(TESTS, description=__doc__.splitlines()[0]))
