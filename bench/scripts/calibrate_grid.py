@@ -21,13 +21,15 @@ over 8-15).
 usage: bench/scripts/calibrate_grid.py --candidates FILE --dir DIR [--kvrouter build/kvrouter]
           [--jobs 2] [--noise-seeds 42,1,2] [--summarize-only]
   FILE: "base" alone on a line runs the defaults; '#' starts a comment.
-Exit status 0 when every candidate ran (a failed one prints its log's last line and makes it 1).
+Exit status 0 when every candidate ran and has a summary (a failed one prints its log's last line,
+a missing summary with --summarize-only says so; either makes it 1); a bad FILE exits 1 at once.
 """
 import argparse
 import concurrent.futures
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -38,16 +40,24 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import calibrate  # noqa: E402  (the seed tables, PHASE1, median_errors)
 
 
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*\Z")  # a folder name below DIR, never a flag
+
+
 def read_candidates(path):
-    """[(name, [args])] from FILE; blank lines and '#' comments skipped, names unique."""
+    """[(name, [args])] from FILE; blank lines and '#' comments skipped. A name is one folder
+    below DIR (letters, digits, _ . + -, not starting with . or -, so never .., a path or a
+    flag) and unique; anything else exits with the line's number."""
     out, seen = [], set()
     with open(path) as f:
-        for line in f:
+        for n, line in enumerate(f, 1):
             words = shlex.split(line, comments=True)
             if not words:
                 continue
+            if not NAME.match(words[0]):
+                sys.exit("calibrate_grid.py: %s:%d: %r is not a candidate name (letters, digits, "
+                         "_ . + -; first a letter, digit or _)" % (path, n, words[0]))
             if words[0] in seen:
-                sys.exit("calibrate_grid.py: candidate %s named twice in %s" % (words[0], path))
+                sys.exit("calibrate_grid.py: %s:%d: candidate %s named twice" % (path, n, words[0]))
             seen.add(words[0])
             out.append((words[0], words[1:]))
     return out
@@ -57,10 +67,14 @@ def summarize(path):
     """The figures of one noise summary (see the module comment), as a dict."""
     with open(path) as f:
         d = json.load(f)
-    seeds = d["seeds"]
+    seeds = [s for s in d["seeds"] if s in d["per_seed"]]
+    if not seeds:
+        return None
 
     def mean(key, i):
-        return sum(d["per_seed"][s][key][i] or 0.0 for s in seeds) / len(seeds)
+        """The mean over the seeds that measured it (an MAE is None when nothing was)."""
+        got = [d["per_seed"][s][key][i] for s in seeds if d["per_seed"][s][key][i] is not None]
+        return sum(got) / len(got) if got else None
 
     med = {ins: [sum(1 for e in errs if e <= calibrate.TOLERANCE), len(errs)]
            for ins, errs in calibrate.median_errors(d["figures"]).items()}
@@ -73,12 +87,13 @@ def summarize(path):
             if folder in got:
                 slo_n += 1
                 slo_eq += got[folder] == want[col]
-    first = d["per_seed"][seeds[0]]
     return {"per_seed": {s: (d["per_seed"][s]["in_sample"][0],
                              d["per_seed"][s]["out_of_sample"][0]) for s in seeds},
-            "in": mean("in_sample", 0), "in_n": first["in_sample"][1],
+            "in": mean("in_sample", 0),
+            "in_n": max(d["per_seed"][s]["in_sample"][1] for s in seeds),
             "in_mae": mean("in_sample", 2), "oos": mean("out_of_sample", 0),
-            "oos_n": first["out_of_sample"][1], "oos_mae": mean("out_of_sample", 2),
+            "oos_n": max(d["per_seed"][s]["out_of_sample"][1] for s in seeds),
+            "oos_mae": mean("out_of_sample", 2),
             "med_in": med[True], "med_oos": med[False], "slo": [slo_eq, slo_n]}
 
 
@@ -86,6 +101,8 @@ def paired(s, ref):
     """Against the reference candidate on the seeds both ran: (mean difference in in-sample
     figures within 20%, its standard error, the same for out-of-sample, seeds), or None when
     fewer than two seeds are shared. The same prompts under both, so the difference is paired."""
+    if s is None or ref is None:
+        return None
     common = [k for k in s["per_seed"] if k in ref["per_seed"]]
     if len(common) < 2:
         return None
@@ -107,6 +124,10 @@ def line(name, s, ref_name=None, ref=None):
 
 
 def line_alone(name, s):
+    if s is None:
+        return "%s: no bench seed in its summary" % name
+    if s["in_mae"] is None or s["oos_mae"] is None:
+        s = dict(s, in_mae=s["in_mae"] or float("nan"), oos_mae=s["oos_mae"] or float("nan"))
     return ("%-24s in %4.1f/%d MAE %4.1f%%  oos %5.1f/%d MAE %4.1f%%  medians in %d/%d oos %d/%d"
             "  slo %d/%d" % (name, s["in"], s["in_n"], s["in_mae"], s["oos"], s["oos_n"],
                              s["oos_mae"], s["med_in"][0], s["med_in"][1], s["med_oos"][0],
@@ -114,7 +135,15 @@ def line_alone(name, s):
 
 
 def run(args, name, extra):
-    """One candidate's noise part into DIR/NAME/; returns (name, error line or None)."""
+    """One candidate's noise part into DIR/NAME/; returns (name, error line or None), an error
+    of its own (a folder it cannot write) included, so one candidate never stops the others."""
+    try:
+        return run_one(args, name, extra)
+    except OSError as e:
+        return name, "%s: %s" % (name, e)
+
+
+def run_one(args, name, extra):
     d = os.path.join(args.dir, name)
     if os.path.isdir(d):
         shutil.rmtree(d)
@@ -170,7 +199,8 @@ def main():
         else:
             s = summarize(path)
             print(line(name, s, *(ref or (None, None))), flush=True)
-            ref = ref or (name, s)
+            if s is not None:
+                ref = ref or (name, s)
     return 1 if failed else 0
 
 
