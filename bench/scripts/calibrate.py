@@ -211,6 +211,11 @@ RATES = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0)
 PHASE0_MAX_RATE = 3.0  # the phase0 column stops here; above it the rerun column stands in
 USERS = (50, 70, 90, 110, 130)
 
+# The noise part's bench seeds: 42 (the bench's default, the table's seed) and 15 more. Sixteen,
+# not eight: a candidate default that beat the defaults over 42,1-7 by 8 out-of-sample figures
+# lost by 7 over 8-15 (CALIBRATION-notes.md, 2026-11-29), so eight seeds cannot rank two models.
+NOISE_SEEDS = ",".join(["42"] + [str(i) for i in range(1, 16)])
+
 # The seed's open-loop load shape, as `kvrouter bench` options (phase0 and phase1). Arrivals:
 # `vllm bench serve` seeds numpy with --seed (default 0; the seed's runs name none) and draws every
 # gap from it, so all of seed 002's runs, every rate and configuration, sent on one schedule scaled
@@ -219,10 +224,6 @@ USERS = (50, 70, 90, 110, 130)
 # seed 002 gives only the mean (~500 tokens); their spread takes the coefficient of variation of
 # the answers seed 003 measured under load (OSL p50 978, p95 1,720: std ~450, CV 0.46), so std
 # 500 x 742 / 1.645 / 978 = 231 (OUTPUT_STD). Until 2026-11-24 it was 150, a choice no seed stated.
-# The noise part's bench seeds: 42 (the bench's default, the table's seed) and 15 more. Sixteen,
-# not eight: a candidate default that beat the defaults over 42,1-7 by 8 out-of-sample figures
-# lost by 7 over 8-15 (CALIBRATION-notes.md, 2026-11-29), so eight seeds cannot rank two models.
-NOISE_SEEDS = ",".join(["42"] + [str(i) for i in range(1, 16)])
 OUTPUT_MEAN = 500
 OUTPUT_STD = round(OUTPUT_MEAN * (1720 - 978) / 1.645 / 978)
 OPEN_ARGS = [
@@ -938,6 +939,17 @@ def median_errors(figures):
     return out
 
 
+def slo_rates(d):
+    """[(configuration, its max SLO-compliant rate under each of the noise summary's seeds, "?"
+    where a seed's summary lacks it (written before it was kept), the seed report's rate)]."""
+    report = seed_table(SEED_MAX_SLO_RATE)["max SLO rate"]
+    return [(folder,
+             [d["per_seed"].get(s, {}).get("max_slo_rate", {}).get(folder, "?")
+              for s in d["seeds"]],
+             report["phase0" if folder == "phase0" else PHASE1[folder][0]])
+            for folder in d["configs"]]
+
+
 def noise_lines(raw):
     """The noise part's reading: counts and MAE per bench seed; the same counts judged on each
     figure's median over the seeds; each configuration's max SLO-compliant rate per seed; then
@@ -967,18 +979,15 @@ def noise_lines(raw):
             100.0 * sum(errs) / len(errs))
 
     # Max SLO-compliant rate per configuration and seed, beside the seed report's.
-    seed_rate = seed_table(SEED_MAX_SLO_RATE)["max SLO rate"]
+    rerun = seed_table(SEED_MAX_SLO_RATE)["max SLO rate"][RERUN]
     slo = []
-    for folder in d["configs"]:
-        # "?" where a seed's summary lacks the rate (written before it was kept)
-        got = [d["per_seed"][s].get("max_slo_rate", {}).get(folder, "?") for s in d["seeds"]]
+    for folder, got, want in slo_rates(d):
         kept = [x for x in got if x != "?"]
         if not kept:
             continue
-        want = seed_rate["phase0" if folder == "phase0" else PHASE1[folder][0]]
         slo.append("%s %s (the report's %s%s: %d of %d equal)" % (
             folder, " ".join(x if x == "?" else fmt_rate(x) for x in got), fmt_rate(want),
-            ", its rerun column's %s" % fmt_rate(seed_rate[RERUN]) if folder == "phase0" else "",
+            ", its rerun column's %s" % fmt_rate(rerun) if folder == "phase0" else "",
             sum(1 for x in kept if x == want), len(kept)))
 
     lines = ["", "## Run-to-run noise (virtual time, %d bench seeds)" % len(d["seeds"]), "",

@@ -78,15 +78,11 @@ def summarize(path):
 
     med = {ins: [sum(1 for e in errs if e <= calibrate.TOLERANCE), len(errs)]
            for ins, errs in calibrate.median_errors(d["figures"]).items()}
-    want = calibrate.seed_table(calibrate.SEED_MAX_SLO_RATE)["max SLO rate"]
     slo_eq = slo_n = 0
-    for folder in d["configs"]:
-        col = "phase0" if folder == "phase0" else calibrate.PHASE1[folder][0]
-        for s in seeds:
-            got = d["per_seed"][s].get("max_slo_rate", {})
-            if folder in got:
-                slo_n += 1
-                slo_eq += got[folder] == want[col]
+    for _, got, want in calibrate.slo_rates(d):
+        kept = [x for x in got if x != "?"]
+        slo_n += len(kept)
+        slo_eq += sum(1 for x in kept if x == want)
     return {"per_seed": {s: (d["per_seed"][s]["in_sample"][0],
                              d["per_seed"][s]["out_of_sample"][0]) for s in seeds},
             "in": mean("in_sample", 0),
@@ -116,7 +112,7 @@ def paired(s, ref):
 def line(name, s, ref_name=None, ref=None):
     """One candidate's line; with a reference, its paired difference appended."""
     text = line_alone(name, s)
-    p = paired(s, ref) if ref is not None else None
+    p = paired(s, ref)
     if p:
         text += "  vs %s: in %+.1f +- %.1f, oos %+.1f +- %.1f (%d seeds)" % (
             ref_name, p[0], p[1], p[2], p[3], p[4])
@@ -126,11 +122,13 @@ def line(name, s, ref_name=None, ref=None):
 def line_alone(name, s):
     if s is None:
         return "%s: no bench seed in its summary" % name
-    if s["in_mae"] is None or s["oos_mae"] is None:
-        s = dict(s, in_mae=s["in_mae"] or float("nan"), oos_mae=s["oos_mae"] or float("nan"))
-    return ("%-24s in %4.1f/%d MAE %4.1f%%  oos %5.1f/%d MAE %4.1f%%  medians in %d/%d oos %d/%d"
-            "  slo %d/%d" % (name, s["in"], s["in_n"], s["in_mae"], s["oos"], s["oos_n"],
-                             s["oos_mae"], s["med_in"][0], s["med_in"][1], s["med_oos"][0],
+
+    def mae(v):  # None: no seed measured one
+        return "   -" if v is None else "%4.1f%%" % v
+
+    return ("%-24s in %4.1f/%d MAE %s  oos %5.1f/%d MAE %s  medians in %d/%d oos %d/%d"
+            "  slo %d/%d" % (name, s["in"], s["in_n"], mae(s["in_mae"]), s["oos"], s["oos_n"],
+                             mae(s["oos_mae"]), s["med_in"][0], s["med_in"][1], s["med_oos"][0],
                              s["med_oos"][1], s["slo"][0], s["slo"][1]))
 
 

@@ -92,6 +92,9 @@ def summary_figures():
     text = calibrate_grid.line("x", s)
     assert text.startswith("x ") and "in 32.5/39 MAE 10.0%" in text, text
     assert text.endswith("oos  45.0/70 MAE 20.0%  medians in 1/2 oos 1/1  slo 2/4"), text
+    # An MAE no seed measured prints "-"; a perfect one stays 0.0%, not taken for missing.
+    text = calibrate_grid.line("z", dict(s, in_mae=0.0, oos_mae=None))
+    assert "in 32.5/39 MAE  0.0%  oos  45.0/70 MAE    -  medians" in text, text
     # Paired against a reference on the seeds both ran (42 and 1; 7 only in the reference):
     # in-sample 30-28, 35-33: +2.0 +- 0.0; out-of-sample 40-30, 50-50: +5.0, sd 7.07 / sqrt 2.
     ref = {"per_seed": {"42": (28, 30), "1": (33, 50), "7": (0, 0)}}
