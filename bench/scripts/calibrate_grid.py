@@ -6,12 +6,12 @@ calibrate.py's own, e.g. --sim-arg=--cost-weights-ms=22 or --bench-arg=--output-
 script runs `calibrate.py --parts noise` for each into DIR/NAME/ (raw/ kept, out/ deleted), then
 prints one line per candidate read back from DIR/NAME/raw/noise/summary.json alone:
 
-  NAME  in W/N MAE M%  oos W/N MAE M%  medians in W/N oos W/N  slo K/C
+  NAME  in W/N MAE M%  oos W/N MAE M%  medians in W/N oos W/N  slo K/C (A above, B below)
 
 in and oos: the mean over the bench seeds of the figures within 20% and of the MAE (the table's
 counts under each seed); medians: each figure judged once on its median over the seeds (what
 CALIBRATION.md's noise section prints); slo: (configuration, seed) pairs whose max SLO-compliant
-rate equals the seed report's, of all pairs; then, after the first candidate that ran (put the
+rate equals the seed report's, of all pairs, and how many lie above and below it; then, after the first candidate that ran (put the
 defaults first), the paired difference against it in figures within 20% per seed, with its
 standard error ("vs base: oos +2.9 +- 1.0"). A candidate ranks above the defaults only when it
 wins on seeds it was not chosen on: rerun the best with other --noise-seeds (calibrate.py's
@@ -78,11 +78,13 @@ def summarize(path):
 
     med = {ins: [sum(1 for e in errs if e <= calibrate.TOLERANCE), len(errs)]
            for ins, errs in calibrate.median_errors(d["figures"]).items()}
-    slo_eq = slo_n = 0
+    slo = [0, 0, 0, 0]  # equal to the report's, measured, above it, below it (0: none passed)
     for _, got, want in calibrate.slo_rates(d):
-        kept = [x for x in got if x != "?"]
-        slo_n += len(kept)
-        slo_eq += sum(1 for x in kept if x == want)
+        for x in got:
+            if x != "?":
+                slo[1] += 1
+                if x is not None:
+                    slo[0 if x == want else 2 if x > want else 3] += 1
     return {"per_seed": {s: (d["per_seed"][s]["in_sample"][0],
                              d["per_seed"][s]["out_of_sample"][0]) for s in seeds},
             "in": mean("in_sample", 0),
@@ -90,7 +92,7 @@ def summarize(path):
             "in_mae": mean("in_sample", 2), "oos": mean("out_of_sample", 0),
             "oos_n": max(d["per_seed"][s]["out_of_sample"][1] for s in seeds),
             "oos_mae": mean("out_of_sample", 2),
-            "med_in": med[True], "med_oos": med[False], "slo": [slo_eq, slo_n]}
+            "med_in": med[True], "med_oos": med[False], "slo": slo}
 
 
 def paired(s, ref):
@@ -127,9 +129,10 @@ def line_alone(name, s):
         return "   -" if v is None else "%4.1f%%" % v
 
     return ("%-24s in %4.1f/%d MAE %s  oos %5.1f/%d MAE %s  medians in %d/%d oos %d/%d"
-            "  slo %d/%d" % (name, s["in"], s["in_n"], mae(s["in_mae"]), s["oos"], s["oos_n"],
-                             mae(s["oos_mae"]), s["med_in"][0], s["med_in"][1], s["med_oos"][0],
-                             s["med_oos"][1], s["slo"][0], s["slo"][1]))
+            "  slo %d/%d (%d above, %d below)" % (
+                name, s["in"], s["in_n"], mae(s["in_mae"]), s["oos"], s["oos_n"],
+                mae(s["oos_mae"]), s["med_in"][0], s["med_in"][1], s["med_oos"][0],
+                s["med_oos"][1], *s["slo"]))
 
 
 def run(args, name, extra):

@@ -88,10 +88,13 @@ def summary_figures():
     # An MAE of None (nothing measured under that seed) is left out of the mean, not taken as 0.
     assert s["oos"] == 45.0 and s["oos_n"] == 70 and s["oos_mae"] == 20.0, s
     assert s["med_in"] == [1, 2] and s["med_oos"] == [1, 1], s
-    assert s["slo"] == [2, 4], s  # phase0 2.0 under 42, mem095 2.0 under 1 (the report: 2.0)
+    # The report's 2.0: phase0 2.0 under 42 and mem095 2.0 under 1 equal, mem095 2.5 above,
+    # phase0 1.5 below.
+    assert s["slo"] == [2, 4, 1, 1], s
     text = calibrate_grid.line("x", s)
     assert text.startswith("x ") and "in 32.5/39 MAE 10.0%" in text, text
-    assert text.endswith("oos  45.0/70 MAE 20.0%  medians in 1/2 oos 1/1  slo 2/4"), text
+    assert text.endswith("oos  45.0/70 MAE 20.0%  medians in 1/2 oos 1/1  slo 2/4 (1 above, 1 "
+                         "below)"), text
     # An MAE no seed measured prints "-"; a perfect one stays 0.0%, not taken for missing.
     text = calibrate_grid.line("z", dict(s, in_mae=0.0, oos_mae=None))
     assert "in 32.5/39 MAE  0.0%  oos  45.0/70 MAE    -  medians" in text, text
@@ -100,7 +103,8 @@ def summary_figures():
     ref = {"per_seed": {"42": (28, 30), "1": (33, 50), "7": (0, 0)}}
     assert calibrate_grid.paired(s, ref) == [2.0, 0.0, 5.0, 5.0, 2], calibrate_grid.paired(s, ref)
     text = calibrate_grid.line("x", s, "base", ref)
-    assert text.endswith("slo 2/4  vs base: in +2.0 +- 0.0, oos +5.0 +- 5.0 (2 seeds)"), text
+    assert text.endswith("slo 2/4 (1 above, 1 below)  vs base: in +2.0 +- 0.0, oos +5.0 +- 5.0 "
+                         "(2 seeds)"), text
     assert calibrate_grid.paired(s, {"per_seed": {"42": (1, 1)}}) is None  # one seed: no error
     # A summary without a single seed: None, and a line that says so.
     summary["seeds"] = []
@@ -131,7 +135,7 @@ def tiny_grid_end_to_end():
         # 0.5 req/s alone with 12 prompts on a cold cache fails the SLO (TTFT p99 ~1.2 s: cold
         # starters, no warm-up): every (config, seed) pair's rate is 0, never the report's 2.0,
         # so 0 of 2 configs x 2 seeds; "wide" paired against "base".
-        assert lines[1].endswith(" slo 0/4"), lines[1]
+        assert lines[1].endswith(" slo 0/4 (0 above, 4 below)"), lines[1]
         assert "vs " not in lines[1] and "vs base: in " in lines[2], lines
         assert lines[2].endswith("(2 seeds)"), lines[2]
         with open(os.path.join(out, "base", "raw", "noise", "summary.json")) as f:
