@@ -10,11 +10,15 @@ PodDisruptionBudget, the NetworkPolicy (admin port only from selected pods), the
 (admin /metrics, bearer token from the same Secret), and that the objects refer to each other
 coherently (selectors, named ports, ConfigMap, listen ports). Every flag passed to `kvrouter serve`
 (StatefulSet args, systemd ExecStart) and every ConfigMap key must exist in `kvrouter serve --help`,
-except the two being added in the same release (--admin-token-file / admin_token_file). Also
-deploy/k8s/Dockerfile (numeric USER, EXPOSE of both ports, OCI labels, Debian 12 stages),
-/.dockerignore (excludes .git, build*, results; keeps what the Dockerfile needs) and
-deploy/kvrouter.service (hardening directives, ExecReload by SIGHUP, and when systemd-analyze is
-installed, `systemd-analyze security --offline=true` exposure <= 2.0). No cluster, no network.
+--admin-token-file and its JSON key admin_token_file included. Also deploy/k8s/Dockerfile (numeric
+USER, EXPOSE of both ports, OCI labels, Debian 12 stages; its build stage installs with
+`deploy/install-deps.sh --build-only` and configures with -DBUILD_TESTING=OFF), deploy/install-deps.sh
+(its arrays parsed: the build-only list holds no browser, Selenium, clang, Node/npm or cmocka
+package and is a subset of the full list; `--list` prints exactly those lists; an unknown flag is
+one line and a non-zero exit), /.dockerignore (excludes .git, build*, results; keeps what the
+Dockerfile needs) and deploy/kvrouter.service (hardening directives, ExecReload by SIGHUP, and when
+systemd-analyze is installed, `systemd-analyze security --offline=true` exposure <= 2.0). No
+cluster, no network, nothing installed.
 
 Run: python3 tests/deploy/test_deploy_manifests.py --kvrouter build/kvrouter
 (CTest: script.test_deploy_manifests); one PASS/FAIL line per test, exit 1 when one failed, exit 77
@@ -36,10 +40,10 @@ MANIFEST = os.path.join(ROOT, "deploy", "k8s", "kvrouter.yaml")
 DOCKERFILE = os.path.join(ROOT, "deploy", "k8s", "Dockerfile")
 DOCKERIGNORE = os.path.join(ROOT, ".dockerignore")
 UNIT = os.path.join(ROOT, "deploy", "kvrouter.service")
-
-# Added to `kvrouter serve` in the same release as these manifests; not in this build's --help yet.
-PENDING_FLAGS = {"--admin-token-file"}
-PENDING_KEYS = {"admin_token_file"}
+INSTALL_DEPS = os.path.join(ROOT, "deploy", "install-deps.sh")
+# Substrings no package of the image's build stage may hold: test tooling (the dashboard's browser
+# and its driver, the fuzzing compiler, the schema check's Node.js/npm, the unit tests' cmocka).
+TEST_ONLY_PACKAGE_WORDS = ("chromium", "selenium", "clang", "npm", "nodejs", "cmocka")
 SHUTDOWN_GRACE_S = 10  # router/serve.c SHUTDOWN_GRACE_MS, hard-coded
 RESTRICTED_VOLUME_TYPES = {"configMap", "secret", "emptyDir", "projected", "downwardAPI",
                            "persistentVolumeClaim", "ephemeral", "csi"}
@@ -104,6 +108,14 @@ def serve_help():
     return r.stdout
 
 
+def help_flags(help_text):
+    return set(re.findall(r"^\s+(--[a-z0-9-]+)", help_text, re.M))
+
+
+def help_json_keys(help_text):
+    return set(re.findall(r"JSON: ([a-z_.]+)\)", help_text))
+
+
 def binary_version():
     r = subprocess.run([ARGS.kvrouter, "--version"], capture_output=True, text=True, timeout=30)
     m = re.match(r"^kvrouter (\S+) \(commit \S+\)$", r.stdout.strip())
@@ -144,6 +156,60 @@ def dockerfile_lines():
     with open(DOCKERFILE) as f:
         text = f.read().replace("\\\n", " ")
     return [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("#")]
+
+
+def dockerfile_stages():
+    """{stage name (or its FROM index): [its instruction lines]}."""
+    stages, cur = {}, None
+    for l in dockerfile_lines():
+        words = l.split()
+        if words[0].upper() == "FROM":
+            name = words[3] if len(words) >= 4 and words[2].upper() == "AS" else str(len(stages))
+            cur = stages.setdefault(name, [])
+        elif cur is not None:
+            cur.append(l)
+    return stages
+
+
+def shell_arrays(path):
+    """Every `NAME=(word ...)` assignment of a bash script, in order, as (NAME, [words]), with
+    "${OTHER[@]}" replaced by OTHER's words as last assigned above it. Comments inside the
+    parentheses are dropped; words are split as the shell splits them (shlex)."""
+    import shlex
+    with open(path) as f:
+        text = f.read()
+    out, last = [], {}
+    for m in re.finditer(r"^[ \t]*([A-Za-z_][A-Za-z0-9_]*)=\(([^)]*)\)", text, re.M):
+        words = []
+        for w in shlex.split(m.group(2), comments=True):
+            ref = re.fullmatch(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\[@\]\}", w)
+            if ref:
+                assert ref.group(1) in last, "%s refers to %s before it is set" % (m.group(1), w)
+                words += last[ref.group(1)]
+            else:
+                assert "$" not in w, "cannot expand %r in %s" % (w, m.group(1))
+                words.append(w)
+        out.append((m.group(1), words))
+        last[m.group(1)] = words
+    return out
+
+
+def install_deps_lists():
+    """(build-only packages, full packages) from install-deps.sh's arrays: build-only is
+    BUILD_PACKAGES; the full mode installs BUILD_PACKAGES, TEST_PACKAGES and NODE_PACKAGES."""
+    arrays = {}
+    for name, words in shell_arrays(INSTALL_DEPS):
+        arrays.setdefault(name, words)
+    for name in ("BUILD_PACKAGES", "TEST_PACKAGES", "NODE_PACKAGES"):
+        assert arrays.get(name), "install-deps.sh has no array %s" % name
+    build = arrays["BUILD_PACKAGES"]
+    full = arrays["BUILD_PACKAGES"] + arrays["TEST_PACKAGES"] + arrays["NODE_PACKAGES"]
+    return build, full
+
+
+def install_deps(*flags):
+    return subprocess.run(["bash", INSTALL_DEPS] + list(flags), capture_output=True, text=True,
+                          timeout=60)
 
 
 def dockerignore_patterns():
@@ -314,31 +380,41 @@ def test_admin_token_secret_mounted_and_passed():
 
 @test
 def test_serve_flags_exist():
-    help_text = serve_help()
-    known = set(re.findall(r"^\s+(--[a-z0-9-]+)", help_text, re.M))
+    known = help_flags(serve_help())
     c = container()
     assert c["args"][0] == "serve", c["args"]
     cmd = c.get("command", [])
     for flag in flags_in(c["args"] + cmd):
-        assert flag in known or flag in PENDING_FLAGS, "kvrouter serve has no %s" % flag
+        assert flag in known, "kvrouter serve has no %s" % flag
     exec_start = unit_directives()["ExecStart"][0].split()
     assert exec_start[1] == "serve", exec_start
     for flag in flags_in(exec_start):
-        assert flag in known or flag in PENDING_FLAGS, "kvrouter serve has no %s" % flag
-    assert "--admin-token-file" in c["args"]
+        assert flag in known, "kvrouter serve has no %s" % flag
+    assert "--admin-token-file" in c["args"] and "--admin-token-file" in exec_start
+
+
+@test
+def test_admin_token_file_in_serve_help():
+    """The flag both deployments pass, and its JSON key, are the binary's own (src/config.c's
+    option table), with the admin API's bearer token as what they mean."""
+    help_text = serve_help()
+    assert "--admin-token-file" in help_flags(help_text), "kvrouter serve has no --admin-token-file"
+    assert "admin_token_file" in help_json_keys(help_text), "no JSON key admin_token_file"
+    entry = help_text[help_text.index("--admin-token-file"):]
+    entry = entry[:entry.index("(JSON: admin_token_file)")]
+    assert "Bearer" in entry, entry
 
 
 @test
 def test_config_keys_exist():
-    help_text = serve_help()
-    known = set(re.findall(r"JSON: ([a-z_.]+)\)", help_text))
+    known = help_json_keys(serve_help())
     assert "workers" in known and "metrics_scrape.interval_ms" in known, known
     cfgs = {"ConfigMap": config_json()}
     with open(os.path.join(ROOT, "deploy", "config.example.json")) as f:
         cfgs["config.example.json"] = json.load(f)
     for where, cfg in cfgs.items():
         for key in leaf_keys(cfg):
-            assert key in known or key in PENDING_KEYS, "%s: unknown config key %s" % (where, key)
+            assert key in known, "%s: unknown config key %s" % (where, key)
 
 
 @test
@@ -483,6 +559,65 @@ def test_dockerfile():
     args = {m.group(1): m.group(2) for m in
             (re.match(r"^ARG (\w+)=(\S+)$", l) for l in lines) if m}
     assert args.get("VERSION") == binary_version(), args
+
+
+@test
+def test_dockerfile_build_stage_installs_build_only():
+    """The image's build stage installs only what the build needs and configures without the tests
+    (whose CMakeLists wants cmocka, which --build-only does not install)."""
+    stages = dockerfile_stages()
+    assert "build" in stages, "no stage named build: %r" % list(stages)
+    runs = [l for l in stages["build"] if l.upper().startswith("RUN ")]
+    installs = [l for l in runs if "install-deps.sh" in l]
+    assert installs, "the build stage never runs deploy/install-deps.sh: %r" % runs
+    for l in installs:
+        assert "--build-only" in l.split(), "install-deps.sh without --build-only: %s" % l
+    # Nothing else in the stage brings the full install back (deploy/build.sh runs the full one).
+    for l in runs:
+        assert "build.sh" not in l and "run-tests.sh" not in l, l
+    configures = [l for l in runs if re.search(r"\bcmake\s+(-S|-B)", l)]
+    assert configures, "no cmake configure in the build stage: %r" % runs
+    for l in configures:
+        assert "-DBUILD_TESTING=OFF" in l, "configured with the tests on (cmocka needed): %s" % l
+    # The packages are installed before the sources are copied, so a source change reuses them.
+    copy_all = [i for i, l in enumerate(stages["build"]) if re.match(r"^COPY\s+\.\s", l)]
+    first_install = stages["build"].index(installs[0])
+    assert copy_all and first_install < copy_all[0], stages["build"]
+
+
+@test
+def test_install_deps_build_only_list():
+    build, full = install_deps_lists()
+    for want in ("build-essential", "cmake", "pkg-config", "node-llhttp", "libuv1-dev",
+                 "libcurl4-openssl-dev", "libxxhash-dev", "libcjson-dev", "libzmq3-dev",
+                 "libmsgpack-dev"):
+        assert want in build, "build-only list lacks %s: %r" % (want, build)
+    for p in build:
+        for word in TEST_ONLY_PACKAGE_WORDS:
+            assert word not in p, "build-only list holds %s (test tooling)" % p
+    assert len(set(build)) == len(build), build
+    assert set(build) <= set(full), "not in the full list: %r" % sorted(set(build) - set(full))
+    # The full list keeps the test tooling the default mode has always installed.
+    for want in ("libcmocka-dev", "clang", "libclang-rt-14-dev", "chromium", "chromium-driver",
+                 "python3-selenium", "nodejs", "npm"):
+        assert want in full, "full list lacks %s" % want
+
+
+@test
+def test_install_deps_modes_use_those_lists():
+    """--list prints what each mode would install (nothing is installed), and it is the arrays
+    parsed above; an unknown flag is refused in one line before anything runs."""
+    build, full = install_deps_lists()
+    r = install_deps("--build-only", "--list")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == build, (r.stdout, build)
+    r = install_deps("--list")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == full, (r.stdout, full)
+    r = install_deps("--no-such-flag")
+    assert r.returncode != 0 and r.stdout == "", (r.returncode, r.stdout)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and "--no-such-flag" in lines[0], r.stderr
 
 
 @test
