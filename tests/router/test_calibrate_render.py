@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""test_calibrate_render -- bench/scripts/calibrate.py's table, rendered from a fake raw folder.
+"""test_calibrate_render -- bench/scripts/calibration/calibrate.py's table, rendered from a fake raw folder.
 
 Owns the checks of calibrate.py's rendering, not its runs: each test writes synthetic per-level
 JSON (only the keys the render reads) and stamps into a temporary raw folder, runs
@@ -20,7 +20,7 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "..", "..", "bench", "scripts", "calibrate.py")
+SCRIPT = os.path.join(HERE, "..", "..", "bench", "scripts", "calibration", "calibrate.py")
 sys.path.insert(0, os.path.dirname(SCRIPT))
 import calibrate  # noqa: E402
 

@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
-"""test_ab -- bench/scripts/ab.sh end to end on a tiny A/B, and what it keeps.
+"""test_ab -- bench/scripts/ab/ab.sh end to end on a tiny A/B, and what it keeps.
 
 Runs ab.sh on the control workload with round_robin and kv_aware at time scale 10, 2 simulated
 seconds per level, 10 prompts, rates 1 and 2 (about 10 s: real `kvrouter sim` workers and `kvrouter
-serve` on 127.0.0.1 through bench/scripts/real_ab.sh, stopped by PID). Before the run the output
+serve` on 127.0.0.1 through bench/scripts/ab/real_ab.sh, stopped by PID). Before the run the output
 folder holds a level file an earlier run could have left; it must not reach the kept raw folder.
 Checks: the raw folder has, for the workload, a stamp naming the bench command (cmd=) and the
 options, a rates line per label, and exactly the level JSONs this run wrote (each label's printed
 rate reproduced from its levels' verdicts: the highest passing rate below the lowest failing one);
 AB_RESULTS.md has the workload's row with both rates and the run's command. ab_report.py given this
 raw folder and a second one (the same run relabelled as two other policies, as ab.sh would keep a
-run of the reference policies in bench/results/ab-refs) renders one row with all four policies and
+run of the reference policies in bench/results/ab/raw/refs) renders one row with all four policies and
 lists both runs; the same folder given twice (a label in two folders) exits 1 with one line. A
 binary that is not executable fails at once with one line and exit 2.
 
@@ -26,8 +26,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-AB = os.path.join(HERE, "..", "..", "..", "bench", "scripts", "ab.sh")
-REPORT = os.path.join(HERE, "..", "..", "..", "bench", "scripts", "ab_report.py")
+AB = os.path.join(HERE, "..", "..", "..", "bench", "scripts", "ab", "ab.sh")
+REPORT = os.path.join(HERE, "..", "..", "..", "bench", "scripts", "ab", "ab_report.py")
 TINY = {"AB_WORKLOADS": "control", "AB_POLICIES": "round_robin,kv_aware",
         "AB_LABELS": "phase0,phase3", "AB_TIME_SCALE": "10", "AB_WARMUP_S": "2", "AB_LEVEL_S": "2",
         "AB_NUM_PROMPTS": "10", "AB_START": "1", "AB_RESOLUTION": "1", "AB_SEARCH_MAX": "2",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""test_calibrate_grid -- bench/scripts/calibrate_grid.py: candidates in, one ranked line each out.
+"""test_calibrate_grid -- bench/scripts/calibration/calibrate_grid.py: candidates in, one ranked line each out.
 
 Owns the checks of the grid script: its candidate file reader, its summary of a noise part's
 summary.json (means over seeds, figures judged on their medians, max SLO rates equal to the seed
@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPTS = os.path.join(HERE, "..", "..", "..", "bench", "scripts")
+SCRIPTS = os.path.join(HERE, "..", "..", "..", "bench", "scripts", "calibration")
 SCRIPT = os.path.join(SCRIPTS, "calibrate_grid.py")
 sys.path.insert(0, SCRIPTS)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "harness"))

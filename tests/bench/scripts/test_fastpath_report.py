@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""test_fastpath_report -- bench/scripts/fastpath_report.py's tables, on a synthetic kept run.
+"""test_fastpath_report -- bench/scripts/fastpath/fastpath_report.py's tables, on a synthetic kept run.
 
 Writes the raw files fastpath.sh keeps (meta.json, cells.jsonl with two rounds, access_log.jsonl)
 with figures chosen here, renders FASTPATH.md with the script as a child process, and checks the
@@ -9,7 +9,7 @@ section (kvrouter against nginx with their logs on, what a line costs each: CPU 
 the log minus without, and the lines written against the responses counted), and the first-token
 section from proxy_overhead.py's JSON (added times, each proxy's CPU per one-token stream when the
 run recorded it). Also
-bench/scripts/fastpath_allocs.py on a synthetic `perf script` text: allocation calls attributed
+bench/scripts/fastpath/fastpath_allocs.py on a synthetic `perf script` text: allocation calls attributed
 past libc and kvr_x* wrappers to their library, the router's frames recognised by being the
 executable's whatever its file is called. A run without the
 access-log targets (the --cores N table) has no such section; a folder without meta.json exits 1
@@ -26,8 +26,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "..", "..", "..", "bench", "scripts", "fastpath_report.py")
-ALLOCS = os.path.join(HERE, "..", "..", "..", "bench", "scripts", "fastpath_allocs.py")
+SCRIPT = os.path.join(HERE, "..", "..", "..", "bench", "scripts", "fastpath", "fastpath_report.py")
+ALLOCS = os.path.join(HERE, "..", "..", "..", "bench", "scripts", "fastpath", "fastpath_allocs.py")
 
 # `perf script -F event,ip,sym,dso` of three allocation calls: two from the router (an executable
 # copied to /tmp/kvr_fp10, one of them through kvr_xmalloc), one from libcurl.
@@ -49,7 +49,7 @@ probe_libc:calloc:
 """
 HZ = 100
 
-META = {"command": "bash bench/scripts/fastpath.sh --rounds 2", "date": "2026-11-25 07:00 UTC",
+META = {"command": "bash bench/scripts/fastpath/fastpath.sh --rounds 2", "date": "2026-11-25 07:00 UTC",
         "commit": "abc1234", "nproc": 2, "cpu": "test cpu", "kernel": "6.1", "loadavg_at_end":
         ["0.1", "0.2", "0.3"], "kvrouter": "kvrouter 0.1.0 (commit abc1234)", "nginx": "nginx/1.22",
         "haproxy": "HAProxy 2.6", "wrk": "wrk 4.1.0", "duration_s": 10, "rounds": 2,
@@ -150,7 +150,7 @@ def main():
         "small_c1": {"direct": {"n": 100, "p50": 0.00013, "p99": 0.0002, "errors": 0},
                      "router": {"n": 90, "p50": 0.00024, "p99": 0.0004, "errors": 0}}}
     ft = section(render(cells, logs, overhead=overhead),
-                 "Time added to the first token (bench/scripts/proxy_overhead.py)")
+                 "Time added to the first token (bench/scripts/fastpath/proxy_overhead.py)")
     assert row_cells(ft, "TTFT added p50 (streaming, sim TTFT 20 ms, 1 client, 138 first tokens)") \
         [1] == "300 us", ft
     assert row_cells(ft, "the same through nginx (1 worker, proxy_buffering off), for reference") \
@@ -164,7 +164,7 @@ def main():
     del overhead["first_token"]["router"]["cpu_us_per_request"]
     del overhead["first_token"]["nginx"]["cpu_us_per_request"]
     ft = section(render(cells, logs, overhead=overhead),
-                 "Time added to the first token (bench/scripts/proxy_overhead.py)")
+                 "Time added to the first token (bench/scripts/fastpath/proxy_overhead.py)")
     assert "CPU per one-token stream" not in ft, ft
 
     # The --cores N table: no access-log targets, no section.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""test_misses -- bench/scripts/misses.py's breakdown of uncached prompt tokens, on synthetic runs.
+"""test_misses -- bench/scripts/study/misses.py's breakdown of uncached prompt tokens, on synthetic runs.
 
 Writes a requests.jsonl whose every record is built by hand (only the keys misses.py reads), runs
 the script as a child process, parses its Markdown row back and checks each share against the
@@ -15,7 +15,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "..", "..", "..", "bench", "scripts", "misses.py")
+SCRIPT = os.path.join(HERE, "..", "..", "..", "bench", "scripts", "study", "misses.py")
 
 
 def rec(conv, turn, worker, prompt, cached, output=10, warmup=False, ok=True, label="kv", rate=2.0):

@@ -1,0 +1,129 @@
+#!/bin/sh
+# admission_bench.sh -- the router's admission bound (--admission-max-inflight) at about twice the
+# cluster's capacity: N `kvrouter sim` workers and `kvrouter serve` on 127.0.0.1 (free ports picked
+# by the kernel), one open-loop `kvrouter bench` level with the bound off, then the same with it on
+# (every process restarted between the two, so both start cold), every process stopped by PID
+# afterwards (also on Ctrl-C or a failure). Processes are started as bench/scripts/ab/real_ab.sh does
+# (worker w is `kvrouter sim --time-scale S --seed w`; the router scrapes every 100 real ms).
+#
+# The load: the control workload's max SLO-compliant rate with kv_aware is 2.67 simulated req/s on
+# 4 workers at time scale 4 (bench/results/ab/REPORT.md), so the default rate, 5.4 req/s, is about
+# twice the capacity. The bound, 12 requests per worker, sits under what a worker holds at that
+# capacity (20 to 26 in flight per worker measured at 2.7 req/s), and the wait is short: TTFT and
+# the wait are simulated times (real x S) while --admission-max-wait-ms is real milliseconds, so
+# the default 150 ms is 0.6 simulated seconds at S = 4, within the 1 s TTFT SLO. (16 per worker and
+# 500 ms gave a goodput of 0.80 req/s and a TTFT p99 of 1658 ms in one run, against 1.25 and 1460.)
+#
+# usage: bench/scripts/admission/admission_bench.sh KVROUTER OUT
+# Environment: ADM_WORKERS (4), ADM_TIME_SCALE (4), ADM_SEED (42), ADM_WORKLOAD (control),
+#   ADM_POLICY (kv_aware), ADM_RATE (5.4), ADM_PROMPTS (300), ADM_MAX_INFLIGHT (12),
+#   ADM_QUEUE_LIMIT (32), ADM_MAX_WAIT_MS (150).
+# Writes OUT/off/ and OUT/on/ (the bench's report, results/*.json, requests.jsonl, logs/), OUT/stamp
+# and OUT/ADMISSION.md (the table: goodput, TTFT p50/p99 of admitted requests, 503s, completed).
+set -eu
+KVR=$1 OUT=$2
+N=${ADM_WORKERS:-4} SCALE=${ADM_TIME_SCALE:-4} SEED=${ADM_SEED:-42}
+WORKLOAD=${ADM_WORKLOAD:-control} POLICY=${ADM_POLICY:-kv_aware} RATE=${ADM_RATE:-5.4}
+PROMPTS=${ADM_PROMPTS:-300} MAXIN=${ADM_MAX_INFLIGHT:-12} QLIM=${ADM_QUEUE_LIMIT:-32}
+WAIT=${ADM_MAX_WAIT_MS:-150}
+mkdir -p "$OUT"
+. "$(dirname "$0")/../lib/procs.sh"
+trap stop EXIT INT TERM
+
+# run_once LABEL [ROUTER-FLAGS...]: fresh workers and router, one bench level into OUT/LABEL.
+run_once() {
+  label=$1
+  shift
+  dir="$OUT/$label"
+  rm -rf "$dir"
+  mkdir -p "$dir/logs"
+  workers=""
+  w=0
+  while [ $w -lt "$N" ]; do
+    p=$(port)
+    "$KVR" sim --listen "127.0.0.1:$p" --time-scale "$SCALE" --seed "$w" --enable-prompt-tokens-details \
+      >"$dir/logs/worker-$w.log" 2>&1 &
+    PIDS="$PIDS $!"
+    workers="$workers --worker http://127.0.0.1:$p"
+    w=$((w + 1))
+  done
+  rp=$(port)
+  ap=$(port)
+  # shellcheck disable=SC2086
+  "$KVR" serve $workers --listen "127.0.0.1:$rp" --admin-listen "127.0.0.1:$ap" \
+    --policy "$POLICY" --access-log false --scrape-interval-ms 100 "$@" >"$dir/logs/router.log" 2>&1 &
+  PIDS="$PIDS $!"
+  i=0
+  until curl -sf "http://127.0.0.1:$rp/health" >/dev/null 2>&1; do
+    i=$((i + 1))
+    [ $i -lt 100 ] || { echo "admission_bench.sh: the router did not become healthy" >&2; exit 1; }
+    sleep 0.1
+  done
+  echo "router_flags=$*" >"$dir/stamp"
+  "$KVR" bench --url "http://127.0.0.1:$rp" --workload "$WORKLOAD" --rates "$RATE" \
+    --num-prompts "$PROMPTS" --time-scale "$SCALE" --seed "$SEED" --cooldown-s 0 \
+    --title "admission bound $label" --out "$dir" --quiet >"$dir/summary.txt" 2>&1 || true
+  curl -sf "http://127.0.0.1:$ap/metrics" >"$dir/router-metrics.txt" || true
+  stop
+}
+
+start=$(date -u +%s)
+{
+  echo "commit=$(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "started=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "workers=$N time_scale=$SCALE seed=$SEED workload=$WORKLOAD policy=$POLICY rate=$RATE prompts=$PROMPTS"
+  echo "bound=--admission-max-inflight $MAXIN --admission-queue-limit $QLIM --admission-max-wait-ms $WAIT"
+  echo "cores=$(nproc) arch=$(uname -m)"
+} >"$OUT/stamp"
+run_once off
+run_once on --admission-max-inflight "$MAXIN" --admission-queue-limit "$QLIM" \
+  --admission-max-wait-ms "$WAIT"
+echo "took_s=$(($(date -u +%s) - start))" >>"$OUT/stamp"
+
+python3 - "$OUT" <<'EOF'
+# The table: per run, from requests.jsonl (measured requests only) and the level's results JSON.
+import glob, json, os, sys
+out = sys.argv[1]
+stamp = open(os.path.join(out, "stamp")).read().strip().splitlines()
+
+def pct(xs, p):
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+rows = []
+for label in ("off", "on"):
+    d = os.path.join(out, label)
+    recs = [json.loads(l) for l in open(os.path.join(d, "requests.jsonl")) if l.strip()]
+    measured = [r for r in recs if not r.get("warmup") and not r.get("cooldown")]
+    ok = [r for r in measured if r.get("ok")]
+    n503 = sum(1 for r in measured if r.get("status") == 503)
+    other = len(measured) - len(ok) - n503
+    ttft = [r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None]
+    res = glob.glob(os.path.join(d, "results", "*.json"))
+    level = json.load(open(res[0])) if res else {}
+    good = level.get("request_goodput")
+    dur = level.get("duration")
+    rows.append("| %s | %d | %d | %d | %d | %s | %.0f | %.0f | %s |" % (
+        label, len(measured), len(ok), n503, other,
+        "%.3f" % good if good is not None else "n/a", pct(ttft, 50), pct(ttft, 99),
+        "%.0f" % dur if dur is not None else "n/a"))
+with open(os.path.join(out, "ADMISSION.md"), "w") as f:
+    f.write("# Admission bound at about 2x capacity\n\n")
+    f.write("Generated by `bench/scripts/admission/admission_bench.sh KVROUTER %s`. One open-loop level per run, "
+            "every process restarted between them.\n\n" % out)
+    for s in stamp:
+        f.write("- %s\n" % s)
+    f.write("\nGoodput: completed requests within the TTFT p99 1000 ms and TPOT 60 ms SLOs per "
+            "simulated second (the bench's request_goodput). TTFT: simulated ms of the admitted, "
+            "completed requests (status 200). 503: answered by the admission bound.\n\n")
+    f.write("| bound | measured | completed | 503 | other errors | goodput (req/s) | "
+            "TTFT p50 (ms) | TTFT p99 (ms) | duration (s) |\n")
+    f.write("|---|---|---|---|---|---|---|---|---|\n")
+    f.write("\n".join(rows) + "\n")
+print(open(os.path.join(out, "ADMISSION.md")).read())
+EOF
