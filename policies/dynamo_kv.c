@@ -37,8 +37,8 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "base/kvr.h"
 #include "policy.h"
-#include "src/kvr.h"
 
 /* The parameters: X(name, default, min, max, integer), each a double member below. */
 #define DYN_PARAMS(X)                                                                              \

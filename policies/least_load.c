@@ -6,8 +6,8 @@
  */
 #include <stddef.h>
 
+#include "base/kvr.h"
 #include "policy.h"
-#include "src/kvr.h"
 
 typedef struct ll_s {
   kvr_policy_t super;

@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/kvr.h"
+#include "base/kvr.h"
 
 extern const kvr_policy_ops_t kvr__policy_round_robin;
 extern const kvr_policy_ops_t kvr__policy_least_load;

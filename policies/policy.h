@@ -19,6 +19,8 @@
 #ifndef KVR_POLICY_H
 #define KVR_POLICY_H
 
+#include "base/kvr.h"
+
 #include <cjson/cJSON.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -145,12 +147,9 @@ static inline bool kvr_policy_eligible(const kvr_worker_snap_t *w, size_t i, uin
   return w->usable && !(tried & (UINT64_C(1) << i));
 }
 
-/* splitmix64: the policies' seeded RNG (state advances on each call). */
+/* The policies' seeded RNG (base/kvr.h's splitmix64; state advances on each call). */
 static inline uint64_t kvr_policy_rand(uint64_t *state) {
-  uint64_t z = (*state += UINT64_C(0x9E3779B97F4A7C15));
-  z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-  z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-  return z ^ (z >> 31);
+  return kvr_splitmix64(state);
 }
 
 /* One numeric parameter of a policy (policy.c validates a params object against a table of them).

@@ -8,8 +8,8 @@
  */
 #include <stddef.h>
 
+#include "base/kvr.h"
 #include "policy.h"
-#include "src/kvr.h"
 
 typedef struct rr_s {
   kvr_policy_t super;

@@ -27,8 +27,8 @@
  */
 #include <stddef.h>
 
+#include "base/kvr.h"
 #include "policy.h"
-#include "src/kvr.h"
 
 /* The parameters: X(name, default, min, max, integer), each a double member below. */
 #define SG_PARAMS(X)                                                                               \

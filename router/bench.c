@@ -1,6 +1,6 @@
 /* bench.c -- `kvrouter bench` and `kvrouter bench routing`: option tables, signals and wiring.
  *
- * `kvrouter bench`: the option engine (src/cli.h) fills a kvr_runner_opts_t from the table below
+ * `kvrouter bench`: the option engine (src/base/cli.h) fills a kvr_runner_opts_t from the table below
  * (kvr_runner_opts_default() holds the defaults --help prints), kvr_runner_opts_check() applies the
  * rules between flags, then a kvr_runner_t (bench/loadgen/runner.h) runs the labels and levels on a
  * private uv loop and writes the report. SIGINT/SIGTERM stop the current level; the report of what
@@ -13,16 +13,16 @@
 #include "commands.h"
 #include "engine_options.h"
 
+#include "base/buf.h"
+#include "base/cli.h"
+#include "base/kvr.h"
+#include "base/log.h"
 #include "bench/loadgen/report.h"
 #include "bench/loadgen/runner.h"
 #include "bench/routing/route_bench.h"
 #include "bench/vcluster/study.h"
 #include "policies/policy.h"
-#include "src/buf.h"
-#include "src/cli.h"
-#include "src/kvr.h"
-#include "src/log.h"
-#include "src/prompt.h"
+#include "proto/prompt.h"
 
 #include <signal.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
  *
  * Each entry takes argv with argv[0] = the subcommand's name and returns the process exit status:
  * 0 on success, 2 on a bad command line, 1 on a run-time failure, 130 when interrupted. Every
- * subcommand parses through the one option engine (src/cli.h) over its own option table: -h,
+ * subcommand parses through the one option engine (src/base/cli.h) over its own option table: -h,
  * --help and --version print to stdout and return 0 wherever they stand; a bad flag or value is
  * one line on stderr, "kvrouter CMD: --flag: what is wrong", and 2. main.c's table is the only
  * caller, except that demo runs the bench in-process.

@@ -46,14 +46,14 @@
 
 #include "commands.h"
 
+#include "base/buf.h"
+#include "base/cli.h"
+#include "base/kvr.h"
+#include "base/log.h"
 #include "bench/demo/procs.h"
 #include "bench/loadgen/stats.h"
 #include "bench/vcluster/study.h"
 #include "policies/policy.h"
-#include "src/buf.h"
-#include "src/cli.h"
-#include "src/kvr.h"
-#include "src/log.h"
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>

@@ -2,13 +2,13 @@
  * runs one: `kvrouter sim` (over kvr_sim_server_opts_t.engine) and `kvrouter bench --virtual`
  * (over kvr_vcluster_opts_t.engine), so a virtual cluster takes exactly the flags a real sim does.
  *
- * KVR_ENGINE_CLI_ROWS(E) expands to option-engine rows (src/cli.h); E(field) must give the
+ * KVR_ENGINE_CLI_ROWS(E) expands to option-engine rows (src/base/cli.h); E(field) must give the
  * KVR_CLI_FIELD of kvr_sim_config_t's field inside the table's base struct.
  */
 #ifndef KVR_ENGINE_OPTIONS_H
 #define KVR_ENGINE_OPTIONS_H
 
-#include "src/cli.h"
+#include "base/cli.h"
 
 #define KVR_ENGINE_CLI_ROWS(E)                                                                      \
   {KVR_CLI_UINT,                                                                                    \

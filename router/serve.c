@@ -10,7 +10,7 @@
  * proxy and the admin API over them, listen on the public and admin addresses, run the loop. Log
  * lines, the access log's included, then leave once per loop iteration (log.h, batching).
  *
- * Reload on SIGHUP (src/reload.h): the settings are read again from the same command line (so from
+ * Reload on SIGHUP (src/serve/reload.h): the settings are read again from the same command line (so from
  * the --config file, flags still overriding it) and checked whole; a bad file logs one error line
  * and changes nothing. Otherwise policy, workers (new ones added, removed ones drained: their
  * requests finish; discovered ones stay), the discovery settings (kvr_discovery_apply()), timeouts,
@@ -28,19 +28,20 @@
 
 #include "commands.h"
 
-#include "src/admin.h"
-#include "src/config.h"
-#include "src/discovery.h"
-#include "src/http_server.h"
-#include "src/kv_feed.h"
-#include "src/kvr.h"
-#include "src/log.h"
-#include "src/peer_sync.h"
-#include "src/peers.h"
-#include "src/proxy.h"
-#include "src/reload.h"
-#include "src/router.h"
-#include "src/scrape.h"
+#include "base/kvr.h"
+#include "base/log.h"
+#include "core/config.h"
+#include "core/router.h"
+#include "net/http_server.h"
+#include "net/log_batch.h"
+#include "serve/admin.h"
+#include "serve/discovery.h"
+#include "serve/kv_feed.h"
+#include "serve/peer_sync.h"
+#include "serve/peers.h"
+#include "serve/proxy.h"
+#include "serve/reload.h"
+#include "serve/scrape.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -213,7 +214,7 @@ int kvr_serve_main(int argc, char **argv) {
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
     uv_signal_start(&s->sighup, on_sighup, SIGHUP);
-    kvr_log_batch_start(&s->loop); /* log lines leave once per loop iteration (log.h) */
+    kvr_log_batch_start(&s->loop); /* log lines leave once per loop iteration (net/log_batch.h) */
     KVR_INFO("serve",
              "kvrouter %s listening on %s (port %d), admin on %s (port %d), policy %s, "
              "%zu workers",

@@ -1,6 +1,6 @@
 /* sim.c -- `kvrouter sim`: the option table, signals and the loop around kvr_sim_server_t.
  *
- * The flags are one table of the option engine (src/cli.h) over sim_cli_t, which holds the
+ * The flags are one table of the option engine (src/base/cli.h) over sim_cli_t, which holds the
  * server's options (kvr_sim_server_opts_default() fills them, and --help prints those defaults),
  * the offline tools' options and the log level. After parsing: --print-costs and --calibrate run
  * the offline tools of bench/sim/sim_calibrate.h and return without listening; otherwise the
@@ -11,12 +11,12 @@
 #include "commands.h"
 #include "engine_options.h"
 
+#include "base/cli.h"
+#include "base/kvr.h"
+#include "base/log.h"
 #include "bench/sim/sim_calibrate.h"
 #include "bench/sim/sim_engine.h"
 #include "bench/sim/sim_server.h"
-#include "src/cli.h"
-#include "src/kvr.h"
-#include "src/log.h"
 
 #include <stddef.h>
 #include <stdio.h>

@@ -11,8 +11,8 @@
  */
 #include "procs.h"
 
-#include "src/curlm.h"
-#include "src/kvr.h"
+#include "base/kvr.h"
+#include "net/curlm.h"
 
 #include <arpa/inet.h>
 #include <curl/curl.h>

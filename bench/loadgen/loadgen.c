@@ -25,7 +25,7 @@
  *   timerfd (or tick): send every due arrival / eligible turn: the prepared req_t -> kvr_curlm_add;
  *         re-arm for the next arrival; prepare the request it will send (prepare_next)
  *   curl header cb: status, x-kvrouter-worker
- *   curl write cb: SSE lines (src/openai.h's splitter) -> "data:" payloads -> token chunks by a
+ *   curl write cb: SSE lines (src/proto/openai.h's splitter) -> "data:" payloads -> token chunks by a
  *                  scan (scan_token), anything else by cJSON and kvr_openai_chunk_read() ->
  *                  tokens, usage, errors
  *   curl done cb: finish record -> kvr_stats_level_add -> conversation's next turn becomes eligible
@@ -49,12 +49,12 @@
 #include "loadgen.h"
 #include "np_random.h"
 
-#include "src/buf.h"
-#include "src/curlm.h"
-#include "src/kvr.h"
-#include "src/list.h"
-#include "src/openai.h"
-#include "src/quantile.h"
+#include "base/buf.h"
+#include "base/kvr.h"
+#include "base/list.h"
+#include "base/quantile.h"
+#include "net/curlm.h"
+#include "proto/openai.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -523,7 +523,7 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *userdata) {
     return n;
   }
   /* Every event of one delivery arrived at the same instant. Lines complete in ptr are read in
-   * place; only a line cut by the end of the delivery is copied (see src/openai.c). */
+   * place; only a line cut by the end of the delivery is copied (see src/proto/openai.c). */
   feed_t f = {r, now_ns(r->lg)};
   kvr_openai_sse_feed(&r->sse, ptr, n, on_line, &f);
   /* The bound: a request fails when more than MAX_SSE_LINE bytes of an unfinished line are held
@@ -1157,7 +1157,7 @@ static size_t level_reset(kvr_loadgen_t *lg, double rate, unsigned concurrency,
   lg->sent = lg->done = lg->failed = lg->next_arrival = 0;
   lg->msent = lg->mdone = lg->nwarm = lg->ncool = lg->ncancel = 0;
   lg->halted = false;
-  /* p99 = s[lo] + (s[hi] - s[lo]) * frac over the n completed (src/quantile.h): it misses once
+  /* p99 = s[lo] + (s[hi] - s[lo]) * frac over the n completed (src/base/quantile.h): it misses once
    * n - lo values are at or over the SLO. n - lo grows with n, so n = measured is the safe count,
    * plus the failures the SLO tolerates (they could be the slow ones and drop out). */
   lg->stop_ttft_ms = lg->o.early_stop ? slo->ttft_p99_ms : 0;

@@ -2,7 +2,7 @@
  *
  * One kvr_loadgen_t drives one OpenAI-compatible endpoint (the router, one worker or a vLLM server)
  * with streaming chat or completions requests built by workload.h, and measures each one into a
- * kvr_req_rec_t (stats.h). Transfers go through kvr_curlm_t (src/curlm.h) on the caller's loop.
+ * kvr_req_rec_t (stats.h). Transfers go through kvr_curlm_t (src/net/curlm.h) on the caller's loop.
  *
  * Load modes of kvr_loadgen_run_level():
  *   rate > 0, !sessions   open loop: arrivals at `rate` req/s (gamma gaps, shape = burstiness;

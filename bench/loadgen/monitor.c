@@ -19,11 +19,11 @@
  */
 #include "monitor.h"
 
-#include "src/buf.h"
-#include "src/curlm.h"
-#include "src/kvr.h"
-#include "src/list.h"
-#include "src/metrics.h"
+#include "base/buf.h"
+#include "base/kvr.h"
+#include "base/list.h"
+#include "base/metrics.h"
+#include "net/curlm.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -19,8 +19,8 @@
  */
 #include "report_int.h"
 
-#include "src/kvr.h"
-#include "src/quantile.h"
+#include "base/kvr.h"
+#include "base/quantile.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -22,7 +22,7 @@
 #ifndef KVR_REPORT_H
 #define KVR_REPORT_H
 
-#include "src/buf.h"
+#include "base/buf.h"
 #include "stats.h"
 
 #include <stdbool.h>

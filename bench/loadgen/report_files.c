@@ -6,7 +6,7 @@
  */
 #include "report_int.h"
 
-#include "src/kvr.h"
+#include "base/kvr.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -16,7 +16,7 @@
  */
 #include "report.h"
 
-#include "src/kvr.h"
+#include "base/kvr.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -16,7 +16,7 @@
  */
 #include "report_int.h"
 
-#include "src/kvr.h"
+#include "base/kvr.h"
 
 #include <math.h>
 #include <stdio.h>

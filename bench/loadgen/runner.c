@@ -14,10 +14,10 @@
  */
 #include "runner.h"
 
+#include "base/buf.h"
+#include "base/kvr.h"
 #include "monitor.h"
 #include "report.h"
-#include "src/buf.h"
-#include "src/kvr.h"
 
 #include <cjson/cJSON.h>
 

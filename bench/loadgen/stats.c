@@ -1,6 +1,6 @@
 /* stats.c -- percentiles, per-level aggregation and SLO verdicts for `kvrouter bench`.
  *
- * Percentiles are src/quantile.h's (numpy's 'linear' method, as vllm reports them), the definition
+ * Percentiles are src/base/quantile.h's (numpy's 'linear' method, as vllm reports them), the definition
  * kvrouter's products share.
  *
  * Structs (see stats.h): kvr_level_t collects kvr_req_rec_t records and ITL samples while a level
@@ -18,8 +18,8 @@
  */
 #include "stats.h"
 
-#include "src/kvr.h"
-#include "src/quantile.h"
+#include "base/kvr.h"
+#include "base/quantile.h"
 
 #include <math.h>
 #include <stdio.h>

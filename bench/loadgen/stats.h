@@ -6,7 +6,7 @@
  *   TPOT  (E2E - TTFT) / (output_tokens - 1), per request with at least 2 output tokens
  *   E2E   request sent -> last token
  * Percentiles interpolate linearly between closest ranks (numpy's default, as vllm uses):
- * kvr_quantile() of src/quantile.h, the definition kvrouter's products share.
+ * kvr_quantile() of src/base/quantile.h, the definition kvrouter's products share.
  *
  * All durations in records and levels are in report time: real time multiplied by the time scale
  * (see bench/loadgen/README.md), except send lag, which measures the load generator itself and
@@ -157,7 +157,7 @@ void kvr_stats_level_add(kvr_level_t *lv, const kvr_req_rec_t *rec, const double
  * again after more records were added. */
 void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo);
 
-/* Fills d from values (sorted in place); percentiles by kvr_quantile() (src/quantile.h). */
+/* Fills d from values (sorted in place); percentiles by kvr_quantile() (src/base/quantile.h). */
 void kvr_stats_dist(double *values, size_t n, kvr_dist_t *d);
 /* Peak number of overlapping [start, end] intervals (ends before starts at equal times). */
 unsigned kvr_stats_max_overlap(const double *start, const double *end, size_t n);

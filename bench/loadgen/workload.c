@@ -17,7 +17,7 @@
  */
 #include "workload.h"
 
-#include "src/kvr.h"
+#include "base/kvr.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -34,10 +34,7 @@ void kvr_workload_rng_seed(kvr_rng_t *r, uint64_t seed) {
 }
 
 uint64_t kvr_workload_rng_u64(kvr_rng_t *r) {
-  uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+  return kvr_splitmix64(&r->s);
 }
 
 double kvr_workload_rng_unit(kvr_rng_t *r) {

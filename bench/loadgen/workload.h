@@ -29,7 +29,7 @@
 #ifndef KVR_WORKLOAD_H
 #define KVR_WORKLOAD_H
 
-#include "src/buf.h"
+#include "base/buf.h"
 
 #include <stdbool.h>
 #include <stddef.h>

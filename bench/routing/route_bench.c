@@ -19,7 +19,7 @@
  * capacity, give or take the last chain of the fill), the cost per new block; (5) growth: a second
  * index created unsized, as one is before the router learns its workers' capacities, filled with
  * the same --blocks blocks; its rehashes happen inside single inserts, so the longest insert is
- * about the stall a router would see on its loop if it did not size the index (src/router.c
+ * about the stall a router would see on its loop if it did not size the index (src/core/router.c
  * index_provision).
  *
  * Output: a Markdown table on stdout.
@@ -30,12 +30,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/buf.h"
+#include "base/kvr.h"
+#include "base/quantile.h"
+#include "core/cache_index.h"
 #include "policies/policy.h"
-#include "src/buf.h"
-#include "src/cache_index.h"
-#include "src/kvr.h"
-#include "src/prompt.h"
-#include "src/quantile.h"
+#include "proto/prompt.h"
 
 #define NPROMPTS 16
 #define FLUSH_BYTES (64u << 20)
@@ -51,7 +51,7 @@ static int cmp_u64(const void *a, const void *b) {
 }
 
 /* Percentile p (0..100) of the sorted series in microseconds, by the one definition every product
- * uses (src/quantile.h: numpy's linear interpolation). */
+ * uses (src/base/quantile.h: numpy's linear interpolation). */
 static double pct(const series_t *s, double p) {
   return kvr_quantile_u64(s->ns, s->n, p) / 1000.0;
 }

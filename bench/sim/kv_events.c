@@ -18,8 +18,8 @@
  */
 #include "kv_events.h"
 
-#include "src/kvr.h"
-#include "src/log.h"
+#include "base/kvr.h"
+#include "base/log.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>

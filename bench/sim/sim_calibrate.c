@@ -15,9 +15,9 @@
  */
 #include "sim_calibrate.h"
 
+#include "base/kvr.h"
+#include "base/quantile.h"
 #include "sim_tokens.h"
-#include "src/kvr.h"
-#include "src/quantile.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -150,7 +150,7 @@ typedef struct cal_s {
   double now, conc_area;
 } cal_t;
 
-/* Sorts v and returns its percentile p by the definition every product shares (src/quantile.h). */
+/* Sorts v and returns its percentile p by the definition every product shares (src/base/quantile.h). */
 static double pct(double *v, size_t n, double p) {
   kvr_quantile_sort(v, n);
   return kvr_quantile(v, n, p);

@@ -28,8 +28,8 @@
  */
 #include "sim_engine.h"
 
+#include "base/kvr.h"
 #include "sim_tokens.h"
-#include "src/kvr.h"
 
 #include <math.h>
 #include <stdio.h>

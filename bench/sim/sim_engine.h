@@ -19,7 +19,7 @@
  *     request is preempted (recompute): its blocks are freed and it goes back to the front of
  *     the waiting queue with its generated tokens, to be prefilled again (mostly from the
  *     prefix cache).
- *   - The waiting queue is one kvr_list_t (src/list.h) linked through kvr_sim_req_t.wnode, in the
+ *   - The waiting queue is one kvr_list_t (src/base/list.h) linked through kvr_sim_req_t.wnode, in the
  *     order vLLM's scheduler sees it: kvr_sim_engine_add() appends, a preempted request is put in
  *     front (of several preempted in one step, the earliest admitted ends up first), and admission
  *     takes the front request only, stopping at the first one that does not fit (no skipping).
@@ -49,7 +49,7 @@
 #ifndef KVR_SIM_ENGINE_H
 #define KVR_SIM_ENGINE_H
 
-#include "src/list.h"
+#include "base/list.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -36,13 +36,13 @@
  */
 #include "sim_server.h"
 
+#include "base/kvr.h"
+#include "base/list.h"
+#include "base/log.h"
+#include "base/metrics.h"
+#include "net/http_route.h"
+#include "net/http_server.h"
 #include "sim_tokens.h"
-#include "src/http_route.h"
-#include "src/http_server.h"
-#include "src/kvr.h"
-#include "src/list.h"
-#include "src/log.h"
-#include "src/metrics.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

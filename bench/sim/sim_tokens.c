@@ -12,7 +12,7 @@
  */
 #include "sim_tokens.h"
 
-#include "src/kvr.h"
+#include "base/kvr.h"
 
 #include <stdbool.h>
 #include <stdio.h>

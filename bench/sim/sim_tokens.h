@@ -20,7 +20,7 @@
 #ifndef KVR_SIM_TOKENS_H
 #define KVR_SIM_TOKENS_H
 
-#include "src/buf.h"
+#include "base/buf.h"
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>

@@ -12,9 +12,9 @@
  */
 #include "study.h"
 
+#include "base/kvr.h"
 #include "bench/vcluster/vcluster.h"
 #include "policies/policy.h"
-#include "src/kvr.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -15,8 +15,8 @@
 #ifndef KVR_STUDY_H
 #define KVR_STUDY_H
 
+#include "base/buf.h"
 #include "bench/loadgen/report.h"
-#include "src/buf.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -26,16 +26,16 @@
  */
 #include "vcluster.h"
 
+#include "base/kvr.h"
 #include "bench/sim/kv_events.h"
 #include "bench/sim/sim_server.h"
 #include "bench/sim/sim_tokens.h"
-#include "src/config.h"
-#include "src/kv_decode.h"
-#include "src/kvr.h"
-#include "src/openai.h"
-#include "src/prompt.h"
-#include "src/router.h"
-#include "src/tokenize.h"
+#include "core/config.h"
+#include "core/router.h"
+#include "proto/kv_decode.h"
+#include "proto/openai.h"
+#include "proto/prompt.h"
+#include "serve/tokenize.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -628,7 +628,7 @@ static void scrape(kvr_vcluster_t *vc) {
       continue;
     kvr_sim_stats_t st;
     kvr_sim_engine_stats(vc->w[i].eng, &st);
-    kvr_router_scrape_t m = {
+    kvr_vllm_metrics_t m = {
         .at_ms = vc->now / 1000000u,
         .num_requests_running = st.running,
         .num_requests_waiting = st.waiting,

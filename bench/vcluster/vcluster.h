@@ -5,7 +5,7 @@
  * What runs is the code of a real deployment, not a model of it:
  *   - the load generator (bench/loadgen/loadgen.c) with its virtual transport (loadgen.h): the same
  *     workload, arrivals, sessions, steady state, early stop and records as an HTTP run;
- *   - the router core (src/router.h) and policies: for each request kvr_openai_features() on the
+ *   - the router core (src/core/router.h) and policies: for each request kvr_openai_features() on the
  *     body, kvr_router_decide(), kvr_router_on_dispatch(), kvr_router_on_learn() of the prompt when
  *     the worker answers, kvr_router_on_token() per streamed token, kvr_router_on_usage() and the
  *     learning of the answer at the end, kvr_router_on_end(), and kvr_router_on_scrape() from each
@@ -32,8 +32,8 @@
 #include "bench/loadgen/loadgen.h"
 #include "bench/loadgen/stats.h"
 #include "bench/sim/sim_engine.h"
+#include "core/router.h"
 #include "policies/policy.h"
-#include "src/router.h"
 
 #include <cjson/cJSON.h>
 #include <stdbool.h>
@@ -62,7 +62,7 @@ typedef struct kvr_vcluster_opts_s {
   uint64_t seed;
   /* Precise mode (README "Precise mode"): every engine publishes its KV events, which reach the
    * router net_ms after the step that made them, encoded and decoded on vLLM's wire format
-   * (bench/sim/kv_events.h, src/kv_decode.h); requests are tokenized at the router (what the
+   * (bench/sim/kv_events.h, src/proto/kv_decode.h); requests are tokenized at the router (what the
    * worker's POST /tokenize answers) and take tokenize_ms more before they are forwarded. */
   bool kv_events;
   double tokenize_ms;

@@ -395,7 +395,7 @@ def test_serve_flags_exist():
 
 @test
 def test_admin_token_file_in_serve_help():
-    """The flag both deployments pass, and its JSON key, are the binary's own (src/config.c's
+    """The flag both deployments pass, and its JSON key, are the binary's own (src/core/config.c's
     option table), with the admin API's bearer token as what they mean."""
     help_text = serve_help()
     assert "--admin-token-file" in help_flags(help_text), "kvrouter serve has no --admin-token-file"
@@ -630,7 +630,7 @@ def test_dockerignore():
         assert ignored(path), "%s is sent to the daemon" % path
     # What the build stage needs must stay in the context.
     for path in ("CMakeLists.txt", "deploy/build.sh", "deploy/install-deps.sh",
-                 "deploy/config.example.json", "src/router.c", "router/serve.c",
+                 "deploy/config.example.json", "src/core/router.c", "router/serve.c",
                  "policies", "bench", "tests/CMakeLists.txt"):
         assert not ignored(path), "%s is excluded but the build needs it" % path
     for l in dockerfile_lines():

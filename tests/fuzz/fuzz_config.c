@@ -1,5 +1,5 @@
-/* fuzz_config.c -- libFuzzer target: a `kvrouter serve --config FILE.json` document (src/config.c
- * over the option engine src/cli.c) and the policy parameters it may carry, applied to every
+/* fuzz_config.c -- libFuzzer target: a `kvrouter serve --config FILE.json` document (src/core/config.c
+ * over the option engine src/base/cli.c) and the policy parameters it may carry, applied to every
  * policy of the registry (policies/policy.c kvr_policy_create, as --policy-params, the config's
  * "policy_params" and PUT /admin/policy's "params" all are).
  *
@@ -20,11 +20,11 @@
  */
 #include "fuzz_util.h"
 
+#include "base/buf.h"
+#include "base/kvr.h"
+#include "base/log.h"
+#include "core/config.h"
 #include "policies/policy.h"
-#include "src/buf.h"
-#include "src/config.h"
-#include "src/kvr.h"
-#include "src/log.h"
 
 #include <cjson/cJSON.h>
 

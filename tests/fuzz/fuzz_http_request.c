@@ -1,4 +1,4 @@
-/* fuzz_http_request.c -- libFuzzer target for the request parser (src/http_parse.c).
+/* fuzz_http_request.c -- libFuzzer target for the request parser (src/proto/http_parse.c).
  *
  * Each input is the bytes a client sends on one connection. They go through the parser the way
  * the listener feeds it (HEAD -> feed again, DONE -> take, REJECT -> stop) three times: whole, cut
@@ -16,12 +16,12 @@
  * Build by hand (the KVR_FUZZ CMake option does the same):
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -I. -I/usr/share/include/llhttp
  * \
- *     tests/fuzz/fuzz_http_request.c src/http_parse.c src/kvr.c src/buf.c \
+ *     tests/fuzz/fuzz_http_request.c src/proto/http_parse.c src/base/kvr.c src/base/buf.c \
  *     /usr/share/llhttp/api.c /usr/share/llhttp/http.c /usr/share/llhttp/llhttp.c -o
  * fuzz_http_request
  *   ./fuzz_http_request -max_total_time=60 tests/fuzz/corpus/http_request
  */
-#include "src/http_parse.h"
+#include "proto/http_parse.h"
 
 #include <stdbool.h>
 #include <stdint.h>

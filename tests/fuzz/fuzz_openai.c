@@ -1,5 +1,5 @@
-/* fuzz_openai.c -- libFuzzer target: an OpenAI request body -> routing features (src/openai.c's
- * kvr_openai_features over src/prompt.c), the path every proxied chat and completions request
+/* fuzz_openai.c -- libFuzzer target: an OpenAI request body -> routing features (src/proto/openai.c's
+ * kvr_openai_features over src/proto/prompt.c), the path every proxied chat and completions request
  * takes.
  *
  * The input is a request body, fed to both routes (chat: "messages", completions: "prompt") with
@@ -16,9 +16,9 @@
  */
 #include "fuzz_util.h"
 
-#include "src/kvr.h"
-#include "src/openai.h"
-#include "src/prompt.h"
+#include "base/kvr.h"
+#include "proto/openai.h"
+#include "proto/prompt.h"
 
 #include <cjson/cJSON.h>
 

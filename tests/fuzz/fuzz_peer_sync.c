@@ -1,4 +1,4 @@
-/* fuzz_peer_sync.c -- libFuzzer target: replica sync messages from the network (src/peer_sync.c)
+/* fuzz_peer_sync.c -- libFuzzer target: replica sync messages from the network (src/serve/peer_sync.c)
  * through the decoder and into a router's synced load, as a replica applies its peer's.
  *
  * The input is a sequence of messages, each a 2-byte big-endian length and that many bytes.
@@ -11,10 +11,10 @@
  */
 #include "fuzz_util.h"
 
-#include "src/config.h"
-#include "src/log.h"
-#include "src/peer_sync.h"
-#include "src/router.h"
+#include "base/log.h"
+#include "core/config.h"
+#include "core/router.h"
+#include "serve/peer_sync.h"
 
 static void check_roundtrip(const kvr_sync_msg_t *m) {
   void *buf = NULL;

@@ -1,5 +1,5 @@
 /* fuzz_prom.c -- libFuzzer target: the Prometheus text of a worker's /metrics page through the
- * scraper's reader (src/scrape.c kvr_scrape_parse over src/metrics.c's metric-line helpers): the
+ * scraper's reader (src/serve/scrape.c kvr_scrape_parse over src/base/metrics.c's metric-line helpers): the
  * vllm:num_requests_running / _waiting sums, the vllm:kv_cache_usage_perc mean and the labels of
  * vllm:cache_config_info (block_size, num_gpu_blocks).
  *
@@ -16,8 +16,8 @@
  */
 #include "fuzz_util.h"
 
-#include "src/kvr.h"
-#include "src/scrape.h"
+#include "base/kvr.h"
+#include "serve/scrape.h"
 
 #include <math.h>
 
@@ -26,7 +26,7 @@ static bool same_num(double a, double b) {
   return (isnan(a) && isnan(b)) || a == b;
 }
 
-static bool same(const kvr_router_scrape_t *a, const kvr_router_scrape_t *b) {
+static bool same(const kvr_vllm_metrics_t *a, const kvr_vllm_metrics_t *b) {
   return a->at_ms == b->at_ms && same_num(a->num_requests_running, b->num_requests_running) &&
          same_num(a->num_requests_waiting, b->num_requests_waiting) &&
          same_num(a->kv_cache_usage, b->kv_cache_usage) && a->num_gpu_blocks == b->num_gpu_blocks &&
@@ -36,14 +36,14 @@ static bool same(const kvr_router_scrape_t *a, const kvr_router_scrape_t *b) {
 /* kvr_scrape_parse on an exact-size heap copy of parts joined (so ASan sees a read past the end).
  */
 static int parse_joined(const char *a, size_t alen, const char *b, size_t blen,
-                        kvr_router_scrape_t *out) {
+                        kvr_vllm_metrics_t *out) {
   char *buf = malloc(alen + blen ? alen + blen : 1);
   FUZZ_CHECK(buf != NULL);
   if (alen)
     memcpy(buf, a, alen);
   if (blen)
     memcpy(buf + alen, b, blen);
-  int rc = kvr_scrape_parse(buf, alen + blen, 42, out);
+  int rc = kvr_vllm_parse_metrics(buf, alen + blen, 42, out);
   FUZZ_CHECK(rc == 0 || rc == KVR_EPARSE);
   if (rc == 0) {
     FUZZ_CHECK(out->at_ms == 42);
@@ -55,7 +55,7 @@ static int parse_joined(const char *a, size_t alen, const char *b, size_t blen,
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
   const char *page = (const char *)data;
-  kvr_router_scrape_t m, m2;
+  kvr_vllm_metrics_t m, m2;
   int rc = parse_joined(page, len, NULL, 0, &m);
   FUZZ_CHECK(parse_joined(page, len, NULL, 0, &m2) == rc);
   FUZZ_CHECK(rc != 0 || same(&m, &m2));

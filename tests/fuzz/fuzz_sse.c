@@ -1,5 +1,5 @@
 /* fuzz_sse.c -- libFuzzer target: a worker's streamed answer through the proxy's SSE path
- * (src/openai.c: kvr_openai_sse_feed -> kvr_openai_sse_data -> kvr_openai_chunk_read), fed in
+ * (src/proto/openai.c: kvr_openai_sse_feed -> kvr_openai_sse_data -> kvr_openai_chunk_read), fed in
  * chunkings derived from the input.
  *
  * The input is the response body of a worker. For each line bound (the proxy's 1 MiB and a small
@@ -10,22 +10,22 @@
  *   - the splitter delivers exactly the reference's lines, in order, whatever the split;
  *   - KVR_ELIMIT is reported (by some feed) exactly when the reference dropped a line or the tail
  *     is over the bound; the bytes held at the end are the reference's unfinished tail;
- *   - what the proxy reads from those lines (sse_line in src/proxy.c: answer text, token events,
+ *   - what the proxy reads from those lines (sse_line in src/serve/proxy.c: answer text, token events,
  *     the last usage, mid-stream error, [DONE]) is therefore the same for every split, and the
  *     reader's token counts are the saturated integer part of the JSON numbers.
  */
 #include "fuzz_util.h"
 
-#include "src/buf.h"
-#include "src/kvr.h"
-#include "src/openai.h"
+#include "base/buf.h"
+#include "base/kvr.h"
+#include "proto/openai.h"
 
 #include <cjson/cJSON.h>
 
-#define PROXY_LINE_MAX (1u << 20) /* src/proxy.c SSE_LINE_MAX */
+#define PROXY_LINE_MAX (1u << 20) /* src/serve/proxy.c SSE_LINE_MAX */
 #define SMALL_LINE_MAX 48
 
-/* What the proxy takes from a stream (src/proxy.c sse_line, take_text, take_usage). */
+/* What the proxy takes from a stream (src/serve/proxy.c sse_line, take_text, take_usage). */
 typedef struct summary_s {
   kvr_buf_t lines;  /* every delivered line as 8 bytes of length + the bytes */
   kvr_buf_t answer; /* concatenated answer text */

@@ -17,10 +17,10 @@
 
 #include "tests/test_util.h"
 
+#include "base/kvr.h"
+#include "core/cache_index.h"
 #include "policies/policy.h"
-#include "src/cache_index.h"
-#include "src/kvr.h"
-#include "src/prompt.h"
+#include "proto/prompt.h"
 
 static uint64_t rng_state = 1;
 static uint64_t rnd(void) {

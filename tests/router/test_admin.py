@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Integration tests of the admin API of `kvrouter serve` (src/admin.c), through real processes.
+"""Integration tests of the admin API of `kvrouter serve` (src/serve/admin.c), through real processes.
 
 Covers GET/POST /admin/workers, DELETE /admin/workers/{id} (drain: in-flight requests finish),
 GET/PUT /admin/policy, POST /admin/route/explain, POST /admin/reset_prefix_cache (fan-out to real
@@ -625,7 +625,7 @@ def test_metrics_process_build_worker_state_and_error_reasons():
 @test(timeout=20)
 def test_prefill_rate_measured_from_a_lone_stream():
     """The router learns a worker's prefill rate from the TTFT of a streamed request that found no
-    other prefill pending (src/prefill_clock.c), and shows it in /metrics and /admin/workers."""
+    other prefill pending (src/core/prefill_clock.c), and shows it in /metrics and /admin/workers."""
     with Cleanup() as c:
         sim = c.add(Sim(fixed=(200, 5)))
         r = c.add(Router([sim], *FAST, "--policy", "kv_aware"))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Integration tests of the `kvrouter serve` command line (src/config.c, router/serve.c).
+"""Integration tests of the `kvrouter serve` command line (src/core/config.c, router/serve.c).
 
 --help, bad flags and values (non-zero exit, one line naming the flag), --config JSON files (settings
 applied, flags override the file, a bad key named with its path), shutdown on SIGTERM/SIGINT (exit
@@ -9,7 +9,7 @@ flags (router/bench.c): --replay-order, --replay-dataset, --answer-mean/--answer
 bad values rejected before any request is sent; the model looked up and the policy switched
 through the bench's side channel (bench/loadgen/monitor.c), their failures one line and exit 1. And
 `kvrouter sim --help`: its defaults are the live ones (router/sim.c). Every subcommand (serve, sim,
-bench, bench routing, demo) parses through the one option engine (src/cli.c): -h, --help and
+bench, bench routing, demo) parses through the one option engine (src/base/cli.c): -h, --help and
 --version work on each, and a bad flag on each is one line "kvrouter CMD: --flag: what is wrong" and
 exit status 2.
 
@@ -465,7 +465,7 @@ def test_shutdown_grace_aborts_after_the_grace():
         cut_after = time.monotonic() - t["sig"]
         assert resp.status == 200, resp
         events = sse_events(resp.body)
-        # The stream ends early with the proxy's error event (src/proxy.c broken_stream()).
+        # The stream ends early with the proxy's error event (src/serve/proxy.c broken_stream()).
         assert token_events(events) < n, "the stream finished despite a 300 ms grace"
         assert "shutting down" in resp.body.decode(errors="replace"), events[-2:]
         assert cut_after < 2.5, "stream cut %.2f s after SIGTERM (grace 300 ms)" % cut_after

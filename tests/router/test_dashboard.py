@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The admin listener's live dashboard (GET /dashboard, src/dashboard.c + src/dashboard.html) in a
+"""The admin listener's live dashboard (GET /dashboard, src/serve/dashboard.c + src/serve/dashboard.html) in a
 real headless browser: Debian's Chromium driven through chromedriver by python3-selenium, against a
 real `kvrouter serve` with two `kvrouter sim` workers and an admin token that reads need too.
 

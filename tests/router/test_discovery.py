@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Integration tests of worker discovery from a DNS name (`kvrouter serve --discover`,
-src/discovery.c), through real processes on loopback.
+src/serve/discovery.c), through real processes on loopback.
 
 Covers: `localhost` discovered (127.0.0.1, and ::1 when /etc/hosts maps localhost to it too; else
 that part is skipped with the reason printed) with requests reaching each discovered sim; an IPv6
@@ -13,7 +13,7 @@ worker; SIGHUP adding and removing the discovery (the removed worker drains: its
 stream in flight finishes whole, then it is gone); bad --discover flags (one line, exit 2).
 
 Removal of an address from a live DNS answer is covered by the unit test of the diff
-(tests/src/test_discovery.c): changing what a name resolves to needs root-owned files here.
+(tests/src/serve/test_discovery.c): changing what a name resolves to needs root-owned files here.
 
 Run:  python3 tests/router/test_discovery.py --kvrouter build/kvrouter [-k substring] [-v]
 """

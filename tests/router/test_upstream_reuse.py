@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Integration tests of the router's reused upstream easy handles (src/proxy.c upstream_transfer,
+"""Integration tests of the router's reused upstream easy handles (src/serve/proxy.c upstream_transfer,
 upstream_method, transfer_release), through real processes.
 
 The router keeps finished transfers' curl easy handles in a pool and sets only each request's own

@@ -6,7 +6,7 @@ A default vLLM sends usage in non-streamed answers and in streams that ask for i
 --enable-prompt-tokens-details. The sim follows those defaults and flags; the router takes its
 actual cached tokens and token counts from the workers' scraped vLLM counters
 (vllm:prefix_cache_hits_total, vllm:prompt_tokens_total, vllm:generation_tokens_total) until
-their answers show the figures in usage (src/router.c, "Actual cached tokens and token counts").
+their answers show the figures in usage (src/core/router.c, "Actual cached tokens and token counts").
 
 - sim_usage_flags: without the flags, no prompt_tokens_details and no usage chunk in a stream
   that did not ask (continuous_usage_stats alone gives none either); with --enable-prompt-tokens-details the details are there (cached_tokens 0 on a

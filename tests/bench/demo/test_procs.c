@@ -8,8 +8,8 @@
 
 #include <cmocka.h>
 
+#include "base/kvr.h"
 #include "bench/demo/procs.h"
-#include "src/kvr.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -10,8 +10,8 @@
 
 #include "tests/test_util.h"
 
+#include "base/kvr.h"
 #include "bench/loadgen/loadgen.h"
-#include "src/kvr.h"
 
 /* opts with warmup sends, warmup_s seconds and num_prompts measured requests. */
 static kvr_loadgen_opts_t opts(unsigned warmup, double warmup_s, size_t num_prompts) {

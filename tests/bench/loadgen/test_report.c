@@ -8,9 +8,9 @@
 
 #include "tests/test_util.h"
 
+#include "base/kvr.h"
 #include "bench/loadgen/report.h"
 #include "bench/loadgen/stats.h"
-#include "src/kvr.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

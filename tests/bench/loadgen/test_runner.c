@@ -10,8 +10,8 @@
 
 #include "tests/test_util.h"
 
+#include "base/kvr.h"
 #include "bench/loadgen/runner.h"
-#include "src/kvr.h"
 
 #include <math.h>
 #include <string.h>

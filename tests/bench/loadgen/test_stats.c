@@ -8,9 +8,9 @@
 
 #include "tests/test_util.h"
 
+#include "base/kvr.h"
+#include "base/quantile.h"
 #include "bench/loadgen/stats.h"
-#include "src/kvr.h"
-#include "src/quantile.h"
 
 #include <math.h>
 #include <stdio.h>

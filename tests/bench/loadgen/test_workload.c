@@ -8,8 +8,8 @@
 
 #include "tests/test_util.h"
 
+#include "base/kvr.h"
 #include "bench/loadgen/workload.h"
-#include "src/kvr.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -1,6 +1,6 @@
 /* test_sim_calibrate.c -- the offline tools of `kvrouter sim`: the cost figures, and calibration
  * rows that are a pure function of (engine config, options, rate), with a golden row taken from
- * the command (percentiles by src/quantile.h). */
+ * the command (percentiles by src/base/quantile.h). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,9 +1,9 @@
 /* test_sim_engine.c -- the simulated vLLM engine: prefix-cache hit accounting, LRU eviction order
  * (tail blocks first), preemption by recompute, the per-step token budget with chunked prefill,
  * max_num_seqs, aborts, and the cost model's bookkeeping. */
+#include "base/kvr.h"
 #include "bench/sim/sim_engine.h"
 #include "bench/sim/sim_tokens.h"
-#include "src/kvr.h"
 
 #include <math.h>
 #include <setjmp.h>

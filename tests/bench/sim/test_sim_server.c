@@ -2,9 +2,9 @@
  * vLLM's defaults (max_tokens: the room left for chat, 16 for completions), the prompt shapes
  * (chat template and text with BOS first, token ids as they are), null fields ignored, and every
  * 400/404 in vLLM's words, checked in the order vLLM checks them. No server, no loop. */
+#include "base/buf.h"
 #include "bench/sim/sim_server.h"
 #include "bench/sim/sim_tokens.h"
-#include "src/buf.h"
 
 #include <setjmp.h>
 #include <stdarg.h>

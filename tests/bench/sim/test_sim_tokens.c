@@ -1,9 +1,9 @@
 /* test_sim_tokens.c -- the simulated worker's tokenizer: prefix stability, word/id agreement,
  * chat rendering, and the multi-turn property (turn 2 carries turn 1's prompt + answer verbatim, so
  * it shares every full block turn 1 cached) checked through the engine. */
+#include "base/kvr.h"
 #include "bench/sim/sim_engine.h"
 #include "bench/sim/sim_tokens.h"
-#include "src/kvr.h"
 
 #include <setjmp.h>
 #include <stdarg.h>

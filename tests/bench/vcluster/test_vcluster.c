@@ -26,16 +26,16 @@
 
 #include "tests/test_util.h"
 
+#include "base/buf.h"
+#include "base/kvr.h"
+#include "base/log.h"
+#include "base/quantile.h"
 #include "bench/loadgen/loadgen.h"
 #include "bench/loadgen/np_random.h"
 #include "bench/loadgen/stats.h"
 #include "bench/loadgen/workload.h"
 #include "bench/sim/sim_server.h"
 #include "bench/vcluster/vcluster.h"
-#include "src/buf.h"
-#include "src/kvr.h"
-#include "src/log.h"
-#include "src/quantile.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,0 +1,397 @@
+/* openai.c -- OpenAI API knowledge: routes, request features, SSE framing, response objects.
+ *
+ * What it owns: kvr_openai_sse_t, the one SSE line splitter of the code base (the proxy inspects
+ * the streams it relays with it; the load generator measures the streams it reads with it). The
+ * other functions are stateless readers and writers of the API's formats.
+ *
+ * The splitter. A response body arrives in chunks cut anywhere (curl delivers what one read
+ * returned). Lines that are complete inside a chunk are handed to the callback in place, without a
+ * copy; only a line cut by the chunk's end is copied into s->line, and the next feed appends to it
+ * up to its LF. So a stream costs one memchr per line plus a copy of at most one line per chunk.
+ *
+ *   feed(chunk): for each LF in chunk: line = s->line + the bytes before the LF (the bytes
+ *                alone when s->line is empty); strip one CR; cb(line); clear s->line.
+ *                Then the bytes after the last LF -> s->line.
+ *
+ * Invariants: s->line holds no LF; s->line.len <= max_line; while s->overflow is set s->line is
+ * empty and bytes are dropped up to the next LF, which clears it. The lines delivered depend only
+ * on the bytes fed, not on where the chunks were cut (tests/src/proto/test_openai.c feeds a stream at
+ * every split point and byte by byte).
+ *
+ * Response objects. kvr_openai_chunk_read() reports what a chunk or body says (answer text,
+ * reasoning text, usage, error) as views into the cJSON tree; whether a chunk counts as a token,
+ * where its text goes and how usage is accounted is decided by the caller (proxy.c, loadgen.c).
+ *
+ * Scratch parses. The proxy parses every SSE event it relays and every held answer only to read
+ * a few fields, then drops the tree; cJSON allocates each node and string (about 25 calls for a
+ * token event) and frees them all again. kvr_openai_parse_scratch() runs cJSON_ParseWithLength
+ * with its allocations served from a per-thread bump arena instead: cJSON's hooks (installed once,
+ * before main, by install_hooks) send allocations to the arena while a scratch parse runs on the
+ * thread and to malloc/free at any other time, so every other cJSON use is unchanged. The arena is
+ * reset by the next scratch parse: its trees are never freed one by one.
+ *
+ *   scratch_parse(s): reset arena (one chunk: used = 0; several, or over SCRATCH_KEEP: freed, and
+ *                     the next chunk sized to what they held) -> arena on -> cJSON parse -> off
+ *   hook_malloc(n):   arena on ? bump (a new chunk when the current one is full) : malloc(n)
+ *   hook_free(p):     arena on ? nothing (only a failed parse frees, its own nodes) : free(p)
+ */
+#include "proto/openai.h"
+
+#include "base/kvr.h"
+
+#include <pthread.h>
+#include <stdalign.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- scratch parses ----------------------------------------------------------------------------
+ */
+
+/* Under AddressSanitizer the arena's free bytes are poisoned, so that a read or write past a
+ * node or string it served is reported as it would be for a malloc'd one. */
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KVR_SCRATCH_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define KVR_SCRATCH_ASAN 1
+#endif
+#ifdef KVR_SCRATCH_ASAN
+#include <sanitizer/asan_interface.h>
+#define SCRATCH_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define SCRATCH_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define SCRATCH_POISON(p, n) ((void)(p), (void)(n))
+#define SCRATCH_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+#define SCRATCH_MIN (16u << 10) /* first chunk */
+#define SCRATCH_KEEP (1u << 20) /* bytes an idle arena may keep between parses */
+
+typedef struct scratch_chunk_s {
+  struct scratch_chunk_s *next; /* older chunks of the same parse */
+  size_t cap, used;
+  alignas(max_align_t) unsigned char data[];
+} scratch_chunk_t;
+
+static _Thread_local struct {
+  scratch_chunk_t *chunk; /* the current chunk, older ones behind it */
+  bool on;                /* a scratch parse is running on this thread */
+} scratch;
+
+/* A thread that parsed into its arena frees it when it ends (the study's worker threads): a key
+ * whose destructor runs at thread exit, set at the thread's first chunk. The main thread's arena
+ * stays reachable through its thread-local storage until the process ends. */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_thread_exit(void *unused) {
+  (void)unused;
+  kvr_openai_scratch_free();
+}
+
+static void scratch_key_create(void) {
+  (void)pthread_key_create(&scratch_key, scratch_thread_exit);
+}
+
+static void *hook_malloc(size_t n) {
+  if (!scratch.on)
+    return malloc(n);
+  size_t a = alignof(max_align_t);
+  size_t asked = n;
+  n = (n + a - 1) & ~(a - 1);
+  scratch_chunk_t *c = scratch.chunk;
+  if (c == NULL || c->cap - c->used < n) {
+    size_t cap = c ? 2 * c->cap : SCRATCH_MIN;
+    if (cap < n)
+      cap = n;
+    scratch_chunk_t *nc = malloc(sizeof *nc + cap);
+    if (nc == NULL)
+      return NULL;   /* cJSON fails the parse */
+    if (c == NULL) { /* this thread's first chunk: free the arena when the thread ends */
+      (void)pthread_once(&scratch_once, scratch_key_create);
+      (void)pthread_setspecific(scratch_key, &scratch);
+    }
+    nc->next = c;
+    nc->cap = cap;
+    nc->used = 0;
+    SCRATCH_POISON(nc->data, cap);
+    scratch.chunk = c = nc;
+  }
+  void *p = c->data + c->used;
+  c->used += n;
+  SCRATCH_UNPOISON(p, asked);
+  (void)asked;
+  return p;
+}
+
+static void hook_free(void *p) {
+  if (!scratch.on)
+    free(p);
+}
+
+/* cJSON's hooks are process-wide: installed once before main, so before any thread or tree. */
+__attribute__((constructor)) static void install_hooks(void) {
+  cJSON_Hooks h = {.malloc_fn = hook_malloc, .free_fn = hook_free};
+  cJSON_InitHooks(&h);
+}
+
+/* Empties the arena for the next parse: one chunk is kept as it is; several (the last parse
+ * outgrew the first) are replaced by one of their total size, up to SCRATCH_KEEP. */
+static void scratch_reset(void) {
+  scratch_chunk_t *c = scratch.chunk;
+  if (c == NULL)
+    return;
+  if (c->next == NULL && c->cap <= SCRATCH_KEEP) {
+    c->used = 0;
+    SCRATCH_POISON(c->data, c->cap);
+    return;
+  }
+  size_t total = 0;
+  while (c != NULL) {
+    scratch_chunk_t *next = c->next;
+    total += c->cap;
+    SCRATCH_UNPOISON(c->data, c->cap);
+    free(c);
+    c = next;
+  }
+  scratch.chunk = NULL;
+  if (total <= SCRATCH_KEEP) {
+    c = malloc(sizeof *c + total);
+    if (c != NULL) {
+      c->next = NULL;
+      c->cap = total;
+      c->used = 0;
+      SCRATCH_POISON(c->data, total);
+      scratch.chunk = c;
+    }
+  }
+}
+
+const cJSON *kvr_openai_parse_scratch(const char *s, size_t len) {
+  scratch_reset();
+  scratch.on = true;
+  cJSON *obj = cJSON_ParseWithLength(s, len);
+  scratch.on = false;
+  return obj;
+}
+
+void kvr_openai_scratch_free(void) {
+  scratch_chunk_t *c = scratch.chunk;
+  while (c != NULL) {
+    scratch_chunk_t *next = c->next;
+    SCRATCH_UNPOISON(c->data, c->cap);
+    free(c);
+    c = next;
+  }
+  scratch.chunk = NULL;
+}
+
+kvr_route_t kvr_openai_route(const char *path) {
+  if (strcmp(path, "/v1/chat/completions") == 0)
+    return KVR_ROUTE_CHAT;
+  if (strcmp(path, "/v1/completions") == 0)
+    return KVR_ROUTE_COMPLETIONS;
+  if (strcmp(path, "/v1/models") == 0)
+    return KVR_ROUTE_MODELS;
+  return KVR_ROUTE_OTHER;
+}
+
+int kvr_openai_features(const char *body, size_t len, kvr_route_t route, size_t block_chars,
+                        kvr_prompt_t *prompt, char *err, size_t errlen, const char **code) {
+  kvr_prompt_init(prompt);
+  if (len == 0) {
+    snprintf(err, errlen, "the request body must be a JSON object");
+    *code = "missing_body";
+    return KVR_EINVAL;
+  }
+  /* Read once, into the scratch arena: nothing of the tree outlives this call. */
+  const cJSON *json = kvr_openai_parse_scratch(body, len);
+  if (json == NULL || !cJSON_IsObject(json)) {
+    snprintf(err, errlen, "the request body is not a valid JSON object");
+    *code = "invalid_json";
+    return KVR_EINVAL;
+  }
+  int rc =
+      kvr_prompt_from_json(json, route == KVR_ROUTE_CHAT ? KVR_PROMPT_CHAT : KVR_PROMPT_COMPLETIONS,
+                           block_chars, prompt, err, errlen);
+  if (rc != 0) {
+    *code = prompt->err_code ? prompt->err_code : "invalid_value";
+    kvr_prompt_free(prompt);
+    return rc;
+  }
+  return 0;
+}
+
+/* ---- errors -----------------------------------------------------------------------------------
+ */
+
+void kvr_openai_error_body(kvr_buf_t *out, const char *message, const char *type,
+                           const char *code) {
+  kvr_buf_puts(out, "{\"error\":{\"message\":");
+  kvr_buf_json_str(out, message, strlen(message));
+  kvr_buf_puts(out, ",\"type\":");
+  kvr_buf_json_str(out, type, strlen(type));
+  kvr_buf_puts(out, ",\"param\":null,\"code\":");
+  if (code)
+    kvr_buf_json_str(out, code, strlen(code));
+  else
+    kvr_buf_puts(out, "null");
+  kvr_buf_puts(out, "}}\n");
+}
+
+void kvr_openai_stream_error_event(kvr_buf_t *out, const char *why) {
+  kvr_buf_t body = KVR_BUF_INIT, msg = KVR_BUF_INIT;
+  kvr_buf_printf(&msg, "upstream worker failed mid-stream: %s", why);
+  kvr_openai_error_body(&body, msg.data, "server_error", "upstream_stream_broken");
+  /* An event ends at a blank line, so the body's own newline goes. */
+  while (body.len && body.data[body.len - 1] == '\n')
+    body.len--;
+  kvr_buf_puts(out, "data: ");
+  kvr_buf_append(out, body.data, body.len);
+  kvr_buf_puts(out, "\n\ndata: [DONE]\n\n");
+  kvr_buf_free(&body);
+  kvr_buf_free(&msg);
+}
+
+/* ---- server-sent events -----------------------------------------------------------------------
+ */
+
+void kvr_openai_sse_init(kvr_openai_sse_t *s, size_t max_line) {
+  kvr_buf_init(&s->line);
+  s->max_line = max_line;
+  s->overflow = false;
+}
+
+size_t kvr_openai_sse_pending(const kvr_openai_sse_t *s) {
+  return s->line.len;
+}
+
+void kvr_openai_sse_reset(kvr_openai_sse_t *s) {
+  kvr_buf_reset(&s->line);
+  s->overflow = false;
+}
+
+void kvr_openai_sse_free(kvr_openai_sse_t *s) {
+  if (s == NULL)
+    return;
+  kvr_buf_free(&s->line);
+  s->overflow = false;
+}
+
+static void deliver(const char *line, size_t len, kvr_openai_sse_line_cb cb, void *cbdata) {
+  if (len && line[len - 1] == '\r')
+    len--;
+  cb(cbdata, line, len);
+}
+
+int kvr_openai_sse_feed(kvr_openai_sse_t *s, const char *data, size_t len,
+                        kvr_openai_sse_line_cb cb, void *cbdata) {
+  if (len == 0)
+    return 0;
+  int rc = 0;
+  const char *p = data, *end = data + len;
+  while (p < end) {
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
+    if (!s->overflow) {
+      if (s->line.len + n > s->max_line) {
+        s->overflow = true;
+        kvr_buf_reset(&s->line);
+        rc = KVR_ELIMIT;
+      } else if (nl && s->line.len == 0) {
+        deliver(p, n, cb, cbdata); /* whole line inside this chunk: no copy */
+      } else {
+        kvr_buf_append(&s->line, p, n);
+        if (nl)
+          deliver(s->line.data, s->line.len, cb, cbdata);
+      }
+    }
+    if (nl == NULL)
+      break;
+    kvr_buf_reset(&s->line);
+    s->overflow = false;
+    p = nl + 1;
+  }
+  return rc;
+}
+
+bool kvr_openai_sse_data(const char *line, size_t len, const char **payload, size_t *plen) {
+  if (len < 5 || memcmp(line, "data:", 5) != 0)
+    return false;
+  size_t off = 5;
+  while (off < len && line[off] == ' ')
+    off++;
+  *payload = line + off;
+  *plen = len - off;
+  return true;
+}
+
+bool kvr_openai_sse_done(const char *payload, size_t len) {
+  return len == 6 && memcmp(payload, "[DONE]", 6) == 0;
+}
+
+/* ---- response objects -------------------------------------------------------------------------
+ */
+
+/* A token count as an integer: fractions truncated, negatives 0, huge values saturated. */
+static uint64_t count(const cJSON *n) {
+  double v = n->valuedouble;
+  if (!(v > 0))
+    return 0;
+  return v >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)v;
+}
+
+static void read_text(const cJSON *obj, kvr_openai_chunk_t *out) {
+  const cJSON *choices = cJSON_GetObjectItemCaseSensitive(obj, "choices");
+  const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
+  if (!cJSON_IsObject(c0))
+    return;
+  const cJSON *t = NULL;
+  const cJSON *delta = cJSON_GetObjectItemCaseSensitive(c0, "delta");
+  const cJSON *d = cJSON_IsObject(delta) ? delta : cJSON_GetObjectItemCaseSensitive(c0, "message");
+  if (cJSON_IsObject(d))
+    t = cJSON_GetObjectItemCaseSensitive(d, "content");
+  if (!cJSON_IsString(t))
+    t = cJSON_GetObjectItemCaseSensitive(c0, "text");
+  if (cJSON_IsString(t) && t->valuestring[0] != '\0') {
+    out->text = t->valuestring;
+    out->text_len = strlen(t->valuestring);
+  }
+  const cJSON *r =
+      cJSON_IsObject(delta) ? cJSON_GetObjectItemCaseSensitive(delta, "reasoning_content") : NULL;
+  if (cJSON_IsString(r) && r->valuestring[0] != '\0') {
+    out->reasoning = r->valuestring;
+    out->reasoning_len = strlen(r->valuestring);
+  }
+}
+
+static void read_usage(const cJSON *obj, kvr_openai_chunk_t *out) {
+  const cJSON *usage = cJSON_GetObjectItemCaseSensitive(obj, "usage");
+  if (!cJSON_IsObject(usage))
+    return;
+  const cJSON *pt = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens");
+  const cJSON *ct = cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens");
+  const cJSON *det = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details");
+  const cJSON *cached =
+      cJSON_IsObject(det) ? cJSON_GetObjectItemCaseSensitive(det, "cached_tokens") : NULL;
+  if ((out->has_prompt_tokens = cJSON_IsNumber(pt)))
+    out->prompt_tokens = count(pt);
+  if ((out->has_cached_tokens = cJSON_IsNumber(cached)))
+    out->cached_tokens = count(cached);
+  if ((out->has_completion_tokens = cJSON_IsNumber(ct)))
+    out->completion_tokens = count(ct);
+}
+
+void kvr_openai_chunk_read(const cJSON *obj, kvr_openai_chunk_t *out) {
+  memset(out, 0, sizeof *out);
+  read_text(obj, out);
+  read_usage(obj, out);
+  out->error = cJSON_GetObjectItemCaseSensitive(obj, "error");
+  const cJSON *msg = cJSON_GetObjectItemCaseSensitive(out->error, "message");
+  if (cJSON_IsString(msg))
+    out->error_message = msg->valuestring;
+}

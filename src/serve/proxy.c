@@ -1,0 +1,1144 @@
+/* proxy.c -- forwards client requests to workers and streams the answers back.
+ *
+ * One px_t per proxied request. Its life:
+ *
+ *   client request (kvr_http_req_t, body complete)
+ *     -> validate route and JSON, extract prompt features (openai.c, prompt.c)
+ *     -> precise mode, when a usable worker's KV-event stream is complete: the prompt's token ids
+ *        from a worker's POST /tokenize (tokenize.c, cached) and their block chain into the
+ *        route request (see tokenize()); a failed call routes on the approximate index
+ *     -> admission bound, when on: waits in proxy->queue while every usable worker has
+ *        admission_max_inflight in flight, or 503 (see admit() and pump())
+ *     -> kvr_router_decide(): cache-index match + policy -> worker slot
+ *     -> attempt: a curl easy handle on the proxy's multi; load accounting begins on the worker
+ *          (kvr_router_on_dispatch fills px->acct with what it added)
+ *          header callback: status and headers collected (filtered by http_headers.c); first byte
+ *                           stops the first-byte timer
+ *          write callback:  SSE responses are written to the client as they arrive (one chunk per
+ *                           curl delivery, no buffering) and read line by line on the way
+ *                           (openai.c's splitter: tokens, usage); other bodies are held (bounded by
+ *                           response_buffer_max, then streamed) so a failure is still a clean 502
+ *          end of a 2xx head: the cache index learns the prompt (a 4xx/5xx teaches nothing)
+ *     -> transfer done: 2xx and complete -> finish the client response, teach the cache index the
+ *                       prompt plus the generated answer; the attempt's outlier verdict
+ *                       (kvr_router_on_result: a 5xx, a first-byte timeout or a failed transfer
+ *                       is a failure);
+ *                       failure before any response byte -> one retry on another worker (tried
+ *                       mask) if the retry budget allows (kvr_router_retry_acquire), then
+ *                       502; first-byte timeout -> 504; failure mid-stream -> an SSE error
+ *                       event and a clean end (SSE) or a truncated body (other)
+ *     -> load accounting ends (kvr_router_on_end removes exactly what px->acct says was added),
+ *        access-log line, px freed after its timer handle has closed.
+ * Every change of router or worker state goes through a kvr_router_on_* call (router.h).
+ *
+ * Back-pressure: when more than HIGH_WATER bytes wait on the client socket the write callback
+ * returns CURL_WRITEFUNC_PAUSE (the data is redelivered later) and the client's on_drain resumes
+ * the transfer with curl_easy_pause(CURLPAUSE_CONT), so a slow reader holds at most about
+ * HIGH_WATER + one curl buffer per request.
+ *
+ * Request ids: kvr_proxy_on_request() gives every request one (the client's x-request-id when it
+ * is sane, else 32 generated hex digits, kvr_http_request_id_assign()). http_server.c puts it on
+ * every response head the request gets (proxied answers, local answers, 4xx/5xx error bodies); it
+ * is sent to the worker as x-request-id (replacing the client's), the worker's own x-request-id
+ * response header is dropped (the client gets exactly one), and the access-log line carries it.
+ *
+ * Probes: GET/HEAD /health (readiness: a usable worker) and /livez (liveness: the loop runs) count
+ * in kvrouter_probe_requests_total only: not in kvrouter_requests_total, the duration histograms or
+ * the access log, so a probe every few seconds neither floods the log nor skews the figures.
+ *
+ * Client disconnect: the request's on_close cancels the transfer at once (curl closes the upstream
+ * connection, which makes vLLM abort the generation). on_close and timers run from the loop, never
+ * inside curl callbacks, so removing the easy handle there is allowed.
+ */
+#include "serve/proxy.h"
+
+#include "core/config.h"
+#include "serve/tokenize.h"
+
+#include "base/kvr.h"
+#include "base/list.h"
+#include "base/log.h"
+#include "net/http_route.h"
+#include "proto/http_headers.h"
+#include "proto/openai.h"
+
+#include <llhttp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define HIGH_WATER (256u * 1024u)
+#define ANSWER_MAX (1u << 20)   /* answer text kept for the cache index */
+#define SSE_LINE_MAX (1u << 20) /* longer SSE lines are passed through but not inspected */
+#define MAX_ATTEMPTS 2
+/* Idle configured easy handles kept for the next attempts (see upstream_transfer()). */
+#define EASY_POOL_MAX 256
+/* A /tokenize call not answered within this is given up: the request is routed approximately. */
+#define TOKENIZE_TIMEOUT_MS 5000
+
+typedef struct px_s px_t;
+
+struct kvr_proxy_s {
+  uv_loop_t *loop;    /* not owned; request timers */
+  kvr_curlm_t *curlm; /* not owned; upstream transfers */
+  kvr_router_t *r;
+  kvr_list_t pxs;             /* in-flight requests (px_t.node), newest first */
+  size_t active;              /* their number */
+  kvr_list_t queue;           /* admission queue (px_t.qnode), oldest first; see admit() */
+  bool pumping;               /* pump() is running (it may end requests, which call it again) */
+  uint64_t rid_state;         /* request-id generator (kvr_http_request_id_gen) */
+  kvr_tokenizer_t *tokenizer; /* precise mode's POST /tokenize calls and their cache */
+
+  /* Idle upstream easy handles with the options every attempt shares (upstream_transfer()). */
+  CURL *easy_pool[EASY_POOL_MAX];
+  size_t neasy_pool;
+  kvr_buf_t hdr_lines; /* upstream_headers()'s scratch: the lines, NUL after each */
+  size_t nhdr_lines;
+};
+
+typedef enum { TM_NONE, TM_FIRST_BYTE, TM_IDLE, TM_QUEUE } tm_kind_t;
+
+struct px_s {
+  kvr_proxy_t *proxy;
+  kvr_router_t *r;
+  kvr_list_t node;     /* in proxy->pxs from the first attempt until px_end() */
+  kvr_list_t qnode;    /* in proxy->queue while queued */
+  bool queued;         /* waiting for admission (no attempt yet) */
+  bool retrying;       /* holds one retry of the retry budget until px_end() */
+  kvr_http_req_t *req; /* NULL once finished */
+  kvr_prompt_t prompt;
+  bool has_prompt;
+  kvr_route_req_t rreq;
+  /* Precise mode: the prompt's token-block chain (rreq.kv_chain points here) and the tokenize
+   * call in flight before the decision. */
+  uint64_t *kv_chain;
+  uint32_t tok_block_size;
+  kvr_tokenize_op_t *tok_op;
+  bool tok_sync; /* inside kvr_tokenize(): a cache hit answers before it returns */
+  uint64_t tok_t0_ns;
+  /* Current attempt. */
+  const kvr_worker_t *w; /* valid while acct is open */
+  CURL *easy;
+  struct curl_slist *hdrs;
+  kvr_buf_t url;
+  bool transfer_active;
+  bool paused;
+  int attempts;
+  uint64_t tried;
+  kvr_req_error_t retried_error; /* why the attempt that was retried failed */
+  kvr_router_dispatch_t acct;    /* what the current attempt added to w; open while accounted */
+  /* Response. */
+  int status;
+  kvr_buf_t resp_headers; /* filtered "Name: value\r\n" lines for the client */
+  kvr_buf_t conn_tokens;  /* ",a,b," names listed in the response's Connection header */
+  bool got_byte;
+  bool sse;
+  bool head_req;  /* a HEAD request: the answer's Content-Length describes the GET body */
+  bool streaming; /* client response started and body bytes go straight through */
+  kvr_buf_t body; /* held non-SSE body */
+  kvr_openai_sse_t sse_lines; /* SSE line splitter (lines over SSE_LINE_MAX are not inspected) */
+  kvr_buf_t answer;
+  bool usage_seen;
+  kvr_router_usage_t usage; /* the last usage object of the answer */
+  kvr_route_t route;        /* for kvrouter_http_requests_total */
+  uint64_t last_token_ns;   /* the previous token event (TTFT, then inter-token latency) */
+  bool mid_stream_error;
+  /* Timing and outcome. */
+  uv_timer_t timer;
+  tm_kind_t tm;
+  uint64_t idle_from_ms;  /* loop time of the last upstream data (TM_IDLE counts from it) */
+  uint64_t idle_armed_ms; /* the idle timeout the running TM_IDLE timer was set for */
+  uint64_t t_start_ns, t_first_byte_ns;
+  uint64_t bytes_out;
+  const char *outcome;
+  int final_status;
+  char worker_label[16];
+};
+
+static void attempt(px_t *px);
+static void px_end(px_t *px);
+
+kvr_proxy_t *kvr_proxy_new(uv_loop_t *loop, kvr_router_t *r, kvr_curlm_t *curlm) {
+  kvr_proxy_t *p = kvr_xcalloc(1, sizeof *p);
+  p->loop = loop;
+  p->curlm = curlm;
+  p->r = r;
+  p->rid_state = kvr_random_seed();
+  kvr_list_init(&p->pxs);
+  kvr_list_init(&p->queue);
+  p->tokenizer =
+      kvr_tokenizer_new(curlm, r->cfg->tokenize_cache_entries, r->cfg->tokenize_prefix_coverage,
+                        r->cfg->connect_timeout_ms, TOKENIZE_TIMEOUT_MS);
+  return p;
+}
+
+void kvr_proxy_free(kvr_proxy_t *p) {
+  if (p) {
+    kvr_tokenizer_free(p->tokenizer);
+    while (p->neasy_pool > 0)
+      curl_easy_cleanup(p->easy_pool[--p->neasy_pool]);
+    kvr_buf_free(&p->hdr_lines);
+  }
+  free(p);
+}
+
+size_t kvr_proxy_active(const kvr_proxy_t *p) {
+  return p->active;
+}
+
+static void timer_set(px_t *px, tm_kind_t kind, uint64_t ms);
+
+/* The idle timeout counts again from now. Lazily: the running TM_IDLE timer is left alone (a
+ * stream's every event would otherwise stop and start it); when it fires early it re-arms for
+ * what is left (on_timer). */
+static void idle_restart(px_t *px) {
+  uint64_t idle = px->r->cfg->idle_timeout_ms;
+  px->idle_from_ms = uv_now(px->proxy->loop);
+  if (px->tm != TM_IDLE || idle < px->idle_armed_ms) { /* not running, or a reload shortened it */
+    timer_set(px, TM_IDLE, idle);
+    px->idle_armed_ms = idle;
+  }
+}
+
+/* ---- response side: curl callbacks
+ * --------------------------------------------------------------- */
+
+/* The header block the client gets: the worker's filtered headers, and which worker answered. */
+static void client_headers(const px_t *px, kvr_buf_t *h) {
+  kvr_buf_append(h, px->resp_headers.data, px->resp_headers.len);
+  if (px->r->cfg->worker_header && px->w)
+    kvr_buf_printf(h, "x-kvrouter-worker: %s\r\n", px->w->label);
+}
+
+static void start_client_response(px_t *px) {
+  kvr_buf_t h = KVR_BUF_INIT;
+  client_headers(px, &h);
+  kvr_http_start(px->req, px->status, h.data);
+  kvr_buf_free(&h);
+  px->streaming = true;
+}
+
+/* Learning from routing: a worker that accepted the request (a 2xx head: vLLM validates the
+ * request, context length and model included, before it answers one) will prefill the prompt and
+ * hold its blocks. Recorded at the end of that head, so a request in flight already attracts its
+ * followers (kv_aware's match); an attempt that failed to connect or was answered 4xx/5xx teaches
+ * the index nothing. The router caps what is learned at the worker's max_model_len. */
+static void learn_dispatch(px_t *px) {
+  if (px->has_prompt && px->w && px->status >= 200 && px->status < 300)
+    kvr_router_on_learn(px->r, &px->acct, px->prompt.blocks, px->prompt.nblocks);
+}
+
+/* True for a header line (with or without CRLF) named x-request-id. */
+static bool is_request_id_line(const char *line, size_t len) {
+  static const char name[] = "x-request-id";
+  size_t n = sizeof name - 1;
+  return len > n && strncasecmp(line, name, n) == 0 &&
+         (line[n] == ':' || line[n] == ';' || line[n] == ' ' || line[n] == '\t');
+}
+
+static size_t on_header(char *data, size_t size, size_t n, void *ud) {
+  px_t *px = ud;
+  size_t len = size * n;
+  if (!px->got_byte) {
+    /* The worker answered: it is reachable, and from now on a failure is not retried. The
+     * first-byte timer keeps running until the first body byte, because vLLM sends its SSE head
+     * before the request has been scheduled and prefilled. */
+    px->got_byte = true;
+    kvr_router_on_health(px->r, px->w->id, true);
+  }
+  if (len >= 5 && memcmp(data, "HTTP/", 5) == 0) {
+    /* Status line: a new response head (after a 1xx, or the first). */
+    const char *sp = memchr(data, ' ', len);
+    px->status = sp ? atoi(sp + 1) : 502;
+    kvr_buf_reset(&px->resp_headers);
+    kvr_buf_reset(&px->conn_tokens);
+    px->sse = false;
+    return len;
+  }
+  if (len <= 2) { /* blank line: end of a head */
+    if (px->status >= 200) {
+      kvr_http_headers_drop_named(&px->resp_headers, &px->conn_tokens);
+      learn_dispatch(px);
+    }
+    return len;
+  }
+  if (is_request_id_line(data, len))
+    return len; /* the client gets the router's x-request-id (the same id, sent upstream) */
+  if (kvr_http_headers_response_field(&px->resp_headers, &px->conn_tokens, data, len, px->head_req))
+    px->sse = true;
+  return len;
+}
+
+/* Keeps the usage figures of a response object (streaming chunk or whole body). */
+static void take_usage(px_t *px, const kvr_openai_chunk_t *c) {
+  if (c->has_prompt_tokens) {
+    px->usage_seen = true;
+    px->usage.prompt_tokens = c->prompt_tokens;
+    px->usage.has_details = c->has_cached_tokens;
+    px->usage.cached_tokens = c->has_cached_tokens ? c->cached_tokens : 0;
+    px->usage.completion_tokens = c->has_completion_tokens ? c->completion_tokens : 0;
+  }
+}
+
+/* A token event reached the client's stream: the first one's delay since the request arrived,
+ * then the gaps between them. */
+static void token_timing(px_t *px) {
+  uint64_t now = kvr_now_ns();
+  if (px->last_token_ns == 0)
+    kvr_router_observe_ttft(px->r, (double)(now - px->t_start_ns) / 1e9);
+  else
+    kvr_router_observe_itl(px->r, (double)(now - px->last_token_ns) / 1e9);
+  px->last_token_ns = now;
+}
+
+/* Appends the generated text of one choice; true if there was some (a token event). */
+static bool take_text(px_t *px, const kvr_openai_chunk_t *c) {
+  if (c->text == NULL)
+    return false;
+  if (px->answer.len + c->text_len <= ANSWER_MAX)
+    kvr_buf_append(&px->answer, c->text, c->text_len);
+  return true;
+}
+
+/* One complete SSE line (kvr_openai_sse_line_cb): "data: {...}" events carry tokens and, at the
+ * end, usage. */
+static void sse_line(void *data, const char *line, size_t len) {
+  px_t *px = data;
+  const char *p;
+  size_t plen;
+  if (!kvr_openai_sse_data(line, len, &p, &plen) || plen == 0 || *p != '{')
+    return;
+  const cJSON *obj = kvr_openai_parse_scratch(p, plen); /* no per-node allocation; not deleted */
+  if (obj == NULL)
+    return;
+  kvr_openai_chunk_t c;
+  kvr_openai_chunk_read(obj, &c);
+  if (take_text(px, &c)) {
+    kvr_router_on_token(px->r, &px->acct); /* the first one also ends the prefill */
+    token_timing(px);
+  }
+  take_usage(px, &c);
+  if (c.error)
+    px->mid_stream_error = true;
+}
+
+static size_t on_body(char *data, size_t size, size_t n, void *ud) {
+  px_t *px = ud;
+  size_t len = size * n;
+  if (px->req == NULL || px->req->closed)
+    return 0; /* the client is gone: abort (curl reports a write error) */
+  if (px->streaming && kvr_http_pending(px->req) > HIGH_WATER) {
+    /* Not consumed: curl delivers it again after unpausing. The idle timer stops meanwhile: the
+     * worker is not silent, the client is slow. */
+    px->paused = true;
+    timer_set(px, TM_NONE, 0);
+    return CURL_WRITEFUNC_PAUSE;
+  }
+  if (px->t_first_byte_ns == 0) {
+    px->t_first_byte_ns = kvr_now_ns();
+    kvr_router_observe_ttfb(px->r, (double)(px->t_first_byte_ns - px->t_start_ns) / 1e9);
+  }
+  idle_restart(px);
+  if (px->sse) {
+    if (!px->streaming)
+      start_client_response(px);
+    kvr_openai_sse_feed(&px->sse_lines, data, len, sse_line, px);
+    kvr_http_write(px->req, data, len);
+    px->bytes_out += len;
+    return len;
+  }
+  if (px->streaming) {
+    kvr_http_write(px->req, data, len);
+    px->bytes_out += len;
+    return len;
+  }
+  kvr_buf_append(&px->body, data, len);
+  if (px->body.len > px->r->cfg->response_buffer_max) {
+    /* Too large to hold: stream from here on (a later failure shows as a truncated body). */
+    start_client_response(px);
+    kvr_http_write(px->req, px->body.data, px->body.len);
+    px->bytes_out += px->body.len;
+    kvr_buf_free(&px->body);
+  }
+  return len;
+}
+
+static void on_client_drain(kvr_http_req_t *req) {
+  px_t *px = req->data;
+  if (px && px->paused && px->transfer_active) {
+    px->paused = false;
+    idle_restart(px);
+    curl_easy_pause(px->easy, CURLPAUSE_CONT);
+  }
+}
+
+/* ---- ending
+ * -------------------------------------------------------------------------------------- */
+
+static void account_end(px_t *px) {
+  if (!px->acct.open)
+    return;
+  px->w = NULL; /* the worker may be freed now if it was draining */
+  kvr_router_on_end(px->r, &px->acct);
+}
+
+/* Ends the attempt's transfer. Its easy handle, out of the multi now, goes back to the proxy's
+ * pool without the pointers into px and its request, unless the transfer was cancelled while paused
+ * (curl may still hold the paused data) or the pool is full. */
+static void transfer_release(px_t *px) {
+  if (px->easy) {
+    kvr_proxy_t *p = px->proxy;
+    if (px->transfer_active)
+      kvr_curlm_cancel(p->curlm, px->easy);
+    if (!px->paused && p->neasy_pool < EASY_POOL_MAX) {
+      curl_easy_setopt(px->easy, CURLOPT_HTTPHEADER, NULL);
+      curl_easy_setopt(px->easy, CURLOPT_POSTFIELDS, NULL);
+      curl_easy_setopt(px->easy, CURLOPT_WRITEDATA, NULL);
+      curl_easy_setopt(px->easy, CURLOPT_HEADERDATA, NULL);
+      p->easy_pool[p->neasy_pool++] = px->easy;
+    } else {
+      curl_easy_cleanup(px->easy);
+    }
+    px->easy = NULL;
+  }
+  free(px->hdrs); /* one block: upstream_headers() */
+  px->hdrs = NULL;
+  px->transfer_active = false;
+  px->paused = false;
+}
+
+static void on_timer_closed(uv_handle_t *h) {
+  px_t *px = h->data;
+  kvr_prompt_free(&px->prompt);
+  free(px->kv_chain);
+  kvr_buf_free(&px->resp_headers);
+  kvr_buf_free(&px->body);
+  kvr_openai_sse_free(&px->sse_lines);
+  kvr_buf_free(&px->answer);
+  kvr_buf_free(&px->url);
+  kvr_buf_free(&px->conn_tokens);
+  free(px);
+}
+
+static void access_log(px_t *px, const kvr_http_req_t *req) {
+  if (!px->r->cfg->access_log)
+    return;
+  uint64_t now = kvr_now_ns();
+  double total = (double)(now - px->t_start_ns) / 1e6;
+  double ttfb = px->t_first_byte_ns ? (double)(px->t_first_byte_ns - px->t_start_ns) / 1e6 : -1;
+  kvr_log(KVR_LOG_INFO, "access",
+          "method=%s path=%s status=%d worker=%s policy=%s bytes=%llu ttfb_ms=%.1f total_ms=%.1f "
+          "attempts=%d outcome=%s client=%s request_id=%s",
+          req->method_str, req->path, px->final_status,
+          px->worker_label[0] ? px->worker_label : "-", kvr_policy_name(px->r->policy),
+          (unsigned long long)px->bytes_out, ttfb, total, px->attempts,
+          px->outcome ? px->outcome : "ok", req->peer, req->request_id[0] ? req->request_id : "-");
+}
+
+/* Hands the client request back from px (which must not touch it again), writing the access-log
+ * line and the duration sample for the status about to be sent. */
+static kvr_http_req_t *detach(px_t *px, int status) {
+  kvr_http_req_t *req = px->req;
+  px->req = NULL;
+  req->data = NULL;
+  req->on_close = NULL;
+  req->on_drain = NULL;
+  px->final_status = status;
+  access_log(px, req);
+  kvr_router_observe_duration(px->r, (double)(kvr_now_ns() - px->t_start_ns) / 1e9);
+  kvr_router_on_response(px->r, status, px->route, px->worker_label);
+  return req;
+}
+
+static void pump(kvr_proxy_t *p);
+
+/* Takes px out of the admission queue (it is admitted, expired or gone). */
+static void unqueue(px_t *px) {
+  if (!px->queued)
+    return;
+  px->queued = false;
+  kvr_list_remove(&px->qnode);
+  kvr_router_on_dequeued(px->r);
+}
+
+/* Ends the client side (if still held) and frees px once its timer has closed. */
+static void px_end(px_t *px) {
+  kvr_tokenize_cancel(px->tok_op);
+  px->tok_op = NULL;
+  transfer_release(px);
+  account_end(px);
+  unqueue(px);
+  if (px->retrying)
+    kvr_router_retry_release(px->r);
+  px->retrying = false;
+  /* 499 (nginx's "client closed request") keeps client aborts out of 5xx counts in the log. */
+  if (px->req)
+    kvr_http_finish(detach(px, px->req->closed ? 499 : px->req->status ? px->req->status : 500));
+  kvr_list_remove(&px->node);
+  px->proxy->active--;
+  uv_close((uv_handle_t *)&px->timer, on_timer_closed);
+  pump(px->proxy); /* a worker may have room now */
+}
+
+static void fail(px_t *px, int status, const char *code, const char *outcome, const char *fmt,
+                 const char *detail) {
+  kvr_router_t *r = px->r;
+  px->outcome = outcome;
+  if (status == 502 || status == 504)
+    kvr_router_on_upstream_failure(r);
+  if (px->req && !px->req->started) {
+    char extra[64] = "";
+    if (status == 503)
+      snprintf(extra, sizeof extra, "Retry-After: %llu\r\n",
+               (unsigned long long)r->cfg->retry_after_s);
+    kvr_http_error_h(detach(px, status), status, extra, NULL, code, fmt, detail);
+  }
+}
+
+/* Client-visible end of a response whose transfer broke after the client response started. */
+static void broken_stream(px_t *px, const char *why) {
+  if (px->sse) {
+    /* vLLM's own shape for an error inside a stream: an error event, then [DONE]. */
+    kvr_buf_t ev = KVR_BUF_INIT;
+    kvr_openai_stream_error_event(&ev, why);
+    kvr_http_write(px->req, ev.data, ev.len);
+    kvr_buf_free(&ev);
+  } else {
+    /* No way to signal an error inside a plain body: close without the final chunk so the client
+     * sees a truncated message rather than a complete one. */
+    kvr_http_abort(detach(px, px->req->status));
+  }
+}
+
+static bool retryable(CURLcode rc) {
+  return rc == CURLE_COULDNT_CONNECT || rc == CURLE_GOT_NOTHING || rc == CURLE_RECV_ERROR ||
+         rc == CURLE_SEND_ERROR || rc == CURLE_OPERATION_TIMEDOUT ||
+         rc == CURLE_COULDNT_RESOLVE_HOST;
+}
+
+/* Records what the response taught: the worker now holds prompt + answer; usage vs prediction. */
+static void learn(px_t *px) {
+  const kvr_worker_t *w = px->w;
+  if (!px->has_prompt || w == NULL)
+    return;
+  bool ok = px->status >= 200 && px->status < 300 && !px->mid_stream_error;
+  if (px->usage_seen)
+    kvr_router_on_usage(px->r, &px->acct, &px->usage);
+  else if (ok)
+    kvr_router_on_usage(px->r, &px->acct, NULL); /* a stream that did not ask for usage */
+  if (px->answer.len && ok) {
+    kvr_prompt_extend_answer(&px->prompt, px->answer.data, px->answer.len);
+    kvr_router_on_learn(px->r, &px->acct, px->prompt.blocks, px->prompt.nblocks);
+  }
+}
+
+/* Usage and answer text of a held (non-SSE) body, for learning. */
+static void read_held_body(px_t *px) {
+  const cJSON *obj = kvr_openai_parse_scratch(px->body.data, px->body.len); /* not deleted */
+  if (obj == NULL)
+    return;
+  kvr_openai_chunk_t c;
+  kvr_openai_chunk_read(obj, &c);
+  take_text(px, &c);
+  take_usage(px, &c);
+}
+
+/* The transfer completed: learn from it and finish the client's response. */
+static void transfer_succeeded(px_t *px) {
+  kvr_router_t *r = px->r;
+  if (!px->sse && px->body.len && px->has_prompt)
+    read_held_body(px);
+  if (px->status >= 500) {
+    kvr_router_on_worker_error(r, &px->acct);
+    kvr_router_on_request_error(r, KVR_REQ_ERROR_UPSTREAM_5XX);
+  }
+  kvr_router_on_result(r, &px->acct, px->status < 500);
+  learn(px);
+  if (!px->streaming) {
+    kvr_buf_t h = KVR_BUF_INIT;
+    client_headers(px, &h);
+    px->bytes_out = px->body.len;
+    kvr_http_respond(detach(px, px->status), px->status, NULL, h.data, px->body.data, px->body.len);
+    kvr_buf_free(&h);
+  }
+  if (px->mid_stream_error)
+    px->outcome = "worker_stream_error";
+  px_end(px);
+}
+
+/* "Never connected": refused, unresolvable, or a connect timeout (curl reports that as
+ * CURLE_OPERATION_TIMEDOUT with no connect time). Safe to retry, and counts towards DOWN. */
+static bool never_connected(const px_t *px, CURL *easy, CURLcode rc) {
+  curl_off_t connect_us = 0;
+  curl_easy_getinfo(easy, CURLINFO_CONNECT_TIME_T, &connect_us);
+  return !px->got_byte && (rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_HOST ||
+                           (rc == CURLE_OPERATION_TIMEDOUT && connect_us == 0));
+}
+
+/* The retry budget: the first retry of px takes one retry slot until px ends. */
+static bool retry_allowed(px_t *px) {
+  if (px->retrying)
+    return true;
+  if (!kvr_router_retry_acquire(px->r, px->proxy->active)) {
+    KVR_WARN("proxy", "retry refused by the retry budget (%llu retries in flight)",
+             (unsigned long long)px->r->retries_inflight);
+    return false;
+  }
+  px->retrying = true;
+  return true;
+}
+
+/* The transfer failed while the client is still there. */
+static void transfer_failed(px_t *px, CURL *easy, CURLcode rc) {
+  kvr_router_t *r = px->r;
+  const char *why = curl_easy_strerror(rc);
+  const kvr_worker_t *w = px->w;
+  if (w)
+    kvr_router_on_worker_error(r, &px->acct);
+  bool unreached = never_connected(px, easy, rc);
+  if (w && unreached)
+    kvr_router_on_health(r, w->id, false);
+  kvr_router_on_result(r, &px->acct, false);
+  w = px->w; /* still valid: the record is open */
+  /* A failure after connecting but before any response byte is retried too (the worker never
+   * answered), except a timeout, which would double the wait. */
+  bool can_retry =
+      !px->got_byte && (unreached || (retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT));
+  /* Before any response byte the worker was not reached or dropped the connection unanswered. */
+  kvr_req_error_t reason = px->got_byte ? KVR_REQ_ERROR_BROKEN_STREAM : KVR_REQ_ERROR_CONNECT;
+  if (can_retry && px->attempts < MAX_ATTEMPTS && retry_allowed(px)) {
+    px->retried_error = reason;
+    KVR_WARN("proxy", "worker %s failed before responding (%s); retrying elsewhere",
+             w ? w->label : "-", why);
+    if (w)
+      kvr_router_on_retry(r, &px->acct);
+    transfer_release(px);
+    account_end(px);
+    attempt(px);
+    return;
+  }
+  if (can_retry)
+    kvr_router_on_retries_exhausted(r);
+  kvr_router_on_request_error(r, reason);
+  if (!px->streaming) {
+    fail(px, 502, "upstream_error", "worker_failed", "upstream worker failed: %s", why);
+  } else {
+    px->outcome = "broken_stream";
+    kvr_router_on_upstream_failure(r);
+    broken_stream(px, why);
+  }
+  px_end(px);
+}
+
+static void on_done(CURL *easy, CURLcode rc, void *data) {
+  px_t *px = data;
+  px->transfer_active = false;
+  timer_set(px, TM_NONE, 0);
+  if (rc == CURLE_OK) {
+    transfer_succeeded(px);
+  } else if (px->req == NULL || px->req->closed) {
+    /* A client that went away is not the worker's fault. */
+    px->outcome = "client_closed";
+    kvr_router_on_client_abort(px->r);
+    px_end(px);
+  } else {
+    transfer_failed(px, easy, rc);
+  }
+}
+
+/* ---- admission bound
+ * -----------------------------------------------------------------------------
+ *
+ * Off unless admission_max_inflight > 0. A new request goes straight to attempt() while some
+ * usable worker has fewer than max_inflight requests in flight and nobody is queued; otherwise it
+ * waits in proxy->queue (FIFO, at most admission_queue_limit) with a TM_QUEUE timer of
+ * admission_max_wait_ms. Whenever a request ends, pump() admits queued requests from the head
+ * while a worker has room. A full queue or an expired wait answers 503 with Retry-After; a client
+ * that goes away while queued is taken out by px_end() (on_client_close). Retries skip the bound:
+ * their request was admitted already and its slot on the failed worker is free again.
+ */
+
+static void attempt(px_t *px);
+
+static void reject_overloaded(px_t *px, kvr_admission_reject_t why) {
+  unqueue(px);
+  kvr_router_on_admission_reject(px->r, why);
+  kvr_router_on_request_error(px->r, KVR_REQ_ERROR_OVERLOADED);
+  fail(px, 503, "server_overloaded", why == KVR_ADMISSION_TIMEOUT ? "queue_timeout" : "queue_full",
+       "%s",
+       why == KVR_ADMISSION_TIMEOUT
+           ? "the server is overloaded: the request waited too long for a worker; retry later"
+           : "the server is overloaded: too many requests are waiting; retry later");
+  px_end(px);
+}
+
+/* A new request: attempted now, queued, or refused with 503 when the queue is full. */
+static void admit(px_t *px) {
+  kvr_proxy_t *p = px->proxy;
+  kvr_router_t *r = px->r;
+  if (r->cfg->admission_max_inflight == 0 ||
+      (kvr_list_empty(&p->queue) && !kvr_router_admission_blocked(r, 0))) {
+    attempt(px);
+    return;
+  }
+  if (r->admission_queue_depth >= r->cfg->admission_queue_limit) {
+    reject_overloaded(px, KVR_ADMISSION_QUEUE_FULL);
+    return;
+  }
+  px->queued = true;
+  kvr_list_insert_tail(&p->queue, &px->qnode);
+  kvr_router_on_queued(r);
+  timer_set(px, TM_QUEUE, r->cfg->admission_max_wait_ms);
+}
+
+/* Admits queued requests, oldest first, while a worker has room. */
+static void pump(kvr_proxy_t *p) {
+  if (p->pumping)
+    return;
+  p->pumping = true;
+  while (!kvr_list_empty(&p->queue) && !kvr_router_admission_blocked(p->r, 0)) {
+    px_t *px = KVR_CONTAINER_OF(p->queue.next, px_t, qnode);
+    unqueue(px);
+    timer_set(px, TM_NONE, 0);
+    attempt(px);
+  }
+  p->pumping = false;
+}
+
+/* ---- timers -------------------------------------------------------------------------------------
+ */
+
+static void on_timer(uv_timer_t *t) {
+  px_t *px = t->data;
+  tm_kind_t kind = px->tm;
+  if (kind == TM_IDLE) {
+    uint64_t idle = px->r->cfg->idle_timeout_ms,
+             silent = uv_now(px->proxy->loop) - px->idle_from_ms;
+    if (silent < idle) { /* data came since the timer was set: wait for what is left */
+      uv_timer_start(&px->timer, on_timer, idle - silent, 0);
+      px->idle_armed_ms = idle;
+      return;
+    }
+  }
+  px->tm = TM_NONE;
+  if (kind == TM_QUEUE) {
+    if (px->queued)
+      reject_overloaded(px, KVR_ADMISSION_TIMEOUT);
+    return;
+  }
+  if (!px->transfer_active)
+    return;
+  /* Outside curl callbacks: the handle may be removed here. */
+  kvr_curlm_cancel(px->proxy->curlm, px->easy);
+  px->transfer_active = false;
+  if (px->w)
+    kvr_router_on_worker_error(px->r, &px->acct);
+  if (kind == TM_FIRST_BYTE && !px->got_byte && px->w)
+    kvr_router_on_health(px->r, px->w->id, false); /* accepted but never answered */
+  if (kind == TM_FIRST_BYTE)
+    kvr_router_on_result(px->r, &px->acct, false);
+  kvr_router_on_request_error(px->r, kind == TM_FIRST_BYTE ? KVR_REQ_ERROR_FIRST_BYTE_TIMEOUT
+                                                           : KVR_REQ_ERROR_IDLE_TIMEOUT);
+  if (!px->streaming) {
+    fail(px, 504, "upstream_timeout", "worker_timeout", "%s",
+         kind == TM_FIRST_BYTE ? "upstream worker did not start responding in time"
+                               : "upstream worker stalled while responding");
+  } else {
+    kvr_router_on_upstream_failure(px->r);
+    px->outcome = "stream_idle_timeout";
+    broken_stream(px, "no data within the idle timeout");
+  }
+  px_end(px);
+}
+
+static void timer_set(px_t *px, tm_kind_t kind, uint64_t ms) {
+  px->tm = kind;
+  if (kind == TM_NONE)
+    uv_timer_stop(&px->timer);
+  else
+    uv_timer_start(&px->timer, on_timer, ms, 0);
+}
+
+static void on_client_close(kvr_http_req_t *req) {
+  px_t *px = req->data;
+  if (px == NULL)
+    return;
+  kvr_router_on_client_abort(px->r);
+  px->outcome = "client_closed";
+  /* Cancelling closes the upstream connection at once, so the worker aborts the generation. */
+  timer_set(px, TM_NONE, 0);
+  px_end(px);
+}
+
+/* ---- request side ------------------------------------------------------------------------------
+ */
+
+static void add_upstream_line(kvr_proxy_t *p, const char *line) {
+  kvr_buf_append(&p->hdr_lines, line, strlen(line) + 1);
+  p->nhdr_lines++;
+}
+
+static void on_upstream_line(void *data, const char *line) {
+  if (is_request_id_line(line, strlen(line)))
+    return; /* replaced by the request's id below */
+  add_upstream_line(data, line);
+}
+
+/* The header lines for the worker as one curl_slist in a single allocation (the nodes, then the
+ * text they point into), freed with free() by transfer_release(): curl only reads the list, and a
+ * node and a copy per line (curl_slist_append) were two allocations per line per request. */
+static struct curl_slist *upstream_headers(kvr_proxy_t *p, const kvr_http_req_t *req) {
+  kvr_buf_reset(&p->hdr_lines);
+  p->nhdr_lines = 0;
+  kvr_http_headers_upstream(req->headers, req->nheaders, req->peer, on_upstream_line, p);
+  if (req->request_id[0]) {
+    char line[sizeof req->request_id + 16];
+    snprintf(line, sizeof line, "x-request-id: %s", req->request_id);
+    add_upstream_line(p, line);
+  }
+  /* A bare "Expect:" stops curl from adding "Expect: 100-continue" to large bodies. */
+  add_upstream_line(p, "Expect:");
+  size_t n = p->nhdr_lines, nodes = n * sizeof(struct curl_slist);
+  struct curl_slist *l = kvr_xmalloc(nodes + p->hdr_lines.len);
+  char *text = (char *)l + nodes;
+  memcpy(text, p->hdr_lines.data, p->hdr_lines.len);
+  for (size_t i = 0; i < n; i++) {
+    l[i].data = text;
+    l[i].next = i + 1 < n ? &l[i + 1] : NULL;
+    text += strlen(text) + 1;
+  }
+  return l;
+}
+
+/* No worker can take the request: 503 before any attempt, else 502 (the attempt failed). */
+static void no_worker(px_t *px) {
+  if (px->attempts == 0) {
+    kvr_router_on_request_error(px->r, KVR_REQ_ERROR_NO_WORKER);
+    fail(px, 503, "no_worker_available", "no_worker", "%s",
+         "no usable worker is available; retry later");
+  } else {
+    /* The retry found no other worker: the request failed for the retried attempt's reason. */
+    kvr_router_on_retries_exhausted(px->r);
+    kvr_router_on_request_error(px->r, px->retried_error);
+    fail(px, 502, "upstream_error", "worker_failed", "%s",
+         "upstream worker failed and no other worker could take the request");
+  }
+  px_end(px);
+}
+
+/* Points px at the worker of slot for a new attempt and forgets the previous attempt's answer. */
+static void attempt_begin(px_t *px, int slot) {
+  const kvr_worker_t *w = px->r->slots[slot];
+  px->w = w;
+  px->attempts++;
+  px->tried |= UINT64_C(1) << slot;
+  snprintf(px->worker_label, sizeof px->worker_label, "%s", w->label);
+  px->got_byte = false;
+  px->status = 0;
+  px->sse = false;
+  kvr_buf_reset(&px->resp_headers);
+  kvr_buf_reset(&px->body);
+  kvr_openai_sse_reset(&px->sse_lines);
+  kvr_buf_reset(&px->answer);
+}
+
+/* The client's method and body, as curl sends them. A pooled handle still has the method of its
+ * previous request: that is cleared first (POSTFIELDS NULL makes curl's method POST, which HTTPGET
+ * then sets back to GET without NOBODY or upload). */
+static void upstream_method(CURL *e, const kvr_http_req_t *req) {
+  curl_easy_setopt(e, CURLOPT_POSTFIELDS, NULL);
+  curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
+  curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, NULL);
+  curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+  if (req->method == HTTP_GET) {
+    /* set above */
+  } else if (req->method == HTTP_HEAD) {
+    curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+  } else {
+    if (req->method != HTTP_POST)
+      curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, req->method_str);
+    if (req->method == HTTP_POST || req->body.len) {
+      curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body.len);
+      curl_easy_setopt(e, CURLOPT_POSTFIELDS, req->body.data ? req->body.data : "");
+    }
+  }
+}
+
+/* The easy handle of the current attempt: the client's request to px->w (px owns it until
+ * transfer_release()). A handle from the proxy's pool keeps the options every attempt shares
+ * (kvr_curl_easy_new()'s, the callbacks, PATH_AS_IS...); only this request's are set here. The
+ * connection itself comes from the multi's pool either way. */
+static CURL *upstream_transfer(px_t *px) {
+  kvr_proxy_t *p = px->proxy;
+  kvr_http_req_t *req = px->req;
+  kvr_buf_reset(&px->url);
+  kvr_buf_puts(&px->url, px->w->url);
+  kvr_buf_puts(&px->url, req->target);
+  CURL *e;
+  if (p->neasy_pool > 0) {
+    e = p->easy_pool[--p->neasy_pool];
+    curl_easy_setopt(e, CURLOPT_URL, px->url.data);
+  } else {
+    e = kvr_curl_easy_new(px->url.data, 0, 0, on_body, NULL);
+    /* The target was validated (no dot segments); curl must not normalise it into another path. */
+    curl_easy_setopt(e, CURLOPT_PATH_AS_IS, 1L);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(e, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
+  }
+  /* Per attempt: a reload may change the connect timeout (0 is curl's default, 300 s). */
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)px->r->cfg->connect_timeout_ms);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, px);
+  curl_easy_setopt(e, CURLOPT_HEADERDATA, px);
+  px->hdrs = upstream_headers(p, req);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, px->hdrs);
+  upstream_method(e, req);
+  return e;
+}
+
+/* Routes px to a worker it has not tried and starts the transfer, or answers 503/502. */
+static void attempt(px_t *px) {
+  kvr_router_t *r = px->r;
+  kvr_decision_t d;
+  /* A first attempt avoids workers at the admission bound (admit() saw one with room). */
+  uint64_t full = px->attempts == 0 ? kvr_router_admission_full(r) : 0;
+  int slot = kvr_router_decide(r, &px->rreq, px->tried | full, true, &d);
+  if (slot < 0) {
+    no_worker(px);
+    return;
+  }
+  attempt_begin(px, slot);
+  uint64_t prompt_tokens = px->has_prompt ? px->prompt.prompt_tokens : 0;
+  kvr_router_on_dispatch(r, slot, prompt_tokens, d.snaps[slot].matched_blocks, &px->acct);
+  px->easy = upstream_transfer(px);
+  if (kvr_curlm_add(px->proxy->curlm, px->easy, on_done, px) != 0) {
+    fail(px, 502, "upstream_error", "internal", "%s", "cannot start an upstream transfer");
+    px_end(px);
+    return;
+  }
+  px->transfer_active = true;
+  timer_set(px, TM_FIRST_BYTE, r->cfg->first_byte_timeout_ms);
+}
+
+/* The access-log line of a request the router answers itself (no worker involved). */
+static void local_log(kvr_router_t *r, const kvr_http_req_t *req, int status, const char *outcome) {
+  if (status >= 400 && status < 500)
+    kvr_router_on_client_error(r);
+  kvr_router_on_response(r, status, kvr_openai_route(req->path), NULL);
+  if (!r->cfg->access_log)
+    return;
+  kvr_log(KVR_LOG_INFO, "access",
+          "method=%s path=%s status=%d worker=- policy=%s bytes=0 ttfb_ms=-1.0 total_ms=%.1f "
+          "attempts=0 outcome=%s client=%s request_id=%s",
+          req->method_str, req->path, status, kvr_policy_name(r->policy),
+          (double)(kvr_now_ns() - req->start_ns) / 1e6, outcome, req->peer,
+          req->request_id[0] ? req->request_id : "-");
+}
+
+/* True for targets curl or the worker could resolve to another path: dot segments (plain or
+ * percent-encoded) and backslashes. Only /v1/... and /health are public. */
+static bool unsafe_path(const char *p) {
+  for (const char *s = p; *s; s++) {
+    if (*s == '\\')
+      return true;
+    if (*s == '%' && s[1] == '2' && (s[2] == 'e' || s[2] == 'E'))
+      return true;
+    if (*s == '/' && s[1] == '.' &&
+        (s[2] == '/' || s[2] == '\0' || (s[2] == '.' && (s[3] == '/' || s[3] == '\0'))))
+      return true;
+  }
+  return false;
+}
+
+/* GET /health (readiness): 200 while some worker is usable, else 503. A probe: not logged, not in
+ * the request metrics (kvr_proxy_on_request counted it as a probe). */
+static void on_health(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_router_t *r = ((kvr_proxy_t *)data)->r;
+  (void)tail;
+  size_t usable = 0, total = 0;
+  for (size_t i = 0; i < r->nslots; i++) {
+    if (r->slots[i] == NULL)
+      continue;
+    total++;
+    usable += r->slots[i]->state == KVR_WORKER_UP;
+  }
+  char body[128];
+  int n =
+      snprintf(body, sizeof body, "{\"status\":\"%s\",\"usable_workers\":%zu,\"workers\":%zu}\n",
+               usable ? "ok" : "unavailable", usable, total);
+  kvr_http_respond(req, usable ? 200 : 503, "application/json", NULL, body, (size_t)n);
+}
+
+/* GET /livez (liveness): 200 whenever the loop runs to answer it, whatever the workers. A probe,
+ * like /health. */
+static void on_livez(kvr_http_req_t *req, void *data, const char *tail) {
+  static const char body[] = "{\"status\":\"alive\"}\n";
+  (void)data;
+  (void)tail;
+  kvr_http_respond(req, 200, "application/json", NULL, body, sizeof body - 1);
+}
+
+/* Every /v1/ request the table lets through: proxied to a worker. */
+/* ---- precise mode: the prompt's token ids before the decision ---------------------------------
+ */
+
+/* The chain of ids[0..n) for the precise index; the request's prompt tokens become exact. */
+static void set_ids(px_t *px, const uint32_t *ids, size_t n, bool prefix) {
+  uint64_t estimate = px->rreq.prompt_tokens;
+  free(px->kv_chain);
+  px->kv_chain = kvr_tokenize_route_req(ids, n, px->tok_block_size, &px->rreq);
+  if (prefix) /* a cached prefix's ids: the prompt is longer; keep the estimate */
+    px->rreq.prompt_tokens = KVR_MAX(estimate, (uint64_t)n);
+}
+
+static void on_tokenized(void *data, bool ok, const uint32_t *ids, size_t n, bool prefix) {
+  px_t *px = data;
+  double secs = (double)(kvr_now_ns() - px->tok_t0_ns) / 1e9;
+  kvr_router_observe_tokenize(px->r,
+                              !ok            ? KVR_TOKENIZE_FAILED
+                              : prefix       ? KVR_TOKENIZE_PREFIX
+                              : px->tok_sync ? KVR_TOKENIZE_CACHED
+                                             : KVR_TOKENIZE_CALLED,
+                              secs);
+  if (ok)
+    set_ids(px, ids, n, prefix);
+  if (px->tok_sync)
+    return; /* answered inside kvr_tokenize(): the caller goes on */
+  px->tok_op = NULL;
+  admit(px);
+}
+
+/* Starts tokenizing px's prompt when some usable worker is in precise mode. True when the answer
+ * comes later (on_tokenized admits px then); false when px may be admitted now (ids known, or
+ * precise mode not available for it). */
+static bool tokenize(px_t *px, kvr_route_t route) {
+  const char *url = NULL;
+  uint32_t bs = kvr_router_kv_tokenizer(px->r, &url);
+  if (bs == 0)
+    return false;
+  px->tok_block_size = bs;
+  kvr_buf_t body = KVR_BUF_INIT;
+  uint32_t *ids = NULL;
+  size_t n = 0;
+  kvr_tokenize_prefixes_t pre;
+  int k = kvr_tokenize_body(px->req->body.data, px->req->body.len, route, &body, &ids, &n, &pre);
+  if (k == 0)
+    set_ids(px, ids, n, false); /* a prompt given as token ids */
+  free(ids);
+  if (k != 1) {
+    kvr_tokenize_prefixes_free(&pre);
+    kvr_buf_free(&body);
+    return false;
+  }
+  px->tok_t0_ns = kvr_now_ns();
+  px->tok_sync = true;
+  px->tok_op = kvr_tokenize(px->proxy->tokenizer, url, &body, &pre, on_tokenized, px);
+  px->tok_sync = false;
+  kvr_tokenize_prefixes_free(&pre);
+  kvr_buf_free(&body);
+  return px->tok_op != NULL;
+}
+
+static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_proxy_t *p = data;
+  kvr_router_t *r = p->r;
+  kvr_route_t route = kvr_openai_route(req->path);
+  (void)tail;
+  px_t *px = kvr_xcalloc(1, sizeof *px);
+  px->proxy = p;
+  px->r = r;
+  px->t_start_ns = req->start_ns;
+  px->route = route;
+  kvr_prompt_init(&px->prompt);
+  kvr_openai_sse_init(&px->sse_lines, SSE_LINE_MAX);
+  if (route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS) {
+    char err[256];
+    const char *code = NULL;
+    if (kvr_openai_features(req->body.data, req->body.len, route, r->cfg->block_chars, &px->prompt,
+                            err, sizeof err, &code) != 0) {
+      free(px);
+      local_log(r, req, 400, "invalid_request");
+      kvr_http_error(req, 400, "invalid_request_error", code, "%s", err);
+      return;
+    }
+    px->has_prompt = true;
+    kvr_prompt_route_req(&px->prompt, &px->rreq);
+  }
+  px->req = req;
+  px->head_req = req->method == HTTP_HEAD;
+  req->data = px;
+  req->on_close = on_client_close;
+  req->on_drain = on_client_drain;
+  uv_timer_init(p->loop, &px->timer);
+  px->timer.data = px;
+  kvr_list_insert_head(&p->pxs, &px->node);
+  p->active++;
+  if (px->has_prompt && tokenize(px, route))
+    return; /* admitted when the ids arrive */
+  admit(px);
+}
+
+/* The public routes. The exact routes decide their paths (a wrong method there is a 405 with
+ * Allow); every other /v1/ path passes through to a worker whatever its method. */
+static const kvr_http_route_t routes[] = {
+    {"/health", KVR_HTTP_M(GET), on_health},
+    {"/livez", KVR_HTTP_M(GET), on_livez},
+    {"/v1/chat/completions", KVR_HTTP_M(POST), on_proxied},
+    {"/v1/completions", KVR_HTTP_M(POST), on_proxied},
+    {"/v1/models", KVR_HTTP_M(GET), on_proxied},
+    {"/v1/*", KVR_HTTP_M_ANY, on_proxied},
+};
+
+/* A readiness or liveness probe (GET or HEAD, exact path): *probe says which. Other methods on
+ * those paths are ordinary (405) requests. */
+static bool is_probe(const kvr_http_req_t *req, kvr_probe_t *probe) {
+  if (req->method != HTTP_GET && req->method != HTTP_HEAD)
+    return false;
+  if (strcmp(req->path, "/health") == 0)
+    *probe = KVR_PROBE_HEALTH;
+  else if (strcmp(req->path, "/livez") == 0)
+    *probe = KVR_PROBE_LIVEZ;
+  else
+    return false;
+  return true;
+}
+
+void kvr_proxy_on_request(kvr_http_req_t *req, void *data) {
+  kvr_proxy_t *p = data;
+  kvr_http_request_id_assign(req, &p->rid_state);
+  kvr_probe_t probe;
+  if (is_probe(req, &probe)) {
+    kvr_router_on_probe(p->r, probe);
+    kvr_http_route_dispatch(routes, KVR_ARRAY_SIZE(routes), req, p, KVR_HTTP_DIALECT_OPENAI);
+    return;
+  }
+  kvr_router_on_request(p->r);
+  if (unsafe_path(req->path)) {
+    local_log(p->r, req, 400, "rejected");
+    kvr_http_error(req, 400, NULL, "invalid_path", "%s",
+                   "dot segments and backslashes are not allowed in the path");
+    return;
+  }
+  /* A 404 or 405 is logged before it is answered: answering finishes req, which frees it, so the
+   * status kvr_http_route_dispatch() returns comes too late for the log line. */
+  const char *tail;
+  int status;
+  char allow[128];
+  if (kvr_http_route_find(routes, KVR_ARRAY_SIZE(routes), req->path, req->method, &tail, &status,
+                          allow, sizeof allow) == NULL)
+    local_log(p->r, req, status, "rejected");
+  kvr_http_route_dispatch(routes, KVR_ARRAY_SIZE(routes), req, p, KVR_HTTP_DIALECT_OPENAI);
+}
+
+void kvr_proxy_abort_all(kvr_proxy_t *p) {
+  p->pumping = true; /* nothing queued is admitted any more: everything ends here */
+  while (!kvr_list_empty(&p->pxs)) {
+    px_t *px = KVR_CONTAINER_OF(p->pxs.next, px_t, node);
+    timer_set(px, TM_NONE, 0);
+    if (px->req && !px->req->started)
+      fail(px, 503, "shutting_down", "shutdown", "%s", "the router is shutting down");
+    else if (px->req && px->streaming)
+      broken_stream(px, "the router is shutting down");
+    px->outcome = "shutdown";
+    px_end(px);
+  }
+}

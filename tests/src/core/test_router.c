@@ -1,0 +1,979 @@
+/* test_router.c -- router state as a pure library: decisions over slots, exact load accounting
+ * through the dispatch record, draining and removal, health, applied scrapes, policy switching,
+ * counters and their rendering (router_view.c). No loop and no curl multi: the router is built from
+ * a config alone, and every event a proxied request or a scrape probe would report is fed in by
+ * hand. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "tests/test_util.h"
+
+#include "base/kvr.h"
+#include "base/metrics.h"
+#include "core/config.h"
+#include "core/router.h"
+#include "core/router_view.h"
+#include "kvr_commit.h" /* generated at build time */
+#include "serve/scrape.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  kvr_config_t cfg;
+  kvr_router_t *r;
+} fx_t;
+
+static void fx_open(fx_t *f, int nworkers, const char *policy) {
+  kvr_config_init(&f->cfg);
+  char err[256];
+  for (int i = 0; i < nworkers; i++) {
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", 1 + i); /* never contacted */
+    assert_int_equal(kvr_config_add_worker(&f->cfg, url, err, sizeof err), 0);
+  }
+  free(f->cfg.policy);
+  f->cfg.policy = strdup(policy);
+  f->cfg.scrape_interval_ms = 0;
+  f->r = kvr_router_new(&f->cfg, err, sizeof err);
+  assert_non_null(f->r);
+}
+
+static void fx_close(fx_t *f) {
+  kvr_router_free(f->r);
+  kvr_config_free(&f->cfg);
+}
+
+/* Every worker's load is zero: what was added has been removed. */
+static void assert_idle(const kvr_router_t *r) {
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w == NULL)
+      continue;
+    assert_int_equal(w->inflight, 0);
+    assert_int_equal(w->active_tokens, 0);
+    assert_int_equal(w->queued_prefill_tokens, 0);
+  }
+}
+
+/* The metrics text holds exactly this line. */
+static void assert_metric(const kvr_router_t *r, const char *line) {
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_router_view_metrics(r, &b);
+  char want[256];
+  snprintf(want, sizeof want, "\n%s\n", line);
+  if (strstr(b.data, want) == NULL)
+    fail_msg("no line '%s' in:\n%s", line, b.data);
+  kvr_buf_free(&b);
+}
+
+static void test_round_robin_and_tried(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  kvr_route_req_t req = {0};
+  kvr_decision_t d;
+  int seen[3] = {0};
+  for (int i = 0; i < 6; i++)
+    seen[kvr_router_decide(f.r, &req, 0, true, &d)]++;
+  assert_int_equal(seen[0], 2);
+  assert_int_equal(seen[1], 2);
+  assert_int_equal(seen[2], 2);
+  /* All but slot 1 tried: only 1 is left. */
+  assert_int_equal(kvr_router_decide(f.r, &req, 0x5, true, &d), 1);
+  assert_int_equal(kvr_router_decide(f.r, &req, 0x7, true, &d), KVR_POLICY_NONE);
+  assert_int_equal(f.r->no_worker_total, 1);
+  assert_int_equal(f.r->decisions_total[1], 3);
+  assert_int_equal(f.r->decision_seconds.count, 8);
+  fx_close(&f);
+}
+
+/* A look (record false, what /admin/route/explain does) shows the next pick and moves nothing: the
+ * real decision after any number of looks is the one it showed. Round robin's cursor and
+ * sglang_cache_aware's tie RNG are the state at stake. */
+static void test_look_changes_nothing(void **state) {
+  (void)state;
+  const char *policies[] = {"round_robin", "sglang_cache_aware", "kv_aware"};
+  for (size_t k = 0; k < KVR_ARRAY_SIZE(policies); k++) {
+    fx_t f;
+    fx_open(&f, 3, policies[k]);
+    kvr_route_req_t req = {0};
+    kvr_decision_t d;
+    for (int i = 0; i < 5; i++) {
+      int shown = kvr_router_decide(f.r, &req, 0, false, &d);
+      for (int look = 0; look < 3; look++)
+        assert_int_equal(kvr_router_decide(f.r, &req, 0, false, &d), shown);
+      assert_int_equal(kvr_router_decide(f.r, &req, 0, true, &d), shown);
+    }
+    assert_int_equal(f.r->decision_seconds.count, 5); /* looks are not counted */
+    fx_close(&f);
+  }
+}
+
+static void test_accounting_and_drain(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 2, "least_load");
+  const kvr_worker_t *w = f.r->slots[0];
+  kvr_router_dispatch_t a, b;
+  /* 25 matched blocks of 64 characters are 400 predicted cached tokens: 600 left to prefill. */
+  assert_ptr_equal(kvr_router_on_dispatch(f.r, 0, 1000, 25, &a), w);
+  assert_ptr_equal(kvr_router_on_dispatch(f.r, 0, 500, 0, &b), w);
+  assert_true(a.prefill_alone);
+  assert_false(b.prefill_alone);
+  assert_int_equal(w->inflight, 2);
+  assert_int_equal(w->active_tokens, 1500);
+  assert_int_equal(w->queued_prefill_tokens, 1100);
+  /* The first request's first token: its 600 prefill tokens leave the queue; it was dispatched
+   * alone, so it is a rate sample, and the snapshot's backlog is the 500 still pending at most. */
+  a.dispatched_ns = kvr_now_ns() - 60 * 1000000ull;
+  kvr_router_on_token(f.r, &a);
+  assert_int_equal(w->queued_prefill_tokens, 500);
+  assert_int_equal(w->prefill.samples, 1);
+  assert_true(w->prefill.rate > 0);
+  /* least_load must now avoid worker 0. */
+  kvr_route_req_t req = {0};
+  kvr_decision_t d;
+  assert_int_equal(kvr_router_decide(f.r, &req, 0, false, &d), 1);
+  assert_int_equal(d.snaps[0].queued_prefill_tokens, 500);
+  assert_true(d.snaps[0].prefill_backlog_tokens >= 50 && d.snaps[0].prefill_backlog_tokens <= 500);
+  assert_int_equal(kvr_router_drain_worker(f.r, w->id), 0);
+  assert_int_equal(w->state, KVR_WORKER_DRAINING);
+  assert_int_equal(kvr_router_decide(f.r, &req, 0x2, false, &d), KVR_POLICY_NONE);
+  for (int i = 1; i < 10; i++)
+    kvr_router_on_token(f.r, &a);
+  assert_int_equal(w->active_tokens, 1510);
+  kvr_router_on_end(f.r, &a);
+  assert_non_null(f.r->slots[0]); /* one request still in flight */
+  assert_int_equal(w->inflight, 1);
+  assert_int_equal(w->active_tokens, 500);
+  assert_int_equal(w->queued_prefill_tokens, 500); /* b never got its first token */
+  kvr_router_on_end(f.r, &b);
+  assert_null(f.r->slots[0]); /* freed when the last one ended */
+  assert_true(kvr_router_has_usable(f.r));
+  assert_int_equal(kvr_router_drain_worker(f.r, 0), KVR_ENOENT);
+  fx_close(&f);
+}
+
+static void test_failures_mark_down(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 1, "round_robin");
+  const kvr_worker_t *w = f.r->slots[0];
+  kvr_router_on_health(f.r, w->id, false);
+  kvr_router_on_health(f.r, w->id, false);
+  assert_int_equal(w->state, KVR_WORKER_UP);
+  kvr_router_on_health(f.r, w->id, false);
+  assert_int_equal(w->state, KVR_WORKER_DOWN);
+  assert_false(kvr_router_has_usable(f.r));
+  kvr_router_on_health(f.r, w->id, true);
+  assert_int_equal(w->state, KVR_WORKER_UP);
+  assert_int_equal(w->consecutive_failures, 0);
+  assert_int_equal(kvr_router_on_health(f.r, 77, true), KVR_ENOENT);
+  fx_close(&f);
+}
+
+static void test_policy_switch(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 2, "round_robin");
+  char err[512];
+  assert_int_not_equal(kvr_router_set_policy(f.r, "bogus", NULL, err, sizeof err), 0);
+  assert_non_null(strstr(err, "kv_aware"));
+  assert_string_equal(kvr_policy_name(f.r->policy), "round_robin"); /* unchanged on error */
+  assert_int_equal(kvr_router_set_policy(f.r, "kv_aware", NULL, err, sizeof err), 0);
+  assert_string_equal(kvr_policy_name(f.r->policy), "kv_aware");
+  cJSON *p = kvr_router_view_policy(f.r);
+  assert_string_equal(cJSON_GetObjectItem(p, "policy")->valuestring, "kv_aware");
+  cJSON_Delete(p);
+  fx_close(&f);
+}
+
+static void test_scrape_parse(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 1, "round_robin");
+  const kvr_worker_t *w = f.r->slots[0];
+  const char *page =
+      "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+      "# TYPE vllm:num_requests_running gauge\n"
+      "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 7.0\n"
+      "vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 3.0\n"
+      "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.5\n"
+      "vllm:num_requests_running_extra{engine=\"0\"} 99\n"
+      "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"fp8\",num_gpu_blocks=\"2000\"} 1.0\n";
+  kvr_vllm_metrics_t m;
+  assert_int_equal(kvr_vllm_parse_metrics(page, strlen(page), 42, &m), 0);
+  assert_int_equal(kvr_router_on_scrape(f.r, w->id, &m), 0);
+  assert_true(w->num_requests_running == 7.0);
+  assert_true(w->num_requests_waiting == 3.0);
+  assert_true(w->kv_cache_usage == 0.5);
+  assert_int_equal(w->num_gpu_blocks, 2000);
+  assert_int_equal(w->block_size, 16);
+  assert_int_equal(w->cache_capacity_blocks,
+                   2000); /* 16-token GPU blocks = 64-byte router blocks */
+  assert_int_equal(w->scraped_at_ms, 42);
+  const char *junk = "something_else 1\n";
+  assert_int_equal(kvr_vllm_parse_metrics(junk, strlen(junk), 43, &m), KVR_EPARSE);
+  fx_close(&f);
+}
+
+/* One proxied request's life as the proxy reports it; returns the slot it went to. */
+static int run_request(kvr_router_t *r, const kvr_route_req_t *req, uint64_t tried, int tokens,
+                       bool usage) {
+  kvr_decision_t d;
+  int slot = kvr_router_decide(r, req, tried, true, &d);
+  if (slot < 0)
+    return slot;
+  kvr_router_dispatch_t acct;
+  const kvr_worker_t *w =
+      kvr_router_on_dispatch(r, slot, req->prompt_tokens, d.snaps[slot].matched_blocks, &acct);
+  assert_non_null(w);
+  kvr_router_on_health(r, w->id, true);
+  kvr_router_on_learn(r, &acct, req->blocks, req->nblocks);
+  for (int i = 0; i < tokens; i++)
+    kvr_router_on_token(r, &acct);
+  if (usage) {
+    kvr_router_usage_t u = {.prompt_tokens = req->prompt_tokens,
+                            .cached_tokens = acct.predicted_cached,
+                            .has_details = true};
+    kvr_router_on_usage(r, &acct, &u);
+  }
+  kvr_router_on_end(r, &acct);
+  kvr_router_on_end(r, &acct); /* a second end removes nothing */
+  assert_false(acct.open);
+  return slot;
+}
+
+static const uint64_t blocks8[8] = {11, 12, 13, 14, 15, 16, 17, 18};
+static const kvr_route_req_t req8 = {
+    .blocks = blocks8, .nblocks = 8, .block_chars = 64, .prompt_tokens = 128};
+
+/* Seven client requests over three round-robin workers, as the proxy would report them: three
+ * good ones (the first two report usage), one that fails before responding on worker 0 and is
+ * retried on worker 1, a client that goes away after the first token (worker 2), a broken stream
+ * (worker 0), and one the router rejects itself. */
+static void serve_requests(kvr_router_t *r) {
+  for (int i = 0; i < 3; i++) {
+    kvr_router_on_request(r);
+    assert_int_equal(run_request(r, &req8, 0, 5, i < 2), i);
+  }
+  assert_idle(r);
+  assert_int_equal(kvr_cache_index_entries(r->index, 0), 8);
+
+  kvr_router_on_request(r);
+  kvr_decision_t d;
+  int slot = kvr_router_decide(r, &req8, 0, true, &d);
+  assert_int_equal(slot, 0);
+  kvr_router_dispatch_t acct;
+  kvr_router_on_dispatch(r, slot, req8.prompt_tokens, d.snaps[slot].matched_blocks, &acct);
+  assert_int_equal(acct.predicted_cached, 128); /* worker 0 learned all 8 blocks */
+  assert_int_equal(acct.prefill_tokens, 0);
+  kvr_router_on_worker_error(r, &acct);
+  kvr_router_on_health(r, acct.worker_id, false);
+  kvr_router_on_retry(r, &acct);
+  kvr_router_on_end(r, &acct);
+  assert_int_equal(run_request(r, &req8, UINT64_C(1) << slot, 3, false), 1);
+
+  kvr_router_on_request(r);
+  assert_int_equal(slot = kvr_router_decide(r, &req8, 0, true, &d), 2);
+  kvr_router_on_dispatch(r, slot, 1000, 0, &acct);
+  kvr_router_on_token(r, &acct);
+  assert_int_equal(r->slots[slot]->active_tokens, 1001);
+  kvr_router_on_client_abort(r);
+  kvr_router_on_end(r, &acct);
+
+  kvr_router_on_request(r);
+  assert_int_equal(slot = kvr_router_decide(r, &req8, 0, true, &d), 0);
+  kvr_router_on_dispatch(r, slot, 2000, 0, &acct);
+  assert_int_equal(r->slots[slot]->queued_prefill_tokens, 2000);
+  kvr_router_on_worker_error(r, &acct);
+  kvr_router_on_upstream_failure(r);
+  kvr_router_on_end(r, &acct);
+
+  kvr_router_on_request(r);
+  kvr_router_on_client_error(r);
+  kvr_router_observe_ttfb(r, 0.02);
+  kvr_router_observe_duration(r, 0.5);
+}
+
+/* Requests stream, fail, retry, abort, without a loop: the load returns to zero exactly and every
+ * counter, and its metric line, says what happened. */
+static void test_requests_return_to_zero(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  kvr_router_t *r = f.r;
+  serve_requests(r);
+  assert_idle(r);
+  assert_int_equal(r->requests_total, 7);
+  assert_int_equal(r->client_errors_total, 1);
+  assert_int_equal(r->client_aborts_total, 1);
+  assert_int_equal(r->upstream_failures_total, 1);
+  assert_int_equal(r->ttfb_seconds.count, 1);
+  assert_int_equal(r->request_seconds.count, 1);
+  const kvr_worker_t *w0 = r->slots[0], *w1 = r->slots[1];
+  assert_int_equal(w0->requests_total, 3);
+  assert_int_equal(w0->errors_total, 2);
+  assert_int_equal(w0->retries_total, 1);
+  assert_int_equal(w0->consecutive_failures, 1);
+  assert_int_equal(w1->requests_total, 2);
+  assert_int_equal(w1->errors_total, 0);
+  assert_int_equal(r->slots[2]->requests_total, 2);
+  assert_int_equal(w0->prompt_tokens_total, 128 + 128 + 2000);
+  assert_int_equal(w0->predicted_cached_tokens_total, 128);
+  assert_int_equal(w0->usage_prompt_tokens_total, 128);
+  assert_int_equal(w0->usage_cached_tokens_total, 0);
+  assert_int_equal(w1->usage_prompt_tokens_total, 128);
+  assert_metric(r, "kvrouter_worker_inflight_requests{worker=\"0\",url=\"http://127.0.0.1:1\"} 0");
+  assert_metric(r, "kvrouter_worker_active_tokens{worker=\"0\",url=\"http://127.0.0.1:1\"} 0");
+  assert_metric(r, "kvrouter_worker_errors_total{worker=\"0\",url=\"http://127.0.0.1:1\"} 2");
+  assert_metric(r, "kvrouter_worker_retries_total{worker=\"0\",url=\"http://127.0.0.1:1\"} 1");
+  assert_metric(r, "kvrouter_worker_index_blocks{worker=\"0\",url=\"http://127.0.0.1:1\"} 8");
+  assert_metric(r, "kvrouter_routing_decisions_total{worker=\"0\"} 3");
+  assert_metric(r, "kvrouter_requests_total 7");
+  assert_metric(r, "kvrouter_client_errors_total 1");
+  assert_metric(r, "kvrouter_client_aborts_total 1");
+  assert_metric(r, "kvrouter_upstream_failures_total 1");
+  assert_metric(r, "kvrouter_routing_no_worker_total 0");
+  assert_metric(r, "kvrouter_time_to_first_byte_seconds_count 1");
+  assert_metric(r, "kvrouter_request_duration_seconds_count 1");
+  fx_close(&f);
+}
+
+/* The cache index is sized for its workers' capacities (their sum) when workers come and when a
+ * scrape learns a capacity, so it does not rehash on the loop while the caches fill. */
+static void test_index_provisioned(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  kvr_router_t *r = f.r;
+  uint64_t sum = 0;
+  for (int i = 0; i < 3; i++)
+    sum += r->slots[i]->cache_capacity_blocks;
+  kvr_cache_index_stats_t st;
+  kvr_cache_index_stats(r->index, &st);
+  assert_true(st.table_slots * 9 >= sum * 10); /* at most 90% full when full */
+  assert_true(st.node_slots >= sum);
+  kvr_vllm_metrics_t m = {
+      .at_ms = kvr_now_ns() / 1000000u, .num_gpu_blocks = 200000, .block_size = 16};
+  assert_int_equal(kvr_router_on_scrape(r, r->slots[1]->id, &m), 0);
+  sum = 0;
+  for (int i = 0; i < 3; i++)
+    sum += r->slots[i]->cache_capacity_blocks;
+  assert_true(sum > 200000);
+  kvr_cache_index_stats(r->index, &st);
+  assert_true(st.table_slots * 9 >= sum * 10);
+  assert_true(st.node_slots >= sum);
+  fx_close(&f);
+}
+
+/* A scrape with the cache geometry resizes a worker's modelled cache; a reset forgets its blocks;
+ * both show in /admin/workers. */
+static void test_scrape_and_reset(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  kvr_router_t *r = f.r;
+  for (int i = 0; i < 3; i++)
+    run_request(r, &req8, 0, 1, false);
+  kvr_vllm_metrics_t m = {.at_ms = kvr_now_ns() / 1000000u,
+                          .num_requests_running = 2,
+                          .kv_cache_usage = 0.25,
+                          .num_gpu_blocks = 100,
+                          .block_size = 16};
+  uint32_t id2 = r->slots[2]->id;
+  assert_int_equal(kvr_router_on_scrape(r, id2, &m), 0);
+  assert_int_equal(r->slots[2]->cache_capacity_blocks, 100);
+  assert_int_equal(kvr_cache_index_capacity(r->index, 2), 100);
+  assert_true(kvr_router_worker_fresh(r, r->slots[2], m.at_ms));
+  assert_false(kvr_router_worker_fresh(r, r->slots[1], m.at_ms));
+  uint64_t forgotten = 0;
+  assert_int_equal(kvr_router_forget_cache(r, id2, &forgotten), 0);
+  assert_int_equal(forgotten, 8);
+  assert_int_equal(kvr_cache_index_entries(r->index, 2), 0);
+  assert_int_equal(kvr_cache_index_entries(r->index, 1), 8);
+  cJSON *ws = kvr_router_view_workers(r);
+  cJSON *scraped = cJSON_GetObjectItem(cJSON_GetArrayItem(ws, 2), "scraped");
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(scraped, "fresh")));
+  assert_int_equal(cJSON_GetObjectItem(scraped, "num_gpu_blocks")->valuedouble, 100);
+  assert_int_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(ws, 2), "index_blocks")->valuedouble, 0);
+  assert_int_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(ws, 0), "in_flight")->valuedouble, 0);
+  cJSON_Delete(ws);
+  fx_close(&f);
+}
+
+/* A worker drains with a request in flight; an idle one is removed at once, and reports for its id
+ * are refused; a new worker takes the lowest free slot, a new id and no old cache entries. */
+static void test_drain_remove_add(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  kvr_router_t *r = f.r;
+  for (int i = 0; i < 3; i++)
+    run_request(r, &req8, 0, 1, false);
+  kvr_decision_t d;
+  int slot = kvr_router_decide(r, &req8, 0x5, true, &d);
+  assert_int_equal(slot, 1);
+  kvr_router_dispatch_t acct;
+  kvr_router_on_dispatch(r, slot, 64, 0, &acct);
+  uint32_t id1 = r->slots[1]->id, id2 = r->slots[2]->id;
+  assert_int_equal(kvr_router_drain_worker(r, id1), 0);
+  assert_int_equal(kvr_router_drain_worker(r, id2), 0);
+  assert_null(r->slots[2]);
+  kvr_vllm_metrics_t m = {.at_ms = 1};
+  uint64_t forgotten = 0;
+  assert_int_equal(kvr_router_on_scrape(r, id2, &m), KVR_ENOENT);
+  assert_int_equal(kvr_router_forget_cache(r, id2, &forgotten), KVR_ENOENT);
+  assert_int_equal(kvr_router_on_health(r, id2, true), KVR_ENOENT);
+  assert_non_null(kvr_router_worker_by_id(r, id1));
+  kvr_router_on_token(r, &acct);
+  kvr_router_on_end(r, &acct);
+  assert_null(kvr_router_worker_by_id(r, id1));
+  assert_null(r->slots[1]);
+  assert_int_equal(r->nslots, 1);
+  char err[256];
+  const kvr_worker_t *nw = kvr_router_add_worker(r, "http://127.0.0.1:9", err, sizeof err);
+  assert_non_null(nw);
+  assert_int_equal(nw->slot, 1);
+  assert_int_equal(nw->id, 3);
+  assert_int_equal(kvr_cache_index_entries(r->index, 1), 0);
+  assert_null(kvr_router_add_worker(r, "http://127.0.0.1:9/", err, sizeof err));
+  assert_non_null(strstr(err, "already configured"));
+  assert_idle(r);
+  fx_close(&f);
+}
+
+/* Random interleavings of dispatches, tokens and ends over three workers: at every step each
+ * worker's load is the sum of its open records, and it is zero once every record has ended. */
+static void test_accounting_invariant_random(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "least_load");
+  kvr_router_t *r = f.r;
+  enum { N = 32 };
+  kvr_router_dispatch_t recs[N];
+  memset(recs, 0, sizeof recs);
+  uint64_t x = 88172645463325252ull;
+  for (int step = 0; step < 20000; step++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    kvr_router_dispatch_t *d = &recs[x % N];
+    uint64_t op = (x >> 8) % 4;
+    if (!d->open)
+      kvr_router_on_dispatch(r, (int)((x >> 16) % 3), (x >> 20) % 5000, (x >> 40) % 100, d);
+    else if (op < 3)
+      kvr_router_on_token(r, d);
+    else
+      kvr_router_on_end(r, d);
+    for (int s = 0; s < 3; s++) {
+      uint64_t inflight = 0, active = 0, queued = 0;
+      for (int i = 0; i < N; i++) {
+        if (!recs[i].open || recs[i].slot != s)
+          continue;
+        inflight++;
+        active += recs[i].prompt_tokens + recs[i].generated;
+        queued += recs[i].prefill_tokens;
+      }
+      assert_int_equal(r->slots[s]->inflight, inflight);
+      assert_int_equal(r->slots[s]->active_tokens, active);
+      assert_int_equal(r->slots[s]->queued_prefill_tokens, queued);
+    }
+  }
+  for (int i = 0; i < N; i++)
+    kvr_router_on_end(r, &recs[i]);
+  assert_idle(r);
+  fx_close(&f);
+}
+
+static uint64_t fake_clock(void *ctx) {
+  return *(const uint64_t *)ctx;
+}
+
+/* kvr_router_set_clock: dispatch times, the prefill clock's rate and backlog, and the freshness of
+ * scraped figures all follow the injected clock (the virtual cluster's); NULL restores the real
+ * one. */
+static void test_injected_clock(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 1, "least_load");
+  f.cfg.scrape_stale_ms = 1000;
+  kvr_router_t *r = f.r;
+  uint64_t t = 5000000000ull; /* 5 s: far from the real monotonic clock */
+  kvr_router_set_clock(r, fake_clock, &t);
+  assert_int_equal(kvr_router_now_ns(r), t);
+  kvr_route_req_t req = {0};
+  kvr_decision_t d;
+  /* A lone 1000-token prefill answered 0.5 s later: 2000 tokens/s. */
+  kvr_router_dispatch_t a;
+  assert_non_null(kvr_router_on_dispatch(r, 0, 1000, 0, &a));
+  assert_int_equal(a.dispatched_ns, 5000000000ull);
+  assert_true(a.prefill_alone);
+  t += 500000000ull;
+  kvr_router_on_token(r, &a);
+  const kvr_worker_t *w = r->slots[0];
+  assert_int_equal(w->prefill.samples, 1);
+  assert_true(fabs(w->prefill.rate - 2000) < 1e-6);
+  assert_int_equal(w->queued_prefill_tokens, 0);
+  kvr_router_on_end(r, &a);
+  /* Two more at 6 s: 1 s of prefill queued, worked off as the clock moves. */
+  t = 6000000000ull;
+  kvr_router_dispatch_t b, c;
+  kvr_router_on_dispatch(r, 0, 1000, 0, &b);
+  kvr_router_on_dispatch(r, 0, 1000, 0, &c);
+  assert_int_equal(b.dispatched_ns, t);
+  assert_int_equal(w->prefill.busy_until_ns, 7000000000ull);
+  kvr_router_decide(r, &req, 0, false, &d);
+  assert_int_equal(d.snaps[0].queued_prefill_tokens, 2000);
+  assert_int_equal(d.snaps[0].prefill_backlog_tokens, 2000);
+  t = 6500000000ull;
+  kvr_router_decide(r, &req, 0, false, &d);
+  assert_int_equal(d.snaps[0].prefill_backlog_tokens, 1000);
+  assert_int_equal(kvr_router_worker_backlog(w, t), 1000);
+  t = 7500000000ull; /* overdue: the floor, a tenth of what is pending */
+  kvr_router_decide(r, &req, 0, false, &d);
+  assert_int_equal(d.snaps[0].prefill_backlog_tokens, 200);
+  kvr_router_on_end(r, &b);
+  kvr_router_on_end(r, &c);
+  assert_idle(r);
+  /* Scraped figures are fresh for scrape_stale_ms of the injected clock. */
+  kvr_vllm_metrics_t m = {.at_ms = t / 1000000u, .num_requests_running = 1};
+  assert_int_equal(kvr_router_on_scrape(r, w->id, &m), 0);
+  kvr_router_decide(r, &req, 0, false, &d);
+  assert_true(d.snaps[0].metrics_fresh);
+  t += 1000000000ull;
+  kvr_router_decide(r, &req, 0, false, &d);
+  assert_true(d.snaps[0].metrics_fresh);
+  t += 1000000ull;
+  kvr_router_decide(r, &req, 0, false, &d);
+  assert_false(d.snaps[0].metrics_fresh);
+  /* Back to the real clock. */
+  kvr_router_set_clock(r, NULL, NULL);
+  uint64_t before = kvr_now_ns(), now = kvr_router_now_ns(r), after = kvr_now_ns();
+  assert_true(now >= before && now <= after);
+  fx_close(&f);
+}
+
+/* ---- issue 18: what the router learns, outlier ejection, the retry budget, admission --------- */
+
+/* One failed (ok false) or successful attempt on slot: dispatch, verdict, end. Returns whether the
+ * verdict ejected the worker. */
+static bool attempt_on(kvr_router_t *r, int slot, bool ok) {
+  kvr_router_dispatch_t d;
+  assert_non_null(kvr_router_on_dispatch(r, slot, 100, 0, &d));
+  bool ejected = kvr_router_on_result(r, &d, ok);
+  kvr_router_on_end(r, &d);
+  return ejected;
+}
+
+/* A request the worker refused (the proxy reports no learning for a 4xx/5xx) leaves no residue:
+ * the index holds what it held before and the load is back to zero. Learning is capped at the
+ * worker's max_model_len (GET /v1/models) in blocks: max_model_len * KVR_CHARS_PER_TOKEN /
+ * block_chars. */
+static void test_learning_refused_and_capped(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 1, "kv_aware");
+  kvr_router_t *r = f.r;
+  const kvr_worker_t *w = r->slots[0];
+  static uint64_t blocks[400];
+  for (size_t i = 0; i < 400; i++)
+    blocks[i] = 1000 + i;
+  kvr_route_req_t req = {.blocks = blocks, .nblocks = 400, .prompt_tokens = 400 * 16};
+  /* Refused: dispatched, answered 400, ended, nothing learned. */
+  kvr_decision_t d;
+  assert_int_equal(kvr_router_decide(r, &req, 0, true, &d), 0);
+  kvr_router_dispatch_t a;
+  kvr_router_on_dispatch(r, 0, req.prompt_tokens, d.snaps[0].matched_blocks, &a);
+  assert_int_equal(w->inflight, 1);
+  kvr_router_on_result(r, &a, true); /* a 4xx is no worker failure */
+  kvr_router_on_end(r, &a);
+  assert_int_equal(kvr_cache_index_entries(r->index, 0), 0);
+  assert_idle(r);
+  assert_int_equal(w->consecutive_errors, 0);
+  /* Unknown context length: no cap but the cache's. */
+  assert_true(kvr_router_learn_cap(r, w) == SIZE_MAX);
+  /* A 2048-token model: 2048 * 4 / 64 = 128 blocks at most from one request. */
+  assert_int_equal(kvr_router_on_models(r, w->id, 2048), 0);
+  assert_int_equal(w->max_model_len, 2048);
+  assert_true(w->models_known);
+  assert_int_equal(kvr_router_learn_cap(r, w), 128);
+  kvr_router_on_dispatch(r, 0, req.prompt_tokens, 0, &a);
+  kvr_router_on_learn(r, &a, blocks, 400);
+  kvr_router_on_end(r, &a);
+  assert_int_equal(kvr_cache_index_entries(r->index, 0), 128);
+  /* The leading blocks are the ones kept: a later request matches 128 of them. */
+  kvr_router_decide(r, &req, 0, false, &d);
+  assert_int_equal(d.snaps[0].matched_blocks, 128);
+  assert_metric(r, "kvrouter_worker_max_model_len_tokens{worker=\"0\",url=\"http://127.0.0.1:1\"} "
+                   "2048");
+  /* A tiny model still learns one block; a worker back from DOWN is asked again. */
+  kvr_router_on_models(r, w->id, 3);
+  assert_int_equal(kvr_router_learn_cap(r, w), 1);
+  for (int i = 0; i < 3; i++)
+    kvr_router_on_health(r, w->id, false);
+  kvr_router_on_health(r, w->id, true);
+  assert_false(w->models_known);
+  assert_int_equal(kvr_router_on_models(r, 99, 10), KVR_ENOENT);
+  fx_close(&f);
+}
+
+/* A request that ends before its first token (a 400 for an over-long prompt) also leaves the
+ * prefill clock as it found it: the next request's backlog is not inflated by it. */
+static void test_refused_prefill_leaves_clock(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 1, "least_load");
+  kvr_router_t *r = f.r;
+  uint64_t t = 10ull * 1000000000ull;
+  kvr_router_set_clock(r, fake_clock, &t);
+  const kvr_worker_t *w = r->slots[0];
+  kvr_router_dispatch_t a, big, c;
+  kvr_router_on_dispatch(r, 0, 1000, 0, &a); /* 1000 tokens in 0.5 s: 2000 tokens/s */
+  t += 500000000ull;
+  kvr_router_on_token(r, &a);
+  kvr_router_on_end(r, &a);
+  kvr_router_on_dispatch(r, 0, 2000, 0, &c); /* 1 s of prefill pending */
+  uint64_t busy = w->prefill.busy_until_ns;
+  kvr_router_on_dispatch(r, 0, 500000, 0, &big); /* a 2 MB prompt: 250 s more */
+  assert_true(w->prefill.busy_until_ns > busy + 200ull * 1000000000ull);
+  kvr_router_on_end(r, &big); /* answered 400 */
+  assert_int_equal(w->prefill.busy_until_ns, busy);
+  assert_int_equal(w->queued_prefill_tokens, 2000);
+  t += 500000000ull; /* half of c's prefill done */
+  assert_int_equal(kvr_router_worker_backlog(w, t), 1000);
+  kvr_router_on_end(r, &c);
+  assert_idle(r);
+  fx_close(&f);
+}
+
+/* consecutive_failures failures in a row eject a worker for base * 2^(n-1) (capped); when the time
+ * is up one trial goes (half-open): a failure ejects it for twice as long, a success restores it.
+ */
+static void test_outlier_ejection_backoff_and_trial(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  f.cfg.outlier_consecutive = 3;
+  f.cfg.outlier_base_ejection_ms = 1000;
+  f.cfg.outlier_max_ejection_ms = 3000;
+  f.cfg.outlier_max_percent = 50;
+  kvr_router_t *r = f.r;
+  uint64_t t = 100ull * 1000000000ull;
+  kvr_router_set_clock(r, fake_clock, &t);
+  const kvr_worker_t *w = r->slots[0];
+  /* A success in between starts the count again. */
+  assert_false(attempt_on(r, 0, false));
+  assert_false(attempt_on(r, 0, false));
+  assert_false(attempt_on(r, 0, true));
+  assert_false(attempt_on(r, 0, false));
+  assert_false(attempt_on(r, 0, false));
+  assert_true(attempt_on(r, 0, false));
+  assert_int_equal(w->state, KVR_WORKER_EJECTED);
+  assert_int_equal(w->ejections_total, 1);
+  assert_int_equal(w->ejected_until_ms, t / 1000000u + 1000);
+  assert_true(kvr_router_has_usable(r));
+  assert_metric(r, "kvrouter_worker_state{worker=\"0\",state=\"ejected\"} 1");
+  assert_metric(r, "kvrouter_worker_state{worker=\"0\",state=\"up\"} 0");
+  assert_metric(r, "kvrouter_worker_ejections_total{worker=\"0\",url=\"http://127.0.0.1:1\"} 1");
+  /* Ejected: never chosen. */
+  kvr_route_req_t req = {0};
+  kvr_decision_t d;
+  for (int i = 0; i < 6; i++)
+    assert_int_not_equal(kvr_router_decide(r, &req, 0, true, &d), 0);
+  assert_int_equal(kvr_router_decide(r, &req, 6, true, &d), KVR_POLICY_NONE);
+  /* Time served: half-open, one trial only. */
+  t += 1000ull * 1000000u;
+  assert_int_equal(kvr_router_decide(r, &req, 6, true, &d), 0);
+  kvr_router_dispatch_t trial;
+  kvr_router_on_dispatch(r, 0, 10, 0, &trial);
+  assert_true(trial.trial);
+  assert_true(w->trial_inflight);
+  assert_int_equal(kvr_router_decide(r, &req, 6, true, &d), KVR_POLICY_NONE);
+  /* The trial fails: ejected again for 2 s. */
+  assert_true(kvr_router_on_result(r, &trial, false));
+  kvr_router_on_end(r, &trial);
+  assert_int_equal(w->state, KVR_WORKER_EJECTED);
+  assert_int_equal(w->ejected_until_ms, t / 1000000u + 2000);
+  /* The next trial ends without a verdict (client gone): the one after may go. */
+  t += 2000ull * 1000000u;
+  kvr_router_on_dispatch(r, 0, 10, 0, &trial);
+  kvr_router_on_end(r, &trial);
+  assert_false(w->trial_inflight);
+  /* Fails again: 4 s capped at 3 s. */
+  kvr_router_on_dispatch(r, 0, 10, 0, &trial);
+  assert_true(kvr_router_on_result(r, &trial, false));
+  kvr_router_on_end(r, &trial);
+  assert_int_equal(w->ejected_until_ms, t / 1000000u + 3000);
+  /* A successful trial restores it. */
+  t += 3000ull * 1000000u;
+  kvr_router_on_dispatch(r, 0, 10, 0, &trial);
+  assert_false(kvr_router_on_result(r, &trial, true));
+  kvr_router_on_end(r, &trial);
+  assert_int_equal(w->state, KVR_WORKER_UP);
+  assert_int_equal(w->ejections_total, 3);
+  assert_idle(r);
+  /* Ejected again soon after: the streak goes on (3 s); after max_ejection_ms clean, the base. */
+  for (int i = 0; i < 3; i++)
+    attempt_on(r, 0, false);
+  assert_int_equal(w->ejected_until_ms, t / 1000000u + 3000);
+  t += 3000ull * 1000000u;
+  kvr_router_on_dispatch(r, 0, 10, 0, &trial);
+  kvr_router_on_result(r, &trial, true);
+  kvr_router_on_end(r, &trial);
+  t += 3000ull * 1000000u;
+  for (int i = 0; i < 3; i++)
+    attempt_on(r, 0, false);
+  assert_int_equal(w->ejected_until_ms, t / 1000000u + 1000);
+  /* 0 consecutive failures: never ejects. */
+  f.cfg.outlier_consecutive = 0;
+  for (int i = 0; i < 10; i++)
+    assert_false(attempt_on(r, 1, false));
+  assert_int_equal(r->slots[1]->state, KVR_WORKER_UP);
+  fx_close(&f);
+}
+
+/* An ejection that would leave no other UP worker, or eject more than max_ejection_percent of the
+ * workers, is refused and counted; the worker keeps serving. */
+static void test_ejection_keeps_a_worker(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 4, "round_robin");
+  f.cfg.outlier_consecutive = 1;
+  f.cfg.outlier_max_percent = 50;
+  kvr_router_t *r = f.r;
+  assert_true(attempt_on(r, 0, false));
+  assert_true(attempt_on(r, 1, false));
+  assert_false(attempt_on(r, 2, false)); /* a third of four is above 50% */
+  assert_int_equal(r->slots[2]->state, KVR_WORKER_UP);
+  assert_int_equal(r->ejections_refused_total, 1);
+  assert_metric(r, "kvrouter_ejections_refused_total 1");
+  fx_close(&f);
+  /* One worker: never ejected, whatever the percentage. */
+  fx_open(&f, 1, "round_robin");
+  f.cfg.outlier_consecutive = 1;
+  f.cfg.outlier_max_percent = 100;
+  assert_false(attempt_on(f.r, 0, false));
+  assert_int_equal(f.r->slots[0]->state, KVR_WORKER_UP);
+  /* Two at 100%: the second is the last UP one. */
+  fx_close(&f);
+  fx_open(&f, 2, "round_robin");
+  f.cfg.outlier_consecutive = 1;
+  f.cfg.outlier_max_percent = 100;
+  assert_true(attempt_on(f.r, 0, false));
+  assert_false(attempt_on(f.r, 1, false));
+  assert_true(kvr_router_has_usable(f.r));
+  fx_close(&f);
+}
+
+/* Retries in flight may be budget_percent of the requests in flight, at least min_concurrency. */
+static void test_retry_budget(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 2, "round_robin");
+  kvr_router_t *r = f.r; /* defaults: 20%, at least 3 */
+  for (int i = 0; i < 3; i++)
+    assert_true(kvr_router_retry_acquire(r, 10));
+  assert_false(kvr_router_retry_acquire(r, 10));
+  assert_int_equal(r->retry_budget_refused_total, 1);
+  assert_true(kvr_router_retry_acquire(r, 20)); /* 20% of 20 = 4 */
+  assert_false(kvr_router_retry_acquire(r, 20));
+  kvr_router_retry_release(r);
+  assert_true(kvr_router_retry_acquire(r, 20));
+  for (int i = 0; i < 4; i++)
+    kvr_router_retry_release(r);
+  assert_int_equal(r->retries_inflight, 0);
+  kvr_router_retry_release(r); /* never below zero */
+  assert_int_equal(r->retries_inflight, 0);
+  assert_metric(r, "kvrouter_retry_budget_refused_total 2");
+  f.cfg.retry_budget_percent = 0;
+  f.cfg.retry_min_concurrency = 0;
+  assert_false(kvr_router_retry_acquire(r, 1000));
+  fx_close(&f);
+}
+
+/* The admission bound: full workers, blocked only when every usable untried worker is full. */
+static void test_admission_bound(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 2, "round_robin");
+  kvr_router_t *r = f.r;
+  kvr_router_dispatch_t d[4];
+  for (int i = 0; i < 4; i++)
+    kvr_router_on_dispatch(r, i % 2, 10, 0, &d[i]);
+  assert_int_equal(kvr_router_admission_full(r), 0); /* off by default */
+  assert_false(kvr_router_admission_blocked(r, 0));
+  f.cfg.admission_max_inflight = 2;
+  assert_int_equal(kvr_router_admission_full(r), 3);
+  assert_true(kvr_router_admission_blocked(r, 0));
+  kvr_router_on_end(r, &d[1]);
+  assert_int_equal(kvr_router_admission_full(r), 1);
+  assert_false(kvr_router_admission_blocked(r, 0));
+  assert_true(kvr_router_admission_blocked(r, 2)); /* slot 1 tried: only full ones left */
+  kvr_router_on_queued(r);
+  kvr_router_on_queued(r);
+  kvr_router_on_dequeued(r);
+  kvr_router_on_admission_reject(r, KVR_ADMISSION_TIMEOUT);
+  assert_metric(r, "kvrouter_admission_queue_depth 1");
+  assert_metric(r, "kvrouter_admission_queued_total 2");
+  assert_metric(r, "kvrouter_admission_rejected_total{reason=\"timeout\"} 1");
+  assert_metric(r, "kvrouter_admission_rejected_total{reason=\"queue_full\"} 0");
+  kvr_router_on_end(r, &d[0]);
+  kvr_router_on_end(r, &d[2]);
+  kvr_router_on_end(r, &d[3]);
+  assert_idle(r);
+  /* No usable worker at all is not "blocked": the request gets its 503 at once. */
+  for (int i = 0; i < 3; i++) {
+    kvr_router_on_health(r, r->slots[0]->id, false);
+    kvr_router_on_health(r, r->slots[1]->id, false);
+  }
+  assert_false(kvr_router_admission_blocked(r, 0));
+  fx_close(&f);
+}
+
+/* The family's HELP and TYPE lines are in text, TYPE naming type. */
+static void assert_family(const char *text, const char *name, const char *type) {
+  char want[256];
+  snprintf(want, sizeof want, "# HELP %s ", name);
+  if (strstr(text, want) == NULL)
+    fail_msg("no HELP for %s", name);
+  snprintf(want, sizeof want, "# TYPE %s %s\n", name, type);
+  if (strstr(text, want) == NULL)
+    fail_msg("no '# TYPE %s %s'", name, type);
+}
+
+/* Request errors by reason (all reasons always present), retries exhausted, worker state and
+ * scrape age, build info and the process families. */
+static void test_metrics_ops_families(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 2, "round_robin");
+  kvr_router_t *r = f.r;
+  uint64_t t = 10000000000ull; /* 10 s */
+  kvr_router_set_clock(r, fake_clock, &t);
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_router_view_metrics(r, &b);
+  assert_family(b.data, "kvrouter_request_errors_total", "counter");
+  assert_family(b.data, "kvrouter_retries_exhausted_total", "counter");
+  assert_family(b.data, "kvrouter_worker_state", "gauge");
+  assert_family(b.data, "kvrouter_worker_scrape_age_seconds", "gauge");
+  assert_family(b.data, "kvrouter_build_info", "gauge");
+  assert_family(b.data, "process_start_time_seconds", "gauge");
+  assert_family(b.data, "process_cpu_seconds_total", "counter");
+  assert_family(b.data, "process_resident_memory_bytes", "gauge");
+  assert_family(b.data, "process_open_fds", "gauge");
+  assert_family(b.data, "process_max_fds", "gauge");
+  /* Never scraped: the family has no sample. */
+  assert_null(strstr(b.data, "kvrouter_worker_scrape_age_seconds{"));
+  kvr_buf_free(&b);
+  static const char *const reasons[] = {"connect",      "first_byte_timeout", "idle_timeout",
+                                        "upstream_5xx", "broken_stream",      "no_worker",
+                                        "client_error", "client_abort"};
+  char line[128];
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(reasons); i++) {
+    snprintf(line, sizeof line, "kvrouter_request_errors_total{reason=\"%s\"} 0", reasons[i]);
+    assert_metric(r, line);
+  }
+  kvr_router_on_request_error(r, KVR_REQ_ERROR_CONNECT);
+  kvr_router_on_request_error(r, KVR_REQ_ERROR_CONNECT);
+  kvr_router_on_request_error(r, KVR_REQ_ERROR_IDLE_TIMEOUT);
+  kvr_router_on_request_error(r, KVR_REQ_ERROR_COUNT); /* out of range: ignored */
+  kvr_router_on_client_error(r);
+  kvr_router_on_client_abort(r);
+  kvr_router_on_retries_exhausted(r);
+  assert_metric(r, "kvrouter_request_errors_total{reason=\"connect\"} 2");
+  assert_metric(r, "kvrouter_request_errors_total{reason=\"idle_timeout\"} 1");
+  assert_metric(r, "kvrouter_request_errors_total{reason=\"client_error\"} 1");
+  assert_metric(r, "kvrouter_request_errors_total{reason=\"client_abort\"} 1");
+  assert_metric(r, "kvrouter_request_errors_total{reason=\"no_worker\"} 0");
+  assert_metric(r, "kvrouter_retries_exhausted_total 1");
+  assert_string_equal(kvr_req_error_name(KVR_REQ_ERROR_COUNT), "unknown");
+  /* Worker state: one series per worker and state. */
+  const kvr_worker_t *w0 = r->slots[0], *w1 = r->slots[1];
+  for (int i = 0; i < 3; i++)
+    kvr_router_on_health(r, w1->id, false);
+  snprintf(line, sizeof line, "kvrouter_worker_state{worker=\"%s\",state=\"up\"} 1", w0->label);
+  assert_metric(r, line);
+  snprintf(line, sizeof line, "kvrouter_worker_state{worker=\"%s\",state=\"down\"} 0", w0->label);
+  assert_metric(r, line);
+  snprintf(line, sizeof line, "kvrouter_worker_state{worker=\"%s\",state=\"draining\"} 0",
+           w0->label);
+  assert_metric(r, line);
+  snprintf(line, sizeof line, "kvrouter_worker_state{worker=\"%s\",state=\"up\"} 0", w1->label);
+  assert_metric(r, line);
+  snprintf(line, sizeof line, "kvrouter_worker_state{worker=\"%s\",state=\"down\"} 1", w1->label);
+  assert_metric(r, line);
+  /* Scrape age on the router's clock: scraped at 10 s, shown at 12.5 s. */
+  kvr_vllm_metrics_t m = {.at_ms = t / 1000000u};
+  assert_int_equal(kvr_router_on_scrape(r, w0->id, &m), 0);
+  t += 2500000000ull;
+  snprintf(line, sizeof line, "kvrouter_worker_scrape_age_seconds{worker=\"%s\"} 2.5", w0->label);
+  assert_metric(r, line);
+  kvr_buf_init(&b);
+  kvr_router_view_metrics(r, &b);
+  snprintf(line, sizeof line, "kvrouter_worker_scrape_age_seconds{worker=\"%s\"}", w1->label);
+  assert_null(strstr(b.data, line));
+  snprintf(line, sizeof line, "kvrouter_build_info{version=\"%s\",commit=\"%s\"} 1\n", KVR_VERSION,
+           KVR_COMMIT);
+  assert_non_null(strstr(b.data, line));
+  kvr_buf_free(&b);
+  fx_close(&f);
+}
+
+/* The process families from fixed figures (one sample each, none for an unreadable figure), and
+ * this process's own figures. */
+static void test_metrics_process(void **state) {
+  (void)state;
+  kvr_process_stats_t st = {.start_time_s = 1700000000.5,
+                            .cpu_seconds = 1.25,
+                            .rss_bytes = 4096 * 10,
+                            .open_fds = 7,
+                            .max_fds = -1};
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_metric_process(&b, &st);
+  assert_string_equal(b.data,
+                      "# HELP process_start_time_seconds Start time of the process since unix "
+                      "epoch in seconds\n"
+                      "# TYPE process_start_time_seconds gauge\n"
+                      "process_start_time_seconds 1700000000.50\n"
+                      "# HELP process_cpu_seconds_total Total user and system CPU time spent in "
+                      "seconds\n"
+                      "# TYPE process_cpu_seconds_total counter\n"
+                      "process_cpu_seconds_total 1.25\n"
+                      "# HELP process_resident_memory_bytes Resident memory size in bytes\n"
+                      "# TYPE process_resident_memory_bytes gauge\n"
+                      "process_resident_memory_bytes 40960\n"
+                      "# HELP process_open_fds Number of open file descriptors\n"
+                      "# TYPE process_open_fds gauge\n"
+                      "process_open_fds 7\n"
+                      "# HELP process_max_fds Maximum number of open file descriptors\n"
+                      "# TYPE process_max_fds gauge\n");
+  kvr_buf_free(&b);
+  kvr_process_stats_read(&st);
+  assert_true(st.start_time_s > 1e9);
+  assert_true(st.cpu_seconds >= 0);
+  assert_true(st.rss_bytes > 0);
+  assert_true(st.open_fds >= 3);
+  assert_true(st.max_fds >= st.open_fds);
+}
+
+KVR_TEST_MAIN(cmocka_unit_test(test_round_robin_and_tried),
+              cmocka_unit_test(test_look_changes_nothing),
+              cmocka_unit_test(test_accounting_and_drain),
+              cmocka_unit_test(test_failures_mark_down), cmocka_unit_test(test_policy_switch),
+              cmocka_unit_test(test_scrape_parse), cmocka_unit_test(test_requests_return_to_zero),
+              cmocka_unit_test(test_index_provisioned), cmocka_unit_test(test_scrape_and_reset),
+              cmocka_unit_test(test_drain_remove_add),
+              cmocka_unit_test(test_accounting_invariant_random),
+              cmocka_unit_test(test_injected_clock), cmocka_unit_test(test_metrics_ops_families),
+              cmocka_unit_test(test_metrics_process),
+              cmocka_unit_test(test_learning_refused_and_capped),
+              cmocka_unit_test(test_refused_prefill_leaves_clock),
+              cmocka_unit_test(test_outlier_ejection_backoff_and_trial),
+              cmocka_unit_test(test_ejection_keeps_a_worker), cmocka_unit_test(test_retry_budget),
+              cmocka_unit_test(test_admission_bound))

@@ -1,0 +1,438 @@
+/* test_scrape.c -- the /metrics scraper: the pure page parser, the report path into the router
+ * (health transitions, applied figures, workers gone meanwhile) without a loop, vLLM's token
+ * counters (parsing, increases across restarts, the worker's actual figures switching from the
+ * scrape to usage without counting a request twice), and one real run on
+ * a loop against a loopback HTTP server and a refused port (removed mid-run), which must leave no
+ * libuv handle. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "tests/test_util.h"
+
+#include "base/kvr.h"
+#include "core/config.h"
+#include "core/router.h"
+#include "net/curlm.h"
+#include "net/http_server.h"
+#include "serve/scrape.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const page =
+    "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+    "# TYPE vllm:num_requests_running gauge\n"
+    "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 2\n"
+    "vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 3\n"
+    "vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 4\n"
+    "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.2\n"
+    "vllm:gpu_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.4\n"
+    "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"500\"} 1.0\n";
+
+static void test_parse(void **state) {
+  (void)state;
+  kvr_vllm_metrics_t m;
+  assert_int_equal(kvr_vllm_parse_metrics(page, strlen(page), 7, &m), 0);
+  assert_int_equal(m.at_ms, 7);
+  assert_true(m.num_requests_running == 5.0); /* summed across engines */
+  assert_true(m.num_requests_waiting == 4.0);
+  assert_true(m.kv_cache_usage > 0.2999 && m.kv_cache_usage < 0.3001); /* mean of both names */
+  assert_int_equal(m.num_gpu_blocks, 500);
+  assert_int_equal(m.block_size, 16);
+
+  /* No geometry, or half of it, is no geometry; a label must match its whole name. */
+  const char *half = "vllm:num_requests_waiting 1\n"
+                     "vllm:cache_config_info{xblock_size=\"16\",num_gpu_blocks=\"9\"} 1";
+  assert_int_equal(kvr_vllm_parse_metrics(half, strlen(half), 8, &m), 0);
+  assert_true(m.num_requests_waiting == 1.0);
+  assert_true(m.kv_cache_usage == 0.0);
+  assert_int_equal(m.num_gpu_blocks, 0);
+  assert_int_equal(m.block_size, 0);
+
+  /* Nothing expected: comments, other series, a name that only starts like one. */
+  const char *none = "# vllm:num_requests_running 1\n"
+                     "vllm:num_requests_running_total 3\n"
+                     "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"9\"} 1\n";
+  assert_int_equal(kvr_vllm_parse_metrics(none, strlen(none), 9, &m), KVR_EPARSE);
+  assert_int_equal(kvr_vllm_parse_metrics("", 0, 9, &m), KVR_EPARSE);
+}
+
+typedef struct {
+  kvr_config_t cfg;
+  kvr_router_t *r;
+} fx_t;
+
+static void fx_open(fx_t *f, const char *const *urls, size_t n, uint64_t interval_ms) {
+  kvr_config_init(&f->cfg);
+  char err[256];
+  for (size_t i = 0; i < n; i++)
+    assert_int_equal(kvr_config_add_worker(&f->cfg, urls[i], err, sizeof err), 0);
+  f->cfg.scrape_interval_ms = interval_ms;
+  f->cfg.fail_threshold = 2;
+  f->cfg.connect_timeout_ms = 1000;
+  f->r = kvr_router_new(&f->cfg, err, sizeof err);
+  assert_non_null(f->r);
+}
+
+static void fx_close(fx_t *f) {
+  kvr_router_free(f->r);
+  kvr_config_free(&f->cfg);
+}
+
+/* The path every finished probe takes, fed by hand. */
+static void test_report_path(void **state) {
+  (void)state;
+  static const char *const urls[] = {"http://127.0.0.1:1"};
+  fx_t f;
+  fx_open(&f, urls, 1, 0);
+  const kvr_worker_t *w = f.r->slots[0];
+  uint32_t id = w->id;
+  /* Connection failures count towards DOWN; the page of a failed probe is never read. */
+  assert_int_equal(kvr__scrape_report(f.r, id, false, false, NULL, 0, 1), 0);
+  assert_int_equal(w->state, KVR_WORKER_UP);
+  assert_int_equal(kvr__scrape_report(f.r, id, false, true, page, strlen(page), 2), 0);
+  assert_int_equal(w->state, KVR_WORKER_DOWN);
+  assert_false(w->metrics_seen);
+  /* Reachable but not a 200 (a busy API process): up again, figures still unknown. */
+  assert_int_equal(kvr__scrape_report(f.r, id, true, false, "busy", 4, 3), 0);
+  assert_int_equal(w->state, KVR_WORKER_UP);
+  assert_false(w->metrics_seen);
+  /* A 200 page: applied, cache capacity from the geometry (500 x 16 tokens in 16-token blocks). */
+  assert_int_equal(kvr__scrape_report(f.r, id, true, true, page, strlen(page), 4), 0);
+  assert_true(w->metrics_seen);
+  assert_int_equal(w->scraped_at_ms, 4);
+  assert_true(w->num_requests_running == 5.0);
+  assert_int_equal(w->cache_capacity_blocks, 500);
+  assert_int_equal(kvr_cache_index_capacity(f.r->index, 0), 500);
+  /* A 200 page with nothing expected: health counts, the last figures stay. */
+  kvr__scrape_report(f.r, id, false, false, NULL, 0, 5);
+  assert_int_equal(w->consecutive_failures, 1);
+  assert_int_equal(kvr__scrape_report(f.r, id, true, true, "x 1\n", 4, 6), KVR_EPARSE);
+  assert_int_equal(w->consecutive_failures, 0);
+  assert_int_equal(w->scraped_at_ms, 4);
+  /* The worker is removed while a probe is out: its report finds nothing. */
+  assert_int_equal(kvr_router_drain_worker(f.r, id), 0);
+  assert_int_equal(kvr__scrape_report(f.r, id, true, true, page, strlen(page), 7), KVR_ENOENT);
+  fx_close(&f);
+}
+
+/* ---- vLLM's token counters --------------------------------------------------------------------
+ */
+
+/* A page with the counters of two engines, as prometheus_client writes them (_total samples beside
+ * _created ones, which are not counters of tokens). */
+static const char *counter_page(char *buf, size_t cap, uint64_t hits, uint64_t queries,
+                                uint64_t prompt, uint64_t gen) {
+  snprintf(buf, cap,
+           "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0\n"
+           "# TYPE vllm:prefix_cache_hits_total counter\n"
+           "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} %llu.0\n"
+           "vllm:prefix_cache_hits_total{engine=\"1\",model_name=\"m\"} 0.0\n"
+           "vllm:prefix_cache_hits_created{engine=\"0\",model_name=\"m\"} 1.7e9\n"
+           "vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} %llu.0\n"
+           "vllm:prompt_tokens_total{engine=\"0\",model_name=\"m\"} %llu.0\n"
+           "vllm:generation_tokens_total{engine=\"0\",model_name=\"m\"} %llu.0\n",
+           (unsigned long long)hits, (unsigned long long)queries, (unsigned long long)prompt,
+           (unsigned long long)gen);
+  return buf;
+}
+
+static void test_parse_counters(void **state) {
+  (void)state;
+  kvr_vllm_metrics_t m;
+  const char *two = "vllm:num_requests_running 1\n"
+                    "vllm:prefix_cache_hits_total{engine=\"0\"} 100\n"
+                    "vllm:prefix_cache_hits_total{engine=\"1\"} 28\n"
+                    "vllm:prefix_cache_hits_created{engine=\"0\"} 1700000000\n"
+                    "vllm:gpu_prefix_cache_hits_total{engine=\"0\"} 999\n"
+                    "vllm:prefix_cache_queries_total{engine=\"0\"} 1e3\n"
+                    "vllm:prompt_tokens_total{engine=\"0\"} NaN\n"
+                    "vllm:generation_tokens_total{engine=\"0\"} -4\n";
+  assert_int_equal(kvr_vllm_parse_metrics(two, strlen(two), 1, &m), 0);
+  assert_int_equal(m.counters.v[KVR_VLLM_HITS], 128); /* summed over engines; not the others */
+  assert_int_equal(m.counters.v[KVR_VLLM_QUERIES], 1000);
+  /* A value no counter of tokens has (NaN, negative) is absent. */
+  assert_int_equal(m.counters.present, (1u << KVR_VLLM_HITS) | (1u << KVR_VLLM_QUERIES));
+  /* A page of counters alone is not a load page. */
+  const char *alone = "vllm:prefix_cache_hits_total 5\n";
+  assert_int_equal(kvr_vllm_parse_metrics(alone, strlen(alone), 1, &m), KVR_EPARSE);
+}
+
+static void advance(kvr_vllm_counter_state_t *st, unsigned present, uint64_t h, uint64_t q,
+                    uint64_t p, uint64_t g, uint64_t *d) {
+  kvr_vllm_counters_t cur = {.v = {h, q, p, g}, .present = present};
+  kvr_vllm_counters_advance(st, &cur, d);
+}
+
+static void test_counters_advance(void **state) {
+  (void)state;
+  const unsigned all = (1u << KVR_VLLM_NCOUNTERS) - 1;
+  kvr_vllm_counter_state_t st = {0};
+  uint64_t d[KVR_VLLM_NCOUNTERS];
+  /* The first page is the baseline: what the worker counted before is not ours. */
+  advance(&st, all, 50, 100, 100, 7, d);
+  assert_int_equal(d[KVR_VLLM_HITS] + d[KVR_VLLM_QUERIES] + d[KVR_VLLM_PROMPT], 0);
+  assert_int_equal(st.sum[KVR_VLLM_HITS], 0);
+  /* Increases. */
+  advance(&st, all, 80, 160, 160, 10, d);
+  assert_int_equal(d[KVR_VLLM_HITS], 30);
+  assert_int_equal(d[KVR_VLLM_QUERIES], 60);
+  assert_int_equal(d[KVR_VLLM_GENERATION], 3);
+  /* Restart: hits went back, so every counter counts from zero again: the increase is the new
+   * value, even for a counter that is above its last value already (prompt), never negative. */
+  assert_false(kvr_vllm_counters_advance(
+      &st, &(kvr_vllm_counters_t){.v = {80, 160, 160, 10}, .present = all}, d));
+  advance(&st, all, 16, 40, 200, 2, d);
+  assert_int_equal(st.resets, 1);
+  assert_int_equal(d[KVR_VLLM_HITS], 16);
+  assert_int_equal(d[KVR_VLLM_QUERIES], 40);
+  assert_int_equal(d[KVR_VLLM_PROMPT], 200);
+  assert_int_equal(d[KVR_VLLM_GENERATION], 2);
+  assert_int_equal(st.sum[KVR_VLLM_HITS], 30 + 16);
+  assert_int_equal(st.sum[KVR_VLLM_PROMPT], 60 + 200);
+  /* A counter missing from a page keeps its last value; when it comes back, only its increase
+   * since then counts. */
+  advance(&st, 1u << KVR_VLLM_HITS, 20, 0, 0, 0, d);
+  assert_int_equal(d[KVR_VLLM_HITS], 4);
+  assert_int_equal(d[KVR_VLLM_PROMPT], 0);
+  assert_int_equal(st.last.v[KVR_VLLM_PROMPT], 200);
+  advance(&st, all, 20, 41, 210, 2, d);
+  assert_int_equal(d[KVR_VLLM_PROMPT], 10);
+  assert_int_equal(d[KVR_VLLM_QUERIES], 1);
+  assert_int_equal(st.resets, 1);
+}
+
+static uint64_t fake_now_ns;
+static uint64_t fake_clock(void *ctx) {
+  (void)ctx;
+  return fake_now_ns;
+}
+
+/* One request to the only worker dispatched at at_ms, its prompt predicted 40% cached. */
+static void dispatch_at(fx_t *f, uint64_t at_ms, kvr_router_dispatch_t *d) {
+  fake_now_ns = at_ms * 1000000u;
+  assert_non_null(kvr_router_on_dispatch(f->r, 0, 100, 0, d));
+  d->predicted_cached = 40; /* what a match would have given; read by on_usage only */
+}
+
+/* A page of counters taken at at_ms. */
+static void scrape_at(fx_t *f, uint64_t at_ms, uint64_t h, uint64_t q, uint64_t p, uint64_t g) {
+  char buf[1024];
+  fake_now_ns = at_ms * 1000000u;
+  counter_page(buf, sizeof buf, h, q, p, g);
+  assert_int_equal(
+      kvr__scrape_report(f->r, f->r->slots[0]->id, true, true, buf, strlen(buf), at_ms), 0);
+}
+
+/* The worker's actual figures: scraped increases until usage shows them, then usage only, with no
+ * request counted by both: a page waits until the requests open when it came have ended. */
+static void test_actual_sources(void **state) {
+  (void)state;
+  static const char *const urls[] = {"http://127.0.0.1:1"};
+  fx_t f;
+  fx_open(&f, urls, 1, 0);
+  kvr_router_set_clock(f.r, fake_clock, NULL);
+  const kvr_worker_t *w = f.r->slots[0];
+  kvr_router_dispatch_t d;
+  scrape_at(&f, 1000, 500, 900, 900, 50); /* baseline */
+  assert_int_equal(w->actual_cached_tokens_total, 0);
+  /* No usage (a stream that did not ask): the scrape fills the figures. */
+  dispatch_at(&f, 1100, &d);
+  kvr_router_on_usage(f.r, &d, NULL);
+  kvr_router_on_end(f.r, &d);
+  scrape_at(&f, 1200, 560, 1000, 1000, 58); /* nothing open: committed at once */
+  assert_false(w->cached_source.usage);
+  assert_false(w->tokens_source.usage);
+  assert_int_equal(w->actual_cached_tokens_total, 60);
+  assert_int_equal(w->actual_prompt_tokens_total, 100);
+  assert_int_equal(w->actual_generation_tokens_total, 8);
+  assert_int_equal(f.r->prompt_tokens_total, 100);
+  assert_int_equal(w->answers_without_usage_total, 1);
+  assert_int_equal(w->window_prompt_estimate, 100); /* the prediction over the same scrapes */
+  /* A page that comes while a request is open waits for it. */
+  dispatch_at(&f, 1300, &d);
+  scrape_at(&f, 1400, 590, 1100, 1100, 62);
+  assert_int_equal(w->npending, 1);
+  assert_int_equal(w->actual_cached_tokens_total, 60);
+  /* Its answer carries usage without details (vLLM without --enable-prompt-tokens-details): the
+   * token counts move to usage and count it whole; the page, committed when it ends, adds its
+   * hits (the cached tokens stay on the scrape) but not its tokens again. */
+  kvr_router_usage_t plain = {.prompt_tokens = 100, .completion_tokens = 8};
+  kvr_router_on_usage(f.r, &d, &plain);
+  assert_true(w->tokens_source.usage);
+  assert_false(w->cached_source.usage);
+  assert_int_equal(w->actual_prompt_tokens_total, 200);
+  kvr_router_on_end(f.r, &d);
+  assert_int_equal(w->npending, 0);
+  assert_int_equal(w->actual_cached_tokens_total, 90);
+  assert_int_equal(w->actual_prompt_tokens_total, 200);
+  assert_int_equal(w->actual_generation_tokens_total, 16);
+  assert_int_equal(f.r->prompt_tokens_total, 200);
+  /* Details: the cached tokens move to usage the same way. */
+  kvr_router_usage_t det = {
+      .prompt_tokens = 100, .completion_tokens = 8, .cached_tokens = 64, .has_details = true};
+  dispatch_at(&f, 1500, &d);
+  scrape_at(&f, 1600, 654, 1200, 1200, 70);
+  kvr_router_on_usage(f.r, &d, &det);
+  kvr_router_on_end(f.r, &d);
+  assert_true(w->cached_source.usage);
+  assert_int_equal(w->actual_cached_tokens_total, 90 + 64);
+  assert_int_equal(w->actual_prompt_tokens_total, 300);
+  /* Later pages add nothing, even after a restart (counted as one). */
+  scrape_at(&f, 1700, 10, 20, 20, 1);
+  assert_int_equal(w->counters.resets, 1);
+  assert_int_equal(w->counters.sum[KVR_VLLM_HITS], 154 + 10);
+  assert_int_equal(w->actual_cached_tokens_total, 90 + 64);
+  assert_int_equal(w->actual_prompt_tokens_total, 300);
+  kvr_router_set_clock(f.r, NULL, NULL);
+  fx_close(&f);
+
+  /* A request open across more than KVR_PENDING_PAGES pages: the oldest commit early, and its
+   * usage, dispatched before the last committed page, is then left to the scrape. */
+  fx_open(&f, urls, 1, 0);
+  kvr_router_set_clock(f.r, fake_clock, NULL);
+  w = f.r->slots[0];
+  scrape_at(&f, 1000, 0, 0, 0, 0);
+  dispatch_at(&f, 1001, &d);
+  for (uint64_t i = 1; i <= KVR_PENDING_PAGES + 2; i++)
+    scrape_at(&f, 1001 + i, 0, 100, 100, i); /* its prompt, then one token a page */
+  assert_int_equal(w->npending, KVR_PENDING_PAGES);
+  assert_int_equal(w->actual_prompt_tokens_total, 100); /* two pages committed early */
+  assert_int_equal(w->actual_generation_tokens_total, 2);
+  kvr_router_usage_t whole = {.prompt_tokens = 100, .completion_tokens = KVR_PENDING_PAGES + 2};
+  kvr_router_on_usage(f.r, &d, &whole);
+  kvr_router_on_end(f.r, &d);
+  assert_true(w->tokens_source.usage);
+  assert_int_equal(w->actual_prompt_tokens_total, 100); /* not twice */
+  assert_int_equal(w->actual_generation_tokens_total, 2);
+  kvr_router_set_clock(f.r, NULL, NULL);
+  fx_close(&f);
+}
+
+/* ---- one real run on a loop -------------------------------------------------------------------
+ */
+
+typedef struct {
+  uv_loop_t loop;
+  uv_timer_t check;
+  fx_t f;
+  kvr_curlm_t *curlm;
+  kvr_scrape_t *scrape;
+  kvr_http_server_t *srv;
+  int metrics_gets;
+  int gets_at_removal; /* -1 until the refused worker was removed */
+  int server_closed;
+  bool timed_out;
+  uint64_t deadline_ms;
+} loop_fx_t;
+
+static void on_metrics_request(kvr_http_req_t *req, void *data) {
+  loop_fx_t *t = data;
+  if (strcmp(req->path, "/metrics") == 0) {
+    t->metrics_gets++;
+    kvr_http_respond(req, 200, "text/plain", NULL, page, strlen(page));
+  } else {
+    kvr_http_respond(req, 404, "text/plain", NULL, "no\n", 3);
+  }
+}
+
+static void on_server_closed(void *data) {
+  loop_fx_t *t = data;
+  t->server_closed = 1;
+}
+
+static void on_check_closed(uv_handle_t *h) {
+  (void)h;
+}
+
+static void shut_down(loop_fx_t *t) {
+  uv_timer_stop(&t->check);
+  uv_close((uv_handle_t *)&t->check, on_check_closed);
+  kvr_scrape_close(t->scrape);
+  kvr_curlm_close(t->curlm);
+  kvr_http_server_close(t->srv, on_server_closed, t);
+}
+
+/* Once the live worker was scraped and the refused one is DOWN, removes the refused one (its probe
+ * may be out) and stops after two more scrapes of the live one, or at the deadline. */
+static void on_check(uv_timer_t *h) {
+  loop_fx_t *t = h->data;
+  const kvr_worker_t *live = t->f.r->slots[0], *dead = t->f.r->slots[1];
+  if (t->gets_at_removal < 0 && live->metrics_seen && dead->state == KVR_WORKER_DOWN) {
+    t->gets_at_removal = t->metrics_gets;
+    assert_int_equal(kvr_router_drain_worker(t->f.r, dead->id), 0);
+    assert_null(t->f.r->slots[1]);
+  }
+  bool done = t->gets_at_removal >= 0 && t->metrics_gets >= t->gets_at_removal + 2;
+  t->timed_out = !done && kvr_now_ms() > (double)t->deadline_ms;
+  if (done || t->timed_out)
+    shut_down(t);
+}
+
+static void test_scraper_on_loop(void **state) {
+  (void)state;
+  loop_fx_t t;
+  memset(&t, 0, sizeof t);
+  t.gets_at_removal = -1;
+  assert_int_equal(uv_loop_init(&t.loop), 0);
+  kvr_http_limits_t limits;
+  kvr_http_limits_default(&limits);
+  t.srv = kvr_http_server_new(&t.loop, &limits, on_metrics_request, &t);
+  char err[256];
+  assert_int_equal(kvr_http_server_listen(t.srv, "127.0.0.1:0", err, sizeof err), 0);
+  char live[64];
+  snprintf(live, sizeof live, "http://127.0.0.1:%d", kvr_http_server_port(t.srv));
+  const char *const urls[] = {live, "http://127.0.0.1:1"}; /* nothing listens on port 1 */
+  fx_open(&t.f, urls, 2, 20);
+  t.curlm = kvr_curlm_new(&t.loop);
+  assert_non_null(t.curlm);
+  t.scrape = kvr_scrape_new(&t.loop, t.curlm, t.f.r);
+  assert_non_null(t.scrape);
+  t.deadline_ms = (uint64_t)kvr_now_ms() + 10000;
+  uv_timer_init(&t.loop, &t.check);
+  t.check.data = &t;
+  uv_timer_start(&t.check, on_check, 10, 10);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  assert_false(t.timed_out);
+  assert_true(t.server_closed);
+  const kvr_worker_t *w = t.f.r->slots[0];
+  assert_true(w->num_requests_running == 5.0);
+  assert_int_equal(w->cache_capacity_blocks, 500);
+  assert_null(t.f.r->slots[1]);
+  kvr_http_server_free(t.srv);
+  assert_int_equal(uv_loop_close(&t.loop), 0);
+  fx_close(&t.f);
+}
+
+/* GET /v1/models as vLLM answers it: the smallest max_model_len over data[]. */
+static void test_parse_models(void **state) {
+  (void)state;
+  const char *vllm = "{\"object\":\"list\",\"data\":[{\"id\":\"a\",\"object\":\"model\","
+                     "\"max_model_len\":32768},{\"id\":\"b\",\"max_model_len\":8192}]}";
+  uint64_t len = 0;
+  assert_int_equal(kvr_vllm_parse_models(vllm, strlen(vllm), &len), 0);
+  assert_int_equal(len, 8192);
+  const char *bad[] = {"",
+                       "not json",
+                       "{\"data\":{}}",
+                       "{\"data\":[]}",
+                       "{\"data\":[{\"id\":\"a\"}]}",
+                       "{\"data\":[{\"max_model_len\":0}]}",
+                       "{\"data\":[{\"max_model_len\":\"4096\"}]}",
+                       "[1,2]"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    len = 7;
+    assert_int_equal(kvr_vllm_parse_models(bad[i], strlen(bad[i]), &len), KVR_EPARSE);
+    assert_int_equal(len, 7);
+  }
+}
+
+KVR_TEST_MAIN(cmocka_unit_test(test_parse), cmocka_unit_test(test_parse_models),
+              cmocka_unit_test(test_parse_counters), cmocka_unit_test(test_counters_advance),
+              cmocka_unit_test(test_actual_sources), cmocka_unit_test(test_report_path),
+              cmocka_unit_test(test_scraper_on_loop))
