@@ -54,6 +54,20 @@ uint64_t kvr_random_seed(void) {
   return kvr_splitmix64(&mix);
 }
 
+int kvr_parse_u32(const char *s, uint32_t *out) {
+  uint64_t v = 0;
+  size_t n = 0;
+  for (; s[n] >= '0' && s[n] <= '9'; n++) {
+    if (n == 10)
+      return KVR_EINVAL;
+    v = v * 10 + (uint64_t)(s[n] - '0');
+  }
+  if (n == 0 || s[n] != '\0' || v > UINT32_MAX)
+    return KVR_EINVAL;
+  *out = (uint32_t)v;
+  return 0;
+}
+
 void kvr_utc_iso8601(char *buf, size_t size) {
   time_t t = time(NULL);
   struct tm tm;

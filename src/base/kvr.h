@@ -88,6 +88,10 @@ static inline uint64_t kvr_splitmix64(uint64_t *state) {
  * mixed together when that fails: request-id generators and the router's instance id. */
 uint64_t kvr_random_seed(void);
 
+/* An id as the admin API and its callers write it: 1 to 10 decimal digits, no sign, no blank, at
+ * most UINT32_MAX. Returns 0 and *out, or KVR_EINVAL ("4294967296", "-1", "+1", " 1", "1x"). */
+int kvr_parse_u32(const char *s, uint32_t *out);
+
 /* Wall-clock time as "2026-11-21T03:04:05Z" into buf (at least 21 bytes). */
 void kvr_utc_iso8601(char *buf, size_t size);
 

@@ -860,6 +860,15 @@ void kvr_router_on_retries_exhausted(kvr_router_t *r) {
   r->retries_exhausted_total++;
 }
 
+void kvr_router_on_upstream_response_error(kvr_router_t *r, kvr_http_resp_err_t e) {
+  if (e != KVR_HTTP_RESP_OK && (unsigned)e < KVR_HTTP_RESP_ERR_COUNT)
+    r->upstream_response_errors_total[e]++;
+}
+
+void kvr_router_on_usage_rejected(kvr_router_t *r) {
+  r->usage_rejected_total++;
+}
+
 void kvr_router_on_upstream_failure(kvr_router_t *r) {
   r->upstream_failures_total++;
 }

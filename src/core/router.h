@@ -43,7 +43,8 @@
 #include "core/kv_index.h"
 #include "core/prefill_clock.h"
 #include "policies/policy.h"
-#include "proto/kv_decode.h" /* kvr_kv_stream_stats_t */
+#include "proto/http_headers.h" /* kvr_http_resp_err_t */
+#include "proto/kv_decode.h"    /* kvr_kv_stream_stats_t */
 #include "proto/vllm.h"
 
 #include <stdbool.h>
@@ -76,6 +77,7 @@ typedef struct kvr_router_s kvr_router_t;
   XX(IDLE_TIMEOUT, "idle_timeout")                                                                 \
   XX(UPSTREAM_5XX, "upstream_5xx")                                                                 \
   XX(BROKEN_STREAM, "broken_stream")                                                               \
+  XX(UPSTREAM_PROTOCOL, "upstream_protocol")                                                       \
   XX(NO_WORKER, "no_worker")                                                                       \
   XX(OVERLOADED, "overloaded")                                                                     \
   XX(CLIENT_ERROR, "client_error")                                                                 \
@@ -246,7 +248,11 @@ struct kvr_router_s {
   uint64_t upstream_failures_total;
   uint64_t request_errors_total[KVR_REQ_ERROR_COUNT]; /* by kvr_req_error_t, one per request */
   uint64_t retries_exhausted_total; /* failed before responding, and no attempt or worker left */
-  uint64_t retries_inflight;        /* retried requests still in flight (the retry budget) */
+  /* Worker answers refused at the boundary: response heads that break HTTP (by reason), and
+   * usage figures no worker can mean (the answer then counts as one without usage). */
+  uint64_t upstream_response_errors_total[KVR_HTTP_RESP_ERR_COUNT];
+  uint64_t usage_rejected_total;
+  uint64_t retries_inflight; /* retried requests still in flight (the retry budget) */
   uint64_t retry_budget_refused_total;
   uint64_t ejections_refused_total; /* ejections not done: last usable worker or percent cap */
   /* Admission bound (proxy.c's queue, counted here). */
@@ -520,6 +526,11 @@ void kvr_router_on_request_error(kvr_router_t *r, kvr_req_error_t e);
 /* A request failed before any response byte and could not be retried (attempts used up, or no
  * other worker left). */
 void kvr_router_on_retries_exhausted(kvr_router_t *r);
+
+/* A worker's response head broke HTTP (proto/http_headers.h's reason; OK is ignored), or its usage
+ * figures were refused (proto/openai.h: usage_invalid, or above the worker's context). */
+void kvr_router_on_upstream_response_error(kvr_router_t *r, kvr_http_resp_err_t e);
+void kvr_router_on_usage_rejected(kvr_router_t *r);
 /* The public listener's probes, counted apart from requests (kvrouter_probe_requests_total). */
 typedef enum { KVR_PROBE_HEALTH = 0, KVR_PROBE_LIVEZ = 1 } kvr_probe_t;
 void kvr_router_on_probe(kvr_router_t *r, kvr_probe_t probe);

@@ -387,7 +387,21 @@ static void request_metrics(const kvr_router_t *r, kvr_buf_t *out) {
     kvr_metric_sample(out, "kvrouter_request_errors_total", l.data,
                       (double)r->request_errors_total[e]);
   }
+  kvr_metric_family(out, "kvrouter_upstream_response_errors_total", "counter",
+                    "Worker answers refused with a 502 because their head broke HTTP (RFC "
+                    "9110/9112), by reason (every reason is exported)");
+  for (int e = KVR_HTTP_RESP_OK + 1; e < KVR_HTTP_RESP_ERR_COUNT; e++) {
+    kvr_buf_reset(&l);
+    kvr_buf_printf(&l, "reason=\"%s\"", kvr_http_resp_err_name((kvr_http_resp_err_t)e));
+    kvr_metric_sample(out, "kvrouter_upstream_response_errors_total", l.data,
+                      (double)r->upstream_response_errors_total[e]);
+  }
   kvr_buf_free(&l);
+  counter(
+      out, "kvrouter_usage_rejected_total",
+      "Worker answers whose usage figures were refused (not integers in [0, 2^32], cached above "
+      "prompt, or above the worker's context): counted as answers without usage",
+      r->usage_rejected_total);
   counter(out, "kvrouter_retries_exhausted_total",
           "Requests that failed before any response byte with no attempt or other worker left "
           "to retry on",

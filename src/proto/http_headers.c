@@ -23,6 +23,7 @@
 
 #include "base/kvr.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -169,4 +170,117 @@ void kvr_http_headers_drop_named(kvr_buf_t *kept, const kvr_buf_t *conn_tokens) 
   }
   kvr_buf_free(kept);
   *kept = out;
+}
+
+/* ---- the worker's response head ---------------------------------------------------------------
+ */
+
+static const char *const resp_err_names[] = {
+#define XX(name, str) str,
+    KVR_HTTP_RESP_ERR_MAP(XX)
+#undef XX
+};
+
+const char *kvr_http_resp_err_name(kvr_http_resp_err_t e) {
+  return (unsigned)e < KVR_HTTP_RESP_ERR_COUNT ? resp_err_names[e] : "unknown";
+}
+
+/* RFC 9110 5.6.2: tchar = "!" / "#" / "$" / "%" / "&" / "'" / "*" / "+" / "-" / "." / "^" / "_" /
+ * "`" / "|" / "~" / DIGIT / ALPHA. */
+static bool is_tchar(unsigned char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         (c && strchr("!#$%&'*+-.^_`|~", c) != NULL);
+}
+
+/* The line without its one line ending (CRLF or LF). */
+static size_t strip_eol(const char *line, size_t len) {
+  if (len && line[len - 1] == '\n') {
+    len--;
+    if (len && line[len - 1] == '\r')
+      len--;
+  }
+  return len;
+}
+
+/* RFC 9112 4: reason-phrase = *( HTAB / SP / VCHAR / obs-text ); field values likewise. */
+static bool text_ok(const char *s, size_t len) {
+  for (size_t i = 0; i < len; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if ((c < 0x20 && c != '\t') || c == 0x7f)
+      return false;
+  }
+  return true;
+}
+
+static bool is_digit(char c) {
+  return c >= '0' && c <= '9';
+}
+
+kvr_http_resp_err_t kvr_http_resp_status(kvr_http_resp_check_t *st, const char *line, size_t len) {
+  memset(st, 0, sizeof *st);
+  len = strip_eol(line, len);
+  /* "HTTP/" DIGIT ["." DIGIT] SP 3DIGIT [SP reason]: HTTP/1.x, or HTTP/2 as libcurl writes it. */
+  size_t i = 5;
+  if (len < 5 || memcmp(line, "HTTP/", 5) != 0 || i >= len || !is_digit(line[i++]))
+    return KVR_HTTP_RESP_STATUS_LINE;
+  if (i + 1 < len && line[i] == '.' && is_digit(line[i + 1]))
+    i += 2;
+  if (i + 4 > len || line[i] != ' ' || !is_digit(line[i + 1]) || !is_digit(line[i + 2]) ||
+      !is_digit(line[i + 3]) || (i + 4 < len && line[i + 4] != ' ') ||
+      !text_ok(line + i + 4, len - i - 4))
+    return KVR_HTTP_RESP_STATUS_LINE;
+  st->status = (line[i + 1] - '0') * 100 + (line[i + 2] - '0') * 10 + (line[i + 3] - '0');
+  if (st->status < 100 || st->status > 599)
+    return KVR_HTTP_RESP_STATUS_CODE;
+  return st->status == 101 ? KVR_HTTP_RESP_SWITCHING : KVR_HTTP_RESP_OK;
+}
+
+/* Content-Length = 1*DIGIT; a repeated field (or a list) must repeat the same value (RFC 9110
+ * 8.6, RFC 9112 6.3 item 5). */
+static kvr_http_resp_err_t content_length(kvr_http_resp_check_t *st, const char *v, size_t n) {
+  size_t i = 0;
+  while (i < n) {
+    while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
+      i++;
+    if (i == n)
+      break;
+    unsigned long long x = 0;
+    size_t d = 0;
+    for (; i < n && is_digit(v[i]); i++, d++) {
+      if (x > (ULLONG_MAX - 9) / 10)
+        return KVR_HTTP_RESP_CONTENT_LENGTH;
+      x = x * 10 + (unsigned long long)(v[i] - '0');
+    }
+    if (d == 0 || (i < n && v[i] != ' ' && v[i] != '\t' && v[i] != ','))
+      return KVR_HTTP_RESP_CONTENT_LENGTH;
+    if (st->have_cl && st->cl != x)
+      return KVR_HTTP_RESP_CONTENT_LENGTH;
+    st->have_cl = true;
+    st->cl = x;
+  }
+  return st->have_cl ? KVR_HTTP_RESP_OK : KVR_HTTP_RESP_CONTENT_LENGTH;
+}
+
+kvr_http_resp_err_t kvr_http_resp_field(kvr_http_resp_check_t *st, const char *line, size_t len) {
+  len = strip_eol(line, len);
+  if (len && (line[0] == ' ' || line[0] == '\t'))
+    return KVR_HTTP_RESP_OBS_FOLD;
+  size_t n = 0;
+  while (n < len && is_tchar((unsigned char)line[n]))
+    n++;
+  if (n == 0 || n == len || line[n] != ':')
+    return KVR_HTTP_RESP_HEADER_NAME;
+  const char *v = line + n + 1;
+  size_t vlen = len - n - 1;
+  if (!text_ok(v, vlen))
+    return KVR_HTTP_RESP_HEADER_VALUE;
+  if (n == 14 && strncasecmp(line, "content-length", 14) == 0)
+    return content_length(st, v, vlen);
+  if (n == 17 && strncasecmp(line, "transfer-encoding", 17) == 0)
+    st->have_te = true;
+  return KVR_HTTP_RESP_OK;
+}
+
+kvr_http_resp_err_t kvr_http_resp_end(const kvr_http_resp_check_t *st) {
+  return st->have_te && st->have_cl ? KVR_HTTP_RESP_TE_AND_CL : KVR_HTTP_RESP_OK;
 }

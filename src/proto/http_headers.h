@@ -67,4 +67,50 @@ bool kvr_http_headers_response_field(kvr_buf_t *kept, kvr_buf_t *conn_tokens, co
  * the headers it names. */
 void kvr_http_headers_drop_named(kvr_buf_t *kept, const kvr_buf_t *conn_tokens);
 
+/* ---- the worker's response head, checked (RFC 9110 / RFC 9112) --------------------------------
+ *
+ * Every line of a worker's head passes through here before anything of it reaches a client, so a
+ * worker (or whatever sits on the path to it) cannot smuggle a header or a second message past the
+ * filters above by bytes a client's parser reads differently from libcurl's (which splits lines at
+ * LF only). A verdict other than OK makes the answer a 502 and the connection is not reused. */
+#define KVR_HTTP_RESP_ERR_MAP(XX)                                                                  \
+  XX(OK, "ok")                                                                                     \
+  XX(STATUS_LINE, "status_line")       /* not "HTTP/D[.D] SP 3DIGIT [SP reason]" */                \
+  XX(STATUS_CODE, "status_code")       /* a status below 100 or above 599 */                       \
+  XX(SWITCHING, "switching")           /* 101: the router never asks a worker to switch */         \
+  XX(INTERIM_ONLY, "interim_only")     /* the answer ended after a 1xx, without a final status */  \
+  XX(HEADER_NAME, "header_name")       /* a field name that is empty or not a token */             \
+  XX(HEADER_VALUE, "header_value")     /* a control byte other than HTAB in a value (a bare CR) */ \
+  XX(OBS_FOLD, "obs_fold")             /* a line starting with SP or HTAB */                       \
+  XX(CONTENT_LENGTH, "content_length") /* not digits, or two that differ */                        \
+  XX(TE_AND_CL, "te_and_cl")           /* Transfer-Encoding and Content-Length together */
+
+typedef enum {
+#define XX(name, str) KVR_HTTP_RESP_##name,
+  KVR_HTTP_RESP_ERR_MAP(XX)
+#undef XX
+      KVR_HTTP_RESP_ERR_COUNT
+} kvr_http_resp_err_t;
+
+/* "content_length" for KVR_HTTP_RESP_CONTENT_LENGTH; "unknown" out of range. */
+const char *kvr_http_resp_err_name(kvr_http_resp_err_t e);
+
+/* The state of one response head being checked; zero it (or let kvr_http_resp_status() reset it)
+ * at each status line. */
+typedef struct kvr_http_resp_check_s {
+  int status; /* the last status line's code, 0 before one */
+  bool have_cl, have_te;
+  unsigned long long cl; /* the Content-Length, when have_cl */
+} kvr_http_resp_check_t;
+
+/* A status line (with or without its CRLF): sets st->status and forgets the previous head's
+ * fields. OK for 100..599 except 101; a 1xx other than 101 is an interim head to consume. */
+kvr_http_resp_err_t kvr_http_resp_status(kvr_http_resp_check_t *st, const char *line, size_t len);
+
+/* One field line (with or without its CRLF, exactly one trailing CRLF or LF is stripped). */
+kvr_http_resp_err_t kvr_http_resp_field(kvr_http_resp_check_t *st, const char *line, size_t len);
+
+/* The blank line that ends a head: the checks that need the whole head (TE with CL). */
+kvr_http_resp_err_t kvr_http_resp_end(const kvr_http_resp_check_t *st);
+
 #endif

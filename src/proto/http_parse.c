@@ -444,6 +444,22 @@ static int check_host(kvr_http_parse_t *p, const kvr_http_req_t *req) {
   return 0;
 }
 
+/* Fields that are not lists and that the router reads (RFC 9110 5.3: a recipient may not combine
+ * their repetitions): the router would read the first while a worker, or a server behind it, may
+ * read the last, so a second one is refused rather than guessed. */
+static int check_singletons(kvr_http_parse_t *p, const kvr_http_req_t *req) {
+  static const char *const singleton[] = {"authorization", "content-type", "x-request-id",
+                                          "proxy-authorization"};
+  for (size_t s = 0; s < KVR_ARRAY_SIZE(singleton); s++) {
+    int seen = 0;
+    for (size_t i = 0; i < req->nheaders; i++)
+      if (strcasecmp(req->headers[i].name, singleton[s]) == 0 && ++seen > 1)
+        return reject(p, 400, "duplicate_header", "request has more than one %s header field",
+                      singleton[s]);
+  }
+  return 0;
+}
+
 /* Transfer-Encoding rules (RFC 9112 6.1, 6.3, 7) beyond what llhttp checks. */
 static int check_te(kvr_http_parse_t *p, const kvr_http_req_t *req) {
   const char *vals[16];
@@ -485,7 +501,7 @@ static int on_headers_complete(llhttp_t *lp) {
     return reject(p, 405, "method_not_allowed", "CONNECT is not supported");
   if (lp->upgrade || (lp->flags & F_UPGRADE) || find_header(req, "upgrade"))
     return reject(p, 501, "upgrade_not_supported", "protocol upgrades are not supported");
-  if (check_host(p, req) != 0 || check_te(p, req) != 0)
+  if (check_host(p, req) != 0 || check_singletons(p, req) != 0 || check_te(p, req) != 0)
     return -1;
   if ((lp->flags & F_CONTENT_LENGTH) && lp->content_length > p->limits.max_body)
     return reject(p, 413, "body_too_large", "request body exceeds the configured limit");

@@ -15,6 +15,7 @@
  *   request line without an HTTP version, or not "METHOD SP target SP HTTP/D.D" -> 400
  *   a version other than HTTP/1.0 and HTTP/1.1 (HTTP/0.9, 1.2, 2.0...)          -> 505
  *   a request target with a byte outside visible ASCII (0x21-0x7E)              -> 400
+ *   a second Authorization, Proxy-Authorization, Content-Type or X-Request-Id    -> 400
  *   HTTP/1.1 without Host, any request with two Host fields, a Host value that
  *   is not uri-host[:port] (RFC 3986 reg-name, IPv4 or IP-literal)              -> 400
  *   Transfer-Encoding on HTTP/1.0, with Content-Length, with an empty list

@@ -15,8 +15,8 @@
  *
  * Invariants: s->line holds no LF; s->line.len <= max_line; while s->overflow is set s->line is
  * empty and bytes are dropped up to the next LF, which clears it. The lines delivered depend only
- * on the bytes fed, not on where the chunks were cut (tests/src/proto/test_openai.c feeds a stream at
- * every split point and byte by byte).
+ * on the bytes fed, not on where the chunks were cut (tests/src/proto/test_openai.c feeds a stream
+ * at every split point and byte by byte).
  *
  * Response objects. kvr_openai_chunk_read() reports what a chunk or body says (answer text,
  * reasoning text, usage, error) as views into the cJSON tree; whether a chunk counts as a token,
@@ -39,6 +39,7 @@
 
 #include "base/kvr.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdalign.h>
 #include <stddef.h>
@@ -369,6 +370,15 @@ static void read_text(const cJSON *obj, kvr_openai_chunk_t *out) {
   }
 }
 
+/* A usage figure as vLLM writes it: an integer in [0, KVR_OPENAI_USAGE_MAX]. */
+static bool sane_count(const cJSON *n) {
+  double v = n->valuedouble;
+  return cJSON_IsNumber(n) && v >= 0 && v <= (double)KVR_OPENAI_USAGE_MAX && v == floor(v);
+}
+
+/* Usage is taken whole or not at all: every figure present must be sane_count() and the cached
+ * tokens no more than the prompt's, else the answer counts as one without usage (usage_invalid),
+ * so a worker's absurd figures can never wrap or skew a counter. */
 static void read_usage(const cJSON *obj, kvr_openai_chunk_t *out) {
   const cJSON *usage = cJSON_GetObjectItemCaseSensitive(obj, "usage");
   if (!cJSON_IsObject(usage))
@@ -378,11 +388,17 @@ static void read_usage(const cJSON *obj, kvr_openai_chunk_t *out) {
   const cJSON *det = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details");
   const cJSON *cached =
       cJSON_IsObject(det) ? cJSON_GetObjectItemCaseSensitive(det, "cached_tokens") : NULL;
-  if ((out->has_prompt_tokens = cJSON_IsNumber(pt)))
+  bool has_pt = cJSON_IsNumber(pt), has_ct = cJSON_IsNumber(ct), has_c = cJSON_IsNumber(cached);
+  if ((has_pt && !sane_count(pt)) || (has_ct && !sane_count(ct)) ||
+      (has_c && (!sane_count(cached) || !has_pt || cached->valuedouble > pt->valuedouble))) {
+    out->usage_invalid = true;
+    return;
+  }
+  if ((out->has_prompt_tokens = has_pt))
     out->prompt_tokens = count(pt);
-  if ((out->has_cached_tokens = cJSON_IsNumber(cached)))
+  if ((out->has_cached_tokens = has_c))
     out->cached_tokens = count(cached);
-  if ((out->has_completion_tokens = cJSON_IsNumber(ct)))
+  if ((out->has_completion_tokens = has_ct))
     out->completion_tokens = count(ct);
 }
 

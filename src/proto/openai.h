@@ -110,6 +110,9 @@ bool kvr_openai_sse_done(const char *payload, size_t len);
 /* ---- response objects -------------------------------------------------------------------------
  */
 
+/* The largest usage figure believed (2^32 tokens: far above any model's context). */
+#define KVR_OPENAI_USAGE_MAX 4294967296ull
+
 /* What one response object says: a streamed chunk (chat.completion.chunk, text_completion) or a
  * whole non-streamed body. Strings point into the cJSON tree it was read from. */
 typedef struct kvr_openai_chunk_s {
@@ -121,8 +124,11 @@ typedef struct kvr_openai_chunk_s {
    * thinking there; it is not part of the answer the next turn resends). */
   const char *reasoning;
   size_t reasoning_len;
-  /* usage (the last chunk when stream_options.include_usage, or the whole body). */
+  /* usage (the last chunk when stream_options.include_usage, or the whole body). Taken whole or
+   * not at all: a figure that is not an integer in [0, KVR_OPENAI_USAGE_MAX], or cached tokens
+   * above the prompt's (or without them), leaves every has_* false and sets usage_invalid. */
   bool has_prompt_tokens, has_cached_tokens, has_completion_tokens;
+  bool usage_invalid;
   uint64_t prompt_tokens;     /* usage.prompt_tokens */
   uint64_t cached_tokens;     /* usage.prompt_tokens_details.cached_tokens */
   uint64_t completion_tokens; /* usage.completion_tokens */

@@ -44,7 +44,7 @@ int kvr_url_worker(const char *url, char *out, size_t outlen, char *err, size_t 
     kvr_oom("curl_url", 0);
   int rc = KVR_EINVAL;
   char *scheme = NULL, *host = NULL, *port = NULL, *user = NULL, *password = NULL, *path = NULL,
-       *query = NULL, *fragment = NULL;
+       *query = NULL, *fragment = NULL, *zone = NULL;
   CURLUcode uc = curl_url_set(u, CURLUPART_URL, url, 0);
   if (uc == CURLUE_BAD_PORT_NUMBER) {
     snprintf(err, errlen, "worker URL '%s': the port must be a number in 1..65535", url);
@@ -56,6 +56,10 @@ int kvr_url_worker(const char *url, char *out, size_t outlen, char *err, size_t 
   }
   const char *auth = strstr(url, "://") + 3;
   size_t alen = strcspn(auth, "/");
+  if (alen == 0) { /* "http:///x": libcurl would take x as the host */
+    snprintf(err, errlen, "worker URL '%s' has no host", url);
+    goto out;
+  }
   if (alen > 0 && auth[alen - 1] == ':') {
     snprintf(err, errlen, "worker URL '%s': the port must be a number in 1..65535", url);
     goto out;
@@ -76,6 +80,12 @@ int kvr_url_worker(const char *url, char *out, size_t outlen, char *err, size_t 
     snprintf(err, errlen, "worker URL '%s' has no host", url);
     goto out;
   }
+  if (host[strlen(host) - 1] ==
+      '.') { /* "127.0.0.1." would be a second worker beside "127.0.0.1" */
+    snprintf(err, errlen, "worker URL '%s': the host ends in a dot; write it without", url);
+    goto out;
+  }
+  zone = url_part(u, CURLUPART_ZONEID); /* "[fe80::1%25eth0]": kept, it names the interface */
   if (user != NULL || password != NULL || strchr(url, '@') != NULL) {
     snprintf(err, errlen, "worker URL '%s' must not contain user info (USER@)", url);
     goto out;
@@ -96,7 +106,10 @@ int kvr_url_worker(const char *url, char *out, size_t outlen, char *err, size_t 
     snprintf(err, errlen, "worker URL '%s' must be %s://HOST[:PORT] with no path", url, scheme);
     goto out;
   }
-  int n = snprintf(out, outlen, "%s://%s%s%s", scheme, host, port ? ":" : "", port ? port : "");
+  int n =
+      zone ? snprintf(out, outlen, "%s://%.*s%%25%s]%s%s", scheme, (int)strlen(host) - 1, host,
+                      zone, port ? ":" : "", port ? port : "")
+           : snprintf(out, outlen, "%s://%s%s%s", scheme, host, port ? ":" : "", port ? port : "");
   if (n < 0 || (size_t)n >= outlen) {
     snprintf(err, errlen, "worker URL '%s' is too long", url);
     goto out;
@@ -111,6 +124,7 @@ out:
   curl_free(path);
   curl_free(query);
   curl_free(fragment);
+  curl_free(zone);
   curl_url_cleanup(u);
   return rc;
 }

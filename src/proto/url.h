@@ -18,7 +18,9 @@
 /* Checks a worker URL with libcurl's URL parser: http:// or https://, a host, an optional port in
  * 1..65535, no user info, no path beyond "/", no query or fragment. On success writes the
  * normalized form "scheme://host[:port]" (scheme and host as libcurl gives them, no trailing
- * slash) into out; else KVR_EINVAL with one line naming the URL in err. */
+ * slash; an IPv6 zone id kept as "[addr%25zone]") into out; else KVR_EINVAL with one line naming
+ * the URL in err. Refused besides: an empty authority ("http:///x", which libcurl reads as host
+ * x) and a host ending in a dot ("127.0.0.1." would be a second worker beside "127.0.0.1"). */
 int kvr_url_worker(const char *url, char *out, size_t outlen, char *err, size_t errlen);
 
 /* The target of --discover URL: scheme ("http"/"https"), host and port. */

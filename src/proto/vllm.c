@@ -47,23 +47,27 @@ static uint64_t label_u64(const char *line, const char *end, const char *label) 
   return 0;
 }
 
+/* A gauge sample a worker can mean: finite and not negative (NaN, +-Inf, -1e300 are ignored, so
+ * they never reach a policy's cost or the router's figures). */
+static bool gauge_value(const char *p, const char *eol, double *v) {
+  return kvr_metric_line_value(p, eol, v) == 0 && isfinite(*v) && *v >= 0 && *v <= 1e15;
+}
+
 /* Adds one sample line [p, eol) to *m; returns 1 when it is one of the expected load series. */
 static int parse_line(const char *p, const char *eol, kvr_vllm_metrics_t *m, int *nusage) {
   double v;
-  if (kvr_metric_line_is(p, eol, "vllm:num_requests_running") &&
-      kvr_metric_line_value(p, eol, &v) == 0) {
+  if (kvr_metric_line_is(p, eol, "vllm:num_requests_running") && gauge_value(p, eol, &v)) {
     m->num_requests_running += v;
     return 1;
   }
-  if (kvr_metric_line_is(p, eol, "vllm:num_requests_waiting") &&
-      kvr_metric_line_value(p, eol, &v) == 0) {
+  if (kvr_metric_line_is(p, eol, "vllm:num_requests_waiting") && gauge_value(p, eol, &v)) {
     m->num_requests_waiting += v;
     return 1;
   }
   if ((kvr_metric_line_is(p, eol, "vllm:kv_cache_usage_perc") ||
        kvr_metric_line_is(p, eol, "vllm:gpu_cache_usage_perc")) &&
-      kvr_metric_line_value(p, eol, &v) == 0) {
-    m->kv_cache_usage += v;
+      gauge_value(p, eol, &v)) {
+    m->kv_cache_usage += v > 1 ? 1 : v; /* a fraction of the cache: clamped to [0, 1] */
     (*nusage)++;
     return 1;
   }

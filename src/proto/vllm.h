@@ -55,7 +55,9 @@ typedef struct kvr_vllm_metrics_s {
 
 /* Parses the Prometheus text of a vLLM /metrics page taken at now_ms into *out: samples of one name
  * are summed across label sets (several engines behind one server), the cache usage is their mean.
- * Returns 0, or KVR_EPARSE when none of the expected series is present (*out is then unusable). */
+ * A load sample that is not finite, negative or above 1e15 is ignored (a worker's NaN or -1e300
+ * never reaches a policy), a cache usage above 1 counts as 1. Returns 0, or KVR_EPARSE when none of
+ * the expected series is present (*out is then unusable). */
 int kvr_vllm_parse_metrics(const char *text, size_t len, uint64_t now_ms, kvr_vllm_metrics_t *out);
 
 /* Follows one worker's vLLM counters from page to page: st holds the last page's values, cur is the

@@ -140,10 +140,14 @@ static void workers_post(kvr_http_req_t *req, void *data, const char *tail) {
 /* DELETE /admin/workers/{id}: idtext is the route's tail. */
 static void workers_delete(kvr_http_req_t *req, void *data, const char *idtext) {
   kvr_router_t *r = ((kvr_admin_t *)data)->r;
-  char *end;
-  unsigned long id = strtoul(idtext, &end, 10);
-  const kvr_worker_t *w =
-      (*idtext && *end == '\0') ? kvr_router_worker_by_id(r, (uint32_t)id) : NULL;
+  uint32_t id;
+  if (kvr_parse_u32(idtext, &id) != 0) {
+    kvr_http_error(req, 400, NULL, "invalid_value",
+                   "worker id '%.40s': want a decimal number of 1 to 10 digits, at most %u", idtext,
+                   UINT32_MAX);
+    return;
+  }
+  const kvr_worker_t *w = kvr_router_worker_by_id(r, id);
   if (w == NULL) {
     kvr_http_error(req, 404, NULL, "worker_not_found", "no worker with id '%s'", idtext);
     return;

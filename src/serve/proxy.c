@@ -129,8 +129,10 @@ struct px_s {
   kvr_router_dispatch_t acct;    /* what the current attempt added to w; open while accounted */
   /* Response. */
   int status;
-  kvr_buf_t resp_headers; /* filtered "Name: value\r\n" lines for the client */
-  kvr_buf_t conn_tokens;  /* ",a,b," names listed in the response's Connection header */
+  kvr_http_resp_check_t resp_check; /* the head being read, checked line by line */
+  kvr_http_resp_err_t resp_err;     /* why the head was refused (OK: it was not) */
+  kvr_buf_t resp_headers;           /* filtered "Name: value\r\n" lines for the client */
+  kvr_buf_t conn_tokens;            /* ",a,b," names listed in the response's Connection header */
   bool got_byte;
   bool sse;
   bool head_req;  /* a HEAD request: the answer's Content-Length describes the GET body */
@@ -236,9 +238,21 @@ static bool is_request_id_line(const char *line, size_t len) {
          (line[n] == ':' || line[n] == ';' || line[n] == ' ' || line[n] == '\t');
 }
 
+/* A line of the worker's head broke HTTP: counted, and the transfer is aborted (returning 0 from
+ * the header callback), so libcurl closes that connection instead of reusing it, and
+ * transfer_failed() answers 502 before any byte of the head reached the client. */
+static size_t refuse_head(px_t *px, kvr_http_resp_err_t e) {
+  px->resp_err = e;
+  kvr_router_on_upstream_response_error(px->r, e);
+  KVR_WARN("proxy", "worker %s: invalid response head (%s); answering 502", px->worker_label,
+           kvr_http_resp_err_name(e));
+  return 0;
+}
+
 static size_t on_header(char *data, size_t size, size_t n, void *ud) {
   px_t *px = ud;
   size_t len = size * n;
+  kvr_http_resp_err_t e;
   if (!px->got_byte) {
     /* The worker answered: it is reachable, and from now on a failure is not retried. The
      * first-byte timer keeps running until the first body byte, because vLLM sends its SSE head
@@ -246,22 +260,31 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud) {
     px->got_byte = true;
     kvr_router_on_health(px->r, px->w->id, true);
   }
-  if (len >= 5 && memcmp(data, "HTTP/", 5) == 0) {
-    /* Status line: a new response head (after a 1xx, or the first). */
-    const char *sp = memchr(data, ' ', len);
-    px->status = sp ? atoi(sp + 1) : 502;
+  if (px->status == 0 || (px->status < 200 && px->resp_check.status == 0)) {
+    /* Status line: a new response head (the first, or the one after an interim 1xx head, which
+     * is consumed here and never forwarded). */
+    if ((e = kvr_http_resp_status(&px->resp_check, data, len)) != KVR_HTTP_RESP_OK)
+      return refuse_head(px, e);
+    px->status = px->resp_check.status;
     kvr_buf_reset(&px->resp_headers);
     kvr_buf_reset(&px->conn_tokens);
     px->sse = false;
     return len;
   }
-  if (len <= 2) { /* blank line: end of a head */
+  if ((len == 1 && data[0] == '\n') || (len == 2 && data[0] == '\r' && data[1] == '\n')) {
+    /* blank line: end of a head */
+    if ((e = kvr_http_resp_end(&px->resp_check)) != KVR_HTTP_RESP_OK)
+      return refuse_head(px, e);
+    if (px->status < 200)
+      px->resp_check.status = 0; /* an interim head ended: a status line comes next */
     if (px->status >= 200) {
       kvr_http_headers_drop_named(&px->resp_headers, &px->conn_tokens);
       learn_dispatch(px);
     }
     return len;
   }
+  if ((e = kvr_http_resp_field(&px->resp_check, data, len)) != KVR_HTTP_RESP_OK)
+    return refuse_head(px, e);
   if (is_request_id_line(data, len))
     return len; /* the client gets the router's x-request-id (the same id, sent upstream) */
   if (kvr_http_headers_response_field(&px->resp_headers, &px->conn_tokens, data, len, px->head_req))
@@ -271,6 +294,16 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud) {
 
 /* Keeps the usage figures of a response object (streaming chunk or whole body). */
 static void take_usage(px_t *px, const kvr_openai_chunk_t *c) {
+  /* Refused figures (openai.h: not integers in [0, 2^32], cached above prompt) or a total above
+   * the worker's context (vLLM never answers one): the answer counts as one without usage. */
+  uint64_t ctx = px->w ? px->w->max_model_len : 0;
+  if (c->usage_invalid ||
+      (c->has_prompt_tokens && ctx &&
+       c->prompt_tokens + (c->has_completion_tokens ? c->completion_tokens : 0) > ctx)) {
+    kvr_router_on_usage_rejected(px->r);
+    px->usage_seen = false;
+    return;
+  }
   if (c->has_prompt_tokens) {
     px->usage_seen = true;
     px->usage.prompt_tokens = c->prompt_tokens;
@@ -516,6 +549,23 @@ static bool retryable(CURLcode rc) {
          rc == CURLE_COULDNT_RESOLVE_HOST;
 }
 
+/* The worker's head broke HTTP (refuse_head(), or a transfer that ended after an interim head):
+ * never retried (the worker answered, and may have acted on the request), a 502 in OpenAI's
+ * shape when nothing reached the client yet; the head being refused, nothing of it has. */
+static void protocol_failure(px_t *px) {
+  kvr_router_on_request_error(px->r, KVR_REQ_ERROR_UPSTREAM_PROTOCOL);
+  if (!px->streaming) {
+    fail(px, 502, "upstream_protocol_error", "worker_protocol",
+         "upstream worker sent an invalid HTTP response (%s)",
+         kvr_http_resp_err_name(px->resp_err));
+  } else {
+    px->outcome = "broken_stream";
+    kvr_router_on_upstream_failure(px->r);
+    broken_stream(px, "upstream worker sent an invalid HTTP response");
+  }
+  px_end(px);
+}
+
 /* Records what the response taught: the worker now holds prompt + answer; usage vs prediction. */
 static void learn(px_t *px) {
   const kvr_worker_t *w = px->w;
@@ -546,6 +596,14 @@ static void read_held_body(px_t *px) {
 /* The transfer completed: learn from it and finish the client's response. */
 static void transfer_succeeded(px_t *px) {
   kvr_router_t *r = px->r;
+  if (px->status < 200) { /* only interim heads (or none): no answer at all */
+    px->resp_err = KVR_HTTP_RESP_INTERIM_ONLY;
+    kvr_router_on_upstream_response_error(r, px->resp_err);
+    kvr_router_on_worker_error(r, &px->acct);
+    kvr_router_on_result(r, &px->acct, false);
+    protocol_failure(px);
+    return;
+  }
   if (!px->sse && px->body.len && px->has_prompt)
     read_held_body(px);
   if (px->status >= 500) {
@@ -606,6 +664,10 @@ static void transfer_failed(px_t *px, CURL *easy, CURLcode rc) {
       !px->got_byte && (unreached || (retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT));
   /* Before any response byte the worker was not reached or dropped the connection unanswered. */
   kvr_req_error_t reason = px->got_byte ? KVR_REQ_ERROR_BROKEN_STREAM : KVR_REQ_ERROR_CONNECT;
+  if (px->resp_err != KVR_HTTP_RESP_OK) {
+    protocol_failure(px);
+    return;
+  }
   if (can_retry && px->attempts < MAX_ATTEMPTS && retry_allowed(px)) {
     px->retried_error = reason;
     KVR_WARN("proxy", "worker %s failed before responding (%s); retrying elsewhere",
@@ -835,6 +897,8 @@ static void attempt_begin(px_t *px, int slot) {
   snprintf(px->worker_label, sizeof px->worker_label, "%s", w->label);
   px->got_byte = false;
   px->status = 0;
+  px->resp_err = KVR_HTTP_RESP_OK;
+  memset(&px->resp_check, 0, sizeof px->resp_check);
   px->sse = false;
   kvr_buf_reset(&px->resp_headers);
   kvr_buf_reset(&px->body);

@@ -283,7 +283,13 @@ def test_workers_list_add_and_errors():
         assert_openai_error(admin(r, "POST", "/admin/workers", {}), 400)
         assert_openai_error(admin(r, "POST", "/admin/workers", b"{nope"), 400)
         assert_openai_error(admin(r, "DELETE", "/admin/workers/999"), 404)
-        assert_openai_error(admin(r, "DELETE", "/admin/workers/abc"), 404)
+        # Ids are 1-10 digits up to 2^32-1: 2^32 used to wrap to worker 0 (strtoul, then a cast),
+        # and signs and blanks were accepted. Nothing is drained by a malformed id.
+        for bad in ("abc", "4294967296", "18446744073709551616", "-1", "+1", "%201",
+                    "01234567890", "1x"):
+            assert_openai_error(admin(r, "DELETE", "/admin/workers/" + bad), 400)
+        assert_openai_error(admin(r, "DELETE", "/admin/workers/4294967295"), 404)
+        assert all(w["state"] != "draining" for w in r.workers()), r.workers()
         assert_openai_error(admin(r, "GET", "/admin/nothing"), 404)
         r405 = admin(r, "PATCH", "/admin/workers")
         assert_openai_error(r405, 405)
@@ -551,6 +557,7 @@ def test_metrics_strict_prometheus_and_counters():
 
 
 REQUEST_ERROR_REASONS = ("connect", "first_byte_timeout", "idle_timeout", "upstream_5xx",
+                         "upstream_protocol",
                          "broken_stream", "no_worker", "overloaded", "client_error",
                          "client_abort")
 

@@ -210,6 +210,9 @@ static void test_worker_url_check(void **state) {
       {"http://[::1]:9001", "http://[::1]:9001"},
       {"http://localhost", "http://localhost"},
       {"HTTP://h:3", "http://h:3"},
+      /* An IPv6 zone id names the interface: kept, not dropped (fe80::1 on eth0 and on eth1 are
+       * two endpoints). */
+      {"http://[fe80::1%25eth0]:9001", "http://[fe80::1%25eth0]:9001"},
   };
   static const struct {
     const char *url, *needle;
@@ -229,6 +232,12 @@ static void test_worker_url_check(void **state) {
       {"h:1", "http://"},
       {"http://h 1:2", "invalid character"},
       {"", "http://"},
+      /* Issue 37: "http:///x" was taken as http://x; "127.0.0.1." beside "127.0.0.1" made one
+       * endpoint two workers. */
+      {"http:///x", "no host"},
+      {"http:///x:8000", "no host"},
+      {"http://127.0.0.1.:8000", "dot"},
+      {"http://vllm.example.:8000", "dot"},
   };
   char out[512], err[512];
   for (size_t i = 0; i < KVR_ARRAY_SIZE(good); i++) {

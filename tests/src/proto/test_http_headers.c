@@ -288,10 +288,107 @@ static void test_drop_named(void **state) {
   kvr_buf_free(&tokens);
 }
 
+/* The worker's status line (issue 37): HTTP/1.x or HTTP/2 as libcurl writes it, 3 digits, an
+ * optional reason without control bytes; 101 and codes outside 100..599 refused. */
+static void test_resp_status(void **state) {
+  (void)state;
+  static const struct {
+    const char *line;
+    kvr_http_resp_err_t want;
+    int status;
+  } rows[] = {
+      {"HTTP/1.1 200 OK\r\n", KVR_HTTP_RESP_OK, 200},
+      {"HTTP/1.0 404 Not Found\n", KVR_HTTP_RESP_OK, 404},
+      {"HTTP/2 200 \r\n", KVR_HTTP_RESP_OK, 200},
+      {"HTTP/1.1 204\r\n", KVR_HTTP_RESP_OK, 204},
+      {"HTTP/1.1 100 Continue\r\n", KVR_HTTP_RESP_OK, 100},
+      {"HTTP/1.1 103 Early Hints\r\n", KVR_HTTP_RESP_OK, 103},
+      {"HTTP/1.1 101 Switching Protocols\r\n", KVR_HTTP_RESP_SWITCHING, 101},
+      {"HTTP/1.1 099 Low\r\n", KVR_HTTP_RESP_STATUS_CODE, 99},
+      {"HTTP/1.1 600 High\r\n", KVR_HTTP_RESP_STATUS_CODE, 600},
+      {"HTTP/1.1 999 x\r\n", KVR_HTTP_RESP_STATUS_CODE, 999},
+      {"HTTP/1.1 abc OK\r\n", KVR_HTTP_RESP_STATUS_LINE, 0},
+      {"HTTP/1.1 20 OK\r\n", KVR_HTTP_RESP_STATUS_LINE, 0},
+      {"HTTP/1.1 2000 OK\r\n", KVR_HTTP_RESP_STATUS_LINE, 0},
+      {"HTTP/1.1 200 O\rK\r\n", KVR_HTTP_RESP_STATUS_LINE, 0},
+      {"HTTP/1.1  200 OK\r\n", KVR_HTTP_RESP_STATUS_LINE, 0},
+      {"ICY 200 OK\r\n", KVR_HTTP_RESP_STATUS_LINE, 0},
+      {"HTTP/x 200 OK\r\n", KVR_HTTP_RESP_STATUS_LINE, 0},
+  };
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(rows); i++) {
+    kvr_http_resp_check_t st;
+    kvr_http_resp_err_t e = kvr_http_resp_status(&st, rows[i].line, strlen(rows[i].line));
+    if (e != rows[i].want || (rows[i].status && st.status != rows[i].status))
+      fail_msg("'%s': %s (%d), want %s", rows[i].line, kvr_http_resp_err_name(e), st.status,
+               kvr_http_resp_err_name(rows[i].want));
+  }
+}
+
+/* Field lines: token names, no control byte but HTAB in values (a bare CR is how a header was
+ * smuggled past the filter), no obs-fold, one consistent Content-Length, TE with CL at the end. */
+static void test_resp_fields(void **state) {
+  (void)state;
+  static const struct {
+    const char *line;
+    kvr_http_resp_err_t want;
+  } rows[] = {
+      {"Content-Type: application/json\r\n", KVR_HTTP_RESP_OK},
+      {"X-Tab:\tvalue\twith tabs\r\n", KVR_HTTP_RESP_OK},
+      {"X-Obs: caf\xc3\xa9\r\n", KVR_HTTP_RESP_OK},
+      {"X-Empty:\r\n", KVR_HTTP_RESP_OK},
+      {"X-A: a\rTransfer-Encoding: chunked\r\n", KVR_HTTP_RESP_HEADER_VALUE},
+      {"X-A: a\rSet-Cookie: evil=1\n", KVR_HTTP_RESP_HEADER_VALUE},
+      {"X-A: a\r\r\n", KVR_HTTP_RESP_HEADER_VALUE},
+      {"X-A: a\x01b\r\n", KVR_HTTP_RESP_HEADER_VALUE},
+      {"X-A: a\x7f\r\n", KVR_HTTP_RESP_HEADER_VALUE},
+      {" folded continuation\r\n", KVR_HTTP_RESP_OBS_FOLD},
+      {"\tfolded\r\n", KVR_HTTP_RESP_OBS_FOLD},
+      {"Bad Name: x\r\n", KVR_HTTP_RESP_HEADER_NAME},
+      {"X(y): z\r\n", KVR_HTTP_RESP_HEADER_NAME},
+      {": x\r\n", KVR_HTTP_RESP_HEADER_NAME},
+      {"NoColon\r\n", KVR_HTTP_RESP_HEADER_NAME},
+      {"X-A : x\r\n", KVR_HTTP_RESP_HEADER_NAME},
+      {"Content-Length: 12x\r\n", KVR_HTTP_RESP_CONTENT_LENGTH},
+      {"Content-Length: -1\r\n", KVR_HTTP_RESP_CONTENT_LENGTH},
+      {"Content-Length: \r\n", KVR_HTTP_RESP_CONTENT_LENGTH},
+      {"Content-Length: 99999999999999999999999\r\n", KVR_HTTP_RESP_CONTENT_LENGTH},
+      {"Content-Length: 5, 6\r\n", KVR_HTTP_RESP_CONTENT_LENGTH},
+      {"Content-Length: 5, 5\r\n", KVR_HTTP_RESP_OK},
+  };
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(rows); i++) {
+    kvr_http_resp_check_t st = {0};
+    kvr_http_resp_err_t e = kvr_http_resp_field(&st, rows[i].line, strlen(rows[i].line));
+    if (e != rows[i].want)
+      fail_msg("'%s': %s, want %s", rows[i].line, kvr_http_resp_err_name(e),
+               kvr_http_resp_err_name(rows[i].want));
+  }
+  /* Two Content-Length fields: equal is one length, different is a conflict (RFC 9112 6.3). */
+  kvr_http_resp_check_t st;
+  assert_int_equal(kvr_http_resp_status(&st, "HTTP/1.1 200 OK\r\n", 17), KVR_HTTP_RESP_OK);
+  assert_int_equal(kvr_http_resp_field(&st, "Content-Length: 5\r\n", 19), KVR_HTTP_RESP_OK);
+  assert_int_equal(kvr_http_resp_field(&st, "content-length: 5\r\n", 19), KVR_HTTP_RESP_OK);
+  assert_int_equal(kvr_http_resp_field(&st, "Content-Length: 7\r\n", 19),
+                   KVR_HTTP_RESP_CONTENT_LENGTH);
+  assert_int_equal(kvr_http_resp_end(&st), KVR_HTTP_RESP_OK);
+  /* Transfer-Encoding with Content-Length, in either order: refused when the head ends. */
+  assert_int_equal(kvr_http_resp_status(&st, "HTTP/1.1 200 OK\r\n", 17), KVR_HTTP_RESP_OK);
+  assert_int_equal(kvr_http_resp_field(&st, "Transfer-Encoding: chunked\r\n", 28),
+                   KVR_HTTP_RESP_OK);
+  assert_int_equal(kvr_http_resp_end(&st), KVR_HTTP_RESP_OK);
+  assert_int_equal(kvr_http_resp_field(&st, "Content-Length: 3\r\n", 19), KVR_HTTP_RESP_OK);
+  assert_int_equal(kvr_http_resp_end(&st), KVR_HTTP_RESP_TE_AND_CL);
+  /* A new status line forgets the previous head (after an interim 1xx). */
+  assert_int_equal(kvr_http_resp_status(&st, "HTTP/1.1 200 OK\r\n", 17), KVR_HTTP_RESP_OK);
+  assert_int_equal(kvr_http_resp_end(&st), KVR_HTTP_RESP_OK);
+  assert_string_equal(kvr_http_resp_err_name(KVR_HTTP_RESP_TE_AND_CL), "te_and_cl");
+  assert_string_equal(kvr_http_resp_err_name(KVR_HTTP_RESP_ERR_COUNT), "unknown");
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_hop_by_hop), cmocka_unit_test(test_has_ctl),
               cmocka_unit_test(test_connection_names), cmocka_unit_test(test_upstream_every_rule),
               cmocka_unit_test(test_upstream_forwarded_for),
               cmocka_unit_test(test_response_field_rules),
               cmocka_unit_test(test_response_content_length_head),
               cmocka_unit_test(test_response_event_stream),
-              cmocka_unit_test(test_response_connection_tokens), cmocka_unit_test(test_drop_named))
+              cmocka_unit_test(test_response_connection_tokens), cmocka_unit_test(test_drop_named),
+              cmocka_unit_test(test_resp_status), cmocka_unit_test(test_resp_fields))

@@ -1,4 +1,5 @@
-/* test_http_parse.c -- the socket-free request parser (src/proto/http_parse.c) and its strictness rules.
+/* test_http_parse.c -- the socket-free request parser (src/proto/http_parse.c) and its strictness
+ * rules.
  *
  * One table of raw requests, each with the verdict it must get: accepted (how many requests, and
  * what each looked like) or rejected (status and error code). Every entry is fed whole, one byte at
@@ -109,6 +110,14 @@ static const case_t cases[] = {
     {"GET / HTTP/1.1\r\nHost: xn--bcher-kva.example%2D:\r\n\r\n", 0, NULL, 1},
     /* Host (RFC 9112 3.2) */
     {"GET / HTTP/1.1\r\n\r\n", 400, "missing_host", 0},
+    /* A repeated singleton the router reads (issue 37): refused, not guessed. */
+    {"GET / HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer x\r\nauthorization: Bearer y\r\n\r\n", 400,
+     "duplicate_header", 0},
+    {"POST / HTTP/1.1\r\nHost: a\r\nContent-Type: a/b\r\nContent-Type: c/d\r\n"
+     "Content-Length: 0\r\n\r\n",
+     400, "duplicate_header", 0},
+    {"GET / HTTP/1.1\r\nHost: a\r\nX-Request-Id: 1\r\nX-Request-ID: 2\r\n\r\n", 400,
+     "duplicate_header", 0},
     {"GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n", 400, "invalid_host", 0},
     {"GET / HTTP/1.1\r\nHost: a\r\nHOST: b\r\n\r\n", 400, "invalid_host", 0},
     {"GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", 400, "invalid_host", 0},

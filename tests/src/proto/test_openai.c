@@ -464,13 +464,31 @@ static void test_chunk_usage(void **state) {
   assert_false(c.has_prompt_tokens || c.has_cached_tokens || c.has_completion_tokens);
   ASSERT_TEXT(c, "x");
   cJSON_Delete(t);
-  /* Counts: fractions truncated, negatives 0, huge values saturated. */
-  c = read_chunk("{\"usage\":{\"prompt_tokens\":7.9,\"completion_tokens\":-3,"
-                 "\"prompt_tokens_details\":{\"cached_tokens\":1e30}}}",
+  /* Usage is taken whole or not at all: a fraction, a negative, a figure above 2^32 (1e300,
+   * 2^64-1) or cached tokens above the prompt's (or without it) refuse every figure. */
+  static const char *const absurd[] = {
+      "{\"usage\":{\"prompt_tokens\":7.9,\"completion_tokens\":3}}",
+      "{\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":-3}}",
+      "{\"usage\":{\"prompt_tokens\":1e300,\"completion_tokens\":3}}",
+      "{\"usage\":{\"prompt_tokens\":18446744073709551615,\"completion_tokens\":3}}",
+      "{\"usage\":{\"prompt_tokens\":4294967297}}",
+      "{\"usage\":{\"prompt_tokens\":10,\"prompt_tokens_details\":{\"cached_tokens\":11}}}",
+      "{\"usage\":{\"prompt_tokens\":10,\"prompt_tokens_details\":{\"cached_tokens\":1e30}}}",
+      "{\"usage\":{\"completion_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":1}}}",
+  };
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(absurd); i++) {
+    c = read_chunk(absurd[i], &t);
+    if (!c.usage_invalid || c.has_prompt_tokens || c.has_cached_tokens || c.has_completion_tokens)
+      fail_msg("usage taken from %s", absurd[i]);
+    cJSON_Delete(t);
+  }
+  /* The bounds themselves are sane: 0, cached == prompt, 2^32. */
+  c = read_chunk("{\"usage\":{\"prompt_tokens\":4294967296,\"completion_tokens\":0,"
+                 "\"prompt_tokens_details\":{\"cached_tokens\":4294967296}}}",
                  &t);
-  assert_int_equal(c.prompt_tokens, 7);
+  assert_false(c.usage_invalid);
+  assert_true(c.prompt_tokens == 4294967296ull && c.cached_tokens == 4294967296ull);
   assert_int_equal(c.completion_tokens, 0);
-  assert_true(c.cached_tokens == UINT64_MAX);
   cJSON_Delete(t);
   /* Usage and text in one object (a non-streamed body). */
   c = read_chunk("{\"choices\":[{\"message\":{\"content\":\"ok\"}}],\"usage\":{\"prompt_tokens\":"

@@ -60,6 +60,23 @@ static void test_parse(void **state) {
                      "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"9\"} 1\n";
   assert_int_equal(kvr_vllm_parse_metrics(none, strlen(none), 9, &m), KVR_EPARSE);
   assert_int_equal(kvr_vllm_parse_metrics("", 0, 9, &m), KVR_EPARSE);
+
+  /* A worker's absurd samples are ignored, cache usage is clamped to [0, 1]: no NaN, infinity or
+   * negative reaches the router (issue 37: a NaN cost kept a worker eligible). */
+  const char *absurd = "vllm:num_requests_running{engine=\"0\"} NaN\n"
+                       "vllm:num_requests_running{engine=\"1\"} 2\n"
+                       "vllm:num_requests_running{engine=\"2\"} +Inf\n"
+                       "vllm:num_requests_waiting{engine=\"0\"} -1e300\n"
+                       "vllm:num_requests_waiting{engine=\"1\"} -Inf\n"
+                       "vllm:num_requests_waiting{engine=\"2\"} 1e300\n"
+                       "vllm:kv_cache_usage_perc{engine=\"0\"} 7\n"
+                       "vllm:kv_cache_usage_perc{engine=\"1\"} NaN\n";
+  assert_int_equal(kvr_vllm_parse_metrics(absurd, strlen(absurd), 10, &m), 0);
+  assert_true(m.num_requests_running == 2.0);
+  assert_true(m.num_requests_waiting == 0.0);
+  assert_true(m.kv_cache_usage == 1.0);
+  const char *only_nan = "vllm:num_requests_running NaN\nvllm:kv_cache_usage_perc -0.5\n";
+  assert_int_equal(kvr_vllm_parse_metrics(only_nan, strlen(only_nan), 11, &m), KVR_EPARSE);
 }
 
 typedef struct {
