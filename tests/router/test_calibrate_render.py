@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""test_calibrate_render -- bench/scripts/calibration/calibrate.py's table, rendered from a fake raw folder.
+"""test_calibrate_render -- bench/scripts/calibration/calibrate.py's table, rendered from a fake
+raw folder.
 
 Owns the checks of calibrate.py's rendering, not its runs: each test writes synthetic per-level
 JSON (only the keys the render reads) and stamps into a temporary raw folder, runs
@@ -13,6 +14,7 @@ one PASS/FAIL line per test and exits 1 when one failed.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -130,7 +132,12 @@ def rows_errors_and_flags():
     with tempfile.TemporaryDirectory() as raw:
         fake_raw(raw)
         text, rows = render(raw)
-        assert text.startswith("# Calibration: one simulated worker against the seeds\n")
+        # the first line names the command and the commit (bench/scripts/lib/provenance.py)
+        first, _, rest = text.partition("\n\n")
+        assert re.match(r"Made by `python3 bench/scripts/calibration/calibrate\.py --render-only "
+                        r"--raw \S+ --md \S+` at commit ([0-9a-f]+(\+dirty)?|unknown), "
+                        r"\d{4}-\d\d-\d\d\.$", first), first
+        assert rest.startswith("# Calibration: one simulated worker against the seeds\n"), rest
         assert "abc1234" in text and "kvrouter sim --time-scale 10" in text
         assert "- mem095: not run (no raw files)." in text
         assert "In-sample: phase0 at 0.5-3.0 req/s" in text

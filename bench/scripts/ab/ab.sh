@@ -1,6 +1,11 @@
 #!/bin/sh
 # ab.sh -- the policy A/B on 4 simulated workers for the three synthetic workloads.
 #
+# Experiment ab (bench/results/ab/): does kv_aware serve a higher max SLO-compliant rate than the
+# other policies in real time? Writes AB_RAW (default bench/results/ab/raw/main/<workload>/) and the
+# report AB_RESULTS (default bench/results/ab/REPORT.md, its first line this command and the
+# commit); OUT (default results/ab) holds the full output and is not kept.
+#
 # For each workload (multiturn, documents, control) it runs bench/scripts/ab/real_ab.sh (4 `kvrouter
 # sim` workers and `kvrouter serve` on 127.0.0.1, all stopped by PID afterwards, and one `kvrouter
 # bench --ab ... --search` against them) with the four policies round_robin, kv_aware, gie_scorer
@@ -19,13 +24,15 @@
 #                         JSON of every level searched). Written once the workload's A/B succeeded
 #                         with a rate and levels for every label; workloads not run keep their
 #                         folders, stamps included.
-#   AB_RESULTS            rendered from AB_RAW only (`bench/scripts/ab/ab_report.py AB_RAW AB_RESULTS`
-#                         re-renders it; several raw folders render together, e.g. the committed
-#                         `ab_report.py bench/results/ab/raw/main bench/results/ab/raw/refs AB_RESULTS`, where
-#                         ab-refs is a run with AB_POLICIES=dynamo_kv,llmd_precise
-#                         AB_LABELS=dynamo,llmd AB_RAW=bench/results/ab/raw/refs); each row names its
-#                         own run. The hand-written reading is bench/results/ab/NOTES.md,
-#                         which this script never writes.
+#   AB_RESULTS            rendered from AB_RAW only (`bench/scripts/ab/ab_report.py AB_RAW
+#                         AB_RESULTS` re-renders it; several raw folders render together, e.g. the
+#                         committed report: `python3 bench/scripts/ab/ab_report.py
+#                         bench/results/ab/raw/main bench/results/ab/raw/refs
+#                         bench/results/ab/REPORT.md`, where raw/refs is a run with
+#                         AB_POLICIES=dynamo_kv,llmd_precise AB_LABELS=dynamo,llmd
+#                         AB_RAW=bench/results/ab/raw/refs); each row names its own run. The
+#                         hand-written reading is bench/results/ab/NOTES.md, which this script
+#                         never writes.
 #
 # usage: bench/scripts/ab/ab.sh [KVROUTER] [OUT] [AB_RESULTS]
 #   KVROUTER    the binary (default build/kvrouter)
@@ -51,7 +58,8 @@
 # A quick check into scratch folders (seconds):
 #   AB_WORKLOADS=control AB_POLICIES=round_robin,kv_aware AB_LABELS=phase0,phase3 AB_TIME_SCALE=10 \
 #   AB_WARMUP_S=2 AB_LEVEL_S=2 AB_NUM_PROMPTS=10 AB_START=1 AB_RESOLUTION=1 AB_SEARCH_MAX=2 \
-#   AB_COOLDOWN_S=0 AB_RAW=/tmp/ab/raw bench/scripts/ab/ab.sh build/kvrouter /tmp/ab/out /tmp/ab/AB.md
+#   AB_COOLDOWN_S=0 AB_RAW=/tmp/ab/raw bench/scripts/ab/ab.sh build/kvrouter /tmp/ab/out \
+#   /tmp/ab/AB.md
 set -eu
 
 KVR=${1:-build/kvrouter}
@@ -75,6 +83,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 
 [ -x "$KVR" ] || { echo "ab.sh: $KVR is not an executable (build first)" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "ab.sh: needs python3" >&2; exit 2; }
+# the report's first line names this command (bench/scripts/lib/provenance.py)
+KVR_REPORT_COMMAND=$(python3 "$HERE/../lib/provenance.py" command --env AB_ -- sh "$0" "$@")
+export KVR_REPORT_COMMAND
 mkdir -p "$OUT" "$RAW"
 
 # The repository's commit ("+dirty" when tracked files differ from it).

@@ -3,10 +3,16 @@
 # workers and `kvrouter serve` on 127.0.0.1, one `kvrouter bench --ab ... --search` against them,
 # every process stopped by PID afterwards (also on Ctrl-C or a failure).
 #
+# Experiment ab (bench/results/ab/): ab.sh runs it for each workload; run by hand it made the tuned
+# kv_aware's real-time confirmation, whose stamp, summary.txt and results/*.json are kept in
+# bench/results/ab/raw/tuned/<workload>/ (read by bench/scripts/agreement/agreement.py). Writes OUT
+# only.
+#
 # The processes are started exactly as `kvrouter demo` started them when the A/B of
-# bench/results/ab/raw/main was measured (commit 775aa0e): worker w is `kvrouter sim --time-scale S --seed
-# w`, the router `kvrouter serve --policy round_robin --access-log false --scrape-interval-ms 100`
-# (100 real ms: S x 100 simulated ms), so a policy measured here is comparable with those runs.
+# bench/results/ab/raw/main was measured (commit 775aa0e): worker w is `kvrouter sim --time-scale S
+# --seed w`, the router `kvrouter serve --policy round_robin --access-log false
+# --scrape-interval-ms 100` (100 real ms: S x 100 simulated ms), so a policy measured here is
+# comparable with those runs.
 #
 # usage: bench/scripts/ab/real_ab.sh KVROUTER OUT WORKLOAD POLICIES LABELS [BENCH-FLAGS...]
 # Environment: RAB_WORKERS (4), RAB_TIME_SCALE (4), RAB_SEED (42).

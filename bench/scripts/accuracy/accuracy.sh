@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# accuracy.sh -- the load generator's accuracy and time-scale claims, measured; writes ACCURACY.md.
+# accuracy.sh -- the load generator's accuracy and time-scale claims, measured; writes the report.
+#
+# Experiment accuracy (bench/results/accuracy/): are the load generator's latencies, send times and
+# time scale accurate? Writes ACC_RAW (default bench/results/accuracy/raw/<run>/) and the report
+# ACCURACY_MD (default bench/results/accuracy/REPORT.md, its first line this command and the
+# commit); OUT (default results/accuracy) holds the full output and is not kept.
 #
 # Every process it starts listens on 127.0.0.1 with a port the kernel picks (`--listen
 # 127.0.0.1:0`, the port read from the process's log) and is stopped by PID on exit, also on
@@ -24,10 +29,11 @@
 #                      uncached prompt tokens and TTFT of each measured request). A part's folders
 #                      are replaced only once all its runs succeeded; parts not run keep theirs,
 #                      stamps included.
-#   ACCURACY_MD        rendered from ACC_RAW only, by bench/scripts/accuracy/accuracy_report.py (every
-#                      figure computed from those files; rerun `accuracy_report.py render ACC_RAW
-#                      ACCURACY_MD` to check it). The hand-written reading of the figures lives in
-#                      bench/results/accuracy/NOTES.md, which this script never writes.
+#   ACCURACY_MD        rendered from ACC_RAW only, by bench/scripts/accuracy/accuracy_report.py
+#                      (every figure computed from those files; rerun `accuracy_report.py render
+#                      ACC_RAW ACCURACY_MD` to check it). The hand-written reading of the
+#                      figures lives in bench/results/accuracy/NOTES.md, which this script never
+#                      writes.
 #
 # usage: bench/scripts/accuracy/accuracy.sh [KVROUTER] [OUT] [ACCURACY_MD]
 #   KVROUTER     the binary (default build/kvrouter; a RelWithDebInfo build is what the figures use)
@@ -48,8 +54,8 @@
 #   ACC_D_LEVEL_S     [60]   part (d) simulated seconds measured at least
 # e.g. a quick check into scratch folders:
 #   ACC_RAW=/tmp/acc/raw ACC_AB_PROMPTS=10 ACC_B_PROMPTS=20 ACC_C_PROMPTS=100 ACC_C_RATE=20 \
-#   ACC_D_PROMPTS=20 ACC_D_WARMUP_S=5 ACC_D_LEVEL_S=5 bench/scripts/accuracy/accuracy.sh build/kvrouter \
-#   /tmp/acc/out /tmp/acc/ACCURACY.md
+#   ACC_D_PROMPTS=20 ACC_D_WARMUP_S=5 ACC_D_LEVEL_S=5 bench/scripts/accuracy/accuracy.sh \
+#   build/kvrouter /tmp/acc/out /tmp/acc/ACCURACY.md
 set -euo pipefail
 
 KVR=${1:-build/kvrouter}
@@ -74,6 +80,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 [ -x "$KVR" ] || { echo "accuracy.sh: $KVR is not an executable (build first)" >&2; exit 2; }
 [ -z "$BASELINE" ] || [ -x "$BASELINE" ] || { echo "accuracy.sh: $BASELINE is not an executable" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "accuracy.sh: needs python3" >&2; exit 2; }
+# the report's first line names this command (bench/scripts/lib/provenance.py)
+KVR_REPORT_COMMAND=$(python3 "$HERE/../lib/provenance.py" command --env ACC_ -- bash "$0" "$@")
+export KVR_REPORT_COMMAND
 mkdir -p "$OUT" "$RAW"
 OUT=$(cd "$OUT" && pwd)
 

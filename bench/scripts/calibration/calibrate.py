@@ -6,6 +6,12 @@ report (shared/seeds/002_03f57bbc2fe6bc6c.txt) and the facts under load of the p
 (shared/seeds/003_b7b3c8dfc8ea7556.txt), copied below as data (SEED_* and S003_*) so the table
 needs no other file, and the renderer of bench/results/calibration/REPORT.md.
 
+Experiment calibration (bench/results/calibration/): how close is one simulated worker to the
+seed reports' figures? Writes --raw (default bench/results/calibration/raw/<part>/) and --md
+(default bench/results/calibration/REPORT.md, its first line the command that made it and the
+commit: bench/scripts/lib/provenance.py); --out (default results/calibration) holds the bench's
+full output and is not kept.
+
 Parts (--parts, default all; each starts its own `kvrouter sim` on 127.0.0.1 with --time-scale N
 through the harness's Sim, runs `kvrouter bench` against it, stops it by its PID):
   phase0   the sim's defaults under the seed's open-loop load (OPEN_ARGS: 300 prompts per rate
@@ -41,25 +47,26 @@ rate, seed 003's checks (pass, fail or not measured) and the summary lines (with
 
 Where the results go:
   --out DIR   the bench's full output per part (DIR/<folder>/: report, requests.jsonl); not in git
-  --raw DIR   the small raw files kept in git (default bench/results/calibration/raw), one folder per
-              part or configuration: phase0/, mem095/, batch16k/, seqs128/, moderate/,
+  --raw DIR   the small raw files kept in git (default bench/results/calibration/raw), one folder
+              per part or configuration: phase0/, mem095/, batch16k/, seqs128/, moderate/,
               aggressive/, closed/, each holding stamp (part, commit with "+dirty" when tracked
               files differed, start, duration, the sim and bench command lines, time scale),
               costs.txt (`kvrouter sim --print-costs` with that sim's flags) and results/*.json
               (the bench's per-level JSON). A run replaces only the folders of the parts it ran.
               The older layout (DIR/stamp and DIR/results/ of a phase0-only run) is read as
               phase0 until a phase0 run replaces it.
-  --md FILE   rendered from --raw only (default bench/results/calibration/REPORT.md). The hand-written
-              reading lives in bench/results/calibration/NOTES.md, which this script never writes.
+  --md FILE   rendered from --raw only (default bench/results/calibration/REPORT.md). The
+              hand-written reading lives in bench/results/calibration/NOTES.md, which this script
+              never writes.
 
-usage: bench/scripts/calibration/calibrate.py [--kvrouter build/kvrouter] [--out DIR] [--raw DIR] [--md FILE]
-          [--parts phase0,phase1,closed,noise] [--configs mem095,seqs128] [--rates 0.5,1]
-          [--noise-seeds 42,1,2] [--virtual]
+usage: bench/scripts/calibration/calibrate.py [--kvrouter build/kvrouter] [--out DIR] [--raw DIR]
+          [--md FILE] [--parts phase0,phase1,closed,noise] [--configs mem095,seqs128]
+          [--rates 0.5,1] [--noise-seeds 42,1,2] [--virtual]
           [--users 50,90] [--time-scale 10] [--sim-arg=--cost-weights-ms=21.5 ...]
           [--bench-arg=... (every part)] [--render-only]
 A quick check into scratch folders (a minute): --parts phase0 --rates 0.5 --time-scale 20
   --bench-arg=--num-prompts=20 --bench-arg=--warmup=0 --out /tmp/cal/out --raw /tmp/cal/raw
-  --md /tmp/cal/CALIBRATION.md
+  --md /tmp/cal/REPORT.md
 Exit status 0 when the runs completed (the table says whether the figures are within tolerance).
 """
 import argparse
@@ -76,9 +83,12 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests",
-                                "harness"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tests", "harness"))
 import kvrharness as h  # noqa: E402
+
+sys.path.insert(0, os.path.join(HERE, "..", "lib"))
+from provenance import first_line  # noqa: E402
 
 # ---- seed data -------------------------------------------------------------------------------
 # Tables pasted row by row from shared/seeds/002_03f57bbc2fe6bc6c.txt (the Phase 1 tuning report);
@@ -213,7 +223,8 @@ USERS = (50, 70, 90, 110, 130)
 
 # The noise part's bench seeds: 42 (the bench's default, the table's seed) and 15 more. Sixteen,
 # not eight: a candidate default that beat the defaults over 42,1-7 by 8 out-of-sample figures
-# lost by 7 over 8-15 (CALIBRATION-notes.md, 2026-11-29), so eight seeds cannot rank two models.
+# lost by 7 over 8-15 (bench/results/calibration/NOTES.md, 2026-11-29), so eight seeds cannot rank
+# two models.
 NOISE_SEEDS = ",".join(["42"] + [str(i) for i in range(1, 16)])
 
 # The seed's open-loop load shape, as `kvrouter bench` options (phase0 and phase1). Arrivals:
@@ -374,7 +385,8 @@ def run_part(args, folder, sim_flags, bench_flags, title):
     ts = [] if args.virtual else ["--time-scale", "%g" % args.time_scale]
     sim_args = ts + sim_flags + args.sim_arg
     bench_args = ts + bench_flags + ["--title", title] + args.bench_arg
-    stamp = {"part": folder, "command": shlex.join(["bench/scripts/calibration/calibrate.py"] + sys.argv[1:]),
+    stamp = {"part": folder,
+             "command": shlex.join(["bench/scripts/calibration/calibrate.py"] + sys.argv[1:]),
              "commit": commit(),
              "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
              "cores": os.cpu_count() or 0, "arch": platform.machine(),
@@ -1044,10 +1056,11 @@ def all_rows(parts):
 def header_lines(raw, parts):
     """The title, the runs' stamps and what the table compares, above the table."""
     return [
+        first_line() + "\n",
         "# Calibration: one simulated worker against the seeds\n",
-        "Generated by `bench/scripts/calibration/calibrate.py` from the raw results in %s/ (one folder per "
-        "part or configuration: stamp, costs.txt, the per-level JSON). Hand-written notes: "
-        "bench/results/calibration/NOTES.md (not generated).\n" % raw,
+        "Rendered by bench/scripts/calibration/calibrate.py from the raw results in %s/ (one "
+        "folder per part or configuration: stamp, costs.txt, the per-level JSON). Hand-written "
+        "notes: bench/results/calibration/NOTES.md (not generated).\n" % raw,
         "Runs (figures in simulated time):\n"] + stamp_lines(parts) + lag_lines(parts) + [
         "",
         "Seeds: shared/seeds/002_03f57bbc2fe6bc6c.txt (Phase 0 / Phase 1 tuning report: Llama-3.3-"

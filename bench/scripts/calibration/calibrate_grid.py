@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """calibrate_grid.py -- ranks candidate sim defaults or calibration loads on the noise part.
 
+Experiment calibration (bench/results/calibration/): prints its ranking only (the notes,
+bench/results/calibration/NOTES.md, quote it); each candidate's calibrate.py output goes to
+DIR/NAME/ (raw/ and REPORT.md), never to bench/results/.
+
 Owns the search over candidates: each line of --candidates names one (NAME ARG...: the args are
 calibrate.py's own, e.g. --sim-arg=--cost-weights-ms=22 or --bench-arg=--output-std=300), this
 script runs `calibrate.py --parts noise` for each into DIR/NAME/ (raw/ kept, out/ deleted), then
@@ -10,16 +14,16 @@ prints one line per candidate read back from DIR/NAME/raw/noise/summary.json alo
 
 in and oos: the mean over the bench seeds of the figures within 20% and of the MAE (the table's
 counts under each seed); medians: each figure judged once on its median over the seeds (what
-CALIBRATION.md's noise section prints); slo: (configuration, seed) pairs whose max SLO-compliant
-rate equals the seed report's, of all pairs, and how many lie above and below it; then, after the first candidate that ran (put the
-defaults first), the paired difference against it in figures within 20% per seed, with its
-standard error ("vs base: oos +2.9 +- 1.0"). A candidate ranks above the defaults only when it
-wins on seeds it was not chosen on: rerun the best with other --noise-seeds (calibrate.py's
-default seeds 42 and 1-15; CALIBRATION-notes.md, 2026-11-29, has a winner over 42,1-7 that lost
-over 8-15).
+the calibration report's noise section prints); slo: (configuration, seed) pairs whose max
+SLO-compliant rate equals the seed report's, of all pairs, and how many lie above and below it;
+then, after the first candidate that ran (put the defaults first), the paired difference against
+it in figures within 20% per seed, with its standard error ("vs base: oos +2.9 +- 1.0"). A
+candidate ranks above the defaults only when it wins on seeds it was not chosen on: rerun the
+best with other --noise-seeds (calibrate.py's default seeds 42 and 1-15;
+bench/results/calibration/NOTES.md, 2026-11-29, has a winner over 42,1-7 that lost over 8-15).
 
-usage: bench/scripts/calibration/calibrate_grid.py --candidates FILE --dir DIR [--kvrouter build/kvrouter]
-          [--jobs 2] [--noise-seeds 42,1,2] [--summarize-only]
+usage: bench/scripts/calibration/calibrate_grid.py --candidates FILE --dir DIR
+          [--kvrouter build/kvrouter] [--jobs 2] [--noise-seeds 42,1,2] [--summarize-only]
   FILE: "base" alone on a line runs the defaults; '#' starts a comment.
 Exit status 0 when every candidate ran and has a summary (a failed one prints its log's last line,
 a missing summary with --summarize-only says so; either makes it 1); a bad FILE exits 1 at once.
@@ -152,7 +156,7 @@ def run_one(args, name, extra):
     cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                         "calibrate.py"),
            "--kvrouter", args.kvrouter, "--parts", "noise", "--out", os.path.join(d, "out"),
-           "--raw", os.path.join(d, "raw"), "--md", os.path.join(d, "CALIBRATION.md")]
+           "--raw", os.path.join(d, "raw"), "--md", os.path.join(d, "REPORT.md")]
     if args.noise_seeds:
         cmd += ["--noise-seeds", args.noise_seeds]
     with open(os.path.join(d, "log"), "w") as log:

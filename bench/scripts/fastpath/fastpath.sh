@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # fastpath.sh -- the fast-path table of issue 20: kvrouter against nginx and HAProxy, in one run.
 #
+# Experiment fastpath (bench/results/fastpath/): what does kvrouter cost per request, next to nginx
+# and HAProxy on the same core? Writes OUT (default bench/results/fastpath, with --cores N
+# bench/results/fastpath/Ncores): OUT/raw/ (below) and OUT/REPORT.md, whose first line is this
+# command and the commit.
+#
 # What it runs, side by side in one run, all on loopback:
 #   backend    one nginx (1 worker) serving fixed JSON on two ports: GET /v1/models and POST
 #              /v1/chat/completions (`return 200 '...'`: nginx reads and discards the body, up to
@@ -24,15 +29,15 @@
 #   cell must end with zero socket errors and zero responses >= 400, or the run stops with the raw
 #   output named.
 #   streaming  a `kvrouter sim` in fixed-latency mode (no engine: TTFT 0, a fixed inter-token
-#              latency) behind a second kvrouter: bench/scripts/fastpath/fastpath_sse.py runs N streams of M
-#              events and reads the router's CPU time from /proc -> SSE events per router CPU-second,
-#              paced (ITL 1 ms: the sim writes every event on its own, as vLLM does) and unpaced
-#              (ITL 0: as fast as the sim writes, reads coalesce).
+#              latency) behind a second kvrouter: bench/scripts/fastpath/fastpath_sse.py runs N
+#              streams of M events and reads the router's CPU time from /proc -> SSE events per
+#              router CPU-second, paced (ITL 1 ms: the sim writes every event on its own, as vLLM
+#              does) and unpaced (ITL 0: as fast as the sim writes, reads coalesce).
 #   routing    `kvrouter bench routing` (64 KiB prompt, 4 workers, 1M blocks, kv_aware): decision
 #              p99 warm/cold, index insert p50, bytes per index entry.
-#   overhead   bench/scripts/fastpath/proxy_overhead.py: time the router adds to the first token (p50), one
-#              streaming client at a time, and the same through nginx (proxy_buffering off) for
-#              reference.
+#   overhead   bench/scripts/fastpath/proxy_overhead.py: time the router adds to the first token
+#              (p50), one streaming client at a time, and the same through nginx (proxy_buffering
+#              off) for reference.
 #   --perf     two extra kvrouter cells (small POST, 64 KiB POST), not in the table: `perf record
 #              --call-graph dwarf` on the router's PID (frame pointers do not unwind through
 #              Debian's libcurl and libuv) -> raw/perf_<cell>.txt (`perf report --no-children
@@ -52,13 +57,15 @@
 #
 # Every process is started here, recorded by PID and stopped by PID at exit (trap), errors included.
 #
-# Output: OUT/FASTPATH.md (printed as well) rendered by bench/scripts/fastpath/fastpath_report.py from the raw
-# files in OUT/raw/: wrk_<row>_<target>_r<round>.txt (wrk's output with --latency, ending with the Lua
-# script's FASTPATH_RESULT line), cells.jsonl, sse.jsonl, bench_routing.md, proxy_overhead.{md,json},
-# access_log.jsonl (lines each access-logging target wrote, responses wrk counted), meta.json.
+# Output: OUT/REPORT.md (printed as well) rendered by bench/scripts/fastpath/fastpath_report.py from
+# the raw files in OUT/raw/: wrk_<row>_<target>_r<round>.txt (wrk's output with --latency, ending
+# with the Lua script's FASTPATH_RESULT line), cells.jsonl, sse.jsonl, bench_routing.md,
+# proxy_overhead.{md,json}, access_log.jsonl (lines each access-logging target wrote, responses wrk
+# counted), meta.json.
 #
-# usage: bench/scripts/fastpath/fastpath.sh [--duration S] [--quick] [--perf] [--kvrouter PATH] [--out DIR]
-#                                  [--rounds N] [--base-port N] [--backend-cpu N] [--note TEXT]
+# usage: bench/scripts/fastpath/fastpath.sh [--duration S] [--quick] [--perf] [--kvrouter PATH]
+#                                  [--out DIR] [--rounds N] [--base-port N] [--backend-cpu N]
+#                                  [--note TEXT] [--cores N]
 #   --duration S     seconds per wrk cell (default 10)
 #   --quick          3 s cells, 100 x 500 SSE events, 1 s proxy_overhead cells
 #   --rounds N       run every cell N times, rounds outermost (default 1); the table shows each
@@ -753,5 +760,5 @@ meta = {
 }
 json.dump(meta, open(sys.argv[1], "w"), indent=1)
 EOF
-python3 "$HERE/fastpath_report.py" "$RAW" "$OUT/FASTPATH.md"
-cat "$OUT/FASTPATH.md"
+python3 "$HERE/fastpath_report.py" "$RAW" "$OUT/REPORT.md"
+cat "$OUT/REPORT.md"

@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """fastpath_allocs.py -- who calls malloc/calloc/realloc in kvrouter, from `perf script` output.
 
-bench/scripts/fastpath/fastpath.sh --perf records every call of libc's malloc, calloc and realloc in the
+Experiment fastpath (bench/results/fastpath/): prints a Markdown table, which fastpath.sh --perf
+keeps as OUT/raw/alloc_sites_small.md; writes no file itself.
+
+bench/scripts/fastpath/fastpath.sh --perf records every call of libc's malloc, calloc and realloc in
+the
 router (uprobes from `perf probe`, `perf record --call-graph dwarf`) during a short small-POST cell,
 then pipes `perf script -F event,ip,sym,dso` into this script with the cell's request count.
 

@@ -1,5 +1,9 @@
 #!/usr/bin/env python3
-"""fastpath_report.py -- renders FASTPATH.md from the raw files bench/scripts/fastpath/fastpath.sh wrote.
+"""fastpath_report.py -- renders the fast-path report from the raw files fastpath.sh wrote.
+
+Experiment fastpath (bench/results/fastpath/): writes OUT.md only (fastpath.sh: OUT/REPORT.md, i.e.
+bench/results/fastpath/REPORT.md and bench/results/fastpath/2cores/REPORT.md). Its first line names
+the run's command and commit from RAW/meta.json (what made the figures; a re-render keeps them).
 
 Reads RAW/meta.json (command, date, machine, versions), RAW/cells.jsonl (one wrk cell per line: row,
 target, connections, the proxy's CPU ticks over the cell and wrk's FASTPATH_RESULT), RAW/sse.jsonl
@@ -9,7 +13,9 @@ responses wrk counted), and writes the Markdown: throughput with the kvrouter/ng
 kvrouter/HAProxy ratios, p99 latency, proxy CPU per request, the same with the access log on (what a
 log line costs each), streaming cost, routing cost, and the issue's targets each with its measured
 value. Nothing is computed that the raw files do not hold, so
-`fastpath_report.py RAW OUT.md` re-renders a kept run.
+`fastpath_report.py RAW OUT.md` re-renders a kept run (e.g. `python3
+bench/scripts/fastpath/fastpath_report.py bench/results/fastpath/raw
+bench/results/fastpath/REPORT.md`).
 
 usage: bench/scripts/fastpath/fastpath_report.py RAW_DIR OUT.md
 """
@@ -241,7 +247,8 @@ def main():
     raw, out_path = sys.argv[1], sys.argv[2]
     meta_path = os.path.join(raw, "meta.json")
     if not os.path.exists(meta_path):
-        sys.exit("fastpath_report.py: %s: missing (run bench/scripts/fastpath/fastpath.sh)" % meta_path)
+        sys.exit("fastpath_report.py: %s: missing (run bench/scripts/fastpath/fastpath.sh)"
+                 % meta_path)
     meta = json.load(open(meta_path))
     cells = {}  # the best round of each (row, target): most requests per second
     for c in load_jsonl(os.path.join(raw, "cells.jsonl")):
@@ -254,7 +261,9 @@ def main():
     routing = routing_figures(os.path.join(raw, "bench_routing.md"))
     overhead = overhead_figures(os.path.join(raw, "proxy_overhead.json"))
 
-    md = ["# The fast path: kvrouter, nginx and HAProxy in one run (issue 20)", ""]
+    md = ["Made by `%s` at commit %s, %s." % (meta["command"], meta["commit"],
+                                              meta["date"].split()[0]), "",
+          "# The fast path: kvrouter, nginx and HAProxy in one run (issue 20)", ""]
     if meta.get("note"):
         md += ["**%s**" % meta["note"], ""]
     cores = meta.get("cores", 1)
@@ -303,8 +312,9 @@ def main():
     if sse:
         md += ["## Streaming cost", "",
                "`kvrouter sim --fixed-ttft-ms 0 --fixed-itl-ms ITL` behind `kvrouter serve` "
-               "(round_robin, no access log, no scrape); bench/scripts/fastpath/fastpath_sse.py reads every "
-               "stream to `[DONE]` and the router's utime + stime before and after.", ""]
+               "(round_robin, no access log, no scrape); bench/scripts/fastpath/fastpath_sse.py "
+               "reads every stream to `[DONE]` and the router's utime + stime before and after.",
+               ""]
         md += sse_table(sse) + [""]
     if routing:
         md += ["## Routing cost (`kvrouter bench routing`, policy %s)" % routing["policy"], "",
@@ -352,7 +362,7 @@ def main():
             lib = re.findall(r"^\| (\S+) \| [0-9.]+ \| ([0-9.]+%) \|$", open(sites).read(), re.M)
             md += ["", "Whose they are (a 1-s cell recorded with call chains, "
                    "`raw/alloc_sites_small.md`; shares of the calls recorded): " +
-                   ", ".join("%s %s" % x for x in lib) + "; the analysis is in PROFILE.md."]
+                   ", ".join("%s %s" % x for x in lib) + "; the analysis is in NOTES.md."]
         md += [""]
     md += ["## Targets of issue 20", "",
            "The throughput ratios are the issue's definition; \"at equal CPU\" is the ratio of CPU "

@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """fastpath_sse.py -- router CPU per forwarded SSE event: N concurrent streams of M events each.
 
-Called by bench/scripts/fastpath/fastpath.sh with a running `kvrouter serve` (its port and PID) in front of a
-`kvrouter sim` in fixed-latency mode. Opens --streams keep-alive connections at once (asyncio, one
-process), sends each a streaming chat completion with max_tokens --events and ignore_eos, and reads
+Experiment fastpath (bench/results/fastpath/): prints one result line, which fastpath.sh keeps in
+OUT/raw/sse.jsonl; writes no file itself.
+
+Called by bench/scripts/fastpath/fastpath.sh with a running `kvrouter serve` (its port and PID) in
+front of a `kvrouter sim` in fixed-latency mode. Opens --streams keep-alive connections at once
+(asyncio, one process), sends each a streaming chat completion with max_tokens --events and
+ignore_eos, and reads
 every stream to its `data: [DONE]`. The router's CPU time is read from /proc/PID/stat (utime + stime,
 clock ticks) just before the requests are written and just after the last stream ends; the result is
 events forwarded per router CPU-second.

@@ -1,4 +1,8 @@
--- fastpath_wrk.lua -- the requests of bench/scripts/fastpath/fastpath.sh, and one machine-readable result line.
+-- fastpath_wrk.lua -- the requests of bench/scripts/fastpath/fastpath.sh, and one machine-readable
+-- result line.
+--
+-- Experiment fastpath (bench/results/fastpath/): wrk's output with this line is what fastpath.sh
+-- keeps as OUT/raw/wrk_<row>_<target>_r<round>.txt; the script writes no file itself.
 --
 -- wrk runs this once per thread: init(args) builds the one request every connection repeats, from the
 -- script arguments after `--`:

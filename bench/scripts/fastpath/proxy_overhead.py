@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """proxy_overhead.py -- what the router adds on loopback, compared with going straight to the worker.
 
+Experiment fastpath (bench/results/fastpath/): prints a Markdown table, its first line the command
+and the commit (bench/scripts/lib/provenance.py), and with --json writes the figures to a file;
+fastpath.sh keeps both as OUT/raw/proxy_overhead.{md,json}, and bench/results/fastpath/first-token/
+holds two runs made by hand (its NOTES.md has the command).
+
 Starts one `kvrouter sim` in fixed-latency mode (--fixed-ttft-ms/--fixed-itl-ms: no engine, so the
 worker's own timing is constant) and one `kvrouter serve` in front of it, then runs the same
 closed-loop load twice, once against the sim directly and once through the router:
@@ -21,7 +26,8 @@ sending the next request as soon as the previous answer is complete. The result 
 with a "router - direct" row per scenario. On a 2-core machine the clients, the router and the sim
 share the cores, so absolute throughput is a floor, not a ceiling; the differences are what count.
 
-Run:  python3 bench/scripts/fastpath/proxy_overhead.py --kvrouter build/kvrouter [--duration 3] [--concurrency 4]
+Run:  python3 bench/scripts/fastpath/proxy_overhead.py --kvrouter build/kvrouter [--duration 3] \
+          [--concurrency 4]
 
 Percentiles are the harness's percentile() (numpy's default linear interpolation). The process
 and raw-HTTP helpers are the integration tests' harness (tests/harness/kvrharness.py).
@@ -40,7 +46,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tests", "harness"))
+sys.path.insert(0, os.path.join(HERE, "..", "lib"))
 import kvrharness as h  # noqa: E402
+from provenance import first_line  # noqa: E402
 
 pctl = h.percentile  # the one percentile (numpy's default linear interpolation)
 
@@ -295,6 +303,7 @@ def main():
             if "cpu_ns" in v and v["done"]:
                 raw["first_token"][k]["cpu_us_per_request"] = v["cpu_ns"] / 1e3 / v["done"]
 
+    print(first_line() + "\n")
     print("## Router overhead on loopback (%g s per cell, sim fixed latency; stream: TTFT %g ms, "
           "ITL %g ms, %d tokens)\n" % (args.duration, args.ttft_ms, args.itl_ms, args.tokens))
     print("| scenario | path | clients | req/s | latency or TTFT p50 ms | p99 ms | "

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # fuzz.sh -- long libFuzzer runs of the targets in tests/fuzz/ (the CTest smokes run seconds only).
 #
+# Experiment fuzz: do the parsers survive hours of libFuzzer? Writes nothing in the repository (the
+# corpora and crash inputs go to FUZZ_SCRATCH and FUZZ_ARTIFACTS, below) and keeps no
+# bench/results/ folder: it prints each target's figures and exits 1 on a crash.
+#
 # Builds FUZZ_BUILD (CC=clang, -DKVR_FUZZ=ON: every object under ASan+UBSan with fuzzer coverage)
 # (FUZZ_NO_BUILD=1 skips it), then runs each target over a scratch corpus outside the repo, seeded
 # from tests/fuzz/corpus/<x>/ and kept between runs, so each run starts from what the last one

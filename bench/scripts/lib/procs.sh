@@ -1,5 +1,6 @@
-# procs.sh -- sourced by the bench shell scripts that start kvrouter processes (real_ab.sh,
-# admission_bench.sh): the PID list they stop, by PID only, and a free loopback port.
+# procs.sh -- sourced by the bench shell scripts that start kvrouter processes (ab/real_ab.sh,
+# admission/admission_bench.sh): the PID list they stop, by PID only, and a free loopback port.
+# Shared (bench/scripts/lib/): no experiment of its own; writes nothing.
 #
 #   PIDS="$PIDS $!"   after starting each process in the background
 #   stop              SIGTERM to each, up to 5 s to exit, then SIGKILL; PIDS emptied

@@ -1,6 +1,7 @@
 """scenarios.py -- the scenarios and level shape of `kvrouter bench study` (bench/vcluster/study.c:
 kvr_study_scenarios), for the scripts that run them in real time against `kvrouter sim` workers
-(replicas_ab.py, precise_realtime.py), so a real run is comparable with the virtual study's.
+(replicas/replicas_ab.py, precise/precise_realtime.py), so a real run is comparable with the
+virtual study's. Shared (bench/scripts/lib/): no experiment of its own; writes nothing.
 
 The mixed fleet's --worker-blocks is virtual only: a real run gives its last sim --num-gpu-blocks
 HALF_BLOCKS instead.

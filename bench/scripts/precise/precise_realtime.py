@@ -3,6 +3,13 @@
 scenario: the router's predicted-vs-reported cached-token gap and the latency each mode gives at
 one fixed load, the real-time confirmation of bench/results/precise/REPORT.md (virtual time).
 
+Experiment precise (bench/results/precise/), its real-time part: writes OUT/REPORT.md (its first
+line the command and the commit, from bench/scripts/lib/provenance.py), OUT/precise_rt.json
+(precise_rt_flush.json with --flush: the rows the table is made from) and each run's bench output
+under OUT/<scenario>-<mode>[+flush]/ (report.md and results/*.json kept in git; report.html and
+requests.jsonl are not). Committed: OUT = bench/results/precise/realtime, and with --flush 5
+bench/results/precise/realtime-flush.
+
 For each scenario (the workloads and flags of `kvrouter bench study`, bench/vcluster/study.c) and
 each mode, fresh `kvrouter sim` workers (--time-scale S, KV events on ipc:// sockets; the
 mixed fleet's last worker with half the KV blocks) and one `kvrouter serve --policy kv_aware`:
@@ -11,12 +18,14 @@ mixed fleet's last worker with half the KV blocks) and one `kvrouter serve --pol
   precise       the workers with kv_events/kv_replay: the index the engines' events build
 
 then one `kvrouter bench` level at the scenario's rate (--rate-scale x kv_aware's precise max SLO
-rate in virtual time, from PRECISE.md's table, given below as RATES), with --admin so the level's
-results JSON carries the router's predicted and reported cached tokens (kvrouter.router_cached).
-With --flush, every FLUSH simulated seconds one worker (in turn) empties its prefix cache through
-its POST /reset_prefix_cache without the router being told (the case built to break the guess).
+rate in virtual time, from the virtual report's table, given below as RATES), with --admin so the
+level's results JSON carries the router's predicted and reported cached tokens
+(kvrouter.router_cached). With --flush, every FLUSH simulated seconds one worker (in turn) empties
+its prefix cache through its POST /reset_prefix_cache without the router being told (the case
+built to break the guess).
 
-    python3 bench/scripts/precise/precise_realtime.py --kvrouter build/kvrouter --out bench/results/precise/realtime
+    python3 bench/scripts/precise/precise_realtime.py --kvrouter build/kvrouter \
+        --out bench/results/precise/realtime
 
 Loopback only; every process is stopped by its PID (tests/harness/kvrharness.py).
 """
@@ -37,10 +46,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import kvrharness as h  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from provenance import first_line  # noqa: E402
 from scenarios import FULL_BLOCKS, HALF_BLOCKS, LEVEL, SCENARIOS  # noqa: E402
 
 # kv_aware's max SLO-compliant rate in precise mode, virtual time (bench/results/precise/
-# PRECISE.md, the `precise` column): the load each scenario runs at, times --rate-scale.
+# REPORT.md, the `precise` column): the load each scenario runs at, times --rate-scale.
 RATES = {"multiturn": 7.76, "documents": 11.84, "control": 2.79, "agentic": 1.00,
          "hot-prefix": 8.41, "bursty": 7.64, "mixed-fleet": 10.76}
 
@@ -145,17 +155,16 @@ def main():
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    name = "PRECISE_RT%s" % ("_FLUSH" if args.flush else "")
-    lines = ["# Precise mode against the approximate index (real time)", "",
-             "Command: `python3 bench/scripts/precise/precise_realtime.py --kvrouter build/kvrouter --out "
-             "bench/results/precise/realtime --time-scale %g --rate-scale %g%s` (%d workers, policy "
-             "kv_aware, %s measured requests per run after the scenario's warm-up, seed %d; "
-             "%.0f s). Each scenario at %g x kv_aware's precise max SLO rate in virtual time "
-             "(simulated req/s). Gap = (predicted - reported) / reported cached prompt tokens over "
-             "the level's requests (warm-up included)." % (
-                 args.time_scale, args.rate_scale, (" --flush %g" % args.flush) if args.flush
-                 else "", args.workers, args.num_prompts or "100 (agentic 300)", args.seed,
-                 time.time() - t0, args.rate_scale), "",
+    name = "precise_rt%s" % ("_flush" if args.flush else "")
+    lines = [first_line(), "", "# Precise mode against the approximate index (real time)", "",
+             "Time scale %g, rate scale %g%s, %d workers, policy kv_aware, %s measured requests "
+             "per run after the scenario's warm-up, seed %d; %.0f s. Each scenario at %g x "
+             "kv_aware's precise max SLO rate in virtual time (simulated req/s). Gap = (predicted "
+             "- reported) / reported cached prompt tokens over the level's requests (warm-up "
+             "included)." % (
+                 args.time_scale, args.rate_scale, (", a flush every %g simulated s" % args.flush)
+                 if args.flush else "", args.workers, args.num_prompts or "100 (agentic 300)",
+                 args.seed, time.time() - t0, args.rate_scale), "",
              "| scenario | rate | mode | gap | TTFT p50 (ms) | TTFT p99 (ms) | TPOT p99 (ms) | "
              "goodput (req/s) | SLO | send lag p99 (real ms) |",
              "|---|---:|---|---:|---:|---:|---:|---:|:-:|---:|"]
@@ -168,9 +177,9 @@ def main():
             r["send_lag_p99_ms"]))
     text = "\n".join(lines) + "\n"
     print(text)
-    with open(os.path.join(args.out, name + ".md"), "w") as f:
+    with open(os.path.join(args.out, "REPORT.md"), "w") as f:
         f.write(text)
-    with open(os.path.join(args.out, name.lower() + ".json"), "w") as f:
+    with open(os.path.join(args.out, name + ".json"), "w") as f:
         json.dump(rows, f, indent=1)
     return 0
 

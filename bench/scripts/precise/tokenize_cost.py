@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """tokenize_cost.py -- what precise mode's POST /tokenize adds before a routing decision.
 
+Experiment precise (bench/results/precise/): prints its two figures per mode; writes no file (the
+top-level README quotes them).
+
 One `kvrouter sim` publishing KV events (ipc:// sockets in a temporary folder) and one `kvrouter
 serve` in front of it, first in precise mode (the worker's kv_events endpoints; the tokenize cache
 off, so every prompt is tokenized), then approximate (the plain URL). Each mode sends N distinct
@@ -18,8 +21,8 @@ import shutil
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests",
-                                "harness"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                "tests", "harness"))
 import kvrharness as h  # noqa: E402
 
 

@@ -2,6 +2,10 @@
 """replicas.py -- how often two kvrouter replicas agree, what a second replica costs, and how far
 the router's cache prediction is from what the workers report, precise against approximate.
 
+Experiment replicas (bench/results/replicas/): with --out writes OUT/REPORT.md (its first line the
+command and the commit, from bench/scripts/lib/provenance.py) and OUT/replicas.json (the rows the
+table is made from); committed: OUT = bench/results/replicas. Without --out it only prints.
+
 Runs the same multi-turn load (CONV conversations of TURNS turns, a long system prompt per
 conversation, CONCURRENCY client threads) against fresh `kvrouter sim` workers (--time-scale,
 default 20; 1 is real time, KV events on ipc:// sockets in a temporary folder) in these set-ups:
@@ -25,7 +29,8 @@ prompt tokens the workers served from their cache (usage cached_tokens / prompt_
 router's predicted-vs-reported cached-token gap, and the request latency (non-streaming, p50/p95,
 scaled back by the time scale).
 
-    python3 bench/scripts/replicas/replicas.py --kvrouter build/kvrouter --out bench/results/replicas \
+    python3 bench/scripts/replicas/replicas.py --kvrouter build/kvrouter \
+        --out bench/results/replicas \
         --setups one,approx,replicas,synced,blind --conversations 48 --time-scale 1 \
         --peer-interval-ms 200
 
@@ -44,6 +49,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
                                 "tests", "harness"))
 import kvrharness as h  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from provenance import first_line  # noqa: E402
 
 SCALE = 20
 
@@ -211,7 +219,7 @@ def run(setup, args, d):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kvrouter", required=True)
-    ap.add_argument("--out", default=None, help="folder for REPLICAS.md and replicas.json")
+    ap.add_argument("--out", default=None, help="folder for REPORT.md and replicas.json")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--blocks", type=int, default=6000, help="KV blocks per sim")
     ap.add_argument("--conversations", type=int, default=24)
@@ -236,15 +244,11 @@ def main():
             print(json.dumps(row), flush=True)
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    lines = ["# Two router replicas: agreement and cost", "",
-             "Command: `python3 bench/scripts/replicas/replicas.py --kvrouter build/kvrouter --out "
-             "bench/results/replicas --setups %s --conversations %d --time-scale %g "
-             "--peer-interval-ms %d` (%d workers, %d conversations x %d turns, %d clients, "
-             "time scale %g, --peer-interval-ms %d, --scrape-interval-ms %d; latencies scaled "
-             "back)." % (args.setups, args.conversations, args.time_scale,
-                         args.peer_interval_ms, args.workers, args.conversations, args.turns,
-                         args.concurrency, args.time_scale, args.peer_interval_ms,
-                         args.scrape_interval_ms), "",
+    lines = [first_line(), "", "# Two router replicas: agreement and cost", "",
+             "Set-ups %s; %d workers, %d conversations x %d turns, %d clients, time scale %g, "
+             "--peer-interval-ms %d, --scrape-interval-ms %d; latencies scaled back." % (
+                 args.setups, args.workers, args.conversations, args.turns, args.concurrency,
+                 args.time_scale, args.peer_interval_ms, args.scrape_interval_ms), "",
              "| set-up | routers | requests | errors | agreement | agreement, later turns | "
              "explanations agree | same router 1 ms earlier | cached share | prediction gap | "
              "latency p50 | latency p95 |",
@@ -264,7 +268,7 @@ def main():
     print(text)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "REPLICAS.md"), "w") as f:
+        with open(os.path.join(args.out, "REPORT.md"), "w") as f:
             f.write(text)
         with open(os.path.join(args.out, "replicas.json"), "w") as f:
             json.dump(rows, f, indent=1)

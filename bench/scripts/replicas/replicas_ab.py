@@ -14,11 +14,17 @@ For each set-up, fresh `kvrouter sim` workers (KV events on ipc:// sockets in a 
 
 then `kvrouter bench --search` (the SLO search of the README) against the router(s), with the
 scenario's flags and the level shape of `kvrouter bench study` (100 measured requests after the
-scenario's warm-up, levels of at least 60 simulated seconds). The max SLO-compliant rate is the highest passing rate below the
-lowest failing one, read from the levels' results JSON. Writes OUT/REPLICAS_AB.md and each set-up's
-bench report under OUT/<set-up>/.
+scenario's warm-up, levels of at least 60 simulated seconds). The max SLO-compliant rate is the
+highest passing rate below the lowest failing one, read from the levels' results JSON.
 
-    python3 bench/scripts/replicas/replicas_ab.py --kvrouter build/kvrouter --out bench/results/replicas/ab
+Experiment replicas (bench/results/replicas/), its max-rate part: writes OUT/REPORT.md (its first
+line the command and the commit, from bench/scripts/lib/provenance.py), OUT/replicas_ab.json (the
+rows the table is made from) and each set-up's bench output under OUT/<set-up>/ (report.md and
+results/*.json kept in git; report.html and requests.jsonl are not). Committed: OUT =
+bench/results/replicas/ab.
+
+    python3 bench/scripts/replicas/replicas_ab.py --kvrouter build/kvrouter \
+        --out bench/results/replicas/ab
 
 Loopback only; every process is stopped by its PID (tests/harness/kvrharness.py).
 """
@@ -38,6 +44,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import kvrharness as h  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from provenance import first_line  # noqa: E402
 from scenarios import LEVEL, SCENARIOS  # noqa: E402
 
 
@@ -143,11 +150,11 @@ def main():
     finally:
         shutil.rmtree(d, ignore_errors=True)
     base = next((r for r in rows if r["setup"] == "one"), None)
-    lines = ["# Two router replicas against one: max SLO-compliant rate (real time)", "",
-             "Command: `python3 bench/scripts/replicas/replicas_ab.py --kvrouter build/kvrouter --out "
-             "bench/results/replicas/ab --setups %s --workload %s --time-scale %g` (%d workers, "
-             "seed %d, search resolution %g req/s, --peer-interval-ms %d, --scrape-interval-ms "
-             "%d; %.0f s). Rates are simulated req/s." % (
+    lines = [first_line(), "",
+             "# Two router replicas against one: max SLO-compliant rate (real time)", "",
+             "Set-ups %s, workload %s, time scale %g, %d workers, seed %d, search resolution %g "
+             "req/s, --peer-interval-ms %d, --scrape-interval-ms %d; %.0f s. Rates are simulated "
+             "req/s." % (
                  args.setups, args.workload, args.time_scale, args.workers, args.seed,
                  args.search_resolution, args.peer_interval_ms, args.scrape_interval_ms,
                  time.time() - t0), "",
@@ -161,7 +168,7 @@ def main():
                                                    len(r["levels"])))
     text = "\n".join(lines) + "\n"
     print(text)
-    with open(os.path.join(args.out, "REPLICAS_AB.md"), "w") as f:
+    with open(os.path.join(args.out, "REPORT.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "replicas_ab.json"), "w") as f:
         json.dump(rows, f, indent=1)

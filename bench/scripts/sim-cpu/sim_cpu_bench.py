@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""CPU cost of `kvrouter sim` serving many concurrent streams at --time-scale 1.
+"""sim_cpu_bench.py -- CPU cost of `kvrouter sim` serving many concurrent streams at --time-scale 1.
+
+Experiment sim-cpu: how much CPU does one simulated worker need per stream? Prints its figures and
+writes no file (bench/sim/README.md quotes them; no bench/results/ folder).
 
 Starts one sim on 127.0.0.1 (free port), opens N streamed chat completions at once from one asyncio
 loop (distinct ~300-token prompts, max_tokens=T, ignore_eos), waits for all of them to finish, and
@@ -7,7 +10,8 @@ reads the sim's utime+stime from /proc/PID/stat before and after. Prints the sim
 fraction of one core over the run, the tokens and bytes delivered, the client's own CPU, and the
 TPOT p50 (the harness's percentile(), numpy's default linear interpolation).
 
-    python3 bench/scripts/sim-cpu/sim_cpu_bench.py --kvrouter build-rel/kvrouter [--streams 500] [--tokens 250]
+    python3 bench/scripts/sim-cpu/sim_cpu_bench.py --kvrouter build-rel/kvrouter [--streams 500] \
+        [--tokens 250]
 
 The sim is stopped by PID at the end (tests/harness/kvrharness.py's Sim). Build with
 -DCMAKE_BUILD_TYPE=Release for meaningful figures.
@@ -20,8 +24,8 @@ import resource
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests",
-                                "harness"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                "tests", "harness"))
 import kvrharness as h  # noqa: E402
 
 

@@ -38,8 +38,12 @@ run and the end; reported but not asserted on a sanitizer build, whose quarantin
 memory); the router exits 0 at SIGTERM with no sanitizer report in its stderr (run it on
 the ASan build to make that check mean something).
 
-Writes DIR/chaos_summary.json, DIR/chaos_summary.md and DIR/requests.jsonl (one line per
-request: id, kind, outcome, status, detail, seconds).
+Experiment soak (bench/results/soak/): does the router stay correct and flat in memory for an hour
+of failures? Writes DIR/chaos_summary.json (every figure), DIR/REPORT.md (rendered from it, its
+first line the command and the commit: bench/scripts/lib/provenance.py) and DIR/requests.jsonl (one
+line per request: id, kind, outcome, status, detail, seconds; a per-request log, never committed).
+The committed run is bench/results/soak/ (its REPORT.md and chaos_summary.json; DIR was a scratch
+folder).
 
 Run:  python3 bench/scripts/soak/chaos_soak.py --kvrouter build/kvrouter --duration 600 --out DIR
 """
@@ -58,6 +62,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tests", "harness"))
 import kvrharness as h  # noqa: E402
+
+sys.path.insert(0, os.path.join(HERE, "..", "lib"))
+from provenance import command, first_line  # noqa: E402
 
 POLICIES = ["round_robin", "least_load", "kv_aware", "gie_scorer", "sglang_cache_aware",
             "dynamo_kv", "llmd_precise"]
@@ -84,6 +91,7 @@ def parse_args(argv=None):
                     help="each sim's KV blocks: the router's cache index capacity (default 256)")
     ap.add_argument("-v", dest="verbose", action="store_true", help="echo child process output")
     a = ap.parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)  # the report's first line names them
     if a.duration <= 0 or a.workers < 2 or a.spares < 0 or a.concurrency < 1:
         ap.error("need --duration > 0, --workers >= 2, --spares >= 0, --concurrency >= 1")
     return a
@@ -601,14 +609,16 @@ def summarize(args, chaos, results, rss, final_workers, reloads, failures, deadl
     with open(os.path.join(args.out, "requests.jsonl"), "w") as f:
         for r in results:
             f.write(json.dumps(r) + "\n")
-    write_markdown(os.path.join(args.out, "chaos_summary.md"), summary)
+    write_markdown(os.path.join(args.out, "REPORT.md"), summary,
+                   command(["python3", os.path.abspath(__file__)] + args.argv))
     return summary
 
 
-def write_markdown(path, s):
+def write_markdown(path, s, cmd):
     c = s["chaos"]
     g = s["rss_growth"] or {}
     lines = [
+        first_line(cmd), "",
         "# Chaos soak: %s" % ("PASS" if s["ok"] else "FAIL"), "",
         "`%s`" % s["command"], "",
         "%.0f s, %d workers + %d spares, %d clients, seed %d, client deadline %.1f s." % (

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """misses.py -- where a run's uncached prompt tokens come from: what routing could still win.
 
+Experiment study (bench/results/study/): a reading tool for any `kvrouter bench` run's
+requests.jsonl (the study's cells, an A/B's OUT folder); prints a table, writes no file.
+
 Reads the requests.jsonl of a `kvrouter bench` run (real or --virtual) and, per label and level,
 splits the measured requests' prompt tokens that were not served from the KV cache
 (prompt_tokens - cached_tokens, from each answer's usage) by where the request went:

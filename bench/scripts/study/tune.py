@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
 """tune.py -- tries kv_aware parameter sets in virtual time against the reference policies.
 
+Experiment study (bench/results/study/): how kv_aware's defaults were chosen (the study's NOTES.md,
+"How the defaults were chosen"; the reference was bench/results/study/before/study.json). Writes
+OUT/REPORT.md (its first line the command and the commit: bench/scripts/lib/provenance.py) and each
+candidate's study under OUT/<i>/; nothing under bench/results/.
+
 For each candidate (a JSON object of kv_aware parameters) it runs
-  kvrouter bench study --policies round_robin,kv_aware --seeds N [--scenarios ...] --out OUT/<i> --quiet \
-      -- --policy-params 'kv_aware=<candidate>'
+  kvrouter bench study --policies round_robin,kv_aware --seeds N [--scenarios ...] --out OUT/<i> \
+      --quiet -- --policy-params 'kv_aware=<candidate>'
 and compares kv_aware's mean max SLO-compliant rate per scenario with a reference study's
 (a full `kvrouter bench study` run: its study.json gives every reference policy's mean). It prints
-and writes OUT/TUNE.md: per candidate, kv_aware's rate and its ratio to round_robin and to the best
-reference policy on each scenario, and the worst of those ratios (what the candidate is ranked by).
+and writes OUT/REPORT.md: per candidate, kv_aware's rate and its ratio to round_robin and to the
+best reference policy on each scenario, and the worst of those ratios (what the candidate is ranked
+by).
 
 usage: bench/scripts/study/tune.py KVROUTER REFERENCE_STUDY_JSON OUT CANDIDATES_JSONL [--seeds N]
        [--scenarios LIST]
@@ -18,6 +24,9 @@ import json
 import os
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from provenance import first_line  # noqa: E402
 
 REFERENCES = ("gie_scorer", "sglang_cache_aware", "dynamo_kv", "llmd_precise")
 
@@ -79,8 +88,8 @@ def main():
         line = f"| {i} | `{json.dumps(c)}` | " + " | ".join(cells) + f" | {worst:.3f} | {secs:.0f} |"
         lines.append(line)
         print(line, flush=True)
-    with open(os.path.join(a.out, "TUNE.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(a.out, "REPORT.md"), "w") as f:
+        f.write("\n".join([first_line(), ""] + lines) + "\n")
 
 
 if __name__ == "__main__":

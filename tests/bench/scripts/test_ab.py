@@ -8,11 +8,12 @@ folder holds a level file an earlier run could have left; it must not reach the 
 Checks: the raw folder has, for the workload, a stamp naming the bench command (cmd=) and the
 options, a rates line per label, and exactly the level JSONs this run wrote (each label's printed
 rate reproduced from its levels' verdicts: the highest passing rate below the lowest failing one);
-AB_RESULTS.md has the workload's row with both rates and the run's command. ab_report.py given this
-raw folder and a second one (the same run relabelled as two other policies, as ab.sh would keep a
-run of the reference policies in bench/results/ab/raw/refs) renders one row with all four policies and
-lists both runs; the same folder given twice (a label in two folders) exits 1 with one line. A
-binary that is not executable fails at once with one line and exit 2.
+the report has the workload's row with both rates and the run's command, and its first line
+ab.sh's own command line and the commit. ab_report.py given this raw folder and a second one (the
+same run relabelled as two other policies, as ab.sh would keep a run of the reference policies in
+bench/results/ab/raw/refs) renders one row with all four policies and lists both runs; the same
+folder given twice (a label in two folders) exits 1 with one line. A binary that is not executable
+fails at once with one line and exit 2.
 
 Run: python3 tests/bench/scripts/test_ab.py --kvrouter build/kvrouter (CTest: script.test_ab);
 exits 1 on a failure.
@@ -89,6 +90,10 @@ def main():
             assert (limit(levels) or 0.0) == rate, (label, rate, levels)
         with open(md) as f:
             report = f.read()
+        # the first line: ab.sh's own command (its AB_* variables in front) and the commit
+        first = report.splitlines()[0]
+        assert first.startswith("Made by `AB_") and " sh " in first and "ab/ab.sh " in first, first
+        assert "AB_WORKLOADS=control" in first and " at commit " in first, first
         row = [line for line in report.splitlines() if line.startswith("| control |")]
         assert len(row) == 1, report
         cells = [c.strip() for c in row[0].strip("|").split("|")]

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""test_calibrate_grid -- bench/scripts/calibration/calibrate_grid.py: candidates in, one ranked line each out.
+"""test_calibrate_grid -- bench/scripts/calibration/calibrate_grid.py: candidates in, one ranked
+line each out.
 
 Owns the checks of the grid script: its candidate file reader, its summary of a noise part's
 summary.json (means over seeds, figures judged on their medians, max SLO rates equal to the seed

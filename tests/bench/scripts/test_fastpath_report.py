@@ -1,19 +1,19 @@
 #!/usr/bin/env python3
-"""test_fastpath_report -- bench/scripts/fastpath/fastpath_report.py's tables, on a synthetic kept run.
+"""test_fastpath_report -- bench/scripts/fastpath/fastpath_report.py's tables, on a synthetic kept
+run.
 
 Writes the raw files fastpath.sh keeps (meta.json, cells.jsonl with two rounds, access_log.jsonl)
-with figures chosen here, renders FASTPATH.md with the script as a child process, and checks the
+with figures chosen here, renders the report with the script as a child process, and checks the
 rendered numbers against the arithmetic done here: each cell's best round (most requests per
 second) is the one shown, the throughput and equal-CPU ratios, CPU per request, and the access-log
 section (kvrouter against nginx with their logs on, what a line costs each: CPU per request with
 the log minus without, and the lines written against the responses counted), and the first-token
 section from proxy_overhead.py's JSON (added times, each proxy's CPU per one-token stream when the
-run recorded it). Also
-bench/scripts/fastpath/fastpath_allocs.py on a synthetic `perf script` text: allocation calls attributed
-past libc and kvr_x* wrappers to their library, the router's frames recognised by being the
-executable's whatever its file is called. A run without the
-access-log targets (the --cores N table) has no such section; a folder without meta.json exits 1
-with one line.
+run recorded it), and the first line (the run's command and commit from meta.json). Also
+bench/scripts/fastpath/fastpath_allocs.py on a synthetic `perf script` text: allocation calls
+attributed past libc and kvr_x* wrappers to their library, the router's frames recognised by being
+the executable's whatever its file is called. A run without the access-log targets (the --cores N
+table) has no such section; a folder without meta.json exits 1 with one line.
 
 Run: python3 tests/bench/scripts/test_fastpath_report.py (CTest: script.test_fastpath_report);
 exits 1 on a failure.
@@ -49,10 +49,10 @@ probe_libc:calloc:
 """
 HZ = 100
 
-META = {"command": "bash bench/scripts/fastpath/fastpath.sh --rounds 2", "date": "2026-11-25 07:00 UTC",
-        "commit": "abc1234", "nproc": 2, "cpu": "test cpu", "kernel": "6.1", "loadavg_at_end":
-        ["0.1", "0.2", "0.3"], "kvrouter": "kvrouter 0.1.0 (commit abc1234)", "nginx": "nginx/1.22",
-        "haproxy": "HAProxy 2.6", "wrk": "wrk 4.1.0", "duration_s": 10, "rounds": 2,
+META = {"command": "bash bench/scripts/fastpath/fastpath.sh --rounds 2",
+        "date": "2026-11-25 07:00 UTC", "commit": "abc1234", "nproc": 2, "cpu": "test cpu",
+        "kernel": "6.1", "loadavg_at_end": ["0.1", "0.2", "0.3"],
+        "kvrouter": "kvrouter 0.1.0 (commit abc1234)", "nginx": "nginx/1.22", "haproxy": "HAProxy 2.6", "wrk": "wrk 4.1.0", "duration_s": 10, "rounds": 2,
         "backend_cpu": 0, "cores": 1, "sse": {"streams": 100, "events": 2000}}
 
 
@@ -77,7 +77,7 @@ def render(cells, logs=None, meta=META, overhead=None):
         if overhead is not None:
             with open(os.path.join(raw, "proxy_overhead.json"), "w") as f:
                 json.dump(overhead, f)
-        out = os.path.join(d, "FASTPATH.md")
+        out = os.path.join(d, "REPORT.md")
         p = subprocess.run([sys.executable, SCRIPT, raw, out], capture_output=True, text=True,
                            timeout=60)
         assert p.returncode == 0, p.stderr
@@ -116,6 +116,9 @@ def main():
     logs = [{"target": "nginx_log", "lines": 520010, "responses": 520005},
             {"target": "kvrouter_log", "lines": 290020, "responses": 290003}]
     md = render(cells, logs)
+    # the first line names the run's command and commit, from meta.json
+    assert md.startswith("Made by `bash bench/scripts/fastpath/fastpath.sh --rounds 2` at commit "
+                         "abc1234, 2026-11-25.\n\n# The fast path"), md[:200]
 
     thr = row_cells(section(md, "Throughput (requests per second)"), "POST small chat body")
     assert thr[3] == "60,000/s", thr  # nginx's best round

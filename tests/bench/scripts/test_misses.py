@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""test_misses -- bench/scripts/study/misses.py's breakdown of uncached prompt tokens, on synthetic runs.
+"""test_misses -- bench/scripts/study/misses.py's breakdown of uncached prompt tokens, on
+synthetic runs.
 
 Writes a requests.jsonl whose every record is built by hand (only the keys misses.py reads), runs
 the script as a child process, parses its Markdown row back and checks each share against the
