@@ -1,10 +1,10 @@
 /* bench.c -- `kvrouter bench` and `kvrouter bench routing`: option tables, signals and wiring.
  *
- * `kvrouter bench`: the option engine (src/base/cli.h) fills a kvr_runner_opts_t from the table below
- * (kvr_runner_opts_default() holds the defaults --help prints), kvr_runner_opts_check() applies the
- * rules between flags, then a kvr_runner_t (bench/loadgen/runner.h) runs the labels and levels on a
- * private uv loop and writes the report. SIGINT/SIGTERM stop the current level; the report of what
- * finished is still written and the exit status is 130.
+ * `kvrouter bench`: the option engine (src/base/cli.h) fills a kvr_runner_opts_t from the table
+ * below (kvr_runner_opts_default() holds the defaults --help prints), kvr_runner_opts_check()
+ * applies the rules between flags, then a kvr_runner_t (bench/run/runner.h) runs the labels and
+ * levels on a private uv loop and writes the report. SIGINT/SIGTERM stop the current level; the
+ * report of what finished is still written and the exit status is 130.
  *
  * `kvrouter bench routing`: the routing-decision micro-benchmark (bench/routing/route_bench.h),
  * its options through the same engine.
@@ -17,9 +17,9 @@
 #include "base/cli.h"
 #include "base/kvr.h"
 #include "base/log.h"
-#include "bench/loadgen/report.h"
-#include "bench/loadgen/runner.h"
+#include "bench/report/report.h"
 #include "bench/routing/route_bench.h"
+#include "bench/run/runner.h"
 #include "bench/vcluster/study.h"
 #include "policies/policy.h"
 #include "proto/prompt.h"

@@ -20,7 +20,7 @@ int kvr_serve_main(int argc, char **argv);
 int kvr_sim_main(int argc, char **argv);
 
 /* router/bench.c: the load generator: levels, the max-SLO-rate search and A/B runs over the
- * router's admin API, and the report written into --out (bench/loadgen/runner.h). Ctrl-C stops the
+ * router's admin API, and the report written into --out (bench/run/runner.h). Ctrl-C stops the
  * current level and the report of what finished is still written. `kvrouter bench routing` is the
  * routing-decision micro-benchmark (bench/routing/). */
 int kvr_bench_main(int argc, char **argv);

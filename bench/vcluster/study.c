@@ -13,6 +13,7 @@
 #include "study.h"
 
 #include "base/kvr.h"
+#include "bench/report/report.h"
 #include "bench/vcluster/vcluster.h"
 #include "policies/policy.h"
 

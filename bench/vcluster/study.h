@@ -16,7 +16,7 @@
 #define KVR_STUDY_H
 
 #include "base/buf.h"
-#include "bench/loadgen/report.h"
+#include "bench/report/report_types.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -9,8 +9,8 @@
 #include "tests/test_util.h"
 
 #include "base/kvr.h"
-#include "bench/loadgen/report.h"
 #include "bench/loadgen/stats.h"
+#include "bench/report/report.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

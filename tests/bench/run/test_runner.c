@@ -11,7 +11,7 @@
 #include "tests/test_util.h"
 
 #include "base/kvr.h"
-#include "bench/loadgen/runner.h"
+#include "bench/run/runner.h"
 
 #include <math.h>
 #include <string.h>

@@ -4,7 +4,7 @@
  * figures and appends text to a kvr_buf_t. Nothing here touches the network or a loop, so the
  * report is unit-tested on hand-built results. Only report_files.c touches files:
  * kvr_report_write() and the two helpers it is made of, which the policy study
- * (bench/vcluster/study.c) uses too.
+ * (bench/vcluster/study.c) uses too. The types of the analysis are in report_types.h.
  *
  * The Markdown follows the team's report form (shared/seeds/002_*.txt), opened by a summary
  * paragraph of the winner and its gain (exact, a bound, or not known): configuration, SLO targets,
@@ -23,7 +23,8 @@
 #define KVR_REPORT_H
 
 #include "base/buf.h"
-#include "stats.h"
+#include "bench/loadgen/stats.h"
+#include "report_types.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -38,30 +39,10 @@
 #define KVR_REPORT_LAG_P99_MAX_MS 10.0
 #define KVR_REPORT_RATE_TOL 0.05
 
-/* A run's max SLO-compliant load (kvr_stats_run_max_load) and how much of it is known. */
-typedef struct kvr_report_cap_s {
-  double load; /* highest passing load below the lowest failing one; 0 when none passed */
-  bool ran;    /* some level ran to its end or stopped early (not every one interrupted) */
-  bool found;  /* a level at a higher load failed, so the limit lies between load and it; false:
-                * every level tried passed and load is only a lower bound */
-} kvr_report_cap_t;
-
+/* A run's max SLO-compliant load and how much of it is known (report_types.h). */
 kvr_report_cap_t kvr_report_cap(const kvr_run_t *run);
 
-/* How a capacity ratio against the baseline is known. */
-typedef enum kvr_report_bound_e {
-  KVR_REPORT_EXACT,    /* both limits found: the ratio as measured */
-  KVR_REPORT_AT_LEAST, /* only the run's limit is a lower bound: the ratio is at least this */
-  KVR_REPORT_AT_MOST,  /* only the baseline's limit is a lower bound: the ratio is at most this */
-  KVR_REPORT_UNKNOWN,  /* both limits are lower bounds, or a run has no level: no ratio */
-  KVR_REPORT_NO_BASE,  /* the baseline passed at no load it tried: no ratio */
-} kvr_report_bound_t;
-
-typedef struct kvr_report_gain_s {
-  double ratio; /* cap.load / base.load; 0 when base.load is 0 */
-  kvr_report_bound_t bound;
-} kvr_report_gain_t;
-
+/* The capacity ratio of cap against the baseline's base, with its bound (report_types.h). */
 kvr_report_gain_t kvr_report_gain(kvr_report_cap_t base, kvr_report_cap_t cap);
 
 /* -1, 0 or +1 when a's max SLO-compliant load is certainly below, equal to or above b's, else

@@ -19,6 +19,7 @@
  * Invariants: a row has at most KVR__DOC_MAX_CELLS cells (more are dropped); the writer owns only
  * its buffers (the text, the cells, its copy of the open table's rule).
  */
+#include "report.h"
 #include "report_int.h"
 
 #include <string.h>

@@ -17,7 +17,9 @@
 #ifndef KVR_REPORT_INT_H
 #define KVR_REPORT_INT_H
 
-#include "report.h"
+#include "base/buf.h"
+#include "bench/loadgen/stats.h"
+#include "report_types.h"
 
 #include <stdarg.h>
 #include <stdbool.h>

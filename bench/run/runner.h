@@ -29,10 +29,10 @@
 #ifndef KVR_RUNNER_H
 #define KVR_RUNNER_H
 
+#include "bench/loadgen/loadgen.h"
+#include "bench/loadgen/stats.h"
+#include "bench/loadgen/workload.h"
 #include "bench/vcluster/vcluster.h"
-#include "loadgen.h"
-#include "stats.h"
-#include "workload.h"
 
 #include <stdbool.h>
 #include <stddef.h>

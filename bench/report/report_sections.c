@@ -14,6 +14,7 @@
  * Invariants: tables have one row per load any run measured and an em dash where a run has no
  * level there; each text opens and closes its own inline marks.
  */
+#include "report.h"
 #include "report_int.h"
 
 #include "base/kvr.h"

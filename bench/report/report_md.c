@@ -9,6 +9,7 @@
  * text, a paragraph its text on one line, a table one "| a | b |" line per row with the table's
  * alignment rule after the header. Inline marks become "**" and "`".
  */
+#include "report.h"
 #include "report_int.h"
 
 static void separate(kvr__doc_t *d) {

@@ -17,6 +17,7 @@
  * sessions mode) or, in concurrency mode, a number of users; runs[0] is the baseline. Nothing here
  * allocates except kvr__all_loads(), whose array the caller frees.
  */
+#include "report.h"
 #include "report_int.h"
 
 #include "base/kvr.h"

@@ -15,6 +15,7 @@
  * SLO_REACH of the data (else it is named above the plot); legends and tooltips name the run as
  * "label (policy)", and tooltips give the figure's n.
  */
+#include "report.h"
 #include "report_int.h"
 
 #include "base/kvr.h"

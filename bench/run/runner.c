@@ -16,8 +16,8 @@
 
 #include "base/buf.h"
 #include "base/kvr.h"
-#include "monitor.h"
-#include "report.h"
+#include "bench/loadgen/monitor.h"
+#include "bench/report/report.h"
 
 #include <cjson/cJSON.h>
 

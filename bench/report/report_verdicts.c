@@ -16,6 +16,7 @@
  * Structs: none of its own. Sentences go to a kvr__doc_t (report_int.h) with inline marks, so the
  * Markdown and the HTML carry the same words.
  */
+#include "report.h"
 #include "report_int.h"
 
 #include "base/kvr.h"

@@ -4,6 +4,7 @@
  * The only module of the report that touches the file system; every renderer it calls is a pure
  * function of the results. The first error stops the writing and is returned with its path.
  */
+#include "report.h"
 #include "report_int.h"
 
 #include "base/kvr.h"
