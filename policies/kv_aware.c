@@ -43,8 +43,9 @@
  * With no shared prefixes every uncached_i is equal and the cost orders workers by load, so the
  * policy degrades to least-loaded rather than below round-robin.
  *
- * Defaults: chosen in virtual time with bench/scripts/tune.py against every reference policy on
- * the seven scenarios of `kvrouter bench study` (3 seeds each); policies/README.md has the table.
+ * Defaults: chosen in virtual time with bench/scripts/study/tune.py against every reference policy
+ * on the seven scenarios of `kvrouter bench study` (3 seeds each); policies/README.md has the
+ * table.
  *
  * State: the parameters and the RNG for ties. Scores: cost_i as above, capped per the bound.
  */

@@ -6,7 +6,7 @@
  * (10 shared ~3.5-4k-token starters, 5-turn conversations resending their answers, Poisson
  * arrivals) at several request rates, one row of TTFT/TPOT/ITL percentiles per rate as the load
  * generator would measure them (`kvrouter sim --calibrate`). It is how the cost defaults were tuned
- * (bench/results/CALIBRATION.md).
+ * (bench/results/calibration/REPORT.md).
  *
  * Both are pure functions of their inputs: the same configuration and options print the same
  * bytes.

@@ -265,6 +265,8 @@ void kvr_openai_sse_init(kvr_openai_sse_t *s, size_t max_line) {
   kvr_buf_init(&s->line);
   s->max_line = max_line;
   s->overflow = false;
+  s->stop = false;
+  s->consumed = 0;
 }
 
 size_t kvr_openai_sse_pending(const kvr_openai_sse_t *s) {
@@ -274,6 +276,8 @@ size_t kvr_openai_sse_pending(const kvr_openai_sse_t *s) {
 void kvr_openai_sse_reset(kvr_openai_sse_t *s) {
   kvr_buf_reset(&s->line);
   s->overflow = false;
+  s->stop = false;
+  s->consumed = 0;
 }
 
 void kvr_openai_sse_free(kvr_openai_sse_t *s) {
@@ -291,7 +295,8 @@ static void deliver(const char *line, size_t len, kvr_openai_sse_line_cb cb, voi
 
 int kvr_openai_sse_feed(kvr_openai_sse_t *s, const char *data, size_t len,
                         kvr_openai_sse_line_cb cb, void *cbdata) {
-  if (len == 0)
+  s->consumed = s->stop ? 0 : len;
+  if (len == 0 || s->stop)
     return 0;
   int rc = 0;
   const char *p = data, *end = data + len;
@@ -316,6 +321,10 @@ int kvr_openai_sse_feed(kvr_openai_sse_t *s, const char *data, size_t len,
     kvr_buf_reset(&s->line);
     s->overflow = false;
     p = nl + 1;
+    if (s->stop) {
+      s->consumed = (size_t)(p - data);
+      break;
+    }
   }
   return rc;
 }

@@ -77,6 +77,11 @@ typedef struct kvr_openai_sse_s {
   kvr_buf_t line;  /* owned: the unfinished line carried to the next feed */
   size_t max_line; /* bytes */
   bool overflow;   /* the current line exceeded max_line and is being skipped */
+  /* The callback may set stop: the feed returns after that line, with consumed the bytes of its
+   * data up to and including that line's LF; every later feed delivers nothing (consumed 0). When
+   * no callback stops, consumed is the whole chunk. */
+  bool stop;
+  size_t consumed;
 } kvr_openai_sse_t;
 
 /* Initializes an empty splitter for lines of at most max_line bytes. With SIZE_MAX no line is

@@ -325,7 +325,7 @@ static void on_flush(uv_timer_t *t) {
 
 /* Queues m in the current frame. Every message a loop iteration's callbacks publish leaves in one
  * frame at the next iteration (a 0 ms timer): a ZMQ send wakes its I/O thread, and one wake-up per
- * message cost as much CPU as the request itself (bench/results/fastpath-2cores). A frame is sent
+ * message cost as much CPU as the request itself (bench/results/fastpath/2cores). A frame is sent
  * at once past 64 KiB, and at once when there is no loop (tests). */
 static void publish(kvr_peer_sync_t *s, kvr_sync_msg_t *m) {
   m->instance = s->r->instance;

@@ -339,7 +339,14 @@ static void sse_line(void *data, const char *line, size_t len) {
   px_t *px = data;
   const char *p;
   size_t plen;
-  if (!kvr_openai_sse_data(line, len, &p, &plen) || plen == 0 || *p != '{')
+  if (!kvr_openai_sse_data(line, len, &p, &plen))
+    return;
+  if (kvr_openai_sse_done(p, plen)) {
+    /* The end of the answer: nothing a worker sends after it is forwarded or learned. */
+    px->sse_lines.stop = true;
+    return;
+  }
+  if (plen == 0 || *p != '{')
     return;
   const cJSON *obj = kvr_openai_parse_scratch(p, plen); /* no per-node allocation; not deleted */
   if (obj == NULL)
@@ -375,9 +382,14 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud) {
   if (px->sse) {
     if (!px->streaming)
       start_client_response(px);
+    if (px->sse_lines.stop)
+      return len; /* after data: [DONE]: dropped */
     kvr_openai_sse_feed(&px->sse_lines, data, len, sse_line, px);
-    kvr_http_write(px->req, data, len);
-    px->bytes_out += len;
+    size_t upto = px->sse_lines.consumed;
+    kvr_http_write(px->req, data, upto);
+    if (px->sse_lines.stop)
+      kvr_http_write(px->req, "\n", 1); /* the blank line that ends the [DONE] event */
+    px->bytes_out += upto + px->sse_lines.stop;
     return len;
   }
   if (px->streaming) {

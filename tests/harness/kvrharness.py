@@ -24,7 +24,7 @@ Runner: registry() gives a test file its list and @test(timeout=S) decorator; ru
 hanging the suite), prints one PASS/FAIL line per test and "N passed, M failed", and returns the
 exit status.
 
-Use from a test (tests/router/test_*.py) or a script (bench/scripts/*.py):
+Use from a test (tests/router/test_*.py) or a script (bench/scripts/*/*.py):
 
     sys.path.insert(0, os.path.join(<repo>, "tests", "harness"))
     import kvrharness as h
@@ -99,7 +99,8 @@ def percentile(values, p):
 
 
 def read_stamp(path):
-    """The key=value lines of a benchmark stamp file (bench/scripts' ab.sh, accuracy.sh) as a dict;
+    """The key=value lines of a benchmark stamp file (bench/scripts/ab/ab.sh,
+    bench/scripts/accuracy/accuracy.sh) as a dict;
     lines without "=" are skipped."""
     stamp = {}
     with open(path) as f:

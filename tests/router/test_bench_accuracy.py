@@ -7,8 +7,8 @@ and the per-request records agree with the level's figures, for chat and complet
 scale only the simulator's engine share of TTFT is stretched (the transport the simulator does not
 speed up is counted at 1x, and reported), for failed requests too. In session mode the answers the
 bench streamed are resent in the next turn (the streamed text is kept). A search ends a level as
-soon as its TTFT p99 has certainly failed, and only then. No speed is asserted: bench/scripts/accuracy.sh
-measures that (bench/results/ACCURACY.md).
+soon as its TTFT p99 has certainly failed, and only then. No speed is asserted: bench/scripts/accuracy/accuracy.sh
+measures that (bench/results/accuracy/REPORT.md).
 
 Usage: python3 tests/router/test_bench_accuracy.py --kvrouter PATH/TO/kvrouter [-k NAME] [-v]
 The harness is tests/harness/kvrharness.py.

@@ -10,7 +10,7 @@ JSON, an unknown policy, a bad policy parameter, a bad worker URL) changes nothi
 line with the parser's position, and the router stays alive; a router started without --config
 logs that there is nothing to reload and stays alive.
 
-Chaos test: bench/scripts/chaos_soak.py for --chaos-duration seconds (default 75): kills, hangs,
+Chaos test: bench/scripts/soak/chaos_soak.py for --chaos-duration seconds (default 75): kills, hangs,
 refusals, cut streams, policy switches, worker adds and drains, good and broken reloads under
 load; it must pass (no bad outcome, in-flight 0 at the end, RSS growth < 5%, clean exit).
 
@@ -28,7 +28,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "harness"))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "bench", "scripts"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "bench", "scripts", "soak"))
 import kvrharness as h  # noqa: E402
 from kvrharness import Cleanup, Router, Sim, chat_body, request, sse_events, wait_for  # noqa: E402
 

@@ -324,6 +324,49 @@ static void test_sse_reset(void **state) {
   kvr_buf_free(&sink.out);
 }
 
+/* A callback that stops at "data: [DONE]": the feed reports the bytes up to that line's LF, at
+ * every split of the stream, and delivers nothing afterwards (issue 37: events after [DONE] were
+ * forwarded and learned). */
+typedef struct {
+  int lines;
+  size_t forwarded; /* bytes the caller would forward */
+} stop_ctx_t;
+
+static void stop_at_done(void *data, const char *line, size_t len) {
+  kvr_openai_sse_t *s = ((void **)data)[0];
+  stop_ctx_t *c = ((void **)data)[1];
+  const char *p;
+  size_t plen;
+  c->lines++;
+  if (kvr_openai_sse_data(line, len, &p, &plen) && kvr_openai_sse_done(p, plen))
+    s->stop = true;
+}
+
+static void test_sse_stop(void **state) {
+  (void)state;
+  static const char stream[] = "data: {\"a\":1}\n\ndata: [DONE]\n\ndata: {\"evil\":1}\n\n";
+  size_t want = strlen("data: {\"a\":1}\n\ndata: [DONE]\n");
+  size_t len = sizeof stream - 1;
+  for (size_t split = 0; split <= len; split++) {
+    kvr_openai_sse_t s;
+    kvr_openai_sse_init(&s, 1024);
+    stop_ctx_t c = {0};
+    void *ctx[2] = {&s, &c};
+    kvr_openai_sse_feed(&s, stream, split, stop_at_done, ctx);
+    c.forwarded += s.consumed;
+    kvr_openai_sse_feed(&s, stream + split, len - split, stop_at_done, ctx);
+    c.forwarded += s.consumed;
+    kvr_openai_sse_feed(&s, "data: more\n", 11, stop_at_done, ctx);
+    c.forwarded += s.consumed;
+    assert_true(s.stop);
+    assert_int_equal(c.forwarded, want);
+    assert_int_equal(c.lines, 3); /* the event, its blank line, [DONE]: nothing after */
+    kvr_openai_sse_reset(&s);
+    assert_false(s.stop);
+    kvr_openai_sse_free(&s);
+  }
+}
+
 static void test_sse_data(void **state) {
   (void)state;
   const char *p;
@@ -611,6 +654,6 @@ KVR_TEST_MAIN(cmocka_unit_test(test_route), cmocka_unit_test(test_features_error
               cmocka_unit_test(test_stream_error_event), cmocka_unit_test(test_sse_whole),
               cmocka_unit_test(test_sse_every_split), cmocka_unit_test(test_sse_byte_by_byte),
               cmocka_unit_test(test_sse_line_bound), cmocka_unit_test(test_sse_reset),
-              cmocka_unit_test(test_sse_data), cmocka_unit_test(test_chunk_text),
-              cmocka_unit_test(test_chunk_usage), cmocka_unit_test(test_chunk_error),
-              cmocka_unit_test(test_parse_scratch))
+              cmocka_unit_test(test_sse_data), cmocka_unit_test(test_sse_stop),
+              cmocka_unit_test(test_chunk_text), cmocka_unit_test(test_chunk_usage),
+              cmocka_unit_test(test_chunk_error), cmocka_unit_test(test_parse_scratch))
