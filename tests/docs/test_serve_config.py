@@ -18,7 +18,10 @@ meaning) and checks:
      (literally, or by a pattern like `limits.max_*`) as applied at once or needing a restart, and
      every key-like code span there is a real key (or a pattern matching one);
   5. every --flag the manual mentions outside code blocks is a serve flag, or one of the other
-     programs' flags listed in FOREIGN below.
+     programs' flags listed in FOREIGN below;
+  6. every metric name kvrouter_... that the manual or the top-level README names (a histogram's
+     _bucket/_sum/_count suffix dropped; a prefix ending in '_' is a pattern and skipped) is a whole
+     word of the router's C sources (src/), so a renamed or removed metric cannot stay documented.
 
 Run: python3 tests/docs/test_serve_config.py --kvrouter build/kvrouter [--root DIR]
 Exit 0, 1 with one line per mismatch, 77 when a needed module is missing.
@@ -176,8 +179,27 @@ def main():
             if flag not in opts and flag not in FOREIGN:
                 bad.append("%s:%d: %s is no serve flag (nor listed in FOREIGN)" % (MANUAL, n, flag))
 
+    sources = ""
+    for d, _, names in os.walk(os.path.join(args.root, "src")):
+        for n in names:
+            if n.endswith((".c", ".h")):
+                with open(os.path.join(d, n), encoding="utf-8", errors="replace") as f:
+                    sources += f.read() + "\n"
+    nmetrics = 0
+    for doc in (MANUAL, "README.md"):
+        with open(os.path.join(args.root, doc), encoding="utf-8") as f:
+            names = sorted(set(re.findall(r"\bkvrouter_[a-z0-9_]+", f.read())))
+        for name in names:
+            if name.endswith("_"):
+                continue
+            nmetrics += 1
+            base = re.sub(r"_(bucket|sum|count)$", "", name)
+            if not re.search(r"\b%s\b" % re.escape(base), sources):
+                bad.append("%s: metric %s is not in the router's sources (src/)" % (doc, name))
+
     for line in bad:
         print("FAIL " + line)
+    print("metrics named: %d; " % nmetrics, end="")
     print("serve --help: %d options; reference: %d rows; reload section: %d of %d keys; %d problems"
           % (len(opts), len(table), len(named), len(keys), len(bad)))
     return 1 if bad else 0
