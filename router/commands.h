@@ -25,11 +25,6 @@ int kvr_sim_main(int argc, char **argv);
  * routing-decision micro-benchmark (bench/routing/). */
 int kvr_bench_main(int argc, char **argv);
 
-/* router/bench.c: one cell of `kvrouter bench study` (bench/vcluster/study.h's kvr_study_run_fn):
- * the bench with argv in this thread, quietly, its report written, its results handed back. */
-typedef struct kvr_results_s kvr_results_t;
-int kvr_bench_study_cell(int argc, char **argv, kvr_results_t **out, char *err, size_t errlen);
-
 /* router/demo.c: `kvrouter sim` x N and `kvrouter serve` as child processes of this same binary on
  * free 127.0.0.1 ports (bench/demo/procs.h), the round_robin vs kv_aware A/B through
  * kvr_bench_main(), the report, then every child stopped by PID (also after Ctrl-C). */

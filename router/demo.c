@@ -7,8 +7,8 @@
  * as the real run and its virtual twin measured it.
  *
  * Flow:
- *   1. virtual: kvr_study_run() in this process (bench/vcluster/study.h) -- every policy on every
- *      scenario (--quick: round_robin and kv_aware on --workload), one seed, each policy's max
+ *   1. virtual: kvr_bench_run_study() in this process (bench/vcluster/study.h) -- every policy on
+ * every scenario (--quick: round_robin and kv_aware on --workload), one seed, each policy's max
  *      SLO-compliant rate found by the search; its table is printed and OUT/virtual/STUDY.md kept.
  *   2. real: free loopback ports -> `kvrouter sim --time-scale N` per worker and `kvrouter serve`
  *      in front of them as children (this very binary, /proc/self/exe; output to OUT/logs/) ->
@@ -17,7 +17,7 @@
  *      SIGTERM every child by PID, SIGKILL after a grace period, reap. The bench's own summary goes
  *      to OUT/real/bench-summary.txt (its report to OUT/real/); the demo prints its own lines.
  *   3. agreement: the same levels (same --rates, seed and plan: the same traces) again in virtual
- *      time through kvr_bench_study_cell(); per policy and rate real vs virtual TTFT p99, TPOT p99
+ *      time through kvr_bench_run_argv(); per policy and rate real vs virtual TTFT p99, TPOT p99
  *      and the SLO verdict, printed and written to OUT/AGREEMENT.md with the headline: kv_aware vs
  *      round_robin on multiturn, virtual (step 1) and real (step 2), each limit bounded as the
  *      levels know it ("at least R" when every level tried passed; no ratio printed as "+0%").
@@ -52,6 +52,7 @@
 #include "base/log.h"
 #include "bench/demo/procs.h"
 #include "bench/loadgen/stats.h"
+#include "bench/run/bench_run.h"
 #include "bench/vcluster/study.h"
 #include "policies/policy.h"
 
@@ -154,7 +155,7 @@ typedef struct demo_s {
   const demo_cli_t *cli;
   char exe[4096], logs[4200], virt_out[4200], real_out[4200], agree_out[4200];
   char scale_s[32], seed_s[32], workers_s[32], blocks_s[256], scrape_s[32], stale_s[32];
-  const char *warmup_s;             /* the scenario's --warmup-s */
+  char warmup_s[32];                /* the scenario's --warmup-s */
   kvr_proc_t kids[MAX_WORKERS + 1]; /* the workers, then the router */
   size_t nkids;
   int admin_port;
@@ -394,7 +395,7 @@ static int run_study(demo_t *d) {
   kvr_log_set_level(KVR_LOG_WARN); /* the virtual routers' worker and scrape lines are noise */
   char err[768];
   double t0 = now_s();
-  int rc = kvr_study_run(&o, kvr_bench_study_cell, stdout, &d->sum, err, sizeof(err));
+  int rc = kvr_bench_run_study(&o, stdout, &d->sum, err, sizeof(err));
   kvr_log_set_level(level);
   if (rc == 2) {
     fprintf(stderr, "kvrouter demo: step 1: %s\n", err);
@@ -489,10 +490,8 @@ static int bench_args(demo_t *d, bool virt, char **extra, int nextra, char **a, 
     a[k++] = d->rates_s;
   }
   /* The study's plan (see the header); --quick measures 30 s instead of 60 per level. */
-  char *plan[] = {"--num-prompts", "100",
-                  "--warmup",      "0",
-                  "--warmup-s",    (char *)d->warmup_s,
-                  "--min-level-s", cli->quick ? "30" : "60",
+  char *plan[] = {"--num-prompts", "100",       "--warmup",      "0",
+                  "--warmup-s",    d->warmup_s, "--min-level-s", cli->quick ? "30" : "60",
                   "--cooldown-s",  "10"};
   memcpy(a + k, plan, sizeof(plan));
   k += KVR_ARRAY_SIZE(plan);
@@ -545,7 +544,8 @@ static int preflight(demo_t *d, char **extra, int nextra) {
   kvr_log_set_level(KVR_LOG_ERROR);
   kvr_results_t *res = NULL;
   char err[512] = "";
-  rc = kvr_bench_study_cell(n, a, &res, err, sizeof(err));
+  kvr_bench_io_t io = {0};
+  rc = kvr_bench_run_argv(n, a, &io, &res, err, sizeof(err));
   kvr_log_set_level(level);
   kvr_stats_results_free(res);
   if (rc != 2)
@@ -688,7 +688,8 @@ static int run_twin(demo_t *d, char **extra, int nextra) {
   kvr_log_set_level(KVR_LOG_WARN);
   kvr_results_t *res = NULL;
   char err[512] = "";
-  int rc = kvr_bench_study_cell(n, a, &res, err, sizeof(err));
+  kvr_bench_io_t io = {0};
+  int rc = kvr_bench_run_argv(n, a, &io, &res, err, sizeof(err));
   kvr_log_set_level(level);
   if (rc != 0)
     fprintf(stderr, "kvrouter demo: step 3: %s\n", err[0] ? err : "the virtual run failed");
@@ -1003,10 +1004,7 @@ int kvr_demo_main(int argc, char **argv) {
     cli.scale = 10;
   demo_t *d = kvr_xcalloc(1, sizeof(*d));
   d->cli = &cli;
-  d->warmup_s = "60";
-  for (size_t i = 0; sc->args[i] && sc->args[i + 1]; i++)
-    if (strcmp(sc->args[i], "--warmup-s") == 0)
-      d->warmup_s = sc->args[i + 1];
+  snprintf(d->warmup_s, sizeof(d->warmup_s), "%g", sc->warmup_s);
   snprintf(d->scale_s, sizeof(d->scale_s), "%g", cli.scale);
   snprintf(d->seed_s, sizeof(d->seed_s), "%llu", (unsigned long long)cli.seed);
   snprintf(d->workers_s, sizeof(d->workers_s), "%u", cli.workers);

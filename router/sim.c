@@ -9,11 +9,11 @@
  */
 
 #include "commands.h"
-#include "engine_options.h"
 
 #include "base/cli.h"
 #include "base/kvr.h"
 #include "base/log.h"
+#include "bench/run/engine_options.h"
 #include "bench/sim/sim_calibrate.h"
 #include "bench/sim/sim_engine.h"
 #include "bench/sim/sim_server.h"

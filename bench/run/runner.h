@@ -1,9 +1,10 @@
 /* runner.h -- one `kvrouter bench` run: labels, level plans, the max-SLO-rate search, the report.
  *
- * kvr_runner_opts_t is the bench's whole command line (router/bench.c fills it through the option
- * engine). A kvr_runner_t owns the workload, the load generator, the monitor and the results of
- * one run on the caller's loop; the caller owns the loop and the signal handles, and calls
- * kvr_runner_interrupt() from its signal callback.
+ * kvr_runner_opts_t (runner_types.h) is the bench's whole command line: bench_options.c's table
+ * fills it from argv through the option engine, the policy study from structs
+ * (bench/vcluster/study.h). A kvr_runner_t owns the workload, the load generator, the monitor and
+ * the results of one run on the caller's loop; the caller owns the loop and the signal handles, and
+ * calls kvr_runner_interrupt() from its signal callback.
  *
  * Flow of kvr_runner_run(), for each label (each --ab policy, or one run): PUT /admin/policy,
  * prefix-cache reset, cooldown after a switch -> levels (the --rates/--concurrency list, or the
@@ -33,47 +34,13 @@
 #include "bench/loadgen/stats.h"
 #include "bench/loadgen/workload.h"
 #include "bench/vcluster/vcluster.h"
+#include "runner_types.h"
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <uv.h>
-
-#define KVR_RUNNER_MAX_LIST 64
-
-typedef struct kvr_runner_opts_s {
-  kvr_loadgen_opts_t lg;  /* lg.progress: progress lines (the runner's too), NULL = quiet */
-  kvr_workload_opts_t wl; /* wl.seed is set from seed by kvr_runner_opts_check() */
-  double rates[KVR_RUNNER_MAX_LIST]; /* request rates, simulated req/s */
-  size_t nrates;
-  unsigned conc[KVR_RUNNER_MAX_LIST]; /* closed-loop users instead */
-  size_t nconc;
-  bool search;        /* find the max SLO-compliant load */
-  bool no_early_stop; /* run every search level to its end */
-  double search_start, search_max, search_res;
-  char *ab[KVR_RUNNER_MAX_LIST]; /* policies, one run each (needs admin); owned by the caller */
-  size_t nab;
-  char *labels[KVR_RUNNER_MAX_LIST]; /* run labels (one per run), < 64 characters */
-  size_t nlabels;
-  /* --policy-params LABEL=JSON: the policy parameters of one run (borrowed strings, checked). */
-  const char *params[KVR_RUNNER_MAX_LIST];
-  size_t nparams;
-  const char *admin; /* the router's admin URL, or NULL */
-  const char *out;   /* results folder */
-  const char *title; /* report title, NULL for the default */
-  uint64_t seed;
-  kvr_slo_t slo;
-  double cooldown_s;
-  int reset_cache;        /* -1: default (on with --ab), 0: off, 1: on */
-  bool quiet;             /* no progress output */
-  const char *command;    /* the command line, for the report */
-  bool virt;              /* --virtual: run against a cluster in virtual time (bench/vcluster/) */
-  bool keep_cluster;      /* virtual: each level on the cluster the previous one left (caches,
-                           * learned rates), as a server run at one rate after another; default:
-                           * each level on a fresh cluster (kvr_vcluster_restart) */
-  kvr_vcluster_opts_t vc; /* that cluster */
-} kvr_runner_opts_t;
 
 /* Adds one --policy-params value, "LABEL=JSON" (text is borrowed). Returns 0 or KVR_EINVAL with
  * err ("needs LABEL={...}", "not a JSON object", too many). */

@@ -1,8 +1,9 @@
 /* study.c -- `kvrouter bench study`: cells on a thread pool, then the table.
  *
- * Flow: kvr_study_run() checks the names -> builds one argv per (scenario, seed) cell -> `jobs`
+ * Flow: kvr_study_run() checks the names -> one kvr_study_cell_t per (scenario, seed) -> `jobs`
  * threads take cells in order from a shared counter and run each through the caller's
- * kvr_study_run_fn (a whole virtual bench: its report lands in the cell's folder) -> each cell's
+ * kvr_study_run_fn (a whole virtual bench whose settings kvr_study_cell_opts() makes, its command
+ * line kvr_study_cell_words(): its report lands in the cell's folder) -> each cell's
  * per-policy max SLO-compliant load (kvr_report_cap) is kept -> the table (mean, min, max over the
  * seeds; "at least" when some seed found no limit) and the ratios are written as STUDY.md and
  * study.json and printed.
@@ -12,44 +13,39 @@
  */
 #include "study.h"
 
+#include "base/buf.h"
 #include "base/kvr.h"
+#include "bench/loadgen/workload.h"
 #include "bench/report/report.h"
 #include "bench/vcluster/vcluster.h"
 #include "policies/policy.h"
 
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-static const char *const sc_multiturn[] = {
-    "--workload", "multiturn", "--multiturn-mode", "session", "--warmup-s", "120", NULL};
-static const char *const sc_documents[] = {"--workload", "documents", "--warmup-s", "60", NULL};
-static const char *const sc_control[] = {"--workload", "control", "--warmup-s", "60", NULL};
-/* 300 measured requests, not 100: a level of 100 holds ten-odd turns of ten-odd sessions, and its
- * p99 (the second-worst TTFT) swung the policies' ranking from seed to seed. */
-static const char *const sc_agentic[] = {"--workload",    "agentic", "--warmup-s", "300",
-                                         "--num-prompts", "300",     NULL};
-static const char *const sc_hot[] = {"--workload", "hot-prefix", "--warmup-s", "60", NULL};
-static const char *const sc_bursty[] = {"--workload",   "multiturn",  "--multiturn-mode",
-                                        "session",      "--warmup-s", "120",
-                                        "--burstiness", "0.3",        NULL};
-static const char *const sc_mixed[] = {"--workload", "documents",       "--warmup-s",
-                                       "60",         "--worker-blocks", "21770,21770,21770,10885",
-                                       NULL};
+/* mixed-fleet: four sims, the last with half the KV cache. */
+static const unsigned mixed_blocks[] = {21770, 21770, 21770, 10885};
 
 const kvr_study_scenario_t kvr_study_scenarios[] = {
-    {"multiturn", "multiturn sessions resending the streamed answers", sc_multiturn},
-    {"documents", "150 long documents, 4 questions each", sc_documents},
-    {"control", "unique prompts: nothing to reuse", sc_control},
+    {"multiturn", "multiturn sessions resending the streamed answers", "multiturn", .session = true,
+     .warmup_s = 120},
+    {"documents", "150 long documents, 4 questions each", "documents", .warmup_s = 60},
+    {"control", "unique prompts: nothing to reuse", "control", .warmup_s = 60},
+    /* 300 measured requests, not 100: a level of 100 holds ten-odd turns of ten-odd sessions, and
+     * its p99 (the second-worst TTFT) swung the policies' ranking from seed to seed. */
     {"agentic",
      "20-60 turn tool-using sessions growing past 60k tokens (300 measured requests per level)",
-     sc_agentic},
-    {"hot-prefix", "one system prompt in 80% of the requests", sc_hot},
-    {"bursty", "multiturn sessions with bursty arrivals (gamma shape 0.3)", sc_bursty},
-    {"mixed-fleet", "documents on 4 workers, one with half the KV cache", sc_mixed},
-    {NULL, NULL, NULL},
+     "agentic", .warmup_s = 300, .num_prompts = 300},
+    {"hot-prefix", "one system prompt in 80% of the requests", "hot-prefix", .warmup_s = 60},
+    {"bursty", "multiturn sessions with bursty arrivals (gamma shape 0.3)", "multiturn",
+     .session = true, .warmup_s = 120, .burstiness = 0.3},
+    {"mixed-fleet", "documents on 4 workers, one with half the KV cache", "documents",
+     .warmup_s = 60, .worker_blocks = mixed_blocks, .nworker_blocks = KVR_ARRAY_SIZE(mixed_blocks)},
+    {.name = NULL},
 };
 
 const kvr_study_scenario_t *kvr_study_scenario(const char *name) {
@@ -67,16 +63,118 @@ void kvr_study_opts_default(kvr_study_opts_t *o) {
   o->out = "results/study";
 }
 
+/* ---- a cell's bench ------------------------------------------------------------------------- */
+
+/* The level plan every cell shares: --num-prompts, --warmup, --min-level-s, --cooldown-s; the
+ * search starts at 2 req/s. */
+#define CELL_PROMPTS 100
+#define CELL_MIN_LEVEL_S 60
+#define CELL_COOLDOWN_S 10
+#define CELL_SEARCH_START 2
+#define STR_(x) #x
+#define STR(x) STR_(x) /* a plan figure as its command-line word */
+
+static void scenario_opts(const kvr_study_scenario_t *sc, kvr_runner_opts_t *o) {
+  kvr_workload_parse_kind(sc->workload, &o->wl);
+  if (sc->session)
+    o->wl.replay = false;
+  o->lg.warmup_s = sc->warmup_s;
+  if (sc->num_prompts)
+    o->lg.num_prompts = sc->num_prompts;
+  if (sc->burstiness > 0)
+    o->lg.burstiness = sc->burstiness;
+  for (size_t i = 0; i < sc->nworker_blocks && i < KVR_ARRAY_SIZE(o->vc.worker_blocks); i++)
+    o->vc.worker_blocks[i] = sc->worker_blocks[i];
+  if (sc->nworker_blocks)
+    o->vc.nworker_blocks = KVR_MIN(sc->nworker_blocks, KVR_ARRAY_SIZE(o->vc.worker_blocks));
+}
+
+void kvr_study_cell_opts(const kvr_study_cell_t *c, kvr_runner_opts_t *o) {
+  o->virt = true;
+  for (size_t p = 0; p < c->npolicies && p < KVR_RUNNER_MAX_LIST; p++) {
+    o->ab[o->nab++] = kvr_xstrdup(c->policies[p]);
+    o->labels[o->nlabels++] = kvr_xstrdup(c->policies[p]);
+  }
+  o->seed = c->seed;
+  o->search = true;
+  o->search_start = CELL_SEARCH_START;
+  o->search_res = c->resolution;
+  o->lg.num_prompts = CELL_PROMPTS;
+  o->lg.warmup = 0;
+  o->lg.min_level_s = CELL_MIN_LEVEL_S;
+  o->cooldown_s = CELL_COOLDOWN_S;
+  o->quiet = true;
+  o->out = c->out;
+  o->title = c->title;
+  scenario_opts(c->sc, o);
+}
+
+static void word(kvr_study_words_t *w, const char *a) {
+  if (w->argc < KVR_STUDY_WORDS_MAX - 1)
+    w->argv[w->argc++] = (char *)a;
+  w->argv[w->argc] = NULL;
+}
+
+static void word2(kvr_study_words_t *w, const char *flag, const char *value) {
+  word(w, flag);
+  word(w, value);
+}
+
+/* The scenario's flags, in the order scenario_opts() sets them. */
+static void scenario_words(const kvr_study_scenario_t *sc, kvr_study_words_t *w) {
+  word2(w, "--workload", sc->workload);
+  if (sc->session)
+    word2(w, "--multiturn-mode", "session");
+  snprintf(w->warmup, sizeof(w->warmup), "%g", sc->warmup_s);
+  word2(w, "--warmup-s", w->warmup);
+  if (sc->num_prompts) {
+    snprintf(w->prompts, sizeof(w->prompts), "%u", sc->num_prompts);
+    word2(w, "--num-prompts", w->prompts);
+  }
+  if (sc->burstiness > 0) {
+    snprintf(w->burst, sizeof(w->burst), "%g", sc->burstiness);
+    word2(w, "--burstiness", w->burst);
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < sc->nworker_blocks && k < sizeof(w->blocks); i++)
+    k += (size_t)snprintf(w->blocks + k, sizeof(w->blocks) - k, "%s%u", i ? "," : "",
+                          sc->worker_blocks[i]);
+  if (sc->nworker_blocks)
+    word2(w, "--worker-blocks", w->blocks);
+}
+
+void kvr_study_cell_words(const kvr_study_cell_t *c, kvr_study_words_t *w) {
+  w->argc = 0;
+  size_t k = 0;
+  w->ab[0] = '\0';
+  for (size_t p = 0; p < c->npolicies && k < sizeof(w->ab); p++)
+    k += (size_t)snprintf(w->ab + k, sizeof(w->ab) - k, "%s%s", p ? "," : "", c->policies[p]);
+  snprintf(w->seed, sizeof(w->seed), "%llu", c->seed);
+  snprintf(w->res, sizeof(w->res), "%.15g", c->resolution);
+  word2(w, "bench", "--virtual");
+  word2(w, "--ab", w->ab);
+  word2(w, "--labels", w->ab);
+  word2(w, "--seed", w->seed);
+  word2(w, "--search", "--search-start");
+  word(w, STR(CELL_SEARCH_START));
+  word2(w, "--search-resolution", w->res);
+  word2(w, "--num-prompts", STR(CELL_PROMPTS));
+  word2(w, "--warmup", "0");
+  word2(w, "--min-level-s", STR(CELL_MIN_LEVEL_S));
+  word2(w, "--cooldown-s", STR(CELL_COOLDOWN_S));
+  word(w, "--quiet");
+  word2(w, "--out", c->out);
+  word2(w, "--title", c->title);
+  scenario_words(c->sc, w);
+  for (int i = 0; i < c->nextra; i++)
+    word(w, c->extra[i]);
+}
+
 /* ---- cells ----------------------------------------------------------------------------------- */
 
-#define ARGV_MAX 96
-
 typedef struct cell_s {
-  const kvr_study_scenario_t *sc;
-  unsigned long long seed;
-  char *argv[ARGV_MAX];
-  int argc;
-  char seed_s[32], res_s[32], out_s[1024], title_s[256];
+  kvr_study_cell_t c;
+  char out[1024], title[256];
   kvr_report_cap_t caps[KVR_STUDY_MAX];
   int status;
   char err[512];
@@ -90,7 +188,6 @@ typedef struct study_s {
   size_t npolicies;
   const kvr_study_scenario_t *scs[KVR_STUDY_MAX];
   size_t nscs;
-  char ab[1024];
   cell_t *cells;
   size_t ncells, next, ndone;
   pthread_mutex_t mu;
@@ -98,41 +195,34 @@ typedef struct study_s {
   unsigned jobs; /* threads */
 } study_t;
 
-static void cell_argv(study_t *st, cell_t *c) {
+static void cell_init(study_t *st, cell_t *cell, const kvr_study_scenario_t *sc,
+                      unsigned long long seed) {
   const kvr_study_opts_t *o = st->o;
-  int k = 0;
-  snprintf(c->seed_s, sizeof(c->seed_s), "%llu", c->seed);
-  snprintf(c->res_s, sizeof(c->res_s), "%g", o->resolution);
-  snprintf(c->out_s, sizeof(c->out_s), "%s/%s/seed%llu", o->out, c->sc->name, c->seed);
-  snprintf(c->title_s, sizeof(c->title_s), "kvrouter study: %s, seed %llu", c->sc->name, c->seed);
-  const char *head[] = {
-      "bench",   "--virtual",     "--ab",     st->ab,           "--labels", st->ab,
-      "--seed",  c->seed_s,       "--search", "--search-start", "2",        "--search-resolution",
-      c->res_s,  "--num-prompts", "100",      "--warmup",       "0",        "--min-level-s",
-      "60",      "--cooldown-s",  "10",       "--quiet",        "--out",    c->out_s,
-      "--title", c->title_s};
-  for (size_t i = 0; i < KVR_ARRAY_SIZE(head); i++)
-    c->argv[k++] = (char *)head[i];
-  for (size_t i = 0; c->sc->args[i] && k < ARGV_MAX - 1; i++)
-    c->argv[k++] = (char *)c->sc->args[i];
-  for (int i = 0; i < o->nextra && k < ARGV_MAX - 1; i++)
-    c->argv[k++] = o->extra[i];
-  c->argv[k] = NULL;
-  c->argc = k;
+  snprintf(cell->out, sizeof(cell->out), "%s/%s/seed%llu", o->out, sc->name, seed);
+  snprintf(cell->title, sizeof(cell->title), "kvrouter study: %s, seed %llu", sc->name, seed);
+  cell->c = (kvr_study_cell_t){.sc = sc,
+                               .seed = seed,
+                               .policies = st->policies,
+                               .npolicies = st->npolicies,
+                               .resolution = o->resolution,
+                               .out = cell->out,
+                               .title = cell->title,
+                               .extra = o->extra,
+                               .nextra = o->nextra};
 }
 
-static void cell_run(study_t *st, cell_t *c) {
+static void cell_run(study_t *st, cell_t *cell) {
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   kvr_results_t *res = NULL;
-  c->status = st->run(c->argc, c->argv, &res, c->err, sizeof(c->err));
+  cell->status = st->run(&cell->c, &res, cell->err, sizeof(cell->err));
   clock_gettime(CLOCK_MONOTONIC, &t1);
-  c->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+  cell->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
   for (size_t p = 0; res && p < st->npolicies && p < res->nruns; p++)
-    c->caps[p] = kvr_report_cap(&res->runs[p]);
-  if (res && res->nruns < st->npolicies && c->status == 0) {
-    c->status = 1;
-    snprintf(c->err, sizeof(c->err), "ran %zu of %zu policies", res->nruns, st->npolicies);
+    cell->caps[p] = kvr_report_cap(&res->runs[p]);
+  if (res && res->nruns < st->npolicies && cell->status == 0) {
+    cell->status = 1;
+    snprintf(cell->err, sizeof(cell->err), "ran %zu of %zu policies", res->nruns, st->npolicies);
   }
   kvr_stats_results_free(res);
 }
@@ -151,7 +241,7 @@ static void *worker(void *arg) {
     st->ndone++;
     if (st->progress) {
       fprintf(st->progress, "[study %zu/%zu] %s seed %llu: %s in %.1f s\n", st->ndone, st->ncells,
-              c->sc->name, c->seed, c->status ? c->err : "done", c->seconds);
+              c->c.sc->name, c->c.seed, c->status ? c->err : "done", c->seconds);
       fflush(st->progress);
     }
     pthread_mutex_unlock(&st->mu);
@@ -263,11 +353,12 @@ static void render_md(const study_t *st, double seconds, kvr_buf_t *b) {
   }
   kvr_buf_puts(b, "\n## Scenarios\n\n");
   for (size_t s = 0; s < st->nscs; s++) {
-    const cell_t *c = &st->cells[s * o->seeds];
+    kvr_study_words_t w;
+    kvr_study_cell_words(&st->cells[s * o->seeds].c, &w);
     kvr_buf_printf(b, "- **%s**: %s. First seed's command: `kvrouter", st->scs[s]->name,
                    st->scs[s]->about);
-    for (int i = 0; i < c->argc; i++)
-      kvr_buf_printf(b, " %s", c->argv[i]);
+    for (int i = 0; i < w.argc; i++)
+      kvr_buf_printf(b, " %s", w.argv[i]);
     kvr_buf_puts(b, "`\n");
   }
   kvr_buf_puts(b, "\nEach cell's own report: <scenario>/seed<N>/report.md.\n");
@@ -287,7 +378,7 @@ static void render_json(const study_t *st, double seconds, kvr_buf_t *b) {
     for (size_t k = 0; k < o->seeds; k++) {
       const cell_t *c = &st->cells[s * o->seeds + k];
       kvr_buf_printf(b, "%s{\"seed\":%llu,\"status\":%d,\"seconds\":%.3f,\"max_rate\":{",
-                     k ? "," : "", c->seed, c->status, c->seconds);
+                     k ? "," : "", c->c.seed, c->status, c->seconds);
       for (size_t p = 0; p < st->npolicies; p++)
         kvr_buf_printf(b, "%s\"%s\":{\"rate\":%g,\"found\":%s,\"ran\":%s}", p ? "," : "",
                        st->policies[p], c->caps[p].load, c->caps[p].found ? "true" : "false",
@@ -351,9 +442,6 @@ static int check(study_t *st, char *err, size_t errlen) {
     }
     st->policies[st->npolicies++] = o->policies[i];
   }
-  size_t k = 0;
-  for (size_t p = 0; p < st->npolicies; p++)
-    k += (size_t)snprintf(st->ab + k, sizeof(st->ab) - k, "%s%s", p ? "," : "", st->policies[p]);
   return 0;
 }
 
@@ -372,10 +460,7 @@ int kvr_study_run(const kvr_study_opts_t *o, kvr_study_run_fn run, FILE *out,
   st.cells = kvr_xcalloc(st.ncells, sizeof(cell_t));
   for (size_t s = 0; s < st.nscs; s++)
     for (unsigned k = 0; k < o->seeds; k++) {
-      cell_t *c = &st.cells[s * o->seeds + k];
-      c->sc = st.scs[s];
-      c->seed = o->seed + k;
-      cell_argv(&st, c);
+      cell_init(&st, &st.cells[s * o->seeds + k], st.scs[s], o->seed + k);
     }
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   st.jobs = o->jobs ? o->jobs : cores > 0 ? (unsigned)cores : 1;
@@ -415,7 +500,7 @@ int kvr_study_run(const kvr_study_opts_t *o, kvr_study_run_fn run, FILE *out,
   for (size_t i = 0; i < st.ncells; i++)
     if (st.cells[i].status != 0) {
       if (!failed)
-        snprintf(err, errlen, "%s seed %llu: %s", st.cells[i].sc->name, st.cells[i].seed,
+        snprintf(err, errlen, "%s seed %llu: %s", st.cells[i].c.sc->name, st.cells[i].c.seed,
                  st.cells[i].err);
       failed++;
     }

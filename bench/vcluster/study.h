@@ -1,7 +1,7 @@
 /* study.h -- `kvrouter bench study`: every policy on every scenario over several seeds, in virtual
  * time, in parallel, summed up in one table.
  *
- * A scenario is a named set of bench flags (a workload and what makes it itself: session mode,
+ * A scenario is a named set of bench settings (a workload and what makes it itself: session mode,
  * burstiness, a mixed fleet). A cell is one (scenario, seed): one `kvrouter bench --virtual --ab
  * POLICIES --search` run, whose own report lands in OUT/<scenario>/seed<N>/. The study runs the
  * cells on `jobs` threads (each cell is a separate cluster, load generator and router: nothing is
@@ -9,14 +9,16 @@
  * scenario and policy the mean max SLO-compliant rate over the seeds with its min and max, and
  * kv_aware's ratio to round_robin, to the best reference policy and to the oracle.
  *
- * The bench itself stays in router/bench.c (its option table): the study calls back into it with
- * each cell's argv (kvr_study_run_fn).
+ * The study builds each cell's bench as settings (kvr_study_cell_opts) and hands the cell to the
+ * caller's run function (kvr_study_run_fn; bench/run/bench_run.c runs it), which applies the
+ * person's extra flags through the bench's table and runs it; the cell's words
+ * (kvr_study_cell_words) are the command line its report and STUDY.md show.
  */
 #ifndef KVR_STUDY_H
 #define KVR_STUDY_H
 
-#include "base/buf.h"
 #include "bench/report/report_types.h"
+#include "bench/run/runner_types.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -24,11 +26,19 @@
 
 #define KVR_STUDY_MAX 32
 
-/* One scenario: its name and the bench flags that make it (NULL-terminated). */
+/* One scenario: a workload and what makes it itself, as bench settings. Each field is the flag
+ * of the same name in the cell's command line (kvr_study_cell_words). */
 typedef struct kvr_study_scenario_s {
   const char *name;
-  const char *about; /* one line for the report */
-  const char *const *args;
+  const char *about;    /* one line for the report */
+  const char *workload; /* --workload: a kind kvr_workload_parse_kind() knows */
+  bool session;         /* --multiturn-mode session: sessions resend the streamed answers */
+  double warmup_s;      /* --warmup-s */
+  unsigned num_prompts; /* --num-prompts; 0: the study's 100 */
+  double burstiness;    /* --burstiness; 0: the bench's (1, Poisson) */
+  const unsigned
+      *worker_blocks; /* --worker-blocks: KV blocks per worker (a mixed fleet), or NULL */
+  size_t nworker_blocks;
 } kvr_study_scenario_t;
 
 /* The built-in scenarios, NULL-name-terminated: multiturn, documents, control, agentic, hot-prefix,
@@ -53,10 +63,45 @@ typedef struct kvr_study_opts_s {
 
 void kvr_study_opts_default(kvr_study_opts_t *o);
 
-/* Runs one cell: the bench with argv (argv[0] "bench"), its report written as usual; *out gets its
- * results (the caller frees them with kvr_stats_results_free), NULL on failure. Returns 0 or an
- * exit status with one line in err. Called from several threads at once. */
-typedef int (*kvr_study_run_fn)(int argc, char **argv, kvr_results_t **out, char *err,
+/* One cell: a scenario at a seed, with the study's policies and search plan; what a run function
+ * gets to run. */
+typedef struct kvr_study_cell_s {
+  const kvr_study_scenario_t *sc;
+  unsigned long long seed;
+  const char *const *policies; /* --ab and --labels, the first the baseline */
+  size_t npolicies;
+  double resolution; /* --search-resolution */
+  const char *out;   /* OUT/<scenario>/seed<N> */
+  const char *title;
+  char **extra; /* the caller's bench flags (after --), to apply over the cell's settings */
+  int nextra;
+} kvr_study_cell_t;
+
+/* Sets the cell's bench in o, which holds the bench's defaults (kvr_runner_opts_default): virtual
+ * time, the policies as --ab and --labels (heap copies, freed with the bench's options), the seed,
+ * the search, the level plan (--num-prompts 100 --warmup 0 --min-level-s 60 --cooldown-s 10),
+ * --quiet, --out and --title, then the scenario's settings. c->extra is the caller's to apply. */
+void kvr_study_cell_opts(const kvr_study_cell_t *c, kvr_runner_opts_t *o);
+
+#define KVR_STUDY_WORDS_MAX 96
+
+/* A cell's command line as words, and the text its numbers need. */
+typedef struct kvr_study_words_s {
+  char *argv[KVR_STUDY_WORDS_MAX]; /* NULL-terminated; into this struct and the cell */
+  int argc;
+  char seed[32], res[32], warmup[32], prompts[32], burst[32], blocks[256], ab[1024];
+} kvr_study_words_t;
+
+/* The cell's bench as a person would type it: "bench", "--virtual", the settings
+ * kvr_study_cell_opts() makes in the same order, then c->extra. For the cell's report (its
+ * command to reproduce) and STUDY.md; parsed by the bench's table, it gives the same settings. */
+void kvr_study_cell_words(const kvr_study_cell_t *c, kvr_study_words_t *w);
+
+/* Runs one cell: its bench in virtual time (kvr_study_cell_opts, then c->extra), its report written
+ * as usual; *out gets its results (the caller frees them with kvr_stats_results_free), NULL on
+ * failure. Returns 0 or an exit status with one line in err. Called from several threads at once.
+ */
+typedef int (*kvr_study_run_fn)(const kvr_study_cell_t *c, kvr_results_t **out, char *err,
                                 size_t errlen);
 
 /* One policy on one scenario over the seeds. */

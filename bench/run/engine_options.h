@@ -1,6 +1,7 @@
 /* engine_options.h -- the flags of the simulated vLLM engine, one list for every subcommand that
- * runs one: `kvrouter sim` (over kvr_sim_server_opts_t.engine) and `kvrouter bench --virtual`
- * (over kvr_vcluster_opts_t.engine), so a virtual cluster takes exactly the flags a real sim does.
+ * runs one: `kvrouter sim` (router/sim.c, over kvr_sim_server_opts_t.engine) and `kvrouter bench
+ * --virtual` (bench_options.c, over kvr_vcluster_opts_t.engine), so a virtual cluster takes exactly
+ * the flags a real sim does.
  *
  * KVR_ENGINE_CLI_ROWS(E) expands to option-engine rows (src/base/cli.h); E(field) must give the
  * KVR_CLI_FIELD of kvr_sim_config_t's field inside the table's base struct.

@@ -1,0 +1,186 @@
+/* test_bench_run.c -- the bench's option table and a run from its settings (bench/run/): every
+ * study scenario's cell, built as a struct, equals its command line parsed by the bench's table (so
+ * the command a cell's report shows runs the same bench); a person's flags after -- replace the
+ * cell's; --help is no option inside a library; a bad command line is exit status 2 with the
+ * bench's wording; and a tiny virtual run hands its results back in memory. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "tests/test_util.h"
+
+#include "base/kvr.h"
+#include "base/log.h"
+#include "bench/run/bench_options.h"
+#include "bench/run/bench_run.h"
+#include "bench/run/runner.h"
+#include "bench/vcluster/study.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *const policies[] = {"round_robin", "kv_aware", "least_load"};
+
+static kvr_study_cell_t cell_of(const kvr_study_scenario_t *sc) {
+  return (kvr_study_cell_t){.sc = sc,
+                            .seed = 43,
+                            .policies = policies,
+                            .npolicies = KVR_ARRAY_SIZE(policies),
+                            .resolution = 0.05,
+                            .out = "results/study/x/seed43",
+                            .title = "kvrouter study: x, seed 43"};
+}
+
+/* Compares a's and b's string lists and strings, then drops them, so that memcmp compares the
+ * rest: two structs that started from the same defaults. */
+static void same_settings(kvr_runner_opts_t *a, kvr_runner_opts_t *b) {
+  assert_int_equal(a->nab, b->nab);
+  assert_int_equal(a->nlabels, b->nlabels);
+  for (size_t i = 0; i < a->nab; i++)
+    assert_string_equal(a->ab[i], b->ab[i]);
+  for (size_t i = 0; i < a->nlabels; i++)
+    assert_string_equal(a->labels[i], b->labels[i]);
+  assert_string_equal(a->out, b->out);
+  assert_string_equal(a->title, b->title);
+  kvr_bench_options_free(a);
+  kvr_bench_options_free(b);
+  a->out = b->out = a->title = b->title = NULL;
+  assert_memory_equal(a, b, sizeof(*a));
+}
+
+static void test_cell_words_parse_to_cell_opts(void **state) {
+  (void)state;
+  size_t n = 0;
+  for (const kvr_study_scenario_t *sc = kvr_study_scenarios; sc->name; sc++, n++) {
+    kvr_study_cell_t c = cell_of(sc);
+    kvr_runner_opts_t built, parsed;
+    kvr_runner_opts_default(&built);
+    kvr_study_cell_opts(&c, &built);
+    kvr_study_words_t w;
+    kvr_study_cell_words(&c, &w);
+    assert_string_equal(w.argv[0], "bench");
+    assert_null(w.argv[w.argc]);
+    kvr_runner_opts_default(&parsed);
+    char err[256] = "";
+    assert_int_equal(kvr_bench_options_parse(&parsed, w.argc, w.argv, err, sizeof(err)), 0);
+    assert_true(built.virt && built.search && built.quiet);
+    same_settings(&built, &parsed);
+  }
+  assert_int_equal(n, 7);
+  /* The scenario's own settings landed (not only the shared plan). */
+  const kvr_study_scenario_t *mixed = kvr_study_scenario("mixed-fleet");
+  kvr_study_cell_t c = cell_of(mixed);
+  kvr_runner_opts_t o;
+  kvr_runner_opts_default(&o);
+  kvr_study_cell_opts(&c, &o);
+  assert_int_equal(o.vc.nworker_blocks, 4);
+  assert_int_equal(o.vc.worker_blocks[3], 10885);
+  assert_int_equal(o.wl.kind, KVR_WL_DOCUMENTS);
+  assert_true(o.lg.warmup_s == 60);
+  kvr_bench_options_free(&o);
+}
+
+/* The words are the command line the study showed before it built structs. */
+static void test_cell_words(void **state) {
+  (void)state;
+  kvr_study_cell_t c = cell_of(kvr_study_scenario("bursty"));
+  char *extra[] = {"--workers", "2"};
+  c.extra = extra;
+  c.nextra = 2;
+  kvr_study_words_t w;
+  kvr_study_cell_words(&c, &w);
+  char line[2048] = "";
+  for (int i = 0; i < w.argc; i++)
+    snprintf(line + strlen(line), sizeof(line) - strlen(line), "%s%s", i ? " " : "", w.argv[i]);
+  assert_string_equal(line, "bench --virtual --ab round_robin,kv_aware,least_load --labels "
+                            "round_robin,kv_aware,least_load --seed 43 --search --search-start 2 "
+                            "--search-resolution 0.05 --num-prompts 100 --warmup 0 --min-level-s "
+                            "60 --cooldown-s 10 --quiet --out results/study/x/seed43 --title "
+                            "kvrouter study: x, seed 43 --workload multiturn --multiturn-mode "
+                            "session --warmup-s 120 --burstiness 0.3 --workers 2");
+}
+
+/* A person's flags after -- go over the cell's: a scalar replaces, a list replaces the cell's. */
+static void test_extra_flags_replace(void **state) {
+  (void)state;
+  kvr_study_cell_t c = cell_of(kvr_study_scenario("mixed-fleet"));
+  kvr_runner_opts_t o;
+  kvr_runner_opts_default(&o);
+  kvr_study_cell_opts(&c, &o);
+  char *argv[] = {"bench", "--warmup-s", "30", "--worker-blocks", "5,6", "--ab", "least_load"};
+  char err[256] = "";
+  assert_int_equal(kvr_bench_options_parse(&o, 7, argv, err, sizeof(err)), 0);
+  assert_true(o.lg.warmup_s == 30);
+  assert_int_equal(o.vc.nworker_blocks, 2);
+  assert_int_equal(o.vc.worker_blocks[0], 5);
+  assert_int_equal(o.nab, 1);
+  assert_string_equal(o.ab[0], "least_load");
+  assert_int_equal(o.nlabels, 3); /* the cell's labels stay: the rules then refuse them */
+  assert_int_equal(kvr_runner_opts_check(&o, err, sizeof(err)), KVR_EINVAL);
+  assert_string_equal(err, "--labels: needs one label per run (one per --ab policy)");
+  kvr_bench_options_free(&o);
+}
+
+static void test_help_is_no_option_here(void **state) {
+  (void)state;
+  kvr_runner_opts_t o;
+  kvr_runner_opts_default(&o);
+  char *argv[] = {"bench", "--rates", "2", "--help"};
+  char err[256] = "";
+  assert_int_equal(kvr_bench_options_parse(&o, 4, argv, err, sizeof(err)), KVR_EINVAL);
+  assert_non_null(strstr(err, "--help"));
+  kvr_bench_options_free(&o);
+}
+
+static void test_run_argv_rejects(void **state) {
+  (void)state;
+  kvr_bench_io_t io = {0};
+  kvr_results_t *res = (kvr_results_t *)&io;
+  char err[256] = "";
+  char *bogus[] = {"bench", "--virtual", "--rates", "2", "--bogus"};
+  assert_int_equal(kvr_bench_run_argv(5, bogus, &io, &res, err, sizeof(err)), 2);
+  assert_null(res);
+  assert_string_equal(err, "kvrouter bench: --bogus: unknown option (see kvrouter bench --help)");
+  char *rule[] = {"bench", "--virtual", "--rates", "2", "--concurrency", "4"};
+  assert_int_equal(kvr_bench_run_argv(6, rule, &io, &res, err, sizeof(err)), 2);
+  assert_string_equal(err, "kvrouter bench: --concurrency: cannot be combined with --rates");
+}
+
+/* A few virtual requests: the report is written and the results come back in memory. */
+static void test_virtual_run_results(void **state) {
+  (void)state;
+  char dir[] = "/tmp/kvr_test_bench_run_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  kvr_log_set_level(KVR_LOG_WARN);
+  char *argv[] = {"bench",         "--virtual", "--workers", "2",
+                  "--rates",       "2,4",       "--ab",      "round_robin,kv_aware",
+                  "--num-prompts", "6",         "--warmup",  "0",
+                  "--cooldown-s",  "0",         "--out",     dir};
+  kvr_bench_io_t io = {0};
+  kvr_results_t *res = NULL;
+  char err[256] = "";
+  assert_int_equal(kvr_bench_run_argv(KVR_ARRAY_SIZE(argv), argv, &io, &res, err, sizeof(err)), 0);
+  assert_non_null(res);
+  assert_int_equal(res->nruns, 2);
+  assert_string_equal(res->runs[1].label, "phase3");
+  assert_string_equal(res->runs[1].policy, "kv_aware");
+  assert_int_equal(res->runs[0].nlevels, 2);
+  assert_true(res->runs[0].levels[1]->rate == 4);
+  kvr_stats_results_free(res);
+  char path[128];
+  snprintf(path, sizeof(path), "%s/report.md", dir);
+  assert_int_equal(access(path, F_OK), 0);
+  char rm[160];
+  snprintf(rm, sizeof(rm), "rm -rf '%s'", dir);
+  assert_int_equal(system(rm), 0);
+}
+
+KVR_TEST_MAIN(cmocka_unit_test(test_cell_words_parse_to_cell_opts),
+              cmocka_unit_test(test_cell_words), cmocka_unit_test(test_extra_flags_replace),
+              cmocka_unit_test(test_help_is_no_option_here),
+              cmocka_unit_test(test_run_argv_rejects), cmocka_unit_test(test_virtual_run_results))
