@@ -8,8 +8,8 @@ from the settings struct the program starts with, so they are the binary's own. 
 that and the table under "## Configuration reference" (columns flag | JSON key | default |
 meaning) and checks:
 
-  1. the same flags: every flag --help prints (but -h/--help and --version) has a row, every row's
-     flag exists;
+  1. the same flags: every flag --help prints (but -h/--help and --version) has a row (a missing
+     one is reported with a row built from --help to start from), every row's flag exists;
   2. the same JSON key per flag ("—" in the table when --help names none);
   3. the same default: the table's default up to its first " (" (backticks dropped) equals the one
      --help prints; "—" stands for "prints none" (a flag without a default, or whose default the
@@ -63,26 +63,28 @@ TAIL = re.compile(r"\((?:default (?P<d1>[^;()]*); JSON: (?P<j1>[\w.]+)|JSON: (?P
 
 
 def help_options(kvrouter):
-    """{flag: (json key or None, default or None)} from `kvrouter serve --help`."""
+    """{flag: (json key or None, default or None, placeholder, help text)} from serve --help."""
     out = subprocess.run([kvrouter, "serve", "--help"], capture_output=True, text=True, timeout=30)
     if out.returncode != 0:
         raise SystemExit("FAIL kvrouter serve --help exited %d: %s" % (out.returncode, out.stderr))
-    opts, cur, text = {}, None, []
+    opts, cur, arg, text = {}, None, "", []
 
     def flush():
         if cur is None:
             return
-        m = TAIL.search(" ".join(text).strip())
+        joined = " ".join(text).strip()
+        m = TAIL.search(joined)
         if m:
-            opts[cur] = (m.group("j1") or m.group("j2"), m.group("d1") or m.group("d2"))
+            opts[cur] = (m.group("j1") or m.group("j2"), m.group("d1") or m.group("d2"), arg,
+                         joined[:m.start()].strip())
         else:
-            opts[cur] = (None, None)
+            opts[cur] = (None, None, arg, joined)
 
     for line in out.stdout.split("\n"):
-        m = re.match(r"^  (--[a-z0-9-]+)(?:[ =].*)?$", line)
+        m = re.match(r"^  (--[a-z0-9-]+)(?:[ =](.*))?$", line)
         if m:
             flush()
-            cur, text = m.group(1), []
+            cur, arg, text = m.group(1), (m.group(2) or "").strip(), []
         elif re.match(r"^  -", line):  # "  -h, --help"
             flush()
             cur, text = None, []
@@ -147,19 +149,22 @@ def main():
             bad.append("%s: %s: documented twice" % (MANUAL, flag))
         documented[flag] = (key, default)
     for flag in sorted(set(opts) - set(documented)):
-        bad.append("%s: %s (JSON %s) is in serve --help but not in the configuration reference"
-                   % (MANUAL, flag, opts[flag][0]))
+        key, default, arg, text = opts[flag]
+        bad.append("%s: %s (JSON %s) is in serve --help but not in the configuration reference; "
+                   "a row to start from:\n  | `%s%s` | %s | %s | %s |"
+                   % (MANUAL, flag, key, flag, " " + arg if arg else "",
+                      "`%s`" % key if key else NONE, default or NONE, text))
     for flag in sorted(set(documented) - set(opts)):
         bad.append("%s: %s is documented but serve --help has no such flag" % (MANUAL, flag))
     for flag in sorted(set(documented) & set(opts)):
-        (dk, dd), (hk, hd) = documented[flag], opts[flag]
+        (dk, dd), (hk, hd) = documented[flag], opts[flag][:2]
         if dk != hk:
             bad.append("%s: %s: JSON key %s documented, --help says %s" % (MANUAL, flag, dk, hk))
         if dd != hd:
             bad.append("%s: %s: default %s documented, --help says %s"
                        % (MANUAL, flag, dd or NONE, hd or "(none)"))
 
-    keys = {k for k, _ in opts.values() if k}
+    keys = {o[0] for o in opts.values() if o[0]}
     reload = secs.get("Signals and config reload", "")
     named = set()
     for span in re.findall(r"`([^`\s]+)`", reload):
