@@ -13,6 +13,9 @@ find router src policies bench tests -name '*.[ch]' -print0 | xargs -0 -r clang-
   || { echo "format: run  find router src policies bench tests -name '*.[ch]' | xargs clang-format -i" >&2
        exit 1; }
 
+echo "== layers (.ci/check_layers.py: includes only go down router -> bench -> serve -> core | net -> proto -> policies -> base)"
+python3 .ci/check_layers.py
+
 echo "== build (RelWithDebInfo)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j"$jobs" >/dev/null
@@ -30,5 +33,5 @@ KVR_SANITIZED=1 ctest --test-dir build-asan --output-on-failure -j"$jobs" --time
 echo "== build (clang, libFuzzer + ASan+UBSan)"
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVR_FUZZ=ON >/dev/null
 cmake --build build-fuzz -j"$jobs" --target fuzz_all >/dev/null
-echo "== fuzz smokes (long runs: bench/scripts/fuzz.sh all)"
+echo "== fuzz smokes (long runs: bench/scripts/fuzz/fuzz.sh all)"
 ctest --test-dir build-fuzz -L fuzz --output-on-failure -j"$jobs" --timeout 300

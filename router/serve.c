@@ -10,9 +10,9 @@
  * proxy and the admin API over them, listen on the public and admin addresses, run the loop. Log
  * lines, the access log's included, then leave once per loop iteration (log.h, batching).
  *
- * Reload on SIGHUP (src/serve/reload.h): the settings are read again from the same command line (so from
- * the --config file, flags still overriding it) and checked whole; a bad file logs one error line
- * and changes nothing. Otherwise policy, workers (new ones added, removed ones drained: their
+ * Reload on SIGHUP (src/serve/reload.h): the settings are read again from the same command line (so
+ * from the --config file, flags still overriding it) and checked whole; a bad file logs one error
+ * line and changes nothing. Otherwise policy, workers (new ones added, removed ones drained: their
  * requests finish; discovered ones stay), the discovery settings (kvr_discovery_apply()), timeouts,
  * logging and the other settings read live take effect at once; those only a restart can change
  * (listen addresses, client limits, cache geometry...) are logged as "needs restart" and left as

@@ -334,6 +334,10 @@ static const kvr_cli_opt_t options[] = {
     {KVR_CLI_UINT, "max-connections", F(limits.max_connections), .arg = "N",
      .json = "limits.max_connections",
      .help = "client connections at once, 0 = unlimited (503 above)"},
+    {KVR_CLI_UINT, "max-body-buffer-bytes", F(limits.max_body_buffer), .arg = "N",
+     .json = "limits.max_body_buffer_bytes",
+     .help = "request body bytes held for requests still arriving, over all connections; a "
+             "request that would go over gets 503 with Retry-After, 0 = unlimited"},
     {KVR_CLI_UINT, "response-buffer-bytes", F(response_buffer_max), .arg = "N",
      .json = "limits.response_buffer_bytes",
      .help = "non-streaming responses are held whole up to this, so a failure is a clean 502"},

@@ -82,6 +82,7 @@ struct kvr_http_server_s {
   bool log_rejects;
   bool reuse_port;    /* SO_REUSEPORT on the listener */
   uint64_t rid_state; /* request ids of the requests the server rejects itself */
+  size_t body_bytes;  /* sum of conn->charged: bodies of requests still being received */
 };
 
 struct kvr_http_conn_s {
@@ -96,6 +97,7 @@ struct kvr_http_conn_s {
   kvr_buf_t head; /* a streamed response's head, held until its first body bytes (one write) */
   size_t pending_write;
   int refs;
+  size_t charged;            /* bytes of the request being received counted in srv->body_bytes */
   uint64_t body_deadline_ns; /* end of headers + body_timeout_ms; 0 when none */
   bool body_deadline_hit;    /* the armed TIMER_BODY is the total deadline, not the idle one */
   timer_kind_t timer_kind;
@@ -259,6 +261,8 @@ static void conn_close(kvr_http_conn_t *conn) {
   if (conn->closing)
     return;
   conn->closing = true;
+  conn->srv->body_bytes -= conn->charged;
+  conn->charged = 0;
   if (conn->active)
     conn->active->closed = true;
   uv_close((uv_handle_t *)&conn->timer, on_timer_close);
@@ -407,8 +411,17 @@ void kvr_http_error_body(kvr_buf_t *out, const char *message, const char *type, 
 }
 
 /* Sends an error on a connection that has no active request (parser-level rejections). */
+static void send_error_and_close_h(kvr_http_conn_t *conn, int status, const char *extra,
+                                   const char *code, const char *msg);
+
 static void send_error_and_close(kvr_http_conn_t *conn, int status, const char *code,
                                  const char *msg) {
+  send_error_and_close_h(conn, status, "", code, msg);
+}
+
+/* Like send_error_and_close() with extra header lines ("Retry-After: 1\r\n"). */
+static void send_error_and_close_h(kvr_http_conn_t *conn, int status, const char *extra,
+                                   const char *code, const char *msg) {
   kvr_buf_t body = KVR_BUF_INIT, head = KVR_BUF_INIT;
   kvr_http_error_body(&body, msg, kvr_http_error_type(status), code);
   /* Like a handled request's: the client's sane x-request-id if its headers got that far. */
@@ -420,9 +433,9 @@ static void send_error_and_close(kvr_http_conn_t *conn, int status, const char *
   else
     kvr_http_request_id_gen(&conn->srv->rid_state, rid, sizeof rid);
   kvr_buf_printf(&head,
-                 "HTTP/1.1 %d %s\r\nx-request-id: %s\r\nContent-Type: application/json\r\n"
+                 "HTTP/1.1 %d %s\r\nx-request-id: %s\r\n%sContent-Type: application/json\r\n"
                  "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-                 status, kvr_http_reason(status), rid, body.len);
+                 status, kvr_http_reason(status), rid, extra, body.len);
   kvr_buf_append(&head, body.data, body.len);
   if (conn->srv->log_rejects) {
     char peer[64];
@@ -725,6 +738,29 @@ static void dispatch(kvr_http_conn_t *conn) {
   srv->on_request(req, srv->data);
 }
 
+/* The listener's budget for bodies still being received (limits.max_body_buffer): the request
+ * being parsed is charged what its body holds (the parser reserves a declared Content-Length at
+ * the head, a chunked body grows); a complete request is handed to its handler and no longer
+ * counts. Returns false, after answering 503 with Retry-After and closing, when the budget is
+ * spent: the bytes are freed with the connection at once, and a client retrying later finds room.
+ */
+static bool charge_body(kvr_http_conn_t *conn) {
+  kvr_http_server_t *srv = conn->srv;
+  const kvr_http_req_t *cur = kvr_http_parse_current(conn->parse);
+  size_t now = cur && kvr_http_parse_phase(conn->parse) == KVR_HTTP_PHASE_BODY ? cur->body.cap : 0;
+  srv->body_bytes = srv->body_bytes - conn->charged + now;
+  conn->charged = now;
+  if (srv->limits.max_body_buffer == 0 || srv->body_bytes <= srv->limits.max_body_buffer)
+    return true;
+  KVR_WARN("http", "request bodies being received hold %zu bytes, over the %zu-byte budget: 503",
+           srv->body_bytes, srv->limits.max_body_buffer);
+  send_error_and_close_h(conn, 503, "Retry-After: 1\r\n", "server_busy",
+                         "the server holds too many request bodies; retry later");
+  srv->body_bytes -= conn->charged;
+  conn->charged = 0;
+  return false;
+}
+
 /* Parses bytes and dispatches complete requests, one at a time: the bytes of one read in place
  * (in, len; only when inbuf is empty) or, with in NULL, those buffered in inbuf. What is not
  * parsed when a request goes to its handler is kept in inbuf (a pipelined request), so a read's
@@ -754,6 +790,8 @@ static void process_bytes(kvr_http_conn_t *conn, const char *in, size_t len) {
       conn->got_bytes = true; /* a request began: its headers are due within header_timeout_ms */
       timer_arm(conn, TIMER_HEADERS, conn->srv->limits.header_timeout_ms);
     }
+    if (ev != KVR_HTTP_PARSE_REJECT && !charge_body(conn))
+      break;
     if (ev == KVR_HTTP_PARSE_HEAD) {
       on_head(conn);
       after_head = true;

@@ -218,6 +218,7 @@ static bool is_digit(char c) {
 
 kvr_http_resp_err_t kvr_http_resp_status(kvr_http_resp_check_t *st, const char *line, size_t len) {
   memset(st, 0, sizeof *st);
+  st->bytes = len;
   len = strip_eol(line, len);
   /* "HTTP/" DIGIT ["." DIGIT] SP 3DIGIT [SP reason]: HTTP/1.x, or HTTP/2 as libcurl writes it. */
   size_t i = 5;
@@ -239,6 +240,7 @@ kvr_http_resp_err_t kvr_http_resp_status(kvr_http_resp_check_t *st, const char *
  * 8.6, RFC 9112 6.3 item 5). */
 static kvr_http_resp_err_t content_length(kvr_http_resp_check_t *st, const char *v, size_t n) {
   size_t i = 0;
+  bool any = false; /* this field's own value: an empty one is refused whatever came before */
   while (i < n) {
     while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ','))
       i++;
@@ -255,13 +257,16 @@ static kvr_http_resp_err_t content_length(kvr_http_resp_check_t *st, const char 
       return KVR_HTTP_RESP_CONTENT_LENGTH;
     if (st->have_cl && st->cl != x)
       return KVR_HTTP_RESP_CONTENT_LENGTH;
-    st->have_cl = true;
+    st->have_cl = any = true;
     st->cl = x;
   }
-  return st->have_cl ? KVR_HTTP_RESP_OK : KVR_HTTP_RESP_CONTENT_LENGTH;
+  return any ? KVR_HTTP_RESP_OK : KVR_HTTP_RESP_CONTENT_LENGTH;
 }
 
 kvr_http_resp_err_t kvr_http_resp_field(kvr_http_resp_check_t *st, const char *line, size_t len) {
+  st->bytes += len;
+  if (++st->fields > KVR_HTTP_RESP_FIELDS_MAX || st->bytes > KVR_HTTP_RESP_HEAD_MAX)
+    return KVR_HTTP_RESP_HEAD_SIZE;
   len = strip_eol(line, len);
   if (len && (line[0] == ' ' || line[0] == '\t'))
     return KVR_HTTP_RESP_OBS_FOLD;

@@ -83,7 +83,9 @@ void kvr_http_headers_drop_named(kvr_buf_t *kept, const kvr_buf_t *conn_tokens);
   XX(HEADER_VALUE, "header_value")     /* a control byte other than HTAB in a value (a bare CR) */ \
   XX(OBS_FOLD, "obs_fold")             /* a line starting with SP or HTAB */                       \
   XX(CONTENT_LENGTH, "content_length") /* not digits, or two that differ */                        \
-  XX(TE_AND_CL, "te_and_cl")           /* Transfer-Encoding and Content-Length together */
+  XX(TE_AND_CL, "te_and_cl")           /* Transfer-Encoding and Content-Length together */         \
+  XX(HEAD_SIZE, "head_size") /* over KVR_HTTP_RESP_HEAD_MAX bytes or _FIELDS_MAX fields */         \
+  XX(MALFORMED, "malformed") /* a head libcurl refused first (NUL, no HTTP status) */
 
 typedef enum {
 #define XX(name, str) KVR_HTTP_RESP_##name,
@@ -91,6 +93,11 @@ typedef enum {
 #undef XX
       KVR_HTTP_RESP_ERR_COUNT
 } kvr_http_resp_err_t;
+
+/* The largest head a worker may send: vLLM's are a few hundred bytes; a client's is bounded at
+ * 32 KiB by default (kvr_http_limits_t). */
+#define KVR_HTTP_RESP_HEAD_MAX (64u * 1024u)
+#define KVR_HTTP_RESP_FIELDS_MAX 200u
 
 /* "content_length" for KVR_HTTP_RESP_CONTENT_LENGTH; "unknown" out of range. */
 const char *kvr_http_resp_err_name(kvr_http_resp_err_t e);
@@ -101,6 +108,7 @@ typedef struct kvr_http_resp_check_s {
   int status; /* the last status line's code, 0 before one */
   bool have_cl, have_te;
   unsigned long long cl; /* the Content-Length, when have_cl */
+  size_t bytes, fields;  /* of this head so far (status line included) */
 } kvr_http_resp_check_t;
 
 /* A status line (with or without its CRLF): sets st->status and forgets the previous head's

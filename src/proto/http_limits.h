@@ -21,7 +21,12 @@ typedef struct kvr_http_limits_s {
   uint64_t body_timeout_ms;      /* end of headers to end of body, in total (a body trickled in
                                     slower than this gets 408); default 60000; 0 = no limit */
   uint64_t keepalive_timeout_ms; /* idle between requests; default 75000 */
-  size_t max_connections;        /* 0 = unlimited; over it new clients get 503 and close */
+  size_t max_connections;        /* default 4096; 0 = unlimited; over it new clients get 503 and
+                                    close */
+  size_t max_body_buffer; /* bytes allocated for request bodies still being received, over every
+                             connection of a listener; a request that would go over gets 503
+                             with Retry-After and the connection closes; default 256 MiB; 0 =
+                             unlimited */
 } kvr_http_limits_t;
 
 /* Fills limits with the defaults above. */

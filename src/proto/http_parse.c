@@ -571,7 +571,8 @@ void kvr_http_limits_default(kvr_http_limits_t *l) {
   l->header_timeout_ms = 10000;
   l->body_timeout_ms = 60000;
   l->keepalive_timeout_ms = 75000;
-  l->max_connections = 0;
+  l->max_connections = 4096;
+  l->max_body_buffer = 256u << 20;
 }
 
 kvr_http_parse_t *kvr_http_parse_new(const kvr_http_limits_t *limits) {

@@ -1,10 +1,11 @@
 /* dashboard.c -- the admin listener's live dashboard page (see dashboard.h for the routes).
  *
- * The page is src/serve/dashboard.html, kept as an editable HTML file and compiled in as the byte array
- * kvr__dashboard_html[] (CMakeLists.txt writes it into the build tree's generated/dashboard_html.c
- * whenever the HTML changes). Each GET renders it afresh: a nonce of 128 bits from the OS's random
- * source (uv_random) replaces every "{{nonce}}" of the page (its one <style> and one <script>) and
- * goes into the Content-Security-Policy header, which allows nothing else:
+ * The page is src/serve/dashboard.html, kept as an editable HTML file and compiled in as the byte
+ * array kvr__dashboard_html[] (CMakeLists.txt writes it into the build tree's
+ * generated/dashboard_html.c whenever the HTML changes). Each GET renders it afresh: a nonce of 128
+ * bits from the OS's random source (uv_random) replaces every "{{nonce}}" of the page (its one
+ * <style> and one <script>) and goes into the Content-Security-Policy header, which allows nothing
+ * else:
  *
  *   default-src 'none'              no source of any kind unless named below
  *   script-src 'nonce-N'            the page's own inline script only

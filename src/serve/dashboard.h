@@ -7,8 +7,8 @@
  *   GET  /            302 to /dashboard
  * Another method on these paths is a 405 with Allow.
  *
- * The page (src/serve/dashboard.html, compiled in by CMakeLists.txt) polls GET /admin/workers and GET
- * /admin/policy every second and switches the policy with PUT /admin/policy, nothing else: no
+ * The page (src/serve/dashboard.html, compiled in by CMakeLists.txt) polls GET /admin/workers and
+ * GET /admin/policy every second and switches the policy with PUT /admin/policy, nothing else: no
  * external script, style, font or image. Its inline <style> and <script> run only because they
  * carry the response's nonce (CSP 'nonce-...'); any other inline or external code is refused.
  */

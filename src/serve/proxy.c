@@ -676,6 +676,15 @@ static void transfer_failed(px_t *px, CURL *easy, CURLcode rc) {
       !px->got_byte && (unreached || (retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT));
   /* Before any response byte the worker was not reached or dropped the connection unanswered. */
   kvr_req_error_t reason = px->got_byte ? KVR_REQ_ERROR_BROKEN_STREAM : KVR_REQ_ERROR_CONNECT;
+  /* A head the checker never saw: libcurl refused it first (no HTTP status line, a NUL byte,
+   * an empty Content-Length), or the worker closed after interim heads. */
+  if (px->resp_err == KVR_HTTP_RESP_OK && !unreached &&
+      (rc == CURLE_UNSUPPORTED_PROTOCOL || rc == CURLE_WEIRD_SERVER_REPLY ||
+       (px->status > 0 && px->status < 200))) {
+    px->resp_err =
+        px->status > 0 && px->status < 200 ? KVR_HTTP_RESP_INTERIM_ONLY : KVR_HTTP_RESP_MALFORMED;
+    kvr_router_on_upstream_response_error(r, px->resp_err);
+  }
   if (px->resp_err != KVR_HTTP_RESP_OK) {
     protocol_failure(px);
     return;

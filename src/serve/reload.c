@@ -82,6 +82,7 @@ static const scalar_t scalars[] = {
     SC("limits.max_header_bytes", K_SIZE, limits.max_header_bytes, false),
     SC("limits.max_header_fields", K_SIZE, limits.max_header_fields, false),
     SC("limits.max_connections", K_SIZE, limits.max_connections, false),
+    SC("limits.max_body_buffer_bytes", K_SIZE, limits.max_body_buffer, false),
     /* The cache index is sized and hashed with these. */
     SC("cache.block_chars", K_SIZE, block_chars, false),
     SC("cache.capacity_blocks", K_U64, cache_capacity_blocks, false),

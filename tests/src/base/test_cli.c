@@ -1,5 +1,5 @@
-/* test_cli.c -- the option engine (src/base/cli.h): every kind of value with its range, unknown flags,
- * missing values, switches, lists and repeated custom options, "--" passthrough, config-file
+/* test_cli.c -- the option engine (src/base/cli.h): every kind of value with its range, unknown
+ * flags, missing values, switches, lists and repeated custom options, "--" passthrough, config-file
  * options applied first, --help with defaults read from the settings, --version, JSON documents
  * through the same setters, and the one-line "--flag: what is wrong" wording. */
 #include <setjmp.h>

@@ -1,4 +1,5 @@
-/* test_list.c -- the intrusive list (src/base/list.h): order, removal during iteration, self-linking. */
+/* test_list.c -- the intrusive list (src/base/list.h): order, removal during iteration,
+ * self-linking. */
 #include "base/kvr.h"
 #include "base/list.h"
 

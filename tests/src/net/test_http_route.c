@@ -1,5 +1,5 @@
-/* test_http_route.c -- the route table (src/net/http_route.c): exact and prefix matches, table order,
- * 404 against 405, the Allow list (HEAD implied by GET), pass-through routes. */
+/* test_http_route.c -- the route table (src/net/http_route.c): exact and prefix matches, table
+ * order, 404 against 405, the Allow list (HEAD implied by GET), pass-through routes. */
 #include "net/http_route.h"
 
 #include <setjmp.h>

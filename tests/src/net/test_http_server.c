@@ -1,4 +1,5 @@
-/* test_http_server.c -- the HTTP/1.1 server glue (src/net/http_server.c) over real loopback sockets.
+/* test_http_server.c -- the HTTP/1.1 server glue (src/net/http_server.c) over real loopback
+ * sockets.
  *
  * The server runs on a libuv loop in the test thread; a client thread speaks raw HTTP with
  * blocking sockets, so each case controls exactly which bytes arrive when:

@@ -380,6 +380,28 @@ static void test_resp_fields(void **state) {
   /* A new status line forgets the previous head (after an interim 1xx). */
   assert_int_equal(kvr_http_resp_status(&st, "HTTP/1.1 200 OK\r\n", 17), KVR_HTTP_RESP_OK);
   assert_int_equal(kvr_http_resp_end(&st), KVR_HTTP_RESP_OK);
+  /* An empty Content-Length after a valid one is still refused (found by fuzz_http_response). */
+  assert_int_equal(kvr_http_resp_status(&st, "HTTP/1.1 200 OK\r\n", 17), KVR_HTTP_RESP_OK);
+  assert_int_equal(kvr_http_resp_field(&st, "Content-Length: 2, 2\r\n", 22), KVR_HTTP_RESP_OK);
+  assert_int_equal(kvr_http_resp_field(&st, "Content-Length: \r\n", 18),
+                   KVR_HTTP_RESP_CONTENT_LENGTH);
+  assert_int_equal(kvr_http_resp_field(&st, "Content-Length: ,\r\n", 19),
+                   KVR_HTTP_RESP_CONTENT_LENGTH);
+  /* The head's size is bounded: KVR_HTTP_RESP_FIELDS_MAX fields pass, one more does not. */
+  assert_int_equal(kvr_http_resp_status(&st, "HTTP/1.1 200 OK\r\n", 17), KVR_HTTP_RESP_OK);
+  for (unsigned i = 0; i < KVR_HTTP_RESP_FIELDS_MAX; i++)
+    assert_int_equal(kvr_http_resp_field(&st, "X-A: 1\r\n", 8), KVR_HTTP_RESP_OK);
+  assert_int_equal(kvr_http_resp_field(&st, "X-A: 1\r\n", 8), KVR_HTTP_RESP_HEAD_SIZE);
+  char big[1024];
+  memset(big, 'v', sizeof big);
+  memcpy(big, "X-B: ", 5);
+  assert_int_equal(kvr_http_resp_status(&st, "HTTP/1.1 200 OK\r\n", 17), KVR_HTTP_RESP_OK);
+  kvr_http_resp_err_t e = KVR_HTTP_RESP_OK;
+  unsigned n = 0;
+  while (e == KVR_HTTP_RESP_OK && n < 100)
+    e = kvr_http_resp_field(&st, big, sizeof big), n++;
+  assert_int_equal(e, KVR_HTTP_RESP_HEAD_SIZE);
+  assert_int_equal(n, KVR_HTTP_RESP_HEAD_MAX / sizeof big); /* 64 fields of 1 KiB + the status */
   assert_string_equal(kvr_http_resp_err_name(KVR_HTTP_RESP_TE_AND_CL), "te_and_cl");
   assert_string_equal(kvr_http_resp_err_name(KVR_HTTP_RESP_ERR_COUNT), "unknown");
 }

@@ -1,5 +1,5 @@
-/* test_kv_decode.c -- src/proto/kv_decode.c: vLLM EventBatch payloads, packed here with msgpack-c as
- * vLLM's msgspec encoder packs them, in both encodings and mixed, with every hash form, unknown
+/* test_kv_decode.c -- src/proto/kv_decode.c: vLLM EventBatch payloads, packed here with msgpack-c
+ * as vLLM's msgspec encoder packs them, in both encodings and mixed, with every hash form, unknown
  * fields and types, offload media, hybrid groups, LoRA and extra keys, and malformed input. */
 #include "proto/kv_decode.h"
 

@@ -1,9 +1,9 @@
 /* test_dashboard.c -- the dashboard page as served (src/serve/dashboard.c over the compiled-in
- * src/serve/dashboard.html): every nonce placeholder replaced, the one inline style and script carrying
- * the nonce, no URL to another host anywhere in the page, no external source (src=, url(), @import,
- * a link other than the empty data: favicon), and a CSP header that names the nonce and allows no
- * external or unsafe-inline source. The HTTP side (status, content type, headers on the wire) and
- * the page's behaviour in a browser are tests/router/test_dashboard.py. */
+ * src/serve/dashboard.html): every nonce placeholder replaced, the one inline style and script
+ * carrying the nonce, no URL to another host anywhere in the page, no external source (src=, url(),
+ * @import, a link other than the empty data: favicon), and a CSP header that names the nonce and
+ * allows no external or unsafe-inline source. The HTTP side (status, content type, headers on the
+ * wire) and the page's behaviour in a browser are tests/router/test_dashboard.py. */
 #include "serve/dashboard.h"
 
 #include <setjmp.h>

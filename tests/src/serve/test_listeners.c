@@ -1,10 +1,11 @@
 /* test_listeners.c -- the route tables of the public listener (proxy.c) and the admin listener
  * (admin.c) over real loopback sockets.
  *
- * Both listeners dispatch through src/net/http_route.h: a known path with another method is a 405 that
- * carries Allow, an unknown path a 404, and HEAD is accepted wherever GET is. The public listener
- * also answers dot segments with a 400 before any lookup and counts every 4xx it answers itself
- * (client_errors_total). No case reaches a worker: the one configured worker is never contacted.
+ * Both listeners dispatch through src/net/http_route.h: a known path with another method is a 405
+ * that carries Allow, an unknown path a 404, and HEAD is accepted wherever GET is. The public
+ * listener also answers dot segments with a 400 before any lookup and counts every 4xx it answers
+ * itself (client_errors_total). No case reaches a worker: the one configured worker is never
+ * contacted.
  *
  * As in test_http_server.c, the servers run on a libuv loop in the test thread and a client thread
  * sends one raw request and reads the answer until the server closes. The fixture ends by closing

@@ -1,6 +1,7 @@
-/* test_reload.c -- SIGHUP reload (src/serve/reload.c) without a loop: a router built from a config file,
- * the file rewritten, kvr_reload_apply() over the same argv; then the router's workers and policy,
- * the live settings, the settings left for a restart and the reload counters are checked. */
+/* test_reload.c -- SIGHUP reload (src/serve/reload.c) without a loop: a router built from a config
+ * file, the file rewritten, kvr_reload_apply() over the same argv; then the router's workers and
+ * policy, the live settings, the settings left for a restart and the reload counters are checked.
+ */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
