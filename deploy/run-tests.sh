@@ -13,8 +13,9 @@ find router src policies bench tests -name '*.[ch]' -print0 | xargs -0 -r clang-
   || { echo "format: run  find router src policies bench tests -name '*.[ch]' | xargs clang-format -i" >&2
        exit 1; }
 
-echo "== layers (.ci/check_layers.py: includes only go down router -> bench -> serve -> core | net -> proto -> policies -> base)"
+echo "== house rules (.ci/: includes only go down the layers; only src/core/router*.c writes router state)"
 python3 .ci/check_layers.py
+python3 .ci/check_writers.py
 
 echo "== build (RelWithDebInfo)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
