@@ -54,6 +54,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -869,10 +870,46 @@ static void read_control(kvr_http_conn_t *conn) {
 /* ---- listener ----------------------------------------------------------------------------------
  */
 
+/* Connections refused by the process (accept failures: EMFILE, ENFILE...) and by the limit
+ * (max_connections), over every listener of the process: counted, and logged once per episode (the
+ * first refusal after a connection was taken), so a flood neither goes unseen nor floods the log.
+ */
+static uint64_t g_refused[2];
+static bool g_refusing[2];
+
+static void refused(int why, const char *what) {
+  g_refused[why]++;
+  if (!g_refusing[why])
+    KVR_WARN("http", "refusing new connections: %s (logged once until a connection is taken)",
+             what);
+  g_refusing[why] = true;
+}
+
+uint64_t kvr_http_refused_total(bool by_limit) {
+  return g_refused[by_limit];
+}
+
+/* The open-file limit must hold max_connections clients beside the workers' connections: raised
+ * to the hard limit when the soft one is lower, and a warning when even that is too low (libuv
+ * then resets new clients silently: its EMFILE trick accepts and closes them). */
+static void fd_limit_check(const kvr_http_server_t *srv) {
+  struct rlimit rl;
+  rlim_t want = (rlim_t)srv->limits.max_connections + 256;
+  if (srv->limits.max_connections == 0 || getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want)
+    return;
+  rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= want ? want : rl.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &rl);
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < want)
+    KVR_WARN("http",
+             "the open-file limit (%llu) is below max_connections (%zu) + 256: clients past it "
+             "are reset by the OS limit, not answered 503; raise it (systemd LimitNOFILE=)",
+             (unsigned long long)rl.rlim_cur, srv->limits.max_connections);
+}
+
 static void on_connection(uv_stream_t *ls, int status) {
   kvr_http_server_t *srv = ls->data;
   if (status < 0) {
-    KVR_WARN("http", "accept failed: %s", uv_strerror(status));
+    refused(0, uv_strerror(status));
     return;
   }
   kvr_http_conn_t *conn = kvr_xcalloc(1, sizeof *conn);
@@ -891,9 +928,11 @@ static void on_connection(uv_stream_t *ls, int status) {
   }
   uv_tcp_nodelay(&conn->tcp, 1);
   if (srv->limits.max_connections && srv->nconns > srv->limits.max_connections) {
+    refused(1, "max_connections reached (503)");
     send_error_and_close(conn, 503, "too_many_connections", "connection limit reached");
     return;
   }
+  g_refusing[0] = g_refusing[1] = false;
   timer_arm(conn, TIMER_HEADERS, srv->limits.header_timeout_ms);
   read_control(conn);
 }
@@ -945,6 +984,7 @@ int kvr_http_server_listen(kvr_http_server_t *srv, const char *hostport, char *e
     uv_close((uv_handle_t *)&srv->listener, NULL);
     return KVR_EIO;
   }
+  fd_limit_check(srv);
   struct sockaddr_storage bound;
   int len = sizeof bound;
   if (uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&bound, &len) == 0)

@@ -84,6 +84,10 @@ void kvr_http_server_close(kvr_http_server_t *srv, void (*done)(void *data), voi
 /* Frees a closed server (after done fired). Accepts NULL. */
 void kvr_http_server_free(kvr_http_server_t *srv);
 
+/* New connections refused in this process: by_limit, those answered 503 at max_connections;
+ * otherwise those the OS refused to accept (EMFILE, ENFILE). Each episode is logged once. */
+uint64_t kvr_http_refused_total(bool by_limit);
+
 /* Number of open client connections and of requests held by handlers. */
 size_t kvr_http_server_connections(const kvr_http_server_t *srv);
 

@@ -505,9 +505,18 @@ static void render_reload(const kvr_admin_t *a, kvr_buf_t *out) {
 static void render_discovery(const kvr_admin_t *a, kvr_buf_t *out) {
   kvr_discovery_metrics(out);
 }
+static void render_listeners(const kvr_admin_t *a, kvr_buf_t *out) {
+  kvr_metric_family(out, "kvrouter_connections_refused_total", "counter",
+                    "Client connections refused: by the connection limit (answered 503), or by "
+                    "the operating system (accept failed: EMFILE, ENFILE)");
+  kvr_metric_sample(out, "kvrouter_connections_refused_total", "reason=\"limit\"",
+                    (double)kvr_http_refused_total(true));
+  kvr_metric_sample(out, "kvrouter_connections_refused_total", "reason=\"accept\"",
+                    (double)kvr_http_refused_total(false));
+}
 
 static const metrics_renderer_fn metrics_renderers[] = {render_router, render_reload,
-                                                        render_discovery};
+                                                        render_discovery, render_listeners};
 
 static void metrics_get(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_admin_t *a = data;

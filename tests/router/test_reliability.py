@@ -384,6 +384,47 @@ def test_body_buffer_budget():
 
 
 @test(timeout=30)
+def test_connection_limit_counted_and_fd_limit_warned():
+    """Past --max-connections a new client gets 503 and the refusal is counted
+    (kvrouter_connections_refused_total{reason="limit"}) and logged once per episode, not once per
+    connection (issue 37: EMFILE reset clients with no log line or metric). A router whose
+    open-file limit cannot hold max_connections says so at start."""
+    with Cleanup() as c:
+        sim = c.add(Sim())
+        r = c.add(Router([sim], *FAST, "--max-connections", "2"))
+        held = [c.add(Conn(r.port)) for _ in range(2)]
+        time.sleep(0.2)
+        for _ in range(3):
+            extra = c.add(Conn(r.port))
+            resp = extra.read_response("GET")
+            err = assert_openai_error(resp, 503)
+            assert err["code"] == "too_many_connections", err
+        for x in held:
+            x.close()
+        m = metrics(r)
+        assert prom_value(m, "kvrouter_connections_refused_total", reason="limit") == 3, m
+        assert prom_value(m, "kvrouter_connections_refused_total", reason="accept") == 0, m
+        lines = [x for x in r.stderr_lines() if "refusing new connections" in x]
+        assert len(lines) == 1, lines
+    import resource
+
+    def low_fd_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    p = subprocess.Popen([h._kvrouter(), "serve", "--listen", "127.0.0.1:0", "--admin-listen",
+                          "127.0.0.1:0", "--worker", "http://127.0.0.1:9"], preexec_fn=low_fd_limit,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, err = time.monotonic() + 5, ""
+        while time.monotonic() < deadline and "open-file limit" not in err:
+            err += p.stderr.readline()
+        assert "open-file limit (256) is below max_connections (4096)" in err, err
+    finally:
+        p.kill()
+        p.wait()
+
+
+@test(timeout=30)
 def test_admission_client_leaves_while_queued():
     """A client that disconnects while its request waits leaves the queue at once (depth back to
     0, never sent to the worker), and the requests behind it are still served in order."""
