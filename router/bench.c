@@ -106,7 +106,7 @@ static char *join_argv(int argc, char **argv) {
   return kvr_buf_steal(&b);
 }
 
-static void raise_fd_limit(void) {
+void kvr_bench_raise_fd_limit(void) {
   /* 1,000 concurrent streams need more descriptors than the usual soft limit of 1,024. */
   struct rlimit rl;
   if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
@@ -123,7 +123,7 @@ static int check_and_run(kvr_runner_opts_t *o, int argc, char **argv) {
   o->lg.progress_tty = isatty(STDERR_FILENO);
   char *cmd = join_argv(argc, argv);
   o->command = cmd;
-  raise_fd_limit();
+  kvr_bench_raise_fd_limit();
   if (o->virt)
     kvr_log_set_level(KVR_LOG_WARN); /* the virtual router's worker and scrape lines are noise */
   /* Virtual time never runs the loop, so a signal would wait for the end: the default action

@@ -5,7 +5,7 @@
  * subcommand parses through the one option engine (src/base/cli.h) over its own option table: -h,
  * --help and --version print to stdout and return 0 wherever they stand; a bad flag or value is
  * one line on stderr, "kvrouter CMD: --flag: what is wrong", and 2. main.c's table is the only
- * caller, except that demo runs the bench in-process.
+ * caller.
  */
 #ifndef KVR_COMMANDS_H
 #define KVR_COMMANDS_H
@@ -25,9 +25,14 @@ int kvr_sim_main(int argc, char **argv);
  * routing-decision micro-benchmark (bench/routing/). */
 int kvr_bench_main(int argc, char **argv);
 
-/* router/demo.c: `kvrouter sim` x N and `kvrouter serve` as child processes of this same binary on
- * free 127.0.0.1 ports (bench/demo/procs.h), the round_robin vs kv_aware A/B through
- * kvr_bench_main(), the report, then every child stopped by PID (also after Ctrl-C). */
+/* router/bench.c: raises the soft limit of open files to the hard limit (1,000 concurrent streams
+ * need more descriptors than the usual 1,024); for the demo's real run too. */
+void kvr_bench_raise_fd_limit(void);
+
+/* router/demo.c: the demo's steps (bench/run/demo.h): the virtual study, `kvrouter sim` x N and
+ * `kvrouter serve` as child processes of this same binary on free 127.0.0.1 ports with the
+ * round_robin vs kv_aware A/B against them in this process, the same levels in virtual time and
+ * their agreement; every child stopped by PID (also after Ctrl-C). */
 int kvr_demo_main(int argc, char **argv);
 
 #endif

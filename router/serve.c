@@ -42,6 +42,7 @@
 #include "serve/proxy.h"
 #include "serve/reload.h"
 #include "serve/scrape.h"
+#include "serve/trace_out.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -59,6 +60,7 @@ typedef struct {
   kvr_peer_sync_t *sync;  /* announced requests, ours and theirs (--peer-sync-listen) */
   kvr_discovery_t *disc;  /* workers from a DNS name (--discover) */
   kvr_proxy_t *proxy;
+  kvr_trace_out_t *trace; /* live traffic as a trace (--trace-out), or NULL */
   kvr_admin_t *admin_api;
   kvr_http_server_t *pub, *admin;
   uv_signal_t sigint, sigterm, sighup;
@@ -166,6 +168,14 @@ int kvr_serve_main(int argc, char **argv) {
   if (s->cfg.worker_ca_file != NULL)
     kvr_curl_set_ca_file(s->cfg.worker_ca_file);
   uv_loop_init(&s->loop);
+  if (s->cfg.trace_out != NULL &&
+      (s->trace =
+           kvr_trace_out_open(s->cfg.trace_out, s->cfg.trace_out_max_bytes, s->cfg.block_chars,
+                              s->cfg.trace_block_tokens, kvr_now_ns(), err, sizeof err)) == NULL) {
+    fprintf(stderr, "kvrouter serve: %s\n", err);
+    exit_code = 2;
+    goto out_loop;
+  }
   s->router = kvr_router_new(&s->cfg, err, sizeof err);
   s->curlm = s->router ? kvr_curlm_new(&s->loop) : NULL;
   s->scrape = s->curlm ? kvr_scrape_new(&s->loop, s->curlm, s->router) : NULL;
@@ -187,7 +197,9 @@ int kvr_serve_main(int argc, char **argv) {
   s->sync = kvr_peer_sync_new(&s->loop, s->router, sync_err, sizeof sync_err);
   s->disc = kvr_discovery_new(&s->loop, s->router, &s->cfg);
   s->proxy = kvr_proxy_new(&s->loop, s->router, s->curlm);
+  kvr_proxy_set_trace(s->proxy, s->trace);
   s->admin_api = kvr_admin_new(s->router, s->curlm);
+  kvr_admin_set_trace(s->admin_api, s->trace);
   s->pub = kvr_http_server_new(&s->loop, &s->cfg.limits, kvr_proxy_on_request, s->proxy);
   kvr_http_limits_t admin_limits = s->cfg.limits;
   admin_limits.max_connections = 0;
@@ -227,6 +239,7 @@ int kvr_serve_main(int argc, char **argv) {
   kvr_proxy_free(s->proxy);
   kvr_admin_free(s->admin_api);
 out_loop:
+  kvr_trace_out_close(s->trace);
   if (uv_loop_close(&s->loop) != 0) {
     KVR_ERROR("serve", "event loop closed with handles still open");
     exit_code = exit_code ? exit_code : 1;

@@ -14,6 +14,7 @@
 
 #include "base/buf.h"
 #include "proto/http_parse.h" /* kvr_http_limits_default */
+#include "proto/trace.h"
 #include "proto/url.h"
 
 #include "base/cli.h"
@@ -51,6 +52,7 @@ void kvr_config_free(kvr_config_t *cfg) {
     memset(cfg->admin_token, 0, strlen(cfg->admin_token));
   free(cfg->admin_token);
   free(cfg->worker_ca_file);
+  free(cfg->trace_out);
   free(cfg->discover_url);
   clear_workers(cfg);
   free(cfg->workers);
@@ -446,6 +448,16 @@ static const kvr_cli_opt_t options[] = {
     {KVR_CLI_STR, "worker-ca-file", F(worker_ca_file), .arg = "FILE", .json = "worker_ca_file",
      .flags = KVR_CLI_OWNED | KVR_CLI_NONEMPTY | KVR_CLI_NODEFAULT,
      .help = "CA bundle (PEM) that verifies https:// workers; default: the system's"},
+    {KVR_CLI_STR, "trace-out", F(trace_out), .arg = "FILE", .json = "trace.out",
+     .flags = KVR_CLI_OWNED | KVR_CLI_NONEMPTY | KVR_CLI_NODEFAULT,
+     .help = "write every completed request as a line of a prefix-hashed trace (Mooncake's "
+             "format: arrival, tokens, block ids; never any text or hash); default: none"},
+    {KVR_CLI_UINT, "trace-out-max-bytes", F(trace_out_max_bytes), .arg = "N",
+     .json = "trace.max_bytes",
+     .help = "past this the trace file becomes FILE.1 and a new one starts, 0 = never"},
+    {KVR_CLI_UINT, "trace-block-tokens", F(trace_block_tokens), .arg = "N",
+     .json = "trace.block_tokens", KVR_CLI_RANGE(1, 1048576),
+     .help = "tokens one trace block id stands for"},
 };
 
 static const kvr_cli_cmd_t serve_cmd = {
@@ -470,6 +482,8 @@ void kvr_config_init(kvr_config_t *cfg) {
   cfg->first_byte_timeout_ms = 300000;
   cfg->idle_timeout_ms = 120000;
   cfg->response_buffer_max = 16u << 20;
+  cfg->trace_out_max_bytes = 256u << 20;
+  cfg->trace_block_tokens = KVR_TRACE_BLOCK_TOKENS_DEFAULT;
   cfg->retry_after_s = 1;
   cfg->block_chars = 64;
   cfg->cache_capacity_blocks = 21766;

@@ -73,12 +73,15 @@ typedef struct kvr_config_s {
   bool access_log;  /* default true */
   char *log_level;  /* default "info" */
   char *log_format; /* "text" or "json", default "text" */
-  uint64_t shutdown_grace_ms; /* in-flight requests' time to finish at SIGTERM, default 10000 */
-  uint64_t seed;              /* policy randomness, default 1 */
-  char *admin_token_file;     /* --admin-token-file: the admin API's bearer token, or NULL */
-  char *admin_token;          /* its token, read by kvr_config_load_admin_token(); NULL: open */
-  bool admin_open_reads;      /* GET/HEAD on the admin API need no token, default false */
-  char *worker_ca_file;       /* CA bundle for https:// workers (CURLOPT_CAINFO), or NULL */
+  uint64_t shutdown_grace_ms;   /* in-flight requests' time to finish at SIGTERM, default 10000 */
+  uint64_t seed;                /* policy randomness, default 1 */
+  char *admin_token_file;       /* --admin-token-file: the admin API's bearer token, or NULL */
+  char *admin_token;            /* its token, read by kvr_config_load_admin_token(); NULL: open */
+  bool admin_open_reads;        /* GET/HEAD on the admin API need no token, default false */
+  char *worker_ca_file;         /* CA bundle for https:// workers (CURLOPT_CAINFO), or NULL */
+  char *trace_out;              /* --trace-out FILE: live traffic as a trace (serve/trace_out.h) */
+  uint64_t trace_out_max_bytes; /* rotated to FILE.1 past this, default 256 MiB, 0 = never */
+  size_t trace_block_tokens;    /* tokens a trace hash id stands for, default 512 */
 } kvr_config_t;
 
 /* Shortest admin token accepted. */

@@ -35,10 +35,15 @@
 #include <strings.h>
 
 struct kvr_admin_s {
-  kvr_router_t *r;            /* not owned */
-  kvr_curlm_t *curlm;         /* not owned; the reset fan-out's transfers */
-  kvr_tokenizer_t *tokenizer; /* route/explain's /tokenize calls in precise mode */
+  kvr_router_t *r;              /* not owned */
+  kvr_curlm_t *curlm;           /* not owned; the reset fan-out's transfers */
+  kvr_tokenizer_t *tokenizer;   /* route/explain's /tokenize calls in precise mode */
+  const kvr_trace_out_t *trace; /* --trace-out's counters, not owned, or NULL */
 };
+
+void kvr_admin_set_trace(kvr_admin_t *a, const kvr_trace_out_t *t) {
+  a->trace = t;
+}
 
 kvr_admin_t *kvr_admin_new(kvr_router_t *r, kvr_curlm_t *curlm) {
   kvr_admin_t *a = kvr_xcalloc(1, sizeof *a);
@@ -515,8 +520,20 @@ static void render_listeners(const kvr_admin_t *a, kvr_buf_t *out) {
                     (double)kvr_http_refused_total(false));
 }
 
-static const metrics_renderer_fn metrics_renderers[] = {render_router, render_reload,
-                                                        render_discovery, render_listeners};
+static void render_trace(const kvr_admin_t *a, kvr_buf_t *out) {
+  if (a->trace == NULL)
+    return;
+  kvr_metric_family(out, "kvrouter_trace_lines_total", "counter",
+                    "Requests written to the --trace-out file (completed 2xx answers)");
+  kvr_metric_sample(out, "kvrouter_trace_lines_total", NULL, (double)kvr_trace_out_lines(a->trace));
+  kvr_metric_family(out, "kvrouter_trace_write_errors_total", "counter",
+                    "Trace lines lost because the file could not be written");
+  kvr_metric_sample(out, "kvrouter_trace_write_errors_total", NULL,
+                    (double)kvr_trace_out_errors(a->trace));
+}
+
+static const metrics_renderer_fn metrics_renderers[] = {
+    render_router, render_reload, render_discovery, render_listeners, render_trace};
 
 static void metrics_get(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_admin_t *a = data;

@@ -37,12 +37,16 @@
 #include "core/router.h"
 #include "net/curlm.h"
 #include "net/http_server.h"
+#include "serve/trace_out.h"
 
 typedef struct kvr_admin_s kvr_admin_t;
 
 /* Creates the admin API over r, whose POST /admin/reset_prefix_cache fan-out runs on curlm (both
  * must outlive it). Never returns NULL (out of memory aborts, kvr.h). */
 kvr_admin_t *kvr_admin_new(kvr_router_t *r, kvr_curlm_t *curlm);
+
+/* GET /metrics also shows t's counters (--trace-out; not owned; NULL: none). */
+void kvr_admin_set_trace(kvr_admin_t *a, const kvr_trace_out_t *t);
 /* Frees the admin API; its listener must be closed (no fan-out left). Accepts NULL. */
 void kvr_admin_free(kvr_admin_t *a);
 

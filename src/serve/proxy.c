@@ -88,6 +88,7 @@ struct kvr_proxy_s {
   bool pumping;               /* pump() is running (it may end requests, which call it again) */
   uint64_t rid_state;         /* request-id generator (kvr_http_request_id_gen) */
   kvr_tokenizer_t *tokenizer; /* precise mode's POST /tokenize calls and their cache */
+  kvr_trace_out_t *trace;     /* --trace-out, not owned, or NULL */
 
   /* Idle upstream easy handles with the options every attempt shares (upstream_transfer()). */
   CURL *easy_pool[EASY_POOL_MAX];
@@ -172,6 +173,10 @@ kvr_proxy_t *kvr_proxy_new(uv_loop_t *loop, kvr_router_t *r, kvr_curlm_t *curlm)
       kvr_tokenizer_new(curlm, r->cfg->tokenize_cache_entries, r->cfg->tokenize_prefix_coverage,
                         r->cfg->connect_timeout_ms, TOKENIZE_TIMEOUT_MS);
   return p;
+}
+
+void kvr_proxy_set_trace(kvr_proxy_t *p, kvr_trace_out_t *t) {
+  p->trace = t;
 }
 
 void kvr_proxy_free(kvr_proxy_t *p) {
@@ -579,11 +584,31 @@ static void protocol_failure(px_t *px) {
 }
 
 /* Records what the response taught: the worker now holds prompt + answer; usage vs prediction. */
+/* The request as a trace line (--trace-out), before learn() extends the prompt with the answer:
+ * the worker's usage when it gave one, else the router's estimates (prompt bytes / 4, answer
+ * bytes / 4, at least one token). */
+static void trace_request(px_t *px) {
+  const kvr_prompt_t *pr = &px->prompt;
+  bool usage = px->usage_seen;
+  uint64_t out = usage ? px->usage.completion_tokens
+                       : (px->answer.len + KVR_CHARS_PER_TOKEN - 1) / KVR_CHARS_PER_TOKEN;
+  kvr_trace_out_req_t t = {.arrival_ns = px->t_start_ns,
+                           .blocks = pr->blocks,
+                           .nblocks = pr->nblocks,
+                           .prompt_chars = pr->text.len,
+                           .input_tokens = usage ? px->usage.prompt_tokens : pr->prompt_tokens,
+                           .output_tokens = out ? out : 1,
+                           .from_usage = usage};
+  kvr_trace_out_write(px->proxy->trace, &t, kvr_now_ns());
+}
+
 static void learn(px_t *px) {
   const kvr_worker_t *w = px->w;
   if (!px->has_prompt || w == NULL)
     return;
   bool ok = px->status >= 200 && px->status < 300 && !px->mid_stream_error;
+  if (ok && px->proxy->trace)
+    trace_request(px);
   if (px->usage_seen)
     kvr_router_on_usage(px->r, &px->acct, &px->usage);
   else if (ok)

@@ -13,6 +13,7 @@
 #include "net/curlm.h"
 #include "net/http_server.h"
 #include "proto/prompt.h"
+#include "serve/trace_out.h"
 
 #include <uv.h>
 
@@ -23,6 +24,10 @@ typedef struct kvr_proxy_s kvr_proxy_t;
 kvr_proxy_t *kvr_proxy_new(uv_loop_t *loop, kvr_router_t *r, kvr_curlm_t *curlm);
 /* Frees the proxy; every request must have ended (kvr_proxy_active() == 0). Accepts NULL. */
 void kvr_proxy_free(kvr_proxy_t *p);
+
+/* From now on every request that completes with a 2xx answer and a prompt the router read is
+ * written to t (serve/trace_out.h; not owned, must outlive the proxy; NULL stops it). */
+void kvr_proxy_set_trace(kvr_proxy_t *p, kvr_trace_out_t *t);
 
 /* kvr_http_request_cb of the public listener; data is the kvr_proxy_t. */
 void kvr_proxy_on_request(kvr_http_req_t *req, void *data);

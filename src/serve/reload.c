@@ -83,6 +83,9 @@ static const scalar_t scalars[] = {
     SC("limits.max_header_fields", K_SIZE, limits.max_header_fields, false),
     SC("limits.max_connections", K_SIZE, limits.max_connections, false),
     SC("limits.max_body_buffer_bytes", K_SIZE, limits.max_body_buffer, false),
+    /* The trace file is opened with these at start. */
+    SC("trace.max_bytes", K_U64, trace_out_max_bytes, false),
+    SC("trace.block_tokens", K_SIZE, trace_block_tokens, false),
     /* The cache index is sized and hashed with these. */
     SC("cache.block_chars", K_SIZE, block_chars, false),
     SC("cache.capacity_blocks", K_U64, cache_capacity_blocks, false),
@@ -111,6 +114,7 @@ static const string_t strings[] = {
     ST("admin_token_file", admin_token_file, false, false),
     ST("the admin token", admin_token, false, true),
     ST("worker_ca_file", worker_ca_file, false, false),
+    ST("trace.out", trace_out, false, false),
     ST("kv_events.topic", kv_events_topic, false, false),
     ST("peer.sync_listen", peer_sync_listen, false, false),
 };

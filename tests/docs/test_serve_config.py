@@ -49,6 +49,7 @@ FOREIGN = {
     "--enable-prompt-tokens-details": "vLLM's usage details",
     "--enable-force-include-usage": "vLLM's usage in every stream",
     "--ab": "kvrouter bench",
+    "--dataset-name": "vllm bench serve's dataset choice (timed_trace reads traces)",
     "--url": "kvrouter bench",
     "--kvrouter": "the Python tests' and scripts' binary",
     "--cores": "bench/scripts/fastpath/fastpath.sh",

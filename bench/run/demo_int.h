@@ -1,0 +1,74 @@
+/* demo_int.h -- internals shared by the demo's files (demo_plan.c, demo_virtual.c, demo_real.c,
+ * demo_agree.c); not part of the API (demo.h).
+ *
+ * kvr_demo_t is one run: its options, the folders, the child processes (bench/demo/procs.h) it
+ * started, what the virtual study found and the rates the real run confirms; kvr__demo_lvl_t is
+ * one level (a policy at a rate) as the real run and its virtual twin measured it, filled from
+ * each run's results in memory.
+ */
+#ifndef KVR_DEMO_INT_H
+#define KVR_DEMO_INT_H
+
+#include "bench/demo/procs.h"
+#include "bench/loadgen/stats.h"
+#include "bench/vcluster/study.h"
+#include "demo.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define KVR__DEMO_MAX_LEVELS 64
+
+/* One level of the real run and its virtual twin. */
+typedef struct kvr__demo_lvl_s {
+  char label[64], policy[64];
+  double rate;
+  bool real, virt; /* measured by each */
+  double real_ttft, real_tpot, virt_ttft, virt_tpot;
+  bool real_pass, virt_pass, real_interrupted;
+  char real_fail[48], virt_fail[48];
+  size_t real_n, real_later; /* measured requests; of them at turn >= 2 */
+  unsigned real_max_turn;
+} kvr__demo_lvl_t;
+
+struct kvr_demo_s {
+  const kvr_demo_opts_t *cli;
+  double t0; /* when the run began (monotonic s) */
+  char logs[4200], virt_out[4200], real_out[4200], agree_out[4200];
+  char scale_s[32], seed_s[32], workers_s[32], blocks_s[256], scrape_s[32], stale_s[32];
+  char warmup_s[32];                         /* the scenario's --warmup-s */
+  kvr_proc_t kids[KVR_DEMO_MAX_WORKERS + 1]; /* the workers, then the router */
+  size_t nkids;
+  int admin_port;
+  /* step 1 */
+  kvr_study_summary_t sum;
+  bool have_sum;
+  /* step 2: the rates, "%g" each (the same text goes to the real and the virtual run) */
+  char rates_s[256], rates_disp[256];
+  const char *rates_why;
+  kvr__demo_lvl_t lv[KVR__DEMO_MAX_LEVELS];
+  size_t nlv;
+};
+
+/* Monotonic seconds. */
+double kvr__demo_now(void);
+
+/* True when the caller's options after -- give flag ("--rates 2" or "--rates=2"). */
+bool kvr__demo_extra_has(const kvr_demo_t *d, const char *flag);
+
+/* The cluster's shape for a virtual run: "--workers N" and, with a mixed fleet, "--worker-blocks
+ * LIST" into a (4 slots). Returns the count. */
+int kvr__demo_cluster_args(kvr_demo_t *d, char **a);
+
+/* The bench's command line for the real run (virt false: against the children, url and admin_url
+ * 64 bytes each) or its virtual twin, the caller's options after -- last; argv needs 160 slots.
+ * Returns argc. */
+int kvr__demo_bench_args(kvr_demo_t *d, bool virt, char **argv, char *url, char *admin_url);
+
+/* Step 1's figure for policy on the real run's workload, or NULL. */
+const kvr_study_agg_t *kvr__demo_virtual_agg(const kvr_demo_t *d, const char *policy);
+
+/* The level of label at rate, added when add is true and it is new; NULL when full or absent. */
+kvr__demo_lvl_t *kvr__demo_level(kvr_demo_t *d, const char *label, double rate, bool add);
+
+#endif

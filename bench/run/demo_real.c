@@ -1,0 +1,250 @@
+/* demo_real.c -- the demo's step 2: real processes on 127.0.0.1 and the A/B against them (demo.h).
+ *
+ * Flow: free loopback ports -> `EXE sim --time-scale N` per worker and `EXE serve` in front of them
+ * as children (this very binary; output to OUT/logs/) -> poll each /health -> the bench's command
+ * line (kvr__demo_bench_args) run in this process by kvr_bench_run_argv() at the rates step 1
+ * picked (no search: too slow in real time), its summary into OUT/real/bench-summary.txt, its
+ * report into OUT/real/, its results kept in memory -> every child stopped by PID (SIGTERM, SIGKILL
+ * after a grace period, reaped) -> the levels into the demo's table (real_levels).
+ *
+ * Scrape interval: both sides see the same simulated interval, the one of a real deployment. The
+ * virtual cluster scrapes at `kvrouter serve`'s defaults (every 1 s, stale after 5 s, simulated);
+ * the real router here is started with --scrape-interval-ms 1000/N and --scrape-stale-ms 5000/N
+ * (real ms), which at time scale N are the same 1 s and 5 s simulated. The other way round (the
+ * virtual study scraping every N s simulated) would make the study, which is the demo's headline,
+ * describe a router that sees 10-20 s old metrics, which no deployment runs.
+ *
+ * Invariants: every child started is stopped before kvr_demo_real() returns, on every path; the
+ * children also get PR_SET_PDEATHSIG (bench/demo/procs.h), so they go away even if the demo itself
+ * is killed. The caller's stop flag aborts the start or stops the current level (the bench writes
+ * a partial report); the status is then 130. Only 127.0.0.1 is ever listened on.
+ */
+#include "demo_int.h"
+
+#include "base/kvr.h"
+#include "bench_run.h"
+
+#include <curl/curl.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define STOP_GRACE_MS 5000
+
+/* ---- the children ---- */
+
+static int spawn(kvr_demo_t *d, const char *exe, kvr_proc_t *c, char **args, const char *log_name) {
+  char log_path[4300], err[4400];
+  snprintf(log_path, sizeof(log_path), "%s/%s", d->logs, log_name);
+  if (c->port < 0 || kvr_procs_spawn(c, exe, args, log_path, err, sizeof(err)) != 0) {
+    if (c->port >= 0)
+      fprintf(stderr, "kvrouter demo: %s\n", err);
+    return 1;
+  }
+  return 0;
+}
+
+static int start_worker(kvr_demo_t *d, const char *exe, unsigned w) {
+  kvr_proc_t *c = &d->kids[d->nkids];
+  c->port = kvr_procs_free_port();
+  snprintf(c->name, sizeof(c->name), "worker %u", w);
+  char listen[64], seed_s[32], log_name[64], blocks[32];
+  snprintf(listen, sizeof(listen), "127.0.0.1:%d", c->port);
+  snprintf(seed_s, sizeof(seed_s), "%u", w);
+  snprintf(log_name, sizeof(log_name), "worker-%u.log", w);
+  /* --enable-prompt-tokens-details: the demo's bench reports per-request cached tokens, as an
+   * operator who wants them starts vLLM. */
+  char *args[] = {(char *)exe, "sim",          "--listen",
+                  listen,      "--time-scale", d->scale_s,
+                  "--seed",    seed_s,         "--enable-prompt-tokens-details",
+                  NULL,        NULL,           NULL};
+  if (d->cli->nworker_blocks > 0) {
+    snprintf(blocks, sizeof(blocks), "%u", d->cli->worker_blocks[w]);
+    args[9] = "--num-gpu-blocks";
+    args[10] = blocks;
+  }
+  if (spawn(d, exe, c, args, log_name) != 0)
+    return 1;
+  fprintf(stderr, "kvrouter demo: started %s pid %d on 127.0.0.1:%d\n", c->name, (int)c->pid,
+          c->port);
+  d->nkids++;
+  return 0;
+}
+
+static int start_router(kvr_demo_t *d, const char *exe) {
+  kvr_proc_t *c = &d->kids[d->nkids];
+  d->admin_port = kvr_procs_free_port();
+  c->port = kvr_procs_free_port();
+  snprintf(c->name, sizeof(c->name), "router");
+  char listen[64], admin[64], urls[KVR_DEMO_MAX_WORKERS][64];
+  snprintf(listen, sizeof(listen), "127.0.0.1:%d", c->port);
+  snprintf(admin, sizeof(admin), "127.0.0.1:%d", d->admin_port);
+  char *args[2 * KVR_DEMO_MAX_WORKERS + 16];
+  size_t k = 0;
+  args[k++] = (char *)exe;
+  args[k++] = "serve";
+  for (size_t w = 0; w < d->nkids; w++) {
+    snprintf(urls[w], sizeof(urls[w]), "http://127.0.0.1:%d", d->kids[w].port);
+    args[k++] = "--worker";
+    args[k++] = urls[w];
+  }
+  /* The scrape at serve's default in simulated time (see the header). */
+  char *rest[] = {"--listen",
+                  listen,
+                  "--admin-listen",
+                  admin,
+                  "--policy",
+                  "round_robin",
+                  "--access-log",
+                  "false",
+                  "--scrape-interval-ms",
+                  d->scrape_s,
+                  "--scrape-stale-ms",
+                  d->stale_s,
+                  NULL};
+  memcpy(&args[k], rest, sizeof(rest));
+  if (d->admin_port < 0 || spawn(d, exe, c, args, "router.log") != 0)
+    return 1;
+  fprintf(stderr, "kvrouter demo: started router pid %d on 127.0.0.1:%d (admin %d)\n", (int)c->pid,
+          c->port, d->admin_port);
+  d->nkids++;
+  return 0;
+}
+
+static int wait_healthy(kvr_demo_t *d, volatile sig_atomic_t *stop) {
+  for (size_t i = 0; i < d->nkids; i++) {
+    kvr_proc_t *c = &d->kids[i];
+    kvr_procs_health_t h = kvr_procs_wait_health(c, 15, stop);
+    if (h == KVR_PROCS_HEALTHY)
+      continue;
+    if (h == KVR_PROCS_EXITED)
+      fprintf(stderr, "kvrouter demo: %s exited during start-up (see its log)\n", c->name);
+    if (!*stop)
+      fprintf(stderr, "kvrouter demo: %s on port %d never became healthy (logs in %s)\n", c->name,
+              c->port, d->logs);
+    return *stop ? 130 : 1;
+  }
+  return 0;
+}
+
+static int start_all(kvr_demo_t *d, const char *exe, volatile sig_atomic_t *stop) {
+  for (unsigned w = 0; w < d->cli->workers; w++)
+    if (start_worker(d, exe, w) != 0)
+      return 1;
+  if (start_router(d, exe) != 0)
+    return 1;
+  return wait_healthy(d, stop);
+}
+
+/* ---- the A/B ---- */
+
+/* Removes the .json files of DIR/results, so that the folder holds this run's levels only. */
+static void clear_results(const char *dir) {
+  char path[4400];
+  snprintf(path, sizeof(path), "%s/results", dir);
+  DIR *dp = opendir(path);
+  if (dp == NULL)
+    return;
+  struct dirent *e;
+  while ((e = readdir(dp)) != NULL) {
+    size_t n = strlen(e->d_name);
+    if (n > 5 && strcmp(e->d_name + n - 5, ".json") == 0) {
+      char f[4700];
+      snprintf(f, sizeof(f), "%s/%s", path, e->d_name);
+      unlink(f);
+    }
+  }
+  closedir(dp);
+}
+
+/* One rate level of the real run into the demo's table: its p99s, verdict and turns. */
+static void real_level(kvr_demo_t *d, const kvr_run_t *run, const kvr_level_t *lv) {
+  kvr__demo_lvl_t *l = kvr__demo_level(d, run->label, lv->rate, true);
+  if (l == NULL)
+    return;
+  l->real = true;
+  snprintf(l->policy, sizeof(l->policy), "%s", run->policy);
+  l->real_ttft = lv->ttft.p99;
+  l->real_tpot = lv->tpot.p99;
+  l->real_pass = lv->pass;
+  l->real_interrupted = lv->interrupted;
+  char failing[40] = "";
+  if (!lv->pass)
+    kvr_stats_fail_names(lv->fail_mask, failing, sizeof(failing));
+  snprintf(l->real_fail, sizeof(l->real_fail), "%s", failing);
+  for (size_t i = 0; i < lv->nrecs; i++) {
+    const kvr_req_rec_t *r = &lv->recs[i];
+    if (r->warmup)
+      continue;
+    l->real_n++;
+    l->real_later += r->turn >= 2;
+    l->real_max_turn = r->turn > l->real_max_turn ? r->turn : l->real_max_turn;
+  }
+}
+
+/* The real run's rate levels (a concurrency level has no rate to pair with its twin's). */
+static void real_levels(kvr_demo_t *d, const kvr_results_t *res) {
+  for (size_t r = 0; res && r < res->nruns; r++)
+    for (size_t i = 0; i < res->runs[r].nlevels; i++)
+      if (res->runs[r].levels[i]->concurrency == 0)
+        real_level(d, &res->runs[r], res->runs[r].levels[i]);
+}
+
+static int run_bench(kvr_demo_t *d, volatile sig_atomic_t *stop) {
+  char url[64], admin_url[64], *a[160];
+  int n = kvr__demo_bench_args(d, false, a, url, admin_url);
+  fprintf(stderr, "kvrouter demo: step 2/3: running the A/B (simulated time x%s) at %s req/s\n",
+          d->scale_s, kvr__demo_extra_has(d, "--rates") ? "the caller's" : d->rates_disp);
+  clear_results(d->real_out);
+  /* The bench's summary would bound each limit as if the few rates were a search; the demo
+   * prints its own lines from the levels (step 3), the bench's go to a file. */
+  char path[4400];
+  snprintf(path, sizeof(path), "%s/bench-summary.txt", d->real_out);
+  fflush(stdout);
+  FILE *summary = fopen(path, "w");
+  kvr_bench_io_t io = {
+      .summary = summary ? summary : stdout, .errors = stderr, .progress = stderr, .stop = stop};
+  kvr_results_t *res = NULL;
+  char err[512];
+  int rc = kvr_bench_run_argv(n, a, &io, &res, err, sizeof(err));
+  if (summary != NULL)
+    fclose(summary);
+  real_levels(d, res);
+  kvr_stats_results_free(res);
+  return *stop && rc == 0 ? 130 : rc;
+}
+
+/* The step's header: the policies, the workload and the load. */
+static void print_header(const kvr_demo_t *d) {
+  char abv[512] = "the caller's policies";
+  if (!kvr__demo_extra_has(d, "--ab")) {
+    size_t k = 0;
+    for (const char *c = d->cli->ab; *c && k + 5 < sizeof(abv); c++)
+      k += (size_t)snprintf(abv + k, sizeof(abv) - k, "%s", *c == ',' ? " vs " : (char[]){*c, 0});
+  }
+  if (kvr__demo_extra_has(d, "--rates") || kvr__demo_extra_has(d, "--concurrency"))
+    printf("\n== Step 2/3: real time: %s on %s at the caller's load (after --) ==\n", abv,
+           d->cli->workload);
+  else
+    printf("\n== Step 2/3: real time: %s on %s at %s req/s (%s) ==\n", abv, d->cli->workload,
+           d->rates_disp, d->rates_why);
+  fflush(stdout);
+}
+
+int kvr_demo_real(kvr_demo_t *d, const char *exe, volatile sig_atomic_t *stop) {
+  print_header(d);
+  double t1 = kvr__demo_now();
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  int rc = start_all(d, exe, stop);
+  if (rc == 0 && !*stop)
+    rc = run_bench(d, stop);
+  fprintf(stderr, "kvrouter demo: stopping %zu processes\n", d->nkids);
+  kvr_procs_stop_all(d->kids, d->nkids, STOP_GRACE_MS);
+  if (*stop && rc == 0)
+    rc = 130;
+  printf("Step 2 took %.0f s; its report: %s/report.md\n", kvr__demo_now() - t1, d->real_out);
+  return rc;
+}
