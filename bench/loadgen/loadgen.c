@@ -25,8 +25,8 @@
  *   timerfd (or tick): send every due arrival / eligible turn: the prepared req_t -> kvr_curlm_add;
  *         re-arm for the next arrival; prepare the request it will send (prepare_next)
  *   curl header cb: status, x-kvrouter-worker
- *   curl write cb: SSE lines (src/proto/openai.h's splitter) -> "data:" payloads -> token chunks by a
- *                  scan (scan_token), anything else by cJSON and kvr_openai_chunk_read() ->
+ *   curl write cb: SSE lines (src/proto/openai.h's splitter) -> "data:" payloads -> token chunks
+ *                  by a scan (scan_token), anything else by cJSON and kvr_openai_chunk_read() ->
  *                  tokens, usage, errors
  *   curl done cb: finish record -> kvr_stats_level_add -> conversation's next turn becomes eligible
  *                 after think time -> schedule()

@@ -1,7 +1,7 @@
 /* stats.c -- percentiles, per-level aggregation and SLO verdicts for `kvrouter bench`.
  *
- * Percentiles are src/base/quantile.h's (numpy's 'linear' method, as vllm reports them), the definition
- * kvrouter's products share.
+ * Percentiles are src/base/quantile.h's (numpy's 'linear' method, as vllm reports them), the
+ * definition kvrouter's products share.
  *
  * Structs (see stats.h): kvr_level_t collects kvr_req_rec_t records and ITL samples while a level
  * runs; kvr_stats_level_finish() turns them into kvr_dist_t figures, throughput, peak concurrency,

@@ -5,12 +5,12 @@
  * What runs is the code of a real deployment, not a model of it:
  *   - the load generator (bench/loadgen/loadgen.c) with its virtual transport (loadgen.h): the same
  *     workload, arrivals, sessions, steady state, early stop and records as an HTTP run;
- *   - the router core (src/core/router.h) and policies: for each request kvr_openai_features() on the
- *     body, kvr_router_decide(), kvr_router_on_dispatch(), kvr_router_on_learn() of the prompt when
- *     the worker answers, kvr_router_on_token() per streamed token, kvr_router_on_usage() and the
- *     learning of the answer at the end, kvr_router_on_end(), and kvr_router_on_scrape() from each
- *     worker's figures every scrape interval -- the calls proxy.c and scrape.c make, in the order
- *     they make them, on the router's clock set to the virtual one (kvr_router_set_clock);
+ *   - the router core (src/core/router.h) and policies: for each request kvr_openai_features() on
+ *     the body, kvr_router_decide(), kvr_router_on_dispatch(), kvr_router_on_learn() of the prompt
+ *     when the worker answers, kvr_router_on_token() per streamed token, kvr_router_on_usage() and
+ *     the learning of the answer at the end, kvr_router_on_end(), and kvr_router_on_scrape() from
+ *     each worker's figures every scrape interval -- the calls proxy.c and scrape.c make, in the
+ *     order they make them, on the router's clock set to the virtual one (kvr_router_set_clock);
  *   - each worker is the engine `kvrouter sim` runs (bench/sim/sim_engine.h) behind the request
  *     handling sim_server.c does: kvr_sim_server_parse_completion() on the body,
  *     kvr_sim_server_answer() for the answer, and the same step loop (deliver the previous step's
