@@ -2,9 +2,10 @@
  *
  *   kvrouter serve  the KV-cache-aware router (router/serve.c over src/ and policies/)
  *   kvrouter sim    a simulated vLLM worker (router/sim.c over bench/sim/)
- *   kvrouter bench  the load generator and A/B report (router/bench.c over bench/loadgen/);
+ *   kvrouter bench  the load generator and A/B report (router/bench.c over bench/run/);
  *                   `kvrouter bench routing` times routing decisions (bench/routing/)
- *   kvrouter demo   4 simulated workers + router + A/B benchmark + report (router/demo.c)
+ *   kvrouter demo   4 simulated workers + router + A/B benchmark + report (router/demo.c over
+ *                   bench/run/demo.h)
  *
  * Everything else lives in the libraries so it can be tested; this file only dispatches.
  */
