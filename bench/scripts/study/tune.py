@@ -46,7 +46,7 @@ def load_refs(path):
 def run(kvr, out, cand, seeds, scenarios):
     os.makedirs(out, exist_ok=True)
     # round_robin first, as in the full study: each policy's search starts at the first label's
-    # limit (bench/loadgen/runner.c), so kv_aware alone would search another path
+    # limit (bench/run/runner.c), so kv_aware alone would search another path
     cmd = [kvr, "bench", "study", "--policies", "round_robin,kv_aware", "--seeds", str(seeds),
            "--out", out, "--quiet"]
     if scenarios:
