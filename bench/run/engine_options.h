@@ -10,14 +10,16 @@
 #define KVR_ENGINE_OPTIONS_H
 
 #include "base/cli.h"
+#include "bench/sim/sim_preset.h"
 
 #define KVR_ENGINE_CLI_ROWS(E)                                                                      \
-  {KVR_CLI_UINT,                                                                                    \
-   "num-gpu-blocks",                                                                                \
-   E(num_gpu_blocks),                                                                               \
-   .arg = "N",                                                                                      \
-   KVR_CLI_RANGE(1, 1 << 30),                                                                       \
-   .help = "KV cache blocks: 53.15 GiB / 163,840 B per token / 16 tokens per block"},               \
+  KVR_SIM_PRESET_CLI_ROW(E),                                                                        \
+      {KVR_CLI_UINT,                                                                                \
+       "num-gpu-blocks",                                                                            \
+       E(num_gpu_blocks),                                                                           \
+       .arg = "N",                                                                                  \
+       KVR_CLI_RANGE(1, 1 << 30),                                                                   \
+       .help = "KV cache blocks: 53.15 GiB / 163,840 B per token / 16 tokens per block"},           \
       {KVR_CLI_UINT, "block-size",           E(block_size),                                         \
        .arg = "N",   KVR_CLI_RANGE(1, 4096), .help = "tokens per KV block"},                        \
       {KVR_CLI_UINT, "max-num-seqs",          E(max_num_seqs),                                      \

@@ -17,6 +17,7 @@
 
 #include "base/kvr.h"
 #include "base/quantile.h"
+#include "sim_preset.h"
 #include "sim_tokens.h"
 
 #include <math.h>
@@ -76,28 +77,6 @@ static void print_prefills(FILE *out, const kvr_sim_cost_t *c) {
           step_ms(c, 32, 6000, 7000, 0));
 }
 
-/* What each term implies about the hardware: one H200 (4.8 TB/s HBM, 1,979 TFLOP/s dense FP8)
- * serving Llama-3.3-70B FP8 (70.6 GB of weights, 163,840 B of KV per token, 137 GFLOP per token
- * through the dense layers without the LM head, 2.62 MFLOP per attention query-key pair). */
-static void print_hardware(FILE *out, const kvr_sim_cost_t *c) {
-  const double hbm = 4.8e12, fp8 = 1.979e15;
-  if (c->weights_ms > 0)
-    fprintf(out, "weights_ms %g: 70.6 GB read at %.2f TB/s = %.0f%% of HBM peak\n", c->weights_ms,
-            70.6e9 / (c->weights_ms * 1e-3) / 1e12, 100 * 70.6e9 / (c->weights_ms * 1e-3) / hbm);
-  if (c->dense_tok_us > 0)
-    fprintf(out, "dense_tok_us %g: 137 GFLOP at %.2f PFLOP/s = %.0f%% of FP8 dense peak\n",
-            c->dense_tok_us, 137e9 / (c->dense_tok_us * 1e-6) / 1e15,
-            100 * 137e9 / (c->dense_tok_us * 1e-6) / fp8);
-  if (c->decode_ctx_ns > 0)
-    fprintf(out, "decode_ctx_ns %g: 163,840 B at %.2f TB/s = %.0f%% of HBM peak\n",
-            c->decode_ctx_ns, 163840 / (c->decode_ctx_ns * 1e-9) / 1e12,
-            100 * 163840 / (c->decode_ctx_ns * 1e-9) / hbm);
-  if (c->attn_pair_ns > 0)
-    fprintf(out, "attn_pair_ns %g: 2.62 MFLOP at %.2f PFLOP/s = %.0f%% of FP8 dense peak\n",
-            c->attn_pair_ns, 2.62e6 / (c->attn_pair_ns * 1e-9) / 1e15,
-            100 * 2.62e6 / (c->attn_pair_ns * 1e-9) / fp8);
-}
-
 void kvr_sim_calibrate_print_costs(FILE *out, const kvr_sim_config_t *cfg) {
   const kvr_sim_cost_t *c = &cfg->cost;
   const kvr_sim_frontend_t *f = &cfg->frontend;
@@ -113,7 +92,7 @@ void kvr_sim_calibrate_print_costs(FILE *out, const kvr_sim_config_t *cfg) {
           cfg->retok_drift);
   fprintf(out, "kv cache: %u blocks x %u tokens = %llu tokens\n", cfg->num_gpu_blocks,
           cfg->block_size, (unsigned long long)cfg->num_gpu_blocks * cfg->block_size);
-  print_hardware(out, c);
+  kvr_sim_preset_print(out, cfg); /* what the terms are on the preset's hardware */
   print_decode_steps(out, c);
   print_prefills(out, c);
   fprintf(out, "request overhead before scheduling, 6000-token prompt: %.1f ms\n",
@@ -150,7 +129,8 @@ typedef struct cal_s {
   double now, conc_area;
 } cal_t;
 
-/* Sorts v and returns its percentile p by the definition every product shares (src/base/quantile.h). */
+/* Sorts v and returns its percentile p by the definition every product shares
+ * (src/base/quantile.h). */
 static double pct(double *v, size_t n, double p) {
   kvr_quantile_sort(v, n);
   return kvr_quantile(v, n, p);

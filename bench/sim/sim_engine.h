@@ -19,8 +19,8 @@
  *     request is preempted (recompute): its blocks are freed and it goes back to the front of
  *     the waiting queue with its generated tokens, to be prefilled again (mostly from the
  *     prefix cache).
- *   - The waiting queue is one kvr_list_t (src/base/list.h) linked through kvr_sim_req_t.wnode, in the
- *     order vLLM's scheduler sees it: kvr_sim_engine_add() appends, a preempted request is put in
+ *   - The waiting queue is one kvr_list_t (src/base/list.h) linked through kvr_sim_req_t.wnode, in
+ * the order vLLM's scheduler sees it: kvr_sim_engine_add() appends, a preempted request is put in
  *     front (of several preempted in one step, the earliest admitted ends up first), and admission
  *     takes the front request only, stopping at the first one that does not fit (no skipping).
  *   - Step time (bench/sim/README.md reads every term as a fraction of the H200):
@@ -76,7 +76,13 @@ typedef struct kvr_sim_frontend_s {
   bool async_scheduling; /* vLLM's default: the scheduler runs one step ahead (see above) */
 } kvr_sim_frontend_t;
 
+struct kvr_sim_preset_s; /* bench/sim/sim_preset.h */
+
 typedef struct kvr_sim_config_s {
+  /* The (model, GPU) pair the hardware terms below were set from by `--preset` (sim_preset.h);
+   * NULL: the defaults, which are the preset llama-3.3-70b-fp8-h200. The engine never reads it;
+   * --print-costs and the metrics' cache_dtype label do. */
+  const struct kvr_sim_preset_s *preset;
   uint32_t num_gpu_blocks;         /* default 21770: 53.15 GiB / (163,840 B/token * 16) */
   uint32_t block_size;             /* tokens per block; default 16 */
   uint32_t max_num_seqs;           /* default 1024 */

@@ -42,6 +42,7 @@
 #include "base/metrics.h"
 #include "net/http_route.h"
 #include "net/http_server.h"
+#include "sim_preset.h"
 #include "sim_tokens.h"
 
 #include <cjson/cJSON.h>
@@ -996,7 +997,8 @@ static void metrics_engine(kvr_buf_t *b, const kvr_sim_server_t *srv, const kvr_
              labels, (double)(st->generation_tokens + srv->fixed_generation_tokens));
 }
 
-/* vllm:request_success_total by finished_reason, and vllm:cache_config_info; l2 is scratch. */
+/* vllm:request_success_total by finished_reason, and vllm:cache_config_info (cache_dtype: "fp8",
+ * or "auto", vLLM's default, for a preset whose KV cache is the model's BF16); l2 is scratch. */
 static void metrics_requests_and_config(kvr_buf_t *b, const kvr_sim_server_t *srv,
                                         const char *labels, kvr_buf_t *l2) {
   const kvr_sim_config_t *cfg = &srv->opts.engine;
@@ -1013,10 +1015,10 @@ static void metrics_requests_and_config(kvr_buf_t *b, const kvr_sim_server_t *sr
                     "Information of the LLMEngine CacheConfig");
   kvr_buf_reset(l2);
   kvr_buf_printf(l2,
-                 "block_size=\"%u\",cache_dtype=\"fp8\",enable_prefix_caching=\"%s\",engine=\"0\","
+                 "block_size=\"%u\",cache_dtype=\"%s\",enable_prefix_caching=\"%s\",engine=\"0\","
                  "gpu_memory_utilization=\"0.9\",num_cpu_blocks=\"None\",num_gpu_blocks=\"%u\"",
-                 cfg->block_size, cfg->enable_prefix_caching ? "True" : "False",
-                 cfg->num_gpu_blocks);
+                 cfg->block_size, kvr_sim_preset_of(cfg)->model->kv_bytes == 1 ? "fp8" : "auto",
+                 cfg->enable_prefix_caching ? "True" : "False", cfg->num_gpu_blocks);
   kvr_metric_sample(b, "vllm:cache_config_info", l2->data, 1.0);
 }
 

@@ -14,7 +14,13 @@ clock (bench/vcluster/). The checks, end to end through the command line:
 - a mixed fleet (--worker-blocks, one value per worker) shows in the Clock line; with a count
   other than --workers it exits 2 with one line naming --worker-blocks;
 - usage: --ab without --admin is refused only without --virtual; an unknown policy exits non-zero
-  with a one-line error naming it.
+  with a one-line error naming it;
+- --preset (bench/sim/sim_preset.h, the engine's flag shared with `kvrouter sim`): the virtual
+  workers take the preset's cache and cost terms (Llama-3.1-8B on an H100 decodes faster than the
+  default 70B on an H200; the Clock line shows its blocks, the report's command the flag); an
+  unknown name, or the pair that does not fit on one GPU, exits 2 with one line, for the bench and
+  for `kvrouter sim` alike; a sim started with a preset serves its max_model_len and reports its
+  cache (blocks, cache_dtype "auto" for BF16) in vllm:cache_config_info.
 
 Usage: python3 tests/router/test_bench_virtual.py --kvrouter PATH/TO/kvrouter [-k NAME] [-v]
 The harness is tests/harness/kvrharness.py.
@@ -191,6 +197,61 @@ def test_usage_errors():
                  "--out", os.path.join(SCRATCH.path, "bad"), "--quiet")
     assert p.returncode != 0, (p.returncode, p.stdout, p.stderr)
     one_error_line(p, "no_such_policy", "kv_aware", "round_robin")
+
+
+
+@test(timeout=40)
+def test_preset():
+    load = ["--virtual", "--workers", 1, "--workload", "multiturn", "--multiturn-mode", "session",
+            "--rates", 2, "--num-prompts", 20, "--quiet"]
+    _, report, levels, reqs = bench_ok(os.path.join(SCRATCH.path, "preset-8b"),
+                                       *(load + ["--preset", "llama-3.1-8b-h100"]))
+    assert "(KV blocks 26674)" in report, report[:2000]  # 0.9 x 80 GB - 16.06 GB of weights
+    assert "--preset llama-3.1-8b-h100" in report, report[-3000:]
+    assert reqs and all(r["ok"] for r in reqs), [r for r in reqs if not r["ok"]][:3]
+    _, report70, levels70, _ = bench_ok(os.path.join(SCRATCH.path, "preset-default"), *load)
+    assert "(KV blocks 21770)" in report70, report70[:2000]
+    # 6.1 ms of weights and 63 ns per context token against 20 ms and 55 ns: faster decode.
+    tpot8, tpot70 = levels[0]["median_tpot_ms"], levels70[0]["median_tpot_ms"]
+    assert tpot8 < 0.6 * tpot70, (tpot8, tpot70)
+    # An explicit flag still wins over the preset, wherever it stands.
+    _, report, _, _ = bench_ok(os.path.join(SCRATCH.path, "preset-blocks"),
+                               *(load + ["--num-gpu-blocks", 5000, "--preset", "qwen3-32b-h100"]))
+    assert "(KV blocks 5000)" in report, report[:2000]
+    # Errors: one line, exit 2, no report; the same from `kvrouter sim`.
+    out = os.path.join(SCRATCH.path, "preset-bad")
+    names = ("llama-3.3-70b-fp8-h200", "llama-3.1-8b-h100", "qwen3-32b-h100",
+             "llama-3.1-70b-a100-80gb")
+    p, _ = bench(*(load + ["--preset", "llama-3.1-8b", "--out", out]))
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    one_error_line(p, "kvrouter bench: --preset: 'llama-3.1-8b' is not one of", *names)
+    p, _ = bench(*(load + ["--preset", "llama-3.1-70b-a100-80gb", "--out", out]))
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    one_error_line(p, "--preset: llama-3.1-70b-a100-80gb: weights 141 GB > 80 GB")
+    assert not os.path.exists(os.path.join(out, "report.md"))
+    for args, needles in ((["--preset", "nope"], ("kvrouter sim: --preset: 'nope'",) + names),
+                          (["--preset", "llama-3.1-70b-a100-80gb", "--print-costs"],
+                           ("weights 141 GB > 80 GB", "tensor parallelism 1"))):
+        p = subprocess.run([h.KVROUTER, "sim"] + args, capture_output=True, text=True, timeout=10)
+        assert p.returncode == 2 and p.stdout == "", (p.returncode, p.stdout, p.stderr)
+        one_error_line(p, *needles)
+    p = subprocess.run([h.KVROUTER, "sim", "--preset", "qwen3-32b-h100", "--print-costs"],
+                       capture_output=True, text=True, timeout=10)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("cost model: weights_ms=26 dense_tok_us=100 step_ms=1 "
+                               "per_seq_ms=0.03 decode_ctx_ns=126 attn_pair_ns=4\n"), p.stdout
+    assert "kv cache: 1544 blocks x 16 tokens = 24704 tokens\n" in p.stdout, p.stdout
+    # A real sim on the preset: its cache and length, its KV dtype in vLLM's cache_config_info.
+    sim = h.Sim("--preset", "qwen3-32b-h100", fixed=None)
+    try:
+        r = sim.request("GET", "/v1/models")
+        assert r.status == 200 and r.json()["data"][0]["max_model_len"] == 24704, r.body[:300]
+        info = [line for line in sim.request("GET", "/metrics").text().splitlines()
+                if line.startswith("vllm:cache_config_info{")]
+        assert len(info) == 1 and 'cache_dtype="auto"' in info[0], info
+        assert 'num_gpu_blocks="1544"' in info[0], info
+    finally:
+        sim.stop()
 
 
 if __name__ == "__main__":

@@ -48,15 +48,24 @@ static void test_print_costs(void **state) {
   kvr_sim_config_t cfg;
   kvr_sim_config_default(&cfg);
   char *text = capture_costs(&cfg);
-  assert_int_equal(count_lines(text), 20);
+  assert_int_equal(count_lines(text), 24);
   assert_non_null(strstr(text, "cost model: weights_ms=20 dense_tok_us=110 step_ms=1 "
                                "per_seq_ms=0.03 decode_ctx_ns=55 attn_pair_ns=2.5\n"));
   assert_non_null(strstr(text, "frontend: req_ms=2 prompt_tok_us=1.1 stream_tok_us=40 "
                                "async_scheduling=on; retok_drift=0.001\n"));
   assert_non_null(strstr(text, "kv cache: 21770 blocks x 16 tokens = 348320 tokens\n"));
-  /* every term's hardware reading */
-  assert_non_null(strstr(text, "weights_ms 20: 70.6 GB read at 3.53 TB/s = 74% of HBM peak\n"));
-  assert_non_null(strstr(text, "decode_ctx_ns 55: 163,840 B at 2.98 TB/s = 62% of HBM peak\n"));
+  /* the preset (sim_preset.h: the default, fitted) and every term's hardware reading: 70.55 GB of
+   * weights read (FP8 layers, BF16 LM head), 136.9 GFLOP and 163,840 B per token, 2.62 MFLOP per
+   * attention pair */
+  assert_non_null(strstr(text, "preset llama-3.3-70b-fp8-h200 (the default): "
+                               "meta-llama/Llama-3.3-70B-Instruct, FP8 weights, FP8 KV cache, on "
+                               "one H200 SXM (4.8 TB/s HBM, 1979 TFLOP/s dense FP8, 141 GB)"));
+  assert_non_null(strstr(text, "weights_ms 20: 70.6 GB read at 3.53 TB/s = 73.5% of HBM peak\n"));
+  assert_non_null(
+      strstr(text, "dense_tok_us 110: 136.9 GFLOP at 1.24 PFLOP/s = 62.9% of FP8 dense peak\n"));
+  assert_non_null(strstr(text, "decode_ctx_ns 55: 163,840 B at 2.98 TB/s = 62.1% of HBM peak\n"));
+  assert_non_null(
+      strstr(text, "attn_pair_ns 2.5: 2.621 MFLOP at 1.05 PFLOP/s = 53.0% of FP8 dense peak\n"));
   /* 1 x 6000 ctx: 20 + 1 + 0.03 + 0.33 ms */
   assert_non_null(strstr(text, "decode step,   1 seqs x 6000 ctx:   21.4 ms"));
   assert_non_null(strstr(text, "turn-5 prefill, 7000 tokens with its 3750-token starter cached:"));
