@@ -340,6 +340,25 @@ static const kvr_cli_opt_t options[] = {
      .json = "limits.max_body_buffer_bytes",
      .help = "request body bytes held for requests still arriving, over all connections; a "
              "request that would go over gets 503 with Retry-After, 0 = unlimited"},
+    {KVR_CLI_UINT, "max-json-depth", F(body_guard.max_depth), .arg = "N",
+     .json = "limits.max_json_depth", KVR_CLI_RANGE(1, 100000),
+     .help = "nesting depth of a chat or completions body (400 nesting_too_deep above)"},
+    {KVR_CLI_UINT, "max-json-values", F(body_guard.max_nodes), .arg = "N",
+     .json = "limits.max_json_values", KVR_CLI_RANGE(1, UINT32_MAX),
+     .help = "JSON values in one chat or completions body, checked before it is parsed (413)"},
+    {KVR_CLI_UINT, "max-json-open-keys", F(body_guard.max_open_keys), .arg = "N",
+     .json = "limits.max_json_open_keys", KVR_CLI_RANGE(1, UINT32_MAX),
+     .help = "keys of the JSON objects open at once (the duplicate-key check's memory; 413)"},
+    {KVR_CLI_UINT, "max-messages", F(body_guard.max_messages), .arg = "N",
+     .json = "limits.max_messages", KVR_CLI_RANGE(1, UINT32_MAX),
+     .help = "elements of a chat request's messages (413 above)"},
+    {KVR_CLI_UINT, "max-content-parts", F(body_guard.max_parts), .arg = "N",
+     .json = "limits.max_content_parts", KVR_CLI_RANGE(1, UINT32_MAX),
+     .help = "content parts of one chat message (413 above)"},
+    {KVR_CLI_UINT, "max-prompt-token-ids", F(body_guard.max_prompt_tokens), .arg = "N",
+     .json = "limits.max_prompt_token_ids", KVR_CLI_RANGE(1, UINT32_MAX),
+     .help = "token ids in one completions prompt while some worker's max_model_len is unknown "
+             "(then the largest max_model_len of the workers; 400 context_length_exceeded)"},
     {KVR_CLI_UINT, "response-buffer-bytes", F(response_buffer_max), .arg = "N",
      .json = "limits.response_buffer_bytes",
      .help = "non-streaming responses are held whole up to this, so a failure is a clean 502"},
@@ -484,6 +503,7 @@ void kvr_config_init(kvr_config_t *cfg) {
   cfg->response_buffer_max = 16u << 20;
   cfg->trace_out_max_bytes = 256u << 20;
   cfg->trace_block_tokens = KVR_TRACE_BLOCK_TOKENS_DEFAULT;
+  kvr_json_guard_limits_default(&cfg->body_guard);
   cfg->retry_after_s = 1;
   cfg->block_chars = 64;
   cfg->cache_capacity_blocks = 21766;

@@ -60,6 +60,7 @@
 #include "base/log.h"
 #include "net/http_route.h"
 #include "proto/http_headers.h"
+#include "proto/json_guard.h"
 #include "proto/openai.h"
 
 #include <llhttp.h>
@@ -109,6 +110,7 @@ struct px_s {
   kvr_http_req_t *req; /* NULL once finished */
   kvr_prompt_t prompt;
   bool has_prompt;
+  bool prompt_cut; /* the body held U+0000: routed by load, nothing learned (guard_body()) */
   kvr_route_req_t rreq;
   /* Precise mode: the prompt's token-block chain (rreq.kv_chain points here) and the tokenize
    * call in flight before the decision. */
@@ -231,7 +233,7 @@ static void start_client_response(px_t *px) {
  * followers (kv_aware's match); an attempt that failed to connect or was answered 4xx/5xx teaches
  * the index nothing. The router caps what is learned at the worker's max_model_len. */
 static void learn_dispatch(px_t *px) {
-  if (px->has_prompt && px->w && px->status >= 200 && px->status < 300)
+  if (px->has_prompt && !px->prompt_cut && px->w && px->status >= 200 && px->status < 300)
     kvr_router_on_learn(px->r, &px->acct, px->prompt.blocks, px->prompt.nblocks);
 }
 
@@ -613,7 +615,7 @@ static void learn(px_t *px) {
     kvr_router_on_usage(px->r, &px->acct, &px->usage);
   else if (ok)
     kvr_router_on_usage(px->r, &px->acct, NULL); /* a stream that did not ask for usage */
-  if (px->answer.len && ok) {
+  if (px->answer.len && ok && !px->prompt_cut) {
     kvr_prompt_extend_answer(&px->prompt, px->answer.data, px->answer.len);
     kvr_router_on_learn(px->r, &px->acct, px->prompt.blocks, px->prompt.nblocks);
   }
@@ -1148,11 +1150,53 @@ static bool tokenize(px_t *px, kvr_route_t route) {
   return px->tok_op != NULL;
 }
 
+/* The context a prompt must fit: the largest max_model_len of the workers (GET /v1/models), or 0
+ * while some worker's is unknown (the configured bound then applies). */
+static uint64_t guard_context(const kvr_router_t *r) {
+  uint64_t most = 0;
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w == NULL)
+      continue;
+    if (!w->models_known || w->max_model_len == 0)
+      return 0;
+    most = KVR_MAX(most, w->max_model_len);
+  }
+  return most;
+}
+
+/* The body guard (proto/json_guard.h) before any tree is built: one linear pass refuses what vLLM
+ * would refuse (invalid JSON, raw control characters, trailing data, a prompt over the context)
+ * and what the router will not parse on its loop (too deep, too many values, keys, messages or
+ * parts), and duplicate keys, which the router and vLLM would read differently. False when the
+ * client was answered (400 or 413 in OpenAI's shape). */
+static bool guard_body(kvr_router_t *r, kvr_http_req_t *req, kvr_route_t route, bool *has_nul) {
+  kvr_json_guard_limits_t lim = r->cfg->body_guard;
+  uint64_t ctx = guard_context(r);
+  if (ctx)
+    lim.max_prompt_tokens = ctx;
+  lim.seed = r->instance;
+  kvr_json_guard_verdict_t v;
+  kvr_json_guard_kind_t kind =
+      route == KVR_ROUTE_CHAT ? KVR_JSON_GUARD_CHAT : KVR_JSON_GUARD_COMPLETIONS;
+  if (kvr_json_guard_check(req->body.data, req->body.len, kind, &lim, &v) == 0) {
+    *has_nul = v.has_nul;
+    return true;
+  }
+  local_log(r, req, v.status, "invalid_request");
+  kvr_http_error(req, v.status, "invalid_request_error", v.code, "%s", v.message);
+  return false;
+}
+
 static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_proxy_t *p = data;
   kvr_router_t *r = p->r;
   kvr_route_t route = kvr_openai_route(req->path);
   (void)tail;
+  bool has_nul = false;
+  if ((route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS) &&
+      !guard_body(r, req, route, &has_nul))
+    return;
   px_t *px = kvr_xcalloc(1, sizeof *px);
   px->proxy = p;
   px->r = r;
@@ -1171,6 +1215,13 @@ static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
       return;
     }
     px->has_prompt = true;
+    if (has_nul) {
+      /* cJSON's strings end at U+0000, which vLLM keeps: the router's text, blocks and /tokenize
+       * call would describe a prompt the worker never sees. Route it by load alone and learn
+       * nothing from it, rather than plant blocks no worker holds. */
+      px->prompt.nblocks = 0;
+      px->prompt_cut = true;
+    }
     kvr_prompt_route_req(&px->prompt, &px->rreq);
   }
   px->req = req;
@@ -1182,7 +1233,7 @@ static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
   px->timer.data = px;
   kvr_list_insert_head(&p->pxs, &px->node);
   p->active++;
-  if (px->has_prompt && tokenize(px, route))
+  if (px->has_prompt && !px->prompt_cut && tokenize(px, route))
     return; /* admitted when the ids arrive */
   admit(px);
 }

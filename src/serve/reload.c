@@ -27,7 +27,7 @@ static uint64_t reloads_total[2]; /* [0] success, [1] failure */
 /* ---- the settings ------------------------------------------------------------------------------
  */
 
-typedef enum { K_U64, K_SIZE, K_BOOL, K_DBL } scalar_kind_t;
+typedef enum { K_U64, K_U32, K_SIZE, K_BOOL, K_DBL } scalar_kind_t;
 
 typedef struct {
   const char *key; /* the JSON key, as the config file names it */
@@ -44,6 +44,13 @@ static const scalar_t scalars[] = {
     SC("timeouts.first_byte_ms", K_U64, first_byte_timeout_ms, true),
     SC("timeouts.idle_ms", K_U64, idle_timeout_ms, true),
     SC("retry_after_s", K_U64, retry_after_s, true),
+    /* The body guard reads these at each request (proxy.c). */
+    SC("limits.max_json_depth", K_U32, body_guard.max_depth, true),
+    SC("limits.max_json_values", K_U64, body_guard.max_nodes, true),
+    SC("limits.max_json_open_keys", K_U64, body_guard.max_open_keys, true),
+    SC("limits.max_messages", K_U64, body_guard.max_messages, true),
+    SC("limits.max_content_parts", K_U64, body_guard.max_parts, true),
+    SC("limits.max_prompt_token_ids", K_U64, body_guard.max_prompt_tokens, true),
     SC("limits.response_buffer_bytes", K_SIZE, response_buffer_max, true),
     SC("health.fail_threshold", K_U64, fail_threshold, true),
     SC("metrics_scrape.stale_ms", K_U64, scrape_stale_ms, true),
@@ -124,6 +131,8 @@ static uint64_t scalar_get(const kvr_config_t *c, const scalar_t *s) {
   switch (s->kind) {
   case K_U64:
     return *(const uint64_t *)p;
+  case K_U32:
+    return *(const uint32_t *)p;
   case K_SIZE:
     return *(const size_t *)p;
   case K_BOOL:
@@ -150,6 +159,7 @@ static const char *scalar_text(const scalar_t *s, uint64_t v, char *buf, size_t 
 
 static void scalar_copy(kvr_config_t *dst, const kvr_config_t *src, const scalar_t *s) {
   size_t size = s->kind == K_U64    ? sizeof(uint64_t)
+                : s->kind == K_U32  ? sizeof(uint32_t)
                 : s->kind == K_SIZE ? sizeof(size_t)
                 : s->kind == K_DBL  ? sizeof(double)
                                     : sizeof(bool);
