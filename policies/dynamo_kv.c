@@ -61,6 +61,12 @@ static double dyn_logit(const dyn_t *p, const kvr_worker_snap_t *w, const kvr_ro
   return p->overlap_score_weight * (prefill_tokens / b) + decode_blocks;
 }
 
+/* A worker's unnormalized softmax weight: exp(-(v / range) / T) shifted by the best (lo) so the
+ * largest term is exp(0) = 1. */
+static double softmax_weight(const dyn_t *p, double cost, double lo, double range) {
+  return range > 0 ? exp(-((cost - lo) / range) / p->temperature) : 1.0;
+}
+
 /* Temperature > 0: softmax over the range-normalized, negated logits of the eligible workers. */
 static int dyn_softmax(dyn_t *p, size_t n, const kvr_policy_score_t *s) {
   double lo = INFINITY, hi = -INFINITY;
@@ -71,21 +77,21 @@ static int dyn_softmax(dyn_t *p, size_t n, const kvr_policy_score_t *s) {
     }
   if (lo > hi)
     return KVR_POLICY_NONE;
-  double range = hi - lo, w[KVR_MAX_WORKERS] = {0}, sum = 0;
+  double range = hi - lo, sum = 0;
   int last = KVR_POLICY_NONE;
   for (size_t i = 0; i < n; i++) {
     if (!s[i].eligible)
       continue;
-    /* exp(-(v / range) / T) shifted by the best (lo) so the largest term is exp(0) = 1. */
-    w[i] = range > 0 ? exp(-((s[i].cost - lo) / range) / p->temperature) : 1.0;
-    sum += w[i];
+    sum += softmax_weight(p, s[i].cost, lo, range);
     last = (int)i;
   }
+  /* The weights are computed again rather than kept: the same expression of the same inputs, so
+   * the same doubles, and no array sized by the fleet. */
   double u = (double)(kvr_policy_rand(&p->rng) >> 11) * 0x1.0p-53 * sum, acc = 0;
   for (size_t i = 0; i < n; i++) {
     if (!s[i].eligible)
       continue;
-    acc += w[i];
+    acc += softmax_weight(p, s[i].cost, lo, range);
     if (u < acc)
       return (int)i;
   }

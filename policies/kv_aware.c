@@ -72,6 +72,17 @@ typedef struct kv_s {
   KV_PARAMS(KVR__POLICY_MEMBER)
 } kv_t;
 
+/* The prompt tokens w would prefill: those its matched blocks do not cover. */
+static double uncached_tokens(const kvr_worker_snap_t *w, uint64_t prompt, size_t block_chars) {
+  double matched = (double)w->matched_blocks * (double)block_chars / KVR_CHARS_PER_TOKEN;
+  return (double)prompt - KVR_MIN(matched, (double)prompt);
+}
+
+/* ahead_i of the file comment: the prefill before this request's first token on w. */
+static double ahead(const kvr_worker_snap_t *w, uint64_t prompt, size_t block_chars) {
+  return (double)w->prefill_backlog_tokens + uncached_tokens(w, prompt, block_chars);
+}
+
 static int kv_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t n,
                    const kvr_route_req_t *req, kvr_policy_score_t *s) {
   kv_t *p = (kv_t *)base;
@@ -90,11 +101,10 @@ static int kv_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t 
   double cap_mean = ncap ? cap_sum / (double)ncap : 0;
 
   size_t neligible = 0;
-  double inflight_sum = 0, ahead[KVR_MAX_WORKERS];
+  double inflight_sum = 0;
   for (size_t i = 0; i < n; i++) {
     const kvr_worker_snap_t *w = &workers[i];
-    double matched = (double)w->matched_blocks * (double)block_chars / KVR_CHARS_PER_TOKEN;
-    double uncached = (double)prompt - KVR_MIN(matched, (double)prompt);
+    double uncached = uncached_tokens(w, prompt, block_chars);
     double rel = cap_mean > 0 && w->cache_capacity_blocks > 0
                      ? cap_mean / (double)w->cache_capacity_blocks
                      : 1;
@@ -104,7 +114,6 @@ static int kv_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t 
     if (w->metrics_fresh)
       cost += p->waiting_weight * w->num_requests_waiting + p->kv_usage_weight * w->kv_cache_usage;
     s[i].cost = cost;
-    ahead[i] = (double)w->prefill_backlog_tokens + uncached;
     if (s[i].eligible) {
       neligible++;
       inflight_sum += w->inflight;
@@ -122,7 +131,7 @@ static int kv_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t 
       continue;
     s[i].capped = (double)workers[i].inflight + 1 > limit;
     if (!s[i].capped)
-      ahead_min = fmin(ahead_min, ahead[i]);
+      ahead_min = fmin(ahead_min, ahead(&workers[i], prompt, block_chars));
     open += !s[i].capped;
   }
   /* The prefill gate, among the workers the bound left open (the bound wins: a worker it capped
@@ -132,7 +141,8 @@ static int kv_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t 
    * (and of the chance to learn it). */
   for (size_t i = 0; i < n && p->prefill_gate_tokens > 0 && ahead_min <= p->prefill_gate_tokens;
        i++)
-    if (s[i].eligible && !s[i].capped && ahead[i] > p->prefill_gate_tokens &&
+    if (s[i].eligible && !s[i].capped &&
+        ahead(&workers[i], prompt, block_chars) > p->prefill_gate_tokens &&
         (double)workers[i].inflight >= mean - p->balance_slack) {
       s[i].capped = true;
       open--;

@@ -16,8 +16,9 @@
  * derived struct once (size, RNG offset, parameters with defaults and bounds) and
  * KVR__POLICY_DEFINE wires kvr__policy_new, kvr__policy_select, kvr__policy_echo and
  * kvr__policy_free into its ops table, so a policy file holds only its state and its pick.
- * kvr__policy_select owns the part of select every policy shares: the KVR_MAX_WORKERS bound, a
- * local scores array when the caller passes none, and eligibility (usable, not tried).
+ * kvr__policy_select owns the part of select every policy shares: a local scores array when the
+ * caller passes none, and eligibility (usable, not in the tried set). Nothing here is sized by the
+ * fleet's bound: a select at 1,024 workers is the same code as at 4.
  */
 #include "policy.h"
 
@@ -84,7 +85,8 @@ kvr_policy_t *kvr_policy_create(const char *name, const cJSON *params, uint64_t 
 }
 
 int kvr_policy_select(kvr_policy_t *p, const kvr_worker_snap_t *workers, size_t nworkers,
-                      const kvr_route_req_t *req, uint64_t tried, kvr_policy_score_t *scores) {
+                      const kvr_route_req_t *req, const kvr_workerset_t *tried,
+                      kvr_policy_score_t *scores) {
   return p->ops->select(p, workers, nworkers, req, tried, scores);
 }
 
@@ -182,17 +184,24 @@ kvr_policy_t *kvr__policy_new(const kvr_policy_ops_t *ops, const kvr__policy_cla
   return p;
 }
 
+/* Workers whose scores a select without a caller's array keeps on the stack. */
+#define LOCAL_SCORES 64
+
 int kvr__policy_select(kvr__policy_pick_fn pick, kvr_policy_t *p, const kvr_worker_snap_t *workers,
-                       size_t nworkers, const kvr_route_req_t *req, uint64_t tried,
+                       size_t nworkers, const kvr_route_req_t *req, const kvr_workerset_t *tried,
                        kvr_policy_score_t *scores) {
-  kvr_policy_score_t local[KVR_MAX_WORKERS];
-  kvr_policy_score_t *s = scores ? scores : local;
-  size_t n = KVR_MIN(nworkers, (size_t)KVR_MAX_WORKERS);
-  for (size_t i = 0; i < n; i++) {
+  kvr_policy_score_t local[LOCAL_SCORES];
+  kvr_policy_score_t *s = scores                     ? scores
+                          : nworkers <= LOCAL_SCORES ? local
+                                                     : kvr_xmalloc(nworkers * sizeof *s);
+  for (size_t i = 0; i < nworkers; i++) {
     s[i].eligible = kvr_policy_eligible(&workers[i], i, tried);
     s[i].capped = false;
   }
-  return pick(p, workers, n, req, s);
+  int chosen = pick(p, workers, nworkers, req, s);
+  if (s != scores && s != local)
+    free(s);
+  return chosen;
 }
 
 void kvr__policy_echo(const kvr__policy_class_t *cls, const kvr_policy_t *p, cJSON *obj) {
@@ -201,7 +210,8 @@ void kvr__policy_echo(const kvr__policy_class_t *cls, const kvr_policy_t *p, cJS
 }
 
 int kvr_policy_peek(const kvr_policy_t *p, const kvr_worker_snap_t *workers, size_t nworkers,
-                    const kvr_route_req_t *req, uint64_t tried, kvr_policy_score_t *scores) {
+                    const kvr_route_req_t *req, const kvr_workerset_t *tried,
+                    kvr_policy_score_t *scores) {
   kvr_policy_t *copy = kvr_xmalloc(p->ops->size);
   memcpy(copy, p, p->ops->size);
   int pick = p->ops->select(copy, workers, nworkers, req, tried, scores);
@@ -247,7 +257,7 @@ int kvr_policy_pick_lowest(const kvr_worker_snap_t *workers, size_t nworkers,
                            uint64_t *rng) {
   int best = KVR_POLICY_NONE;
   uint64_t nties = 0;
-  for (size_t i = 0; i < nworkers && i < KVR_MAX_WORKERS; i++) {
+  for (size_t i = 0; i < nworkers; i++) {
     if (!scores[i].eligible || scores[i].capped)
       continue;
     int c = 0;

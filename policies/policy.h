@@ -13,8 +13,14 @@
  * The registry (policy.c) is an explicit static table: no constructor self-registration, because
  * the linker drops unreferenced objects from static libraries.
  *
- * Retries: `tried` is a bitmask of worker indexes already attempted for this request; a policy must
- * never return one of them (h2o's select(..., tried)).
+ * Retries: `tried` is the set of worker indexes already attempted for this request (a bitset sized
+ * to the fleet, kvr_workerset_t; NULL when none); a policy must never return one of them (h2o's
+ * select(..., tried)).
+ *
+ * Fleet size: at most KVR_MAX_WORKERS workers. Nothing in a policy is sized by it (a select is
+ * O(nworkers) with no fixed array); the bound is the router's (its slots, the cache index's worker
+ * field) and is enforced where workers come from: the static list, POST /admin/workers and
+ * discovery (src/serve/README.md, "Limits").
  */
 #ifndef KVR_POLICY_H
 #define KVR_POLICY_H
@@ -28,11 +34,33 @@
 #include <stdio.h>
 
 #define KVR_POLICY_NONE (-1)
-#define KVR_MAX_WORKERS 64 /* bounded so `tried` fits one uint64_t */
-#define KVR_MAX_PEERS 8    /* other router replicas whose load one replica reads (--peer) */
+/* The most workers one router serves (slots 0..KVR_MAX_WORKERS-1). */
+#define KVR_MAX_WORKERS 4096
+#define KVR_MAX_PEERS 8 /* other router replicas whose load one replica reads (--peer) */
 
 typedef struct kvr_policy_s kvr_policy_t;
 typedef struct kvr_policy_ops_s kvr_policy_ops_t;
+
+/* A set of worker indexes as a bitset sized to the fleet: index i is in the set when bit i % 64 of
+ * words[i / 64] is set; an index at or past 64 * nwords is not in it. Its owner sizes and frees
+ * words (KVR_WORKERSET_WORDS(n) words hold indexes below n). Where a function takes a const
+ * kvr_workerset_t *, NULL is the empty set. */
+typedef struct kvr_workerset_s {
+  uint64_t *words;
+  size_t nwords;
+} kvr_workerset_t;
+
+#define KVR_WORKERSET_WORDS(n) (((size_t)(n) + 63) / 64)
+
+/* Whether index i is in s (false for s NULL). */
+static inline bool kvr_workerset_has(const kvr_workerset_t *s, size_t i) {
+  return s != NULL && i / 64 < s->nwords && (s->words[i / 64] >> (i % 64) & 1);
+}
+
+/* Adds index i to s; i must be below 64 * s->nwords. */
+static inline void kvr_workerset_add(kvr_workerset_t *s, size_t i) {
+  s->words[i / 64] |= UINT64_C(1) << (i % 64);
+}
 
 /* What the router knows about one worker at decision time. */
 typedef struct kvr_worker_snap_s {
@@ -100,10 +128,12 @@ struct kvr_policy_ops_s {
    * returns NULL and writes "params.<field>: <reason>" into err. seed makes any randomness
    * reproducible. */
   kvr_policy_t *(*create)(const cJSON *params, uint64_t seed, char *err, size_t errlen);
-  /* Picks a worker index in [0, nworkers) that is usable and not in tried, or KVR_POLICY_NONE.
-   * scores, if not NULL, has nworkers entries and receives each worker's score. */
+  /* Picks a worker index in [0, nworkers) that is usable and not in tried (NULL: none tried), or
+   * KVR_POLICY_NONE. scores, if not NULL, has nworkers entries and receives each worker's score.
+   */
   int (*select)(kvr_policy_t *p, const kvr_worker_snap_t *workers, size_t nworkers,
-                const kvr_route_req_t *req, uint64_t tried, kvr_policy_score_t *scores);
+                const kvr_route_req_t *req, const kvr_workerset_t *tried,
+                kvr_policy_score_t *scores);
   /* Adds the instance's effective parameters to obj (for GET /admin/policy). */
   void (*params)(const kvr_policy_t *p, cJSON *obj);
   void (*destroy)(kvr_policy_t *p);
@@ -133,18 +163,21 @@ kvr_policy_t *kvr_policy_create(const char *name, const cJSON *params, uint64_t 
 
 /* Convenience wrappers over the ops table. destroy accepts NULL. */
 int kvr_policy_select(kvr_policy_t *p, const kvr_worker_snap_t *workers, size_t nworkers,
-                      const kvr_route_req_t *req, uint64_t tried, kvr_policy_score_t *scores);
+                      const kvr_route_req_t *req, const kvr_workerset_t *tried,
+                      kvr_policy_score_t *scores);
 /* The pick and scores select would give now, without changing p: round robin's cursor and the
  * tie-breaking RNG stay where they are (select runs on a copy). For a look such as
  * /admin/route/explain. */
 int kvr_policy_peek(const kvr_policy_t *p, const kvr_worker_snap_t *workers, size_t nworkers,
-                    const kvr_route_req_t *req, uint64_t tried, kvr_policy_score_t *scores);
+                    const kvr_route_req_t *req, const kvr_workerset_t *tried,
+                    kvr_policy_score_t *scores);
 void kvr_policy_destroy(kvr_policy_t *p);
 const char *kvr_policy_name(const kvr_policy_t *p);
 
 /* Helpers shared by policies. */
-static inline bool kvr_policy_eligible(const kvr_worker_snap_t *w, size_t i, uint64_t tried) {
-  return w->usable && !(tried & (UINT64_C(1) << i));
+static inline bool kvr_policy_eligible(const kvr_worker_snap_t *w, size_t i,
+                                       const kvr_workerset_t *tried) {
+  return w->usable && !kvr_workerset_has(tried, i);
 }
 
 /* The policies' seeded RNG (base/kvr.h's splitmix64; state advances on each call). */
@@ -191,7 +224,7 @@ typedef struct kvr__policy_class_s {
   const kvr__policy_field_t *fields; /* at most KVR__POLICY_MAX_FIELDS, then one with name NULL */
 } kvr__policy_class_t;
 
-/* A policy's own part of select: workers and s have n <= KVR_MAX_WORKERS entries, s is never NULL
+/* A policy's own part of select: workers and s have n entries, s is never NULL
  * and s[i].eligible (usable, not tried) and s[i].capped (false) are already set. Fills s[i].cost
  * (and may cap) and returns the pick or KVR_POLICY_NONE. */
 typedef int (*kvr__policy_pick_fn)(kvr_policy_t *p, const kvr_worker_snap_t *workers, size_t n,
@@ -202,10 +235,11 @@ typedef int (*kvr__policy_pick_fn)(kvr_policy_t *p, const kvr_worker_snap_t *wor
  * NULL with err set on a bad parameter. */
 kvr_policy_t *kvr__policy_new(const kvr_policy_ops_t *ops, const kvr__policy_class_t *cls,
                               const cJSON *params, uint64_t seed, char *err, size_t errlen);
-/* The ops select of every policy: bounds nworkers by KVR_MAX_WORKERS, gives pick a scores array
- * (a local one when scores is NULL) with eligibility filled in, and returns what pick returns. */
+/* The ops select of every policy: gives pick a scores array (a local one when scores is NULL: on
+ * the stack up to 64 workers, else allocated) with eligibility filled in, and returns what pick
+ * returns. */
 int kvr__policy_select(kvr__policy_pick_fn pick, kvr_policy_t *p, const kvr_worker_snap_t *workers,
-                       size_t nworkers, const kvr_route_req_t *req, uint64_t tried,
+                       size_t nworkers, const kvr_route_req_t *req, const kvr_workerset_t *tried,
                        kvr_policy_score_t *scores);
 /* Adds every field of cls with its current value in p to obj (the ops params). */
 void kvr__policy_echo(const kvr__policy_class_t *cls, const kvr_policy_t *p, cJSON *obj);
@@ -237,7 +271,7 @@ void kvr__policy_free(kvr_policy_t *p);
     return kvr__policy_new(&kvr__policy_##name_, name_##_class(), params, seed, err, errlen);      \
   }                                                                                                \
   static int name_##_select(kvr_policy_t *p, const kvr_worker_snap_t *workers, size_t nworkers,    \
-                            const kvr_route_req_t *req, uint64_t tried,                            \
+                            const kvr_route_req_t *req, const kvr_workerset_t *tried,              \
                             kvr_policy_score_t *scores) {                                          \
     return kvr__policy_select(pick_, p, workers, nworkers, req, tried, scores);                    \
   }                                                                                                \

@@ -1,20 +1,29 @@
-/* cache_index.c -- block hash -> workers index with a per-worker LRU bound.
+/* cache_index.c -- block hash -> workers index with a per-worker LRU bound, for up to
+ * KVR_MAX_WORKERS workers, growing a bucket at a time.
  *
- * Structures (all indexes are uint32, never pointers, so the arrays can be reallocated freely):
+ * Structures (all links are uint32 indexes, never pointers, and nothing ever moves in memory):
  *
- *   slots[]  a bucketized cuckoo table: buckets of 4 slots { hash, mask }, 64 bytes, one cache
- *            line each; mask has bit w set when worker w holds the block, mask == 0 marks an empty
- *            slot (a block nobody holds is deleted at once). A block lives in one of its two
- *            buckets, b1 = hash scaled to the bucket count and b2 = a mix of hash scaled the same
- *            way, so any bucket count works (no power of two) and a lookup reads at most two
- *            cache lines.
- *   heads[]  parallel to slots: first node of the slot's chain (one node per holding worker).
- *   nodes[]  one per (block, worker) entry: { prev, next } in the worker's LRU list, { chain } to
- *            the next node of the same slot, { slot_w } = slot index | worker << 26.
- *            Free nodes are linked through next.
- *   workers[] { mru, lru, count, capacity }.
+ *   table    a bucketized cuckoo table under linear hashing: nbuckets = low + split buckets (low a
+ *            power of two, 0 <= split < low) of 4 slots { hash, head, holders }, 16 bytes each, so
+ *            a bucket is one 64-byte cache line. Buckets live in 2 MiB chunks of 32,768 through a
+ *            directory: growing the table adds a bucket, never copies one. A block lives in one of
+ *            its two buckets, b1 = addr(hash) and b2 = addr(mix(hash)), where addr(x) = x mod low,
+ *            or x mod 2 * low when that is below split (those buckets have been split already).
+ *            holders == 0 marks an empty slot (a block nobody holds is deleted at once); otherwise
+ *            it is the set of workers holding the block: inline, up to two worker ids (15 bits
+ *            each, id + 1, 0 for none), or, with the top bit set, a wide set: a bitset of 2^c words
+ *            (c in bits 27..30) at index i (bits 0..26) of class c's pool, for blocks that three
+ *            workers or more hold. head is the block's first node.
+ *   nodes    one per (block, worker) entry: { prev, next } in the worker's LRU list, { chain } to
+ *            the next node holding the same block, the last one's chain being END | the block's
+ *            slot (so a node finds its slot at the end of its chain), { worker }. Nodes come in
+ *            chunks of 16,384; free ones are linked through next, new ones taken past a high-water
+ *            mark, so growing the nodes neither copies nor links them.
+ *   pools    per class c, the wide sets of 2^c words, in 32 KiB chunks, free ones linked through
+ *            their first word.
+ *   workers  { mru, lru, count, capacity }, an array grown with the fleet.
  *
- *        slots[i] = {h, 0b0101}    heads[i] -> node a (w0) -> node b (w2) -> NIL
+ *        slot {h, head, {w0, w2}}   head -> node a (w0) -> node b (w2) -> END | slot
  *        worker 0: mru -> ... <-> a <-> ... <- lru
  *
  * Flow: insert walks the request's blocks from last to first; each block is either touched (its
@@ -22,27 +31,44 @@
  * node when it is at capacity. When the insert will evict, a first pass touches the blocks the
  * worker already holds so the request never evicts its own beginning. A new block takes a free
  * slot of b1 or b2; when both buckets are full it displaces a resident into that resident's other
- * bucket, and so on (a cuckoo walk of at most MAX_KICKS moves, each rewriting the slot field of the
- * moved block's few chain nodes); a walk that finds no room, or a table above MAX_LOAD, grows the
- * table by half. Removing a worker's last hold on a block just empties its slot.
+ * bucket, and so on (a cuckoo walk of at most MAX_KICKS moves, each rewriting the end of the moved
+ * block's chain). Removing a worker's last hold on a block empties its slot.
+ *
+ * Growth (linear hashing, Litwin 1980, over the cuckoo table): before a new block would take the
+ * load past MAX_LOAD_PCT, bucket `split` is split: bucket low + split is appended (zeroed memory,
+ * a fresh chunk every 32,768 buckets) and the entries of `split` that its new addressing sends
+ * there move, at most four, into the empty new bucket; then split advances (low doubles when it
+ * reaches low). One split per ~3.6 new blocks, a few slot moves each, keeps the load at 90% as the
+ * index grows: no insert rehashes the table, unlike the rebuild-by-half this replaced, whose last
+ * rebuild on the way to 10 M blocks stalled one insert for ~0.7 s (`kvrouter bench routing`, the
+ * "Index growth" line, policies/README.md). Buckets not yet split draw twice the hash space of
+ * split ones; each block's second choice evens that out. A walk that still fails splits more
+ * buckets and tries again; only a table at its 2^30-slot limit drops the block a failed walk left
+ * homeless.
  *
  * match: each worker's blocks are prefix-closed -- a worker that holds a block holds its parent.
  * Blocks enter only as chains from a prompt's first block (kvr_cache_index_insert), touched last to
  * first, so a parent is never less recently used than its child, and LRU eviction takes the child
  * first; a block hash names its whole prefix, so a block has one parent. Hence "worker w holds
  * block i of the request" is true up to w's prefix length and false after it, and match binary-
- * searches it: ~2 + log2(n) lookups (a 64 KiB prompt: ~12, not 1,025), each at most two cache
- * lines of slots[]. An insert that fails at a block (no memory, or the table at 2^26 slots) takes
- * back the deeper blocks it added, so the closure holds. (One path still breaks it: a table that
- * can no longer grow drops a block a failed walk displaced, children included or not; the index is
- * approximate, so that block's descendants are then matched as the search happens to probe them.)
+ * searches it, for every worker holding the first block at once: the probe at the middle of an
+ * interval splits the workers searching it into those holding the probed block (their prefix is
+ * longer) and the others, in place, as quicksort partitions; ~2 + log2(n) lookups per group of
+ * workers with a common prefix (a 64 KiB prompt: ~12, not 1,025), each at most two cache lines of
+ * the table plus the line of a wide set. An insert that fails at a block (no memory, or the table
+ * at its limit) takes back the deeper blocks it added, so the closure holds. (One path still
+ * breaks it: a table that can no longer grow drops a block a failed walk displaced, children
+ * included or not; the index is approximate, so that block's descendants are then matched as the
+ * search happens to probe them.)
  *
- * Memory: 20 bytes per slot (16 in the bucket, 4 in heads[]) at up to 90% load, 16 bytes per node;
- * the node array grows by half too. kvr_cache_index_reserve() sizes both for a number of blocks.
+ * Memory: 16 bytes per slot at up to 90% load (17.8 per block) and 16 per node: 33.8 bytes per
+ * (block, worker) entry with one holder per block, plus the chunk rounding; a wide set is 8 bytes
+ * per 64 worker ids up to its highest holder, shared by its three or more holders.
  *
- * Invariants: mask bit w set <=> exactly one node of worker w is in the slot's chain;
- * workers[w].count == length of w's LRU list <= capacity; nonempty has bit w <=> count > 0; a
- * block's slot is in its b1 or b2 bucket.
+ * Invariants: worker w is in a slot's holders <=> exactly one node of worker w is in the slot's
+ * chain; the chain ends in END | that slot; workers[w].count == length of w's LRU list <= capacity;
+ * a block's slot is in its b1 or b2 bucket; inline holders keep their first field nonzero; a wide
+ * set holds three workers or more.
  */
 #include "core/cache_index.h"
 
@@ -55,31 +81,43 @@
 #include "policies/policy.h"
 
 #define NIL UINT32_MAX
-#define SLOT_BITS 26
-#define SLOT_MASK ((UINT32_C(1) << SLOT_BITS) - 1)
-#define MAX_SLOTS (UINT64_C(1) << SLOT_BITS)
+#define END UINT32_C(0x80000000) /* a chain's end: END | slot index */
 #define BUCKET 4
-#define MIN_BUCKETS 16
-#define MIN_NODES 1024
+#define MIN_BUCKETS 16                /* a power of two: the first `low` */
+#define MAX_SLOTS (UINT64_C(1) << 30) /* slot indexes fit below END */
+#define CHUNK_BITS 15                 /* buckets per table chunk: 2 MiB of them */
+#define CHUNK_BUCKETS (UINT64_C(1) << CHUNK_BITS)
+#define NODE_BITS 14 /* nodes per node chunk: 256 KiB */
+#define NODE_CHUNK (UINT32_C(1) << NODE_BITS)
+#define MAX_NODES (END - 1)
+#define POOL_BITS 12   /* words per wide-set pool chunk: 32 KiB */
+#define POOL_CLASSES 7 /* 2^0..2^6 words: up to 4,096 workers */
+#define HOLD_WIDE UINT32_C(0x80000000)
+#define HOLD_ID_MASK UINT32_C(0x7fff) /* an inline field: worker id + 1, 0 for none */
+#define HOLD_INDEX_MASK ((UINT32_C(1) << 27) - 1)
 /* Occupied slots at most MAX_LOAD_PCT% of all. 4-slot buckets with two choices fill to ~97%
  * before cuckoo walks start failing, but the walks grow long well before: in a throwaway test
  * of the rebuild, a full index of 1M blocks evicting and inserting took ~0.5 us per new block at
- * 90% against ~0.8 us at 95% (and ~0.3 us in the linear-probing table this replaced, at 48%).
- * `kvrouter bench routing` ("Index steady state": 1M random blocks in 256-block chains into an
- * index at capacity) measured 0.20-0.21 us per new block at 90% on the 2-core VM of 2026-11-25
- * and 0.44 us on the slower one of 2026-11-28. */
+ * 90% against ~0.8 us at 95%. `kvrouter bench routing` ("Index steady state": --blocks random
+ * blocks in 256-block chains into an index at capacity) gives the cost per new block. */
 #define MAX_LOAD_PCT 90
 #define MAX_KICKS 256
+/* Splits tried after a failed walk before its homeless block is given up. */
+#define RETRY_SPLITS 64
+
+_Static_assert(KVR_MAX_WORKERS < HOLD_ID_MASK, "worker id + 1 fits an inline holders field");
+_Static_assert(KVR_MAX_WORKERS <= (64 << (POOL_CLASSES - 1)), "the widest class holds every id");
 
 typedef struct slot_s {
   uint64_t hash;
-  uint64_t mask;
+  uint32_t head;    /* first node holding the block, NIL while none */
+  uint32_t holders; /* 0: empty slot; see the file comment */
 } slot_t;
 
 typedef struct node_s {
   uint32_t prev, next; /* worker LRU list (prev toward MRU); next links the free list too */
-  uint32_t chain;      /* next node holding the same block */
-  uint32_t slot_w;     /* slot index | worker << SLOT_BITS */
+  uint32_t chain;      /* next node holding the same block, or END | the block's slot */
+  uint32_t worker;
 } node_t;
 
 typedef struct worker_s {
@@ -88,38 +126,34 @@ typedef struct worker_s {
   uint64_t capacity;
 } worker_t;
 
-/* One table: nbuckets * BUCKET slots and their chain heads. */
-typedef struct table_s {
-  slot_t *slots;
-  uint32_t *heads;
-  uint64_t nbuckets;
-} table_t;
+/* One class of wide sets: sets of 2^c words in chunks of 2^POOL_BITS words. */
+typedef struct pool_s {
+  uint64_t **chunks;
+  size_t nchunks, cap;
+  uint32_t high; /* sets handed out at least once */
+  uint32_t free_head;
+  uint64_t live;
+} pool_t;
 
 struct kvr_cache_index_s {
-  table_t t;
-  uint64_t used; /* occupied slots */
-  node_t *nodes;
-  uint32_t nnodes; /* allocated */
+  slot_t **chunks; /* table chunks of CHUNK_BUCKETS buckets (directory) */
+  size_t nchunks, chunks_cap;
+  uint64_t low, split, nbuckets; /* nbuckets == low + split */
+  uint64_t used;                 /* occupied slots */
+  node_t **node_chunks;
+  size_t nnode_chunks, node_chunks_cap;
+  uint32_t node_high; /* nodes handed out at least once */
   uint32_t free_head;
   uint64_t entries;
-  worker_t workers[KVR_MAX_WORKERS];
-  size_t max_workers;
-  uint64_t nonempty; /* bit w: worker w holds something */
-  uint64_t inserts, evictions;
+  pool_t pools[POOL_CLASSES];
+  worker_t *workers;
+  size_t nworkers;
+  uint64_t default_capacity;
+  uint64_t inserts, evictions, splits;
   uint64_t rng; /* picks the slot a cuckoo walk displaces */
 };
 
-static inline uint32_t node_slot(const node_t *n) {
-  return n->slot_w & SLOT_MASK;
-}
-static inline uint32_t node_worker(const node_t *n) {
-  return n->slot_w >> SLOT_BITS;
-}
-
-/* hash scaled to [0, n) by its high bits (Lemire's multiply-shift: no division, any n). */
-static inline uint64_t scale(uint64_t hash, uint64_t n) {
-  return (uint64_t)(((unsigned __int128)hash * n) >> 64);
-}
+/* ---- table addressing ------------------------------------------------------------------------ */
 
 /* MurmurHash3's 64-bit finalizer: the second bucket's hash, independent of the first's. */
 static inline uint64_t mix(uint64_t h) {
@@ -131,259 +165,423 @@ static inline uint64_t mix(uint64_t h) {
   return h;
 }
 
-static inline uint64_t bucket1(uint64_t hash, uint64_t nbuckets) {
-  return scale(hash, nbuckets);
+/* Linear hashing's address of x: x mod low, or x mod 2 * low for the buckets split already. */
+static inline uint64_t addr(const kvr_cache_index_t *idx, uint64_t x) {
+  uint64_t a = x & (idx->low - 1);
+  return a < idx->split ? x & (2 * idx->low - 1) : a;
 }
 
-static inline uint64_t bucket2(uint64_t hash, uint64_t nbuckets) {
-  uint64_t b1 = scale(hash, nbuckets), b2 = scale(mix(hash), nbuckets);
-  return b2 != b1 ? b2 : (b1 + 1 == nbuckets ? 0 : b1 + 1);
+static inline uint64_t bucket1(const kvr_cache_index_t *idx, uint64_t hash) {
+  return addr(idx, hash);
 }
 
-/* The bucket of hash's two that is not b (b is one of them). */
-static inline uint64_t other_bucket(uint64_t hash, uint64_t b, uint64_t nbuckets) {
-  uint64_t b1 = bucket1(hash, nbuckets);
-  return b1 != b ? b1 : bucket2(hash, nbuckets);
+static inline uint64_t bucket2(const kvr_cache_index_t *idx, uint64_t hash) {
+  return addr(idx, mix(hash));
+}
+
+/* The bucket of hash's two that is not b (b itself when both are b). */
+static inline uint64_t other_bucket(const kvr_cache_index_t *idx, uint64_t hash, uint64_t b) {
+  uint64_t b1 = bucket1(idx, hash);
+  return b1 != b ? b1 : bucket2(idx, hash);
+}
+
+static inline slot_t *bucket_at(const kvr_cache_index_t *idx, uint64_t b) {
+  return idx->chunks[b >> CHUNK_BITS] + (b & (CHUNK_BUCKETS - 1)) * BUCKET;
+}
+
+static inline slot_t *slot_at(const kvr_cache_index_t *idx, uint32_t s) {
+  return bucket_at(idx, s / BUCKET) + s % BUCKET;
+}
+
+static inline node_t *node_at(const kvr_cache_index_t *idx, uint32_t n) {
+  return &idx->node_chunks[n >> NODE_BITS][n & (NODE_CHUNK - 1)];
 }
 
 /* Returns the slot of hash within bucket b, or NIL. */
-static inline uint32_t find_in(const slot_t *slots, uint64_t b, uint64_t hash) {
-  const slot_t *s = &slots[b * BUCKET];
+static inline uint32_t find_in(const kvr_cache_index_t *idx, uint64_t b, uint64_t hash) {
+  const slot_t *s = bucket_at(idx, b);
   for (uint32_t k = 0; k < BUCKET; k++)
-    if (s[k].hash == hash && s[k].mask != 0)
+    if (s[k].hash == hash && s[k].holders != 0)
       return (uint32_t)(b * BUCKET + k);
   return NIL;
 }
 
 /* Returns the slot holding hash, or NIL. */
 static inline uint32_t find_slot(const kvr_cache_index_t *idx, uint64_t hash) {
-  uint32_t s = find_in(idx->t.slots, bucket1(hash, idx->t.nbuckets), hash);
-  return s != NIL ? s : find_in(idx->t.slots, bucket2(hash, idx->t.nbuckets), hash);
+  uint32_t s = find_in(idx, bucket1(idx, hash), hash);
+  return s != NIL ? s : find_in(idx, bucket2(idx, hash), hash);
 }
 
 /* Returns an empty slot of bucket b, or NIL. */
-static inline uint32_t free_in(const slot_t *slots, uint64_t b) {
-  const slot_t *s = &slots[b * BUCKET];
+static inline uint32_t free_in(const kvr_cache_index_t *idx, uint64_t b) {
+  const slot_t *s = bucket_at(idx, b);
   for (uint32_t k = 0; k < BUCKET; k++)
-    if (s[k].mask == 0)
+    if (s[k].holders == 0)
       return (uint32_t)(b * BUCKET + k);
   return NIL;
 }
 
+/* Points the end of slot's chain at slot (after the block moved there). */
 static void fix_chain(kvr_cache_index_t *idx, uint32_t slot) {
-  for (uint32_t n = idx->t.heads[slot]; n != NIL; n = idx->nodes[n].chain)
-    idx->nodes[n].slot_w = slot | (idx->nodes[n].slot_w & ~SLOT_MASK);
+  uint32_t n = slot_at(idx, slot)->head;
+  if (n == NIL)
+    return;
+  while (!(node_at(idx, n)->chain & END))
+    n = node_at(idx, n)->chain;
+  node_at(idx, n)->chain = END | slot;
 }
 
-/* Puts the entry (*e, *head) into table t: a free slot of its first or second bucket, else a
- * cuckoo walk. idx non-NULL: t is the live table, and every moved entry's chain is fixed at once.
- * Returns true when everything has a slot; false after MAX_KICKS moves, with the entry left without
- * a slot in (*e, *head) (its chain nodes still name its old slot). */
-static bool cuckoo_put(table_t *t, slot_t *e, uint32_t *head, uint64_t *rng,
-                       kvr_cache_index_t *idx) {
-  uint64_t b = bucket1(e->hash, t->nbuckets);
-  uint32_t s = free_in(t->slots, b);
+/* The slot of node n's block: the end of its chain. */
+static uint32_t chain_slot(const kvr_cache_index_t *idx, uint32_t n) {
+  uint32_t c = node_at(idx, n)->chain;
+  while (!(c & END))
+    c = node_at(idx, c)->chain;
+  return c & ~END;
+}
+
+/* ---- memory ---------------------------------------------------------------------------------- */
+
+/* A zeroed 2 MiB-aligned table chunk. Its pages come zeroed from the kernel as they are first
+ * touched (no memset: a chunk costs nothing until buckets land in it); chunks past the first are
+ * advised to use transparent huge pages, as a match is ~12 random reads over tens of MiB, most of
+ * which would also miss the TLB with 4 KiB pages. */
+static slot_t *chunk_new(bool huge) {
+  size_t bytes = CHUNK_BUCKETS * BUCKET * sizeof(slot_t);
+  char *p = mmap(NULL, 2 * bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return NULL;
+  char *aligned = (char *)(((uintptr_t)p + bytes - 1) & ~(uintptr_t)(bytes - 1));
+  if (aligned > p)
+    munmap(p, (size_t)(aligned - p));
+  if (aligned + bytes < p + 2 * bytes)
+    munmap(aligned + bytes, (size_t)(p + 2 * bytes - (aligned + bytes)));
+#ifdef MADV_HUGEPAGE
+  if (huge)
+    madvise(aligned, bytes, MADV_HUGEPAGE); /* advisory: failure only costs speed */
+#else
+  (void)huge;
+#endif
+  return (slot_t *)aligned;
+}
+
+/* Makes the directory hold table chunks for nbuckets buckets. */
+static int table_reserve(kvr_cache_index_t *idx, uint64_t nbuckets) {
+  size_t need = (size_t)((nbuckets + CHUNK_BUCKETS - 1) >> CHUNK_BITS);
+  while (idx->nchunks < need) {
+    if (idx->nchunks == idx->chunks_cap) {
+      size_t cap = idx->chunks_cap ? 2 * idx->chunks_cap : 4;
+      slot_t **d = realloc(idx->chunks, cap * sizeof *d);
+      if (d == NULL)
+        return KVR_ENOMEM;
+      idx->chunks = d;
+      idx->chunks_cap = cap;
+    }
+    slot_t *c = chunk_new(idx->nchunks > 0);
+    if (c == NULL)
+      return KVR_ENOMEM;
+#ifdef MADV_HUGEPAGE
+    if (idx->nchunks == 1) /* the table outgrew its first chunk: huge pages for that one too */
+      madvise(idx->chunks[0], CHUNK_BUCKETS * BUCKET * sizeof(slot_t), MADV_HUGEPAGE);
+#endif
+    idx->chunks[idx->nchunks++] = c;
+  }
+  return 0;
+}
+
+/* A node from the free list or past the high-water mark (a new chunk every NODE_CHUNK), or NIL. */
+static uint32_t alloc_node(kvr_cache_index_t *idx) {
+  if (idx->free_head != NIL) {
+    uint32_t n = idx->free_head;
+    idx->free_head = node_at(idx, n)->next;
+    return n;
+  }
+  if (idx->node_high >= MAX_NODES)
+    return NIL;
+  if ((idx->node_high >> NODE_BITS) == idx->nnode_chunks) {
+    if (idx->nnode_chunks == idx->node_chunks_cap) {
+      size_t cap = idx->node_chunks_cap ? 2 * idx->node_chunks_cap : 8;
+      node_t **d = realloc(idx->node_chunks, cap * sizeof *d);
+      if (d == NULL)
+        return NIL;
+      idx->node_chunks = d;
+      idx->node_chunks_cap = cap;
+    }
+    node_t *c = malloc(NODE_CHUNK * sizeof(node_t));
+    if (c == NULL)
+      return NIL;
+    idx->node_chunks[idx->nnode_chunks++] = c;
+  }
+  return idx->node_high++;
+}
+
+/* ---- holder sets ----------------------------------------------------------------------------- */
+
+static inline uint32_t hold_class(uint32_t h) {
+  return h >> 27 & 0xf;
+}
+
+/* The words of wide set h. */
+static inline uint64_t *wide_words(const kvr_cache_index_t *idx, uint32_t h) {
+  uint32_t c = hold_class(h);
+  uint64_t off = (uint64_t)(h & HOLD_INDEX_MASK) << c;
+  return idx->pools[c].chunks[off >> POOL_BITS] + (off & ((UINT64_C(1) << POOL_BITS) - 1));
+}
+
+/* Whether worker w is in holders h. */
+static inline bool holds(const kvr_cache_index_t *idx, uint32_t h, uint32_t w) {
+  if (!(h & HOLD_WIDE))
+    return (h & HOLD_ID_MASK) == w + 1 || (h >> 15 & HOLD_ID_MASK) == w + 1;
+  if (w >= UINT32_C(64) << hold_class(h))
+    return false;
+  return wide_words(idx, h)[w / 64] >> (w % 64) & 1;
+}
+
+/* A zeroed wide set of class c: its holders word, or 0 when out of memory. */
+static uint32_t wide_new(kvr_cache_index_t *idx, uint32_t c) {
+  pool_t *p = &idx->pools[c];
+  uint32_t i;
+  if (p->free_head != NIL) {
+    i = p->free_head;
+    p->free_head = (uint32_t)wide_words(idx, HOLD_WIDE | c << 27 | i)[0];
+  } else {
+    if (p->high > HOLD_INDEX_MASK)
+      return 0;
+    uint64_t off = (uint64_t)p->high << c;
+    if ((off >> POOL_BITS) == p->nchunks) {
+      if (p->nchunks == p->cap) {
+        size_t cap = p->cap ? 2 * p->cap : 4;
+        uint64_t **d = realloc(p->chunks, cap * sizeof *d);
+        if (d == NULL)
+          return 0;
+        p->chunks = d;
+        p->cap = cap;
+      }
+      uint64_t *chunk = malloc(sizeof(uint64_t) << POOL_BITS);
+      if (chunk == NULL)
+        return 0;
+      p->chunks[p->nchunks++] = chunk;
+    }
+    i = p->high++;
+  }
+  p->live++;
+  uint32_t h = HOLD_WIDE | c << 27 | i;
+  memset(wide_words(idx, h), 0, sizeof(uint64_t) << c);
+  return h;
+}
+
+static void wide_free(kvr_cache_index_t *idx, uint32_t h) {
+  pool_t *p = &idx->pools[hold_class(h)];
+  wide_words(idx, h)[0] = p->free_head;
+  p->free_head = h & HOLD_INDEX_MASK;
+  p->live--;
+}
+
+/* The class whose sets hold worker ids below 64 * 2^c, for id w. */
+static uint32_t class_for(uint32_t w) {
+  uint32_t c = 0;
+  while ((UINT32_C(64) << c) <= w)
+    c++;
+  return c;
+}
+
+/* A wide set of the class for ids up to max with the bits of ids[0..n) set, or 0. */
+static uint32_t wide_with(kvr_cache_index_t *idx, uint32_t max, const uint32_t *ids, size_t n) {
+  uint32_t h = wide_new(idx, class_for(max));
+  if (h == 0)
+    return 0;
+  uint64_t *words = wide_words(idx, h);
+  for (size_t k = 0; k < n; k++)
+    words[ids[k] / 64] |= UINT64_C(1) << (ids[k] % 64);
+  return h;
+}
+
+/* Adds worker w (not in it) to *h. Returns 0 or KVR_ENOMEM (*h unchanged). */
+static int holders_add(kvr_cache_index_t *idx, uint32_t *h, uint32_t w) {
+  uint32_t a = *h & HOLD_ID_MASK, b = *h >> 15 & HOLD_ID_MASK;
+  if (!(*h & HOLD_WIDE) && a == 0) {
+    *h = w + 1;
+    return 0;
+  }
+  if (!(*h & HOLD_WIDE) && b == 0) {
+    *h |= (w + 1) << 15;
+    return 0;
+  }
+  if (!(*h & HOLD_WIDE)) { /* a third holder: the pair becomes a bitset */
+    uint32_t ids[3] = {a - 1, b - 1, w};
+    uint32_t wide = wide_with(idx, KVR_MAX(KVR_MAX(a - 1, b - 1), w), ids, 3);
+    if (wide == 0)
+      return KVR_ENOMEM;
+    *h = wide;
+    return 0;
+  }
+  if (w >= UINT32_C(64) << hold_class(*h)) { /* an id past the set's words: a wider class */
+    uint32_t wide = wide_new(idx, class_for(w));
+    if (wide == 0)
+      return KVR_ENOMEM;
+    memcpy(wide_words(idx, wide), wide_words(idx, *h), sizeof(uint64_t) << hold_class(*h));
+    wide_free(idx, *h);
+    *h = wide;
+  }
+  wide_words(idx, *h)[w / 64] |= UINT64_C(1) << (w % 64);
+  return 0;
+}
+
+/* Removes worker w (in it) from *h; a wide set left with two holders or fewer goes back inline.
+ */
+static void holders_remove(kvr_cache_index_t *idx, uint32_t *h, uint32_t w) {
+  if (!(*h & HOLD_WIDE)) {
+    uint32_t a = *h & HOLD_ID_MASK, b = *h >> 15 & HOLD_ID_MASK;
+    *h = a == w + 1 ? b : a; /* the one left, first */
+    return;
+  }
+  uint64_t *words = wide_words(idx, *h);
+  size_t nwords = (size_t)1 << hold_class(*h), left = 0;
+  words[w / 64] &= ~(UINT64_C(1) << (w % 64));
+  for (size_t k = 0; k < nwords; k++)
+    left += (size_t)__builtin_popcountll(words[k]);
+  if (left > 2)
+    return;
+  uint32_t in = 0;
+  for (size_t k = 0; k < nwords; k++)
+    for (uint64_t x = words[k]; x; x &= x - 1) {
+      uint32_t id = (uint32_t)(k * 64 + (size_t)__builtin_ctzll(x)) + 1;
+      in = in == 0 ? id : in | id << 15;
+    }
+  wide_free(idx, *h);
+  *h = in;
+}
+
+/* Releases what holders h owns (a wide set). */
+static void holders_drop(kvr_cache_index_t *idx, uint32_t h) {
+  if (h & HOLD_WIDE)
+    wide_free(idx, h);
+}
+
+/* ---- growth and placement -------------------------------------------------------------------- */
+
+/* Appends bucket low + split and moves into it the entries of bucket split that the new
+ * addressing sends there (at most four, into an empty bucket: always room). O(1). */
+static int split_one(kvr_cache_index_t *idx) {
+  uint64_t nb = idx->nbuckets;
+  if ((nb + 1) * BUCKET > MAX_SLOTS)
+    return KVR_ELIMIT;
+  int rc = table_reserve(idx, nb + 1);
+  if (rc)
+    return rc;
+  uint64_t src = idx->split;
+  idx->nbuckets = nb + 1;
+  if (++idx->split == idx->low) {
+    idx->low *= 2;
+    idx->split = 0;
+  }
+  idx->splits++;
+  slot_t *from = bucket_at(idx, src), *to = bucket_at(idx, nb);
+  uint32_t k2 = 0;
+  for (uint32_t k = 0; k < BUCKET; k++) {
+    if (from[k].holders == 0)
+      continue;
+    uint64_t h = from[k].hash;
+    if (bucket1(idx, h) == src || bucket2(idx, h) == src)
+      continue; /* still addressed here */
+    to[k2] = from[k];
+    memset(&from[k], 0, sizeof from[k]);
+    fix_chain(idx, (uint32_t)(nb * BUCKET + k2));
+    k2++;
+  }
+  return 0;
+}
+
+/* Puts the entry *e into the table: a free slot of its first or second bucket, else a cuckoo walk;
+ * every moved entry's chain end follows it. Returns true when everything has a slot; false after
+ * MAX_KICKS moves, with the entry left without a slot in *e (its chain still names its old slot).
+ */
+static bool cuckoo_put(kvr_cache_index_t *idx, slot_t *e) {
+  uint64_t b = bucket1(idx, e->hash);
+  uint32_t s = free_in(idx, b);
   if (s == NIL) {
-    b = bucket2(e->hash, t->nbuckets);
-    s = free_in(t->slots, b);
+    b = bucket2(idx, e->hash);
+    s = free_in(idx, b);
   }
   for (int kick = 0; s == NIL && kick < MAX_KICKS; kick++) {
     /* Displace a resident of bucket b into its other bucket: one whose other bucket has room
      * when there is one (the walk ends at the next step), else a random one. */
-    uint32_t v = (uint32_t)(b * BUCKET + kvr_policy_rand(rng) % BUCKET);
-    for (uint32_t k = 0; k < BUCKET; k++) {
-      if (free_in(t->slots, other_bucket(t->slots[b * BUCKET + k].hash, b, t->nbuckets)) != NIL) {
-        v = (uint32_t)(b * BUCKET + k);
+    slot_t *bk = bucket_at(idx, b);
+    uint32_t k = (uint32_t)(kvr_policy_rand(&idx->rng) % BUCKET);
+    for (uint32_t j = 0; j < BUCKET; j++) {
+      if (free_in(idx, other_bucket(idx, bk[j].hash, b)) != NIL) {
+        k = j;
         break;
       }
     }
-    slot_t out = t->slots[v];
-    uint32_t out_head = t->heads[v];
-    t->slots[v] = *e;
-    t->heads[v] = *head;
-    if (idx != NULL)
-      fix_chain(idx, v);
+    slot_t out = bk[k];
+    bk[k] = *e;
+    fix_chain(idx, (uint32_t)(b * BUCKET + k));
     *e = out;
-    *head = out_head;
-    b = other_bucket(e->hash, b, t->nbuckets);
-    s = free_in(t->slots, b);
+    b = other_bucket(idx, e->hash, b);
+    s = free_in(idx, b);
   }
   if (s == NIL)
     return false;
-  t->slots[s] = *e;
-  t->heads[s] = *head;
-  if (idx != NULL)
-    fix_chain(idx, s);
+  *slot_at(idx, s) = *e;
+  fix_chain(idx, s);
   return true;
-}
-
-/* Allocates a zeroed slot table, each bucket on its own cache line. Large tables are 2 MiB-aligned
- * and advised to use transparent huge pages: a match is ~1,000 random reads over tens of MiB, and
- * with 4 KiB pages most of them would also miss the TLB. */
-static slot_t *alloc_slots(uint64_t nslots) {
-  size_t bytes = nslots * sizeof(slot_t);
-  size_t huge = (size_t)2 << 20;
-  size_t align = bytes < huge ? 64 : huge;
-  void *p = NULL;
-  if (posix_memalign(&p, align, (bytes + align - 1) / align * align) != 0)
-    return NULL;
-#ifdef MADV_HUGEPAGE
-  if (bytes >= huge)
-    madvise(p, bytes, MADV_HUGEPAGE); /* advisory: failure only costs speed */
-#endif
-  memset(p, 0, bytes);
-  return p;
-}
-
-/* The bucket count a growth by half reaches, capped at MAX_SLOTS; 0 when already at the cap. */
-static uint64_t grown(uint64_t nbuckets) {
-  uint64_t cap = MAX_SLOTS / BUCKET, next = nbuckets + nbuckets / 2;
-  if (nbuckets >= cap)
-    return 0;
-  return next < cap ? next : cap;
-}
-
-/* Rebuilds the table with at least nbuckets buckets, plus the entry (*extra, extra_head) when
- * extra is non-NULL (one a cuckoo walk left without a slot); grows further by half while a walk
- * fails. */
-static int resize(kvr_cache_index_t *idx, uint64_t nbuckets, const slot_t *extra,
-                  uint32_t extra_head) {
-  for (;;) {
-    if (nbuckets * BUCKET > MAX_SLOTS)
-      return KVR_ELIMIT;
-    table_t t = {alloc_slots(nbuckets * BUCKET), malloc(nbuckets * BUCKET * sizeof(uint32_t)),
-                 nbuckets};
-    if (t.slots == NULL || t.heads == NULL) {
-      free(t.slots);
-      free(t.heads);
-      return KVR_ENOMEM;
-    }
-    bool ok = true;
-    uint64_t old = idx->t.nbuckets * BUCKET;
-    for (uint64_t i = 0; ok && i <= old; i++) {
-      slot_t e;
-      uint32_t head;
-      if (i == old) {
-        if (extra == NULL)
-          break;
-        e = *extra;
-        head = extra_head;
-      } else {
-        if (idx->t.slots[i].mask == 0)
-          continue;
-        e = idx->t.slots[i];
-        head = idx->t.heads[i];
-      }
-      ok = cuckoo_put(&t, &e, &head, &idx->rng, NULL);
-    }
-    if (!ok) {
-      free(t.slots);
-      free(t.heads);
-      nbuckets = grown(nbuckets);
-      if (nbuckets == 0)
-        return KVR_ELIMIT;
-      continue;
-    }
-    free(idx->t.slots);
-    free(idx->t.heads);
-    idx->t = t;
-    for (uint64_t i = 0; i < nbuckets * BUCKET; i++)
-      if (t.slots[i].mask != 0)
-        fix_chain(idx, (uint32_t)i);
-    return 0;
-  }
-}
-
-static void delete_slot_raw(table_t *t, uint32_t i) {
-  t->slots[i].mask = 0;
-  t->slots[i].hash = 0;
-  t->heads[i] = NIL;
-}
-
-/* Empties slot i (its block is no longer held). */
-static void delete_slot(kvr_cache_index_t *idx, uint32_t i) {
-  delete_slot_raw(&idx->t, i);
-  idx->used--;
 }
 
 static void drop_chain(kvr_cache_index_t *idx, uint32_t head);
 
-/* Gives hash a slot with mask bit (no nodes yet) and returns it, or NIL with *rc set. */
-static uint32_t add_slot(kvr_cache_index_t *idx, uint64_t hash, uint64_t bit, int *rc) {
-  uint64_t nslots = idx->t.nbuckets * BUCKET;
-  if ((idx->used + 1) * 100 > nslots * MAX_LOAD_PCT) {
-    uint64_t to = grown(idx->t.nbuckets);
-    *rc = to ? resize(idx, to, NULL, NIL) : KVR_ELIMIT;
+/* Gives hash a slot holding worker w (no node yet) and returns it, or NIL with *rc set. */
+static uint32_t add_slot(kvr_cache_index_t *idx, uint64_t hash, uint32_t w, int *rc) {
+  while ((idx->used + 1) * 100 > idx->nbuckets * BUCKET * MAX_LOAD_PCT) {
+    *rc = split_one(idx);
     if (*rc)
       return NIL;
   }
-  slot_t e = {hash, bit};
-  uint32_t head = NIL;
-  if (!cuckoo_put(&idx->t, &e, &head, &idx->rng, idx)) {
-    uint64_t to = grown(idx->t.nbuckets);
-    *rc = to ? resize(idx, to, &e, head) : KVR_ELIMIT;
-    if (*rc) {
-      /* No bigger table: the block the walk left without a slot is forgotten, its entries
-       * dropped as evictions. When that is not the new block, the new block (placed, no node
-       * yet) leaves its slot too, so every mask bit keeps its node. */
-      drop_chain(idx, head);
-      if (e.hash != hash) {
-        idx->used--;
-        delete_slot_raw(&idx->t, find_slot(idx, hash));
-      }
-      return NIL;
+  slot_t e = {hash, NIL, w + 1};
+  bool placed = cuckoo_put(idx, &e);
+  for (int k = 0; !placed && k < RETRY_SPLITS; k++) {
+    /* A failed walk: more buckets (their entries spread out), then the homeless entry again. */
+    if (split_one(idx) == 0 && split_one(idx) == 0)
+      placed = cuckoo_put(idx, &e);
+    else
+      break;
+  }
+  if (!placed) {
+    /* No bigger table: the block the walk left without a slot is forgotten, its entries dropped
+     * as evictions. When that is not the new block, the new block (placed, no node yet) leaves
+     * its slot too, so every holder keeps its node. */
+    drop_chain(idx, e.head);
+    holders_drop(idx, e.holders);
+    if (e.hash != hash) {
+      idx->used--;
+      memset(slot_at(idx, find_slot(idx, hash)), 0, sizeof(slot_t));
     }
+    *rc = KVR_ELIMIT;
+    return NIL;
   }
   idx->used++;
   return find_slot(idx, hash);
 }
 
-/* Makes the node array at least n long, new nodes on the free list. */
-static int grow_nodes(kvr_cache_index_t *idx, uint64_t n) {
-  if (n > NIL)
-    n = NIL;
-  if (n <= idx->nnodes)
-    return n == idx->nnodes ? 0 : KVR_ELIMIT;
-  node_t *nodes = realloc(idx->nodes, n * sizeof(*nodes));
-  if (nodes == NULL)
-    return KVR_ENOMEM;
-  idx->nodes = nodes;
-  for (uint64_t k = idx->nnodes; k < n; k++)
-    nodes[k].next = k + 1 < n ? (uint32_t)(k + 1) : idx->free_head;
-  idx->free_head = idx->nnodes;
-  idx->nnodes = (uint32_t)n;
-  return 0;
-}
-
-static uint32_t alloc_node(kvr_cache_index_t *idx) {
-  if (idx->free_head == NIL) {
-    uint64_t n = idx->nnodes ? (uint64_t)idx->nnodes + idx->nnodes / 2 : MIN_NODES;
-    if (idx->nnodes == NIL || grow_nodes(idx, n) != 0)
-      return NIL;
-  }
-  uint32_t n = idx->free_head;
-  idx->free_head = idx->nodes[n].next;
-  return n;
-}
+/* ---- entries --------------------------------------------------------------------------------- */
 
 static void lru_unlink(kvr_cache_index_t *idx, worker_t *w, uint32_t n) {
-  node_t *x = &idx->nodes[n];
+  node_t *x = node_at(idx, n);
   if (x->prev != NIL)
-    idx->nodes[x->prev].next = x->next;
+    node_at(idx, x->prev)->next = x->next;
   else
     w->mru = x->next;
   if (x->next != NIL)
-    idx->nodes[x->next].prev = x->prev;
+    node_at(idx, x->next)->prev = x->prev;
   else
     w->lru = x->prev;
 }
 
 static void lru_push_front(kvr_cache_index_t *idx, worker_t *w, uint32_t n) {
-  node_t *x = &idx->nodes[n];
+  node_t *x = node_at(idx, n);
   x->prev = NIL;
   x->next = w->mru;
   if (w->mru != NIL)
-    idx->nodes[w->mru].prev = n;
+    node_at(idx, w->mru)->prev = n;
   w->mru = n;
   if (w->lru == NIL)
     w->lru = n;
@@ -391,37 +589,41 @@ static void lru_push_front(kvr_cache_index_t *idx, worker_t *w, uint32_t n) {
 
 /* Returns node n to the free list and its worker's count (n is out of every list). */
 static void free_node(kvr_cache_index_t *idx, uint32_t n, uint32_t wi) {
-  worker_t *w = &idx->workers[wi];
-  idx->nodes[n].next = idx->free_head;
+  node_at(idx, n)->next = idx->free_head;
   idx->free_head = n;
-  w->count--;
+  idx->workers[wi].count--;
   idx->entries--;
-  if (w->count == 0)
-    idx->nonempty &= ~(UINT64_C(1) << wi);
 }
 
 /* Removes one entry; empties its slot when no worker holds the block any more. */
 static void remove_node(kvr_cache_index_t *idx, uint32_t n) {
-  node_t *x = &idx->nodes[n];
-  uint32_t slot = node_slot(x);
-  uint32_t wi = node_worker(x);
+  node_t *x = node_at(idx, n);
+  uint32_t wi = x->worker, slot = chain_slot(idx, n);
+  slot_t *sl = slot_at(idx, slot);
   lru_unlink(idx, &idx->workers[wi], n);
-  uint32_t *link = &idx->t.heads[slot];
-  while (*link != n)
-    link = &idx->nodes[*link].chain;
-  *link = x->chain;
-  idx->t.slots[slot].mask &= ~(UINT64_C(1) << wi);
+  uint32_t after = x->chain & END ? NIL : x->chain;
+  if (sl->head == n) {
+    sl->head = after;
+  } else {
+    uint32_t p = sl->head;
+    while (node_at(idx, p)->chain != n)
+      p = node_at(idx, p)->chain;
+    node_at(idx, p)->chain = x->chain; /* the end moves up when n was the last */
+  }
+  holders_remove(idx, &sl->holders, wi);
   free_node(idx, n, wi);
-  if (idx->t.slots[slot].mask == 0)
-    delete_slot(idx, slot);
+  if (sl->holders == 0) {
+    memset(sl, 0, sizeof *sl);
+    idx->used--;
+  }
 }
 
-/* Drops the entries of a chain whose block lost its slot (their slot fields are stale). */
+/* Drops the entries of a chain whose block lost its slot (their chain end is stale). */
 static void drop_chain(kvr_cache_index_t *idx, uint32_t head) {
   while (head != NIL) {
     uint32_t n = head;
-    uint32_t wi = node_worker(&idx->nodes[n]);
-    head = idx->nodes[n].chain;
+    uint32_t wi = node_at(idx, n)->worker;
+    head = node_at(idx, n)->chain & END ? NIL : node_at(idx, n)->chain;
     lru_unlink(idx, &idx->workers[wi], n);
     free_node(idx, n, wi);
     idx->evictions++;
@@ -429,8 +631,9 @@ static void drop_chain(kvr_cache_index_t *idx, uint32_t head) {
 }
 
 static uint32_t find_node(const kvr_cache_index_t *idx, uint32_t slot, uint32_t worker) {
-  for (uint32_t n = idx->t.heads[slot]; n != NIL; n = idx->nodes[n].chain)
-    if (node_worker(&idx->nodes[n]) == worker)
+  /* NIL (no nodes) has the END bit too */
+  for (uint32_t n = slot_at(idx, slot)->head; !(n & END); n = node_at(idx, n)->chain)
+    if (node_at(idx, n)->worker == worker)
       return n;
   return NIL;
 }
@@ -441,37 +644,72 @@ static uint32_t node_of(const kvr_cache_index_t *idx, uint64_t hash, uint32_t wo
   return s == NIL ? NIL : find_node(idx, s, worker);
 }
 
-kvr_cache_index_t *kvr_cache_index_new(size_t max_workers, uint64_t default_capacity) {
-  if (max_workers == 0 || max_workers > KVR_MAX_WORKERS)
+/* The workers holding hash (0 when none). */
+static inline uint32_t holders_of(const kvr_cache_index_t *idx, uint64_t hash) {
+  uint32_t s = find_slot(idx, hash);
+  return s == NIL ? 0 : slot_at(idx, s)->holders;
+}
+
+/* ---- the API --------------------------------------------------------------------------------- */
+
+kvr_cache_index_t *kvr_cache_index_new(size_t workers, uint64_t default_capacity) {
+  if (workers == 0 || workers > KVR_MAX_WORKERS)
     return NULL;
   kvr_cache_index_t *idx = calloc(1, sizeof(*idx));
   if (idx == NULL)
     return NULL;
-  idx->max_workers = max_workers;
   idx->free_head = NIL;
-  for (size_t w = 0; w < KVR_MAX_WORKERS; w++) {
-    idx->workers[w].mru = idx->workers[w].lru = NIL;
-    idx->workers[w].capacity = default_capacity;
-  }
+  for (size_t c = 0; c < POOL_CLASSES; c++)
+    idx->pools[c].free_head = NIL;
+  idx->default_capacity = default_capacity;
   idx->rng = UINT64_C(0x9e3779b97f4a7c15);
-  if (resize(idx, MIN_BUCKETS, NULL, NIL) != 0) {
-    free(idx);
+  idx->low = idx->nbuckets = MIN_BUCKETS;
+  if (table_reserve(idx, MIN_BUCKETS) != 0 || kvr_cache_index_set_workers(idx, workers) != 0) {
+    kvr_cache_index_free(idx);
     return NULL;
   }
   return idx;
 }
 
+int kvr_cache_index_set_workers(kvr_cache_index_t *idx, size_t workers) {
+  if (workers > KVR_MAX_WORKERS)
+    return KVR_EINVAL;
+  if (workers <= idx->nworkers)
+    return 0;
+  worker_t *w = realloc(idx->workers, workers * sizeof *w);
+  if (w == NULL)
+    return KVR_ENOMEM;
+  for (size_t i = idx->nworkers; i < workers; i++)
+    w[i] = (worker_t){NIL, NIL, 0, idx->default_capacity};
+  idx->workers = w;
+  idx->nworkers = workers;
+  return 0;
+}
+
+size_t kvr_cache_index_workers(const kvr_cache_index_t *idx) {
+  return idx->nworkers;
+}
+
 void kvr_cache_index_free(kvr_cache_index_t *idx) {
   if (idx == NULL)
     return;
-  free(idx->t.slots);
-  free(idx->t.heads);
-  free(idx->nodes);
+  for (size_t i = 0; i < idx->nchunks; i++)
+    munmap(idx->chunks[i], CHUNK_BUCKETS * BUCKET * sizeof(slot_t));
+  free(idx->chunks);
+  for (size_t i = 0; i < idx->nnode_chunks; i++)
+    free(idx->node_chunks[i]);
+  free(idx->node_chunks);
+  for (size_t c = 0; c < POOL_CLASSES; c++) {
+    for (size_t i = 0; i < idx->pools[c].nchunks; i++)
+      free(idx->pools[c].chunks[i]);
+    free(idx->pools[c].chunks);
+  }
+  free(idx->workers);
   free(idx);
 }
 
 int kvr_cache_index_set_capacity(kvr_cache_index_t *idx, size_t worker, uint64_t blocks) {
-  if (worker >= idx->max_workers)
+  if (worker >= idx->nworkers)
     return KVR_EINVAL;
   worker_t *w = &idx->workers[worker];
   w->capacity = blocks;
@@ -483,14 +721,13 @@ int kvr_cache_index_set_capacity(kvr_cache_index_t *idx, size_t worker, uint64_t
 }
 
 uint64_t kvr_cache_index_capacity(const kvr_cache_index_t *idx, size_t worker) {
-  return worker < idx->max_workers ? idx->workers[worker].capacity : 0;
+  return worker < idx->nworkers ? idx->workers[worker].capacity : 0;
 }
 
 static int insert_one(kvr_cache_index_t *idx, uint32_t wi, uint64_t hash) {
   worker_t *w = &idx->workers[wi];
-  uint64_t bit = UINT64_C(1) << wi;
   uint32_t slot = find_slot(idx, hash);
-  if (slot != NIL && (idx->t.slots[slot].mask & bit)) {
+  if (slot != NIL && holds(idx, slot_at(idx, slot)->holders, wi)) {
     uint32_t n = find_node(idx, slot, wi);
     lru_unlink(idx, w, n);
     lru_push_front(idx, w, n);
@@ -506,41 +743,59 @@ static int insert_one(kvr_cache_index_t *idx, uint32_t wi, uint64_t hash) {
   uint32_t n = alloc_node(idx);
   if (n == NIL)
     return KVR_ENOMEM;
-  if (slot == NIL) {
-    int rc = 0;
-    slot = add_slot(idx, hash, bit, &rc);
-    if (slot == NIL) {
-      idx->nodes[n].next = idx->free_head;
-      idx->free_head = n;
-      return rc;
-    }
+  int rc = 0;
+  if (slot == NIL)
+    slot = add_slot(idx, hash, wi, &rc);
+  else
+    rc = holders_add(idx, &slot_at(idx, slot)->holders, wi);
+  if (slot == NIL || rc) {
+    node_at(idx, n)->next = idx->free_head;
+    idx->free_head = n;
+    return rc;
   }
-  node_t *x = &idx->nodes[n];
-  x->slot_w = slot | (wi << SLOT_BITS);
-  x->chain = idx->t.heads[slot];
-  idx->t.heads[slot] = n;
-  idx->t.slots[slot].mask |= bit;
+  slot_t *sl = slot_at(idx, slot);
+  node_t *x = node_at(idx, n);
+  x->worker = wi;
+  x->chain = sl->head != NIL ? sl->head : END | slot;
+  sl->head = n;
   lru_push_front(idx, w, n);
   w->count++;
   idx->entries++;
   idx->inserts++;
-  idx->nonempty |= bit;
   return 0;
+}
+
+/* How many leading blocks of blocks[0..n) worker w holds: the binary search of match for one
+ * worker (the same probes, so the same answer). */
+static size_t prefix_of(const kvr_cache_index_t *idx, uint32_t w, const uint64_t *blocks,
+                        size_t n) {
+  if (n == 0 || !holds(idx, holders_of(idx, blocks[0]), w))
+    return 0;
+  if (n == 1 || holds(idx, holders_of(idx, blocks[n - 1]), w))
+    return n;
+  size_t lo = 1, hi = n - 1; /* block lo - 1 held, block hi not */
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (holds(idx, holders_of(idx, blocks[mid]), w))
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
 }
 
 int kvr_cache_index_insert(kvr_cache_index_t *idx, size_t worker, const uint64_t *blocks,
                            size_t n) {
-  if (worker >= idx->max_workers)
+  if (worker >= idx->nworkers)
     return KVR_EINVAL;
   worker_t *w = &idx->workers[worker];
   /* When new blocks will evict, first touch the blocks the worker already holds -- a prefix of
    * the chain, its blocks being prefix-closed -- so that the request's new deep blocks never push
    * out its own shared beginning. */
   if (w->count + n > w->capacity) {
-    size_t held[KVR_MAX_WORKERS];
-    kvr_cache_index_match(idx, blocks, n, held);
-    if (held[worker] < n && w->count + (n - held[worker]) > w->capacity)
-      for (size_t i = held[worker]; i-- > 0;) {
+    size_t held = prefix_of(idx, (uint32_t)worker, blocks, n);
+    if (held < n && w->count + (n - held) > w->capacity)
+      for (size_t i = held; i-- > 0;) {
         uint32_t x = node_of(idx, blocks[i], (uint32_t)worker);
         if (x == NIL)
           continue; /* only after a dropped block (see match): nothing to touch */
@@ -565,58 +820,85 @@ int kvr_cache_index_insert(kvr_cache_index_t *idx, size_t worker, const uint64_t
   return 0;
 }
 
-/* The workers holding hash (0 when none). */
-static inline uint64_t holders_of(const kvr_cache_index_t *idx, uint64_t hash) {
-  uint32_t s = find_slot(idx, hash);
-  return s == NIL ? 0 : idx->t.slots[s].mask;
+/* Moves the workers of ws[0..k) holding h to the front; returns how many. */
+static size_t partition(const kvr_cache_index_t *idx, uint32_t h, uint32_t *ws, size_t k) {
+  size_t j = 0;
+  for (size_t i = 0; i < k; i++)
+    if (holds(idx, h, ws[i])) {
+      uint32_t t = ws[j];
+      ws[j++] = ws[i];
+      ws[i] = t;
+    }
+  return j;
+}
+
+/* The workers ws[0..k) hold block lo - 1 and not block hi + 1 (their prefix is in [lo, hi]):
+ * probes the middle, and goes on with those holding it above it, the others below. Each group's
+ * interval is its own (they never overlap), so every worker sees the probes its own binary search
+ * would make. Recursion depth <= log2(hi - lo + 1). */
+static void search(const kvr_cache_index_t *idx, const uint64_t *blocks, size_t lo, size_t hi,
+                   uint32_t *ws, size_t k, size_t *matched) {
+  while (k > 0) {
+    if (lo == hi) {
+      for (size_t i = 0; i < k; i++)
+        matched[ws[i]] = lo;
+      return;
+    }
+    size_t mid = lo + (hi - lo) / 2;
+    size_t j = partition(idx, holders_of(idx, blocks[mid]), ws, k);
+    search(idx, blocks, mid + 1, hi, ws, j, matched);
+    ws += j;
+    k -= j;
+    hi = mid;
+  }
+}
+
+/* The worker ids of holders h into ids (room for every worker); returns how many. */
+static size_t holder_ids(const kvr_cache_index_t *idx, uint32_t h, uint32_t *ids) {
+  if (!(h & HOLD_WIDE)) {
+    size_t k = 0;
+    if (h & HOLD_ID_MASK)
+      ids[k++] = (h & HOLD_ID_MASK) - 1;
+    if (h >> 15 & HOLD_ID_MASK)
+      ids[k++] = (h >> 15 & HOLD_ID_MASK) - 1;
+    return k;
+  }
+  const uint64_t *words = wide_words(idx, h);
+  size_t k = 0, nwords = (size_t)1 << hold_class(h);
+  for (size_t i = 0; i < nwords; i++)
+    for (uint64_t x = words[i]; x; x &= x - 1)
+      ids[k++] = (uint32_t)(i * 64 + (size_t)__builtin_ctzll(x));
+  return k;
 }
 
 /* Each worker's held blocks are prefix-closed (see the file comment), so "worker w holds block
- * i" is true for i below w's prefix length and false from it on: a binary search per worker
- * finds it. The searches share their probes: each probe's mask narrows every worker whose
- * interval contains it. About log2(n) lookups for a prompt instead of n. */
+ * i" is true for i below w's prefix length and false from it on: the workers holding the first
+ * block are binary-searched together, a probe serving every worker whose interval contains it.
+ * About log2(n) lookups for a prompt instead of n. */
 void kvr_cache_index_match(const kvr_cache_index_t *idx, const uint64_t *blocks, size_t n,
                            size_t *matched) {
-  for (size_t w = 0; w < idx->max_workers; w++)
+  for (size_t w = 0; w < idx->nworkers; w++)
     matched[w] = 0;
-  if (n == 0 || idx->nonempty == 0)
+  if (n == 0 || idx->entries == 0)
     return;
-  uint64_t first = holders_of(idx, blocks[0]) & idx->nonempty;
+  uint32_t first = holders_of(idx, blocks[0]);
   if (first == 0)
     return;
-  uint64_t all = n > 1 ? holders_of(idx, blocks[n - 1]) & first : first;
-  for (uint64_t b = all; b; b &= b - 1)
-    matched[__builtin_ctzll(b)] = n;
-  /* open: prefix length k in [lo, hi], 1 <= k <= n - 1 (block lo - 1 held, block hi not). */
-  uint64_t open = first & ~all;
-  size_t lo[KVR_MAX_WORKERS], hi[KVR_MAX_WORKERS];
-  for (uint64_t b = open; b; b &= b - 1) {
-    lo[__builtin_ctzll(b)] = 1;
-    hi[__builtin_ctzll(b)] = n - 1;
-  }
-  while (open) {
-    int w = __builtin_ctzll(open);
-    if (lo[w] == hi[w]) {
-      matched[w] = lo[w];
-      open &= open - 1;
-      continue;
-    }
-    size_t mid = lo[w] + (hi[w] - lo[w]) / 2;
-    uint64_t held = holders_of(idx, blocks[mid]);
-    for (uint64_t b = open; b; b &= b - 1) {
-      int v = __builtin_ctzll(b);
-      if (lo[v] <= mid && mid < hi[v]) {
-        if (held >> v & 1)
-          lo[v] = mid + 1;
-        else
-          hi[v] = mid;
-      }
-    }
-  }
+  uint32_t local[256], *ws = local;
+  if ((first & HOLD_WIDE) && (size_t)64 << hold_class(first) > KVR_ARRAY_SIZE(local))
+    ws = kvr_xmalloc(((size_t)64 << hold_class(first)) * sizeof *ws);
+  size_t k = holder_ids(idx, first, ws);
+  /* Those holding the last block hold it all; the others' prefix is in [1, n - 1]. */
+  size_t all = n > 1 ? partition(idx, holders_of(idx, blocks[n - 1]), ws, k) : k;
+  for (size_t i = 0; i < all; i++)
+    matched[ws[i]] = n;
+  search(idx, blocks, 1, n - 1, ws + all, k - all, matched);
+  if (ws != local)
+    free(ws);
 }
 
 int kvr_cache_index_forget_worker(kvr_cache_index_t *idx, size_t worker) {
-  if (worker >= idx->max_workers)
+  if (worker >= idx->nworkers)
     return KVR_EINVAL;
   worker_t *w = &idx->workers[worker];
   while (w->lru != NIL)
@@ -625,7 +907,7 @@ int kvr_cache_index_forget_worker(kvr_cache_index_t *idx, size_t worker) {
 }
 
 uint64_t kvr_cache_index_entries(const kvr_cache_index_t *idx, size_t worker) {
-  return worker < idx->max_workers ? idx->workers[worker].count : 0;
+  return worker < idx->nworkers ? idx->workers[worker].count : 0;
 }
 
 int kvr_cache_index_reserve(kvr_cache_index_t *idx, uint64_t nblocks) {
@@ -633,25 +915,42 @@ int kvr_cache_index_reserve(kvr_cache_index_t *idx, uint64_t nblocks) {
     return KVR_ELIMIT; /* more than the table can ever hold (and no arithmetic overflows below) */
   uint64_t slots = (nblocks * 100 + MAX_LOAD_PCT - 1) / MAX_LOAD_PCT;
   uint64_t nbuckets = (slots + BUCKET - 1) / BUCKET;
-  if (nbuckets > idx->t.nbuckets) {
-    int rc = resize(idx, nbuckets, NULL, NIL);
-    if (rc)
-      return rc;
-  }
-  return nblocks > idx->nnodes ? grow_nodes(idx, nblocks) : 0;
+  if (idx->used != 0 || nbuckets <= idx->nbuckets)
+    return 0; /* grows a bucket at a time as blocks come */
+  /* Empty: any addressing is valid, so the table takes its final size at once (its chunks cost
+   * address space only until buckets land in them). */
+  int rc = table_reserve(idx, nbuckets);
+  if (rc)
+    return rc;
+  uint64_t low = MIN_BUCKETS;
+  while (2 * low <= nbuckets)
+    low *= 2;
+  idx->low = low;
+  idx->split = nbuckets - low;
+  idx->nbuckets = nbuckets;
+  return 0;
 }
 
 void kvr_cache_index_stats(const kvr_cache_index_t *idx, kvr_cache_index_stats_t *out) {
   memset(out, 0, sizeof(*out));
   out->blocks = idx->used;
   out->entries = idx->entries;
-  out->table_slots = idx->t.nbuckets * BUCKET;
-  out->node_slots = idx->nnodes;
-  out->bytes = sizeof(*idx) + out->table_slots * (sizeof(slot_t) + sizeof(uint32_t)) +
-               (uint64_t)idx->nnodes * sizeof(node_t);
+  out->table_slots = idx->nbuckets * BUCKET;
+  out->node_slots = (uint64_t)idx->nnode_chunks * NODE_CHUNK;
+  uint64_t pool_bytes = 0;
+  for (size_t c = 0; c < POOL_CLASSES; c++) {
+    out->wide_sets += idx->pools[c].live;
+    pool_bytes += (uint64_t)idx->pools[c].nchunks * (sizeof(uint64_t) << POOL_BITS) +
+                  idx->pools[c].cap * sizeof(uint64_t *);
+  }
+  out->bytes = sizeof(*idx) + (uint64_t)idx->nchunks * CHUNK_BUCKETS * BUCKET * sizeof(slot_t) +
+               idx->chunks_cap * sizeof(slot_t *) + out->node_slots * sizeof(node_t) +
+               idx->node_chunks_cap * sizeof(node_t *) + pool_bytes +
+               idx->nworkers * sizeof(worker_t);
   out->bytes_per_entry = idx->entries ? (double)out->bytes / (double)idx->entries : 0;
   out->inserts = idx->inserts;
   out->evictions = idx->evictions;
+  out->splits = idx->splits;
 }
 
 uint64_t kvr_cache_index_capacity_from_vllm(uint64_t num_gpu_blocks, uint64_t block_size_tokens,

@@ -78,7 +78,8 @@ int kvr_config_add_worker(kvr_config_t *cfg, const char *url, char *err, size_t 
     }
   }
   if (cfg->nworkers >= KVR_MAX_WORKERS) {
-    snprintf(err, errlen, "too many workers (at most %d)", KVR_MAX_WORKERS);
+    snprintf(err, errlen, "too many workers: this router serves at most %d (KVR_MAX_WORKERS)",
+             KVR_MAX_WORKERS);
     return KVR_ELIMIT;
   }
   size_t n = cfg->nworkers + 1;
@@ -479,11 +480,19 @@ static const kvr_cli_opt_t options[] = {
      .help = "tokens one trace block id stands for"},
 };
 
+/* KVR_MAX_WORKERS as text, for --help. */
+#define WORKER_CAP_TEXT2(n) #n
+#define WORKER_CAP_TEXT(n) WORKER_CAP_TEXT2(n)
+
 static const kvr_cli_cmd_t serve_cmd = {
     .name = "serve",
     .usage = "--worker URL [--worker URL ...] [--discover URL] [options]",
     .about = "Runs the KV-cache-aware reverse proxy in front of OpenAI-compatible (vLLM) workers.\n"
-             "Settings come from defaults, then --config FILE.json, then flags.",
+             "Settings come from defaults, then --config FILE.json, then flags.\n"
+             "Limit: at most " WORKER_CAP_TEXT(KVR_MAX_WORKERS) " workers (KVR_MAX_WORKERS), the "
+             "--worker list, POST /admin/workers and\n"
+             "discovery together; one more is refused with a one-line error (counted in\n"
+             "kvrouter_workers_refused_total).",
     .opts = options,
     .nopts = KVR_ARRAY_SIZE(options),
     .epilog = kvr_policy_print_names,

@@ -10,8 +10,12 @@
  *                                              complete), the matched blocks instead
  *   worker fields + peers' load + matched ----> kvr_worker_snap_t[] (one per slot, empty slots
  *                                              unusable; rank: the rendezvous tie-break)
- *   snapshots + route req + tried -----------> policy->select() --> slot
- * The decision is timed with the monotonic clock for the routing-decision latency histogram.
+ *   snapshots + route req + tried set -------> policy->select() --> slot
+ * The tried set is built per decision from the caller's short list of tried slots (and the
+ * workers at the admission bound on a first attempt) in the router's scratch, a bitset sized to
+ * the slots; the snapshots and scores live in that scratch too (grown with the slots, so a
+ * decision costs O(workers in use), never O(KVR_MAX_WORKERS)). The decision is timed with the
+ * monotonic clock for the routing-decision latency histogram.
  *
  * A request's load on its worker (the accounting invariant: what on_dispatch adds, on_end removes):
  *   on_dispatch  inflight += 1, active_tokens += prompt, queued_prefill_tokens += prefill;
@@ -121,9 +125,10 @@ static kvr_worker_t *record_worker(kvr_router_t *r, const kvr_router_dispatch_t 
 /* ---- workers ----------------------------------------------------------------------------------
  */
 
-/* The first free slot, or -1 with err when url is already configured or every slot is taken. */
+/* The first free slot; -1 with err when url is already configured, -2 with err when every slot is
+ * taken. */
 static int free_slot(const kvr_router_t *r, const char *url, char *err, size_t errlen) {
-  int slot = -1;
+  int slot = -2;
   for (int i = 0; i < KVR_MAX_WORKERS; i++) {
     if (r->slots[i] && strcmp(r->slots[i]->url, url) == 0 &&
         r->slots[i]->state != KVR_WORKER_DRAINING) {
@@ -133,26 +138,11 @@ static int free_slot(const kvr_router_t *r, const char *url, char *err, size_t e
     if (r->slots[i] == NULL && slot < 0)
       slot = i;
   }
-  if (slot < 0)
-    snprintf(err, errlen, "too many workers (at most %d)", KVR_MAX_WORKERS);
+  if (slot == -2)
+    snprintf(err, errlen,
+             "too many workers: this router serves at most %d (KVR_MAX_WORKERS); drain one first",
+             KVR_MAX_WORKERS);
   return slot;
-}
-
-/* Sizes the cache index for every block its workers' capacities allow (the sum), so it never
- * rehashes on the loop while caches fill (an unsized index's last rehash on the way to 1M blocks
- * stalled the loop ~74 ms: `kvrouter bench routing`, "Index growth"). A worker added while the
- * others' caches are full grows it once, one such rehash. The index only grows; on failure it
- * grows by itself as blocks come. */
-static void index_provision(kvr_router_t *r) {
-  uint64_t total = 0;
-  for (size_t i = 0; i < r->nslots; i++)
-    if (r->slots[i] != NULL &&
-        __builtin_add_overflow(total, r->slots[i]->cache_capacity_blocks, &total))
-      total = UINT64_MAX; /* saturated: reserve refuses it */
-  int rc = kvr_cache_index_reserve(r->index, total);
-  if (rc != 0)
-    KVR_WARN("router", "cache index: cannot size for %llu blocks (%s); it grows as it fills",
-             (unsigned long long)total, kvr_strerror(rc));
 }
 
 const kvr_worker_t *kvr_router_add_worker(kvr_router_t *r, const char *url, char *err,
@@ -161,8 +151,16 @@ const kvr_worker_t *kvr_router_add_worker(kvr_router_t *r, const char *url, char
   if (kvr_url_worker(url, norm, sizeof norm, err, errlen) != 0)
     return NULL;
   int slot = free_slot(r, norm, err, errlen);
+  if (slot == -2)
+    r->workers_refused_total++;
   if (slot < 0)
     return NULL;
+  /* The cache index grows its per-worker state with the fleet (and its table with the blocks, a
+   * bucket at a time: nothing is sized ahead, so no rehash ever stalls the loop). */
+  if (kvr_cache_index_set_workers(r->index, (size_t)slot + 1) != 0) {
+    snprintf(err, errlen, "cannot grow the cache index to %d workers", slot + 1);
+    return NULL;
+  }
   kvr_worker_t *w = kvr_xcalloc(1, sizeof *w);
   w->url = kvr_xstrdup(norm);
   w->id = r->next_id++;
@@ -177,7 +175,6 @@ const kvr_worker_t *kvr_router_add_worker(kvr_router_t *r, const char *url, char
   r->slots[slot] = w;
   if ((size_t)slot + 1 > r->nslots)
     r->nslots = (size_t)slot + 1;
-  index_provision(r);
   r->decisions_total[slot] = 0;
   KVR_INFO("router", "worker %u added: %s", w->id, w->url);
   return w;
@@ -280,7 +277,7 @@ kvr_router_t *kvr_router_new(const kvr_config_t *cfg, char *err, size_t errlen) 
   kvr_hist_init(&r->tokenize_seconds, kvr_hist_call_buckets, kvr_hist_call_nbuckets);
   kvr_hist_init(&r->ttft_seconds, kvr_hist_latency_buckets, kvr_hist_latency_nbuckets);
   kvr_hist_init(&r->itl_seconds, kvr_hist_itl_buckets, kvr_hist_itl_nbuckets);
-  r->index = kvr_cache_index_new(KVR_MAX_WORKERS, cfg->cache_capacity_blocks);
+  r->index = kvr_cache_index_new(1, cfg->cache_capacity_blocks); /* grows with the workers */
   if (r->index == NULL) {
     snprintf(err, errlen, "cannot create the cache index");
     free(r);
@@ -313,6 +310,10 @@ void kvr_router_free(kvr_router_t *r) {
   kvr_cache_index_free(r->index);
   kvr_kv_index_free(r->kv_index);
   free(r->responses);
+  free(r->snaps);
+  free(r->scores);
+  free(r->matched);
+  free(r->tried_words);
   free(r);
 }
 
@@ -369,12 +370,47 @@ static bool precise_match(const kvr_router_t *r, const kvr_worker_t *w, const kv
   return true;
 }
 
-int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t tried, bool record,
-                      kvr_decision_t *d) {
+/* Makes the decision scratch hold n slots (doubling, so a growing fleet reallocates it a few
+ * times). */
+static void scratch_reserve(kvr_router_t *r, size_t n) {
+  if (n <= r->scratch_cap)
+    return;
+  size_t cap = KVR_MAX(n, 2 * r->scratch_cap);
+  cap = KVR_MAX(cap, (size_t)8);
+  r->snaps = kvr_xrealloc(r->snaps, cap * sizeof *r->snaps);
+  r->scores = kvr_xrealloc(r->scores, cap * sizeof *r->scores);
+  r->matched = kvr_xrealloc(r->matched, cap * sizeof *r->matched);
+  r->tried_words = kvr_xrealloc(r->tried_words, KVR_WORKERSET_WORDS(cap) * sizeof(uint64_t));
+  r->scratch_cap = cap;
+}
+
+/* The policy's tried set for avoid, in the scratch: its tried slots, and with full the workers at
+ * the admission bound. */
+static kvr_workerset_t tried_set(kvr_router_t *r, const kvr_router_avoid_t *avoid) {
+  kvr_workerset_t set = {r->tried_words, KVR_WORKERSET_WORDS(r->nslots)};
+  memset(set.words, 0, set.nwords * sizeof(uint64_t));
+  if (avoid == NULL)
+    return set;
+  for (size_t k = 0; k < avoid->ntried; k++)
+    if (avoid->tried[k] >= 0 && (size_t)avoid->tried[k] < r->nslots)
+      kvr_workerset_add(&set, (size_t)avoid->tried[k]);
+  for (size_t i = 0; avoid->full && i < r->nslots; i++)
+    if (kvr_router_admission_full(r, i))
+      kvr_workerset_add(&set, i);
+  return set;
+}
+
+int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, const kvr_router_avoid_t *avoid,
+                      bool record, kvr_decision_t *d) {
   uint64_t t0 = kvr_router_now_ns(r), wall0 = kvr_now_ns();
-  size_t matched[KVR_MAX_WORKERS] = {0};
+  scratch_reserve(r, KVR_MAX(r->nslots, kvr_cache_index_workers(r->index)));
+  size_t *matched = r->matched;
+  memset(matched, 0, r->nslots * sizeof *matched);
   if (req->nblocks)
     kvr_cache_index_match(r->index, req->blocks, req->nblocks, matched);
+  kvr_workerset_t tried = tried_set(r, avoid);
+  d->snaps = r->snaps;
+  d->scores = r->scores;
   d->nsnaps = r->nslots;
   bool any_precise = false;
   for (size_t i = 0; i < r->nslots; i++) {
@@ -399,8 +435,8 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t trie
       r->kv_routed_approx++;
   }
   /* A look (record false) must not move the policy on: no cursor step, no RNG draw. */
-  d->chosen = record ? kvr_policy_select(r->policy, d->snaps, d->nsnaps, req, tried, d->scores)
-                     : kvr_policy_peek(r->policy, d->snaps, d->nsnaps, req, tried, d->scores);
+  d->chosen = record ? kvr_policy_select(r->policy, d->snaps, d->nsnaps, req, &tried, d->scores)
+                     : kvr_policy_peek(r->policy, d->snaps, d->nsnaps, req, &tried, d->scores);
   d->seconds = (double)(kvr_now_ns() - wall0) / 1e9; /* the decision's own cost: real time */
   if (record) {
     kvr_hist_observe(&r->decision_seconds, d->seconds);
@@ -778,7 +814,6 @@ int kvr_router_on_scrape(kvr_router_t *r, uint32_t id, const kvr_vllm_metrics_t 
   if (cap != w->cache_capacity_blocks) {
     w->cache_capacity_blocks = cap;
     kvr_cache_index_set_capacity(r->index, (size_t)w->slot, cap);
-    index_provision(r);
     KVR_INFO("scrape", "worker %u: cache capacity %llu blocks (%llu GPU blocks of %llu tokens)",
              w->id, (unsigned long long)cap, (unsigned long long)m->num_gpu_blocks,
              (unsigned long long)m->block_size);
@@ -924,24 +959,29 @@ void kvr_router_retry_release(kvr_router_t *r) {
     r->retries_inflight--;
 }
 
-uint64_t kvr_router_admission_full(const kvr_router_t *r) {
-  uint64_t full = 0, max = r->cfg->admission_max_inflight;
-  for (size_t i = 0; max && i < r->nslots; i++)
-    if (r->slots[i] && r->slots[i]->inflight >= max)
-      full |= UINT64_C(1) << i;
-  return full;
+bool kvr_router_admission_full(const kvr_router_t *r, size_t slot) {
+  uint64_t max = r->cfg->admission_max_inflight;
+  return max && slot < r->nslots && r->slots[slot] && r->slots[slot]->inflight >= max;
 }
 
-bool kvr_router_admission_blocked(const kvr_router_t *r, uint64_t tried) {
+/* Whether slot is one of avoid's tried slots. */
+static bool avoided(const kvr_router_avoid_t *avoid, size_t slot) {
+  for (size_t k = 0; avoid && k < avoid->ntried; k++)
+    if (avoid->tried[k] >= 0 && (size_t)avoid->tried[k] == slot)
+      return true;
+  return false;
+}
+
+bool kvr_router_admission_blocked(const kvr_router_t *r, const kvr_router_avoid_t *avoid) {
   if (r->cfg->admission_max_inflight == 0)
     return false;
-  uint64_t now = now_ms(r), full = kvr_router_admission_full(r);
+  uint64_t now = now_ms(r);
   bool usable = false;
   for (size_t i = 0; i < r->nslots; i++) {
     const kvr_worker_t *w = r->slots[i];
-    if (w == NULL || (tried >> i & 1) || !kvr_router_worker_usable(w, now))
+    if (w == NULL || avoided(avoid, i) || !kvr_router_worker_usable(w, now))
       continue;
-    if (!(full >> i & 1))
+    if (!kvr_router_admission_full(r, i))
       return false; /* a usable worker has room */
     usable = true;
   }

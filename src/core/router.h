@@ -6,11 +6,14 @@
  * of worker and router state: the others report events through the kvr_router_on_* calls below and
  * read the structs through const pointers (the fields are visible for reading, never for writing).
  *
- * Workers live in slots 0..KVR_MAX_WORKERS-1. A worker's slot is its index in policy snapshots, in
- * the `tried` mask and in the cache index, so it never changes while the worker exists; a removed
- * worker's slot is reused only after its in-flight requests have finished and its cache state has
- * been forgotten. The id shown to operators is stable and never reused; whoever may outlive a
- * worker (a scrape probe, an admin fan-out call) holds its id, not a pointer.
+ * Workers live in slots 0..KVR_MAX_WORKERS-1 (4,096: a worker beyond is refused with a one-line
+ * error and counted, kvrouter_workers_refused_total). A worker's slot is its index in policy
+ * snapshots, in the tried set and in the cache index, so it never changes while the worker exists;
+ * a removed worker's slot is reused only after its in-flight requests have finished and its cache
+ * state has been forgotten. What a decision needs per slot (snapshots, scores, matches, the tried
+ * set) is the router's scratch, grown with the highest slot in use, not sized by the bound. The id
+ * shown to operators is stable and never reused; whoever may outlive a worker (a scrape probe, an
+ * admin fan-out call) holds its id, not a pointer.
  *
  * Load accounting is exact, and lives in router.c alone: kvr_router_on_dispatch() adds a request's
  * contribution to its worker (1 in-flight, its estimated prompt tokens, its uncached prefill
@@ -234,6 +237,7 @@ struct kvr_router_s {
   kvr_hist_t request_seconds;
   kvr_hist_t ttfb_seconds;
   uint64_t decisions_total[KVR_MAX_WORKERS];
+  uint64_t workers_refused_total; /* workers not added: every slot was taken */
   uint64_t decisions_by_policy[16];
   uint64_t no_worker_total;
   uint64_t client_errors_total; /* 4xx answered by the router itself */
@@ -261,6 +265,14 @@ struct kvr_router_s {
   uint64_t admission_rejected_total[2]; /* by kvr_admission_reject_t */
   uint64_t requests_total;              /* client requests, probes excepted */
   uint64_t probe_requests_total[2]; /* GET/HEAD probes, by kvr_probe_t (not in requests_total) */
+  /* kvr_router_decide's scratch for scratch_cap slots (grown to nslots when a decision needs it):
+   * the snapshots and scores a kvr_decision_t points at, the index's matches, the tried set's
+   * words. */
+  kvr_worker_snap_t *snaps;
+  kvr_policy_score_t *scores;
+  size_t *matched;
+  uint64_t *tried_words;
+  size_t scratch_cap;
   /* The clock every time the router keeps (dispatch, first token, freshness) is read from:
    * kvr_now_ns() unless kvr_router_set_clock() gave another (the virtual-time cluster's). */
   uint64_t (*clock)(void *ctx);
@@ -285,7 +297,9 @@ uint64_t kvr_router_now_ns(const kvr_router_t *r);
  * nothing may report to it afterwards (close the scraper first). Accepts NULL. */
 void kvr_router_free(kvr_router_t *r);
 
-/* Adds a worker by URL; returns it (owned by r) or NULL with err. */
+/* Adds a worker by URL; returns it (owned by r) or NULL with err: a bad URL, one already served,
+ * or every one of the KVR_MAX_WORKERS slots taken ("too many workers: ...", counted in
+ * workers_refused_total). */
 const kvr_worker_t *kvr_router_add_worker(kvr_router_t *r, const char *url, char *err,
                                           size_t errlen);
 
@@ -314,21 +328,33 @@ int kvr_router_set_policy(kvr_router_t *r, const char *name, const cJSON *params
 
 /* ---- decisions ------------------------------------------------------------------------------- */
 
-/* One routing decision's inputs and outputs (also what /admin/route/explain prints). */
+/* One routing decision's inputs and outputs (also what /admin/route/explain prints). snaps and
+ * scores have nsnaps entries (one per slot) in the router's scratch: valid until its next
+ * decision. */
 typedef struct kvr_decision_s {
-  kvr_worker_snap_t snaps[KVR_MAX_WORKERS];
-  kvr_policy_score_t scores[KVR_MAX_WORKERS];
+  kvr_worker_snap_t *snaps;
+  kvr_policy_score_t *scores;
   size_t nsnaps;
   int chosen; /* slot or KVR_POLICY_NONE */
   double seconds;
 } kvr_decision_t;
 
+/* What a decision leaves out besides unusable workers: the slots this request already tried (a
+ * short list, one per attempt) and, with full, the workers at the admission bound (a first
+ * attempt). The router turns it into the policy's tried set (kvr_workerset_t, sized to the slots).
+ */
+typedef struct kvr_router_avoid_s {
+  const int *tried; /* slots; out-of-range ones are ignored */
+  size_t ntried;
+  bool full;
+} kvr_router_avoid_t;
+
 /* Builds snapshots (including the cache-index match of req's blocks) and runs the policy. record
  * true is a real decision: counted in the metrics, and the policy's state moves on (round robin's
- * cursor, the tie-breaking RNG); false is a look (route/explain) that changes nothing. tried masks
- * slots already attempted. */
-int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, uint64_t tried, bool record,
-                      kvr_decision_t *d);
+ * cursor, the tie-breaking RNG); false is a look (route/explain) that changes nothing. avoid (NULL:
+ * nothing) names the slots the policy must not pick. */
+int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, const kvr_router_avoid_t *avoid,
+                      bool record, kvr_decision_t *d);
 
 /* ---- KV events (precise mode) -----------------------------------------------------------------
  */
@@ -543,12 +569,13 @@ void kvr_router_retry_release(kvr_router_t *r);
 /* ---- admission bound (proxy.c's queue; cfg->admission_max_inflight, 0 = off) ------------------
  */
 
-/* The slots of workers at or above admission_max_inflight requests in flight (0 when off). */
-uint64_t kvr_router_admission_full(const kvr_router_t *r);
+/* True when the bound is on and the worker in slot has admission_max_inflight requests in flight
+ * or more. */
+bool kvr_router_admission_full(const kvr_router_t *r, size_t slot);
 
-/* True when the bound is on, some worker outside tried is usable, and every such worker is full:
- * a new request must wait. */
-bool kvr_router_admission_blocked(const kvr_router_t *r, uint64_t tried);
+/* True when the bound is on, some worker outside avoid's tried slots (NULL: none; its full flag is
+ * not read) is usable, and every such worker is full: a new request must wait. */
+bool kvr_router_admission_blocked(const kvr_router_t *r, const kvr_router_avoid_t *avoid);
 
 typedef enum { KVR_ADMISSION_QUEUE_FULL = 0, KVR_ADMISSION_TIMEOUT = 1 } kvr_admission_reject_t;
 #define KVR_ADMISSION_REJECT_NAMES                                                                 \

@@ -402,6 +402,10 @@ static void request_metrics(const kvr_router_t *r, kvr_buf_t *out) {
       "Worker answers whose usage figures were refused (not integers in [0, 2^32], cached above "
       "prompt, or above the worker's context): counted as answers without usage",
       r->usage_rejected_total);
+  counter(out, "kvrouter_workers_refused_total",
+          "Workers not added because the router already serves KVR_MAX_WORKERS (4096): from the "
+          "static list, POST /admin/workers or discovery",
+          r->workers_refused_total);
   counter(out, "kvrouter_retries_exhausted_total",
           "Requests that failed before any response byte with no attempt or other worker left "
           "to retry on",

@@ -130,11 +130,16 @@ static void workers_post(kvr_http_req_t *req, void *data, const char *tail) {
     kvr_http_error(req, 400, NULL, "invalid_value", "%s", msg);
     return;
   }
+  uint64_t refused = r->workers_refused_total;
   const kvr_worker_t *w = kvr_router_add_worker(r, url->valuestring, err, sizeof err);
   if (w != NULL && cJSON_IsString(ev))
     kvr_router_set_worker_kv(r, w->id, ev->valuestring,
                              cJSON_IsString(rp) ? rp->valuestring : NULL);
   cJSON_Delete(body);
+  if (w == NULL && r->workers_refused_total != refused) { /* every slot taken (KVR_MAX_WORKERS) */
+    kvr_http_error(req, 400, NULL, "too_many_workers", "%s", err);
+    return;
+  }
   if (w == NULL) {
     kvr_http_error(req, 400, NULL, "invalid_value", "url: %s", err);
     return;
@@ -394,8 +399,8 @@ typedef struct reset_call_s {
 struct reset_op_s {
   kvr_router_t *r;
   kvr_http_req_t *req;
-  reset_call_t calls[KVR_MAX_WORKERS];
   size_t ncalls, pending;
+  reset_call_t calls[]; /* one per worker at the start: r->nslots of them allocated */
 };
 
 static size_t on_reset_body(char *data, size_t size, size_t n, void *ud) {
@@ -463,7 +468,7 @@ static void reset_prefix_cache(kvr_http_req_t *req, void *data, const char *tail
   kvr_admin_t *a = data;
   kvr_router_t *r = a->r;
   (void)tail;
-  reset_op_t *op = kvr_xcalloc(1, sizeof *op);
+  reset_op_t *op = kvr_xcalloc(1, sizeof *op + r->nslots * sizeof op->calls[0]);
   op->r = r;
   op->req = req;
   for (size_t i = 0; i < r->nslots; i++) {

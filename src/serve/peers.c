@@ -100,7 +100,9 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
   p->polls[q->peer] = NULL;
   long status = 0;
   curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &status);
-  kvr_peer_row_t rows[KVR_MAX_WORKERS];
+  /* A peer serves at most KVR_MAX_WORKERS workers: rows for all of them, on the heap (4,096 rows
+   * are ~400 KiB). */
+  kvr_peer_row_t *rows = kvr_xmalloc(KVR_MAX_WORKERS * sizeof *rows);
   void *json = NULL;
   uint64_t instance = 0;
   int n = rc == CURLE_OK && status == 200
@@ -130,6 +132,7 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
     kvr_router_on_peer_load(p->r, q->peer, rows, (size_t)n);
   }
   cJSON_Delete(json);
+  free(rows);
   poll_free(q);
 }
 

@@ -23,8 +23,8 @@
  *                       prompt plus the generated answer; the attempt's outlier verdict
  *                       (kvr_router_on_result: a 5xx, a first-byte timeout or a failed transfer
  *                       is a failure);
- *                       failure before any response byte -> one retry on another worker (tried
- *                       mask) if the retry budget allows (kvr_router_retry_acquire), then
+ *                       failure before any response byte -> one retry on another worker (not
+ *                       in px->tried) if the retry budget allows (kvr_router_retry_acquire), then
  *                       502; first-byte timeout -> 504; failure mid-stream -> an SSE error
  *                       event and a clean end (SSE) or a truncated body (other)
  *     -> load accounting ends (kvr_router_on_end removes exactly what px->acct says was added),
@@ -127,7 +127,7 @@ struct px_s {
   bool transfer_active;
   bool paused;
   int attempts;
-  uint64_t tried;
+  int tried[MAX_ATTEMPTS];       /* the slots of the attempts so far (attempts of them) */
   kvr_req_error_t retried_error; /* why the attempt that was retried failed */
   kvr_router_dispatch_t acct;    /* what the current attempt added to w; open while accounted */
   /* Response. */
@@ -940,8 +940,7 @@ static void no_worker(px_t *px) {
 static void attempt_begin(px_t *px, int slot) {
   const kvr_worker_t *w = px->r->slots[slot];
   px->w = w;
-  px->attempts++;
-  px->tried |= UINT64_C(1) << slot;
+  px->tried[px->attempts++] = slot; /* attempt() runs only while attempts < MAX_ATTEMPTS */
   snprintf(px->worker_label, sizeof px->worker_label, "%s", w->label);
   px->got_byte = false;
   px->status = 0;
@@ -1011,9 +1010,10 @@ static CURL *upstream_transfer(px_t *px) {
 static void attempt(px_t *px) {
   kvr_router_t *r = px->r;
   kvr_decision_t d;
-  /* A first attempt avoids workers at the admission bound (admit() saw one with room). */
-  uint64_t full = px->attempts == 0 ? kvr_router_admission_full(r) : 0;
-  int slot = kvr_router_decide(r, &px->rreq, px->tried | full, true, &d);
+  /* Never a worker this request tried; a first attempt also avoids workers at the admission bound
+   * (admit() saw one with room). */
+  kvr_router_avoid_t avoid = {px->tried, (size_t)px->attempts, px->attempts == 0};
+  int slot = kvr_router_decide(r, &px->rreq, &avoid, true, &d);
   if (slot < 0) {
     no_worker(px);
     return;

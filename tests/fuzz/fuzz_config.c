@@ -1,7 +1,7 @@
-/* fuzz_config.c -- libFuzzer target: a `kvrouter serve --config FILE.json` document (src/core/config.c
- * over the option engine src/base/cli.c) and the policy parameters it may carry, applied to every
- * policy of the registry (policies/policy.c kvr_policy_create, as --policy-params, the config's
- * "policy_params" and PUT /admin/policy's "params" all are).
+/* fuzz_config.c -- libFuzzer target: a `kvrouter serve --config FILE.json` document
+ * (src/core/config.c over the option engine src/base/cli.c) and the policy parameters it may carry,
+ * applied to every policy of the registry (policies/policy.c kvr_policy_create, as --policy-params,
+ * the config's "policy_params" and PUT /admin/policy's "params" all are).
  *
  * The input is the JSON text. Invariants:
  *   - kvr_config_apply_json returns 0 or KVR_EINVAL with a message naming the source (not checked:
@@ -122,14 +122,15 @@ static void check_policy(kvr_policy_t *p, const cJSON *params, uint64_t seed) {
   };
   kvr_route_req_t req = {
       .blocks = blocks, .nblocks = 4, .block_chars = 64, .prompt_tokens = 64, .max_tokens = 16};
-  for (uint64_t tried = 0; tried < 4; tried++) {
+  for (uint64_t word = 0; word < 4; word++) {
+    kvr_workerset_t tried = {&word, 1};
     kvr_policy_score_t s1[4], s2[4];
-    int peek = kvr_policy_peek(p, w, 4, &req, tried, s1);
-    int pick = kvr_policy_select(p, w, 4, &req, tried, s2);
+    int peek = kvr_policy_peek(p, w, 4, &req, &tried, s1);
+    int pick = kvr_policy_select(p, w, 4, &req, &tried, s2);
     FUZZ_CHECK(peek == pick);
     FUZZ_CHECK(pick == KVR_POLICY_NONE || (pick >= 0 && pick < 4));
     if (pick >= 0)
-      FUZZ_CHECK(kvr_policy_eligible(&w[pick], (size_t)pick, tried) && s2[pick].eligible);
+      FUZZ_CHECK(kvr_policy_eligible(&w[pick], (size_t)pick, &tried) && s2[pick].eligible);
   }
 }
 

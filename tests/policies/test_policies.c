@@ -115,6 +115,36 @@ static void test_param_errors(void **state) {
 
 /* --- contract tests over every registered policy ---------------------------------------------- */
 
+/* A tried set of the indexes set in m (one word: indexes below 64). Static storage: valid until
+ * the next call. */
+static const kvr_workerset_t *mask(uint64_t m) {
+  static uint64_t word;
+  static kvr_workerset_t set = {&word, 1};
+  word = m;
+  return &set;
+}
+
+/* The fleet sizes every policy's contract runs at: none, one, one word of the tried set, just past
+ * it, and hundreds to a thousand workers (issue 35). */
+static const size_t contract_sizes[] = {0, 1, 64, 65, 256, 1024};
+#define CONTRACT_MAX 1024
+
+/* A random tried set over n workers into words (KVR_WORKERSET_WORDS(n) of them): empty, a few, a
+ * quarter, all but one or all. */
+static void random_tried(kvr_workerset_t *set, size_t n) {
+  memset(set->words, 0, set->nwords * sizeof(uint64_t));
+  unsigned mode = (unsigned)(rnd() % 6);
+  size_t keep = n ? (size_t)(rnd() % n) : 0;
+  for (size_t i = 0; i < n; i++) {
+    bool in = mode == 1   ? rnd() % 8 == 0
+              : mode == 2 ? rnd() % 4 == 0
+              : mode == 3 ? i != keep
+                          : mode == 4;
+    if (in)
+      kvr_workerset_add(set, i);
+  }
+}
+
 static void random_snaps(kvr_worker_snap_t *w, size_t n, kvr_route_req_t *req) {
   for (size_t i = 0; i < n; i++) {
     memset(&w[i], 0, sizeof(w[i]));
@@ -166,62 +196,76 @@ static void test_contract_all_policies(void **state) {
                            .block_chars = 64,
                            .prompt_tokens = 1600,
                            .max_tokens = 256};
-    kvr_worker_snap_t w[KVR_MAX_WORKERS];
-    kvr_policy_score_t scores[KVR_MAX_WORKERS];
+    kvr_worker_snap_t *w = calloc(CONTRACT_MAX, sizeof *w);
+    kvr_policy_score_t *scores = calloc(CONTRACT_MAX, sizeof *scores);
+    uint64_t words[KVR_WORKERSET_WORDS(CONTRACT_MAX)];
+    kvr_workerset_t tried = {words, 0};
 
     /* 0 workers; 1 worker usable, unusable, tried. */
-    assert_int_equal(kvr_policy_select(a, w, 0, &req, 0, NULL), KVR_POLICY_NONE);
+    assert_int_equal(kvr_policy_select(a, w, 0, &req, NULL, NULL), KVR_POLICY_NONE);
     random_snaps(w, 1, &req);
     w[0].usable = true;
-    assert_int_equal(kvr_policy_select(a, w, 1, &req, 0, scores), 0);
+    assert_int_equal(kvr_policy_select(a, w, 1, &req, NULL, scores), 0);
     assert_true(scores[0].eligible);
-    assert_int_equal(kvr_policy_select(a, w, 1, &req, 1, scores), KVR_POLICY_NONE);
+    assert_int_equal(kvr_policy_select(a, w, 1, &req, mask(1), scores), KVR_POLICY_NONE);
     assert_false(scores[0].eligible);
     w[0].usable = false;
-    assert_int_equal(kvr_policy_select(a, w, 1, &req, 0, NULL), KVR_POLICY_NONE);
+    assert_int_equal(kvr_policy_select(a, w, 1, &req, NULL, NULL), KVR_POLICY_NONE);
     /* A request without blocks (empty or tiny prompt) is routable. */
     kvr_route_req_t empty = {
         .blocks = NULL, .nblocks = 0, .block_chars = 64, .prompt_tokens = 3, .max_tokens = 0};
     w[0].usable = true;
     w[0].matched_blocks = 0;
-    assert_int_equal(kvr_policy_select(a, w, 1, &empty, 0, NULL), 0);
-    assert_int_equal(kvr_policy_select(a, w, 1, NULL, 0, NULL), 0);
+    assert_int_equal(kvr_policy_select(a, w, 1, &empty, NULL, NULL), 0);
+    assert_int_equal(kvr_policy_select(a, w, 1, NULL, NULL, NULL), 0);
 
-    /* Random snapshots: in range, usable, never tried; NONE only when nothing is eligible;
-     * two fresh instances with the same seed agree decision by decision. */
+    /* Random snapshots at every contract size: in range, usable, never tried (a bitset sized to
+     * the fleet); NONE only when nothing is eligible; two fresh instances with the same seed
+     * agree decision by decision (one with the caller's scores, one without: past 64 workers its
+     * local scores are allocated). */
     kvr_policy_destroy(a);
     a = ops->create(NULL, 42, err, sizeof(err));
     assert_non_null(a);
     rng_state = 7;
-    for (int iter = 0; iter < 3000; iter++) {
-      size_t n = 1 + rnd() % (iter % 10 == 0 ? KVR_MAX_WORKERS : 6);
+    for (size_t z = 0; z < KVR_ARRAY_SIZE(contract_sizes); z++) {
+      size_t n = contract_sizes[z];
+      tried.nwords = KVR_WORKERSET_WORDS(n);
+      for (int iter = 0; iter < (n > 64 ? 60 : 400); iter++) {
+        random_snaps(w, n, &req);
+        random_tried(&tried, n);
+        const kvr_workerset_t *t = iter % 7 == 0 ? NULL : &tried;
+        bool any = false;
+        for (size_t i = 0; i < n; i++)
+          any |= kvr_policy_eligible(&w[i], i, t);
+        int ra = kvr_policy_select(a, w, n, &req, t, scores);
+        int rb = kvr_policy_select(b, w, n, &req, t, NULL);
+        if (ra != rb)
+          fail_msg("%s: not deterministic at %zu workers, iter %d (%d vs %d)", ops->name, n, iter,
+                   ra, rb);
+        if (!any) {
+          assert_int_equal(ra, KVR_POLICY_NONE);
+          continue;
+        }
+        if (ra < 0 || (size_t)ra >= n)
+          fail_msg("%s: out of range %d (n=%zu)", ops->name, ra, n);
+        assert_true(w[ra].usable);
+        if (kvr_workerset_has(t, (size_t)ra))
+          fail_msg("%s: picked tried worker %d of %zu", ops->name, ra, n);
+        for (size_t i = 0; i < n; i++) {
+          assert_int_equal(scores[i].eligible, kvr_policy_eligible(&w[i], i, t));
+          assert_false(isnan(scores[i].cost));
+        }
+        assert_false(scores[ra].capped);
+      }
+      /* Everyone tried: nothing to pick, whatever the snapshots say. */
       random_snaps(w, n, &req);
-      uint64_t tried = rnd() % 3 == 0 ? rnd() : 0;
-      if (n < KVR_MAX_WORKERS)
-        tried &= (UINT64_C(1) << n) - 1;
-      bool any = false;
-      for (size_t i = 0; i < n; i++)
-        any |= kvr_policy_eligible(&w[i], i, tried);
-      int ra = kvr_policy_select(a, w, n, &req, tried, scores);
-      int rb = kvr_policy_select(b, w, n, &req, tried, NULL);
-      if (ra != rb)
-        fail_msg("%s: not deterministic at iter %d (%d vs %d)", ops->name, iter, ra, rb);
-      if (!any) {
-        assert_int_equal(ra, KVR_POLICY_NONE);
-        continue;
-      }
-      if (ra < 0 || (size_t)ra >= n)
-        fail_msg("%s: out of range %d (n=%zu)", ops->name, ra, n);
-      assert_true(w[ra].usable);
-      assert_false(tried & (UINT64_C(1) << ra));
-      for (size_t i = 0; i < n; i++) {
-        assert_int_equal(scores[i].eligible, kvr_policy_eligible(&w[i], i, tried));
-        assert_false(isnan(scores[i].cost));
-      }
-      assert_false(scores[ra].capped);
+      memset(words, 0xff, sizeof words);
+      assert_int_equal(kvr_policy_select(a, w, n, &req, &tried, NULL), KVR_POLICY_NONE);
     }
     kvr_policy_destroy(a);
     kvr_policy_destroy(b);
+    free(w);
+    free(scores);
   }
 }
 
@@ -257,7 +301,7 @@ static void test_round_robin_and_least_load(void **state) {
     assert_int_equal(kvr_policy_select(rr, w, 4, &req, 0, NULL), k % 4);
   /* It skips tried and unusable workers and keeps its turn. */
   w[1].usable = false;
-  assert_int_equal(kvr_policy_select(rr, w, 4, &req, 1, NULL), 2);
+  assert_int_equal(kvr_policy_select(rr, w, 4, &req, mask(1), NULL), 2);
   assert_int_equal(kvr_policy_select(rr, w, 4, &req, 0, NULL), 3);
   assert_int_equal(kvr_policy_select(rr, w, 4, &req, 0, NULL), 0);
   assert_int_equal(kvr_policy_select(rr, w, 4, &req, 0, NULL), 2);
@@ -272,7 +316,7 @@ static void test_round_robin_and_least_load(void **state) {
   w[1].active_tokens = 9000;
   w[2].active_tokens = 100;
   assert_int_equal(kvr_policy_select(ll, w, 4, &req, 0, NULL), 2);
-  assert_int_equal(kvr_policy_select(ll, w, 4, &req, 1u << 2, NULL), 1);
+  assert_int_equal(kvr_policy_select(ll, w, 4, &req, mask(1u << 2), NULL), 1);
   /* Exact ties are spread at random. */
   idle_workers(w, 4);
   int seen[4] = {0};
@@ -916,10 +960,10 @@ static void test_dynamo_kv_match_vs_load(void **state) {
   assert_int_equal(kvr_policy_select(p, w, 4, &dyn_req, 0, s), 0);
   /* Ineligible or tried workers are never chosen, however cheap. */
   w[0].usable = false;
-  assert_int_equal(kvr_policy_select(p, w, 4, &dyn_req, UINT64_C(1) << 2, s), 3);
+  assert_int_equal(kvr_policy_select(p, w, 4, &dyn_req, mask(UINT64_C(1) << 2), s), 3);
   assert_false(s[0].eligible);
   assert_false(s[2].eligible);
-  assert_int_equal(kvr_policy_select(p, w, 4, &dyn_req, UINT64_C(0xF), s), KVR_POLICY_NONE);
+  assert_int_equal(kvr_policy_select(p, w, 4, &dyn_req, mask(0xF), s), KVR_POLICY_NONE);
   kvr_policy_destroy(p);
 }
 
@@ -932,7 +976,7 @@ static void dyn_draws(uint64_t seed, const char *params, const kvr_worker_snap_t
   cJSON_Delete(j);
   assert_non_null(p);
   for (int k = 0; k < count; k++)
-    picks[k] = kvr_policy_select(p, w, n, &dyn_req, tried, NULL);
+    picks[k] = kvr_policy_select(p, w, n, &dyn_req, mask(tried), NULL);
   kvr_policy_destroy(p);
 }
 
@@ -1090,7 +1134,7 @@ static void test_llmd_precise_affinity_gate(void **state) {
   assert_true(fabs(s[3].cost - (4 - 3.0)) < 1e-9);
   /* The threshold is inclusive: with 2 and 3 tried, w1 (exactly 0.80) is the one sticky candidate
    * and is kept alone, though w0 would outscore it (3.58 against 1.6 + 1 + 0). */
-  assert_int_equal(kvr_policy_select(p, w, 5, &lp_req, UINT64_C(0xC), s), 1);
+  assert_int_equal(kvr_policy_select(p, w, 5, &lp_req, mask(0xC), s), 1);
   assert_true(s[0].capped && s[4].capped);
   assert_false(s[1].capped);
   /* The same snapshot without the gate (the guide's default): queue over all five, min 0, max 9;
@@ -1102,12 +1146,12 @@ static void test_llmd_precise_affinity_gate(void **state) {
   /* Tried or unusable sticky workers are not candidates: with 1 tried and 2 unusable, 3 is the
    * only sticky one left and wins. */
   w[2].usable = false;
-  assert_int_equal(kvr_policy_select(p, w, 5, &lp_req, UINT64_C(1) << 1, s), 3);
+  assert_int_equal(kvr_policy_select(p, w, 5, &lp_req, mask(UINT64_C(1) << 1), s), 3);
   assert_false(s[1].eligible);
   assert_false(s[2].eligible);
   assert_false(s[1].capped); /* not eligible: not counted as dropped by the filter */
   /* No sticky candidate left (1, 2, 3 tried): the filter keeps w0 and w4, and w0's match wins. */
-  assert_int_equal(kvr_policy_select(p, w, 5, &lp_req, UINT64_C(0xE), s), 0);
+  assert_int_equal(kvr_policy_select(p, w, 5, &lp_req, mask(0xE), s), 0);
   for (int i = 0; i < 5; i++)
     assert_false(s[i].capped);
   /* No blocks: every match is 0, the filter is a no-op. */

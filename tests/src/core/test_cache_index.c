@@ -1,7 +1,8 @@
 /* test_cache_index.c -- the block -> workers index: matching, LRU eviction at capacity, worker
  * removal, a randomized comparison against a naive reference model (arrays with use stamps) on
- * hashes crafted to share their first bucket, which exercises cuckoo walks and growth after a
- * failed walk, and a table filled to its maximum load. */
+ * hashes crafted to share their first bucket, which exercises cuckoo walks and bucket splits, the
+ * same with hundreds of workers sharing blocks (holder sets inline and wide), a table filled to
+ * its maximum load, and growth a bucket at a time. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -143,15 +144,17 @@ static void test_bad_arguments(void **state) {
   assert_int_equal(kvr_cache_index_set_capacity(idx, KVR_MAX_WORKERS, 3), KVR_EINVAL);
   assert_int_equal(kvr_cache_index_forget_worker(idx, KVR_MAX_WORKERS), KVR_EINVAL);
   assert_int_equal(kvr_cache_index_entries(idx, KVR_MAX_WORKERS), 0);
-  /* The highest worker index works (bit 63). */
+  /* The highest worker index works (a wide holder set's last bit). */
   assert_int_equal(kvr_cache_index_insert(idx, KVR_MAX_WORKERS - 1, a, 3), 0);
   size_t m[KVR_MAX_WORKERS];
   kvr_cache_index_match(idx, a, 3, m);
   assert_int_equal(m[KVR_MAX_WORKERS - 1], 3);
   assert_int_equal(m[0], 0);
-  /* More blocks than 2^26 slots can hold: refused before any arithmetic or allocation. */
+  /* More blocks than 2^30 slots can hold: refused before any arithmetic or allocation. */
   assert_int_equal(kvr_cache_index_reserve(idx, UINT64_MAX), KVR_ELIMIT);
-  assert_int_equal(kvr_cache_index_reserve(idx, UINT64_C(1) << 26), KVR_ELIMIT);
+  assert_int_equal(kvr_cache_index_reserve(idx, UINT64_C(1) << 30), KVR_ELIMIT);
+  /* A nonempty index is left to grow by itself. */
+  assert_int_equal(kvr_cache_index_reserve(idx, 1000000), 0);
   kvr_cache_index_stats_t st;
   kvr_cache_index_stats(idx, &st);
   assert_true(st.table_slots < 100000); /* nothing was reserved */
@@ -172,7 +175,7 @@ static void test_capacity_from_vllm(void **state) {
 
 /* --- randomized comparison with a naive model ------------------------------------------------- */
 
-#define RW 3
+#define RW 4
 #define RCAP 40
 
 typedef struct {
@@ -238,11 +241,11 @@ static uint64_t rng_next(uint64_t *s) {
   return z ^ (z >> 31);
 }
 
-/* Hashes from a small universe whose high bits (which pick the first bucket) fall in 9 classes,
- * so first buckets overflow, blocks live in their second bucket, cuckoo walks displace them
- * and some walks fail and grow the table. */
+/* Hashes from a small universe whose low bits (which pick the first bucket) fall in 9 classes,
+ * so first buckets overflow, blocks live in their second bucket and cuckoo walks displace them.
+ */
 static uint64_t collide_hash(uint64_t k) {
-  return ((k % 9) << 60) | k;
+  return (k << 32) | (k % 9);
 }
 
 /* Writes the first n blocks of a chain of the tree of prompts: one of 6 roots, then from block
@@ -255,14 +258,15 @@ static void chain_of(uint64_t *b, size_t n, uint64_t root, uint64_t branch, uint
         collide_hash(root * 4096 + (branch == 0 || i < split ? 0 : (branch * 16 + split) * 16) + i);
 }
 
-static void test_random_vs_reference(void **state) {
-  (void)state;
-  kvr_cache_index_t *idx = kvr_cache_index_new(RW, RCAP);
+/* The randomized comparison over the index's workers ids[0..RW) (of nworkers): inserts of chains
+ * from the tree, capacity changes and forgets against the model, every answer checked. */
+static void random_vs_reference(const size_t *ids, size_t nworkers, uint64_t seed, int every) {
+  kvr_cache_index_t *idx = kvr_cache_index_new(nworkers, RCAP);
   ref_worker_t ref[RW];
   memset(ref, 0, sizeof(ref));
   for (size_t w = 0; w < RW; w++)
     ref[w].cap = RCAP;
-  uint64_t seed = 12345;
+  size_t *m = calloc(nworkers, sizeof *m);
   for (int op = 0; op < 20000; op++) {
     uint64_t r = rng_next(&seed);
     size_t w = r % RW;
@@ -272,13 +276,13 @@ static void test_random_vs_reference(void **state) {
     switch ((r >> 32) % 10) {
     case 0:
       if ((r >> 40) % 20 == 0) {
-        kvr_cache_index_forget_worker(idx, w);
+        kvr_cache_index_forget_worker(idx, ids[w]);
         ref[w].n = 0;
       }
       break;
     case 1: {
       size_t cap = (r >> 40) % (RCAP + 1);
-      kvr_cache_index_set_capacity(idx, w, cap);
+      kvr_cache_index_set_capacity(idx, ids[w], cap);
       ref[w].cap = cap;
       while (ref[w].n > cap) { /* evict LRU in the model */
         size_t old = 0;
@@ -292,40 +296,125 @@ static void test_random_vs_reference(void **state) {
       break;
     }
     default:
-      assert_int_equal(kvr_cache_index_insert(idx, w, b, n), 0);
+      assert_int_equal(kvr_cache_index_insert(idx, ids[w], b, n), 0);
       ref_insert(&ref[w], b, n);
     }
-    size_t m[RW];
     kvr_cache_index_match(idx, b, n, m);
     for (size_t k = 0; k < RW; k++) {
-      if (m[k] != ref_match(&ref[k], b, n))
-        fail_msg("op %d worker %zu: index %zu, model %zu", op, k, m[k], ref_match(&ref[k], b, n));
-      assert_int_equal(kvr_cache_index_entries(idx, k), ref[k].n);
+      if (m[ids[k]] != ref_match(&ref[k], b, n))
+        fail_msg("op %d worker %zu: index %zu, model %zu", op, ids[k], m[ids[k]],
+                 ref_match(&ref[k], b, n));
+      assert_int_equal(kvr_cache_index_entries(idx, ids[k]), ref[k].n);
     }
     /* The longest chain of another root and branch: the binary search against the model's walk. */
     uint64_t q[12], qr = rng_next(&seed);
     chain_of(q, 12, qr % 6, qr / 6 % 3, qr / 18 % 13);
     kvr_cache_index_match(idx, q, 12, m);
     for (size_t k = 0; k < RW; k++)
-      if (m[k] != ref_match(&ref[k], q, 12))
-        fail_msg("op %d worker %zu: index %zu, model %zu (query)", op, k, m[k],
+      if (m[ids[k]] != ref_match(&ref[k], q, 12))
+        fail_msg("op %d worker %zu: index %zu, model %zu (query)", op, ids[k], m[ids[k]],
                  ref_match(&ref[k], q, 12));
-    if (op % 50 == 0) /* full membership, block by block */
+    if (op % every == 0) /* full membership, block by block */
       for (uint64_t key = 0; key < 6 * 4096; key++) {
         uint64_t h = collide_hash(key);
         kvr_cache_index_match(idx, &h, 1, m);
         for (size_t k = 0; k < RW; k++)
-          if (m[k] != (ref_find(&ref[k], h) >= 0))
-            fail_msg("op %d worker %zu key %llu: index %zu", op, k, (unsigned long long)key, m[k]);
+          if (m[ids[k]] != (ref_find(&ref[k], h) >= 0))
+            fail_msg("op %d worker %zu key %llu: index %zu", op, ids[k], (unsigned long long)key,
+                     m[ids[k]]);
       }
   }
   /* Every block the model holds is found, one by one. */
   for (size_t k = 0; k < RW; k++)
     for (size_t i = 0; i < ref[k].n; i++) {
-      size_t m[RW];
       kvr_cache_index_match(idx, &ref[k].hash[i], 1, m);
-      assert_int_equal(m[k], 1);
+      assert_int_equal(m[ids[k]], 1);
     }
+  free(m);
+  kvr_cache_index_free(idx);
+}
+
+static void test_random_vs_reference(void **state) {
+  (void)state;
+  static const size_t ids[RW] = {0, 1, 2, 3};
+  random_vs_reference(ids, RW, 12345, 50);
+}
+
+/* The same with RW workers of a fleet of KVR_MAX_WORKERS, ids spread so that blocks they share
+ * are held inline (two workers) and in wide sets of every class, which grow (an id past the set's
+ * words) and shrink back inline as holders leave. */
+static void test_random_vs_reference_wide(void **state) {
+  (void)state;
+  static const size_t ids[RW] = {5, 700, 800, KVR_MAX_WORKERS - 1};
+  random_vs_reference(ids, KVR_MAX_WORKERS, 777, 1000);
+  static const size_t low[RW] = {63, 64, 65, 200};
+  random_vs_reference(low, 256, 4242, 250);
+}
+
+/* Hundreds of workers holding the same prefix to different depths (a popular system prompt, then
+ * each its own conversation): match gives each its own length, found by shared probes. */
+static void test_many_workers_share_a_prefix(void **state) {
+  (void)state;
+  enum { W = 1024, N = 600 };
+  kvr_cache_index_t *idx = kvr_cache_index_new(W, 100000);
+  uint64_t *b = malloc(N * sizeof *b);
+  for (size_t i = 0; i < N; i++)
+    b[i] = rng_next(&(uint64_t){i + 1});
+  for (size_t w = 0; w < W; w += 3) /* a third of them, each to its own depth */
+    assert_int_equal(kvr_cache_index_insert(idx, w, b, 1 + (w * 7) % N), 0);
+  size_t *m = calloc(W, sizeof *m);
+  kvr_cache_index_match(idx, b, N, m);
+  for (size_t w = 0; w < W; w++)
+    if (m[w] != (w % 3 == 0 ? 1 + (w * 7) % N : 0))
+      fail_msg("worker %zu: matched %zu", w, m[w]);
+  kvr_cache_index_stats_t st;
+  kvr_cache_index_stats(idx, &st);
+  assert_true(st.wide_sets > 0);
+  for (size_t w = 0; w < W; w += 3)
+    assert_int_equal(kvr_cache_index_forget_worker(idx, w), 0);
+  kvr_cache_index_stats(idx, &st);
+  assert_int_equal(st.blocks, 0);
+  assert_int_equal(st.wide_sets, 0);
+  free(m);
+  free(b);
+  kvr_cache_index_free(idx);
+}
+
+/* An index never sized grows a bucket at a time past several doublings and table chunks (32,768
+ * buckets each): the load stays at 90% or less, every block is found, and the workers added on
+ * the way (kvr_cache_index_set_workers) start empty with the default capacity. */
+static void test_growth_by_splits(void **state) {
+  (void)state;
+  enum { N = 300000 };
+  kvr_cache_index_t *idx = kvr_cache_index_new(1, N);
+  uint64_t *b = malloc(N * sizeof *b);
+  uint64_t s = 5;
+  for (size_t i = 0; i < N; i++)
+    b[i] = rng_next(&s);
+  size_t m[8];
+  for (size_t i = 0; i < N; i += 250) {
+    size_t w = (i / 250) % 8;
+    assert_int_equal(kvr_cache_index_set_workers(idx, w + 1), 0);
+    assert_int_equal(kvr_cache_index_insert(idx, w, b + i, 250), 0);
+    kvr_cache_index_stats_t st;
+    kvr_cache_index_stats(idx, &st);
+    assert_true(st.blocks * 100 <= st.table_slots * 90);
+  }
+  assert_int_equal(kvr_cache_index_workers(idx), 8);
+  assert_int_equal(kvr_cache_index_set_workers(idx, 4), 0); /* never shrinks */
+  assert_int_equal(kvr_cache_index_workers(idx), 8);
+  assert_int_equal(kvr_cache_index_set_workers(idx, KVR_MAX_WORKERS + 1), KVR_EINVAL);
+  for (size_t i = 0; i < N; i++) {
+    kvr_cache_index_match(idx, &b[i], 1, m);
+    if (m[(i / 250) % 8] != 1)
+      fail_msg("block %zu lost", i);
+  }
+  kvr_cache_index_stats_t st;
+  kvr_cache_index_stats(idx, &st);
+  assert_true(st.splits > 0);
+  assert_true(st.table_slots > 4 * 32768); /* past the first table chunk */
+  assert_true(st.bytes_per_entry < 40);
+  free(b);
   kvr_cache_index_free(idx);
 }
 
@@ -355,17 +444,20 @@ static void test_growth_and_drain(void **state) {
   kvr_cache_index_stats(idx, &st);
   assert_int_equal(st.blocks, 0);
   assert_int_equal(st.entries, 0);
+  /* Empty again: a reserve sizes the table at once; nodes still come as entries do. */
+  uint64_t nodes = st.node_slots;
   assert_int_equal(kvr_cache_index_reserve(idx, 200000), 0);
   kvr_cache_index_stats(idx, &st);
   assert_true(st.table_slots * 90 >= 200000 * 100);
-  assert_true(st.node_slots >= 200000);
+  assert_int_equal(st.node_slots, nodes);
   free(b);
   kvr_cache_index_free(idx);
 }
 
 /* A table reserved for n blocks takes n random blocks without growing (90% load at most) and
  * finds every one of them, spread over workers; then each worker's capacity shrinks to half
- * and exactly the most recently used half of each worker's blocks is still found. */
+ * and exactly the most recently used half of each worker's blocks is still found. Nodes are
+ * allocated as entries come, one chunk of 16,384 at a time. */
 static void test_full_reserved_table(void **state) {
   (void)state;
   enum { N = 60000, W = 3 };
@@ -381,7 +473,8 @@ static void test_full_reserved_table(void **state) {
     assert_int_equal(kvr_cache_index_insert(idx, i % W, &b[i], 1), 0);
   kvr_cache_index_stats(idx, &st);
   assert_int_equal(st.table_slots, before.table_slots); /* no growth */
-  assert_int_equal(st.node_slots, before.node_slots);
+  assert_int_equal(before.node_slots, 0);
+  assert_true(st.node_slots >= N && st.node_slots < N + 16384);
   assert_int_equal(st.blocks, N);
   assert_true(st.blocks * 100 > st.table_slots * 89); /* filled past 89% */
   size_t m[W];
@@ -406,5 +499,8 @@ static void test_full_reserved_table(void **state) {
 KVR_TEST_MAIN(cmocka_unit_test(test_match_longest_prefix),
               cmocka_unit_test(test_eviction_at_capacity), cmocka_unit_test(test_forget_worker),
               cmocka_unit_test(test_bad_arguments), cmocka_unit_test(test_capacity_from_vllm),
-              cmocka_unit_test(test_random_vs_reference), cmocka_unit_test(test_growth_and_drain),
+              cmocka_unit_test(test_random_vs_reference),
+              cmocka_unit_test(test_random_vs_reference_wide),
+              cmocka_unit_test(test_many_workers_share_a_prefix),
+              cmocka_unit_test(test_growth_by_splits), cmocka_unit_test(test_growth_and_drain),
               cmocka_unit_test(test_full_reserved_table))

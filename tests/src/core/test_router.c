@@ -73,6 +73,19 @@ static void assert_metric(const kvr_router_t *r, const char *line) {
   kvr_buf_free(&b);
 }
 
+/* The avoid list naming the slots set in mask (the tests name tried slots as a mask). Static
+ * storage: valid until the next call. */
+static const kvr_router_avoid_t *tried_slots(uint64_t mask) {
+  static int slots[64];
+  static kvr_router_avoid_t a;
+  size_t n = 0;
+  for (int i = 0; i < 64; i++)
+    if (mask >> i & 1)
+      slots[n++] = i;
+  a = (kvr_router_avoid_t){slots, n, false};
+  return &a;
+}
+
 static void test_round_robin_and_tried(void **state) {
   (void)state;
   fx_t f;
@@ -86,8 +99,8 @@ static void test_round_robin_and_tried(void **state) {
   assert_int_equal(seen[1], 2);
   assert_int_equal(seen[2], 2);
   /* All but slot 1 tried: only 1 is left. */
-  assert_int_equal(kvr_router_decide(f.r, &req, 0x5, true, &d), 1);
-  assert_int_equal(kvr_router_decide(f.r, &req, 0x7, true, &d), KVR_POLICY_NONE);
+  assert_int_equal(kvr_router_decide(f.r, &req, tried_slots(0x5), true, &d), 1);
+  assert_int_equal(kvr_router_decide(f.r, &req, tried_slots(0x7), true, &d), KVR_POLICY_NONE);
   assert_int_equal(f.r->no_worker_total, 1);
   assert_int_equal(f.r->decisions_total[1], 3);
   assert_int_equal(f.r->decision_seconds.count, 8);
@@ -145,7 +158,7 @@ static void test_accounting_and_drain(void **state) {
   assert_true(d.snaps[0].prefill_backlog_tokens >= 50 && d.snaps[0].prefill_backlog_tokens <= 500);
   assert_int_equal(kvr_router_drain_worker(f.r, w->id), 0);
   assert_int_equal(w->state, KVR_WORKER_DRAINING);
-  assert_int_equal(kvr_router_decide(f.r, &req, 0x2, false, &d), KVR_POLICY_NONE);
+  assert_int_equal(kvr_router_decide(f.r, &req, tried_slots(0x2), false, &d), KVR_POLICY_NONE);
   for (int i = 1; i < 10; i++)
     kvr_router_on_token(f.r, &a);
   assert_int_equal(w->active_tokens, 1510);
@@ -228,7 +241,7 @@ static void test_scrape_parse(void **state) {
 static int run_request(kvr_router_t *r, const kvr_route_req_t *req, uint64_t tried, int tokens,
                        bool usage) {
   kvr_decision_t d;
-  int slot = kvr_router_decide(r, req, tried, true, &d);
+  int slot = kvr_router_decide(r, req, tried_slots(tried), true, &d);
   if (slot < 0)
     return slot;
   kvr_router_dispatch_t acct;
@@ -347,30 +360,67 @@ static void test_requests_return_to_zero(void **state) {
   fx_close(&f);
 }
 
-/* The cache index is sized for its workers' capacities (their sum) when workers come and when a
- * scrape learns a capacity, so it does not rehash on the loop while the caches fill. */
-static void test_index_provisioned(void **state) {
+/* The cache index grows with the fleet: a worker's slot is a valid index worker from the moment it
+ * is added, bounded by its capacity, and a scrape that tells the capacity moves the bound. Nothing
+ * is sized ahead: the table grows a bucket at a time as blocks come. */
+static void test_index_follows_workers(void **state) {
   (void)state;
   fx_t f;
   fx_open(&f, 3, "round_robin");
   kvr_router_t *r = f.r;
-  uint64_t sum = 0;
+  assert_true(kvr_cache_index_workers(r->index) >= 3);
   for (int i = 0; i < 3; i++)
-    sum += r->slots[i]->cache_capacity_blocks;
-  kvr_cache_index_stats_t st;
-  kvr_cache_index_stats(r->index, &st);
-  assert_true(st.table_slots * 9 >= sum * 10); /* at most 90% full when full */
-  assert_true(st.node_slots >= sum);
+    assert_int_equal(kvr_cache_index_capacity(r->index, (size_t)i),
+                     r->slots[i]->cache_capacity_blocks);
   kvr_vllm_metrics_t m = {
       .at_ms = kvr_now_ns() / 1000000u, .num_gpu_blocks = 200000, .block_size = 16};
   assert_int_equal(kvr_router_on_scrape(r, r->slots[1]->id, &m), 0);
-  sum = 0;
-  for (int i = 0; i < 3; i++)
-    sum += r->slots[i]->cache_capacity_blocks;
-  assert_true(sum > 200000);
-  kvr_cache_index_stats(r->index, &st);
-  assert_true(st.table_slots * 9 >= sum * 10);
-  assert_true(st.node_slots >= sum);
+  assert_int_equal(r->slots[1]->cache_capacity_blocks,
+                   kvr_cache_index_capacity_from_vllm(200000, 16, f.cfg.block_chars));
+  assert_int_equal(kvr_cache_index_capacity(r->index, 1), r->slots[1]->cache_capacity_blocks);
+  char err[256];
+  const kvr_worker_t *w = kvr_router_add_worker(r, "http://127.0.0.1:99", err, sizeof err);
+  assert_non_null(w);
+  assert_true(kvr_cache_index_workers(r->index) >= 4);
+  assert_int_equal(kvr_cache_index_capacity(r->index, (size_t)w->slot), w->cache_capacity_blocks);
+  fx_close(&f);
+}
+
+/* KVR_MAX_WORKERS workers are served, decided over and retried across; one more is refused with a
+ * one-line error and counted; a drained worker's slot takes the next. */
+static void test_worker_limit(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 1, "round_robin");
+  kvr_router_t *r = f.r;
+  char err[256], url[64];
+  for (int i = 1; i < KVR_MAX_WORKERS; i++) {
+    snprintf(url, sizeof url, "http://10.%d.%d.1:8000", i / 256, i % 256);
+    if (kvr_router_add_worker(r, url, err, sizeof err) == NULL)
+      fail_msg("worker %d: %s", i, err);
+  }
+  assert_int_equal(r->nslots, KVR_MAX_WORKERS);
+  assert_null(kvr_router_add_worker(r, url, err, sizeof err));
+  assert_non_null(strstr(err, "already configured")); /* a duplicate is not the limit */
+  assert_int_equal(r->workers_refused_total, 0);
+  assert_null(kvr_router_add_worker(r, "http://10.255.255.1:8000", err, sizeof err));
+  assert_non_null(strstr(err, "too many workers"));
+  assert_null(strchr(err, '\n'));
+  assert_int_equal(r->workers_refused_total, 1);
+  assert_metric(r, "kvrouter_workers_refused_total 1");
+  /* Decisions over the whole fleet: round robin walks it, tried slots are skipped. */
+  kvr_route_req_t req = {0};
+  kvr_decision_t d;
+  assert_int_equal(kvr_router_decide(r, &req, NULL, true, &d), 0);
+  assert_int_equal(d.nsnaps, KVR_MAX_WORKERS);
+  int tried[2] = {1, KVR_MAX_WORKERS - 1};
+  kvr_router_avoid_t avoid = {tried, 2, false};
+  assert_int_equal(kvr_router_decide(r, &req, &avoid, true, &d), 2);
+  /* The last slot drained frees it for the refused URL. */
+  assert_int_equal(kvr_router_drain_worker(r, r->slots[KVR_MAX_WORKERS - 1]->id), 0);
+  const kvr_worker_t *w = kvr_router_add_worker(r, "http://10.255.255.1:8000", err, sizeof err);
+  assert_non_null(w);
+  assert_int_equal(w->slot, KVR_MAX_WORKERS - 1);
   fx_close(&f);
 }
 
@@ -419,7 +469,7 @@ static void test_drain_remove_add(void **state) {
   for (int i = 0; i < 3; i++)
     run_request(r, &req8, 0, 1, false);
   kvr_decision_t d;
-  int slot = kvr_router_decide(r, &req8, 0x5, true, &d);
+  int slot = kvr_router_decide(r, &req8, tried_slots(0x5), true, &d);
   assert_int_equal(slot, 1);
   kvr_router_dispatch_t acct;
   kvr_router_on_dispatch(r, slot, 64, 0, &acct);
@@ -686,15 +736,15 @@ static void test_outlier_ejection_backoff_and_trial(void **state) {
   kvr_decision_t d;
   for (int i = 0; i < 6; i++)
     assert_int_not_equal(kvr_router_decide(r, &req, 0, true, &d), 0);
-  assert_int_equal(kvr_router_decide(r, &req, 6, true, &d), KVR_POLICY_NONE);
+  assert_int_equal(kvr_router_decide(r, &req, tried_slots(6), true, &d), KVR_POLICY_NONE);
   /* Time served: half-open, one trial only. */
   t += 1000ull * 1000000u;
-  assert_int_equal(kvr_router_decide(r, &req, 6, true, &d), 0);
+  assert_int_equal(kvr_router_decide(r, &req, tried_slots(6), true, &d), 0);
   kvr_router_dispatch_t trial;
   kvr_router_on_dispatch(r, 0, 10, 0, &trial);
   assert_true(trial.trial);
   assert_true(w->trial_inflight);
-  assert_int_equal(kvr_router_decide(r, &req, 6, true, &d), KVR_POLICY_NONE);
+  assert_int_equal(kvr_router_decide(r, &req, tried_slots(6), true, &d), KVR_POLICY_NONE);
   /* The trial fails: ejected again for 2 s. */
   assert_true(kvr_router_on_result(r, &trial, false));
   kvr_router_on_end(r, &trial);
@@ -806,15 +856,25 @@ static void test_admission_bound(void **state) {
   kvr_router_dispatch_t d[4];
   for (int i = 0; i < 4; i++)
     kvr_router_on_dispatch(r, i % 2, 10, 0, &d[i]);
-  assert_int_equal(kvr_router_admission_full(r), 0); /* off by default */
-  assert_false(kvr_router_admission_blocked(r, 0));
+  assert_false(kvr_router_admission_full(r, 0)); /* off by default */
+  assert_false(kvr_router_admission_blocked(r, NULL));
   f.cfg.admission_max_inflight = 2;
-  assert_int_equal(kvr_router_admission_full(r), 3);
-  assert_true(kvr_router_admission_blocked(r, 0));
+  assert_true(kvr_router_admission_full(r, 0));
+  assert_true(kvr_router_admission_full(r, 1));
+  assert_true(kvr_router_admission_blocked(r, NULL));
   kvr_router_on_end(r, &d[1]);
-  assert_int_equal(kvr_router_admission_full(r), 1);
-  assert_false(kvr_router_admission_blocked(r, 0));
-  assert_true(kvr_router_admission_blocked(r, 2)); /* slot 1 tried: only full ones left */
+  assert_true(kvr_router_admission_full(r, 0));
+  assert_false(kvr_router_admission_full(r, 1));
+  assert_false(kvr_router_admission_blocked(r, NULL));
+  assert_true(kvr_router_admission_blocked(r, tried_slots(2))); /* 1 tried: only full ones left */
+  /* A first attempt (full set) goes to the worker with room; with it tried, to none. */
+  kvr_route_req_t req = {0};
+  kvr_decision_t dec;
+  kvr_router_avoid_t first = {NULL, 0, true};
+  assert_int_equal(kvr_router_decide(r, &req, &first, false, &dec), 1);
+  int one = 1;
+  first = (kvr_router_avoid_t){&one, 1, true};
+  assert_int_equal(kvr_router_decide(r, &req, &first, false, &dec), KVR_POLICY_NONE);
   kvr_router_on_queued(r);
   kvr_router_on_queued(r);
   kvr_router_on_dequeued(r);
@@ -967,8 +1027,8 @@ KVR_TEST_MAIN(cmocka_unit_test(test_round_robin_and_tried),
               cmocka_unit_test(test_accounting_and_drain),
               cmocka_unit_test(test_failures_mark_down), cmocka_unit_test(test_policy_switch),
               cmocka_unit_test(test_scrape_parse), cmocka_unit_test(test_requests_return_to_zero),
-              cmocka_unit_test(test_index_provisioned), cmocka_unit_test(test_scrape_and_reset),
-              cmocka_unit_test(test_drain_remove_add),
+              cmocka_unit_test(test_index_follows_workers), cmocka_unit_test(test_worker_limit),
+              cmocka_unit_test(test_scrape_and_reset), cmocka_unit_test(test_drain_remove_add),
               cmocka_unit_test(test_accounting_invariant_random),
               cmocka_unit_test(test_injected_clock), cmocka_unit_test(test_metrics_ops_families),
               cmocka_unit_test(test_metrics_process),
