@@ -40,6 +40,7 @@ void kvr_prompt_free(kvr_prompt_t *p) {
     return;
   free(p->model);
   free(p->blocks);
+  free(p->previous_response_id);
   kvr_buf_free(&p->text);
   kvr_prompt_init(p);
 }
@@ -304,10 +305,242 @@ static int append_completion_prompt(kvr_prompt_t *out, const cJSON *prompt, uint
   return 0;
 }
 
+/* --- responses -------------------------------------------------------------------------------- */
+
+static void append_role(kvr_buf_t *b, const char *role) {
+  kvr_buf_append(b, &(char){KVR_PROMPT_RS}, 1);
+  kvr_buf_puts(b, role);
+  kvr_buf_append(b, &(char){KVR_PROMPT_US}, 1);
+}
+
+/* A Responses message item's content: a string, or parts whose input_text/output_text are text
+ * and whose other types (input_image, input_file, refusal) are GS type US what identifies them. */
+static int append_response_content(kvr_prompt_t *out, const cJSON *content, const char *param,
+                                   char *err, size_t errlen) {
+  if (cJSON_IsString(content)) {
+    append_str(&out->text, content);
+    return 0;
+  }
+  if (!cJSON_IsArray(content))
+    return fail_type(out, param, "a string or an array of content parts", content, err, errlen);
+  const cJSON *part;
+  cJSON_ArrayForEach(part, content) {
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+    if (!cJSON_IsObject(part) || !cJSON_IsString(type))
+      return fail_type(out, param, "an array of typed content parts", part, err, errlen);
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+    if ((strcmp(type->valuestring, "input_text") == 0 ||
+         strcmp(type->valuestring, "output_text") == 0) &&
+        cJSON_IsString(text)) {
+      append_str(&out->text, text);
+      continue;
+    }
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(part, "image_url");
+    if (!cJSON_IsString(id))
+      id = cJSON_GetObjectItemCaseSensitive(part, "file_id");
+    kvr_buf_append(&out->text, &(char){KVR_PROMPT_GS}, 1);
+    kvr_buf_puts(&out->text, type->valuestring);
+    kvr_buf_append(&out->text, &(char){KVR_PROMPT_US}, 1);
+    if (cJSON_IsString(id))
+      append_str(&out->text, id);
+  }
+  return 0;
+}
+
+/* One item of a Responses "input" list. */
+static int append_response_item(kvr_prompt_t *out, const cJSON *item, size_t i, char *err,
+                                size_t errlen) {
+  char param[64];
+  snprintf(param, sizeof param, "input[%zu]", i);
+  if (!cJSON_IsObject(item))
+    return fail_type(out, param, "an object", item, err, errlen);
+  const cJSON *type = cJSON_GetObjectItemCaseSensitive(item, "type");
+  const cJSON *role = cJSON_GetObjectItemCaseSensitive(item, "role");
+  const char *t = cJSON_IsString(type) ? type->valuestring : "message";
+  if (strcmp(t, "message") == 0) {
+    if (!cJSON_IsString(role)) {
+      snprintf(param, sizeof param, "input[%zu].role", i);
+      return role ? fail_type(out, param, "a string", role, err, errlen)
+                  : fail_missing(out, param, err, errlen);
+    }
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(item, "content");
+    snprintf(param, sizeof param, "input[%zu].content", i);
+    if (content == NULL)
+      return fail_missing(out, param, err, errlen);
+    append_role(&out->text, role->valuestring);
+    return append_response_content(out, content, param, err, errlen);
+  }
+  if (strcmp(t, "reasoning") == 0)
+    return 0; /* not part of the prompt vLLM renders from stored history */
+  /* function_call (the assistant's), function_call_output (the tool's), and what else the API
+   * adds: the role that carries it, then the item as compact JSON. */
+  append_role(&out->text, strcmp(t, "function_call_output") == 0 ? "tool" : "assistant");
+  append_json(&out->text, item);
+  return 0;
+}
+
+static int append_responses(kvr_prompt_t *out, const cJSON *body, char *err, size_t errlen) {
+  const cJSON *instructions = cJSON_GetObjectItemCaseSensitive(body, "instructions");
+  if (instructions && !cJSON_IsNull(instructions)) {
+    if (!cJSON_IsString(instructions))
+      return fail_type(out, "instructions", "a string", instructions, err, errlen);
+    append_role(&out->text, "system");
+    append_str(&out->text, instructions);
+  }
+  const cJSON *input = cJSON_GetObjectItemCaseSensitive(body, "input");
+  if (input == NULL)
+    return fail_missing(out, "input", err, errlen);
+  if (cJSON_IsString(input)) {
+    append_role(&out->text, "user");
+    append_str(&out->text, input);
+    return 0;
+  }
+  if (!cJSON_IsArray(input))
+    return fail_type(out, "input", "a string or an array of input items", input, err, errlen);
+  size_t i = 0;
+  const cJSON *item;
+  cJSON_ArrayForEach(item, input) {
+    int rc = append_response_item(out, item, i++, err, errlen);
+    if (rc)
+      return rc;
+  }
+  return 0;
+}
+
+/* "previous_response_id" and "store" of a Responses request. */
+static int response_options(kvr_prompt_t *out, const cJSON *body, char *err, size_t errlen) {
+  const cJSON *prev = cJSON_GetObjectItemCaseSensitive(body, "previous_response_id");
+  if (prev && !cJSON_IsNull(prev)) {
+    if (!cJSON_IsString(prev))
+      return fail_type(out, "previous_response_id", "a string", prev, err, errlen);
+    out->previous_response_id = kvr_xstrdup(prev->valuestring);
+  }
+  const cJSON *store = cJSON_GetObjectItemCaseSensitive(body, "store");
+  out->store = true;
+  if (store && !cJSON_IsNull(store)) {
+    if (!cJSON_IsBool(store))
+      return fail_type(out, "store", "a boolean", store, err, errlen);
+    out->store = cJSON_IsTrue(store);
+  }
+  return 0;
+}
+
+/* --- messages (Anthropic) --------------------------------------------------------------------- */
+
+/* Content blocks of a Messages message: text is text; other blocks (image, tool_use, tool_result,
+ * document) are GS type US compact JSON of the block, so different payloads never look alike;
+ * thinking blocks are left out (they are not part of the next turn's prompt). */
+static int append_message_blocks(kvr_prompt_t *out, const cJSON *blocks, const char *param,
+                                 char *err, size_t errlen) {
+  const cJSON *b;
+  cJSON_ArrayForEach(b, blocks) {
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(b, "type");
+    if (!cJSON_IsObject(b) || !cJSON_IsString(type))
+      return fail_type(out, param, "an array of typed content blocks", b, err, errlen);
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(b, "text");
+    if (strcmp(type->valuestring, "text") == 0 && cJSON_IsString(text)) {
+      append_str(&out->text, text);
+    } else if (strcmp(type->valuestring, "thinking") != 0 &&
+               strcmp(type->valuestring, "redacted_thinking") != 0) {
+      kvr_buf_append(&out->text, &(char){KVR_PROMPT_GS}, 1);
+      kvr_buf_puts(&out->text, type->valuestring);
+      kvr_buf_append(&out->text, &(char){KVR_PROMPT_US}, 1);
+      append_json(&out->text, b);
+    }
+  }
+  return 0;
+}
+
+/* "system": a string, or text blocks joined with no separator (vLLM's anthropic/serving.py drops
+ * the ones starting with "x-anthropic-billing-header"). */
+static int append_system(kvr_prompt_t *out, const cJSON *system, char *err, size_t errlen) {
+  if (system == NULL || cJSON_IsNull(system))
+    return 0;
+  if (cJSON_IsString(system)) {
+    append_role(&out->text, "system");
+    append_str(&out->text, system);
+    return 0;
+  }
+  if (!cJSON_IsArray(system))
+    return fail_type(out, "system", "a string or an array of text blocks", system, err, errlen);
+  append_role(&out->text, "system");
+  const cJSON *b;
+  cJSON_ArrayForEach(b, system) {
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(b, "text");
+    if (!cJSON_IsObject(b) || !cJSON_IsString(text))
+      return fail_type(out, "system", "an array of text blocks", b, err, errlen);
+    if (strncmp(text->valuestring, "x-anthropic-billing-header", 26) != 0)
+      append_str(&out->text, text);
+  }
+  return 0;
+}
+
+static int append_anthropic(kvr_prompt_t *out, const cJSON *body, char *err, size_t errlen) {
+  int rc = append_system(out, cJSON_GetObjectItemCaseSensitive(body, "system"), err, errlen);
+  if (rc)
+    return rc;
+  const cJSON *messages = cJSON_GetObjectItemCaseSensitive(body, "messages");
+  if (messages == NULL)
+    return fail_missing(out, "messages", err, errlen);
+  if (!cJSON_IsArray(messages))
+    return fail_type(out, "messages", "an array", messages, err, errlen);
+  size_t mi = 0;
+  const cJSON *msg;
+  cJSON_ArrayForEach(msg, messages) {
+    char param[64];
+    snprintf(param, sizeof param, "messages[%zu]", mi);
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
+    if (!cJSON_IsObject(msg) || !cJSON_IsString(role))
+      return fail_type(out, param, "an object with a string role", msg, err, errlen);
+    snprintf(param, sizeof param, "messages[%zu].content", mi);
+    if (content == NULL)
+      return fail_missing(out, param, err, errlen);
+    append_role(&out->text, role->valuestring);
+    if (cJSON_IsString(content))
+      append_str(&out->text, content);
+    else if (!cJSON_IsArray(content))
+      return fail_type(out, param, "a string or an array of content blocks", content, err, errlen);
+    else if ((rc = append_message_blocks(out, content, param, err, errlen)) != 0)
+      return rc;
+    mi++;
+  }
+  return 0;
+}
+
+/* "max_tokens" is required by the Messages API and must be positive (vLLM's anthropic/protocol.py).
+ */
+static int anthropic_options(kvr_prompt_t *out, const cJSON *body, char *err, size_t errlen) {
+  const cJSON *mt = cJSON_GetObjectItemCaseSensitive(body, "max_tokens");
+  if (mt == NULL)
+    return fail_missing(out, "max_tokens", err, errlen);
+  if (!cJSON_IsNumber(mt) || mt->valuedouble < 1)
+    return fail(out, "invalid_value", "max_tokens", err, errlen,
+                "Invalid value for 'max_tokens': expected a positive integer.");
+  return 0;
+}
+
+/* "cache_salt" (vLLM: chat, completions, responses; a non-empty string) as an extra key of the
+ * first block: h_0 = XXH3_64(salt, seed = XXH3_64(model)). */
+static int apply_salt(kvr_prompt_t *out, const cJSON *body, char *err, size_t errlen) {
+  const cJSON *salt = cJSON_GetObjectItemCaseSensitive(body, "cache_salt");
+  if (salt == NULL || cJSON_IsNull(salt) || out->kind == KVR_PROMPT_MESSAGES)
+    return 0;
+  if (!cJSON_IsString(salt))
+    return fail_type(out, "cache_salt", "a string", salt, err, errlen);
+  if (salt->valuestring[0] == '\0')
+    return fail(out, "invalid_value", "cache_salt", err, errlen,
+                "Parameter 'cache_salt' must be a non-empty string if provided.");
+  out->model_seed =
+      XXH3_64bits_withSeed(salt->valuestring, strlen(salt->valuestring), out->model_seed);
+  out->salted = true;
+  return 0;
+}
+
 /* --- entry points ----------------------------------------------------------------------------- */
 
 static int parse_options(kvr_prompt_t *out, const cJSON *body, char *err, size_t errlen) {
-  static const char *const names[] = {"max_completion_tokens", "max_tokens"};
+  static const char *const names[] = {"max_completion_tokens", "max_tokens", "max_output_tokens"};
   for (size_t i = 0; i < KVR_ARRAY_SIZE(names); i++) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, names[i]);
     if (v == NULL || cJSON_IsNull(v))
@@ -344,17 +577,28 @@ int kvr_prompt_from_json(const cJSON *body, kvr_prompt_kind_t kind, size_t block
                 json_type_name(body));
 
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(body, "model");
-  if (model == NULL)
+  bool null_model = kind == KVR_PROMPT_RESPONSES && cJSON_IsNull(model); /* the base model */
+  if (model == NULL && kind != KVR_PROMPT_RESPONSES)
     return fail_missing(out, "model", err, errlen);
-  if (!cJSON_IsString(model))
+  if (model != NULL && !null_model && !cJSON_IsString(model))
     return fail_type(out, "model", "a string", model, err, errlen);
+  if (kind == KVR_PROMPT_MESSAGES && model->valuestring[0] == '\0')
+    return fail(out, "invalid_value", "model", err, errlen, "Parameter 'model' must not be empty.");
 
   int rc = parse_options(out, body, err, errlen);
   if (rc)
     return rc;
 
+  if (kind == KVR_PROMPT_MESSAGES && (rc = anthropic_options(out, body, err, errlen)) != 0)
+    return rc;
+  if (kind == KVR_PROMPT_RESPONSES && (rc = response_options(out, body, err, errlen)) != 0)
+    return rc;
   uint64_t ntok = 0;
-  if (kind == KVR_PROMPT_CHAT) {
+  if (kind == KVR_PROMPT_RESPONSES) {
+    rc = append_responses(out, body, err, errlen);
+  } else if (kind == KVR_PROMPT_MESSAGES) {
+    rc = append_anthropic(out, body, err, errlen);
+  } else if (kind == KVR_PROMPT_CHAT) {
     const cJSON *messages = cJSON_GetObjectItemCaseSensitive(body, "messages");
     if (messages == NULL)
       return fail_missing(out, "messages", err, errlen);
@@ -372,20 +616,27 @@ int kvr_prompt_from_json(const cJSON *body, kvr_prompt_kind_t kind, size_t block
     return rc;
   }
 
-  out->model = kvr_xstrdup(model->valuestring);
+  out->model = kvr_xstrdup(cJSON_IsString(model) ? model->valuestring : "");
   size_t mlen = strlen(out->model);
   out->model_seed = kvr_prompt_model_seed(out->model, mlen);
+  if ((rc = apply_salt(out, body, err, errlen)) != 0) {
+    kvr_buf_free(&out->text);
+    return rc;
+  }
   /* Token ids are counted exactly; text is estimated at KVR_CHARS_PER_TOKEN bytes per token. */
   out->prompt_tokens =
       ntok ? ntok : (out->text.len + KVR_CHARS_PER_TOKEN - 1) / KVR_CHARS_PER_TOKEN;
   if (out->text.len == 0)
-    kvr_buf_reserve(&out->text, 0); /* data is never NULL after success */
-  hash_new_blocks(out);
+    kvr_buf_reserve(&out->text, 0);      /* data is never NULL after success */
+  if (out->previous_response_id == NULL) /* chained: the worker holds the history (prompt.h) */
+    hash_new_blocks(out);
   return 0;
 }
 
 int kvr_prompt_extend_answer(kvr_prompt_t *p, const char *answer, size_t len) {
-  if (p->kind == KVR_PROMPT_CHAT) {
+  if (p->previous_response_id != NULL)
+    return 0; /* chained: nothing was hashed, nothing to extend */
+  if (p->kind != KVR_PROMPT_COMPLETIONS) {
     static const char head[] = {KVR_PROMPT_RS, 'a', 's', 's', 'i',          's',
                                 't',           'a', 'n', 't', KVR_PROMPT_US};
     kvr_buf_append(&p->text, head, sizeof(head));

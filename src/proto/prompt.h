@@ -12,10 +12,24 @@
  *   completions:  a string prompt verbatim; an array of strings joined with RS; an array of token
  *                 ids as decimal numbers each followed by one space; an array of such arrays
  *                 joined with RS.
+ *   responses:    "instructions" as a system message, then "input": a string as one user message,
+ *                 or its items as chat messages (message items' input_text/output_text parts are
+ *                 text; function_call and function_call_output items are GS + compact JSON under
+ *                 the assistant and tool roles; reasoning items are left out, as vLLM leaves them
+ *                 out of the prompt it stores); a request naming previous_response_id continues a
+ *                 history only its worker holds, so its blocks are not computed (chained below)
+ *   messages:     "system" (a string, or its text blocks joined with no separator, as vLLM joins
+ *                 them) as a system message, then "messages" as chat messages whose content blocks
+ *                 are text, or GS type US payload (image source, tool_use/tool_result as compact
+ *                 JSON)
+ *   so one conversation sent through chat, Responses or Messages gives the same text where vLLM
+ *   renders the same prompt (plain text turns).
  * Blocks. The text is cut into blocks of block_chars bytes (default 64, about 16 tokens); only full
  * blocks are hashed. h_0 = XXH3_64(model name, seed 0); h_i = XXH3_64(block_i, seed = h_{i-1}), so
  * a block's hash names the block and its whole prefix, and different models never share blocks.
- * "Characters" are bytes of the UTF-8 text.
+ * A request's "cache_salt" (chat, completions, responses) enters as vLLM's does, an extra key of
+ * the first block carried down the chain: h_0 = XXH3_64(salt, seed = XXH3_64(model)), so requests
+ * with different salts (or none) never share a block. "Characters" are bytes of the UTF-8 text.
  *
  * The answer. When a response completes, kvr_prompt_extend_answer() appends the assistant message
  * exactly as the next turn will serialize it (RS "assistant" US answer) and hashes the new full
@@ -46,6 +60,8 @@
 typedef enum {
   KVR_PROMPT_CHAT = 0,    /* POST /v1/chat/completions: "messages" */
   KVR_PROMPT_COMPLETIONS, /* POST /v1/completions: "prompt" */
+  KVR_PROMPT_RESPONSES,   /* POST /v1/responses: "instructions", "input" */
+  KVR_PROMPT_MESSAGES,    /* POST /v1/messages (Anthropic): "system", "messages" */
 } kvr_prompt_kind_t;
 
 typedef struct kvr_prompt_s {
@@ -58,8 +74,14 @@ typedef struct kvr_prompt_s {
   size_t block_chars;
   uint64_t model_seed;    /* h_0 = XXH3_64(model) */
   uint64_t prompt_tokens; /* estimate: ceil(text bytes / 4), or the number of token ids given */
-  uint64_t max_tokens;    /* "max_completion_tokens" or "max_tokens", 0 if absent */
+  uint64_t max_tokens;    /* "max_completion_tokens", "max_tokens" or "max_output_tokens", or 0 */
   bool stream;            /* "stream": true */
+  bool salted;            /* a "cache_salt" entered model_seed */
+  /* Responses: the "previous_response_id" it continues (owned), or NULL. Such a prompt is
+   * chained: its history is held by the worker that stored the previous response, so the text
+   * here is only the new input and no block is hashed (nblocks 0). */
+  char *previous_response_id;
+  bool store; /* Responses: "store" (default true) */
   /* On KVR_EINVAL from kvr_prompt_from_json: an OpenAI-style error code
    * ("missing_required_parameter", "invalid_type", "invalid_value") and the offending parameter
    * ("messages[1].content"). */

@@ -318,8 +318,159 @@ static void test_route_req_view(void **state) {
   cJSON_Delete(b);
 }
 
+/* Issue 36: one conversation through chat, Responses and Messages gives the same canonical text
+ * and blocks (plain text turns render the same prompt at vLLM), and each API's answer extends it
+ * the same way. */
+static void test_same_blocks_across_apis(void **state) {
+  (void)state;
+  const char *A = "Chunked prefill splits a long prompt into pieces scheduled with decodes.";
+  cJSON *chat =
+      chat_body(MODEL, "system", SYS, "user", Q1, "assistant", A, "user", "And why?", NULL);
+  char body[4096];
+  snprintf(
+      body, sizeof body,
+      "{\"model\":\"%s\",\"instructions\":\"%s\",\"input\":[{\"role\":\"user\",\"content\":\"%s\"},"
+      "{\"type\":\"message\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\","
+      "\"text\":\"%s\"}]},{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":"
+      "\"And why?\"}]}]}",
+      MODEL, SYS, Q1, A);
+  cJSON *resp = parse(body);
+  snprintf(
+      body, sizeof body,
+      "{\"model\":\"%s\",\"max_tokens\":8,\"system\":[{\"type\":\"text\",\"text\":\"%.20s\"},"
+      "{\"type\":\"text\",\"text\":\"%s\"}],\"messages\":[{\"role\":\"user\",\"content\":\"%s\"},"
+      "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"%s\"}]},"
+      "{\"role\":\"user\",\"content\":\"And why?\"}]}",
+      MODEL, SYS, SYS + 20, Q1, A);
+  cJSON *msgs = parse(body);
+  kvr_prompt_t pc, pr, pm;
+  char err[256];
+  assert_int_equal(kvr_prompt_from_json(chat, KVR_PROMPT_CHAT, 64, &pc, err, sizeof err), 0);
+  assert_int_equal(kvr_prompt_from_json(resp, KVR_PROMPT_RESPONSES, 64, &pr, err, sizeof err), 0);
+  assert_int_equal(kvr_prompt_from_json(msgs, KVR_PROMPT_MESSAGES, 64, &pm, err, sizeof err), 0);
+  assert_int_equal(pc.text.len, pr.text.len);
+  assert_int_equal(pc.text.len, pm.text.len);
+  assert_memory_equal(pc.text.data, pr.text.data, pc.text.len);
+  assert_memory_equal(pc.text.data, pm.text.data, pc.text.len);
+  assert_true(pc.nblocks > 4 && pc.nblocks == pr.nblocks && pc.nblocks == pm.nblocks);
+  assert_memory_equal(pc.blocks, pr.blocks, pc.nblocks * sizeof *pc.blocks);
+  assert_memory_equal(pc.blocks, pm.blocks, pc.nblocks * sizeof *pc.blocks);
+  assert_int_equal(pm.max_tokens, 8);
+  kvr_prompt_extend_answer(&pc, "Because.", 8);
+  kvr_prompt_extend_answer(&pr, "Because.", 8);
+  kvr_prompt_extend_answer(&pm, "Because.", 8);
+  assert_memory_equal(pc.text.data, pr.text.data, pc.text.len);
+  assert_memory_equal(pc.text.data, pm.text.data, pc.text.len);
+  kvr_prompt_free(&pc);
+  kvr_prompt_free(&pr);
+  kvr_prompt_free(&pm);
+  cJSON_Delete(chat);
+  cJSON_Delete(resp);
+  cJSON_Delete(msgs);
+}
+
+/* A Responses request continuing a stored response carries its id and no blocks (the history is
+ * the worker's); a string input is one user message; null model is the base model; reasoning items
+ * are left out; Messages needs max_tokens and a model. */
+static void test_responses_and_messages_forms(void **state) {
+  (void)state;
+  kvr_prompt_t p;
+  char err[256];
+  cJSON *b = parse("{\"model\":null,\"input\":\"" Q1 "\",\"previous_response_id\":\"resp_1\","
+                   "\"store\":false,\"max_output_tokens\":5}");
+  assert_int_equal(kvr_prompt_from_json(b, KVR_PROMPT_RESPONSES, 16, &p, err, sizeof err), 0);
+  assert_string_equal(p.previous_response_id, "resp_1");
+  assert_false(p.store);
+  assert_int_equal(p.nblocks, 0);
+  assert_int_equal(p.max_tokens, 5);
+  assert_string_equal(p.model, "");
+  kvr_prompt_extend_answer(&p, "x", 1);
+  assert_int_equal(p.nblocks, 0);
+  kvr_prompt_free(&p);
+  cJSON_Delete(b);
+  b = parse(
+      "{\"model\":\"m\",\"input\":[{\"type\":\"reasoning\",\"summary\":[]},{\"role\":\"user\","
+      "\"content\":\"hi\"}]}");
+  assert_int_equal(kvr_prompt_from_json(b, KVR_PROMPT_RESPONSES, 16, &p, err, sizeof err), 0);
+  assert_true(p.store);
+  assert_int_equal(p.text.len, strlen("\x1euser\x1fhi"));
+  kvr_prompt_free(&p);
+  cJSON_Delete(b);
+  static const struct {
+    const char *body, *param;
+    kvr_prompt_kind_t kind;
+  } bad[] = {
+      {"{\"model\":\"m\"}", "input", KVR_PROMPT_RESPONSES},
+      {"{\"model\":\"m\",\"input\":5}", "input", KVR_PROMPT_RESPONSES},
+      {"{\"model\":\"m\",\"input\":[{\"role\":\"user\"}]}", "input[0].content",
+       KVR_PROMPT_RESPONSES},
+      {"{\"model\":\"m\",\"input\":\"x\",\"previous_response_id\":3}", "previous_response_id",
+       KVR_PROMPT_RESPONSES},
+      {"{\"model\":\"m\",\"messages\":[]}", "max_tokens", KVR_PROMPT_MESSAGES},
+      {"{\"model\":\"m\",\"max_tokens\":0,\"messages\":[]}", "max_tokens", KVR_PROMPT_MESSAGES},
+      {"{\"model\":\"\",\"max_tokens\":1,\"messages\":[]}", "model", KVR_PROMPT_MESSAGES},
+      {"{\"model\":\"m\",\"max_tokens\":1}", "messages", KVR_PROMPT_MESSAGES},
+      {"{\"model\":\"m\",\"max_tokens\":1,\"messages\":[{\"role\":\"user\"}]}",
+       "messages[0].content", KVR_PROMPT_MESSAGES},
+      {"{\"model\":\"m\",\"max_tokens\":1,\"system\":7,\"messages\":[]}", "system",
+       KVR_PROMPT_MESSAGES},
+  };
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(bad); i++) {
+    b = parse(bad[i].body);
+    if (kvr_prompt_from_json(b, bad[i].kind, 16, &p, err, sizeof err) != KVR_EINVAL ||
+        strcmp(p.err_param, bad[i].param) != 0)
+      fail_msg("%s: param '%s', want '%s' (%s)", bad[i].body, p.err_param, bad[i].param, err);
+    kvr_prompt_free(&p);
+    cJSON_Delete(b);
+  }
+}
+
+/* Issue 35: cache_salt enters the first block's key as vLLM's does, so salted requests match only
+ * their own salt's blocks; Messages has no cache_salt (vLLM drops unknown keys there). */
+static void test_cache_salt(void **state) {
+  (void)state;
+  char body[1024];
+  kvr_prompt_t a, b, c, d;
+  char err[256];
+  snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"%s%s\"}", MODEL, SYS, SYS);
+  cJSON *plain = parse(body);
+  snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"%s%s\",\"cache_salt\":\"tenant-a\"}",
+           MODEL, SYS, SYS);
+  cJSON *sa = parse(body);
+  snprintf(body, sizeof body, "{\"model\":\"%s\",\"prompt\":\"%s%s\",\"cache_salt\":\"tenant-b\"}",
+           MODEL, SYS, SYS);
+  cJSON *sb = parse(body);
+  assert_int_equal(kvr_prompt_from_json(plain, KVR_PROMPT_COMPLETIONS, 64, &a, err, sizeof err), 0);
+  assert_int_equal(kvr_prompt_from_json(sa, KVR_PROMPT_COMPLETIONS, 64, &b, err, sizeof err), 0);
+  assert_int_equal(kvr_prompt_from_json(sb, KVR_PROMPT_COMPLETIONS, 64, &c, err, sizeof err), 0);
+  assert_int_equal(kvr_prompt_from_json(sa, KVR_PROMPT_COMPLETIONS, 64, &d, err, sizeof err), 0);
+  assert_true(a.nblocks == b.nblocks && b.nblocks == c.nblocks && a.nblocks > 2);
+  assert_true(b.salted && !a.salted);
+  for (size_t i = 0; i < a.nblocks; i++) {
+    assert_true(a.blocks[i] != b.blocks[i]);
+    assert_true(b.blocks[i] != c.blocks[i]);
+    assert_true(b.blocks[i] == d.blocks[i]); /* the same salt: the same blocks */
+  }
+  kvr_prompt_free(&a);
+  kvr_prompt_free(&b);
+  kvr_prompt_free(&c);
+  kvr_prompt_free(&d);
+  cJSON *empty = parse("{\"model\":\"m\",\"prompt\":\"x\",\"cache_salt\":\"\"}");
+  assert_int_equal(kvr_prompt_from_json(empty, KVR_PROMPT_COMPLETIONS, 64, &a, err, sizeof err),
+                   KVR_EINVAL);
+  assert_string_equal(a.err_param, "cache_salt");
+  kvr_prompt_free(&a);
+  cJSON_Delete(plain);
+  cJSON_Delete(sa);
+  cJSON_Delete(sb);
+  cJSON_Delete(empty);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_golden_chat), cmocka_unit_test(test_golden_completions_block16),
               cmocka_unit_test(test_new_turn_keeps_blocks),
               cmocka_unit_test(test_content_parts_match_string),
               cmocka_unit_test(test_models_never_share), cmocka_unit_test(test_completions_forms),
-              cmocka_unit_test(test_errors), cmocka_unit_test(test_route_req_view))
+              cmocka_unit_test(test_errors), cmocka_unit_test(test_route_req_view),
+              cmocka_unit_test(test_same_blocks_across_apis),
+              cmocka_unit_test(test_responses_and_messages_forms),
+              cmocka_unit_test(test_cache_salt))
