@@ -360,6 +360,10 @@ static const kvr_cli_opt_t options[] = {
      .json = "limits.max_prompt_token_ids", KVR_CLI_RANGE(1, UINT32_MAX),
      .help = "token ids in one completions prompt while some worker's max_model_len is unknown "
              "(then the largest max_model_len of the workers; 400 context_length_exceeded)"},
+    {KVR_CLI_UINT, "response-ids-max", F(response_ids_max), .arg = "N",
+     .json = "limits.response_ids_max", KVR_CLI_RANGE(1, 1u << 26),
+     .help = "Responses API ids remembered with the worker that stored them (previous_response_id, "
+             "GET and cancel go there); the oldest is forgotten first"},
     {KVR_CLI_UINT, "response-buffer-bytes", F(response_buffer_max), .arg = "N",
      .json = "limits.response_buffer_bytes",
      .help = "non-streaming responses are held whole up to this, so a failure is a clean 502"},
@@ -489,10 +493,12 @@ static const kvr_cli_cmd_t serve_cmd = {
     .usage = "--worker URL [--worker URL ...] [--discover URL] [options]",
     .about = "Runs the KV-cache-aware reverse proxy in front of OpenAI-compatible (vLLM) workers.\n"
              "Settings come from defaults, then --config FILE.json, then flags.\n"
-             "Limit: at most " WORKER_CAP_TEXT(KVR_MAX_WORKERS) " workers (KVR_MAX_WORKERS), the "
-             "--worker list, POST /admin/workers and\n"
-             "discovery together; one more is refused with a one-line error (counted in\n"
-             "kvrouter_workers_refused_total).",
+             "Limit: at most " WORKER_CAP_TEXT(
+                 KVR_MAX_WORKERS) " workers (KVR_MAX_WORKERS), the "
+                                  "--worker list, POST /admin/workers and\n"
+                                  "discovery together; one more is refused with a one-line error "
+                                  "(counted in\n"
+                                  "kvrouter_workers_refused_total).",
     .opts = options,
     .nopts = KVR_ARRAY_SIZE(options),
     .epilog = kvr_policy_print_names,
@@ -512,6 +518,7 @@ void kvr_config_init(kvr_config_t *cfg) {
   cfg->response_buffer_max = 16u << 20;
   cfg->trace_out_max_bytes = 256u << 20;
   cfg->trace_block_tokens = KVR_TRACE_BLOCK_TOKENS_DEFAULT;
+  cfg->response_ids_max = 65536;
   kvr_json_guard_limits_default(&cfg->body_guard);
   cfg->retry_after_s = 1;
   cfg->block_chars = 64;

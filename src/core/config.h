@@ -83,6 +83,7 @@ typedef struct kvr_config_s {
   char *trace_out;              /* --trace-out FILE: live traffic as a trace (serve/trace_out.h) */
   uint64_t trace_out_max_bytes; /* rotated to FILE.1 past this, default 256 MiB, 0 = never */
   size_t trace_block_tokens;    /* tokens a trace hash id stands for, default 512 */
+  size_t response_ids_max;      /* Responses API ids remembered with their worker, default 65536 */
   kvr_json_guard_limits_t body_guard; /* what one chat/completions body may hold (json_guard.h) */
 } kvr_config_t;
 

@@ -284,6 +284,7 @@ kvr_router_t *kvr_router_new(const kvr_config_t *cfg, char *err, size_t errlen) 
     return NULL;
   }
   r->kv_index = kvr_kv_index_new(KVR_MAX_WORKERS);
+  r->response_ids = kvr_affinity_new(cfg->response_ids_max);
   r->instance = kvr_random_seed() | 1;
   if (kvr_router_set_policy(r, cfg->policy, cfg->policy_params, err, errlen) != 0)
     goto fail;
@@ -309,6 +310,7 @@ void kvr_router_free(kvr_router_t *r) {
   kvr_policy_destroy(r->policy);
   kvr_cache_index_free(r->index);
   kvr_kv_index_free(r->kv_index);
+  kvr_affinity_free(r->response_ids);
   free(r->responses);
   free(r->snaps);
   free(r->scores);

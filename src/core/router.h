@@ -103,6 +103,15 @@ typedef struct kvr_response_count_s {
   uint64_t count;
 } kvr_response_count_t;
 
+/* The remembered placements' map (router_affinity.c) and what a lookup found. */
+typedef struct kvr_affinity_s kvr_affinity_t;
+typedef enum {
+  KVR_AFFINITY_HIT = 0, /* the worker that holds it, usable */
+  KVR_AFFINITY_UNKNOWN, /* never seen, or evicted */
+  KVR_AFFINITY_GONE,    /* its worker was removed or is not usable now */
+  KVR_AFFINITY_RESULTS
+} kvr_affinity_result_t;
+
 /* Where a worker's actual figures come from (see "Actual cached tokens and token counts" in
  * router.c): the scraped counters until an answer of the worker shows the figure in its usage,
  * then usage, for the requests dispatched after the last page the scrape committed (cut_ns). */
@@ -256,6 +265,10 @@ struct kvr_router_s {
    * usage figures no worker can mean (the answer then counts as one without usage). */
   uint64_t upstream_response_errors_total[KVR_HTTP_RESP_ERR_COUNT];
   uint64_t usage_rejected_total;
+  /* Remembered placements (router_affinity.c): Responses API response id -> worker. */
+  kvr_affinity_t *response_ids;
+  uint64_t response_ids_evicted_total;
+  uint64_t response_id_lookups_total[KVR_AFFINITY_RESULTS];
   uint64_t retries_inflight; /* retried requests still in flight (the retry budget) */
   uint64_t retry_budget_refused_total;
   uint64_t ejections_refused_total; /* ejections not done: last usable worker or percent cap */
@@ -557,6 +570,21 @@ void kvr_router_on_retries_exhausted(kvr_router_t *r);
  * figures were refused (proto/openai.h: usage_invalid, or above the worker's context). */
 void kvr_router_on_upstream_response_error(kvr_router_t *r, kvr_http_resp_err_t e);
 void kvr_router_on_usage_rejected(kvr_router_t *r);
+
+/* ---- remembered placements (router_affinity.c) ------------------------------------------------
+ *
+ * A Responses API response lives in the memory of the worker that produced it (vLLM's store):
+ * the proxy reports each response id with the dispatch it came from, and before routing a
+ * follow-up (previous_response_id), a GET of the response or its cancel, asks which slot holds it:
+ * the slot when its worker is still there and usable, else -1 (the request is routed as any
+ * other, and that worker tells the client the truth). At most cfg->response_ids_max ids are kept,
+ * the oldest evicted first (kvrouter_response_ids_evicted_total). */
+kvr_affinity_t *kvr_affinity_new(size_t max);
+void kvr_affinity_free(kvr_affinity_t *a);
+size_t kvr_affinity_size(const kvr_affinity_t *a);
+void kvr_router_on_response_id(kvr_router_t *r, const kvr_router_dispatch_t *acct, const char *id,
+                               size_t len);
+int kvr_router_on_response_lookup(kvr_router_t *r, const char *id, size_t len, uint64_t now_ms);
 /* The public listener's probes, counted apart from requests (kvrouter_probe_requests_total). */
 typedef enum { KVR_PROBE_HEALTH = 0, KVR_PROBE_LIVEZ = 1 } kvr_probe_t;
 void kvr_router_on_probe(kvr_router_t *r, kvr_probe_t probe);

@@ -10,6 +10,7 @@
 #include "core/router_view.h"
 
 #include "core/config.h"
+#include "proto/openai.h"
 
 #include <stddef.h>
 
@@ -396,6 +397,24 @@ static void request_metrics(const kvr_router_t *r, kvr_buf_t *out) {
     kvr_metric_sample(out, "kvrouter_upstream_response_errors_total", l.data,
                       (double)r->upstream_response_errors_total[e]);
   }
+  kvr_metric_family(out, "kvrouter_response_ids", "gauge",
+                    "Responses API ids remembered with the worker that stored them");
+  kvr_metric_sample(out, "kvrouter_response_ids", NULL, (double)kvr_affinity_size(r->response_ids));
+  counter(out, "kvrouter_response_ids_evicted_total",
+          "Responses API ids forgotten to stay within --response-ids-max (a follow-up naming one "
+          "is routed by the policy)",
+          r->response_ids_evicted_total);
+  static const char *const lookup[] = {"hit", "unknown", "worker_gone"};
+  kvr_metric_family(out, "kvrouter_response_id_lookups_total", "counter",
+                    "Requests naming a response id (previous_response_id, GET or cancel of a "
+                    "response) by what the router knew: hit (sent to the worker that stored it), "
+                    "unknown, worker_gone (removed or not usable)");
+  for (int i = 0; i < KVR_AFFINITY_RESULTS; i++) {
+    kvr_buf_reset(&l);
+    kvr_buf_printf(&l, "result=\"%s\"", lookup[i]);
+    kvr_metric_sample(out, "kvrouter_response_id_lookups_total", l.data,
+                      (double)r->response_id_lookups_total[i]);
+  }
   kvr_buf_free(&l);
   counter(
       out, "kvrouter_usage_rejected_total",
@@ -637,18 +656,16 @@ static void peer_metrics(const kvr_router_t *r, kvr_buf_t *out) {
 /* ---- responses and token streams ---- */
 
 static void response_metrics(const kvr_router_t *r, kvr_buf_t *out) {
-  static const char *const routes[] = {"chat_completions", "completions", "models", "other"};
   kvr_buf_t l = KVR_BUF_INIT;
   kvr_metric_family(out, "kvrouter_http_requests_total", "counter",
                     "Responses sent on the public listener by status code, route "
-                    "(chat_completions, completions, models, other) and worker (\"none\": "
-                    "answered by the router itself); probes excepted");
+                    "(chat_completions, completions, responses, response_by_id, messages, models, "
+                    "other) and worker (\"none\": answered by the router itself); probes excepted");
   for (size_t i = 0; i < r->nresponses; i++) {
     const kvr_response_count_t *e = &r->responses[i];
     kvr_buf_reset(&l);
     kvr_buf_printf(&l, "code=\"%d\",route=\"%s\",worker=\"%s\"", e->code,
-                   (unsigned)e->route < KVR_ARRAY_SIZE(routes) ? routes[e->route] : "other",
-                   e->worker);
+                   kvr_openai_route_name((kvr_route_t)e->route), e->worker);
     kvr_metric_sample(out, "kvrouter_http_requests_total", l.data, (double)e->count);
   }
   kvr_buf_free(&l);

@@ -191,14 +191,63 @@ void kvr_openai_scratch_free(void) {
   scratch.chunk = NULL;
 }
 
+bool kvr_openai_response_path_id(const char *path, const char **id, size_t *len) {
+  static const char prefix[] = "/v1/responses/";
+  if (strncmp(path, prefix, sizeof prefix - 1) != 0)
+    return false;
+  const char *s = path + sizeof prefix - 1, *slash = strchr(s, '/');
+  size_t n = slash ? (size_t)(slash - s) : strlen(s);
+  if (n == 0 || (slash && strcmp(slash, "/cancel") != 0))
+    return false;
+  *id = s;
+  *len = n;
+  return true;
+}
+
 kvr_route_t kvr_openai_route(const char *path) {
+  const char *id;
+  size_t n;
   if (strcmp(path, "/v1/chat/completions") == 0)
     return KVR_ROUTE_CHAT;
   if (strcmp(path, "/v1/completions") == 0)
     return KVR_ROUTE_COMPLETIONS;
   if (strcmp(path, "/v1/models") == 0)
     return KVR_ROUTE_MODELS;
+  if (strcmp(path, "/v1/responses") == 0)
+    return KVR_ROUTE_RESPONSES;
+  if (strcmp(path, "/v1/messages") == 0)
+    return KVR_ROUTE_MESSAGES;
+  if (kvr_openai_response_path_id(path, &id, &n))
+    return KVR_ROUTE_RESPONSE_ID;
   return KVR_ROUTE_OTHER;
+}
+
+const char *kvr_openai_route_name(kvr_route_t route) {
+  static const char *const names[] = {
+#define XX(name, label) label,
+      KVR_ROUTE_MAP(XX)
+#undef XX
+  };
+  return (unsigned)route < KVR_ARRAY_SIZE(names) ? names[route] : "other";
+}
+
+bool kvr_openai_route_has_prompt(kvr_route_t route) {
+  return route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS ||
+         route == KVR_ROUTE_RESPONSES || route == KVR_ROUTE_MESSAGES;
+}
+
+/* The prompt form a route's body has. */
+static kvr_prompt_kind_t route_kind(kvr_route_t route) {
+  switch (route) {
+  case KVR_ROUTE_CHAT:
+    return KVR_PROMPT_CHAT;
+  case KVR_ROUTE_RESPONSES:
+    return KVR_PROMPT_RESPONSES;
+  case KVR_ROUTE_MESSAGES:
+    return KVR_PROMPT_MESSAGES;
+  default:
+    return KVR_PROMPT_COMPLETIONS;
+  }
 }
 
 int kvr_openai_features(const char *body, size_t len, kvr_route_t route, size_t block_chars,
@@ -216,9 +265,7 @@ int kvr_openai_features(const char *body, size_t len, kvr_route_t route, size_t 
     *code = "invalid_json";
     return KVR_EINVAL;
   }
-  int rc =
-      kvr_prompt_from_json(json, route == KVR_ROUTE_CHAT ? KVR_PROMPT_CHAT : KVR_PROMPT_COMPLETIONS,
-                           block_chars, prompt, err, errlen);
+  int rc = kvr_prompt_from_json(json, route_kind(route), block_chars, prompt, err, errlen);
   if (rc != 0) {
     *code = prompt->err_code ? prompt->err_code : "invalid_value";
     kvr_prompt_free(prompt);
@@ -411,8 +458,121 @@ static void read_usage(const cJSON *obj, kvr_openai_chunk_t *out) {
     out->completion_tokens = count(ct);
 }
 
+/* A string member of obj, or NULL. */
+static const char *str_member(const cJSON *obj, const char *name) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+  return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static void set_text(kvr_openai_chunk_t *out, const char *s) {
+  if (s && s[0]) {
+    out->text = s;
+    out->text_len = strlen(s);
+  }
+}
+
+/* Usage in the Responses API's words (input_tokens, input_tokens_details.cached_tokens,
+ * output_tokens) or the Messages API's (input_tokens counts the uncached part when
+ * cache_read_input_tokens is given: vLLM's anthropic/serving.py _build_anthropic_usage), as the
+ * chat form read_usage() checks: a "usage" object with prompt_tokens, completion_tokens and
+ * prompt_tokens_details.cached_tokens. Built in a small tree the caller frees. */
+static cJSON *usage_as_chat(const cJSON *u, bool anthropic) {
+  const cJSON *in = cJSON_GetObjectItemCaseSensitive(u, "input_tokens");
+  const cJSON *outt = cJSON_GetObjectItemCaseSensitive(u, "output_tokens");
+  const cJSON *det = cJSON_GetObjectItemCaseSensitive(u, "input_tokens_details");
+  const cJSON *cached = anthropic ? cJSON_GetObjectItemCaseSensitive(u, "cache_read_input_tokens")
+                        : cJSON_IsObject(det)
+                            ? cJSON_GetObjectItemCaseSensitive(det, "cached_tokens")
+                            : NULL;
+  if (!cJSON_IsNumber(in))
+    return NULL;
+  cJSON *root = cJSON_CreateObject(), *usage = cJSON_AddObjectToObject(root, "usage");
+  double prompt = in->valuedouble + (anthropic && cJSON_IsNumber(cached) ? cached->valuedouble : 0);
+  cJSON_AddNumberToObject(usage, "prompt_tokens", prompt);
+  if (cJSON_IsNumber(outt))
+    cJSON_AddNumberToObject(usage, "completion_tokens", outt->valuedouble);
+  if (cJSON_IsNumber(cached))
+    cJSON_AddNumberToObject(cJSON_AddObjectToObject(usage, "prompt_tokens_details"),
+                            "cached_tokens", cached->valuedouble);
+  return root;
+}
+
+static void read_usage_of(const cJSON *u, bool anthropic, kvr_openai_chunk_t *out) {
+  cJSON *chat = cJSON_IsObject(u) ? usage_as_chat(u, anthropic) : NULL;
+  if (chat)
+    read_usage(chat, out);
+  cJSON_Delete(chat);
+}
+
+/* The text of a Responses body's output (message items' output_text parts, the first one) and of a
+ * Messages body's content (its text blocks, the first one). */
+static const char *first_text(const cJSON *items, const char *part_array, const char *part_type) {
+  const cJSON *it;
+  cJSON_ArrayForEach(it, items) {
+    const cJSON *parts = part_array ? cJSON_GetObjectItemCaseSensitive(it, part_array) : NULL;
+    const cJSON *p;
+    if (part_array == NULL) {
+      const char *type = str_member(it, "type");
+      if (type && strcmp(type, part_type) == 0 && str_member(it, "text"))
+        return str_member(it, "text");
+      continue;
+    }
+    cJSON_ArrayForEach(p, parts) {
+      const char *type = str_member(p, "type");
+      if (type && strcmp(type, part_type) == 0 && str_member(p, "text"))
+        return str_member(p, "text");
+    }
+  }
+  return NULL;
+}
+
+/* The Responses and Messages APIs' objects, told apart by "type" (events) or "object" (bodies):
+ * response.created (the id), response.output_text.delta (a token event), response.completed
+ * (usage), a response body; content_block_delta text_delta (a token event), message_delta (usage),
+ * a message body; "error" events. Returns false for anything else (the chat/completions forms). */
+static bool read_typed(const cJSON *obj, kvr_openai_chunk_t *out) {
+  const char *type = str_member(obj, "type"), *object = str_member(obj, "object");
+  const cJSON *resp = cJSON_GetObjectItemCaseSensitive(obj, "response");
+  if (object && strcmp(object, "response") == 0) { /* a whole Responses body */
+    out->response_id = str_member(obj, "id");
+    set_text(out,
+             first_text(cJSON_GetObjectItemCaseSensitive(obj, "output"), "content", "output_text"));
+    read_usage_of(cJSON_GetObjectItemCaseSensitive(obj, "usage"), false, out);
+    return true;
+  }
+  if (type == NULL)
+    return false;
+  if (strcmp(type, "response.created") == 0 || strcmp(type, "response.completed") == 0) {
+    out->response_id = str_member(resp, "id");
+    if (strcmp(type, "response.completed") == 0)
+      read_usage_of(cJSON_GetObjectItemCaseSensitive(resp, "usage"), false, out);
+  } else if (strcmp(type, "response.output_text.delta") == 0) {
+    set_text(out, str_member(obj, "delta"));
+  } else if (strcmp(type, "content_block_delta") == 0) {
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(obj, "delta");
+    const char *dt = str_member(d, "type");
+    if (dt && strcmp(dt, "text_delta") == 0)
+      set_text(out, str_member(d, "text"));
+  } else if (strcmp(type, "message_delta") == 0) {
+    read_usage_of(cJSON_GetObjectItemCaseSensitive(obj, "usage"), true, out);
+  } else if (strcmp(type, "message") == 0) { /* a whole Messages body */
+    set_text(out, first_text(cJSON_GetObjectItemCaseSensitive(obj, "content"), NULL, "text"));
+    read_usage_of(cJSON_GetObjectItemCaseSensitive(obj, "usage"), true, out);
+  } else if (strcmp(type, "error") == 0 || strcmp(type, "response.failed") == 0) {
+    out->error = obj;
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(obj, "error");
+    out->error_message = str_member(cJSON_IsObject(e) ? e : obj, "message");
+  } else {
+    return strncmp(type, "response.", 9) == 0 || strncmp(type, "message_", 8) == 0 ||
+           strncmp(type, "content_block_", 14) == 0;
+  }
+  return true;
+}
+
 void kvr_openai_chunk_read(const cJSON *obj, kvr_openai_chunk_t *out) {
   memset(out, 0, sizeof *out);
+  if (read_typed(obj, out))
+    return;
   read_text(obj, out);
   read_usage(obj, out);
   out->error = cJSON_GetObjectItemCaseSensitive(obj, "error");

@@ -30,16 +30,37 @@
 /* ---- routes and requests ----------------------------------------------------------------------
  */
 
-/* Route of an OpenAI request, from its path. */
+/* Route of a request, from its path; the second column is its label on /metrics. */
+#define KVR_ROUTE_MAP(XX)                                                                          \
+  XX(CHAT, "chat_completions")      /* /v1/chat/completions */                                     \
+  XX(COMPLETIONS, "completions")    /* /v1/completions */                                          \
+  XX(MODELS, "models")              /* /v1/models */                                               \
+  XX(OTHER, "other")                /* anything else: forwarded as is, not routed by prompt */     \
+  XX(RESPONSES, "responses")        /* POST /v1/responses (OpenAI's Responses API) */              \
+  XX(RESPONSE_ID, "response_by_id") /* /v1/responses/{id}[/cancel]: the worker that stored it */   \
+  XX(MESSAGES, "messages")          /* POST /v1/messages (Anthropic's Messages API) */
+
 typedef enum {
-  KVR_ROUTE_CHAT,        /* /v1/chat/completions */
-  KVR_ROUTE_COMPLETIONS, /* /v1/completions */
-  KVR_ROUTE_MODELS,      /* /v1/models */
-  KVR_ROUTE_OTHER        /* anything else: forwarded as is, not routed by prompt */
+#define XX(name, label) KVR_ROUTE_##name,
+  KVR_ROUTE_MAP(XX)
+#undef XX
+      KVR_ROUTE_COUNT
 } kvr_route_t;
 
-/* The route of a request path (without the query string); exact matches only. */
+/* The route of a request path (without the query string): exact matches, and /v1/responses/ID or
+ * /v1/responses/ID/cancel (ID one path segment) for KVR_ROUTE_RESPONSE_ID. */
 kvr_route_t kvr_openai_route(const char *path);
+
+/* The route's metrics label ("chat_completions"), "other" out of range. */
+const char *kvr_openai_route_name(kvr_route_t route);
+
+/* True for the routes whose body carries a prompt the router reads (chat, completions, Responses,
+ * Messages). */
+bool kvr_openai_route_has_prompt(kvr_route_t route);
+
+/* The response id of a KVR_ROUTE_RESPONSE_ID path, /v1/responses/ID[/cancel]: *id points into
+ * path, *len its length. False for other paths. */
+bool kvr_openai_response_path_id(const char *path, const char **id, size_t *len);
 
 /* Parses and validates the JSON body[0..len) of a chat (route KVR_ROUTE_CHAT) or completions (any
  * other route) request into prompt features with blocks of block_chars bytes. prompt is
@@ -137,9 +158,13 @@ typedef struct kvr_openai_chunk_s {
   uint64_t prompt_tokens;     /* usage.prompt_tokens */
   uint64_t cached_tokens;     /* usage.prompt_tokens_details.cached_tokens */
   uint64_t completion_tokens; /* usage.completion_tokens */
-  /* The "error" member (JSON null included), NULL when absent; error.message when a string. */
+  /* The "error" member (JSON null included), NULL when absent; error.message when a string. For
+   * the Responses and Messages APIs an event or body of "type": "error" sets it too. */
   const cJSON *error;
   const char *error_message;
+  /* Responses API: the response's id ("id" of a response body, response.id of the
+   * response.created event), NULL when the object names none. */
+  const char *response_id;
 } kvr_openai_chunk_t;
 
 /* Parses JSON text like cJSON_ParseWithLength, into this thread's scratch arena (see openai.c):

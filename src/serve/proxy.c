@@ -111,6 +111,7 @@ struct px_s {
   kvr_prompt_t prompt;
   bool has_prompt;
   bool prompt_cut; /* the body held U+0000: routed by load, nothing learned (guard_body()) */
+  int pin_slot;    /* the worker that stored the response this request names, or -1 */
   kvr_route_req_t rreq;
   /* Precise mode: the prompt's token-block chain (rreq.kv_chain points here) and the tokenize
    * call in flight before the decision. */
@@ -299,6 +300,14 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud) {
   return len;
 }
 
+/* A Responses answer names its id (its body, or the response.created event): the worker it came
+ * from holds it now (when the worker stores responses), so the router remembers where it is. */
+static void take_response_id(px_t *px, const kvr_openai_chunk_t *c) {
+  if (c->response_id && px->route == KVR_ROUTE_RESPONSES && px->acct.open && px->status >= 200 &&
+      px->status < 300)
+    kvr_router_on_response_id(px->r, &px->acct, c->response_id, strlen(c->response_id));
+}
+
 /* Keeps the usage figures of a response object (streaming chunk or whole body). */
 static void take_usage(px_t *px, const kvr_openai_chunk_t *c) {
   /* Refused figures (openai.h: not integers in [0, 2^32], cached above prompt) or a total above
@@ -360,6 +369,7 @@ static void sse_line(void *data, const char *line, size_t len) {
     return;
   kvr_openai_chunk_t c;
   kvr_openai_chunk_read(obj, &c);
+  take_response_id(px, &c);
   if (take_text(px, &c)) {
     kvr_router_on_token(px->r, &px->acct); /* the first one also ends the prefill */
     token_timing(px);
@@ -532,6 +542,48 @@ static void px_end(px_t *px) {
   pump(px->proxy); /* a worker may have room now */
 }
 
+/* Anthropic's error type for a status (its documented names: invalid_request_error,
+ * not_found_error, request_too_large, rate_limit_error, api_error, overloaded_error). */
+static const char *anthropic_type(int status) {
+  switch (status) {
+  case 401:
+    return "authentication_error";
+  case 403:
+    return "permission_error";
+  case 404:
+    return "not_found_error";
+  case 413:
+    return "request_too_large";
+  case 429:
+    return "rate_limit_error";
+  case 503:
+  case 529:
+    return "overloaded_error";
+  default:
+    return status < 500 ? "invalid_request_error" : "api_error";
+  }
+}
+
+/* An error the router answers itself, in the shape of the API the client speaks: Anthropic's
+ * {"type":"error","error":{"type","message"}} on /v1/messages, OpenAI's elsewhere (kvr_http_error;
+ * type NULL: from the status). Finishes req. extra: header lines or "". */
+static void api_error(kvr_http_req_t *req, kvr_route_t route, int status, const char *extra,
+                      const char *type, const char *code, const char *message) {
+  if (route != KVR_ROUTE_MESSAGES) {
+    kvr_http_error_h(req, status, extra, type, code, "%s", message);
+    return;
+  }
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_buf_puts(&b, "{\"type\":\"error\",\"error\":{\"type\":");
+  const char *t = anthropic_type(status);
+  kvr_buf_json_str(&b, t, strlen(t));
+  kvr_buf_puts(&b, ",\"message\":");
+  kvr_buf_json_str(&b, message, strlen(message));
+  kvr_buf_puts(&b, "}}\n");
+  kvr_http_respond(req, status, "application/json", extra, b.data, b.len);
+  kvr_buf_free(&b);
+}
+
 static void fail(px_t *px, int status, const char *code, const char *outcome, const char *fmt,
                  const char *detail) {
   kvr_router_t *r = px->r;
@@ -539,20 +591,36 @@ static void fail(px_t *px, int status, const char *code, const char *outcome, co
   if (status == 502 || status == 504)
     kvr_router_on_upstream_failure(r);
   if (px->req && !px->req->started) {
-    char extra[64] = "";
+    char extra[64] = "", msg[512];
     if (status == 503)
       snprintf(extra, sizeof extra, "Retry-After: %llu\r\n",
                (unsigned long long)r->cfg->retry_after_s);
-    kvr_http_error_h(detach(px, status), status, extra, NULL, code, fmt, detail);
+    snprintf(msg, sizeof msg, fmt, detail);
+    api_error(detach(px, status), px->route, status, extra, NULL, code, msg);
   }
 }
 
 /* Client-visible end of a response whose transfer broke after the client response started. */
 static void broken_stream(px_t *px, const char *why) {
   if (px->sse) {
-    /* vLLM's own shape for an error inside a stream: an error event, then [DONE]. */
+    /* The API's own shape for an error inside a stream: vLLM's error event then [DONE] (chat,
+     * completions); an "error" event (Responses, Messages: vLLM's anthropic stream converter). */
     kvr_buf_t ev = KVR_BUF_INIT;
-    kvr_openai_stream_error_event(&ev, why);
+    char msg[256];
+    snprintf(msg, sizeof msg, "upstream worker failed mid-stream: %s", why);
+    if (px->route == KVR_ROUTE_MESSAGES) {
+      kvr_buf_puts(&ev, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":"
+                        "\"api_error\",\"message\":");
+      kvr_buf_json_str(&ev, msg, strlen(msg));
+      kvr_buf_puts(&ev, "}}\n\n");
+    } else if (px->route == KVR_ROUTE_RESPONSES) {
+      kvr_buf_puts(&ev, "event: error\ndata: {\"type\":\"error\",\"code\":"
+                        "\"upstream_stream_broken\",\"param\":null,\"message\":");
+      kvr_buf_json_str(&ev, msg, strlen(msg));
+      kvr_buf_puts(&ev, "}\n\n");
+    } else {
+      kvr_openai_stream_error_event(&ev, why);
+    }
     kvr_http_write(px->req, ev.data, ev.len);
     kvr_buf_free(&ev);
   } else {
@@ -628,6 +696,7 @@ static void read_held_body(px_t *px) {
     return;
   kvr_openai_chunk_t c;
   kvr_openai_chunk_read(obj, &c);
+  take_response_id(px, &c);
   take_text(px, &c);
   take_usage(px, &c);
 }
@@ -1013,14 +1082,16 @@ static void attempt(px_t *px) {
   /* Never a worker this request tried; a first attempt also avoids workers at the admission bound
    * (admit() saw one with room). */
   kvr_router_avoid_t avoid = {px->tried, (size_t)px->attempts, px->attempts == 0};
-  int slot = kvr_router_decide(r, &px->rreq, &avoid, true, &d);
+  int pin = px->attempts == 0 ? px->pin_slot : -1;
+  int slot = pin >= 0 ? pin : kvr_router_decide(r, &px->rreq, &avoid, true, &d);
   if (slot < 0) {
     no_worker(px);
     return;
   }
   attempt_begin(px, slot);
   uint64_t prompt_tokens = px->has_prompt ? px->prompt.prompt_tokens : 0;
-  kvr_router_on_dispatch(r, slot, prompt_tokens, d.snaps[slot].matched_blocks, &px->acct);
+  kvr_router_on_dispatch(r, slot, prompt_tokens, pin >= 0 ? 0 : d.snaps[slot].matched_blocks,
+                         &px->acct);
   px->easy = upstream_transfer(px);
   if (kvr_curlm_add(px->proxy->curlm, px->easy, on_done, px) != 0) {
     fail(px, 502, "upstream_error", "internal", "%s", "cannot start an upstream transfer");
@@ -1150,6 +1221,23 @@ static bool tokenize(px_t *px, kvr_route_t route) {
   return px->tok_op != NULL;
 }
 
+/* A request that names a stored response (a Responses follow-up's previous_response_id, or a GET
+ * or cancel of /v1/responses/ID) goes to the worker that stored it when the router knows it
+ * (kvr_router_on_response_lookup); otherwise the policy decides, and that worker answers with the
+ * truth (vLLM's 404 for a response it does not hold). */
+static void pin_response(px_t *px, kvr_route_t route) {
+  const char *id = NULL;
+  size_t len = 0;
+  if (route == KVR_ROUTE_RESPONSES && px->has_prompt && px->prompt.previous_response_id) {
+    id = px->prompt.previous_response_id;
+    len = strlen(id);
+  } else if (route != KVR_ROUTE_RESPONSE_ID ||
+             !kvr_openai_response_path_id(px->req->path, &id, &len)) {
+    return;
+  }
+  px->pin_slot = kvr_router_on_response_lookup(px->r, id, len, kvr_router_now_ns(px->r) / 1000000u);
+}
+
 /* The context a prompt must fit: the largest max_model_len of the workers (GET /v1/models), or 0
  * while some worker's is unknown (the configured bound then applies). */
 static uint64_t guard_context(const kvr_router_t *r) {
@@ -1177,14 +1265,15 @@ static bool guard_body(kvr_router_t *r, kvr_http_req_t *req, kvr_route_t route, 
     lim.max_prompt_tokens = ctx;
   lim.seed = r->instance;
   kvr_json_guard_verdict_t v;
-  kvr_json_guard_kind_t kind =
-      route == KVR_ROUTE_CHAT ? KVR_JSON_GUARD_CHAT : KVR_JSON_GUARD_COMPLETIONS;
+  kvr_json_guard_kind_t kind = route == KVR_ROUTE_CHAT          ? KVR_JSON_GUARD_CHAT
+                               : route == KVR_ROUTE_COMPLETIONS ? KVR_JSON_GUARD_COMPLETIONS
+                                                                : KVR_JSON_GUARD_ANY;
   if (kvr_json_guard_check(req->body.data, req->body.len, kind, &lim, &v) == 0) {
     *has_nul = v.has_nul;
     return true;
   }
   local_log(r, req, v.status, "invalid_request");
-  kvr_http_error(req, v.status, "invalid_request_error", v.code, "%s", v.message);
+  api_error(req, route, v.status, "", "invalid_request_error", v.code, v.message);
   return false;
 }
 
@@ -1194,8 +1283,7 @@ static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_route_t route = kvr_openai_route(req->path);
   (void)tail;
   bool has_nul = false;
-  if ((route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS) &&
-      !guard_body(r, req, route, &has_nul))
+  if (kvr_openai_route_has_prompt(route) && !guard_body(r, req, route, &has_nul))
     return;
   px_t *px = kvr_xcalloc(1, sizeof *px);
   px->proxy = p;
@@ -1204,14 +1292,15 @@ static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
   px->route = route;
   kvr_prompt_init(&px->prompt);
   kvr_openai_sse_init(&px->sse_lines, SSE_LINE_MAX);
-  if (route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS) {
+  px->pin_slot = -1;
+  if (kvr_openai_route_has_prompt(route)) {
     char err[256];
     const char *code = NULL;
     if (kvr_openai_features(req->body.data, req->body.len, route, r->cfg->block_chars, &px->prompt,
                             err, sizeof err, &code) != 0) {
       free(px);
       local_log(r, req, 400, "invalid_request");
-      kvr_http_error(req, 400, "invalid_request_error", code, "%s", err);
+      api_error(req, route, 400, "", "invalid_request_error", code, err);
       return;
     }
     px->has_prompt = true;
@@ -1233,7 +1322,9 @@ static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
   px->timer.data = px;
   kvr_list_insert_head(&p->pxs, &px->node);
   p->active++;
-  if (px->has_prompt && !px->prompt_cut && tokenize(px, route))
+  pin_response(px, route);
+  if (px->has_prompt && !px->prompt_cut &&
+      (route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS) && tokenize(px, route))
     return; /* admitted when the ids arrive */
   admit(px);
 }

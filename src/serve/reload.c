@@ -92,6 +92,8 @@ static const scalar_t scalars[] = {
     SC("limits.max_body_buffer_bytes", K_SIZE, limits.max_body_buffer, false),
     /* The trace file is opened with these at start. */
     SC("trace.max_bytes", K_U64, trace_out_max_bytes, false),
+    /* The router sizes its response-id map at start. */
+    SC("limits.response_ids_max", K_SIZE, response_ids_max, false),
     SC("trace.block_tokens", K_SIZE, trace_block_tokens, false),
     /* The cache index is sized and hashed with these. */
     SC("cache.block_chars", K_SIZE, block_chars, false),
