@@ -1022,7 +1022,60 @@ static void test_metrics_process(void **state) {
   assert_true(st.max_fds >= st.open_fds);
 }
 
+/* Remembered Responses ids (router_affinity.c): a lookup finds the worker that stored the id,
+ * "unknown" for ids never seen, "worker_gone" once the worker is drained away; past the bound the
+ * oldest ids are forgotten (and counted) while newer ones stay findable through the table's
+ * deletions (backward shift). */
+static void test_response_id_affinity(void **state) {
+  (void)state;
+  fx_t f;
+  kvr_config_init(&f.cfg);
+  char err[256];
+  for (int i = 0; i < 3; i++) {
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", 1 + i);
+    assert_int_equal(kvr_config_add_worker(&f.cfg, url, err, sizeof err), 0);
+  }
+  f.cfg.scrape_interval_ms = 0;
+  f.cfg.response_ids_max = 100;
+  f.r = kvr_router_new(&f.cfg, err, sizeof err);
+  assert_non_null(f.r);
+  kvr_router_t *r = f.r;
+  kvr_router_dispatch_t acct[3];
+  for (int s = 0; s < 3; s++) {
+    memset(&acct[s], 0, sizeof acct[s]);
+    acct[s].worker_id = r->slots[s]->id;
+  }
+  char id[32];
+  for (int i = 0; i < 250; i++) {
+    snprintf(id, sizeof id, "resp_%016x", i);
+    kvr_router_on_response_id(r, &acct[i % 3], id, strlen(id));
+  }
+  assert_int_equal(kvr_affinity_size(r->response_ids), 100);
+  assert_int_equal(r->response_ids_evicted_total, 150);
+  for (int i = 0; i < 250; i++) {
+    snprintf(id, sizeof id, "resp_%016x", i);
+    int slot = kvr_router_on_response_lookup(r, id, strlen(id), 0);
+    if (i < 150)
+      assert_int_equal(slot, -1);
+    else
+      assert_int_equal(slot, i % 3);
+  }
+  assert_int_equal(r->response_id_lookups_total[KVR_AFFINITY_UNKNOWN], 150);
+  assert_int_equal(r->response_id_lookups_total[KVR_AFFINITY_HIT], 100);
+  /* The newest placement of an id wins; a drained worker's ids answer "gone". */
+  snprintf(id, sizeof id, "resp_%016x", 249); /* on slot 0 */
+  kvr_router_on_response_id(r, &acct[1], id, strlen(id));
+  assert_int_equal(kvr_router_on_response_lookup(r, id, strlen(id), 0), 1);
+  kvr_router_drain_worker(r, r->slots[1]->id);
+  assert_int_equal(kvr_router_on_response_lookup(r, id, strlen(id), 0), -1);
+  assert_int_equal(r->response_id_lookups_total[KVR_AFFINITY_GONE], 1);
+  assert_int_equal(kvr_router_on_response_lookup(r, "", 0, 0), -1);
+  fx_close(&f);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_round_robin_and_tried),
+              cmocka_unit_test(test_response_id_affinity),
               cmocka_unit_test(test_look_changes_nothing),
               cmocka_unit_test(test_accounting_and_drain),
               cmocka_unit_test(test_failures_mark_down), cmocka_unit_test(test_policy_switch),
