@@ -48,6 +48,7 @@
  */
 #include "loadgen.h"
 #include "np_random.h"
+#include "trace_replay.h"
 
 #include "base/buf.h"
 #include "base/kvr.h"
@@ -803,6 +804,12 @@ static void send_turn(kvr_loadgen_t *lg, conv_t *cv, uint64_t target_ns) {
   }
   kvr_list_insert_head(&lg->inflight, &r->node);
   lg->ninflight++;
+  if (cv->conv.raw) {
+    /* A trace request is sent once and its body holds the prompt: the conversation's copy (tens of
+     * kilobytes, thousands per level) is not kept until the level ends. */
+    free(cv->conv.turns[0].user);
+    cv->conv.turns[0].user = NULL;
+  }
 }
 
 /* The waiting conversation whose next turn became eligible first, NULL if none is due by now. */
@@ -1152,6 +1159,14 @@ static size_t level_reset(kvr_loadgen_t *lg, double rate, unsigned concurrency,
     lg->warmup = (unsigned)KVR_MAX((double)lg->warmup, ceil(rate * lg->o.warmup_s));
     measured = (size_t)KVR_MAX((double)measured, ceil(rate * lg->o.min_level_s));
   }
+  const kvr_trace_replay_t *tr = kvr_workload_trace(lg->wl);
+  if (tr != NULL && rate > 0) {
+    /* A trace level sends the trace (its window) once, from its first request: the warm-up ones
+     * first, every other one measured; --num-prompts and --min-level-s do not apply. */
+    size_t n = kvr_trace_replay_count(tr);
+    lg->warmup = (unsigned)KVR_MIN((size_t)lg->warmup, n > 0 ? n - 1 : 0);
+    measured = n - lg->warmup;
+  }
   /* Concurrency mode: the plan (its sends are not counted against it; see may_send()). */
   lg->total = lg->warmup + measured;
   lg->sent = lg->done = lg->failed = lg->next_arrival = 0;
@@ -1180,7 +1195,17 @@ static size_t level_reset(kvr_loadgen_t *lg, double rate, unsigned concurrency,
  * serve --seed S` draws for them at this rate, after the warm-up sends. */
 static void build_arrivals(kvr_loadgen_t *lg) {
   double real_rate = lg->rate * scale(lg);
-  lg->arrivals = kvr_xmalloc(lg->total * sizeof(uint64_t));
+  lg->arrivals = kvr_xmalloc((lg->total ? lg->total : 1) * sizeof(uint64_t));
+  const kvr_trace_replay_t *tr = kvr_workload_trace(lg->wl);
+  if (tr != NULL) {
+    /* The trace's own arrivals, compressed or stretched to the rate (trace_replay.h); all at once
+     * in the trace (no span to scale): 1/rate apart. */
+    double f = kvr_trace_replay_factor(tr, lg->rate);
+    for (size_t i = 0; i < lg->total; i++)
+      lg->arrivals[i] = (uint64_t)llround(
+          (f > 0 ? kvr_trace_replay_arrival_s(tr, i) * f : (double)i / lg->rate) / scale(lg) * 1e9);
+    return;
+  }
   kvr_rng_t rng;
   kvr_workload_rng_seed(&rng, kvr_workload_mix(lg->level_seed, 0xA77));
   size_t own = lg->o.arrival_seed >= 0 ? lg->warmup : lg->total;
@@ -1241,8 +1266,10 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
   /* Measured records keep their ITLs: size for the longest outputs so none is copied mid-level.
    * A concurrency level also records each user's first request and some cool-down ones. */
   const kvr_workload_opts_t *wo = kvr_workload_opts(lg->wl);
+  const kvr_trace_replay_t *tr = kvr_workload_trace(lg->wl);
   kvr_stats_level_reserve(lv, lg->total + 2 * (size_t)concurrency,
-                          measured * KVR_MAX(wo->out_max, 1u));
+                          tr ? (size_t)kvr_trace_replay_stats(tr)->sent_output_tokens
+                             : measured * KVR_MAX(wo->out_max, 1u));
   lg->start_ns = now_ns(lg);
   lg->level_no++;
   lg->last_progress_ns = lg->start_ns;

@@ -24,6 +24,7 @@
 #include "base/list.h"
 #include "base/metrics.h"
 #include "net/curlm.h"
+#include "proto/vllm.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -522,14 +523,37 @@ int kvr_monitor_set_policy(kvr_monitor_t *m, const char *policy, const char *par
   return rc;
 }
 
+/* GET /v1/models at the benchmarked endpoint's /v1 root, run to its end; url gets its URL. */
+static call_t *get_models(kvr_monitor_t *m, char url[600]) {
+  const char *v1 = strstr(m->url, "/v1/");
+  int root = v1 ? (int)(v1 - m->url) : (int)strlen(m->base);
+  snprintf(url, 600, "%.*s/v1/models", root, m->url);
+  call_t *c = call_start(m, "GET", url, NULL, true, -1, MON_JSON_MAX, MON_TIMEOUT_MS);
+  run_sync(m);
+  return c;
+}
+
+int kvr_monitor_fetch_max_model_len(kvr_monitor_t *m, uint64_t *max_model_len, char *err,
+                                    size_t errlen) {
+  char url[600];
+  call_t *c = get_models(m, url);
+  int rc;
+  if (!call_ok(c)) {
+    rc = call_failed(c, "GET", url, err, errlen);
+  } else {
+    rc = kvr_vllm_parse_models(c->body.data ? c->body.data : "", c->body.len, max_model_len);
+    if (rc != 0)
+      snprintf(err, errlen, "GET %s: no max_model_len in the answer", url);
+  }
+  if (c)
+    call_free(c);
+  return rc;
+}
+
 int kvr_monitor_fetch_model(kvr_monitor_t *m, char *model, size_t size, char *err, size_t errlen) {
   /* The models list lives at the same /v1 root as the benchmarked endpoint. */
   char url[600];
-  const char *v1 = strstr(m->url, "/v1/");
-  int root = v1 ? (int)(v1 - m->url) : (int)strlen(m->base);
-  snprintf(url, sizeof(url), "%.*s/v1/models", root, m->url);
-  call_t *c = call_start(m, "GET", url, NULL, true, -1, MON_JSON_MAX, MON_TIMEOUT_MS);
-  run_sync(m);
+  call_t *c = get_models(m, url);
   int rc;
   if (!call_ok(c)) {
     rc = call_failed(c, "GET", url, err, errlen);

@@ -47,6 +47,13 @@ void kvr_monitor_free(kvr_monitor_t *m);
  * or KVR_EIO / KVR_EUPSTREAM / KVR_EPARSE with the reason in err. */
 int kvr_monitor_fetch_model(kvr_monitor_t *m, char *model, size_t size, char *err, size_t errlen);
 
+/* Asks the same GET /v1/models for the served context: *max_model_len gets the smallest
+ * max_model_len of its models (vLLM's and the simulator's list give one per model). Runs the loop
+ * until the answer. Returns 0, or KVR_EIO / KVR_EUPSTREAM / KVR_EPARSE (the list gives none) with
+ * the reason in err. */
+int kvr_monitor_fetch_max_model_len(kvr_monitor_t *m, uint64_t *max_model_len, char *err,
+                                    size_t errlen);
+
 /* Switches the router's policy: PUT ADMIN/admin/policy with {"policy": NAME} and, when params (a
  * JSON object's text) is not NULL, "params": params. Runs the loop until the answer. Returns 0,
  * KVR_EINVAL without an admin URL, or KVR_EUPSTREAM / KVR_EIO with the reason in err. */

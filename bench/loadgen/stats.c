@@ -429,5 +429,6 @@ void kvr_stats_results_free(kvr_results_t *res) {
   free(res->workload_desc);
   free(res->command);
   free(res->virtual_desc);
+  free(res->trace);
   free(res);
 }

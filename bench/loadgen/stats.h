@@ -194,6 +194,33 @@ const kvr_level_t *kvr_stats_run_find(const kvr_run_t *run, double rate, unsigne
  * 0 when none passes. */
 double kvr_stats_run_max_load(const kvr_run_t *run);
 
+/* A trace workload's own figures (bench/loadgen/trace_replay.h), which the report states beside
+ * each policy's: the window's requests as the file has them, and the requests a level sends (the
+ * window's less those longer than the workers' context, which are counted here and never sent).
+ * "Seen earlier" is the infinite cache: a request's leading hash blocks whose whole prefix an
+ * earlier request (by arrival) of the same set carried. */
+typedef struct kvr_trace_stats_s {
+  char file[128];                      /* the file's name, without its folder */
+  unsigned block_tokens;               /* the tokens one hash id stands for */
+  bool windowed;                       /* --trace-window was given */
+  double window_start_s, window_end_s; /* that window, trace seconds (end < 0: to the end) */
+  size_t file_requests;                /* requests in the file */
+  size_t requests;                     /* requests in the window */
+  double span_s;                       /* the window's first to last arrival, trace seconds */
+  double mean_rate;                    /* (requests - 1) / span_s, req/s; 0 when span_s is 0 */
+  kvr_dist_t input, output;            /* tokens per request (the window's) */
+  uint64_t blocks, blocks_seen;        /* hash blocks, and those seen earlier */
+  uint64_t input_tokens, tokens_seen;  /* input tokens, and those of blocks seen earlier */
+  kvr_dist_t shared;                   /* per request: input tokens of its blocks seen earlier */
+  size_t shared_none;                  /* requests none of whose blocks was seen earlier */
+  uint64_t max_context;                /* the workers' context (input + output); 0: not known */
+  size_t over_context;                 /* requests longer than it: never sent */
+  size_t sent;                         /* requests each level sends */
+  double sent_span_s, sent_rate;       /* their span and mean rate: the rate a level scales */
+  uint64_t sent_input_tokens, sent_output_tokens;
+  uint64_t sent_tokens_seen; /* input tokens seen earlier among the sent requests only */
+} kvr_trace_stats_t;
+
 typedef struct kvr_results_s {
   /* Configuration, for the report. Strings owned. */
   char *title;
@@ -218,7 +245,8 @@ typedef struct kvr_results_s {
   uint64_t seed;
   kvr_slo_t slo;
   const char *cache_reset; /* how prefix caches were reset before each run (static text), or NULL */
-  kvr_run_t *runs;         /* owned; runs[0] is the baseline */
+  kvr_trace_stats_t *trace; /* owned: a trace workload's own figures; NULL for other workloads */
+  kvr_run_t *runs;          /* owned; runs[0] is the baseline */
   size_t nruns;
 } kvr_results_t;
 

@@ -5,7 +5,8 @@
  * kvr_conv_t is one conversation handed to the load generator; it borrows shared text from the
  * workload and owns its turns.
  *
- * Flow: kvr_workload_new() builds the pool or parses the file; the load generator asks for
+ * Flow: kvr_workload_new() builds the pool, parses the file or opens the trace (trace_replay.h,
+ * which reads it and writes each request's prompt); the load generator asks for
  * conversation k of a level with kvr_workload_conv() and renders each turn's request with
  * kvr_workload_body(), passing the answers it actually streamed back. agentic and hot-prefix build
  * their conversations in agentic_conv() and hot_conv(); agentic takes its own output defaults in
@@ -16,8 +17,10 @@
  * it (levels and A/B labels are paired exactly). Text is generated at ~4 characters per token.
  */
 #include "workload.h"
+#include "trace_replay.h"
 
 #include "base/kvr.h"
+#include "proto/trace.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -184,6 +187,9 @@ void kvr_workload_opts_default(kvr_workload_opts_t *o) {
   o->tool_max_tokens = 3000;
   o->agentic_max_context = 100000;
   o->hot_fraction = 0.8;
+  o->trace_block_tokens = KVR_TRACE_BLOCK_TOKENS_DEFAULT;
+  o->trace_window_start_s = 0;
+  o->trace_window_end_s = -1;
 }
 
 /* Parses one of two names into a flag: off_name -> false, on_name -> true. */
@@ -219,8 +225,27 @@ int kvr_workload_parse_kind(const char *spec, kvr_workload_opts_t *o) {
   else if (strncmp(spec, "file:", 5) == 0 && spec[5] != '\0') {
     o->kind = KVR_WL_FILE;
     o->path = spec + 5;
+  } else if (strncmp(spec, "trace:", 6) == 0 && spec[6] != '\0') {
+    o->kind = KVR_WL_TRACE;
+    o->path = spec + 6;
   } else
     return KVR_EINVAL;
+  return 0;
+}
+
+int kvr_workload_parse_window(const char *spec, kvr_workload_opts_t *o) {
+  char *end;
+  double a = strtod(spec, &end), b = -1;
+  if (end == spec || *end != ':' || !(a >= 0) || !isfinite(a))
+    return KVR_EINVAL;
+  const char *rest = end + 1;
+  if (*rest != '\0') {
+    b = strtod(rest, &end);
+    if (end == rest || *end != '\0' || !(b > a) || !isfinite(b))
+      return KVR_EINVAL;
+  }
+  o->trace_window_start_s = a;
+  o->trace_window_end_s = b;
   return 0;
 }
 
@@ -241,6 +266,7 @@ struct kvr_workload_s {
   size_t npool;
   file_conv_t *convs; /* file workloads; owned */
   size_t nconvs;
+  kvr_trace_replay_t *trace; /* trace workloads; owned */
 };
 
 static void file_conv_free(file_conv_t *c) {
@@ -263,6 +289,7 @@ void kvr_workload_free(kvr_workload_t *wl) {
     file_conv_free(&wl->convs[i]);
   free(wl->convs);
   free(wl->path);
+  kvr_trace_replay_free(wl->trace);
   free(wl);
 }
 
@@ -527,6 +554,23 @@ static int check_kind_opts(const kvr_workload_opts_t *o, char *err, size_t errle
   return 0;
 }
 
+/* trace: reads the file (trace_replay.h) with the template of the API the prompts go to. */
+static int open_trace(kvr_workload_t *wl, char *err, size_t errlen) {
+  const kvr_workload_opts_t *o = &wl->opts;
+  kvr_trace_replay_opts_t to = {.path = o->path,
+                                .block_tokens = o->trace_block_tokens,
+                                .window_start_s = o->trace_window_start_s,
+                                .window_end_s = o->trace_window_end_s,
+                                .max_context = o->max_context,
+                                .chat = o->api == KVR_API_CHAT};
+  if ((wl->trace = kvr_trace_replay_open(&to, err, errlen)) == NULL)
+    return KVR_EINVAL;
+  wl->path = kvr_xstrdup(o->path);
+  wl->opts.path = wl->path;
+  snprintf(wl->name, sizeof(wl->name), "trace:%.80s", kvr_trace_replay_stats(wl->trace)->file);
+  return 0;
+}
+
 kvr_workload_t *kvr_workload_new(const kvr_workload_opts_t *opts, char *err, size_t errlen) {
   const kvr_workload_opts_t *o = opts;
   if (o->turns < 1 || o->turns > 64 || o->starters < 1 || o->documents < 1 || o->questions < 1 ||
@@ -589,6 +633,12 @@ kvr_workload_t *kvr_workload_new(const kvr_workload_opts_t *opts, char *err, siz
     snprintf(wl->name, sizeof(wl->name), "file:%s", base ? base + 1 : wl->path);
     break;
   }
+  case KVR_WL_TRACE:
+    if (open_trace(wl, err, errlen) != 0) {
+      kvr_workload_free(wl);
+      return NULL;
+    }
+    break;
   default:
     snprintf(err, errlen, "workload: unknown kind");
     kvr_workload_free(wl);
@@ -607,6 +657,36 @@ const kvr_workload_opts_t *kvr_workload_opts(const kvr_workload_t *wl) {
 
 size_t kvr_workload_file_size(const kvr_workload_t *wl) {
   return wl->nconvs;
+}
+
+const kvr_trace_replay_t *kvr_workload_trace(const kvr_workload_t *wl) {
+  return wl->trace;
+}
+
+size_t kvr_workload_set_max_context(kvr_workload_t *wl, uint64_t max_context) {
+  if (wl->trace == NULL)
+    return 0;
+  wl->opts.max_context = max_context;
+  return kvr_trace_replay_set_context(wl->trace, max_context);
+}
+
+/* The trace's line of the report's workload parameters. */
+static void describe_trace(const kvr_workload_t *wl, kvr_buf_t *out) {
+  const kvr_trace_stats_t *st = kvr_trace_replay_stats(wl->trace);
+  kvr_buf_printf(out, "%s: %zu requests of %s", wl->name, st->requests, wl->path);
+  if (st->windowed && st->window_end_s >= 0)
+    kvr_buf_printf(out, " (window %g-%g s of %zu)", st->window_start_s, st->window_end_s,
+                   st->file_requests);
+  else if (st->windowed)
+    kvr_buf_printf(out, " (window from %g s of %zu)", st->window_start_s, st->file_requests);
+  kvr_buf_printf(out,
+                 " over %.0f s (%.2f req/s), single-turn, each prompt synthesised from its hash "
+                 "ids (%u tokens each) so that requests share exactly the blocks their ids share, "
+                 "max_tokens its output_length; arrivals the trace's own, scaled to each rate",
+                 st->span_s, st->mean_rate, st->block_tokens);
+  if (st->over_context)
+    kvr_buf_printf(out, "; %zu requests longer than the workers' context (%llu tokens) not sent",
+                   st->over_context, (unsigned long long)st->max_context);
 }
 
 void kvr_workload_describe(const kvr_workload_t *wl, kvr_buf_t *out) {
@@ -684,6 +764,9 @@ void kvr_workload_describe(const kvr_workload_t *wl, kvr_buf_t *out) {
     break;
   case KVR_WL_FILE:
     kvr_buf_printf(out, "%s: %zu conversations from %s", wl->name, wl->nconvs, wl->path);
+    break;
+  case KVR_WL_TRACE:
+    describe_trace(wl, out);
     break;
   }
 }
@@ -883,6 +966,17 @@ void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k
   case KVR_WL_HOT_PREFIX:
     hot_conv(wl, &r, c);
     break;
+  case KVR_WL_TRACE: {
+    /* Request k of those a level sends; its text from a seed of the workload's and the level's. */
+    kvr_buf_t b = KVR_BUF_INIT;
+    kvr_trace_replay_text(wl->trace, kvr_workload_mix(o->seed, level_seed), (size_t)k, &b);
+    conv_alloc(c, 1);
+    c->turns[0].user = b.data ? kvr_buf_steal(&b) : kvr_xstrdup("");
+    uint64_t out = kvr_trace_replay_output(wl->trace, (size_t)k);
+    c->turns[0].max_tokens = (uint32_t)KVR_MIN(KVR_MAX(out, 1), UINT32_MAX);
+    c->raw = true;
+    break;
+  }
   case KVR_WL_FILE: {
     /* Each level walks the file from its own seeded offset: distinct conversations, in file order.
      */
@@ -958,6 +1052,9 @@ void kvr_workload_body(const kvr_conv_t *c, uint32_t turn, const char *const *an
       }
     }
     kvr_buf_puts(out, "]");
+  } else if (c->raw) {
+    kvr_buf_puts(out, ",\"prompt\":");
+    kvr_buf_json_str(out, c->turns[0].user, strlen(c->turns[0].user));
   } else {
     kvr_buf_t prompt = KVR_BUF_INIT;
     if (c->system)

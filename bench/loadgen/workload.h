@@ -20,6 +20,10 @@
  *              agentic_max_context tokens (default 100,000, under the sim's max_model_len 131072).
  *   hot-prefix single-turn: a share hot_fraction of the requests carry the one shared hot prefix,
  *              the others a unique prompt of the same length range; each ends in a fresh question.
+ *   trace      a prefix-hashed trace file (trace_replay.h): conversation k is the k-th request a
+ *              level sends, single-turn, its prompt synthesised from its hash ids so that requests
+ *              share exactly the blocks their id lists share, its max_tokens the trace's output
+ *              length; the load generator sends them at the trace's arrival times, scaled.
  *
  * Reproducibility: conversation k of a level is a pure function of (workload seed, level seed, k).
  * The shared text pool (starters, documents) depends on the workload seed only, so every level and
@@ -55,6 +59,8 @@ double kvr_workload_rng_gamma(kvr_rng_t *r, double shape, double scale);
 /* Mixes two 64-bit values into a seed (used for per-level and per-conversation seeds). */
 uint64_t kvr_workload_mix(uint64_t a, uint64_t b);
 
+typedef enum { KVR_API_CHAT = 0, KVR_API_COMPLETIONS } kvr_api_t;
+
 typedef enum {
   KVR_WL_MULTITURN = 0,
   KVR_WL_DOCUMENTS,
@@ -62,6 +68,7 @@ typedef enum {
   KVR_WL_FILE,
   KVR_WL_AGENTIC,
   KVR_WL_HOT_PREFIX,
+  KVR_WL_TRACE,
 } kvr_workload_kind_t;
 
 /* agentic: output tokens per turn when no --output-* flag moved the global default (normal(120,
@@ -73,8 +80,6 @@ typedef enum {
 /* hot-prefix: tokens of the fresh question after the prefix. */
 #define KVR_WL_QUESTION_MIN_TOKENS 50u
 #define KVR_WL_QUESTION_MAX_TOKENS 200u
-
-typedef enum { KVR_API_CHAT = 0, KVR_API_COMPLETIONS } kvr_api_t;
 
 typedef struct kvr_workload_opts_s {
   kvr_workload_kind_t kind;
@@ -112,14 +117,21 @@ typedef struct kvr_workload_opts_s {
   unsigned tool_max_tokens;
   unsigned agentic_max_context; /* agentic: planned context cap in tokens (100000) */
   double hot_fraction;          /* hot-prefix: share of requests with the hot prefix (0.8) */
+  unsigned trace_block_tokens;  /* trace: tokens one hash id stands for (512) */
+  double trace_window_start_s;  /* trace: the requests arriving in [start, end) trace seconds */
+  double trace_window_end_s;    /* (0, -1: the whole trace; end < 0: to the end) */
+  uint64_t max_context;         /* trace: the workers' context (input + output tokens); longer
+                                 * requests are counted, not sent; 0 = no limit */
+  kvr_api_t api;                /* trace: the API the prompts are rendered for (the template's
+                                 * tokens are taken off the content: trace_replay.h) */
 } kvr_workload_opts_t;
 
 /* Fills opts with the seed workload's defaults (multiturn replay, 10 starters x 5 turns, 830 tokens
  * out). */
 void kvr_workload_opts_default(kvr_workload_opts_t *opts);
 
-/* Parses "multiturn", "documents", "control", "agentic", "hot-prefix" or "file:PATH" into
- * opts->kind/opts->path (path points into spec). Returns 0 or KVR_EINVAL. */
+/* Parses "multiturn", "documents", "control", "agentic", "hot-prefix", "file:PATH" or
+ * "trace:PATH" into opts->kind/opts->path (path points into spec). Returns 0 or KVR_EINVAL. */
 int kvr_workload_parse_kind(const char *spec, kvr_workload_opts_t *opts);
 
 /* Parses "replay" or "session" into opts->replay. Returns 0 or KVR_EINVAL. */
@@ -127,6 +139,11 @@ int kvr_workload_parse_mode(const char *spec, kvr_workload_opts_t *opts);
 
 /* Parses "blocks" or "sample" into opts->replay_sample. Returns 0 or KVR_EINVAL. */
 int kvr_workload_parse_order(const char *spec, kvr_workload_opts_t *opts);
+
+/* Parses --trace-window's "START_S:END_S" (END_S may be left out: to the end) into
+ * opts->trace_window_start_s/end_s. Returns 0 or KVR_EINVAL (not two numbers, START_S < 0, END_S <=
+ * START_S). */
+int kvr_workload_parse_window(const char *spec, kvr_workload_opts_t *opts);
 
 /* One user turn. */
 typedef struct kvr_turn_s {
@@ -148,6 +165,8 @@ typedef struct kvr_conv_s {
   kvr_turn_t *turns;  /* owned */
   uint32_t nturns;
   int32_t group; /* starter/document/hot prefix index shared with other conversations, -1 if none */
+  bool raw;      /* trace: the one turn is the whole prompt: completions send it as it is, without
+                  * the "User: ... Assistant:" frame */
 } kvr_conv_t;
 
 typedef struct kvr_workload_s kvr_workload_t;
@@ -166,6 +185,16 @@ void kvr_workload_describe(const kvr_workload_t *wl, kvr_buf_t *out);
 const kvr_workload_opts_t *kvr_workload_opts(const kvr_workload_t *wl);
 /* Number of conversations a file holds (0 for synthetic workloads, which are unbounded). */
 size_t kvr_workload_file_size(const kvr_workload_t *wl);
+
+struct kvr_trace_replay_s; /* trace_replay.h */
+
+/* A trace workload's trace (its requests, arrivals and figures), NULL for other kinds. */
+const struct kvr_trace_replay_s *kvr_workload_trace(const kvr_workload_t *wl);
+
+/* Trace workloads: sets the workers' context (opts.max_context; 0 = no limit) once it is known (a
+ * real endpoint's GET /v1/models) and returns the number of requests a level sends; 0 for other
+ * kinds. */
+size_t kvr_workload_set_max_context(kvr_workload_t *wl, uint64_t max_context);
 
 /* Fills conv with conversation k of the level seeded level_seed. Deterministic. conv is
  * overwritten (not freed) first; the caller frees it with kvr_workload_conv_free(). */

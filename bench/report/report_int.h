@@ -94,6 +94,16 @@ void kvr__report_head(const kvr_results_t *res, kvr__doc_t *d);
  * per-turn TTFT, worker share, observations, workload parameters. */
 void kvr__report_body(const kvr_results_t *res, kvr__doc_t *d);
 
+/* ---- a trace workload's section (report_trace.c) --------------------------------------------- */
+
+/* The trace's own figures and each run's cached share against the infinite cache's; nothing when
+ * res->trace is NULL. */
+void kvr__report_trace(const kvr_results_t *res, kvr__doc_t *d);
+/* Adds "trace" to a level's "kvrouter" object: the trace's figures and the level's cached share
+ * (null when the workload is not a trace). */
+struct cJSON;
+void kvr__trace_json(struct cJSON *k, const kvr_results_t *res, const kvr_level_t *lv);
+
 /* ---- the verdict sentences (report_verdicts.c) ----------------------------------------------- */
 
 /* The summary paragraph that opens the report: which policy has the highest max SLO-compliant load

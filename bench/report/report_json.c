@@ -15,6 +15,7 @@
  * benchmark()'s result dict, main_async()'s result_json) in vllm-project/vllm.
  */
 #include "report.h"
+#include "report_int.h"
 
 #include "base/kvr.h"
 
@@ -217,6 +218,7 @@ static void run_keys(cJSON *k, const kvr_results_t *res, const kvr_run_t *run,
   cJSON_AddStringToObject(k, "rate_meaning",
                           res->concurrency_mode ? "users"
                           : res->sessions       ? "conversation starts per second"
+                          : res->trace          ? "trace requests per second (its arrivals, scaled)"
                                                 : "turn arrivals per second");
   cJSON_AddNumberToObject(k, "time_scale", res->time_scale);
   cJSON_AddNumberToObject(k, "seed", (double)res->seed);
@@ -318,6 +320,7 @@ void kvr_report_level_json(const kvr_results_t *res, const kvr_run_t *run, const
   run_keys(k, res, run, lv);
   verdict_keys(k, run, lv);
   extra_lists(k, res, lv);
+  kvr__trace_json(k, res, lv);
   char *s = cJSON_PrintUnformatted(o);
   if (s == NULL)
     kvr_oom("cJSON_PrintUnformatted", 0);

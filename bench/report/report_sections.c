@@ -4,7 +4,8 @@
  *
  * Sections, in order (the team's report form, shared/seeds/002_*.txt): head (title, suffixed
  * "(virtual time)" for a virtual-time run, the summary paragraph of report_verdicts.c, generation
- * time); configuration (labels, policies, prefix-cache resets, the virtual clock); SLO targets; one
+ * time); configuration (labels, policies, prefix-cache resets, the virtual clock); a trace
+ * workload's own figures beside each run's cached share (report_trace.c); SLO targets; one
  * table per metric by load and label; the SLO compliance matrix; winner identification; the
  * detailed comparison at the baseline's max SLO-compliant load, with per-turn TTFT and worker share
  * there; key observations computed from the data; workload parameters.
@@ -356,6 +357,11 @@ static void param(kvr__doc_t *d, const char *name, const char *fmt, ...) {
 }
 
 static const char *rate_meaning(const kvr_results_t *res) {
+  if (res->trace)
+    return "requests per second of the trace: a level sends the trace's requests (its window's) "
+           "from the first at the trace's own arrival times, compressed or stretched by one "
+           "factor so that their mean rate is the level's; comparable with " C
+           "vllm bench serve --request-rate" C " on a trace";
   if (res->sessions)
     return "conversation starts per second; later turns follow their predecessor after think "
            "time";
@@ -412,6 +418,13 @@ static bool level_counts(const kvr_results_t *res, count_t what, size_t *lo, siz
 static void param_prompts(const kvr_results_t *res, kvr__doc_t *d) {
   const char *name = res->concurrency_mode ? "Prompts per Level" : "Prompts per Rate";
   size_t lo, hi;
+  if (res->trace) {
+    param(d, name,
+          "the trace's %zu requests that fit the workers' context, every level (" C
+          "--num-prompts" C " does not apply)",
+          res->trace->sent);
+    return;
+  }
   if (!level_counts(res, COUNT_MEASURED, &lo, &hi) ||
       (lo == res->num_prompts && hi == res->num_prompts))
     param(d, name, "%zu", res->num_prompts);
@@ -486,7 +499,9 @@ static void section_workload(const kvr_results_t *res, const double *loads, size
           "request completed");
   else
     param(d, "Rate Meaning", "%s", rate_meaning(res));
-  if (!res->concurrency_mode)
+  if (res->trace)
+    param(d, "Arrival Distribution", "the trace's own arrival times, scaled to each rate");
+  else if (!res->concurrency_mode)
     param(d, "Arrival Distribution", "%s (burstiness=%.1f)",
           res->burstiness == 1.0 ? "Poisson" : "Gamma", res->burstiness);
   param_warmup(res, d);
@@ -506,6 +521,7 @@ void kvr__report_body(const kvr_results_t *res, kvr__doc_t *d) {
   size_t nloads = 0;
   double *loads = kvr__all_loads(res, &nloads);
   section_config(res, d);
+  kvr__report_trace(res, d);
   section_slo(res, d);
   section_metrics(res, loads, nloads, d);
   section_matrix(res, loads, nloads, d);

@@ -26,7 +26,8 @@ static int set_workload(const kvr_cli_opt_t *o, void *base, const char *text, un
   if (kvr_workload_parse_kind(text, &((kvr_runner_opts_t *)base)->wl) == 0)
     return 0;
   snprintf(err, errlen,
-           "'%s' is not one of multiturn, documents, control, agentic, hot-prefix, file:PATH",
+           "'%s' is not one of multiturn, documents, control, agentic, hot-prefix, file:PATH, "
+           "trace:FILE",
            text);
   return KVR_EINVAL;
 }
@@ -39,11 +40,33 @@ static int set_params(const kvr_cli_opt_t *o, void *base, const char *text, unsi
 }
 
 static void show_workload(const kvr_cli_opt_t *o, const void *base, char *buf, size_t len) {
-  static const char *const kinds[] = {"multiturn", "documents", "control",
-                                      "file:",     "agentic",   "hot-prefix"};
+  static const char *const kinds[] = {
+      "multiturn", "documents", "control", "file:", "agentic", "hot-prefix", "trace:"};
   const kvr_workload_opts_t *wl = &((const kvr_runner_opts_t *)base)->wl;
   (void)o;
-  snprintf(buf, len, "%s%s", kinds[wl->kind], wl->kind == KVR_WL_FILE ? wl->path : "");
+  bool path = wl->kind == KVR_WL_FILE || wl->kind == KVR_WL_TRACE;
+  snprintf(buf, len, "%s%s", kinds[wl->kind], path && wl->path ? wl->path : "");
+}
+
+static int set_window(const kvr_cli_opt_t *o, void *base, const char *text, unsigned nth, char *err,
+                      size_t errlen) {
+  (void)o;
+  (void)nth;
+  if (kvr_workload_parse_window(text, &((kvr_runner_opts_t *)base)->wl) == 0)
+    return 0;
+  snprintf(err, errlen,
+           "'%s' is not START_S:END_S (trace seconds, 0 <= START_S < END_S; END_S may be left out)",
+           text);
+  return KVR_EINVAL;
+}
+
+static void show_window(const kvr_cli_opt_t *o, const void *base, char *buf, size_t len) {
+  const kvr_workload_opts_t *wl = &((const kvr_runner_opts_t *)base)->wl;
+  (void)o;
+  if (wl->trace_window_end_s >= 0)
+    snprintf(buf, len, "%g:%g", wl->trace_window_start_s, wl->trace_window_end_s);
+  else
+    snprintf(buf, len, "%g:", wl->trace_window_start_s);
 }
 
 #define F(field) KVR_CLI_FIELD(kvr_runner_opts_t, field)
@@ -70,7 +93,15 @@ static const kvr_cli_opt_t options[] = {
      .help = "per request, real seconds; 0 = none"},
     KVR_CLI_HEADING("Workload"),
     {KVR_CLI_CUSTOM, "workload", .arg = "W", .parse = set_workload, .show = show_workload,
-     .help = "multiturn | documents | control | agentic | hot-prefix | file:PATH"},
+     .help = "multiturn | documents | control | agentic | hot-prefix | file:PATH | trace:FILE (a "
+             "prefix-hashed trace: timestamp, input_length, output_length, hash_ids per line)"},
+    {KVR_CLI_UINT, "trace-block-tokens", F(wl.trace_block_tokens), .arg = "N",
+     KVR_CLI_RANGE(16, 1 << 20),
+     .help = "trace: the tokens one hash id stands for (the format's 512)"},
+    {KVR_CLI_CUSTOM, "trace-window", .arg = "START_S:END_S", .parse = set_window,
+     .show = show_window,
+     .help = "trace: replay only the requests arriving in [START_S, END_S) trace seconds (END_S "
+             "left out: to the end); a level starts at the window's first request"},
     {KVR_CLI_UINT, "turns", F(wl.turns), .arg = "N", KVR_CLI_RANGE(1, 64),
      .help = "multiturn: turns per conversation"},
     {KVR_CLI_UINT, "starters", F(wl.starters), .arg = "N", KVR_CLI_RANGE(1, 100000),

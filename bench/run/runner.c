@@ -17,6 +17,7 @@
 #include "base/buf.h"
 #include "base/kvr.h"
 #include "bench/loadgen/monitor.h"
+#include "bench/loadgen/trace_replay.h"
 #include "bench/report/report.h"
 
 #include <cjson/cJSON.h>
@@ -63,6 +64,21 @@ static const char *run_params(const kvr_runner_opts_t *o, const char *label) {
   return NULL;
 }
 
+/* A trace workload's arrivals are the trace's own, one request each: the flags that shape arrivals
+ * or turn them into users do not apply. NULL when none is given. */
+static const char *trace_rules(const kvr_runner_opts_t *o) {
+  if (o->nconc)
+    return "--concurrency: a trace workload runs at request rates (--rates or --search): its "
+           "arrivals are the trace's own, scaled to each rate";
+  if (o->lg.sessions)
+    return "--sessions: a trace's requests are single-turn; its rates are request arrivals";
+  if (o->lg.burstiness != 1.0)
+    return "--burstiness: a trace workload keeps the trace's own arrival times (scaled)";
+  if (o->lg.arrival_seed >= 0)
+    return "--arrival-seed: a trace workload keeps the trace's own arrival times (scaled)";
+  return NULL;
+}
+
 static int rules(const kvr_runner_opts_t *o, char *err, size_t errlen) {
   const char *e = NULL;
   if (o->nrates && o->nconc)
@@ -78,6 +94,8 @@ static int rules(const kvr_runner_opts_t *o, char *err, size_t errlen) {
     e = "--sessions: applies to --rates only";
   else if (o->wl.out_max < o->wl.out_min)
     e = "--output-max: must be >= --output-min";
+  else if (o->wl.kind == KVR_WL_TRACE)
+    e = trace_rules(o);
   if (e != NULL)
     snprintf(err, errlen, "%s", e);
   return e ? KVR_EINVAL : 0;
@@ -103,6 +121,7 @@ int kvr_runner_opts_check(kvr_runner_opts_t *o, char *err, size_t errlen) {
     }
   }
   o->wl.seed = o->seed;
+  o->wl.api = o->lg.api;
   if (o->search && o->nrates)
     o->search_start = o->rates[0];
   if (o->search && o->nconc)
@@ -392,6 +411,11 @@ static void results_header(kvr_runner_t *r) {
   const kvr_workload_opts_t *wo = kvr_workload_opts(r->wl);
   res->replay = !o->lg.sessions && wo->kind == KVR_WL_MULTITURN && wo->replay;
   res->num_prompts = o->lg.num_prompts;
+  const kvr_trace_replay_t *tr = kvr_workload_trace(r->wl);
+  if (tr != NULL) {
+    res->trace = kvr_xmalloc(sizeof(*res->trace));
+    *res->trace = *kvr_trace_replay_stats(tr);
+  }
   res->warmup = o->lg.warmup;
   res->cooldown_s = o->cooldown_s;
   res->burstiness = o->lg.burstiness;
@@ -450,9 +474,53 @@ static int setup_virtual(kvr_runner_t *r, char *err, size_t errlen) {
   return 0;
 }
 
+/* The context of the virtual workers: the engine's max_model_len, or less when a worker's whole KV
+ * cache holds fewer tokens (a request that long could never run). */
+static uint64_t virtual_context(const kvr_vcluster_opts_t *vc) {
+  uint64_t ctx = vc->engine.max_model_len;
+  for (size_t i = 0; i < (vc->nworker_blocks ? vc->nworker_blocks : 1); i++) {
+    uint64_t blocks = vc->nworker_blocks ? vc->worker_blocks[i] : vc->engine.num_gpu_blocks;
+    ctx = KVR_MIN(ctx, blocks * vc->engine.block_size);
+  }
+  return ctx;
+}
+
+/* A trace workload once the workers' context is known: at least one request must fit it. */
+static int trace_fits(kvr_runner_t *r, char *err, size_t errlen) {
+  const kvr_trace_replay_t *tr = kvr_workload_trace(r->wl);
+  if (tr == NULL || kvr_trace_replay_count(tr) > 0)
+    return 0;
+  const kvr_trace_stats_t *st = kvr_trace_replay_stats(tr);
+  snprintf(err, errlen,
+           "%s: none of the %zu requests fits the workers' context of %llu tokens (input + "
+           "output)",
+           r->o->wl.path, st->requests, (unsigned long long)st->max_context);
+  return KVR_EINVAL;
+}
+
+/* A real endpoint's context for a trace workload: GET /v1/models's max_model_len; when it gives
+ * none, nothing is held back (requests over the server's limit fail as it answers them). */
+static int real_context(kvr_runner_t *r, char *err, size_t errlen) {
+  if (kvr_workload_trace(r->wl) == NULL)
+    return 0;
+  uint64_t ctx = 0;
+  char e2[400];
+  if (kvr_monitor_fetch_max_model_len(r->mon, &ctx, e2, sizeof(e2)) != 0) {
+    ctx = 0;
+    if (r->o->lg.progress)
+      fprintf(r->o->lg.progress, "trace: the workers' context is not known (%s): all sent\n", e2);
+  }
+  kvr_workload_set_max_context(r->wl, ctx);
+  return trace_fits(r, err, errlen);
+}
+
 static int setup(kvr_runner_t *r, char *err, size_t errlen) {
   kvr_runner_opts_t *o = r->o;
+  if (o->virt && o->wl.kind == KVR_WL_TRACE)
+    o->wl.max_context = virtual_context(&o->vc);
   if ((r->wl = kvr_workload_new(&o->wl, err, errlen)) == NULL)
+    return KVR_EINVAL;
+  if (trace_fits(r, err, errlen) != 0)
     return KVR_EINVAL;
   if (o->virt)
     return setup_virtual(r, err, errlen);
@@ -467,6 +535,8 @@ static int setup(kvr_runner_t *r, char *err, size_t errlen) {
   }
   int rc = find_model(r, err, errlen);
   if (rc != 0)
+    return rc;
+  if ((rc = real_context(r, err, errlen)) != 0)
     return rc;
   r->reset = o->reset_cache < 0 ? o->nab > 0 : o->reset_cache == 1;
   r->res = kvr_stats_results_new();

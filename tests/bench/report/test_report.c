@@ -1202,6 +1202,97 @@ static void test_chart_axes_fit(void **state) {
   kvr_stats_results_free(res);
 }
 
+/* A trace workload's section: the trace's own figures after the configuration, each run's cached
+ * share at its max SLO-compliant rate against the infinite cache's, the same in the HTML and in
+ * each level's JSON; the workload rows say what a rate and a level are. */
+static void test_trace_section(void **state) {
+  (void)state;
+  kvr_results_t *res = sample();
+  res->trace = calloc(1, sizeof(*res->trace));
+  kvr_trace_stats_t *t = res->trace;
+  snprintf(t->file, sizeof(t->file), "%s", "mooncake.jsonl");
+  t->block_tokens = 512;
+  t->file_requests = t->requests = 3993;
+  t->span_s = 1022.025;
+  t->mean_rate = 3992 / 1022.025;
+  t->input = (kvr_dist_t){.n = 3993, .mean = 15325.4, .p50 = 11587, .p99 = 66456, .max = 191378};
+  t->output = (kvr_dist_t){.n = 3993, .mean = 149.1, .p50 = 69, .p99 = 768, .max = 893};
+  t->blocks = 121877;
+  t->blocks_seen = 77952; /* 63.96% */
+  t->input_tokens = 1000;
+  t->tokens_seen = 651;
+  t->shared = (kvr_dist_t){.n = 3993, .p50 = 0, .p90 = 35840, .max = 190976};
+  t->shared_none = 2196;
+  t->max_context = 131072;
+  t->over_context = 10;
+  t->sent = 3983;
+  t->sent_span_s = 1022.0;
+  t->sent_rate = 3.9;
+  t->sent_input_tokens = 1000;
+  t->sent_tokens_seen = 600; /* 60.0%: the runs' 75% cached is 125% of it */
+  kvr_buf_t md = KVR_BUF_INIT;
+  kvr_report_markdown(res, &md);
+  const char *tr = section(md.data, "\n## Trace\n");
+  assert_true(tr > section(md.data, "\n## Configuration\n"));
+  assert_true(tr < section(md.data, "\n## SLO Targets\n"));
+  static const char *const rows[] = {
+      "| File | `mooncake.jsonl` (3,993 requests) |",
+      "| Window | the whole trace |",
+      "| Requests | 3,993 over 1,022 s: mean rate 3.91 req/s |",
+      "| Input tokens per request | mean 15,325, p50 11,587, p99 66,456, max 191,378 |",
+      "| Output tokens per request | mean 149, p50 69, p99 768, max 893 |",
+      "| Hash blocks | 121,877 of 512 tokens |",
+      "| Infinite-cache hit rate | 64.0% of blocks seen earlier in the trace (65.1% of input "
+      "tokens) |",
+      "| Shared prefix per request | none for 55% of requests; p50 0, p90 35,840, max 190,976 "
+      "tokens seen earlier |",
+      "| Longer than the workers' context | 10 requests (input + output over 131,072 tokens): "
+      "counted here, not sent |",
+      "| Sent at every level | 3,983 requests over 1,022 s (3.90 req/s: the rate each level "
+      "compresses or stretches to its own); an infinite cache holds 60.0% of their input tokens |",
+      "| Run | Rate (RPS) | Cached tokens (% of prompt) | Lowest-highest over its levels | Share "
+      "of the infinite cache's 60.0% |",
+      "| phase0 (round_robin) | 2.00 | 75.0% | 75.0-75.0% | 125% |",
+      "| phase3 (kv_aware) | 3.00 | 75.0% | 75.0-75.0% | 125% |",
+      "| Prompts per Rate | the trace's 3983 requests that fit the workers' context, every level "
+      "(`--num-prompts` does not apply) |",
+      "| Arrival Distribution | the trace's own arrival times, scaled to each rate |",
+  };
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(rows); i++)
+    if (strstr(md.data, rows[i]) == NULL)
+      fail_msg("missing row: %s\n%s", rows[i], tr);
+  check_html_tables(res);
+  /* Each level's JSON: the trace's figures and the level's own cached share. */
+  kvr_buf_t js = KVR_BUF_INIT;
+  kvr_report_level_json(res, &res->runs[1], res->runs[1].levels[0], &js);
+  cJSON *j = cJSON_Parse(js.data);
+  const cJSON *o = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "kvrouter"), "trace");
+  assert_true(cJSON_IsObject(o));
+  assert_string_equal(cJSON_GetObjectItem(o, "file")->valuestring, "mooncake.jsonl");
+  assert_int_equal(cJSON_GetObjectItem(o, "over_context")->valuedouble, 10);
+  assert_true(fabs(cJSON_GetObjectItem(o, "infinite_cache_block_share")->valuedouble -
+                   77952.0 / 121877) < 1e-12);
+  assert_true(fabs(cJSON_GetObjectItem(o, "cached_token_share")->valuedouble - 0.75) < 1e-12);
+  assert_string_equal(
+      cJSON_GetObjectItem(cJSON_GetObjectItem(j, "kvrouter"), "rate_meaning")->valuestring,
+      "trace requests per second (its arrivals, scaled)");
+  cJSON_Delete(j);
+  /* Another workload: no section, "trace": null. */
+  free(res->trace);
+  res->trace = NULL;
+  kvr_buf_reset(&md);
+  kvr_report_markdown(res, &md);
+  assert_null(strstr(md.data, "## Trace"));
+  kvr_buf_reset(&js);
+  kvr_report_level_json(res, &res->runs[1], res->runs[1].levels[0], &js);
+  j = cJSON_Parse(js.data);
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "kvrouter"), "trace")));
+  cJSON_Delete(j);
+  kvr_buf_free(&js);
+  kvr_buf_free(&md);
+  kvr_stats_results_free(res);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_markdown_structure), cmocka_unit_test(test_no_improvement),
               cmocka_unit_test(test_html_charts), cmocka_unit_test(test_level_json_and_jsonl),
               cmocka_unit_test(test_vllm_keys), cmocka_unit_test(test_write_files),
@@ -1215,4 +1306,5 @@ KVR_TEST_MAIN(cmocka_unit_test(test_markdown_structure), cmocka_unit_test(test_n
               cmocka_unit_test(test_baseline_passes_nowhere),
               cmocka_unit_test(test_steady_state_level), cmocka_unit_test(test_shell_join),
               cmocka_unit_test(test_virtual_mark), cmocka_unit_test(test_summary_paragraph),
-              cmocka_unit_test(test_html_legends_and_markup), cmocka_unit_test(test_chart_axes_fit))
+              cmocka_unit_test(test_html_legends_and_markup), cmocka_unit_test(test_chart_axes_fit),
+              cmocka_unit_test(test_trace_section))
