@@ -42,10 +42,13 @@
 static const kvr_cli_opt_t route_options[] = {
     {KVR_CLI_UINT, "prompt-kib", R(prompt_kib), .arg = "N", KVR_CLI_RANGE(1, 16384),
      .help = "size of the synthetic chat prompt in KiB"},
-    {KVR_CLI_UINT, "workers", R(workers), .arg = "N", KVR_CLI_RANGE(1, KVR_MAX_WORKERS),
-     .help = "number of workers"},
-    {KVR_CLI_UINT, "blocks", R(blocks), .arg = "N",
-     .help = "blocks pre-indexed over the workers (at least one per worker)"},
+    {KVR_CLI_LIST, "workers", KVR_CLI_ARRAY(kvr_route_bench_opts_t, workers, nworkers),
+     .arg = "N[,N...]", .elem = KVR_CLI_UINT, KVR_CLI_RANGE(1, KVR_MAX_WORKERS),
+     .help = "numbers of workers, one run per value and --blocks value (e.g. 4,64,256)"},
+    {KVR_CLI_LIST, "blocks", KVR_CLI_ARRAY(kvr_route_bench_opts_t, blocks, nblocks),
+     .arg = "N[,N...]", .elem = KVR_CLI_UINT, KVR_CLI_MIN(1),
+     .help = "blocks pre-indexed over the workers (at least one per worker; e.g. "
+             "1000000,10000000)"},
     {KVR_CLI_UINT, "decisions", R(decisions), .arg = "N", KVR_CLI_MIN(1),
      .help = "timed decisions"},
     {KVR_CLI_UINT, "block-chars", R(block_chars), .arg = "N",
@@ -58,8 +61,9 @@ static const kvr_cli_cmd_t route_cmd = {
     .name = "bench routing",
     .usage = "[options]",
     .about = "Times what one routing decision costs on the loop thread: prompt features and\n"
-             "hashing, cache-index match, policy select (warm and cold caches), plus JSON parse\n"
-             "and index insert. Prints a Markdown table (see policies/README.md).",
+             "hashing, cache-index match, policy select (warm and cold caches), plus JSON parse,\n"
+             "index insert, steady state and growth, and bytes per entry; one run per --workers\n"
+             "and --blocks value. Prints Markdown tables (see policies/README.md).",
     .opts = route_options,
     .nopts = KVR_ARRAY_SIZE(route_options),
     .epilog = kvr_policy_print_names,
@@ -76,9 +80,11 @@ static int route_bench_main(int argc, char **argv) {
     kvr_policy_names(names, sizeof(names));
     return kvr_cli_fail(&route_cmd, "--policy: unknown policy '%s' (valid: %s)", o.policy, names);
   }
-  if (o.blocks < o.workers) /* each worker's share is its index capacity */
-    return kvr_cli_fail(&route_cmd, "--blocks: at least one per worker (%zu), got %llu", o.workers,
-                        (unsigned long long)o.blocks);
+  for (size_t w = 0; w < o.nworkers; w++)
+    for (size_t b = 0; b < o.nblocks; b++)
+      if (o.blocks[b] < o.workers[w]) /* each worker's share is its index capacity */
+        return kvr_cli_fail(&route_cmd, "--blocks: at least one per worker (%zu), got %llu",
+                            o.workers[w], (unsigned long long)o.blocks[b]);
   return kvr_route_bench_run(&o);
 }
 

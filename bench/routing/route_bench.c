@@ -1,34 +1,39 @@
-/* route_bench.c -- the routing micro-benchmark: what one routing decision costs on the loop thread.
+/* route_bench.c -- the routing micro-benchmark: what one routing decision costs on the loop thread,
+ * and what the cache index costs to fill, to keep full and to grow, at a given fleet size.
  *
- * Setup: K synthetic multi-turn chat bodies of --prompt-kib KiB each (a long system prompt then
- * user/assistant turns), serialized to JSON; a cache index holding --blocks blocks spread over
- * --workers workers (random 256-block chains, round robin over workers), plus every benchmark
- * prompt fully on one worker and half on another, so matching walks the whole prompt (the worst
- * case: a long conversation's next turn).
+ * Runs: one per (--workers, --blocks) pair (each option takes a list), workers outermost. Setup of
+ * a run: K synthetic multi-turn chat bodies of --prompt-kib KiB each (a long system prompt then
+ * user/assistant turns), serialized to JSON; a cache index holding --blocks blocks spread over the
+ * workers (random 256-block chains, round robin over workers), plus every benchmark prompt fully
+ * on one worker and half on another, so matching walks the whole prompt (the worst case: a long
+ * conversation's next turn).
  *
  * Timed per decision with kvr_now_ns(): (1) prompt features from the parsed tree (canonical text
- * + XXH3 block hashes), (2) cache-index match, (3) snapshot fill + policy select; the sum is the
- * decision. JSON parsing (cJSON_Parse of the body) is timed separately because the proxy parses
- * once for everything. Two passes: "warm" (prompts cycle, caches as they fall) and "cold" (a 64 MiB
- * buffer is streamed through the caches before each decision, untimed). Index insert (what the
- * proxy does after the pick) is timed too. Memory per (block, worker) entry comes from the index's
- * own allocation figures.
+ * + XXH3 block hashes), (2) cache-index match, (3) snapshot fill (each worker's match and cached
+ * blocks) + policy select over every worker; the sum is the decision. JSON parsing (cJSON_Parse of
+ * the body) is timed separately because the proxy parses once for everything. Two passes: "warm"
+ * (prompts cycle, caches as they fall) and "cold" (a 64 MiB buffer is streamed through the caches
+ * before each decision, untimed). Index insert (what the proxy does after the pick: the routed
+ * prompt's blocks, mostly held already) is timed too. Memory per (block, worker) entry comes from
+ * the index's own allocation figures.
  *
  * Two index costs outside a decision, after the memory figures are taken: (4) steady state:
- * --blocks more new random blocks into the full index, which evicts as many (each worker at its
- * capacity, give or take the last chain of the fill), the cost per new block; (5) growth: a second
- * index created unsized, as one is before the router learns its workers' capacities, filled with
- * the same --blocks blocks; its rehashes happen inside single inserts, so the longest insert is
- * about the stall a router would see on its loop if it did not size the index (src/core/router.c
- * index_provision).
+ * --blocks more new random blocks into the full index in 256-block chains, which evicts as many
+ * (each worker at its capacity, give or take the last chain of the fill), each insert timed; (5)
+ * growth: a second index created unsized, as one is before the router learns its workers'
+ * capacities, filled with the same --blocks blocks, each insert timed: the table grows a bucket
+ * at a time inside those inserts, so the longest one is the worst stall growth puts on the loop
+ * (before issue 35 a rebuild by half: 73 ms at 1 M blocks, 0.7 s at 10 M).
  *
- * Output: a Markdown table on stdout.
+ * Output: a Markdown section per run, then a summary table of every run, and the process's peak
+ * RSS.
  */
 #include "route_bench.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "base/buf.h"
 #include "base/kvr.h"
@@ -44,6 +49,12 @@ typedef struct series_s {
   uint64_t *ns;
   size_t n;
 } series_t;
+
+/* Inserts over 1 ms: all of them, and those during which the thread was preempted (the machine's
+ * doing, not the index's). */
+typedef struct slow_s {
+  size_t n, preempted;
+} slow_t;
 
 static int cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -65,8 +76,9 @@ static double mean_us(const series_t *s) {
 
 static void row(const char *what, series_t *s) {
   qsort(s->ns, s->n, sizeof(uint64_t), cmp_u64);
-  printf("| %s | %zu | %.1f | %.1f | %.1f | %.0f |\n", what, s->n, pct(s, 50), pct(s, 99),
-         mean_us(s), mean_us(s) > 0 ? 1e6 / mean_us(s) : 0);
+  printf("| %s | %zu | %.1f | %.1f | %.1f | %.1f | %.0f |\n", what, s->n, pct(s, 50), pct(s, 99),
+         s->n ? (double)s->ns[s->n - 1] / 1000.0 : 0, mean_us(s),
+         mean_us(s) > 0 ? 1e6 / mean_us(s) : 0);
 }
 
 static const char *const words[] = {"the",     "prefix", "cache",  "of",     "a",       "worker",
@@ -109,9 +121,12 @@ static char *make_body(size_t kib, uint64_t seed) {
 }
 
 void kvr_route_bench_opts_default(kvr_route_bench_opts_t *o) {
+  memset(o, 0, sizeof *o);
   o->prompt_kib = 64;
-  o->workers = 4;
-  o->blocks = 1000000;
+  o->workers[0] = 4;
+  o->nworkers = 1;
+  o->blocks[0] = 1000000;
+  o->nblocks = 1;
   o->decisions = 20000;
   o->block_chars = KVR_PROMPT_BLOCK_CHARS_DEFAULT;
   o->policy = "kv_aware";
@@ -119,21 +134,27 @@ void kvr_route_bench_opts_default(kvr_route_bench_opts_t *o) {
 
 /* One run: the inputs every pass shares and the series it fills. rb_free() releases all of it. */
 typedef struct rb_s {
-  kvr_route_bench_opts_t o;
+  const kvr_route_bench_opts_t *o;
+  size_t workers;
+  uint64_t blocks;
   char *bodies[NPROMPTS];
   cJSON *trees[NPROMPTS];
   kvr_cache_index_t *idx;
   kvr_policy_t *pol;
-  kvr_worker_snap_t snaps[KVR_MAX_WORKERS];
+  kvr_worker_snap_t *snaps;           /* one per worker */
+  kvr_policy_score_t *scores;         /* one per worker, as the router hands the policy */
+  size_t *matched;                    /* one per worker */
   uint64_t per_worker;                /* index capacity per worker, in blocks */
   size_t prompt_blocks, prompt_bytes; /* of one benchmark prompt */
   uint64_t fill_ns, warm_ns;          /* index fill; the whole warm loop */
   uint64_t steady_ns;                 /* --blocks new blocks into the full index */
-  uint64_t grow_ns, grow_max_ns;      /* unsized fill: whole, and its longest single insert */
-  size_t grow_slow;                   /* unsized fill: inserts that took over 1 ms */
-  uint64_t grow_slots, grow_blocks;   /* unsized fill: table slots and blocks at the end */
+  uint64_t grow_ns;                   /* unsized fill, whole */
+  slow_t steady_slow, grow_slow;      /* inserts of (4) and (5) that took over 1 ms */
   kvr_cache_index_stats_t cs;         /* the full index, before (4) */
+  kvr_cache_index_stats_t ss;         /* the full index after (4) */
+  kvr_cache_index_stats_t gs;         /* the grown index at the end of (5) */
   series_t parse, ins;                /* JSON parse; index insert after the pick */
+  series_t steady, grow;              /* each 256-block insert of (4) and of (5) */
   series_t warm[4], cold[4];          /* hash, match, select, decision */
 } rb_t;
 
@@ -141,25 +162,23 @@ enum { S_HASH, S_MATCH, S_SELECT, S_TOTAL };
 
 /* One timed decision; adds its parts to the four series of s at index i. */
 static int decide(rb_t *rb, const cJSON *tree, size_t i, series_t *s) {
-  const kvr_route_bench_opts_t *o = &rb->o;
   kvr_prompt_t p;
   char err[256];
-  size_t matched[KVR_MAX_WORKERS];
   uint64_t t0 = kvr_now_ns();
-  if (kvr_prompt_from_json(tree, KVR_PROMPT_CHAT, o->block_chars, &p, err, sizeof(err)) != 0) {
+  if (kvr_prompt_from_json(tree, KVR_PROMPT_CHAT, rb->o->block_chars, &p, err, sizeof(err)) != 0) {
     fprintf(stderr, "route bench: %s\n", err);
     return -1;
   }
   uint64_t t1 = kvr_now_ns();
-  kvr_cache_index_match(rb->idx, p.blocks, p.nblocks, matched);
+  kvr_cache_index_match(rb->idx, p.blocks, p.nblocks, rb->matched);
   uint64_t t2 = kvr_now_ns();
-  for (size_t w = 0; w < o->workers; w++) {
-    rb->snaps[w].matched_blocks = matched[w];
+  for (size_t w = 0; w < rb->workers; w++) {
+    rb->snaps[w].matched_blocks = rb->matched[w];
     rb->snaps[w].cached_blocks = kvr_cache_index_entries(rb->idx, w);
   }
   kvr_route_req_t req;
   kvr_prompt_route_req(&p, &req);
-  int k = kvr_policy_select(rb->pol, rb->snaps, o->workers, &req, 0, NULL);
+  int k = kvr_policy_select(rb->pol, rb->snaps, rb->workers, &req, NULL, rb->scores);
   uint64_t t3 = kvr_now_ns();
   kvr_prompt_free(&p);
   if (k < 0)
@@ -172,75 +191,102 @@ static int decide(rb_t *rb, const cJSON *tree, size_t i, series_t *s) {
 }
 
 static void alloc_series(series_t *s, size_t n) {
-  s->ns = kvr_xcalloc(n, sizeof(uint64_t));
+  s->ns = kvr_xcalloc(n ? n : 1, sizeof(uint64_t));
   s->n = n;
 }
 
 static void rb_free(rb_t *rb) {
   free(rb->parse.ns);
   free(rb->ins.ns);
+  free(rb->steady.ns);
+  free(rb->grow.ns);
   for (size_t k = 0; k < 4; k++) {
     free(rb->warm[k].ns);
     free(rb->cold[k].ns);
   }
   kvr_policy_destroy(rb->pol);
   kvr_cache_index_free(rb->idx);
+  free(rb->snaps);
+  free(rb->scores);
+  free(rb->matched);
   for (size_t k = 0; k < NPROMPTS; k++) {
     cJSON_Delete(rb->trees[k]);
     cJSON_free(rb->bodies[k]);
   }
 }
 
+/* Involuntary context switches of this thread so far: another process took the core. */
+static long preemptions(void) {
+  struct rusage ru;
+#ifdef RUSAGE_THREAD
+  if (getrusage(RUSAGE_THREAD, &ru) != 0)
+#else
+  if (getrusage(RUSAGE_SELF, &ru) != 0)
+#endif
+    return 0;
+  return ru.ru_nivcsw;
+}
+
 /* Random chains of 256 blocks (the last one shorter), nblocks in all, into idx round robin over
- * the workers, each insert timed; returns the total and the longest in *max_ns, the count over
- * 1 ms in *slow. */
+ * the workers, each insert timed into s (ceil(nblocks / 256) entries) when s is not NULL, and
+ * bracketed by getrusage (untimed) for the preemptions; returns the total. */
 static uint64_t insert_chains(kvr_cache_index_t *idx, size_t workers, uint64_t nblocks,
-                              uint64_t seed, uint64_t *max_ns, size_t *slow) {
+                              uint64_t seed, series_t *s, slow_t *slow) {
   uint64_t st = seed, chain[256], total = 0;
-  *max_ns = 0;
-  *slow = 0;
+  memset(slow, 0, sizeof *slow);
   for (uint64_t done = 0, c = 0; done < nblocks; c++) {
     size_t n = (size_t)KVR_MIN((uint64_t)256, nblocks - done);
     for (size_t i = 0; i < n; i++)
       chain[i] = kvr_policy_rand(&st);
+    long p0 = s ? preemptions() : 0;
     uint64_t t0 = kvr_now_ns();
     kvr_cache_index_insert(idx, c % workers, chain, n);
     uint64_t dt = kvr_now_ns() - t0;
     total += dt;
-    *max_ns = KVR_MAX(*max_ns, dt);
-    *slow += dt > 1000000;
+    if (s) {
+      s->ns[c] = dt;
+      if (dt > 1000000) {
+        slow->n++;
+        slow->preempted += preemptions() != p0;
+      }
+    }
     done += n;
   }
   return total;
 }
 
+static size_t nchains(uint64_t nblocks) {
+  return (size_t)((nblocks + 255) / 256);
+}
+
 /* The index at capacity, as a router's is once its workers' caches have filled: each worker
- * holds o.blocks / W blocks at most, the index is sized for that (kvr_cache_index_reserve, as the
- * router does from its workers' capacities), o.blocks random blocks in 256-block chains go round
- * robin over the workers, then each benchmark prompt fully on worker k % W and its first half on
- * worker (k + 1) % W (evicting the oldest chains), so matching searches the whole prompt. */
+ * holds blocks / W blocks at most, the index is sized for that (kvr_cache_index_reserve: the
+ * table at its final size at once, as an empty one may be), the blocks go in random 256-block
+ * chains round robin over the workers, then each benchmark prompt fully on worker k % W and its
+ * first half on worker (k + 1) % W (evicting the oldest chains), so matching searches the whole
+ * prompt. */
 static int fill_index(rb_t *rb) {
-  const kvr_route_bench_opts_t *o = &rb->o;
-  rb->per_worker = o->blocks / o->workers;
-  rb->idx = kvr_cache_index_new(o->workers, rb->per_worker);
-  if (rb->idx == NULL || kvr_cache_index_reserve(rb->idx, rb->per_worker * o->workers) != 0) {
+  rb->per_worker = rb->blocks / rb->workers;
+  rb->idx = kvr_cache_index_new(rb->workers, rb->per_worker);
+  if (rb->idx == NULL || kvr_cache_index_reserve(rb->idx, rb->per_worker * rb->workers) != 0) {
     fprintf(stderr, "route bench: cannot allocate the index\n");
     return -1;
   }
-  uint64_t max_ns, t0 = kvr_now_ns();
-  size_t slow;
-  insert_chains(rb->idx, o->workers, o->blocks, 7, &max_ns, &slow);
+  uint64_t t0 = kvr_now_ns();
+  slow_t slow;
+  insert_chains(rb->idx, rb->workers, rb->blocks, 7, NULL, &slow);
   rb->fill_ns = kvr_now_ns() - t0; /* the whole fill, drawing the blocks included, as before */
   for (size_t k = 0; k < NPROMPTS; k++) {
     kvr_prompt_t p;
     char err[256];
-    if (kvr_prompt_from_json(rb->trees[k], KVR_PROMPT_CHAT, o->block_chars, &p, err, sizeof(err))) {
+    if (kvr_prompt_from_json(rb->trees[k], KVR_PROMPT_CHAT, rb->o->block_chars, &p, err,
+                             sizeof(err))) {
       fprintf(stderr, "route bench: %s\n", err);
       return -1;
     }
-    kvr_cache_index_insert(rb->idx, k % o->workers, p.blocks, p.nblocks);
-    if (o->workers > 1)
-      kvr_cache_index_insert(rb->idx, (k + 1) % o->workers, p.blocks, p.nblocks / 2);
+    kvr_cache_index_insert(rb->idx, k % rb->workers, p.blocks, p.nblocks);
+    if (rb->workers > 1)
+      kvr_cache_index_insert(rb->idx, (k + 1) % rb->workers, p.blocks, p.nblocks / 2);
     rb->prompt_blocks = p.nblocks;
     rb->prompt_bytes = p.text.len;
     kvr_prompt_free(&p);
@@ -251,18 +297,21 @@ static int fill_index(rb_t *rb) {
 /* Bodies, their trees, the index, the policy and the workers' snapshots (uneven loads). */
 static int setup(rb_t *rb) {
   for (size_t k = 0; k < NPROMPTS; k++) {
-    rb->bodies[k] = make_body(rb->o.prompt_kib, 1000 + k);
+    rb->bodies[k] = make_body(rb->o->prompt_kib, 1000 + k);
     rb->trees[k] = cJSON_Parse(rb->bodies[k]);
   }
+  rb->snaps = kvr_xcalloc(rb->workers, sizeof *rb->snaps);
+  rb->scores = kvr_xcalloc(rb->workers, sizeof *rb->scores);
+  rb->matched = kvr_xcalloc(rb->workers, sizeof *rb->matched);
   if (fill_index(rb) != 0)
     return -1;
   char err[256];
-  rb->pol = kvr_policy_create(rb->o.policy, NULL, 1, err, sizeof(err));
+  rb->pol = kvr_policy_create(rb->o->policy, NULL, 1, err, sizeof(err));
   if (rb->pol == NULL) {
     fprintf(stderr, "route bench: %s\n", err);
     return -1;
   }
-  for (size_t w = 0; w < rb->o.workers; w++) {
+  for (size_t w = 0; w < rb->workers; w++) {
     rb->snaps[w].id = (uint32_t)w;
     rb->snaps[w].usable = true;
     rb->snaps[w].inflight = (uint32_t)(w % 3);
@@ -274,7 +323,7 @@ static int setup(rb_t *rb) {
 
 /* JSON parsing, timed apart because the proxy parses once for everything. */
 static void time_parse(rb_t *rb) {
-  alloc_series(&rb->parse, KVR_MIN(rb->o.decisions, (size_t)2000));
+  alloc_series(&rb->parse, KVR_MIN(rb->o->decisions, (size_t)2000));
   for (size_t i = 0; i < rb->parse.n; i++) {
     uint64_t t0 = kvr_now_ns();
     cJSON *j = cJSON_Parse(rb->bodies[i % NPROMPTS]);
@@ -305,14 +354,14 @@ static int time_pass(rb_t *rb, series_t *s, size_t n, const unsigned char *flush
 
 /* Insert (touch) of a routed prompt, as the proxy does after the pick. */
 static void time_insert(rb_t *rb) {
-  alloc_series(&rb->ins, KVR_MIN(rb->o.decisions, (size_t)2000));
+  alloc_series(&rb->ins, KVR_MIN(rb->o->decisions, (size_t)2000));
   for (size_t i = 0; i < rb->ins.n; i++) {
     kvr_prompt_t p;
     char err[256];
-    kvr_prompt_from_json(rb->trees[i % NPROMPTS], KVR_PROMPT_CHAT, rb->o.block_chars, &p, err,
+    kvr_prompt_from_json(rb->trees[i % NPROMPTS], KVR_PROMPT_CHAT, rb->o->block_chars, &p, err,
                          sizeof(err));
     uint64_t t0 = kvr_now_ns();
-    kvr_cache_index_insert(rb->idx, (i % NPROMPTS) % rb->o.workers, p.blocks, p.nblocks);
+    kvr_cache_index_insert(rb->idx, (i % NPROMPTS) % rb->workers, p.blocks, p.nblocks);
     rb->ins.ns[i] = kvr_now_ns() - t0;
     kvr_prompt_free(&p);
   }
@@ -321,35 +370,52 @@ static void time_insert(rb_t *rb) {
 /* (4) and (5) of the header: steady-state inserts into the full index, then an unsized index
  * filled from empty. */
 static int time_index_costs(rb_t *rb) {
-  uint64_t max_ns;
-  size_t slow;
-  rb->steady_ns = insert_chains(rb->idx, rb->o.workers, rb->o.blocks, 11, &max_ns, &slow);
-  kvr_cache_index_t *grow = kvr_cache_index_new(rb->o.workers, rb->per_worker);
+  alloc_series(&rb->steady, nchains(rb->blocks));
+  rb->steady_ns =
+      insert_chains(rb->idx, rb->workers, rb->blocks, 11, &rb->steady, &rb->steady_slow);
+  kvr_cache_index_stats(rb->idx, &rb->ss);
+  kvr_cache_index_t *grow = kvr_cache_index_new(rb->workers, rb->per_worker);
   if (grow == NULL) {
     fprintf(stderr, "route bench: cannot allocate the index\n");
     return -1;
   }
-  rb->grow_ns =
-      insert_chains(grow, rb->o.workers, rb->o.blocks, 7, &rb->grow_max_ns, &rb->grow_slow);
-  kvr_cache_index_stats_t cs;
-  kvr_cache_index_stats(grow, &cs);
-  rb->grow_slots = cs.table_slots;
-  rb->grow_blocks = cs.blocks;
+  alloc_series(&rb->grow, nchains(rb->blocks));
+  rb->grow_ns = insert_chains(grow, rb->workers, rb->blocks, 7, &rb->grow, &rb->grow_slow);
+  kvr_cache_index_stats(grow, &rb->gs);
   kvr_cache_index_free(grow);
   return 0;
 }
 
-static void print_report(rb_t *rb) {
-  const kvr_route_bench_opts_t *o = &rb->o;
-  static const char *const parts[4] = {"prompt features + hashing", "index match", "policy select",
+/* The figures of one run the summary keeps. */
+typedef struct summary_s {
+  size_t workers;
+  uint64_t blocks, entries;
+  double warm_p99, cold_p99, cold_match_p99, cold_select_p99; /* us */
+  double ins_p50, ins_p99, ins_max;                           /* us */
+  double steady_p50, steady_p99, steady_max;                  /* us, per 256-block insert */
+  double bytes_per_entry, index_mib;
+  double grow_p99_us, grow_max_ms, grow_bytes_per_entry;
+  slow_t grow_slow;
+} summary_t;
+
+static double max_us(const series_t *s) {
+  return s->n ? (double)s->ns[s->n - 1] / 1000.0 : 0; /* sorted */
+}
+
+static void print_report(rb_t *rb, summary_t *sum) {
+  const kvr_route_bench_opts_t *o = rb->o;
+  static const char *const parts[4] = {"prompt features + hashing", "index match",
+                                       "snapshots + policy select",
                                        "decision (hash + match + select)"};
   const kvr_cache_index_stats_t cs = rb->cs;
-  printf("## Routing decision cost (policy %s)\n\n", o->policy);
+  printf("## Routing decision cost (policy %s, %zu workers, %llu blocks)\n\n", o->policy,
+         rb->workers, (unsigned long long)rb->blocks);
   printf("Prompt: %zu bytes canonical (%zu KiB body), %zu blocks of %zu bytes; %zu workers; "
          "index: %llu blocks, %llu (block, worker) entries.\n\n",
-         rb->prompt_bytes, o->prompt_kib, rb->prompt_blocks, o->block_chars, o->workers,
+         rb->prompt_bytes, o->prompt_kib, rb->prompt_blocks, o->block_chars, rb->workers,
          (unsigned long long)cs.blocks, (unsigned long long)cs.entries);
-  printf("| step | n | p50 us | p99 us | mean us | per second |\n|---|---:|---:|---:|---:|---:|\n");
+  printf("| step | n | p50 us | p99 us | max us | mean us | per second |\n"
+         "|---|---:|---:|---:|---:|---:|---:|\n");
   row("JSON parse (cJSON, separate)", &rb->parse);
   char what[64];
   for (size_t k = 0; k < 4; k++) {
@@ -361,44 +427,77 @@ static void print_report(rb_t *rb) {
     row(what, &rb->cold[k]);
   }
   row("index insert/touch after the pick", &rb->ins);
+  row("index: 256 new blocks into the full index", &rb->steady);
+  row("index: 256 new blocks while it grows", &rb->grow);
   printf("\nThroughput: %.0f decisions/s on one core (warm loop, %zu decisions in %.1f ms).\n",
          (double)o->decisions / ((double)rb->warm_ns / 1e9), o->decisions,
          (double)rb->warm_ns / 1e6);
-  printf("Index fill: %llu blocks in %.1f ms (sized beforehand, as the router sizes it).\n",
-         (unsigned long long)o->blocks, (double)rb->fill_ns / 1e6);
+  printf("Index fill: %llu blocks in %.1f ms (the table sized beforehand).\n",
+         (unsigned long long)rb->blocks, (double)rb->fill_ns / 1e6);
   printf("Index steady state: %llu more new blocks into the full index, evicting as many, in "
-         "%.1f ms = %.2f us per new block.\n",
-         (unsigned long long)o->blocks, (double)rb->steady_ns / 1e6,
-         (double)rb->steady_ns / 1e3 / (double)KVR_MAX(o->blocks, (uint64_t)1));
+         "%.1f ms = %.2f us per new block; longest insert of 256 %.1f us; %zu inserts over 1 ms "
+         "(%zu of them preempted); %.2f cuckoo moves per new block.\n",
+         (unsigned long long)rb->blocks, (double)rb->steady_ns / 1e6,
+         (double)rb->steady_ns / 1e3 / (double)KVR_MAX(rb->blocks, (uint64_t)1),
+         max_us(&rb->steady), rb->steady_slow.n, rb->steady_slow.preempted,
+         (double)(rb->ss.kicks - rb->cs.kicks) / (double)KVR_MAX(rb->blocks, (uint64_t)1));
   printf("Index growth (not sized beforehand): %llu blocks in %.1f ms, ending with %llu blocks in "
-         "%llu table slots; longest single insert (256 blocks and any rehash they set off) %.1f "
-         "ms; %zu inserts over 1 ms.\n",
-         (unsigned long long)o->blocks, (double)rb->grow_ns / 1e6,
-         (unsigned long long)rb->grow_blocks, (unsigned long long)rb->grow_slots,
-         (double)rb->grow_max_ns / 1e6, rb->grow_slow);
-  printf("Index memory: %llu bytes allocated (%llu table slots x 20 B, %llu nodes x 16 B) for "
-         "%llu (block, worker) entries, %.1f%% of the capacity it is sized for = %.1f bytes per "
-         "(block, worker) entry.\n",
+         "%llu table slots after %llu bucket splits; longest single insert (256 blocks and the "
+         "splits they set off) %.3f ms; %zu inserts over 1 ms (%zu of them preempted); %.1f bytes "
+         "per (block, worker) entry at the end; %.2f cuckoo moves per new block.\n",
+         (unsigned long long)rb->blocks, (double)rb->grow_ns / 1e6,
+         (unsigned long long)rb->gs.blocks, (unsigned long long)rb->gs.table_slots,
+         (unsigned long long)rb->gs.splits, max_us(&rb->grow) / 1e3, rb->grow_slow.n,
+         rb->grow_slow.preempted, rb->gs.bytes_per_entry,
+         (double)rb->gs.kicks / (double)KVR_MAX(rb->blocks, (uint64_t)1));
+  printf("Index memory: %llu bytes allocated (%llu table slots x 16 B in 2 MiB chunks, %llu nodes "
+         "x 16 B, %llu wide holder sets) for %llu (block, worker) entries, %.1f%% of the capacity "
+         "it is sized for = %.1f bytes per (block, worker) entry.\n\n",
          (unsigned long long)cs.bytes, (unsigned long long)cs.table_slots,
-         (unsigned long long)cs.node_slots, (unsigned long long)cs.entries,
-         100.0 * (double)cs.entries / (double)(rb->per_worker * o->workers), cs.bytes_per_entry);
+         (unsigned long long)cs.node_slots, (unsigned long long)cs.wide_sets,
+         (unsigned long long)cs.entries,
+         100.0 * (double)cs.entries / (double)(rb->per_worker * rb->workers), cs.bytes_per_entry);
+  *sum = (summary_t){
+      .workers = rb->workers,
+      .blocks = rb->blocks,
+      .entries = cs.entries,
+      .warm_p99 = pct(&rb->warm[S_TOTAL], 99),
+      .cold_p99 = pct(&rb->cold[S_TOTAL], 99),
+      .cold_match_p99 = pct(&rb->cold[S_MATCH], 99),
+      .cold_select_p99 = pct(&rb->cold[S_SELECT], 99),
+      .ins_p50 = pct(&rb->ins, 50),
+      .ins_p99 = pct(&rb->ins, 99),
+      .ins_max = max_us(&rb->ins),
+      .steady_p50 = pct(&rb->steady, 50),
+      .steady_p99 = pct(&rb->steady, 99),
+      .steady_max = max_us(&rb->steady),
+      .bytes_per_entry = cs.bytes_per_entry,
+      .index_mib = (double)cs.bytes / (1 << 20),
+      .grow_p99_us = pct(&rb->grow, 99),
+      .grow_max_ms = max_us(&rb->grow) / 1e3,
+      .grow_bytes_per_entry = rb->gs.bytes_per_entry,
+      .grow_slow = rb->grow_slow,
+  };
 }
 
-int kvr_route_bench_run(const kvr_route_bench_opts_t *opts) {
+static int run_one(const kvr_route_bench_opts_t *o, size_t workers, uint64_t blocks,
+                   summary_t *sum) {
   rb_t rb;
   memset(&rb, 0, sizeof rb);
-  rb.o = *opts;
+  rb.o = o;
+  rb.workers = workers;
+  rb.blocks = blocks;
   int rc = setup(&rb);
   if (rc == 0) {
     time_parse(&rb);
     uint64_t t0 = kvr_now_ns();
-    rc = time_pass(&rb, rb.warm, rb.o.decisions, NULL);
+    rc = time_pass(&rb, rb.warm, o->decisions, NULL);
     rb.warm_ns = kvr_now_ns() - t0;
   }
   if (rc == 0) {
     unsigned char *flush = kvr_xmalloc(FLUSH_BYTES);
     memset(flush, 1, FLUSH_BYTES);
-    rc = time_pass(&rb, rb.cold, KVR_MIN(rb.o.decisions, (size_t)300), flush);
+    rc = time_pass(&rb, rb.cold, KVR_MIN(o->decisions, (size_t)300), flush);
     free(flush);
   }
   if (rc == 0) {
@@ -407,7 +506,47 @@ int kvr_route_bench_run(const kvr_route_bench_opts_t *opts) {
     rc = time_index_costs(&rb);
   }
   if (rc == 0)
-    print_report(&rb);
+    print_report(&rb, sum);
   rb_free(&rb);
+  return rc;
+}
+
+static void print_summary(const summary_t *sums, size_t n) {
+  printf("## Summary (policy, prompt and decisions as above; times in us unless marked)\n\n");
+  printf("| workers | blocks | warm decision p99 | cold decision p99 | cold match p99 | cold "
+         "select p99 | insert after pick p50 / p99 / max | 256 new blocks, full index p50 / p99 / "
+         "max | bytes per entry | index MiB | growth: longest insert ms | growth: inserts over "
+         "1 ms (preempted) | growth: bytes per entry |\n");
+  printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  for (size_t i = 0; i < n; i++) {
+    const summary_t *s = &sums[i];
+    printf("| %zu | %llu | %.1f | %.1f | %.1f | %.1f | %.1f / %.1f / %.1f | %.1f / %.1f / %.1f | "
+           "%.1f | %.1f | %.3f | %zu (%zu) | %.1f |\n",
+           s->workers, (unsigned long long)s->blocks, s->warm_p99, s->cold_p99, s->cold_match_p99,
+           s->cold_select_p99, s->ins_p50, s->ins_p99, s->ins_max, s->steady_p50, s->steady_p99,
+           s->steady_max, s->bytes_per_entry, s->index_mib, s->grow_max_ms, s->grow_slow.n,
+           s->grow_slow.preempted, s->grow_bytes_per_entry);
+  }
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) == 0)
+    printf("\nPeak RSS of the process: %.0f MiB (the largest run's index, plus the second index of "
+           "its growth line while both lived, the prompts and a 64 MiB cache-flush buffer).\n",
+           (double)ru.ru_maxrss / 1024.0);
+}
+
+int kvr_route_bench_run(const kvr_route_bench_opts_t *opts) {
+  size_t nruns = opts->nworkers * opts->nblocks;
+  summary_t *sums = kvr_xcalloc(nruns ? nruns : 1, sizeof *sums);
+  int rc = 0;
+  size_t k = 0;
+  for (size_t w = 0; w < opts->nworkers && rc == 0; w++)
+    for (size_t b = 0; b < opts->nblocks && rc == 0; b++) {
+      rc = run_one(opts, opts->workers[w], opts->blocks[b], &sums[k]);
+      fflush(stdout);
+      k += rc == 0;
+    }
+  if (rc == 0)
+    print_summary(sums, k);
+  free(sums);
   return rc == 0 ? 0 : 1;
 }

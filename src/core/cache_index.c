@@ -7,8 +7,9 @@
  *            power of two, 0 <= split < low) of 4 slots { hash, head, holders }, 16 bytes each, so
  *            a bucket is one 64-byte cache line. Buckets live in 2 MiB chunks of 32,768 through a
  *            directory: growing the table adds a bucket, never copies one. A block lives in one of
- *            its two buckets, b1 = addr(hash) and b2 = addr(mix(hash)), where addr(x) = x mod low,
- *            or x mod 2 * low when that is below split (those buckets have been split already).
+ *            its three buckets, b1 = addr(hash), b2 = addr(m) and b3 = addr(m rotated by 32 bits)
+ *            with m = mix(hash), where addr(x) = x mod low, or x mod 2 * low when that is below
+ *            split (those buckets have been split already).
  *            holders == 0 marks an empty slot (a block nobody holds is deleted at once); otherwise
  *            it is the set of workers holding the block: inline, up to two worker ids (15 bits
  *            each, id + 1, 0 for none), or, with the top bit set, a wide set: a bitset of 2^c words
@@ -30,9 +31,9 @@
  * node moves to the front of the worker's list) or gets a node, after evicting the worker's tail
  * node when it is at capacity. When the insert will evict, a first pass touches the blocks the
  * worker already holds so the request never evicts its own beginning. A new block takes a free
- * slot of b1 or b2; when both buckets are full it displaces a resident into that resident's other
- * bucket, and so on (a cuckoo walk of at most MAX_KICKS moves, each rewriting the end of the moved
- * block's chain). Removing a worker's last hold on a block empties its slot.
+ * slot of b1, b2 or b3; when all three are full it displaces a resident into another of that
+ * resident's buckets, and so on (a cuckoo walk of at most MAX_KICKS moves, each rewriting the end
+ * of the moved block's chain). Removing a worker's last hold on a block empties its slot.
  *
  * Growth (linear hashing, Litwin 1980, over the cuckoo table): before a new block would take the
  * load past MAX_LOAD_PCT, bucket `split` is split: bucket low + split is appended (zeroed memory,
@@ -42,9 +43,10 @@
  * index grows: no insert rehashes the table, unlike the rebuild-by-half this replaced, whose last
  * rebuild on the way to 10 M blocks stalled one insert for ~0.7 s (`kvrouter bench routing`, the
  * "Index growth" line, policies/README.md). Buckets not yet split draw twice the hash space of
- * split ones; each block's second choice evens that out. A walk that still fails splits more
- * buckets and tries again; only a table at its 2^30-slot limit drops the block a failed walk left
- * homeless.
+ * split ones; each block's three choices even that out (see bucket3). A walk that still fails
+ * splits more buckets and tries again; only a table at its 2^30-slot limit drops the block a failed
+ * walk left homeless. New table memory is faulted in 4 KiB at a time as buckets are appended; a
+ * chunk is advised to use huge pages once full (chunk_full).
  *
  * match: each worker's blocks are prefix-closed -- a worker that holds a block holds its parent.
  * Blocks enter only as chains from a prompt's first block (kvr_cache_index_insert), touched last to
@@ -54,7 +56,7 @@
  * searches it, for every worker holding the first block at once: the probe at the middle of an
  * interval splits the workers searching it into those holding the probed block (their prefix is
  * longer) and the others, in place, as quicksort partitions; ~2 + log2(n) lookups per group of
- * workers with a common prefix (a 64 KiB prompt: ~12, not 1,025), each at most two cache lines of
+ * workers with a common prefix (a 64 KiB prompt: ~12, not 1,025), each at most three cache lines of
  * the table plus the line of a wide set. An insert that fails at a block (no memory, or the table
  * at its limit) takes back the deeper blocks it added, so the closure holds. (One path still
  * breaks it: a table that can no longer grow drops a block a failed walk displaced, children
@@ -67,8 +69,8 @@
  *
  * Invariants: worker w is in a slot's holders <=> exactly one node of worker w is in the slot's
  * chain; the chain ends in END | that slot; workers[w].count == length of w's LRU list <= capacity;
- * a block's slot is in its b1 or b2 bucket; inline holders keep their first field nonzero; a wide
- * set holds three workers or more.
+ * a block's slot is in its b1, b2 or b3 bucket; inline holders keep their first field nonzero; a
+ * wide set holds three workers or more.
  */
 #include "core/cache_index.h"
 
@@ -149,7 +151,7 @@ struct kvr_cache_index_s {
   worker_t *workers;
   size_t nworkers;
   uint64_t default_capacity;
-  uint64_t inserts, evictions, splits;
+  uint64_t inserts, evictions, splits, kicks;
   uint64_t rng; /* picks the slot a cuckoo walk displaces */
 };
 
@@ -179,10 +181,21 @@ static inline uint64_t bucket2(const kvr_cache_index_t *idx, uint64_t hash) {
   return addr(idx, mix(hash));
 }
 
-/* The bucket of hash's two that is not b (b itself when both are b). */
-static inline uint64_t other_bucket(const kvr_cache_index_t *idx, uint64_t hash, uint64_t b) {
-  uint64_t b1 = bucket1(idx, hash);
-  return b1 != b ? b1 : bucket2(idx, hash);
+/* The third: the other half of the second's mix. Three choices, not the usual two, because linear
+ * hashing leaves the buckets not yet split with twice the hash space of the split ones: with two
+ * choices a table whose split pointer stands mid-way needed ~3.5 cuckoo moves per new block in a
+ * full index of 10 M blocks (1.3 us per block), with three 0.5 (0.46 us, as the uniform table
+ * this replaced). The price is a third cache line for a lookup that misses. */
+static inline uint64_t bucket3(const kvr_cache_index_t *idx, uint64_t hash) {
+  uint64_t m = mix(hash);
+  return addr(idx, m >> 32 | m << 32);
+}
+
+/* The three buckets of hash into c. */
+static inline void buckets_of(const kvr_cache_index_t *idx, uint64_t hash, uint64_t *c) {
+  c[0] = bucket1(idx, hash);
+  c[1] = bucket2(idx, hash);
+  c[2] = bucket3(idx, hash);
 }
 
 static inline slot_t *bucket_at(const kvr_cache_index_t *idx, uint64_t b) {
@@ -209,7 +222,10 @@ static inline uint32_t find_in(const kvr_cache_index_t *idx, uint64_t b, uint64_
 /* Returns the slot holding hash, or NIL. */
 static inline uint32_t find_slot(const kvr_cache_index_t *idx, uint64_t hash) {
   uint32_t s = find_in(idx, bucket1(idx, hash), hash);
-  return s != NIL ? s : find_in(idx, bucket2(idx, hash), hash);
+  if (s != NIL)
+    return s;
+  s = find_in(idx, bucket2(idx, hash), hash);
+  return s != NIL ? s : find_in(idx, bucket3(idx, hash), hash);
 }
 
 /* Returns an empty slot of bucket b, or NIL. */
@@ -241,27 +257,34 @@ static uint32_t chain_slot(const kvr_cache_index_t *idx, uint32_t n) {
 
 /* ---- memory ---------------------------------------------------------------------------------- */
 
+#define CHUNK_BYTES ((size_t)(CHUNK_BUCKETS * BUCKET * sizeof(slot_t)))
+
 /* A zeroed 2 MiB-aligned table chunk. Its pages come zeroed from the kernel as they are first
- * touched (no memset: a chunk costs nothing until buckets land in it); chunks past the first are
- * advised to use transparent huge pages, as a match is ~12 random reads over tens of MiB, most of
- * which would also miss the TLB with 4 KiB pages. */
-static slot_t *chunk_new(bool huge) {
-  size_t bytes = CHUNK_BUCKETS * BUCKET * sizeof(slot_t);
-  char *p = mmap(NULL, 2 * bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+ * touched, 4 KiB at a time as splits append buckets (no memset: a chunk costs nothing until
+ * buckets land in it, and growth faults in ~1 page per 230 new blocks). */
+static slot_t *chunk_new(void) {
+  char *p = mmap(NULL, 2 * CHUNK_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
     return NULL;
-  char *aligned = (char *)(((uintptr_t)p + bytes - 1) & ~(uintptr_t)(bytes - 1));
+  char *aligned = (char *)(((uintptr_t)p + CHUNK_BYTES - 1) & ~(uintptr_t)(CHUNK_BYTES - 1));
   if (aligned > p)
     munmap(p, (size_t)(aligned - p));
-  if (aligned + bytes < p + 2 * bytes)
-    munmap(aligned + bytes, (size_t)(p + 2 * bytes - (aligned + bytes)));
-#ifdef MADV_HUGEPAGE
-  if (huge)
-    madvise(aligned, bytes, MADV_HUGEPAGE); /* advisory: failure only costs speed */
-#else
-  (void)huge;
-#endif
+  if (aligned + CHUNK_BYTES < p + 2 * CHUNK_BYTES)
+    munmap(aligned + CHUNK_BYTES, (size_t)(p + 2 * CHUNK_BYTES - (aligned + CHUNK_BYTES)));
   return (slot_t *)aligned;
+}
+
+/* A chunk the table has filled is advised to use transparent huge pages: a match is ~12 random
+ * reads over tens of MiB, most of which would also miss the TLB with 4 KiB pages. Advised only
+ * once full, so that growth never faults in a whole 2 MiB page inside an insert (0.2 ms, and 5 ms
+ * on memory a VM's host has not yet given it); khugepaged merges the chunk later, in the
+ * background. Advisory: a failure only costs speed. */
+static void chunk_full(slot_t *chunk) {
+#ifdef MADV_HUGEPAGE
+  madvise(chunk, CHUNK_BYTES, MADV_HUGEPAGE);
+#else
+  (void)chunk;
+#endif
 }
 
 /* Makes the directory hold table chunks for nbuckets buckets. */
@@ -276,13 +299,11 @@ static int table_reserve(kvr_cache_index_t *idx, uint64_t nbuckets) {
       idx->chunks = d;
       idx->chunks_cap = cap;
     }
-    slot_t *c = chunk_new(idx->nchunks > 0);
+    slot_t *c = chunk_new();
     if (c == NULL)
       return KVR_ENOMEM;
-#ifdef MADV_HUGEPAGE
-    if (idx->nchunks == 1) /* the table outgrew its first chunk: huge pages for that one too */
-      madvise(idx->chunks[0], CHUNK_BUCKETS * BUCKET * sizeof(slot_t), MADV_HUGEPAGE);
-#endif
+    if (idx->nchunks > 0)
+      chunk_full(idx->chunks[idx->nchunks - 1]);
     idx->chunks[idx->nchunks++] = c;
   }
   return 0;
@@ -481,7 +502,7 @@ static int split_one(kvr_cache_index_t *idx) {
     if (from[k].holders == 0)
       continue;
     uint64_t h = from[k].hash;
-    if (bucket1(idx, h) == src || bucket2(idx, h) == src)
+    if (bucket1(idx, h) == src || bucket2(idx, h) == src || bucket3(idx, h) == src)
       continue; /* still addressed here */
     to[k2] = from[k];
     memset(&from[k], 0, sizeof from[k]);
@@ -491,33 +512,45 @@ static int split_one(kvr_cache_index_t *idx) {
   return 0;
 }
 
-/* Puts the entry *e into the table: a free slot of its first or second bucket, else a cuckoo walk;
- * every moved entry's chain end follows it. Returns true when everything has a slot; false after
- * MAX_KICKS moves, with the entry left without a slot in *e (its chain still names its old slot).
- */
+/* Puts the entry *e into the table: a free slot of one of its three buckets, else a cuckoo walk
+ * (displace a resident into another of its buckets, preferring one with room, where the walk ends;
+ * else a random one); every moved entry's chain end follows it. Returns true when everything has
+ * a slot; false after MAX_KICKS moves, with the entry left without a slot in *e (its chain still
+ * names its old slot). */
 static bool cuckoo_put(kvr_cache_index_t *idx, slot_t *e) {
-  uint64_t b = bucket1(idx, e->hash);
-  uint32_t s = free_in(idx, b);
-  if (s == NIL) {
-    b = bucket2(idx, e->hash);
-    s = free_in(idx, b);
-  }
+  uint64_t c[3];
+  buckets_of(idx, e->hash, c);
+  uint64_t b = c[0];
+  uint32_t s = NIL;
+  for (int i = 0; i < 3 && s == NIL; i++)
+    s = free_in(idx, b = c[i]);
+  if (s == NIL)
+    b = c[kvr_policy_rand(&idx->rng) % 3];
   for (int kick = 0; s == NIL && kick < MAX_KICKS; kick++) {
-    /* Displace a resident of bucket b into its other bucket: one whose other bucket has room
-     * when there is one (the walk ends at the next step), else a random one. */
+    /* The resident to displace: one with another bucket that has room, else a random one. */
     slot_t *bk = bucket_at(idx, b);
     uint32_t k = (uint32_t)(kvr_policy_rand(&idx->rng) % BUCKET);
-    for (uint32_t j = 0; j < BUCKET; j++) {
-      if (free_in(idx, other_bucket(idx, bk[j].hash, b)) != NIL) {
-        k = j;
-        break;
-      }
+    uint64_t to = NIL;
+    for (uint32_t j = 0; j < BUCKET && to == NIL; j++) {
+      buckets_of(idx, bk[j].hash, c);
+      for (int i = 0; i < 3 && to == NIL; i++)
+        if (c[i] != b && free_in(idx, c[i]) != NIL) {
+          k = j;
+          to = c[i];
+        }
     }
+    idx->kicks++;
     slot_t out = bk[k];
     bk[k] = *e;
     fix_chain(idx, (uint32_t)(b * BUCKET + k));
     *e = out;
-    b = other_bucket(idx, e->hash, b);
+    if (to == NIL) { /* on to a random one of its other buckets */
+      buckets_of(idx, e->hash, c);
+      to = c[kvr_policy_rand(&idx->rng) % 3];
+      for (int i = 0; i < 3 && to == b; i++)
+        to = c[i];
+    }
+    b = to;
     s = free_in(idx, b);
   }
   if (s == NIL)
@@ -694,7 +727,7 @@ void kvr_cache_index_free(kvr_cache_index_t *idx) {
   if (idx == NULL)
     return;
   for (size_t i = 0; i < idx->nchunks; i++)
-    munmap(idx->chunks[i], CHUNK_BUCKETS * BUCKET * sizeof(slot_t));
+    munmap(idx->chunks[i], CHUNK_BYTES);
   free(idx->chunks);
   for (size_t i = 0; i < idx->nnode_chunks; i++)
     free(idx->node_chunks[i]);
@@ -917,11 +950,18 @@ int kvr_cache_index_reserve(kvr_cache_index_t *idx, uint64_t nblocks) {
   uint64_t nbuckets = (slots + BUCKET - 1) / BUCKET;
   if (idx->used != 0 || nbuckets <= idx->nbuckets)
     return 0; /* grows a bucket at a time as blocks come */
-  /* Empty: any addressing is valid, so the table takes its final size at once (its chunks cost
-   * address space only until buckets land in them). */
+  /* Empty: any addressing is valid, so the table takes its final size at once, its pages faulted
+   * in here (huge ones where the kernel has them) rather than by the first inserts, whose random
+   * writes would touch most of them at once. */
+  size_t had = idx->nchunks;
   int rc = table_reserve(idx, nbuckets);
   if (rc)
     return rc;
+  for (size_t i = had; i < idx->nchunks; i++) {
+    chunk_full(idx->chunks[i]);
+    for (size_t off = 0; off < CHUNK_BYTES; off += 4096)
+      ((volatile char *)idx->chunks[i])[off] = 0;
+  }
   uint64_t low = MIN_BUCKETS;
   while (2 * low <= nbuckets)
     low *= 2;
@@ -943,7 +983,7 @@ void kvr_cache_index_stats(const kvr_cache_index_t *idx, kvr_cache_index_stats_t
     pool_bytes += (uint64_t)idx->pools[c].nchunks * (sizeof(uint64_t) << POOL_BITS) +
                   idx->pools[c].cap * sizeof(uint64_t *);
   }
-  out->bytes = sizeof(*idx) + (uint64_t)idx->nchunks * CHUNK_BUCKETS * BUCKET * sizeof(slot_t) +
+  out->bytes = sizeof(*idx) + (uint64_t)idx->nchunks * CHUNK_BYTES +
                idx->chunks_cap * sizeof(slot_t *) + out->node_slots * sizeof(node_t) +
                idx->node_chunks_cap * sizeof(node_t *) + pool_bytes +
                idx->nworkers * sizeof(worker_t);
@@ -951,6 +991,7 @@ void kvr_cache_index_stats(const kvr_cache_index_t *idx, kvr_cache_index_stats_t
   out->inserts = idx->inserts;
   out->evictions = idx->evictions;
   out->splits = idx->splits;
+  out->kicks = idx->kicks;
 }
 
 uint64_t kvr_cache_index_capacity_from_vllm(uint64_t num_gpu_blocks, uint64_t block_size_tokens,

@@ -43,6 +43,7 @@ typedef struct kvr_cache_index_stats_s {
   uint64_t inserts;       /* new (block, worker) entries since creation */
   uint64_t evictions;     /* entries evicted at capacity since creation */
   uint64_t splits;        /* buckets the table grew by since creation */
+  uint64_t kicks;         /* residents displaced by cuckoo walks since creation */
 } kvr_cache_index_stats_t;
 
 /* Creates an index for worker indexes 0..workers-1 (1..KVR_MAX_WORKERS; more come with

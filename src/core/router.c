@@ -1080,34 +1080,62 @@ uint32_t kvr_router_kv_tokenizer(const kvr_router_t *r, const char **url) {
 /* ---- replicas ----------------------------------------------------------------------------------
  */
 
+/* Orders rows by URL, then by their place in the answer, so the first of duplicates comes first.
+ */
+static int cmp_row(const void *a, const void *b) {
+  const kvr_peer_row_t *x = *(const kvr_peer_row_t *const *)a,
+                       *y = *(const kvr_peer_row_t *const *)b;
+  int c = strcmp(x->url, y->url);
+  return c ? c : (x < y ? -1 : x > y);
+}
+
+/* The first row of sorted[0..n) with url, or NULL. */
+static const kvr_peer_row_t *find_row(const kvr_peer_row_t *const *sorted, size_t n,
+                                      const char *url) {
+  size_t lo = 0, hi = n; /* lower bound */
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (strcmp(sorted[mid]->url, url) < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < n && strcmp(sorted[lo]->url, url) == 0 ? sorted[lo] : NULL;
+}
+
 void kvr_router_on_peer_load(kvr_router_t *r, size_t peer, const kvr_peer_row_t *rows, size_t n) {
   if (peer >= KVR_MAX_PEERS)
     return;
   uint64_t now = now_ms(r);
   r->peer_polls_total[peer][0]++;
   r->peer_ok_ms[peer] = now;
+  /* Each worker finds its row by binary search: a peer lists up to KVR_MAX_WORKERS rows, and a
+   * scan per worker would be ~16 M string compares at 4,096 workers on every poll. */
+  const kvr_peer_row_t **sorted = kvr_xmalloc((n ? n : 1) * sizeof *sorted);
+  for (size_t k = 0; k < n; k++)
+    sorted[k] = &rows[k];
+  qsort(sorted, n, sizeof *sorted, cmp_row);
   for (size_t i = 0; i < r->nslots; i++) {
     kvr_worker_t *w = r->slots[i];
     if (w == NULL)
       continue;
     memset(&w->peer[peer], 0, sizeof w->peer[peer]);
     w->peer[peer].at_ms = now; /* listed or not, the peer has nothing else on it */
-    for (size_t k = 0; k < n; k++) {
-      if (strcmp(rows[k].url, w->url) != 0)
-        continue;
-      w->peer[peer] = rows[k].load;
-      w->peer[peer].at_ms = now;
-      uint64_t taken = now > rows[k].scrape_age_ms ? now - rows[k].scrape_age_ms : 0;
-      if (rows[k].has_scrape && (!w->metrics_seen || taken > w->scraped_at_ms)) {
-        w->num_requests_running = rows[k].num_requests_running;
-        w->num_requests_waiting = rows[k].num_requests_waiting;
-        w->kv_cache_usage = rows[k].kv_cache_usage;
-        w->scraped_at_ms = taken;
-        w->metrics_seen = true;
-      }
-      break;
+    const kvr_peer_row_t *row = find_row(sorted, n, w->url);
+    if (row == NULL)
+      continue;
+    w->peer[peer] = row->load;
+    w->peer[peer].at_ms = now;
+    uint64_t taken = now > row->scrape_age_ms ? now - row->scrape_age_ms : 0;
+    if (row->has_scrape && (!w->metrics_seen || taken > w->scraped_at_ms)) {
+      w->num_requests_running = row->num_requests_running;
+      w->num_requests_waiting = row->num_requests_waiting;
+      w->kv_cache_usage = row->kv_cache_usage;
+      w->scraped_at_ms = taken;
+      w->metrics_seen = true;
     }
   }
+  free(sorted);
 }
 
 void kvr_router_on_peer_error(kvr_router_t *r, size_t peer) {

@@ -424,6 +424,29 @@ static void test_worker_limit(void **state) {
   fx_close(&f);
 }
 
+/* A peer's rows reach their workers by URL whatever their order: the first of two rows for one URL
+ * wins, a worker the peer does not list gets nothing from it, a URL no worker serves is ignored. */
+static void test_peer_rows_by_url(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  kvr_router_t *r = f.r;
+  kvr_peer_row_t rows[4] = {
+      {.url = "http://127.0.0.1:3", .load = {.inflight = 3}},
+      {.url = "http://127.0.0.1:9", .load = {.inflight = 9}},
+      {.url = "http://127.0.0.1:1", .load = {.inflight = 1}},
+      {.url = "http://127.0.0.1:3", .load = {.inflight = 33}},
+  };
+  kvr_router_on_peer_load(r, 0, rows, 4);
+  assert_int_equal(r->slots[0]->peer[0].inflight, 1);
+  assert_int_equal(r->slots[1]->peer[0].inflight, 0);
+  assert_true(r->slots[1]->peer[0].at_ms > 0);
+  assert_int_equal(r->slots[2]->peer[0].inflight, 3);
+  kvr_router_on_peer_load(r, 0, NULL, 0);
+  assert_int_equal(r->slots[2]->peer[0].inflight, 0);
+  fx_close(&f);
+}
+
 /* A scrape with the cache geometry resizes a worker's modelled cache; a reset forgets its blocks;
  * both show in /admin/workers. */
 static void test_scrape_and_reset(void **state) {
@@ -1074,19 +1097,17 @@ static void test_response_id_affinity(void **state) {
   fx_close(&f);
 }
 
-KVR_TEST_MAIN(cmocka_unit_test(test_round_robin_and_tried),
-              cmocka_unit_test(test_response_id_affinity),
-              cmocka_unit_test(test_look_changes_nothing),
-              cmocka_unit_test(test_accounting_and_drain),
-              cmocka_unit_test(test_failures_mark_down), cmocka_unit_test(test_policy_switch),
-              cmocka_unit_test(test_scrape_parse), cmocka_unit_test(test_requests_return_to_zero),
-              cmocka_unit_test(test_index_follows_workers), cmocka_unit_test(test_worker_limit),
-              cmocka_unit_test(test_scrape_and_reset), cmocka_unit_test(test_drain_remove_add),
-              cmocka_unit_test(test_accounting_invariant_random),
-              cmocka_unit_test(test_injected_clock), cmocka_unit_test(test_metrics_ops_families),
-              cmocka_unit_test(test_metrics_process),
-              cmocka_unit_test(test_learning_refused_and_capped),
-              cmocka_unit_test(test_refused_prefill_leaves_clock),
-              cmocka_unit_test(test_outlier_ejection_backoff_and_trial),
-              cmocka_unit_test(test_ejection_keeps_a_worker), cmocka_unit_test(test_retry_budget),
-              cmocka_unit_test(test_admission_bound))
+KVR_TEST_MAIN(
+    cmocka_unit_test(test_round_robin_and_tried), cmocka_unit_test(test_response_id_affinity),
+    cmocka_unit_test(test_look_changes_nothing), cmocka_unit_test(test_accounting_and_drain),
+    cmocka_unit_test(test_failures_mark_down), cmocka_unit_test(test_policy_switch),
+    cmocka_unit_test(test_scrape_parse), cmocka_unit_test(test_requests_return_to_zero),
+    cmocka_unit_test(test_index_follows_workers), cmocka_unit_test(test_worker_limit),
+    cmocka_unit_test(test_peer_rows_by_url), cmocka_unit_test(test_scrape_and_reset),
+    cmocka_unit_test(test_drain_remove_add), cmocka_unit_test(test_accounting_invariant_random),
+    cmocka_unit_test(test_injected_clock), cmocka_unit_test(test_metrics_ops_families),
+    cmocka_unit_test(test_metrics_process), cmocka_unit_test(test_learning_refused_and_capped),
+    cmocka_unit_test(test_refused_prefill_leaves_clock),
+    cmocka_unit_test(test_outlier_ejection_backoff_and_trial),
+    cmocka_unit_test(test_ejection_keeps_a_worker), cmocka_unit_test(test_retry_budget),
+    cmocka_unit_test(test_admission_bound))
