@@ -200,6 +200,7 @@ int kvr_serve_main(int argc, char **argv) {
   kvr_proxy_set_trace(s->proxy, s->trace);
   s->admin_api = kvr_admin_new(s->router, s->curlm);
   kvr_admin_set_trace(s->admin_api, s->trace);
+  kvr_admin_set_proxy(s->admin_api, s->proxy);
   s->pub = kvr_http_server_new(&s->loop, &s->cfg.limits, kvr_proxy_on_request, s->proxy);
   kvr_http_limits_t admin_limits = s->cfg.limits;
   admin_limits.max_connections = 0;

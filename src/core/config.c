@@ -360,6 +360,13 @@ static const kvr_cli_opt_t options[] = {
      .json = "limits.max_prompt_token_ids", KVR_CLI_RANGE(1, UINT32_MAX),
      .help = "token ids in one completions prompt while some worker's max_model_len is unknown "
              "(then the largest max_model_len of the workers; 400 context_length_exceeded)"},
+    {KVR_CLI_BOOL, "resume-streams", F(resume_streams), .json = "resume.streams",
+     .help = "when a chat or completions stream breaks after the client got tokens, continue the "
+             "answer on another worker and splice it into the same stream"},
+    {KVR_CLI_UINT, "resume-max", F(resume_max), .arg = "N", .json = "resume.max_per_request",
+     KVR_CLI_RANGE(0, 6),
+     .help = "continuations of one stream at most (each also takes the retry "
+             "budget)"},
     {KVR_CLI_UINT, "response-ids-max", F(response_ids_max), .arg = "N",
      .json = "limits.response_ids_max", KVR_CLI_RANGE(1, 1u << 26),
      .help = "Responses API ids remembered with the worker that stored them (previous_response_id, "
@@ -519,6 +526,8 @@ void kvr_config_init(kvr_config_t *cfg) {
   cfg->trace_out_max_bytes = 256u << 20;
   cfg->trace_block_tokens = KVR_TRACE_BLOCK_TOKENS_DEFAULT;
   cfg->response_ids_max = 65536;
+  cfg->resume_streams = true;
+  cfg->resume_max = 2;
   kvr_json_guard_limits_default(&cfg->body_guard);
   cfg->retry_after_s = 1;
   cfg->block_chars = 64;

@@ -407,6 +407,10 @@ static void read_text(const cJSON *obj, kvr_openai_chunk_t *out) {
   const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
   if (!cJSON_IsObject(c0))
     return;
+  out->finish = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(c0, "finish_reason"));
+  const cJSON *dl = cJSON_GetObjectItemCaseSensitive(c0, "delta");
+  const cJSON *tc = cJSON_IsObject(dl) ? cJSON_GetObjectItemCaseSensitive(dl, "tool_calls") : NULL;
+  out->tool_call = tc != NULL && !cJSON_IsNull(tc);
   const cJSON *t = NULL;
   const cJSON *delta = cJSON_GetObjectItemCaseSensitive(c0, "delta");
   const cJSON *d = cJSON_IsObject(delta) ? delta : cJSON_GetObjectItemCaseSensitive(c0, "message");

@@ -165,6 +165,9 @@ typedef struct kvr_openai_chunk_s {
   /* Responses API: the response's id ("id" of a response body, response.id of the
    * response.created event), NULL when the object names none. */
   const char *response_id;
+  /* Chat and completions: choices[0] carries tool-call deltas (delta.tool_calls), or a
+   * finish_reason (a string: the answer is complete). */
+  bool tool_call, finish;
 } kvr_openai_chunk_t;
 
 /* Parses JSON text like cJSON_ParseWithLength, into this thread's scratch arena (see openai.c):

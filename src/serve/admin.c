@@ -39,7 +39,12 @@ struct kvr_admin_s {
   kvr_curlm_t *curlm;           /* not owned; the reset fan-out's transfers */
   kvr_tokenizer_t *tokenizer;   /* route/explain's /tokenize calls in precise mode */
   const kvr_trace_out_t *trace; /* --trace-out's counters, not owned, or NULL */
+  const kvr_proxy_t *proxy;     /* the public proxy's counters, not owned, or NULL */
 };
+
+void kvr_admin_set_proxy(kvr_admin_t *a, const kvr_proxy_t *p) {
+  a->proxy = p;
+}
 
 void kvr_admin_set_trace(kvr_admin_t *a, const kvr_trace_out_t *t) {
   a->trace = t;
@@ -537,8 +542,13 @@ static void render_trace(const kvr_admin_t *a, kvr_buf_t *out) {
                     (double)kvr_trace_out_errors(a->trace));
 }
 
+static void render_proxy(const kvr_admin_t *a, kvr_buf_t *out) {
+  if (a->proxy)
+    kvr_proxy_metrics(a->proxy, out);
+}
+
 static const metrics_renderer_fn metrics_renderers[] = {
-    render_router, render_reload, render_discovery, render_listeners, render_trace};
+    render_router, render_reload, render_discovery, render_listeners, render_trace, render_proxy};
 
 static void metrics_get(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_admin_t *a = data;

@@ -37,6 +37,7 @@
 #include "core/router.h"
 #include "net/curlm.h"
 #include "net/http_server.h"
+#include "serve/proxy.h"
 #include "serve/trace_out.h"
 
 typedef struct kvr_admin_s kvr_admin_t;
@@ -44,6 +45,9 @@ typedef struct kvr_admin_s kvr_admin_t;
 /* Creates the admin API over r, whose POST /admin/reset_prefix_cache fan-out runs on curlm (both
  * must outlive it). Never returns NULL (out of memory aborts, kvr.h). */
 kvr_admin_t *kvr_admin_new(kvr_router_t *r, kvr_curlm_t *curlm);
+
+/* GET /metrics also shows the public proxy's counters (not owned; NULL: none). */
+void kvr_admin_set_proxy(kvr_admin_t *a, const kvr_proxy_t *p);
 
 /* GET /metrics also shows t's counters (--trace-out; not owned; NULL: none). */
 void kvr_admin_set_trace(kvr_admin_t *a, const kvr_trace_out_t *t);

@@ -58,6 +58,7 @@
 #include "base/kvr.h"
 #include "base/list.h"
 #include "base/log.h"
+#include "base/metrics.h"
 #include "net/http_route.h"
 #include "proto/http_headers.h"
 #include "proto/json_guard.h"
@@ -72,12 +73,28 @@
 #define ANSWER_MAX (1u << 20)   /* answer text kept for the cache index */
 #define SSE_LINE_MAX (1u << 20) /* longer SSE lines are passed through but not inspected */
 #define MAX_ATTEMPTS 2
+#define RESUME_LIMIT 6 /* --resume-max's bound: tried[] holds MAX_ATTEMPTS + RESUME_LIMIT slots */
 /* Idle configured easy handles kept for the next attempts (see upstream_transfer()). */
 #define EASY_POOL_MAX 256
 /* A /tokenize call not answered within this is given up: the request is routed approximately. */
 #define TOKENIZE_TIMEOUT_MS 5000
 
 typedef struct px_s px_t;
+
+/* What happened when a stream broke after its client got tokens (kvrouter_stream_resumes_total). */
+#define RESUME_RESULT_MAP(XX)                                                                      \
+  XX(RESUMED, "resumed")             /* continued on another worker */                             \
+  XX(FINISHED, "finished")           /* its finish_reason had been sent: ended with [DONE] */      \
+  XX(NOT_RESUMABLE, "not_resumable") /* a tool call, n > 1, echo, a token-id prompt, off... */     \
+  XX(REFUSED, "refused")             /* per-request limit or retry budget spent */                 \
+  XX(NO_WORKER, "no_worker")         /* no other worker could take the continuation */
+
+typedef enum {
+#define XX(name, label) RESUME_##name,
+  RESUME_RESULT_MAP(XX)
+#undef XX
+      RESUME_RESULTS
+} resume_result_t;
 
 struct kvr_proxy_s {
   uv_loop_t *loop;    /* not owned; request timers */
@@ -90,6 +107,7 @@ struct kvr_proxy_s {
   uint64_t rid_state;         /* request-id generator (kvr_http_request_id_gen) */
   kvr_tokenizer_t *tokenizer; /* precise mode's POST /tokenize calls and their cache */
   kvr_trace_out_t *trace;     /* --trace-out, not owned, or NULL */
+  uint64_t resumes[RESUME_RESULTS];
 
   /* Idle upstream easy handles with the options every attempt shares (upstream_transfer()). */
   CURL *easy_pool[EASY_POOL_MAX];
@@ -112,6 +130,16 @@ struct px_s {
   bool has_prompt;
   bool prompt_cut; /* the body held U+0000: routed by load, nothing learned (guard_body()) */
   int pin_slot;    /* the worker that stored the response this request names, or -1 */
+  /* Resuming a broken stream (resume_stream()): the continuations started, the token events and
+   * answer bytes the client got (answer holds them while answer_full is false), what makes a
+   * stream not resumable, the first stream's id every spliced chunk takes, the continuation's
+   * request body, and the token events sent before the current continuation began. */
+  int resumes;
+  uint64_t tokens_out, tokens_prior;
+  bool answer_full, tool_call_seen, finish_seen, resume_bad;
+  const char *break_why, *break_outcome; /* why the stream last broke (static strings) */
+  char first_id[96];
+  kvr_buf_t resume_body;
   kvr_route_req_t rreq;
   /* Precise mode: the prompt's token-block chain (rreq.kv_chain points here) and the tokenize
    * call in flight before the decision. */
@@ -128,9 +156,9 @@ struct px_s {
   bool transfer_active;
   bool paused;
   int attempts;
-  int tried[MAX_ATTEMPTS];       /* the slots of the attempts so far (attempts of them) */
-  kvr_req_error_t retried_error; /* why the attempt that was retried failed */
-  kvr_router_dispatch_t acct;    /* what the current attempt added to w; open while accounted */
+  int tried[MAX_ATTEMPTS + RESUME_LIMIT]; /* the slots of the attempts so far (attempts of them) */
+  kvr_req_error_t retried_error;          /* why the attempt that was retried failed */
+  kvr_router_dispatch_t acct; /* what the current attempt added to w; open while accounted */
   /* Response. */
   int status;
   kvr_http_resp_check_t resp_check; /* the head being read, checked line by line */
@@ -163,6 +191,27 @@ struct px_s {
 
 static void attempt(px_t *px);
 static void px_end(px_t *px);
+
+static void resume_count(px_t *px, resume_result_t r) {
+  px->proxy->resumes[r]++;
+}
+
+void kvr_proxy_metrics(const kvr_proxy_t *p, kvr_buf_t *out) {
+  static const char *const names[] = {
+#define XX(name, label) label,
+      RESUME_RESULT_MAP(XX)
+#undef XX
+  };
+  kvr_metric_family(out, "kvrouter_stream_resumes_total", "counter",
+                    "Streams broken after their client got tokens, by what followed: resumed "
+                    "(continued on another worker), finished (every token had been sent), "
+                    "not_resumable, refused (limit or retry budget), no_worker");
+  for (int i = 0; i < RESUME_RESULTS; i++) {
+    char l[48];
+    snprintf(l, sizeof l, "result=\"%s\"", names[i]);
+    kvr_metric_sample(out, "kvrouter_stream_resumes_total", l, (double)p->resumes[i]);
+  }
+}
 
 kvr_proxy_t *kvr_proxy_new(uv_loop_t *loop, kvr_router_t *r, kvr_curlm_t *curlm) {
   kvr_proxy_t *p = kvr_xcalloc(1, sizeof *p);
@@ -283,6 +332,12 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud) {
     /* blank line: end of a head */
     if ((e = kvr_http_resp_end(&px->resp_check)) != KVR_HTTP_RESP_OK)
       return refuse_head(px, e);
+    if (px->resumes > 0 && px->status >= 200 && (px->status != 200 || !px->sse)) {
+      /* A continuation answered with an error or a plain body: nothing of it may reach the
+       * client's stream (transfer_failed() tries the next worker or ends the stream). */
+      px->resume_bad = true;
+      return 0;
+    }
     if (px->status < 200)
       px->resp_check.status = 0; /* an interim head ended: a status line comes next */
     if (px->status >= 200) {
@@ -344,18 +399,85 @@ static void token_timing(px_t *px) {
 static bool take_text(px_t *px, const kvr_openai_chunk_t *c) {
   if (c->text == NULL)
     return false;
-  if (px->answer.len + c->text_len <= ANSWER_MAX)
+  if (!px->answer_full && px->answer.len + c->text_len <= ANSWER_MAX)
     kvr_buf_append(&px->answer, c->text, c->text_len);
+  else
+    px->answer_full = true; /* what the client got is no longer all here: never resumed */
   return true;
 }
 
 /* One complete SSE line (kvr_openai_sse_line_cb): "data: {...}" events carry tokens and, at the
  * end, usage. */
+/* A continuation's chunk as the client's one stream must show it (resume_stream()): the first
+ * stream's id; usage whose completion tokens count what the client got before (the continuation's
+ * prompt held those tokens, so they leave its prompt count); the continuation's opening role chunk
+ * dropped (the client had one). Writes the rewritten "data:" line, or nothing for a dropped one. */
+static void splice_chunk(px_t *px, const char *p, size_t plen) {
+  cJSON *obj = cJSON_ParseWithLength(p, plen); /* a normal tree: it is edited and printed */
+  if (obj == NULL) {
+    kvr_http_write(px->req, "data: ", 6);
+    kvr_http_write(px->req, p, plen);
+    kvr_http_write(px->req, "\n", 1);
+    return;
+  }
+  const cJSON *choices = cJSON_GetObjectItemCaseSensitive(obj, "choices");
+  const cJSON *c0 = cJSON_IsArray(choices) ? cJSON_GetArrayItem(choices, 0) : NULL;
+  const cJSON *delta = cJSON_IsObject(c0) ? cJSON_GetObjectItemCaseSensitive(c0, "delta") : NULL;
+  const cJSON *content = cJSON_GetObjectItemCaseSensitive(delta, "content");
+  if (cJSON_GetObjectItemCaseSensitive(delta, "role") &&
+      (content == NULL || (cJSON_IsString(content) && content->valuestring[0] == '\0')) &&
+      !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(c0, "finish_reason"))) {
+    cJSON_Delete(obj); /* the role chunk: the client's stream opened with its own */
+    return;
+  }
+  if (px->first_id[0])
+    cJSON_ReplaceItemInObjectCaseSensitive(obj, "id", cJSON_CreateString(px->first_id));
+  cJSON *u = cJSON_GetObjectItemCaseSensitive(obj, "usage");
+  const cJSON *pt = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
+  const cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
+  if (cJSON_IsNumber(pt) && cJSON_IsNumber(ct)) {
+    double before = (double)px->tokens_prior, prompt = pt->valuedouble - before;
+    double completion = ct->valuedouble + before;
+    prompt = prompt < 0 ? 0 : prompt;
+    cJSON_ReplaceItemInObjectCaseSensitive(u, "prompt_tokens", cJSON_CreateNumber(prompt));
+    cJSON_ReplaceItemInObjectCaseSensitive(u, "completion_tokens", cJSON_CreateNumber(completion));
+    if (cJSON_GetObjectItemCaseSensitive(u, "total_tokens"))
+      cJSON_ReplaceItemInObjectCaseSensitive(u, "total_tokens",
+                                             cJSON_CreateNumber(prompt + completion));
+  }
+  char *s = cJSON_PrintUnformatted(obj);
+  if (s == NULL)
+    kvr_oom("cJSON_PrintUnformatted", 0);
+  kvr_http_write(px->req, "data: ", 6);
+  kvr_http_write(px->req, s, strlen(s));
+  kvr_http_write(px->req, "\n", 1);
+  cJSON_free(s);
+  cJSON_Delete(obj);
+}
+
+/* One SSE line of a continuation (px->resumes > 0): the lines are written one by one (the raw
+ * bytes are not), data lines through splice_chunk(). */
+static void spliced_line(px_t *px, const char *line, size_t len, const char *p, size_t plen,
+                         bool data) {
+  if (!data) {
+    kvr_http_write(px->req, line, len);
+    kvr_http_write(px->req, "\n", 1);
+  } else if (kvr_openai_sse_done(p, plen) || plen == 0 || *p != '{') {
+    kvr_http_write(px->req, line, len);
+    kvr_http_write(px->req, "\n", 1);
+  } else {
+    splice_chunk(px, p, plen);
+  }
+}
+
 static void sse_line(void *data, const char *line, size_t len) {
   px_t *px = data;
-  const char *p;
-  size_t plen;
-  if (!kvr_openai_sse_data(line, len, &p, &plen))
+  const char *p = NULL;
+  size_t plen = 0;
+  bool is_data = kvr_openai_sse_data(line, len, &p, &plen);
+  if (px->resumes > 0)
+    spliced_line(px, line, len, p, plen, is_data);
+  if (!is_data)
     return;
   if (kvr_openai_sse_done(p, plen)) {
     /* The end of the answer: nothing a worker sends after it is forwarded or learned. */
@@ -370,7 +492,15 @@ static void sse_line(void *data, const char *line, size_t len) {
   kvr_openai_chunk_t c;
   kvr_openai_chunk_read(obj, &c);
   take_response_id(px, &c);
+  if (px->first_id[0] == '\0') {
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(obj, "id");
+    if (cJSON_IsString(id))
+      snprintf(px->first_id, sizeof px->first_id, "%s", id->valuestring);
+  }
+  px->tool_call_seen |= c.tool_call;
+  px->finish_seen |= c.finish;
   if (take_text(px, &c)) {
+    px->tokens_out++;
     kvr_router_on_token(px->r, &px->acct); /* the first one also ends the prefill */
     token_timing(px);
   }
@@ -403,7 +533,8 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud) {
       return len; /* after data: [DONE]: dropped */
     kvr_openai_sse_feed(&px->sse_lines, data, len, sse_line, px);
     size_t upto = px->sse_lines.consumed;
-    kvr_http_write(px->req, data, upto);
+    if (px->resumes == 0) /* a continuation's lines were written by sse_line, rewritten */
+      kvr_http_write(px->req, data, upto);
     if (px->sse_lines.stop)
       kvr_http_write(px->req, "\n", 1); /* the blank line that ends the [DONE] event */
     px->bytes_out += upto + px->sse_lines.stop;
@@ -477,6 +608,7 @@ static void on_timer_closed(uv_handle_t *h) {
   kvr_buf_free(&px->body);
   kvr_openai_sse_free(&px->sse_lines);
   kvr_buf_free(&px->answer);
+  kvr_buf_free(&px->resume_body);
   kvr_buf_free(&px->url);
   kvr_buf_free(&px->conn_tokens);
   free(px);
@@ -754,6 +886,114 @@ static bool retry_allowed(px_t *px) {
   return true;
 }
 
+/* The continuation's request (resume_stream()): the client's body with what it got so far. Chat:
+ * the messages plus {"role":"assistant","content": the text so far}, continue_final_message true
+ * and add_generation_prompt false, as vLLM continues an assistant message
+ * (../shared/VLLM-APIS.md section 3); completions: the prompt (a string) plus the text so far.
+ * max_tokens and max_completion_tokens lose the token events already sent. False when the request
+ * cannot be continued this way (n > 1, echo, logprobs, a prompt of token ids or several prompts,
+ * nothing left of max_tokens). */
+static bool continuation_body(px_t *px) {
+  cJSON *b = cJSON_ParseWithLength(px->req->body.data, px->req->body.len);
+  const cJSON *n = cJSON_GetObjectItemCaseSensitive(b, "n");
+  bool ok = cJSON_IsObject(b) &&
+            (n == NULL || cJSON_IsNull(n) || (cJSON_IsNumber(n) && n->valuedouble == 1)) &&
+            !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(b, "echo")) &&
+            !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(b, "logprobs")) &&
+            !cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(b, "logprobs"));
+  static const char *const limits[] = {"max_tokens", "max_completion_tokens"};
+  for (size_t i = 0; ok && i < KVR_ARRAY_SIZE(limits); i++) {
+    cJSON *m = cJSON_GetObjectItemCaseSensitive(b, limits[i]);
+    if (!cJSON_IsNumber(m))
+      continue;
+    double left = m->valuedouble - (double)px->tokens_out;
+    ok = left >= 1;
+    if (ok)
+      cJSON_SetNumberValue(m, left);
+  }
+  if (ok && px->route == KVR_ROUTE_CHAT) {
+    cJSON *msgs = cJSON_GetObjectItemCaseSensitive(b, "messages");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", "assistant");
+    cJSON_AddItemToObject(m, "content", cJSON_CreateStringReference(""));
+    ok = cJSON_IsArray(msgs);
+    if (ok) {
+      kvr_buf_t text = KVR_BUF_INIT;
+      kvr_buf_append(&text, px->answer.data ? px->answer.data : "", px->answer.len);
+      kvr_buf_append(&text, "", 1);
+      cJSON_ReplaceItemInObjectCaseSensitive(m, "content", cJSON_CreateString(text.data));
+      kvr_buf_free(&text);
+      cJSON_AddItemToArray(msgs, m);
+      cJSON_DeleteItemFromObjectCaseSensitive(b, "continue_final_message");
+      cJSON_DeleteItemFromObjectCaseSensitive(b, "add_generation_prompt");
+      cJSON_AddBoolToObject(b, "continue_final_message", 1);
+      cJSON_AddBoolToObject(b, "add_generation_prompt", 0);
+    } else {
+      cJSON_Delete(m);
+    }
+  } else if (ok) {
+    cJSON *prompt = cJSON_GetObjectItemCaseSensitive(b, "prompt");
+    ok = cJSON_IsString(prompt);
+    if (ok) {
+      kvr_buf_t text = KVR_BUF_INIT;
+      kvr_buf_puts(&text, prompt->valuestring);
+      kvr_buf_append(&text, px->answer.data ? px->answer.data : "", px->answer.len);
+      kvr_buf_append(&text, "", 1);
+      cJSON_ReplaceItemInObjectCaseSensitive(b, "prompt", cJSON_CreateString(text.data));
+      kvr_buf_free(&text);
+    }
+  }
+  char *s = ok ? cJSON_PrintUnformatted(b) : NULL;
+  cJSON_Delete(b);
+  if (s == NULL)
+    return false;
+  kvr_buf_reset(&px->resume_body);
+  kvr_buf_puts(&px->resume_body, s);
+  cJSON_free(s);
+  return true;
+}
+
+/* A stream broke after its client got part of the answer (a reset, a killed worker, an idle
+ * timeout). When the client is still there, the answer continues on another worker and its chunks
+ * are spliced into the same stream (splice_chunk()): one id, one role chunk, usage that adds up,
+ * the last finish_reason and [DONE]. True when that started (or the stream had already finished
+ * and is closed cleanly); false leaves the caller to end it with an error event. */
+static bool resume_stream(px_t *px, const char *why, const char *outcome) {
+  kvr_router_t *r = px->r;
+  px->break_why = why;
+  px->break_outcome = outcome;
+  if (px->req == NULL || px->req->closed || !px->sse || !px->has_prompt)
+    return false;
+  if (px->finish_seen) { /* every token was sent; only usage or [DONE] was lost */
+    if (!px->sse_lines.stop)
+      kvr_http_write(px->req, "data: [DONE]\n\n", 14);
+    resume_count(px, RESUME_FINISHED);
+    px->outcome = "finished_before_break";
+    return true;
+  }
+  if (!r->cfg->resume_streams || px->tool_call_seen || px->answer_full ||
+      (px->route != KVR_ROUTE_CHAT && px->route != KVR_ROUTE_COMPLETIONS) ||
+      !continuation_body(px)) {
+    resume_count(px, RESUME_NOT_RESUMABLE);
+    return false;
+  }
+  if ((uint64_t)px->resumes >= r->cfg->resume_max || !retry_allowed(px)) {
+    resume_count(px, RESUME_REFUSED);
+    return false;
+  }
+  KVR_WARN("proxy", "worker %s broke a stream after %llu tokens; continuing it elsewhere",
+           px->worker_label, (unsigned long long)px->tokens_out);
+  px->resumes++;
+  px->tokens_prior = px->tokens_out;
+  px->resume_bad = false;
+  transfer_release(px);
+  account_end(px);
+  resume_count(px, RESUME_RESUMED);
+  px->outcome = "resumed";
+  attempt(px);
+  return true;
+}
+
 /* The transfer failed while the client is still there. */
 static void transfer_failed(px_t *px, CURL *easy, CURLcode rc) {
   kvr_router_t *r = px->r;
@@ -783,6 +1023,16 @@ static void transfer_failed(px_t *px, CURL *easy, CURLcode rc) {
   }
   if (px->resp_err != KVR_HTTP_RESP_OK) {
     protocol_failure(px);
+    return;
+  }
+  if (px->streaming) { /* the client got part of the answer: continue it, or end it */
+    kvr_router_on_request_error(r, KVR_REQ_ERROR_BROKEN_STREAM);
+    if (resume_stream(px, why, "broken_stream")) /* curl_easy_strerror: a static string */
+      return;
+    px->outcome = "broken_stream";
+    kvr_router_on_upstream_failure(r);
+    broken_stream(px, why);
+    px_end(px);
     return;
   }
   if (can_retry && px->attempts < MAX_ATTEMPTS && retry_allowed(px)) {
@@ -923,6 +1173,11 @@ static void on_timer(uv_timer_t *t) {
          kind == TM_FIRST_BYTE ? "upstream worker did not start responding in time"
                                : "upstream worker stalled while responding");
   } else {
+    if (kind == TM_IDLE) {
+      kvr_router_on_result(px->r, &px->acct, false);
+      if (resume_stream(px, "no data within the idle timeout", "stream_idle_timeout"))
+        return;
+    }
     kvr_router_on_upstream_failure(px->r);
     px->outcome = "stream_idle_timeout";
     broken_stream(px, "no data within the idle timeout");
@@ -991,6 +1246,17 @@ static struct curl_slist *upstream_headers(kvr_proxy_t *p, const kvr_http_req_t 
 
 /* No worker can take the request: 503 before any attempt, else 502 (the attempt failed). */
 static void no_worker(px_t *px) {
+  if (px->streaming) { /* a continuation found no worker: the stream ends with an error event */
+    char why[160];
+    snprintf(why, sizeof why, "%s; no other worker could continue the answer",
+             px->break_why ? px->break_why : "the worker's stream broke");
+    resume_count(px, RESUME_NO_WORKER);
+    kvr_router_on_upstream_failure(px->r);
+    px->outcome = px->break_outcome ? px->break_outcome : "broken_stream";
+    broken_stream(px, why);
+    px_end(px);
+    return;
+  }
   if (px->attempts == 0) {
     kvr_router_on_request_error(px->r, KVR_REQ_ERROR_NO_WORKER);
     fail(px, 503, "no_worker_available", "no_worker", "%s",
@@ -1019,13 +1285,14 @@ static void attempt_begin(px_t *px, int slot) {
   kvr_buf_reset(&px->resp_headers);
   kvr_buf_reset(&px->body);
   kvr_openai_sse_reset(&px->sse_lines);
-  kvr_buf_reset(&px->answer);
+  if (px->resumes == 0) /* a continuation keeps what the client got: it is its prompt's end */
+    kvr_buf_reset(&px->answer);
 }
 
 /* The client's method and body, as curl sends them. A pooled handle still has the method of its
  * previous request: that is cleared first (POSTFIELDS NULL makes curl's method POST, which HTTPGET
  * then sets back to GET without NOBODY or upload). */
-static void upstream_method(CURL *e, const kvr_http_req_t *req) {
+static void upstream_method(CURL *e, const kvr_http_req_t *req, const kvr_buf_t *body) {
   curl_easy_setopt(e, CURLOPT_POSTFIELDS, NULL);
   curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)-1);
   curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, NULL);
@@ -1037,9 +1304,9 @@ static void upstream_method(CURL *e, const kvr_http_req_t *req) {
   } else {
     if (req->method != HTTP_POST)
       curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, req->method_str);
-    if (req->method == HTTP_POST || req->body.len) {
-      curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)req->body.len);
-      curl_easy_setopt(e, CURLOPT_POSTFIELDS, req->body.data ? req->body.data : "");
+    if (req->method == HTTP_POST || body->len) {
+      curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body->len);
+      curl_easy_setopt(e, CURLOPT_POSTFIELDS, body->data ? body->data : "");
     }
   }
 }
@@ -1071,7 +1338,7 @@ static CURL *upstream_transfer(px_t *px) {
   curl_easy_setopt(e, CURLOPT_HEADERDATA, px);
   px->hdrs = upstream_headers(p, req);
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, px->hdrs);
-  upstream_method(e, req);
+  upstream_method(e, req, px->resumes > 0 ? &px->resume_body : &req->body);
   return e;
 }
 

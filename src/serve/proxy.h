@@ -32,6 +32,9 @@ void kvr_proxy_set_trace(kvr_proxy_t *p, kvr_trace_out_t *t);
 /* kvr_http_request_cb of the public listener; data is the kvr_proxy_t. */
 void kvr_proxy_on_request(kvr_http_req_t *req, void *data);
 
+/* Appends the proxy's own families to a /metrics page (kvrouter_stream_resumes_total). */
+void kvr_proxy_metrics(const kvr_proxy_t *p, kvr_buf_t *out);
+
 /* Proxied requests still in flight. */
 size_t kvr_proxy_active(const kvr_proxy_t *p);
 

@@ -44,6 +44,8 @@ static const scalar_t scalars[] = {
     SC("timeouts.first_byte_ms", K_U64, first_byte_timeout_ms, true),
     SC("timeouts.idle_ms", K_U64, idle_timeout_ms, true),
     SC("retry_after_s", K_U64, retry_after_s, true),
+    SC("resume.streams", K_BOOL, resume_streams, true),
+    SC("resume.max_per_request", K_U64, resume_max, true),
     /* The body guard reads these at each request (proxy.c). */
     SC("limits.max_json_depth", K_U32, body_guard.max_depth, true),
     SC("limits.max_json_values", K_U64, body_guard.max_nodes, true),

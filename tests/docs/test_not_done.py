@@ -101,10 +101,13 @@ ALLOWLIST = [
           why="the approximate hashes take cache_salt (prompt.c) but nothing reads a LoRA adapter, "
               "and the token-id chain (kvr_kv_chain) takes no LoRA or salt key, while the engine "
               "side (kv_decode.h) mixes both in"),
-    entry("README.md", "Not done: resuming a stream on another worker",
-          absent(r"continue_final_message|prompt_cache_key", "src/serve/proxy.c", "src/core",
-                 "src/proto/openai.c", "src/proto/prompt.c"),
-          why="nothing in the router continues a broken answer or reads prompt_cache_key"),
+    entry("README.md", "Not done: `prompt_cache_key` or session affinity",
+          absent(r"prompt_cache_key|session", "src/serve/proxy.c", "src/core/router.c",
+                 "src/proto/prompt.c", flags=re.I),
+          present(r"px->route != KVR_ROUTE_CHAT && px->route != KVR_ROUTE_COMPLETIONS",
+                  "src/serve/proxy.c"),
+          why="nothing reads prompt_cache_key or a session header, and resume_stream() refuses "
+              "every route but chat and completions"),
     entry("README.md", "Not done: data-parallel ranks behind one `vllm serve`",
           absent(r"data-parallel-rank", "src", "policies", flags=re.I),
           why="the router never sets X-data-parallel-rank"),
@@ -128,6 +131,9 @@ ALLOWLIST = [
           present(r"replay", "src/net/kv_sub.c"),
           why="kv_sub's replay on a sequence gap"),
     # ---- bench/ and policies/: behaviour described with one of the words -------------------------
+    entry("policies/README.md", "Buckets not yet split draw twice the hash space",
+          present(r"split", "src/core/cache_index.c"),
+          why="describes the cache index's linear-hashing growth (buckets split one at a time)"),
     entry("bench/loadgen/README.md", "a missing field or a negative length is one line naming",
           present(r"missing field '%s'", "src/proto/trace.c"),
           why="the trace reader's error for a line without a field"),
