@@ -6,8 +6,8 @@
  * status line, the next ones are fields until a blank line ("\r\n" or "\n"), then the head ends
  * (kvr_http_resp_end). After an interim head (a 1xx other than 101, which curl consumes and then
  * reads another head) the next line is a status line again, as curl does; the bytes after the final
- * head's blank line are body and are not looked at. Input that ends inside a head ends it there (the
- * last line may lack its LF). The first verdict other than OK is the input's verdict.
+ * head's blank line are body and are not looked at. Input that ends inside a head ends it there
+ * (the last line may lack its LF). The first verdict other than OK is the input's verdict.
  *
  * Invariants (a failure aborts, which libFuzzer reports as a crash):
  *   - deterministic: a second run gives the same verdict, the same number of lines read and the
@@ -37,9 +37,9 @@
 /* What one pass over the input found. */
 typedef struct verdict_s {
   kvr_http_resp_err_t err;
-  size_t lines;   /* head lines read (status lines, fields and blank lines) */
+  size_t lines;    /* head lines read (status lines, fields and blank lines) */
   size_t head_end; /* offset just past the last head line read */
-  size_t heads;   /* status lines read */
+  size_t heads;    /* status lines read */
   kvr_http_resp_check_t st;
 } verdict_t;
 
@@ -93,7 +93,8 @@ static verdict_t run(const uint8_t *data, size_t size) {
   return v;
 }
 
-/* ---- the independent reading ------------------------------------------------------------------ */
+/* ---- the independent reading ------------------------------------------------------------------
+ */
 
 static bool ref_tchar(uint8_t c) {
   static const char extra[] = "!#$%&'*+-.^_`|~";

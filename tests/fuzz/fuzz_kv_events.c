@@ -1,6 +1,6 @@
 /* fuzz_kv_events.c -- libFuzzer target: a KV-event payload from the network (the msgpack third
- * frame of a vLLM live message or replay reply) through the decoder (src/proto/kv_decode.c) and into the
- * precise index (src/core/kv_index.c), as the router applies it.
+ * frame of a vLLM live message or replay reply) through the decoder (src/proto/kv_decode.c) and
+ * into the precise index (src/core/kv_index.c), as the router applies it.
  *
  * The input is the payload's exact bytes. Invariants:
  *   - the decode is 0 or -1; after -1 the batch holds no events; deterministic (decoding the same

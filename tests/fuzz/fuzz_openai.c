@@ -1,6 +1,6 @@
-/* fuzz_openai.c -- libFuzzer target: an OpenAI request body -> routing features (src/proto/openai.c's
- * kvr_openai_features over src/proto/prompt.c), the path every proxied chat and completions request
- * takes.
+/* fuzz_openai.c -- libFuzzer target: an OpenAI request body -> routing features
+ * (src/proto/openai.c's kvr_openai_features over src/proto/prompt.c), the path every proxied chat
+ * and completions request takes.
  *
  * The input is a request body, fed to both routes (chat: "messages", completions: "prompt") with
  * the default block size and a small one derived from the input, so blocks of 1..17 bytes are

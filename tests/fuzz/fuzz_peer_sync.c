@@ -1,5 +1,6 @@
-/* fuzz_peer_sync.c -- libFuzzer target: replica sync messages from the network (src/serve/peer_sync.c)
- * through the decoder and into a router's synced load, as a replica applies its peer's.
+/* fuzz_peer_sync.c -- libFuzzer target: replica sync messages from the network
+ * (src/serve/peer_sync.c) through the decoder and into a router's synced load, as a replica applies
+ * its peer's.
  *
  * The input is a sequence of messages, each a 2-byte big-endian length and that many bytes.
  * Invariants:

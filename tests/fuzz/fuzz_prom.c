@@ -1,7 +1,7 @@
 /* fuzz_prom.c -- libFuzzer target: the Prometheus text of a worker's /metrics page through the
- * scraper's reader (src/serve/scrape.c kvr_scrape_parse over src/base/metrics.c's metric-line helpers): the
- * vllm:num_requests_running / _waiting sums, the vllm:kv_cache_usage_perc mean and the labels of
- * vllm:cache_config_info (block_size, num_gpu_blocks).
+ * scraper's reader (src/proto/vllm.c kvr_vllm_parse_metrics over src/base/metrics.c's metric-line
+ * helpers): the vllm:num_requests_running / _waiting sums, the vllm:kv_cache_usage_perc mean and
+ * the labels of vllm:cache_config_info (block_size, num_gpu_blocks).
  *
  * The input is the page, read as the exact bytes received (not NUL-terminated: a reader that runs
  * past the page is an ASan error). Invariants:

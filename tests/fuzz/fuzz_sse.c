@@ -10,8 +10,8 @@
  *   - the splitter delivers exactly the reference's lines, in order, whatever the split;
  *   - KVR_ELIMIT is reported (by some feed) exactly when the reference dropped a line or the tail
  *     is over the bound; the bytes held at the end are the reference's unfinished tail;
- *   - what the proxy reads from those lines (sse_line in src/serve/proxy.c: answer text, token events,
- *     the last usage, mid-stream error, [DONE]) is therefore the same for every split, and the
+ *   - what the proxy reads from those lines (sse_line in src/serve/proxy.c: answer text, token
+ * events, the last usage, mid-stream error, [DONE]) is therefore the same for every split, and the
  *     reader's token counts are the saturated integer part of the JSON numbers.
  */
 #include "fuzz_util.h"
