@@ -137,6 +137,7 @@ struct px_s {
   int resumes;
   uint64_t tokens_out, tokens_prior;
   bool answer_full, tool_call_seen, finish_seen, resume_bad;
+  bool client_sse; /* the client's response is an event stream (sse is the current attempt's) */
   const char *break_why, *break_outcome; /* why the stream last broke (static strings) */
   char first_id[96];
   kvr_buf_t resume_body;
@@ -275,6 +276,7 @@ static void start_client_response(px_t *px) {
   kvr_http_start(px->req, px->status, h.data);
   kvr_buf_free(&h);
   px->streaming = true;
+  px->client_sse = px->sse;
 }
 
 /* Learning from routing: a worker that accepted the request (a 2xx head: vLLM validates the
@@ -734,7 +736,7 @@ static void fail(px_t *px, int status, const char *code, const char *outcome, co
 
 /* Client-visible end of a response whose transfer broke after the client response started. */
 static void broken_stream(px_t *px, const char *why) {
-  if (px->sse) {
+  if (px->client_sse) {
     /* The API's own shape for an error inside a stream: vLLM's error event then [DONE] (chat,
      * completions); an "error" event (Responses, Messages: vLLM's anthropic stream converter). */
     kvr_buf_t ev = KVR_BUF_INIT;
@@ -962,13 +964,14 @@ static bool resume_stream(px_t *px, const char *why, const char *outcome) {
   kvr_router_t *r = px->r;
   px->break_why = why;
   px->break_outcome = outcome;
-  if (px->req == NULL || px->req->closed || !px->sse || !px->has_prompt)
+  if (px->req == NULL || px->req->closed || !px->client_sse || !px->has_prompt)
     return false;
   if (px->finish_seen) { /* every token was sent; only usage or [DONE] was lost */
     if (!px->sse_lines.stop)
       kvr_http_write(px->req, "data: [DONE]\n\n", 14);
     resume_count(px, RESUME_FINISHED);
     px->outcome = "finished_before_break";
+    px_end(px);
     return true;
   }
   if (!r->cfg->resume_streams || px->tool_call_seen || px->answer_full ||
