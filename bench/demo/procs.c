@@ -1,10 +1,13 @@
-/* procs.c -- child processes by PID: free ports, fork/exec with a log file, health polls, stop.
+/* procs.c -- child processes by PID: fork/exec with a log file, the lines they log (their ports),
+ * health polls, stop.
  *
  * Spawn: the child sets PR_SET_PDEATHSIG (SIGTERM) and checks that its parent is still the one
  * that forked it (the parent may have died before prctl), ignores SIGINT, sends stdout and stderr
- * to the log file and execs. Health: one curl easy handle reused across polls (1 s timeout each).
- * Stop: SIGTERM to all, poll waitpid(WNOHANG) every 20 ms, SIGKILL and a blocking reap after the
- * grace period.
+ * to the log file and execs. Lines: the log file read from its start at each poll (a child logs a
+ * few lines before it listens). Health: one curl easy handle reused across polls (1 s timeout
+ * each). Every wait also reaps a child that exited (waitpid WNOHANG), so an early exit ends it at
+ * once. Stop: SIGTERM to all, poll waitpid(WNOHANG) every 20 ms, SIGKILL and a blocking reap after
+ * the grace period.
  *
  * Invariant: a kvr_proc_t's pid is either a live child of ours or 0, so nothing is ever signalled
  * by a PID that may have been reused.
@@ -14,36 +17,17 @@
 #include "base/kvr.h"
 #include "net/curlm.h"
 
-#include <arpa/inet.h>
 #include <curl/curl.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-int kvr_procs_free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0)
-    return -1;
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof(a));
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = -1;
-  if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  close(fd);
-  return port;
-}
 
 /* In the child: die with the parent, log to the file, become exe with other argv. */
 static void exec_child(pid_t parent, int logfd, const char *exe, char *const *args) {
@@ -89,27 +73,90 @@ static bool health_ok(CURL *easy) {
          curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &code) == CURLE_OK && code == 200;
 }
 
-kvr_procs_health_t kvr_procs_wait_health(kvr_proc_t *p, double timeout_s,
-                                         const volatile sig_atomic_t *stop) {
+/* True when the child has exited (it is reaped and its pid set to 0). */
+static bool exited(kvr_proc_t *p) {
+  int status;
+  if (waitpid(p->pid, &status, WNOHANG) != p->pid)
+    return false;
+  p->pid = 0;
+  return true;
+}
+
+kvr_procs_wait_t kvr_procs_wait_health(kvr_proc_t *p, double timeout_s,
+                                       const volatile sig_atomic_t *stop) {
   char url[64];
   snprintf(url, sizeof(url), "http://127.0.0.1:%d/health", p->port);
   CURL *easy = kvr_curl_easy_new(url, 0, 1000L, NULL, NULL);
   double start = kvr_now_ms();
-  kvr_procs_health_t h = KVR_PROCS_TIMEOUT;
+  kvr_procs_wait_t h = KVR_PROCS_TIMEOUT;
   while (h == KVR_PROCS_TIMEOUT && kvr_now_ms() - start < timeout_s * 1000) {
-    int status;
     if (stop != NULL && *stop)
       h = KVR_PROCS_INTERRUPTED;
     else if (health_ok(easy))
-      h = KVR_PROCS_HEALTHY;
-    else if (waitpid(p->pid, &status, WNOHANG) == p->pid) {
-      p->pid = 0;
+      h = KVR_PROCS_READY;
+    else if (exited(p))
       h = KVR_PROCS_EXITED;
-    } else
+    else
       sleep_ms(100);
   }
   curl_easy_cleanup(easy);
   return h;
+}
+
+#define LOG_SCAN_MAX (64 * 1024)
+
+/* The whole line of the log at path holding needle, into line; false when there is none yet. */
+static bool find_line(const char *path, const char *needle, char *buf, char *line, size_t linelen) {
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return false;
+  size_t n = fread(buf, 1, LOG_SCAN_MAX, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *hit = strstr(buf, needle);
+  const char *end = hit ? strchr(hit, '\n') : NULL;
+  if (end == NULL)
+    return false; /* not there, or its line is still being written */
+  const char *begin = hit;
+  while (begin > buf && begin[-1] != '\n')
+    begin--;
+  size_t len = KVR_MIN((size_t)(end - begin), linelen - 1);
+  memcpy(line, begin, len);
+  line[len] = '\0';
+  return true;
+}
+
+kvr_procs_wait_t kvr_procs_wait_line(kvr_proc_t *p, const char *log_path, const char *needle,
+                                     char *line, size_t linelen, double timeout_s,
+                                     const volatile sig_atomic_t *stop) {
+  char *buf = kvr_xmalloc(LOG_SCAN_MAX + 1);
+  double start = kvr_now_ms();
+  kvr_procs_wait_t w = KVR_PROCS_TIMEOUT;
+  while (w == KVR_PROCS_TIMEOUT && kvr_now_ms() - start < timeout_s * 1000) {
+    if (stop != NULL && *stop)
+      w = KVR_PROCS_INTERRUPTED;
+    else if (find_line(log_path, needle, buf, line, linelen))
+      w = KVR_PROCS_READY;
+    else if (exited(p))
+      w = KVR_PROCS_EXITED;
+    else
+      sleep_ms(20);
+  }
+  free(buf);
+  return w;
+}
+
+size_t kvr_procs_ports(const char *line, const char *key, int *ports, size_t max) {
+  size_t n = 0, klen = strlen(key);
+  for (const char *at = strstr(line, key); at != NULL && n < max; at = strstr(at, key)) {
+    at += klen;
+    char *end;
+    long port = strtol(at, &end, 10);
+    if (end == at || *at < '0' || *at > '9' || port < 1 || port > 65535)
+      break;
+    ports[n++] = (int)port;
+  }
+  return n;
 }
 
 /* Reaps the children that have exited; returns how many still run. */

@@ -64,8 +64,9 @@ int kvr_demo_preflight(kvr_demo_t *d, char *err, size_t errlen);
  * exit status (1 the folders, 2 the study refused its options). */
 int kvr_demo_virtual(kvr_demo_t *d);
 
-/* Step 2: starts `exe sim` per worker and `exe serve` (exe: this binary's path) on free loopback
- * ports, waits for their health, runs the A/B with its report in OUT/real/ (summary in
+/* Step 2: starts `exe sim` per worker and `exe serve` (exe: this binary's path) on 127.0.0.1, each
+ * on a port the kernel picks for it (port 0; the demo reads it from the child's log), waits for
+ * their health, runs the A/B with its report in OUT/real/ (summary in
  * bench-summary.txt) and keeps its levels, then stops every child by PID, on every path. *stop is
  * the caller's signal flag: set, it aborts the start or stops the current level (status 130).
  * Returns the exit status. */

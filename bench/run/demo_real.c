@@ -1,7 +1,10 @@
 /* demo_real.c -- the demo's step 2: real processes on 127.0.0.1 and the A/B against them (demo.h).
  *
- * Flow: free loopback ports -> `EXE sim --time-scale N` per worker and `EXE serve` in front of them
- * as children (this very binary; output to OUT/logs/) -> poll each /health -> the bench's command
+ * Flow: `EXE sim --time-scale N` per worker, all at once, and then `EXE serve` in front of them as
+ * children (this very binary; output to OUT/logs/), each listening on 127.0.0.1 port 0, so the
+ * kernel gives each its own free port, which the child prints and the demo reads from its log (a
+ * port picked by the demo and released before the child bound it could go to two children) -> poll
+ * each /health -> the bench's command
  * line (kvr__demo_bench_args) run in this process by kvr_bench_run_argv() at the rates step 1
  * picked (no search: too slow in real time), its summary into OUT/real/bench-summary.txt, its
  * report into OUT/real/, its results kept in memory -> every child stopped by PID (SIGTERM, SIGKILL
@@ -36,52 +39,90 @@
 
 /* ---- the children ---- */
 
+/* A child's log file: OUT/logs/NAME. */
+static void log_path(const kvr_demo_t *d, const char *log_name, char *path, size_t len) {
+  snprintf(path, len, "%s/%s", d->logs, log_name);
+}
+
+/* Starts the child c (counted in d->nkids at once, so that it is stopped on every path). */
 static int spawn(kvr_demo_t *d, const char *exe, kvr_proc_t *c, char **args, const char *log_name) {
-  char log_path[4300], err[4400];
-  snprintf(log_path, sizeof(log_path), "%s/%s", d->logs, log_name);
-  if (c->port < 0 || kvr_procs_spawn(c, exe, args, log_path, err, sizeof(err)) != 0) {
-    if (c->port >= 0)
-      fprintf(stderr, "kvrouter demo: %s\n", err);
+  char path[4300], err[4400];
+  log_path(d, log_name, path, sizeof(path));
+  if (kvr_procs_spawn(c, exe, args, path, err, sizeof(err)) != 0) {
+    fprintf(stderr, "kvrouter demo: %s\n", err);
+    return 1;
+  }
+  d->nkids++;
+  return 0;
+}
+
+/* A wait that did not succeed, in one line; its status (130 when stopped, else 1). */
+static int start_failed(const kvr_demo_t *d, const kvr_proc_t *c, kvr_procs_wait_t w,
+                        const char *what, volatile sig_atomic_t *stop) {
+  if (w == KVR_PROCS_EXITED)
+    fprintf(stderr, "kvrouter demo: %s exited during start-up (see its log in %s)\n", c->name,
+            d->logs);
+  else if (!*stop)
+    fprintf(stderr, "kvrouter demo: %s never %s (logs in %s)\n", c->name, what, d->logs);
+  return *stop ? 130 : 1;
+}
+
+/* Reads the ports the child c printed on the line of its log holding needle: the first one after
+ * each key (the router: "(port " twice, its own and its admin port). */
+static int read_ports(kvr_demo_t *d, kvr_proc_t *c, const char *log_name, const char *needle,
+                      const char *key, int *ports, size_t nports, volatile sig_atomic_t *stop) {
+  char path[4300], line[512];
+  log_path(d, log_name, path, sizeof(path));
+  kvr_procs_wait_t w = kvr_procs_wait_line(c, path, needle, line, sizeof(line), 15, stop);
+  if (w != KVR_PROCS_READY)
+    return start_failed(d, c, w, "said which port it listens on", stop);
+  if (kvr_procs_ports(line, key, ports, nports) != nports) {
+    fprintf(stderr, "kvrouter demo: %s: no port in its line '%s'\n", c->name, line);
     return 1;
   }
   return 0;
 }
 
-static int start_worker(kvr_demo_t *d, const char *exe, unsigned w) {
+/* `EXE sim` on 127.0.0.1, port 0: the kernel picks a free port, the sim prints it. */
+static int spawn_worker(kvr_demo_t *d, const char *exe, unsigned w) {
   kvr_proc_t *c = &d->kids[d->nkids];
-  c->port = kvr_procs_free_port();
   snprintf(c->name, sizeof(c->name), "worker %u", w);
-  char listen[64], seed_s[32], log_name[64], blocks[32];
-  snprintf(listen, sizeof(listen), "127.0.0.1:%d", c->port);
+  char seed_s[32], log_name[64], blocks[32];
   snprintf(seed_s, sizeof(seed_s), "%u", w);
   snprintf(log_name, sizeof(log_name), "worker-%u.log", w);
   /* --enable-prompt-tokens-details: the demo's bench reports per-request cached tokens, as an
    * operator who wants them starts vLLM. */
-  char *args[] = {(char *)exe, "sim",          "--listen",
-                  listen,      "--time-scale", d->scale_s,
-                  "--seed",    seed_s,         "--enable-prompt-tokens-details",
-                  NULL,        NULL,           NULL};
+  char *args[] = {(char *)exe,   "sim",          "--listen",
+                  "127.0.0.1:0", "--time-scale", d->scale_s,
+                  "--seed",      seed_s,         "--enable-prompt-tokens-details",
+                  NULL,          NULL,           NULL};
   if (d->cli->nworker_blocks > 0) {
     snprintf(blocks, sizeof(blocks), "%u", d->cli->worker_blocks[w]);
     args[9] = "--num-gpu-blocks";
     args[10] = blocks;
   }
-  if (spawn(d, exe, c, args, log_name) != 0)
-    return 1;
+  return spawn(d, exe, c, args, log_name);
+}
+
+/* The port worker w printed ("sim listening on 127.0.0.1:PORT ..."). */
+static int worker_port(kvr_demo_t *d, unsigned w, volatile sig_atomic_t *stop) {
+  kvr_proc_t *c = &d->kids[w];
+  char log_name[64];
+  snprintf(log_name, sizeof(log_name), "worker-%u.log", w);
+  int rc = read_ports(d, c, log_name, "sim listening on ", "127.0.0.1:", &c->port, 1, stop);
+  if (rc != 0)
+    return rc;
   fprintf(stderr, "kvrouter demo: started %s pid %d on 127.0.0.1:%d\n", c->name, (int)c->pid,
           c->port);
-  d->nkids++;
   return 0;
 }
 
-static int start_router(kvr_demo_t *d, const char *exe) {
+/* `EXE serve` in front of the workers, its two listeners on port 0; their ports from its log
+ * ("listening on 127.0.0.1:0 (port N), admin on 127.0.0.1:0 (port M)"). */
+static int start_router(kvr_demo_t *d, const char *exe, volatile sig_atomic_t *stop) {
   kvr_proc_t *c = &d->kids[d->nkids];
-  d->admin_port = kvr_procs_free_port();
-  c->port = kvr_procs_free_port();
   snprintf(c->name, sizeof(c->name), "router");
-  char listen[64], admin[64], urls[KVR_DEMO_MAX_WORKERS][64];
-  snprintf(listen, sizeof(listen), "127.0.0.1:%d", c->port);
-  snprintf(admin, sizeof(admin), "127.0.0.1:%d", d->admin_port);
+  char urls[KVR_DEMO_MAX_WORKERS][64];
   char *args[2 * KVR_DEMO_MAX_WORKERS + 16];
   size_t k = 0;
   args[k++] = (char *)exe;
@@ -93,9 +134,9 @@ static int start_router(kvr_demo_t *d, const char *exe) {
   }
   /* The scrape at serve's default in simulated time (see the header). */
   char *rest[] = {"--listen",
-                  listen,
+                  "127.0.0.1:0",
                   "--admin-listen",
-                  admin,
+                  "127.0.0.1:0",
                   "--policy",
                   "round_robin",
                   "--access-log",
@@ -106,37 +147,41 @@ static int start_router(kvr_demo_t *d, const char *exe) {
                   d->stale_s,
                   NULL};
   memcpy(&args[k], rest, sizeof(rest));
-  if (d->admin_port < 0 || spawn(d, exe, c, args, "router.log") != 0)
+  if (spawn(d, exe, c, args, "router.log") != 0)
     return 1;
+  int ports[2];
+  int rc = read_ports(d, c, "router.log", " listening on ", "(port ", ports, 2, stop);
+  if (rc != 0)
+    return rc;
+  c->port = ports[0];
+  d->admin_port = ports[1];
   fprintf(stderr, "kvrouter demo: started router pid %d on 127.0.0.1:%d (admin %d)\n", (int)c->pid,
           c->port, d->admin_port);
-  d->nkids++;
   return 0;
 }
 
 static int wait_healthy(kvr_demo_t *d, volatile sig_atomic_t *stop) {
   for (size_t i = 0; i < d->nkids; i++) {
     kvr_proc_t *c = &d->kids[i];
-    kvr_procs_health_t h = kvr_procs_wait_health(c, 15, stop);
-    if (h == KVR_PROCS_HEALTHY)
-      continue;
-    if (h == KVR_PROCS_EXITED)
-      fprintf(stderr, "kvrouter demo: %s exited during start-up (see its log)\n", c->name);
-    if (!*stop)
-      fprintf(stderr, "kvrouter demo: %s on port %d never became healthy (logs in %s)\n", c->name,
-              c->port, d->logs);
-    return *stop ? 130 : 1;
+    kvr_procs_wait_t h = kvr_procs_wait_health(c, 15, stop);
+    if (h != KVR_PROCS_READY)
+      return start_failed(d, c, h, "answered GET /health", stop);
   }
   return 0;
 }
 
+/* Every worker started at once, then their ports read, then the router in front of them. */
 static int start_all(kvr_demo_t *d, const char *exe, volatile sig_atomic_t *stop) {
   for (unsigned w = 0; w < d->cli->workers; w++)
-    if (start_worker(d, exe, w) != 0)
+    if (spawn_worker(d, exe, w) != 0)
       return 1;
-  if (start_router(d, exe) != 0)
-    return 1;
-  return wait_healthy(d, stop);
+  for (unsigned w = 0; w < d->cli->workers; w++) {
+    int rc = worker_port(d, w, stop);
+    if (rc != 0)
+      return rc;
+  }
+  int rc = start_router(d, exe, stop);
+  return rc != 0 ? rc : wait_healthy(d, stop);
 }
 
 /* ---- the A/B ---- */

@@ -2,9 +2,10 @@
 """test_demo.py -- `kvrouter demo --quick` end to end: real processes on 127.0.0.1.
 
 Checks that the demo runs the virtual study (its table printed), then starts 4 simulated workers
-and the router and confirms round-robin vs KV-aware in real time, runs the same levels in virtual
-time and writes AGREEMENT.md with both figures, prints bounded headlines (never "+0%"), and leaves
-no child process behind, also when interrupted with Ctrl-C (SIGINT) in the middle of the real run.
+and the router (each on a port of its own, which it picked and reported) and confirms round-robin
+vs KV-aware in real time, runs the same levels in virtual time and writes AGREEMENT.md with both
+figures, prints bounded headlines (never "+0%"), and leaves no child process behind, also when
+interrupted with Ctrl-C (SIGINT) in the middle of the real run.
 
 Usage: python3 tests/router/test_demo.py --kvrouter PATH/TO/kvrouter [-k NAME] [-v]
 The harness is tests/harness/kvrharness.py.
@@ -27,7 +28,13 @@ TESTS, test = h.registry()
 
 
 def child_pids(stderr_text):
-    return [int(p) for p in re.findall(r"started .* pid (\d+)", stderr_text)]
+    """The PIDs of the children the demo started; their ports (each child's own, and the router's
+    admin port) all differ: each child binds port 0 and the demo reads back the port it got."""
+    started = re.findall(r"started (?:worker \d+|router) pid (\d+) on 127\.0\.0\.1:(\d+)"
+                         r"(?: \(admin (\d+)\))?", stderr_text)
+    ports = [int(p) for _, port, admin in started for p in (port, admin) if p]
+    assert len(ports) == len(set(ports)) and all(0 < p < 65536 for p in ports), stderr_text
+    return [int(pid) for pid, _, _ in started]
 
 
 def assert_gone(pids, deadline_s=5.0):
