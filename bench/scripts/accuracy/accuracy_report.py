@@ -12,9 +12,12 @@ Two steps, both called by accuracy.sh:
   collect SRC DEST [--requests]   copies what one run left in SRC (a `kvrouter bench` or
                                   `kvrouter demo` output folder plus the stamp and cpu files
                                   accuracy.sh writes there) into DEST, the small raw files kept in
-                                  git: stamp, level.json (the one per-level JSON), cpu when
-                                  present, and with --requests ttft.jsonl (per measured, completed
-                                  request: prompt tokens, cached tokens, TTFT ms).
+                                  git: stamp, level.json (the one per-level JSON without its
+                                  per-request arrays: render reads its aggregates only), cpu when
+                                  present, and with --requests ttft.csv (per measured, completed
+                                  request: uncached prompt tokens, i.e. prompt tokens less usage
+                                  cached_tokens, and TTFT ms; the two columns part (d)'s
+                                  per-bucket medians are computed from).
   render RAW MD                   writes MD from the run folders in RAW only (a, b, c_after_N,
                                   c_before_N, d_scale1, d_scaleS): every figure is computed here
                                   from those files, and every section names the stamp (commit,
@@ -32,6 +35,7 @@ usage: bench/scripts/accuracy/accuracy_report.py collect SRC DEST [--requests]
        bench/scripts/accuracy/accuracy_report.py render RAW MD
 """
 import argparse
+import csv
 import glob
 import json
 import os
@@ -55,6 +59,47 @@ BUCKETS = [(0, 200), (200, 1000), (1000, 2000), (2000, None)]
 
 # ---- collect -------------------------------------------------------------------------------------
 
+# The per-request arrays of the bench's per-level JSON (bench/report/report_json.c,
+# request_arrays()): top level (vllm's) and in its "kvrouter" object; collect drops them.
+PER_REQUEST_TOP = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
+                   "generated_texts", "errors")
+PER_REQUEST_KVROUTER = ("cached_lens", "e2els", "tpots", "turns")
+TTFT_CSV_HEADER = ["uncached_tokens", "ttft_ms"]
+
+
+def slim_level(d):
+    """The per-level JSON d without its per-request arrays."""
+    d = {k: v for k, v in d.items() if k not in PER_REQUEST_TOP}
+    if isinstance(d.get("kvrouter"), dict):
+        d["kvrouter"] = {k: v for k, v in d["kvrouter"].items() if k not in PER_REQUEST_KVROUTER}
+    return d
+
+
+def write_ttft_csv(path, rows):
+    """ttft.csv: a header, then "uncached tokens,TTFT ms" per request (the TTFT as read)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(TTFT_CSV_HEADER)
+        for uncached, ttft in rows:
+            w.writerow([uncached, repr(ttft)])
+
+
+def read_ttft(d):
+    """[(uncached tokens, TTFT ms)] of a run folder: ttft.csv, or the ttft.jsonl of runs kept
+    before 2026-11-29 (prompt_tokens, cached_tokens, ttft_ms per line); None when neither."""
+    if os.path.exists(os.path.join(d, "ttft.csv")):
+        with open(os.path.join(d, "ttft.csv"), newline="") as f:
+            rows = list(csv.reader(f))
+        if rows[:1] != [TTFT_CSV_HEADER]:
+            sys.exit("accuracy_report.py: %s/ttft.csv: header is not %s"
+                     % (d, ",".join(TTFT_CSV_HEADER)))
+        return [(int(u), float(t)) for u, t in rows[1:]]
+    if os.path.exists(os.path.join(d, "ttft.jsonl")):
+        with open(os.path.join(d, "ttft.jsonl")) as f:
+            rows = [json.loads(ln) for ln in f if ln.strip()]
+        return [(r["prompt_tokens"] - r["cached_tokens"], r["ttft_ms"]) for r in rows]
+    return None
+
 
 def collect(src, dest, requests):
     levels = sorted(glob.glob(os.path.join(src, "results", "*.json")))
@@ -64,19 +109,22 @@ def collect(src, dest, requests):
     if os.path.exists(dest):
         shutil.rmtree(dest)
     os.makedirs(dest)
-    shutil.copyfile(levels[0], os.path.join(dest, "level.json"))
+    with open(levels[0]) as f:
+        level = slim_level(json.load(f))
+    with open(os.path.join(dest, "level.json"), "w") as f:
+        json.dump(level, f, separators=(",", ":"))
+        f.write("\n")
     for name in ("stamp", "cpu"):
         if os.path.exists(os.path.join(src, name)):
             shutil.copyfile(os.path.join(src, name), os.path.join(dest, name))
     if requests:
-        with open(os.path.join(src, "requests.jsonl")) as f, \
-                open(os.path.join(dest, "ttft.jsonl"), "w") as out:
+        rows = []
+        with open(os.path.join(src, "requests.jsonl")) as f:
             for line in f:
                 r = json.loads(line)
                 if r.get("ok") and not r.get("warmup"):
-                    out.write(json.dumps({"prompt_tokens": r["prompt_tokens"],
-                                          "cached_tokens": r.get("cached_tokens", 0),
-                                          "ttft_ms": r["ttft_ms"]}) + "\n")
+                    rows.append((r["prompt_tokens"] - r.get("cached_tokens", 0), r["ttft_ms"]))
+        write_ttft_csv(os.path.join(dest, "ttft.csv"), rows)
 
 
 # ---- render --------------------------------------------------------------------------------------
@@ -97,11 +145,7 @@ class Run:
             with open(os.path.join(d, "cpu")) as f:
                 u, s, w = (float(x) for x in f.read().split())
             self.cpu = (u, s, w)
-        self.ttft = None
-        if os.path.exists(os.path.join(d, "ttft.jsonl")):
-            with open(os.path.join(d, "ttft.jsonl")) as f:
-                rows = [json.loads(ln) for ln in f if ln.strip()]
-            self.ttft = [(r["prompt_tokens"] - r["cached_tokens"], r["ttft_ms"]) for r in rows]
+        self.ttft = read_ttft(d)
 
     def num(self, key):
         return float(self.stamp[key])

@@ -12,7 +12,8 @@ Two steps, both called by admission_bench.sh:
                   bench's per-request log, not kept in git) counted into OUT/RUN/summary.json:
                   measured, completed (status 200), answered 503 by the bound, other errors, and
                   TTFT p50/p99 of the completed ones (simulated ms; linear interpolation between
-                  closest ranks, numpy's default)
+                  closest ranks, numpy's default); and the per-request arrays dropped from the
+                  level's OUT/RUN/results/*.json, which git keeps (render reads its aggregates)
   render OUT MD   MD from OUT/stamp, OUT/RUN/summary.json and the level's OUT/RUN/results/*.json
                   (goodput and duration) alone, so a kept folder re-renders without its
                   requests.jsonl
@@ -30,6 +31,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from provenance import first_line  # noqa: E402
 
 RUNS = ("off", "on")
+# The per-request arrays of the bench's per-level JSON (bench/report/report_json.c,
+# request_arrays()): top level (vllm's) and in its "kvrouter" object.
+PER_REQUEST_TOP = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
+                   "generated_texts", "errors")
+PER_REQUEST_KVROUTER = ("cached_lens", "e2els", "tpots", "turns")
 
 
 def pct(xs, p):
@@ -42,9 +48,23 @@ def pct(xs, p):
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+def slim_level(path):
+    """Rewrites the per-level JSON at path without its per-request arrays."""
+    with open(path) as f:
+        d = json.load(f)
+    d = {k: v for k, v in d.items() if k not in PER_REQUEST_TOP}
+    if isinstance(d.get("kvrouter"), dict):
+        d["kvrouter"] = {k: v for k, v in d["kvrouter"].items() if k not in PER_REQUEST_KVROUTER}
+    with open(path, "w") as f:
+        json.dump(d, f, separators=(",", ":"))
+        f.write("\n")
+
+
 def summarize(out):
     for label in RUNS:
         d = os.path.join(out, label)
+        for path in glob.glob(os.path.join(d, "results", "*.json")):
+            slim_level(path)
         with open(os.path.join(d, "requests.jsonl")) as f:
             recs = [json.loads(line) for line in f if line.strip()]
         measured = [r for r in recs if not r.get("warmup") and not r.get("cooldown")]

@@ -52,7 +52,9 @@ Where the results go:
               aggressive/, closed/, each holding stamp (part, commit with "+dirty" when tracked
               files differed, start, duration, the sim and bench command lines, time scale),
               costs.txt (`kvrouter sim --print-costs` with that sim's flags) and results/*.json
-              (the bench's per-level JSON). A run replaces only the folders of the parts it ran.
+              (the bench's per-level JSON without its per-request arrays, vLLM 0.14.1's max
+              concurrency added; a closed-loop level keeps the four columns seed 003's checks
+              read: slim_level()). A run replaces only the folders of the parts it ran.
               The older layout (DIR/stamp and DIR/results/ of a phase0-only run) is read as
               phase0 until a phase0 run replaces it.
   --md FILE   rendered from --raw only (default bench/results/calibration/REPORT.md). The
@@ -259,9 +261,20 @@ CLOSED_ARGS = [
 # Max concurrency as vLLM 0.14.1's `vllm bench serve` reported it (the seed's version): the most
 # requests touching one whole second, each counted from int(start) through int(end) inclusive in
 # seconds from the first start (vllm/benchmarks/serve.py calculate_metrics, PR #23867; later
-# versions count the exact peak, which the bench's max_concurrent_requests is). load_levels()
-# adds it to each level from the per-request start times and latencies.
+# versions count the exact peak, which the bench's max_concurrent_requests is). keep_raw() writes
+# it into each kept level from the per-request start times and latencies, before it drops them;
+# load_levels() computes it the same way for a level that does not carry it (the bench's own).
 VLLM014_MAX_CONC = "max_concurrent_requests_vllm014"
+
+# The per-request arrays of the bench's per-level JSON (bench/report/report_json.c,
+# request_arrays()): top level (vllm's) and in its "kvrouter" object. keep_raw() drops them but
+# for a closed-loop level's CLOSED_COLUMNS, the ones seed 003's checks read (closed_throughput,
+# check_turn_e2e, check_under_load); every other figure of the report is one of the level's
+# aggregates, and the max concurrency above is kept as a figure.
+PER_REQUEST_TOP = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
+                   "generated_texts", "errors")
+PER_REQUEST_KVROUTER = ("cached_lens", "e2els", "tpots", "turns")
+CLOSED_COLUMNS = ("input_lens", "output_lens", "cached_lens", "e2els")
 
 # A virtual run models one sim swept from rate to rate, as the HTTP parts and the seed's vLLM
 # were (one server per configuration, its prefix cache carried from one rate to the next): the
@@ -350,16 +363,36 @@ def print_costs(sim_flags):
     return p.stdout if p.returncode == 0 else ""
 
 
+def slim_level(d):
+    """The per-level JSON d as kept in git: VLLM014_MAX_CONC added from the per-request arrays,
+    which are then dropped (PER_REQUEST_*), but for a closed-loop level's CLOSED_COLUMNS."""
+    d = dict(d)
+    if VLLM014_MAX_CONC not in d:
+        d[VLLM014_MAX_CONC] = max_concurrent_1s(d)
+    keep = CLOSED_COLUMNS if d.get("max_concurrency") else ()
+    for key in PER_REQUEST_TOP:
+        if key not in keep:
+            d.pop(key, None)
+    if isinstance(d.get("kvrouter"), dict):
+        d["kvrouter"] = {k: v for k, v in d["kvrouter"].items()
+                         if k not in PER_REQUEST_KVROUTER or k in keep}
+    return d
+
+
 def keep_raw(out, raw, folder, stamp, costs):
-    """Replaces raw/folder with the run's per-level JSON, its stamp and costs.txt; a phase0 run
-    also drops the older phase0-only layout (raw/stamp, raw/results)."""
+    """Replaces raw/folder with the run's per-level JSON (slim_level()), its stamp and costs.txt;
+    a phase0 run also drops the older phase0-only layout (raw/stamp, raw/results)."""
     dst = os.path.join(raw, folder)
     if os.path.isdir(dst):
         shutil.rmtree(dst)
     os.makedirs(os.path.join(dst, "results"))
     for name in os.listdir(os.path.join(out, "results")):
         if name.endswith(".json"):
-            shutil.copyfile(os.path.join(out, "results", name), os.path.join(dst, "results", name))
+            with open(os.path.join(out, "results", name)) as f:
+                d = slim_level(json.load(f))
+            with open(os.path.join(dst, "results", name), "w") as f:
+                json.dump(d, f, separators=(",", ":"))
+                f.write("\n")
     with open(os.path.join(dst, "stamp"), "w") as f:
         for k, v in stamp.items():
             f.write("%s=%s\n" % (k, v))
@@ -527,7 +560,8 @@ def load_levels(results_dir):
             continue
         with open(os.path.join(results_dir, name)) as f:
             d = json.load(f)
-        d[VLLM014_MAX_CONC] = max_concurrent_1s(d)
+        if VLLM014_MAX_CONC not in d:  # kept levels carry it (slim_level)
+            d[VLLM014_MAX_CONC] = max_concurrent_1s(d)
         if d.get("max_concurrency"):
             levels[int(d["max_concurrency"])] = d
         else:

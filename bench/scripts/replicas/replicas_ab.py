@@ -20,8 +20,8 @@ highest passing rate below the lowest failing one, read from the levels' results
 Experiment replicas (bench/results/replicas/), its max-rate part: writes OUT/REPORT.md (its first
 line the command and the commit, from bench/scripts/lib/provenance.py), OUT/replicas_ab.json (the
 rows the table is made from) and each set-up's bench output under OUT/<set-up>/ (report.md and
-results/*.json kept in git; report.html and requests.jsonl are not). Committed: OUT =
-bench/results/replicas/ab.
+results/*.json kept in git, the latter without its per-request arrays; report.html and
+requests.jsonl are not). Committed: OUT = bench/results/replicas/ab.
 
     python3 bench/scripts/replicas/replicas_ab.py --kvrouter build/kvrouter \
         --out bench/results/replicas/ab
@@ -46,6 +46,25 @@ import kvrharness as h  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 from provenance import first_line  # noqa: E402
 from scenarios import LEVEL, SCENARIOS  # noqa: E402
+
+# The per-request arrays of the bench's per-level JSON (bench/report/report_json.c,
+# request_arrays()): top level (vllm's) and in its "kvrouter" object. A run's results/*.json is
+# kept in git without them (slim_level): the table reads the level's aggregates only.
+PER_REQUEST_TOP = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
+                   "generated_texts", "errors")
+PER_REQUEST_KVROUTER = ("cached_lens", "e2els", "tpots", "turns")
+
+
+def slim_level(path):
+    """Rewrites the per-level JSON at path without its per-request arrays."""
+    with open(path) as f:
+        d = json.load(f)
+    d = {k: v for k, v in d.items() if k not in PER_REQUEST_TOP}
+    if isinstance(d.get("kvrouter"), dict):
+        d["kvrouter"] = {k: v for k, v in d["kvrouter"].items() if k not in PER_REQUEST_KVROUTER}
+    with open(path, "w") as f:
+        json.dump(d, f, separators=(",", ":"))
+        f.write("\n")
 
 
 def start_sims(d, args):
@@ -107,6 +126,8 @@ def run(setup, args, d):
         print("==", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, timeout=args.timeout_s)
         rate, found, levels = max_rate(out)
+        for f in glob.glob(os.path.join(out, "results", "*.json")):
+            slim_level(f)
         return {"setup": setup, "routers": len(routers), "max_rate": rate, "found": found,
                 "levels": {str(k): {"slo_pass": v["kvrouter"]["slo_pass"],
                                     "p99_ttft_ms": v["p99_ttft_ms"],
