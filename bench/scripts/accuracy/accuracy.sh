@@ -25,7 +25,7 @@
 #   ACC_RAW/<run>/     the small raw files kept in git, one folder per run (a, b, c_after_N,
 #                      c_before_N, d_scale1, d_scaleS): stamp (commit, start and end time, command
 #                      lines, configured figures, load average), level.json (the per-level JSON),
-#                      cpu (part c: "user sys wall" seconds of the bench), ttft.jsonl (part d:
+#                      cpu (part c: "user sys wall" seconds of the bench), ttft.csv (part d:
 #                      uncached prompt tokens and TTFT of each measured request). A part's folders
 #                      are replaced only once all its runs succeeded; parts not run keep theirs,
 #                      stamps included.
