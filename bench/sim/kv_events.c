@@ -12,8 +12,9 @@
  * Field choices, per vLLM's BlockStored / BlockRemoved (vllm/distributed/kv_events.py): fields
  * without a default are always sent (block_hashes, parent_block_hash, token_ids, block_size,
  * lora_id, medium, lora_name); the map encoding also carries what a plain full-attention engine
- * of vLLM 0.26 sets (extra_keys [nil per block], group_idx 0, kv_cache_spec_kind
- * "full_attention"), the array encoding stops at lora_name, as vLLM 0.23 did. Engine hashes are
+ * of vLLM 0.26 sets (extra_keys: nil per block, or ["<cache_salt>"] for the first block of a
+ * salted chain; group_idx 0, kv_cache_spec_kind "full_attention"), the array encoding stops at
+ * lora_name, as vLLM 0.23 did (so it carries no salt). Engine hashes are
  * the sim's XXH3 chain values, sent as msgpack uint64 as vLLM sends its 64-bit block hashes.
  */
 #include "kv_events.h"
@@ -161,6 +162,23 @@ static void pack_parent(msgpack_packer *pk, const kvr_sim_kv_event_t *e) {
     msgpack_pack_nil(pk);
 }
 
+/* One entry per block: nil, except the first block of a salted chain, whose extra keys are the
+ * tuple (cache_salt,) (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys: the salt
+ * only for the block with start_token_idx 0), a one-element array on the wire. */
+static void pack_extra_keys(msgpack_packer *pk, const kvr_sim_kv_log_t *log,
+                            const kvr_sim_kv_event_t *e) {
+  msgpack_pack_array(pk, e->nhashes);
+  for (uint32_t i = 0; i < e->nhashes; i++) {
+    if (i == 0 && e->salt_len > 0) {
+      msgpack_pack_array(pk, 1);
+      msgpack_pack_str(pk, e->salt_len);
+      msgpack_pack_str_body(pk, log->salts + e->salt_off, e->salt_len);
+    } else {
+      msgpack_pack_nil(pk);
+    }
+  }
+}
+
 static void pack_event_map(msgpack_packer *pk, const kvr_sim_kv_log_t *log,
                            const kvr_sim_kv_event_t *e, uint32_t block_size) {
   switch (e->kind) {
@@ -183,9 +201,7 @@ static void pack_event_map(msgpack_packer *pk, const kvr_sim_kv_log_t *log,
     pack_str(pk, "lora_name");
     msgpack_pack_nil(pk);
     pack_str(pk, "extra_keys");
-    msgpack_pack_array(pk, e->nhashes);
-    for (uint32_t i = 0; i < e->nhashes; i++)
-      msgpack_pack_nil(pk);
+    pack_extra_keys(pk, log, e);
     pack_str(pk, "group_idx");
     msgpack_pack_uint32(pk, 0);
     pack_str(pk, "kv_cache_spec_kind");

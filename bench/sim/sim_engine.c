@@ -251,7 +251,7 @@ static void kv_removed(kvr_sim_engine_t *eng, uint64_t h) {
 
 /* Appends a newly cached block to the last event, a STORED one while *open, else starts one. */
 static void kv_stored(kvr_sim_engine_t *eng, bool *open, bool has_parent, uint64_t parent,
-                      uint64_t h, const uint32_t *tokens) {
+                      uint64_t h, const uint32_t *tokens, const char *salt) {
   if (!eng->kv_on)
     return;
   kvr_sim_kv_log_t *l = &eng->kv;
@@ -259,6 +259,15 @@ static void kv_stored(kvr_sim_engine_t *eng, bool *open, bool has_parent, uint64
     kvr_sim_kv_event_t *e = kv_event_new(eng, KVR_SIM_KV_STORED);
     e->has_parent = has_parent;
     e->parent = has_parent ? parent : 0;
+    if (!has_parent && salt != NULL) {
+      /* the chain's first block: vLLM's extra keys carry the salt in plain text */
+      size_t n = strlen(salt);
+      KVR_GROW(l->salts, l->nsalts, l->salts_cap, n);
+      memcpy(l->salts + l->nsalts, salt, n);
+      e->salt_off = (uint32_t)l->nsalts;
+      e->salt_len = (uint32_t)n;
+      l->nsalts += n;
+    }
     *open = true;
   }
   kv_push_hash(eng, h);
@@ -278,7 +287,7 @@ const kvr_sim_kv_log_t *kvr_sim_engine_kv_log(const kvr_sim_engine_t *eng) {
 }
 
 void kvr_sim_engine_kv_log_clear(kvr_sim_engine_t *eng) {
-  eng->kv.nev = eng->kv.nhashes = eng->kv.ntokens = 0;
+  eng->kv.nev = eng->kv.nhashes = eng->kv.ntokens = eng->kv.nsalts = 0;
 }
 
 /* Takes the least recently freed block, evicting its cached hash. Caller checked nfree > 0. */
@@ -330,6 +339,7 @@ kvr_sim_engine_t *kvr_sim_engine_new(const kvr_sim_config_t *cfg) {
 }
 
 static void req_free_mem(kvr_sim_req_t *req) {
+  free(req->salt);
   free(req->tokens);
   free(req->blocks);
   free(req);
@@ -355,6 +365,7 @@ void kvr_sim_engine_free(kvr_sim_engine_t *eng) {
   free(eng->kv.ev);
   free(eng->kv.hashes);
   free(eng->kv.tokens);
+  free(eng->kv.salts);
   free(eng);
 }
 
@@ -437,13 +448,28 @@ static void req_free_blocks(kvr_sim_engine_t *eng, kvr_sim_req_t *req) {
     block_release(eng, req->blocks[i - 1]);
   req->nblocks = 0;
   req->nhashed = 0;
-  req->last_hash = 0;
+  req->last_hash = req->salt_root; /* the parent of the chain's first block */
+}
+
+uint64_t kvr_sim_salt_root(const char *salt, size_t len) {
+  return XXH3_64bits_withSeed(salt, len, 0x73616c74u /* "salt" */) | 1u;
 }
 
 kvr_sim_req_t *kvr_sim_engine_add(kvr_sim_engine_t *eng, const uint32_t *prompt, uint32_t nprompt,
                                   uint32_t max_output, kvr_sim_finish_t stop_reason,
                                   uint64_t gen_seed, void *data) {
+  kvr_sim_add_t a = {.prompt = prompt,
+                     .nprompt = nprompt,
+                     .max_output = max_output,
+                     .stop_reason = stop_reason,
+                     .gen_seed = gen_seed,
+                     .data = data};
+  return kvr_sim_engine_add_ex(eng, &a);
+}
+
+kvr_sim_req_t *kvr_sim_engine_add_ex(kvr_sim_engine_t *eng, const kvr_sim_add_t *a) {
   const kvr_sim_config_t *cfg = &eng->cfg;
+  uint32_t nprompt = a->nprompt, max_output = a->max_output;
   if (nprompt == 0 || max_output == 0 || nprompt > cfg->max_model_len ||
       max_output > cfg->max_model_len - nprompt)
     return NULL;
@@ -452,14 +478,21 @@ kvr_sim_req_t *kvr_sim_engine_add(kvr_sim_engine_t *eng, const uint32_t *prompt,
     return NULL;
   kvr_sim_req_t *req = kvr_xcalloc(1, sizeof(*req));
   req->id = eng->next_id++;
-  req->data = data;
+  req->data = a->data;
   req->tokens_cap = nprompt + KVR_MIN(max_output, 1024u);
   req->tokens = kvr_xcalloc(req->tokens_cap, sizeof(uint32_t));
-  memcpy(req->tokens, prompt, nprompt * sizeof(uint32_t));
+  memcpy(req->tokens, a->prompt, nprompt * sizeof(uint32_t));
   req->ntokens = req->num_prompt = nprompt;
   req->max_output = max_output;
-  req->stop_reason = stop_reason;
-  req->gen_seed = gen_seed;
+  req->stop_reason = a->stop_reason;
+  req->gen_seed = a->gen_seed;
+  req->gen_offset = a->gen_offset;
+  if (a->salt != NULL && a->salt[0] != '\0') {
+    req->salt = kvr_xstrdup(a->salt);
+    req->salt_root = kvr_sim_salt_root(a->salt, strlen(a->salt));
+  }
+  req->last_hash = req->salt_root;
+  req->skip_prefix_read = a->skip_prefix_read;
   req->num_cached = -1;
   /* The API server templates and tokenizes it before the scheduler sees it, one request or
    * step's output at a time. */
@@ -498,14 +531,15 @@ void kvr_sim_engine_remove(kvr_sim_engine_t *eng, kvr_sim_req_t *req) {
 
 /* ---- scheduling ---- */
 
-/* Looks the full blocks of tokens[0..n) up in the cache, stopping at the first miss; the last
- * token is never a hit (it must be computed to sample). Writes the hit blocks' ids into ids when
- * it is not NULL; returns the number of hit blocks. */
+/* Looks the full blocks of tokens[0..n) up in the cache (the chain starting from root: 0, or a
+ * salt's root), stopping at the first miss; the last token is never a hit (it must be computed to
+ * sample). Writes the hit blocks' ids into ids when it is not NULL; returns the number of hit
+ * blocks. */
 static uint32_t cached_blocks(const kvr_sim_engine_t *eng, const uint32_t *tokens, uint32_t n,
-                              int32_t *ids) {
+                              uint64_t root, int32_t *ids) {
   uint32_t bs = eng->cfg.block_size;
   uint32_t max_blocks = n > 0 ? (n - 1) / bs : 0;
-  uint64_t parent = 0;
+  uint64_t parent = root;
   uint32_t hits = 0;
   for (; hits < max_blocks; hits++) {
     uint64_t h = kvr_sim_block_hash(parent, tokens + (size_t)hits * bs, bs);
@@ -521,20 +555,21 @@ static uint32_t cached_blocks(const kvr_sim_engine_t *eng, const uint32_t *token
 
 /* req's hit blocks into eng->scratch; returns their number. */
 static uint32_t prefix_lookup(kvr_sim_engine_t *eng, const kvr_sim_req_t *req) {
-  return cached_blocks(eng, req->tokens, req->ntokens, eng->scratch);
+  return cached_blocks(eng, req->tokens, req->ntokens, req->salt_root, eng->scratch);
 }
 
 /* The tokens of prompt[0..n) the prefix cache holds now, as the scheduler will find them. */
-static uint32_t cached_prefix(const kvr_sim_engine_t *eng, const uint32_t *prompt, uint32_t n) {
+static uint32_t cached_prefix(const kvr_sim_engine_t *eng, const uint32_t *prompt, uint32_t n,
+                              uint64_t root) {
   if (!eng->cfg.enable_prefix_caching)
     return 0;
-  return cached_blocks(eng, prompt, n, NULL) * eng->cfg.block_size;
+  return cached_blocks(eng, prompt, n, root, NULL) * eng->cfg.block_size;
 }
 
 void kvr_sim_engine_probe(const kvr_sim_engine_t *eng, const uint32_t *prompt, uint32_t n,
                           kvr_sim_probe_t *out) {
   memset(out, 0, sizeof(*out));
-  out->cached_tokens = cached_prefix(eng, prompt, n);
+  out->cached_tokens = cached_prefix(eng, prompt, n, 0);
   for (uint32_t i = 0; i < eng->nrunning; i++) {
     const kvr_sim_req_t *r = eng->running[i];
     /* Still to compute: all of it while prefilling; a decoding request's last (sampled) token is
@@ -550,7 +585,9 @@ void kvr_sim_engine_probe(const kvr_sim_engine_t *eng, const uint32_t *prompt, u
     const kvr_sim_req_t *r = KVR_CONTAINER_OF(q, kvr_sim_req_t, wnode);
     /* A waiting request's prefix hit is taken when it is scheduled: what it will prefill is what
      * the cache does not hold now (a preempted request's computed tokens went with its blocks). */
-    uint32_t done = KVR_MAX(r->num_computed, cached_prefix(eng, r->tokens, r->ntokens));
+    uint32_t done =
+        KVR_MAX(r->num_computed,
+                r->skip_prefix_read ? 0 : cached_prefix(eng, r->tokens, r->ntokens, r->salt_root));
     out->pending_tokens += r->ntokens - KVR_MIN(r->ntokens, done);
     out->waiting++;
   }
@@ -571,7 +608,7 @@ static void cache_full_blocks(kvr_sim_engine_t *eng, kvr_sim_req_t *req, uint32_
     int32_t id = req->blocks[i];
     if (!eng->blocks[id].hashed && hash_find(eng, h) < 0) {
       hash_insert(eng, id, h);
-      kv_stored(eng, &open, i > 0, req->last_hash, h, toks);
+      kv_stored(eng, &open, i > 0, req->last_hash, h, toks, req->salt);
     } else {
       open = false; /* a duplicate breaks the run: the next new block starts an event */
     }
@@ -657,7 +694,7 @@ static void req_append_token(const kvr_sim_engine_t *eng, kvr_sim_req_t *req) {
     req->tokens = kvr_xrealloc(req->tokens, cap * sizeof(uint32_t));
     req->tokens_cap = cap;
   }
-  uint32_t k = req->ntokens - req->num_prompt;
+  uint32_t k = req->gen_offset + (req->ntokens - req->num_prompt);
   uint32_t id = kvr_sim_tokens_word_id(req->gen_seed, k);
   if (drifts(eng->cfg.retok_drift, req->gen_seed, k)) {
     id = (id + 1) % KVR_SIM_VOCAB;
@@ -707,8 +744,11 @@ static void schedule_running(kvr_sim_engine_t *eng, kvr_sim_step_t *out, batch_t
  * the cache. Returns false, leaving it waiting with num_computed 0, when its blocks do not fit. */
 static bool admit(kvr_sim_engine_t *eng, batch_t *b, kvr_sim_req_t *req) {
   const kvr_sim_config_t *cfg = &eng->cfg;
+  /* vLLM's get_computed_blocks skips a request with skip_reading_prefix_cache entirely: no
+   * lookup, nothing counted (vllm/v1/core/kv_cache_manager.py). */
+  bool lookup = cfg->enable_prefix_caching && !req->skip_prefix_read;
   uint32_t nhits = 0;
-  if (cfg->enable_prefix_caching)
+  if (lookup)
     nhits = prefix_lookup(eng, req);
   req->num_computed = nhits * cfg->block_size;
   uint32_t num_new = KVR_MIN(req->ntokens - req->num_computed, b->budget);
@@ -716,7 +756,7 @@ static bool admit(kvr_sim_engine_t *eng, batch_t *b, kvr_sim_req_t *req) {
     req->num_computed = 0;
     return false; /* retried next step; the lookup is counted once, when it admits */
   }
-  if (cfg->enable_prefix_caching) {
+  if (lookup) {
     eng->stats.prefix_queries += req->ntokens;
     eng->stats.prefix_hits += (uint64_t)nhits * cfg->block_size;
   }

@@ -34,6 +34,10 @@
  *     scheduling the scheduler runs one step ahead: a request that became ready while step N ran
  *     is admitted in step N+2 (in N+1 when the engine was idle), and a request that stopped on EOS
  *     takes part in one more (wasted) step.
+ *   - cache_salt (vLLM's kv_cache_utils.py: the salt is an extra key of the block with
+ *     start_token_idx 0 only, and every later block chains from it): a salted request's chain
+ *     starts from kvr_sim_salt_root(salt) instead of 0, so requests with different salts (or
+ *     none) share no block; the STORED event of a salted chain's first block carries the salt.
  *   - Re-tokenization: a generated token is "non-canonical" with probability retok_drift, i.e.
  *     its id differs from the id the tokenizer gives its text, so when the next turn resends the
  *     answer as text the prefix-cache hit stops at the block holding it.
@@ -118,6 +122,10 @@ struct kvr_sim_req_s {
   uint32_t max_output;          /* the request finishes when it has generated this many tokens */
   kvr_sim_finish_t stop_reason; /* what reaching max_output means: STOP (eos) or LENGTH */
   uint64_t gen_seed;            /* seed of the generated words (kvr_sim_tokens_word_id) */
+  uint32_t gen_offset;          /* generated token k is word gen_offset + k of gen_seed */
+  char *salt;                   /* cache_salt (owned, NUL-terminated) or NULL */
+  uint64_t salt_root;           /* kvr_sim_salt_root(salt), 0 without one: block 0's parent */
+  bool skip_prefix_read;        /* vLLM's skip_reading_prefix_cache (chat echo): no lookup */
   double arrival_s;             /* simulated time it was added */
   double ready_s;               /* when the API server handed it to the scheduler */
   uint32_t num_drifted;         /* generated tokens whose id is non-canonical */
@@ -189,6 +197,26 @@ kvr_sim_req_t *kvr_sim_engine_add(kvr_sim_engine_t *eng, const uint32_t *prompt,
                                   uint32_t max_output, kvr_sim_finish_t stop_reason,
                                   uint64_t gen_seed, void *data);
 
+/* Everything kvr_sim_engine_add_ex() takes; zero-initialise and set what applies. */
+typedef struct kvr_sim_add_s {
+  const uint32_t *prompt; /* copied */
+  uint32_t nprompt;
+  uint32_t max_output;
+  kvr_sim_finish_t stop_reason;
+  uint64_t gen_seed;
+  uint32_t gen_offset;   /* the first generated token is word gen_offset (a continued answer) */
+  const char *salt;      /* cache_salt, copied; NULL or "" = none */
+  bool skip_prefix_read; /* no prefix-cache lookup at admission (and none counted) */
+  void *data;
+} kvr_sim_add_t;
+
+/* kvr_sim_engine_add() with every option. */
+kvr_sim_req_t *kvr_sim_engine_add_ex(kvr_sim_engine_t *eng, const kvr_sim_add_t *a);
+
+/* The parent hash of a chain's first block for requests salted with salt[0..len): nonzero, so it
+ * never equals the unsalted chain's 0. */
+uint64_t kvr_sim_salt_root(const char *salt, size_t len);
+
 /* Aborts req if it is waiting or running (frees its blocks) and frees it. Accepts NULL. */
 void kvr_sim_engine_remove(kvr_sim_engine_t *eng, kvr_sim_req_t *req);
 
@@ -231,6 +259,9 @@ typedef enum { KVR_SIM_KV_STORED, KVR_SIM_KV_REMOVED, KVR_SIM_KV_CLEARED } kvr_s
 
 typedef struct kvr_sim_kv_event_s {
   kvr_sim_kv_kind_t kind;
+  /* STORED: > 0 when hashes[0] is the first block of a chain salted with log->salts[salt_off ..
+   * salt_off + salt_len) (vLLM then sends extra_keys [["<salt>"], nil, ...]) */
+  uint32_t salt_off, salt_len;
   bool has_parent;   /* STORED: false when the run starts at the chain's first block */
   uint64_t parent;   /* STORED: engine hash of the block before hashes[0] */
   uint32_t hash_off; /* hashes are log->hashes[hash_off .. hash_off + nhashes) */
@@ -245,6 +276,8 @@ typedef struct kvr_sim_kv_log_s {
   size_t nhashes, hashes_cap;
   uint32_t *tokens;
   size_t ntokens, tokens_cap;
+  char *salts; /* the salts STORED events refer to */
+  size_t nsalts, salts_cap;
 } kvr_sim_kv_log_t;
 
 /* Turns the event log on or off (off drops what it holds). */
@@ -275,7 +308,7 @@ typedef struct kvr_sim_probe_s {
   uint64_t decode_ctx; /* context tokens of the running requests (what one decode step reads) */
 } kvr_sim_probe_t;
 
-/* Fills out for prompt[0..n) without changing anything (no LRU touch, no counter). */
+/* Fills out for prompt[0..n) without changing anything (no LRU touch, no counter); unsalted. */
 void kvr_sim_engine_probe(const kvr_sim_engine_t *eng, const uint32_t *prompt, uint32_t n,
                           kvr_sim_probe_t *out);
 

@@ -2,26 +2,35 @@
  *
  * Structs:
  *   kvr_sim_server_t  the engine, the listener(s), one step timer, the list of live streams, the
- *                     current fault, and the Prometheus figures vLLM exports.
+ *                     current fault, the Prometheus figures vLLM exports, the Responses store and
+ *                     the clients reading background streams.
  *   stream_t          one completion request: its HTTP request (until finished or aborted), its
- *                     engine request, its response framing (chat or completions, streamed or not),
- *                     its timestamps. Owned by the server's stream list.
+ *                     engine request, its response framing (api_t: chat, completions, Responses or
+ *                     Messages; streamed or not), its timestamps. Owned by the server's stream
+ *                     list. A background Responses run is a stream without a client (detached):
+ *                     its result goes to the store, its events (streamed) to the store's log.
+ *   sub_t             a client reading a background stream's events from the store's log.
  *
  * Flow:
  *
  *   POST -> read_completion: kvr_sim_server_parse_completion (pure; 400/404 as vLLM), error fault
- *        -> stream_new: answer length, id, SSE head
+ *        (POST /v1/responses: kvr_sim_responses_read, responses_prepare (the store switch, the
+ *         previous response, construct_input_messages); POST /v1/messages: messages_prepare
+ *         (kvr_sim_anthropic_read); both render their messages as chat:
+ *         kvr_sim_server_chat_prompt)
+ *        -> stream_new: answer (seed, first word, length), id, SSE head
  *        -> stream_begin: hang fault | disconnect fault | fixed-latency timer
- *                         | kvr_sim_engine_set_now + kvr_sim_engine_add -> engine_kick (idle:
+ *                         | kvr_sim_engine_set_now + kvr_sim_engine_add_ex -> engine_kick (idle:
  *                           arm the clock for when the API server hands the request over)
  *
  *   step timer fires (at most one armed; none when the engine is idle):
- *     deliver the events of the step whose tokens are due (one SSE chunk per token, final chunk
- *     with finish_reason, usage chunk, [DONE]) -> reap streams whose client went away (their
- *     engine request is removed, freeing slot and blocks) -> kvr_sim_engine_step() (the next step,
- *     which in simulated time started when the previous one ended) -> re-arm the timer for that
- *     step's deliver_s (its end plus the API server's output processing), divided by time_scale
- *     and scheduled against an absolute due time so rounding never drifts.
+ *     deliver the events of the step whose tokens are due (one SSE chunk or event per token in
+ *     the stream's API, the ending events: finish_reason, usage, [DONE] or response.completed or
+ *     message_stop) -> reap streams whose client went away (their engine request is removed,
+ *     freeing slot and blocks) -> kvr_sim_engine_step() (the next step, which in simulated time
+ *     started when the previous one ended) -> re-arm the timer for that step's deliver_s (its end
+ *     plus the API server's output processing), divided by time_scale and scheduled against an
+ *     absolute due time so rounding never drifts.
  *
  * Engine state is only changed at step boundaries: a client that disconnects while a step is in
  * flight is marked gone and reaped at the next tick, because that step's events still point at its
@@ -30,9 +39,11 @@
  *
  * Times reported (metrics) are simulated time: wall-clock intervals multiplied by time_scale.
  *
- * Invariants: a stream with http == NULL has been finished or aborted and will get no more writes;
- * every stream in the engine has ereq->data == stream; pending_closes counts handles and listeners
- * being closed, and done fires only when it is zero after kvr_sim_server_close().
+ * Invariants: a stream with http == NULL has been finished or aborted (or is detached) and will
+ * get no more writes; every stream in the engine has ereq->data == stream; a store entry's running
+ * points at a live detached stream or is NULL; a sub_t's request is open until its log is done;
+ * pending_closes counts handles and listeners being closed, and done fires only when it is zero
+ * after kvr_sim_server_close().
  */
 #include "sim_server.h"
 
@@ -42,7 +53,9 @@
 #include "base/metrics.h"
 #include "net/http_route.h"
 #include "net/http_server.h"
+#include "sim_anthropic.h"
 #include "sim_preset.h"
+#include "sim_responses.h"
 #include "sim_tokens.h"
 
 #include <cjson/cJSON.h>
@@ -52,12 +65,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
 
 #define BOS_TOKEN 128000u /* Llama-3's <|begin_of_text|>, prepended to text prompts */
 #define LAG_RESET_NS (50 * 1000000ull)
+#define RSTORE_MAX 100000 /* stored responses kept (vLLM keeps all of them) */
 
 /* vLLM's bucket bounds for its three latency histograms (vllm/v1/metrics/loggers.py). */
 static const double ttft_buckets[] = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
@@ -71,6 +86,9 @@ static const double e2e_buckets[] = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2
 
 typedef struct stream_s stream_t;
 
+/* The API a stream answers in. */
+typedef enum { API_CHAT, API_COMPLETIONS, API_RESPONSES, API_MESSAGES } api_t;
+
 struct stream_s {
   kvr_sim_server_t *srv;
   kvr_http_req_t *http; /* NULL once finished or aborted */
@@ -78,18 +96,26 @@ struct stream_s {
   kvr_list_t node;      /* in srv->streams until stream_destroy() */
   uv_timer_t timer;     /* fixed-latency mode only */
   bool has_timer;
-  bool chat, stream, include_usage, continuous_usage;
-  bool gone; /* the client went away; reaped at the next step boundary */
-  bool hung; /* held by the hang fault */
+  api_t api;
+  bool chat; /* ids and chunks of a chat completion (chat and Messages) */
+  bool stream, include_usage, continuous_usage;
+  bool detached; /* a background response: no client, the store gets the result */
+  bool gone;     /* the client went away; reaped at the next step boundary */
+  bool hung;     /* held by the hang fault */
   uint32_t prompt_tokens, cached_tokens, max_output, sent;
   kvr_sim_finish_t stop_reason;
   uint64_t gen_seed;
+  uint32_t gen_offset;       /* word number of the first token (a continued answer) */
   uint32_t disconnect_after; /* UINT32_MAX: never */
   uint64_t arrival_ns, last_ns, due_ns;
-  kvr_buf_t prefix; /* 'data: {"id":...,"model":...,' shared by every chunk */
-  kvr_buf_t text;   /* the answer so far, for non-streamed responses */
+  kvr_buf_t prefix;     /* 'data: {"id":...,"model":...,' shared by every chunk */
+  kvr_buf_t text;       /* the answer so far, for non-streamed responses (and Responses streams) */
+  kvr_buf_t echo;       /* "echo": text that goes out before the answer */
+  kvr_sim_resp_t *resp; /* API_RESPONSES: the response (owned) */
   char id[48];
 };
+
+static void subs_notify(kvr_sim_server_t *srv, const char *id);
 
 typedef struct retire_s {
   kvr_sim_server_t *srv;
@@ -126,8 +152,21 @@ struct kvr_sim_server_s {
   void (*done)(void *data);
   void *done_data;
   kvr_buf_t scratch;
-  kvr_kv_pub_t *kv_pub; /* KV-event publisher, NULL when events are off */
+  kvr_kv_pub_t *kv_pub;    /* KV-event publisher, NULL when events are off */
+  bool store_enabled;      /* VLLM_ENABLE_RESPONSES_API_STORE=1 */
+  kvr_sim_rstore_t *store; /* the Responses store (empty unless enabled) */
+  kvr_list_t subs;         /* sub_t.node: clients of background streams' events */
 };
+
+/* A client reading a background response's events (the POST that started it, or a GET
+ * ?stream=true): sent what the store's event log holds from event `next` on, and more as the run
+ * adds them; finished once the log is done. Owned by srv->subs. */
+typedef struct sub_s {
+  kvr_list_t node;
+  kvr_http_req_t *req;
+  char *id;    /* the response's id (looked up again each time: the store may drop it) */
+  size_t next; /* the next event to send */
+} sub_t;
 
 /* ---- options and faults ---- */
 
@@ -216,11 +255,12 @@ static const char *finish_name(kvr_sim_finish_t f) {
   return f == KVR_SIM_FINISH_STOP ? "stop" : "length";
 }
 
-/* Appends the SSE chunk carrying token `word` (4 bytes); final adds finish_reason. The first
- * chunk also carries "kvr_sim_engine_us": the wall-clock microseconds from the whole request
- * having been read to this chunk, the part of the client's TTFT the time scale compresses (the
- * load generator scales only that part; clients of the OpenAI API ignore unknown keys). */
-static void chunk_token(kvr_buf_t *b, const stream_t *s, const char *word, size_t wlen, bool first,
+/* Appends the SSE chunk carrying text (a token's word, or what echo sends before it); final adds
+ * finish_reason. The first chunk (first) carries the role (chat) and "kvr_sim_engine_us": the
+ * wall-clock microseconds from the whole request having been read to this chunk, the part of the
+ * client's TTFT the time scale compresses (the load generator scales only that part; clients of
+ * the OpenAI API ignore unknown keys). */
+static void chunk_token(kvr_buf_t *b, const stream_t *s, const char *text, size_t len, bool first,
                         bool final, uint64_t now) {
   kvr_buf_append(b, s->prefix.data, s->prefix.len);
   if (first)
@@ -231,11 +271,11 @@ static void chunk_token(kvr_buf_t *b, const stream_t *s, const char *word, size_
     if (first)
       kvr_buf_puts(b, "\"role\":\"assistant\",");
     kvr_buf_puts(b, "\"content\":");
-    kvr_buf_json_str(b, word, wlen);
+    kvr_buf_json_str(b, text, len);
     kvr_buf_puts(b, "},\"logprobs\":null,\"finish_reason\":");
   } else {
     kvr_buf_puts(b, "\"choices\":[{\"index\":0,\"text\":");
-    kvr_buf_json_str(b, word, wlen);
+    kvr_buf_json_str(b, text, len);
     kvr_buf_puts(b, ",\"logprobs\":null,\"finish_reason\":");
   }
   if (final)
@@ -262,12 +302,18 @@ static void stream_release(stream_t *s, bool abort_conn) {
     kvr_http_finish(req);
 }
 
+static void stream_free_mem(stream_t *s) {
+  kvr_buf_free(&s->prefix);
+  kvr_buf_free(&s->text);
+  kvr_buf_free(&s->echo);
+  kvr_sim_resp_free(s->resp);
+  free(s);
+}
+
 static void on_stream_timer_close(uv_handle_t *h) {
   stream_t *s = h->data;
   kvr_sim_server_t *srv = s->srv;
-  kvr_buf_free(&s->prefix);
-  kvr_buf_free(&s->text);
-  free(s);
+  stream_free_mem(s);
   srv->pending_closes--;
   if (srv->closing && srv->pending_closes == 0 && srv->done) {
     void (*done)(void *) = srv->done;
@@ -290,15 +336,24 @@ static void stream_destroy(stream_t *s) {
     kvr_sim_engine_remove(srv->eng, s->ereq);
     s->ereq = NULL;
   }
+  if (s->detached) {
+    /* a background run ends (done, cancelled or refused): its store entry no longer points at
+     * it, and its event log is closed, which ends the streams reading it */
+    kvr_sim_stored_t *en = kvr_sim_rstore_get(srv->store, kvr_sim_resp_id(s->resp));
+    if (en != NULL && en->running == s)
+      en->running = NULL;
+    if (en != NULL && en->has_events && !en->events_done) {
+      en->events_done = true;
+      subs_notify(srv, en->id);
+    }
+  }
   if (s->has_timer) {
     srv->nfixed--;
     srv->pending_closes++;
     uv_close((uv_handle_t *)&s->timer, on_stream_timer_close);
     return;
   }
-  kvr_buf_free(&s->prefix);
-  kvr_buf_free(&s->text);
-  free(s);
+  stream_free_mem(s);
 }
 
 /* The client went away or the fault closed it: count the abort and free what it holds, now or at
@@ -323,12 +378,13 @@ static void on_req_close(kvr_http_req_t *req) {
     stream_gone(s);
 }
 
-/* Sends the non-streamed response with the whole answer. */
-static void respond_full(stream_t *s) {
+/* The chat.completion / text_completion object of the whole answer (echo first). */
+static void full_completion(kvr_buf_t *b, const stream_t *s) {
   kvr_sim_server_t *srv = s->srv;
-  kvr_buf_t *b = &srv->scratch;
-  kvr_buf_reset(b);
   const char *fin = finish_name(s->stop_reason);
+  kvr_buf_t all = KVR_BUF_INIT;
+  kvr_buf_append(&all, s->echo.data, s->echo.len);
+  kvr_buf_append(&all, s->text.data, s->text.len);
   /* the chunk prefix minus its "data: " is the response's id/object/created/model head */
   kvr_buf_puts(b, "{\"id\":\"");
   kvr_buf_puts(b, s->id);
@@ -337,7 +393,7 @@ static void respond_full(stream_t *s) {
   kvr_buf_json_str(b, srv->model, strlen(srv->model));
   if (s->chat) {
     kvr_buf_puts(b, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
-    kvr_buf_json_str(b, s->text.data ? s->text.data : "", s->text.len);
+    kvr_buf_json_str(b, all.data ? all.data : "", all.len);
     kvr_buf_printf(b,
                    ",\"tool_calls\":[]},\"logprobs\":null,\"finish_reason\":\"%s\","
                    "\"stop_reason\":null}],\"usage\":",
@@ -346,7 +402,7 @@ static void respond_full(stream_t *s) {
     kvr_buf_puts(b, ",\"prompt_logprobs\":null}");
   } else {
     kvr_buf_puts(b, ",\"choices\":[{\"index\":0,\"text\":");
-    kvr_buf_json_str(b, s->text.data ? s->text.data : "", s->text.len);
+    kvr_buf_json_str(b, all.data ? all.data : "", all.len);
     kvr_buf_printf(b,
                    ",\"logprobs\":null,\"finish_reason\":\"%s\",\"stop_reason\":null,"
                    "\"prompt_logprobs\":null}],\"usage\":",
@@ -354,11 +410,123 @@ static void respond_full(stream_t *s) {
     usage_json(b, s);
     kvr_buf_puts(b, "}");
   }
+  kvr_buf_free(&all);
+}
+
+/* The usage a Messages reply reports (cached -1: no prompt tokens details, as vLLM without
+ * --enable-prompt-tokens-details). */
+static kvr_sim_msg_usage_t msg_usage(const stream_t *s) {
+  kvr_sim_msg_usage_t u = {.prompt = s->prompt_tokens, .output = s->sent, .cached = -1};
+  if (s->srv->opts.enable_prompt_tokens_details)
+    u.cached = (int32_t)s->cached_tokens;
+  return u;
+}
+
+/* A Responses answer is done: its object gets output, status and usage (responses_done), then
+ * goes to the store when it is stored (responses_store), unless a cancel got there first, as
+ * vLLM's responses_full_generator checks. */
+static void responses_done(stream_t *s) {
+  kvr_sim_resp_finish(s->resp, s->text.data, s->text.len, s->stop_reason == KVR_SIM_FINISH_LENGTH,
+                      s->prompt_tokens, s->cached_tokens, s->sent);
+}
+
+static void responses_store(stream_t *s) {
+  kvr_sim_server_t *srv = s->srv;
+  kvr_sim_resp_t *r = s->resp;
+  if (!r->store)
+    return;
+  kvr_sim_stored_t *en = kvr_sim_rstore_get(srv->store, kvr_sim_resp_id(r));
+  if (en != NULL && strcmp(kvr_sim_responses_status(en->obj), "cancelled") == 0)
+    return;
+  kvr_sim_rstore_put(srv->store, kvr_sim_resp_id(r), cJSON_Duplicate(r->obj, true), r->messages);
+  r->messages = NULL;
+}
+
+/* Sends the non-streamed response with the whole answer (a background one only updates the
+ * store). */
+static void respond_full(stream_t *s) {
+  kvr_sim_server_t *srv = s->srv;
+  kvr_buf_t *b = &srv->scratch;
+  kvr_buf_reset(b);
+  if (s->api == API_RESPONSES) {
+    responses_done(s);
+    kvr_sim_responses_print(b, s->resp->obj);
+    responses_store(s);
+  } else if (s->api == API_MESSAGES) {
+    kvr_sim_msg_usage_t u = msg_usage(s);
+    kvr_sim_anthropic_reply(b, s->id, srv->model, s->text.data, s->text.len,
+                            s->stop_reason == KVR_SIM_FINISH_LENGTH, &u);
+  } else {
+    full_completion(b, s);
+  }
   kvr_http_req_t *req = s->http;
+  if (req == NULL)
+    return; /* detached */
   s->http = NULL;
   req->data = NULL;
   req->on_close = NULL;
   kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
+}
+
+/* Appends to b what a streamed chat or completion sends for word: the echo (chat: a chunk of its
+ * own before the first token; completions: with the first token's text), the token's chunk, and
+ * after the last token the usage chunk and [DONE]. */
+static void emit_completion(kvr_buf_t *b, stream_t *s, const char *word, bool first, bool final,
+                            uint64_t now) {
+  if (first && s->echo.len > 0 && s->chat) {
+    chunk_token(b, s, s->echo.data, s->echo.len, true, false, now);
+    first = false;
+  }
+  if (first && s->echo.len > 0) {
+    kvr_buf_append(&s->echo, word, KVR_SIM_TOKEN_BYTES);
+    chunk_token(b, s, s->echo.data, s->echo.len, true, final, now);
+  } else {
+    chunk_token(b, s, word, KVR_SIM_TOKEN_BYTES, first, final, now);
+  }
+  if (!final)
+    return;
+  if (s->include_usage) {
+    kvr_buf_append(b, s->prefix.data, s->prefix.len);
+    kvr_buf_puts(b, "\"choices\":[],\"usage\":");
+    usage_json(b, s);
+    kvr_buf_puts(b, "}\n\n");
+  }
+  kvr_buf_puts(b, "data: [DONE]\n\n");
+}
+
+/* The same for the Responses and Messages streams (their events, sim_responses.h and
+ * sim_anthropic.h). */
+static void emit_events(kvr_buf_t *b, stream_t *s, const char *word, bool first, bool final) {
+  kvr_sim_server_t *srv = s->srv;
+  if (s->api == API_RESPONSES) {
+    kvr_sim_resp_ev_token(b, s->resp, word, KVR_SIM_TOKEN_BYTES);
+    if (final) {
+      responses_done(s);
+      kvr_sim_resp_ev_end(b, s->resp, s->text.data, s->text.len);
+      responses_store(s);
+    }
+    return;
+  }
+  if (first)
+    kvr_sim_anthropic_ev_start(b, s->id, srv->model, s->prompt_tokens);
+  kvr_sim_anthropic_ev_delta(b, word, KVR_SIM_TOKEN_BYTES);
+  if (final) {
+    kvr_sim_msg_usage_t u = msg_usage(s);
+    kvr_sim_anthropic_ev_end(b, s->stop_reason == KVR_SIM_FINISH_LENGTH, &u);
+  }
+}
+
+/* A background stream's events go to its store entry's log and on to the clients reading it;
+ * the last ones close the log. */
+static void background_events(stream_t *s, const kvr_buf_t *b, bool final) {
+  kvr_sim_server_t *srv = s->srv;
+  const char *id = kvr_sim_resp_id(s->resp);
+  kvr_sim_stored_t *en = kvr_sim_rstore_get(srv->store, id);
+  if (en != NULL) {
+    kvr_sim_stored_add_events(en, b->data, b->len);
+    en->events_done = final;
+  }
+  subs_notify(srv, id);
 }
 
 /* Delivers the stream's next token; returns true when the stream has ended (and may be freed). */
@@ -377,30 +545,28 @@ static bool stream_emit(stream_t *s) {
   if (s->ereq != NULL && s->ereq->num_cached > 0)
     s->cached_tokens = (uint32_t)s->ereq->num_cached;
   char word[KVR_SIM_TOKEN_BYTES];
-  kvr_sim_tokens_word(s->gen_seed, s->sent, word);
+  kvr_sim_tokens_word(s->gen_seed, s->gen_offset + s->sent, word);
   bool first = s->sent == 0;
   s->sent++;
   bool final = s->sent >= s->max_output;
   if (s->ereq == NULL)
     srv->fixed_generation_tokens++;
-  if (!s->stream) {
+  if (!s->stream || s->api == API_RESPONSES)
     kvr_buf_append(&s->text, word, sizeof(word));
+  if (!s->stream) {
     if (!final)
       return false;
   } else {
     kvr_buf_t *b = &srv->scratch;
     kvr_buf_reset(b);
-    chunk_token(b, s, word, sizeof(word), first, final, now);
-    if (final) {
-      if (s->include_usage) {
-        kvr_buf_append(b, s->prefix.data, s->prefix.len);
-        kvr_buf_puts(b, "\"choices\":[],\"usage\":");
-        usage_json(b, s);
-        kvr_buf_puts(b, "}\n\n");
-      }
-      kvr_buf_puts(b, "data: [DONE]\n\n");
-    }
-    kvr_http_write(s->http, b->data, b->len);
+    if (s->api == API_CHAT || s->api == API_COMPLETIONS)
+      emit_completion(b, s, word, first, final, now);
+    else
+      emit_events(b, s, word, first, final);
+    if (s->detached)
+      background_events(s, b, final);
+    else
+      kvr_http_write(s->http, b->data, b->len);
     if (!final)
       return false;
   }
@@ -640,22 +806,47 @@ static int parse_lengths(const cJSON *body, bool chat, kvr_sim_completion_t *p, 
   return 0;
 }
 
-/* Chat: "messages" rendered with the template of sim_tokens.h, BOS first. */
-static int parse_chat_prompt(const cJSON *body, kvr_sim_completion_t *p, char *err, size_t errlen) {
-  const cJSON *messages = cJSON_GetObjectItemCaseSensitive(body, "messages");
-  if (messages == NULL) {
-    snprintf(err, errlen, "messages: Field required");
-    return 400;
-  }
+int kvr_sim_server_chat_prompt(const cJSON *messages, kvr_sim_render_t *r, kvr_sim_completion_t *p,
+                               char *err, size_t errlen) {
   kvr_buf_t text = KVR_BUF_INIT;
-  if (kvr_sim_tokens_render_chat(messages, &text, err, errlen) != 0) {
+  if (kvr_sim_tokens_render(messages, r, &text, err, errlen) != 0) {
     kvr_buf_free(&text);
     return 400;
   }
   kvr_sim_toks_push(&p->prompt, BOS_TOKEN);
   kvr_sim_tokens_encode(text.data, text.len, &p->prompt);
   kvr_buf_free(&text);
+  if (r->continue_final) {
+    /* the answer started right after the final message's header: BOS + that many 4-byte chunks;
+     * the words already in its content come before the ones it generates now */
+    p->turn_prefix = (uint32_t)(1 + r->final_content_at / KVR_SIM_TOKEN_BYTES);
+    p->gen_offset = (uint32_t)p->prompt.n - p->turn_prefix;
+  }
   return 0;
+}
+
+/* Chat: "messages" rendered with the template of sim_tokens.h, BOS first, as
+ * add_generation_prompt and continue_final_message say. With continue_final_message vLLM hands
+ * the tokenizer add_generation_prompt as well (its default, true, unless the request says false:
+ * chat_completion/protocol.py build_chat_params), and transformers' apply_chat_template refuses
+ * the pair; vLLM turns the template error into a 400 (renderers/hf.py). */
+static int parse_chat_prompt(const cJSON *body, kvr_sim_completion_t *p, char *err, size_t errlen) {
+  const cJSON *messages = cJSON_GetObjectItemCaseSensitive(body, "messages");
+  if (messages == NULL) {
+    snprintf(err, errlen, "messages: Field required");
+    return 400;
+  }
+  if (p->continue_final_message && p->add_generation_prompt) {
+    snprintf(err, errlen,
+             "continue_final_message and add_generation_prompt are not compatible. Use "
+             "continue_final_message when you want the model to continue the final message, and "
+             "add_generation_prompt when you want to add a header that will prompt it to start a "
+             "new assistant message instead.");
+    return 400;
+  }
+  kvr_sim_render_t r = {.generation_prompt = p->add_generation_prompt,
+                        .continue_final = p->continue_final_message};
+  return kvr_sim_server_chat_prompt(messages, &r, p, err, errlen);
 }
 
 /* A non-empty array of token ids in [0, vocabulary + 256), taken as they are (no BOS). */
@@ -714,66 +905,207 @@ static int fit_context(uint32_t max_len, bool chat, kvr_sim_completion_t *p, cha
   return 0;
 }
 
-int kvr_sim_server_parse_completion(const cJSON *body, bool chat, const char *model,
-                                    uint32_t max_model_len, kvr_sim_completion_t *p, char *err,
-                                    size_t errlen) {
+/* The request models' "before" validators, which pydantic runs ahead of everything else: chat's
+ * check_generation_prompt (both flags true) and check_cache_salt_support (chat and completions:
+ * chat_completion/protocol.py, completion/protocol.py). 400 "Bad Request" (e filled) or 0. */
+static int parse_validators(const cJSON *body, bool chat, kvr_sim_completion_t *p,
+                            kvr_sim_err_t *e) {
+  const cJSON *cont = cJSON_GetObjectItemCaseSensitive(body, "continue_final_message");
+  const cJSON *gen = cJSON_GetObjectItemCaseSensitive(body, "add_generation_prompt");
+  if (chat && cJSON_IsTrue(cont) && cJSON_IsTrue(gen))
+    return kvr_sim_err_validation(e, NULL, NULL, "value_error",
+                                  "Value error, Cannot set both `continue_final_message` and "
+                                  "`add_generation_prompt` to True.");
+  const cJSON *salt = cJSON_GetObjectItemCaseSensitive(body, "cache_salt");
+  if (salt != NULL && !cJSON_IsNull(salt) &&
+      (!cJSON_IsString(salt) || salt->valuestring[0] == '\0'))
+    return kvr_sim_err_validation(
+        e, NULL, "cache_salt", "value_error",
+        "Value error, Parameter 'cache_salt' must be a non-empty string if provided.");
+  p->salt = cJSON_IsString(salt) ? salt->valuestring : NULL;
+  return 0;
+}
+
+/* Chat's add_generation_prompt (default true), continue_final_message and echo; completions'
+ * echo. */
+static int parse_render_flags(const cJSON *body, bool chat, kvr_sim_completion_t *p, char *err,
+                              size_t errlen) {
+  p->add_generation_prompt = true;
+  if (get_bool(body, "echo", &p->echo, err, errlen) < 0)
+    return 400;
+  if (chat &&
+      (get_bool(body, "add_generation_prompt", &p->add_generation_prompt, err, errlen) < 0 ||
+       get_bool(body, "continue_final_message", &p->continue_final_message, err, errlen) < 0))
+    return 400;
+  return 0;
+}
+
+int kvr_sim_server_parse_completion_ex(const cJSON *body, bool chat, const char *model,
+                                       uint32_t max_model_len, kvr_sim_completion_t *p,
+                                       kvr_sim_err_t *e) {
   memset(p, 0, sizeof(*p));
   p->max_tokens = -1;
-  int status = parse_model(body, model, err, errlen);
+  char *err = e->message;
+  size_t errlen = sizeof(e->message);
+  err[0] = '\0';
+  int status = parse_validators(body, chat, p, e);
+  if (status != 0)
+    return status;
+  status = parse_model(body, model, err, errlen);
+  if (status == 404)
+    return kvr_sim_err_kind(e, 404, KVR_SIM_ERR_NOT_FOUND, "model");
   if (status == 0)
     status = parse_stream_flags(body, p, err, errlen);
   if (status == 0)
     status = parse_lengths(body, chat, p, err, errlen);
   if (status == 0)
+    status = parse_render_flags(body, chat, p, err, errlen);
+  if (status == 0)
     status =
         chat ? parse_chat_prompt(body, p, err, errlen) : parse_text_prompt(body, p, err, errlen);
   if (status == 0)
     status = fit_context(max_model_len, chat, p, err, errlen);
+  return kvr_sim_err_kind(e, status, KVR_SIM_ERR_BAD_REQUEST, NULL);
+}
+
+int kvr_sim_server_parse_completion(const cJSON *body, bool chat, const char *model,
+                                    uint32_t max_model_len, kvr_sim_completion_t *p, char *err,
+                                    size_t errlen) {
+  kvr_sim_err_t e;
+  int status = kvr_sim_server_parse_completion_ex(body, chat, model, max_model_len, p, &e);
+  snprintf(err, errlen, "%s", status != 0 ? e.message : "");
   return status;
 }
 
 /* ---- completions: from a request to a stream ---- */
 
-/* Reads a completion request's body into *p. Returns false when the request was answered instead:
- * 400/404 as vLLM for a bad body, or the error fault's status (p then holds nothing to free). */
-static bool read_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool chat,
-                            kvr_sim_completion_t *p) {
-  char err[512];
+/* Answers req with e, in the OpenAI shape (vLLM's ErrorResponse, code = status) or in the
+ * Anthropic one. */
+static void respond_error(kvr_http_req_t *req, const kvr_sim_err_t *e, bool anthropic) {
+  kvr_buf_t b = KVR_BUF_INIT;
+  if (anthropic)
+    kvr_sim_err_anthropic_json(&b, e);
+  else
+    kvr_sim_err_openai_json(&b, e);
+  kvr_http_respond(req, e->status, "application/json", NULL, b.data, b.len);
+  kvr_buf_free(&b);
+}
+
+/* The request's JSON object, or NULL with e filled: a body that is not JSON, or not an object, is
+ * what pydantic refuses before any field (400 "Bad Request"); with json_only, a Content-Type other
+ * than application/json too (vLLM's validate_json_request on the Responses and Messages routes). */
+static cJSON *read_json(kvr_http_req_t *req, bool json_only, kvr_sim_err_t *e) {
+  const char *ct = kvr_http_header(req, "content-type");
+  size_t n = ct ? strcspn(ct, ";") : 0;
+  while (n > 0 && ct[n - 1] == ' ')
+    n--;
+  if (json_only && (ct == NULL || n != 16 || strncasecmp(ct, "application/json", 16) != 0)) {
+    kvr_sim_err(
+        e, 400, KVR_SIM_ERR_VALIDATION, NULL,
+        "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed");
+    return NULL;
+  }
   cJSON *body = cJSON_ParseWithLength(req->body.data ? req->body.data : "", req->body.len);
   if (body == NULL || !cJSON_IsObject(body)) {
+    kvr_sim_err_validation(e, NULL, NULL, body ? "model_attributes_type" : "json_invalid",
+                           body ? "Input should be a valid dictionary or object to extract fields "
+                                  "from"
+                                : "JSON decode error: Request body is not a valid JSON object");
     cJSON_Delete(body);
-    kvr_http_error(req, 400, "BadRequestError", NULL, "Request body is not a valid JSON object");
-    return false;
+    return NULL;
   }
-  int status = kvr_sim_server_parse_completion(body, chat, srv->model,
-                                               srv->opts.engine.max_model_len, p, err, sizeof(err));
-  cJSON_Delete(body);
-  if (status != 0) {
-    kvr_sim_toks_free(&p->prompt);
-    kvr_http_error(req, status, status == 404 ? "NotFoundError" : "BadRequestError", NULL, "%s",
-                   err);
+  return body;
+}
+
+/* The error fault: answers req (in the API's error shape) for its rate of requests. */
+static bool fault_fails(kvr_sim_server_t *srv, kvr_http_req_t *req, bool anthropic) {
+  if (srv->fault.mode != KVR_SIM_FAULT_ERROR || rng_uniform(srv) >= srv->fault.rate)
     return false;
-  }
-  if (srv->fault.mode == KVR_SIM_FAULT_ERROR && rng_uniform(srv) < srv->fault.rate) {
-    kvr_sim_toks_free(&p->prompt);
-    kvr_http_error(req, srv->fault.status, NULL, NULL, "simulated fault (kvrouter sim)");
-    return false;
-  }
+  kvr_sim_err_t e;
+  kvr_sim_err(&e, srv->fault.status, kvr_http_error_type(srv->fault.status), NULL,
+              "simulated fault (kvrouter sim)");
+  respond_error(req, &e, anthropic);
   return true;
+}
+
+/* Reads a completion request's body into *p. Returns the body (which p borrows from; the caller
+ * deletes it), or NULL when the request was answered instead: 400/404 as vLLM for a bad body, or
+ * the error fault's status (p then holds nothing to free). */
+static cJSON *read_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool chat,
+                              kvr_sim_completion_t *p) {
+  kvr_sim_err_t e;
+  cJSON *body = read_json(req, false, &e);
+  if (body == NULL) {
+    respond_error(req, &e, false);
+    return NULL;
+  }
+  int status = kvr_sim_server_parse_completion_ex(body, chat, srv->model,
+                                                  srv->opts.engine.max_model_len, p, &e);
+  if (status != 0 || fault_fails(srv, req, false)) {
+    if (status != 0)
+      respond_error(req, &e, false);
+    kvr_sim_toks_free(&p->prompt);
+    cJSON_Delete(body);
+    return NULL;
+  }
+  return body;
+}
+
+/* What "echo" sends before the answer (completion/serving.py, chat_completion/serving.py):
+ * completions, the text prompt (a token-id prompt echoes nothing: the sim cannot detokenize);
+ * chat, the final message's content when the reply's role (assistant) wrote it. */
+static void echo_text(const cJSON *body, bool chat, kvr_buf_t *out) {
+  if (!chat) {
+    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(body, "prompt");
+    if (cJSON_IsArray(prompt) && cJSON_GetArraySize(prompt) == 1)
+      prompt = cJSON_GetArrayItem(prompt, 0);
+    if (cJSON_IsString(prompt))
+      kvr_buf_puts(out, prompt->valuestring);
+    return;
+  }
+  const cJSON *messages = cJSON_GetObjectItemCaseSensitive(body, "messages");
+  const cJSON *last = cJSON_GetArrayItem(messages, cJSON_GetArraySize(messages) - 1);
+  const cJSON *role = cJSON_GetObjectItemCaseSensitive(last, "role");
+  if (!cJSON_IsString(role) || strcmp(role->valuestring, "assistant") != 0)
+    return;
+  const cJSON *content = cJSON_GetObjectItemCaseSensitive(last, "content");
+  if (cJSON_IsString(content)) {
+    kvr_buf_puts(out, content->valuestring);
+    return;
+  }
+  const cJSON *part;
+  cJSON_ArrayForEach(part, content) {
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+    if (cJSON_IsString(text))
+      kvr_buf_puts(out, text->valuestring);
+  }
 }
 
 void kvr_sim_server_answer(const kvr_sim_completion_t *p, uint64_t server_seed,
                            uint32_t output_len_mean, kvr_sim_answer_t *out) {
-  out->gen_seed = kvr_sim_tokens_seed(p->prompt.v, p->prompt.n, server_seed ^ p->seed);
+  memset(out, 0, sizeof(*out));
+  size_t prefix =
+      p->turn_prefix > 0 && p->turn_prefix <= p->prompt.n ? p->turn_prefix : p->prompt.n;
+  out->gen_seed = kvr_sim_tokens_seed(p->prompt.v, prefix, server_seed ^ p->seed);
+  out->gen_offset = p->gen_offset;
   uint32_t maxt = (uint32_t)p->max_tokens, mean = output_len_mean;
   uint32_t target = maxt;
   if (!p->ignore_eos && mean > 0) {
     uint32_t eos = mean / 2 + (uint32_t)(kvr_sim_tokens_mix(out->gen_seed) % (mean + 1));
+    /* a continued answer already holds gen_offset of its words: what is left of it */
+    eos = eos > p->gen_offset ? eos - p->gen_offset : 1;
     eos = KVR_MAX(eos, (uint32_t)p->min_tokens);
     target = KVR_MAX(KVR_MIN(eos, maxt), 1u);
   }
   out->max_output = target;
   out->stop_reason = target < maxt ? KVR_SIM_FINISH_STOP : KVR_SIM_FINISH_LENGTH;
+}
+
+/* 16 lowercase hex digits from the worker's seed and a counter (vLLM's random_uuid(): the low 64
+ * bits of a uuid4), deterministic for a seed. */
+static void random_hex(kvr_sim_server_t *srv, char out[17]) {
+  uint64_t v = kvr_sim_tokens_mix(srv->opts.seed ^ kvr_sim_tokens_mix(++srv->ids));
+  snprintf(out, 17, "%016llx", (unsigned long long)v);
 }
 
 /* Gives s its response id (the worker's seed mixed with a counter) and the 'data: {"id":...,
@@ -790,31 +1122,40 @@ static void stream_name(stream_t *s) {
   kvr_buf_puts(&s->prefix, ",");
 }
 
-/* A new stream answering req with p: in srv's list, attached to req (whose close makes it gone);
- * a streamed response's head is sent at once. */
-static stream_t *stream_new(kvr_sim_server_t *srv, kvr_http_req_t *req, bool chat,
+/* A new stream answering req (NULL: a background response, detached) in api with p: in srv's
+ * list, attached to req (whose close makes it gone); a streamed response's head is sent at once.
+ */
+static stream_t *stream_new(kvr_sim_server_t *srv, kvr_http_req_t *req, api_t api,
                             const kvr_sim_completion_t *p) {
   stream_t *s = kvr_xcalloc(1, sizeof(*s));
   s->srv = srv;
   s->http = req;
-  s->chat = chat;
+  s->api = api;
+  s->chat = api == API_CHAT || api == API_MESSAGES;
   s->stream = p->stream;
+  s->detached = req == NULL;
   /* vLLM's should_include_usage(): the server's --enable-force-include-usage adds the final usage
    * chunk to every stream; per-chunk usage needs the final one too. */
-  s->include_usage = p->stream && (p->include_usage || srv->opts.enable_force_include_usage);
+  bool completion = api == API_CHAT || api == API_COMPLETIONS;
+  s->include_usage =
+      completion && s->stream && (p->include_usage || srv->opts.enable_force_include_usage);
   s->continuous_usage = s->include_usage && p->continuous_usage;
   s->arrival_ns = kvr_now_ns();
   s->prompt_tokens = (uint32_t)p->prompt.n;
   kvr_sim_answer_t a;
   kvr_sim_server_answer(p, srv->opts.seed, srv->opts.output_len_mean, &a);
   s->gen_seed = a.gen_seed;
+  s->gen_offset = a.gen_offset;
   s->max_output = a.max_output;
   s->stop_reason = a.stop_reason;
-  s->disconnect_after =
-      srv->fault.mode == KVR_SIM_FAULT_DISCONNECT ? srv->fault.after_tokens : UINT32_MAX;
+  s->disconnect_after = srv->fault.mode == KVR_SIM_FAULT_DISCONNECT && req != NULL
+                            ? srv->fault.after_tokens
+                            : UINT32_MAX;
   stream_name(s);
   kvr_list_insert_head(&srv->streams, &s->node);
   srv->nstreams++;
+  if (req == NULL)
+    return s;
   req->data = s;
   req->on_close = on_req_close;
   if (s->stream)
@@ -833,12 +1174,21 @@ static void stream_start_fixed(stream_t *s) {
   timer_arm(srv, &s->timer, on_fixed_timer, s->due_ns);
 }
 
-/* Queues s's prompt in the engine and makes sure the engine clock runs. */
-static void stream_start_engine(stream_t *s, const kvr_sim_toks_t *prompt) {
+/* Queues s's prompt in the engine and makes sure the engine clock runs. A chat echo reads no
+ * prefix cache (vLLM: echo sets prompt_logprobs, and then skip_reading_prefix_cache). */
+static void stream_start_engine(stream_t *s, const kvr_sim_completion_t *p) {
   kvr_sim_server_t *srv = s->srv;
   kvr_sim_engine_set_now(srv->eng, sim_seconds(srv, kvr_now_ns()));
-  s->ereq = kvr_sim_engine_add(srv->eng, prompt->v, (uint32_t)prompt->n, s->max_output,
-                               s->stop_reason, s->gen_seed, s);
+  kvr_sim_add_t a = {.prompt = p->prompt.v,
+                     .nprompt = (uint32_t)p->prompt.n,
+                     .max_output = s->max_output,
+                     .stop_reason = s->stop_reason,
+                     .gen_seed = s->gen_seed,
+                     .gen_offset = s->gen_offset,
+                     .salt = p->salt,
+                     .skip_prefix_read = p->echo && s->api == API_CHAT,
+                     .data = s};
+  s->ereq = kvr_sim_engine_add_ex(srv->eng, &a);
   if (s->ereq == NULL) {
     /* only possible when the KV cache is smaller than max_model_len (tiny test configs) */
     stream_release(s, true);
@@ -849,8 +1199,9 @@ static void stream_start_engine(stream_t *s, const kvr_sim_toks_t *prompt) {
 }
 
 /* Sets s going: held by the hang fault, closed at once by the disconnect fault with
- * after_tokens 0, on its own timer in fixed-latency mode, else through the engine. */
-static void stream_begin(stream_t *s, const kvr_sim_toks_t *prompt) {
+ * after_tokens 0, on its own timer in fixed-latency mode, else through the engine. s may be
+ * freed when it returns. */
+static void stream_begin(stream_t *s, const kvr_sim_completion_t *p) {
   kvr_sim_server_t *srv = s->srv;
   if (srv->fault.mode == KVR_SIM_FAULT_HANG) {
     s->hung = true;
@@ -862,20 +1213,405 @@ static void stream_begin(stream_t *s, const kvr_sim_toks_t *prompt) {
     return;
   }
   if (srv->opts.fixed_ttft_ms >= 0) {
-    srv->fixed_prompt_tokens += prompt->n;
+    srv->fixed_prompt_tokens += p->prompt.n;
     stream_start_fixed(s);
     return;
   }
-  stream_start_engine(s, prompt);
+  stream_start_engine(s, p);
 }
 
 static void handle_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool chat) {
   kvr_sim_completion_t p;
-  if (!read_completion(srv, req, chat, &p))
+  cJSON *body = read_completion(srv, req, chat, &p);
+  if (body == NULL)
     return;
-  stream_t *s = stream_new(srv, req, chat, &p);
-  stream_begin(s, &p.prompt);
+  stream_t *s = stream_new(srv, req, chat ? API_CHAT : API_COMPLETIONS, &p);
+  if (p.echo)
+    echo_text(body, chat, &s->echo);
+  stream_begin(s, &p);
   kvr_sim_toks_free(&p.prompt); /* the engine keeps its own copy */
+  cJSON_Delete(body);           /* p.salt pointed into it; the engine copied it */
+}
+
+/* ---- the Responses API (sim_responses.h; vllm/entrypoints/openai/responses/serving.py) ---- */
+
+/* vLLM's _check_model: absent or null, or the served name; else 404 NotFoundError. */
+static int check_model(kvr_sim_server_t *srv, const cJSON *body, kvr_sim_err_t *e) {
+  char err[300];
+  int status = parse_model(body, srv->model, err, sizeof(err));
+  if (status != 0)
+    return kvr_sim_err(e, status, status == 404 ? KVR_SIM_ERR_NOT_FOUND : KVR_SIM_ERR_VALIDATION,
+                       "model", "%s", err);
+  return 0;
+}
+
+static int not_found(kvr_sim_err_t *e, const char *id) {
+  return kvr_sim_err(e, 404, KVR_SIM_ERR_INVALID, "response_id",
+                     "Response with id '%.300s' not found.", id);
+}
+
+/* _create_responses up to the engine: the model, the store switch, the previous response, the
+ * prompt (construct_input_messages rendered as chat; a partial assistant message last is
+ * continued) and its length. Fills *messages (owned by the caller) and p. 0 or the status. */
+static int responses_prepare(kvr_sim_server_t *srv, kvr_sim_resp_req_t *rq, cJSON **messages,
+                             kvr_sim_completion_t *p, kvr_sim_err_t *e) {
+  int rc = check_model(srv, rq->body, e);
+  if (rc != 0)
+    return rc;
+  if (rq->store && !srv->store_enabled && rq->background)
+    return kvr_sim_err(e, 400, KVR_SIM_ERR_INVALID, "background",
+                       "This vLLM engine does not support `store=True` and therefore does not "
+                       "support the background mode. To enable these features, set the "
+                       "environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching "
+                       "the vLLM server.");
+  if (!srv->store_enabled)
+    rq->store = false; /* silently, as vLLM */
+  const kvr_sim_stored_t *prev = NULL;
+  if (rq->previous_response_id != NULL &&
+      (prev = kvr_sim_rstore_get(srv->store, rq->previous_response_id)) == NULL)
+    return not_found(e, rq->previous_response_id);
+  bool cont = false;
+  rc = kvr_sim_responses_messages(
+      rq, prev ? prev->messages : NULL,
+      prev ? cJSON_GetObjectItemCaseSensitive(prev->obj, "output") : NULL, messages, &cont, e);
+  if (rc != 0)
+    return rc;
+  memset(p, 0, sizeof(*p));
+  kvr_sim_render_t r = {.generation_prompt = !cont, .continue_final = cont};
+  if (kvr_sim_server_chat_prompt(*messages, &r, p, e->message, sizeof(e->message)) != 0)
+    return kvr_sim_err_kind(e, 400, KVR_SIM_ERR_BAD_REQUEST, NULL);
+  uint32_t max_len = srv->opts.engine.max_model_len;
+  if (p->prompt.n >= max_len)
+    return kvr_sim_err(e, 400, KVR_SIM_ERR_INVALID, "input",
+                       "The engine prompt length %zu exceeds the max_model_len %u. Please reduce "
+                       "prompt.",
+                       p->prompt.n, max_len);
+  int64_t room = (int64_t)(max_len - p->prompt.n);
+  p->max_tokens = rq->max_output_tokens > 0 ? KVR_MIN(rq->max_output_tokens, room) : room;
+  p->stream = rq->stream;
+  p->ignore_eos = rq->ignore_eos;
+  p->seed = rq->seed;
+  p->salt = rq->cache_salt;
+  return 0;
+}
+
+/* ---- background streams' readers (sub_t) ---- */
+
+static void sub_free(sub_t *sub) {
+  kvr_list_remove(&sub->node);
+  free(sub->id);
+  free(sub);
+}
+
+static void on_sub_close(kvr_http_req_t *req) {
+  sub_t *sub = req->data;
+  req->data = NULL;
+  req->on_close = NULL;
+  kvr_http_abort(req);
+  sub_free(sub);
+}
+
+/* Sends sub the events of en it has not had (none when en is gone); finishes it once the log is
+ * done. */
+static void sub_flush(sub_t *sub, const kvr_sim_stored_t *en) {
+  if (en != NULL && sub->next < en->nev) {
+    size_t len;
+    const char *p = kvr_sim_stored_events_from(en, sub->next, &len);
+    kvr_http_write(sub->req, p, len);
+    sub->next = en->nev;
+  }
+  if (en == NULL || en->events_done) {
+    kvr_http_req_t *req = sub->req;
+    req->data = NULL;
+    req->on_close = NULL;
+    kvr_http_finish(req);
+    sub_free(sub);
+  }
+}
+
+static void subs_notify(kvr_sim_server_t *srv, const char *id) {
+  const kvr_sim_stored_t *en = kvr_sim_rstore_get(srv->store, id);
+  kvr_list_t *q, *tmp;
+  KVR_LIST_FOREACH_SAFE(q, tmp, &srv->subs) {
+    sub_t *sub = KVR_CONTAINER_OF(q, sub_t, node);
+    if (strcmp(sub->id, id) == 0)
+      sub_flush(sub, en);
+  }
+}
+
+/* req reads en's events from event number first on (vLLM's responses_background_stream_generator:
+ * starting_after + 1, or 0). */
+static void sub_add(kvr_sim_server_t *srv, kvr_http_req_t *req, const kvr_sim_stored_t *en,
+                    size_t first) {
+  sub_t *sub = kvr_xcalloc(1, sizeof(*sub));
+  sub->req = req;
+  sub->id = kvr_xstrdup(en->id);
+  sub->next = first;
+  kvr_list_insert_tail(&srv->subs, &sub->node);
+  req->data = sub;
+  req->on_close = on_sub_close;
+  kvr_http_start(req, 200, "Content-Type: text/event-stream; charset=utf-8\r\n");
+  sub_flush(sub, en);
+}
+
+/* Runs a background response (serving.py _run_background_request[_stream]): stored at once as
+ * "queued" with its prompt's messages, then generated without a client into the store. Not
+ * streamed, the POST gets the queued object; streamed, its events go to the store's log and the
+ * POST reads them from the first (response.created, the response "in_progress"). */
+static void responses_background(kvr_sim_server_t *srv, kvr_http_req_t *req, kvr_sim_resp_t *r,
+                                 const kvr_sim_completion_t *p) {
+  kvr_sim_stored_t *en = kvr_sim_rstore_put(srv->store, kvr_sim_resp_id(r),
+                                            cJSON_Duplicate(r->obj, true), r->messages);
+  r->messages = NULL;
+  kvr_buf_t *b = &srv->scratch;
+  kvr_buf_reset(b);
+  stream_t *s = stream_new(srv, NULL, API_RESPONSES, p);
+  s->resp = r;
+  en->running = s;
+  if (p->stream) {
+    kvr_sim_responses_set_status(r->obj, "in_progress");
+    kvr_sim_resp_ev_begin(b, r);
+    kvr_sim_stored_add_events(en, b->data, b->len);
+    sub_add(srv, req, en, 0);
+  } else {
+    kvr_sim_responses_print(b, r->obj);
+    kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
+  }
+  stream_begin(s, p);
+}
+
+/* POST /v1/responses */
+static void handle_responses(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_sim_server_t *srv = data;
+  (void)tail;
+  kvr_sim_err_t e;
+  kvr_sim_resp_req_t rq;
+  kvr_sim_completion_t p;
+  memset(&p, 0, sizeof(p));
+  cJSON *messages = NULL;
+  cJSON *body = read_json(req, true, &e);
+  int rc = body ? kvr_sim_responses_read(body, &rq, &e) : 400;
+  if (rc == 0)
+    rc = responses_prepare(srv, &rq, &messages, &p, &e);
+  if (rc != 0 || fault_fails(srv, req, false)) {
+    if (rc != 0)
+      respond_error(req, &e, false);
+    cJSON_Delete(messages);
+    kvr_sim_toks_free(&p.prompt);
+    cJSON_Delete(body);
+    return;
+  }
+  char id[24], item[17];
+  random_hex(srv, id + 5);
+  memcpy(id, "resp_", 5);
+  random_hex(srv, item);
+  kvr_sim_resp_t *r = kvr_sim_resp_new(&rq, rq.request_id ? rq.request_id : id, item, srv->model,
+                                       (long long)time(NULL), p.max_tokens, messages);
+  r->store = rq.store;
+  if (rq.background) {
+    responses_background(srv, req, r, &p);
+  } else {
+    stream_t *s = stream_new(srv, req, API_RESPONSES, &p);
+    s->resp = r;
+    if (s->stream) {
+      kvr_buf_t *b = &srv->scratch;
+      kvr_buf_reset(b);
+      kvr_sim_resp_ev_begin(b, r);
+      kvr_http_write(req, b->data, b->len);
+    }
+    stream_begin(s, &p);
+  }
+  kvr_sim_toks_free(&p.prompt);
+  cJSON_Delete(body);
+}
+
+/* FastAPI's 404 and 405 for a path under /v1/responses/ no route names. */
+static void respond_fastapi(kvr_http_req_t *req, int status, const char *allow) {
+  char hdr[64] = "";
+  if (allow != NULL)
+    snprintf(hdr, sizeof(hdr), "Allow: %s\r\n", allow);
+  const char *body =
+      status == 405 ? "{\"detail\":\"Method Not Allowed\"}" : "{\"detail\":\"Not Found\"}";
+  kvr_http_respond(req, status, "application/json", hdr[0] ? hdr : NULL, body, strlen(body));
+}
+
+/* POST /v1/responses/{id}/cancel: only a queued or running background response can be
+ * cancelled (its run is aborted); anything else is vLLM's 400. */
+static void responses_cancel(kvr_sim_server_t *srv, kvr_http_req_t *req, kvr_sim_stored_t *en) {
+  const char *status = kvr_sim_responses_status(en->obj);
+  if (strcmp(status, "queued") != 0 && strcmp(status, "in_progress") != 0) {
+    kvr_sim_err_t e;
+    kvr_sim_err(&e, 400, KVR_SIM_ERR_INVALID, "response_id",
+                "Cannot cancel a synchronous response.");
+    respond_error(req, &e, false);
+    return;
+  }
+  kvr_sim_responses_set_status(en->obj, "cancelled");
+  stream_t *s = en->running;
+  en->running = NULL;
+  if (s != NULL)
+    stream_gone(s); /* aborted in the engine at the next step boundary */
+  kvr_buf_t *b = &srv->scratch;
+  kvr_buf_reset(b);
+  kvr_sim_responses_print(b, en->obj);
+  kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
+}
+
+/* The value of name=... in a query string, or NULL (*len its length). */
+static const char *query_value(const char *query, const char *name, size_t *len) {
+  size_t n = strlen(name);
+  for (const char *p = query; p != NULL && *p != '\0';) {
+    size_t plen = strcspn(p, "&");
+    if (plen > n && strncmp(p, name, n) == 0 && p[n] == '=') {
+      *len = plen - n - 1;
+      return p + n + 1;
+    }
+    p += plen + (p[plen] == '&');
+  }
+  return NULL;
+}
+
+/* FastAPI's bool query parameter: true, 1, yes, on (any case). */
+static bool query_flag(const char *query, const char *name) {
+  size_t len;
+  const char *v = query_value(query, name, &len);
+  static const char *const yes[] = {"true", "1", "yes", "on"};
+  for (size_t i = 0; v != NULL && i < KVR_ARRAY_SIZE(yes); i++) {
+    if (len == strlen(yes[i]) && strncasecmp(v, yes[i], len) == 0)
+      return true;
+  }
+  return false;
+}
+
+static long long query_int(const char *query, const char *name, long long def) {
+  size_t len;
+  const char *v = query_value(query, name, &len);
+  if (v == NULL || len == 0 || len > 18)
+    return def;
+  char buf[20];
+  memcpy(buf, v, len);
+  buf[len] = '\0';
+  char *end;
+  long long x = strtoll(buf, &end, 10);
+  return *end == '\0' ? x : def;
+}
+
+/* GET /v1/responses/{id} and POST /v1/responses/{id}/cancel. GET ?stream=true[&starting_after=N]
+ * replays a background stream's events after event N and follows the run to its end; a response
+ * without them is vLLM's "Unknown response_id" (400 here: vLLM raises it inside the stream). */
+static void handle_responses_id(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_sim_server_t *srv = data;
+  const char *slash = strchr(tail, '/');
+  bool cancel = slash != NULL && strcmp(slash, "/cancel") == 0;
+  if (tail[0] == '\0' || slash == tail || (slash != NULL && !cancel)) {
+    respond_fastapi(req, 404, NULL);
+    return;
+  }
+  if (cancel ? req->method != HTTP_POST : req->method != HTTP_GET && req->method != HTTP_HEAD) {
+    respond_fastapi(req, 405, cancel ? "POST" : "GET");
+    return;
+  }
+  size_t n = slash ? (size_t)(slash - tail) : strlen(tail);
+  char *id = kvr_xmalloc(n + 1);
+  memcpy(id, tail, n);
+  id[n] = '\0';
+  kvr_sim_err_t e;
+  kvr_sim_stored_t *en = kvr_sim_rstore_get(srv->store, id);
+  if (en == NULL) {
+    not_found(&e, id);
+    respond_error(req, &e, false);
+  } else if (cancel) {
+    responses_cancel(srv, req, en);
+  } else if (query_flag(req->query, "stream")) {
+    long long after = query_int(req->query, "starting_after", -1);
+    if (en->has_events) {
+      sub_add(srv, req, en, after < 0 ? 0 : (size_t)after + 1);
+    } else {
+      kvr_sim_err(&e, 400, KVR_SIM_ERR_BAD_REQUEST, "response_id", "Unknown response_id: %s", id);
+      respond_error(req, &e, false);
+    }
+  } else {
+    kvr_buf_t *b = &srv->scratch;
+    kvr_buf_reset(b);
+    kvr_sim_responses_print(b, en->obj);
+    kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
+  }
+  free(id);
+}
+
+/* ---- the Anthropic Messages API (sim_anthropic.h; vllm/entrypoints/anthropic/) ---- */
+
+/* A Messages (or count_tokens) request up to its prompt: the body's checks (OpenAI-shaped
+ * errors), then as a chat completion (Anthropic-shaped errors from the model check on). Returns
+ * 0, or the status with e filled and *anthropic saying which shape. */
+static int messages_prepare(kvr_sim_server_t *srv, kvr_http_req_t *req, bool count,
+                            kvr_sim_completion_t *p, kvr_sim_msg_req_t *mq, bool *anthropic,
+                            kvr_sim_err_t *e) {
+  memset(p, 0, sizeof(*p));
+  memset(mq, 0, sizeof(*mq));
+  *anthropic = false;
+  cJSON *body = read_json(req, true, e);
+  int rc = body ? kvr_sim_anthropic_read(body, count, mq, e) : 400;
+  if (rc == 0) {
+    *anthropic = true;
+    rc = check_model(srv, body, e);
+  }
+  if (rc == 0) {
+    kvr_sim_render_t r = {.generation_prompt = true};
+    if (kvr_sim_server_chat_prompt(mq->messages, &r, p, e->message, sizeof(e->message)) != 0)
+      rc = kvr_sim_err_kind(e, 400, KVR_SIM_ERR_BAD_REQUEST, NULL);
+  }
+  if (rc == 0 && !count) {
+    p->max_tokens = mq->max_tokens;
+    p->stream = mq->stream;
+    rc = fit_context(srv->opts.engine.max_model_len, true, p, e->message, sizeof(e->message));
+    if (rc != 0)
+      kvr_sim_err_kind(e, rc, KVR_SIM_ERR_BAD_REQUEST, NULL);
+  }
+  cJSON_Delete(body); /* mq->model pointed into it: not used past here */
+  return rc;
+}
+
+/* POST /v1/messages */
+static void handle_messages(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_sim_server_t *srv = data;
+  (void)tail;
+  kvr_sim_completion_t p;
+  kvr_sim_msg_req_t mq;
+  kvr_sim_err_t e;
+  bool anthropic;
+  int rc = messages_prepare(srv, req, false, &p, &mq, &anthropic, &e);
+  cJSON_Delete(mq.messages);
+  if (rc != 0 || fault_fails(srv, req, true)) {
+    if (rc != 0)
+      respond_error(req, &e, anthropic);
+    kvr_sim_toks_free(&p.prompt);
+    return;
+  }
+  stream_t *s = stream_new(srv, req, API_MESSAGES, &p);
+  stream_begin(s, &p);
+  kvr_sim_toks_free(&p.prompt);
+}
+
+/* POST /v1/messages/count_tokens: the rendered prompt's length (with the generation prompt). */
+static void handle_count_tokens(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_sim_server_t *srv = data;
+  (void)tail;
+  kvr_sim_completion_t p;
+  kvr_sim_msg_req_t mq;
+  kvr_sim_err_t e;
+  bool anthropic;
+  int rc = messages_prepare(srv, req, true, &p, &mq, &anthropic, &e);
+  cJSON_Delete(mq.messages);
+  if (rc != 0) {
+    respond_error(req, &e, anthropic);
+  } else {
+    kvr_buf_t *b = &srv->scratch;
+    kvr_buf_reset(b);
+    kvr_sim_anthropic_count(b, (uint32_t)p.prompt.n);
+    kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
+  }
+  kvr_sim_toks_free(&p.prompt);
 }
 
 /* ---- other endpoints ---- */
@@ -902,7 +1638,8 @@ static void handle_models(kvr_http_req_t *req, void *data, const char *tail) {
 }
 
 /* POST /tokenize, as vLLM's serving_tokenization: {"model"?, "prompt", "add_special_tokens"
- * (true)} or {"model"?, "messages", "add_generation_prompt" (true), "add_special_tokens" (false)}
+ * (true)} or {"model"?, "messages", "add_generation_prompt" (true), "continue_final_message"
+ * (false), "add_special_tokens" (false)}
  * -> {"count", "max_model_len", "tokens", "token_strs": null}. The ids are exactly those a
  * completion with the same prompt is served with (BOS first: Llama-3's template starts with it, a
  * text prompt gets it as a special token), so a router can hash the blocks the engine caches. */
@@ -927,10 +1664,23 @@ static void handle_tokenize(kvr_http_req_t *req, void *data, const char *tail) {
              gen && !cJSON_IsBool(gen) ? "add_generation_prompt" : "add_special_tokens");
     status = 400;
   }
+  const cJSON *cont = cJSON_GetObjectItemCaseSensitive(body, "continue_final_message");
+  if (status == 0 && messages != NULL && cont != NULL && !cJSON_IsBool(cont)) {
+    snprintf(err, sizeof(err), "continue_final_message: Input should be a valid boolean");
+    status = 400;
+  }
+  if (status == 0 && messages != NULL && cJSON_IsTrue(cont) && (gen == NULL || cJSON_IsTrue(gen))) {
+    /* both true: the request model's validator; continue with the default true: transformers */
+    snprintf(err, sizeof(err), "%s",
+             gen ? "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+                 : "continue_final_message and add_generation_prompt are not compatible.");
+    status = 400;
+  }
   if (status == 0 && messages != NULL) {
     kvr_buf_t text = KVR_BUF_INIT;
-    if (kvr_sim_tokens_render_chat_ex(messages, gen == NULL || cJSON_IsTrue(gen), &text, err,
-                                      sizeof(err)) != 0) {
+    kvr_sim_render_t r = {.generation_prompt = gen == NULL || cJSON_IsTrue(gen),
+                          .continue_final = cJSON_IsTrue(cont)};
+    if (kvr_sim_tokens_render(messages, &r, &text, err, sizeof(err)) != 0) {
       status = 400;
     } else {
       kvr_sim_toks_push(&p.prompt, BOS_TOKEN); /* the chat template's own <|begin_of_text|> */
@@ -1223,6 +1973,10 @@ static void handle_health(kvr_http_req_t *req, void *data, const char *tail) {
 static const kvr_http_route_t routes[] = {
     {"/v1/chat/completions", KVR_HTTP_M(POST), handle_chat},
     {"/v1/completions", KVR_HTTP_M(POST), handle_completions},
+    {"/v1/responses", KVR_HTTP_M(POST), handle_responses},
+    {"/v1/responses/*", KVR_HTTP_M_ANY, handle_responses_id}, /* its own 404/405 */
+    {"/v1/messages", KVR_HTTP_M(POST), handle_messages},
+    {"/v1/messages/count_tokens", KVR_HTTP_M(POST), handle_count_tokens},
     {"/health", KVR_HTTP_M(GET), handle_health},
     {"/v1/models", KVR_HTTP_M(GET), handle_models},
     {"/metrics", KVR_HTTP_M(GET), handle_metrics},
@@ -1242,6 +1996,16 @@ static void on_request(kvr_http_req_t *req, void *data) {
 
 /* ---- lifetime ---- */
 
+/* vllm/envs.py: VLLM_ENABLE_RESPONSES_API_STORE is bool(int(value)), default "0"; the sim reads
+ * anything but a nonzero integer as off. */
+static bool store_env(const char *v) {
+  if (v == NULL || v[0] == '\0')
+    return false;
+  char *end;
+  long n = strtol(v, &end, 10);
+  return *end == '\0' && n != 0;
+}
+
 kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_t *opts, char *err,
                                      size_t errlen) {
   if (!(opts->time_scale > 0) || opts->time_scale > 1e6) {
@@ -1259,6 +2023,7 @@ kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_
   kvr_sim_server_t *srv = kvr_xcalloc(1, sizeof(*srv));
   srv->port = -1;
   kvr_list_init(&srv->streams);
+  kvr_list_init(&srv->subs);
   srv->eng = kvr_sim_engine_new(&cfg);
   if (srv->eng == NULL) {
     free(srv);
@@ -1292,6 +2057,8 @@ kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_
     return NULL;
   }
   srv->step_poll.data = srv;
+  srv->store_enabled = store_env(getenv("VLLM_ENABLE_RESPONSES_API_STORE"));
+  srv->store = kvr_sim_rstore_new(RSTORE_MAX);
   uv_timer_init(loop, &srv->refuse_timer);
   srv->refuse_timer.data = srv;
   kvr_sim_fault_default(&srv->fault, KVR_SIM_FAULT_NONE);
@@ -1366,6 +2133,13 @@ void kvr_sim_server_close(kvr_sim_server_t *srv, void (*done)(void *data), void 
     stream_release(s, true);
     stream_destroy(s);
   }
+  while (!kvr_list_empty(&srv->subs)) {
+    sub_t *sub = KVR_CONTAINER_OF(srv->subs.next, sub_t, node);
+    sub->req->data = NULL;
+    sub->req->on_close = NULL;
+    kvr_http_abort(sub->req);
+    sub_free(sub);
+  }
   if (srv->kv_pub) {
     srv->pending_closes++;
     kvr_kv_pub_close(srv->kv_pub, on_kv_pub_closed, srv);
@@ -1393,6 +2167,7 @@ void kvr_sim_server_free(kvr_sim_server_t *srv) {
   if (srv == NULL)
     return;
   kvr_sim_engine_free(srv->eng);
+  kvr_sim_rstore_free(srv->store);
   free(srv->listen);
   free(srv->admin_listen);
   free(srv->model);

@@ -5,9 +5,21 @@
  * streams, run the next step. An idle engine has no timer armed.
  *
  * Endpoints (as vLLM's OpenAI server): POST /v1/chat/completions, POST /v1/completions,
- * GET /v1/models, GET /health, GET /metrics, POST /tokenize (the ids a completion is served
- * with), POST /reset_prefix_cache (vLLM's dev-mode endpoint: cached blocks no running request
- * holds lose their hash); and the admin path GET/POST /sim/fault.
+ * POST /v1/responses, GET /v1/responses/{id}, POST /v1/responses/{id}/cancel (sim_responses.h),
+ * POST /v1/messages, POST /v1/messages/count_tokens (sim_anthropic.h), GET /v1/models,
+ * GET /health, GET /metrics, POST /tokenize (the ids a completion is served with),
+ * POST /reset_prefix_cache (vLLM's dev-mode endpoint: cached blocks no running request holds
+ * lose their hash); and the admin path GET/POST /sim/fault. Responses and Messages requests are
+ * rendered with the chat template, so a conversation gives the same prompt ids through any of
+ * the three APIs and hits the same cached blocks.
+ *
+ * Answers are a pure function of (the prompt up to the answer's start, the word's position in
+ * the answer, the seeds): a chat answer cut after k words and sent back as a final assistant
+ * message with continue_final_message continues with exactly the words the uncut answer had from
+ * word k on, and stops where it stopped.
+ *
+ * The Responses store is on only when the environment holds VLLM_ENABLE_RESPONSES_API_STORE=1
+ * at kvr_sim_server_new(), as vLLM reads it (vllm/envs.py).
  *
  * KV-cache events: with opts.kv_events enabled, each step's block lifecycle (sim_engine.h's event
  * log) is published as one vLLM EventBatch (kv_events.h) when that step's tokens are delivered, the
@@ -18,6 +30,7 @@
 #define KVR_SIM_SERVER_H
 
 #include "kv_events.h"
+#include "sim_api.h"
 #include "sim_engine.h"
 #include "sim_tokens.h"
 
@@ -89,9 +102,17 @@ const char *kvr_sim_fault_mode_name(kvr_sim_fault_mode_t mode);
 typedef struct kvr_sim_completion_s {
   kvr_sim_toks_t prompt; /* token ids; a text or chat prompt starts with BOS. Owned */
   bool stream, include_usage, continuous_usage, ignore_eos;
+  bool echo; /* "echo": chat echoes a final assistant message, completions the prompt */
+  /* chat: vLLM's add_generation_prompt (default true) and continue_final_message (false) */
+  bool add_generation_prompt, continue_final_message;
   int64_t max_tokens; /* >= 1: as given, else vLLM's default (chat: the room left; else 16) */
   int64_t min_tokens; /* 0 when not given */
   uint64_t seed;      /* 0 when not given */
+  /* The answer's words are seeded by prompt[0..turn_prefix) (0: the whole prompt) and start at
+   * word gen_offset: with continue_final_message, the prompt up to the continued message's
+   * content and the tokens of that content. */
+  uint32_t turn_prefix, gen_offset;
+  const char *salt; /* "cache_salt": borrowed from the body (valid while it is), NULL: none */
 } kvr_sim_completion_t;
 
 /* Reads body, the JSON object of POST /v1/chat/completions (chat) or POST /v1/completions, as
@@ -102,18 +123,35 @@ int kvr_sim_server_parse_completion(const cJSON *body, bool chat, const char *mo
                                     uint32_t max_model_len, kvr_sim_completion_t *p, char *err,
                                     size_t errlen);
 
+/* The same, with the whole error as vLLM answers it (type, param) in e. Besides the checks above:
+ * chat's continue_final_message with add_generation_prompt both set is pydantic's 400 ("Bad
+ * Request"), continue_final_message with the default add_generation_prompt is transformers'
+ * "not compatible" 400 (BadRequestError); an empty or non-string cache_salt is a 400. */
+int kvr_sim_server_parse_completion_ex(const cJSON *body, bool chat, const char *model,
+                                       uint32_t max_model_len, kvr_sim_completion_t *p,
+                                       kvr_sim_err_t *e);
+
+/* Renders messages as the chat template does (r: generation prompt, continue_final_message) into
+ * p->prompt (BOS first) and sets p->turn_prefix and p->gen_offset for a continued final message.
+ * Returns 0 or 400 with the reason in err. */
+int kvr_sim_server_chat_prompt(const cJSON *messages, kvr_sim_render_t *r, kvr_sim_completion_t *p,
+                               char *err, size_t errlen);
+
 /* How a worker answers one parsed completion: the seed of its generated words, its length and why
  * it ends. */
 typedef struct kvr_sim_answer_s {
-  uint64_t gen_seed;            /* kvr_sim_tokens_seed(prompt, server seed ^ request seed) */
+  /* kvr_sim_tokens_seed(prompt[0..turn_prefix), server seed ^ request seed) */
+  uint64_t gen_seed;
+  uint32_t gen_offset;          /* the first word generated is word gen_offset */
   uint32_t max_output;          /* tokens it generates */
   kvr_sim_finish_t stop_reason; /* STOP (the natural length came first) or LENGTH (max_tokens) */
 } kvr_sim_answer_t;
 
 /* The answer to p from a worker seeded server_seed whose natural answers (EOS on) average
  * output_len_mean tokens: max_tokens, or with EOS on (ignore_eos off, a mean set) the natural
- * length, U[mean/2, 3 mean/2] drawn from the text seed, at least min_tokens, within [1,
- * max_tokens]. Pure: what the server does per request and `kvrouter bench --virtual` too. */
+ * length, U[mean/2, 3 mean/2] drawn from the text seed, less the gen_offset words a continued
+ * answer already has (at least 1), at least min_tokens, within [1, max_tokens]. Pure: what the
+ * server does per request and `kvrouter bench --virtual` too. */
 void kvr_sim_server_answer(const kvr_sim_completion_t *p, uint64_t server_seed,
                            uint32_t output_len_mean, kvr_sim_answer_t *out);
 

@@ -92,7 +92,28 @@ int kvr_sim_tokens_render_chat(const cJSON *messages, kvr_buf_t *out, char *err,
 
 int kvr_sim_tokens_render_chat_ex(const cJSON *messages, bool generation_prompt, kvr_buf_t *out,
                                   char *err, size_t errlen) {
+  kvr_sim_render_t r = {.generation_prompt = generation_prompt};
+  return kvr_sim_tokens_render(messages, &r, out, err, errlen);
+}
+
+/* Checks one message's role; 0 or KVR_EINVAL with the reason in err. */
+static int check_role(const cJSON *msg, size_t idx, char *err, size_t errlen) {
   static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
+  const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
+  if (!cJSON_IsObject(msg) || !cJSON_IsString(role)) {
+    snprintf(err, errlen, "messages[%zu].role: field required", idx);
+    return KVR_EINVAL;
+  }
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(roles); i++) {
+    if (strcmp(role->valuestring, roles[i]) == 0)
+      return 0;
+  }
+  snprintf(err, errlen, "messages[%zu].role: unknown role '%.32s'", idx, role->valuestring);
+  return KVR_EINVAL;
+}
+
+int kvr_sim_tokens_render(const cJSON *messages, kvr_sim_render_t *r, kvr_buf_t *out, char *err,
+                          size_t errlen) {
   if (!cJSON_IsArray(messages) || cJSON_GetArraySize(messages) == 0) {
     snprintf(err, errlen, "messages: must be a non-empty array");
     return KVR_EINVAL;
@@ -100,28 +121,21 @@ int kvr_sim_tokens_render_chat_ex(const cJSON *messages, bool generation_prompt,
   size_t idx = 0;
   const cJSON *msg;
   cJSON_ArrayForEach(msg, messages) {
-    const cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
-    if (!cJSON_IsObject(msg) || !cJSON_IsString(role)) {
-      snprintf(err, errlen, "messages[%zu].role: field required", idx);
-      return KVR_EINVAL;
-    }
-    bool known = false;
-    for (size_t i = 0; i < KVR_ARRAY_SIZE(roles); i++)
-      known = known || strcmp(role->valuestring, roles[i]) == 0;
-    if (!known) {
-      snprintf(err, errlen, "messages[%zu].role: unknown role '%.32s'", idx, role->valuestring);
-      return KVR_EINVAL;
-    }
-    render_header(out, role->valuestring);
-    int rc =
-        render_content(cJSON_GetObjectItemCaseSensitive(msg, "content"), out, idx, err, errlen);
+    int rc = check_role(msg, idx, err, errlen);
     if (rc != 0)
       return rc;
+    render_header(out, cJSON_GetObjectItemCaseSensitive(msg, "role")->valuestring);
+    r->final_content_at = out->len;
+    rc = render_content(cJSON_GetObjectItemCaseSensitive(msg, "content"), out, idx, err, errlen);
+    if (rc != 0)
+      return rc;
+    idx++;
+    if (r->continue_final && msg->next == NULL)
+      return 0; /* transformers cuts the render right after the final message's text */
     kvr_buf_append(out, "\n", 1);
     pad4(out);
-    idx++;
   }
-  if (generation_prompt)
+  if (r->generation_prompt)
     render_header(out, "assistant");
   return 0;
 }

@@ -16,6 +16,12 @@
  * the assistant header and words are token-aligned, a follow-up turn that carries the previous
  * answer verbatim as the assistant message tokenizes to turn 1's prompt + answer + the new message,
  * so it hits every full block turn 1 cached, as it would on vLLM.
+ *
+ * continue_final_message (vLLM's chat option, transformers' rendering) ends the text right after
+ * the final message's content: no "\n", no padding, no generation prompt. A final assistant
+ * message's header equals the generation prompt, so "prompt + the first k words of its answer" as
+ * a continued assistant message renders to exactly the ids of the prompt followed by those k words
+ * (kvr_sim_render_t.final_content_at says where the continued content starts).
  */
 #ifndef KVR_SIM_TOKENS_H
 #define KVR_SIM_TOKENS_H
@@ -53,6 +59,20 @@ int kvr_sim_tokens_render_chat(const cJSON *messages, kvr_buf_t *out, char *err,
 /* The same, with the generation prompt (the assistant header) only when generation_prompt. */
 int kvr_sim_tokens_render_chat_ex(const cJSON *messages, bool generation_prompt, kvr_buf_t *out,
                                   char *err, size_t errlen);
+
+/* How kvr_sim_tokens_render() renders a messages array. */
+typedef struct kvr_sim_render_s {
+  bool generation_prompt;  /* in: append the assistant header (vLLM's add_generation_prompt) */
+  bool continue_final;     /* in: stop right after the final message's content */
+  size_t final_content_at; /* out: byte offset in the rendered text where the final message's
+                            * content starts (always a multiple of 4) */
+} kvr_sim_render_t;
+
+/* Renders messages into out (appended; out is expected to start empty) as r says. Content may be
+ * a string, null, or an array of {"type":"text","text":...} parts. Returns 0, or KVR_EINVAL with a
+ * one-line reason in err. */
+int kvr_sim_tokens_render(const cJSON *messages, kvr_sim_render_t *r, kvr_buf_t *out, char *err,
+                          size_t errlen);
 
 /* The seed of a request's generated text: a hash of its prompt ids and the worker's --seed, so a
  * repeated request produces the same answer. */

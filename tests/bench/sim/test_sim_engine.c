@@ -1,7 +1,10 @@
 /* test_sim_engine.c -- the simulated vLLM engine: prefix-cache hit accounting, LRU eviction order
  * (tail blocks first), preemption by recompute, the per-step token budget with chunked prefill,
- * max_num_seqs, aborts, and the cost model's bookkeeping. */
+ * max_num_seqs, aborts, the cost model's bookkeeping, cache_salt chains (and the salt in the KV
+ * events, encoded as vLLM's extra_keys), continued answers (gen_offset) and requests that skip
+ * the prefix cache. */
 #include "base/kvr.h"
+#include "bench/sim/kv_events.h"
 #include "bench/sim/sim_engine.h"
 #include "bench/sim/sim_tokens.h"
 
@@ -766,6 +769,145 @@ static void test_kv_events(void **state) {
   free(pb);
 }
 
+/* Adds prompt[0..n) salted with salt (NULL: none), runs it to its one token and returns the
+ * prefix-cache hit it had at admission; the request is removed. */
+static int32_t salted_hit(kvr_sim_engine_t *eng, const uint32_t *prompt, uint32_t n,
+                          const char *salt) {
+  kvr_sim_add_t a = {.prompt = prompt,
+                     .nprompt = n,
+                     .max_output = 1,
+                     .stop_reason = KVR_SIM_FINISH_STOP,
+                     .gen_seed = 1,
+                     .salt = salt};
+  kvr_sim_req_t *r = kvr_sim_engine_add_ex(eng, &a);
+  assert_non_null(r);
+  run_until_done(eng, r);
+  int32_t hit = r->num_cached;
+  kvr_sim_engine_remove(eng, r);
+  return hit;
+}
+
+/* cache_salt (vLLM's kv_cache_utils.py: an extra key of the first block, every later block
+ * chained from it): the same prompt shares blocks only with the same salt; the salted chain's
+ * first block hashes from kvr_sim_salt_root(salt) instead of 0; "" is no salt. */
+static void test_salt_chains(void **state) {
+  kvr_sim_engine_t *eng = small_engine(64, 8192, 16);
+  uint32_t *p = prompt_seq(500, 48);
+  assert_int_equal(salted_hit(eng, p, 48, NULL), 0);
+  assert_int_equal(salted_hit(eng, p, 48, "tenant-a"), 0);  /* salted: another chain */
+  assert_int_equal(salted_hit(eng, p, 48, "tenant-a"), 32); /* same salt: hit (not the last) */
+  assert_int_equal(salted_hit(eng, p, 48, "tenant-b"), 0);
+  assert_int_equal(salted_hit(eng, p, 48, NULL), 32);
+  assert_int_equal(salted_hit(eng, p, 48, ""), 32); /* an empty salt is none */
+  uint64_t root = kvr_sim_salt_root("tenant-a", 8);
+  assert_true(root != 0 && root != kvr_sim_salt_root("tenant-b", 8));
+  uint64_t h0 = kvr_sim_block_hash(root, p, 16);
+  assert_true(kvr_sim_engine_has_hash(eng, h0));
+  assert_true(kvr_sim_engine_has_hash(eng, kvr_sim_block_hash(h0, p + 16, 16)));
+  assert_true(kvr_sim_engine_has_hash(eng, kvr_sim_block_hash(0, p, 16)));
+  /* the probe (the virtual cluster's oracle) sees the unsalted chain */
+  kvr_sim_probe_t pr;
+  kvr_sim_engine_probe(eng, p, 48, &pr);
+  assert_int_equal(pr.cached_tokens, 32);
+  kvr_sim_engine_free(eng);
+  free(p);
+}
+
+/* The STORED event of a salted chain's first block carries the salt; kvr_kv_encode_batch (map
+ * encoding) sends it as that block's extra keys ["<salt>"], nil for every other block; a run that
+ * starts later in the chain carries none. */
+static void test_salt_kv_events(void **state) {
+  kvr_sim_engine_t *eng = small_engine(64, 8192, 16);
+  kvr_sim_engine_kv_events(eng, true);
+  uint32_t *p = prompt_seq(700, 40), *q = prompt_seq(700, 72);
+  assert_int_equal(salted_hit(eng, p, 40, "s1"), 0);
+  const kvr_sim_kv_log_t *log = kvr_sim_engine_kv_log(eng);
+  assert_int_equal(log->nev, 1);
+  const kvr_sim_kv_event_t *e = &log->ev[0];
+  assert_int_equal(e->nhashes, 2);
+  assert_int_equal(e->salt_len, 2);
+  assert_memory_equal(log->salts + e->salt_off, "s1", 2);
+  assert_true(log->hashes[e->hash_off] == kvr_sim_block_hash(kvr_sim_salt_root("s1", 2), p, 16));
+
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  kvr_kv_encode_batch(&sb, log, 16, 1.0, 0, KVR_KV_ENCODING_MAP);
+  msgpack_unpacked u;
+  msgpack_unpacked_init(&u);
+  assert_int_equal(msgpack_unpack_next(&u, sb.data, sb.size, NULL), MSGPACK_UNPACK_SUCCESS);
+  const msgpack_object *ev = &u.data.via.array.ptr[1].via.array.ptr[0];
+  const msgpack_object *extra = NULL;
+  for (uint32_t i = 0; i < ev->via.map.size; i++) {
+    const msgpack_object_kv *kv = &ev->via.map.ptr[i];
+    if (kv->key.via.str.size == 10 && memcmp(kv->key.via.str.ptr, "extra_keys", 10) == 0)
+      extra = &kv->val;
+  }
+  assert_non_null(extra);
+  assert_int_equal(extra->via.array.size, 2);
+  const msgpack_object *k0 = &extra->via.array.ptr[0];
+  assert_int_equal(k0->type, MSGPACK_OBJECT_ARRAY);
+  assert_int_equal(k0->via.array.size, 1);
+  assert_int_equal(k0->via.array.ptr[0].type, MSGPACK_OBJECT_STR);
+  assert_memory_equal(k0->via.array.ptr[0].via.str.ptr, "s1", 2);
+  assert_int_equal(extra->via.array.ptr[1].type, MSGPACK_OBJECT_NIL);
+  msgpack_unpacked_destroy(&u);
+  msgpack_sbuffer_destroy(&sb);
+  kvr_sim_engine_kv_log_clear(eng);
+
+  /* the same salt, a longer prompt: blocks 0-1 hit, the new run starts at block 2, no salt */
+  assert_int_equal(salted_hit(eng, q, 72, "s1"), 32);
+  assert_int_equal(log->nev, 1);
+  assert_true(log->ev[0].has_parent && log->ev[0].salt_len == 0);
+  kvr_sim_engine_free(eng);
+  free(p);
+  free(q);
+}
+
+/* A continued answer (gen_offset k) generates word k, k+1, ... of its seed: the ids the uncut
+ * answer had from its k-th token on. */
+static void test_gen_offset(void **state) {
+  kvr_sim_engine_t *eng = small_engine(64, 8192, 16);
+  uint32_t *p = prompt_seq(900, 20);
+  kvr_sim_add_t a = {.prompt = p,
+                     .nprompt = 20,
+                     .max_output = 5,
+                     .stop_reason = KVR_SIM_FINISH_LENGTH,
+                     .gen_seed = 77,
+                     .gen_offset = 3};
+  kvr_sim_req_t *r = kvr_sim_engine_add_ex(eng, &a);
+  run_until_done(eng, r);
+  for (uint32_t k = 0; k < 5; k++)
+    assert_int_equal(r->tokens[20 + k], kvr_sim_tokens_word_id(77, 3 + k));
+  kvr_sim_engine_remove(eng, r);
+  kvr_sim_engine_free(eng);
+  free(p);
+}
+
+/* skip_prefix_read (vLLM's skip_reading_prefix_cache, set by chat echo): no hit at admission and
+ * nothing counted in the prefix-cache counters; its blocks are still cached for others. */
+static void test_skip_prefix_read(void **state) {
+  kvr_sim_engine_t *eng = small_engine(64, 8192, 16);
+  uint32_t *p = prompt_seq(1200, 48);
+  assert_int_equal(salted_hit(eng, p, 48, NULL), 0);
+  kvr_sim_stats_t before, after;
+  kvr_sim_engine_stats(eng, &before);
+  kvr_sim_add_t a = {.prompt = p,
+                     .nprompt = 48,
+                     .max_output = 1,
+                     .stop_reason = KVR_SIM_FINISH_STOP,
+                     .skip_prefix_read = true};
+  kvr_sim_req_t *r = kvr_sim_engine_add_ex(eng, &a);
+  run_until_done(eng, r);
+  assert_int_equal(r->num_cached, 0);
+  kvr_sim_engine_stats(eng, &after);
+  assert_int_equal(after.prefix_queries, before.prefix_queries);
+  assert_int_equal(after.prefix_hits, before.prefix_hits);
+  kvr_sim_engine_remove(eng, r);
+  assert_int_equal(salted_hit(eng, p, 48, NULL), 32);
+  kvr_sim_engine_free(eng);
+  free(p);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_prefix_hits),
               cmocka_unit_test(test_eviction_order), cmocka_unit_test(test_preemption),
               cmocka_unit_test(test_waiting_order),
@@ -775,4 +917,6 @@ KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_prefix_hits
               cmocka_unit_test(test_cost_roofline), cmocka_unit_test(test_frontend_delays),
               cmocka_unit_test(test_async_scheduling), cmocka_unit_test(test_retok_drift),
               cmocka_unit_test(test_probe_cached), cmocka_unit_test(test_probe_queues),
-              cmocka_unit_test(test_kv_events))
+              cmocka_unit_test(test_kv_events), cmocka_unit_test(test_salt_chains),
+              cmocka_unit_test(test_salt_kv_events), cmocka_unit_test(test_gen_offset),
+              cmocka_unit_test(test_skip_prefix_read))

@@ -1,7 +1,9 @@
 /* test_sim_server.c -- the simulated worker's request reading, kvr_sim_server_parse_completion():
  * vLLM's defaults (max_tokens: the room left for chat, 16 for completions), the prompt shapes
  * (chat template and text with BOS first, token ids as they are), null fields ignored, and every
- * 400/404 in vLLM's words, checked in the order vLLM checks them. No server, no loop. */
+ * 400/404 in vLLM's words, checked in the order vLLM checks them; continue_final_message and its
+ * errors, cache_salt, and the continuation property of kvr_sim_server_answer() (an answer cut
+ * after k words and continued gives the uncut answer's remaining words). No server, no loop. */
 #include "base/buf.h"
 #include "bench/sim/sim_server.h"
 #include "bench/sim/sim_tokens.h"
@@ -252,6 +254,126 @@ static void test_answer(void **state) {
   kvr_sim_toks_free(&p.prompt);
 }
 
+static int parse_ex(const char *json, bool chat, kvr_sim_completion_t *p, kvr_sim_err_t *e) {
+  cJSON *body = cJSON_Parse(json);
+  assert_non_null(body);
+  int rc = kvr_sim_server_parse_completion_ex(body, chat, MODEL, MAX_LEN, p, e);
+  kvr_sim_toks_free(&p->prompt);
+  cJSON_Delete(body);
+  return rc;
+}
+
+/* The checks vLLM's request models run first (pydantic "before" validators: 400 "Bad Request"),
+ * transformers' refusal of continue_final_message with the default add_generation_prompt
+ * (BadRequestError), cache_salt, and the 404's param. */
+static void test_errors_ex(void **state) {
+  (void)state;
+  static const struct {
+    const char *json;
+    bool chat;
+    int status;
+    const char *type, *param, *needle;
+  } cases[] = {
+      {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"continue_final_message\":true,"
+       "\"add_generation_prompt\":true,\"model\":\"other\"}",
+       true, 400, "Bad Request", "",
+       "Cannot set both `continue_final_message` and `add_generation_prompt` to True."},
+      {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"continue_final_message\":true}",
+       true, 400, "BadRequestError", "",
+       "continue_final_message and add_generation_prompt are not compatible."},
+      {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"cache_salt\":\"\"}", true, 400,
+       "Bad Request", "cache_salt", "Parameter 'cache_salt' must be a non-empty string"},
+      {"{\"prompt\":\"x\",\"cache_salt\":7}", false, 400, "Bad Request", "cache_salt",
+       "Parameter 'cache_salt' must be a non-empty string"},
+      {"{\"prompt\":\"x\",\"model\":\"other\"}", false, 404, "NotFoundError", "model",
+       "The model `other` does not exist."},
+      {"{\"prompt\":\"x\",\"echo\":1}", false, 400, "BadRequestError", "",
+       "echo: Input should be a valid boolean"},
+      {"{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"continue_final_message\":\"y\"}",
+       true, 400, "BadRequestError", "", "continue_final_message: Input should be a valid boolean"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    kvr_sim_completion_t p;
+    kvr_sim_err_t e;
+    int rc = parse_ex(cases[i].json, cases[i].chat, &p, &e);
+    if (rc != cases[i].status || e.status != rc || strcmp(e.type, cases[i].type) != 0 ||
+        strcmp(e.param, cases[i].param) != 0 || strstr(e.message, cases[i].needle) == NULL)
+      fail_msg("%s: got %d %s '%s' \"%s\"", cases[i].json, rc, e.type, e.param, e.message);
+  }
+  /* a salt is borrowed from the body; continue_final_message with add_generation_prompt false is
+   * fine; echo is read */
+  kvr_sim_completion_t p;
+  kvr_sim_err_t e;
+  cJSON *body = cJSON_Parse("{\"prompt\":\"x\",\"cache_salt\":\"s\",\"echo\":true}");
+  assert_int_equal(kvr_sim_server_parse_completion_ex(body, false, MODEL, MAX_LEN, &p, &e), 0);
+  assert_string_equal(p.salt, "s");
+  assert_true(p.echo);
+  assert_int_equal(p.turn_prefix, 0);
+  kvr_sim_toks_free(&p.prompt);
+  cJSON_Delete(body);
+}
+
+/* The chat body of messages + (when k > 0) the first k words of answer as a continued final
+ * assistant message. */
+static void continued_body(kvr_buf_t *b, const char *user, const char *answer, uint32_t k,
+                           uint32_t max_tokens) {
+  kvr_buf_reset(b);
+  kvr_buf_printf(b, "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}", user);
+  if (k > 0)
+    kvr_buf_printf(b,
+                   ",{\"role\":\"assistant\",\"content\":\"%.*s\"}],\"continue_final_message\":"
+                   "true,\"add_generation_prompt\":false",
+                   (int)(k * KVR_SIM_TOKEN_BYTES), answer);
+  else
+    kvr_buf_puts(b, "]");
+  kvr_buf_printf(b, ",\"max_tokens\":%u}", max_tokens);
+}
+
+/* Continuation: the uncut answer of a chat prompt, cut after k words and sent back as a final
+ * assistant message with continue_final_message, gets the same seed, starts at word k, and
+ * stops where the uncut one stopped (natural EOS: the same stop; max_tokens: the rest of it). */
+static void test_continuation(void **state) {
+  (void)state;
+  kvr_buf_t json = KVR_BUF_INIT;
+  for (uint64_t seed = 0; seed < 40; seed++) {
+    char user[32];
+    snprintf(user, sizeof(user), "Question number %llu?", (unsigned long long)seed);
+    kvr_sim_completion_t p;
+    kvr_sim_answer_t full;
+    continued_body(&json, user, NULL, 0, 60);
+    parse_ok(json.data, true, &p);
+    kvr_sim_server_answer(&p, seed, 30, &full);
+    uint32_t prompt_n = (uint32_t)p.prompt.n;
+    kvr_sim_toks_free(&p.prompt);
+    char answer[60 * KVR_SIM_TOKEN_BYTES + 1];
+    for (uint32_t i = 0; i < full.max_output; i++)
+      kvr_sim_tokens_word(full.gen_seed, i, answer + i * KVR_SIM_TOKEN_BYTES);
+    for (uint32_t k = 1; k < full.max_output; k += 3) {
+      kvr_sim_answer_t cont;
+      continued_body(&json, user, answer, k, 60);
+      parse_ok(json.data, true, &p);
+      assert_int_equal(p.gen_offset, k);
+      assert_int_equal(p.turn_prefix, prompt_n); /* BOS + everything up to the answer */
+      assert_int_equal(p.prompt.n, prompt_n + k);
+      kvr_sim_server_answer(&p, seed, 30, &cont);
+      assert_true(cont.gen_seed == full.gen_seed);
+      assert_int_equal(cont.gen_offset, k);
+      assert_int_equal(cont.max_output, full.max_output - k);
+      assert_int_equal(cont.stop_reason, full.stop_reason);
+      kvr_sim_toks_free(&p.prompt);
+      /* a max_tokens stop: asking for the rest of it gives the rest of it */
+      continued_body(&json, user, answer, k, 60 - k);
+      parse_ok(json.data, true, &p);
+      p.ignore_eos = true;
+      kvr_sim_server_answer(&p, seed, 30, &cont);
+      assert_int_equal(cont.max_output, 60 - k);
+      kvr_sim_toks_free(&p.prompt);
+    }
+  }
+  kvr_buf_free(&json);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_chat_defaults), cmocka_unit_test(test_chat_fields),
               cmocka_unit_test(test_completions_prompts), cmocka_unit_test(test_errors),
-              cmocka_unit_test(test_context_length), cmocka_unit_test(test_answer))
+              cmocka_unit_test(test_context_length), cmocka_unit_test(test_answer),
+              cmocka_unit_test(test_errors_ex), cmocka_unit_test(test_continuation))

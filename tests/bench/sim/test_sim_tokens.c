@@ -1,6 +1,7 @@
 /* test_sim_tokens.c -- the simulated worker's tokenizer: prefix stability, word/id agreement,
- * chat rendering, and the multi-turn property (turn 2 carries turn 1's prompt + answer verbatim, so
- * it shares every full block turn 1 cached) checked through the engine. */
+ * chat rendering (with continue_final_message), and the multi-turn property (turn 2 carries turn
+ * 1's prompt + answer verbatim, so it shares every full block turn 1 cached) checked through the
+ * engine. */
 #include "base/kvr.h"
 #include "bench/sim/sim_engine.h"
 #include "bench/sim/sim_tokens.h"
@@ -166,6 +167,49 @@ static void test_followup_hits_turn1_blocks(void **state) {
   cJSON_Delete(msgs);
 }
 
+/* continue_final_message ends the render right after the final message's content: a partial
+ * assistant answer renders as the prompt with its generation prompt followed by the partial text,
+ * so the continued request's ids are the uncut request's prompt ids + the answer's first words;
+ * final_content_at is where that content starts (4-byte aligned). Any final role works (vLLM's
+ * HF path does no role check). */
+static void test_render_continue_final(void **state) {
+  (void)state;
+  cJSON *msgs = cJSON_Parse("[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                            "{\"role\":\"user\",\"content\":\"Name a river.\"}]");
+  kvr_buf_t gen = KVR_BUF_INIT, cont = KVR_BUF_INIT, plain = KVR_BUF_INIT;
+  char err[128];
+  kvr_sim_render_t r = {.generation_prompt = true};
+  assert_int_equal(kvr_sim_tokens_render(msgs, &r, &gen, err, sizeof(err)), 0);
+  cJSON *partial = cJSON_CreateObject();
+  cJSON_AddStringToObject(partial, "role", "assistant");
+  cJSON_AddStringToObject(partial, "content", "tup kow ");
+  cJSON_AddItemToArray(msgs, partial);
+  kvr_sim_render_t rc = {.continue_final = true};
+  assert_int_equal(kvr_sim_tokens_render(msgs, &rc, &cont, err, sizeof(err)), 0);
+  assert_int_equal(rc.final_content_at, gen.len);
+  assert_int_equal(gen.len % KVR_SIM_TOKEN_BYTES, 0);
+  assert_int_equal(cont.len, gen.len + 8);
+  assert_memory_equal(cont.data, gen.data, gen.len);
+  assert_memory_equal(cont.data + gen.len, "tup kow ", 8);
+  /* the same messages without continue_final: the message is closed and padded */
+  kvr_sim_render_t rp = {.generation_prompt = false};
+  assert_int_equal(kvr_sim_tokens_render(msgs, &rp, &plain, err, sizeof(err)), 0);
+  assert_true(plain.len > cont.len && plain.data[cont.len] == '\n');
+  /* a final user message is continued too: the render stops after its text */
+  kvr_buf_t user = KVR_BUF_INIT;
+  cJSON_DeleteItemFromArray(msgs, 2);
+  kvr_sim_render_t ru = {.continue_final = true};
+  assert_int_equal(kvr_sim_tokens_render(msgs, &ru, &user, err, sizeof(err)), 0);
+  assert_int_equal(user.len, ru.final_content_at + strlen("Name a river."));
+  assert_memory_equal(user.data + ru.final_content_at, "Name a river.", 13);
+  cJSON_Delete(msgs);
+  kvr_buf_free(&gen);
+  kvr_buf_free(&cont);
+  kvr_buf_free(&plain);
+  kvr_buf_free(&user);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_encode_prefix_stable), cmocka_unit_test(test_words),
+              cmocka_unit_test(test_render_continue_final),
               cmocka_unit_test(test_render_chat_errors),
               cmocka_unit_test(test_followup_hits_turn1_blocks))
