@@ -369,6 +369,13 @@ class Chaos:
         return (h.prom_value(m, "kvrouter_config_reloads_total", result="success"),
                 h.prom_value(m, "kvrouter_config_reloads_total", result="failure"))
 
+    def resumes(self):
+        """The router's kvrouter_stream_resumes_total by result (issue 36: streams broken after
+        their client got tokens, continued on another worker or not), {} when it has none."""
+        m = h.parse_prom_samples(self.router.metrics_text())
+        return {dict(labels).get("result"): int(v) for (name, labels), v in m.items()
+                if name == "kvrouter_stream_resumes_total"}
+
     # -- the events --
 
     def ev_kill(self, now):
@@ -541,6 +548,7 @@ def run(args):
             failures.append(str(e))
         final_workers = chaos.router.workers()
         reloads = chaos.reloads()
+        chaos.resume_counts = chaos.resumes()
     except Exception as e:
         failures.append("%s: %s" % (type(e).__name__, e))
         load.stop.set()
@@ -600,6 +608,7 @@ def summarize(args, chaos, results, rss, final_workers, reloads, failures, deadl
         "bad_outcomes": by["bad"], "bad_examples": bad[:20],
         "chaos": chaos.counts,
         "router_reloads_counted": {"success": reloads[0], "failure": reloads[1]},
+        "stream_resumes": getattr(chaos, "resume_counts", {}),
         "final_in_flight": inflight,
         "rss_mib": rss, "rss_growth": growth, "rss_asserted": rss_asserted,
         "ok": not failures, "failures": failures,
@@ -642,6 +651,10 @@ def write_markdown(path, s, cmd):
         "RSS samples (s, MiB): %s" % ", ".join("%s: %s" % p for p in s["rss_mib"][::max(
             1, len(s["rss_mib"]) // 12)]), "",
         "Final in-flight per worker: %s" % s["final_in_flight"], "",
+        "Streams broken after their client got tokens (kvrouter_stream_resumes_total): %s; a "
+        "resumed stream counts as completed only when its token events and usage add up to "
+        "max_tokens." % (", ".join("%s %d" % kv for kv in sorted(s["stream_resumes"].items()))
+                         or "none"), "",
     ]
     if s["failures"]:
         lines += ["## Failures", ""] + ["- %s" % f for f in s["failures"]]
@@ -652,9 +665,11 @@ def write_markdown(path, s, cmd):
 def main(argv=None):
     args = parse_args(argv)
     s = run(args)
-    print("chaos soak %s: %d requests, %d completed, %d clean errors, %d bad; %s; RSS growth %s%%"
+    print("chaos soak %s: %d requests, %d completed, %d clean errors, %d bad; %s; streams %s; RSS "
+          "growth %s%%"
           % ("PASS" if s["ok"] else "FAIL", s["requests"], s["completed"], s["clean_errors"],
              s["bad_outcomes"], ", ".join("%s %d" % kv for kv in s["chaos"].items()),
+             ", ".join("%s %d" % kv for kv in sorted(s["stream_resumes"].items())) or "none",
              (s["rss_growth"] or {}).get("growth_pct")))
     for f in s["failures"]:
         print("  failure: %s" % f)
