@@ -2,7 +2,8 @@
  * exit codes and wiring.
  *
  * `kvrouter bench`: the option engine (src/base/cli.h) fills a kvr_runner_opts_t from the bench's
- * table (bench/run/bench_options.h; kvr_runner_opts_default() holds the defaults --help prints),
+ * tables (bench/run/bench_options.h: kvrouter's flags and `vllm bench serve`'s spellings;
+ * kvr_runner_opts_default() holds the defaults --help prints),
  * kvr_runner_opts_check() applies the rules between flags, and kvr_bench_run() (bench/run/
  * bench_run.h) runs the labels and levels on a private uv loop and writes the report. Outside
  * virtual time SIGINT/SIGTERM set a flag the run reads: the current level stops, the report of
@@ -211,7 +212,7 @@ int kvr_bench_main(int argc, char **argv) {
     return study_main(argc - 1, argv + 1);
   kvr_runner_opts_t o;
   kvr_runner_opts_default(&o);
-  int rc = kvr_cli_main(&kvr_bench_options_cmd, &o, argc, argv, NULL);
+  int rc = kvr_bench_options_main(&o, argc, argv);
   if (rc == KVR_CLI_CONTINUE)
     rc = check_and_run(&o, argc, argv);
   kvr_bench_options_free(&o);

@@ -92,6 +92,7 @@ struct kvr_loadgen_req_s {
   void *vh;   /* virtual transport: its handle, from kvr_loadgen_vt_t.send */
   struct curl_slist *headers;
   kvr_buf_t body, answer, errbody;
+  kvr_buf_t text;       /* --save-detailed: the generated text of a measured request */
   kvr_openai_sse_t sse; /* the response's SSE lines (see on_write for the bound) */
   double *itls;
   size_t nitl, capitl;
@@ -129,7 +130,8 @@ struct kvr_loadgen_s {
   /* Level state. */
   kvr_level_t *lv;
   const char *label;
-  double rate; /* report req/s */
+  double rate;     /* report req/s */
+  bool self_timed; /* a trace at its own times (opts.self_timed): rate is their mean rate */
   unsigned concurrency;
   uint64_t level_seed;
   uint64_t start_ns;
@@ -149,10 +151,12 @@ struct kvr_loadgen_s {
   size_t ninflight;    /* their number */
   uint64_t last_progress_ns;
   size_t progress_len;
-  unsigned warmup; /* warm-up requests of this level */
-  bool replay;     /* this level replays pre-built conversations (see replay_slot) */
-  bool halted;     /* nothing more is sent: early stop, or a concurrency level's measured requests
-                    * all completed */
+  unsigned warmup;  /* warm-up requests of this level */
+  bool replay;      /* this level replays pre-built conversations (see replay_slot) */
+  bool halted;      /* nothing more is sent: early stop, or a concurrency level's measured requests
+                     * all completed */
+  bool cap_held;    /* a due send waits for a --max-concurrency slot */
+  uint64_t slot_ns; /* the last completion: when a slot last freed */
   size_t msent, mdone;          /* measured requests sent, and finished (ok or not) */
   size_t nwarm, ncool, ncancel; /* warm-up and cool-down sends; cancelled in-flight requests */
 };
@@ -347,6 +351,7 @@ static void req_free(req_t *r) {
   kvr_openai_sse_free(&r->sse);
   kvr_buf_free(&r->answer);
   kvr_buf_free(&r->errbody);
+  kvr_buf_free(&r->text);
   free(r->itls);
   free(r);
 }
@@ -398,6 +403,14 @@ static void on_token(req_t *r, uint64_t now) {
     r->itls[r->nitl++] = (double)(now - r->last_ns) / 1e6 * scale(r->lg);
   }
   r->last_ns = now;
+}
+
+/* A token's text: resent by a later turn (session mode), or kept for vllm's generated_texts. */
+static void keep_text(req_t *r, const char *text, size_t len) {
+  if (r->keep_answer && r->answer.len + len <= MAX_ANSWER)
+    kvr_buf_append(&r->answer, text, len);
+  if (r->lg->o.result.save_detailed && !r->rec.warmup && r->text.len + len <= MAX_ANSWER)
+    kvr_buf_append(&r->text, text, len);
 }
 
 static const char *find(const char *hay, size_t n, const char *needle, size_t nl) {
@@ -465,8 +478,7 @@ static void on_event(req_t *r, const char *data, size_t len, uint64_t now) {
   }
   if (scan_token(data, len, r->lg->o.api, &tok, &tl)) {
     on_token(r, now);
-    if (r->keep_answer && r->answer.len + tl <= MAX_ANSWER)
-      kvr_buf_append(&r->answer, tok, tl);
+    keep_text(r, tok, tl);
     return;
   }
   cJSON *j = cJSON_ParseWithLength(data, len);
@@ -486,7 +498,9 @@ static void on_event(req_t *r, const char *data, size_t len, uint64_t now) {
   size_t n = c.text ? c.text_len : c.reasoning_len;
   if (text != NULL) {
     on_token(r, now);
-    if (r->keep_answer && r->answer.len + n <= MAX_ANSWER)
+    if (c.text != NULL)
+      keep_text(r, text, n);
+    else if (r->keep_answer && r->answer.len + n <= MAX_ANSWER)
       kvr_buf_append(&r->answer, text, n);
   }
   if (c.has_prompt_tokens)
@@ -576,6 +590,18 @@ static bool may_send(const kvr_loadgen_t *lg) {
   return !lg->halted && (lg->concurrency > 0 || lg->sent < lg->total);
 }
 
+/* Whether a send now stays within --max-concurrency (an arrival over it waits for a completion,
+ * which calls schedule() again). */
+static bool below_cap(const kvr_loadgen_t *lg) {
+  return lg->o.max_concurrency == 0 || lg->ninflight < lg->o.max_concurrency;
+}
+
+/* When a send due at due_ns was to go: due_ns, or the instant a slot freed if it waited for one
+ * (held: schedule() found a due send over the cap last time). */
+static uint64_t cap_target(const kvr_loadgen_t *lg, bool held, uint64_t due_ns) {
+  return held && lg->slot_ns > due_ns ? lg->slot_ns : due_ns;
+}
+
 /* Ends a conversation's current turn: store the answer, make the next turn eligible or close it. */
 static void conv_advance(kvr_loadgen_t *lg, conv_t *cv, req_t *r, bool ok, uint64_t now) {
   if (lg->replay)
@@ -638,8 +664,12 @@ static void finish_request(kvr_loadgen_t *lg, req_t *r, const char *transport_er
   }
   rec->itl_mean_ms = r->nitl ? sum / (double)r->nitl : 0;
   rec->itl_max_ms = mx;
+  if (lg->o.result.save_detailed && !rec->warmup)
+    rec->text = r->text.data ? kvr_buf_steal(&r->text) : kvr_xstrdup("");
   kvr_stats_level_add(lg->lv, rec, r->itls, r->nitl);
+  rec->text = NULL; /* the level's now */
   lg->done++;
+  lg->slot_ns = now;
   if (!rec->ok && !rec->warmup)
     lg->failed++;
   conv_advance(lg, r->cv, r, rec->ok, now);
@@ -772,9 +802,11 @@ static void classify(kvr_loadgen_t *lg, req_t *r, conv_t *cv) {
     lg->nwarm++;
 }
 
-/* Sends turn cv->next_turn now; target_ns is when it was due (for the lag). The request prepared
- * ahead is used when it is this one, else it is built now (and the lag shows the cost). */
-static void send_turn(kvr_loadgen_t *lg, conv_t *cv, uint64_t target_ns) {
+/* Sends turn cv->next_turn now; due_ns is when it arrived (vllm's queue time counts from there),
+ * target_ns when it was to be sent: due_ns, or later when it waited for a --max-concurrency slot
+ * (for the lag, which measures the generator itself). The request prepared ahead is used when it is
+ * this one, else it is built now (and the lag shows the cost). */
+static void send_turn(kvr_loadgen_t *lg, conv_t *cv, uint64_t due_ns, uint64_t target_ns) {
   req_t *r;
   if (lg->ready != NULL && lg->ready->cv == cv && lg->ready->turn == cv->next_turn) {
     r = lg->ready;
@@ -786,8 +818,9 @@ static void send_turn(kvr_loadgen_t *lg, conv_t *cv, uint64_t target_ns) {
   /* The send instant: the request is handed to curl right after this (send lag = this - due). */
   r->sent_ns = now_ns(lg);
   classify(lg, r, cv);
-  lg->sent++;
+  r->rec.seq = lg->sent++;
   r->rec.target_s = (double)(target_ns - lg->start_ns) / 1e9 * scale(lg);
+  r->rec.arrival_s = (double)(due_ns - lg->start_ns) / 1e9 * scale(lg);
   r->rec.lag_ms = r->sent_ns > target_ns ? (double)(r->sent_ns - target_ns) / 1e6 : 0;
   if (lg->virt) {
     r->vh = lg->vt.send(lg->vt.ctx, r, r->body.data, r->body.len);
@@ -927,6 +960,8 @@ static void schedule(kvr_loadgen_t *lg) {
     return;
   uint64_t now = now_ns(lg);
   uint64_t next_due = UINT64_MAX;
+  bool held = lg->cap_held; /* the last call left a due send waiting for a slot */
+  lg->cap_held = false;
   if (lg->replay) {
     /* Replay: arrival i sends the pre-assigned turn of its conversation, done or not. */
     while (may_send(lg) && lg->next_arrival < lg->total) {
@@ -935,13 +970,17 @@ static void schedule(kvr_loadgen_t *lg) {
         next_due = due - send_early(lg);
         break;
       }
+      if (!below_cap(lg)) {
+        lg->cap_held = true;
+        break;
+      }
       uint64_t k;
       uint32_t turn;
       replay_slot(lg, lg->next_arrival, &k, &turn);
       conv_t *cv = turn == 0 || k >= lg->nconvs ? conv_open(lg, 0) : lg->convs[k];
       cv->next_turn = KVR_MIN(turn, cv->conv.nturns - 1);
       lg->next_arrival++;
-      send_turn(lg, cv, due);
+      send_turn(lg, cv, due, cap_target(lg, held, due));
     }
   } else if (lg->rate > 0 && !lg->o.sessions) {
     /* Turn arrivals: each due arrival takes the oldest eligible follow-up, else a new conversation.
@@ -952,12 +991,16 @@ static void schedule(kvr_loadgen_t *lg) {
         next_due = due - send_early(lg);
         break;
       }
+      if (!below_cap(lg)) {
+        lg->cap_held = true;
+        break;
+      }
       uint64_t when = 0;
       conv_t *cv = earliest_waiting(lg, &when);
       if (cv == NULL || when > now)
         cv = conv_open(lg, 0);
       lg->next_arrival++;
-      send_turn(lg, cv, due);
+      send_turn(lg, cv, due, cap_target(lg, held, due));
     }
   } else {
     if (lg->rate > 0) {
@@ -968,8 +1011,12 @@ static void schedule(kvr_loadgen_t *lg) {
           next_due = due - send_early(lg);
           break;
         }
+        if (!below_cap(lg)) {
+          lg->cap_held = true;
+          break;
+        }
         lg->next_arrival++;
-        send_turn(lg, conv_open(lg, 0), due);
+        send_turn(lg, conv_open(lg, 0), due, cap_target(lg, held, due));
       }
     }
     uint64_t when = 0;
@@ -979,17 +1026,21 @@ static void schedule(kvr_loadgen_t *lg) {
         next_due = KVR_MIN(next_due, when);
         break;
       }
-      send_turn(lg, cv, when);
+      if (!below_cap(lg)) {
+        lg->cap_held = true;
+        break;
+      }
+      send_turn(lg, cv, when, cap_target(lg, held, when));
     }
     if (lg->concurrency > 0) {
       /* Closed loop: a user whose conversation ended starts the next one at once. */
-      for (size_t i = 0; i < lg->nconvs && may_send(lg); i++) {
+      for (size_t i = 0; i < lg->nconvs && may_send(lg) && below_cap(lg); i++) {
         conv_t *old = lg->convs[i];
         if (!old->dead || old->user == UINT32_MAX)
           continue;
         unsigned user = old->user;
         old->user = UINT32_MAX; /* hand the user over exactly once */
-        send_turn(lg, conv_open(lg, user), now);
+        send_turn(lg, conv_open(lg, user), now, now);
       }
     }
   }
@@ -1155,23 +1206,27 @@ static size_t level_reset(kvr_loadgen_t *lg, double rate, unsigned concurrency,
   lg->concurrency = concurrency;
   lg->warmup = lg->o.warmup;
   size_t measured = lg->o.num_prompts;
-  if (rate > 0) {
+  if (rate > 0 && isfinite(rate)) { /* at rate inf everything is sent at once: no time to fill */
     lg->warmup = (unsigned)KVR_MAX((double)lg->warmup, ceil(rate * lg->o.warmup_s));
     measured = (size_t)KVR_MAX((double)measured, ceil(rate * lg->o.min_level_s));
   }
   const kvr_trace_replay_t *tr = kvr_workload_trace(lg->wl);
   if (tr != NULL && rate > 0) {
     /* A trace level sends the trace (its window) once, from its first request: the warm-up ones
-     * first, every other one measured; --num-prompts and --min-level-s do not apply. */
+     * first, every other one measured (with trace_first only the first num_prompts of those, as
+     * vllm's --num-prompts truncates a timed_trace); --min-level-s does not apply. */
     size_t n = kvr_trace_replay_count(tr);
     lg->warmup = (unsigned)KVR_MIN((size_t)lg->warmup, n > 0 ? n - 1 : 0);
     measured = n - lg->warmup;
+    if (lg->o.trace_first)
+      measured = KVR_MIN(measured, lg->o.num_prompts);
   }
   /* Concurrency mode: the plan (its sends are not counted against it; see may_send()). */
   lg->total = lg->warmup + measured;
   lg->sent = lg->done = lg->failed = lg->next_arrival = 0;
   lg->msent = lg->mdone = lg->nwarm = lg->ncool = lg->ncancel = 0;
-  lg->halted = false;
+  lg->halted = lg->cap_held = false;
+  lg->slot_ns = 0;
   /* p99 = s[lo] + (s[hi] - s[lo]) * frac over the n completed (src/base/quantile.h): it misses once
    * n - lo values are at or over the SLO. n - lo grows with n, so n = measured is the safe count,
    * plus the failures the SLO tolerates (they could be the slow ones and drop out). */
@@ -1198,12 +1253,17 @@ static void build_arrivals(kvr_loadgen_t *lg) {
   lg->arrivals = kvr_xmalloc((lg->total ? lg->total : 1) * sizeof(uint64_t));
   const kvr_trace_replay_t *tr = kvr_workload_trace(lg->wl);
   if (tr != NULL) {
-    /* The trace's own arrivals, compressed or stretched to the rate (trace_replay.h); all at once
-     * in the trace (no span to scale): 1/rate apart. */
-    double f = kvr_trace_replay_factor(tr, lg->rate);
+    /* The trace's own arrivals, compressed or stretched to the rate (trace_replay.h), or at their
+     * own times (self-timed: file units, ms, to seconds); all at once in the trace (no span to
+     * scale): 1/rate apart. */
+    double f = lg->self_timed ? 1000.0 * lg->o.self_timed : kvr_trace_replay_factor(tr, lg->rate);
     for (size_t i = 0; i < lg->total; i++)
       lg->arrivals[i] = (uint64_t)llround(
           (f > 0 ? kvr_trace_replay_arrival_s(tr, i) * f : (double)i / lg->rate) / scale(lg) * 1e9);
+    return;
+  }
+  if (isinf(lg->rate)) { /* vllm's --request-rate inf: every request at once */
+    memset(lg->arrivals, 0, (lg->total ? lg->total : 1) * sizeof(uint64_t));
     return;
   }
   kvr_rng_t rng;
@@ -1251,18 +1311,35 @@ static void level_cleanup(kvr_loadgen_t *lg, kvr_level_t *lv, const kvr_slo_t *s
   lg->arrivals = NULL;
 }
 
+/* A self-timed trace level's rate: the mean rate of its sends, (n - 1) / span (INFINITY when they
+ * all go at once), from the trace's mean rate and the time factor; build_arrivals() refines it. */
+static double self_timed_rate(const kvr_loadgen_t *lg) {
+  const kvr_trace_stats_t *st = kvr_trace_replay_stats(kvr_workload_trace(lg->wl));
+  return st->sent_rate > 0 ? st->sent_rate / (1000.0 * lg->o.self_timed) : INFINITY;
+}
+
 int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, unsigned concurrency,
                           uint64_t level_seed, const kvr_slo_t *slo, kvr_level_t **out) {
   *out = NULL;
+  lg->self_timed =
+      rate == 0 && concurrency == 0 && lg->o.self_timed > 0 && kvr_workload_trace(lg->wl) != NULL;
+  if (lg->self_timed)
+    rate = self_timed_rate(lg);
   if ((rate > 0) == (concurrency > 0) || !(rate >= 0))
     return KVR_EINVAL;
   kvr_level_t *lv = kvr_stats_level_new(rate, concurrency);
+  lv->result = lg->o.result;
+  lv->max_concurrency = lg->o.max_concurrency;
+  lv->self_timed = lg->self_timed;
   lg->lv = lv;
   lg->label = label;
   lg->level_seed = level_seed;
   size_t measured = level_reset(lg, rate, concurrency, slo);
   if (rate > 0)
     build_arrivals(lg);
+  if (lg->self_timed && lg->total > 1 && lg->arrivals[lg->total - 1] > 0)
+    lv->rate = lg->rate =
+        (double)(lg->total - 1) / ((double)lg->arrivals[lg->total - 1] / 1e9 * scale(lg));
   /* Measured records keep their ITLs: size for the longest outputs so none is copied mid-level.
    * A concurrency level also records each user's first request and some cool-down ones. */
   const kvr_workload_opts_t *wo = kvr_workload_opts(lg->wl);
@@ -1288,7 +1365,12 @@ int kvr_loadgen_run_level(kvr_loadgen_t *lg, const char *label, double rate, uns
   for (unsigned u = 0; u < concurrency && may_send(lg); u++) {
     conv_t *cv = conv_open(lg, u);
     conv_steady_start(lg, cv);
-    send_turn(lg, cv, lg->start_ns);
+    if (below_cap(lg)) {
+      send_turn(lg, cv, lg->start_ns, lg->start_ns);
+    } else { /* over --max-concurrency: it waits for a slot (schedule()) */
+      cv->eligible_ns = lg->start_ns;
+      cv->waiting = true;
+    }
   }
   if (lg->o.progress && !lg->virt)
     uv_timer_start(&lg->progress, on_progress, 1000, 1000);
@@ -1411,8 +1493,7 @@ void kvr_loadgen_vt_head(kvr_loadgen_req_t *r, int status, const char *worker) {
 
 void kvr_loadgen_vt_token(kvr_loadgen_req_t *r, const char *text, size_t len) {
   on_token(r, now_ns(r->lg));
-  if (r->keep_answer && r->answer.len + len <= MAX_ANSWER)
-    kvr_buf_append(&r->answer, text, len);
+  keep_text(r, text, len);
 }
 
 void kvr_loadgen_vt_usage(kvr_loadgen_req_t *r, uint32_t prompt_tokens, uint32_t completion_tokens,

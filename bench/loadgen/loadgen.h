@@ -69,6 +69,8 @@ typedef struct kvr_loadgen_opts_s {
   const char *url;     /* http://HOST:PORT[/v1/chat/completions]; the API path is added if absent. A
                         * comma-separated list: requests alternate between the endpoints in turn
                         * (at most KVR_LOADGEN_MAX_URLS), as a Service spreads them over replicas */
+  char *url_owned;     /* the heap copy url points to when the option parser composed it (vllm's
+                        * --base-url/--host/--port/--endpoint); kvr_bench_options_free() frees it */
   const char *model;   /* NULL: ask GET /v1/models (kvr_monitor_fetch_model) */
   const char *api_key; /* sent as "Authorization: Bearer" when not NULL */
   kvr_api_t api;
@@ -86,6 +88,16 @@ typedef struct kvr_loadgen_opts_s {
   double min_level_s;   /* rate mode: at least rate * min_level_s measured requests (simulated
                          * s): a level must last several response times to measure capacity */
   size_t num_prompts;   /* measured requests per level */
+  bool trace_first;     /* a trace level sends only its first warmup + num_prompts requests (vllm's
+                         * --num-prompts over a timed_trace); false: the whole trace (window) */
+  double self_timed;    /* > 0: a trace level of rate 0 sends each request at its timestamp (the
+                         * file's unit, ms) times this many seconds from the first, as `vllm bench
+                         * serve --self-timed --timed-trace-sec-multiplier` (0.001: the trace's own
+                         * pace); its level rate is then the requests' mean rate */
+  unsigned max_concurrency; /* at most this many requests in flight (vllm's --max-concurrency): an
+                             * arrival finding them all busy waits, first come first served, its
+                             * wait counted in its send lag; 0 = no cap */
+  kvr_result_opts_t result; /* how each level's vllm-compatible JSON is written (stats.h) */
   double request_timeout_s; /* real seconds per request; 0 = none */
   bool early_stop;          /* end a level as soon as its TTFT p99 is certain to miss the SLO (see
                              * kvr_loadgen_run_level); for searches, where only pass/fail counts */
@@ -168,7 +180,9 @@ void kvr_loadgen_free(kvr_loadgen_t *lg);
 
 /* Runs one level to completion on the loop (returns when every request finished, in a concurrency
  * level when every measured one did, or at once after kvr_loadgen_interrupt()). Exactly one of
- * rate (report req/s) and concurrency is > 0. The level's trace is a pure function of level_seed
+ * rate (report req/s; INFINITY: every arrival at the level's start, as vllm's default
+ * --request-rate inf) and concurrency is > 0, except a trace level with opts.self_timed, whose
+ * rate 0 means the trace's own times. The level's trace is a pure function of level_seed
  * (in a concurrency level, up to which user sends next: that follows the completions). label names
  * the run in progress lines. On success *out is a finished level (SLO-checked against slo) owned by
  * the caller. Returns 0 or KVR_EINVAL. With opts.early_stop the level ends (in-flight requests

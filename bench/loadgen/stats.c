@@ -104,13 +104,17 @@ kvr_level_t *kvr_stats_level_new(double rate, unsigned concurrency) {
   kvr_level_t *lv = kvr_xcalloc(1, sizeof(*lv));
   lv->rate = rate;
   lv->concurrency = concurrency;
-  lv->itl_rng = 0x1234567u ^ (uint64_t)(rate * 1000.0) ^ concurrency;
+  lv->itl_rng = 0x1234567u ^ (isfinite(rate) ? (uint64_t)(rate * 1000.0) : 0) ^ concurrency;
   return lv;
 }
 
 void kvr_stats_level_free(kvr_level_t *lv) {
   if (lv == NULL)
     return;
+  for (size_t i = 0; i < lv->nrecs; i++) {
+    free(lv->recs[i].itl_ms);
+    free(lv->recs[i].text);
+  }
   free(lv->recs);
   free(lv->itls);
   free(lv->workers);
@@ -142,7 +146,16 @@ void kvr_stats_level_add(kvr_level_t *lv, const kvr_req_rec_t *rec, const double
     lv->caprecs = lv->caprecs ? lv->caprecs * 2 : 256;
     lv->recs = kvr_xrealloc(lv->recs, lv->caprecs * sizeof(*lv->recs));
   }
-  lv->recs[lv->nrecs++] = *rec;
+  kvr_req_rec_t *r = &lv->recs[lv->nrecs++];
+  *r = *rec;
+  r->itl_ms = NULL;
+  if (r->warmup) {
+    free(r->text);
+    r->text = NULL;
+  } else if (lv->result.save_detailed && n > 0) {
+    r->itl_ms = kvr_xmalloc(n * sizeof(double));
+    memcpy(r->itl_ms, itls, n * sizeof(double));
+  }
   if (rec->warmup || !rec->ok)
     return;
   for (size_t i = 0; i < n; i++) {
@@ -332,6 +345,53 @@ static void slo_verdict(kvr_level_t *lv, const kvr_slo_t *slo) {
   lv->pass = lv->fail_mask == 0;
 }
 
+unsigned kvr_result_metrics(const kvr_result_opts_t *o) {
+  return o->metrics ? o->metrics
+                    : 1u << KVR_METRIC_TTFT | 1u << KVR_METRIC_TPOT | 1u << KVR_METRIC_ITL |
+                          1u << KVR_METRIC_E2EL;
+}
+
+size_t kvr_result_pcts(const kvr_result_opts_t *o, const double **pct) {
+  static const double def[] = {50, 90, 95, 99};
+  *pct = o->npct ? o->pct : def;
+  return o->npct ? o->npct : KVR_ARRAY_SIZE(def);
+}
+
+/* vllm's mean, median, std and percentiles of v (sorted in place). */
+static void vstat(double *v, size_t n, const kvr_result_opts_t *o, kvr_vstat_t *s) {
+  kvr_dist_t d;
+  kvr_stats_dist(v, n, &d);
+  memset(s, 0, sizeof(*s));
+  s->n = n;
+  s->mean = d.mean;
+  s->median = d.p50;
+  s->std = d.std;
+  const double *pct;
+  size_t np = kvr_result_pcts(o, &pct);
+  for (size_t i = 0; i < np && n > 0; i++)
+    s->pct[i] = kvr_quantile(v, n, pct[i]);
+}
+
+/* The client-side queueing vllm reports with --max-concurrency, per completed measured request:
+ * its wait from arrival (due) to send, and that plus its E2E (ms). */
+static void queue_vstats(kvr_level_t *lv) {
+  double *q = kvr_xrealloc(NULL, (lv->nrecs ? lv->nrecs : 1) * sizeof(double));
+  double *qe = kvr_xrealloc(NULL, (lv->nrecs ? lv->nrecs : 1) * sizeof(double));
+  size_t n = 0;
+  for (size_t i = 0; i < lv->nrecs; i++) {
+    const kvr_req_rec_t *r = &lv->recs[i];
+    if (r->warmup || !r->ok)
+      continue;
+    q[n] = fmax(0, r->sent_s - r->arrival_s) * 1000.0;
+    qe[n] = r->e2e_ms + q[n];
+    n++;
+  }
+  vstat(q, n, &lv->result, &lv->vstat[KVR_METRIC_QUEUE]);
+  vstat(qe, n, &lv->result, &lv->vstat[KVR_METRIC_E2EL_QUEUE]);
+  free(q);
+  free(qe);
+}
+
 void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo) {
   cols_t c;
   cols_init(&c, lv->nrecs);
@@ -343,8 +403,13 @@ void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo) {
   kvr_stats_dist(c.e2e, c.ne2e, &lv->e2e);
   kvr_stats_dist(c.lag, c.nlag, &lv->lag);
   kvr_stats_dist(c.transport, c.ntransport, &lv->transport);
+  vstat(c.ttft, c.nttft, &lv->result, &lv->vstat[KVR_METRIC_TTFT]);
+  vstat(c.tpot, c.ntpot, &lv->result, &lv->vstat[KVR_METRIC_TPOT]);
+  vstat(c.e2e, c.ne2e, &lv->result, &lv->vstat[KVR_METRIC_E2EL]);
+  queue_vstats(lv);
   if (lv->itls != NULL) {
     kvr_stats_dist(lv->itls, lv->nitls, &lv->itl);
+    vstat(lv->itls, lv->nitls, &lv->result, &lv->vstat[KVR_METRIC_ITL]);
     free(lv->itls);
     lv->itls = NULL;
     lv->nitls = lv->capitls = 0;
@@ -374,13 +439,17 @@ static double load_of(const kvr_level_t *lv) {
 
 double kvr_stats_run_max_load(const kvr_run_t *run) {
   double lowest_fail = INFINITY;
+  bool failed = false;
   for (size_t i = 0; i < run->nlevels; i++)
-    if (!run->levels[i]->pass && !run->levels[i]->interrupted)
+    if (!run->levels[i]->pass && !run->levels[i]->interrupted) {
       lowest_fail = fmin(lowest_fail, load_of(run->levels[i]));
+      failed = true;
+    }
   double best = 0;
   for (size_t i = 0; i < run->nlevels; i++) {
     const kvr_level_t *lv = run->levels[i];
-    if (lv->pass && !lv->interrupted && load_of(lv) < lowest_fail)
+    /* (a level at rate inf, vllm's default, passes below no failure) */
+    if (lv->pass && !lv->interrupted && (!failed || load_of(lv) < lowest_fail))
       best = fmax(best, load_of(lv));
   }
   return best;

@@ -26,8 +26,57 @@
 #define KVR_STATS_MAX_WORKERS 64
 #define KVR_STATS_MAX_TURNS 64
 
+/* The metrics `vllm bench serve --percentile-metrics` names, in the order its result lists them
+ * (ttft, tpot, itl, e2el, client_queue_time, e2el_including_client_queue). */
+typedef enum {
+  KVR_METRIC_TTFT = 0,
+  KVR_METRIC_TPOT,
+  KVR_METRIC_ITL,
+  KVR_METRIC_E2EL,
+  KVR_METRIC_QUEUE, /* client_queue_time: an arrival's wait for a free --max-concurrency slot */
+  KVR_METRIC_E2EL_QUEUE, /* e2el_including_client_queue: E2E plus that wait */
+  KVR_METRIC_COUNT
+} kvr_metric_t;
+
+#define KVR_RESULT_MAX_PCT 16 /* percentiles one result lists per metric */
+#define KVR_RESULT_METADATA_MAX 512
+
+/* How a level's vllm-compatible result JSON is written (report_json.c, report_files.c): the
+ * settings `vllm bench serve` takes for its --save-result file, from bench_options.c's vllm
+ * spellings. Zeroed = kvrouter's defaults. Strings are borrowed (argv). */
+typedef struct kvr_result_opts_s {
+  unsigned metrics;               /* bit 1u << kvr_metric_t per --percentile-metrics name; 0 =
+                                   * kvrouter's default: ttft, tpot, itl, e2el */
+  double pct[KVR_RESULT_MAX_PCT]; /* --metric-percentiles; npct 0 = kvrouter's 50, 90, 95, 99 */
+  size_t npct;
+  bool goodput;         /* --goodput given: request_goodput counts by goodput_ms, else by the SLO
+                         * thresholds (kvr_slo_t) */
+  double goodput_ms[3]; /* ttft, tpot, e2el thresholds, ms; < 0 = not given */
+  const char *backend;  /* --backend as the JSON names it; NULL = "openai" / "openai-chat" by API */
+  bool save_result;     /* write each level also as vllm names its file (report_files.c) */
+  bool append_result;   /* ... appended to that file, one JSON document a line */
+  bool save_detailed;   /* keep every ITL and the generated text of each measured request */
+  const char *result_dir;                 /* NULL = the current directory */
+  const char *result_filename;            /* NULL = vllm's name */
+  char metadata[KVR_RESULT_METADATA_MAX]; /* --metadata KEY=VALUE pairs, one a line */
+} kvr_result_opts_t;
+
+/* The metrics written when opts->metrics is 0, and the percentiles when opts->npct is 0. */
+unsigned kvr_result_metrics(const kvr_result_opts_t *opts);
+size_t kvr_result_pcts(const kvr_result_opts_t *opts, const double **pct);
+
+/* vllm's figures of one metric over a level's completed measured requests (ms): np.mean,
+ * np.median, np.std (population) and np.percentile (linear) of each opts percentile; 0 when there
+ * are none, as vllm's `np.mean(x or 0)`. */
+typedef struct kvr_vstat_s {
+  size_t n;
+  double mean, median, std;
+  double pct[KVR_RESULT_MAX_PCT];
+} kvr_vstat_t;
+
 /* One request as the load generator saw it. */
 typedef struct kvr_req_rec_s {
+  uint64_t seq;        /* its send within the level, from 0: the order vllm's arrays keep */
   uint64_t conv;       /* conversation index within the level */
   uint32_t turn;       /* 1-based */
   bool warmup;         /* excluded from every metric (warm-up, or cool-down below) */
@@ -36,7 +85,10 @@ typedef struct kvr_req_rec_s {
   int32_t user;        /* concurrency mode: the user (0..N-1) who sent it; -1 in rate mode */
   bool ok;             /* HTTP 200 and a complete stream */
   int status;          /* HTTP status, 0 if none arrived */
-  double target_s;     /* scheduled send time since level start, report seconds */
+  double target_s;     /* scheduled send time since level start, report seconds: its arrival, or
+                        * when a --max-concurrency slot freed if it waited for one */
+  double arrival_s;    /* its arrival since level start, report seconds (vllm's queue time, the
+                        * wait for a slot, is sent_s - arrival_s) */
   double sent_s;       /* actual send time since level start, report seconds */
   double lag_ms;       /* actual - scheduled, real ms (0 in concurrency mode) */
   double ttft_ms;      /* < 0 when no token arrived */
@@ -52,6 +104,9 @@ typedef struct kvr_req_rec_s {
   bool usage_seen;
   char worker[KVR_WORKER_NAME_MAX]; /* x-kvrouter-worker response header, "" if absent */
   char error[128];                  /* "" when ok */
+  /* --save-detailed, measured requests only (else NULL); owned by the level once added. */
+  double *itl_ms; /* its n_itl ITLs in order, report ms */
+  char *text;     /* the text it generated */
 } kvr_req_rec_t;
 
 typedef struct kvr_dist_s {
@@ -130,6 +185,12 @@ typedef struct kvr_level_s {
   bool router_cached_seen;
   uint64_t router_predicted_cached, router_reported_cached;
 
+  /* How it was sent and is written (the load generator's settings). */
+  unsigned max_concurrency;            /* in-flight cap (--max-concurrency); 0 = none */
+  bool self_timed;                     /* a trace at its own times (rate: their mean rate) */
+  kvr_result_opts_t result;            /* its vllm-compatible JSON */
+  kvr_vstat_t vstat[KVR_METRIC_COUNT]; /* vllm's figures per metric (kvr_stats_level_finish) */
+
   kvr_req_rec_t *recs; /* owned, in completion order */
   size_t nrecs, caprecs;
   double *itls; /* owned ITL samples until finish (then freed); reservoir when full */
@@ -150,11 +211,13 @@ void kvr_stats_level_free(kvr_level_t *lv); /* accepts NULL */
  * multi-megabyte realloc in a transfer's done callback would stall the load generator's loop. */
 void kvr_stats_level_reserve(kvr_level_t *lv, size_t nrecs, size_t nitls);
 
-/* Copies rec into the level and adds its ITL samples (report ms) unless it is a warm-up request. */
+/* Copies rec into the level and adds its ITL samples (report ms) unless it is a warm-up request.
+ * The level takes rec->text; with lv->result.save_detailed it keeps a measured request's ITLs
+ * (rec->itl_ms). */
 void kvr_stats_level_add(kvr_level_t *lv, const kvr_req_rec_t *rec, const double *itls, size_t n);
 
-/* Computes every aggregate from the records and checks slo; frees the ITL samples. May be called
- * again after more records were added. */
+/* Computes every aggregate from the records (vstat by lv->result's percentiles) and checks slo;
+ * frees the ITL samples. May be called again after more records were added. */
 void kvr_stats_level_finish(kvr_level_t *lv, const kvr_slo_t *slo);
 
 /* Fills d from values (sorted in place); percentiles by kvr_quantile() (src/base/quantile.h). */

@@ -225,6 +225,11 @@ int kvr_workload_parse_kind(const char *spec, kvr_workload_opts_t *o) {
   else if (strncmp(spec, "file:", 5) == 0 && spec[5] != '\0') {
     o->kind = KVR_WL_FILE;
     o->path = spec + 5;
+    o->sharegpt_vllm = false;
+  } else if (strncmp(spec, "sharegpt:", 9) == 0 && spec[9] != '\0') {
+    o->kind = KVR_WL_FILE;
+    o->path = spec + 9;
+    o->sharegpt_vllm = true;
   } else if (strncmp(spec, "trace:", 6) == 0 && spec[6] != '\0') {
     o->kind = KVR_WL_TRACE;
     o->path = spec + 6;
@@ -349,8 +354,28 @@ static void push_conv(kvr_workload_t *wl, file_conv_t *c) {
   wl->convs[wl->nconvs++] = *c;
 }
 
+/* vllm's ShareGPT sample of one entry (ShareGPTDataset.sample and is_valid_sequence in
+ * vllm/benchmarks/datasets.py): the first message is the prompt, the second's tokens the output
+ * length (or opts.sharegpt_output_len); kept when the prompt has 4-1024 tokens, the output at least
+ * 4 (unless fixed) and both at most 2048. Returns false for an entry vllm skips. */
+static bool sharegpt_vllm_entry(const kvr_workload_t *wl, const cJSON *msgs, file_conv_t *c) {
+  const cJSON *m0 = cJSON_GetArrayItem(msgs, 0), *m1 = cJSON_GetArrayItem(msgs, 1);
+  const cJSON *v0 = cJSON_GetObjectItemCaseSensitive(m0, "value");
+  const cJSON *v1 = cJSON_GetObjectItemCaseSensitive(m1, "value");
+  if (cJSON_GetArraySize(msgs) < 2 || !cJSON_IsString(v0) || !cJSON_IsString(v1))
+    return false;
+  uint64_t in = text_tokens(v0->valuestring);
+  unsigned fixed = wl->opts.sharegpt_output_len;
+  uint64_t out = fixed ? fixed : text_tokens(v1->valuestring);
+  if (in < 4 || (!fixed && out < 4) || in > 1024 || in + out > 2048)
+    return false;
+  conv_push_turn(c, v0->valuestring, (uint32_t)KVR_MAX(out, 1), 0.0);
+  return true;
+}
+
 /* ShareGPT: [{"conversations": [{"from": "human"|"gpt"|"system", "value": "..."}, ...]}, ...]. The
- * recorded reply after each human message sets that turn's max_tokens (~4 chars per token). */
+ * recorded reply after each human message sets that turn's max_tokens (~4 chars per token); with
+ * opts.sharegpt_vllm each entry is one prompt as vllm samples it (sharegpt_vllm_entry). */
 static int load_sharegpt(kvr_workload_t *wl, const cJSON *root, char *err, size_t errlen) {
   size_t idx = 0;
   const cJSON *item;
@@ -363,6 +388,12 @@ static int load_sharegpt(kvr_workload_t *wl, const cJSON *root, char *err, size_
       return KVR_EPARSE;
     }
     file_conv_t c = {0};
+    if (wl->opts.sharegpt_vllm) {
+      if (sharegpt_vllm_entry(wl, msgs, &c))
+        push_conv(wl, &c);
+      idx++;
+      continue;
+    }
     const cJSON *m;
     cJSON_ArrayForEach(m, msgs) {
       const cJSON *from = cJSON_GetObjectItemCaseSensitive(m, "from");
@@ -763,7 +794,10 @@ void kvr_workload_describe(const kvr_workload_t *wl, kvr_buf_t *out) {
                    o->out_min, o->out_max);
     break;
   case KVR_WL_FILE:
-    kvr_buf_printf(out, "%s: %zu conversations from %s", wl->name, wl->nconvs, wl->path);
+    kvr_buf_printf(out, "%s: %zu conversations from %s%s", wl->name, wl->nconvs, wl->path,
+                   o->sharegpt_vllm ? " (vllm's ShareGPT sample: the first message of each entry, "
+                                      "single-turn)"
+                                    : "");
     break;
   case KVR_WL_TRACE:
     describe_trace(wl, out);

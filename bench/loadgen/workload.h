@@ -12,7 +12,8 @@
  *              a working set larger than one worker's KV cache, where placement matters most.
  *   control    single-turn prompts of unique synthetic text: no prefix is ever shared.
  *   file       conversations from a ShareGPT JSON array or the JSONL form documented in
- * bench/loadgen/README.md.
+ *              bench/loadgen/README.md; with sharegpt_vllm, a ShareGPT file as `vllm bench serve
+ *              --dataset-name sharegpt` samples it: one single-turn prompt per entry.
  *   agentic    long tool-using sessions: one of `starters` shared system prompts, then a task, then
  *              agentic_turns_min..max turns whose user messages are tool outputs of
  *              tool_min_tokens..tool_max_tokens tokens; short outputs. The turns are capped so the
@@ -124,14 +125,22 @@ typedef struct kvr_workload_opts_s {
                                  * requests are counted, not sent; 0 = no limit */
   kvr_api_t api;                /* trace: the API the prompts are rendered for (the template's
                                  * tokens are taken off the content: trace_replay.h) */
+  bool sharegpt_vllm;           /* file (ShareGPT): vllm's sampling (vllm/benchmarks/datasets.py
+                                 * ShareGPTDataset): entries of 2+ messages, the first message the
+                                 * prompt and the second's tokens its max_tokens, kept when the
+                                 * prompt has 4-1024 tokens, the output 4 or more and both at most
+                                 * 2048 (tokens at ~4 characters: no tokenizer here) */
+  unsigned sharegpt_output_len; /* sharegpt_vllm: max_tokens of every prompt (--sharegpt-output-len)
+                                 * instead of the recorded reply's; 0 = the reply's */
 } kvr_workload_opts_t;
 
 /* Fills opts with the seed workload's defaults (multiturn replay, 10 starters x 5 turns, 830 tokens
  * out). */
 void kvr_workload_opts_default(kvr_workload_opts_t *opts);
 
-/* Parses "multiturn", "documents", "control", "agentic", "hot-prefix", "file:PATH" or
- * "trace:PATH" into opts->kind/opts->path (path points into spec). Returns 0 or KVR_EINVAL. */
+/* Parses "multiturn", "documents", "control", "agentic", "hot-prefix", "file:PATH",
+ * "sharegpt:PATH" (a file with sharegpt_vllm) or "trace:PATH" into opts->kind/opts->path (path
+ * points into spec). Returns 0 or KVR_EINVAL. */
 int kvr_workload_parse_kind(const char *spec, kvr_workload_opts_t *opts);
 
 /* Parses "replay" or "session" into opts->replay. Returns 0 or KVR_EINVAL. */

@@ -104,6 +104,17 @@ void kvr__report_trace(const kvr_results_t *res, kvr__doc_t *d);
 struct cJSON;
 void kvr__trace_json(struct cJSON *k, const kvr_results_t *res, const kvr_level_t *lv);
 
+/* ---- vllm's result file (report_json.c) -------------------------------------------------------
+ */
+
+/* vllm's "date" of the results: res->generated (UTC) as local "%Y%m%d-%H%M%S", as main_async()
+ * writes it. */
+void kvr__vllm_date(const kvr_results_t *res, char *buf, size_t size);
+/* The file name `vllm bench serve --save-result` gives level lv of run:
+ * LABEL-RATEqps[-concurrencyN]-MODEL-DATE.json (compute_result_filename()). */
+void kvr__vllm_result_name(const kvr_results_t *res, const kvr_run_t *run, const kvr_level_t *lv,
+                           char *buf, size_t size);
+
 /* ---- the verdict sentences (report_verdicts.c) ----------------------------------------------- */
 
 /* The summary paragraph that opens the report: which policy has the highest max SLO-compliant load

@@ -68,9 +68,10 @@ def check_level(users, n, lv, recs):
         assert len(lv[key]) == n, (users, key, len(lv[key]))
     for key in ("cached_lens", "e2els", "tpots", "turns"):
         assert len(k[key]) == n, (users, key, len(k[key]))
-    measured = [r for r in recs if not r["warmup"]]
+    measured = sorted((r for r in recs if not r["warmup"]), key=lambda r: r["seq"])
     assert len(measured) == n and all(r["ok"] and not r["cooldown"] for r in measured), users
-    # The arrays are the measured records, in the same order (completion order).
+    # The arrays are the measured records in send order (seq; the JSONL is in completion order),
+    # as vllm keeps its dispatch order.
     assert k["turns"] == [r["turn"] for r in measured], users
     assert lv["input_lens"] == [r["prompt_tokens"] for r in measured], users
     assert k["cached_lens"] == [r["cached_tokens"] for r in measured], users

@@ -350,6 +350,7 @@ static void add_req(kvr_level_t *lv, bool warmup, double sent, bool ok, double t
   memset(&r, 0, sizeof(r));
   r.warmup = warmup;
   r.user = -1;
+  r.seq = (uint64_t)lround(sent * 100); /* sent in the order of their send times */
   r.sent_s = r.target_s = sent;
   r.ok = ok;
   r.status = ok ? 200 : 503;
@@ -374,7 +375,8 @@ static double num(const cJSON *o, const char *key) {
 
 /* The keys vllm/benchmarks/serve.py writes that kvrouter added: endpoint_type, tokenizer_id,
  * request_goodput, max_output_tokens_per_s, and the per-request latencies and start_times (seconds,
- * measured requests in completion order), itls and generated_texts null. */
+ * measured requests in send order, as vllm's dispatch order), itls and generated_texts left out
+ * without --save-detailed (as vllm leaves them out). */
 static void test_vllm_keys(void **state) {
   (void)state;
   kvr_results_t *res = kvr_stats_results_new();
@@ -406,15 +408,15 @@ static void test_vllm_keys(void **state) {
    * B's last 3 and D's in [3, 4). */
   assert_near(num(j, "max_output_tokens_per_s"), 9);
   assert_near(num(j, "max_concurrent_requests"), (double)lv->max_concurrent);
-  assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "itls")));
-  assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "generated_texts")));
+  assert_null(cJSON_GetObjectItem(j, "itls"));
+  assert_null(cJSON_GetObjectItem(j, "generated_texts"));
 
-  /* Completion order, the records' (and the JSONL's): E, C, F, B, D. */
-  static const double start[] = {1.2, 1.0, 1.8, 2.05, 1.5};
-  static const double ttft[] = {0, 0.5, 0.9, 0.2, 1.5};
-  static const double lat[] = {0, 0.6, 0.9, 1.2, 1.5};
-  static const double e2e_ms[] = {5, 600, 900, 1200, 1500};
-  static const double in[] = {220, 200, 280, 305, 250};
+  /* Send order (the records are in completion order: E, C, F, B, D): C, E, D, F, B. */
+  static const double start[] = {1.0, 1.2, 1.5, 1.8, 2.05};
+  static const double ttft[] = {0.5, 0, 1.5, 0.9, 0.2};
+  static const double lat[] = {0.6, 0, 1.5, 0.9, 1.2};
+  static const double e2e_ms[] = {600, 5, 1500, 900, 1200};
+  static const double in[] = {200, 220, 250, 280, 305};
   const cJSON *k = cJSON_GetObjectItem(j, "kvrouter");
   static const char *const top[] = {"input_lens", "output_lens", "ttfts",
                                     "latencies",  "start_times", "errors"};
@@ -431,7 +433,7 @@ static void test_vllm_keys(void **state) {
     assert_near(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "input_lens"), i)->valuedouble, in[i]);
     assert_near(cJSON_GetArrayItem(cJSON_GetObjectItem(k, "e2els"), i)->valuedouble, e2e_ms[i]);
   }
-  assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "errors"), 0)->valuestring,
+  assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "errors"), 1)->valuestring,
                       "HTTP 503");
   cJSON_Delete(j);
 
