@@ -130,7 +130,7 @@ for w in $WORKLOADS; do
   python3 - "$RAW/$w/results" "$OUT/$w"/results/*.json <<'PY'
 import json, os, sys
 TOP = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
-       "generated_texts", "errors")
+       "generated_texts", "errors", "queue_times")
 KVR = ("cached_lens", "e2els", "tpots", "turns")
 for src in sys.argv[2:]:
     with open(src) as f:

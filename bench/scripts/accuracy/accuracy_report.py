@@ -62,6 +62,7 @@ BUCKETS = [(0, 200), (200, 1000), (1000, 2000), (2000, None)]
 # The per-request arrays of the bench's per-level JSON (bench/report/report_json.c,
 # request_arrays()): top level (vllm's) and in its "kvrouter" object; collect drops them.
 PER_REQUEST_TOP = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
+                   "queue_times",
                    "generated_texts", "errors")
 PER_REQUEST_KVROUTER = ("cached_lens", "e2els", "tpots", "turns")
 TTFT_CSV_HEADER = ["uncached_tokens", "ttft_ms"]

@@ -34,6 +34,7 @@ RUNS = ("off", "on")
 # The per-request arrays of the bench's per-level JSON (bench/report/report_json.c,
 # request_arrays()): top level (vllm's) and in its "kvrouter" object.
 PER_REQUEST_TOP = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
+                   "queue_times",
                    "generated_texts", "errors")
 PER_REQUEST_KVROUTER = ("cached_lens", "e2els", "tpots", "turns")
 

@@ -272,6 +272,7 @@ VLLM014_MAX_CONC = "max_concurrent_requests_vllm014"
 # check_turn_e2e, check_under_load); every other figure of the report is one of the level's
 # aggregates, and the max concurrency above is kept as a figure.
 PER_REQUEST_TOP = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
+                   "queue_times",
                    "generated_texts", "errors")
 PER_REQUEST_KVROUTER = ("cached_lens", "e2els", "tpots", "turns")
 CLOSED_COLUMNS = ("input_lens", "output_lens", "cached_lens", "e2els")

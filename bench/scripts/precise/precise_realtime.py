@@ -58,6 +58,7 @@ RATES = {"multiturn": 7.76, "documents": 11.84, "control": 2.79, "agentic": 1.00
 # request_arrays()): top level (vllm's) and in its "kvrouter" object. A run's results/*.json is
 # kept in git without them (slim_level): the table reads the level's aggregates only.
 PER_REQUEST_TOP = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
+                   "queue_times",
                    "generated_texts", "errors")
 PER_REQUEST_KVROUTER = ("cached_lens", "e2els", "tpots", "turns")
 

@@ -51,6 +51,7 @@ from scenarios import LEVEL, SCENARIOS  # noqa: E402
 # request_arrays()): top level (vllm's) and in its "kvrouter" object. A run's results/*.json is
 # kept in git without them (slim_level): the table reads the level's aggregates only.
 PER_REQUEST_TOP = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
+                   "queue_times",
                    "generated_texts", "errors")
 PER_REQUEST_KVROUTER = ("cached_lens", "e2els", "tpots", "turns")
 
