@@ -9,6 +9,7 @@
  *   token-block chain --kvr_kv_index_match---> on precise workers (their KV-event stream is
  *                                              complete), the matched blocks instead
  *   worker fields + peers' load + matched ----> kvr_worker_snap_t[] (one per slot, empty slots
+ *                                              and workers not serving the request's model
  *                                              unusable; rank: the rendezvous tie-break)
  *   snapshots + route req + tried set -------> policy->select() --> slot
  * The tried set is built per decision from the caller's short list of tried slots (and the
@@ -185,6 +186,8 @@ static void worker_free(kvr_router_t *r, kvr_worker_t *w) {
   kvr_kv_index_clear(r->kv_index, (size_t)w->slot);
   free(w->kv_events);
   free(w->kv_replay);
+  kvr_vllm_models_free(&w->models);
+  free(w->labels);
   r->slots[w->slot] = NULL;
   while (r->nslots > 0 && r->slots[r->nslots - 1] == NULL)
     r->nslots--;
@@ -264,6 +267,88 @@ int kvr_router_set_policy(kvr_router_t *r, const char *name, const cJSON *params
   return 0;
 }
 
+/* ---- model labels -------------------------------------------------------------------------------
+ */
+
+static uint64_t name_hash(const char *name) {
+  return XXH3_64bits(name, strlen(name));
+}
+
+/* Adds a label for name (the caller checked it is new and there is room); returns its index. */
+static uint16_t label_add(kvr_router_t *r, const char *name) {
+  KVR_GROW(r->model_labels, r->nmodel_labels, r->model_labels_cap, 1);
+  kvr_model_label_t *l = &r->model_labels[r->nmodel_labels];
+  memset(l, 0, sizeof *l);
+  l->name = kvr_xstrdup(name);
+  l->hash = name_hash(name);
+  kvr_hist_init(&l->ttft_seconds, kvr_hist_latency_buckets, kvr_hist_latency_nbuckets);
+  kvr_hist_init(&l->itl_seconds, kvr_hist_itl_buckets, kvr_hist_itl_nbuckets);
+  return (uint16_t)r->nmodel_labels++;
+}
+
+/* The label index of a listed name, or -1 when it has none. */
+static int label_find(const kvr_router_t *r, const char *name) {
+  uint64_t h = name_hash(name);
+  for (size_t i = KVR_MODEL_LABEL_NONE + 1; i < r->nmodel_labels; i++)
+    if (r->model_labels[i].hash == h && strcmp(r->model_labels[i].name, name) == 0)
+      return (int)i;
+  return -1;
+}
+
+/* The label of a request naming model: none, its listed name, or other. */
+static uint16_t label_of(const kvr_router_t *r, const char *model) {
+  if (model == NULL || model[0] == '\0')
+    return KVR_MODEL_LABEL_NONE;
+  int i = label_find(r, model);
+  return i < 0 ? KVR_MODEL_LABEL_OTHER : (uint16_t)i;
+}
+
+/* A name that may be a label value and an access-log field as it is: printable ASCII, no space,
+ * quote or backslash, and not one of the two fixed labels. */
+static bool label_safe(const char *name) {
+  if (strcmp(name, "other") == 0 || strcmp(name, "none") == 0)
+    return false;
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+    if (*p <= ' ' || *p > '~' || *p == '"' || *p == '\\')
+      return false;
+  return true;
+}
+
+/* The label of a name a worker lists, entered when new and there is room; other otherwise. */
+static uint16_t label_listed(kvr_router_t *r, const char *name) {
+  int i = label_find(r, name);
+  if (i >= 0)
+    return (uint16_t)i;
+  if (!label_safe(name))
+    return KVR_MODEL_LABEL_OTHER;
+  if (r->nmodel_labels >= KVR_MODEL_LABELS_MAX + 2) {
+    if (!r->model_labels_full_warned)
+      KVR_WARN("router",
+               "more than %d model names listed by the workers: further ones are counted under "
+               "model=\"other\" in the metrics",
+               KVR_MODEL_LABELS_MAX);
+    r->model_labels_full_warned = true;
+    return KVR_MODEL_LABEL_OTHER;
+  }
+  return label_add(r, name);
+}
+
+const char *kvr_router_model_label(const kvr_router_t *r, const char *model) {
+  return r->model_labels[label_of(r, model)].name;
+}
+
+/* kvr_router_worker_serves with model's hash (kvr_vllm_model_hash) computed once by a caller that
+ * asks every worker. */
+static bool serves(const kvr_worker_t *w, const char *model, uint64_t hash) {
+  if (model == NULL || model[0] == '\0' || !w->models_known || !w->models.complete)
+    return true;
+  return kvr_vllm_models_find_hash(&w->models, model, hash) != NULL;
+}
+
+static uint64_t model_hash(const char *model) {
+  return model ? kvr_vllm_model_hash(model) : 0;
+}
+
 /* ---- lifecycle --------------------------------------------------------------------------------
  */
 
@@ -275,8 +360,8 @@ kvr_router_t *kvr_router_new(const kvr_config_t *cfg, char *err, size_t errlen) 
   kvr_hist_init(&r->request_seconds, kvr_hist_latency_buckets, kvr_hist_latency_nbuckets);
   kvr_hist_init(&r->ttfb_seconds, kvr_hist_latency_buckets, kvr_hist_latency_nbuckets);
   kvr_hist_init(&r->tokenize_seconds, kvr_hist_call_buckets, kvr_hist_call_nbuckets);
-  kvr_hist_init(&r->ttft_seconds, kvr_hist_latency_buckets, kvr_hist_latency_nbuckets);
-  kvr_hist_init(&r->itl_seconds, kvr_hist_itl_buckets, kvr_hist_itl_nbuckets);
+  label_add(r, "other");                                         /* KVR_MODEL_LABEL_OTHER */
+  label_add(r, "none");                                          /* KVR_MODEL_LABEL_NONE */
   r->index = kvr_cache_index_new(1, cfg->cache_capacity_blocks); /* grows with the workers */
   if (r->index == NULL) {
     snprintf(err, errlen, "cannot create the cache index");
@@ -312,6 +397,9 @@ void kvr_router_free(kvr_router_t *r) {
   kvr_kv_index_free(r->kv_index);
   kvr_affinity_free(r->response_ids);
   free(r->responses);
+  for (size_t i = 0; i < r->nmodel_labels; i++)
+    free(r->model_labels[i].name);
+  free(r->model_labels);
   free(r->snaps);
   free(r->scores);
   free(r->matched);
@@ -415,6 +503,8 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, const kvr_rou
   d->scores = r->scores;
   d->nsnaps = r->nslots;
   bool any_precise = false;
+  const char *model = avoid ? avoid->model : NULL;
+  uint64_t mhash = model_hash(model);
   for (size_t i = 0; i < r->nslots; i++) {
     memset(&d->snaps[i], 0, sizeof d->snaps[i]);
     if (r->slots[i] == NULL)
@@ -422,6 +512,8 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, const kvr_rou
     bool precise = precise_match(r, r->slots[i], req, &matched[i]);
     snapshot(r, r->slots[i], matched[i], t0, &d->snaps[i]);
     d->snaps[i].precise = precise;
+    if (!serves(r->slots[i], model, mhash))
+      d->snaps[i].usable = false; /* another model: the policy never sees it as a choice */
     /* rendezvous rank for the last tie-break: the same worker order for a prompt on every replica,
      * keyed by its last block (the most specific prefix), so distinct prompts spread evenly */
     if (req->nblocks)
@@ -462,11 +554,20 @@ uint64_t kvr_router_predicted_cached(const kvr_router_t *r, size_t matched_block
 
 const kvr_worker_t *kvr_router_on_dispatch(kvr_router_t *r, int slot, uint64_t prompt_tokens,
                                            size_t matched_blocks, kvr_router_dispatch_t *d) {
+  return kvr_router_on_dispatch_model(r, slot, prompt_tokens, matched_blocks, NULL, d);
+}
+
+const kvr_worker_t *kvr_router_on_dispatch_model(kvr_router_t *r, int slot, uint64_t prompt_tokens,
+                                                 size_t matched_blocks, const char *model,
+                                                 kvr_router_dispatch_t *d) {
   memset(d, 0, sizeof *d);
   kvr_worker_t *w = slot >= 0 && slot < KVR_MAX_WORKERS ? r->slots[slot] : NULL;
   if (w == NULL)
     return NULL;
   d->open = true;
+  d->model = label_of(r, model);
+  if (d->model == KVR_MODEL_LABEL_NONE && w->models_known)
+    d->model = w->base_label; /* vLLM serves a request without a model with its first name */
   d->worker_id = w->id;
   d->slot = slot;
   d->prompt_tokens = prompt_tokens;
@@ -586,6 +687,19 @@ void kvr_router_on_learn(kvr_router_t *r, const kvr_router_dispatch_t *d, const 
                            KVR_MIN(n, kvr_router_learn_cap(r, w)));
 }
 
+/* The workers' actual prompt and generated tokens: w's, the router's and its model label's. */
+static void count_tokens(kvr_router_t *r, kvr_worker_t *w, uint16_t label, uint64_t prompt,
+                         uint64_t generation) {
+  w->actual_prompt_tokens_total += prompt;
+  w->actual_generation_tokens_total += generation;
+  r->prompt_tokens_total += prompt;
+  r->generation_tokens_total += generation;
+  if (label < r->nmodel_labels) {
+    r->model_labels[label].prompt_tokens_total += prompt;
+    r->model_labels[label].generation_tokens_total += generation;
+  }
+}
+
 /* The first answer showing a figure in its usage moves src to usage: cut at the last page the
  * scrape counted, if any. */
 static void source_to_usage(kvr_count_source_t *src, const kvr_worker_t *w, const char *what) {
@@ -620,12 +734,8 @@ void kvr_router_on_usage(kvr_router_t *r, const kvr_router_dispatch_t *d,
   source_to_usage(&w->tokens_source, w, "token counts");
   if (source_counts(&w->cached_source, d))
     w->actual_cached_tokens_total += u->cached_tokens;
-  if (source_counts(&w->tokens_source, d)) {
-    w->actual_prompt_tokens_total += u->prompt_tokens;
-    w->actual_generation_tokens_total += u->completion_tokens;
-    r->prompt_tokens_total += u->prompt_tokens;
-    r->generation_tokens_total += u->completion_tokens;
-  }
+  if (source_counts(&w->tokens_source, d))
+    count_tokens(r, w, d->model, u->prompt_tokens, u->completion_tokens);
 }
 
 /* ---- outlier ejection ------------------------------------------------------------------------ */
@@ -742,12 +852,8 @@ static void commit_page(kvr_router_t *r, kvr_worker_t *w) {
   const kvr_pending_page_t *p = &w->pending[0];
   if (!w->cached_source.usage)
     w->actual_cached_tokens_total += p->delta[KVR_VLLM_HITS];
-  if (!w->tokens_source.usage) {
-    w->actual_prompt_tokens_total += p->delta[KVR_VLLM_PROMPT];
-    w->actual_generation_tokens_total += p->delta[KVR_VLLM_GENERATION];
-    r->prompt_tokens_total += p->delta[KVR_VLLM_PROMPT];
-    r->generation_tokens_total += p->delta[KVR_VLLM_GENERATION];
-  }
+  if (!w->tokens_source.usage) /* vLLM's counters carry its first served name: the base label */
+    count_tokens(r, w, w->base_label, p->delta[KVR_VLLM_PROMPT], p->delta[KVR_VLLM_GENERATION]);
   w->committed_ns = p->at_ns;
   w->npending--;
   memmove(&w->pending[0], &w->pending[1], w->npending * sizeof(w->pending[0]));
@@ -836,16 +942,75 @@ int kvr_router_on_peer_scrape(kvr_router_t *r, const char *url, double running, 
   return 0;
 }
 
-int kvr_router_on_models(kvr_router_t *r, uint32_t id, uint64_t max_model_len) {
+/* Whether lists a and b hold the same ids in the same order. */
+static bool same_ids(const kvr_vllm_models_t *a, const kvr_vllm_models_t *b) {
+  if (a->n != b->n || a->complete != b->complete)
+    return false;
+  for (size_t i = 0; i < a->n; i++)
+    if (strcmp(a->v[i].id, b->v[i].id) != 0)
+      return false;
+  return true;
+}
+
+/* One line naming w's ids (at most about 400 bytes of them). */
+static void log_models(const kvr_worker_t *w) {
+  kvr_buf_t b = KVR_BUF_INIT;
+  for (size_t i = 0; i < w->models.n; i++) {
+    const kvr_vllm_model_t *m = &w->models.v[i];
+    if (b.len >= 400) {
+      kvr_buf_printf(&b, ", ... (%zu more)", w->models.n - i);
+      break;
+    }
+    kvr_buf_printf(&b, "%s%s", i ? ", " : "", m->id);
+    if (m->parent)
+      kvr_buf_printf(&b, " (adapter of %s)", m->parent);
+  }
+  KVR_INFO("scrape", "worker %u serves %zu model id%s%s: %s; max_model_len %llu tokens", w->id,
+           w->models.n, w->models.n == 1 ? "" : "s",
+           w->models.complete ? "" : " (list cut: it takes requests for any model)",
+           b.data ? b.data : "", (unsigned long long)w->max_model_len);
+  kvr_buf_free(&b);
+}
+
+int kvr_router_on_models(kvr_router_t *r, uint32_t id, kvr_vllm_models_t *m) {
   kvr_worker_t *w = worker_by_id(r, id);
   if (w == NULL)
     return KVR_ENOENT;
-  if (w->max_model_len != max_model_len)
-    KVR_INFO("scrape", "worker %u: max_model_len %llu tokens", w->id,
-             (unsigned long long)max_model_len);
-  w->max_model_len = max_model_len;
+  bool changed = !same_ids(&w->models, m) || w->max_model_len != m->max_model_len;
+  kvr_vllm_models_free(&w->models);
+  w->models = *m;
+  memset(m, 0, sizeof *m);
+  free(w->labels);
+  w->labels = kvr_xcalloc(w->models.n ? w->models.n : 1, sizeof *w->labels);
+  for (size_t i = 0; i < w->models.n; i++)
+    w->labels[i] = label_listed(r, w->models.v[i].id);
+  w->base_label = w->models.n ? w->labels[0] : KVR_MODEL_LABEL_OTHER;
+  w->max_model_len = w->models.max_model_len;
   w->models_known = true;
+  w->models_at_ms = now_ms(r);
+  if (changed)
+    log_models(w);
   return 0;
+}
+
+bool kvr_router_worker_serves(const kvr_worker_t *w, const char *model) {
+  return serves(w, model, model_hash(model));
+}
+
+bool kvr_router_model_unknown(const kvr_router_t *r, const char *model) {
+  if (model == NULL || model[0] == '\0')
+    return false;
+  bool any = false;
+  uint64_t h = model_hash(model);
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w == NULL || w->state == KVR_WORKER_DRAINING)
+      continue;
+    if (serves(w, model, h))
+      return false;
+    any = true;
+  }
+  return any;
 }
 
 int kvr_router_forget_cache(kvr_router_t *r, uint32_t id, uint64_t *forgotten) {
@@ -918,11 +1083,13 @@ void kvr_router_observe_duration(kvr_router_t *r, double seconds) {
   kvr_hist_observe(&r->request_seconds, seconds);
 }
 
-void kvr_router_on_response(kvr_router_t *r, int code, int route, const char *worker) {
+void kvr_router_on_response(kvr_router_t *r, int code, int route, const char *worker,
+                            const char *model) {
   const char *wl = worker && *worker ? worker : "none";
+  uint16_t label = label_of(r, model);
   for (size_t i = 0; i < r->nresponses; i++) {
     kvr_response_count_t *e = &r->responses[i];
-    if (e->code == code && e->route == route && strcmp(e->worker, wl) == 0) {
+    if (e->code == code && e->route == route && e->model == label && strcmp(e->worker, wl) == 0) {
       e->count++;
       return;
     }
@@ -932,16 +1099,17 @@ void kvr_router_on_response(kvr_router_t *r, int code, int route, const char *wo
   memset(e, 0, sizeof *e);
   e->code = code;
   e->route = route;
+  e->model = label;
   snprintf(e->worker, sizeof e->worker, "%s", wl);
   e->count = 1;
 }
 
-void kvr_router_observe_ttft(kvr_router_t *r, double seconds) {
-  kvr_hist_observe(&r->ttft_seconds, seconds);
+void kvr_router_observe_ttft(kvr_router_t *r, const char *model, double seconds) {
+  kvr_hist_observe(&r->model_labels[label_of(r, model)].ttft_seconds, seconds);
 }
 
-void kvr_router_observe_itl(kvr_router_t *r, double seconds) {
-  kvr_hist_observe(&r->itl_seconds, seconds);
+void kvr_router_observe_itl(kvr_router_t *r, const char *model, double seconds) {
+  kvr_hist_observe(&r->model_labels[label_of(r, model)].itl_seconds, seconds);
 }
 
 /* ---- retry budget and admission bound ------------------------------------------------------- */
@@ -979,9 +1147,12 @@ bool kvr_router_admission_blocked(const kvr_router_t *r, const kvr_router_avoid_
     return false;
   uint64_t now = now_ms(r);
   bool usable = false;
+  const char *model = avoid ? avoid->model : NULL;
+  uint64_t mhash = model_hash(model);
   for (size_t i = 0; i < r->nslots; i++) {
     const kvr_worker_t *w = r->slots[i];
-    if (w == NULL || avoided(avoid, i) || !kvr_router_worker_usable(w, now))
+    if (w == NULL || avoided(avoid, i) || !kvr_router_worker_usable(w, now) ||
+        !serves(w, model, mhash))
       continue;
     if (!kvr_router_admission_full(r, i))
       return false; /* a usable worker has room */

@@ -37,6 +37,13 @@
  *
  * Retry budget (Envoy's and Linkerd's): kvr_router_retry_acquire() allows a retry while retries
  * in flight stay under budget_percent of the requests in flight, or under min_concurrency.
+ *
+ * Models: each worker keeps the ids its GET /v1/models lists (at most KVR_VLLM_MODELS_MAX,
+ * kvr_router_on_models). A request naming a model is eligible only for the workers that list that
+ * exact id (kvr_router_worker_serves; the decision marks the others unusable, the admission bound
+ * looks at these only); a worker whose list is not known yet, or not complete, is eligible for
+ * any model. A name no worker serves gets vLLM's 404 from the proxy (kvr_router_model_unknown).
+ * The listed names are also the values of the `model` metric label (kvr_model_label_t).
  */
 #ifndef KVR_ROUTER_H
 #define KVR_ROUTER_H
@@ -100,8 +107,27 @@ typedef struct kvr_response_count_s {
   int code;
   int route;       /* kvr_route_t */
   char worker[16]; /* the worker's label, or "none" (answered by the router itself) */
+  uint16_t model;  /* its model label (kvr_model_label_t index) */
   uint64_t count;
 } kvr_response_count_t;
+
+/* Model labels: the `model` label of the request, token, TTFT and ITL families. A label is a name
+ * some worker's GET /v1/models listed (entered when first listed, kept for the process's life so
+ * its series never vanish), "other" for any other name a request gives, "none" for a request that
+ * names no model (GET /v1/models, a response by id, the routes the router does not read, a
+ * Responses request without one). At most KVR_MODEL_LABELS_MAX listed names get a label (later
+ * ones count as "other", with one warning), and only names of printable ASCII without quote or
+ * backslash (they also go into the access log), so the cardinality is bounded by what the workers
+ * list. */
+#define KVR_MODEL_LABELS_MAX 256
+#define KVR_MODEL_LABEL_OTHER 0
+#define KVR_MODEL_LABEL_NONE 1
+typedef struct kvr_model_label_s {
+  char *name;    /* owned */
+  uint64_t hash; /* XXH3 of name: the lookup compares it first */
+  kvr_hist_t ttft_seconds, itl_seconds;
+  uint64_t prompt_tokens_total, generation_tokens_total;
+} kvr_model_label_t;
 
 /* The remembered placements' map (router_affinity.c) and what a lookup found. */
 typedef struct kvr_affinity_s kvr_affinity_t;
@@ -177,9 +203,18 @@ typedef struct kvr_worker_s {
   uint64_t ejected_until_ms; /* while EJECTED: when the half-open trial may go */
   uint64_t restored_ms;      /* when it last became UP after an ejection */
   bool trial_inflight;       /* the half-open trial request is in flight */
-  /* From the worker's GET /v1/models (kvr_router_on_models); 0 until known. */
+  /* From the worker's GET /v1/models (kvr_router_on_models, read again every 30 s): the ids it
+   * answers to (base names, aliases, LoRA adapters), the smallest max_model_len (0 until known),
+   * each id's model label (labels[i] for models.v[i]) and the label its scraped token counters
+   * count under (its first id, the name vLLM's own counters carry). While models_known is false
+   * (not read yet, or back up after DOWN: it may have restarted with another model) the worker
+   * takes requests for any model; the last list stays for the views. */
+  kvr_vllm_models_t models;
+  uint16_t *labels;
+  uint16_t base_label;
   uint64_t max_model_len;
-  bool models_known; /* false again when the worker comes back up (it may have restarted) */
+  bool models_known;
+  uint64_t models_at_ms; /* when the list was last read */
   /* From the worker's /metrics (kvr_router_on_scrape). */
   bool metrics_seen;
   uint64_t scraped_at_ms;
@@ -254,8 +289,11 @@ struct kvr_router_s {
    * combinations seen stay few (codes x 4 routes x workers). */
   kvr_response_count_t *responses;
   size_t nresponses, responses_cap;
-  kvr_hist_t ttft_seconds; /* streaming: request start -> first token event */
-  kvr_hist_t itl_seconds;  /* streaming: between token events */
+  /* Per model label (index 0 "other", 1 "none", then the listed names): the streaming TTFT and
+   * ITL histograms and the workers' actual token figures; nmodel_labels in use. */
+  kvr_model_label_t *model_labels;
+  size_t nmodel_labels, model_labels_cap;
+  bool model_labels_full_warned;
   uint64_t prompt_tokens_total, generation_tokens_total; /* the workers' actual_* figures */
   uint64_t client_aborts_total;                          /* clients that went away mid-request */
   uint64_t upstream_failures_total;
@@ -353,13 +391,15 @@ typedef struct kvr_decision_s {
 } kvr_decision_t;
 
 /* What a decision leaves out besides unusable workers: the slots this request already tried (a
- * short list, one per attempt) and, with full, the workers at the admission bound (a first
- * attempt). The router turns it into the policy's tried set (kvr_workerset_t, sized to the slots).
- */
+ * short list, one per attempt), with full the workers at the admission bound (a first attempt),
+ * and the workers that do not serve model (kvr_router_worker_serves). The router turns the first
+ * two into the policy's tried set (kvr_workerset_t, sized to the slots) and marks the last
+ * unusable in the snapshots, so a policy sees only the workers serving the request's model. */
 typedef struct kvr_router_avoid_s {
   const int *tried; /* slots; out-of-range ones are ignored */
   size_t ntried;
   bool full;
+  const char *model; /* the request's "model"; NULL or "": any worker */
 } kvr_router_avoid_t;
 
 /* Builds snapshots (including the cache-index match of req's blocks) and runs the policy. record
@@ -458,6 +498,7 @@ typedef struct kvr_router_dispatch_s {
   uint64_t generated;        /* tokens added to active_tokens since dispatch */
   uint64_t id;               /* numbers this router's dispatches (replica sync) */
   uint8_t peer_plus1;        /* 0: this router's request; p + 1: peer p's synced request */
+  uint16_t model;            /* the request's model label: its usage tokens count under it */
 } kvr_router_dispatch_t;
 
 /* Replica sync: peer p announced a request of prompt_tokens, prefill_tokens of them uncached, on
@@ -477,6 +518,12 @@ const kvr_worker_t *kvr_router_on_peer_dispatch(kvr_router_t *r, size_t peer, co
  * worker (valid while d is open), or NULL when slot holds no worker (d is left closed). */
 const kvr_worker_t *kvr_router_on_dispatch(kvr_router_t *r, int slot, uint64_t prompt_tokens,
                                            size_t matched_blocks, kvr_router_dispatch_t *d);
+/* kvr_router_on_dispatch for a request naming model (NULL or "": none): d also carries its model
+ * label, under which kvr_router_on_usage counts its tokens (for a request naming none, the label of
+ * the worker's first id, the name vLLM serves it with, once its list is known). */
+const kvr_worker_t *kvr_router_on_dispatch_model(kvr_router_t *r, int slot, uint64_t prompt_tokens,
+                                                 size_t matched_blocks, const char *model,
+                                                 kvr_router_dispatch_t *d);
 
 /* One generated token of d streamed back: adds it to the worker's active tokens. The first one
  * also ends d's prefill (its prefill tokens leave the queue) and, when d was dispatched alone, is
@@ -525,10 +572,24 @@ void kvr_router_on_end(kvr_router_t *r, kvr_router_dispatch_t *d);
  * one towards DOWN at the configured threshold. Returns 0 or KVR_ENOENT (worker gone meanwhile). */
 int kvr_router_on_health(kvr_router_t *r, uint32_t id, bool reachable);
 
-/* Worker id serves models of at most max_model_len tokens (GET /v1/models; the smallest over
- * its models). kvr_router_on_learn() never teaches the index more than that many tokens' blocks.
- * Returns 0 or KVR_ENOENT. */
-int kvr_router_on_models(kvr_router_t *r, uint32_t id, uint64_t max_model_len);
+/* Worker id's GET /v1/models answered with the list m (proto/vllm.h): the router takes its cards
+ * (m is left empty, the caller frees it as usual) as the ids the worker serves, gives each listed
+ * name a model label, and keeps the smallest max_model_len, beyond which kvr_router_on_learn()
+ * never teaches the index. Returns 0 or KVR_ENOENT (m untouched). */
+int kvr_router_on_models(kvr_router_t *r, uint32_t id, kvr_vllm_models_t *m);
+
+/* Whether w takes a request naming model: always for NULL or "" (vLLM serves its first base name)
+ * and while w's list is not known or not complete; else when the list holds the id exactly, as
+ * vLLM compares (aliases and LoRA adapters are ids of their own). */
+bool kvr_router_worker_serves(const kvr_worker_t *w, const char *model);
+
+/* True when a request naming model must get vLLM's 404 from the router itself: model is a name,
+ * the router has workers (draining ones aside) and none of them serves it. */
+bool kvr_router_model_unknown(const kvr_router_t *r, const char *model);
+
+/* The model label of a request naming model (NULL or "": "none"; see KVR_MODEL_LABELS_MAX):
+ * the listed name, "other" or "none". Valid while r lives. */
+const char *kvr_router_model_label(const kvr_router_t *r, const char *model);
 
 /* The most blocks the index learns for w: max_model_len tokens' worth (block_chars /
  * KVR_CHARS_PER_TOKEN tokens a block, at least 1), or SIZE_MAX while max_model_len is unknown. */
@@ -617,11 +678,14 @@ void kvr_router_on_admission_reject(kvr_router_t *r, kvr_admission_reject_t why)
 void kvr_router_observe_ttfb(kvr_router_t *r, double seconds);
 /* Seconds from request received to response end (proxied requests). */
 void kvr_router_observe_duration(kvr_router_t *r, double seconds);
-/* A response sent to a client: its status, route (kvr_route_t) and worker label (NULL: none). */
-void kvr_router_on_response(kvr_router_t *r, int code, int route, const char *worker);
+/* A response sent to a client: its status, route (kvr_route_t), worker label (NULL: none) and the
+ * model the request named (NULL: none; counted under its model label). */
+void kvr_router_on_response(kvr_router_t *r, int code, int route, const char *worker,
+                            const char *model);
 /* Streaming token events as the client receives them: the first one's delay after the request
- * arrived, and the gap to the previous one. */
-void kvr_router_observe_ttft(kvr_router_t *r, double seconds);
-void kvr_router_observe_itl(kvr_router_t *r, double seconds);
+ * arrived, and the gap to the previous one, under the model label of the model the request
+ * named. */
+void kvr_router_observe_ttft(kvr_router_t *r, const char *model, double seconds);
+void kvr_router_observe_itl(kvr_router_t *r, const char *model, double seconds);
 
 #endif

@@ -4,8 +4,11 @@
  * shown here. The per-worker metric families are one table (worker_families): name, type, help and
  * where the figure is, a field of kvr_worker_t (by offset and type) or a function computing it;
  * kvr_router_view_metrics() prints the table, then the worker state and actual-figure source
- * families, then the routing-decision families, then the request families, in that fixed order.
- * The predicted-vs-actual fractions follow the worker's cached-token source (window_source()).
+ * families, then the routing-decision families, then the request families (kvrouter_http_
+ * requests_total and the TTFT, ITL and token families by model label: router.h's
+ * kvr_model_label_t), then the model families, in that fixed order. The predicted-vs-actual
+ * fractions follow the worker's cached-token source (window_source()). kvr_router_view_models()
+ * renders the public GET /v1/models: the union of the usable workers' lists.
  */
 #include "core/router_view.h"
 
@@ -17,6 +20,10 @@
 #include "base/kvr.h"
 #include "base/metrics.h"
 #include "kvr_commit.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
 
 /* ---- per-worker metric families ---------------------------------------------------------------
  */
@@ -653,6 +660,71 @@ static void peer_metrics(const kvr_router_t *r, kvr_buf_t *out) {
   kvr_buf_free(&l);
 }
 
+/* ---- models ---- */
+
+/* The model labels to show in the per-model families: the names some worker lists now (its list
+ * known, draining workers aside) and every label with figures, so a listed model has its series
+ * (at 0) before its first request. */
+static void labels_shown(const kvr_router_t *r, bool *shown) {
+  for (size_t k = 0; k < r->nmodel_labels; k++) {
+    const kvr_model_label_t *m = &r->model_labels[k];
+    shown[k] = m->ttft_seconds.count || m->itl_seconds.count || m->prompt_tokens_total ||
+               m->generation_tokens_total;
+  }
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w == NULL || !w->models_known || w->state == KVR_WORKER_DRAINING)
+      continue;
+    for (size_t j = 0; j < w->models.n; j++)
+      shown[w->labels[j]] = true;
+  }
+}
+
+static void model_label(kvr_buf_t *l, const kvr_router_t *r, size_t k) {
+  kvr_buf_reset(l);
+  kvr_buf_puts(l, "model=\"");
+  kvr_metric_escape(l, r->model_labels[k].name);
+  kvr_buf_puts(l, "\"");
+}
+
+/* kvrouter_model_workers (usable workers listing each listed name) and kvrouter_worker_model_info
+ * (one series per worker and id it lists; ids without a label of their own are left out). */
+static void model_metrics(const kvr_router_t *r, kvr_buf_t *out) {
+  uint64_t now = kvr_router_now_ns(r) / 1000000u;
+  size_t n = r->nmodel_labels;
+  uint32_t usable[KVR_MODEL_LABELS_MAX + 2] = {0};
+  bool listed[KVR_MODEL_LABELS_MAX + 2] = {false};
+  kvr_buf_t l = KVR_BUF_INIT;
+  kvr_metric_family(out, "kvrouter_worker_model_info", "gauge",
+                    "1 for each model id (base name, alias, LoRA adapter) the worker's GET "
+                    "/v1/models listed when last read");
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w == NULL || w->state == KVR_WORKER_DRAINING)
+      continue;
+    bool up = w->models_known && kvr_router_worker_usable(w, now);
+    for (size_t j = 0; j < w->models.n; j++) {
+      uint16_t k = w->labels[j];
+      if (k <= KVR_MODEL_LABEL_NONE || k >= n)
+        continue;
+      listed[k] = true;
+      usable[k] += up;
+      model_label(&l, r, k);
+      kvr_buf_printf(&l, ",worker=\"%s\"", w->label);
+      kvr_metric_sample(out, "kvrouter_worker_model_info", l.data, 1);
+    }
+  }
+  kvr_metric_family(out, "kvrouter_model_workers", "gauge",
+                    "Usable workers whose GET /v1/models lists the model (one series per model a "
+                    "worker lists); 0: requests for it wait for a worker or fail with 503");
+  for (size_t k = KVR_MODEL_LABEL_NONE + 1; k < n; k++)
+    if (listed[k]) {
+      model_label(&l, r, k);
+      kvr_metric_sample(out, "kvrouter_model_workers", l.data, usable[k]);
+    }
+  kvr_buf_free(&l);
+}
+
 /* ---- responses and token streams ---- */
 
 static void response_metrics(const kvr_router_t *r, kvr_buf_t *out) {
@@ -660,31 +732,61 @@ static void response_metrics(const kvr_router_t *r, kvr_buf_t *out) {
   kvr_metric_family(out, "kvrouter_http_requests_total", "counter",
                     "Responses sent on the public listener by status code, route "
                     "(chat_completions, completions, responses, response_by_id, messages, models, "
-                    "other) and worker (\"none\": answered by the router itself); probes excepted");
+                    "other), worker (\"none\": answered by the router itself) and model (a name "
+                    "the workers list, other, or none: the request named no model); probes "
+                    "excepted");
   for (size_t i = 0; i < r->nresponses; i++) {
     const kvr_response_count_t *e = &r->responses[i];
     kvr_buf_reset(&l);
-    kvr_buf_printf(&l, "code=\"%d\",route=\"%s\",worker=\"%s\"", e->code,
+    kvr_buf_printf(&l, "code=\"%d\",route=\"%s\",worker=\"%s\",model=\"", e->code,
                    kvr_openai_route_name((kvr_route_t)e->route), e->worker);
+    kvr_metric_escape(&l, r->model_labels[e->model].name);
+    kvr_buf_puts(&l, "\"");
     kvr_metric_sample(out, "kvrouter_http_requests_total", l.data, (double)e->count);
   }
+  bool shown[KVR_MODEL_LABELS_MAX + 2];
+  labels_shown(r, shown);
+  kvr_metric_family(out, "kvrouter_time_to_first_token_seconds", "histogram",
+                    "Streaming answers: request arrival to the first token event sent to the "
+                    "client, by model");
+  for (size_t k = 0; k < r->nmodel_labels; k++)
+    if (shown[k]) {
+      model_label(&l, r, k);
+      kvr_metric_hist(out, "kvrouter_time_to_first_token_seconds", l.data,
+                      &r->model_labels[k].ttft_seconds);
+    }
+  kvr_metric_family(out, "kvrouter_inter_token_latency_seconds", "histogram",
+                    "Streaming answers: time between token events sent to the client (0-ish "
+                    "for events that arrived in one read), by model");
+  for (size_t k = 0; k < r->nmodel_labels; k++)
+    if (shown[k]) {
+      model_label(&l, r, k);
+      kvr_metric_hist(out, "kvrouter_inter_token_latency_seconds", l.data,
+                      &r->model_labels[k].itl_seconds);
+    }
+  kvr_metric_family(out, "kvrouter_prompt_tokens_total", "counter",
+                    "Prompt tokens processed by the workers, by model: the sum of "
+                    "kvrouter_worker_actual_prompt_tokens (usage: the request's model, or the "
+                    "worker's first listed model for a request naming none; scraped "
+                    "vllm:prompt_tokens_total: the worker's first listed model)");
+  for (size_t k = 0; k < r->nmodel_labels; k++)
+    if (shown[k]) {
+      model_label(&l, r, k);
+      kvr_metric_sample(out, "kvrouter_prompt_tokens_total", l.data,
+                        (double)r->model_labels[k].prompt_tokens_total);
+    }
+  kvr_metric_family(out, "kvrouter_generation_tokens_total", "counter",
+                    "Generated tokens of the workers, by model: the sum of "
+                    "kvrouter_worker_actual_generation_tokens (usage: the request's model, or "
+                    "the worker's first listed model for a request naming none; scraped "
+                    "vllm:generation_tokens_total: the worker's first listed model)");
+  for (size_t k = 0; k < r->nmodel_labels; k++)
+    if (shown[k]) {
+      model_label(&l, r, k);
+      kvr_metric_sample(out, "kvrouter_generation_tokens_total", l.data,
+                        (double)r->model_labels[k].generation_tokens_total);
+    }
   kvr_buf_free(&l);
-  kvr_metric_histogram(out, "kvrouter_time_to_first_token_seconds",
-                       "Streaming answers: request arrival to the first token event sent to the "
-                       "client",
-                       NULL, &r->ttft_seconds);
-  kvr_metric_histogram(out, "kvrouter_inter_token_latency_seconds",
-                       "Streaming answers: time between token events sent to the client (0-ish "
-                       "for events that arrived in one read)",
-                       NULL, &r->itl_seconds);
-  counter(out, "kvrouter_prompt_tokens_total",
-          "Prompt tokens processed by the workers: the sum of kvrouter_worker_actual_prompt_tokens "
-          "(usage, or scraped vllm:prompt_tokens_total)",
-          r->prompt_tokens_total);
-  counter(out, "kvrouter_generation_tokens_total",
-          "Generated tokens of the workers: the sum of kvrouter_worker_actual_generation_tokens "
-          "(usage, or scraped vllm:generation_tokens_total)",
-          r->generation_tokens_total);
 }
 
 static void metrics_with(const kvr_router_t *r, const kvr_process_stats_t *proc, kvr_buf_t *out) {
@@ -695,6 +797,7 @@ static void metrics_with(const kvr_router_t *r, const kvr_process_stats_t *proc,
   routing_metrics(r, out);
   request_metrics(r, out);
   response_metrics(r, out);
+  model_metrics(r, out);
   kv_metrics(r, out);
   peer_metrics(r, out);
   build_metrics(out);
@@ -780,6 +883,36 @@ static void cached_json(const kvr_worker_t *w, cJSON *c) {
   cJSON_AddNumberToObject(c, "usage_cached_tokens", (double)w->usage_cached_tokens_total);
 }
 
+/* The "models" object of one worker: its GET /v1/models list as last read. */
+static void models_json(const kvr_worker_t *w, uint64_t now, cJSON *o) {
+  cJSON_AddBoolToObject(o, "known", w->models_known);
+  cJSON_AddBoolToObject(o, "complete", w->models.complete || w->models.n == 0);
+  if (w->models_at_ms)
+    cJSON_AddNumberToObject(o, "age_ms",
+                            now > w->models_at_ms ? (double)(now - w->models_at_ms) : 0);
+  else
+    cJSON_AddNullToObject(o, "age_ms");
+  cJSON *arr = cJSON_AddArrayToObject(o, "ids");
+  for (size_t i = 0; i < w->models.n; i++) {
+    const kvr_vllm_model_t *m = &w->models.v[i];
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "id", m->id);
+    if (m->root)
+      cJSON_AddStringToObject(e, "root", m->root);
+    else
+      cJSON_AddNullToObject(e, "root");
+    if (m->parent)
+      cJSON_AddStringToObject(e, "parent", m->parent);
+    else
+      cJSON_AddNullToObject(e, "parent");
+    if (m->max_model_len)
+      cJSON_AddNumberToObject(e, "max_model_len", (double)m->max_model_len);
+    else
+      cJSON_AddNullToObject(e, "max_model_len");
+    cJSON_AddItemToArray(arr, e);
+  }
+}
+
 static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t now) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "id", w->id);
@@ -805,6 +938,7 @@ static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t
     cJSON_AddNullToObject(o, "max_model_len");
   cJSON_AddNumberToObject(o, "learn_cap_blocks",
                           w->max_model_len ? (double)kvr_router_learn_cap(r, w) : -1);
+  models_json(w, now, cJSON_AddObjectToObject(o, "models"));
   cJSON_AddNumberToObject(o, "decisions_total", (double)r->decisions_total[w->slot]);
   cached_json(w, cJSON_AddObjectToObject(o, "cached"));
   outlier_json(w, now, cJSON_AddObjectToObject(o, "outlier"));
@@ -904,4 +1038,59 @@ cJSON *kvr_router_view_load(const kvr_router_t *r) {
     cJSON_AddItemToArray(arr, e);
   }
   return o;
+}
+
+/* A small set of id hashes (open addressing, a power of two of slots, 0 = empty): the ids already
+ * in the union. */
+typedef struct id_set_s {
+  uint64_t *h;
+  const char **id;
+  size_t mask;
+} id_set_t;
+
+/* Adds id; false when it was there already. */
+static bool id_set_add(id_set_t *s, const char *id) {
+  uint64_t h = XXH3_64bits(id, strlen(id)) | 1;
+  for (size_t i = h & s->mask;; i = (i + 1) & s->mask) {
+    if (s->h[i] == 0) {
+      s->h[i] = h;
+      s->id[i] = id;
+      return true;
+    }
+    if (s->h[i] == h && strcmp(s->id[i], id) == 0)
+      return false;
+  }
+}
+
+size_t kvr_router_view_models(const kvr_router_t *r, kvr_buf_t *out) {
+  uint64_t now = kvr_router_now_ns(r) / 1000000u;
+  size_t cards = 0, workers = 0;
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w && w->models_known && kvr_router_worker_usable(w, now))
+      cards += w->models.n;
+  }
+  size_t cap = 16;
+  while (cap < 2 * cards)
+    cap *= 2;
+  id_set_t set = {kvr_xcalloc(cap, sizeof(uint64_t)), kvr_xcalloc(cap, sizeof(char *)), cap - 1};
+  kvr_buf_puts(out, "{\"object\":\"list\",\"data\":[");
+  bool first = true;
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w == NULL || !w->models_known || !kvr_router_worker_usable(w, now))
+      continue;
+    workers++;
+    for (size_t j = 0; j < w->models.n; j++) {
+      if (!id_set_add(&set, w->models.v[j].id))
+        continue; /* listed by an earlier worker: its card stands */
+      kvr_buf_puts(out, first ? "" : ",");
+      kvr_buf_puts(out, w->models.v[j].card);
+      first = false;
+    }
+  }
+  kvr_buf_puts(out, "]}"); /* no newline: one worker's list comes out as vLLM's own bytes */
+  free(set.h);
+  free(set.id);
+  return workers;
 }

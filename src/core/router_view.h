@@ -30,4 +30,11 @@ cJSON *kvr_router_view_cache_index(const kvr_router_t *r);
 /* This replica's own per-worker load, keyed by URL (GET /admin/load, read by its peers). */
 cJSON *kvr_router_view_load(const kvr_router_t *r);
 
+/* The body of GET /v1/models on the public listener, appended to out: {"object":"list","data":
+ * [...]} with the union of the cards the usable workers listed (their lists known), each id once,
+ * its card as the first worker in slot order gave it (vLLM's fields kept), compact as vLLM writes
+ * it. Returns the number of workers whose lists went in; with 0 the body lists nothing and the
+ * caller may ask a worker. */
+size_t kvr_router_view_models(const kvr_router_t *r, kvr_buf_t *out);
+
 #endif

@@ -4,8 +4,9 @@
  * (vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc or its older name
  * vllm:gpu_cache_usage_perc, vllm:cache_config_info's block_size and num_gpu_blocks labels) and the
  * token counters of KVR_VLLM_COUNTER_MAP; samples of one name are summed across label sets (several
- * engines behind one server), the cache usage is their mean. /v1/models: the smallest positive
- * max_model_len of the listed models.
+ * engines behind one server), the cache usage is their mean. /v1/models: the cards of the listed
+ * models (at most KVR_VLLM_MODELS_MAX, each id, root, parent, max_model_len and its JSON), the
+ * smallest positive max_model_len among them; and vLLM's 404 for a model it does not serve.
  */
 #include "proto/vllm.h"
 
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 static uint64_t label_u64(const char *line, const char *end, const char *label) {
   char key[64];
@@ -135,22 +137,141 @@ bool kvr_vllm_counters_advance(kvr_vllm_counter_state_t *st, const kvr_vllm_coun
   return reset;
 }
 
-int kvr_vllm_parse_models(const char *text, size_t len, uint64_t *max_model_len) {
+/* ---- GET /v1/models ----------------------------------------------------------------------- */
+
+/* A copy of item's string when it is one of at most KVR_VLLM_MODEL_ID_MAX bytes, else NULL. */
+static char *short_string(const cJSON *item) {
+  if (!cJSON_IsString(item) || strlen(item->valuestring) > KVR_VLLM_MODEL_ID_MAX)
+    return NULL;
+  return kvr_xstrdup(item->valuestring);
+}
+
+/* The card's JSON as the worker gave it (cJSON keeps the fields and their order), or, over
+ * KVR_VLLM_MODEL_CARD_MAX bytes, the fields the router reads. */
+static char *card_json(const cJSON *card, const kvr_vllm_model_t *m) {
+  char *text = cJSON_PrintUnformatted(card);
+  if (text == NULL)
+    kvr_oom("cJSON_PrintUnformatted", 0);
+  if (strlen(text) <= KVR_VLLM_MODEL_CARD_MAX)
+    return text;
+  free(text);
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_buf_puts(&b, "{\"id\":");
+  kvr_buf_json_str(&b, m->id, strlen(m->id));
+  kvr_buf_puts(&b, ",\"object\":\"model\",\"root\":");
+  if (m->root)
+    kvr_buf_json_str(&b, m->root, strlen(m->root));
+  else
+    kvr_buf_puts(&b, "null");
+  kvr_buf_puts(&b, ",\"parent\":");
+  if (m->parent)
+    kvr_buf_json_str(&b, m->parent, strlen(m->parent));
+  else
+    kvr_buf_puts(&b, "null");
+  if (m->max_model_len)
+    kvr_buf_printf(&b, ",\"max_model_len\":%llu}", (unsigned long long)m->max_model_len);
+  else
+    kvr_buf_puts(&b, ",\"max_model_len\":null}");
+  return kvr_buf_steal(&b);
+}
+
+/* Adds one card of "data" to out (or marks out incomplete when it cannot be kept). */
+static void take_card(const cJSON *card, kvr_vllm_models_t *out) {
+  const cJSON *id = cJSON_GetObjectItemCaseSensitive(card, "id");
+  if (!cJSON_IsString(id) || id->valuestring[0] == '\0')
+    return; /* no model a request could name */
+  if (kvr_vllm_models_find(out, id->valuestring))
+    return;
+  if (out->n == KVR_VLLM_MODELS_MAX || strlen(id->valuestring) > KVR_VLLM_MODEL_ID_MAX) {
+    out->complete = false;
+    return;
+  }
+  kvr_vllm_model_t *m = &out->v[out->n++];
+  m->id = kvr_xstrdup(id->valuestring);
+  m->hash = kvr_vllm_model_hash(m->id);
+  m->root = short_string(cJSON_GetObjectItemCaseSensitive(card, "root"));
+  m->parent = short_string(cJSON_GetObjectItemCaseSensitive(card, "parent"));
+  const cJSON *len = cJSON_GetObjectItemCaseSensitive(card, "max_model_len");
+  if (cJSON_IsNumber(len) && len->valuedouble >= 1 && len->valuedouble < 1e15)
+    m->max_model_len = (uint64_t)len->valuedouble;
+  if (m->max_model_len && (out->max_model_len == 0 || m->max_model_len < out->max_model_len))
+    out->max_model_len = m->max_model_len;
+  m->card = card_json(card, m);
+}
+
+int kvr_vllm_parse_model_list(const char *text, size_t len, kvr_vllm_models_t *out) {
+  memset(out, 0, sizeof *out);
+  out->complete = true;
   cJSON *root = cJSON_ParseWithLength(text, len);
   cJSON *data = cJSON_GetObjectItemCaseSensitive(root, "data");
-  uint64_t best = 0;
-  cJSON *m;
-  if (!cJSON_IsArray(data))
-    data = NULL;
-  cJSON_ArrayForEach(m, data) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, "max_model_len");
-    if (cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble < 1e15 &&
-        (best == 0 || (uint64_t)v->valuedouble < best))
-      best = (uint64_t)v->valuedouble;
+  if (cJSON_IsArray(data)) {
+    out->v = kvr_xcalloc(KVR_VLLM_MODELS_MAX, sizeof *out->v);
+    const cJSON *card;
+    cJSON_ArrayForEach(card, data) {
+      if (cJSON_IsObject(card))
+        take_card(card, out);
+    }
   }
   cJSON_Delete(root);
+  if (out->n == 0) {
+    kvr_vllm_models_free(out);
+    return KVR_EPARSE;
+  }
+  return 0;
+}
+
+int kvr_vllm_parse_models(const char *text, size_t len, uint64_t *max_model_len) {
+  kvr_vllm_models_t m;
+  if (kvr_vllm_parse_model_list(text, len, &m) != 0)
+    return KVR_EPARSE;
+  uint64_t best = m.max_model_len;
+  kvr_vllm_models_free(&m);
   if (best == 0)
     return KVR_EPARSE;
   *max_model_len = best;
   return 0;
+}
+
+void kvr_vllm_models_free(kvr_vllm_models_t *m) {
+  if (m == NULL)
+    return;
+  for (size_t i = 0; i < m->n; i++) {
+    free(m->v[i].id);
+    free(m->v[i].root);
+    free(m->v[i].parent);
+    free(m->v[i].card);
+  }
+  free(m->v);
+  memset(m, 0, sizeof *m);
+}
+
+uint64_t kvr_vllm_model_hash(const char *model) {
+  return XXH3_64bits(model, strlen(model));
+}
+
+const kvr_vllm_model_t *kvr_vllm_models_find_hash(const kvr_vllm_models_t *m, const char *model,
+                                                  uint64_t hash) {
+  for (size_t i = 0; model && i < m->n; i++)
+    if (m->v[i].hash == hash && strcmp(m->v[i].id, model) == 0)
+      return &m->v[i];
+  return NULL;
+}
+
+const kvr_vllm_model_t *kvr_vllm_models_find(const kvr_vllm_models_t *m, const char *model) {
+  return model ? kvr_vllm_models_find_hash(m, model, kvr_vllm_model_hash(model)) : NULL;
+}
+
+void kvr_vllm_model_not_found(kvr_buf_t *out, const char *model, bool anthropic) {
+  kvr_buf_t msg = KVR_BUF_INIT;
+  kvr_buf_printf(&msg, "The model `%s` does not exist.", model);
+  if (anthropic) {
+    kvr_buf_puts(out, "{\"type\":\"error\",\"error\":{\"type\":\"NotFoundError\",\"message\":");
+    kvr_buf_json_str(out, msg.data, msg.len);
+    kvr_buf_puts(out, "}}");
+  } else {
+    kvr_buf_puts(out, "{\"error\":{\"message\":");
+    kvr_buf_json_str(out, msg.data, msg.len);
+    kvr_buf_puts(out, ",\"type\":\"NotFoundError\",\"param\":\"model\",\"code\":404}}");
+  }
+  kvr_buf_free(&msg);
 }

@@ -2,13 +2,16 @@
  *
  * What a vLLM server publishes and kvrouter consumes: the Prometheus text of GET /metrics (load
  * series, the cache geometry, the cumulative token counters; names from vLLM's
- * vllm/v1/metrics/loggers.py), and the model list of GET /v1/models (max_model_len per model,
- * vllm/entrypoints/openai/serving_models.py). serve/scrape.c fetches the pages; the router
- * (core/router.c) applies the parsed figures; the counters' page-to-page arithmetic lives here so
- * that a worker restart is read the same way everywhere.
+ * vllm/v1/metrics/loggers.py), the model list of GET /v1/models (the ids a worker answers to, base
+ * names, aliases and LoRA adapters, with max_model_len per model), and the 404 vLLM answers for a
+ * model it does not serve. serve/scrape.c fetches the pages; the router (core/router.c) applies
+ * the parsed figures; the counters' page-to-page arithmetic lives here so that a worker restart is
+ * read the same way everywhere.
  */
 #ifndef KVR_VLLM_H
 #define KVR_VLLM_H
+
+#include "base/buf.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -70,9 +73,69 @@ int kvr_vllm_parse_metrics(const char *text, size_t len, uint64_t now_ms, kvr_vl
 bool kvr_vllm_counters_advance(kvr_vllm_counter_state_t *st, const kvr_vllm_counters_t *cur,
                                uint64_t delta[KVR_VLLM_NCOUNTERS]);
 
-/* Parses a GET /v1/models answer: *max_model_len gets the smallest positive max_model_len of the
- * objects in "data" (vLLM gives one per model it serves). Returns 0, or KVR_EPARSE when the text is
- * not such a list or no model gives one. */
+/* ---- GET /v1/models ---------------------------------------------------------------------------
+ *
+ * vLLM lists what one server answers to (show_available_models in its entrypoints'
+ * models/serving.py, the ModelCard of openai/engine/protocol.py): one card per
+ * --served-model-name, all with the same root (the --model path), parent null and max_model_len
+ * set; then one card per LoRA adapter, id the adapter's name, root its path, parent the base it
+ * applies to, max_model_len null. A request's "model" must equal one of these ids exactly (an
+ * empty or absent one selects the first base name). The first card's id is also the model_name
+ * label of the server's own /metrics. */
+
+#define KVR_VLLM_MODELS_MAX 64       /* ids kept per worker; a longer list is kept incomplete */
+#define KVR_VLLM_MODEL_ID_MAX 256    /* longest id, root or parent kept, in bytes */
+#define KVR_VLLM_MODEL_CARD_MAX 2048 /* longest card kept whole for the union, in bytes of JSON */
+
+/* One card of a worker's list. */
+typedef struct kvr_vllm_model_s {
+  char *id;               /* owned */
+  uint64_t hash;          /* kvr_vllm_model_hash(id): lookups compare it first */
+  char *root;             /* owned, or NULL (absent, null or over KVR_VLLM_MODEL_ID_MAX) */
+  char *parent;           /* owned: the base a LoRA adapter applies to; NULL for a base model */
+  uint64_t max_model_len; /* 0 when absent or null (adapters) */
+  char *card;             /* owned: the card as compact JSON, its fields as the worker gave them */
+} kvr_vllm_model_t;
+
+/* A worker's list (kvr_vllm_parse_model_list); owns its cards. */
+typedef struct kvr_vllm_models_s {
+  kvr_vllm_model_t *v;
+  size_t n;
+  /* False when a card with a string id was not kept (beyond KVR_VLLM_MODELS_MAX, an id longer than
+   * KVR_VLLM_MODEL_ID_MAX): the list then does not prove that the worker lacks a model. */
+  bool complete;
+  uint64_t max_model_len; /* the smallest positive max_model_len of the cards, 0 when none */
+} kvr_vllm_models_t;
+
+/* Parses a GET /v1/models answer into *out (initialized by the call; free it with
+ * kvr_vllm_models_free): the cards of "data" in order, each kept with its id, root, parent,
+ * max_model_len and its JSON (a card over KVR_VLLM_MODEL_CARD_MAX bytes is kept as the four
+ * fields alone). A card without a string id is skipped, a repeated id kept once. Returns 0, or
+ * KVR_EPARSE (out empty) when the text is not {"data": [...]} or no card has an id. */
+int kvr_vllm_parse_model_list(const char *text, size_t len, kvr_vllm_models_t *out);
+
+/* The context of a GET /v1/models answer alone: *max_model_len gets the smallest positive
+ * max_model_len of its cards (what the load generator needs). Returns 0, or KVR_EPARSE when the
+ * text is not such a list or no card gives one (*max_model_len untouched). */
 int kvr_vllm_parse_models(const char *text, size_t len, uint64_t *max_model_len);
+
+/* Releases the cards of m and leaves it empty; accepts NULL. */
+void kvr_vllm_models_free(kvr_vllm_models_t *m);
+
+/* The card of m whose id is model (exact, as vLLM compares), or NULL. */
+const kvr_vllm_model_t *kvr_vllm_models_find(const kvr_vllm_models_t *m, const char *model);
+/* The same with hash = kvr_vllm_model_hash(model), for a caller that looks one name up in many
+ * lists (a decision over the workers). */
+const kvr_vllm_model_t *kvr_vllm_models_find_hash(const kvr_vllm_models_t *m, const char *model,
+                                                  uint64_t hash);
+uint64_t kvr_vllm_model_hash(const char *model);
+
+/* Appends vLLM's answer to a request naming a model the server does not serve (status 404;
+ * the entrypoints' serve/engine/serving.py): OpenAI's error shape
+ * {"error":{"message":"The model `X` does not exist.","type":"NotFoundError","param":"model",
+ * "code":404}}, or with anthropic the Messages API's {"type":"error","error":{"type":
+ * "NotFoundError","message":...}} (vLLM's type name, as its anthropic/serving.py translates it),
+ * byte for byte as vLLM writes them (compact, no newline after). */
+void kvr_vllm_model_not_found(kvr_buf_t *out, const char *model, bool anthropic);
 
 #endif

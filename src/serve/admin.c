@@ -222,7 +222,9 @@ static void policy_put(kvr_http_req_t *req, void *data, const char *tail) {
 /* POST /admin/route/explain: the decision the proxy would take for this body, without taking it.
  * Like the proxy, when a worker is in precise mode the prompt is first tokenized by a worker
  * (explain_t waits for it; a client that leaves cancels the call), so the explanation shows the
- * precise matches the real decision would use. */
+ * precise matches the real decision would use. Only the workers serving the body's model are
+ * eligible (each worker's serves_model and models say why); unknown_model says the proxy would
+ * answer vLLM's 404 itself. */
 typedef struct explain_s {
   kvr_admin_t *a;
   kvr_http_req_t *req;
@@ -257,10 +259,14 @@ static void explain_answer(explain_t *x) {
   req->data = NULL;
   req->on_close = NULL;
   kvr_decision_t *d = kvr_xmalloc(sizeof *d);
-  int chosen = kvr_router_decide(r, &x->rr, 0, false, d);
+  const char *model = x->prompt.model;
+  kvr_router_avoid_t serving = {.model = model};
+  int chosen = kvr_router_decide(r, &x->rr, &serving, false, d);
   cJSON *o = cJSON_CreateObject();
   cJSON_AddStringToObject(o, "policy", kvr_policy_name(r->policy));
-  cJSON_AddStringToObject(o, "model", x->prompt.model ? x->prompt.model : "");
+  cJSON_AddStringToObject(o, "model", model ? model : "");
+  cJSON_AddStringToObject(o, "model_label", kvr_router_model_label(r, model));
+  cJSON_AddBoolToObject(o, "unknown_model", kvr_router_model_unknown(r, model));
   cJSON_AddNumberToObject(o, "prompt_chars", (double)x->prompt.text.len);
   cJSON_AddNumberToObject(o, "prompt_tokens_estimate", (double)x->prompt.prompt_tokens);
   cJSON_AddBoolToObject(o, "tokenized", x->tokenized);
@@ -288,6 +294,14 @@ static void explain_answer(explain_t *x) {
     cJSON_AddNumberToObject(e, "id", w->id);
     cJSON_AddStringToObject(e, "url", w->url);
     cJSON_AddStringToObject(e, "state", kvr_worker_state_name(w->state));
+    cJSON_AddBoolToObject(e, "serves_model", kvr_router_worker_serves(w, model));
+    if (w->models_known) {
+      cJSON *ids = cJSON_AddArrayToObject(e, "models");
+      for (size_t k = 0; k < w->models.n; k++)
+        cJSON_AddItemToArray(ids, cJSON_CreateString(w->models.v[k].id));
+    } else {
+      cJSON_AddNullToObject(e, "models"); /* not known: eligible for any model */
+    }
     cJSON_AddStringToObject(e, "index", s->precise ? "precise" : "approximate");
     cJSON_AddNumberToObject(e, "matched_blocks", (double)s->matched_blocks);
     cJSON_AddNumberToObject(

@@ -3,13 +3,15 @@
  * One px_t per proxied request. Its life:
  *
  *   client request (kvr_http_req_t, body complete)
- *     -> validate route and JSON, extract prompt features (openai.c, prompt.c)
+ *     -> validate route and JSON, extract prompt features (openai.c, prompt.c); a model no
+ *        worker serves is vLLM's 404 from the router (unknown_model())
  *     -> precise mode, when a usable worker's KV-event stream is complete: the prompt's token ids
  *        from a worker's POST /tokenize (tokenize.c, cached) and their block chain into the
  *        route request (see tokenize()); a failed call routes on the approximate index
  *     -> admission bound, when on: waits in proxy->queue while every usable worker has
  *        admission_max_inflight in flight, or 503 (see admit() and pump())
- *     -> kvr_router_decide(): cache-index match + policy -> worker slot
+ *     -> kvr_router_decide(): cache-index match + policy -> worker slot, among the workers serving
+ *        the request's model
  *     -> attempt: a curl easy handle on the proxy's multi; load accounting begins on the worker
  *          (kvr_router_on_dispatch fills px->acct with what it added)
  *          header callback: status and headers collected (filtered by http_headers.c); first byte
@@ -53,6 +55,7 @@
 #include "serve/proxy.h"
 
 #include "core/config.h"
+#include "core/router_view.h"
 #include "serve/tokenize.h"
 
 #include "base/kvr.h"
@@ -386,14 +389,20 @@ static void take_usage(px_t *px, const kvr_openai_chunk_t *c) {
   }
 }
 
+/* The "model" the request names (NULL: none, or a body the router does not read): the workers it
+ * is eligible for, and its model label in the metrics and the access log. */
+static const char *px_model(const px_t *px) {
+  return px->has_prompt ? px->prompt.model : NULL;
+}
+
 /* A token event reached the client's stream: the first one's delay since the request arrived,
  * then the gaps between them. */
 static void token_timing(px_t *px) {
   uint64_t now = kvr_now_ns();
   if (px->last_token_ns == 0)
-    kvr_router_observe_ttft(px->r, (double)(now - px->t_start_ns) / 1e9);
+    kvr_router_observe_ttft(px->r, px_model(px), (double)(now - px->t_start_ns) / 1e9);
   else
-    kvr_router_observe_itl(px->r, (double)(now - px->last_token_ns) / 1e9);
+    kvr_router_observe_itl(px->r, px_model(px), (double)(now - px->last_token_ns) / 1e9);
   px->last_token_ns = now;
 }
 
@@ -623,12 +632,13 @@ static void access_log(px_t *px, const kvr_http_req_t *req) {
   double total = (double)(now - px->t_start_ns) / 1e6;
   double ttfb = px->t_first_byte_ns ? (double)(px->t_first_byte_ns - px->t_start_ns) / 1e6 : -1;
   kvr_log(KVR_LOG_INFO, "access",
-          "method=%s path=%s status=%d worker=%s policy=%s bytes=%llu ttfb_ms=%.1f total_ms=%.1f "
-          "attempts=%d outcome=%s client=%s request_id=%s",
+          "method=%s path=%s status=%d worker=%s model=%s policy=%s bytes=%llu ttfb_ms=%.1f "
+          "total_ms=%.1f attempts=%d outcome=%s client=%s request_id=%s",
           req->method_str, req->path, px->final_status,
-          px->worker_label[0] ? px->worker_label : "-", kvr_policy_name(px->r->policy),
-          (unsigned long long)px->bytes_out, ttfb, total, px->attempts,
-          px->outcome ? px->outcome : "ok", req->peer, req->request_id[0] ? req->request_id : "-");
+          px->worker_label[0] ? px->worker_label : "-", kvr_router_model_label(px->r, px_model(px)),
+          kvr_policy_name(px->r->policy), (unsigned long long)px->bytes_out, ttfb, total,
+          px->attempts, px->outcome ? px->outcome : "ok", req->peer,
+          req->request_id[0] ? req->request_id : "-");
 }
 
 /* Hands the client request back from px (which must not touch it again), writing the access-log
@@ -642,7 +652,7 @@ static kvr_http_req_t *detach(px_t *px, int status) {
   px->final_status = status;
   access_log(px, req);
   kvr_router_observe_duration(px->r, (double)(kvr_now_ns() - px->t_start_ns) / 1e9);
-  kvr_router_on_response(px->r, status, px->route, px->worker_label);
+  kvr_router_on_response(px->r, status, px->route, px->worker_label, px_model(px));
   return req;
 }
 
@@ -1104,12 +1114,18 @@ static void reject_overloaded(px_t *px, kvr_admission_reject_t why) {
   px_end(px);
 }
 
+/* Whether px must wait: every usable worker serving its model is at the admission bound. */
+static bool admission_blocked(const px_t *px) {
+  kvr_router_avoid_t serving = {.model = px_model(px)};
+  return kvr_router_admission_blocked(px->r, &serving);
+}
+
 /* A new request: attempted now, queued, or refused with 503 when the queue is full. */
 static void admit(px_t *px) {
   kvr_proxy_t *p = px->proxy;
   kvr_router_t *r = px->r;
   if (r->cfg->admission_max_inflight == 0 ||
-      (kvr_list_empty(&p->queue) && !kvr_router_admission_blocked(r, 0))) {
+      (kvr_list_empty(&p->queue) && !admission_blocked(px))) {
     attempt(px);
     return;
   }
@@ -1128,8 +1144,10 @@ static void pump(kvr_proxy_t *p) {
   if (p->pumping)
     return;
   p->pumping = true;
-  while (!kvr_list_empty(&p->queue) && !kvr_router_admission_blocked(p->r, 0)) {
+  while (!kvr_list_empty(&p->queue)) {
     px_t *px = KVR_CONTAINER_OF(p->queue.next, px_t, qnode);
+    if (admission_blocked(px))
+      break;
     unqueue(px);
     timer_set(px, TM_NONE, 0);
     attempt(px);
@@ -1349,9 +1367,9 @@ static CURL *upstream_transfer(px_t *px) {
 static void attempt(px_t *px) {
   kvr_router_t *r = px->r;
   kvr_decision_t d;
-  /* Never a worker this request tried; a first attempt also avoids workers at the admission bound
-   * (admit() saw one with room). */
-  kvr_router_avoid_t avoid = {px->tried, (size_t)px->attempts, px->attempts == 0};
+  /* Never a worker this request tried or one that does not serve its model; a first attempt also
+   * avoids workers at the admission bound (admit() saw one with room). */
+  kvr_router_avoid_t avoid = {px->tried, (size_t)px->attempts, px->attempts == 0, px_model(px)};
   int pin = px->attempts == 0 ? px->pin_slot : -1;
   int slot = pin >= 0 ? pin : kvr_router_decide(r, &px->rreq, &avoid, true, &d);
   if (slot < 0) {
@@ -1360,8 +1378,8 @@ static void attempt(px_t *px) {
   }
   attempt_begin(px, slot);
   uint64_t prompt_tokens = px->has_prompt ? px->prompt.prompt_tokens : 0;
-  kvr_router_on_dispatch(r, slot, prompt_tokens, pin >= 0 ? 0 : d.snaps[slot].matched_blocks,
-                         &px->acct);
+  kvr_router_on_dispatch_model(r, slot, prompt_tokens, pin >= 0 ? 0 : d.snaps[slot].matched_blocks,
+                               px_model(px), &px->acct);
   px->easy = upstream_transfer(px);
   if (kvr_curlm_add(px->proxy->curlm, px->easy, on_done, px) != 0) {
     fail(px, 502, "upstream_error", "internal", "%s", "cannot start an upstream transfer");
@@ -1372,19 +1390,37 @@ static void attempt(px_t *px) {
   timer_set(px, TM_FIRST_BYTE, r->cfg->first_byte_timeout_ms);
 }
 
-/* The access-log line of a request the router answers itself (no worker involved). */
-static void local_log(kvr_router_t *r, const kvr_http_req_t *req, int status, const char *outcome) {
+/* The access-log line of a request naming model (NULL: none) the router answers itself (no
+ * worker involved). */
+static void local_log_model(kvr_router_t *r, const kvr_http_req_t *req, int status,
+                            const char *outcome, const char *model) {
   if (status >= 400 && status < 500)
     kvr_router_on_client_error(r);
-  kvr_router_on_response(r, status, kvr_openai_route(req->path), NULL);
+  kvr_router_on_response(r, status, kvr_openai_route(req->path), NULL, model);
   if (!r->cfg->access_log)
     return;
   kvr_log(KVR_LOG_INFO, "access",
-          "method=%s path=%s status=%d worker=- policy=%s bytes=0 ttfb_ms=-1.0 total_ms=%.1f "
-          "attempts=0 outcome=%s client=%s request_id=%s",
-          req->method_str, req->path, status, kvr_policy_name(r->policy),
-          (double)(kvr_now_ns() - req->start_ns) / 1e6, outcome, req->peer,
-          req->request_id[0] ? req->request_id : "-");
+          "method=%s path=%s status=%d worker=- model=%s policy=%s bytes=0 ttfb_ms=-1.0 "
+          "total_ms=%.1f attempts=0 outcome=%s client=%s request_id=%s",
+          req->method_str, req->path, status, kvr_router_model_label(r, model),
+          kvr_policy_name(r->policy), (double)(kvr_now_ns() - req->start_ns) / 1e6, outcome,
+          req->peer, req->request_id[0] ? req->request_id : "-");
+}
+
+static void local_log(kvr_router_t *r, const kvr_http_req_t *req, int status, const char *outcome) {
+  local_log_model(r, req, status, outcome, NULL);
+}
+
+/* A request naming a model no worker serves (kvr_router_model_unknown: every worker's GET
+ * /v1/models is known and none lists it): vLLM's own 404, in the API's shape, from the router
+ * without contacting a worker (access-log outcome unknown_model). */
+static void unknown_model(kvr_router_t *r, kvr_http_req_t *req, kvr_route_t route,
+                          const char *model) {
+  kvr_buf_t b = KVR_BUF_INIT;
+  local_log_model(r, req, 404, "unknown_model", model);
+  kvr_vllm_model_not_found(&b, model, route == KVR_ROUTE_MESSAGES);
+  kvr_http_respond(req, 404, "application/json", NULL, b.data, b.len);
+  kvr_buf_free(&b);
 }
 
 /* True for targets curl or the worker could resolve to another path: dot segments (plain or
@@ -1573,6 +1609,12 @@ static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
       api_error(req, route, 400, "", "invalid_request_error", code, err);
       return;
     }
+    if (kvr_router_model_unknown(r, px->prompt.model)) {
+      unknown_model(r, req, route, px->prompt.model);
+      kvr_prompt_free(&px->prompt);
+      free(px);
+      return;
+    }
     px->has_prompt = true;
     if (has_nul) {
       /* cJSON's strings end at U+0000, which vLLM keeps: the router's text, blocks and /tokenize
@@ -1599,6 +1641,22 @@ static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
   admit(px);
 }
 
+/* GET /v1/models: the union of the usable workers' lists (kvr_router_view_models: each id once,
+ * its card as the first worker gave it), answered by the router; while no usable worker's list is
+ * known yet (just started, scraping off) one worker answers, as any proxied request. */
+static void on_models(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_proxy_t *p = data;
+  kvr_buf_t b = KVR_BUF_INIT;
+  if (kvr_router_view_models(p->r, &b) == 0) {
+    kvr_buf_free(&b);
+    on_proxied(req, data, tail);
+    return;
+  }
+  local_log(p->r, req, 200, "ok");
+  kvr_http_respond(req, 200, "application/json", NULL, b.data, b.len);
+  kvr_buf_free(&b);
+}
+
 /* The public routes. The exact routes decide their paths (a wrong method there is a 405 with
  * Allow); every other /v1/ path passes through to a worker whatever its method. */
 static const kvr_http_route_t routes[] = {
@@ -1606,7 +1664,7 @@ static const kvr_http_route_t routes[] = {
     {"/livez", KVR_HTTP_M(GET), on_livez},
     {"/v1/chat/completions", KVR_HTTP_M(POST), on_proxied},
     {"/v1/completions", KVR_HTTP_M(POST), on_proxied},
-    {"/v1/models", KVR_HTTP_M(GET), on_proxied},
+    {"/v1/models", KVR_HTTP_M(GET), on_models},
     {"/v1/*", KVR_HTTP_M_ANY, on_proxied},
 };
 

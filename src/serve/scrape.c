@@ -15,11 +15,15 @@
  * (interval 0) the timer still runs once a second, probing only DOWN workers so they can recover.
  * When vllm:cache_config_info is present the router resizes the worker's modelled cache.
  *
- * Beside it, a worker whose context length is not known yet gets a GET /v1/models probe (one at a
- * time, at most every MODELS_RETRY_MS after a failed one): vLLM lists each model with its
- * max_model_len, which the router keeps (kvr_router_on_models) to cap what the cache index learns
- * from one request. A worker that comes back up is asked again (it may have restarted). With
- * scraping disabled the workers get no /v1/models probe either (the cap is then the cache's).
+ * Beside it, every worker gets a GET /v1/models probe (one at a time): at once when added, every
+ * MODELS_REFRESH_MS after an answer, MODELS_RETRY_MS after a failed one, and at once again when it
+ * comes back up (it may have restarted with other models; the router takes requests for any model
+ * on it until its list is read again). vLLM lists the ids it answers to (base names, aliases,
+ * LoRA adapters with their parent) and each base's max_model_len; the router keeps the list
+ * (kvr_router_on_models): which requests the worker is eligible for, the model metric labels,
+ * the public GET /v1/models union, and the context that caps what the cache index learns from one
+ * request. A failed refresh keeps the list read before. With scraping disabled the workers get no
+ * /v1/models probe either: every worker then takes every model and the learn cap is the cache's.
  *
  * Structs: kvr_scrape_t holds the timer and probes[slot], at most one probe per worker slot, each
  * tagged with the id of the worker it was started for. Flow: tick -> probe_start (curl easy on the
@@ -39,7 +43,8 @@
 #include <string.h>
 
 #define SCRAPE_MAX_BYTES (4u << 20)
-#define MODELS_RETRY_MS 10000
+#define MODELS_RETRY_MS 10000   /* after a failed GET /v1/models */
+#define MODELS_REFRESH_MS 30000 /* after an answer: adapters come and go at runtime */
 
 typedef enum { PROBE_METRICS, PROBE_MODELS } probe_kind_t;
 
@@ -59,7 +64,9 @@ struct kvr_scrape_s {
   kvr_router_t *r;                          /* not owned; read, and reported to */
   probe_t *probes[KVR_MAX_WORKERS];         /* GET /metrics */
   probe_t *models[KVR_MAX_WORKERS];         /* GET /v1/models */
-  uint64_t models_next_ms[KVR_MAX_WORKERS]; /* no models probe before this (after a failure) */
+  uint64_t models_next_ms[KVR_MAX_WORKERS]; /* no models probe before this */
+  bool models_were_known[KVR_MAX_WORKERS];  /* the list was known at the last tick */
+  uint64_t models_for[KVR_MAX_WORKERS];     /* id + 1 of the worker the schedule is for, 0: none */
 };
 
 static void probe_free(probe_t *p) {
@@ -90,17 +97,20 @@ int kvr__scrape_report(kvr_router_t *r, uint32_t id, bool reachable, bool ok, co
 /* ---- probes -----------------------------------------------------------------------------------
  */
 
-/* A /v1/models answer: the worker's max_model_len, or a later retry. */
+/* A /v1/models answer: the worker's list and the next refresh, or a later retry. */
 static void models_done(probe_t *p, CURLcode result, long status) {
-  uint64_t len = 0;
+  kvr_vllm_models_t list;
+  uint64_t now = kvr_now_ns() / 1000000u;
   p->s->models[p->slot] = NULL;
   if (result == CURLE_OK && status == 200 &&
-      kvr_vllm_parse_models(p->body.data ? p->body.data : "", p->body.len, &len) == 0) {
-    kvr_router_on_models(p->s->r, p->id, len);
+      kvr_vllm_parse_model_list(p->body.data ? p->body.data : "", p->body.len, &list) == 0) {
+    kvr_router_on_models(p->s->r, p->id, &list);
+    kvr_vllm_models_free(&list);
+    p->s->models_next_ms[p->slot] = now + MODELS_REFRESH_MS;
   } else {
-    KVR_DEBUG("scrape", "worker %u: GET /v1/models gave no max_model_len (status %ld, %s)", p->id,
-              status, curl_easy_strerror(result));
-    p->s->models_next_ms[p->slot] = kvr_now_ns() / 1000000u + MODELS_RETRY_MS;
+    KVR_DEBUG("scrape", "worker %u: GET /v1/models listed no model (status %ld, %s)", p->id, status,
+              curl_easy_strerror(result));
+    p->s->models_next_ms[p->slot] = now + MODELS_RETRY_MS;
   }
   probe_free(p);
 }
@@ -153,12 +163,20 @@ static void probe_cancel(kvr_scrape_t *s, probe_t **pp) {
   *pp = NULL;
 }
 
-/* Starts a /v1/models probe of w when its context length is unknown and none is due later. */
+/* Starts a /v1/models probe of w when one is due: its first, a refresh, a retry, or at once when
+ * its list became unknown since the last tick (it came back up). */
 static void models_tick(kvr_scrape_t *s, const kvr_worker_t *w, uint64_t now_ms) {
   size_t i = (size_t)w->slot;
-  if (s->r->cfg->scrape_interval_ms == 0 || w->models_known || s->models[i] ||
-      now_ms < s->models_next_ms[i] || w->state == KVR_WORKER_DOWN ||
-      w->state == KVR_WORKER_DRAINING)
+  if (s->models_for[i] != (uint64_t)w->id + 1) { /* a new worker in the slot: ask it at once */
+    s->models_for[i] = (uint64_t)w->id + 1;
+    s->models_next_ms[i] = 0;
+    s->models_were_known[i] = false;
+  }
+  if (s->models_were_known[i] && !w->models_known)
+    s->models_next_ms[i] = 0;
+  s->models_were_known[i] = w->models_known;
+  if (s->r->cfg->scrape_interval_ms == 0 || s->models[i] || now_ms < s->models_next_ms[i] ||
+      w->state == KVR_WORKER_DOWN || w->state == KVR_WORKER_DRAINING)
     return;
   probe_start(s, w, PROBE_MODELS);
 }
@@ -175,10 +193,13 @@ static void on_tick(uv_timer_t *t) {
       probe_cancel(s, &s->models[i]);
       s->models_next_ms[i] = 0; /* the slot's next worker is asked at once */
     }
-    if (w != NULL)
+    if (w != NULL) {
       models_tick(s, w, now_ms);
-    else
+    } else {
       s->models_next_ms[i] = 0;
+      s->models_were_known[i] = false;
+      s->models_for[i] = 0;
+    }
     if (w == NULL || s->probes[i] || w->state == KVR_WORKER_DRAINING)
       continue;
     if (r->cfg->scrape_interval_ms == 0 && w->state != KVR_WORKER_DOWN)

@@ -1,6 +1,6 @@
 /* scrape.h -- periodic GET /metrics of every worker: load figures for the policies, vLLM's token
  * counters for the actual cached and token figures, and health; and GET /v1/models of every
- * worker until its context length (max_model_len) is known.
+ * worker, every 30 s and when it comes back up: the model ids it serves and their max_model_len.
  *
  * A kvr_scrape_t is owned by serve.c. It owns its uv timer and its in-flight probes, uses the curl
  * multi and reads the router it is given (both must outlive it), and reports every result through

@@ -165,7 +165,9 @@ def test_labelled_request_and_token_metrics():
                  worker="0") == 1
         assert v("kvrouter_http_requests_total", code="400", route="chat_completions",
                  worker="none") == 1
-        assert v("kvrouter_http_requests_total", code="200", route="models", worker="0") == 1
+        # GET /v1/models is the router's own union of the workers' lists (model: none named)
+        assert v("kvrouter_http_requests_total", code="200", route="models", worker="none",
+                 model="none") == 1
         assert v("kvrouter_http_requests_total") == 3, "probes are not requests"
         assert v("kvrouter_time_to_first_token_seconds_count") == 1
         ttft = v("kvrouter_time_to_first_token_seconds_sum")

@@ -18,6 +18,7 @@
 #include "core/router.h"
 #include "core/router_view.h"
 #include "kvr_commit.h" /* generated at build time */
+#include "proto/openai.h"
 #include "serve/scrape.h"
 
 #include <math.h>
@@ -73,6 +74,25 @@ static void assert_metric(const kvr_router_t *r, const char *line) {
   kvr_buf_free(&b);
 }
 
+/* Worker id's GET /v1/models answered json, as the scraper reports it. */
+static int feed_models(kvr_router_t *r, uint32_t id, const char *json) {
+  kvr_vllm_models_t m;
+  assert_int_equal(kvr_vllm_parse_model_list(json, strlen(json), &m), 0);
+  int rc = kvr_router_on_models(r, id, &m);
+  kvr_vllm_models_free(&m);
+  return rc;
+}
+
+/* A one-card list: model with max_model_len tokens of context. */
+static int feed_model(kvr_router_t *r, uint32_t id, const char *model, uint64_t max_model_len) {
+  char json[512];
+  snprintf(json, sizeof json,
+           "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\",\"root\":"
+           "\"%s\",\"parent\":null,\"max_model_len\":%llu}]}",
+           model, model, (unsigned long long)max_model_len);
+  return feed_models(r, id, json);
+}
+
 /* The avoid list naming the slots set in mask (the tests name tried slots as a mask). Static
  * storage: valid until the next call. */
 static const kvr_router_avoid_t *tried_slots(uint64_t mask) {
@@ -82,7 +102,7 @@ static const kvr_router_avoid_t *tried_slots(uint64_t mask) {
   for (int i = 0; i < 64; i++)
     if (mask >> i & 1)
       slots[n++] = i;
-  a = (kvr_router_avoid_t){slots, n, false};
+  a = (kvr_router_avoid_t){slots, n, false, NULL};
   return &a;
 }
 
@@ -414,7 +434,7 @@ static void test_worker_limit(void **state) {
   assert_int_equal(kvr_router_decide(r, &req, NULL, true, &d), 0);
   assert_int_equal(d.nsnaps, KVR_MAX_WORKERS);
   int tried[2] = {1, KVR_MAX_WORKERS - 1};
-  kvr_router_avoid_t avoid = {tried, 2, false};
+  kvr_router_avoid_t avoid = {tried, 2, false, NULL};
   assert_int_equal(kvr_router_decide(r, &req, &avoid, true, &d), 2);
   /* The last slot drained frees it for the refused URL. */
   assert_int_equal(kvr_router_drain_worker(r, r->slots[KVR_MAX_WORKERS - 1]->id), 0);
@@ -672,7 +692,7 @@ static void test_learning_refused_and_capped(void **state) {
   /* Unknown context length: no cap but the cache's. */
   assert_true(kvr_router_learn_cap(r, w) == SIZE_MAX);
   /* A 2048-token model: 2048 * 4 / 64 = 128 blocks at most from one request. */
-  assert_int_equal(kvr_router_on_models(r, w->id, 2048), 0);
+  assert_int_equal(feed_model(r, w->id, "m", 2048), 0);
   assert_int_equal(w->max_model_len, 2048);
   assert_true(w->models_known);
   assert_int_equal(kvr_router_learn_cap(r, w), 128);
@@ -686,13 +706,13 @@ static void test_learning_refused_and_capped(void **state) {
   assert_metric(r, "kvrouter_worker_max_model_len_tokens{worker=\"0\",url=\"http://127.0.0.1:1\"} "
                    "2048");
   /* A tiny model still learns one block; a worker back from DOWN is asked again. */
-  kvr_router_on_models(r, w->id, 3);
+  feed_model(r, w->id, "m", 3);
   assert_int_equal(kvr_router_learn_cap(r, w), 1);
   for (int i = 0; i < 3; i++)
     kvr_router_on_health(r, w->id, false);
   kvr_router_on_health(r, w->id, true);
   assert_false(w->models_known);
-  assert_int_equal(kvr_router_on_models(r, 99, 10), KVR_ENOENT);
+  assert_int_equal(feed_model(r, 99, "m", 10), KVR_ENOENT);
   fx_close(&f);
 }
 
@@ -893,10 +913,10 @@ static void test_admission_bound(void **state) {
   /* A first attempt (full set) goes to the worker with room; with it tried, to none. */
   kvr_route_req_t req = {0};
   kvr_decision_t dec;
-  kvr_router_avoid_t first = {NULL, 0, true};
+  kvr_router_avoid_t first = {NULL, 0, true, NULL};
   assert_int_equal(kvr_router_decide(r, &req, &first, false, &dec), 1);
   int one = 1;
-  first = (kvr_router_avoid_t){&one, 1, true};
+  first = (kvr_router_avoid_t){&one, 1, true, NULL};
   assert_int_equal(kvr_router_decide(r, &req, &first, false, &dec), KVR_POLICY_NONE);
   kvr_router_on_queued(r);
   kvr_router_on_queued(r);
@@ -1097,6 +1117,323 @@ static void test_response_id_affinity(void **state) {
   fx_close(&f);
 }
 
+/* ---- models (issue 35) ------------------------------------------------------------------------
+ */
+
+/* A vLLM answer with two --served-model-name aliases of one model (same root) and a LoRA adapter
+ * (parent: the first name; max_model_len null), as its GET /v1/models lists them. */
+static const char *const LLAMA_LIST =
+    "{\"object\":\"list\",\"data\":["
+    "{\"id\":\"llama-70b\",\"object\":\"model\",\"created\":1700000001,\"owned_by\":\"vllm\","
+    "\"root\":\"/models/Llama-3.3-70B\",\"parent\":null,\"max_model_len\":8192,\"permission\":[{"
+    "\"id\":\"modelperm-1\",\"object\":\"model_permission\"}]},"
+    "{\"id\":\"llama\",\"object\":\"model\",\"created\":1700000001,\"owned_by\":\"vllm\","
+    "\"root\":\"/models/Llama-3.3-70B\",\"parent\":null,\"max_model_len\":8192,\"permission\":[]},"
+    "{\"id\":\"sql-lora\",\"object\":\"model\",\"created\":1700000001,\"owned_by\":\"vllm\","
+    "\"root\":\"/adapters/sql\",\"parent\":\"llama-70b\",\"max_model_len\":null,\"permission\":[]}"
+    "]}";
+
+/* Decides for a request naming model (record true, nothing tried). */
+static int decide_model(kvr_router_t *r, const char *model) {
+  kvr_route_req_t req = {0};
+  kvr_router_avoid_t avoid = {NULL, 0, false, model};
+  kvr_decision_t d;
+  return kvr_router_decide(r, &req, &avoid, true, &d);
+}
+
+/* Which workers a request is eligible for: the exact ids their lists hold (aliases and adapters
+ * included), any worker whose list is not known (not read yet, or back up after DOWN), every
+ * worker for a request naming no model; a name no worker serves is unknown (the proxy's 404) only
+ * once every worker's list is known, draining workers aside. The admission bound counts only the
+ * workers serving the request's model. */
+static void test_models_eligibility(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  kvr_router_t *r = f.r;
+  const kvr_worker_t *w0 = r->slots[0], *w1 = r->slots[1], *w2 = r->slots[2];
+  assert_true(kvr_router_worker_serves(w0, "anything"));
+  assert_false(kvr_router_model_unknown(r, "anything"));
+  assert_int_equal(feed_models(r, w0->id, LLAMA_LIST), 0);
+  assert_int_equal(feed_model(r, w1->id, "qwen-32b", 24704), 0);
+  assert_int_equal(w0->models.n, 3);
+  assert_int_equal(w0->max_model_len, 8192); /* the adapter's null is no context */
+  assert_string_equal(w0->models.v[2].parent, "llama-70b");
+  const char *yes[] = {"llama-70b", "llama", "sql-lora", "", NULL};
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(yes); i++)
+    assert_true(kvr_router_worker_serves(w0, yes[i]));
+  const char *no[] = {"qwen-32b", "Llama", "llama ", "/models/Llama-3.3-70B", "llama-70b/sql-lora"};
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(no); i++)
+    assert_false(kvr_router_worker_serves(w0, no[i]));
+  /* w2's list is not known: it takes any model, so no name is unknown yet. */
+  assert_false(kvr_router_model_unknown(r, "nope"));
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(decide_model(r, "nope"), 2);
+    int l = decide_model(r, "sql-lora"), q = decide_model(r, "qwen-32b");
+    assert_true(l == 0 || l == 2);
+    assert_true(q == 1 || q == 2);
+  }
+  /* Every list known: a name none holds is unknown, a listed one or none is not. */
+  assert_int_equal(feed_model(r, w2->id, "qwen-32b", 24704), 0);
+  assert_true(kvr_router_model_unknown(r, "nope"));
+  assert_false(kvr_router_model_unknown(r, "sql-lora"));
+  assert_false(kvr_router_model_unknown(r, ""));
+  assert_false(kvr_router_model_unknown(r, NULL));
+  assert_int_equal(decide_model(r, "nope"), KVR_POLICY_NONE);
+  int seen[3] = {0};
+  for (int i = 0; i < 6; i++)
+    seen[decide_model(r, "qwen-32b")]++;
+  assert_int_equal(seen[0], 0);
+  assert_int_equal(seen[1], 3);
+  assert_int_equal(seen[2], 3);
+  for (int i = 0; i < 3; i++)
+    seen[decide_model(r, NULL)]++;
+  assert_int_equal(seen[0], 1);
+  /* Back up after DOWN (it may have restarted with another model): any model until read again. */
+  for (int i = 0; i < 3; i++)
+    kvr_router_on_health(r, w1->id, false);
+  assert_int_equal(w1->state, KVR_WORKER_DOWN);
+  assert_true(kvr_router_model_unknown(r, "nope")); /* a down worker's list still counts */
+  kvr_router_on_health(r, w1->id, true);
+  assert_false(w1->models_known);
+  assert_int_equal(w1->models.n, 1); /* kept for the views */
+  assert_true(kvr_router_worker_serves(w1, "nope"));
+  assert_false(kvr_router_model_unknown(r, "nope"));
+  assert_int_equal(feed_model(r, w1->id, "mistral", 32768), 0);
+  assert_true(kvr_router_model_unknown(r, "nope"));
+  /* A draining worker's models do not count: qwen-32b was w2's alone. */
+  kvr_router_dispatch_t d;
+  kvr_router_on_dispatch(r, 2, 10, 0, &d);
+  assert_int_equal(kvr_router_drain_worker(r, w2->id), 0);
+  assert_true(kvr_router_model_unknown(r, "qwen-32b"));
+  kvr_router_on_end(r, &d);
+  assert_null(r->slots[2]);
+  /* The admission bound looks at the workers serving the model. */
+  f.cfg.admission_max_inflight = 1;
+  kvr_router_dispatch_t busy;
+  kvr_router_on_dispatch(r, 0, 10, 0, &busy);
+  kvr_router_avoid_t llama = {.model = "llama"}, mistral = {.model = "mistral"};
+  assert_true(kvr_router_admission_blocked(r, &llama));
+  assert_false(kvr_router_admission_blocked(r, &mistral));
+  assert_false(kvr_router_admission_blocked(r, NULL));
+  kvr_router_on_end(r, &busy);
+  assert_false(kvr_router_admission_blocked(r, &llama));
+  assert_idle(r);
+  fx_close(&f);
+}
+
+/* The contract over the registry: whatever a policy prefers, it picks among the workers serving
+ * the request's model only. Eight workers, the even ones serving A, the odd ones B; the odd ones
+ * hold the prompt's blocks and the even ones carry all the load, so every policy would rather
+ * pick an odd worker for an A request. Requests name A or B with random tried sets (picks and
+ * looks); a request naming no model may go anywhere. */
+static void test_models_policy_contract(void **state) {
+  (void)state;
+  static uint64_t blocks[32];
+  for (size_t i = 0; i < 32; i++)
+    blocks[i] = 0xb10c0000 + i;
+  for (size_t k = 0; kvr_policy_registry[k]; k++) {
+    fx_t f;
+    fx_open(&f, 8, kvr_policy_registry[k]->name);
+    kvr_router_t *r = f.r;
+    kvr_router_dispatch_t load[8][4];
+    for (int i = 0; i < 8; i++) {
+      feed_model(r, r->slots[i]->id, i % 2 ? "B" : "A", 8192);
+      for (int j = 0; j < 4; j++)
+        kvr_router_on_dispatch(r, i, i % 2 ? 1 : 5000, 0, &load[i][j]);
+      if (i % 2)
+        kvr_router_on_learn(r, &load[i][0], blocks, 32);
+      else
+        for (int j = 0; j < 3; j++)
+          kvr_router_on_end(r, &load[i][j + 1]); /* odd ones keep 4 short, even ones 1 long */
+    }
+    kvr_route_req_t req = {
+        .blocks = blocks, .nblocks = 32, .block_chars = 64, .prompt_tokens = 512};
+    uint64_t rng = 42 + k;
+    for (int n = 0; n < 200; n++) {
+      const char *model = n % 3 == 0 ? "A" : n % 3 == 1 ? "B" : NULL;
+      int tried[3], ntried = (int)(kvr_splitmix64(&rng) % 4);
+      for (int t = 0; t < ntried; t++)
+        tried[t] = (int)(kvr_splitmix64(&rng) % 8);
+      kvr_router_avoid_t avoid = {tried, (size_t)ntried, false, model};
+      kvr_decision_t d;
+      int pick = kvr_router_decide(r, &req, &avoid, n % 2 == 0, &d);
+      if (pick == KVR_POLICY_NONE) { /* only when every worker of the model was tried */
+        assert_non_null(model);
+        for (int i = model[0] == 'A' ? 0 : 1; i < 8; i += 2) {
+          bool was = false;
+          for (int t = 0; t < ntried; t++)
+            was |= tried[t] == i;
+          assert_true(was);
+        }
+        continue;
+      }
+      for (int t = 0; t < ntried; t++)
+        assert_int_not_equal(pick, tried[t]);
+      if (model)
+        assert_int_equal(pick % 2, model[0] == 'A' ? 0 : 1);
+      assert_true(kvr_router_worker_serves(r->slots[pick], model));
+    }
+    for (int i = 0; i < 8; i++)
+      for (int j = 0; j < (i % 2 ? 4 : 1); j++)
+        kvr_router_on_end(r, &load[i][j]);
+    assert_idle(r);
+    fx_close(&f);
+  }
+}
+
+/* The public GET /v1/models: the union over usable workers whose lists are known, each id once
+ * with the card of the first worker (slot order) that lists it, vLLM's fields as it gave them. */
+static void test_models_union(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 4, "round_robin");
+  kvr_router_t *r = f.r;
+  kvr_buf_t b = KVR_BUF_INIT;
+  assert_int_equal(kvr_router_view_models(r, &b), 0); /* no list known: a worker answers */
+  assert_string_equal(b.data, "{\"object\":\"list\",\"data\":[]}");
+  kvr_buf_reset(&b);
+  const char *other =
+      "{\"object\":\"list\",\"data\":[{\"id\":\"llama\",\"object\":\"model\",\"created\":2,"
+      "\"owned_by\":\"vllm\",\"root\":\"/elsewhere\",\"parent\":null,\"max_model_len\":4096},"
+      "{\"id\":\"qwen-32b\",\"object\":\"model\",\"created\":3,\"owned_by\":\"vllm\",\"root\":"
+      "\"Qwen/Qwen3-32B\",\"parent\":null,\"max_model_len\":24704,\"permission\":[]}]}";
+  feed_models(r, r->slots[0]->id, LLAMA_LIST);
+  feed_models(r, r->slots[1]->id, other);
+  feed_model(r, r->slots[2]->id, "mistral", 32768);
+  for (int i = 0; i < 3; i++) /* worker 2 is down: not in the union */
+    kvr_router_on_health(r, r->slots[2]->id, false);
+  /* worker 3's list is unknown: nothing of it */
+  assert_int_equal(kvr_router_view_models(r, &b), 2);
+  const char *want =
+      "{\"object\":\"list\",\"data\":["
+      "{\"id\":\"llama-70b\",\"object\":\"model\",\"created\":1700000001,\"owned_by\":\"vllm\","
+      "\"root\":\"/models/Llama-3.3-70B\",\"parent\":null,\"max_model_len\":8192,\"permission\":[{"
+      "\"id\":\"modelperm-1\",\"object\":\"model_permission\"}]},"
+      "{\"id\":\"llama\",\"object\":\"model\",\"created\":1700000001,\"owned_by\":\"vllm\","
+      "\"root\":\"/models/"
+      "Llama-3.3-70B\",\"parent\":null,\"max_model_len\":8192,\"permission\":[]},"
+      "{\"id\":\"sql-lora\",\"object\":\"model\",\"created\":1700000001,\"owned_by\":\"vllm\","
+      "\"root\":\"/adapters/"
+      "sql\",\"parent\":\"llama-70b\",\"max_model_len\":null,\"permission\":[]},"
+      "{\"id\":\"qwen-32b\",\"object\":\"model\",\"created\":3,\"owned_by\":\"vllm\",\"root\":"
+      "\"Qwen/Qwen3-32B\",\"parent\":null,\"max_model_len\":24704,\"permission\":[]}]}";
+  assert_string_equal(b.data, want);
+  /* The admin view lists each worker's ids. */
+  cJSON *ws = kvr_router_view_workers(r);
+  const cJSON *m0 = cJSON_GetObjectItem(cJSON_GetArrayItem(ws, 0), "models");
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(m0, "known")));
+  const cJSON *ids = cJSON_GetObjectItem(m0, "ids");
+  assert_int_equal(cJSON_GetArraySize(ids), 3);
+  const cJSON *lora = cJSON_GetArrayItem(ids, 2);
+  assert_string_equal(cJSON_GetObjectItem(lora, "id")->valuestring, "sql-lora");
+  assert_string_equal(cJSON_GetObjectItem(lora, "parent")->valuestring, "llama-70b");
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(lora, "max_model_len")));
+  const cJSON *m3 = cJSON_GetObjectItem(cJSON_GetArrayItem(ws, 3), "models");
+  assert_true(cJSON_IsFalse(cJSON_GetObjectItem(m3, "known")));
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(m3, "ids")), 0);
+  cJSON_Delete(ws);
+  kvr_buf_free(&b);
+  fx_close(&f);
+}
+
+/* The model label on the request, TTFT, ITL and token families: a listed name, other for any other
+ * name, none for a request without one; usage tokens under the request's model, scraped counters
+ * under the worker's first id; listed models shown at 0 before any request; the model families;
+ * at most KVR_MODEL_LABELS_MAX names, and only label-safe ones, get a label of their own. */
+static void test_models_metrics(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 2, "round_robin");
+  kvr_router_t *r = f.r;
+  const kvr_worker_t *w0 = r->slots[0], *w1 = r->slots[1];
+  feed_models(r, w0->id, LLAMA_LIST);
+  feed_model(r, w1->id, "qwen-32b", 24704);
+  assert_metric(r, "kvrouter_time_to_first_token_seconds_count{model=\"qwen-32b\"} 0");
+  assert_metric(r, "kvrouter_prompt_tokens_total{model=\"sql-lora\"} 0");
+  kvr_router_on_response(r, 200, KVR_ROUTE_CHAT, "0", "llama");
+  kvr_router_on_response(r, 200, KVR_ROUTE_CHAT, "0", "sql-lora");
+  kvr_router_on_response(r, 200, KVR_ROUTE_CHAT, "0", "sql-lora");
+  kvr_router_on_response(r, 404, KVR_ROUTE_CHAT, NULL, "gpt-4");
+  kvr_router_on_response(r, 200, KVR_ROUTE_MODELS, NULL, NULL);
+  assert_metric(r, "kvrouter_http_requests_total{code=\"200\",route=\"chat_completions\","
+                   "worker=\"0\",model=\"llama\"} 1");
+  assert_metric(r, "kvrouter_http_requests_total{code=\"200\",route=\"chat_completions\","
+                   "worker=\"0\",model=\"sql-lora\"} 2");
+  assert_metric(r, "kvrouter_http_requests_total{code=\"404\",route=\"chat_completions\","
+                   "worker=\"none\",model=\"other\"} 1");
+  assert_metric(r, "kvrouter_http_requests_total{code=\"200\",route=\"models\",worker=\"none\","
+                   "model=\"none\"} 1");
+  kvr_router_observe_ttft(r, "llama", 0.2);
+  kvr_router_observe_itl(r, "llama", 0.01);
+  kvr_router_observe_itl(r, "llama", 0.02);
+  kvr_router_observe_ttft(r, "gpt-4", 0.3);
+  assert_metric(r, "kvrouter_time_to_first_token_seconds_count{model=\"llama\"} 1");
+  assert_metric(r, "kvrouter_inter_token_latency_seconds_count{model=\"llama\"} 2");
+  assert_metric(r, "kvrouter_time_to_first_token_seconds_count{model=\"other\"} 1");
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_router_view_metrics(r, &b);
+  assert_null(strstr(b.data, "{model=\"none\"}")); /* no figure under none yet: not shown */
+  kvr_buf_free(&b);
+  /* Usage: under the request's model (an adapter is a model of its own). */
+  kvr_router_dispatch_t d;
+  kvr_router_on_dispatch_model(r, 0, 100, 0, "sql-lora", &d);
+  kvr_router_usage_t u = {.prompt_tokens = 100, .completion_tokens = 10};
+  kvr_router_on_usage(r, &d, &u);
+  kvr_router_on_end(r, &d);
+  assert_metric(r, "kvrouter_prompt_tokens_total{model=\"sql-lora\"} 100");
+  assert_metric(r, "kvrouter_generation_tokens_total{model=\"sql-lora\"} 10");
+  /* A request naming no model: under the name vLLM serves it with, the worker's first id. */
+  kvr_router_on_dispatch_model(r, 0, 7, 0, NULL, &d);
+  u = (kvr_router_usage_t){.prompt_tokens = 7, .completion_tokens = 1};
+  kvr_router_on_usage(r, &d, &u);
+  kvr_router_on_end(r, &d);
+  assert_metric(r, "kvrouter_prompt_tokens_total{model=\"llama-70b\"} 7");
+  /* Scraped counters: under the worker's first id, the model_name vLLM's counters carry. */
+  kvr_vllm_metrics_t m = {.at_ms = 1};
+  m.counters.present = 1u << KVR_VLLM_PROMPT | 1u << KVR_VLLM_GENERATION;
+  kvr_router_on_scrape(r, w1->id, &m); /* the baseline */
+  m.counters.v[KVR_VLLM_PROMPT] = 50;
+  m.counters.v[KVR_VLLM_GENERATION] = 5;
+  kvr_router_on_scrape(r, w1->id, &m);
+  assert_metric(r, "kvrouter_prompt_tokens_total{model=\"qwen-32b\"} 50");
+  assert_metric(r, "kvrouter_generation_tokens_total{model=\"qwen-32b\"} 5");
+  assert_int_equal(r->prompt_tokens_total, 157);
+  /* The model families. */
+  assert_metric(r, "kvrouter_model_workers{model=\"llama\"} 1");
+  assert_metric(r, "kvrouter_model_workers{model=\"qwen-32b\"} 1");
+  assert_metric(r, "kvrouter_worker_model_info{model=\"sql-lora\",worker=\"0\"} 1");
+  for (int i = 0; i < 3; i++)
+    kvr_router_on_health(r, w1->id, false);
+  assert_metric(r, "kvrouter_model_workers{model=\"qwen-32b\"} 0");
+  /* The label table's bound: 256 listed names (the 4 above included), then other. */
+  kvr_buf_t list = KVR_BUF_INIT;
+  int next = 0;
+  for (int round = 0; round < 6; round++) { /* 6 x 62 new names */
+    kvr_buf_reset(&list);
+    kvr_buf_puts(&list, "{\"data\":[");
+    for (int i = 0; i < KVR_VLLM_MODELS_MAX - 2; i++)
+      kvr_buf_printf(&list, "%s{\"id\":\"name-%d\"}", i ? "," : "", next++);
+    kvr_buf_puts(&list, ",{\"id\":\"a b\"},{\"id\":\"none\"}]}");
+    feed_models(r, w0->id, list.data);
+  }
+  assert_int_equal(r->nmodel_labels, KVR_MODEL_LABELS_MAX + 2);
+  assert_string_equal(kvr_router_model_label(r, "name-0"), "name-0"); /* no longer listed: kept */
+  assert_string_equal(kvr_router_model_label(r, "name-251"), "name-251"); /* 4 + 252 = 256 */
+  assert_string_equal(kvr_router_model_label(r, "name-252"), "other");
+  assert_string_equal(kvr_router_model_label(r, "a b"), "other");
+  assert_string_equal(kvr_router_model_label(r, "none"), "other");
+  assert_string_equal(kvr_router_model_label(r, ""), "none");
+  /* Eligibility is not bounded by the labels: the last list's names are all served. */
+  char last[32];
+  snprintf(last, sizeof last, "name-%d", next - 1);
+  assert_true(kvr_router_worker_serves(w0, last));
+  assert_true(kvr_router_worker_serves(w0, "a b"));
+  assert_false(kvr_router_worker_serves(w0, "name-0"));
+  kvr_buf_free(&list);
+  fx_close(&f);
+}
+
 KVR_TEST_MAIN(
     cmocka_unit_test(test_round_robin_and_tried), cmocka_unit_test(test_response_id_affinity),
     cmocka_unit_test(test_look_changes_nothing), cmocka_unit_test(test_accounting_and_drain),
@@ -1110,4 +1447,6 @@ KVR_TEST_MAIN(
     cmocka_unit_test(test_refused_prefill_leaves_clock),
     cmocka_unit_test(test_outlier_ejection_backoff_and_trial),
     cmocka_unit_test(test_ejection_keeps_a_worker), cmocka_unit_test(test_retry_budget),
-    cmocka_unit_test(test_admission_bound))
+    cmocka_unit_test(test_admission_bound), cmocka_unit_test(test_models_eligibility),
+    cmocka_unit_test(test_models_policy_contract), cmocka_unit_test(test_models_union),
+    cmocka_unit_test(test_models_metrics))

@@ -1,9 +1,10 @@
 /* test_scrape.c -- the /metrics scraper: the pure page parser, the report path into the router
  * (health transitions, applied figures, workers gone meanwhile) without a loop, vLLM's token
  * counters (parsing, increases across restarts, the worker's actual figures switching from the
- * scrape to usage without counting a request twice), and one real run on
- * a loop against a loopback HTTP server and a refused port (removed mid-run), which must leave no
- * libuv handle. */
+ * scrape to usage without counting a request twice), vLLM's GET /v1/models (base names, aliases,
+ * adapters, the bounds) and its 404 for an unknown model, and one real run on a loop against a
+ * loopback HTTP server (its /metrics and /v1/models) and a refused port (removed mid-run), which
+ * must leave no libuv handle. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -350,9 +351,13 @@ typedef struct {
 
 static void on_metrics_request(kvr_http_req_t *req, void *data) {
   loop_fx_t *t = data;
+  static const char models[] = "{\"object\":\"list\",\"data\":[{\"id\":\"m\",\"root\":\"/m\","
+                               "\"max_model_len\":4096},{\"id\":\"m-lora\",\"parent\":\"m\"}]}";
   if (strcmp(req->path, "/metrics") == 0) {
     t->metrics_gets++;
     kvr_http_respond(req, 200, "text/plain", NULL, page, strlen(page));
+  } else if (strcmp(req->path, "/v1/models") == 0) {
+    kvr_http_respond(req, 200, "application/json", NULL, models, sizeof models - 1);
   } else {
     kvr_http_respond(req, 404, "text/plain", NULL, "no\n", 3);
   }
@@ -385,7 +390,8 @@ static void on_check(uv_timer_t *h) {
     assert_int_equal(kvr_router_drain_worker(t->f.r, dead->id), 0);
     assert_null(t->f.r->slots[1]);
   }
-  bool done = t->gets_at_removal >= 0 && t->metrics_gets >= t->gets_at_removal + 2;
+  bool done =
+      t->gets_at_removal >= 0 && t->metrics_gets >= t->gets_at_removal + 2 && live->models_known;
   t->timed_out = !done && kvr_now_ms() > (double)t->deadline_ms;
   if (done || t->timed_out)
     shut_down(t);
@@ -420,6 +426,9 @@ static void test_scraper_on_loop(void **state) {
   const kvr_worker_t *w = t.f.r->slots[0];
   assert_true(w->num_requests_running == 5.0);
   assert_int_equal(w->cache_capacity_blocks, 500);
+  assert_int_equal(w->max_model_len, 4096); /* its GET /v1/models: two ids */
+  assert_true(kvr_router_worker_serves(w, "m-lora"));
+  assert_false(kvr_router_worker_serves(w, "other"));
   assert_null(t.f.r->slots[1]);
   kvr_http_server_free(t.srv);
   assert_int_equal(uv_loop_close(&t.loop), 0);
@@ -449,7 +458,105 @@ static void test_parse_models(void **state) {
   }
 }
 
+/* A vLLM GET /v1/models with --served-model-name llama-70b llama (two base cards, one root) and
+ * --lora-modules sql-lora=/adapters/sql (parent llama-70b, max_model_len null), as
+ * openai/engine/protocol.py's ModelCard serializes (nulls kept): every id kept in order with its
+ * root, parent and context, each card's JSON as given; a repeated id once. */
+static void test_parse_model_list(void **state) {
+  (void)state;
+  const char *vllm =
+      "{\"object\":\"list\",\"data\":["
+      "{\"id\":\"llama-70b\",\"object\":\"model\",\"created\":1751443200,\"owned_by\":\"vllm\","
+      "\"root\":\"/models/Llama-3.3-70B\",\"parent\":null,\"max_model_len\":131072,"
+      "\"permission\":[{\"id\":\"modelperm-9f\",\"object\":\"model_permission\",\"created\":"
+      "1751443200,\"allow_create_engine\":false,\"allow_sampling\":true,\"allow_logprobs\":true,"
+      "\"allow_search_indices\":false,\"allow_view\":true,\"allow_fine_tuning\":false,"
+      "\"organization\":\"*\",\"group\":null,\"is_blocking\":false}]},"
+      "{\"id\":\"llama\",\"object\":\"model\",\"created\":1751443200,\"owned_by\":\"vllm\","
+      "\"root\":\"/models/Llama-3.3-70B\",\"parent\":null,\"max_model_len\":131072,"
+      "\"permission\":[]},"
+      "{\"id\":\"sql-lora\",\"object\":\"model\",\"created\":1751443200,\"owned_by\":\"vllm\","
+      "\"root\":\"/adapters/sql\",\"parent\":\"llama-70b\",\"max_model_len\":null,"
+      "\"permission\":[]},"
+      "{\"id\":\"llama\",\"object\":\"model\",\"max_model_len\":9},"
+      "{\"object\":\"model\"},{\"id\":7},{\"id\":\"\"},[1]]}";
+  kvr_vllm_models_t m;
+  assert_int_equal(kvr_vllm_parse_model_list(vllm, strlen(vllm), &m), 0);
+  assert_int_equal(m.n, 3);
+  assert_true(m.complete);
+  assert_int_equal(m.max_model_len, 131072); /* the repeated llama's 9 is not read */
+  assert_string_equal(m.v[0].id, "llama-70b");
+  assert_string_equal(m.v[1].id, "llama");
+  assert_string_equal(m.v[1].root, m.v[0].root);
+  assert_null(m.v[1].parent);
+  assert_string_equal(m.v[2].id, "sql-lora");
+  assert_string_equal(m.v[2].root, "/adapters/sql");
+  assert_string_equal(m.v[2].parent, "llama-70b");
+  assert_int_equal(m.v[2].max_model_len, 0);
+  assert_non_null(strstr(vllm, m.v[0].card)); /* the card as given, byte for byte */
+  assert_non_null(strstr(vllm, m.v[2].card));
+  assert_ptr_equal(kvr_vllm_models_find(&m, "sql-lora"), &m.v[2]);
+  assert_null(kvr_vllm_models_find(&m, "Llama"));
+  assert_null(kvr_vllm_models_find(&m, NULL));
+  kvr_vllm_models_free(&m);
+  kvr_vllm_models_free(&m); /* twice: empty */
+  uint64_t len = 0;
+  assert_int_equal(kvr_vllm_parse_models(vllm, strlen(vllm), &len), 0); /* the context alone */
+  assert_int_equal(len, 131072);
+  /* Bounds: 64 ids kept, the list then incomplete; an id over 256 bytes not kept (incomplete);
+   * a card over 2 KiB kept as its four fields. */
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_buf_puts(&b, "{\"data\":[");
+  for (int i = 0; i < 70; i++)
+    kvr_buf_printf(&b, "%s{\"id\":\"m%d\",\"max_model_len\":%d}", i ? "," : "", i, 100 + i);
+  kvr_buf_puts(&b, "]}");
+  assert_int_equal(kvr_vllm_parse_model_list(b.data, b.len, &m), 0);
+  assert_int_equal(m.n, KVR_VLLM_MODELS_MAX);
+  assert_false(m.complete);
+  assert_string_equal(m.v[63].id, "m63");
+  kvr_vllm_models_free(&m);
+  kvr_buf_reset(&b);
+  kvr_buf_puts(&b, "{\"data\":[{\"id\":\"");
+  for (int i = 0; i < 257; i++)
+    kvr_buf_puts(&b, "x");
+  kvr_buf_puts(&b, "\"},{\"id\":\"big\",\"root\":\"r\",\"max_model_len\":5,\"pad\":\"");
+  for (int i = 0; i < 3000; i++)
+    kvr_buf_puts(&b, "p");
+  kvr_buf_puts(&b, "\"}]}");
+  assert_int_equal(kvr_vllm_parse_model_list(b.data, b.len, &m), 0);
+  assert_int_equal(m.n, 1);
+  assert_false(m.complete);
+  assert_string_equal(m.v[0].card, "{\"id\":\"big\",\"object\":\"model\",\"root\":\"r\","
+                                   "\"parent\":null,\"max_model_len\":5}");
+  kvr_vllm_models_free(&m);
+  kvr_buf_free(&b);
+  const char *bad[] = {
+      "", "not json", "{\"data\":{}}", "{\"data\":[]}", "{\"data\":[{\"id\":1}]}", "[1,2]"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_equal(kvr_vllm_parse_model_list(bad[i], strlen(bad[i]), &m), KVR_EPARSE);
+    assert_int_equal(m.n, 0);
+    assert_null(m.v);
+  }
+}
+
+/* vLLM's 404 for a model it does not serve, byte for byte (the entrypoints' serve/engine/
+ * serving.py; openai/engine/protocol.py's ErrorResponse: no top-level object, code the status), and
+ * the Messages API's shape of it (vLLM's type name). */
+static void test_model_not_found(void **state) {
+  (void)state;
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_vllm_model_not_found(&b, "gpt-4", false);
+  assert_string_equal(b.data, "{\"error\":{\"message\":\"The model `gpt-4` does not exist.\","
+                              "\"type\":\"NotFoundError\",\"param\":\"model\",\"code\":404}}");
+  kvr_buf_reset(&b);
+  kvr_vllm_model_not_found(&b, "a\"b", true);
+  assert_string_equal(b.data, "{\"type\":\"error\",\"error\":{\"type\":\"NotFoundError\","
+                              "\"message\":\"The model `a\\\"b` does not exist.\"}}");
+  kvr_buf_free(&b);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_parse), cmocka_unit_test(test_parse_models),
+              cmocka_unit_test(test_parse_model_list), cmocka_unit_test(test_model_not_found),
               cmocka_unit_test(test_parse_counters), cmocka_unit_test(test_counters_advance),
               cmocka_unit_test(test_actual_sources), cmocka_unit_test(test_report_path),
               cmocka_unit_test(test_scraper_on_loop))
