@@ -4,7 +4,9 @@
 #                                 packages (BUILD_PACKAGES + TEST_PACKAGES, and NODE_PACKAGES unless
 #                                 a node with npm is already there), then the npm packages of
 #                                 tests/deploy/package-lock.json (the Kubernetes schema check,
-#                                 tests/deploy/test_k8s_schema.mjs) into tests/deploy/node_modules.
+#                                 tests/deploy/test_k8s_schema.mjs) into tests/deploy/node_modules
+#                                 and those of tests/sdk/package-lock.json (the OpenAI and Anthropic
+#                                 SDKs, tests/sdk/test_sdk_clients.mjs) into tests/sdk/node_modules.
 #   install-deps.sh --build-only  what `cmake -DBUILD_TESTING=OFF` and `cmake --build --target
 #                                 kvrouter` need (BUILD_PACKAGES): the compiler, CMake, pkg-config
 #                                 and the -dev libraries; no cmocka, browser, fuzzing toolchain,
@@ -82,11 +84,13 @@ if [ "$build_only" -eq 1 ]; then
   exit 0
 fi
 
-# The schema check's npm packages, exactly as locked. The copy of the lockfile kept in
-# node_modules says what is installed there.
-deploy_tests="$(cd "$(dirname "$0")/../tests/deploy" && pwd)"
-if ! cmp -s "$deploy_tests/package-lock.json" "$deploy_tests/node_modules/.kvr-package-lock.json"; then
-  echo "install-deps: npm ci in tests/deploy" >&2
-  (cd "$deploy_tests" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
-  cp "$deploy_tests/package-lock.json" "$deploy_tests/node_modules/.kvr-package-lock.json"
-fi
+# The npm packages of the schema check (tests/deploy) and of the SDK clients test (tests/sdk),
+# exactly as locked. The copy of the lockfile kept in node_modules says what is installed there.
+for folder in deploy sdk; do
+  npm_tests="$(cd "$(dirname "$0")/../tests/$folder" && pwd)"
+  if ! cmp -s "$npm_tests/package-lock.json" "$npm_tests/node_modules/.kvr-package-lock.json"; then
+    echo "install-deps: npm ci in tests/$folder" >&2
+    (cd "$npm_tests" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+    cp "$npm_tests/package-lock.json" "$npm_tests/node_modules/.kvr-package-lock.json"
+  fi
+done
