@@ -151,7 +151,7 @@ static const kvr_cli_opt_t study_options[] = {
     {KVR_CLI_LIST, "scenarios", KVR_CLI_ARRAY(kvr_study_opts_t, scenarios, nscenarios),
      .arg = "LIST", .elem = KVR_CLI_STR,
      .help = "scenarios (default all: multiturn, documents, control, agentic, hot-prefix, bursty, "
-             "mixed-fleet)"},
+             "mixed-fleet, trace, trace-fleet)"},
     {KVR_CLI_LIST, "policies", KVR_CLI_ARRAY(kvr_study_opts_t, policies, npolicies), .arg = "LIST",
      .elem = KVR_CLI_STR,
      .help = "policies, the first the baseline (default every policy, then the oracle)"},
@@ -164,6 +164,12 @@ static const kvr_cli_opt_t study_options[] = {
      .help = "max-SLO-rate search resolution, req/s"},
     {KVR_CLI_STR, "out", S(out), .arg = "DIR", .help = "results folder"},
     {KVR_CLI_SWITCH, "quiet", S(quiet), .set = 1, .help = "no line per finished cell"},
+    {KVR_CLI_STR, "trace", S(trace), .arg = "FILE",
+     .help = "the trace scenarios' prefix-hashed trace (trace: max SLO-compliant rate; "
+             "trace-fleet: workers needed at its own rate); left out of the default set, with a "
+             "line saying so, when FILE cannot be read"},
+    {KVR_CLI_STR, "trace-window", S(trace_window), .arg = "START_S:END_S",
+     .help = "the window of the trace they replay (trace seconds; END_S may be left out)"},
 };
 
 static void print_study_epilog(FILE *out) {
@@ -179,7 +185,8 @@ static const kvr_cli_cmd_t study_cmd = {
     .about = "Every policy on every scenario over several seeds in virtual time (kvrouter bench\n"
              "--virtual --search per scenario and seed, run in parallel), summed up in one table:\n"
              "each policy's mean max SLO-compliant rate with its spread, and kv_aware's ratio to\n"
-             "round_robin, to the best reference policy and to the oracle.",
+             "round_robin, to the best reference policy and to the oracle; trace-fleet: the\n"
+             "workers each policy needs for the trace at its own rate (--size-fleet).",
     .opts = study_options,
     .nopts = KVR_ARRAY_SIZE(study_options),
     .epilog = print_study_epilog,
@@ -188,6 +195,8 @@ static const kvr_cli_cmd_t study_cmd = {
 static int study_main(int argc, char **argv) {
   kvr_study_opts_t o;
   kvr_study_opts_default(&o);
+  o.trace = KVR_STUDY_TRACE;
+  o.trace_window = KVR_STUDY_TRACE_WINDOW;
   int rest;
   int rc = kvr_cli_main(&study_cmd, &o, argc, argv, &rest);
   if (rc == KVR_CLI_CONTINUE) {

@@ -240,6 +240,12 @@ static const kvr_cli_opt_t options[] = {
              "marked virtual; deterministic for a --seed"},
     {KVR_CLI_UINT, "workers", F(vc.workers), .arg = "N", KVR_CLI_RANGE(1, KVR_MAX_WORKERS),
      .help = "virtual: simulated workers"},
+    {KVR_CLI_SWITCH, "size-fleet", F(size_fleet), .set = 1,
+     .help = "virtual time only: per policy, the smallest fleet that serves the load within the "
+             "SLOs (a trace at its own rate, or --rates R): from --workers, double while a fleet "
+             "fails, halve while one passes, bisect to adjacent fleets; each a fresh cluster"},
+    {KVR_CLI_UINT, "size-fleet-max", F(size_fleet_max), .arg = "N",
+     KVR_CLI_RANGE(1, KVR_MAX_WORKERS), .help = "--size-fleet: the largest fleet tried"},
     {KVR_CLI_SWITCH, "keep-cluster", F(keep_cluster), .set = 1,
      .help = "virtual: run each level on the cluster the previous level left (its caches and "
              "learned rates), as one server swept from rate to rate is; by default every level "

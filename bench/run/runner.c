@@ -11,6 +11,9 @@
  * (unit-tested without a server); run_search() only feeds it levels, reusing a level the run
  * already has at that load. With --virtual the load generator, the policy switch, the cache reset
  * and the level figures go to a kvr_vcluster_t instead of HTTP and the monitor (runner.h).
+ * --size-fleet: run_fleet() instead, the fleet search (bench/vcluster/fleet.h) fed levels at one
+ * rate on resized clusters, reusing a level the run already has for that fleet; fleet_report()
+ * writes fleet.h's report instead of the rate report.
  */
 #include "runner.h"
 
@@ -19,6 +22,7 @@
 #include "bench/loadgen/monitor.h"
 #include "bench/loadgen/trace_replay.h"
 #include "bench/report/report.h"
+#include "bench/vcluster/fleet.h"
 
 #include <cjson/cJSON.h>
 
@@ -34,9 +38,10 @@ struct kvr_runner_s {
   kvr_monitor_t *mon; /* NULL in virtual time */
   kvr_vcluster_t *vc; /* --virtual only */
   kvr_results_t *res;
-  bool reset;       /* empty the prefix caches before each label */
-  bool first_level; /* no cooldown before the next level */
-  char model[256];  /* the model GET /v1/models named, when none was given */
+  bool reset;             /* empty the prefix caches before each label */
+  bool first_level;       /* no cooldown before the next level */
+  char model[256];        /* the model GET /v1/models named, when none was given */
+  kvr_fleet_info_t fleet; /* --size-fleet: its rate and bounds */
 };
 
 void kvr_runner_opts_default(kvr_runner_opts_t *o) {
@@ -53,6 +58,7 @@ void kvr_runner_opts_default(kvr_runner_opts_t *o) {
   o->search_res = 0.05;
   o->out = "results/bench";
   kvr_vcluster_opts_default(&o->vc);
+  o->size_fleet_max = KVR_FLEET_MAX_DEFAULT;
 }
 
 /* The --policy-params text of the run labelled label, or NULL. */
@@ -79,23 +85,53 @@ static const char *trace_rules(const kvr_runner_opts_t *o) {
   return NULL;
 }
 
-static int rules(const kvr_runner_opts_t *o, char *err, size_t errlen) {
-  const char *e = NULL;
+/* --size-fleet searches worker counts at one rate, in virtual time only; the rules below it
+ * (labels, trace rules) are checked after it. NULL when they hold. */
+static const char *fleet_rules(const kvr_runner_opts_t *o) {
+  if (!o->virt)
+    return "--size-fleet: virtual time only (add --virtual)";
+  if (o->search)
+    return "--size-fleet: it searches worker counts at one rate; --search searches rates (give "
+           "one of them)";
+  if (o->nconc)
+    return "--size-fleet: runs at a request rate (--rates R, or a trace's own), not --concurrency";
+  if (o->nrates > 1)
+    return "--size-fleet: takes one rate (--rates R)";
+  if (o->nrates == 0 && o->wl.kind != KVR_WL_TRACE)
+    return "--size-fleet: give --rates R (a trace workload runs at its own rate by default)";
+  if (o->vc.nworker_blocks)
+    return "--size-fleet: a mixed fleet (--worker-blocks) has a fixed size";
+  if (o->keep_cluster)
+    return "--size-fleet: every fleet is a fresh cluster; --keep-cluster does not apply";
+  if (o->size_fleet_max < o->vc.workers)
+    return "--size-fleet-max: must be at least --workers (the first fleet tried)";
+  return NULL;
+}
+
+/* The rules between the other flags; NULL when they hold. */
+static const char *load_rules(const kvr_runner_opts_t *o) {
   if (o->nrates && o->nconc)
-    e = "--concurrency: cannot be combined with --rates";
-  else if (o->nab && o->admin == NULL && !o->virt)
-    e = "--ab: needs --admin URL (or --virtual)";
-  else if (o->nlabels && o->nlabels != (o->nab ? o->nab : 1))
-    e = o->nab ? "--labels: needs one label per run (one per --ab policy)"
-               : "--labels: needs one label per run (one)";
-  else if (!o->search && !o->nrates && !o->nconc)
-    e = "no load given: give --rates, --concurrency or --search";
-  else if (o->lg.sessions && o->nconc)
-    e = "--sessions: applies to --rates only";
-  else if (o->wl.out_max < o->wl.out_min)
-    e = "--output-max: must be >= --output-min";
-  else if (o->wl.kind == KVR_WL_TRACE)
-    e = trace_rules(o);
+    return "--concurrency: cannot be combined with --rates";
+  if (o->nab && o->admin == NULL && !o->virt)
+    return "--ab: needs --admin URL (or --virtual)";
+  if (o->nlabels && o->nlabels != (o->nab ? o->nab : 1))
+    return o->nab ? "--labels: needs one label per run (one per --ab policy)"
+                  : "--labels: needs one label per run (one)";
+  if (!o->search && !o->nrates && !o->nconc && !o->size_fleet)
+    return "no load given: give --rates, --concurrency or --search";
+  if (o->lg.sessions && o->nconc)
+    return "--sessions: applies to --rates only";
+  if (o->wl.out_max < o->wl.out_min)
+    return "--output-max: must be >= --output-min";
+  if (o->wl.kind == KVR_WL_TRACE)
+    return trace_rules(o);
+  return NULL;
+}
+
+static int rules(const kvr_runner_opts_t *o, char *err, size_t errlen) {
+  const char *e = o->size_fleet ? fleet_rules(o) : NULL;
+  if (e == NULL)
+    e = load_rules(o);
   if (e != NULL)
     snprintf(err, errlen, "%s", e);
   return e ? KVR_EINVAL : 0;
@@ -126,7 +162,7 @@ int kvr_runner_opts_check(kvr_runner_opts_t *o, char *err, size_t errlen) {
     o->search_start = o->rates[0];
   if (o->search && o->nconc)
     o->search_start = o->conc[0];
-  o->lg.early_stop = o->search && !o->no_early_stop;
+  o->lg.early_stop = (o->search || o->size_fleet) && !o->no_early_stop;
   return 0;
 }
 
@@ -225,14 +261,17 @@ static void print_level(const kvr_runner_t *r, const kvr_run_t *run, const kvr_l
   else
     snprintf(engine, sizeof(engine), "  preemptions n/a");
   const char *what = r->o->nconc > 0 ? "users" : "rate";
+  char fleet[32] = "";
+  if (r->o->size_fleet)
+    snprintf(fleet, sizeof(fleet), " on %zu workers", lv->engine_workers);
   if (lv->stopped_early)
-    fprintf(f, "[%s] %s %g: FAIL  stopped early: %zu measured TTFTs of %.0f ms or more%s\n",
-            run->label, what, load, lv->ttft_over_slo, r->o->slo.ttft_p99_ms, engine);
+    fprintf(f, "[%s] %s %g%s: FAIL  stopped early: %zu measured TTFTs of %.0f ms or more%s\n",
+            run->label, what, load, fleet, lv->ttft_over_slo, r->o->slo.ttft_p99_ms, engine);
   else
     fprintf(f,
-            "[%s] %s %g: %s  TTFT p99 %.0f ms  TPOT p99 %.1f ms  %zu ok %zu failed  "
+            "[%s] %s %g%s: %s  TTFT p99 %.0f ms  TPOT p99 %.1f ms  %zu ok %zu failed  "
             "out %.0f tok/s  lag p99 %.3f ms%s\n",
-            run->label, what, load, lv->pass ? "PASS" : "FAIL", lv->ttft.p99, lv->tpot.p99,
+            run->label, what, load, fleet, lv->pass ? "PASS" : "FAIL", lv->ttft.p99, lv->tpot.p99,
             lv->completed, lv->failed, lv->output_throughput, lv->lag.p99, engine);
   if (!lv->pass && !lv->stopped_early)
     fprintf(f, "[%s]   failing: %s\n", run->label, names);
@@ -278,6 +317,31 @@ static void run_search(kvr_runner_t *r, kvr_run_t *run, double start) {
         return;
     }
     kvr_runner_search_feed(&s, lv->pass);
+  }
+}
+
+/* Fleet sizing: one level per fleet at the sizing's rate, each on a fresh cluster of that many
+ * workers (the restart every virtual level begins with), fed to the search (fleet.h). */
+static void run_fleet(kvr_runner_t *r, kvr_run_t *run, unsigned start) {
+  kvr_fleet_search_t s;
+  kvr_fleet_search_init(&s, start, r->o->size_fleet_max);
+  while (!s.done) {
+    const kvr_level_t *lv = NULL;
+    for (size_t i = 0; i < run->nlevels && lv == NULL; i++)
+      if (run->levels[i]->engine_workers == s.x)
+        lv = run->levels[i];
+    if (lv == NULL) {
+      char err[256];
+      if (kvr_vcluster_set_workers(r->vc, s.x, err, sizeof(err)) != 0) {
+        fprintf(stderr, "kvrouter bench: virtual cluster: %s\n", err);
+        return;
+      }
+      lv = run_level(r, run, r->fleet.rate);
+      r->first_level = false;
+      if (lv == NULL || lv->interrupted)
+        return;
+    }
+    kvr_fleet_search_feed(&s, lv->pass);
   }
 }
 
@@ -365,6 +429,12 @@ static int run_label(kvr_runner_t *r, size_t i, char *err, size_t errlen) {
     cooldown(r);
     r->first_level = true; /* the cooldown after the switch replaces the one before the level */
   }
+  if (o->size_fleet) {
+    /* later labels start where the baseline's answer lies: the comparison's fleet is run first */
+    unsigned base = i > 0 ? kvr_fleet_answer(&r->res->runs[0]).workers : 0;
+    run_fleet(r, run, base > 0 ? base : (unsigned)o->vc.workers);
+    return 0;
+  }
   if (!o->search) {
     run_list(r, run);
     return 0;
@@ -393,9 +463,10 @@ static void results_header(kvr_runner_t *r) {
   char now[32];
   kvr_utc_iso8601(now, sizeof(now));
   kvr_stats_set_str(&res->generated, now);
-  kvr_stats_set_str(&res->title, o->title ? o->title
-                                 : o->nab ? "kvrouter A/B Benchmark Report"
-                                          : "kvrouter Benchmark Report");
+  kvr_stats_set_str(&res->title, o->title        ? o->title
+                                 : o->size_fleet ? "kvrouter fleet sizing"
+                                 : o->nab        ? "kvrouter A/B Benchmark Report"
+                                                 : "kvrouter Benchmark Report");
   kvr_stats_set_str(&res->url, o->lg.url);
   kvr_stats_set_str(&res->model, o->lg.model);
   kvr_stats_set_str(&res->api, o->lg.api == KVR_API_CHAT ? "chat" : "completions");
@@ -446,6 +517,27 @@ static int find_model(kvr_runner_t *r, char *err, size_t errlen) {
   return 0;
 }
 
+/* --size-fleet: the rate every fleet runs at, the trace's own mean rate unless --rates gives one.
+ */
+static int fleet_rate(kvr_runner_t *r, char *err, size_t errlen) {
+  const kvr_runner_opts_t *o = r->o;
+  if (!o->size_fleet)
+    return 0;
+  const kvr_trace_replay_t *tr = kvr_workload_trace(r->wl);
+  r->fleet = (kvr_fleet_info_t){.rate = o->nrates ? o->rates[0] : 0,
+                                .trace_rate = o->nrates == 0,
+                                .start = (unsigned)o->vc.workers,
+                                .max = o->size_fleet_max};
+  if (o->nrates == 0 && tr != NULL)
+    r->fleet.rate = kvr_trace_replay_stats(tr)->sent_rate;
+  if (r->fleet.rate > 0)
+    return 0;
+  snprintf(err, errlen,
+           "--size-fleet: the trace's requests arrive at one instant (no rate of "
+           "its own): give --rates R");
+  return KVR_EINVAL;
+}
+
 /* Virtual time: the cluster, and the load generator on its transport. */
 static int setup_virtual(kvr_runner_t *r, char *err, size_t errlen) {
   kvr_runner_opts_t *o = r->o;
@@ -471,7 +563,7 @@ static int setup_virtual(kvr_runner_t *r, char *err, size_t errlen) {
   kvr_buf_printf(&desc, "; seed %llu", (unsigned long long)o->seed);
   kvr_stats_set_str(&r->res->virtual_desc, desc.data);
   kvr_buf_free(&desc);
-  return 0;
+  return fleet_rate(r, err, errlen);
 }
 
 /* The context of the virtual workers: the engine's max_model_len, or less when a worker's whole KV
@@ -559,7 +651,25 @@ int kvr_runner_new(uv_loop_t *loop, kvr_runner_opts_t *opts, kvr_runner_t **out,
   return 0;
 }
 
+/* --size-fleet's report (fleet.h): its own files and summary. */
+static int fleet_report(kvr_runner_t *r, FILE *out, char *err, size_t errlen) {
+  char e2[400];
+  if (kvr_fleet_write(r->res, &r->fleet, r->o->out, e2, sizeof(e2)) != 0) {
+    snprintf(err, errlen, "writing the report: %s", e2);
+    return KVR_EIO;
+  }
+  kvr_buf_t sum = KVR_BUF_INIT;
+  kvr_fleet_summary(r->res, &r->fleet, &sum);
+  fputs(sum.data ? sum.data : "", out);
+  fprintf(out, "Report: %s/report.md (fleet.json beside it)\n", r->o->out);
+  fflush(out);
+  kvr_buf_free(&sum);
+  return 0;
+}
+
 int kvr_runner_report(kvr_runner_t *r, FILE *out, char *err, size_t errlen) {
+  if (r->o->size_fleet)
+    return fleet_report(r, out, err, errlen);
   char e2[400];
   if (kvr_report_write(r->res, r->o->out, e2, sizeof(e2)) != 0) {
     snprintf(err, errlen, "writing the report: %s", e2);

@@ -22,6 +22,14 @@
  * reset and the level's engine figures go to the cluster directly, and cooldowns pass in virtual
  * time. No --url or --admin is needed.
  *
+ * Fleet sizing (--size-fleet, virtual time only): each label's levels run one rate (a trace's own
+ * mean rate, or --rates R) on fleets of different sizes, chosen by kvr_fleet_search_t
+ * (bench/vcluster/fleet.h: from --workers, doubling while a fleet fails, halving while one passes,
+ * bisecting to adjacent fleets, at most --size-fleet-max); each level's cluster is resized
+ * (kvr_vcluster_set_workers) and restarted fresh, so every fleet meets the same requests. Later
+ * labels start from the baseline's answer. The report is fleet.h's (report.md, fleet.json, one
+ * JSON per fleet) instead of the rate report.
+ *
  * Invariants: a level's trace is seeded by (seed, load), so two labels at the same load send the
  * identical requests (a paired comparison); later labels start their search at the baseline's max
  * load so the detailed comparison always has a paired level. Durations given in the options

@@ -53,6 +53,12 @@ typedef struct kvr_runner_opts_s {
                            * learned rates), as a server run at one rate after another; default:
                            * each level on a fresh cluster (kvr_vcluster_restart) */
   kvr_vcluster_opts_t vc; /* that cluster */
+
+  /* --size-fleet (virtual only): per label, the smallest fleet that serves one rate (a trace's own,
+   * or rates[0]) within the SLOs, searched over worker counts from vc.workers up to
+   * size_fleet_max (bench/vcluster/fleet.h). */
+  bool size_fleet;
+  unsigned size_fleet_max;
 } kvr_runner_opts_t;
 
 #endif

@@ -1,12 +1,14 @@
 /* study.c -- `kvrouter bench study`: cells on a thread pool, then the table.
  *
- * Flow: kvr_study_run() checks the names -> one kvr_study_cell_t per (scenario, seed) -> `jobs`
- * threads take cells in order from a shared counter and run each through the caller's
- * kvr_study_run_fn (a whole virtual bench whose settings kvr_study_cell_opts() makes, its command
- * line kvr_study_cell_words(): its report lands in the cell's folder) -> each cell's
- * per-policy max SLO-compliant load (kvr_report_cap) is kept -> the table (mean, min, max over the
- * seeds; "at least" when some seed found no limit) and the ratios are written as STUDY.md and
- * study.json and printed.
+ * Flow: kvr_study_run() checks the names (and the trace) -> one kvr_study_cell_t per (scenario,
+ * seed) -> `jobs` threads take cells from a shared counter, the trace scenarios' first (they are
+ * the longest: started last, one of them would finish alone) and the others in table order, and
+ * run each through the caller's kvr_study_run_fn (a whole virtual bench whose settings
+ * kvr_study_cell_opts() makes, its command line kvr_study_cell_words(): its report lands in the
+ * cell's folder) -> each cell's per-policy max SLO-compliant load (kvr_report_cap), or for a fleet
+ * scenario its fleet (kvr_fleet_answer), is kept -> the tables (mean, min, max over the seeds; "at
+ * least" when some seed found no limit) and the ratios are written as STUDY.md and study.json and
+ * printed: the rate scenarios' table, then the fleet scenarios'.
  *
  * Invariants: cells share nothing but this file's read-only tables and the caller's run function;
  * a cell's results are written only by the thread that ran it, and read after every thread joined.
@@ -17,6 +19,8 @@
 #include "base/kvr.h"
 #include "bench/loadgen/workload.h"
 #include "bench/report/report.h"
+#include "bench/sim/sim_preset.h"
+#include "bench/vcluster/fleet.h"
 #include "bench/vcluster/vcluster.h"
 #include "policies/policy.h"
 
@@ -26,6 +30,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* The trace scenarios' workers and SLO: a model whose many KV blocks hold long prompts (26,674
+ * blocks of 16 tokens each on an H100) and a long-context SLO (the Mooncake trace's p99 prompt, 66k
+ * tokens, alone takes ~3 s to prefill there): bench/loadgen/README.md, Traces. */
+#define TRACE_PRESET "llama-3.1-8b-h100"
+#define TRACE_TTFT_MS 10000
+#define TRACE_TPOT_MS 100
 
 /* mixed-fleet: four sims, the last with half the KV cache. */
 static const unsigned mixed_blocks[] = {21770, 21770, 21770, 10885};
@@ -45,6 +56,21 @@ const kvr_study_scenario_t kvr_study_scenarios[] = {
      .session = true, .warmup_s = 120, .burstiness = 0.3},
     {"mixed-fleet", "documents on 4 workers, one with half the KV cache", "documents",
      .warmup_s = 60, .worker_blocks = mixed_blocks, .nworker_blocks = KVR_ARRAY_SIZE(mixed_blocks)},
+    /* The trace's arrivals are its own, scaled to the level's rate (no jitter): the seed moves only
+     * the synthesised text, hence the router's block hashes and so the policies' tie-breaks. */
+    {"trace",
+     "the study's trace (its own arrival times scaled to each rate, no jitter; the seed changes "
+     "the "
+     "synthesised text, so the router's block hashes and tie-breaks) on 4 Llama-3.1-8B/H100 "
+     "workers, "
+     "TTFT p99 < 10 s, TPOT p99 < 100 ms",
+     NULL, .trace = true, .preset = TRACE_PRESET, .slo_ttft_ms = TRACE_TTFT_MS,
+     .slo_tpot_ms = TRACE_TPOT_MS},
+    {"trace-fleet",
+     "the study's trace at its own rate: the fewest Llama-3.1-8B/H100 workers that serve it within "
+     "TTFT p99 < 10 s, TPOT p99 < 100 ms",
+     NULL, .trace = true, .preset = TRACE_PRESET, .slo_ttft_ms = TRACE_TTFT_MS,
+     .slo_tpot_ms = TRACE_TPOT_MS, .fleet = true},
     {.name = NULL},
 };
 
@@ -74,8 +100,18 @@ void kvr_study_opts_default(kvr_study_opts_t *o) {
 #define STR_(x) #x
 #define STR(x) STR_(x) /* a plan figure as its command-line word */
 
-static void scenario_opts(const kvr_study_scenario_t *sc, kvr_runner_opts_t *o) {
-  kvr_workload_parse_kind(sc->workload, &o->wl);
+static void scenario_opts(const kvr_study_cell_t *c, kvr_runner_opts_t *o) {
+  const kvr_study_scenario_t *sc = c->sc;
+  kvr_workload_parse_kind(sc->trace ? c->trace_workload : sc->workload, &o->wl);
+  if (sc->trace && c->trace_window != NULL)
+    kvr_workload_parse_window(c->trace_window, &o->wl);
+  char err[256];
+  if (sc->preset != NULL)
+    kvr_sim_preset_apply(&o->vc.engine, sc->preset, err, sizeof(err)); /* built in: it fits */
+  if (sc->slo_ttft_ms > 0)
+    o->slo.ttft_p99_ms = sc->slo_ttft_ms;
+  if (sc->slo_tpot_ms > 0)
+    o->slo.tpot_p99_ms = sc->slo_tpot_ms;
   if (sc->session)
     o->wl.replay = false;
   o->lg.warmup_s = sc->warmup_s;
@@ -96,17 +132,24 @@ void kvr_study_cell_opts(const kvr_study_cell_t *c, kvr_runner_opts_t *o) {
     o->labels[o->nlabels++] = kvr_xstrdup(c->policies[p]);
   }
   o->seed = c->seed;
-  o->search = true;
-  o->search_start = CELL_SEARCH_START;
-  o->search_res = c->resolution;
-  o->lg.num_prompts = CELL_PROMPTS;
+  if (c->sc->fleet) {
+    o->size_fleet = true;
+  } else {
+    o->search = true;
+    o->search_start = CELL_SEARCH_START;
+    o->search_res = c->resolution;
+  }
+  /* a trace level sends the trace once: --num-prompts and --min-level-s do not apply */
+  if (!c->sc->trace)
+    o->lg.num_prompts = CELL_PROMPTS;
   o->lg.warmup = 0;
-  o->lg.min_level_s = CELL_MIN_LEVEL_S;
+  if (!c->sc->trace)
+    o->lg.min_level_s = CELL_MIN_LEVEL_S;
   o->cooldown_s = CELL_COOLDOWN_S;
   o->quiet = true;
   o->out = c->out;
   o->title = c->title;
-  scenario_opts(c->sc, o);
+  scenario_opts(c, o);
 }
 
 static void word(kvr_study_words_t *w, const char *a) {
@@ -121,8 +164,21 @@ static void word2(kvr_study_words_t *w, const char *flag, const char *value) {
 }
 
 /* The scenario's flags, in the order scenario_opts() sets them. */
-static void scenario_words(const kvr_study_scenario_t *sc, kvr_study_words_t *w) {
-  word2(w, "--workload", sc->workload);
+static void scenario_words(const kvr_study_cell_t *c, kvr_study_words_t *w) {
+  const kvr_study_scenario_t *sc = c->sc;
+  word2(w, "--workload", sc->trace ? c->trace_workload : sc->workload);
+  if (sc->trace && c->trace_window != NULL)
+    word2(w, "--trace-window", c->trace_window);
+  if (sc->preset != NULL)
+    word2(w, "--preset", sc->preset);
+  if (sc->slo_ttft_ms > 0) {
+    snprintf(w->slo_ttft, sizeof(w->slo_ttft), "%g", sc->slo_ttft_ms);
+    word2(w, "--slo-ttft-ms", w->slo_ttft);
+  }
+  if (sc->slo_tpot_ms > 0) {
+    snprintf(w->slo_tpot, sizeof(w->slo_tpot), "%g", sc->slo_tpot_ms);
+    word2(w, "--slo-tpot-ms", w->slo_tpot);
+  }
   if (sc->session)
     word2(w, "--multiturn-mode", "session");
   snprintf(w->warmup, sizeof(w->warmup), "%g", sc->warmup_s);
@@ -155,17 +211,23 @@ void kvr_study_cell_words(const kvr_study_cell_t *c, kvr_study_words_t *w) {
   word2(w, "--ab", w->ab);
   word2(w, "--labels", w->ab);
   word2(w, "--seed", w->seed);
-  word2(w, "--search", "--search-start");
-  word(w, STR(CELL_SEARCH_START));
-  word2(w, "--search-resolution", w->res);
-  word2(w, "--num-prompts", STR(CELL_PROMPTS));
+  if (c->sc->fleet) {
+    word(w, "--size-fleet");
+  } else {
+    word2(w, "--search", "--search-start");
+    word(w, STR(CELL_SEARCH_START));
+    word2(w, "--search-resolution", w->res);
+  }
+  if (!c->sc->trace)
+    word2(w, "--num-prompts", STR(CELL_PROMPTS));
   word2(w, "--warmup", "0");
-  word2(w, "--min-level-s", STR(CELL_MIN_LEVEL_S));
+  if (!c->sc->trace)
+    word2(w, "--min-level-s", STR(CELL_MIN_LEVEL_S));
   word2(w, "--cooldown-s", STR(CELL_COOLDOWN_S));
   word(w, "--quiet");
   word2(w, "--out", c->out);
   word2(w, "--title", c->title);
-  scenario_words(c->sc, w);
+  scenario_words(c, w);
   for (int i = 0; i < c->nextra; i++)
     word(w, c->extra[i]);
 }
@@ -174,8 +236,9 @@ void kvr_study_cell_words(const kvr_study_cell_t *c, kvr_study_words_t *w) {
 
 typedef struct cell_s {
   kvr_study_cell_t c;
-  char out[1024], title[256];
+  char out[1024], title[256], trace[1100];
   kvr_report_cap_t caps[KVR_STUDY_MAX];
+  kvr_fleet_answer_t fleets[KVR_STUDY_MAX]; /* a fleet scenario's answers */
   int status;
   char err[512];
   double seconds;
@@ -189,7 +252,10 @@ typedef struct study_s {
   const kvr_study_scenario_t *scs[KVR_STUDY_MAX];
   size_t nscs;
   cell_t *cells;
+  size_t *order; /* the cells in the order the threads take them */
   size_t ncells, next, ndone;
+  const char *trace_note; /* why the default set left the trace scenarios out, or NULL */
+  char note[1300];
   pthread_mutex_t mu;
   FILE *progress;
   unsigned jobs; /* threads */
@@ -200,6 +266,7 @@ static void cell_init(study_t *st, cell_t *cell, const kvr_study_scenario_t *sc,
   const kvr_study_opts_t *o = st->o;
   snprintf(cell->out, sizeof(cell->out), "%s/%s/seed%llu", o->out, sc->name, seed);
   snprintf(cell->title, sizeof(cell->title), "kvrouter study: %s, seed %llu", sc->name, seed);
+  snprintf(cell->trace, sizeof(cell->trace), "trace:%s", o->trace ? o->trace : "");
   cell->c = (kvr_study_cell_t){.sc = sc,
                                .seed = seed,
                                .policies = st->policies,
@@ -208,7 +275,9 @@ static void cell_init(study_t *st, cell_t *cell, const kvr_study_scenario_t *sc,
                                .out = cell->out,
                                .title = cell->title,
                                .extra = o->extra,
-                               .nextra = o->nextra};
+                               .nextra = o->nextra,
+                               .trace_workload = cell->trace,
+                               .trace_window = o->trace_window};
 }
 
 static void cell_run(study_t *st, cell_t *cell) {
@@ -218,8 +287,10 @@ static void cell_run(study_t *st, cell_t *cell) {
   cell->status = st->run(&cell->c, &res, cell->err, sizeof(cell->err));
   clock_gettime(CLOCK_MONOTONIC, &t1);
   cell->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-  for (size_t p = 0; res && p < st->npolicies && p < res->nruns; p++)
+  for (size_t p = 0; res && p < st->npolicies && p < res->nruns; p++) {
     cell->caps[p] = kvr_report_cap(&res->runs[p]);
+    cell->fleets[p] = kvr_fleet_answer(&res->runs[p]);
+  }
   if (res && res->nruns < st->npolicies && cell->status == 0) {
     cell->status = 1;
     snprintf(cell->err, sizeof(cell->err), "ran %zu of %zu policies", res->nruns, st->npolicies);
@@ -235,7 +306,7 @@ static void *worker(void *arg) {
     pthread_mutex_unlock(&st->mu);
     if (i == SIZE_MAX)
       return NULL;
-    cell_t *c = &st->cells[i];
+    cell_t *c = &st->cells[st->order[i]];
     cell_run(st, c);
     pthread_mutex_lock(&st->mu);
     st->ndone++;
@@ -252,17 +323,38 @@ static void *worker(void *arg) {
 
 typedef kvr_study_agg_t agg_t;
 
+/* A cell's figure for policy p: its max SLO-compliant rate, or (a fleet scenario) the workers it
+ * needs, the largest fleet tried + 1 when none passed. False when the policy did not run. */
+static bool cell_figure(const study_t *st, const cell_t *c, size_t p, double *x, bool *lower) {
+  if (c->status != 0)
+    return false;
+  if (c->c.sc->fleet) {
+    const kvr_fleet_answer_t *f = &c->fleets[p];
+    if (f->tried == 0)
+      return false;
+    *lower = f->workers == 0;
+    *x = f->workers ? (double)f->workers : (double)f->most_failed + 1;
+    return true;
+  }
+  if (!c->caps[p].ran)
+    return false;
+  *x = c->caps[p].load;
+  *lower = !c->caps[p].found;
+  return true;
+}
+
 static agg_t aggregate(const study_t *st, size_t sc, size_t p) {
   agg_t a = {0, INFINITY, 0, false, 0};
   for (size_t s = 0; s < st->o->seeds; s++) {
     const cell_t *c = &st->cells[sc * st->o->seeds + s];
-    if (c->status != 0 || !c->caps[p].ran)
+    double x;
+    bool lower;
+    if (!cell_figure(st, c, p, &x, &lower))
       continue;
-    double x = c->caps[p].load;
     a.mean += x;
     a.min = fmin(a.min, x);
     a.max = fmax(a.max, x);
-    a.lower |= !c->caps[p].found;
+    a.lower |= lower;
     a.n++;
   }
   if (a.n)
@@ -295,6 +387,72 @@ static void ratio_cell(kvr_buf_t *b, agg_t num, agg_t den) {
                  num.lower && den.lower ? " (both bounds)" : "");
 }
 
+/* The table's head: the policies, then kv_aware's three ratios (a fleet table: the other's
+ * workers over kv_aware's, fewer being better). */
+static void table_head(const study_t *st, bool fleet, kvr_buf_t *b) {
+  kvr_buf_puts(b, "| scenario |");
+  for (size_t p = 0; p < st->npolicies; p++)
+    kvr_buf_printf(b, " %s |", st->policies[p]);
+  kvr_buf_puts(b,
+               fleet ? " round_robin / kv_aware | best reference / kv_aware | oracle / kv_aware |"
+                     : " kv_aware / round_robin | kv_aware / best reference | kv_aware / oracle |");
+  kvr_buf_puts(b, "\n|---|");
+  for (size_t p = 0; p < st->npolicies + 3; p++)
+    kvr_buf_puts(b, "---:|");
+  kvr_buf_puts(b, "\n");
+}
+
+/* Scenario s's row: each policy's mean [min-max] and kv_aware's ratios. A rate row's best
+ * reference has the highest rate and the ratios are kv_aware's over the other's; a fleet row's has
+ * the fewest workers and the ratios are the other's over kv_aware's: above 1, kv_aware needs fewer.
+ */
+static void table_row(const study_t *st, size_t s, kvr_buf_t *b) {
+  const kvr_study_opts_t *o = st->o;
+  bool fleet = st->scs[s]->fleet;
+  const char *fmt = fleet ? " %s%.2f [%.0f-%.0f] |" : " %s%.2f [%.2f-%.2f] |";
+  kvr_buf_printf(b, "| %s |", st->scs[s]->name);
+  int best = -1;
+  agg_t bestv = {0};
+  for (size_t p = 0; p < st->npolicies; p++) {
+    agg_t a = aggregate(st, s, p);
+    if (a.n == 0)
+      kvr_buf_puts(b, " - |");
+    else if (o->seeds == 1)
+      kvr_buf_printf(b, fleet ? " %s%.0f |" : " %s%.2f |", a.lower ? ">= " : "", a.mean);
+    else
+      kvr_buf_printf(b, fmt, a.lower ? ">= " : "", a.mean, a.min, a.max);
+    bool better = fleet ? a.mean < bestv.mean : a.mean > bestv.mean;
+    if (is_reference(st->policies[p]) && a.n && (best < 0 || better)) {
+      best = (int)p;
+      bestv = a;
+    }
+  }
+  int kv = policy_index(st, "kv_aware"), rr = policy_index(st, "round_robin"),
+      orc = policy_index(st, KVR_VCLUSTER_ORACLE);
+  agg_t none = {0};
+  agg_t kva = kv >= 0 ? aggregate(st, s, (size_t)kv) : none;
+  agg_t rra = rr >= 0 ? aggregate(st, s, (size_t)rr) : none;
+  agg_t orca = orc >= 0 ? aggregate(st, s, (size_t)orc) : none;
+  agg_t bra = best >= 0 ? bestv : none;
+  ratio_cell(b, fleet ? rra : kva, fleet ? kva : rra);
+  size_t mark = b->len;
+  ratio_cell(b, fleet ? bra : kva, fleet ? kva : bra);
+  if (best >= 0 && b->len > mark + 2) {
+    b->len -= 2; /* " |" */
+    b->data[b->len] = '\0';
+    kvr_buf_printf(b, " (%s) |", st->policies[best]);
+  }
+  ratio_cell(b, fleet ? orca : kva, fleet ? kva : orca);
+  kvr_buf_puts(b, "\n");
+}
+
+static bool any_fleet(const study_t *st) {
+  for (size_t s = 0; s < st->nscs; s++)
+    if (st->scs[s]->fleet)
+      return true;
+  return false;
+}
+
 static void render_md(const study_t *st, double seconds, kvr_buf_t *b) {
   const kvr_study_opts_t *o = st->o;
   kvr_buf_printf(b, "# kvrouter policy study (virtual time)\n\n");
@@ -311,46 +469,26 @@ static void render_md(const study_t *st, double seconds, kvr_buf_t *b) {
                  "Max SLO-compliant rate (req/s) per policy, %s (every level it tried passed). "
                  "Search resolution %g req/s. %zu cell%s on %u threads took %.1f s.\n\n",
                  what, o->resolution, st->ncells, st->ncells == 1 ? "" : "s", st->jobs, seconds);
-  kvr_buf_puts(b, "| scenario |");
-  for (size_t p = 0; p < st->npolicies; p++)
-    kvr_buf_printf(b, " %s |", st->policies[p]);
-  kvr_buf_puts(b,
-               " kv_aware / round_robin | kv_aware / best reference | kv_aware / oracle |\n|---|");
-  for (size_t p = 0; p < st->npolicies + 3; p++)
-    kvr_buf_puts(b, "---:|");
-  kvr_buf_puts(b, "\n");
-  int kv = policy_index(st, "kv_aware"), rr = policy_index(st, "round_robin"),
-      orc = policy_index(st, KVR_VCLUSTER_ORACLE);
-  for (size_t s = 0; s < st->nscs; s++) {
-    kvr_buf_printf(b, "| %s |", st->scs[s]->name);
-    int best = -1;
-    agg_t bestv = {0};
-    for (size_t p = 0; p < st->npolicies; p++) {
-      agg_t a = aggregate(st, s, p);
-      if (a.n == 0)
-        kvr_buf_puts(b, " - |");
-      else if (o->seeds == 1)
-        kvr_buf_printf(b, " %s%.2f |", a.lower ? ">= " : "", a.mean);
-      else
-        kvr_buf_printf(b, " %s%.2f [%.2f-%.2f] |", a.lower ? ">= " : "", a.mean, a.min, a.max);
-      if (is_reference(st->policies[p]) && a.n && (best < 0 || a.mean > bestv.mean)) {
-        best = (int)p;
-        bestv = a;
-      }
-    }
-    agg_t kva = kv >= 0 ? aggregate(st, s, (size_t)kv) : (agg_t){0};
-    agg_t none = {0};
-    ratio_cell(b, kva, rr >= 0 ? aggregate(st, s, (size_t)rr) : none);
-    size_t mark = b->len;
-    ratio_cell(b, kva, best >= 0 ? bestv : none);
-    if (best >= 0 && b->len > mark + 2) {
-      b->len -= 2; /* " |" */
-      b->data[b->len] = '\0';
-      kvr_buf_printf(b, " (%s) |", st->policies[best]);
-    }
-    ratio_cell(b, kva, orc >= 0 ? aggregate(st, s, (size_t)orc) : none);
-    kvr_buf_puts(b, "\n");
+  table_head(st, false, b);
+  for (size_t s = 0; s < st->nscs; s++)
+    if (!st->scs[s]->fleet)
+      table_row(st, s, b);
+  if (any_fleet(st)) {
+    kvr_buf_printf(b,
+                   "\n## Fleet sizing\n\nWorkers needed per policy: the smallest fleet that "
+                   "serves the scenario's traffic within its SLOs (`--size-fleet`: from --workers, "
+                   "4, doubling while a fleet fails, at most %d, halving while one passes, then "
+                   "bisecting to adjacent fleets), %s (no fleet tried served it; the figure is "
+                   "the largest tried + 1). Fewer is better: each ratio is the other policy's "
+                   "workers over kv_aware's.\n\n",
+                   KVR_FLEET_MAX_DEFAULT, what);
+    table_head(st, true, b);
+    for (size_t s = 0; s < st->nscs; s++)
+      if (st->scs[s]->fleet)
+        table_row(st, s, b);
   }
+  if (st->trace_note != NULL)
+    kvr_buf_printf(b, "\n%s\n", st->trace_note);
   kvr_buf_puts(b, "\n## Scenarios\n\n");
   for (size_t s = 0; s < st->nscs; s++) {
     kvr_study_words_t w;
@@ -374,15 +512,22 @@ static void render_json(const study_t *st, double seconds, kvr_buf_t *b) {
     kvr_buf_printf(b, "%s\"%s\"", p ? "," : "", st->policies[p]);
   kvr_buf_puts(b, "],\"scenarios\":[");
   for (size_t s = 0; s < st->nscs; s++) {
-    kvr_buf_printf(b, "%s{\"name\":\"%s\",\"cells\":[", s ? "," : "", st->scs[s]->name);
+    bool fleet = st->scs[s]->fleet;
+    kvr_buf_printf(b, "%s{\"name\":\"%s\",%s\"cells\":[", s ? "," : "", st->scs[s]->name,
+                   fleet ? "\"fleet\":true," : "");
     for (size_t k = 0; k < o->seeds; k++) {
       const cell_t *c = &st->cells[s * o->seeds + k];
-      kvr_buf_printf(b, "%s{\"seed\":%llu,\"status\":%d,\"seconds\":%.3f,\"max_rate\":{",
-                     k ? "," : "", c->c.seed, c->status, c->seconds);
+      kvr_buf_printf(b, "%s{\"seed\":%llu,\"status\":%d,\"seconds\":%.3f,\"%s\":{", k ? "," : "",
+                     c->c.seed, c->status, c->seconds, fleet ? "workers" : "max_rate");
       for (size_t p = 0; p < st->npolicies; p++)
-        kvr_buf_printf(b, "%s\"%s\":{\"rate\":%g,\"found\":%s,\"ran\":%s}", p ? "," : "",
-                       st->policies[p], c->caps[p].load, c->caps[p].found ? "true" : "false",
-                       c->caps[p].ran ? "true" : "false");
+        if (fleet)
+          kvr_buf_printf(b, "%s\"%s\":{\"workers\":%u,\"exact\":%s,\"most_failed\":%u}",
+                         p ? "," : "", st->policies[p], c->fleets[p].workers,
+                         c->fleets[p].exact ? "true" : "false", c->fleets[p].most_failed);
+        else
+          kvr_buf_printf(b, "%s\"%s\":{\"rate\":%g,\"found\":%s,\"ran\":%s}", p ? "," : "",
+                         st->policies[p], c->caps[p].load, c->caps[p].found ? "true" : "false",
+                         c->caps[p].ran ? "true" : "false");
       kvr_buf_puts(b, "}}");
     }
     kvr_buf_puts(b, "],\"mean\":{");
@@ -407,12 +552,49 @@ static int write_in(const char *dir, const char *name, const kvr_buf_t *b, char 
 
 /* ---- the run --------------------------------------------------------------------------------- */
 
+/* The trace scenarios' trace: 0 when it can be read and its window is well formed, else 2 with
+ * one line in err. */
+static int check_trace(const kvr_study_opts_t *o, char *err, size_t errlen) {
+  kvr_workload_opts_t wl;
+  if (o->trace == NULL || *o->trace == '\0') {
+    snprintf(err, errlen, "--scenarios: the trace scenarios replay a trace: give --trace FILE");
+    return 2;
+  }
+  if (access(o->trace, R_OK) != 0) {
+    snprintf(err, errlen, "--trace: cannot read %s", o->trace);
+    return 2;
+  }
+  if (o->trace_window != NULL && kvr_workload_parse_window(o->trace_window, &wl) != 0) {
+    snprintf(err, errlen, "--trace-window: '%s' is not START_S:END_S", o->trace_window);
+    return 2;
+  }
+  return 0;
+}
+
+/* Every scenario; the trace scenarios when the trace is there, else a note that says why not. */
+static int default_scenarios(study_t *st, char *err, size_t errlen) {
+  const kvr_study_opts_t *o = st->o;
+  bool traced = o->trace != NULL && *o->trace != '\0';
+  if (traced && access(o->trace, R_OK) != 0) {
+    traced = false;
+    snprintf(st->note, sizeof(st->note),
+             "The trace scenarios were not run: %s cannot be read (kvrouter bench study --trace "
+             "FILE).",
+             o->trace);
+    st->trace_note = st->note;
+  }
+  if (traced && check_trace(o, err, errlen) != 0)
+    return 2;
+  for (const kvr_study_scenario_t *s = kvr_study_scenarios; s->name; s++)
+    if (traced || !s->trace)
+      st->scs[st->nscs++] = s;
+  return 0;
+}
+
 static int check(study_t *st, char *err, size_t errlen) {
   const kvr_study_opts_t *o = st->o;
-  if (o->nscenarios == 0) {
-    for (const kvr_study_scenario_t *s = kvr_study_scenarios; s->name; s++)
-      st->scs[st->nscs++] = s;
-  }
+  if (o->nscenarios == 0 && default_scenarios(st, err, errlen) != 0)
+    return 2;
   for (size_t i = 0; i < o->nscenarios; i++) {
     const kvr_study_scenario_t *s = kvr_study_scenario(o->scenarios[i]);
     if (s == NULL) {
@@ -424,6 +606,8 @@ static int check(study_t *st, char *err, size_t errlen) {
       kvr_buf_free(&names);
       return 2;
     }
+    if (s->trace && check_trace(o, err, errlen) != 0)
+      return 2;
     st->scs[st->nscs++] = s;
   }
   if (o->npolicies == 0) {
@@ -458,10 +642,17 @@ int kvr_study_run(const kvr_study_opts_t *o, kvr_study_run_fn run, FILE *out,
   }
   st.ncells = st.nscs * o->seeds;
   st.cells = kvr_xcalloc(st.ncells, sizeof(cell_t));
+  st.order = kvr_xcalloc(st.ncells, sizeof(size_t));
+  size_t n = 0;
   for (size_t s = 0; s < st.nscs; s++)
     for (unsigned k = 0; k < o->seeds; k++) {
       cell_init(&st, &st.cells[s * o->seeds + k], st.scs[s], o->seed + k);
+      if (st.scs[s]->trace)
+        st.order[n++] = s * o->seeds + k; /* the longest cells first */
     }
+  for (size_t i = 0; i < st.ncells; i++)
+    if (!st.cells[i].c.sc->trace)
+      st.order[n++] = i;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   st.jobs = o->jobs ? o->jobs : cores > 0 ? (unsigned)cores : 1;
   pthread_mutex_init(&st.mu, NULL);
@@ -485,6 +676,7 @@ int kvr_study_run(const kvr_study_opts_t *o, kvr_study_run_fn run, FILE *out,
       sum->policies[p] = st.policies[p];
     for (size_t s = 0; s < st.nscs; s++) {
       sum->scenarios[s] = st.scs[s]->name;
+      sum->fleet[s] = st.scs[s]->fleet;
       for (size_t p = 0; p < st.npolicies; p++)
         sum->agg[s][p] = aggregate(&st, s, p);
     }
@@ -506,6 +698,7 @@ int kvr_study_run(const kvr_study_opts_t *o, kvr_study_run_fn run, FILE *out,
     }
   kvr_buf_free(&md);
   kvr_buf_free(&js);
+  free(st.order);
   free(st.cells);
   return rc ? 1 : failed ? 1 : 0;
 }

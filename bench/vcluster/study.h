@@ -1,6 +1,14 @@
 /* study.h -- `kvrouter bench study`: every policy on every scenario over several seeds, in virtual
  * time, in parallel, summed up in one table.
  *
+ * Two kinds of scenario: a rate scenario's cell searches each policy's max SLO-compliant rate on a
+ * fixed fleet; a fleet scenario's cell (`--size-fleet`, bench/vcluster/fleet.h) searches each
+ * policy's smallest fleet at a fixed rate. The trace scenarios (trace, trace-fleet) replay the
+ * study's trace (kvr_study_opts_t.trace: a prefix-hashed file, `--workload trace:FILE`, a window
+ * of it) on Llama-3.1-8B/H100 workers at a long-context SLO: the first as a rate scenario, the
+ * second at the trace's own rate as a fleet scenario. They run only when the study is given a
+ * trace (the command line gives the shared Mooncake file by default; the demo's study none).
+ *
  * A scenario is a named set of bench settings (a workload and what makes it itself: session mode,
  * burstiness, a mixed fleet). A cell is one (scenario, seed): one `kvrouter bench --virtual --ab
  * POLICIES --search` run, whose own report lands in OUT/<scenario>/seed<N>/. The study runs the
@@ -39,10 +47,18 @@ typedef struct kvr_study_scenario_s {
   const unsigned
       *worker_blocks; /* --worker-blocks: KV blocks per worker (a mixed fleet), or NULL */
   size_t nworker_blocks;
+  /* Trace scenarios: --workload trace:FILE (the study's trace and window; workload unused), the
+   * workers' --preset and the SLOs (--slo-ttft-ms, --slo-tpot-ms; 0: the bench's). */
+  bool trace;
+  const char *preset;
+  double slo_ttft_ms, slo_tpot_ms;
+  bool fleet; /* --size-fleet: the cell answers a fleet per policy, not a rate */
 } kvr_study_scenario_t;
 
 /* The built-in scenarios, NULL-name-terminated: multiturn, documents, control, agentic, hot-prefix,
- * bursty (multiturn at burstiness 0.3), mixed-fleet (documents with one worker at half the KV). */
+ * bursty (multiturn at burstiness 0.3), mixed-fleet (documents with one worker at half the KV),
+ * then the trace scenarios: trace (max SLO-compliant rate) and trace-fleet (workers needed at the
+ * trace's own rate). */
 extern const kvr_study_scenario_t kvr_study_scenarios[];
 const kvr_study_scenario_t *kvr_study_scenario(const char *name);
 
@@ -59,7 +75,18 @@ typedef struct kvr_study_opts_s {
   char **extra; /* bench flags after --, appended to every cell's (later flags win) */
   int nextra;
   bool quiet;
+  /* The trace scenarios' file and its window ("START_S:END_S", trace seconds; NULL: the whole
+   * trace). No trace: they are not run (named in --scenarios: an error). The default set takes
+   * them when the file can be read and says so when it cannot. */
+  const char *trace;
+  const char *trace_window;
 } kvr_study_opts_t;
+
+/* What the command line gives: the shared Mooncake trace (relative to the repository's root, where
+ * the study is run from) and the window of it that keeps the whole study within ten minutes on two
+ * cores (bench/results/study/NOTES.md). */
+#define KVR_STUDY_TRACE "../shared/traces/mooncake_synthetic_trace.jsonl"
+#define KVR_STUDY_TRACE_WINDOW "550:950"
 
 void kvr_study_opts_default(kvr_study_opts_t *o);
 
@@ -75,6 +102,8 @@ typedef struct kvr_study_cell_s {
   const char *title;
   char **extra; /* the caller's bench flags (after --), to apply over the cell's settings */
   int nextra;
+  const char *trace_workload; /* trace scenarios: "trace:FILE" */
+  const char *trace_window;   /* and --trace-window's text, or NULL */
 } kvr_study_cell_t;
 
 /* Sets the cell's bench in o, which holds the bench's defaults (kvr_runner_opts_default): virtual
@@ -90,6 +119,7 @@ typedef struct kvr_study_words_s {
   char *argv[KVR_STUDY_WORDS_MAX]; /* NULL-terminated; into this struct and the cell */
   int argc;
   char seed[32], res[32], warmup[32], prompts[32], burst[32], blocks[256], ab[1024];
+  char slo_ttft[32], slo_tpot[32];
 } kvr_study_words_t;
 
 /* The cell's bench as a person would type it: "bench", "--virtual", the settings
@@ -106,9 +136,10 @@ typedef int (*kvr_study_run_fn)(const kvr_study_cell_t *c, kvr_results_t **out, 
 
 /* One policy on one scenario over the seeds. */
 typedef struct kvr_study_agg_s {
-  double mean, min, max; /* max SLO-compliant rate, req/s */
-  bool lower;            /* some seed found no limit: the mean is a lower bound */
-  size_t n;              /* seeds that ran */
+  double mean, min, max; /* max SLO-compliant rate, req/s (a fleet scenario: workers needed) */
+  bool lower; /* some seed found no limit (a fleet scenario: no fleet tried passed; its figure is
+               * the largest fleet tried + 1): the mean is a lower bound */
+  size_t n;   /* seeds that ran */
 } kvr_study_agg_t;
 
 /* What a study found, for a caller that goes on from it (the demo). */
@@ -118,6 +149,7 @@ typedef struct kvr_study_summary_s {
   const char *policies[KVR_STUDY_MAX];
   size_t npolicies;
   kvr_study_agg_t agg[KVR_STUDY_MAX][KVR_STUDY_MAX]; /* [scenario][policy] */
+  bool fleet[KVR_STUDY_MAX]; /* scenario s's figures are workers needed, not rates */
   double seconds;
 } kvr_study_summary_t;
 

@@ -135,6 +135,7 @@ struct kvr_vcluster_s {
   kvr_list_t live; /* every vreq_t not freed yet */
   char *policy;    /* the last kvr_vcluster_set_policy's name and parameters (NULL: none), */
   cJSON *params;   /* set again on the new router of kvr_vcluster_restart */
+  size_t resize;   /* kvr_vcluster_set_workers: the fleet of the next restart (0: unchanged) */
   double kv_peak;
   uint64_t pred_base, rep_base; /* the router's cached-token counters at the level's start */
 };
@@ -807,6 +808,27 @@ static int build(kvr_vcluster_t *vc, char *err, size_t errlen) {
   return 0;
 }
 
+/* The router's configuration for vc->o: serve's defaults, the options' block size, scrapes and
+ * seed, and one worker URL per worker (a name: never contacted). Returns 0 or -1 with err. */
+static int make_config(kvr_vcluster_t *vc, char *err, size_t errlen) {
+  const kvr_vcluster_opts_t *o = &vc->o;
+  kvr_config_init(&vc->cfg);
+  vc->cfg.block_chars = o->block_chars;
+  vc->cfg.scrape_interval_ms = o->scrape_interval_ms;
+  vc->cfg.scrape_stale_ms = o->scrape_stale_ms;
+  vc->cfg.seed = o->seed;
+  vc->cfg.access_log = false;
+  free(vc->cfg.policy);
+  vc->cfg.policy = kvr_xstrdup("kv_aware"); /* serve's default */
+  for (size_t i = 0; i < o->workers; i++) {
+    char url[64];
+    snprintf(url, sizeof(url), "http://127.0.0.1:%zu", 9001 + i);
+    if (kvr_config_add_worker(&vc->cfg, url, err, errlen) != 0)
+      return -1;
+  }
+  return 0;
+}
+
 kvr_vcluster_t *kvr_vcluster_new(const kvr_vcluster_opts_t *o, char *err, size_t errlen) {
   if (o->workers < 1 || o->workers > KVR_MAX_WORKERS) {
     snprintf(err, errlen, "--workers: %zu is out of range 1..%d", o->workers, KVR_MAX_WORKERS);
@@ -828,21 +850,7 @@ kvr_vcluster_t *kvr_vcluster_new(const kvr_vcluster_opts_t *o, char *err, size_t
   vc->o = *o;
   vc->model = kvr_xstrdup(o->model ? o->model : "default");
   vc->o.model = vc->model;
-  kvr_config_init(&vc->cfg);
-  vc->cfg.block_chars = o->block_chars;
-  vc->cfg.scrape_interval_ms = o->scrape_interval_ms;
-  vc->cfg.scrape_stale_ms = o->scrape_stale_ms;
-  vc->cfg.seed = o->seed;
-  vc->cfg.access_log = false;
-  free(vc->cfg.policy);
-  vc->cfg.policy = kvr_xstrdup("kv_aware"); /* serve's default */
-  for (size_t i = 0; i < o->workers; i++) {
-    char url[64];
-    snprintf(url, sizeof(url), "http://127.0.0.1:%zu", 9001 + i); /* a name: never contacted */
-    if (kvr_config_add_worker(&vc->cfg, url, err, errlen) != 0)
-      goto fail;
-  }
-  if (build(vc, err, errlen) != 0)
+  if (make_config(vc, err, errlen) != 0 || build(vc, err, errlen) != 0)
     goto fail;
   return vc;
 fail:
@@ -930,6 +938,35 @@ void kvr_vcluster_reset_cache(kvr_vcluster_t *vc, char *summary, size_t size) {
   snprintf(summary, size, "%zu/%zu workers reset", vc->o.workers, vc->o.workers);
 }
 
+int kvr_vcluster_set_workers(kvr_vcluster_t *vc, size_t workers, char *err, size_t errlen) {
+  if (workers < 1 || workers > KVR_MAX_WORKERS) {
+    snprintf(err, errlen, "%zu workers: out of range 1..%d", workers, KVR_MAX_WORKERS);
+    return KVR_EINVAL;
+  }
+  if (vc->o.nworker_blocks != 0 && workers != vc->o.workers) {
+    snprintf(err, errlen, "a mixed fleet (--worker-blocks) keeps its %zu workers", vc->o.workers);
+    return KVR_EINVAL;
+  }
+  vc->resize = workers;
+  return 0;
+}
+
+/* Between the old engines and build(): the fleet kvr_vcluster_set_workers asked for, with the
+ * router's worker list made anew (the workers past a smaller fleet lose their reap lists). */
+static int resize(kvr_vcluster_t *vc, char *err, size_t errlen) {
+  size_t n = vc->resize;
+  vc->resize = 0;
+  if (n == 0 || n == vc->o.workers)
+    return 0;
+  for (size_t i = n; i < vc->o.workers; i++) {
+    free(vc->w[i].gone);
+    vc->w[i] = (worker_t){0};
+  }
+  vc->o.workers = n;
+  kvr_config_free(&vc->cfg);
+  return make_config(vc, err, errlen);
+}
+
 int kvr_vcluster_restart(kvr_vcluster_t *vc, char *err, size_t errlen) {
   /* Let what is in flight finish (a request the client cancelled is reaped at its engine's next
    * step), bounded: a level ends with every request answered or cancelled. */
@@ -963,7 +1000,7 @@ int kvr_vcluster_restart(kvr_vcluster_t *vc, char *err, size_t errlen) {
   vc->router = NULL;
   kvr_policy_destroy(vc->oracle);
   vc->oracle = NULL;
-  if (build(vc, err, errlen) != 0)
+  if (resize(vc, err, errlen) != 0 || build(vc, err, errlen) != 0)
     return KVR_EINVAL;
   if (vc->policy == NULL)
     return 0;

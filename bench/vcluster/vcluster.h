@@ -115,6 +115,13 @@ void kvr_vcluster_reset_cache(kvr_vcluster_t *vc, char *summary, size_t size);
  * Returns 0, or KVR_EINVAL with err. */
 int kvr_vcluster_restart(kvr_vcluster_t *vc, char *err, size_t errlen);
 
+/* Sets the fleet of the next kvr_vcluster_restart to workers engines (the fleet-sizing search,
+ * `kvrouter bench --virtual --size-fleet`): the restart makes that many engines, all of the
+ * options' engine, and a router with that many workers; the cluster runs on as it is until then.
+ * Returns 0, or KVR_EINVAL with err (out of 1..KVR_MAX_WORKERS, or a mixed fleet, whose
+ * --worker-blocks fix its size). */
+int kvr_vcluster_set_workers(kvr_vcluster_t *vc, size_t workers, char *err, size_t errlen);
+
 /* Lets seconds of virtual time pass (the runner's cooldown): whatever is still in flight runs on.
  */
 void kvr_vcluster_idle(kvr_vcluster_t *vc, double seconds);

@@ -20,7 +20,13 @@ clock (bench/vcluster/). The checks, end to end through the command line:
   default 70B on an H200; the Clock line shows its blocks, the report's command the flag); an
   unknown name, or the pair that does not fit on one GPU, exits 2 with one line, for the bench and
   for `kvrouter sim` alike; a sim started with a preset serves its max_model_len and reports its
-  cache (blocks, cache_dtype "auto" for BF16) in vllm:cache_config_info.
+  cache (blocks, cache_dtype "auto" for BF16) in vllm:cache_config_info;
+- --size-fleet (bench/vcluster/fleet.h) on the 200-line Mooncake slice at its own rate: per policy
+  the smallest passing fleet, the fleet below it failing, as fleet.json, the report's sentence and
+  tables and stdout say; every fleet's level JSON; the same answer twice; --rates R sizes at R;
+  virtual time only, and its other refusals, one line each, exit 2; --help says so;
+- `kvrouter bench study --scenarios trace,trace-fleet --trace SLICE`: the rate table's trace row
+  and the fleet table, each cell's command in STUDY.md; a trace that cannot be read is one line.
 
 Usage: python3 tests/router/test_bench_virtual.py --kvrouter PATH/TO/kvrouter [-k NAME] [-v]
 The harness is tests/harness/kvrharness.py.
@@ -42,6 +48,11 @@ AB = ["--virtual", "--ab", "round_robin,kv_aware", "--workload", "multiturn",
       "--multiturn-mode", "session", "--rates", "2", "--num-prompts", "60", "--quiet"]
 
 # requests.jsonl fields that must not change between two runs of the same command.
+HERE = os.path.dirname(os.path.abspath(__file__))
+SLICE = os.path.join(HERE, "..", "bench", "loadgen", "trace_mooncake_3401_3600.jsonl")
+FLEET = ["--virtual", "--workload", "trace:" + SLICE, "--preset", "llama-3.1-8b-h100",
+         "--slo-ttft-ms", 10000, "--slo-tpot-ms", 100, "--quiet"]
+
 SAME = ("label", "rate", "conversation", "turn", "warmup", "ok", "status", "target_s", "sent_s",
         "ttft_ms", "tpot_ms", "e2e_ms", "itl_count", "itl_mean_ms", "itl_max_ms", "output_tokens",
         "prompt_tokens", "cached_tokens", "worker")
@@ -252,6 +263,115 @@ def test_preset():
         assert 'num_gpu_blocks="1544"' in info[0], info
     finally:
         sim.stop()
+
+
+
+def fleet_ok(out, *args):
+    """Runs a --size-fleet bench into out; returns (stdout, report.md, fleet.json, level JSONs)."""
+    p, _ = bench(*(list(args) + ["--out", out]), timeout=100)
+    assert p.returncode == 0, "bench failed (%d):\n%s\n%s" % (p.returncode, p.stdout, p.stderr)
+    report = open(os.path.join(out, "report.md")).read()
+    fleet = json.load(open(os.path.join(out, "fleet.json")))
+    levels = {os.path.basename(f): json.load(open(f))
+              for f in glob.glob(os.path.join(out, "results", "*.json"))}
+    return p.stdout, report, fleet, levels
+
+
+@test(timeout=300)
+def test_size_fleet():
+    ab = ["--ab", "round_robin,kv_aware", "--labels", "round_robin,kv_aware"]
+    stdout, report, fleet, levels = fleet_ok(os.path.join(SCRATCH.path, "fleet"),
+                                             *(FLEET + ab + ["--size-fleet"]))
+    assert fleet["virtual"] and fleet["trace_rate"] and fleet["start"] == 4, fleet
+    assert abs(fleet["rate"] - 199 / 47.156) < 0.01, fleet["rate"]  # the slice's own rate
+    need = {}
+    for pol in fleet["policies"]:
+        tried = {lv["workers"]: lv for lv in pol["levels"]}
+        passing = sorted(w for w, lv in tried.items() if lv["pass"])
+        assert passing and pol["workers"] == passing[0] and pol["exact"], pol
+        n = pol["workers"]
+        assert n == 1 or (n - 1 in tried and not tried[n - 1]["pass"]), pol  # the answer is tight
+        for w, lv in tried.items():
+            assert lv["pass"] == (lv["failing"] == ""), lv
+            one = levels["%s_w%d.json" % (pol["label"], w)]
+            assert one["kvrouter"]["virtual"] and one["completed"] == lv["completed"], one
+            assert one["kvrouter"]["engine_metrics_workers"] == w, one["kvrouter"]
+        need[pol["label"]] = n
+    assert need["kv_aware"] < need["round_robin"], need
+    line = "kv_aware serves this traffic on %d workers where round_robin needs %d" % (
+        need["kv_aware"], need["round_robin"])
+    assert line in stdout.splitlines(), stdout
+    assert "**%s.**" % line in report, report[:1500]
+    assert report.startswith("# kvrouter fleet sizing (virtual time)\n"), report[:200]
+    for label in ("round_robin", "kv_aware"):
+        assert "## %s\n" % label in report, report
+        assert "%s: %d workers" % (label, need[label]) in stdout, stdout
+    assert "FAIL: TPOT" in report, report
+    # Deterministic: the same answers and levels.
+    _, _, again, _ = fleet_ok(os.path.join(SCRATCH.path, "fleet2"),
+                              *(FLEET + ab + ["--size-fleet"]))
+    assert again == fleet, (again, fleet)
+    # A given rate: sized at it; a lighter load needs no more workers.
+    _, _, light, _ = fleet_ok(os.path.join(SCRATCH.path, "fleet3"),
+                              *(FLEET + ["--ab", "kv_aware", "--size-fleet", "--rates", 1,
+                                         "--workers", 2]))
+    assert light["rate"] == 1 and not light["trace_rate"] and light["start"] == 2, light
+    assert 1 <= light["policies"][0]["workers"] <= need["kv_aware"], light
+
+
+@test(timeout=30)
+def test_size_fleet_refusals():
+    out = os.path.join(SCRATCH.path, "fleet-bad")
+    for args, needle in (
+            (["--size-fleet", "--url", "http://127.0.0.1:1", "--workload", "trace:" + SLICE],
+             "kvrouter bench: --size-fleet: virtual time only (add --virtual)"),
+            (FLEET + ["--size-fleet", "--search"], "--size-fleet: it searches worker counts"),
+            (["--virtual", "--size-fleet", "--workload", "documents"],
+             "--size-fleet: give --rates R (a trace workload runs at its own rate by default)"),
+            (FLEET + ["--size-fleet", "--rates", "1,2"], "--size-fleet: takes one rate"),
+            (FLEET + ["--size-fleet", "--worker-blocks", "1000,1000,1000,1000"],
+             "--size-fleet: a mixed fleet"),
+            (FLEET + ["--size-fleet", "--workers", 8, "--size-fleet-max", 4],
+             "--size-fleet-max: must be at least --workers")):
+        p, _ = bench(*(args + ["--out", out]))
+        assert p.returncode == 2, (args, p.returncode, p.stdout, p.stderr)
+        one_error_line(p, needle)
+    assert not os.path.exists(os.path.join(out, "report.md"))
+    p, _ = bench("--help")
+    assert p.returncode == 0, p.stderr
+    help_text = " ".join(p.stdout.split())
+    assert "--size-fleet" in help_text and "virtual time only" in help_text, p.stdout
+    assert "--size-fleet-max" in help_text, p.stdout
+
+
+@test(timeout=240)
+def test_study_trace_scenarios():
+    out = os.path.join(SCRATCH.path, "study")
+    p = subprocess.run([h.KVROUTER, "bench", "study", "--scenarios", "trace,trace-fleet",
+                        "--policies", "round_robin,kv_aware", "--seeds", "1", "--trace", SLICE,
+                        "--trace-window", "880:910", "--quiet", "--out", out],
+                       capture_output=True, text=True, timeout=230)
+    assert p.returncode == 0, (p.returncode, p.stdout[-2000:], p.stderr)
+    study = open(os.path.join(out, "STUDY.md")).read()
+    rows = [line for line in study.splitlines() if line.startswith("| trace")]
+    assert len(rows) == 2 and rows[0].startswith("| trace |"), rows
+    assert rows[1].startswith("| trace-fleet |"), rows
+    assert "## Fleet sizing" in study and "round_robin / kv_aware" in study, study
+    assert "--size-fleet" in study and "--trace-window 880:910" in study, study
+    js = json.load(open(os.path.join(out, "study.json")))
+    fleet = [s for s in js["scenarios"] if s.get("fleet")]
+    assert len(fleet) == 1 and fleet[0]["name"] == "trace-fleet", js["scenarios"]
+    got = fleet[0]["cells"][0]["workers"]
+    one = json.load(open(os.path.join(out, "trace-fleet", "seed42", "fleet.json")))
+    assert {q["label"]: q["workers"] for q in one["policies"]} == \
+        {k: v["workers"] for k, v in got.items()}, (one, got)
+    assert "%d [" % got["kv_aware"]["workers"] not in rows[1]  # one seed: no spread shown
+    # A trace that cannot be read: one line, exit 2.
+    p = subprocess.run([h.KVROUTER, "bench", "study", "--scenarios", "trace", "--trace",
+                        os.path.join(out, "nope.jsonl"), "--out", out], capture_output=True,
+                       text=True, timeout=10)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    one_error_line(p, "--trace: cannot read", "nope.jsonl")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,9 @@ static kvr_study_cell_t cell_of(const kvr_study_scenario_t *sc) {
                             .npolicies = KVR_ARRAY_SIZE(policies),
                             .resolution = 0.05,
                             .out = "results/study/x/seed43",
-                            .title = "kvrouter study: x, seed 43"};
+                            .title = "kvrouter study: x, seed 43",
+                            .trace_workload = "trace:t.jsonl",
+                            .trace_window = "100:400"};
 }
 
 /* Compares a's and b's string lists and strings, then drops them, so that memcmp compares the
@@ -68,10 +70,11 @@ static void test_cell_words_parse_to_cell_opts(void **state) {
     kvr_runner_opts_default(&parsed);
     char err[256] = "";
     assert_int_equal(kvr_bench_options_parse(&parsed, w.argc, w.argv, err, sizeof(err)), 0);
-    assert_true(built.virt && built.search && built.quiet);
+    assert_true(built.virt && built.quiet);
+    assert_true(sc->fleet ? built.size_fleet && !built.search : built.search && !built.size_fleet);
     same_settings(&built, &parsed);
   }
-  assert_int_equal(n, 7);
+  assert_int_equal(n, 9);
   /* The scenario's own settings landed (not only the shared plan). */
   const kvr_study_scenario_t *mixed = kvr_study_scenario("mixed-fleet");
   kvr_study_cell_t c = cell_of(mixed);
@@ -82,6 +85,19 @@ static void test_cell_words_parse_to_cell_opts(void **state) {
   assert_int_equal(o.vc.worker_blocks[3], 10885);
   assert_int_equal(o.wl.kind, KVR_WL_DOCUMENTS);
   assert_true(o.lg.warmup_s == 60);
+  kvr_bench_options_free(&o);
+  /* A trace scenario's: the study's trace and window, the preset's workers, the long SLO. */
+  c = cell_of(kvr_study_scenario("trace-fleet"));
+  kvr_runner_opts_default(&o);
+  kvr_study_cell_opts(&c, &o);
+  assert_int_equal(o.wl.kind, KVR_WL_TRACE);
+  assert_string_equal(o.wl.path, "t.jsonl");
+  assert_true(o.wl.trace_window_start_s == 100 && o.wl.trace_window_end_s == 400);
+  assert_int_equal(o.vc.engine.num_gpu_blocks, 26674); /* llama-3.1-8b-h100 */
+  assert_true(o.slo.ttft_p99_ms == 10000 && o.slo.tpot_p99_ms == 100);
+  assert_true(o.size_fleet && !o.search);
+  char err[256] = "";
+  assert_int_equal(kvr_runner_opts_check(&o, err, sizeof(err)), 0);
   kvr_bench_options_free(&o);
 }
 
@@ -103,6 +119,19 @@ static void test_cell_words(void **state) {
                             "60 --cooldown-s 10 --quiet --out results/study/x/seed43 --title "
                             "kvrouter study: x, seed 43 --workload multiturn --multiturn-mode "
                             "session --warmup-s 120 --burstiness 0.3 --workers 2");
+  /* a trace scenario: no --num-prompts or --min-level-s (a trace level sends the trace once) */
+  c = cell_of(kvr_study_scenario("trace"));
+  c.nextra = 0;
+  kvr_study_cell_words(&c, &w);
+  line[0] = '\0';
+  for (int i = 0; i < w.argc; i++)
+    snprintf(line + strlen(line), sizeof(line) - strlen(line), "%s%s", i ? " " : "", w.argv[i]);
+  assert_string_equal(line, "bench --virtual --ab round_robin,kv_aware,least_load --labels "
+                            "round_robin,kv_aware,least_load --seed 43 --search --search-start 2 "
+                            "--search-resolution 0.05 --warmup 0 --cooldown-s 10 --quiet --out "
+                            "results/study/x/seed43 --title kvrouter study: x, seed 43 --workload "
+                            "trace:t.jsonl --trace-window 100:400 --preset llama-3.1-8b-h100 "
+                            "--slo-ttft-ms 10000 --slo-tpot-ms 100 --warmup-s 0");
 }
 
 /* A person's flags after -- go over the cell's: a scalar replaces, a list replaces the cell's. */

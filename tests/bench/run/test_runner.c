@@ -1,6 +1,7 @@
 /* test_runner.c -- the bench's run logic without a server: the defaults, the rules between
- * options and what they derive, run labels, the max-SLO-load search as a state machine (bracket,
- * bisect, rounding, the cap and the floor), and set-up failures that leave no handle open. */
+ * options and what they derive (--size-fleet's too), run labels, the max-SLO-load search as a state
+ * machine (bracket, bisect, rounding, the cap and the floor), and set-up failures that leave no
+ * handle open (a trace without a rate of its own under --size-fleet). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,7 +15,10 @@
 #include "bench/run/runner.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void test_defaults(void **state) {
   (void)state;
@@ -28,6 +32,8 @@ static void test_defaults(void **state) {
   assert_true(o.search_start == 1 && o.search_max == 64 && o.search_res == 0.05);
   assert_string_equal(o.out, "results/bench");
   assert_int_equal(o.lg.num_prompts, 300);
+  assert_false(o.size_fleet);
+  assert_int_equal(o.size_fleet_max, 64);
 }
 
 static void expect_rule(kvr_runner_opts_t *o, const char *want) {
@@ -67,6 +73,57 @@ static void test_rules(void **state) {
   o.wl.out_min = 100;
   o.wl.out_max = 99;
   expect_rule(&o, "--output-max: must be >= --output-min");
+}
+
+/* --size-fleet: virtual time, one rate (a trace's own by default), a plain fleet of fresh clusters
+ * that the search can start from; the rules after it still hold. */
+static void test_fleet_rules(void **state) {
+  (void)state;
+  kvr_runner_opts_t o;
+  kvr_runner_opts_default(&o);
+  o.size_fleet = true;
+  expect_rule(&o, "--size-fleet: virtual time only (add --virtual)");
+  o.virt = true;
+  expect_rule(&o,
+              "--size-fleet: give --rates R (a trace workload runs at its own rate by default)");
+  o.search = true;
+  expect_rule(&o, "--size-fleet: it searches worker counts at one rate; --search searches rates "
+                  "(give one of them)");
+  o.search = false;
+  o.conc[0] = 4;
+  o.nconc = 1;
+  expect_rule(&o, "--size-fleet: runs at a request rate (--rates R, or a trace's own), not "
+                  "--concurrency");
+  o.nconc = 0;
+  o.rates[0] = 1;
+  o.rates[1] = 2;
+  o.nrates = 2;
+  expect_rule(&o, "--size-fleet: takes one rate (--rates R)");
+  o.nrates = 1;
+  o.vc.nworker_blocks = 4;
+  expect_rule(&o, "--size-fleet: a mixed fleet (--worker-blocks) has a fixed size");
+  o.vc.nworker_blocks = 0;
+  o.keep_cluster = true;
+  expect_rule(&o, "--size-fleet: every fleet is a fresh cluster; --keep-cluster does not apply");
+  o.keep_cluster = false;
+  o.vc.workers = 8;
+  o.size_fleet_max = 6;
+  expect_rule(&o, "--size-fleet-max: must be at least --workers (the first fleet tried)");
+  o.size_fleet_max = 64;
+  char err[256];
+  assert_int_equal(kvr_runner_opts_check(&o, err, sizeof(err)), 0);
+  assert_true(o.lg.early_stop); /* a fleet that certainly misses stops early, as a search level */
+  o.labels[0] = "a";
+  o.labels[1] = "b";
+  o.nlabels = 2;
+  expect_rule(&o, "--labels: needs one label per run (one)");
+  o.nlabels = 0;
+  /* a trace needs no rate; its own rules still apply */
+  o.nrates = 0;
+  assert_int_equal(kvr_workload_parse_kind("trace:t.jsonl", &o.wl), 0);
+  assert_int_equal(kvr_runner_opts_check(&o, err, sizeof(err)), 0);
+  o.lg.burstiness = 0.5;
+  expect_rule(&o, "--burstiness: a trace workload keeps the trace's own arrival times (scaled)");
 }
 
 static void test_derived(void **state) {
@@ -183,11 +240,31 @@ static void test_new_failures(void **state) {
   assert_true(rc < 0 && rc != KVR_EINVAL);
   assert_null(r);
   assert_non_null(strstr(err, "no --model given and "));
+  /* --size-fleet on a trace whose requests all arrive at once: no rate of its own */
+  char path[] = "/tmp/kvr_test_runner_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  const char *lines = "{\"timestamp\": 5, \"input_length\": 600, \"output_length\": 4, "
+                      "\"hash_ids\": [1, 2]}\n{\"timestamp\": 5, \"input_length\": 600, "
+                      "\"output_length\": 4, \"hash_ids\": [1, 3]}\n";
+  assert_true(write(fd, lines, strlen(lines)) == (ssize_t)strlen(lines));
+  close(fd);
+  kvr_runner_opts_default(&o);
+  o.virt = o.size_fleet = true;
+  char spec[64];
+  snprintf(spec, sizeof(spec), "trace:%s", path);
+  assert_int_equal(kvr_workload_parse_kind(spec, &o.wl), 0);
+  assert_int_equal(kvr_runner_opts_check(&o, err, sizeof(err)), 0);
+  assert_int_equal(kvr_runner_new(&loop, &o, &r, err, sizeof(err)), KVR_EINVAL);
+  assert_null(r);
+  assert_string_equal(err, "--size-fleet: the trace's requests arrive at one instant (no rate of "
+                           "its own): give --rates R");
+  unlink(path);
   uv_run(&loop, UV_RUN_DEFAULT);
   assert_int_equal(uv_loop_close(&loop), 0);
 }
 
 KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_rules),
               cmocka_unit_test(test_derived), cmocka_unit_test(test_labels),
-              cmocka_unit_test(test_search_rates), cmocka_unit_test(test_search_users),
-              cmocka_unit_test(test_new_failures))
+              cmocka_unit_test(test_fleet_rules), cmocka_unit_test(test_search_rates),
+              cmocka_unit_test(test_search_users), cmocka_unit_test(test_new_failures))

@@ -14,6 +14,9 @@
  *   - the policy switch (unknown names, the oracle), the cache reset, idle time, level figures;
  *   - early stop, then another level on the same cluster (stale deferred events ignored);
  *   - a mixed fleet (worker_blocks) and its validation;
+ *   - a fleet resized between levels (kvr_vcluster_set_workers: the fleet-sizing search), equal
+ *     to a fresh cluster of that size; the fleet search (bench/vcluster/fleet.h) as a state
+ *     machine, the answer a run's levels give and the fleet report;
  *   - a body the worker refuses (prompt + max_tokens beyond max_model_len): an HTTP 400 record;
  *   - the load generator's kvr_loadgen_vt_* calls against a hand-made transport: exact virtual
  *     TTFT/E2E/TPOT, an error status, a refused send, a missing callback. */
@@ -35,8 +38,10 @@
 #include "bench/loadgen/stats.h"
 #include "bench/loadgen/workload.h"
 #include "bench/sim/sim_server.h"
+#include "bench/vcluster/fleet.h"
 #include "bench/vcluster/vcluster.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1157,6 +1162,254 @@ static void test_vt_new_checks(void **state) {
   kvr_workload_free(wl);
 }
 
+/* ---- fleet sizing ---------------------------------------------------------------------------- */
+
+/* kvr_vcluster_set_workers: the next restart makes the new fleet, which routes as a fresh cluster
+ * of that size does (the same records); the cluster runs on as it is until then; out of range and
+ * a mixed fleet are refused. */
+static void test_set_workers(void **state) {
+  (void)state;
+  kvr_workload_t *wl = small_workload();
+  kvr_vcluster_opts_t o = small_opts(2);
+  kvr_loadgen_opts_t lo = small_lg(24);
+  char err[256] = "";
+  for (int oracle = 0; oracle < 2; oracle++) {
+    const char *name = oracle ? KVR_VCLUSTER_ORACLE : "round_robin";
+    kvr_vcluster_t *vc = cluster(&o);
+    assert_int_equal(kvr_vcluster_set_policy(vc, name, NULL, err, sizeof(err)), 0);
+    assert_int_equal(kvr_vcluster_set_workers(vc, 0, err, sizeof(err)), KVR_EINVAL);
+    assert_int_equal(kvr_vcluster_set_workers(vc, KVR_MAX_WORKERS + 1, err, sizeof(err)),
+                     KVR_EINVAL);
+    assert_non_null(strstr(err, "out of range"));
+    assert_int_equal(kvr_vcluster_set_workers(vc, 5, err, sizeof(err)), 0);
+    assert_int_equal(kvr_vcluster_router(vc)->nslots, 2); /* until the restart */
+    kvr_level_t *two = level_on(vc, &lo, wl, 4, 11, &loose_slo);
+    assert_all_ok(two, 24);
+    assert_true(two->nworkers <= 2);
+    assert_int_equal(kvr_vcluster_restart(vc, err, sizeof(err)), 0);
+    assert_int_equal(kvr_vcluster_router(vc)->nslots, 5);
+    assert_string_equal(kvr_vcluster_policy(vc), name);
+    kvr_vcluster_level_begin(vc);
+    kvr_level_t *five = level_on(vc, &lo, wl, 4, 11, &loose_slo);
+    kvr_vcluster_level_end(vc, five);
+    assert_all_ok(five, 24);
+    assert_int_equal(five->engine_workers, 5);
+    if (!oracle)
+      assert_int_equal(five->nworkers, 5); /* round_robin reaches every worker of the new fleet */
+    /* a fresh cluster of five routes the same requests the same way */
+    kvr_vcluster_opts_t o5 = small_opts(5);
+    kvr_vcluster_t *fresh = cluster(&o5);
+    assert_int_equal(kvr_vcluster_set_policy(fresh, name, NULL, err, sizeof(err)), 0);
+    kvr_level_t *ref = level_on(fresh, &lo, wl, 4, 11, &loose_slo);
+    assert_true(same_records(ref, five, 1e-4));
+    /* and down to one */
+    assert_int_equal(kvr_vcluster_set_workers(vc, 1, err, sizeof(err)), 0);
+    assert_int_equal(kvr_vcluster_restart(vc, err, sizeof(err)), 0);
+    assert_int_equal(kvr_vcluster_router(vc)->nslots, 1);
+    kvr_vcluster_level_begin(vc);
+    kvr_level_t *one = level_on(vc, &lo, wl, 4, 11, &loose_slo);
+    kvr_vcluster_level_end(vc, one);
+    assert_all_ok(one, 24);
+    assert_int_equal(one->engine_workers, 1);
+    assert_int_equal(one->nworkers, 1);
+    kvr_buf_t d = KVR_BUF_INIT;
+    kvr_vcluster_describe(vc, &d);
+    assert_non_null(strstr(d.data, "1 workers of"));
+    kvr_buf_free(&d);
+    kvr_stats_level_free(two);
+    kvr_stats_level_free(five);
+    kvr_stats_level_free(ref);
+    kvr_stats_level_free(one);
+    kvr_vcluster_free(fresh);
+    kvr_vcluster_free(vc);
+  }
+  /* a mixed fleet keeps its size */
+  kvr_vcluster_opts_t m = small_opts(2);
+  m.worker_blocks[0] = 4096;
+  m.worker_blocks[1] = 2048;
+  m.nworker_blocks = 2;
+  kvr_vcluster_t *vc = cluster(&m);
+  assert_int_equal(kvr_vcluster_set_workers(vc, 3, err, sizeof(err)), KVR_EINVAL);
+  assert_non_null(strstr(err, "mixed fleet"));
+  assert_int_equal(kvr_vcluster_set_workers(vc, 2, err, sizeof(err)), 0);
+  assert_int_equal(kvr_vcluster_restart(vc, err, sizeof(err)), 0);
+  kvr_vcluster_free(vc);
+  kvr_workload_free(wl);
+}
+
+/* The search against a fleet that passes from need workers on: it ends on need (or with none
+ * passed past max), the two fleets around the answer tried, within 2 log2(max) + 2 levels. */
+static unsigned fleet_search(unsigned start, unsigned max, unsigned need, int *steps,
+                             unsigned *tried, size_t *ntried) {
+  kvr_fleet_search_t s;
+  kvr_fleet_search_init(&s, start, max);
+  *ntried = 0;
+  while (!s.done) {
+    tried[(*ntried)++] = s.x;
+    kvr_fleet_search_feed(&s, s.x >= need);
+  }
+  *steps = s.steps;
+  return s.hi;
+}
+
+static void test_fleet_search(void **state) {
+  (void)state;
+  unsigned tried[80];
+  size_t n;
+  int steps;
+  /* doubling up from a fail, then bisecting */
+  assert_int_equal(fleet_search(4, 64, 13, &steps, tried, &n), 13);
+  unsigned want13[] = {4, 8, 16, 12, 14, 13};
+  assert_int_equal(n, KVR_ARRAY_SIZE(want13));
+  assert_memory_equal(tried, want13, sizeof(want13));
+  /* halving down from a pass */
+  assert_int_equal(fleet_search(8, 64, 3, &steps, tried, &n), 3);
+  unsigned want3[] = {8, 4, 2, 3};
+  assert_int_equal(n, KVR_ARRAY_SIZE(want3));
+  assert_memory_equal(tried, want3, sizeof(want3));
+  /* one worker is enough: down to 1 and done */
+  assert_int_equal(fleet_search(4, 64, 1, &steps, tried, &n), 1);
+  assert_int_equal(n, 3);
+  /* never enough: up to the bound and done, nothing passed */
+  assert_int_equal(fleet_search(4, 64, 65, &steps, tried, &n), 0);
+  assert_int_equal(tried[n - 1], 64);
+  assert_int_equal(n, 5); /* 4 8 16 32 64 */
+  /* every need, several starts */
+  for (unsigned start = 1; start <= 70; start += 3)
+    for (unsigned need = 1; need <= 70; need++) {
+      unsigned got = fleet_search(start, 64, need, &steps, tried, &n);
+      assert_int_equal(got, need <= 64 ? need : 0);
+      assert_true(steps <= 16);
+      bool below = need == 1 || need > 64;
+      for (size_t i = 0; i < n; i++)
+        below |= tried[i] == need - 1;
+      assert_true(below);
+    }
+  /* the start is clamped into [1, max] */
+  kvr_fleet_search_t s;
+  kvr_fleet_search_init(&s, 0, 8);
+  assert_int_equal(s.x, 1);
+  kvr_fleet_search_init(&s, 100, 8);
+  assert_int_equal(s.x, 8);
+}
+
+static void add_fleet_level(kvr_run_t *run, size_t workers, bool pass, unsigned fail_mask) {
+  kvr_level_t *lv = kvr_stats_level_new(3.9, 0);
+  lv->engine_workers = workers;
+  lv->pass = pass;
+  lv->fail_mask = fail_mask;
+  kvr_stats_run_add(run, lv);
+}
+
+static kvr_fleet_answer_t answer_of(const kvr_run_t *run, char *text, size_t size) {
+  kvr_fleet_answer_t a = kvr_fleet_answer(run);
+  kvr_fleet_answer_text(a, text, size);
+  return a;
+}
+
+/* The answer a run's levels give, in every case the report words differently. */
+static void test_fleet_answer(void **state) {
+  (void)state;
+  kvr_results_t *res = kvr_stats_results_new();
+  char t[32];
+  kvr_run_t *none = kvr_stats_results_add_run(res, "none", "round_robin", "");
+  assert_int_equal(answer_of(none, t, sizeof(t)).tried, 0);
+  assert_string_equal(t, "-");
+  add_fleet_level(none, 4, false, KVR_SLO_FAIL_TPOT);
+  add_fleet_level(none, 8, false, KVR_SLO_FAIL_TTFT);
+  kvr_fleet_answer_t a = answer_of(none, t, sizeof(t));
+  assert_true(a.workers == 0 && a.most_failed == 8 && !a.exact);
+  assert_string_equal(t, "> 8");
+  kvr_run_t *run = kvr_stats_results_add_run(res, "exact", "kv_aware", "");
+  add_fleet_level(run, 4, false, KVR_SLO_FAIL_TPOT);
+  add_fleet_level(run, 8, true, 0);
+  add_fleet_level(run, 6, true, 0);
+  answer_of(run, t, sizeof(t));
+  assert_string_equal(t, "<= 6"); /* 5 not tried */
+  add_fleet_level(run, 5, false, KVR_SLO_FAIL_TPOT);
+  a = answer_of(run, t, sizeof(t));
+  assert_true(a.workers == 6 && a.exact && a.most_failed == 5 && a.tried == 4);
+  assert_string_equal(t, "6");
+  kvr_run_t *one = kvr_stats_results_add_run(res, "one", "kv_aware", "");
+  add_fleet_level(one, 2, true, 0);
+  add_fleet_level(one, 1, true, 0);
+  a = answer_of(one, t, sizeof(t));
+  assert_true(a.workers == 1 && a.exact && a.most_failed == 0);
+  kvr_stats_results_free(res);
+}
+
+/* The headline, the summary, the Markdown and the JSON of a two-policy sizing. */
+static void test_fleet_report(void **state) {
+  (void)state;
+  kvr_results_t *res = kvr_stats_results_new();
+  res->slo = (kvr_slo_t){10000, 100, 0};
+  kvr_stats_set_str(&res->title, "kvrouter fleet sizing");
+  kvr_stats_set_str(&res->workload, "trace:t.jsonl");
+  kvr_stats_set_str(&res->virtual_desc, "4 workers");
+  kvr_run_t *rr = kvr_stats_results_add_run(res, "round_robin", "round_robin", "rr");
+  add_fleet_level(rr, 4, false, KVR_SLO_FAIL_TPOT);
+  add_fleet_level(rr, 8, true, 0);
+  add_fleet_level(rr, 6, false, KVR_SLO_FAIL_TTFT | KVR_SLO_FAIL_TPOT);
+  add_fleet_level(rr, 7, true, 0);
+  kvr_run_t *kv = kvr_stats_results_add_run(res, "kv_aware", "kv_aware", "kv");
+  add_fleet_level(kv, 7, true, 0);
+  add_fleet_level(kv, 4, true, 0);
+  add_fleet_level(kv, 2, false, KVR_SLO_FAIL_TPOT);
+  add_fleet_level(kv, 3, true, 0);
+  kvr_run_t *never = kvr_stats_results_add_run(res, "least_load", "least_load", "ll");
+  add_fleet_level(never, 7, false, KVR_SLO_FAIL_TPOT);
+  add_fleet_level(never, 14, false, KVR_SLO_FAIL_TPOT);
+  kvr_fleet_info_t fi = {.rate = 3.9, .trace_rate = false, .start = 4, .max = 14};
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_fleet_headline(res, &b);
+  assert_string_equal(b.data,
+                      "kv_aware serves this traffic on 3 workers where round_robin needs 7\n"
+                      "least_load needs more than 14 workers for this traffic, where "
+                      "round_robin needs 7\n");
+  kvr_buf_reset(&b);
+  kvr_fleet_summary(res, &fi, &b);
+  assert_non_null(strstr(b.data, "trace:t.jsonl at 3.9 req/s, TTFT p99 under 10000 ms, TPOT p99 "
+                                 "under 100 ms.\n"));
+  assert_non_null(strstr(b.data, "round_robin: 7 workers\n"));
+  assert_non_null(strstr(b.data, "least_load: > 14 workers\n"));
+  assert_non_null(strstr(b.data, "FAIL: TTFT+TPOT"));
+  kvr_buf_reset(&b);
+  kvr_fleet_markdown(res, &fi, &b);
+  assert_non_null(strstr(b.data, "# kvrouter fleet sizing (virtual time)\n"));
+  assert_non_null(strstr(b.data, "**kv_aware serves this traffic on 3 workers where round_robin "
+                                 "needs 7.**\n"));
+  assert_non_null(strstr(b.data, "| round_robin | 7 | 4 F, 8 P, 6 F, 7 P |\n"));
+  assert_non_null(strstr(b.data, "| kv_aware | 3 | 7 P, 4 P, 2 F, 3 P |\n"));
+  assert_non_null(strstr(b.data, "| least_load | > 14 | 7 F, 14 F |\n"));
+  assert_non_null(strstr(b.data, "## kv_aware\n"));
+  assert_non_null(strstr(b.data, "| 3 | 2 | FAIL: TPOT |"));
+  kvr_buf_reset(&b);
+  kvr_fleet_json(res, &fi, &b);
+  cJSON *j = cJSON_Parse(b.data);
+  assert_non_null(j);
+  cJSON *pols = cJSON_GetObjectItem(j, "policies");
+  assert_int_equal(cJSON_GetArraySize(pols), 3);
+  cJSON *k = cJSON_GetArrayItem(pols, 1);
+  assert_string_equal(cJSON_GetObjectItem(k, "label")->valuestring, "kv_aware");
+  assert_int_equal(cJSON_GetObjectItem(k, "workers")->valueint, 3);
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(k, "exact")));
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(k, "levels")), 4);
+  cJSON *n = cJSON_GetArrayItem(pols, 2);
+  assert_int_equal(cJSON_GetObjectItem(n, "workers")->valueint, 0);
+  assert_int_equal(cJSON_GetObjectItem(n, "most_failed")->valueint, 14);
+  cJSON_Delete(j);
+  /* one run alone */
+  kvr_results_t *solo = kvr_stats_results_new();
+  kvr_run_t *s = kvr_stats_results_add_run(solo, "kv_aware", "kv_aware", "");
+  add_fleet_level(s, 1, true, 0);
+  kvr_buf_reset(&b);
+  kvr_fleet_headline(solo, &b);
+  assert_string_equal(b.data, "kv_aware serves this traffic on 1 worker\n");
+  kvr_buf_free(&b);
+  kvr_stats_results_free(solo);
+  kvr_stats_results_free(res);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_determinism), cmocka_unit_test(test_router_seed),
               cmocka_unit_test(test_multiturn_reuse_and_spread),
               cmocka_unit_test(test_policy_switch), cmocka_unit_test(test_reset_cache),
@@ -1170,4 +1423,6 @@ KVR_TEST_MAIN(cmocka_unit_test(test_determinism), cmocka_unit_test(test_router_s
               cmocka_unit_test(test_interrupt_and_free_in_flight),
               cmocka_unit_test(test_vt_exact_times), cmocka_unit_test(test_vt_arrival_seed),
               cmocka_unit_test(test_vt_errors), cmocka_unit_test(test_vt_early_stop_cancels),
-              cmocka_unit_test(test_vt_new_checks))
+              cmocka_unit_test(test_vt_new_checks), cmocka_unit_test(test_set_workers),
+              cmocka_unit_test(test_fleet_search), cmocka_unit_test(test_fleet_answer),
+              cmocka_unit_test(test_fleet_report))
