@@ -143,6 +143,8 @@ struct kvr_sim_server_s {
   kvr_list_t streams; /* live streams (stream_t.node), newest first */
   size_t nstreams, ngone, nfixed, nhung;
   uint64_t rng, ids;
+  uint64_t id_salt; /* random per process: ids are unique across sims whatever their seeds, as
+                       vLLM's uuid4-based ids are (vllm/utils random_uuid) */
   /* figures for /metrics beyond the engine's counters */
   kvr_hist_t ttft, itl, e2e;
   uint64_t finished_stop, finished_length, finished_abort;
@@ -1104,15 +1106,16 @@ void kvr_sim_server_answer(const kvr_sim_completion_t *p, uint64_t server_seed,
 /* 16 lowercase hex digits from the worker's seed and a counter (vLLM's random_uuid(): the low 64
  * bits of a uuid4), deterministic for a seed. */
 static void random_hex(kvr_sim_server_t *srv, char out[17]) {
-  uint64_t v = kvr_sim_tokens_mix(srv->opts.seed ^ kvr_sim_tokens_mix(++srv->ids));
+  uint64_t v = kvr_sim_tokens_mix(srv->id_salt ^ srv->opts.seed ^ kvr_sim_tokens_mix(++srv->ids));
   snprintf(out, 17, "%016llx", (unsigned long long)v);
 }
 
-/* Gives s its response id (the worker's seed mixed with a counter) and the 'data: {"id":...,
+/* Gives s its response id (a per-process random salt, the seed and a counter, mixed) and the
+ * 'data: {"id":...,
  * "model":...,' prefix every chunk starts with. */
 static void stream_name(stream_t *s) {
   kvr_sim_server_t *srv = s->srv;
-  uint64_t idn = kvr_sim_tokens_mix(srv->opts.seed ^ ++srv->ids);
+  uint64_t idn = kvr_sim_tokens_mix(srv->id_salt ^ srv->opts.seed ^ kvr_sim_tokens_mix(++srv->ids));
   snprintf(s->id, sizeof(s->id), "%s-%016llx%016llx", s->chat ? "chatcmpl" : "cmpl",
            (unsigned long long)idn, (unsigned long long)kvr_sim_tokens_mix(idn));
   kvr_buf_printf(&s->prefix,
@@ -2031,6 +2034,7 @@ kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_
     return NULL;
   }
   srv->loop = loop;
+  srv->id_salt = kvr_random_seed();
   srv->opts = *opts;
   srv->opts.engine = cfg;
   srv->listen = kvr_xstrdup(opts->listen);

@@ -53,6 +53,7 @@ void kvr_config_free(kvr_config_t *cfg) {
   free(cfg->admin_token);
   free(cfg->worker_ca_file);
   free(cfg->trace_out);
+  free(cfg->session_header);
   free(cfg->discover_url);
   clear_workers(cfg);
   free(cfg->workers);
@@ -367,6 +368,13 @@ static const kvr_cli_opt_t options[] = {
      KVR_CLI_RANGE(0, 6),
      .help = "continuations of one stream at most (each also takes the retry "
              "budget)"},
+    {KVR_CLI_STR, "session-header", F(session_header), .arg = "NAME", .json = "session.header",
+     .flags = KVR_CLI_OWNED | KVR_CLI_NONEMPTY | KVR_CLI_NODEFAULT,
+     .help = "a request header whose value keys a session (like prompt_cache_key): the next "
+             "request with the key prefers the worker that served it last; default: none"},
+    {KVR_CLI_UINT, "session-keys-max", F(session_keys_max), .arg = "N", .json = "session.keys_max",
+     KVR_CLI_RANGE(1, 1u << 26),
+     .help = "session keys remembered with their last worker; the oldest is forgotten first"},
     {KVR_CLI_UINT, "response-ids-max", F(response_ids_max), .arg = "N",
      .json = "limits.response_ids_max", KVR_CLI_RANGE(1, 1u << 26),
      .help = "Responses API ids remembered with the worker that stored them (previous_response_id, "
@@ -526,6 +534,7 @@ void kvr_config_init(kvr_config_t *cfg) {
   cfg->trace_out_max_bytes = 256u << 20;
   cfg->trace_block_tokens = KVR_TRACE_BLOCK_TOKENS_DEFAULT;
   cfg->response_ids_max = 65536;
+  cfg->session_keys_max = 65536;
   cfg->resume_streams = true;
   cfg->resume_max = 2;
   kvr_json_guard_limits_default(&cfg->body_guard);

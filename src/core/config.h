@@ -84,6 +84,8 @@ typedef struct kvr_config_s {
   uint64_t trace_out_max_bytes; /* rotated to FILE.1 past this, default 256 MiB, 0 = never */
   size_t trace_block_tokens;    /* tokens a trace hash id stands for, default 512 */
   size_t response_ids_max;      /* Responses API ids remembered with their worker, default 65536 */
+  size_t session_keys_max;      /* session keys remembered with their last worker, default 65536 */
+  char *session_header;         /* a request header whose value is a session key, or NULL */
   bool resume_streams; /* continue a stream broken mid-answer on another worker, default on */
   uint64_t resume_max; /* continuations per request, default 2 (at most 6) */
   kvr_json_guard_limits_t body_guard; /* what one chat/completions body may hold (json_guard.h) */

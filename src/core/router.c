@@ -370,6 +370,7 @@ kvr_router_t *kvr_router_new(const kvr_config_t *cfg, char *err, size_t errlen) 
   }
   r->kv_index = kvr_kv_index_new(KVR_MAX_WORKERS);
   r->response_ids = kvr_affinity_new(cfg->response_ids_max);
+  r->session_keys = kvr_affinity_new(cfg->session_keys_max);
   r->instance = kvr_random_seed() | 1;
   if (kvr_router_set_policy(r, cfg->policy, cfg->policy_params, err, errlen) != 0)
     goto fail;
@@ -396,6 +397,7 @@ void kvr_router_free(kvr_router_t *r) {
   kvr_cache_index_free(r->index);
   kvr_kv_index_free(r->kv_index);
   kvr_affinity_free(r->response_ids);
+  kvr_affinity_free(r->session_keys);
   free(r->responses);
   for (size_t i = 0; i < r->nmodel_labels; i++)
     free(r->model_labels[i].name);
@@ -510,6 +512,8 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, const kvr_rou
     if (r->slots[i] == NULL)
       continue;
     bool precise = precise_match(r, r->slots[i], req, &matched[i]);
+    if (avoid && avoid->prefer_plus1 == (int)i + 1 && matched[i] < req->nblocks)
+      matched[i] = req->nblocks; /* the session's worker: as if it held the whole prompt */
     snapshot(r, r->slots[i], matched[i], t0, &d->snaps[i]);
     d->snaps[i].precise = precise;
     if (!serves(r->slots[i], model, mhash))

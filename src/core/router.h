@@ -307,6 +307,10 @@ struct kvr_router_s {
   kvr_affinity_t *response_ids;
   uint64_t response_ids_evicted_total;
   uint64_t response_id_lookups_total[KVR_AFFINITY_RESULTS];
+  /* Session keys (prompt_cache_key, --session-header) -> the worker that served them last. */
+  kvr_affinity_t *session_keys;
+  uint64_t session_keys_evicted_total;
+  uint64_t session_lookups_total[KVR_AFFINITY_RESULTS];
   uint64_t retries_inflight; /* retried requests still in flight (the retry budget) */
   uint64_t retry_budget_refused_total;
   uint64_t ejections_refused_total; /* ejections not done: last usable worker or percent cap */
@@ -400,6 +404,9 @@ typedef struct kvr_router_avoid_s {
   size_t ntried;
   bool full;
   const char *model; /* the request's "model"; NULL or "": any worker */
+  int prefer_plus1;  /* slot + 1 of the worker its session key last went to (0: none): its match
+                        counts as the whole prompt, so the policy keeps the session there unless
+                        load outweighs it, as it would a cached prefix */
 } kvr_router_avoid_t;
 
 /* Builds snapshots (including the cache-index match of req's blocks) and runs the policy. record
@@ -646,6 +653,14 @@ size_t kvr_affinity_size(const kvr_affinity_t *a);
 void kvr_router_on_response_id(kvr_router_t *r, const kvr_router_dispatch_t *acct, const char *id,
                                size_t len);
 int kvr_router_on_response_lookup(kvr_router_t *r, const char *id, size_t len, uint64_t now_ms);
+
+/* Session keys: a request naming one (prompt_cache_key, or the --session-header value) prefers
+ * the worker the key last went to (kvr_router_avoid_t.prefer_plus1), within the policy's load
+ * bounds; each dispatch records where the key went. At most cfg->session_keys_max keys, the
+ * oldest forgotten first. Same results as the response ids' lookups. */
+void kvr_router_on_session(kvr_router_t *r, const kvr_router_dispatch_t *acct, const char *key,
+                           size_t len);
+int kvr_router_on_session_lookup(kvr_router_t *r, const char *key, size_t len, uint64_t now_ms);
 /* The public listener's probes, counted apart from requests (kvrouter_probe_requests_total). */
 typedef enum { KVR_PROBE_HEALTH = 0, KVR_PROBE_LIVEZ = 1 } kvr_probe_t;
 void kvr_router_on_probe(kvr_router_t *r, kvr_probe_t probe);

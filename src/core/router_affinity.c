@@ -11,9 +11,14 @@
  * not hold the response). A worker removed or restarted keeps its entries until they are evicted
  * or looked up: a lookup whose worker is gone or unusable answers "none".
  *
- * Flow: the proxy reports each response id it reads (kvr_router_on_response_id), and asks before
- * a decision (kvr_router_on_response_lookup); both are router writes, so they live in a router*.c
- * file and count their outcomes in the router's own counters.
+ * The same map keeps session keys (OpenAI's prompt_cache_key, or a configured session header):
+ * the worker a key last went to, preferred by the next request naming it (a hint the policy weighs
+ * against load, not a pin).
+ *
+ * Flow: the proxy reports each response id it reads (kvr_router_on_response_id) and each dispatch
+ * of a keyed request (kvr_router_on_session), and asks before a decision
+ * (kvr_router_on_response_lookup, kvr_router_on_session_lookup); all are router writes, so they
+ * live in a router*.c file and count their outcomes in the router's own counters.
  */
 #define XXH_INLINE_ALL
 #include "core/router.h"
@@ -114,28 +119,49 @@ static bool put(kvr_affinity_t *a, uint64_t key, uint32_t worker_id) {
   return evicted;
 }
 
-void kvr_router_on_response_id(kvr_router_t *r, const kvr_router_dispatch_t *acct, const char *id,
-                               size_t len) {
-  if (r->response_ids == NULL || len == 0 || acct == NULL)
+/* Records key -> the dispatch's worker in map a; counts an eviction in *evicted. */
+static void record(kvr_affinity_t *a, uint64_t *evicted, const kvr_router_dispatch_t *acct,
+                   const char *key, size_t len) {
+  if (a == NULL || len == 0 || acct == NULL)
     return;
-  if (put(r->response_ids, key_of(id, len), acct->worker_id))
-    r->response_ids_evicted_total++;
+  if (put(a, key_of(key, len), acct->worker_id))
+    (*evicted)++;
 }
 
-int kvr_router_on_response_lookup(kvr_router_t *r, const char *id, size_t len, uint64_t now_ms) {
-  if (r->response_ids == NULL || len == 0)
+/* The slot of the worker key maps to in a when it is there and usable, else -1; the result is
+ * counted in lookups[]. */
+static int lookup(const kvr_router_t *r, const kvr_affinity_t *a, uint64_t *lookups,
+                  const char *key, size_t len, uint64_t now_ms) {
+  if (a == NULL || len == 0)
     return -1;
-  const kvr_affinity_t *a = r->response_ids;
-  size_t i = find(a, key_of(id, len));
+  size_t i = find(a, key_of(key, len));
   if (a->table[i].key == 0) {
-    r->response_id_lookups_total[KVR_AFFINITY_UNKNOWN]++;
+    lookups[KVR_AFFINITY_UNKNOWN]++;
     return -1;
   }
   const kvr_worker_t *w = kvr_router_worker_by_id(r, a->table[i].worker_id);
   if (w == NULL || !kvr_router_worker_usable(w, now_ms)) {
-    r->response_id_lookups_total[KVR_AFFINITY_GONE]++;
+    lookups[KVR_AFFINITY_GONE]++;
     return -1;
   }
-  r->response_id_lookups_total[KVR_AFFINITY_HIT]++;
+  lookups[KVR_AFFINITY_HIT]++;
   return w->slot;
+}
+
+void kvr_router_on_response_id(kvr_router_t *r, const kvr_router_dispatch_t *acct, const char *id,
+                               size_t len) {
+  record(r->response_ids, &r->response_ids_evicted_total, acct, id, len);
+}
+
+int kvr_router_on_response_lookup(kvr_router_t *r, const char *id, size_t len, uint64_t now_ms) {
+  return lookup(r, r->response_ids, r->response_id_lookups_total, id, len, now_ms);
+}
+
+void kvr_router_on_session(kvr_router_t *r, const kvr_router_dispatch_t *acct, const char *key,
+                           size_t len) {
+  record(r->session_keys, &r->session_keys_evicted_total, acct, key, len);
+}
+
+int kvr_router_on_session_lookup(kvr_router_t *r, const char *key, size_t len, uint64_t now_ms) {
+  return lookup(r, r->session_keys, r->session_lookups_total, key, len, now_ms);
 }

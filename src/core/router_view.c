@@ -411,6 +411,13 @@ static void request_metrics(const kvr_router_t *r, kvr_buf_t *out) {
           "Responses API ids forgotten to stay within --response-ids-max (a follow-up naming one "
           "is routed by the policy)",
           r->response_ids_evicted_total);
+  kvr_metric_family(out, "kvrouter_session_keys", "gauge",
+                    "Session keys (prompt_cache_key, --session-header) remembered with the worker "
+                    "that served them last");
+  kvr_metric_sample(out, "kvrouter_session_keys", NULL, (double)kvr_affinity_size(r->session_keys));
+  counter(out, "kvrouter_session_keys_evicted_total",
+          "Session keys forgotten to stay within --session-keys-max",
+          r->session_keys_evicted_total);
   static const char *const lookup[] = {"hit", "unknown", "worker_gone"};
   kvr_metric_family(out, "kvrouter_response_id_lookups_total", "counter",
                     "Requests naming a response id (previous_response_id, GET or cancel of a "
@@ -421,6 +428,15 @@ static void request_metrics(const kvr_router_t *r, kvr_buf_t *out) {
     kvr_buf_printf(&l, "result=\"%s\"", lookup[i]);
     kvr_metric_sample(out, "kvrouter_response_id_lookups_total", l.data,
                       (double)r->response_id_lookups_total[i]);
+  }
+  kvr_metric_family(out, "kvrouter_session_lookups_total", "counter",
+                    "Requests naming a session key by what the router knew: hit (its last worker "
+                    "preferred), unknown, worker_gone");
+  for (int i = 0; i < KVR_AFFINITY_RESULTS; i++) {
+    kvr_buf_reset(&l);
+    kvr_buf_printf(&l, "result=\"%s\"", lookup[i]);
+    kvr_metric_sample(out, "kvrouter_session_lookups_total", l.data,
+                      (double)r->session_lookups_total[i]);
   }
   kvr_buf_free(&l);
   counter(

@@ -41,6 +41,7 @@ void kvr_prompt_free(kvr_prompt_t *p) {
   free(p->model);
   free(p->blocks);
   free(p->previous_response_id);
+  free(p->cache_key);
   kvr_buf_free(&p->text);
   kvr_prompt_init(p);
 }
@@ -622,6 +623,15 @@ int kvr_prompt_from_json(const cJSON *body, kvr_prompt_kind_t kind, size_t block
   if ((rc = apply_salt(out, body, err, errlen)) != 0) {
     kvr_buf_free(&out->text);
     return rc;
+  }
+  const cJSON *key = cJSON_GetObjectItemCaseSensitive(body, "prompt_cache_key");
+  if (key && !cJSON_IsNull(key) && kind != KVR_PROMPT_MESSAGES) {
+    if (!cJSON_IsString(key)) {
+      kvr_buf_free(&out->text);
+      return fail_type(out, "prompt_cache_key", "a string", key, err, errlen);
+    }
+    if (key->valuestring[0])
+      out->cache_key = kvr_xstrdup(key->valuestring);
   }
   /* Token ids are counted exactly; text is estimated at KVR_CHARS_PER_TOKEN bytes per token. */
   out->prompt_tokens =

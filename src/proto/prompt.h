@@ -82,6 +82,9 @@ typedef struct kvr_prompt_s {
    * here is only the new input and no block is hashed (nblocks 0). */
   char *previous_response_id;
   bool store; /* Responses: "store" (default true) */
+  /* "prompt_cache_key" (OpenAI's routing hint for caches; chat, completions, responses): owned,
+   * or NULL. The router keeps requests with one key on the worker that served it last. */
+  char *cache_key;
   /* On KVR_EINVAL from kvr_prompt_from_json: an OpenAI-style error code
    * ("missing_required_parameter", "invalid_type", "invalid_value") and the offending parameter
    * ("messages[1].content"). */

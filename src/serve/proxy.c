@@ -131,8 +131,10 @@ struct px_s {
   kvr_http_req_t *req; /* NULL once finished */
   kvr_prompt_t prompt;
   bool has_prompt;
-  bool prompt_cut; /* the body held U+0000: routed by load, nothing learned (guard_body()) */
-  int pin_slot;    /* the worker that stored the response this request names, or -1 */
+  bool prompt_cut;       /* the body held U+0000: routed by load, nothing learned (guard_body()) */
+  int pin_slot;          /* the worker that stored the response this request names, or -1 */
+  int prefer_slot;       /* the worker its session key last went to, or -1 (session_hint()) */
+  kvr_buf_t session_key; /* "model" US key, or empty: no key */
   /* Resuming a broken stream (resume_stream()): the continuations started, the token events and
    * answer bytes the client got (answer holds them while answer_full is false), what makes a
    * stream not resumable, the first stream's id every spliced chunk takes, the continuation's
@@ -620,6 +622,7 @@ static void on_timer_closed(uv_handle_t *h) {
   kvr_openai_sse_free(&px->sse_lines);
   kvr_buf_free(&px->answer);
   kvr_buf_free(&px->resume_body);
+  kvr_buf_free(&px->session_key);
   kvr_buf_free(&px->url);
   kvr_buf_free(&px->conn_tokens);
   free(px);
@@ -1369,7 +1372,8 @@ static void attempt(px_t *px) {
   kvr_decision_t d;
   /* Never a worker this request tried or one that does not serve its model; a first attempt also
    * avoids workers at the admission bound (admit() saw one with room). */
-  kvr_router_avoid_t avoid = {px->tried, (size_t)px->attempts, px->attempts == 0, px_model(px)};
+  kvr_router_avoid_t avoid = {px->tried, (size_t)px->attempts, px->attempts == 0, px_model(px),
+                              px->attempts == 0 ? px->prefer_slot + 1 : 0};
   int pin = px->attempts == 0 ? px->pin_slot : -1;
   int slot = pin >= 0 ? pin : kvr_router_decide(r, &px->rreq, &avoid, true, &d);
   if (slot < 0) {
@@ -1380,6 +1384,8 @@ static void attempt(px_t *px) {
   uint64_t prompt_tokens = px->has_prompt ? px->prompt.prompt_tokens : 0;
   kvr_router_on_dispatch_model(r, slot, prompt_tokens, pin >= 0 ? 0 : d.snaps[slot].matched_blocks,
                                px_model(px), &px->acct);
+  if (px->session_key.len) /* the key's worker is now this one */
+    kvr_router_on_session(r, &px->acct, px->session_key.data, px->session_key.len);
   px->easy = upstream_transfer(px);
   if (kvr_curlm_add(px->proxy->curlm, px->easy, on_done, px) != 0) {
     fail(px, 502, "upstream_error", "internal", "%s", "cannot start an upstream transfer");
@@ -1544,6 +1550,26 @@ static void pin_response(px_t *px, kvr_route_t route) {
   px->pin_slot = kvr_router_on_response_lookup(px->r, id, len, kvr_router_now_ns(px->r) / 1000000u);
 }
 
+/* A session key: the --session-header value when configured and sent, else the body's
+ * prompt_cache_key; scoped by model ("model" US key), so one key in two models is two sessions.
+ * The worker it last went to is preferred (kvr_router_avoid_t.prefer_plus1): the policy weighs it
+ * as a worker holding the whole prompt, so load can still move the session. */
+static void session_hint(px_t *px) {
+  px->prefer_slot = -1;
+  const char *hdr = px->r->cfg->session_header;
+  const char *key = hdr ? kvr_http_header(px->req, hdr) : NULL;
+  if ((key == NULL || key[0] == '\0') && px->has_prompt)
+    key = px->prompt.cache_key;
+  if (key == NULL || key[0] == '\0')
+    return;
+  const char *model = px_model(px) ? px_model(px) : "";
+  kvr_buf_puts(&px->session_key, model);
+  kvr_buf_append(&px->session_key, "\x1f", 1);
+  kvr_buf_puts(&px->session_key, key);
+  px->prefer_slot = kvr_router_on_session_lookup(px->r, px->session_key.data, px->session_key.len,
+                                                 kvr_router_now_ns(px->r) / 1000000u);
+}
+
 /* The context a prompt must fit: the largest max_model_len of the workers (GET /v1/models), or 0
  * while some worker's is unknown (the configured bound then applies). */
 static uint64_t guard_context(const kvr_router_t *r) {
@@ -1635,6 +1661,7 @@ static void on_proxied(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_list_insert_head(&p->pxs, &px->node);
   p->active++;
   pin_response(px, route);
+  session_hint(px);
   if (px->has_prompt && !px->prompt_cut &&
       (route == KVR_ROUTE_CHAT || route == KVR_ROUTE_COMPLETIONS) && tokenize(px, route))
     return; /* admitted when the ids arrive */

@@ -96,6 +96,7 @@ static const scalar_t scalars[] = {
     SC("trace.max_bytes", K_U64, trace_out_max_bytes, false),
     /* The router sizes its response-id map at start. */
     SC("limits.response_ids_max", K_SIZE, response_ids_max, false),
+    SC("session.keys_max", K_SIZE, session_keys_max, false),
     SC("trace.block_tokens", K_SIZE, trace_block_tokens, false),
     /* The cache index is sized and hashed with these. */
     SC("cache.block_chars", K_SIZE, block_chars, false),
@@ -126,6 +127,7 @@ static const string_t strings[] = {
     ST("the admin token", admin_token, false, true),
     ST("worker_ca_file", worker_ca_file, false, false),
     ST("trace.out", trace_out, false, false),
+    ST("session.header", session_header, true, false),
     ST("kv_events.topic", kv_events_topic, false, false),
     ST("peer.sync_listen", peer_sync_listen, false, false),
 };

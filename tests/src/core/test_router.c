@@ -102,7 +102,7 @@ static const kvr_router_avoid_t *tried_slots(uint64_t mask) {
   for (int i = 0; i < 64; i++)
     if (mask >> i & 1)
       slots[n++] = i;
-  a = (kvr_router_avoid_t){slots, n, false, NULL};
+  a = (kvr_router_avoid_t){slots, n, false, NULL, 0};
   return &a;
 }
 
@@ -434,7 +434,7 @@ static void test_worker_limit(void **state) {
   assert_int_equal(kvr_router_decide(r, &req, NULL, true, &d), 0);
   assert_int_equal(d.nsnaps, KVR_MAX_WORKERS);
   int tried[2] = {1, KVR_MAX_WORKERS - 1};
-  kvr_router_avoid_t avoid = {tried, 2, false, NULL};
+  kvr_router_avoid_t avoid = {tried, 2, false, NULL, 0};
   assert_int_equal(kvr_router_decide(r, &req, &avoid, true, &d), 2);
   /* The last slot drained frees it for the refused URL. */
   assert_int_equal(kvr_router_drain_worker(r, r->slots[KVR_MAX_WORKERS - 1]->id), 0);
@@ -913,10 +913,10 @@ static void test_admission_bound(void **state) {
   /* A first attempt (full set) goes to the worker with room; with it tried, to none. */
   kvr_route_req_t req = {0};
   kvr_decision_t dec;
-  kvr_router_avoid_t first = {NULL, 0, true, NULL};
+  kvr_router_avoid_t first = {NULL, 0, true, NULL, 0};
   assert_int_equal(kvr_router_decide(r, &req, &first, false, &dec), 1);
   int one = 1;
-  first = (kvr_router_avoid_t){&one, 1, true, NULL};
+  first = (kvr_router_avoid_t){&one, 1, true, NULL, 0};
   assert_int_equal(kvr_router_decide(r, &req, &first, false, &dec), KVR_POLICY_NONE);
   kvr_router_on_queued(r);
   kvr_router_on_queued(r);
@@ -1136,7 +1136,7 @@ static const char *const LLAMA_LIST =
 /* Decides for a request naming model (record true, nothing tried). */
 static int decide_model(kvr_router_t *r, const char *model) {
   kvr_route_req_t req = {0};
-  kvr_router_avoid_t avoid = {NULL, 0, false, model};
+  kvr_router_avoid_t avoid = {NULL, 0, false, model, 0};
   kvr_decision_t d;
   return kvr_router_decide(r, &req, &avoid, true, &d);
 }
@@ -1255,7 +1255,7 @@ static void test_models_policy_contract(void **state) {
       int tried[3], ntried = (int)(kvr_splitmix64(&rng) % 4);
       for (int t = 0; t < ntried; t++)
         tried[t] = (int)(kvr_splitmix64(&rng) % 8);
-      kvr_router_avoid_t avoid = {tried, (size_t)ntried, false, model};
+      kvr_router_avoid_t avoid = {tried, (size_t)ntried, false, model, 0};
       kvr_decision_t d;
       int pick = kvr_router_decide(r, &req, &avoid, n % 2 == 0, &d);
       if (pick == KVR_POLICY_NONE) { /* only when every worker of the model was tried */
