@@ -60,10 +60,8 @@ const kvr_study_scenario_t kvr_study_scenarios[] = {
      * the synthesised text, hence the router's block hashes and so the policies' tie-breaks. */
     {"trace",
      "the study's trace (its own arrival times scaled to each rate, no jitter; the seed changes "
-     "the "
-     "synthesised text, so the router's block hashes and tie-breaks) on 4 Llama-3.1-8B/H100 "
-     "workers, "
-     "TTFT p99 < 10 s, TPOT p99 < 100 ms",
+     "the synthesised text, so the router's block hashes and tie-breaks) on 4 Llama-3.1-8B/H100 "
+     "workers, TTFT p99 < 10 s, TPOT p99 < 100 ms",
      NULL, .trace = true, .preset = TRACE_PRESET, .slo_ttft_ms = TRACE_TTFT_MS,
      .slo_tpot_ms = TRACE_TPOT_MS},
     {"trace-fleet",
