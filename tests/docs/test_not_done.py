@@ -130,9 +130,6 @@ ALLOWLIST = [
           present(r"replay", "src/net/kv_sub.c"),
           why="kv_sub's replay on a sequence gap"),
     # ---- bench/ and policies/: behaviour described with one of the words -------------------------
-    entry("policies/README.md", "Buckets not yet split draw twice the hash space",
-          present(r"split", "src/core/cache_index.c"),
-          why="describes the cache index's linear-hashing growth (buckets split one at a time)"),
     entry("bench/loadgen/README.md", "a missing field or a negative length is one line naming",
           present(r"missing field '%s'", "src/proto/trace.c"),
           why="the trace reader's error for a line without a field"),
