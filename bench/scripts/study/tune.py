@@ -36,6 +36,8 @@ def load_refs(path):
         j = json.load(f)
     refs = {}
     for sc in j["scenarios"]:
+        if sc.get("fleet"):  # workers needed (lower is better), not a rate: not what tune ranks
+            continue
         m = sc["mean"]
         best = max(REFERENCES, key=lambda p: m.get(p, {}).get("mean", 0))
         refs[sc["name"]] = {"round_robin": m["round_robin"]["mean"], "best": best,
@@ -55,7 +57,8 @@ def run(kvr, out, cand, seeds, scenarios):
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(os.path.join(out, "study.json")) as f:
         j = json.load(f)
-    return {sc["name"]: sc["mean"]["kv_aware"]["mean"] for sc in j["scenarios"]}, j["seconds"]
+    return ({sc["name"]: sc["mean"]["kv_aware"]["mean"] for sc in j["scenarios"]
+             if not sc.get("fleet")}, j["seconds"])
 
 
 def main():
