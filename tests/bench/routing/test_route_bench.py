@@ -74,21 +74,22 @@ def check_run(workers, out, srow):
 
     m = one(r"Index steady state: (\d+) more new blocks into the full index, evicting as many, "
             r"in ([0-9.]+) ms = ([0-9.]+) us per new block; longest insert of 256 ([0-9.]+) us; "
-            r"(\d+) inserts over 1 ms \((\d+) of them preempted\); ([0-9.]+) cuckoo moves per new "
-            r"block\.", out)
+            r"(\d+) inserts over 1 ms \((\d+) of them preempted, (\d+) faulting in pages\); "
+            r"([0-9.]+) cuckoo moves per new block\.", out)
     n, ms, per = int(m[1]), float(m[2]), float(m[3])
     assert n == BLOCKS, m[0]
     assert per > 0 and abs(per - ms * 1000 / n) <= 0.006 + ms * 1000 / n * 0.01, m[0]
     assert float(m[4]) == rows["index: 256 new blocks into the full index"]["max"], m[0]
-    assert int(m[6]) <= int(m[5]) <= CHAINS, m[0]
+    assert int(m[6]) + int(m[7]) <= int(m[5]) <= CHAINS, m[0]
 
     m = one(r"Index growth \(not sized beforehand\): (\d+) blocks in ([0-9.]+) ms, ending with "
             r"(\d+) blocks in (\d+) table slots after (\d+) bucket splits; longest single insert "
             r"\(256 blocks and the splits they set off\) ([0-9.]+) ms; (\d+) inserts over 1 ms "
-            r"\((\d+) of them preempted\); ([0-9.]+) bytes per \(block, worker\) entry at the end; "
-            r"([0-9.]+) cuckoo moves per new block\.", out)
+            r"\((\d+) of them preempted, (\d+) faulting in pages\); ([0-9.]+) bytes per \(block, "
+            r"worker\) entry at the end; ([0-9.]+) cuckoo moves per new block\.", out)
     n, total_ms, held, slots = int(m[1]), float(m[2]), int(m[3]), int(m[4])
-    splits, longest, slow, preempted = int(m[5]), float(m[6]), int(m[7]), int(m[8])
+    splits, longest, slow, preempted, faulted = (int(m[5]), float(m[6]), int(m[7]), int(m[8]),
+                                                 int(m[9]))
     assert n == BLOCKS, m[0]
     # Round robin by chain leaves a worker a chain past its capacity, so a few blocks are evicted;
     # most stay, and the table holds them at most 90% full, grown from 16 buckets by splits.
@@ -97,7 +98,7 @@ def check_run(workers, out, srow):
     assert 0 <= longest <= total_ms + 0.05, m[0]
     # (the line in ms to 3 decimals, the table in us to 1)
     assert abs(longest * 1000 - rows["index: 256 new blocks while it grows"]["max"]) <= 0.56, m[0]
-    assert 0 <= preempted <= slow <= CHAINS, m[0]
+    assert 0 <= preempted + faulted <= slow <= CHAINS, m[0]
 
     m = one(r"Index memory: (\d+) bytes allocated \((\d+) table slots x 16 B in 2 MiB chunks, "
             r"(\d+) nodes x 16 B, (\d+) wide holder sets\) for (\d+) \(block, worker\) entries, "
@@ -115,7 +116,7 @@ def check_run(workers, out, srow):
     assert float(srow[3]) == rows["cold: decision (hash + match + select)"]["p99"], srow
     assert float(srow[8]) == bpe, srow
     assert abs(float(srow[10]) - longest) <= 0.0005, srow
-    assert srow[11] == f"{slow} ({preempted})", srow
+    assert srow[11] == f"{slow} ({preempted}, {faulted})", srow
 
 
 def main():
