@@ -56,10 +56,22 @@ static void check_count(const cJSON *n, uint64_t got) {
     FUZZ_CHECK((double)got <= v && (v < (double)got + 1.0 || v >= 9007199254740992.0));
 }
 
+/* Chat and completions usage (openai.h): taken whole when every figure present is an integer in
+ * [0, KVR_OPENAI_USAGE_MAX] and cached <= prompt, else refused whole (usage_invalid). Objects with
+ * a string "type", or "object": "response", may be the Responses/Messages forms, read another way.
+ */
 static void check_usage(const cJSON *obj, const kvr_openai_chunk_t *c) {
   const cJSON *u = cJSON_GetObjectItemCaseSensitive(obj, "usage");
   const cJSON *pt = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens");
   const cJSON *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens");
+  const cJSON *object = cJSON_GetObjectItemCaseSensitive(obj, "object");
+  if (cJSON_IsString(cJSON_GetObjectItemCaseSensitive(obj, "type")) ||
+      (cJSON_IsString(object) && strcmp(object->valuestring, "response") == 0))
+    return;
+  if (c->usage_invalid) {
+    FUZZ_CHECK(!c->has_prompt_tokens && !c->has_completion_tokens && !c->has_cached_tokens);
+    return;
+  }
   FUZZ_CHECK(c->has_prompt_tokens == (cJSON_IsObject(u) && cJSON_IsNumber(pt)));
   FUZZ_CHECK(c->has_completion_tokens == (cJSON_IsObject(u) && cJSON_IsNumber(ct)));
   if (c->has_prompt_tokens)
