@@ -31,7 +31,8 @@
 static const kvr_cli_opt_t options[] = {
     {KVR_CLI_SWITCH, "quick", F(quick), .set = 1,
      .help = "a short run for CI, under a minute: the virtual study of round_robin and kv_aware "
-             "on multiturn only, then one real rate between their two limits"},
+             "on multiturn only, then the real run at the rate halfway between their two limits, "
+             "60 s per level (its p99s are then known to about 20%)"},
     {KVR_CLI_STR, "out", F(out), .arg = "DIR", .help = "results folder"},
     {KVR_CLI_UINT, "workers", F(workers), .arg = "N", KVR_CLI_RANGE(1, KVR_DEMO_MAX_WORKERS),
      .help = "simulated workers (real and virtual)"},
@@ -67,11 +68,12 @@ static const kvr_cli_cmd_t demo_cmd = {
         "   seed): each policy's max SLO-compliant rate, printed as a table.\n"
         "2. Real: starts N (4) simulated vLLM workers and the router on 127.0.0.1 and runs\n"
         "   round_robin (phase0) vs kv_aware (phase3) on multiturn with the simulators' clock\n"
-        "   sped up, at the rates step 1 found for the two policies.\n"
+        "   sped up, at one rate between the limits step 1 found for the two policies, 360 s\n"
+        "   (simulated) per level.\n"
         "3. Agreement: the same levels again in virtual time; real vs virtual TTFT/TPOT p99 and\n"
         "   SLO verdicts, and the headline, printed and written to DIR/AGREEMENT.md.\n"
-        "Stops everything it started (also on Ctrl-C). About 5 minutes on 2 cores; --quick under\n"
-        "one.",
+        "Stops everything it started (also on Ctrl-C). About 3 minutes on 2 cores of its own;\n"
+        "--quick under one.",
     .opts = options,
     .nopts = KVR_ARRAY_SIZE(options),
     .epilog = print_passthrough,

@@ -18,9 +18,17 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+void kvr__demo_p99_interval(const double *v, size_t n, double *lo, double *hi) {
+  double k = 0.99 * (double)n, half = 1.96 * sqrt(k * 0.01);
+  double rlo = fmax(1, floor(k - half)), rhi = fmin((double)n, ceil(k + half));
+  *lo = v[(size_t)rlo - 1];
+  *hi = v[(size_t)rhi - 1];
+}
 
 kvr__demo_lvl_t *kvr__demo_level(kvr_demo_t *d, const char *label, double rate, bool add) {
   for (size_t i = 0; i < d->nlv; i++)
@@ -191,6 +199,40 @@ static void headline(const kvr_demo_t *d, kvr_buf_t *b) {
     kvr_buf_puts(b, ": these levels do not tell which limit is higher.\n");
 }
 
+/* "st", "nd", "rd" or "th" after k. */
+static const char *ordinal(size_t k) {
+  if (k % 100 >= 11 && k % 100 <= 13)
+    return "th";
+  return k % 10 == 1 ? "st" : k % 10 == 2 ? "nd" : k % 10 == 3 ? "rd" : "th";
+}
+
+/* How far the real p99s could move with other requests being the worst: the widest 95% interval
+ * of any real level, below and above its figure. */
+static void resolution(const kvr_demo_t *d, kvr_buf_t *b) {
+  double t[2] = {0, 0}, p[2] = {0, 0};
+  size_t n = SIZE_MAX;
+  for (size_t i = 0; i < d->nlv; i++) {
+    const kvr__demo_lvl_t *l = &d->lv[i];
+    if (!l->real || l->real_ttft <= 0 || l->real_tpot <= 0)
+      continue;
+    t[0] = fmax(t[0], 1 - l->real_ttft_lo / l->real_ttft);
+    t[1] = fmax(t[1], l->real_ttft_hi / l->real_ttft - 1);
+    p[0] = fmax(p[0], 1 - l->real_tpot_lo / l->real_tpot);
+    p[1] = fmax(p[1], l->real_tpot_hi / l->real_tpot - 1);
+    n = KVR_MIN(n, l->real_n);
+  }
+  if (n == SIZE_MAX)
+    return;
+  kvr_buf_printf(b,
+                 "Each p99 here is of %zu requests or more, about their %zu%s worst: over the "
+                 "real run's own requests its 95%% interval (order statistics) reaches "
+                 "-%.0f%%/+%.0f%% of the TTFT p99 and -%.0f%%/+%.0f%% of the TPOT p99 at the "
+                 "widest level, and a difference inside that is which requests happened to be "
+                 "the worst.\n",
+                 n, (n + 50) / 100, ordinal((n + 50) / 100), t[0] * 100, t[1] * 100, p[0] * 100,
+                 p[1] * 100);
+}
+
 static void agreement(kvr_demo_t *d, bool twin_ok, bool own_rates, kvr_buf_t *b) {
   qsort(d->lv, d->nlv, sizeof(kvr__demo_lvl_t), cmp_level);
   kvr_buf_printf(b,
@@ -253,6 +295,7 @@ static void agreement(kvr_demo_t *d, bool twin_ok, bool own_rates, kvr_buf_t *b)
                    "for %s.\n",
                    same, both, differ.data);
   kvr_buf_free(&differ);
+  resolution(d, b);
   kvr_buf_puts(b, "\n");
   headline(d, b);
 }

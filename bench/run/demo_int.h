@@ -29,6 +29,8 @@ typedef struct kvr__demo_lvl_s {
   char real_fail[48], virt_fail[48];
   size_t real_n, real_later; /* measured requests; of them at turn >= 2 */
   unsigned real_max_turn;
+  /* the real p99s' 95% intervals (kvr__demo_p99_interval); 0 when not measured */
+  double real_ttft_lo, real_ttft_hi, real_tpot_lo, real_tpot_hi;
 } kvr__demo_lvl_t;
 
 struct kvr_demo_s {
@@ -67,6 +69,14 @@ int kvr__demo_bench_args(kvr_demo_t *d, bool virt, char **argv, char *url, char 
 
 /* Step 1's figure for policy on the real run's workload, or NULL. */
 const kvr_study_agg_t *kvr__demo_virtual_agg(const kvr_demo_t *d, const char *policy);
+
+/* Step 1's limits of round_robin and kv_aware on the workload -> d->rates_s, rates_disp and
+ * rates_why: the rate the real run and its twin measure (demo_virtual.c). */
+void kvr__demo_pick_rates(kvr_demo_t *d);
+
+/* The 95% interval of the p99 of v[0..n-1] (sorted ascending; n > 0) by order statistics: the
+ * values of the ranks n*0.99 -/+ 1.96 sd of a binomial count, clamped to the sample. */
+void kvr__demo_p99_interval(const double *v, size_t n, double *lo, double *hi);
 
 /* The level of label at rate, added when add is true and it is new; NULL when full or absent. */
 kvr__demo_lvl_t *kvr__demo_level(kvr_demo_t *d, const char *label, double rate, bool add);

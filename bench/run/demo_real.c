@@ -25,6 +25,7 @@
 #include "demo_int.h"
 
 #include "base/kvr.h"
+#include "base/quantile.h"
 #include "bench_run.h"
 
 #include <curl/curl.h>
@@ -205,6 +206,30 @@ static void clear_results(const char *dir) {
   closedir(dp);
 }
 
+/* The 95% intervals of the level's TTFT and TPOT p99 over its measured requests. */
+static void real_intervals(kvr__demo_lvl_t *l, const kvr_level_t *lv) {
+  double *ttft = kvr_xmalloc((lv->nrecs + 1) * sizeof(double));
+  double *tpot = kvr_xmalloc((lv->nrecs + 1) * sizeof(double));
+  size_t nttft = 0, ntpot = 0;
+  for (size_t i = 0; i < lv->nrecs; i++) {
+    const kvr_req_rec_t *r = &lv->recs[i];
+    if (r->warmup || !r->ok)
+      continue;
+    if (r->ttft_ms >= 0)
+      ttft[nttft++] = r->ttft_ms;
+    if (r->tpot_ms >= 0)
+      tpot[ntpot++] = r->tpot_ms;
+  }
+  kvr_quantile_sort(ttft, nttft);
+  kvr_quantile_sort(tpot, ntpot);
+  if (nttft > 0)
+    kvr__demo_p99_interval(ttft, nttft, &l->real_ttft_lo, &l->real_ttft_hi);
+  if (ntpot > 0)
+    kvr__demo_p99_interval(tpot, ntpot, &l->real_tpot_lo, &l->real_tpot_hi);
+  free(ttft);
+  free(tpot);
+}
+
 /* One rate level of the real run into the demo's table: its p99s, verdict and turns. */
 static void real_level(kvr_demo_t *d, const kvr_run_t *run, const kvr_level_t *lv) {
   kvr__demo_lvl_t *l = kvr__demo_level(d, run->label, lv->rate, true);
@@ -228,6 +253,7 @@ static void real_level(kvr_demo_t *d, const kvr_run_t *run, const kvr_level_t *l
     l->real_later += r->turn >= 2;
     l->real_max_turn = r->turn > l->real_max_turn ? r->turn : l->real_max_turn;
   }
+  real_intervals(l, lv);
 }
 
 /* The real run's rate levels (a concurrency level has no rate to pair with its twin's). */

@@ -1,7 +1,8 @@
 /* test_demo_plan.c -- the demo's plan without a process (bench/run/demo_plan.c): the rules between
  * its options, the preflight of --ab and of the bench options after -- (through the bench's own
- * table and rules, one virtual request), and the bench command lines of the real run's twin, whose
- * own list options give way to the caller's. */
+ * table and rules, one virtual request), the bench command lines of the real run's twin, whose
+ * own list options give way to the caller's, the rate the real run takes from step 1's limits
+ * (demo_virtual.c), and the p99 interval of the agreement (demo_agree.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +16,7 @@
 #include "bench/run/demo.h"
 #include "bench/run/demo_int.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -106,7 +108,7 @@ static void test_twin_command_line(void **state) {
                             "multiturn --seed 42 --out results/demo/agreement-virtual --title "
                             "kvrouter demo: the real run's levels in virtual time "
                             "--multiturn-mode session --rates 5.25 --num-prompts 100 --warmup 0 "
-                            "--warmup-s 120 --min-level-s 30 --cooldown-s 10");
+                            "--warmup-s 120 --min-level-s 60 --cooldown-s 10");
   kvr_demo_free(d);
   /* The caller's --rates and --ab replace the demo's own: the demo leaves them out. */
   char *extra[] = {"--rates=6", "--ab", "round_robin,least_load"};
@@ -118,10 +120,61 @@ static void test_twin_command_line(void **state) {
   join(a, n, line, sizeof(line));
   assert_null(strstr(line, "--rates "));
   assert_null(strstr(line, "round_robin,kv_aware"));
-  assert_non_null(strstr(line, "--min-level-s 60 --cooldown-s 10 --rates=6 --ab "
+  assert_non_null(strstr(line, "--min-level-s 360 --cooldown-s 10 --rates=6 --ab "
                                "round_robin,least_load"));
   kvr_demo_free(d);
 }
 
+/* A run whose step 1 found these limits for round_robin and kv_aware (0: none). */
+static void expect_rates(bool quick, double rr, double kv, const char *rates, const char *shown,
+                         const char *why) {
+  kvr_demo_opts_t o;
+  kvr_demo_opts_default(&o);
+  o.quick = quick;
+  kvr_demo_t *d = NULL;
+  char err[256] = "";
+  assert_int_equal(kvr_demo_new(&o, &d, err, sizeof(err)), 0);
+  d->have_sum = true;
+  d->sum.scenarios[0] = "multiturn";
+  d->sum.nscenarios = 1;
+  d->sum.policies[0] = "round_robin";
+  d->sum.policies[1] = "kv_aware";
+  d->sum.npolicies = 2;
+  d->sum.agg[0][0] = (kvr_study_agg_t){.mean = rr, .min = rr, .max = rr, .n = 1};
+  d->sum.agg[0][1] = (kvr_study_agg_t){.mean = kv, .min = kv, .max = kv, .n = 1};
+  kvr__demo_pick_rates(d);
+  assert_string_equal(d->rates_s, rates);
+  assert_string_equal(d->rates_disp, shown);
+  assert_non_null(strstr(d->rates_why, why));
+  kvr_demo_free(d);
+}
+
+static void test_rates(void **state) {
+  (void)state;
+  /* --quick: halfway, where the 60 s verdicts differ by a margin; the full demo's 360 s levels a
+   * quarter of the way from the lower limit, where both queues hold still. */
+  expect_rates(true, 5.875, 8.217, "7.046", "7.05", "halfway between");
+  expect_rates(false, 5.875, 8.217, "6.4605", "6.46", "a quarter of the way");
+  expect_rates(false, 8, 4, "5", "5.00", "a quarter of the way"); /* either order */
+  expect_rates(false, 6, 6, "6", "6.00", "the virtual limit of both");
+  expect_rates(true, 0, 5.5, "5.5", "5.50", "the one virtual limit found");
+  expect_rates(false, 0, 0, "4", "4.00", "a fallback");
+}
+
+/* The 95% interval of a p99 by order statistics: ranks 99 -/+ 1.96 sd of a binomial count. */
+static void test_p99_interval(void **state) {
+  (void)state;
+  double v[1000], lo, hi;
+  for (int i = 0; i < 1000; i++)
+    v[i] = i + 1; /* the value of rank r is r */
+  kvr__demo_p99_interval(v, 1000, &lo, &hi);
+  assert_true(lo == 983 && hi == 997); /* 990 -/+ 6.17, outwards */
+  kvr__demo_p99_interval(v, 100, &lo, &hi);
+  assert_true(lo == 97 && hi == 100); /* clamped to the largest */
+  kvr__demo_p99_interval(v, 1, &lo, &hi);
+  assert_true(lo == 1 && hi == 1);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_rules), cmocka_unit_test(test_preflight),
-              cmocka_unit_test(test_twin_command_line))
+              cmocka_unit_test(test_twin_command_line), cmocka_unit_test(test_rates),
+              cmocka_unit_test(test_p99_interval))
