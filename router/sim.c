@@ -20,16 +20,41 @@
 
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <uv.h>
 
+#define SERVED_MAX 64 /* --served-model-name values kept */
+
 typedef struct sim_cli_s {
   kvr_sim_server_opts_t opts;
+  const char *served[SERVED_MAX]; /* --served-model-name words, into argv (every occurrence) */
+  size_t nserved;
   kvr_sim_calibrate_opts_t cal;
   bool print_costs, calibrate;
   kvr_log_level_t log_level;
   const char *kv_events_config; /* vLLM's --kv-events-config JSON, parsed by check() */
 } sim_cli_t;
+
+/* --served-model-name: each word after the flag is one name (argv is expanded first, see
+ * expand_nargs, which also counts the words of occurrences before the last: argparse keeps only
+ * the last occurrence's list, and kvr_sim_main drops the others). */
+static int set_served(const kvr_cli_opt_t *o, void *base, const char *text, unsigned nth, char *err,
+                      size_t errlen) {
+  sim_cli_t *cli = base;
+  (void)o;
+  (void)nth;
+  if (text[0] == '\0') {
+    snprintf(err, errlen, "a name must not be empty");
+    return KVR_EINVAL;
+  }
+  if (cli->nserved == SERVED_MAX) {
+    snprintf(err, errlen, "at most %d names", SERVED_MAX);
+    return KVR_EINVAL;
+  }
+  cli->served[cli->nserved++] = text;
+  return 0;
+}
 
 #define F(field) KVR_CLI_FIELD(sim_cli_t, field)
 #define E(field) F(opts.engine.field)
@@ -44,7 +69,14 @@ static const kvr_cli_opt_t options[] = {
      .help = "HOST:PORT to serve on; port 0 picks one"},
     {KVR_CLI_STR, "admin-listen", F(opts.admin_listen), .arg = "HOST:PORT",
      .help = "optional second HOST:PORT serving the same API, reachable during the refuse fault"},
-    {KVR_CLI_STR, "model", F(opts.model), .arg = "NAME", .help = "served model name"},
+    {KVR_CLI_STR, "model", F(opts.model), .arg = "NAME",
+     .help = "the model (vLLM's --model): its path is the root of the base model's cards, and its "
+             "name when --served-model-name is not given"},
+    {KVR_CLI_CUSTOM, "served-model-name", .arg = "NAME [NAME ...]", .parse = set_served,
+     .flags = KVR_CLI_NODEFAULT,
+     .help = "vLLM's flag: the names the base model is served under, each a card of "
+             "GET /v1/models and a name requests may give; the first is the replies' and the "
+             "metrics' model name (default: --model)"},
     {KVR_CLI_DOUBLE, "time-scale", F(opts.time_scale), .arg = "N", KVR_CLI_GT(0), KVR_CLI_MAX(1e6),
      .help = "run N times faster than real time; metrics report simulated time"},
     {KVR_CLI_UINT, "seed", F(opts.seed), .arg = "N",
@@ -142,8 +174,9 @@ static void print_banner(const sim_cli_t *cli, const kvr_sim_server_t *srv) {
   fprintf(stderr, "sim listening on %.*s:%d", hostlen, cli->opts.listen, kvr_sim_server_port(srv));
   if (kvr_sim_server_admin_port(srv) > 0)
     fprintf(stderr, " (admin port %d)", kvr_sim_server_admin_port(srv));
-  fprintf(stderr, " model=%s time_scale=%g num_gpu_blocks=%u\n", cli->opts.model,
-          cli->opts.time_scale, cli->opts.engine.num_gpu_blocks);
+  fprintf(stderr, " model=%s time_scale=%g num_gpu_blocks=%u\n",
+          cli->opts.nserved > 0 ? cli->opts.served_names[0] : cli->opts.model, cli->opts.time_scale,
+          cli->opts.engine.num_gpu_blocks);
 }
 
 /* Frees the server, closes what is left and the loop; returns the exit status. */
@@ -208,13 +241,56 @@ static int check(sim_cli_t *cli) {
   return 0;
 }
 
-int kvr_sim_main(int argc, char **argv) {
+/* vLLM's flags that take several words (argparse nargs '+': every word up to the next option) and
+ * its short spellings, rewritten into what the option engine reads: `--served-model-name a b`
+ * becomes `--served-model-name a --served-model-name b`. Returns a new argv (the caller frees the
+ * array, not the strings, which stay argv's) and its length in *n. */
+static const char *const nargs_flags[] = {"--served-model-name"};
+static const char *const short_flags[][2] = {{"-dp", "--data-parallel-size"},
+                                             {"-asc", "--api-server-count"}};
+
+static char **expand_nargs(int argc, char **argv, int *n, size_t *served_skip) {
+  char **out = kvr_xcalloc((size_t)argc * 2 + 1, sizeof(*out));
+  int k = 0;
+  size_t served_words = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *flag = argv[i];
+    for (size_t s = 0; s < KVR_ARRAY_SIZE(short_flags); s++) {
+      if (strcmp(argv[i], short_flags[s][0]) == 0)
+        flag = short_flags[s][1];
+    }
+    out[k++] = (char *)flag;
+    for (size_t f = 0; i > 0 && f < KVR_ARRAY_SIZE(nargs_flags); f++) {
+      if (strcmp(argv[i], nargs_flags[f]) != 0)
+        continue;
+      if (f == 0)
+        *served_skip = served_words;
+      for (int first = 1; i + 1 < argc && argv[i + 1][0] != '-'; first = 0) {
+        if (!first)
+          out[k++] = (char *)nargs_flags[f];
+        out[k++] = argv[++i];
+        served_words += f == 0;
+      }
+    }
+  }
+  *n = k;
+  return out;
+}
+
+int kvr_sim_main(int argc0, char **argv0) {
   sim_cli_t cli;
   memset(&cli, 0, sizeof(cli));
   kvr_sim_server_opts_default(&cli.opts);
   kvr_sim_calibrate_opts_default(&cli.cal);
   cli.log_level = KVR_LOG_INFO;
+  int argc;
+  size_t skip = 0;
+  char **argv = expand_nargs(argc0, argv0, &argc, &skip);
   int rc = kvr_cli_main(&sim_cmd, &cli, argc, argv, NULL);
+  free(argv);
+  skip = KVR_MIN(skip, cli.nserved);
+  cli.opts.served_names = cli.served + skip;
+  cli.opts.nserved = cli.nserved - skip;
   if (rc == KVR_CLI_CONTINUE && (rc = check(&cli)) == 0) {
     kvr_log_set_level(cli.log_level);
     cli.cal.seed = cli.opts.seed;

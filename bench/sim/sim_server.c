@@ -112,6 +112,8 @@ struct stream_s {
   kvr_buf_t text;       /* the answer so far, for non-streamed responses (and Responses streams) */
   kvr_buf_t echo;       /* "echo": text that goes out before the answer */
   kvr_sim_resp_t *resp; /* API_RESPONSES: the response (owned) */
+  char *model;          /* the reply's "model": the first served name or the adapter's (owned) */
+  int32_t lora;         /* index in srv->loras, -1: the base model */
   char id[48];
 };
 
@@ -125,9 +127,12 @@ typedef struct retire_s {
 struct kvr_sim_server_s {
   uv_loop_t *loop;
   kvr_sim_server_opts_t opts;
-  char *listen, *admin_listen, *model; /* owned copies of the opts strings */
-  char bound[160];                     /* main listener's "HOST:PORT" as bound, to listen again */
-  int port;                            /* its port, also while refusing */
+  char *listen, *admin_listen, *model; /* owned copies of the opts strings; model: --model */
+  char **names;                        /* the served names (owned), names[0] the reply's */
+  size_t nnames;
+  kvr_sim_models_t models; /* names, and the adapters' names (loras' own strings) */
+  char bound[160];         /* main listener's "HOST:PORT" as bound, to listen again */
+  int port;                /* its port, also while refusing */
   kvr_sim_engine_t *eng;
   kvr_http_limits_t limits;
   kvr_http_server_t *http, *admin;
@@ -309,6 +314,7 @@ static void stream_free_mem(stream_t *s) {
   kvr_buf_free(&s->text);
   kvr_buf_free(&s->echo);
   kvr_sim_resp_free(s->resp);
+  free(s->model);
   free(s);
 }
 
@@ -382,7 +388,6 @@ static void on_req_close(kvr_http_req_t *req) {
 
 /* The chat.completion / text_completion object of the whole answer (echo first). */
 static void full_completion(kvr_buf_t *b, const stream_t *s) {
-  kvr_sim_server_t *srv = s->srv;
   const char *fin = finish_name(s->stop_reason);
   kvr_buf_t all = KVR_BUF_INIT;
   kvr_buf_append(&all, s->echo.data, s->echo.len);
@@ -392,7 +397,7 @@ static void full_completion(kvr_buf_t *b, const stream_t *s) {
   kvr_buf_puts(b, s->id);
   kvr_buf_printf(b, "\",\"object\":\"%s\",\"created\":%lld,\"model\":",
                  s->chat ? "chat.completion" : "text_completion", (long long)time(NULL));
-  kvr_buf_json_str(b, srv->model, strlen(srv->model));
+  kvr_buf_json_str(b, s->model, strlen(s->model));
   if (s->chat) {
     kvr_buf_puts(b, ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
     kvr_buf_json_str(b, all.data ? all.data : "", all.len);
@@ -456,7 +461,7 @@ static void respond_full(stream_t *s) {
     responses_store(s);
   } else if (s->api == API_MESSAGES) {
     kvr_sim_msg_usage_t u = msg_usage(s);
-    kvr_sim_anthropic_reply(b, s->id, srv->model, s->text.data, s->text.len,
+    kvr_sim_anthropic_reply(b, s->id, s->model, s->text.data, s->text.len,
                             s->stop_reason == KVR_SIM_FINISH_LENGTH, &u);
   } else {
     full_completion(b, s);
@@ -499,7 +504,6 @@ static void emit_completion(kvr_buf_t *b, stream_t *s, const char *word, bool fi
 /* The same for the Responses and Messages streams (their events, sim_responses.h and
  * sim_anthropic.h). */
 static void emit_events(kvr_buf_t *b, stream_t *s, const char *word, bool first, bool final) {
-  kvr_sim_server_t *srv = s->srv;
   if (s->api == API_RESPONSES) {
     kvr_sim_resp_ev_token(b, s->resp, word, KVR_SIM_TOKEN_BYTES);
     if (final) {
@@ -510,7 +514,7 @@ static void emit_events(kvr_buf_t *b, stream_t *s, const char *word, bool first,
     return;
   }
   if (first)
-    kvr_sim_anthropic_ev_start(b, s->id, srv->model, s->prompt_tokens);
+    kvr_sim_anthropic_ev_start(b, s->id, s->model, s->prompt_tokens);
   kvr_sim_anthropic_ev_delta(b, word, KVR_SIM_TOKEN_BYTES);
   if (final) {
     kvr_sim_msg_usage_t u = msg_usage(s);
@@ -734,20 +738,31 @@ static int get_bool(const cJSON *obj, const char *name, bool *out, char *err, si
   return 1;
 }
 
-/* "model": absent, null, or the served name; another name is vLLM's 404. */
-static int parse_model(const cJSON *body, const char *served, char *err, size_t errlen) {
+/* "model": absent or null (the base model), a served name, or an adapter's name (*lora its
+ * index, else -1); another name is vLLM's 404 (OpenAIServing._check_model: the base model paths'
+ * names, then the LoRA requests' lora_name, vllm/entrypoints/openai/engine/serving.py). */
+static int parse_model(const cJSON *body, const kvr_sim_models_t *m, int32_t *lora, char *err,
+                       size_t errlen) {
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(body, "model");
+  *lora = -1;
   if (model == NULL || cJSON_IsNull(model))
     return 0;
   if (!cJSON_IsString(model)) {
     snprintf(err, errlen, "model: Input should be a valid string");
     return 400;
   }
-  if (strcmp(model->valuestring, served) != 0) {
-    snprintf(err, errlen, "The model `%.200s` does not exist.", model->valuestring);
-    return 404;
+  for (size_t i = 0; i < m->nnames; i++) {
+    if (strcmp(model->valuestring, m->names[i]) == 0)
+      return 0;
   }
-  return 0;
+  for (size_t i = 0; i < m->nloras; i++) {
+    if (strcmp(model->valuestring, m->loras[i]) == 0) {
+      *lora = (int32_t)i;
+      return 0;
+    }
+  }
+  snprintf(err, errlen, "The model `%.200s` does not exist.", model->valuestring);
+  return 404;
 }
 
 /* "stream", "ignore_eos", and "stream_options" (allowed with stream=true only). */
@@ -945,7 +960,15 @@ static int parse_render_flags(const cJSON *body, bool chat, kvr_sim_completion_t
 int kvr_sim_server_parse_completion_ex(const cJSON *body, bool chat, const char *model,
                                        uint32_t max_model_len, kvr_sim_completion_t *p,
                                        kvr_sim_err_t *e) {
+  kvr_sim_models_t m = {.names = &model, .nnames = 1};
+  return kvr_sim_server_parse_completion_in(body, chat, &m, max_model_len, p, e);
+}
+
+int kvr_sim_server_parse_completion_in(const cJSON *body, bool chat, const kvr_sim_models_t *models,
+                                       uint32_t max_model_len, kvr_sim_completion_t *p,
+                                       kvr_sim_err_t *e) {
   memset(p, 0, sizeof(*p));
+  p->lora = -1;
   p->max_tokens = -1;
   char *err = e->message;
   size_t errlen = sizeof(e->message);
@@ -953,7 +976,7 @@ int kvr_sim_server_parse_completion_ex(const cJSON *body, bool chat, const char 
   int status = parse_validators(body, chat, p, e);
   if (status != 0)
     return status;
-  status = parse_model(body, model, err, errlen);
+  status = parse_model(body, models, &p->lora, err, errlen);
   if (status == 404)
     return kvr_sim_err_kind(e, 404, KVR_SIM_ERR_NOT_FOUND, "model");
   if (status == 0)
@@ -1041,7 +1064,7 @@ static cJSON *read_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool c
     respond_error(req, &e, false);
     return NULL;
   }
-  int status = kvr_sim_server_parse_completion_ex(body, chat, srv->model,
+  int status = kvr_sim_server_parse_completion_in(body, chat, &srv->models,
                                                   srv->opts.engine.max_model_len, p, &e);
   if (status != 0 || fault_fails(srv, req, false)) {
     if (status != 0)
@@ -1121,7 +1144,7 @@ static void stream_name(stream_t *s) {
   kvr_buf_printf(&s->prefix,
                  "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":", s->id,
                  s->chat ? "chat.completion.chunk" : "text_completion", (long long)time(NULL));
-  kvr_buf_json_str(&s->prefix, srv->model, strlen(srv->model));
+  kvr_buf_json_str(&s->prefix, s->model, strlen(s->model));
   kvr_buf_puts(&s->prefix, ",");
 }
 
@@ -1137,6 +1160,10 @@ static stream_t *stream_new(kvr_sim_server_t *srv, kvr_http_req_t *req, api_t ap
   s->chat = api == API_CHAT || api == API_MESSAGES;
   s->stream = p->stream;
   s->detached = req == NULL;
+  s->lora = p->lora;
+  /* the reply's model: the adapter's name, else the first served name (OpenAIServingModels
+   * .model_name(lora_request), vllm/entrypoints/openai/models/serving.py) */
+  s->model = kvr_xstrdup(p->lora >= 0 ? srv->models.loras[p->lora] : srv->names[0]);
   /* vLLM's should_include_usage(): the server's --enable-force-include-usage adds the final usage
    * chunk to every stream; per-chunk usage needs the final one too. */
   bool completion = api == API_CHAT || api == API_COMPLETIONS;
@@ -1238,10 +1265,11 @@ static void handle_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool c
 
 /* ---- the Responses API (sim_responses.h; vllm/entrypoints/openai/responses/serving.py) ---- */
 
-/* vLLM's _check_model: absent or null, or the served name; else 404 NotFoundError. */
-static int check_model(kvr_sim_server_t *srv, const cJSON *body, kvr_sim_err_t *e) {
+/* vLLM's _check_model: absent or null, a served name or an adapter (*lora); else 404
+ * NotFoundError. */
+static int check_model(kvr_sim_server_t *srv, const cJSON *body, int32_t *lora, kvr_sim_err_t *e) {
   char err[300];
-  int status = parse_model(body, srv->model, err, sizeof(err));
+  int status = parse_model(body, &srv->models, lora, err, sizeof(err));
   if (status != 0)
     return kvr_sim_err(e, status, status == 404 ? KVR_SIM_ERR_NOT_FOUND : KVR_SIM_ERR_VALIDATION,
                        "model", "%s", err);
@@ -1258,7 +1286,8 @@ static int not_found(kvr_sim_err_t *e, const char *id) {
  * continued) and its length. Fills *messages (owned by the caller) and p. 0 or the status. */
 static int responses_prepare(kvr_sim_server_t *srv, kvr_sim_resp_req_t *rq, cJSON **messages,
                              kvr_sim_completion_t *p, kvr_sim_err_t *e) {
-  int rc = check_model(srv, rq->body, e);
+  int32_t lora;
+  int rc = check_model(srv, rq->body, &lora, e);
   if (rc != 0)
     return rc;
   if (rq->store && !srv->store_enabled && rq->background)
@@ -1280,6 +1309,7 @@ static int responses_prepare(kvr_sim_server_t *srv, kvr_sim_resp_req_t *rq, cJSO
   if (rc != 0)
     return rc;
   memset(p, 0, sizeof(*p));
+  p->lora = lora;
   kvr_sim_render_t r = {.generation_prompt = !cont, .continue_final = cont};
   if (kvr_sim_server_chat_prompt(*messages, &r, p, e->message, sizeof(e->message)) != 0)
     return kvr_sim_err_kind(e, 400, KVR_SIM_ERR_BAD_REQUEST, NULL);
@@ -1408,7 +1438,8 @@ static void handle_responses(kvr_http_req_t *req, void *data, const char *tail) 
   random_hex(srv, id + 5);
   memcpy(id, "resp_", 5);
   random_hex(srv, item);
-  kvr_sim_resp_t *r = kvr_sim_resp_new(&rq, rq.request_id ? rq.request_id : id, item, srv->model,
+  const char *model = p.lora >= 0 ? srv->models.loras[p.lora] : srv->names[0];
+  kvr_sim_resp_t *r = kvr_sim_resp_new(&rq, rq.request_id ? rq.request_id : id, item, model,
                                        (long long)time(NULL), p.max_tokens, messages);
   r->store = rq.store;
   if (rq.background) {
@@ -1551,13 +1582,14 @@ static int messages_prepare(kvr_sim_server_t *srv, kvr_http_req_t *req, bool cou
                             kvr_sim_completion_t *p, kvr_sim_msg_req_t *mq, bool *anthropic,
                             kvr_sim_err_t *e) {
   memset(p, 0, sizeof(*p));
+  p->lora = -1;
   memset(mq, 0, sizeof(*mq));
   *anthropic = false;
   cJSON *body = read_json(req, true, e);
   int rc = body ? kvr_sim_anthropic_read(body, count, mq, e) : 400;
   if (rc == 0) {
     *anthropic = true;
-    rc = check_model(srv, body, e);
+    rc = check_model(srv, body, &p->lora, e);
   }
   if (rc == 0) {
     kvr_sim_render_t r = {.generation_prompt = true};
@@ -1619,24 +1651,49 @@ static void handle_count_tokens(kvr_http_req_t *req, void *data, const char *tai
 
 /* ---- other endpoints ---- */
 
+/* One card of GET /v1/models (vLLM's ModelCard, vllm/entrypoints/openai/engine/protocol.py: every
+ * field, nulls written): parent NULL is null, max_len 0 is null (an adapter's card). */
+static void model_card(kvr_buf_t *b, const char *id, const char *root, const char *parent,
+                       uint32_t max_len, long long created) {
+  kvr_buf_puts(b, "{\"id\":");
+  kvr_buf_json_str(b, id, strlen(id));
+  kvr_buf_printf(b,
+                 ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"vllm\",\"root\":", created);
+  kvr_buf_json_str(b, root, strlen(root));
+  kvr_buf_puts(b, ",\"parent\":");
+  if (parent != NULL)
+    kvr_buf_json_str(b, parent, strlen(parent));
+  else
+    kvr_buf_puts(b, "null");
+  if (max_len > 0)
+    kvr_buf_printf(b, ",\"max_model_len\":%u", max_len);
+  else
+    kvr_buf_puts(b, ",\"max_model_len\":null");
+  kvr_buf_printf(b,
+                 ",\"permission\":[{\"id\":\"modelperm-sim\",\"object\":\"model_permission\","
+                 "\"created\":%lld,\"allow_create_engine\":false,\"allow_sampling\":true,"
+                 "\"allow_logprobs\":true,\"allow_search_indices\":false,\"allow_view\":true,"
+                 "\"allow_fine_tuning\":false,\"organization\":\"*\",\"group\":null,"
+                 "\"is_blocking\":false}]}",
+                 created);
+}
+
+/* GET /v1/models, as OpenAIServingModels.show_available_models: one base card per served name
+ * (root --model, parent null, max_model_len), then one per LoRA adapter (root its path, parent
+ * its base model name, max_model_len null). */
 static void handle_models(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_sim_server_t *srv = data;
   (void)tail;
   kvr_buf_t *b = &srv->scratch;
   kvr_buf_reset(b);
   long long created = (long long)time(NULL);
-  kvr_buf_puts(b, "{\"object\":\"list\",\"data\":[{\"id\":");
-  kvr_buf_json_str(b, srv->model, strlen(srv->model));
-  kvr_buf_printf(b,
-                 ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"vllm\",\"root\":", created);
-  kvr_buf_json_str(b, srv->model, strlen(srv->model));
-  kvr_buf_printf(b,
-                 ",\"parent\":null,\"max_model_len\":%u,\"permission\":[{\"id\":\"modelperm-sim\","
-                 "\"object\":\"model_permission\",\"created\":%lld,\"allow_create_engine\":false,"
-                 "\"allow_sampling\":true,\"allow_logprobs\":true,\"allow_search_indices\":false,"
-                 "\"allow_view\":true,\"allow_fine_tuning\":false,\"organization\":\"*\","
-                 "\"group\":null,\"is_blocking\":false}]}]}",
-                 srv->opts.engine.max_model_len, created);
+  kvr_buf_puts(b, "{\"object\":\"list\",\"data\":[");
+  for (size_t i = 0; i < srv->nnames; i++) {
+    if (i > 0)
+      kvr_buf_puts(b, ",");
+    model_card(b, srv->names[i], srv->model, NULL, srv->opts.engine.max_model_len, created);
+  }
+  kvr_buf_puts(b, "]}");
   kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
 }
 
@@ -1658,7 +1715,8 @@ static void handle_tokenize(kvr_http_req_t *req, void *data, const char *tail) {
   }
   kvr_sim_completion_t p;
   memset(&p, 0, sizeof(p));
-  int status = parse_model(body, srv->model, err, sizeof(err));
+  int32_t lora;
+  int status = parse_model(body, &srv->models, &lora, err, sizeof(err));
   const cJSON *messages = cJSON_GetObjectItemCaseSensitive(body, "messages");
   const cJSON *gen = cJSON_GetObjectItemCaseSensitive(body, "add_generation_prompt");
   const cJSON *special = cJSON_GetObjectItemCaseSensitive(body, "add_special_tokens");
@@ -1793,7 +1851,7 @@ static void handle_metrics(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_sim_engine_stats(srv->eng, &st);
   kvr_buf_t labels = KVR_BUF_INIT, l2 = KVR_BUF_INIT;
   kvr_buf_puts(&labels, "engine=\"0\",model_name=\"");
-  kvr_metric_escape(&labels, srv->model);
+  kvr_metric_escape(&labels, srv->names[0]);
   kvr_buf_puts(&labels, "\"");
   kvr_buf_t *b = &srv->scratch;
   kvr_buf_reset(b);
@@ -2009,6 +2067,12 @@ static bool store_env(const char *v) {
   return *end == '\0' && n != 0;
 }
 
+static void names_free(kvr_sim_server_t *srv) {
+  for (size_t i = 0; i < srv->nnames; i++)
+    free(srv->names[i]);
+  free(srv->names);
+}
+
 kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_t *opts, char *err,
                                      size_t errlen) {
   if (!(opts->time_scale > 0) || opts->time_scale > 1e6) {
@@ -2043,6 +2107,15 @@ kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_
   srv->opts.listen = srv->listen;
   srv->opts.admin_listen = srv->admin_listen;
   srv->opts.model = srv->model;
+  /* vLLM: served_model_name defaults to the model (vllm/config/model.py) */
+  srv->nnames = opts->nserved > 0 ? opts->nserved : 1;
+  srv->names = kvr_xcalloc(srv->nnames, sizeof(*srv->names));
+  for (size_t i = 0; i < srv->nnames; i++)
+    srv->names[i] = kvr_xstrdup(opts->nserved > 0 ? opts->served_names[i] : opts->model);
+  srv->opts.served_names = (const char *const *)srv->names;
+  srv->opts.nserved = srv->nnames;
+  srv->models.names = (const char *const *)srv->names;
+  srv->models.nnames = srv->nnames;
   kvr_http_limits_default(&srv->limits);
   srv->limits.max_body = 64 * 1024 * 1024;
   kvr_hist_init(&srv->ttft, ttft_buckets, KVR_ARRAY_SIZE(ttft_buckets));
@@ -2057,6 +2130,7 @@ kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_
     free(srv->listen);
     free(srv->admin_listen);
     free(srv->model);
+    names_free(srv);
     free(srv);
     return NULL;
   }
@@ -2175,6 +2249,7 @@ void kvr_sim_server_free(kvr_sim_server_t *srv) {
   free(srv->listen);
   free(srv->admin_listen);
   free(srv->model);
+  names_free(srv);
   kvr_buf_free(&srv->scratch);
   free(srv);
 }

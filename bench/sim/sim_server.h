@@ -68,7 +68,12 @@ typedef struct kvr_sim_server_opts_s {
   kvr_sim_config_t engine;
   const char *listen;       /* "HOST:PORT"; default 127.0.0.1:8000 */
   const char *admin_listen; /* optional second listener (same API), reachable while refusing */
-  const char *model;        /* served model name */
+  const char *model;        /* vLLM's --model: the base model's path, root of its cards */
+  /* vLLM's --served-model-name NAME [NAME ...] (vllm/entrypoints/openai/cli_args.py, nargs '+'):
+   * the base model's names, every one a card of GET /v1/models and a name requests may give; the
+   * first is the reply's and the metrics' model_name. NULL (nserved 0): model alone, as vLLM. */
+  const char *const *served_names;
+  size_t nserved;
   double time_scale;        /* > 0; simulated durations are divided by it */
   uint64_t seed;            /* seeds generated text and the error-rate coin */
   uint32_t output_len_mean; /* natural answer length (EOS) when ignore_eos is off; 0 = never EOS */
@@ -113,7 +118,18 @@ typedef struct kvr_sim_completion_s {
    * content and the tokens of that content. */
   uint32_t turn_prefix, gen_offset;
   const char *salt; /* "cache_salt": borrowed from the body (valid while it is), NULL: none */
+  int32_t lora;     /* the model named a LoRA adapter: its index in kvr_sim_models_t.loras; -1 */
 } kvr_sim_completion_t;
+
+/* The names a worker answers to, as vLLM's OpenAIServingModels holds them
+ * (vllm/entrypoints/openai/models/serving.py): the base model's served names (the first is the
+ * base model's reply name) and the LoRA adapters' names. */
+typedef struct kvr_sim_models_s {
+  const char *const *names;
+  size_t nnames; /* >= 1 */
+  const char *const *loras;
+  size_t nloras;
+} kvr_sim_models_t;
 
 /* Reads body, the JSON object of POST /v1/chat/completions (chat) or POST /v1/completions, as
  * vLLM's OpenAI server does for a worker serving model with max_model_len tokens of context. Pure:
@@ -128,6 +144,12 @@ int kvr_sim_server_parse_completion(const cJSON *body, bool chat, const char *mo
  * Request"), continue_final_message with the default add_generation_prompt is transformers'
  * "not compatible" 400 (BadRequestError); an empty or non-string cache_salt is a 400. */
 int kvr_sim_server_parse_completion_ex(const cJSON *body, bool chat, const char *model,
+                                       uint32_t max_model_len, kvr_sim_completion_t *p,
+                                       kvr_sim_err_t *e);
+
+/* The same for a worker answering to every name in models: "model" may be any served name or
+ * adapter (p->lora says which adapter); another is vLLM's 404 model-not-found. */
+int kvr_sim_server_parse_completion_in(const cJSON *body, bool chat, const kvr_sim_models_t *models,
                                        uint32_t max_model_len, kvr_sim_completion_t *p,
                                        kvr_sim_err_t *e);
 

@@ -313,6 +313,44 @@ static void test_errors_ex(void **state) {
   cJSON_Delete(body);
 }
 
+/* A worker answering to several names (--served-model-name, LoRA adapters): any of them is
+ * accepted, an adapter's index is in p.lora (-1 for the base model), the --model path or another
+ * name is vLLM's 404. */
+static void test_model_names(void **state) {
+  (void)state;
+  static const char *const names[] = {"llama", "chat-small"};
+  static const char *const loras[] = {"sql-lora", "fr-lora"};
+  kvr_sim_models_t m = {.names = names, .nnames = 2, .loras = loras, .nloras = 2};
+  static const struct {
+    const char *model;
+    int status;
+    int32_t lora;
+  } cases[] = {{"llama", 0, -1},   {"chat-small", 0, -1}, {"fr-lora", 0, 1},
+               {"sql-lora", 0, 0}, {MODEL, 404, -1},      {"Llama", 404, -1}};
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    char json[256];
+    snprintf(json, sizeof(json), "{\"prompt\":\"x\",\"model\":\"%s\"}", cases[i].model);
+    cJSON *body = cJSON_Parse(json);
+    kvr_sim_completion_t p;
+    kvr_sim_err_t e;
+    int rc = kvr_sim_server_parse_completion_in(body, false, &m, MAX_LEN, &p, &e);
+    if (rc != cases[i].status || p.lora != cases[i].lora)
+      fail_msg("%s: got %d lora %d (%s)", cases[i].model, rc, (int)p.lora, e.message);
+    if (rc == 404)
+      assert_string_equal(e.type, "NotFoundError");
+    kvr_sim_toks_free(&p.prompt);
+    cJSON_Delete(body);
+  }
+  /* no model: the base model */
+  cJSON *body = cJSON_Parse("{\"prompt\":\"x\"}");
+  kvr_sim_completion_t p;
+  kvr_sim_err_t e;
+  assert_int_equal(kvr_sim_server_parse_completion_in(body, false, &m, MAX_LEN, &p, &e), 0);
+  assert_int_equal(p.lora, -1);
+  kvr_sim_toks_free(&p.prompt);
+  cJSON_Delete(body);
+}
+
 /* The chat body of messages + (when k > 0) the first k words of answer as a continued final
  * assistant message. */
 static void continued_body(kvr_buf_t *b, const char *user, const char *answer, uint32_t k,
@@ -376,4 +414,5 @@ static void test_continuation(void **state) {
 KVR_TEST_MAIN(cmocka_unit_test(test_chat_defaults), cmocka_unit_test(test_chat_fields),
               cmocka_unit_test(test_completions_prompts), cmocka_unit_test(test_errors),
               cmocka_unit_test(test_context_length), cmocka_unit_test(test_answer),
-              cmocka_unit_test(test_errors_ex), cmocka_unit_test(test_continuation))
+              cmocka_unit_test(test_errors_ex), cmocka_unit_test(test_continuation),
+              cmocka_unit_test(test_model_names))
