@@ -189,3 +189,38 @@ void kvr_procs_stop_all(kvr_proc_t *procs, size_t n, double grace_ms) {
       procs[i].pid = 0;
     }
 }
+
+int kvr_procs_cpu(pid_t pid, double *run_s, double *wait_s) {
+  char path[64];
+  if (pid > 0)
+    snprintf(path, sizeof(path), "/proc/%ld/schedstat", (long)pid);
+  else
+    snprintf(path, sizeof(path), "/proc/self/schedstat");
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return -1;
+  unsigned long long run = 0, wait = 0;
+  int n = fscanf(f, "%llu %llu", &run, &wait);
+  fclose(f);
+  if (n != 2)
+    return -1;
+  *run_s = (double)run / 1e9;
+  *wait_s = (double)wait / 1e9;
+  return 0;
+}
+
+int kvr_procs_machine_busy(double *busy_s) {
+  FILE *f = fopen("/proc/stat", "r");
+  if (f == NULL)
+    return -1;
+  /* cpu user nice system idle iowait irq softirq steal (guest time is inside user) */
+  unsigned long long v[8] = {0};
+  int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+                 &v[4], &v[5], &v[6], &v[7]);
+  fclose(f);
+  long hz = sysconf(_SC_CLK_TCK);
+  if (n != 8 || hz <= 0)
+    return -1;
+  *busy_s = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / (double)hz;
+  return 0;
+}

@@ -55,6 +55,16 @@ kvr_procs_wait_t kvr_procs_wait_line(kvr_proc_t *p, const char *log_path, const 
  * Returns how many were read. */
 size_t kvr_procs_ports(const char *line, const char *key, int *ports, size_t max);
 
+/* The CPU time of process pid (0: this process) so far, from /proc/PID/schedstat (Linux: the
+ * scheduler's own accounting, its main thread): *run_s on a core, *wait_s runnable but waiting for
+ * one. Returns 0, or -1 when the file cannot be read (no such process, a kernel without
+ * schedstats). */
+int kvr_procs_cpu(pid_t pid, double *run_s, double *wait_s);
+
+/* The CPU time the whole machine has been busy so far, over all its cores (/proc/stat's first
+ * line: every state but idle and iowait), in seconds. Returns 0, or -1 when unreadable. */
+int kvr_procs_machine_busy(double *busy_s);
+
 /* Sends SIGTERM to every running child, SIGKILL to whatever is left after grace_ms, and reaps
  * them all: every pid is 0 on return. */
 void kvr_procs_stop_all(kvr_proc_t *procs, size_t n, double grace_ms);

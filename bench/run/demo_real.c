@@ -7,8 +7,9 @@
  * each /health -> the bench's command
  * line (kvr__demo_bench_args) run in this process by kvr_bench_run_argv() at the rates step 1
  * picked (no search: too slow in real time), its summary into OUT/real/bench-summary.txt, its
- * report into OUT/real/, its results kept in memory -> every child stopped by PID (SIGTERM, SIGKILL
- * after a grace period, reaped) -> the levels into the demo's table (real_levels).
+ * report into OUT/real/, its results kept in memory -> the CPU every process ran and waited for
+ * (kvr_procs_cpu: a warning when the step shared the cores) -> every child stopped by PID (SIGTERM,
+ * SIGKILL after a grace period, reaped) -> the levels into the demo's table (real_levels).
  *
  * Scrape interval: both sides see the same simulated interval, the one of a real deployment. The
  * virtual cluster scrapes at `kvrouter serve`'s defaults (every 1 s, stale after 5 s, simulated);
@@ -206,8 +207,8 @@ static void clear_results(const char *dir) {
   closedir(dp);
 }
 
-/* The 95% intervals of the level's TTFT and TPOT p99 over its measured requests. */
-static void real_intervals(kvr__demo_lvl_t *l, const kvr_level_t *lv) {
+/* The 95% intervals of the level's TTFT and TPOT at quantile q over its measured requests. */
+static void real_intervals(kvr__demo_lvl_t *l, const kvr_level_t *lv, double q) {
   double *ttft = kvr_xmalloc((lv->nrecs + 1) * sizeof(double));
   double *tpot = kvr_xmalloc((lv->nrecs + 1) * sizeof(double));
   size_t nttft = 0, ntpot = 0;
@@ -223,22 +224,22 @@ static void real_intervals(kvr__demo_lvl_t *l, const kvr_level_t *lv) {
   kvr_quantile_sort(ttft, nttft);
   kvr_quantile_sort(tpot, ntpot);
   if (nttft > 0)
-    kvr__demo_p99_interval(ttft, nttft, &l->real_ttft_lo, &l->real_ttft_hi);
+    kvr__demo_q_interval(ttft, nttft, q, &l->real_ttft_lo, &l->real_ttft_hi);
   if (ntpot > 0)
-    kvr__demo_p99_interval(tpot, ntpot, &l->real_tpot_lo, &l->real_tpot_hi);
+    kvr__demo_q_interval(tpot, ntpot, q, &l->real_tpot_lo, &l->real_tpot_hi);
   free(ttft);
   free(tpot);
 }
 
-/* One rate level of the real run into the demo's table: its p99s, verdict and turns. */
+/* One rate level of the real run into the demo's table: its agreement quantiles, verdict, turns. */
 static void real_level(kvr_demo_t *d, const kvr_run_t *run, const kvr_level_t *lv) {
   kvr__demo_lvl_t *l = kvr__demo_level(d, run->label, lv->rate, true);
   if (l == NULL)
     return;
   l->real = true;
   snprintf(l->policy, sizeof(l->policy), "%s", run->policy);
-  l->real_ttft = lv->ttft.p99;
-  l->real_tpot = lv->tpot.p99;
+  l->real_ttft = kvr__demo_stat_at(&lv->ttft, kvr__demo_agree_q(d, NULL));
+  l->real_tpot = kvr__demo_stat_at(&lv->tpot, kvr__demo_agree_q(d, NULL));
   l->real_pass = lv->pass;
   l->real_interrupted = lv->interrupted;
   char failing[40] = "";
@@ -253,7 +254,7 @@ static void real_level(kvr_demo_t *d, const kvr_run_t *run, const kvr_level_t *l
     l->real_later += r->turn >= 2;
     l->real_max_turn = r->turn > l->real_max_turn ? r->turn : l->real_max_turn;
   }
-  real_intervals(l, lv);
+  real_intervals(l, lv, kvr__demo_agree_q(d, NULL));
 }
 
 /* The real run's rate levels (a concurrency level has no rate to pair with its twin's). */
@@ -288,6 +289,38 @@ static int run_bench(kvr_demo_t *d, volatile sig_atomic_t *stop) {
   return *stop && rc == 0 ? 130 : rc;
 }
 
+/* CPU so far: the machine's busy time, and this process's and every child's time on a core and
+ * waiting for one; false when some figure cannot be read. */
+static bool cpu_now(const kvr_demo_t *d, double *busy, double *run, double *wait) {
+  double r, w;
+  if (kvr_procs_machine_busy(busy) != 0 || kvr_procs_cpu(0, run, wait) != 0)
+    return false;
+  for (size_t i = 0; i < d->nkids; i++) {
+    if (d->kids[i].pid <= 0 || kvr_procs_cpu(d->kids[i].pid, &r, &w) != 0)
+      return false;
+    *run += r, *wait += w;
+  }
+  return true;
+}
+
+void kvr__demo_cpu_note(const kvr_demo_t *d, kvr_buf_t *b) {
+  double all = d->cpu_run_s + d->cpu_wait_s;
+  if (!d->cpu_known || all <= 0 || d->cpu_wall_s <= 0)
+    return;
+  double others = fmax(0, d->cpu_busy_s - d->cpu_run_s) / d->cpu_wall_s;
+  kvr_buf_printf(b,
+                 "Over the A/B's %.0f s the demo's processes ran %.1f s on a core and waited %.1f "
+                 "s for one (%.0f%% of their runnable time); the machine's other work used %.2f "
+                 "cores on average (/proc/PID/schedstat, /proc/stat).\n",
+                 d->cpu_wall_s, d->cpu_run_s, d->cpu_wait_s, d->cpu_wait_s / all * 100, others);
+  if (d->cpu_wait_s / all > KVR__DEMO_CPU_WAIT_WARN)
+    kvr_buf_printf(b,
+                   "Warning: they waited over %.0f%%: other work shared the cores, real latencies "
+                   "include the waits, and real and virtual time need not agree; run the demo on "
+                   "cores it has to itself.\n",
+                   KVR__DEMO_CPU_WAIT_WARN * 100);
+}
+
 /* The step's header: the policies, the workload and the load. */
 static void print_header(const kvr_demo_t *d) {
   char abv[512] = "the caller's policies";
@@ -310,12 +343,27 @@ int kvr_demo_real(kvr_demo_t *d, const char *exe, volatile sig_atomic_t *stop) {
   double t1 = kvr__demo_now();
   curl_global_init(CURL_GLOBAL_DEFAULT);
   int rc = start_all(d, exe, stop);
-  if (rc == 0 && !*stop)
+  double busy0 = 0, run0 = 0, wait0 = 0, wall0 = kvr__demo_now();
+  bool cpu0 = false;
+  if (rc == 0 && !*stop) {
+    cpu0 = cpu_now(d, &busy0, &run0, &wait0);
     rc = run_bench(d, stop);
+  }
+  double busy1, run1, wait1;
+  d->cpu_known = cpu0 && cpu_now(d, &busy1, &run1, &wait1);
+  if (d->cpu_known) {
+    d->cpu_busy_s = busy1 - busy0, d->cpu_run_s = run1 - run0, d->cpu_wait_s = wait1 - wait0;
+    d->cpu_wall_s = kvr__demo_now() - wall0;
+  }
   fprintf(stderr, "kvrouter demo: stopping %zu processes\n", d->nkids);
   kvr_procs_stop_all(d->kids, d->nkids, STOP_GRACE_MS);
   if (*stop && rc == 0)
     rc = 130;
   printf("Step 2 took %.0f s; its report: %s/report.md\n", kvr__demo_now() - t1, d->real_out);
+  kvr_buf_t note = KVR_BUF_INIT;
+  kvr__demo_cpu_note(d, &note);
+  if (note.len)
+    fputs(note.data, stdout);
+  kvr_buf_free(&note);
   return rc;
 }

@@ -2,7 +2,7 @@
  * (many children started at once, each binding port 0, every port read back distinct and
  * listening; lines still being written, children that exit first), health polls (healthy, exited,
  * timed out, interrupted), and stop by PID (SIGTERM, then SIGKILL after the grace period for a
- * child that ignores it), every child reaped.
+ * child that ignores it), every child reaped; the CPU a process ran and waited for (schedstat).
  *
  * The listening children are this test binary run again with --listen-child (main below): it
  * binds 127.0.0.1 port 0, logs "child listening on 127.0.0.1:PORT" as `kvrouter sim` does, then
@@ -254,6 +254,35 @@ static void test_healthy(void **state) {
   assert_int_equal(p.pid, 0);
 }
 
+/* kvr_procs_cpu: this process's run time grows with work done; a child's is read by PID; a PID
+ * that is gone is -1. kvr_procs_machine_busy reads and does not go back. */
+static void test_cpu(void **state) {
+  (void)state;
+  double run0, wait0, run1, wait1, busy0, busy1;
+  assert_int_equal(kvr_procs_machine_busy(&busy0), 0);
+  assert_int_equal(kvr_procs_cpu(0, &run0, &wait0), 0);
+  volatile uint64_t x = 1;
+  for (uint64_t i = 0; i < 50000000u; i++) /* about 50 ms of work, bounded */
+    x = x * 6364136223846793005u + i;
+  assert_int_equal(kvr_procs_cpu(0, &run1, &wait1), 0);
+  assert_true(run1 > run0);
+  assert_int_equal(kvr_procs_machine_busy(&busy1), 0);
+  assert_true(busy1 >= busy0 && busy0 > 0); /* the machine was busy at least while we were */
+  assert_true(wait0 >= 0 && wait1 >= wait0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    pause();
+    _exit(0);
+  }
+  double run, wait;
+  assert_int_equal(kvr_procs_cpu(pid, &run, &wait), 0);
+  assert_true(run >= 0 && wait >= 0);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  assert_int_equal(kvr_procs_cpu(pid, &run, &wait), -1); /* reaped: no /proc entry */
+}
+
 int main(int argc, char **argv) {
   if (argc == 2 && strcmp(argv[1], "--listen-child") == 0)
     return listen_child();
@@ -265,6 +294,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_timeout_interrupt_and_stop),
       cmocka_unit_test(test_sigkill_after_grace),
       cmocka_unit_test(test_healthy),
+      cmocka_unit_test(test_cpu),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -161,20 +161,66 @@ static void test_rates(void **state) {
   expect_rates(false, 0, 0, "4", "4.00", "a fallback");
 }
 
-/* The 95% interval of a p99 by order statistics: ranks 99 -/+ 1.96 sd of a binomial count. */
-static void test_p99_interval(void **state) {
+/* The 95% interval of a quantile by order statistics: ranks n*q -/+ 1.96 sd of a binomial count. */
+static void test_q_interval(void **state) {
   (void)state;
   double v[1000], lo, hi;
   for (int i = 0; i < 1000; i++)
     v[i] = i + 1; /* the value of rank r is r */
-  kvr__demo_p99_interval(v, 1000, &lo, &hi);
+  kvr__demo_q_interval(v, 1000, 0.99, &lo, &hi);
   assert_true(lo == 983 && hi == 997); /* 990 -/+ 6.17, outwards */
-  kvr__demo_p99_interval(v, 100, &lo, &hi);
+  kvr__demo_q_interval(v, 100, 0.99, &lo, &hi);
   assert_true(lo == 97 && hi == 100); /* clamped to the largest */
-  kvr__demo_p99_interval(v, 1, &lo, &hi);
+  kvr__demo_q_interval(v, 1, 0.99, &lo, &hi);
   assert_true(lo == 1 && hi == 1);
+  kvr__demo_q_interval(v, 400, 0.90, &lo, &hi); /* --quick: 360 -/+ 11.76 */
+  assert_true(lo == 348 && hi == 372);
+}
+
+/* The agreement quantile: p99, p90 under --quick; a level's figure at it. */
+static void test_agree_q(void **state) {
+  (void)state;
+  kvr_demo_opts_t o = {0};
+  kvr_demo_t d = {.cli = &o};
+  const char *name = NULL;
+  assert_true(kvr__demo_agree_q(&d, &name) == 0.99);
+  assert_string_equal(name, "p99");
+  o.quick = true;
+  assert_true(kvr__demo_agree_q(&d, &name) == 0.90);
+  assert_string_equal(name, "p90");
+  kvr_dist_t s = {.p90 = 40, .p99 = 90};
+  assert_true(kvr__demo_stat_at(&s, 0.90) == 40);
+  assert_true(kvr__demo_stat_at(&s, 0.99) == 90);
+}
+
+/* The note on step 2's CPU: nothing when unread; the demo's run and wait, the cores other work
+ * used; a warning only when they waited over KVR__DEMO_CPU_WAIT_WARN of their runnable time. */
+static void test_cpu_note(void **state) {
+  (void)state;
+  kvr_demo_opts_t o = {0};
+  kvr_demo_t d = {.cli = &o};
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr__demo_cpu_note(&d, &b);
+  assert_int_equal(b.len, 0);
+  d.cpu_known = true, d.cpu_wall_s = 40, d.cpu_busy_s = 55, d.cpu_run_s = 50, d.cpu_wait_s = 5;
+  kvr__demo_cpu_note(&d, &b); /* others: 5 s over 40 s */
+  assert_non_null(strstr(b.data, "ran 50.0 s on a core and waited 5.0 s for one (9% of"));
+  assert_non_null(strstr(b.data, "other work used 0.12 cores"));
+  assert_null(strstr(b.data, "Warning"));
+  kvr_buf_free(&b);
+  d.cpu_busy_s = 90; /* others: 40 s over 40 s, but the demo waited 9%: no warning */
+  kvr__demo_cpu_note(&d, &b);
+  assert_non_null(strstr(b.data, "other work used 1.00 cores"));
+  assert_null(strstr(b.data, "Warning"));
+  kvr_buf_free(&b);
+  d.cpu_wait_s = 40; /* 44% of runnable time */
+  kvr__demo_cpu_note(&d, &b);
+  assert_non_null(strstr(b.data, "(44% of"));
+  assert_non_null(strstr(b.data, "Warning: they waited over 40%"));
+  kvr_buf_free(&b);
 }
 
 KVR_TEST_MAIN(cmocka_unit_test(test_rules), cmocka_unit_test(test_preflight),
               cmocka_unit_test(test_twin_command_line), cmocka_unit_test(test_rates),
-              cmocka_unit_test(test_p99_interval))
+              cmocka_unit_test(test_q_interval), cmocka_unit_test(test_agree_q),
+              cmocka_unit_test(test_cpu_note))
