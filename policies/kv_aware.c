@@ -35,6 +35,16 @@
  * imbalance are no hot spot; the epsilon term bounds the share of any worker under load. At least
  * one eligible worker is always under the limit (the minimum is at most the mean).
  *
+ * LoRA adapters (kvr_worker_snap_t.adapter), after the prefill gate and like it: among the
+ * workers still open, those where the request's adapter is running (in the batch now) are
+ * preferred to those where it is merely loaded, and those to workers that would load it first;
+ * a less ready worker stays open only while it runs more than balance_slack requests below the
+ * mean in flight. An adapter running on one worker thus keeps its requests there until the
+ * bounded load caps it (so a hot adapter spreads, and its next workers learn it), exactly as a
+ * cached prefix does; among equally ready workers the cost decides. The prefill gate comes first:
+ * a worker holding this request's prefix under this adapter (the index's blocks are keyed by the
+ * model name, prompt.h) has served the adapter, so it is loaded there too.
+ *
  * prefill_backlog_tokens is the part of the worker's queued prefill it has probably not reached yet
  * (prefill_clock.h): when every worker is busy prefilling, the request joins the one closest to
  * done, not the one that happens to carry the least decode load.
@@ -143,6 +153,17 @@ static int kv_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t 
        i++)
     if (s[i].eligible && !s[i].capped &&
         ahead(&workers[i], prompt, block_chars) > p->prefill_gate_tokens &&
+        (double)workers[i].inflight >= mean - p->balance_slack) {
+      s[i].capped = true;
+      open--;
+    }
+  /* The adapter gate, among the workers the bound and the prefill gate left open (see above). */
+  uint8_t ready = KVR_ADAPTER_NONE;
+  for (size_t i = 0; i < n; i++)
+    if (s[i].eligible && !s[i].capped && workers[i].adapter > ready)
+      ready = workers[i].adapter;
+  for (size_t i = 0; i < n && ready != KVR_ADAPTER_NONE; i++)
+    if (s[i].eligible && !s[i].capped && workers[i].adapter < ready &&
         (double)workers[i].inflight >= mean - p->balance_slack) {
       s[i].capped = true;
       open--;

@@ -4,7 +4,10 @@
  * the router tracks itself, figures scraped from each worker's /metrics, and how many of this
  * request's prefix blocks the cache index believes each worker still holds) plus the request's
  * routing features, and returns the index of the worker to use or KVR_POLICY_NONE. It never touches
- * sockets, libuv or HTTP, so every policy is testable without a loop.
+ * sockets, libuv or HTTP, so every policy is testable without a loop. A request naming a LoRA
+ * adapter also gets, per worker, where that adapter stands there (kvr_adapter_state_t); which
+ * workers may serve the request at all (those listing the model, or serving the base of an
+ * adapter the router may load) is the router's choice, seen as usable.
  *
  * A policy object is an ops table (kvr_policy_ops_t, const, one per policy file) plus a derived
  * struct whose first member is `kvr_policy_t super` (h2o's balancer pattern). It may keep private
@@ -62,6 +65,16 @@ static inline void kvr_workerset_add(kvr_workerset_t *s, size_t i) {
   s->words[i / 64] |= UINT64_C(1) << (i % 64);
 }
 
+/* Where a request's LoRA adapter stands on a worker (kvr_worker_snap_t.adapter): running (in the
+ * batch now: vllm:lora_requests_info's running_lora_adapters, fresh), loaded (the worker's
+ * GET /v1/models lists it, or the router is loading it there) or none (not an adapter request, a
+ * base model name, or a worker that would have to load it first). */
+typedef enum {
+  KVR_ADAPTER_NONE = 0,
+  KVR_ADAPTER_LOADED = 1,
+  KVR_ADAPTER_RUNNING = 2
+} kvr_adapter_state_t;
+
 /* What the router knows about one worker at decision time. */
 typedef struct kvr_worker_snap_s {
   uint32_t id;            /* stable worker id (admin API), not the index */
@@ -86,6 +99,8 @@ typedef struct kvr_worker_snap_s {
    * from the engine's own KV events: the matched tokens, expressed in these blocks. */
   size_t matched_blocks;
   bool precise; /* matched_blocks came from the engine's events */
+  /* kvr_adapter_state_t of the request's model on this worker (NONE for a base model request). */
+  uint8_t adapter;
   /* The last tie-break (kvr_policy_pick_lowest): a rendezvous rank of this worker for this
    * request, from the worker's URL and the prompt's last block, the same on every router
    * replica; 0 when the request has no prompt block (then ties are drawn at random). */

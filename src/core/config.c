@@ -6,9 +6,9 @@
  * freshly initialized kvr_config_t, so the two spellings of a setting can never disagree on
  * validation and the help can never disagree with the defaults. Four settings need code of their
  * own (custom setters below): --worker (a validated list: the first --worker on the command line
- * replaces the file's list), --policy-params (a JSON object), --listen/--admin-listen (HOST:PORT)
- * and --config (the file, applied before every flag so flags override it wherever they stand).
- * Cross-field rules are kvr_config_validate()'s.
+ * replaces the file's list; --lora-adapter alike), --policy-params (a JSON object),
+ * --listen/--admin-listen (HOST:PORT) and --config (the file, applied before every flag so flags
+ * override it wherever they stand). Cross-field rules are kvr_config_validate()'s.
  */
 #include "core/config.h"
 
@@ -65,6 +65,7 @@ void kvr_config_free(kvr_config_t *cfg) {
     free(cfg->peers[i]);
   free(cfg->peers);
   cJSON_Delete(cfg->policy_params);
+  kvr_config_clear_lora_adapters(cfg);
   memset(cfg, 0, sizeof *cfg);
 }
 
@@ -167,6 +168,88 @@ out:
   return rc;
 }
 
+void kvr_config_clear_lora_adapters(kvr_config_t *cfg) {
+  for (size_t i = 0; i < cfg->nlora_adapters; i++) {
+    free(cfg->lora_adapters[i].name);
+    free(cfg->lora_adapters[i].path);
+    free(cfg->lora_adapters[i].base);
+  }
+  free(cfg->lora_adapters);
+  cfg->lora_adapters = NULL;
+  cfg->nlora_adapters = 0;
+}
+
+/* The JSON form of an adapter spec into *a (strings copied). */
+static int lora_adapter_json(const char *spec, kvr_lora_adapter_t *a, char *err, size_t errlen) {
+  cJSON *o = cJSON_Parse(spec);
+  if (!cJSON_IsObject(o)) {
+    snprintf(err, errlen, "lora adapter: not a JSON object: %.80s", spec);
+    cJSON_Delete(o);
+    return KVR_EINVAL;
+  }
+  for (const cJSON *it = o->child; it; it = it->next) {
+    bool known = strcmp(it->string, "name") == 0 || strcmp(it->string, "path") == 0 ||
+                 strcmp(it->string, "base_model_name") == 0;
+    if (!known || !cJSON_IsString(it)) {
+      snprintf(err, errlen,
+               "lora adapter: %s \"%.60s\" (want \"name\", \"path\", \"base_model_name\" "
+               "strings)",
+               known ? "non-string" : "unknown key", it->string);
+      cJSON_Delete(o);
+      return KVR_EINVAL;
+    }
+  }
+  const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, "name");
+  const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "path");
+  const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "base_model_name");
+  a->name = n ? kvr_xstrdup(n->valuestring) : NULL;
+  a->path = p ? kvr_xstrdup(p->valuestring) : NULL;
+  a->base = b && b->valuestring[0] ? kvr_xstrdup(b->valuestring) : NULL;
+  cJSON_Delete(o);
+  return 0;
+}
+
+int kvr_config_add_lora_adapter(kvr_config_t *cfg, const char *spec, char *err, size_t errlen) {
+  kvr_lora_adapter_t a = {0};
+  if (spec[0] == '{') {
+    if (lora_adapter_json(spec, &a, err, errlen) != 0)
+      return KVR_EINVAL;
+  } else {
+    /* vLLM's rule (cli_args.py): an item with '=' and no ',' is NAME=PATH */
+    const char *eq = strchr(spec, '=');
+    if (eq == NULL || strchr(spec, ',') != NULL) {
+      snprintf(err, errlen, "lora adapter '%.200s': want NAME=PATH or a JSON object", spec);
+      return KVR_EINVAL;
+    }
+    a.name = kvr_xcalloc(1, (size_t)(eq - spec) + 1);
+    memcpy(a.name, spec, (size_t)(eq - spec));
+    a.path = kvr_xstrdup(eq + 1);
+  }
+  int rc = KVR_EINVAL;
+  if (a.name == NULL || a.name[0] == '\0' || a.path == NULL || a.path[0] == '\0') {
+    snprintf(err, errlen, "lora adapter '%.200s': needs a name and a path", spec);
+    goto out;
+  }
+  if (strlen(a.name) > 256 || strlen(a.path) > 4096 || (a.base && strlen(a.base) > 256)) {
+    snprintf(err, errlen, "lora adapter '%.60s': a name over 256 bytes or a path over 4096", spec);
+    goto out;
+  }
+  for (size_t i = 0; i < cfg->nlora_adapters; i++)
+    if (strcmp(cfg->lora_adapters[i].name, a.name) == 0) {
+      snprintf(err, errlen, "lora adapter %.200s is listed twice", a.name);
+      goto out;
+    }
+  cfg->lora_adapters =
+      kvr_xrealloc(cfg->lora_adapters, (cfg->nlora_adapters + 1) * sizeof *cfg->lora_adapters);
+  cfg->lora_adapters[cfg->nlora_adapters++] = a;
+  return 0;
+out:
+  free(a.name);
+  free(a.path);
+  free(a.base);
+  return rc;
+}
+
 /* ---- the settings that need code of their own ---- */
 
 /* --worker / "workers": the first on a command line (or of the file's array) replaces the list. */
@@ -176,6 +259,15 @@ static int set_worker(const kvr_cli_opt_t *o, void *base, const char *text, unsi
   if (nth == 0)
     clear_workers(base);
   return kvr_config_add_worker_spec(base, text, err, errlen);
+}
+
+/* --lora-adapter / "lora_adapters": the first replaces the list, as --worker does. */
+static int set_lora_adapter(const kvr_cli_opt_t *o, void *base, const char *text, unsigned nth,
+                            char *err, size_t errlen) {
+  (void)o;
+  if (nth == 0)
+    kvr_config_clear_lora_adapters(base);
+  return kvr_config_add_lora_adapter(base, text, err, errlen);
 }
 
 /* --peer / "peers": another replica's admin base URL; the first replaces the list. */
@@ -372,6 +464,15 @@ static const kvr_cli_opt_t options[] = {
      .flags = KVR_CLI_OWNED | KVR_CLI_NONEMPTY | KVR_CLI_NODEFAULT,
      .help = "a request header whose value keys a session (like prompt_cache_key): the next "
              "request with the key prefers the worker that served it last; default: none"},
+    {KVR_CLI_CUSTOM, "lora-adapter", .arg = "NAME=PATH", .json = "lora_adapters",
+     .flags = KVR_CLI_JSON_LIST | KVR_CLI_JSON_RAW,
+     .help = "a LoRA adapter the workers may load at runtime (they run with "
+             "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1): a request naming it that no worker lists goes "
+             "to a worker serving its base, which the router first asks to POST "
+             "/v1/load_lora_adapter; repeat for each (vLLM's --lora-modules forms: NAME=PATH or "
+             "{\"name\", \"path\", \"base_model_name\"}; without a base, any worker may load "
+             "it)",
+     .parse = set_lora_adapter},
     {KVR_CLI_UINT, "session-keys-max", F(session_keys_max), .arg = "N", .json = "session.keys_max",
      KVR_CLI_RANGE(1, 1u << 26),
      .help = "session keys remembered with their last worker; the oldest is forgotten first"},

@@ -18,6 +18,15 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* A LoRA adapter the router may load on a worker at runtime (--lora-adapter, "lora_adapters"; the
+ * workers run with VLLM_ALLOW_RUNTIME_LORA_UPDATING): a request naming it that no worker lists
+ * goes to a worker serving its base, which is first asked to POST /v1/load_lora_adapter. */
+typedef struct kvr_lora_adapter_s {
+  char *name; /* owned: the model id requests name (vLLM's lora_name) */
+  char *path; /* owned: vLLM's lora_path, as the workers see it */
+  char *base; /* owned: the base model whose workers may load it (base_model_name); NULL: any */
+} kvr_lora_adapter_t;
+
 typedef struct kvr_config_s {
   char *listen;            /* public OpenAI-compatible listener, default 0.0.0.0:8000 */
   char *admin_listen;      /* operators' listener, default 127.0.0.1:8001 */
@@ -89,6 +98,8 @@ typedef struct kvr_config_s {
   bool resume_streams; /* continue a stream broken mid-answer on another worker, default on */
   uint64_t resume_max; /* continuations per request, default 2 (at most 6) */
   kvr_json_guard_limits_t body_guard; /* what one chat/completions body may hold (json_guard.h) */
+  kvr_lora_adapter_t *lora_adapters;  /* owned; adapters loaded on demand (--lora-adapter) */
+  size_t nlora_adapters;
 } kvr_config_t;
 
 /* Shortest admin token accepted. */
@@ -132,6 +143,13 @@ int kvr_config_add_worker(kvr_config_t *cfg, const char *url, char *err, size_t 
 /* Adds a worker from its spec: "URL[,kv_events=EP][,kv_replay=EP]" (the --worker form) or the
  * JSON object text {"url": URL, "kv_events": EP, "kv_replay": EP} (the config file's form). */
 int kvr_config_add_worker_spec(kvr_config_t *cfg, const char *spec, char *err, size_t errlen);
+
+/* Adds a runtime-loadable LoRA adapter from its spec, vLLM's --lora-modules forms: "NAME=PATH" or
+ * a JSON object {"name": ..., "path": ..., "base_model_name": ...} (base optional). Returns 0 or
+ * KVR_EINVAL with a one-line err (empty or repeated name, unknown key, a name over 256 bytes). */
+int kvr_config_add_lora_adapter(kvr_config_t *cfg, const char *spec, char *err, size_t errlen);
+/* Frees every adapter of cfg's list and leaves it empty. */
+void kvr_config_clear_lora_adapters(kvr_config_t *cfg);
 
 /* Prints `serve --help`. */
 void kvr_config_usage(FILE *out);

@@ -75,6 +75,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <xxhash.h>
 
 const char *kvr_worker_state_name(kvr_worker_state_t s) {
@@ -188,6 +189,9 @@ static void worker_free(kvr_router_t *r, kvr_worker_t *w) {
   free(w->kv_replay);
   kvr_vllm_models_free(&w->models);
   free(w->labels);
+  for (size_t i = 0; i < w->nlora_loading; i++)
+    free(w->lora_loading[i]);
+  free(w->lora_loading);
   r->slots[w->slot] = NULL;
   while (r->nslots > 0 && r->slots[r->nslots - 1] == NULL)
     r->nslots--;
@@ -349,6 +353,67 @@ static uint64_t model_hash(const char *model) {
   return model ? kvr_vllm_model_hash(model) : 0;
 }
 
+/* ---- LoRA adapters ------------------------------------------------------------------------------
+ */
+
+const kvr_lora_adapter_t *kvr_router_lora_dynamic(const kvr_router_t *r, const char *model) {
+  for (size_t i = 0; model && model[0] && i < r->cfg->nlora_adapters; i++)
+    if (strcmp(r->cfg->lora_adapters[i].name, model) == 0)
+      return &r->cfg->lora_adapters[i];
+  return NULL;
+}
+
+/* The model a request names, looked up once for a pass over the workers: its hash and, when the
+ * router may load it (kvr_router_lora_dynamic), the adapter and its base's hash. */
+typedef struct want_s {
+  const char *model;
+  uint64_t hash;
+  const kvr_lora_adapter_t *dyn;
+  uint64_t base_hash;
+} want_t;
+
+static want_t want_of(const kvr_router_t *r, const char *model) {
+  want_t m = {model, model_hash(model), kvr_router_lora_dynamic(r, model), 0};
+  if (m.dyn && m.dyn->base)
+    m.base_hash = model_hash(m.dyn->base);
+  return m;
+}
+
+/* Whether w may take the request: it serves the model, or the router may load the adapter on it
+ * (it serves the adapter's base; any worker when the adapter names none). */
+static bool eligible(const kvr_worker_t *w, const want_t *m) {
+  if (serves(w, m->model, m->hash))
+    return true;
+  return m->dyn && (m->dyn->base == NULL || serves(w, m->dyn->base, m->base_hash));
+}
+
+static bool lora_loading(const kvr_worker_t *w, const char *name) {
+  for (size_t i = 0; i < w->nlora_loading; i++)
+    if (strcmp(w->lora_loading[i], name) == 0)
+      return true;
+  return false;
+}
+
+/* kvr_adapter_state_t of the request's model on w: running when w's fresh /metrics has it in the
+ * batch, loaded when w lists it or the router is loading it there, else none (and none for a
+ * base model name, which every eligible worker lists alike). */
+static uint8_t adapter_state(const kvr_worker_t *w, const want_t *m, bool fresh) {
+  if (m->model == NULL || m->model[0] == '\0')
+    return KVR_ADAPTER_NONE;
+  const kvr_vllm_model_t *card = kvr_vllm_models_find_hash(&w->models, m->model, m->hash);
+  if (card && card->parent == NULL && m->dyn == NULL)
+    return KVR_ADAPTER_NONE;
+  if (fresh && w->lora.present && kvr_vllm_lora_list_has(w->lora.running, m->model))
+    return KVR_ADAPTER_RUNNING;
+  return card || lora_loading(w, m->model) ? KVR_ADAPTER_LOADED : KVR_ADAPTER_NONE;
+}
+
+const kvr_lora_adapter_t *kvr_router_lora_needs_load(const kvr_router_t *r, const kvr_worker_t *w,
+                                                     const char *model) {
+  const kvr_lora_adapter_t *a = kvr_router_lora_dynamic(r, model);
+  return a && kvr_vllm_models_find(&w->models, model) == NULL ? a : NULL;
+}
+
 /* ---- lifecycle --------------------------------------------------------------------------------
  */
 
@@ -505,8 +570,7 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, const kvr_rou
   d->scores = r->scores;
   d->nsnaps = r->nslots;
   bool any_precise = false;
-  const char *model = avoid ? avoid->model : NULL;
-  uint64_t mhash = model_hash(model);
+  want_t want = want_of(r, avoid ? avoid->model : NULL);
   for (size_t i = 0; i < r->nslots; i++) {
     memset(&d->snaps[i], 0, sizeof d->snaps[i]);
     if (r->slots[i] == NULL)
@@ -516,8 +580,9 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, const kvr_rou
       matched[i] = req->nblocks; /* the session's worker: as if it held the whole prompt */
     snapshot(r, r->slots[i], matched[i], t0, &d->snaps[i]);
     d->snaps[i].precise = precise;
-    if (!serves(r->slots[i], model, mhash))
+    if (!eligible(r->slots[i], &want))
       d->snaps[i].usable = false; /* another model: the policy never sees it as a choice */
+    d->snaps[i].adapter = adapter_state(r->slots[i], &want, d->snaps[i].metrics_fresh);
     /* rendezvous rank for the last tie-break: the same worker order for a prompt on every replica,
      * keyed by its last block (the most specific prefix), so distinct prompts spread evenly */
     if (req->nblocks)
@@ -910,6 +975,7 @@ int kvr_router_on_scrape(kvr_router_t *r, uint32_t id, const kvr_vllm_metrics_t 
   if (w == NULL)
     return KVR_ENOENT;
   apply_counters(r, w, m);
+  w->lora = m->lora;
   w->num_requests_running = m->num_requests_running;
   w->num_requests_waiting = m->num_requests_waiting;
   w->kv_cache_usage = m->kv_cache_usage;
@@ -997,6 +1063,58 @@ int kvr_router_on_models(kvr_router_t *r, uint32_t id, kvr_vllm_models_t *m) {
   return 0;
 }
 
+const char *kvr_lora_load_result_name(kvr_lora_load_result_t res) {
+  static const char *const names[] = {
+#define XX(name, str) str,
+      KVR_LORA_LOAD_RESULT_MAP(XX)
+#undef XX
+  };
+  return (unsigned)res < KVR_LORA_LOAD_RESULTS ? names[res] : "failed";
+}
+
+int kvr_router_on_lora_load_start(kvr_router_t *r, uint32_t id, const char *name) {
+  r->lora_load_attempts_total++;
+  kvr_worker_t *w = worker_by_id(r, id);
+  if (w == NULL)
+    return KVR_ENOENT;
+  w->lora_loading = kvr_xrealloc(w->lora_loading, (w->nlora_loading + 1) * sizeof *w->lora_loading);
+  w->lora_loading[w->nlora_loading++] = kvr_xstrdup(name);
+  return 0;
+}
+
+/* The id vLLM gives an adapter loaded without base_model_name as its parent: its first served
+ * name (models/serving.py), the first base card of w's list; NULL while none is known. */
+static const char *first_base(const kvr_worker_t *w) {
+  for (size_t i = 0; i < w->models.n; i++)
+    if (w->models.v[i].parent == NULL)
+      return w->models.v[i].id;
+  return NULL;
+}
+
+int kvr_router_on_lora_load_done(kvr_router_t *r, uint32_t id, const kvr_lora_adapter_t *a,
+                                 kvr_lora_load_result_t res) {
+  r->lora_loads_total[(unsigned)res < KVR_LORA_LOAD_RESULTS ? res : KVR_LORA_LOAD_FAILED]++;
+  kvr_worker_t *w = worker_by_id(r, id);
+  if (w == NULL)
+    return KVR_ENOENT;
+  for (size_t i = 0; i < w->nlora_loading; i++)
+    if (strcmp(w->lora_loading[i], a->name) == 0) {
+      free(w->lora_loading[i]);
+      w->lora_loading[i] = w->lora_loading[--w->nlora_loading];
+      break;
+    }
+  if (res == KVR_LORA_LOAD_FAILED)
+    return 0;
+  const char *parent = a->base ? a->base : first_base(w);
+  if (kvr_vllm_models_add_adapter(&w->models, a->name, a->path, parent, (uint64_t)time(NULL)) != 0)
+    return 0; /* listed already, or the list is full (it then takes any model) */
+  w->labels = kvr_xrealloc(w->labels, w->models.n * sizeof *w->labels);
+  w->labels[w->models.n - 1] = label_listed(r, a->name);
+  KVR_INFO("router", "worker %u: LoRA adapter %s %s (path %s)", w->id, a->name,
+           res == KVR_LORA_LOAD_LOADED ? "loaded" : "was loaded already", a->path);
+  return 0;
+}
+
 bool kvr_router_worker_serves(const kvr_worker_t *w, const char *model) {
   return serves(w, model, model_hash(model));
 }
@@ -1005,12 +1123,12 @@ bool kvr_router_model_unknown(const kvr_router_t *r, const char *model) {
   if (model == NULL || model[0] == '\0')
     return false;
   bool any = false;
-  uint64_t h = model_hash(model);
+  want_t want = want_of(r, model);
   for (size_t i = 0; i < r->nslots; i++) {
     const kvr_worker_t *w = r->slots[i];
     if (w == NULL || w->state == KVR_WORKER_DRAINING)
       continue;
-    if (serves(w, model, h))
+    if (eligible(w, &want))
       return false;
     any = true;
   }
@@ -1151,12 +1269,10 @@ bool kvr_router_admission_blocked(const kvr_router_t *r, const kvr_router_avoid_
     return false;
   uint64_t now = now_ms(r);
   bool usable = false;
-  const char *model = avoid ? avoid->model : NULL;
-  uint64_t mhash = model_hash(model);
+  want_t want = want_of(r, avoid ? avoid->model : NULL);
   for (size_t i = 0; i < r->nslots; i++) {
     const kvr_worker_t *w = r->slots[i];
-    if (w == NULL || avoided(avoid, i) || !kvr_router_worker_usable(w, now) ||
-        !serves(w, model, mhash))
+    if (w == NULL || avoided(avoid, i) || !kvr_router_worker_usable(w, now) || !eligible(w, &want))
       continue;
     if (!kvr_router_admission_full(r, i))
       return false; /* a usable worker has room */

@@ -44,6 +44,17 @@
  * looks at these only); a worker whose list is not known yet, or not complete, is eligible for
  * any model. A name no worker serves gets vLLM's 404 from the proxy (kvr_router_model_unknown).
  * The listed names are also the values of the `model` metric label (kvr_model_label_t).
+ *
+ * LoRA adapters: an adapter is an id of its own in a worker's list (its card's parent names the
+ * base). Each worker's /metrics gives vllm:lora_requests_info (the adapters in its batch now,
+ * kvr_router_on_scrape), and a decision tells the policy, per worker, whether the request's
+ * adapter is running there, loaded (listed, or being loaded by the router) or neither
+ * (kvr_worker_snap_t.adapter). An adapter of cfg->lora_adapters (--lora-adapter: the router may
+ * load it) is eligible on the workers listing it and on every worker serving its base
+ * (kvr_router_lora_dynamic): when the chosen worker does not list it, serve/lora.c asks the worker
+ * to load it first, reporting kvr_router_on_lora_load_start / _done; a load that succeeded (or
+ * that the worker answered "already loaded") adds the adapter's card to the worker's list until
+ * the next GET /v1/models read replaces the list.
  */
 #ifndef KVR_ROUTER_H
 #define KVR_ROUTER_H
@@ -61,7 +72,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct kvr_config_s kvr_config_t; /* config.h */
+typedef struct kvr_config_s kvr_config_t;             /* config.h */
+typedef struct kvr_lora_adapter_s kvr_lora_adapter_t; /* config.h */
 
 #define KVR_WORKER_STATE_MAP(XX)                                                                   \
   XX(UP, "up")                                                                                     \
@@ -215,6 +227,12 @@ typedef struct kvr_worker_s {
   uint64_t max_model_len;
   bool models_known;
   uint64_t models_at_ms; /* when the list was last read */
+  /* LoRA: the newest vllm:lora_requests_info of its /metrics (kvr_router_on_scrape; present false
+   * when the last page had none), and the adapters the router is loading on it now
+   * (kvr_router_on_lora_load_start .. _done; owned names). */
+  kvr_vllm_lora_info_t lora;
+  char **lora_loading;
+  size_t nlora_loading;
   /* From the worker's /metrics (kvr_router_on_scrape). */
   bool metrics_seen;
   uint64_t scraped_at_ms;
@@ -319,6 +337,10 @@ struct kvr_router_s {
   uint64_t admission_queued_total;
   uint64_t admission_rejected_total[2]; /* by kvr_admission_reject_t */
   uint64_t requests_total;              /* client requests, probes excepted */
+  /* Runtime LoRA loads (kvr_router_on_lora_load_*): POSTs started, and their ends by
+   * kvr_lora_load_result_t. */
+  uint64_t lora_load_attempts_total;
+  uint64_t lora_loads_total[3];
   uint64_t probe_requests_total[2]; /* GET/HEAD probes, by kvr_probe_t (not in requests_total) */
   /* kvr_router_decide's scratch for scratch_cap slots (grown to nslots when a decision needs it):
    * the snapshots and scores a kvr_decision_t points at, the index's matches, the tried set's
@@ -584,6 +606,39 @@ int kvr_router_on_health(kvr_router_t *r, uint32_t id, bool reachable);
  * name a model label, and keeps the smallest max_model_len, beyond which kvr_router_on_learn()
  * never teaches the index. Returns 0 or KVR_ENOENT (m untouched). */
 int kvr_router_on_models(kvr_router_t *r, uint32_t id, kvr_vllm_models_t *m);
+
+/* The adapter of cfg->lora_adapters named model (one the router may load at runtime), or NULL. */
+const kvr_lora_adapter_t *kvr_router_lora_dynamic(const kvr_router_t *r, const char *model);
+
+/* Whether the request naming model, sent to w, must first load its adapter there: model is one of
+ * cfg->lora_adapters and w's list does not hold it (a list not read yet counts as not holding it:
+ * the worker answers "already loaded" when it does). Returns the adapter or NULL. */
+const kvr_lora_adapter_t *kvr_router_lora_needs_load(const kvr_router_t *r, const kvr_worker_t *w,
+                                                     const char *model);
+
+/* How a runtime load ended (kvrouter_lora_loads_total{result}). */
+#define KVR_LORA_LOAD_RESULT_MAP(XX)                                                               \
+  XX(LOADED, "loaded")                 /* 200 */                                                   \
+  XX(ALREADY_LOADED, "already_loaded") /* vLLM's 400 "has already been loaded" */                  \
+  XX(FAILED, "failed")                 /* any other answer, or none */
+
+typedef enum {
+#define XX(name, str) KVR_LORA_LOAD_##name,
+  KVR_LORA_LOAD_RESULT_MAP(XX)
+#undef XX
+      KVR_LORA_LOAD_RESULTS
+} kvr_lora_load_result_t;
+
+const char *kvr_lora_load_result_name(kvr_lora_load_result_t res);
+
+/* serve/lora.c started POST /v1/load_lora_adapter of adapter name on worker id: counted, and the
+ * adapter counts as loaded there for decisions until _done. Returns 0 or KVR_ENOENT. */
+int kvr_router_on_lora_load_start(kvr_router_t *r, uint32_t id, const char *name);
+/* That load ended with res: counted; LOADED or ALREADY_LOADED add a's card to worker id's list
+ * (kvr_vllm_models_add_adapter: parent a->base, else the worker's first id) so requests naming it
+ * are routed there, until the next GET /v1/models read. Returns 0 or KVR_ENOENT. */
+int kvr_router_on_lora_load_done(kvr_router_t *r, uint32_t id, const kvr_lora_adapter_t *a,
+                                 kvr_lora_load_result_t res);
 
 /* Whether w takes a request naming model: always for NULL or "" (vLLM serves its first base name)
  * and while w's list is not known or not complete; else when the list holds the id exactly, as

@@ -429,6 +429,19 @@ static void request_metrics(const kvr_router_t *r, kvr_buf_t *out) {
     kvr_metric_sample(out, "kvrouter_response_id_lookups_total", l.data,
                       (double)r->response_id_lookups_total[i]);
   }
+  counter(out, "kvrouter_lora_load_attempts_total",
+          "POST /v1/load_lora_adapter calls the router started (--lora-adapter: a request for "
+          "an adapter its chosen worker did not list; concurrent requests share one)",
+          r->lora_load_attempts_total);
+  kvr_metric_family(out, "kvrouter_lora_loads_total", "counter",
+                    "Runtime LoRA loads ended, by result: loaded (200), already_loaded (vLLM's "
+                    "400 'has already been loaded', as good), failed (any other answer or none: "
+                    "the waiting requests got a 502)");
+  for (int i = 0; i < KVR_LORA_LOAD_RESULTS; i++) {
+    kvr_buf_reset(&l);
+    kvr_buf_printf(&l, "result=\"%s\"", kvr_lora_load_result_name((kvr_lora_load_result_t)i));
+    kvr_metric_sample(out, "kvrouter_lora_loads_total", l.data, (double)r->lora_loads_total[i]);
+  }
   kvr_metric_family(out, "kvrouter_session_lookups_total", "counter",
                     "Requests naming a session key by what the router knew: hit (its last worker "
                     "preferred), unknown, worker_gone");
@@ -899,6 +912,39 @@ static void cached_json(const kvr_worker_t *w, cJSON *c) {
   cJSON_AddNumberToObject(c, "usage_cached_tokens", (double)w->usage_cached_tokens_total);
 }
 
+/* Adds a ','-joined list of names as an array of strings. */
+static void names_json(cJSON *o, const char *key, const char *list) {
+  cJSON *arr = cJSON_AddArrayToObject(o, key);
+  for (const char *p = list; p && *p;) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    char *name = kvr_xcalloc(1, len + 1);
+    memcpy(name, p, len);
+    cJSON_AddItemToArray(arr, cJSON_CreateString(name));
+    free(name);
+    p = comma ? comma + 1 : p + len;
+  }
+}
+
+/* The models object's "lora": vllm:lora_requests_info as last scraped (null when the page had
+ * none: LoRA off) and the adapters the router is loading there now. */
+static void lora_json(const kvr_worker_t *w, cJSON *o) {
+  cJSON *l = cJSON_AddObjectToObject(o, "lora");
+  cJSON *loading = cJSON_AddArrayToObject(l, "loading");
+  for (size_t i = 0; i < w->nlora_loading; i++)
+    cJSON_AddItemToArray(loading, cJSON_CreateString(w->lora_loading[i]));
+  if (!w->lora.present) {
+    cJSON_AddNullToObject(l, "max_lora");
+    cJSON_AddNullToObject(l, "running");
+    cJSON_AddNullToObject(l, "waiting");
+    return;
+  }
+  cJSON_AddNumberToObject(l, "max_lora", w->lora.max_lora);
+  names_json(l, "running", w->lora.running);
+  names_json(l, "waiting", w->lora.waiting);
+  cJSON_AddBoolToObject(l, "cut", w->lora.cut);
+}
+
 /* The "models" object of one worker: its GET /v1/models list as last read. */
 static void models_json(const kvr_worker_t *w, uint64_t now, cJSON *o) {
   cJSON_AddBoolToObject(o, "known", w->models_known);
@@ -908,6 +954,7 @@ static void models_json(const kvr_worker_t *w, uint64_t now, cJSON *o) {
                             now > w->models_at_ms ? (double)(now - w->models_at_ms) : 0);
   else
     cJSON_AddNullToObject(o, "age_ms");
+  lora_json(w, o);
   cJSON *arr = cJSON_AddArrayToObject(o, "ids");
   for (size_t i = 0; i < w->models.n; i++) {
     const kvr_vllm_model_t *m = &w->models.v[i];

@@ -4,9 +4,10 @@
  * (vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc or its older name
  * vllm:gpu_cache_usage_perc, vllm:cache_config_info's block_size and num_gpu_blocks labels) and the
  * token counters of KVR_VLLM_COUNTER_MAP; samples of one name are summed across label sets (several
- * engines behind one server), the cache usage is their mean. /v1/models: the cards of the listed
- * models (at most KVR_VLLM_MODELS_MAX, each id, root, parent, max_model_len and its JSON), the
- * smallest positive max_model_len among them; and vLLM's 404 for a model it does not serve.
+ * engines behind one server), the cache usage is their mean; vllm:lora_requests_info's newest
+ * series (the largest value) gives the adapters running and waiting. /v1/models: the cards of the
+ * listed models (at most KVR_VLLM_MODELS_MAX, each id, root, parent, max_model_len and its JSON),
+ * the smallest positive max_model_len among them; and vLLM's 404 for a model it does not serve.
  */
 #include "proto/vllm.h"
 
@@ -55,6 +56,83 @@ static bool gauge_value(const char *p, const char *eol, double *v) {
   return kvr_metric_line_value(p, eol, v) == 0 && isfinite(*v) && *v >= 0 && *v <= 1e15;
 }
 
+/* Walks the label set of the sample line [line, end) to the label named name and copies its value,
+ * unescaped (\\, \", \n), into out (at most outlen - 1 bytes: a longer value sets *cut and is
+ * kept up to its last whole ','-separated item). Returns false when the line has no such label or
+ * its label set is malformed. */
+static bool label_str(const char *line, const char *end, const char *name, char *out, size_t outlen,
+                      bool *cut) {
+  const char *p = memchr(line, '{', (size_t)(end - line));
+  size_t nlen = strlen(name);
+  if (p == NULL)
+    return false;
+  p++;
+  while (p < end && *p != '}') {
+    const char *eq = memchr(p, '=', (size_t)(end - p));
+    if (eq == NULL || eq + 1 >= end || eq[1] != '"')
+      return false;
+    bool want = (size_t)(eq - p) == nlen && memcmp(p, name, nlen) == 0;
+    size_t n = 0;
+    bool over = false;
+    for (p = eq + 2; p < end && *p != '"'; p++) {
+      char c = *p;
+      if (c == '\\' && p + 1 < end) {
+        c = *++p == 'n' ? '\n' : *p;
+      }
+      if (want && n + 1 < outlen)
+        out[n++] = c;
+      else if (want)
+        over = true;
+    }
+    if (p >= end)
+      return false; /* the value never closed */
+    if (want) {
+      if (over) { /* keep the whole names only */
+        while (n > 0 && out[n - 1] != ',')
+          n--;
+        n = n > 0 ? n - 1 : 0;
+        *cut = true;
+      }
+      out[n] = '\0';
+      return true;
+    }
+    p++; /* the closing quote */
+    if (p < end && *p == ',')
+      p++;
+  }
+  return false;
+}
+
+/* A vllm:lora_requests_info sample: kept when it is newer (larger value) than the one kept. */
+static void lora_line(const char *p, const char *eol, kvr_vllm_lora_info_t *lora) {
+  double v;
+  if (!gauge_value(p, eol, &v) || (lora->present && v < lora->updated))
+    return;
+  kvr_vllm_lora_info_t l = {.present = true, .updated = v};
+  if (!label_str(p, eol, "running_lora_adapters", l.running, sizeof l.running, &l.cut) ||
+      !label_str(p, eol, "waiting_lora_adapters", l.waiting, sizeof l.waiting, &l.cut))
+    return; /* not the series vLLM writes */
+  uint64_t max = label_u64(p, eol, "max_lora");
+  l.max_lora = max > UINT32_MAX ? UINT32_MAX : (uint32_t)max;
+  *lora = l;
+}
+
+bool kvr_vllm_lora_list_has(const char *list, const char *name) {
+  size_t n = strlen(name);
+  if (n == 0)
+    return false;
+  for (const char *p = list; p && *p;) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    if (len == n && memcmp(p, name, n) == 0)
+      return true;
+    if (comma == NULL)
+      break;
+    p = comma + 1;
+  }
+  return false;
+}
+
 /* Adds one sample line [p, eol) to *m; returns 1 when it is one of the expected load series. */
 static int parse_line(const char *p, const char *eol, kvr_vllm_metrics_t *m, int *nusage) {
   double v;
@@ -87,6 +165,10 @@ static int parse_line(const char *p, const char *eol, kvr_vllm_metrics_t *m, int
       }
       return 0; /* not a load series: a page of counters alone is not a vLLM load page */
     }
+  if (kvr_metric_line_is(p, eol, "vllm:lora_requests_info")) {
+    lora_line(p, eol, &m->lora);
+    return 0; /* not a load series */
+  }
   if (kvr_metric_line_is(p, eol, "vllm:cache_config_info")) {
     m->num_gpu_blocks = label_u64(p, eol, "num_gpu_blocks");
     m->block_size = label_u64(p, eol, "block_size");
@@ -229,6 +311,39 @@ int kvr_vllm_parse_models(const char *text, size_t len, uint64_t *max_model_len)
   if (best == 0)
     return KVR_EPARSE;
   *max_model_len = best;
+  return 0;
+}
+
+int kvr_vllm_models_add_adapter(kvr_vllm_models_t *m, const char *id, const char *root,
+                                const char *parent, uint64_t created_s) {
+  if (kvr_vllm_models_find(m, id))
+    return 1;
+  if (m->v == NULL) {
+    m->v = kvr_xcalloc(KVR_VLLM_MODELS_MAX, sizeof *m->v);
+    m->complete = true;
+  }
+  if (m->n == KVR_VLLM_MODELS_MAX || strlen(id) > KVR_VLLM_MODEL_ID_MAX ||
+      (root && strlen(root) > KVR_VLLM_MODEL_ID_MAX) ||
+      (parent && strlen(parent) > KVR_VLLM_MODEL_ID_MAX)) {
+    m->complete = false;
+    return KVR_ELIMIT;
+  }
+  cJSON *card = cJSON_CreateObject();
+  cJSON_AddStringToObject(card, "id", id);
+  cJSON_AddStringToObject(card, "object", "model");
+  cJSON_AddNumberToObject(card, "created", (double)created_s);
+  cJSON_AddStringToObject(card, "owned_by", "vllm");
+  if (root)
+    cJSON_AddStringToObject(card, "root", root);
+  else
+    cJSON_AddNullToObject(card, "root");
+  if (parent)
+    cJSON_AddStringToObject(card, "parent", parent);
+  else
+    cJSON_AddNullToObject(card, "parent");
+  cJSON_AddNullToObject(card, "max_model_len");
+  take_card(card, m);
+  cJSON_Delete(card);
   return 0;
 }
 

@@ -4,9 +4,10 @@
  * series, the cache geometry, the cumulative token counters; names from vLLM's
  * vllm/v1/metrics/loggers.py), the model list of GET /v1/models (the ids a worker answers to, base
  * names, aliases and LoRA adapters, with max_model_len per model), and the 404 vLLM answers for a
- * model it does not serve. serve/scrape.c fetches the pages; the router (core/router.c) applies
- * the parsed figures; the counters' page-to-page arithmetic lives here so that a worker restart is
- * read the same way everywhere.
+ * model it does not serve; with LoRA, vllm:lora_requests_info (the adapters each server is running)
+ * and the cards of runtime-loaded adapters. serve/scrape.c fetches the pages; the router
+ * (core/router.c) applies the parsed figures; the counters' page-to-page arithmetic lives here so
+ * that a worker restart is read the same way everywhere.
  */
 #ifndef KVR_VLLM_H
 #define KVR_VLLM_H
@@ -47,6 +48,26 @@ typedef struct kvr_vllm_counter_state_s {
   uint64_t resets; /* pages on which a counter went back: the worker restarted */
 } kvr_vllm_counter_state_t;
 
+/* vllm:lora_requests_info, present only when the server runs with --enable-lora (vLLM's
+ * vllm/v1/metrics/loggers.py, LoRA requests info gauge): its labels max_lora (--max-loras),
+ * running_lora_adapters and waiting_lora_adapters (adapter names joined by ',', "" when none);
+ * the value is the Unix time of the last update. Every new label combination starts a series of
+ * its own and the old ones stay on the page, so the series with the largest value is the current
+ * one. Names are kept up to KVR_VLLM_LORA_NAMES_MAX bytes of the joined list; a longer list is
+ * cut after its last whole name (cut true). */
+#define KVR_VLLM_LORA_NAMES_MAX 1024
+typedef struct kvr_vllm_lora_info_s {
+  bool present;      /* the page had the series */
+  bool cut;          /* a list was longer than KVR_VLLM_LORA_NAMES_MAX: names are missing */
+  double updated;    /* the chosen series' value */
+  uint32_t max_lora; /* 0 when the label is absent */
+  char running[KVR_VLLM_LORA_NAMES_MAX]; /* "a,b" */
+  char waiting[KVR_VLLM_LORA_NAMES_MAX];
+} kvr_vllm_lora_info_t;
+
+/* Whether the ','-joined list names name exactly (a whole item). */
+bool kvr_vllm_lora_list_has(const char *list, const char *name);
+
 /* One parsed vLLM /metrics page (kvr_vllm_parse_metrics). */
 typedef struct kvr_vllm_metrics_s {
   uint64_t at_ms; /* when it was taken, the caller's clock, in ms */
@@ -54,6 +75,7 @@ typedef struct kvr_vllm_metrics_s {
   double kv_cache_usage;               /* 0..1 */
   uint64_t num_gpu_blocks, block_size; /* vllm:cache_config_info, 0 when absent */
   kvr_vllm_counters_t counters;        /* vLLM's token counters on the page */
+  kvr_vllm_lora_info_t lora;           /* vllm:lora_requests_info, the newest series */
 } kvr_vllm_metrics_t;
 
 /* Parses the Prometheus text of a vLLM /metrics page taken at now_ms into *out: samples of one name
@@ -118,6 +140,15 @@ int kvr_vllm_parse_model_list(const char *text, size_t len, kvr_vllm_models_t *o
  * max_model_len of its cards (what the load generator needs). Returns 0, or KVR_EPARSE when the
  * text is not such a list or no card gives one (*max_model_len untouched). */
 int kvr_vllm_parse_models(const char *text, size_t len, uint64_t *max_model_len);
+
+/* Adds a card to m as vLLM lists a LoRA adapter it loaded at runtime (models/serving.py: id the
+ * adapter's name, root its path, parent its base, max_model_len null, with object, created and
+ * owned_by), for a router that has just loaded it (POST /v1/load_lora_adapter answered) and does
+ * not wait for the next list. m may be empty (never read). Returns 0, 1 when m already lists id
+ * (unchanged), KVR_ELIMIT when m holds KVR_VLLM_MODELS_MAX cards or a string is over
+ * KVR_VLLM_MODEL_ID_MAX (m marked incomplete). */
+int kvr_vllm_models_add_adapter(kvr_vllm_models_t *m, const char *id, const char *root,
+                                const char *parent, uint64_t created_s);
 
 /* Releases the cards of m and leaves it empty; accepts NULL. */
 void kvr_vllm_models_free(kvr_vllm_models_t *m);

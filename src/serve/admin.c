@@ -223,8 +223,10 @@ static void policy_put(kvr_http_req_t *req, void *data, const char *tail) {
  * Like the proxy, when a worker is in precise mode the prompt is first tokenized by a worker
  * (explain_t waits for it; a client that leaves cancels the call), so the explanation shows the
  * precise matches the real decision would use. Only the workers serving the body's model are
- * eligible (each worker's serves_model and models say why); unknown_model says the proxy would
- * answer vLLM's 404 itself. */
+ * eligible (each worker's serves_model and models say why; for an adapter of --lora-adapter also
+ * its base's workers, lora_load true where the adapter would be loaded first), adapter is where
+ * the request's LoRA adapter stands on each (running, loaded, none); unknown_model says the proxy
+ * would answer vLLM's 404 itself. */
 typedef struct explain_s {
   kvr_admin_t *a;
   kvr_http_req_t *req;
@@ -295,6 +297,9 @@ static void explain_answer(explain_t *x) {
     cJSON_AddStringToObject(e, "url", w->url);
     cJSON_AddStringToObject(e, "state", kvr_worker_state_name(w->state));
     cJSON_AddBoolToObject(e, "serves_model", kvr_router_worker_serves(w, model));
+    static const char *const adapter[] = {"none", "loaded", "running"};
+    cJSON_AddStringToObject(e, "adapter", adapter[s->adapter <= 2 ? s->adapter : 0]);
+    cJSON_AddBoolToObject(e, "lora_load", kvr_router_lora_needs_load(r, w, model) != NULL);
     if (w->models_known) {
       cJSON *ids = cJSON_AddArrayToObject(e, "models");
       for (size_t k = 0; k < w->models.n; k++)

@@ -11,7 +11,11 @@
  *     -> admission bound, when on: waits in proxy->queue while every usable worker has
  *        admission_max_inflight in flight, or 503 (see admit() and pump())
  *     -> kvr_router_decide(): cache-index match + policy -> worker slot, among the workers serving
- *        the request's model
+ *        the request's model (and, for an adapter of --lora-adapter, its base's workers)
+ *     -> a LoRA adapter the chosen worker does not list yet (kvr_router_lora_needs_load): the
+ *        request waits for the worker's POST /v1/load_lora_adapter (lora.c, one per worker and
+ *        adapter however many requests wait); a failed load is a 502 lora_load_failed in the
+ *        API's shape, no retry
  *     -> attempt: a curl easy handle on the proxy's multi; load accounting begins on the worker
  *          (kvr_router_on_dispatch fills px->acct with what it added)
  *          header callback: status and headers collected (filtered by http_headers.c); first byte
@@ -56,6 +60,7 @@
 
 #include "core/config.h"
 #include "core/router_view.h"
+#include "serve/lora.h"
 #include "serve/tokenize.h"
 
 #include "base/kvr.h"
@@ -109,6 +114,7 @@ struct kvr_proxy_s {
   bool pumping;               /* pump() is running (it may end requests, which call it again) */
   uint64_t rid_state;         /* request-id generator (kvr_http_request_id_gen) */
   kvr_tokenizer_t *tokenizer; /* precise mode's POST /tokenize calls and their cache */
+  kvr_lora_t *lora;           /* runtime LoRA loads (--lora-adapter) */
   kvr_trace_out_t *trace;     /* --trace-out, not owned, or NULL */
   uint64_t resumes[RESUME_RESULTS];
 
@@ -152,7 +158,8 @@ struct px_s {
   uint64_t *kv_chain;
   uint32_t tok_block_size;
   kvr_tokenize_op_t *tok_op;
-  bool tok_sync; /* inside kvr_tokenize(): a cache hit answers before it returns */
+  bool tok_sync;             /* inside kvr_tokenize(): a cache hit answers before it returns */
+  kvr_lora_wait_t lora_wait; /* waiting for its adapter's load on the chosen worker */
   uint64_t tok_t0_ns;
   /* Current attempt. */
   const kvr_worker_t *w; /* valid while acct is open */
@@ -230,6 +237,8 @@ kvr_proxy_t *kvr_proxy_new(uv_loop_t *loop, kvr_router_t *r, kvr_curlm_t *curlm)
   p->tokenizer =
       kvr_tokenizer_new(curlm, r->cfg->tokenize_cache_entries, r->cfg->tokenize_prefix_coverage,
                         r->cfg->connect_timeout_ms, TOKENIZE_TIMEOUT_MS);
+  p->lora =
+      kvr_lora_new(curlm, r, (long)r->cfg->connect_timeout_ms, (long)r->cfg->first_byte_timeout_ms);
   return p;
 }
 
@@ -240,6 +249,7 @@ void kvr_proxy_set_trace(kvr_proxy_t *p, kvr_trace_out_t *t) {
 void kvr_proxy_free(kvr_proxy_t *p) {
   if (p) {
     kvr_tokenizer_free(p->tokenizer);
+    kvr_lora_free(p->lora);
     while (p->neasy_pool > 0)
       curl_easy_cleanup(p->easy_pool[--p->neasy_pool]);
     kvr_buf_free(&p->hdr_lines);
@@ -672,6 +682,7 @@ static void unqueue(px_t *px) {
 
 /* Ends the client side (if still held) and frees px once its timer has closed. */
 static void px_end(px_t *px) {
+  kvr_lora_cancel(&px->lora_wait);
   kvr_tokenize_cancel(px->tok_op);
   px->tok_op = NULL;
   transfer_release(px);
@@ -1366,6 +1377,35 @@ static CURL *upstream_transfer(px_t *px) {
   return e;
 }
 
+/* Starts the transfer of px's current attempt (its worker chosen and accounted). */
+static void attempt_send(px_t *px) {
+  px->easy = upstream_transfer(px);
+  if (kvr_curlm_add(px->proxy->curlm, px->easy, on_done, px) != 0) {
+    fail(px, 502, "upstream_error", "internal", "%s", "cannot start an upstream transfer");
+    px_end(px);
+    return;
+  }
+  px->transfer_active = true;
+  timer_set(px, TM_FIRST_BYTE, px->r->cfg->first_byte_timeout_ms);
+}
+
+/* The load of px's adapter on its worker ended (lora.c): the request goes on, or gets a 502 in
+ * its API's shape naming the adapter, the worker and the worker's answer. */
+static void on_lora_loaded(kvr_lora_wait_t *wait, const kvr_lora_outcome_t *o) {
+  px_t *px = KVR_CONTAINER_OF(wait, px_t, lora_wait);
+  if (o->res != KVR_LORA_LOAD_FAILED) {
+    attempt_send(px);
+    return;
+  }
+  char msg[480];
+  snprintf(msg, sizeof msg, "LoRA adapter '%.100s' could not be loaded on worker %s: %s%ld: %s",
+           px_model(px), px->worker_label, o->status ? "HTTP " : "no answer ", o->status,
+           o->reason);
+  kvr_router_on_request_error(px->r, KVR_REQ_ERROR_UPSTREAM_5XX);
+  fail(px, 502, "lora_load_failed", "lora_load_failed", "%s", msg);
+  px_end(px);
+}
+
 /* Routes px to a worker it has not tried and starts the transfer, or answers 503/502. */
 static void attempt(px_t *px) {
   kvr_router_t *r = px->r;
@@ -1386,14 +1426,17 @@ static void attempt(px_t *px) {
                                px_model(px), &px->acct);
   if (px->session_key.len) /* the key's worker is now this one */
     kvr_router_on_session(r, &px->acct, px->session_key.data, px->session_key.len);
-  px->easy = upstream_transfer(px);
-  if (kvr_curlm_add(px->proxy->curlm, px->easy, on_done, px) != 0) {
-    fail(px, 502, "upstream_error", "internal", "%s", "cannot start an upstream transfer");
-    px_end(px);
+  const kvr_lora_adapter_t *a = kvr_router_lora_needs_load(r, px->w, px_model(px));
+  if (a == NULL) {
+    attempt_send(px);
     return;
   }
-  px->transfer_active = true;
-  timer_set(px, TM_FIRST_BYTE, r->cfg->first_byte_timeout_ms);
+  px->lora_wait.cb = on_lora_loaded;
+  if (kvr_lora_load(px->proxy->lora, px->w, a, &px->lora_wait) != 0) {
+    fail(px, 502, "lora_load_failed", "lora_load_failed", "%s",
+         "cannot start loading the request's LoRA adapter");
+    px_end(px);
+  }
 }
 
 /* The access-log line of a request naming model (NULL: none) the router answers itself (no

@@ -314,6 +314,29 @@ static void apply_workers(kvr_config_t *live, kvr_config_t *next, kvr_router_t *
   next->nworkers = n;
 }
 
+/* The runtime-loadable LoRA adapters (lora_adapters) are read at each request: a changed list is
+ * swapped in whole (a load in flight keeps its own copy of its adapter). */
+static bool lora_same(const kvr_lora_adapter_t *a, const kvr_lora_adapter_t *b) {
+  return strcmp(a->name, b->name) == 0 && strcmp(a->path, b->path) == 0 && str_eq(a->base, b->base);
+}
+
+static void apply_lora_adapters(kvr_config_t *live, kvr_config_t *next, int *applied) {
+  bool same = live->nlora_adapters == next->nlora_adapters;
+  for (size_t i = 0; same && i < live->nlora_adapters; i++)
+    same = lora_same(&live->lora_adapters[i], &next->lora_adapters[i]);
+  if (same)
+    return;
+  KVR_INFO("reload", "lora_adapters: %zu -> %zu adapters", live->nlora_adapters,
+           next->nlora_adapters);
+  kvr_lora_adapter_t *t = live->lora_adapters;
+  size_t n = live->nlora_adapters;
+  live->lora_adapters = next->lora_adapters;
+  live->nlora_adapters = next->nlora_adapters;
+  next->lora_adapters = t;
+  next->nlora_adapters = n;
+  (*applied)++;
+}
+
 /* The peer list is read when the poll timer starts: a change needs a restart. */
 static void check_peers(const kvr_config_t *live, const kvr_config_t *next, int *restart) {
   bool same = live->npeers == next->npeers;
@@ -413,6 +436,7 @@ int kvr_reload_apply(kvr_config_t *live, kvr_router_t *r, const kvr_discovery_t 
   bool seed_changed = next.seed != live->seed;
   apply_settings(live, &next, &applied, &restart);
   check_peers(live, &next, &restart);
+  apply_lora_adapters(live, &next, &applied);
   apply_workers(live, &next, r, disc, &applied);
   apply_policy(live, &next, r, cand, seed_changed, &applied);
   kvr_policy_destroy(cand);

@@ -161,6 +161,7 @@ static void random_snaps(kvr_worker_snap_t *w, size_t n, kvr_route_req_t *req) {
     w[i].cache_capacity_blocks = rnd() % 3 ? 20000 : 0;
     w[i].cached_blocks = rnd() % 20000;
     w[i].matched_blocks = req->nblocks ? rnd() % (req->nblocks + 1) : 0;
+    w[i].adapter = (uint8_t)(rnd() % 3);
   }
 }
 
@@ -460,6 +461,96 @@ static void test_kv_aware_prefill_gate(void **state) {
   assert_true(k != 1 && s[1].capped);
   assert_false(s[0].capped || s[2].capped || s[3].capped);
   kvr_policy_destroy(p);
+}
+
+/* LoRA adapters: kv_aware prefers the workers running the request's adapter, then those where it
+ * is loaded, then those that would load it, within the bounded load (the same as a cached
+ * prefix's): a busier running worker wins over idle loaded ones until the bound caps it, and a
+ * worker more than balance_slack below the mean stays open. The prefill gate comes first. */
+static void test_kv_aware_adapter_affinity(void **state) {
+  (void)state;
+  kvr_policy_t *p = make("kv_aware", NULL); /* balance_slack 8, epsilon 0.5 */
+  kvr_worker_snap_t w[4];
+  kvr_policy_score_t s[4];
+  kvr_route_req_t req = {
+      .blocks = NULL, .nblocks = 0, .block_chars = 64, .prompt_tokens = 500, .max_tokens = 50};
+  idle_workers(w, 4);
+  w[0].adapter = KVR_ADAPTER_NONE;
+  w[1].adapter = KVR_ADAPTER_LOADED;
+  w[2].adapter = KVR_ADAPTER_RUNNING;
+  w[3].adapter = KVR_ADAPTER_LOADED;
+  w[2].inflight = 6;
+  w[2].active_tokens = 30000; /* busier by far: the cost alone would send it elsewhere */
+  assert_int_equal(kvr_policy_select(p, w, 4, &req, 0, s), 2);
+  assert_true(s[0].capped && s[1].capped && s[3].capped);
+  /* Not running anywhere: the loaded ones, the cheaper of them. */
+  w[2].adapter = KVR_ADAPTER_NONE;
+  w[3].active_tokens = 1000;
+  assert_int_equal(kvr_policy_select(p, w, 4, &req, 0, s), 1);
+  assert_true(s[0].capped && s[2].capped && !s[3].capped);
+  /* The bound wins: the running worker at the in-flight limit (max(1.5 x 6, 6 + 8) = 14 with 23
+   * in flight over 4) is capped, and the adapter gate then picks among the rest (loaded first). */
+  w[2].adapter = KVR_ADAPTER_RUNNING;
+  w[2].inflight = 20;
+  w[0].inflight = w[1].inflight = w[3].inflight = 1;
+  int k = kvr_policy_select(p, w, 4, &req, 0, s);
+  assert_true(s[2].capped);
+  assert_true(k == 1 || k == 3);
+  assert_true(s[0].capped);
+  /* Tight bounds (slack 1): the running worker keeps the request while the bound allows... */
+  kvr_policy_t *tight = make("kv_aware", "{\"balance_slack\":1,\"balance_epsilon\":2}");
+  idle_workers(w, 4);
+  w[0].adapter = KVR_ADAPTER_RUNNING;
+  assert_int_equal(kvr_policy_select(tight, w, 4, &req, 0, s), 0);
+  assert_true(s[1].capped && s[2].capped && s[3].capped);
+  /* ...and a worker more than balance_slack below the mean in flight stays open whatever its
+   * state: 9 in flight, mean 2.5, limit max(3 x 2.5, 2.5 + 1) = 7.5 keeps worker 0 open, the gate
+   * caps workers 1 and 2 (3 >= 1.5) but not the idle worker 3, which is cheaper. */
+  w[0].inflight = w[1].inflight = w[2].inflight = 3;
+  assert_int_equal(kvr_policy_select(tight, w, 4, &req, 0, s), 3);
+  assert_true(!s[0].capped && s[1].capped && s[2].capped && !s[3].capped);
+  w[0].inflight = 20; /* 26 in flight, mean 6.75: over max(3 x 6.75, 7.75) = 20.25, capped */
+  k = kvr_policy_select(tight, w, 4, &req, 0, s);
+  assert_true(s[0].capped && k == 3);
+  kvr_policy_destroy(tight);
+  /* A base model request (no adapter anywhere) is unchanged: the cost decides. */
+  idle_workers(w, 4);
+  w[0].inflight = 2;
+  assert_true(kvr_policy_select(p, w, 4, &req, 0, s) != 0);
+  kvr_policy_destroy(p);
+}
+
+/* Every policy of the registry takes a request naming an adapter only among the usable workers
+ * the router left it (those listing it or, for a runtime adapter, serving its base): whatever the
+ * adapter states, never an unusable worker. */
+static void test_adapter_eligibility_all_policies(void **state) {
+  (void)state;
+  for (size_t k = 0; kvr_policy_registry[k]; k++) {
+    kvr_policy_t *p = make(kvr_policy_registry[k]->name, NULL);
+    kvr_worker_snap_t w[6];
+    kvr_policy_score_t s[6];
+    kvr_route_req_t req = {.prompt_tokens = 100, .block_chars = 64};
+    uint64_t r = 7 + k;
+    for (int n = 0; n < 300; n++) {
+      idle_workers(w, 6);
+      for (int i = 0; i < 6; i++) {
+        w[i].usable = kvr_splitmix64(&r) % 3 != 0;
+        w[i].adapter = (uint8_t)(kvr_splitmix64(&r) % 3);
+        w[i].inflight = (uint32_t)(kvr_splitmix64(&r) % 20);
+        w[i].rank = kvr_splitmix64(&r) | 1;
+      }
+      int pick = kvr_policy_select(p, w, 6, &req, 0, s);
+      bool any = false;
+      for (int i = 0; i < 6; i++)
+        any |= w[i].usable;
+      if (!any) {
+        assert_int_equal(pick, KVR_POLICY_NONE);
+        continue;
+      }
+      assert_true(pick >= 0 && pick < 6 && w[pick].usable);
+    }
+    kvr_policy_destroy(p);
+  }
 }
 
 /* On a mixed fleet the decode load counts relative to each worker's KV cache. */
@@ -1274,19 +1365,18 @@ static void test_llmd_precise_ties_and_exploration(void **state) {
     assert_int_not_equal(picks[k], 0);
 }
 
-KVR_TEST_MAIN(cmocka_unit_test(test_registry), cmocka_unit_test(test_param_errors),
-              cmocka_unit_test(test_contract_all_policies),
-              cmocka_unit_test(test_round_robin_and_least_load),
-              cmocka_unit_test(test_kv_aware_rules), cmocka_unit_test(test_kv_aware_prefill_gate),
-              cmocka_unit_test(test_kv_aware_capacity),
-              cmocka_unit_test(test_kv_aware_joins_the_prefill_closest_to_done),
-              cmocka_unit_test(test_gie_scorer_rules), cmocka_unit_test(test_sglang_rules),
-              cmocka_unit_test(test_dynamo_kv_cost), cmocka_unit_test(test_dynamo_kv_match_vs_load),
-              cmocka_unit_test(test_dynamo_kv_ties), cmocka_unit_test(test_dynamo_kv_temperature),
-              cmocka_unit_test(test_llmd_precise_scores),
-              cmocka_unit_test(test_llmd_precise_affinity_gate),
-              cmocka_unit_test(test_llmd_precise_ttft_gate),
-              cmocka_unit_test(test_llmd_precise_ties_and_exploration),
-              cmocka_unit_test(test_multiturn_sticks_under_kv_aware),
-              cmocka_unit_test(test_hot_prefix_spreads),
-              cmocka_unit_test(test_no_loss_when_nothing_shared))
+KVR_TEST_MAIN(
+    cmocka_unit_test(test_registry), cmocka_unit_test(test_param_errors),
+    cmocka_unit_test(test_contract_all_policies), cmocka_unit_test(test_round_robin_and_least_load),
+    cmocka_unit_test(test_kv_aware_rules), cmocka_unit_test(test_kv_aware_prefill_gate),
+    cmocka_unit_test(test_kv_aware_capacity), cmocka_unit_test(test_kv_aware_adapter_affinity),
+    cmocka_unit_test(test_adapter_eligibility_all_policies),
+    cmocka_unit_test(test_kv_aware_joins_the_prefill_closest_to_done),
+    cmocka_unit_test(test_gie_scorer_rules), cmocka_unit_test(test_sglang_rules),
+    cmocka_unit_test(test_dynamo_kv_cost), cmocka_unit_test(test_dynamo_kv_match_vs_load),
+    cmocka_unit_test(test_dynamo_kv_ties), cmocka_unit_test(test_dynamo_kv_temperature),
+    cmocka_unit_test(test_llmd_precise_scores), cmocka_unit_test(test_llmd_precise_affinity_gate),
+    cmocka_unit_test(test_llmd_precise_ttft_gate),
+    cmocka_unit_test(test_llmd_precise_ties_and_exploration),
+    cmocka_unit_test(test_multiturn_sticks_under_kv_aware),
+    cmocka_unit_test(test_hot_prefix_spreads), cmocka_unit_test(test_no_loss_when_nothing_shared))

@@ -195,6 +195,72 @@ static void test_cli_workers_replace_file(void **state) {
   remove(path);
 }
 
+/* --lora-adapter in vLLM's --lora-modules forms (NAME=PATH, a JSON object with an optional
+ * base_model_name), the JSON file's "lora_adapters" (strings or objects, replaced by the first
+ * flag), and one line for each bad spec. */
+static void test_lora_adapters(void **state) {
+  (void)state;
+  char err[512];
+  kvr_config_t cfg;
+  char *argv[] = {"serve",
+                  "--worker",
+                  "http://h:1",
+                  "--lora-adapter",
+                  "sql=/adapters/sql",
+                  "--lora-adapter",
+                  "{\"name\":\"chat\",\"path\":\"s3://b/chat\",\"base_model_name\":\"llama\"}"};
+  assert_int_equal(parse(&cfg, err, sizeof err, 7, argv), 0);
+  assert_int_equal(cfg.nlora_adapters, 2);
+  assert_string_equal(cfg.lora_adapters[0].name, "sql");
+  assert_string_equal(cfg.lora_adapters[0].path, "/adapters/sql");
+  assert_null(cfg.lora_adapters[0].base);
+  assert_string_equal(cfg.lora_adapters[1].name, "chat");
+  assert_string_equal(cfg.lora_adapters[1].path, "s3://b/chat");
+  assert_string_equal(cfg.lora_adapters[1].base, "llama");
+  kvr_config_free(&cfg);
+  const char *path = "/tmp/kvr_test_config_lora.json";
+  FILE *f = fopen(path, "w");
+  fputs("{\"workers\":[\"http://127.0.0.1:1\"],\"lora_adapters\":[\"a=/p/a\","
+        "{\"name\":\"b\",\"path\":\"/p/b\"}]}",
+        f);
+  fclose(f);
+  char *file_only[] = {"serve", "--config", (char *)path};
+  assert_int_equal(parse(&cfg, err, sizeof err, 3, file_only), 0);
+  assert_int_equal(cfg.nlora_adapters, 2);
+  assert_string_equal(cfg.lora_adapters[1].path, "/p/b");
+  kvr_config_free(&cfg);
+  char *replaced[] = {"serve", "--config", (char *)path, "--lora-adapter", "c=/p/c"};
+  assert_int_equal(parse(&cfg, err, sizeof err, 5, replaced), 0);
+  assert_int_equal(cfg.nlora_adapters, 1);
+  assert_string_equal(cfg.lora_adapters[0].name, "c");
+  kvr_config_free(&cfg);
+  remove(path);
+  static const struct {
+    const char *spec, *needle;
+  } bad[] = {
+      {"noequals", "want NAME=PATH"},
+      {"a=/p,b=/q", "want NAME=PATH"},
+      {"=/p", "needs a name and a path"},
+      {"a=", "needs a name and a path"},
+      {"{\"name\":\"a\"}", "needs a name and a path"},
+      {"{\"name\":\"a\",\"path\":\"/p\",\"rank\":8}", "unknown key"},
+      {"{\"name\":1,\"path\":\"/p\"}", "non-string"},
+      {"{not json", "not a JSON object"},
+  };
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(bad); i++) {
+    char *one[] = {"serve", "--worker", "http://h:1", "--lora-adapter", (char *)bad[i].spec};
+    assert_int_not_equal(parse(&cfg, err, sizeof err, 5, one), 0);
+    if (strstr(err, bad[i].needle) == NULL)
+      fail_msg("'%s': '%s' lacks '%s'", bad[i].spec, err, bad[i].needle);
+    kvr_config_free(&cfg);
+  }
+  char *twice[] = {"serve", "--worker",       "http://h:1", "--lora-adapter",
+                   "a=/p",  "--lora-adapter", "a=/q"};
+  assert_int_not_equal(parse(&cfg, err, sizeof err, 7, twice), 0);
+  assert_non_null(strstr(err, "listed twice"));
+  kvr_config_free(&cfg);
+}
+
 /* Worker URLs go through libcurl's URL parser: bad ports, no host, user info, query, fragment and
  * paths are refused with one line naming the URL; https:// is accepted; the form is normalized. */
 static void test_worker_url_check(void **state) {
@@ -456,7 +522,7 @@ static void test_reliability_keys(void **state) {
 KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_flags),
               cmocka_unit_test(test_errors), cmocka_unit_test(test_json_and_precedence),
               cmocka_unit_test(test_engine_wording),
-              cmocka_unit_test(test_cli_workers_replace_file),
+              cmocka_unit_test(test_cli_workers_replace_file), cmocka_unit_test(test_lora_adapters),
               cmocka_unit_test(test_worker_url_check),
               cmocka_unit_test(test_json_syntax_error_position),
               cmocka_unit_test(test_admin_token_file), cmocka_unit_test(test_reliability_keys),

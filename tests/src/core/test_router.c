@@ -1434,6 +1434,150 @@ static void test_models_metrics(void **state) {
   fx_close(&f);
 }
 
+/* ---- LoRA adapters (issue 35) -------------------------------------------------------------------
+ */
+
+/* Worker id's /metrics page with vllm:lora_requests_info naming running (taken now). */
+static void feed_lora_page(kvr_router_t *r, uint32_t id, const char *running) {
+  char page[512];
+  snprintf(page, sizeof page,
+           "vllm:num_requests_running 1\n"
+           "vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"\","
+           "waiting_lora_adapters=\"\"} 100\n"
+           "vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"%s\","
+           "waiting_lora_adapters=\"\"} 200\n",
+           running);
+  kvr_vllm_metrics_t m;
+  assert_int_equal(kvr_vllm_parse_metrics(page, strlen(page), kvr_router_now_ns(r) / 1000000u, &m),
+                   0);
+  assert_int_equal(kvr_router_on_scrape(r, id, &m), 0);
+}
+
+/* The adapter state each decision gives the policy: running where the worker's fresh /metrics
+ * has it in the batch, loaded where its list holds it, none elsewhere and for base names; kv_aware
+ * sends the request to the running worker. */
+static void test_lora_adapter_state(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "kv_aware");
+  kvr_router_t *r = f.r;
+  assert_int_equal(feed_models(r, r->slots[0]->id, LLAMA_LIST), 0);
+  assert_int_equal(feed_models(r, r->slots[1]->id, LLAMA_LIST), 0);
+  assert_int_equal(feed_model(r, r->slots[2]->id, "llama-70b", 8192), 0);
+  feed_lora_page(r, r->slots[1]->id, "other,sql-lora");
+  assert_true(r->slots[1]->lora.present);
+  assert_string_equal(r->slots[1]->lora.running, "other,sql-lora");
+  kvr_route_req_t req = {.prompt_tokens = 100, .block_chars = 64};
+  kvr_router_avoid_t avoid = {NULL, 0, false, "sql-lora", 0};
+  kvr_decision_t d;
+  for (int i = 0; i < 5; i++)
+    assert_int_equal(kvr_router_decide(r, &req, &avoid, true, &d), 1);
+  assert_int_equal(d.snaps[0].adapter, KVR_ADAPTER_LOADED);
+  assert_int_equal(d.snaps[1].adapter, KVR_ADAPTER_RUNNING);
+  assert_int_equal(d.snaps[2].adapter, KVR_ADAPTER_NONE);
+  assert_false(d.snaps[2].usable); /* it does not list the adapter */
+  /* A base name: no adapter anywhere, every worker eligible. */
+  avoid.model = "llama-70b";
+  kvr_router_decide(r, &req, &avoid, false, &d);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(d.snaps[i].adapter, KVR_ADAPTER_NONE);
+    assert_true(d.snaps[i].usable);
+  }
+  /* Stale figures say nothing of the batch: loaded, not running. */
+  kvr_vllm_metrics_t stale = {.at_ms = 1};
+  stale.lora = r->slots[1]->lora;
+  assert_int_equal(kvr_router_on_scrape(r, r->slots[1]->id, &stale), 0);
+  avoid.model = "sql-lora";
+  kvr_router_decide(r, &req, &avoid, false, &d);
+  assert_int_equal(d.snaps[1].adapter, KVR_ADAPTER_LOADED);
+  /* A page without the series (LoRA off): nothing running. */
+  kvr_vllm_metrics_t plain = {.at_ms = kvr_router_now_ns(r) / 1000000u};
+  assert_int_equal(kvr_router_on_scrape(r, r->slots[1]->id, &plain), 0);
+  assert_false(r->slots[1]->lora.present);
+  fx_close(&f);
+}
+
+/* Runtime adapters (--lora-adapter): eligible where listed and on every worker of their base (any
+ * worker without a base); a load in progress counts as loaded; a finished one adds the card until
+ * the next list; failures add nothing; the counters. Every policy of the registry stays within
+ * the eligible workers. */
+static void test_lora_runtime_adapters(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "kv_aware");
+  kvr_router_t *r = f.r;
+  char err[256];
+  assert_int_equal(
+      kvr_config_add_lora_adapter(
+          &f.cfg, "{\"name\":\"dyn\",\"path\":\"/adapters/dyn\",\"base_model_name\":\"llama-70b\"}",
+          err, sizeof err),
+      0);
+  assert_int_equal(kvr_config_add_lora_adapter(&f.cfg, "any=/adapters/any", err, sizeof err), 0);
+  const kvr_worker_t *w0 = r->slots[0], *w1 = r->slots[1], *w2 = r->slots[2];
+  assert_int_equal(feed_models(r, w0->id, LLAMA_LIST), 0);
+  assert_int_equal(feed_model(r, w1->id, "qwen-32b", 24704), 0);
+  /* w2's list is not known: it is eligible for anything. */
+  assert_false(kvr_router_model_unknown(r, "dyn"));
+  assert_null(kvr_router_lora_dynamic(r, "sql-lora"));
+  assert_non_null(kvr_router_lora_dynamic(r, "dyn"));
+  assert_int_equal(feed_model(r, w2->id, "qwen-32b", 24704), 0);
+  assert_false(kvr_router_model_unknown(r, "dyn"));
+  assert_false(kvr_router_model_unknown(r, "any"));
+  for (int i = 0; i < 6; i++) {
+    assert_int_equal(decide_model(r, "dyn"), 0); /* the only llama-70b worker */
+    int k = decide_model(r, "any");
+    assert_true(k >= 0 && k <= 2);
+  }
+  assert_non_null(kvr_router_lora_needs_load(r, w0, "dyn"));
+  assert_null(kvr_router_lora_needs_load(r, w0, "sql-lora")); /* listed, not runtime */
+  assert_null(kvr_router_lora_needs_load(r, w0, "llama-70b"));
+  /* Loading "any" on w1: loaded there for decisions while in flight. */
+  assert_int_equal(kvr_router_on_lora_load_start(r, w1->id, "any"), 0);
+  kvr_route_req_t req = {.prompt_tokens = 100, .block_chars = 64};
+  kvr_router_avoid_t avoid = {NULL, 0, false, "any", 0};
+  kvr_decision_t d;
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(kvr_router_decide(r, &req, &avoid, true, &d), 1);
+  assert_int_equal(d.snaps[0].adapter, KVR_ADAPTER_NONE);
+  assert_int_equal(d.snaps[1].adapter, KVR_ADAPTER_LOADED);
+  /* It ends "already loaded": the card is added, parent the worker's first base name. */
+  const kvr_lora_adapter_t *any = kvr_router_lora_dynamic(r, "any");
+  assert_int_equal(kvr_router_on_lora_load_done(r, w1->id, any, KVR_LORA_LOAD_ALREADY_LOADED), 0);
+  assert_int_equal(w1->nlora_loading, 0);
+  const kvr_vllm_model_t *c = kvr_vllm_models_find(&w1->models, "any");
+  assert_non_null(c);
+  assert_string_equal(c->parent, "qwen-32b");
+  assert_string_equal(c->root, "/adapters/any");
+  assert_null(kvr_router_lora_needs_load(r, w1, "any"));
+  assert_true(kvr_router_worker_serves(w1, "any"));
+  assert_string_equal(kvr_router_model_label(r, "any"), "any");
+  /* "dyn" on w0 fails: nothing added, still to load. */
+  const kvr_lora_adapter_t *dyn = kvr_router_lora_dynamic(r, "dyn");
+  assert_int_equal(kvr_router_on_lora_load_start(r, w0->id, "dyn"), 0);
+  assert_int_equal(kvr_router_on_lora_load_done(r, w0->id, dyn, KVR_LORA_LOAD_FAILED), 0);
+  assert_non_null(kvr_router_lora_needs_load(r, w0, "dyn"));
+  assert_int_equal(kvr_router_on_lora_load_start(r, w0->id, "dyn"), 0);
+  assert_int_equal(kvr_router_on_lora_load_done(r, w0->id, dyn, KVR_LORA_LOAD_LOADED), 0);
+  assert_string_equal(kvr_vllm_models_find(&w0->models, "dyn")->parent, "llama-70b");
+  assert_int_equal(kvr_router_on_lora_load_start(r, 999, "dyn"), KVR_ENOENT);
+  assert_int_equal(kvr_router_on_lora_load_done(r, 999, dyn, KVR_LORA_LOAD_FAILED), KVR_ENOENT);
+  assert_metric(r, "kvrouter_lora_load_attempts_total 4");
+  assert_metric(r, "kvrouter_lora_loads_total{result=\"loaded\"} 1");
+  assert_metric(r, "kvrouter_lora_loads_total{result=\"already_loaded\"} 1");
+  assert_metric(r, "kvrouter_lora_loads_total{result=\"failed\"} 2");
+  /* The next list that does not hold it: to be loaded again. */
+  assert_int_equal(feed_model(r, w1->id, "qwen-32b", 24704), 0);
+  assert_non_null(kvr_router_lora_needs_load(r, w1, "any"));
+  /* Every policy stays within the eligible workers for a runtime adapter with a base. */
+  for (size_t k = 0; kvr_policy_registry[k]; k++) {
+    assert_int_equal(kvr_router_set_policy(r, kvr_policy_registry[k]->name, NULL, err, sizeof err),
+                     0);
+    for (int i = 0; i < 20; i++)
+      assert_int_equal(decide_model(r, "dyn"), 0);
+  }
+  fx_close(&f);
+}
+
 KVR_TEST_MAIN(
     cmocka_unit_test(test_round_robin_and_tried), cmocka_unit_test(test_response_id_affinity),
     cmocka_unit_test(test_look_changes_nothing), cmocka_unit_test(test_accounting_and_drain),
@@ -1449,4 +1593,5 @@ KVR_TEST_MAIN(
     cmocka_unit_test(test_ejection_keeps_a_worker), cmocka_unit_test(test_retry_budget),
     cmocka_unit_test(test_admission_bound), cmocka_unit_test(test_models_eligibility),
     cmocka_unit_test(test_models_policy_contract), cmocka_unit_test(test_models_union),
-    cmocka_unit_test(test_models_metrics))
+    cmocka_unit_test(test_models_metrics), cmocka_unit_test(test_lora_adapter_state),
+    cmocka_unit_test(test_lora_runtime_adapters))

@@ -555,7 +555,104 @@ static void test_model_not_found(void **state) {
   kvr_buf_free(&b);
 }
 
+/* vllm:lora_requests_info as vLLM's loggers.py writes it (one series per label set ever seen,
+ * the value the time of its update): the newest series wins wherever it stands on the page; its
+ * lists, max_lora, escapes; absent without LoRA; a page of it alone is no load page. */
+static void test_parse_lora_info(void **state) {
+  (void)state;
+  const char *info =
+      "# HELP vllm:lora_requests_info Running stats on lora requests.\n"
+      "# TYPE vllm:lora_requests_info gauge\n"
+      "vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql-lora,chat\","
+      "waiting_lora_adapters=\"x\"} 1.7514432e+09\n"
+      "vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"chat\","
+      "waiting_lora_adapters=\"\"} 1.751443205e+09\n"
+      "vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"\","
+      "waiting_lora_adapters=\"\"} 1.751443201e+09\n"
+      "vllm:num_requests_running 1\n";
+  kvr_vllm_metrics_t m;
+  assert_int_equal(kvr_vllm_parse_metrics(info, strlen(info), 1, &m), 0);
+  assert_true(m.lora.present);
+  assert_false(m.lora.cut);
+  assert_int_equal(m.lora.max_lora, 2);
+  assert_string_equal(m.lora.running, "chat"); /* the second series: the largest value */
+  assert_string_equal(m.lora.waiting, "");
+  assert_true(kvr_vllm_lora_list_has(m.lora.running, "chat"));
+  assert_false(kvr_vllm_lora_list_has(m.lora.running, "cha"));
+  assert_true(kvr_vllm_lora_list_has("sql-lora,chat", "sql-lora"));
+  assert_true(kvr_vllm_lora_list_has("sql-lora,chat", "chat"));
+  assert_false(kvr_vllm_lora_list_has("sql-lora,chat", ""));
+  assert_false(kvr_vllm_lora_list_has("", "chat"));
+  /* Escaped label values (a name with a quote, a backslash) and labels in another order. */
+  const char *esc = "vllm:lora_requests_info{waiting_lora_adapters=\"w\\\\1\","
+                    "running_lora_adapters=\"a\\\"b,c\",max_lora=\"4\"} 3\n"
+                    "vllm:num_requests_waiting 0\n";
+  assert_int_equal(kvr_vllm_parse_metrics(esc, strlen(esc), 1, &m), 0);
+  assert_string_equal(m.lora.running, "a\"b,c");
+  assert_string_equal(m.lora.waiting, "w\\1");
+  assert_int_equal(m.lora.max_lora, 4);
+  /* Without LoRA: absent. A page of it alone is not a load page. */
+  const char *plain = "vllm:num_requests_running 0\n";
+  assert_int_equal(kvr_vllm_parse_metrics(plain, strlen(plain), 1, &m), 0);
+  assert_false(m.lora.present);
+  const char *alone = "vllm:lora_requests_info{max_lora=\"1\",running_lora_adapters=\"a\","
+                      "waiting_lora_adapters=\"\"} 5\n";
+  assert_int_equal(kvr_vllm_parse_metrics(alone, strlen(alone), 1, &m), KVR_EPARSE);
+  /* A series without the adapter labels, or with a value that never closes, is not vLLM's. */
+  const char *odd = "vllm:lora_requests_info{max_lora=\"1\"} 9\n"
+                    "vllm:lora_requests_info{running_lora_adapters=\"a} 9\n"
+                    "vllm:num_requests_running 0\n";
+  assert_int_equal(kvr_vllm_parse_metrics(odd, strlen(odd), 1, &m), 0);
+  assert_false(m.lora.present);
+  /* A running list over KVR_VLLM_LORA_NAMES_MAX: cut after its last whole name. */
+  kvr_buf_t b = KVR_BUF_INIT;
+  kvr_buf_puts(&b, "vllm:lora_requests_info{max_lora=\"64\",running_lora_adapters=\"");
+  for (int i = 0; i < 200; i++)
+    kvr_buf_printf(&b, "%sad%03d", i ? "," : "", i);
+  kvr_buf_puts(&b, "\",waiting_lora_adapters=\"\"} 7\nvllm:num_requests_running 3\n");
+  assert_int_equal(kvr_vllm_parse_metrics(b.data, b.len, 1, &m), 0);
+  assert_true(m.lora.cut);
+  assert_true(strlen(m.lora.running) < KVR_VLLM_LORA_NAMES_MAX);
+  assert_true(kvr_vllm_lora_list_has(m.lora.running, "ad000"));
+  assert_true(kvr_vllm_lora_list_has(m.lora.running, "ad169")); /* 170 names of 6 bytes fit */
+  assert_false(kvr_vllm_lora_list_has(m.lora.running, "ad199"));
+  assert_int_equal(m.lora.running[strlen(m.lora.running) - 1], '9'); /* no half name, no comma */
+  kvr_buf_free(&b);
+}
+
+/* A card the router adds for an adapter it loaded: vLLM's shape, found by id, listed once; the
+ * bounds of a list. */
+static void test_models_add_adapter(void **state) {
+  (void)state;
+  kvr_vllm_models_t m = {0};
+  assert_int_equal(kvr_vllm_models_add_adapter(&m, "dyn", "/adapters/dyn", "base", 7), 0);
+  assert_int_equal(m.n, 1);
+  assert_true(m.complete);
+  const kvr_vllm_model_t *c = kvr_vllm_models_find(&m, "dyn");
+  assert_non_null(c);
+  assert_string_equal(c->parent, "base");
+  assert_string_equal(c->root, "/adapters/dyn");
+  assert_int_equal(c->max_model_len, 0);
+  assert_string_equal(c->card, "{\"id\":\"dyn\",\"object\":\"model\",\"created\":7,\"owned_by\":"
+                               "\"vllm\",\"root\":\"/adapters/dyn\",\"parent\":\"base\","
+                               "\"max_model_len\":null}");
+  assert_int_equal(kvr_vllm_models_add_adapter(&m, "dyn", "/elsewhere", "base", 8), 1);
+  assert_int_equal(m.n, 1);
+  assert_int_equal(kvr_vllm_models_add_adapter(&m, "orphan", "/a", NULL, 8), 0);
+  assert_null(kvr_vllm_models_find(&m, "orphan")->parent);
+  for (int i = 2; i < KVR_VLLM_MODELS_MAX; i++) {
+    char id[16];
+    snprintf(id, sizeof id, "a%d", i);
+    assert_int_equal(kvr_vllm_models_add_adapter(&m, id, "/p", "base", 1), 0);
+  }
+  assert_int_equal(kvr_vllm_models_add_adapter(&m, "one-more", "/p", "base", 1), KVR_ELIMIT);
+  assert_false(m.complete);
+  assert_int_equal(m.n, KVR_VLLM_MODELS_MAX);
+  kvr_vllm_models_free(&m);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_parse), cmocka_unit_test(test_parse_models),
+              cmocka_unit_test(test_parse_lora_info), cmocka_unit_test(test_models_add_adapter),
               cmocka_unit_test(test_parse_model_list), cmocka_unit_test(test_model_not_found),
               cmocka_unit_test(test_parse_counters), cmocka_unit_test(test_counters_advance),
               cmocka_unit_test(test_actual_sources), cmocka_unit_test(test_report_path),
