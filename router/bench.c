@@ -150,8 +150,9 @@ static int check_and_run(kvr_runner_opts_t *o, int argc, char **argv) {
 static const kvr_cli_opt_t study_options[] = {
     {KVR_CLI_LIST, "scenarios", KVR_CLI_ARRAY(kvr_study_opts_t, scenarios, nscenarios),
      .arg = "LIST", .elem = KVR_CLI_STR,
-     .help = "scenarios (default all: multiturn, documents, control, agentic, hot-prefix, bursty, "
-             "mixed-fleet, trace, trace-fleet)"},
+     .help =
+         "scenarios (default all: multiturn, documents, control, agentic, hot-prefix, bursty, "
+         "mixed-fleet, agentic-responses, agentic-responses-no-id-affinity, trace, trace-fleet)"},
     {KVR_CLI_LIST, "policies", KVR_CLI_ARRAY(kvr_study_opts_t, policies, npolicies), .arg = "LIST",
      .elem = KVR_CLI_STR,
      .help = "policies, the first the baseline (default every policy, then the oracle)"},

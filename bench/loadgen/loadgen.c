@@ -81,6 +81,8 @@ typedef struct conv_s {
   bool waiting;         /* next_turn is due to be sent and not in flight */
   bool dead;            /* finished or abandoned after a failure */
   bool user_first;      /* its next send is its user's first request of the level */
+  char *prev_id;        /* Responses API: the id of the last answered turn (owned), which the
+                         * next turn names as previous_response_id; NULL before the first */
   unsigned user;        /* concurrency mode: the user running it */
 } conv_t;
 
@@ -100,6 +102,7 @@ struct kvr_loadgen_req_s {
   uint64_t engine_ns; /* the simulator's engine share of the TTFT, wall ns; 0 if not reported */
   bool stream_error;
   bool keep_answer; /* the streamed text is resent by a later turn (session mode) */
+  char *resp_id;    /* Responses API: the answer's id (response.created), owned, or NULL */
   kvr_req_rec_t rec;
   kvr_list_t node; /* in lg->inflight from kvr_curlm_add until done or cancelled */
 };
@@ -239,7 +242,7 @@ kvr_loadgen_t *kvr_loadgen_new(uv_loop_t *loop, const kvr_loadgen_opts_t *o,
     while (u.len > 0 && u.data[u.len - 1] == '/')
       u.data[--u.len] = '\0';
     if (u.len < 8 || strstr(u.data + 8, "/v1/") == NULL)
-      kvr_buf_puts(&u, o->api == KVR_API_CHAT ? "/v1/chat/completions" : "/v1/completions");
+      kvr_buf_puts(&u, kvr_workload_api_path(o->api));
     lg->urls[lg->nurls++] = kvr_buf_steal(&u);
     p = comma ? comma + 1 : p + n;
   }
@@ -352,6 +355,7 @@ static void req_free(req_t *r) {
   kvr_buf_free(&r->answer);
   kvr_buf_free(&r->errbody);
   kvr_buf_free(&r->text);
+  free(r->resp_id);
   free(r->itls);
   free(r);
 }
@@ -489,6 +493,8 @@ static void on_event(req_t *r, const char *data, size_t len, uint64_t now) {
   }
   kvr_openai_chunk_t c;
   kvr_openai_chunk_read(j, &c);
+  if (c.response_id != NULL && r->resp_id == NULL) /* response.created: what the next turn names */
+    r->resp_id = kvr_xstrdup(c.response_id);
   if (c.error && !cJSON_IsNull(c.error)) {
     r->stream_error = true;
     set_error(r, c.error_message ? c.error_message : "error event in stream");
@@ -614,6 +620,11 @@ static void conv_advance(kvr_loadgen_t *lg, conv_t *cv, req_t *r, bool ok, uint6
   cv->answers[r->turn] = kvr_buf_steal(&r->answer);
   if (cv->answers[r->turn] == NULL)
     cv->answers[r->turn] = kvr_xstrdup("");
+  if (r->resp_id != NULL) { /* the Responses API: the next turn names this answer */
+    free(cv->prev_id);
+    cv->prev_id = r->resp_id;
+    r->resp_id = NULL;
+  }
   cv->next_turn = r->turn + 1;
   if (cv->next_turn >= cv->conv.nturns) {
     cv->dead = true;
@@ -640,6 +651,10 @@ static void finish_request(kvr_loadgen_t *lg, req_t *r, const char *transport_er
     set_error(r, msg);
   } else if (rec->chunks == 0)
     set_error(r, "stream carried no tokens");
+  if (rec->ok && lg->o.api == KVR_API_RESPONSES && r->resp_id == NULL) {
+    rec->ok = false; /* the chain cannot go on: the next turn has no id to name */
+    set_error(r, "the Responses answer named no response id");
+  }
   if (!rec->usage_seen)
     rec->output_tokens = rec->chunks;
   rec->sent_s = (double)(r->sent_ns - lg->start_ns) / 1e9 * s;
@@ -719,7 +734,10 @@ static conv_t *conv_open(kvr_loadgen_t *lg, unsigned user) {
  * answers of their max_tokens (pre-built answers of a replay workload are kept). Its first send is
  * the user's first request, always warm-up: that history is in no cache yet. */
 static void conv_steady_start(kvr_loadgen_t *lg, conv_t *cv) {
-  uint32_t start = kvr_workload_start_turn(lg->level_seed, cv->user, cv->conv.nturns);
+  /* A Responses chain cannot be joined mid-way: its history is a stored response no one made. */
+  uint32_t start = lg->o.api == KVR_API_RESPONSES
+                       ? 0
+                       : kvr_workload_start_turn(lg->level_seed, cv->user, cv->conv.nturns);
   for (uint32_t t = 0; t < start; t++)
     if (cv->answers[t] == NULL)
       cv->answers[t] = kvr_workload_answer(lg->wl, lg->level_seed, &cv->conv, t);
@@ -731,6 +749,7 @@ static void conv_free(conv_t *cv) {
   for (uint32_t t = 0; t < cv->conv.nturns; t++)
     free(cv->answers[t]);
   free(cv->answers);
+  free(cv->prev_id);
   kvr_workload_conv_free(&cv->conv);
   free(cv);
 }
@@ -743,15 +762,20 @@ static req_t *req_prepare(kvr_loadgen_t *lg, conv_t *cv, uint32_t turn) {
   r->lg = lg;
   r->cv = cv;
   r->turn = turn;
-  r->keep_answer = !lg->replay && turn + 1 < cv->conv.nturns;
+  /* The Responses API resends no answer: the worker's store holds the history. */
+  r->keep_answer = !lg->replay && turn + 1 < cv->conv.nturns && lg->o.api != KVR_API_RESPONSES;
   r->rec.conv = cv->conv.id;
   r->rec.turn = r->turn + 1;
   r->rec.ttft_ms = r->rec.tpot_ms = r->rec.transport_ms = -1;
   kvr_openai_sse_init(&r->sse, SIZE_MAX);
   r->capitl = cv->conv.turns[turn].max_tokens > 1 ? cv->conv.turns[turn].max_tokens - 1 : 1;
   r->itls = kvr_xmalloc(r->capitl * sizeof(double));
-  kvr_workload_body(&cv->conv, r->turn, (const char *const *)cv->answers, lg->model, lg->o.api,
-                    lg->o.ignore_eos, &r->body);
+  if (lg->o.api == KVR_API_RESPONSES)
+    kvr_workload_responses_body(&cv->conv, r->turn, turn > 0 ? cv->prev_id : NULL, lg->model,
+                                lg->o.ignore_eos, &r->body);
+  else
+    kvr_workload_body(&cv->conv, r->turn, (const char *const *)cv->answers, lg->model, lg->o.api,
+                      lg->o.ignore_eos, &r->body);
   if (lg->virt)
     return r; /* the virtual transport takes the body as it is */
   long timeout_ms = lg->o.request_timeout_s > 0 ? (long)(lg->o.request_timeout_s * 1000) : 0;
@@ -1494,6 +1518,11 @@ void kvr_loadgen_vt_head(kvr_loadgen_req_t *r, int status, const char *worker) {
 void kvr_loadgen_vt_token(kvr_loadgen_req_t *r, const char *text, size_t len) {
   on_token(r, now_ns(r->lg));
   keep_text(r, text, len);
+}
+
+void kvr_loadgen_vt_response_id(kvr_loadgen_req_t *r, const char *id) {
+  if (id != NULL && r->resp_id == NULL)
+    r->resp_id = kvr_xstrdup(id);
 }
 
 void kvr_loadgen_vt_usage(kvr_loadgen_req_t *r, uint32_t prompt_tokens, uint32_t completion_tokens,

@@ -1,8 +1,10 @@
 /* loadgen.h -- the open-loop load generator of `kvrouter bench` (libuv + libcurl on one loop).
  *
  * One kvr_loadgen_t drives one OpenAI-compatible endpoint (the router, one worker or a vLLM server)
- * with streaming chat or completions requests built by workload.h, and measures each one into a
- * kvr_req_rec_t (stats.h). Transfers go through kvr_curlm_t (src/net/curlm.h) on the caller's loop.
+ * with streaming chat, completions or Responses requests built by workload.h (Responses: each
+ * turn names the id the previous turn's answer carried, kept per conversation), and measures each
+ * one into a kvr_req_rec_t (stats.h). Transfers go through kvr_curlm_t (src/net/curlm.h) on the
+ * caller's loop.
  *
  * Load modes of kvr_loadgen_run_level():
  *   rate > 0, !sessions   open loop: arrivals at `rate` req/s (gamma gaps, shape = burstiness;
@@ -168,6 +170,9 @@ kvr_loadgen_t *kvr_loadgen_new_virtual(const kvr_loadgen_opts_t *opts, const kvr
 void kvr_loadgen_vt_head(kvr_loadgen_req_t *r, int status, const char *worker);
 /* One streamed token whose text is text[0..len). */
 void kvr_loadgen_vt_token(kvr_loadgen_req_t *r, const char *text, size_t len);
+/* Responses API: the answer's id (its response.created event), which the conversation's next
+ * turn names as previous_response_id. */
+void kvr_loadgen_vt_response_id(kvr_loadgen_req_t *r, const char *id);
 /* The final usage chunk. */
 void kvr_loadgen_vt_usage(kvr_loadgen_req_t *r, uint32_t prompt_tokens, uint32_t completion_tokens,
                           uint32_t cached_tokens);

@@ -622,6 +622,14 @@ kvr_workload_t *kvr_workload_new(const kvr_workload_opts_t *opts, char *err, siz
     snprintf(err, errlen, "workload: --replay-dataset needs --replay-order sample (replay mode)");
     return NULL;
   }
+  if (o->api == KVR_API_RESPONSES &&
+      (o->kind == KVR_WL_TRACE || (o->kind == KVR_WL_MULTITURN && o->replay))) {
+    snprintf(err, errlen,
+             "workload: --api responses sends each turn after the answer whose id it names: a "
+             "session workload (not a trace, not multiturn's replay: add --multiturn-mode "
+             "session)");
+    return NULL;
+  }
   kvr_workload_opts_t ko = *o;
   apply_kind_defaults(&ko);
   if (check_kind_opts(&ko, err, errlen) != 0)
@@ -1060,8 +1068,47 @@ static void user_text(const kvr_conv_t *c, uint32_t t, kvr_buf_t *tmp) {
   kvr_buf_puts(tmp, c->turns[t].user);
 }
 
+const char *kvr_workload_api_path(kvr_api_t api) {
+  return api == KVR_API_CHAT          ? "/v1/chat/completions"
+         : api == KVR_API_COMPLETIONS ? "/v1/completions"
+                                      : "/v1/responses";
+}
+
+const char *kvr_workload_api_name(kvr_api_t api) {
+  return api == KVR_API_CHAT ? "chat" : api == KVR_API_COMPLETIONS ? "completions" : "responses";
+}
+
+void kvr_workload_responses_body(const kvr_conv_t *c, uint32_t turn, const char *prev_id,
+                                 const char *model, bool ignore_eos, kvr_buf_t *out) {
+  kvr_buf_t tmp = KVR_BUF_INIT;
+  kvr_buf_reset(out);
+  kvr_buf_puts(out, "{\"model\":");
+  kvr_buf_json_str(out, model, strlen(model));
+  if (c->system) {
+    kvr_buf_puts(out, ",\"instructions\":");
+    kvr_buf_json_str(out, c->system, strlen(c->system));
+  }
+  user_text(c, turn, &tmp);
+  kvr_buf_puts(out, ",\"input\":");
+  kvr_buf_json_str(out, tmp.data, tmp.len);
+  if (prev_id != NULL && prev_id[0] != '\0') {
+    kvr_buf_puts(out, ",\"previous_response_id\":");
+    kvr_buf_json_str(out, prev_id, strlen(prev_id));
+  }
+  kvr_buf_printf(out, ",\"store\":true,\"max_output_tokens\":%u,\"stream\":true",
+                 c->turns[turn].max_tokens);
+  if (ignore_eos)
+    kvr_buf_puts(out, ",\"ignore_eos\":true");
+  kvr_buf_puts(out, "}");
+  kvr_buf_free(&tmp);
+}
+
 void kvr_workload_body(const kvr_conv_t *c, uint32_t turn, const char *const *answers,
                        const char *model, kvr_api_t api, bool ignore_eos, kvr_buf_t *out) {
+  if (api == KVR_API_RESPONSES) {
+    kvr_workload_responses_body(c, turn, NULL, model, ignore_eos, out);
+    return;
+  }
   kvr_buf_t tmp = KVR_BUF_INIT;
   kvr_buf_reset(out);
   kvr_buf_puts(out, "{\"model\":");

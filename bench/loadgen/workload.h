@@ -26,6 +26,12 @@
  *              share exactly the blocks their id lists share, its max_tokens the trace's output
  *              length; the load generator sends them at the trace's arrival times, scaled.
  *
+ * APIs (kvr_api_t): chat and completions resend the whole history every turn; the Responses API
+ * (api responses, with any kind sent as sessions: not a trace, not multiturn's replay) sends each
+ * turn's new message only, chained by previous_response_id to the answer before it, with
+ * store true: the agentic kind this way is an agent on a Responses server (its tool outputs as
+ * the new input of each turn, the history in the worker's response store).
+ *
  * Reproducibility: conversation k of a level is a pure function of (workload seed, level seed, k).
  * The shared text pool (starters, documents) depends on the workload seed only, so every level and
  * every A/B label sends byte-identical starters. Text is ~4 characters per token, the simulator's
@@ -60,7 +66,15 @@ double kvr_workload_rng_gamma(kvr_rng_t *r, double shape, double scale);
 /* Mixes two 64-bit values into a seed (used for per-level and per-conversation seeds). */
 uint64_t kvr_workload_mix(uint64_t a, uint64_t b);
 
-typedef enum { KVR_API_CHAT = 0, KVR_API_COMPLETIONS } kvr_api_t;
+/* The API a workload's requests go to. KVR_API_RESPONSES is OpenAI's Responses API as an agent
+ * uses it with a server-side store: each turn sends only its new message and names the previous
+ * answer's id (previous_response_id), so the history lives in the worker that stored it
+ * (kvr_workload_responses_body). Sessions only: a turn cannot go before the answer it names. */
+typedef enum { KVR_API_CHAT = 0, KVR_API_COMPLETIONS, KVR_API_RESPONSES } kvr_api_t;
+
+/* The API's path (/v1/chat/completions, /v1/completions, /v1/responses) and its --api name. */
+const char *kvr_workload_api_path(kvr_api_t api);
+const char *kvr_workload_api_name(kvr_api_t api);
 
 typedef enum {
   KVR_WL_MULTITURN = 0,
@@ -236,8 +250,21 @@ void kvr_workload_text(kvr_rng_t *r, size_t chars, kvr_buf_t *out);
  * assistant answers actually streamed for the earlier turns (NULL entries count as empty).
  * Chat: {"model", "messages": [system?, user, assistant, ..., user], "max_tokens", "stream": true,
  * "stream_options": {"include_usage": true}, "ignore_eos"?}; completions: the same history rendered
- * as one "prompt" text. out is reset first. */
+ * as one "prompt" text; responses: kvr_workload_responses_body() with no previous id (the history
+ * is the worker's: a chained turn needs the previous answer's id, not its text). out is reset
+ * first. */
 void kvr_workload_body(const kvr_conv_t *conv, uint32_t turn, const char *const *answers,
                        const char *model, kvr_api_t api, bool ignore_eos, kvr_buf_t *out);
+
+/* The Responses API's body for turn `turn` (0-based) of conv, as an agent sends it against a
+ * server that stores responses: {"model", "input": the turn's user message only (turn 0: the
+ * prefix, a blank line and the message, as the chat form's first user message), "instructions":
+ * the system prompt (when conv has one; a stored response does not carry it over, so it is sent
+ * every turn), "previous_response_id": prev_id (turns after the first; NULL or "" leaves it
+ * out), "store": true, "max_output_tokens", "stream": true, "ignore_eos"?}. The worker renders
+ * instructions + its stored history + this input: the chat form's prompt of the same
+ * conversation. out is reset first. */
+void kvr_workload_responses_body(const kvr_conv_t *conv, uint32_t turn, const char *prev_id,
+                                 const char *model, bool ignore_eos, kvr_buf_t *out);
 
 #endif

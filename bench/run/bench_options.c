@@ -81,7 +81,7 @@ static void show_window(const kvr_cli_opt_t *o, const void *base, char *buf, siz
 #define F(field) KVR_CLI_FIELD(kvr_runner_opts_t, field)
 #define E(field) F(vc.engine.field)
 
-static const char *const api_names[] = {"chat", "completions", NULL};
+static const char *const api_names[] = {"chat", "completions", "responses", NULL};
 static const char *const mode_names[] = {"session", "replay", NULL};
 static const char *const order_names[] = {"blocks", "sample", NULL};
 
@@ -93,7 +93,9 @@ static const kvr_cli_opt_t options[] = {
              "spreads them over router replicas"},
     {KVR_CLI_STR, "model", F(lg.model), .arg = "NAME",
      .help = "model field of requests (default: the first of GET /v1/models)"},
-    {KVR_CLI_ENUM, "api", F(lg.api), .names = api_names, .help = "streaming chat or completions"},
+    {KVR_CLI_ENUM, "api", F(lg.api), .names = api_names,
+     .help = "streaming chat, completions or responses (the Responses API: each turn names the "
+             "previous answer's id and sends only its new message; sessions only)"},
     {KVR_CLI_STR, "api-key", F(lg.api_key), .arg = "KEY",
      .help = "sent as Authorization: Bearer KEY"},
     {KVR_CLI_SWITCH, "no-ignore-eos", F(lg.ignore_eos), .set = 0,
@@ -274,6 +276,10 @@ static const kvr_cli_opt_t options[] = {
     {KVR_CLI_DOUBLE, "flush-every-s", F(vc.flush_every_s), .arg = "S", KVR_CLI_RANGE(0, 1e6),
      .help = "virtual: every S simulated seconds one worker's prefix cache is emptied behind the "
              "router's back (0 = never): the case that breaks the approximate index"},
+    {KVR_CLI_SWITCH, "no-response-affinity", F(vc.no_response_affinity), .set = 1,
+     .help = "virtual, --api responses: a router that does not send a previous_response_id to the "
+             "worker that stored it (kvrouter serve always does): each turn goes where the policy "
+             "sends it, and a worker without the response answers vLLM's 404"},
     {KVR_CLI_UINT, "output-len-mean", F(vc.output_len_mean), .arg = "N",
      .help = "virtual: the sims' natural answer length with --no-ignore-eos (as kvrouter sim)"},
     KVR_ENGINE_CLI_ROWS(E),

@@ -117,6 +117,9 @@ static const char *load_rules(const kvr_runner_opts_t *o) {
   if (o->nlabels && o->nlabels != (o->nab ? o->nab : 1))
     return o->nab ? "--labels: needs one label per run (one per --ab policy)"
                   : "--labels: needs one label per run (one)";
+  if (o->vc.no_response_affinity && (!o->virt || o->lg.api != KVR_API_RESPONSES))
+    return "--no-response-affinity: virtual time with --api responses only (a router that does "
+           "not pin previous_response_id)";
   if (!o->search && !o->nrates && !o->nconc && !o->size_fleet)
     return "no load given: give --rates, --concurrency or --search";
   if (o->lg.sessions && o->nconc)
@@ -469,7 +472,7 @@ static void results_header(kvr_runner_t *r) {
                                                  : "kvrouter Benchmark Report");
   kvr_stats_set_str(&res->url, o->lg.url);
   kvr_stats_set_str(&res->model, o->lg.model);
-  kvr_stats_set_str(&res->api, o->lg.api == KVR_API_CHAT ? "chat" : "completions");
+  kvr_stats_set_str(&res->api, kvr_workload_api_name(o->lg.api));
   kvr_stats_set_str(&res->workload, kvr_workload_name(r->wl));
   kvr_buf_t desc = KVR_BUF_INIT;
   kvr_workload_describe(r->wl, &desc);
@@ -541,7 +544,8 @@ static int fleet_rate(kvr_runner_t *r, char *err, size_t errlen) {
 /* Virtual time: the cluster, and the load generator on its transport. */
 static int setup_virtual(kvr_runner_t *r, char *err, size_t errlen) {
   kvr_runner_opts_t *o = r->o;
-  o->vc.chat = o->lg.api == KVR_API_CHAT;
+  o->vc.chat = o->lg.api != KVR_API_COMPLETIONS; /* Responses prompts are rendered as chat */
+  o->vc.responses = o->lg.api == KVR_API_RESPONSES;
   o->vc.slo_ttft_s = o->slo.ttft_p99_ms / 1e3;
   o->vc.slo_tpot_s = o->slo.tpot_p99_ms / 1e3;
   if (o->lg.model == NULL)

@@ -126,6 +126,10 @@ typedef struct kvr_sim_stored_s {
 
 typedef struct kvr_sim_rstore_s kvr_sim_rstore_t;
 
+/* The bound of a worker's store: `kvrouter sim` (sim_server.c's RSTORE_MAX) and the virtual
+ * cluster's workers (bench/vcluster) keep at most this many responses. */
+#define KVR_SIM_RSTORE_MAX 100000
+
 /* A store of at most max entries (vLLM keeps everything; the sim drops the oldest beyond max). */
 kvr_sim_rstore_t *kvr_sim_rstore_new(size_t max);
 void kvr_sim_rstore_free(kvr_sim_rstore_t *st); /* accepts NULL */

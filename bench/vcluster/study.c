@@ -56,6 +56,27 @@ const kvr_study_scenario_t kvr_study_scenarios[] = {
      .session = true, .warmup_s = 120, .burstiness = 0.3},
     {"mixed-fleet", "documents on 4 workers, one with half the KV cache", "documents",
      .warmup_s = 60, .worker_blocks = mixed_blocks, .nworker_blocks = KVR_ARRAY_SIZE(mixed_blocks)},
+    /* An agent on a Responses server: each turn sends its new message only (the tool output) and
+     * names the previous answer's id; the history is the store of the worker that made it. Shape
+     * from ../shared/WORKLOAD.md: 3,500-4,000-token system prompts shared by the sessions (its
+     * starters), tool outputs of 250-1,250 tokens so that a turn adds ~870 tokens with its
+     * ~120-token answer (its turns grow ~875 tokens: inputs 3.5k, 4.1k, 5.0k, 6.1k, 7.0k), 5-15
+     * turns, the context capped at its input p95 under load (12,700 tokens); answers are the
+     * agentic kind's short tool calls. 300 measured requests per level, as agentic. */
+    {"agentic-responses",
+     "agentic sessions on the Responses API: 5-15 turns, each sending only its 250-1,250-token "
+     "tool output and the previous answer's id (store true), to 12,700 tokens of context; the "
+     "router pins each follow-up to the worker that stored its previous response, for every "
+     "policy and the oracle, as kvrouter serve does (300 measured requests per level)",
+     "agentic", .warmup_s = 120, .num_prompts = 300, .turns_min = 5, .turns_max = 15,
+     .tool_min = 250, .tool_max = 1250, .max_context = 12700, .responses = true},
+    {"agentic-responses-no-id-affinity",
+     "agentic-responses through a router that does not pin previous_response_id: a follow-up goes "
+     "where the policy sends it, and a worker that did not store the response answers vLLM's 404 "
+     "(a failed request)",
+     "agentic", .warmup_s = 120, .num_prompts = 300, .turns_min = 5, .turns_max = 15,
+     .tool_min = 250, .tool_max = 1250, .max_context = 12700, .responses = true,
+     .no_response_affinity = true},
     /* The trace's arrivals are its own, scaled to the level's rate (no jitter): the seed moves only
      * the synthesised text, hence the router's block hashes and so the policies' tie-breaks. */
     {"trace",
@@ -121,6 +142,20 @@ static void scenario_opts(const kvr_study_cell_t *c, kvr_runner_opts_t *o) {
     o->vc.worker_blocks[i] = sc->worker_blocks[i];
   if (sc->nworker_blocks)
     o->vc.nworker_blocks = KVR_MIN(sc->nworker_blocks, KVR_ARRAY_SIZE(o->vc.worker_blocks));
+  if (sc->turns_min)
+    o->wl.agentic_turns_min = sc->turns_min;
+  if (sc->turns_max)
+    o->wl.agentic_turns_max = sc->turns_max;
+  if (sc->tool_min)
+    o->wl.tool_min_tokens = sc->tool_min;
+  if (sc->tool_max)
+    o->wl.tool_max_tokens = sc->tool_max;
+  if (sc->max_context)
+    o->wl.agentic_max_context = sc->max_context;
+  if (sc->responses)
+    o->lg.api = KVR_API_RESPONSES;
+  if (sc->no_response_affinity)
+    o->vc.no_response_affinity = true;
 }
 
 void kvr_study_cell_opts(const kvr_study_cell_t *c, kvr_runner_opts_t *o) {
@@ -195,6 +230,18 @@ static void scenario_words(const kvr_study_cell_t *c, kvr_study_words_t *w) {
                           sc->worker_blocks[i]);
   if (sc->nworker_blocks)
     word2(w, "--worker-blocks", w->blocks);
+  const char *shape_flags[5] = {"--agentic-turns-min", "--agentic-turns-max", "--tool-min-tokens",
+                                "--tool-max-tokens", "--agentic-max-context"};
+  unsigned shape[5] = {sc->turns_min, sc->turns_max, sc->tool_min, sc->tool_max, sc->max_context};
+  for (size_t i = 0; i < 5; i++)
+    if (shape[i]) {
+      snprintf(w->shape[i], sizeof(w->shape[i]), "%u", shape[i]);
+      word2(w, shape_flags[i], w->shape[i]);
+    }
+  if (sc->responses)
+    word2(w, "--api", "responses");
+  if (sc->no_response_affinity)
+    word(w, "--no-response-affinity");
 }
 
 void kvr_study_cell_words(const kvr_study_cell_t *c, kvr_study_words_t *w) {

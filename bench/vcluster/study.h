@@ -53,12 +53,19 @@ typedef struct kvr_study_scenario_s {
   const char *preset;
   double slo_ttft_ms, slo_tpot_ms;
   bool fleet; /* --size-fleet: the cell answers a fleet per policy, not a rate */
+  /* The agentic kind's shape (--agentic-turns-min/-max, --tool-min-tokens/--tool-max-tokens,
+   * --agentic-max-context; 0: the workload's defaults). */
+  unsigned turns_min, turns_max, tool_min, tool_max, max_context;
+  bool responses;            /* --api responses: turns chained by previous_response_id */
+  bool no_response_affinity; /* --no-response-affinity: a router that does not pin them */
 } kvr_study_scenario_t;
 
 /* The built-in scenarios, NULL-name-terminated: multiturn, documents, control, agentic, hot-prefix,
  * bursty (multiturn at burstiness 0.3), mixed-fleet (documents with one worker at half the KV),
- * then the trace scenarios: trace (max SLO-compliant rate) and trace-fleet (workers needed at the
- * trace's own rate). */
+ * agentic-responses (agentic sessions on the Responses API, each turn chained to the previous
+ * answer's id, the router pinning it as kvrouter serve does) and agentic-responses-no-id-affinity
+ * (the same traffic through a router that does not), then the trace scenarios: trace (max
+ * SLO-compliant rate) and trace-fleet (workers needed at the trace's own rate). */
 extern const kvr_study_scenario_t kvr_study_scenarios[];
 const kvr_study_scenario_t *kvr_study_scenario(const char *name);
 
@@ -120,6 +127,7 @@ typedef struct kvr_study_words_s {
   int argc;
   char seed[32], res[32], warmup[32], prompts[32], burst[32], blocks[256], ab[1024];
   char slo_ttft[32], slo_tpot[32];
+  char shape[5][16]; /* the agentic shape's numbers */
 } kvr_study_words_t;
 
 /* The cell's bench as a person would type it: "bench", "--virtual", the settings

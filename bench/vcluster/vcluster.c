@@ -23,11 +23,27 @@
  *           request is marked gone and reaped at the worker's next STEP.
  *   SCRAPE every scrape interval: each engine's running, waiting, KV usage and geometry ->
  *          kvr_router_on_scrape (what scrape.c parses from the sim's /metrics).
+ *
+ * The Responses API (opts.responses), as proxy.c and sim_server.c serve it:
+ *   ROUTER_IN   kvr_openai_features on the route; a follow-up naming previous_response_id is
+ *               pinned to the worker kvr_router_on_response_lookup names (proxy.c pin_response):
+ *               no decide, no oracle, dispatched with 0 matched blocks (attempt()); an id it does
+ *               not know goes where the policy (or the oracle) sends it
+ *   WORKER_IN   responses_prepare (sim_server.c's): read the body, the model, the previous
+ *               response from this worker's store (vLLM's 404 when it is not there), instructions
+ *               + the stored prompt's messages + its output + the new input rendered as chat; a
+ *               response object with its id ("resp_" + 16 hex, unique in the run)
+ *   ROUTER_HEAD the response.created event comes with the head: kvr_router_on_response_id
+ *   CLIENT_HEAD the client reads the id (kvr_loadgen_vt_response_id) for its next turn
+ *   STEP        the last token: the response is finished and stored in the worker's store
+ *               (responses_store: the object and its prompt's messages, the next turn's history)
+ *   With opts.no_response_affinity the router neither learns nor looks up ids.
  */
 #include "vcluster.h"
 
 #include "base/kvr.h"
 #include "bench/sim/kv_events.h"
+#include "bench/sim/sim_responses.h"
 #include "bench/sim/sim_server.h"
 #include "bench/sim/sim_tokens.h"
 #include "core/config.h"
@@ -92,6 +108,10 @@ typedef struct vreq_s {
   bool gone; /* the client went away: reaped at the worker's next step */
   uint64_t gen_seed;
   uint32_t max_output, sent, prompt_tokens, cached;
+  /* Responses: the worker's response (owned until it goes to the store) and its id. */
+  kvr_sim_resp_t *resp;
+  bool length_stop;
+  char resp_id[24];
 } vreq_t;
 
 typedef struct out_s {
@@ -116,6 +136,7 @@ typedef struct worker_s {
   vreq_t **gone; /* to reap at the next step */
   size_t ngone, capgone;
   uint64_t preempt_base;
+  kvr_sim_rstore_t *store; /* Responses: the responses this worker made (opts.responses) */
 } worker_t;
 
 struct kvr_vcluster_s {
@@ -138,6 +159,7 @@ struct kvr_vcluster_s {
   size_t resize;   /* kvr_vcluster_set_workers: the fleet of the next restart (0: unchanged) */
   double kv_peak;
   uint64_t pred_base, rep_base; /* the router's cached-token counters at the level's start */
+  uint64_t resp_ids;            /* Responses: ids made so far (never reset: unique in the run) */
 };
 
 void kvr_vcluster_opts_default(kvr_vcluster_opts_t *o) {
@@ -232,6 +254,7 @@ static void push_q(kvr_vcluster_t *vc, ev_kind_t kind, uint64_t t, vreq_t *q, ui
 
 static void vreq_free(vreq_t *q) {
   kvr_list_remove(&q->node);
+  kvr_sim_resp_free(q->resp);
   kvr_prompt_free(&q->prompt);
   kvr_buf_free(&q->answer);
   free(q->body);
@@ -258,19 +281,81 @@ static void client_error(kvr_vcluster_t *vc, vreq_t *q, int status) {
   push_q(vc, EV_CLIENT_ERROR, vc->now + ns_of(NET(vc)), q, (uint64_t)status);
 }
 
-/* The body as the worker reads it (sim_server.c's read_completion): 0, or vLLM's status (400, 404).
- * The caller frees p->prompt either way. */
-static int parse_body(const kvr_vcluster_t *vc, const vreq_t *q, kvr_sim_completion_t *p) {
+/* A Responses body as sim_server.c's handle_responses and responses_prepare read it, the store
+ * on (VLLM_ENABLE_RESPONSES_API_STORE=1): the request, the model (vLLM's _check_model: absent,
+ * null or the served name, else 404), the previous response from store (NULL: a worker holding
+ * none; vLLM's 404 when it is not there), construct_input_messages rendered as chat (a partial
+ * assistant item last is continued), the context check and max_tokens. With resp != NULL, the
+ * response object too (id: its id), owning the prompt's messages. 0 or vLLM's status; the
+ * caller frees p->prompt either way. */
+static int parse_responses(const kvr_vcluster_t *vc, cJSON *body, const kvr_sim_rstore_t *store,
+                           kvr_sim_completion_t *p, const char *id, kvr_sim_resp_t **resp) {
+  kvr_sim_err_t e;
+  kvr_sim_resp_req_t rq;
+  cJSON *messages = NULL;
+  memset(p, 0, sizeof(*p));
+  int rc = kvr_sim_responses_read(body, &rq, &e);
+  const cJSON *model = cJSON_GetObjectItemCaseSensitive(body, "model");
+  if (rc == 0 && model != NULL && !cJSON_IsNull(model))
+    rc = !cJSON_IsString(model) ? 400 : strcmp(model->valuestring, vc->model) != 0 ? 404 : 0;
+  const kvr_sim_stored_t *prev = NULL;
+  if (rc == 0 && rq.previous_response_id != NULL &&
+      (store == NULL || (prev = kvr_sim_rstore_get(store, rq.previous_response_id)) == NULL))
+    rc = 404; /* "Response with id '...' not found." */
+  bool cont = false;
+  if (rc == 0)
+    rc = kvr_sim_responses_messages(
+        &rq, prev ? prev->messages : NULL,
+        prev ? cJSON_GetObjectItemCaseSensitive(prev->obj, "output") : NULL, &messages, &cont, &e);
+  kvr_sim_render_t r = {.generation_prompt = !cont, .continue_final = cont};
+  if (rc == 0 && kvr_sim_server_chat_prompt(messages, &r, p, e.message, sizeof(e.message)) != 0)
+    rc = 400;
+  uint32_t max_len = vc->o.engine.max_model_len;
+  if (rc == 0 && p->prompt.n >= max_len)
+    rc = 400; /* "The engine prompt length N exceeds the max_model_len M." */
+  if (rc != 0) {
+    cJSON_Delete(messages);
+    return rc;
+  }
+  int64_t room = (int64_t)(max_len - p->prompt.n);
+  p->max_tokens = rq.max_output_tokens > 0 ? KVR_MIN(rq.max_output_tokens, room) : room;
+  p->stream = rq.stream;
+  p->ignore_eos = rq.ignore_eos;
+  p->seed = rq.seed;
+  if (resp == NULL) {
+    cJSON_Delete(messages);
+    return 0;
+  }
+  /* The item id: 16 hex digits from the response's own (the sim draws both from its counter). */
+  char item[17];
+  snprintf(item, sizeof(item), "%.16s", id + 5);
+  *resp = kvr_sim_resp_new(&rq, id, item, vc->model, (long long)(vc->now / 1000000000u),
+                           p->max_tokens, messages);
+  (*resp)->store = rq.store;
+  return 0;
+}
+
+/* The body as the worker reads it (sim_server.c's read_completion, or for the Responses API
+ * parse_responses with the worker's store; store NULL: a worker holding no response): 0, or
+ * vLLM's status (400, 404). The caller frees p->prompt either way. */
+static int parse_body_at(const kvr_vcluster_t *vc, const vreq_t *q, const kvr_sim_rstore_t *store,
+                         kvr_sim_completion_t *p, const char *id, kvr_sim_resp_t **resp) {
   char err[256];
   cJSON *body = cJSON_ParseWithLength(q->body, q->len);
   int status = 400;
-  if (body != NULL)
+  if (body == NULL)
+    memset(p, 0, sizeof(*p));
+  else if (vc->o.responses)
+    status = parse_responses(vc, body, store, p, id, resp);
+  else
     status = kvr_sim_server_parse_completion(body, vc->o.chat, vc->model,
                                              vc->o.engine.max_model_len, p, err, sizeof(err));
-  else
-    memset(p, 0, sizeof(*p));
   cJSON_Delete(body);
   return status;
+}
+
+static int parse_body(const kvr_vcluster_t *vc, const vreq_t *q, kvr_sim_completion_t *p) {
+  return parse_body_at(vc, q, NULL, p, NULL, NULL);
 }
 
 /* The oracle: kv_aware's choice made on the engines' true state instead of the router's estimates.
@@ -281,6 +366,10 @@ static int parse_body(const kvr_vcluster_t *vc, const vreq_t *q, kvr_sim_complet
  * router's imperfect view (learnt index, estimated backlog, scraped figures seconds old) costs. */
 static int oracle_pick(kvr_vcluster_t *vc, const vreq_t *q, const kvr_route_req_t *rreq,
                        kvr_decision_t *d) {
+  /* A Responses follow-up whose id the router does not know: its prompt is a history only one
+   * worker's store holds, which the oracle cannot render either; the router's pick stands. */
+  if (q->prompt.previous_response_id != NULL)
+    return KVR_POLICY_NONE;
   kvr_sim_completion_t p;
   int status = parse_body(vc, q, &p);
   if (status != 0) {
@@ -350,16 +439,32 @@ static void router_in(kvr_vcluster_t *vc, vreq_t *q) {
   kvr_router_on_request(r);
   char err[256];
   const char *code = NULL;
-  if (kvr_openai_features(q->body, q->len, vc->o.chat ? KVR_ROUTE_CHAT : KVR_ROUTE_COMPLETIONS,
-                          vc->cfg.block_chars, &q->prompt, err, sizeof(err), &code) != 0) {
+  kvr_route_t route = vc->o.responses ? KVR_ROUTE_RESPONSES
+                      : vc->o.chat    ? KVR_ROUTE_CHAT
+                                      : KVR_ROUTE_COMPLETIONS;
+  if (kvr_openai_features(q->body, q->len, route, vc->cfg.block_chars, &q->prompt, err, sizeof(err),
+                          &code) != 0) {
     kvr_router_on_client_error(r);
     client_error(vc, q, 400);
     return;
   }
   q->has_prompt = true;
+  /* proxy.c's pin_response and attempt(): the worker that stored the named response, before and
+   * instead of any policy (the oracle too); dispatched with no matched blocks. */
+  const char *prev = q->prompt.previous_response_id;
+  int pin = prev && !vc->o.no_response_affinity
+                ? kvr_router_on_response_lookup(r, prev, strlen(prev), vc->now / 1000000u)
+                : -1;
+  if (pin >= 0) {
+    q->slot = pin;
+    kvr_router_on_dispatch(r, pin, q->prompt.prompt_tokens, 0, &q->acct);
+    push_q(vc, EV_WORKER_IN, vc->now + ns_of(ROUTER(vc) + NET(vc)), q, 0);
+    return;
+  }
   kvr_route_req_t rreq;
   kvr_prompt_route_req(&q->prompt, &rreq);
-  uint64_t *chain = vc->o.kv_events ? tokenize(vc, q, &rreq) : NULL;
+  /* precise mode tokenizes chat and completions only, as proxy.c does */
+  uint64_t *chain = vc->o.kv_events && !vc->o.responses ? tokenize(vc, q, &rreq) : NULL;
   kvr_decision_t d;
   int slot = kvr_router_decide(r, &rreq, 0, vc->oracle == NULL, &d);
   free(chain);
@@ -374,7 +479,8 @@ static void router_in(kvr_vcluster_t *vc, vreq_t *q) {
   }
   q->slot = slot;
   kvr_router_on_dispatch(r, slot, q->prompt.prompt_tokens, d.snaps[slot].matched_blocks, &q->acct);
-  double tok_s = vc->o.kv_events ? vc->o.tokenize_ms * 1e-3 : 0; /* the /tokenize round trip */
+  /* the /tokenize round trip (precise mode, chat and completions) */
+  double tok_s = vc->o.kv_events && !vc->o.responses ? vc->o.tokenize_ms * 1e-3 : 0;
   push_q(vc, EV_WORKER_IN, vc->now + ns_of(ROUTER(vc) + NET(vc) + tok_s), q, 0);
 }
 
@@ -394,7 +500,10 @@ static void worker_in(kvr_vcluster_t *vc, vreq_t *q) {
     return;
   worker_t *w = &vc->w[q->slot];
   kvr_sim_completion_t p;
-  int status = parse_body(vc, q, &p);
+  if (vc->o.responses) /* sim_server.c's random_hex: "resp_" + 16 hex, unique in the run */
+    snprintf(q->resp_id, sizeof(q->resp_id), "resp_%016llx",
+             (unsigned long long)kvr_sim_tokens_mix(vc->o.seed ^ ++vc->resp_ids));
+  int status = parse_body_at(vc, q, w->store, &p, q->resp_id, vc->o.responses ? &q->resp : NULL);
   if (status == 0) {
     kvr_sim_answer_t a;
     kvr_sim_server_answer(&p, (uint64_t)q->slot, vc->o.output_len_mean, &a);
@@ -402,6 +511,7 @@ static void worker_in(kvr_vcluster_t *vc, vreq_t *q) {
     q->max_output = a.max_output;
     q->prompt_tokens = (uint32_t)p.prompt.n;
     kvr_sim_engine_set_now(w->eng, secs(vc->now));
+    q->length_stop = a.stop_reason == KVR_SIM_FINISH_LENGTH;
     q->ereq = kvr_sim_engine_add(w->eng, p.prompt.v, (uint32_t)p.prompt.n, a.max_output,
                                  a.stop_reason, a.gen_seed, q);
     if (q->ereq == NULL)
@@ -434,7 +544,34 @@ static void router_head(kvr_vcluster_t *vc, vreq_t *q, int status) {
   }
   if (q->has_prompt)
     kvr_router_on_learn(r, &q->acct, q->prompt.blocks, q->prompt.nblocks);
+  /* proxy.c's take_response_id: the response.created event names the id it stored under */
+  if (q->resp_id[0] != '\0' && !vc->o.no_response_affinity)
+    kvr_router_on_response_id(r, &q->acct, q->resp_id, strlen(q->resp_id));
   push_q(vc, EV_CLIENT_HEAD, vc->now + ns_of(NET(vc)), q, 0);
+}
+
+/* sim_server.c's responses_done + responses_store at a Responses answer's last token: the object
+ * gets the answer's text (the words the engine generated), status and usage, and goes with its
+ * prompt's messages into the worker's store, where the next turn's previous_response_id finds
+ * it. */
+static void responses_store(worker_t *w, vreq_t *q) {
+  kvr_sim_resp_t *resp = q->resp;
+  q->resp = NULL;
+  kvr_buf_t text = KVR_BUF_INIT;
+  char word[KVR_SIM_TOKEN_BYTES];
+  for (uint32_t k = 0; k < q->max_output; k++) {
+    kvr_sim_tokens_word(q->gen_seed, k, word);
+    kvr_buf_append(&text, word, sizeof(word));
+  }
+  kvr_sim_resp_finish(resp, text.data, text.len, q->length_stop, q->prompt_tokens, q->cached,
+                      q->max_output);
+  if (resp->store) {
+    kvr_sim_rstore_put(w->store, kvr_sim_resp_id(resp), cJSON_Duplicate(resp->obj, true),
+                       resp->messages);
+    resp->messages = NULL;
+  }
+  kvr_buf_free(&text);
+  kvr_sim_resp_free(resp);
 }
 
 /* sim_server.c's deliver + stream_emit: one token per event of the step, into a batch. */
@@ -457,6 +594,8 @@ static batch_t *deliver(kvr_vcluster_t *vc, worker_t *w, const kvr_sim_step_t *s
     q->refs++;
     kvr_sim_tokens_word(q->gen_seed, q->sent, o->word);
     o->final = ++q->sent >= q->max_output;
+    if (o->final && q->resp != NULL)
+      responses_store(w, q);
     if (o->final) {
       kvr_sim_engine_remove(w->eng, q->ereq);
       q->ereq = NULL;
@@ -680,9 +819,12 @@ static void dispatch(kvr_vcluster_t *vc, ev_t *ev) {
     router_head(vc, q, (int)ev->tag);
     break;
   case EV_CLIENT_HEAD:
-    if (q->lgr != NULL)
+    if (q->lgr != NULL) {
       kvr_loadgen_vt_head(q->lgr, 200,
                           slot_worker(vc, q->slot) ? slot_worker(vc, q->slot)->label : NULL);
+      if (q->resp_id[0] != '\0') /* the response.created event */
+        kvr_loadgen_vt_response_id(q->lgr, q->resp_id);
+    }
     break;
   case EV_CLIENT_ERROR:
     refs += client_error_in(q, (int)ev->tag);
@@ -789,6 +931,8 @@ static int build(kvr_vcluster_t *vc, char *err, size_t errlen) {
     vc->w[i] =
         (worker_t){.blocks = ec.num_gpu_blocks, .gone = vc->w[i].gone, .capgone = vc->w[i].capgone};
     vc->w[i].eng = kvr_sim_engine_new(&ec);
+    if (o->responses)
+      vc->w[i].store = kvr_sim_rstore_new(KVR_SIM_RSTORE_MAX);
     if (vc->w[i].eng == NULL) {
       snprintf(err, errlen, "worker %zu: invalid engine configuration", i);
       return -1;
@@ -870,6 +1014,7 @@ void kvr_vcluster_free(kvr_vcluster_t *vc) {
   for (size_t i = 0; i < vc->o.workers; i++) {
     free(vc->w[i].gone);
     kvr_sim_engine_free(vc->w[i].eng);
+    kvr_sim_rstore_free(vc->w[i].store);
   }
   kvr_kv_batch_free(&vc->kv_batch);
   while (!kvr_list_empty(&vc->live))
@@ -960,6 +1105,7 @@ static int resize(kvr_vcluster_t *vc, char *err, size_t errlen) {
     return 0;
   for (size_t i = n; i < vc->o.workers; i++) {
     free(vc->w[i].gone);
+    kvr_sim_rstore_free(vc->w[i].store);
     vc->w[i] = (worker_t){0};
   }
   vc->o.workers = n;
@@ -994,7 +1140,9 @@ int kvr_vcluster_restart(kvr_vcluster_t *vc, char *err, size_t errlen) {
   free(keep);
   for (size_t i = 0; i < vc->o.workers; i++) {
     kvr_sim_engine_free(vc->w[i].eng);
-    vc->w[i].eng = NULL; /* build() makes each worker anew */
+    vc->w[i].eng = NULL; /* build() makes each worker anew, its response store too */
+    kvr_sim_rstore_free(vc->w[i].store);
+    vc->w[i].store = NULL;
   }
   kvr_router_free(vc->router);
   vc->router = NULL;

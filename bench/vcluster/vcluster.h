@@ -14,7 +14,9 @@
  *   - each worker is the engine `kvrouter sim` runs (bench/sim/sim_engine.h) behind the request
  *     handling sim_server.c does: kvr_sim_server_parse_completion() on the body,
  *     kvr_sim_server_answer() for the answer, and the same step loop (deliver the previous step's
- *     tokens at its deliver_s, reap cancelled requests, compute the next step).
+ *     tokens at its deliver_s, reap cancelled requests, compute the next step); for the Responses
+ *     API (opts.responses) sim_server.c's responses_prepare (kvr_sim_responses_read, the store
+ *     lookup and its 404, kvr_sim_responses_messages, the chat rendering) and its store.
  * What a real deployment adds is explicit: the one-way network delay of each hop (client-router,
  * router-worker), the router's own time per request, and the scrape interval and staleness (the
  * router configuration's). Tokens of one engine step reach the router one hop after the worker
@@ -52,6 +54,17 @@ typedef struct kvr_vcluster_opts_s {
   uint32_t output_len_mean;                /* the sims' natural answer length (EOS on) */
   const char *model;                       /* the served model name */
   bool chat;                               /* the API: chat or completions */
+  /* The Responses API (POST /v1/responses, its prompts rendered as chat): each worker keeps the
+   * responses it made in a store of its own, bounded as the sim's (KVR_SIM_RSTORE_MAX), as
+   * `kvrouter sim` does with VLLM_ENABLE_RESPONSES_API_STORE=1; a follow-up naming a
+   * previous_response_id its worker does not hold is vLLM's 404. The router learns each answer's
+   * id with its worker and sends a follow-up there before any policy decides, as proxy.c does
+   * for every policy and the oracle (kvr_router_on_response_id / _lookup). */
+  bool responses;
+  /* Responses: a router without that pinning (it neither learns nor looks up ids): a follow-up
+   * goes where the policy sends it, as behind a router that does not read previous_response_id.
+   * What `kvrouter serve` does not do; the case that shows what the pinning is worth. */
+  bool no_response_affinity;
   /* Delays of a real deployment, simulated ms. */
   double net_ms;    /* one hop, one way: client-router and router-worker */
   double router_ms; /* the router's own work per request, before it forwards */

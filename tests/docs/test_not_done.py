@@ -103,9 +103,7 @@ ALLOWLIST = [
     entry("README.md", "Not done: continuing a broken Responses or Messages stream",
           present(r"px->route != KVR_ROUTE_CHAT && px->route != KVR_ROUTE_COMPLETIONS",
                   "src/serve/proxy.c"),
-          absent(r"responses", "bench/vcluster/study.c", flags=re.I),
-          why="resume_stream() refuses every route but chat and completions, and the study has no "
-              "Responses scenario"),
+          why="resume_stream() refuses every route but chat and completions"),
     entry("README.md", "Not done: data-parallel ranks behind one `vllm serve`",
           absent(r"data-parallel-rank", "src", "policies", flags=re.I),
           why="the router never sets X-data-parallel-rank"),

@@ -1155,6 +1155,100 @@ static void test_describe_new_kinds(void **state) {
   kvr_buf_free(&b);
 }
 
+/* ---- the Responses API ---- */
+
+/* The Responses body of an agentic turn: only that turn's message as input (turn 0 the system
+ * prompt, a blank line and the task, as the chat form's first user message), the previous id
+ * named after the first turn, store true, the turn's max_tokens as max_output_tokens; the same
+ * conversation gives the same bytes (seeded), another level seed other text. JSON throughout. */
+static void test_responses_body(void **state) {
+  (void)state;
+  kvr_workload_opts_t o;
+  kvr_workload_opts_default(&o);
+  assert_int_equal(kvr_workload_parse_kind("agentic", &o), 0);
+  o.api = KVR_API_RESPONSES;
+  kvr_workload_t *wl = new_workload(&o), *again = new_workload(&o);
+  kvr_conv_t c, d, e;
+  kvr_workload_conv(wl, 5, 3, &c);
+  kvr_workload_conv(again, 5, 3, &d);
+  kvr_workload_conv(wl, 6, 3, &e);
+  kvr_buf_t b = KVR_BUF_INIT, b2 = KVR_BUF_INIT, chat = KVR_BUF_INIT;
+  for (uint32_t t = 0; t < 3; t++) {
+    const char *prev = t == 0 ? NULL : t == 1 ? "resp_0123456789abcdef" : "resp_fedcba9876543210";
+    kvr_workload_responses_body(&c, t, prev, "m", true, &b);
+    kvr_workload_responses_body(&d, t, prev, "m", true, &b2);
+    assert_string_equal(b.data, b2.data); /* deterministic per seed */
+    cJSON *j = cJSON_Parse(b.data);
+    assert_non_null(j);
+    assert_string_equal(cJSON_GetObjectItem(j, "model")->valuestring, "m");
+    const char *input = cJSON_GetObjectItem(j, "input")->valuestring;
+    if (t == 0) {
+      assert_int_equal(strncmp(input, c.prefix, strlen(c.prefix)), 0);
+      assert_int_equal(strncmp(input + strlen(c.prefix), "\n\n", 2), 0);
+      assert_null(cJSON_GetObjectItem(j, "previous_response_id"));
+    } else {
+      assert_string_equal(input, c.turns[t].user); /* the tool output alone */
+      assert_string_equal(cJSON_GetObjectItem(j, "previous_response_id")->valuestring, prev);
+    }
+    if (t == 0)
+      assert_string_equal(input + strlen(c.prefix) + 2, c.turns[0].user);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "store")));
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "stream")));
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "ignore_eos")));
+    assert_int_equal(cJSON_GetObjectItem(j, "max_output_tokens")->valueint, c.turns[t].max_tokens);
+    assert_null(cJSON_GetObjectItem(j, "messages"));
+    assert_null(cJSON_GetObjectItem(j, "instructions")); /* agentic has no separate system */
+    cJSON_Delete(j);
+  }
+  /* kvr_workload_body with the Responses API: the first turn's body, no history resent. */
+  kvr_workload_body(&c, 0, NULL, "m", KVR_API_RESPONSES, true, &chat);
+  kvr_workload_responses_body(&c, 0, NULL, "m", true, &b);
+  assert_string_equal(chat.data, b.data);
+  /* Another level: other tool outputs. */
+  kvr_workload_responses_body(&e, 1, "resp_x", "m", true, &b2);
+  kvr_workload_responses_body(&c, 1, "resp_x", "m", true, &b);
+  assert_string_not_equal(b.data, b2.data);
+  /* A system prompt goes as instructions, every turn. */
+  c.system = "You are terse.";
+  kvr_workload_responses_body(&c, 2, "resp_y", "m", false, &b);
+  cJSON *j = cJSON_Parse(b.data);
+  assert_string_equal(cJSON_GetObjectItem(j, "instructions")->valuestring, "You are terse.");
+  assert_null(cJSON_GetObjectItem(j, "ignore_eos"));
+  cJSON_Delete(j);
+  c.system = NULL;
+  assert_string_equal(kvr_workload_api_path(KVR_API_RESPONSES), "/v1/responses");
+  assert_string_equal(kvr_workload_api_name(KVR_API_RESPONSES), "responses");
+  assert_string_equal(kvr_workload_api_path(KVR_API_CHAT), "/v1/chat/completions");
+  kvr_buf_free(&b);
+  kvr_buf_free(&b2);
+  kvr_buf_free(&chat);
+  kvr_workload_conv_free(&c);
+  kvr_workload_conv_free(&d);
+  kvr_workload_conv_free(&e);
+  kvr_workload_free(wl);
+  kvr_workload_free(again);
+}
+
+/* The Responses API needs sessions: multiturn's replay (pre-built answers, no ids) and a trace
+ * are refused with a line naming the fix; multiturn in session mode is taken. */
+static void test_responses_needs_sessions(void **state) {
+  (void)state;
+  kvr_workload_opts_t o;
+  kvr_workload_opts_default(&o); /* multiturn replay */
+  o.api = KVR_API_RESPONSES;
+  char err[256] = "";
+  assert_null(kvr_workload_new(&o, err, sizeof(err)));
+  assert_non_null(strstr(err, "--multiturn-mode session"));
+  assert_int_equal(kvr_workload_parse_kind("trace:/nonexistent.jsonl", &o), 0);
+  err[0] = '\0';
+  assert_null(kvr_workload_new(&o, err, sizeof(err)));
+  assert_non_null(strstr(err, "--api responses"));
+  kvr_workload_opts_default(&o);
+  o.api = KVR_API_RESPONSES;
+  o.replay = false;
+  kvr_workload_free(new_workload(&o));
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_rng_deterministic_and_bounded),
               cmocka_unit_test(test_gamma_mean), cmocka_unit_test(test_text_length_and_determinism),
               cmocka_unit_test(test_multiturn_shape),
@@ -1179,4 +1273,5 @@ KVR_TEST_MAIN(cmocka_unit_test(test_rng_deterministic_and_bounded),
               cmocka_unit_test(test_agentic_cap_and_output_flags),
               cmocka_unit_test(test_new_kinds_bad_options),
               cmocka_unit_test(test_hot_prefix_share_and_cold_unique),
-              cmocka_unit_test(test_describe_new_kinds))
+              cmocka_unit_test(test_describe_new_kinds), cmocka_unit_test(test_responses_body),
+              cmocka_unit_test(test_responses_needs_sessions))

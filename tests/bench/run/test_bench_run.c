@@ -74,7 +74,7 @@ static void test_cell_words_parse_to_cell_opts(void **state) {
     assert_true(sc->fleet ? built.size_fleet && !built.search : built.search && !built.size_fleet);
     same_settings(&built, &parsed);
   }
-  assert_int_equal(n, 9);
+  assert_int_equal(n, 11);
   /* The scenario's own settings landed (not only the shared plan). */
   const kvr_study_scenario_t *mixed = kvr_study_scenario("mixed-fleet");
   kvr_study_cell_t c = cell_of(mixed);

@@ -19,7 +19,14 @@
  *     machine, the answer a run's levels give and the fleet report;
  *   - a body the worker refuses (prompt + max_tokens beyond max_model_len): an HTTP 400 record;
  *   - the load generator's kvr_loadgen_vt_* calls against a hand-made transport: exact virtual
- *     TTFT/E2E/TPOT, an error status, a refused send, a missing callback. */
+ *     TTFT/E2E/TPOT, an error status, a refused send, a missing callback; the Responses API's
+ *     chain (each turn names the id the transport gave the turn before; an answer without an id
+ *     fails and ends its conversation);
+ *   - the Responses API (agentic sessions chained by previous_response_id): every follow-up
+ *     pinned to the worker that stored its previous response, whatever the policy (the oracle
+ *     too), reusing that worker's cache; without the pinning a follow-up on another worker is
+ *     vLLM's 404 (a failed request) and one that lands right still reuses the cache;
+ *     deterministic. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -866,6 +873,7 @@ typedef struct fake_ev_s {
 typedef struct fake_req_s {
   kvr_loadgen_req_t *r;
   bool cancelled, done;
+  char *body; /* kept with resp_ids */
 } fake_req_t;
 
 typedef struct fake_s {
@@ -878,6 +886,8 @@ typedef struct fake_s {
   int status;     /* answer status */
   bool refuse;    /* send returns NULL */
   size_t cancels; /* cancel calls */
+  bool resp_ids;  /* Responses: each answer's head names "resp_fake<request slot>"; bodies kept */
+  bool no_ids;    /* Responses: answers name no id */
 } fake_t;
 
 static uint64_t fake_now(void *ctx) {
@@ -907,6 +917,11 @@ static void *fake_send(void *ctx, kvr_loadgen_req_t *r, const char *body, size_t
   assert_true(f->nreqs < KVR_ARRAY_SIZE(f->reqs));
   size_t i = f->nreqs++;
   f->reqs[i] = (fake_req_t){.r = r};
+  if (f->resp_ids || f->no_ids) {
+    f->reqs[i].body = malloc(len + 1);
+    memcpy(f->reqs[i].body, body, len);
+    f->reqs[i].body[len] = '\0';
+  }
   fake_push(f, (fake_ev_t){.t = f->now + 10000000u, .req = (int)i, .step = 0});
   return &f->reqs[i];
 }
@@ -931,6 +946,11 @@ static void fake_step(fake_t *f, fake_ev_t *e) {
       q->done = true;
       kvr_loadgen_vt_done(q->r, NULL);
       return;
+    }
+    if (f->resp_ids) {
+      char id[32];
+      snprintf(id, sizeof(id), "resp_fake%04d", e->req);
+      kvr_loadgen_vt_response_id(q->r, id);
     }
     fake_push(f, (fake_ev_t){.t = f->now + 90000000u, .req = e->req, .step = 1});
     return;
@@ -1141,6 +1161,194 @@ static void test_vt_early_stop_cancels(void **state) {
   kvr_stats_level_free(lv);
   kvr_loadgen_free(lg);
   free(f);
+  kvr_workload_free(wl);
+}
+
+/* A small agentic workload for the Responses API: 2 system prompts of 200-300 tokens, 3-4 turns
+ * of 50-100-token tool outputs, 16-token answers. */
+static kvr_workload_t *responses_workload(void) {
+  kvr_workload_opts_t w;
+  kvr_workload_opts_default(&w);
+  w.kind = KVR_WL_AGENTIC;
+  w.api = KVR_API_RESPONSES;
+  w.starters = 2;
+  w.prefix_min_tokens = 200;
+  w.prefix_max_tokens = 300;
+  w.agentic_turns_min = 3;
+  w.agentic_turns_max = 4;
+  w.tool_min_tokens = 50;
+  w.tool_max_tokens = 100;
+  w.agentic_max_context = 8000;
+  w.out_mean = 16;
+  w.out_std = 0;
+  w.out_min = 16;
+  w.out_max = 16;
+  w.think_mean_s = 0.2;
+  w.seed = 7;
+  char err[256] = "";
+  kvr_workload_t *wl = kvr_workload_new(&w, err, sizeof(err));
+  if (wl == NULL)
+    fail_msg("workload: %s", err);
+  return wl;
+}
+
+/* The record of (conv, turn) in lv, or NULL. */
+static const kvr_req_rec_t *rec_of(const kvr_level_t *lv, uint64_t conv, uint32_t turn) {
+  for (size_t i = 0; i < lv->nrecs; i++)
+    if (lv->recs[i].conv == conv && lv->recs[i].turn == turn)
+      return &lv->recs[i];
+  return NULL;
+}
+
+/* The load generator threads the chain: turn 1 of a conversation names no previous response,
+ * every later turn names the id the transport gave its previous turn's answer (request slot =
+ * send order = the record's seq), and sends only its new message with store true. An answer
+ * naming no id fails (the next turn could not name it) and its conversation goes no further. */
+static void test_vt_responses_ids(void **state) {
+  (void)state;
+  kvr_workload_t *wl = responses_workload();
+  fake_t *f = calloc(1, sizeof(*f));
+  f->status = 200;
+  f->resp_ids = true;
+  kvr_loadgen_opts_t lo = small_lg(24);
+  lo.api = KVR_API_RESPONSES;
+  kvr_loadgen_t *lg = fake_gen_opts(f, wl, &lo);
+  kvr_level_t *lv = NULL;
+  assert_int_equal(kvr_loadgen_run_level(lg, "fake", 2, 0, 1, &loose_slo, &lv), 0);
+  assert_int_equal(lv->failed, 0);
+  size_t chained = 0;
+  for (size_t i = 0; i < lv->nrecs; i++) {
+    const kvr_req_rec_t *r = &lv->recs[i];
+    const char *body = f->reqs[r->seq].body;
+    assert_non_null(strstr(body, "\"store\":true"));
+    assert_null(strstr(body, "\"messages\""));
+    if (r->turn == 1) {
+      assert_null(strstr(body, "previous_response_id"));
+      assert_non_null(strstr(body, "Agent system prompt")); /* the prefix opens turn 1's input */
+      continue;
+    }
+    const kvr_req_rec_t *prev = rec_of(lv, r->conv, r->turn - 1);
+    assert_non_null(prev);
+    char want[64];
+    snprintf(want, sizeof(want), "\"previous_response_id\":\"resp_fake%04zu\"", prev->seq);
+    if (strstr(body, want) == NULL)
+      fail_msg("conv %llu turn %u: %s not in %.200s", (unsigned long long)r->conv, r->turn, want,
+               body);
+    assert_null(strstr(body, "Agent system prompt")); /* the history is the server's */
+    chained++;
+  }
+  assert_true(chained >= 8);
+  kvr_stats_level_free(lv);
+  kvr_loadgen_free(lg);
+  for (size_t i = 0; i < f->nreqs; i++)
+    free(f->reqs[i].body);
+  memset(f, 0, sizeof(*f));
+  f->status = 200;
+  f->no_ids = true;
+  lg = fake_gen_opts(f, wl, &lo);
+  assert_int_equal(kvr_loadgen_run_level(lg, "fake", 2, 0, 1, &loose_slo, &lv), 0);
+  assert_int_equal(lv->completed, 0);
+  for (size_t i = 0; i < lv->nrecs; i++) {
+    assert_int_equal(lv->recs[i].turn, 1); /* no chain goes past a turn without an id */
+    assert_string_equal(lv->recs[i].error, "the Responses answer named no response id");
+  }
+  assert_false(lv->pass);
+  kvr_stats_level_free(lv);
+  kvr_loadgen_free(lg);
+  for (size_t i = 0; i < f->nreqs; i++)
+    free(f->reqs[i].body);
+  free(f);
+  kvr_workload_free(wl);
+}
+
+/* Responses chains on the cluster, with the router pinning previous_response_id (proxy.c) under
+ * round_robin, kv_aware and the oracle: every request completes, every follow-up runs on the
+ * worker of its conversation's first turn and finds the previous prompt cached there (all but
+ * its last partial block); the same run again gives the same records. */
+static void test_responses_pinned(void **state) {
+  (void)state;
+  kvr_workload_t *wl = responses_workload();
+  kvr_vcluster_opts_t o = small_opts(3);
+  o.responses = true;
+  kvr_loadgen_opts_t lo = small_lg(30);
+  lo.api = KVR_API_RESPONSES;
+  const char *policies[] = {"round_robin", "kv_aware", KVR_VCLUSTER_ORACLE, "round_robin"};
+  kvr_level_t *lv[4];
+  for (int k = 0; k < 4; k++) {
+    kvr_vcluster_t *vc = cluster(&o);
+    char err[256];
+    assert_int_equal(kvr_vcluster_set_policy(vc, policies[k], NULL, err, sizeof(err)), 0);
+    lv[k] = level_on(vc, &lo, wl, 3, 11, &loose_slo);
+    assert_all_ok(lv[k], 30);
+    size_t follow = 0;
+    for (size_t i = 0; i < lv[k]->nrecs; i++) {
+      const kvr_req_rec_t *r = &lv[k]->recs[i];
+      if (r->turn == 1)
+        continue;
+      const kvr_req_rec_t *first = rec_of(lv[k], r->conv, 1);
+      const kvr_req_rec_t *prev = rec_of(lv[k], r->conv, r->turn - 1);
+      assert_non_null(first);
+      assert_non_null(prev);
+      assert_string_equal(r->worker, first->worker);
+      assert_true(r->prompt_tokens > prev->prompt_tokens + prev->output_tokens);
+      if (r->cached_tokens + o.engine.block_size <= prev->prompt_tokens)
+        fail_msg("%s: conv %llu turn %u cached %u of the previous prompt's %u", policies[k],
+                 (unsigned long long)r->conv, r->turn, r->cached_tokens, prev->prompt_tokens);
+      follow++;
+    }
+    assert_true(follow >= 10);
+    kvr_vcluster_free(vc);
+  }
+  assert_true(same_records(lv[0], lv[3], 0));
+  for (int k = 0; k < 4; k++)
+    kvr_stats_level_free(lv[k]);
+  kvr_workload_free(wl);
+}
+
+/* Without the pinning (no_response_affinity), round_robin sends follow-ups to workers whose
+ * store lacks the previous response: vLLM's 404, a failed request that fails the level and ends
+ * its conversation; a follow-up that happens to land on the right worker completes and reuses
+ * the cache as a pinned one does. */
+static void test_responses_unpinned_404(void **state) {
+  (void)state;
+  kvr_workload_t *wl = responses_workload();
+  kvr_vcluster_opts_t o = small_opts(2);
+  o.responses = true;
+  o.no_response_affinity = true;
+  kvr_loadgen_opts_t lo = small_lg(30);
+  lo.api = KVR_API_RESPONSES;
+  kvr_vcluster_t *vc = cluster(&o);
+  char err[256];
+  assert_int_equal(kvr_vcluster_set_policy(vc, "round_robin", NULL, err, sizeof(err)), 0);
+  const kvr_slo_t no_failures = {60000, 10000, 0}; /* loose times, no failed request allowed */
+  kvr_level_t *lv = level_on(vc, &lo, wl, 3, 11, &no_failures);
+  size_t missing = 0, right = 0;
+  for (size_t i = 0; i < lv->nrecs; i++) {
+    const kvr_req_rec_t *r = &lv->recs[i];
+    if (r->turn == 1) {
+      assert_true(r->ok);
+      continue;
+    }
+    const kvr_req_rec_t *first = rec_of(lv, r->conv, 1);
+    const kvr_req_rec_t *prev = rec_of(lv, r->conv, r->turn - 1);
+    assert_true(prev->ok); /* a conversation stops at its first failure */
+    if (r->status == 404) {
+      assert_false(r->ok);
+      assert_int_equal(strncmp(r->error, "HTTP 404", 8), 0);
+      missing++;
+      continue;
+    }
+    assert_true(r->ok);
+    assert_string_equal(r->worker, first->worker); /* only its store holds the history */
+    assert_true(r->cached_tokens + o.engine.block_size > prev->prompt_tokens);
+    right++;
+  }
+  assert_true(missing >= 3);
+  assert_true(right >= 1);
+  assert_true(lv->failed > 0);
+  assert_false(lv->pass);
+  kvr_stats_level_free(lv);
+  kvr_vcluster_free(vc);
   kvr_workload_free(wl);
 }
 
@@ -1423,6 +1631,8 @@ KVR_TEST_MAIN(cmocka_unit_test(test_determinism), cmocka_unit_test(test_router_s
               cmocka_unit_test(test_interrupt_and_free_in_flight),
               cmocka_unit_test(test_vt_exact_times), cmocka_unit_test(test_vt_arrival_seed),
               cmocka_unit_test(test_vt_errors), cmocka_unit_test(test_vt_early_stop_cancels),
-              cmocka_unit_test(test_vt_new_checks), cmocka_unit_test(test_set_workers),
+              cmocka_unit_test(test_vt_new_checks), cmocka_unit_test(test_vt_responses_ids),
+              cmocka_unit_test(test_responses_pinned),
+              cmocka_unit_test(test_responses_unpinned_404), cmocka_unit_test(test_set_workers),
               cmocka_unit_test(test_fleet_search), cmocka_unit_test(test_fleet_answer),
               cmocka_unit_test(test_fleet_report))
