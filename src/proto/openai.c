@@ -314,6 +314,7 @@ void kvr_openai_sse_init(kvr_openai_sse_t *s, size_t max_line) {
   s->overflow = false;
   s->stop = false;
   s->consumed = 0;
+  s->line_at = SIZE_MAX;
 }
 
 size_t kvr_openai_sse_pending(const kvr_openai_sse_t *s) {
@@ -325,6 +326,7 @@ void kvr_openai_sse_reset(kvr_openai_sse_t *s) {
   s->overflow = false;
   s->stop = false;
   s->consumed = 0;
+  s->line_at = SIZE_MAX;
 }
 
 void kvr_openai_sse_free(kvr_openai_sse_t *s) {
@@ -356,9 +358,11 @@ int kvr_openai_sse_feed(kvr_openai_sse_t *s, const char *data, size_t len,
         kvr_buf_reset(&s->line);
         rc = KVR_ELIMIT;
       } else if (nl && s->line.len == 0) {
+        s->line_at = (size_t)(p - data);
         deliver(p, n, cb, cbdata); /* whole line inside this chunk: no copy */
       } else {
         kvr_buf_append(&s->line, p, n);
+        s->line_at = SIZE_MAX; /* delivered only here with a part from an earlier feed */
         if (nl)
           deliver(s->line.data, s->line.len, cb, cbdata);
       }

@@ -103,6 +103,10 @@ typedef struct kvr_openai_sse_s {
    * no callback stops, consumed is the whole chunk. */
   bool stop;
   size_t consumed;
+  /* While the callback runs: where the line it was given begins in the data of this feed, or
+   * SIZE_MAX when it began in an earlier feed (so a caller that passes the data through has sent
+   * its first bytes already). */
+  size_t line_at;
 } kvr_openai_sse_t;
 
 /* Initializes an empty splitter for lines of at most max_line bytes. With SIZE_MAX no line is

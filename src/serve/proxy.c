@@ -149,7 +149,14 @@ struct px_s {
   uint64_t tokens_out, tokens_prior;
   bool answer_full, tool_call_seen, finish_seen, resume_bad;
   bool client_sse; /* the client's response is an event stream (sse is the current attempt's) */
-  const char *break_why, *break_outcome; /* why the stream last broke (static strings) */
+  const char *break_why, *break_outcome; /* why the stream last broke (static strings, or
+                                          * error_why) */
+  /* The worker sent a 5xx error event inside a stream the router can continue
+   * (error_event_breaks()): the event is held back, the transfer aborted and the answer resumed;
+   * error_why says so, with the worker's message. */
+  bool error_break;
+  size_t error_line_at; /* where the held-back event began in the body chunk being fed */
+  char error_why[200];
   char first_id[96];
   kvr_buf_t resume_body;
   kvr_route_req_t rreq;
@@ -493,11 +500,41 @@ static void spliced_line(px_t *px, const char *line, size_t len, const char *p, 
   }
 }
 
+/* A chat or completions stream's error event (vLLM: data: {"error": {...}} and then [DONE], when
+ * the engine fails while generating: serve/utils/error_response.py gives anything but a
+ * validation error code 500) that the router can continue from instead: a server error (code >=
+ * 500), a stream resume_stream() could continue (the switch on, no tool call in flight, the
+ * answer so far held, a prompt read), and the event begun in this body chunk, so none of it has
+ * reached the client. A 4xx event (the request itself is at fault, another worker would say the
+ * same) or one that cannot be held back is passed through as the worker sent it. */
+static bool error_event_breaks(px_t *px, const kvr_openai_chunk_t *c) {
+  const cJSON *code = cJSON_GetObjectItemCaseSensitive(c->error, "code");
+  if (!cJSON_IsObject(c->error) || !cJSON_IsNumber(code) || code->valuedouble < 500 ||
+      !px->r->cfg->resume_streams || !px->client_sse || !px->has_prompt || px->tool_call_seen ||
+      px->answer_full || (px->route != KVR_ROUTE_CHAT && px->route != KVR_ROUTE_COMPLETIONS) ||
+      px->sse_lines.line_at == SIZE_MAX)
+    return false;
+  px->error_break = true;
+  px->error_line_at = px->sse_lines.line_at;
+  snprintf(px->error_why, sizeof px->error_why, "the worker sent an error event mid-stream (%.*s)",
+           120, c->error_message ? c->error_message : "no message");
+  return true;
+}
+
 static void sse_line(void *data, const char *line, size_t len) {
   px_t *px = data;
   const char *p = NULL;
   size_t plen = 0;
   bool is_data = kvr_openai_sse_data(line, len, &p, &plen);
+  const cJSON *obj = NULL; /* the payload's tree: no per-node allocation; not deleted */
+  kvr_openai_chunk_t c;
+  if (is_data && plen > 0 && *p == '{' && (obj = kvr_openai_parse_scratch(p, plen)) != NULL) {
+    kvr_openai_chunk_read(obj, &c);
+    if (c.error && error_event_breaks(px, &c)) {
+      px->sse_lines.stop = true; /* on_body() holds it back and aborts the transfer */
+      return;
+    }
+  }
   if (px->resumes > 0)
     spliced_line(px, line, len, p, plen, is_data);
   if (!is_data)
@@ -507,13 +544,8 @@ static void sse_line(void *data, const char *line, size_t len) {
     px->sse_lines.stop = true;
     return;
   }
-  if (plen == 0 || *p != '{')
-    return;
-  const cJSON *obj = kvr_openai_parse_scratch(p, plen); /* no per-node allocation; not deleted */
   if (obj == NULL)
     return;
-  kvr_openai_chunk_t c;
-  kvr_openai_chunk_read(obj, &c);
   take_response_id(px, &c);
   if (px->first_id[0] == '\0') {
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(obj, "id");
@@ -555,9 +587,13 @@ static size_t on_body(char *data, size_t size, size_t n, void *ud) {
     if (px->sse_lines.stop)
       return len; /* after data: [DONE]: dropped */
     kvr_openai_sse_feed(&px->sse_lines, data, len, sse_line, px);
-    size_t upto = px->sse_lines.consumed;
+    size_t upto = px->error_break ? px->error_line_at : px->sse_lines.consumed;
     if (px->resumes == 0) /* a continuation's lines were written by sse_line, rewritten */
       kvr_http_write(px->req, data, upto);
+    if (px->error_break) {
+      px->bytes_out += upto;
+      return 0; /* curl ends the transfer (a write error): transfer_failed() resumes */
+    }
     if (px->sse_lines.stop)
       kvr_http_write(px->req, "\n", 1); /* the blank line that ends the [DONE] event */
     px->bytes_out += upto + px->sse_lines.stop;
@@ -991,7 +1027,7 @@ static bool resume_stream(px_t *px, const char *why, const char *outcome) {
   if (px->req == NULL || px->req->closed || !px->client_sse || !px->has_prompt)
     return false;
   if (px->finish_seen) { /* every token was sent; only usage or [DONE] was lost */
-    if (!px->sse_lines.stop)
+    if (!px->sse_lines.stop || px->error_break) /* a held-back error event: no [DONE] sent */
       kvr_http_write(px->req, "data: [DONE]\n\n", 14);
     resume_count(px, RESUME_FINISHED);
     px->outcome = "finished_before_break";
@@ -1013,6 +1049,7 @@ static bool resume_stream(px_t *px, const char *why, const char *outcome) {
   px->resumes++;
   px->tokens_prior = px->tokens_out;
   px->resume_bad = false;
+  px->error_break = false;
   transfer_release(px);
   account_end(px);
   resume_count(px, RESUME_RESUMED);
@@ -1024,7 +1061,7 @@ static bool resume_stream(px_t *px, const char *why, const char *outcome) {
 /* The transfer failed while the client is still there. */
 static void transfer_failed(px_t *px, CURL *easy, CURLcode rc) {
   kvr_router_t *r = px->r;
-  const char *why = curl_easy_strerror(rc);
+  const char *why = px->error_break ? px->error_why : curl_easy_strerror(rc);
   const kvr_worker_t *w = px->w;
   if (w)
     kvr_router_on_worker_error(r, &px->acct);
@@ -1054,9 +1091,10 @@ static void transfer_failed(px_t *px, CURL *easy, CURLcode rc) {
   }
   if (px->streaming) { /* the client got part of the answer: continue it, or end it */
     kvr_router_on_request_error(r, KVR_REQ_ERROR_BROKEN_STREAM);
-    if (resume_stream(px, why, "broken_stream")) /* curl_easy_strerror: a static string */
+    /* why: curl_easy_strerror's static string, or px->error_why */
+    if (resume_stream(px, why, px->error_break ? "worker_stream_error" : "broken_stream"))
       return;
-    px->outcome = "broken_stream";
+    px->outcome = px->error_break ? "worker_stream_error" : "broken_stream";
     kvr_router_on_upstream_failure(r);
     broken_stream(px, why);
     px_end(px);

@@ -45,8 +45,11 @@ class StreamWorker:
     answers that breaks.take() allows break after three tokens (whichever worker the policy picks
     first breaks, the continuation goes elsewhere)."""
 
-    def __init__(self, breaks, tool_call=False):
+    def __init__(self, breaks, tool_call=False, error_code=None):
+        """error_code: a breaking answer ends with vLLM's error event of that code and [DONE] on a
+        clean stream instead of losing the connection."""
         self.breaks, self.tool_call, self.bodies = breaks, tool_call, []
+        self.error_code = error_code
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -129,6 +132,14 @@ class StreamWorker:
         if self.breaks.take():
             for w in ("one ", "two ", "three "):
                 send(self._chunk(kind, w))
+            if self.error_code is not None:  # vLLM's error inside a stream, then [DONE]
+                err = {"error": {"message": "engine died", "code": self.error_code, "param": None,
+                                 "type": "InternalServerError" if self.error_code >= 500
+                                 else "BadRequestError"}}
+                send(("data: " + json.dumps(err) + "\n\n").encode())
+                send(b"data: [DONE]\n\n")
+                send(b"")
+                return True
             time.sleep(0.05)  # the tokens reach the router before the connection goes
             c.shutdown(socket.SHUT_RDWR)
             return False  # closed mid-chunked-body: the stream breaks mid-answer
@@ -207,6 +218,42 @@ def test_completions_resumed_with_the_text_so_far():
         assert text == "one two three four five" and ev[-1] == "[DONE]", ev
         assert good.bodies[-1]["prompt"] == "Count: one two three ", good.bodies[-1]
         assert good.bodies[-1]["max_tokens"] == 5
+
+
+@test(timeout=30)
+def test_error_event_resumed():
+    """A worker that sends vLLM's 5xx error event mid-stream (then [DONE], the connection clean)
+    is a broken stream too: the event is held back and the answer continues elsewhere, one stream
+    as above. A 4xx error event is the request's fault: passed through as sent, not resumed."""
+    with Cleanup() as c:
+        b = Breaks(1)
+        w1, w2 = c.add(StreamWorker(b, error_code=500)), c.add(StreamWorker(b, error_code=500))
+        r = c.add(Router([w1.url, w2.url], *FAST, "--policy", "round_robin"))
+        resp = stream(r, "/v1/chat/completions", {
+            "model": "m", "stream": True, "max_tokens": 10,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "count"}]})
+        assert resp.status == 200 and resp.complete, resp
+        ev = events_of(resp.body)
+        assert ev[-1] == "[DONE]" and ev.count("[DONE]") == 1, ev
+        chunks = [json.loads(e) for e in ev[:-1]]
+        assert not [ch for ch in chunks if "error" in ch], chunks
+        text = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks
+                       if ch["choices"])
+        assert text == "one two three four five", text
+        assert chunks[-1]["usage"]["completion_tokens"] == 5, chunks[-1]
+        assert resumes(r, "resumed") == 1
+        good = w1 if len(w1.bodies) and w1.bodies[-1]["messages"][-1]["role"] == "assistant" \
+            else w2
+        assert good.bodies[-1]["messages"][-1]["content"] == "one two three "
+        b4 = Breaks(1)
+        w3, w4 = c.add(StreamWorker(b4, error_code=400)), c.add(StreamWorker(b4, error_code=400))
+        r2 = c.add(Router([w3.url, w4.url], *FAST, "--policy", "round_robin"))
+        ev = events_of(stream(r2, "/v1/completions", {"model": "m", "stream": True,
+                                                      "max_tokens": 8, "prompt": "Count: "}).body)
+        err = json.loads(ev[-2])["error"]
+        assert err["code"] == 400 and err["message"] == "engine died" and ev[-1] == "[DONE]", ev
+        assert len(w3.bodies) + len(w4.bodies) == 1 and resumes(r2, "resumed") == 0
 
 
 @test(timeout=30)

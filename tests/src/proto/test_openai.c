@@ -367,6 +367,37 @@ static void test_sse_stop(void **state) {
   }
 }
 
+/* line_at: where each delivered line begins in the feed's data, SIZE_MAX for a line part of
+ * which came in an earlier feed (a caller passing bytes through has sent that part already). */
+typedef struct {
+  size_t at[8];
+  int n;
+} at_ctx_t;
+
+static void record_at(void *data, const char *line, size_t len) {
+  (void)line, (void)len;
+  kvr_openai_sse_t *s = ((void **)data)[0];
+  at_ctx_t *c = ((void **)data)[1];
+  if (c->n < 8)
+    c->at[c->n++] = s->line_at;
+}
+
+static void test_sse_line_at(void **state) {
+  (void)state;
+  kvr_openai_sse_t s;
+  kvr_openai_sse_init(&s, 1024);
+  assert_true(s.line_at == SIZE_MAX);
+  at_ctx_t c = {0};
+  void *ctx[2] = {&s, &c};
+  kvr_openai_sse_feed(&s, "ab\n\ncd\nef", 10, record_at, ctx); /* ab, "", cd; ef held */
+  assert_int_equal(c.n, 3);
+  assert_true(c.at[0] == 0 && c.at[1] == 3 && c.at[2] == 4);
+  kvr_openai_sse_feed(&s, "gh\nij\n", 6, record_at, ctx); /* efgh began before; ij here */
+  assert_int_equal(c.n, 5);
+  assert_true(c.at[3] == SIZE_MAX && c.at[4] == 3);
+  kvr_openai_sse_free(&s);
+}
+
 static void test_sse_data(void **state) {
   (void)state;
   const char *p;
@@ -655,5 +686,6 @@ KVR_TEST_MAIN(cmocka_unit_test(test_route), cmocka_unit_test(test_features_error
               cmocka_unit_test(test_sse_every_split), cmocka_unit_test(test_sse_byte_by_byte),
               cmocka_unit_test(test_sse_line_bound), cmocka_unit_test(test_sse_reset),
               cmocka_unit_test(test_sse_data), cmocka_unit_test(test_sse_stop),
-              cmocka_unit_test(test_chunk_text), cmocka_unit_test(test_chunk_usage),
-              cmocka_unit_test(test_chunk_error), cmocka_unit_test(test_parse_scratch))
+              cmocka_unit_test(test_sse_line_at), cmocka_unit_test(test_chunk_text),
+              cmocka_unit_test(test_chunk_usage), cmocka_unit_test(test_chunk_error),
+              cmocka_unit_test(test_parse_scratch))
