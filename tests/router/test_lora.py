@@ -26,7 +26,7 @@ Cases:
   - a runtime adapter (--lora-adapter NAME=PATH) no worker lists: the first request makes the
     router load it on the worker it chose (one POST, however many requests wait), then it is
     routed there; with a base named, only that base's workers are eligible;
-  - a worker answering "already loaded" counts as loaded;
+  - a worker answering "already loaded" counts as loaded; a client leaving during the load;
   - load failures (missing files, runtime updating off) are a 502 in the API's shape naming the
     adapter and the worker's answer; the metrics count attempts and results.
 
@@ -298,6 +298,29 @@ def test_runtime_adapter_one_load_then_routed_there():
                 if m["id"] == "dyn-lora"]
         assert card and card[0]["parent"] == BASE and card[0]["root"] == "/adapters/dyn", card
         show("4 concurrent + 5 later requests, 1 load, all on worker %s" % ids[loader.url])
+
+
+@test(timeout=30)
+def test_client_leaves_during_load():
+    """A client that goes away while its adapter loads: the load goes on and is kept (the next
+    request needs none), nothing is left in flight, and the router stays clean."""
+    with Cleanup() as c:
+        a = c.add(LoraWorker(load_delay=1.0))
+        r = c.add(Router([a], *FAST, "--lora-adapter", "slow=/adapters/slow"))
+        wait_lists(r)
+        body = {"model": "slow", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
+        conn = h.Conn(r.port, timeout=5)
+        conn.send(h.build_request("POST", "/v1/chat/completions", body))
+        wait_for(lambda: a.loads, 3, "the load started")
+        conn.close()
+        wait_for(lambda: metric(r, "kvrouter_client_aborts_total") == 1, 3, "the abort counted")
+        assert sum(w["in_flight"] for w in r.workers()) == 0
+        wait_for(lambda: metric(r, "kvrouter_lora_loads_total", result="loaded") == 1, 5,
+                 "the load finished")
+        again = chat(r, "slow")
+        assert again.status == 200, (again.status, again.body[:200])
+        assert a.loads == [("slow", "/adapters/slow")] and a.served == ["slow"], (a.loads, a.served)
+        show("client gone mid-load: load kept, next request served without another")
 
 
 @test(timeout=30)

@@ -218,5 +218,37 @@ static void test_bad_files_change_nothing(void **state) {
   kvr_log_set_level(KVR_LOG_INFO);
 }
 
+/* lora_adapters is read at each request: a reload swaps the list whole (the router's next
+ * decision sees it), the same list changes nothing, a bad entry changes nothing. */
+static void test_lora_adapters(void **state) {
+  (void)state;
+  kvr_log_set_level(KVR_LOG_OFF);
+  fx_t f;
+  fx_open(&f, "{\"workers\": [\"http://127.0.0.1:9001\"], \"lora_adapters\": [\"a=/p/a\"]}");
+  assert_non_null(kvr_router_lora_dynamic(f.r, "a"));
+  char err[512] = "";
+  const char *two = "{\"workers\": [\"http://127.0.0.1:9001\"], \"lora_adapters\": [\"a=/p/a2\","
+                    " {\"name\": \"b\", \"path\": \"/p/b\", \"base_model_name\": \"m\"}]}";
+  assert_int_equal(reload(&f, two, err, sizeof err), 0);
+  assert_int_equal(f.cfg.nlora_adapters, 2);
+  assert_string_equal(kvr_router_lora_dynamic(f.r, "a")->path, "/p/a2");
+  assert_string_equal(kvr_router_lora_dynamic(f.r, "b")->base, "m");
+  const kvr_lora_adapter_t *was = f.cfg.lora_adapters;
+  assert_int_equal(reload(&f, two, err, sizeof err), 0);
+  assert_ptr_equal(f.cfg.lora_adapters, was); /* unchanged: not swapped */
+  assert_int_not_equal(reload(&f,
+                              "{\"workers\": [\"http://127.0.0.1:9001\"],"
+                              " \"lora_adapters\": [\"a=/p,x\"]}",
+                              err, sizeof err),
+                       0);
+  assert_non_null(strstr(err, "want NAME=PATH"));
+  assert_int_equal(f.cfg.nlora_adapters, 2);
+  assert_int_equal(reload(&f, "{\"workers\": [\"http://127.0.0.1:9001\"]}", err, sizeof err), 0);
+  assert_int_equal(f.cfg.nlora_adapters, 0);
+  assert_null(kvr_router_lora_dynamic(f.r, "a"));
+  fx_close(&f);
+  kvr_log_set_level(KVR_LOG_INFO);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_config_path), cmocka_unit_test(test_apply),
-              cmocka_unit_test(test_bad_files_change_nothing))
+              cmocka_unit_test(test_bad_files_change_nothing), cmocka_unit_test(test_lora_adapters))
