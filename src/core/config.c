@@ -59,6 +59,7 @@ void kvr_config_free(kvr_config_t *cfg) {
   free(cfg->workers);
   free(cfg->worker_kv_events);
   free(cfg->worker_kv_replay);
+  free(cfg->worker_dp_size);
   free(cfg->kv_events_topic);
   free(cfg->peer_sync_listen);
   for (size_t i = 0; i < cfg->npeers; i++)
@@ -88,77 +89,132 @@ int kvr_config_add_worker(kvr_config_t *cfg, const char *url, char *err, size_t 
   cfg->workers = kvr_xrealloc(cfg->workers, n * sizeof *cfg->workers);
   cfg->worker_kv_events = kvr_xrealloc(cfg->worker_kv_events, n * sizeof(char *));
   cfg->worker_kv_replay = kvr_xrealloc(cfg->worker_kv_replay, n * sizeof(char *));
+  cfg->worker_dp_size = kvr_xrealloc(cfg->worker_dp_size, n * sizeof *cfg->worker_dp_size);
   cfg->workers[cfg->nworkers] = kvr_xstrdup(norm);
   cfg->worker_kv_events[cfg->nworkers] = NULL;
   cfg->worker_kv_replay[cfg->nworkers] = NULL;
+  cfg->worker_dp_size[cfg->nworkers] = 0;
   cfg->nworkers++;
   return 0;
 }
 
-/* "URL[,kv_events=EP][,kv_replay=EP]" or {"url": URL, "kv_events": EP, "kv_replay": EP}. */
-int kvr_config_add_worker_spec(kvr_config_t *cfg, const char *spec, char *err, size_t errlen) {
-  char *url = NULL, *events = NULL, *replay = NULL;
-  int rc = KVR_EINVAL;
-  if (spec[0] == '{') {
-    cJSON *o = cJSON_Parse(spec);
-    const cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "url");
-    for (const cJSON *it = o ? o->child : NULL; it; it = it->next) {
-      bool known = strcmp(it->string, "url") == 0 || strcmp(it->string, "kv_events") == 0 ||
-                   strcmp(it->string, "kv_replay") == 0;
-      if (!known || !cJSON_IsString(it)) {
-        snprintf(err, errlen,
-                 "worker: %s \"%.60s\" (want \"url\", \"kv_events\", \"kv_replay\" strings)",
-                 known ? "non-string" : "unknown key", it->string);
+/* dp_size's text: 1..KVR_DP_SIZE_MAX in decimal. */
+static int parse_dp_size(const char *text, uint32_t *out, char *err, size_t errlen) {
+  char *end = NULL;
+  unsigned long v = strtoul(text, &end, 10);
+  if (text[0] < '0' || text[0] > '9' || *end != '\0' || v < 1 || v > KVR_DP_SIZE_MAX) {
+    snprintf(err, errlen, "worker: dp_size '%.40s' must be 1..%d", text, KVR_DP_SIZE_MAX);
+    return KVR_EINVAL;
+  }
+  *out = (uint32_t)v;
+  return 0;
+}
+
+/* The JSON object form of a worker; its fields into *url, *events, *replay (owned), *dp. */
+static int worker_object(const char *spec, char **url, char **events, char **replay, uint32_t *dp,
+                         char *err, size_t errlen) {
+  cJSON *o = cJSON_Parse(spec);
+  for (const cJSON *it = o ? o->child : NULL; it; it = it->next) {
+    bool num = strcmp(it->string, "dp_size") == 0;
+    bool known = num || strcmp(it->string, "url") == 0 || strcmp(it->string, "kv_events") == 0 ||
+                 strcmp(it->string, "kv_replay") == 0;
+    if (!known || (num ? !cJSON_IsNumber(it) : !cJSON_IsString(it))) {
+      snprintf(err, errlen,
+               "worker: %s \"%.60s\" (want \"url\", \"kv_events\", \"kv_replay\" strings, "
+               "\"dp_size\" a number)",
+               known ? "wrong type for" : "unknown key", it->string);
+      cJSON_Delete(o);
+      return KVR_EINVAL;
+    }
+    if (num) {
+      double d = it->valuedouble;
+      if (d != (double)(uint32_t)d) {
+        snprintf(err, errlen, "worker: dp_size must be 1..%d", KVR_DP_SIZE_MAX);
+        cJSON_Delete(o);
+        return KVR_EINVAL;
+      }
+      char text[16];
+      snprintf(text, sizeof text, "%u", (uint32_t)d);
+      if (parse_dp_size(text, dp, err, errlen) != 0) {
         cJSON_Delete(o);
         return KVR_EINVAL;
       }
     }
-    if (!cJSON_IsString(u)) {
-      snprintf(err, errlen, "worker: an object needs \"url\"");
-      cJSON_Delete(o);
-      return KVR_EINVAL;
-    }
-    url = kvr_xstrdup(u->valuestring);
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "kv_events");
-    const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "kv_replay");
-    events = cJSON_IsString(e) ? kvr_xstrdup(e->valuestring) : NULL;
-    replay = cJSON_IsString(r) ? kvr_xstrdup(r->valuestring) : NULL;
+  }
+  const cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "url");
+  if (!cJSON_IsString(u)) {
+    snprintf(err, errlen, "worker: an object needs \"url\"");
     cJSON_Delete(o);
-  } else {
-    char *copy = kvr_xstrdup(spec), *save = NULL;
-    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-      if (url == NULL) {
-        url = kvr_xstrdup(tok);
-      } else if (strncmp(tok, "kv_events=", 10) == 0 && events == NULL) {
-        events = kvr_xstrdup(tok + 10);
-      } else if (strncmp(tok, "kv_replay=", 10) == 0 && replay == NULL) {
-        replay = kvr_xstrdup(tok + 10);
-      } else {
-        snprintf(err, errlen,
-                 "worker '%.200s': unknown or repeated option '%.60s' (kv_events=, "
-                 "kv_replay=)",
-                 spec, tok);
-        free(copy);
-        goto out;
-      }
-    }
-    free(copy);
-    if (url == NULL) {
-      snprintf(err, errlen, "worker: empty");
-      goto out;
+    return KVR_EINVAL;
+  }
+  *url = kvr_xstrdup(u->valuestring);
+  const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "kv_events");
+  const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "kv_replay");
+  *events = cJSON_IsString(e) ? kvr_xstrdup(e->valuestring) : NULL;
+  *replay = cJSON_IsString(r) ? kvr_xstrdup(r->valuestring) : NULL;
+  cJSON_Delete(o);
+  return 0;
+}
+
+/* The --worker form "URL[,kv_events=EP][,kv_replay=EP][,dp_size=N]". */
+static int worker_words(const char *spec, char **url, char **events, char **replay, uint32_t *dp,
+                        char *err, size_t errlen) {
+  char *copy = kvr_xstrdup(spec), *save = NULL;
+  int rc = 0;
+  for (char *tok = strtok_r(copy, ",", &save); tok && rc == 0; tok = strtok_r(NULL, ",", &save)) {
+    if (*url == NULL) {
+      *url = kvr_xstrdup(tok);
+    } else if (strncmp(tok, "kv_events=", 10) == 0 && *events == NULL) {
+      *events = kvr_xstrdup(tok + 10);
+    } else if (strncmp(tok, "kv_replay=", 10) == 0 && *replay == NULL) {
+      *replay = kvr_xstrdup(tok + 10);
+    } else if (strncmp(tok, "dp_size=", 8) == 0 && *dp == 0) {
+      rc = parse_dp_size(tok + 8, dp, err, errlen);
+    } else {
+      snprintf(err, errlen,
+               "worker '%.200s': unknown or repeated option '%.60s' (kv_events=, kv_replay=, "
+               "dp_size=)",
+               spec, tok);
+      rc = KVR_EINVAL;
     }
   }
+  free(copy);
+  if (rc == 0 && *url == NULL) {
+    snprintf(err, errlen, "worker: empty");
+    rc = KVR_EINVAL;
+  }
+  return rc;
+}
+
+/* Every rank's endpoint of ep is one the router can connect to. */
+static int check_rank_endpoints(const char *ep, uint32_t dp, char *err, size_t errlen) {
+  char ranked[600];
+  if (kvr_url_kv_endpoint(ep, err, errlen) != 0)
+    return KVR_EINVAL;
+  return dp > 1 ? kvr_url_kv_endpoint_rank(ep, dp - 1, ranked, sizeof ranked, err, errlen) : 0;
+}
+
+/* "URL[,kv_events=EP][,kv_replay=EP][,dp_size=N]" or {"url": URL, "kv_events": EP, ...}. */
+int kvr_config_add_worker_spec(kvr_config_t *cfg, const char *spec, char *err, size_t errlen) {
+  char *url = NULL, *events = NULL, *replay = NULL;
+  uint32_t dp = 0;
+  int rc = spec[0] == '{' ? worker_object(spec, &url, &events, &replay, &dp, err, errlen)
+                          : worker_words(spec, &url, &events, &replay, &dp, err, errlen);
+  if (rc != 0)
+    goto out;
+  rc = KVR_EINVAL;
   if (replay && !events) {
     snprintf(err, errlen, "worker %.200s: kv_replay needs kv_events", url);
     goto out;
   }
-  if ((events && kvr_url_kv_endpoint(events, err, errlen) != 0) ||
-      (replay && kvr_url_kv_endpoint(replay, err, errlen) != 0))
+  if ((events && check_rank_endpoints(events, dp, err, errlen) != 0) ||
+      (replay && check_rank_endpoints(replay, dp, err, errlen) != 0))
     goto out;
   rc = kvr_config_add_worker(cfg, url, err, errlen);
   if (rc == 0) {
     cfg->worker_kv_events[cfg->nworkers - 1] = events;
     cfg->worker_kv_replay[cfg->nworkers - 1] = replay;
+    cfg->worker_dp_size[cfg->nworkers - 1] = dp;
     events = replay = NULL;
   }
 out:
@@ -361,11 +417,13 @@ static const char *const log_levels[] = {"debug", "info", "warn", "error", "off"
 static const char *const log_formats[] = {"text", "json", NULL};
 
 static const kvr_cli_opt_t options[] = {
-    {KVR_CLI_CUSTOM, "worker", .arg = "URL[,kv_events=EP[,kv_replay=EP]]", .json = "workers",
-     .flags = KVR_CLI_JSON_LIST | KVR_CLI_JSON_RAW,
+    {KVR_CLI_CUSTOM, "worker", .arg = "URL[,kv_events=EP[,kv_replay=EP]][,dp_size=N]",
+     .json = "workers", .flags = KVR_CLI_JSON_LIST | KVR_CLI_JSON_RAW,
      .help = "a worker base URL (http://HOST:PORT or https://HOST:PORT), optionally with its "
-             "vLLM KV-event endpoints (tcp://HOST:PORT) for precise routing; repeat for each "
-             "(JSON: a URL string or {\"url\", \"kv_events\", \"kv_replay\"})",
+             "vLLM KV-event endpoints (tcp://HOST:PORT) for precise routing, and dp_size=N for "
+             "one API server in front of N data-parallel ranks (N workers, one per rank); repeat "
+             "for each (JSON: a URL string or {\"url\", \"kv_events\", \"kv_replay\", "
+             "\"dp_size\"})",
      .parse = set_worker},
     {KVR_CLI_CUSTOM, "discover", F(discover_url), .arg = "URL", .json = "discovery.url",
      .flags = KVR_CLI_NODEFAULT,
@@ -385,6 +443,10 @@ static const kvr_cli_opt_t options[] = {
      .json = "discovery.kv_replay_port", KVR_CLI_RANGE(1, 65535), .flags = KVR_CLI_NODEFAULT,
      .help = "each discovered worker's KV-event replay endpoint is tcp://ADDR:PORT (needs "
              "--discover-kv-events-port); default: none"},
+    {KVR_CLI_UINT, "discover-dp-size", F(discover_dp_size), .arg = "N", .json = "discovery.dp_size",
+     KVR_CLI_RANGE(1, KVR_DP_SIZE_MAX), .flags = KVR_CLI_NODEFAULT,
+     .help = "each discovered address is one vLLM API server in front of N data-parallel ranks "
+             "(--data-parallel-size N): N workers, one per rank; default: one engine"},
     {KVR_CLI_CUSTOM, "config", .arg = "FILE.json", .flags = KVR_CLI_EARLY,
      .help = "read settings from a JSON file (keys as in JSON: below); flags override it",
      .parse = set_config_file},
@@ -763,6 +825,22 @@ bool kvr_config_admin_on_loopback(const kvr_config_t *cfg) {
 int kvr_config_validate(const kvr_config_t *cfg, char *err, size_t errlen) {
   if (cfg->nworkers == 0 && cfg->discover_url == NULL) {
     snprintf(err, errlen, "no workers: give at least one --worker URL or --discover URL");
+    return KVR_EINVAL;
+  }
+  size_t expanded = 0;
+  for (size_t i = 0; i < cfg->nworkers; i++)
+    expanded += cfg->worker_dp_size && cfg->worker_dp_size[i] ? cfg->worker_dp_size[i] : 1;
+  if (expanded > KVR_MAX_WORKERS) {
+    snprintf(err, errlen,
+             "too many workers: the --worker list makes %zu (data-parallel ranks counted), this "
+             "router serves at most %d (KVR_MAX_WORKERS)",
+             expanded, KVR_MAX_WORKERS);
+    return KVR_ELIMIT;
+  }
+  uint64_t top_port = KVR_MAX(cfg->discover_kv_events_port, cfg->discover_kv_replay_port);
+  if (cfg->discover_dp_size > 1 && top_port != 0 && top_port + cfg->discover_dp_size - 1 > 65535) {
+    snprintf(err, errlen, "--discover-dp-size: rank %llu's KV-event port would pass 65535",
+             (unsigned long long)(cfg->discover_dp_size - 1));
     return KVR_EINVAL;
   }
   if (cfg->discover_kv_replay_port != 0 && cfg->discover_kv_events_port == 0) {

@@ -27,18 +27,25 @@ typedef struct kvr_lora_adapter_s {
   char *base; /* owned: the base model whose workers may load it (base_model_name); NULL: any */
 } kvr_lora_adapter_t;
 
+/* The most data-parallel ranks one worker URL may stand for (--worker URL,dp_size=N). */
+#define KVR_DP_SIZE_MAX 256
+
 typedef struct kvr_config_s {
   char *listen;            /* public OpenAI-compatible listener, default 0.0.0.0:8000 */
   char *admin_listen;      /* operators' listener, default 127.0.0.1:8001 */
   char **workers;          /* worker base URLs ("http://127.0.0.1:9001"), owned */
   char **worker_kv_events; /* per worker: its KV-event PUB endpoint (tcp://HOST:PORT) or NULL */
   char **worker_kv_replay; /* per worker: its replay endpoint or NULL */
+  /* per worker: 0, one engine; N, vLLM's --data-parallel-size N behind one API server, which the
+   * router serves as N workers sharing the URL, one per rank (dp_size=N, router.h) */
+  uint32_t *worker_dp_size;
   size_t nworkers;
   /* Discovery (discovery.h): workers are the addresses of a DNS name, re-resolved. */
   char *discover_url;               /* --discover http(s)://NAME:PORT, or NULL */
   uint64_t discover_interval_ms;    /* re-resolution period, default 5000; 0 = until answered */
   uint64_t discover_kv_events_port; /* tcp://ADDR:N for each discovered worker, 0 = none */
   uint64_t discover_kv_replay_port; /* its replay endpoint, 0 = none */
+  uint64_t discover_dp_size;        /* each discovered address is N data-parallel ranks, 0 = none */
   char *policy;                     /* default "kv_aware" */
   cJSON *policy_params;             /* owned JSON object or NULL */
   kvr_http_limits_t limits;
@@ -140,8 +147,10 @@ bool kvr_config_admin_on_loopback(const kvr_config_t *cfg);
  */
 int kvr_config_add_worker(kvr_config_t *cfg, const char *url, char *err, size_t errlen);
 
-/* Adds a worker from its spec: "URL[,kv_events=EP][,kv_replay=EP]" (the --worker form) or the
- * JSON object text {"url": URL, "kv_events": EP, "kv_replay": EP} (the config file's form). */
+/* Adds a worker from its spec: "URL[,kv_events=EP][,kv_replay=EP][,dp_size=N]" (the --worker
+ * form) or the JSON object text {"url": URL, "kv_events": EP, "kv_replay": EP, "dp_size": N} (the
+ * config file's form). dp_size is 1..KVR_DP_SIZE_MAX; with kv_events, every rank's endpoint
+ * (kvr_url_kv_endpoint_rank) must be a valid one. */
 int kvr_config_add_worker_spec(kvr_config_t *cfg, const char *spec, char *err, size_t errlen);
 
 /* Adds a runtime-loadable LoRA adapter from its spec, vLLM's --lora-modules forms: "NAME=PATH" or

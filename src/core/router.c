@@ -127,44 +127,40 @@ static kvr_worker_t *record_worker(kvr_router_t *r, const kvr_router_dispatch_t 
 /* ---- workers ----------------------------------------------------------------------------------
  */
 
-/* The first free slot; -1 with err when url is already configured, -2 with err when every slot is
- * taken. */
-static int free_slot(const kvr_router_t *r, const char *url, char *err, size_t errlen) {
-  int slot = -2;
-  for (int i = 0; i < KVR_MAX_WORKERS; i++) {
-    if (r->slots[i] && strcmp(r->slots[i]->url, url) == 0 &&
-        r->slots[i]->state != KVR_WORKER_DRAINING) {
-      snprintf(err, errlen, "worker %s is already configured (id %u)", url, r->slots[i]->id);
-      return -1;
-    }
-    if (r->slots[i] == NULL && slot < 0)
-      slot = i;
-  }
-  if (slot == -2)
-    snprintf(err, errlen,
-             "too many workers: this router serves at most %d (KVR_MAX_WORKERS); drain one first",
-             KVR_MAX_WORKERS);
-  return slot;
+void kvr_router_worker_key(char *out, size_t outlen, const char *url, int32_t rank) {
+  if (rank < 0)
+    snprintf(out, outlen, "%s", url);
+  else
+    snprintf(out, outlen, "%s#dp=%d", url, (int)rank);
 }
 
-const kvr_worker_t *kvr_router_add_worker(kvr_router_t *r, const char *url, char *err,
-                                          size_t errlen) {
-  char norm[512];
-  if (kvr_url_worker(url, norm, sizeof norm, err, errlen) != 0)
-    return NULL;
-  int slot = free_slot(r, norm, err, errlen);
-  if (slot == -2)
-    r->workers_refused_total++;
-  if (slot < 0)
-    return NULL;
-  /* The cache index grows its per-worker state with the fleet (and its table with the blocks, a
-   * bucket at a time: nothing is sized ahead, so no rehash ever stalls the loop). */
-  if (kvr_cache_index_set_workers(r->index, (size_t)slot + 1) != 0) {
-    snprintf(err, errlen, "cannot grow the cache index to %d workers", slot + 1);
-    return NULL;
-  }
+/* A live (not draining) worker with this URL, or NULL: a URL is served whole or by ranks, once. */
+static const kvr_worker_t *url_taken(const kvr_router_t *r, const char *url) {
+  for (size_t i = 0; i < r->nslots; i++)
+    if (r->slots[i] && r->slots[i]->state != KVR_WORKER_DRAINING &&
+        strcmp(r->slots[i]->url, url) == 0)
+      return r->slots[i];
+  return NULL;
+}
+
+/* The first free slot at or after from, or -1. */
+static int free_slot_from(const kvr_router_t *r, int from) {
+  for (int i = from; i < KVR_MAX_WORKERS; i++)
+    if (r->slots[i] == NULL)
+      return i;
+  return -1;
+}
+
+/* A new worker of url (normalized) in the free slot, rank and size as kvr_worker_t says. */
+static kvr_worker_t *worker_new(kvr_router_t *r, int slot, const char *url, int32_t rank,
+                                uint32_t size) {
   kvr_worker_t *w = kvr_xcalloc(1, sizeof *w);
-  w->url = kvr_xstrdup(norm);
+  char key[600];
+  w->url = kvr_xstrdup(url);
+  kvr_router_worker_key(key, sizeof key, url, rank);
+  w->key = kvr_xstrdup(key);
+  w->dp_rank = rank;
+  w->dp_size = size;
   w->id = r->next_id++;
   w->slot = slot;
   snprintf(w->label, sizeof w->label, "%u", w->id);
@@ -178,8 +174,72 @@ const kvr_worker_t *kvr_router_add_worker(kvr_router_t *r, const char *url, char
   if ((size_t)slot + 1 > r->nslots)
     r->nslots = (size_t)slot + 1;
   r->decisions_total[slot] = 0;
-  KVR_INFO("router", "worker %u added: %s", w->id, w->url);
+  if (rank < 0)
+    KVR_INFO("router", "worker %u added: %s", w->id, w->url);
+  else
+    KVR_INFO("router", "worker %u added: %s data-parallel rank %d of %u", w->id, w->url, (int)rank,
+             size);
   return w;
+}
+
+int kvr_router_add_workers(kvr_router_t *r, const char *url, uint32_t dp_size, const char *events,
+                           const char *replay, char *err, size_t errlen) {
+  char norm[512], ev[600], rp[600];
+  if (kvr_url_worker(url, norm, sizeof norm, err, errlen) != 0)
+    return KVR_EINVAL;
+  if (dp_size > KVR_DP_SIZE_MAX) {
+    snprintf(err, errlen, "worker %s: dp_size must be 1..%d", norm, KVR_DP_SIZE_MAX);
+    return KVR_EINVAL;
+  }
+  const kvr_worker_t *old = url_taken(r, norm);
+  if (old) {
+    snprintf(err, errlen, "worker %s is already configured (id %u)", norm, old->id);
+    return KVR_EINVAL;
+  }
+  uint32_t n = dp_size ? dp_size : 1;
+  for (uint32_t k = 0; events && k < n; k++) /* every rank's endpoint, before adding any */
+    if (kvr_url_kv_endpoint_rank(events, k, ev, sizeof ev, err, errlen) != 0 ||
+        (replay && kvr_url_kv_endpoint_rank(replay, k, rp, sizeof rp, err, errlen) != 0))
+      return KVR_EINVAL;
+  int slots[KVR_DP_SIZE_MAX], slot = -1;
+  for (uint32_t k = 0; k < n; k++) {
+    slot = free_slot_from(r, slot + 1);
+    if (slot < 0) {
+      r->workers_refused_total++;
+      snprintf(err, errlen,
+               "too many workers: this router serves at most %d (KVR_MAX_WORKERS)%s; drain one "
+               "first",
+               KVR_MAX_WORKERS, n > 1 ? " and this URL needs one per data-parallel rank" : "");
+      return KVR_ELIMIT;
+    }
+    slots[k] = slot;
+  }
+  /* The cache index grows its per-worker state with the fleet (and its table with the blocks, a
+   * bucket at a time: nothing is sized ahead, so no rehash ever stalls the loop). */
+  if (kvr_cache_index_set_workers(r->index, (size_t)slots[n - 1] + 1) != 0) {
+    snprintf(err, errlen, "cannot grow the cache index to %d workers", slots[n - 1] + 1);
+    return KVR_ENOMEM;
+  }
+  for (uint32_t k = 0; k < n; k++) {
+    kvr_worker_t *w = worker_new(r, slots[k], norm, dp_size ? (int32_t)k : -1, dp_size);
+    if (events) {
+      kvr_url_kv_endpoint_rank(events, k, ev, sizeof ev, err, errlen);
+      if (replay)
+        kvr_url_kv_endpoint_rank(replay, k, rp, sizeof rp, err, errlen);
+      kvr_router_set_worker_kv(r, w->id, ev, replay ? rp : NULL);
+    }
+  }
+  return (int)n;
+}
+
+const kvr_worker_t *kvr_router_add_worker(kvr_router_t *r, const char *url, char *err,
+                                          size_t errlen) {
+  int n = kvr_router_add_workers(r, url, 0, NULL, NULL, err, errlen);
+  if (n <= 0)
+    return NULL;
+  char norm[512];
+  kvr_url_worker(url, norm, sizeof norm, err, errlen);
+  return kvr_router_worker_serving(r, norm);
 }
 
 static void worker_free(kvr_router_t *r, kvr_worker_t *w) {
@@ -195,8 +255,9 @@ static void worker_free(kvr_router_t *r, kvr_worker_t *w) {
   r->slots[w->slot] = NULL;
   while (r->nslots > 0 && r->slots[r->nslots - 1] == NULL)
     r->nslots--;
-  KVR_INFO("router", "worker %u removed: %s", w->id, w->url);
+  KVR_INFO("router", "worker %u removed: %s", w->id, w->key);
   free(w->url);
+  free(w->key);
   free(w);
 }
 
@@ -218,17 +279,24 @@ const kvr_worker_t *kvr_router_worker_by_id(const kvr_router_t *r, uint32_t id) 
   return NULL;
 }
 
-static kvr_worker_t *worker_serving(const kvr_router_t *r, const char *url) {
+static kvr_worker_t *worker_serving(const kvr_router_t *r, const char *key) {
   for (size_t i = 0; i < r->nslots; i++) {
     kvr_worker_t *w = r->slots[i];
-    if (w && w->state != KVR_WORKER_DRAINING && strcmp(w->url, url) == 0)
+    if (w && w->state != KVR_WORKER_DRAINING && strcmp(w->key, key) == 0)
       return w;
   }
   return NULL;
 }
 
-const kvr_worker_t *kvr_router_worker_serving(const kvr_router_t *r, const char *url) {
-  return worker_serving(r, url);
+const kvr_worker_t *kvr_router_worker_serving(const kvr_router_t *r, const char *key) {
+  return worker_serving(r, key);
+}
+
+const kvr_worker_t *kvr_router_worker_serving_rank(const kvr_router_t *r, const char *url,
+                                                   int32_t rank) {
+  char key[600];
+  kvr_router_worker_key(key, sizeof key, url, rank);
+  return worker_serving(r, key);
 }
 
 bool kvr_router_has_usable(const kvr_router_t *r) {
@@ -440,11 +508,11 @@ kvr_router_t *kvr_router_new(const kvr_config_t *cfg, char *err, size_t errlen) 
   if (kvr_router_set_policy(r, cfg->policy, cfg->policy_params, err, errlen) != 0)
     goto fail;
   for (size_t i = 0; i < cfg->nworkers; i++) {
-    const kvr_worker_t *w = kvr_router_add_worker(r, cfg->workers[i], err, errlen);
-    if (w == NULL)
+    uint32_t dp = cfg->worker_dp_size ? cfg->worker_dp_size[i] : 0;
+    const char *ev = cfg->worker_kv_events ? cfg->worker_kv_events[i] : NULL;
+    if (kvr_router_add_workers(r, cfg->workers[i], dp, ev, ev ? cfg->worker_kv_replay[i] : NULL,
+                               err, errlen) < 0)
       goto fail;
-    if (cfg->worker_kv_events && cfg->worker_kv_events[i])
-      kvr_router_set_worker_kv(r, w->id, cfg->worker_kv_events[i], cfg->worker_kv_replay[i]);
   }
   return r;
 fail:
@@ -586,7 +654,7 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, const kvr_rou
     /* rendezvous rank for the last tie-break: the same worker order for a prompt on every replica,
      * keyed by its last block (the most specific prefix), so distinct prompts spread evenly */
     if (req->nblocks)
-      d->snaps[i].rank = XXH3_64bits_withSeed(r->slots[i]->url, strlen(r->slots[i]->url),
+      d->snaps[i].rank = XXH3_64bits_withSeed(r->slots[i]->key, strlen(r->slots[i]->key),
                                               req->blocks[req->nblocks - 1]) |
                          1;
     any_precise |= precise;
@@ -974,6 +1042,14 @@ int kvr_router_on_scrape(kvr_router_t *r, uint32_t id, const kvr_vllm_metrics_t 
   kvr_worker_t *w = worker_by_id(r, id);
   if (w == NULL)
     return KVR_ENOENT;
+  w->engines_seen = m->engines;
+  if (w->dp_rank < 0 && m->engines > 1 && !w->engines_warned) {
+    w->engines_warned = true;
+    KVR_WARN("scrape",
+             "worker %u (%s): its /metrics shows %u engines (data-parallel ranks) served as one "
+             "worker; give --worker %s,dp_size=%u to route to each rank",
+             w->id, w->url, m->engines, w->url, m->engines);
+  }
   apply_counters(r, w, m);
   w->lora = m->lora;
   w->num_requests_running = m->num_requests_running;
@@ -1315,8 +1391,20 @@ int kvr_router_set_worker_kv(kvr_router_t *r, uint32_t id, const char *events, c
 
 void kvr_router_on_kv_batch(kvr_router_t *r, uint32_t id, const kvr_kv_batch_t *b) {
   kvr_worker_t *w = worker_by_id(r, id);
-  if (w)
-    kvr_kv_index_apply(r->kv_index, (size_t)w->slot, b);
+  if (w == NULL)
+    return;
+  /* vLLM's rank R publishes on its own endpoint (port + R) and always names itself: a batch of
+   * another rank on a rank's stream is no part of this worker's cache. */
+  if (w->dp_rank >= 0 && b->dp_rank >= 0 && b->dp_rank != w->dp_rank) {
+    if (w->kv_rank_dropped++ == 0)
+      KVR_WARN("router",
+               "worker %u (%s): a KV-event batch of data-parallel rank %lld dropped "
+               "(counted in kvrouter_kv_events_rank_dropped_total)",
+               w->id, w->key, (long long)b->dp_rank);
+    r->kv_rank_dropped_total++;
+    return;
+  }
+  kvr_kv_index_apply(r->kv_index, (size_t)w->slot, b);
 }
 
 void kvr_router_on_kv_reset(kvr_router_t *r, uint32_t id) {
@@ -1412,7 +1500,7 @@ void kvr_router_on_peer_load(kvr_router_t *r, size_t peer, const kvr_peer_row_t 
       continue;
     memset(&w->peer[peer], 0, sizeof w->peer[peer]);
     w->peer[peer].at_ms = now; /* listed or not, the peer has nothing else on it */
-    const kvr_peer_row_t *row = find_row(sorted, n, w->url);
+    const kvr_peer_row_t *row = find_row(sorted, n, w->key);
     if (row == NULL)
       continue;
     w->peer[peer] = row->load;

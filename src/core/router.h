@@ -55,6 +55,14 @@
  * to load it first, reporting kvr_router_on_lora_load_start / _done; a load that succeeded (or
  * that the worker answered "already loaded") adds the adapter's card to the worker's list until
  * the next GET /v1/models read replaces the list.
+ *
+ * Data-parallel ranks: vLLM's `serve --data-parallel-size N --api-server-count 1` puts N engines
+ * behind one URL. kvr_router_add_workers(url, dp_size N) makes N workers of it, rank 0..N-1, each
+ * with its own slot, load, cache index, KV-event stream (vLLM's port + rank) and scraped figures
+ * (the engine="R" series of the URL's one /metrics page). The proxy sends each request to the URL
+ * with X-data-parallel-rank: its worker's rank. Ranks share the URL, never the key ("URL#dp=R"),
+ * so replicas and reload tell them apart. A worker added without dp_size is the whole server.
+
  */
 #ifndef KVR_ROUTER_H
 #define KVR_ROUTER_H
@@ -183,6 +191,17 @@ typedef struct kvr_worker_s {
   int slot;       /* index in snapshots, tried masks and the cache index */
   char *url;      /* owned, normalized base URL without trailing slash */
   char label[16]; /* id as text for metric labels and headers */
+  /* Data parallel (vLLM's --data-parallel-size N behind one API server; see "Data-parallel
+   * ranks" above): the engine this worker is (its requests carry X-data-parallel-rank: dp_rank)
+   * and N; -1 and 0 for a worker that is a whole server. key (owned) names the worker among those
+   * sharing its URL: the URL itself, or "URL#dp=R"; replicas and reload find workers by it. */
+  int32_t dp_rank;
+  uint32_t dp_size;
+  char *key;
+  /* Engines its last /metrics page showed (distinct engine="R" labels, 0 without any); on a worker
+   * configured without dp_size, more than one is logged once (engines_warned) and shown. */
+  uint32_t engines_seen;
+  bool engines_warned;
   kvr_worker_state_t state;
   /* Load the router tracks itself (see the header comment). */
   uint32_t inflight;
@@ -245,6 +264,7 @@ typedef struct kvr_worker_s {
   bool kv_precise;
   char kv_mode[24];
   kvr_kv_stream_stats_t kv_stats; /* the stream's counters (kvr_router_on_kv_stats) */
+  uint64_t kv_rank_dropped;       /* batches naming another data-parallel rank, dropped */
   /* Replicas: the load each peer reported for this worker (kvr_router_on_peer_load); the
    * snapshot adds the fresh ones to the router's own figures. */
   kvr_peer_load_t peer[KVR_MAX_PEERS];
@@ -277,8 +297,9 @@ struct kvr_router_s {
   kvr_cache_index_t *index; /* owned */
   kvr_kv_index_t *kv_index; /* owned: the precise index, fed by KV events */
   uint64_t kv_routed_precise, kv_routed_approx; /* decisions with / without token ids */
-  kvr_hist_t tokenize_seconds;                  /* POST /tokenize round trips (precise mode) */
-  uint64_t peer_polls_total[KVR_MAX_PEERS][3];  /* [peer][0 ok, 1 error, 2 self] */
+  uint64_t kv_rank_dropped_total; /* KV batches of a rank their stream's worker is not */
+  kvr_hist_t tokenize_seconds;    /* POST /tokenize round trips (precise mode) */
+  uint64_t peer_polls_total[KVR_MAX_PEERS][3]; /* [peer][0 ok, 1 error, 2 self] */
   uint64_t instance; /* random per process: tells a replica its own answer in a peer list */
   uint64_t peer_ok_ms[KVR_MAX_PEERS]; /* last good answer of each peer */
   /* Replica sync (peer_sync.h): while peer_sync_live[p], peer p's load is the requests it
@@ -380,14 +401,30 @@ void kvr_router_free(kvr_router_t *r);
 const kvr_worker_t *kvr_router_add_worker(kvr_router_t *r, const char *url, char *err,
                                           size_t errlen);
 
+/* Adds the workers of one vLLM server: one (dp_size 0) or one per data-parallel rank 0..dp_size-1
+ * (dp_size 1..KVR_DP_SIZE_MAX, config.h), each with its KV-event endpoints when events is given
+ * (rank R's are events' and replay's with vLLM's rank offset, kvr_url_kv_endpoint_rank). All or
+ * nothing: returns how many were added, or a negative code with err (a bad URL or endpoint, the
+ * URL already served, or not enough free slots), having added none. */
+int kvr_router_add_workers(kvr_router_t *r, const char *url, uint32_t dp_size, const char *events,
+                           const char *replay, char *err, size_t errlen);
+
+/* The key of url's worker of data-parallel rank `rank` (-1: a whole server): url, or "url#dp=R".
+ * url must already be normalized (kvr_url_worker). */
+void kvr_router_worker_key(char *out, size_t outlen, const char *url, int32_t rank);
+
 /* Marks worker id draining: no new requests; it is freed when its in-flight count reaches 0, at
  * once if nothing is in flight. Returns 0 or KVR_ENOENT. */
 int kvr_router_drain_worker(kvr_router_t *r, uint32_t id);
 
 /* Finds a worker by id; NULL if none. */
 const kvr_worker_t *kvr_router_worker_by_id(const kvr_router_t *r, uint32_t id);
-/* The worker serving url (normalized as the router keeps it), draining ones excepted, or NULL. */
-const kvr_worker_t *kvr_router_worker_serving(const kvr_router_t *r, const char *url);
+/* The worker whose key is key (a whole server's is its normalized URL, a rank's
+ * kvr_router_worker_key's), draining ones excepted, or NULL. */
+const kvr_worker_t *kvr_router_worker_serving(const kvr_router_t *r, const char *key);
+/* The same for url's rank (-1: the whole server). */
+const kvr_worker_t *kvr_router_worker_serving_rank(const kvr_router_t *r, const char *url,
+                                                   int32_t rank);
 
 /* True while at least one worker can take requests. */
 bool kvr_router_has_usable(const kvr_router_t *r);
@@ -443,7 +480,9 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, const kvr_rou
 
 /* Sets worker id's KV-event endpoints (copied; NULL clears). Returns 0 or KVR_ENOENT. */
 int kvr_router_set_worker_kv(kvr_router_t *r, uint32_t id, const char *events, const char *replay);
-/* A batch of worker id's events: applied to its precise index. */
+/* A batch of worker id's events: applied to its precise index. A batch naming a data-parallel rank
+ * other than a rank worker's own (vLLM's third element, kvr_kv_batch_t.dp_rank) is counted
+ * (kv_rank_dropped) and dropped; a whole server's worker takes any rank. */
 void kvr_router_on_kv_batch(kvr_router_t *r, uint32_t id, const kvr_kv_batch_t *b);
 /* Its stream lost batches: the precise index forgets the worker. */
 void kvr_router_on_kv_reset(kvr_router_t *r, uint32_t id);

@@ -41,6 +41,10 @@ static double ratio(uint64_t part, uint64_t whole) {
 static double f_backlog(const kvr_router_t *r, const kvr_worker_t *w) {
   return (double)kvr_router_worker_backlog(w, kvr_router_now_ns(r));
 }
+static double f_dp_rank(const kvr_router_t *r, const kvr_worker_t *w) {
+  (void)r;
+  return w->dp_rank;
+}
 static double f_up(const kvr_router_t *r, const kvr_worker_t *w) {
   return w->state == KVR_WORKER_UP;
 }
@@ -199,6 +203,17 @@ static const worker_family_t worker_families[] = {
      "Context length of the worker's model from GET /v1/models (0 until known); the cache index "
      "learns at most this many tokens of one request",
      U64(max_model_len)},
+    {"kvrouter_worker_data_parallel_rank", "gauge",
+     "The vLLM data-parallel rank the worker is (--worker URL,dp_size=N: its requests carry "
+     "X-data-parallel-rank), -1 for a worker that is a whole server",
+     FN(f_dp_rank)},
+    {"kvrouter_worker_engines_seen", "gauge",
+     "Distinct engine labels on the worker's last /metrics page (several on a worker configured "
+     "without dp_size: one server with data-parallel ranks served as one worker)",
+     U32(engines_seen)},
+    {"kvrouter_worker_kv_events_rank_dropped_total", "counter",
+     "KV-event batches on a rank's stream naming another data-parallel rank, dropped",
+     U64(kv_rank_dropped)},
 };
 
 #undef U64
@@ -976,10 +991,32 @@ static void models_json(const kvr_worker_t *w, uint64_t now, cJSON *o) {
   }
 }
 
+/* The worker's data-parallel rank (null for a whole server), its size, and the engines its /metrics
+ * showed, with a hint when a whole server's page showed several. */
+static void dp_json(const kvr_worker_t *w, cJSON *o) {
+  if (w->dp_rank >= 0) {
+    cJSON_AddNumberToObject(o, "dp_rank", w->dp_rank);
+    cJSON_AddNumberToObject(o, "dp_size", w->dp_size);
+  } else {
+    cJSON_AddNullToObject(o, "dp_rank");
+    cJSON_AddNullToObject(o, "dp_size");
+  }
+  cJSON_AddStringToObject(o, "key", w->key);
+  cJSON_AddNumberToObject(o, "engines_seen", w->engines_seen);
+  if (w->dp_rank < 0 && w->engines_seen > 1) {
+    char hint[200];
+    snprintf(hint, sizeof hint,
+             "its /metrics shows %u engines: give dp_size=%u to route to each data-parallel rank",
+             w->engines_seen, w->engines_seen);
+    cJSON_AddStringToObject(o, "engines_hint", hint);
+  }
+}
+
 static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t now) {
   cJSON *o = cJSON_CreateObject();
   cJSON_AddNumberToObject(o, "id", w->id);
   cJSON_AddStringToObject(o, "url", w->url);
+  dp_json(w, o);
   cJSON_AddStringToObject(o, "state", kvr_worker_state_name(w->state));
   cJSON_AddNumberToObject(o, "in_flight", w->inflight);
   kvr_peer_load_t peers;
@@ -1021,6 +1058,7 @@ static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t
     cJSON_AddNumberToObject(kv, "batches", (double)w->kv_stats.batches);
     cJSON_AddNumberToObject(kv, "last_seq", (double)w->kv_stats.last_seq);
     cJSON_AddNumberToObject(kv, "resets", (double)w->kv_stats.resets);
+    cJSON_AddNumberToObject(kv, "rank_dropped", (double)w->kv_rank_dropped);
   } else {
     cJSON_AddNullToObject(o, "kv_events");
   }
@@ -1083,7 +1121,7 @@ cJSON *kvr_router_view_load(const kvr_router_t *r) {
     if (w == NULL)
       continue;
     cJSON *e = cJSON_CreateObject();
-    cJSON_AddStringToObject(e, "url", w->url);
+    cJSON_AddStringToObject(e, "url", w->key); /* what a peer finds the worker by */
     cJSON_AddNumberToObject(e, "in_flight", w->inflight);
     cJSON_AddNumberToObject(e, "active_tokens", (double)w->active_tokens);
     cJSON_AddNumberToObject(e, "queued_prefill_tokens", (double)w->queued_prefill_tokens);

@@ -183,6 +183,31 @@ int kvr_url_kv_endpoint(const char *ep, char *err, size_t errlen) {
   return 0;
 }
 
+int kvr_url_kv_endpoint_rank(const char *ep, uint32_t rank, char *out, size_t outlen, char *err,
+                             size_t errlen) {
+  int n;
+  if (rank == 0) {
+    n = snprintf(out, outlen, "%s", ep);
+  } else if (strncmp(ep, "tcp://", 6) == 0) {
+    const char *colon = strrchr(ep + 6, ':');
+    long port = colon ? strtol(colon + 1, NULL, 10) : 0;
+    if (colon == NULL || port + (long)rank > 65535) {
+      snprintf(err, errlen,
+               "KV-event endpoint '%.200s': rank %u would publish on port %ld (> 65535)", ep, rank,
+               port + (long)rank);
+      return KVR_EINVAL;
+    }
+    n = snprintf(out, outlen, "%.*s:%ld", (int)(colon - ep), ep, port + (long)rank);
+  } else {
+    n = snprintf(out, outlen, "%s_dp%u", ep, rank);
+  }
+  if (n < 0 || (size_t)n >= outlen) {
+    snprintf(err, errlen, "KV-event endpoint '%.200s': too long", ep);
+    return KVR_EINVAL;
+  }
+  return 0;
+}
+
 /* "a.b.c.d" and a port into *sa; KVR_EINVAL when the text is not a dotted IPv4 address. */
 static int ip4_addr(const char *host, int port, struct sockaddr_in *sa) {
   sa->sin_family = AF_INET;

@@ -13,6 +13,7 @@
 #define KVR_URL_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/socket.h>
 
 /* Checks a worker URL with libcurl's URL parser: http:// or https://, a host, an optional port in
@@ -37,6 +38,14 @@ int kvr_url_discovery(const char *url, kvr_url_target_t *t, char *err, size_t er
 
 /* A KV-event endpoint the router connects to: tcp://HOST:PORT (no wildcard) or ipc://PATH. */
 int kvr_url_kv_endpoint(const char *ep, char *err, size_t errlen);
+
+/* The endpoint data-parallel rank `rank` of an engine publishes on, given the one configured for
+ * the server (vLLM's ZmqEventPublisher.offset_endpoint_port, vllm/distributed/kv_events.py): rank 0
+ * keeps it, tcp://HOST:PORT becomes tcp://HOST:(PORT + rank), ipc://PATH becomes
+ * ipc://PATH_dp<rank>. ep must pass kvr_url_kv_endpoint. Returns 0, or KVR_EINVAL with err when the
+ * port would pass 65535 or out is too small. */
+int kvr_url_kv_endpoint_rank(const char *ep, uint32_t rank, char *out, size_t outlen, char *err,
+                             size_t errlen);
 
 /* Parses "HOST:PORT" / "[V6]:PORT" into a sockaddr_storage. Returns 0 or KVR_EINVAL. */
 int kvr_url_hostport(const char *hostport, struct sockaddr_storage *out);

@@ -4,7 +4,8 @@
  * (vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc or its older name
  * vllm:gpu_cache_usage_perc, vllm:cache_config_info's block_size and num_gpu_blocks labels) and the
  * token counters of KVR_VLLM_COUNTER_MAP; samples of one name are summed across label sets (several
- * engines behind one server), the cache usage is their mean; vllm:lora_requests_info's newest
+ * engines behind one server), the cache usage is their mean; or, for one data-parallel rank, only
+ * the samples labelled engine="R" (kvr_vllm_parse_metrics_engine); vllm:lora_requests_info's newest
  * series (the largest value) gives the adapters running and waiting. /v1/models: the cards of the
  * listed models (at most KVR_VLLM_MODELS_MAX, each id, root, parent, max_model_len and its JSON),
  * the smallest positive max_model_len among them; and vLLM's 404 for a model it does not serve.
@@ -176,18 +177,51 @@ static int parse_line(const char *p, const char *eol, kvr_vllm_metrics_t *m, int
   return 0;
 }
 
+/* The engine label of the sample line [p, eol): its value as a number 0..999 (vLLM's ranks), -2
+ * for another value, -1 when the line has no engine label (the labels end at the first '}'). */
+static int engine_of(const char *p, const char *eol) {
+  const char *open = memchr(p, '{', (size_t)(eol - p));
+  const char *close = open ? memchr(open, '}', (size_t)(eol - open)) : NULL;
+  if (close == NULL)
+    return -1;
+  for (const char *q = open; q + 8 < close; q++) {
+    if ((q[0] != '{' && q[0] != ',') || memcmp(q + 1, "engine=\"", 8) != 0)
+      continue;
+    const char *v = q + 9;
+    int n = 0, digits = 0;
+    while (v < close && *v >= '0' && *v <= '9' && digits < 3)
+      n = n * 10 + (*v++ - '0'), digits++;
+    return digits > 0 && v < close && *v == '"' ? n : -2;
+  }
+  return -1;
+}
+
 int kvr_vllm_parse_metrics(const char *text, size_t len, uint64_t now_ms, kvr_vllm_metrics_t *out) {
+  return kvr_vllm_parse_metrics_engine(text, len, now_ms, -1, out);
+}
+
+int kvr_vllm_parse_metrics_engine(const char *text, size_t len, uint64_t now_ms, int engine,
+                                  kvr_vllm_metrics_t *out) {
   kvr_vllm_metrics_t m = {.at_ms = now_ms};
   int nusage = 0, found = 0;
+  uint64_t seen = 0; /* bit R: engine="R" on the page */
   const char *p = text, *end = text + len;
   while (p < end) {
     const char *eol = memchr(p, '\n', (size_t)(end - p));
     if (eol == NULL)
       eol = end;
-    if (*p != '#' && eol > p)
-      found += parse_line(p, eol, &m, &nusage);
+    if (*p != '#' && eol > p) {
+      int e = engine_of(p, eol);
+      if (e >= 0 && e < 64)
+        seen |= 1ull << e;
+      /* vllm:lora_requests_info has no engine label: it is the server's, every rank's */
+      if (engine < 0 || e == engine ||
+          (e == -1 && kvr_metric_line_is(p, eol, "vllm:lora_requests_info")))
+        found += parse_line(p, eol, &m, &nusage);
+    }
     p = eol + 1;
   }
+  m.engines = (uint32_t)__builtin_popcountll(seen);
   if (found == 0)
     return KVR_EPARSE;
   m.kv_cache_usage = nusage ? m.kv_cache_usage / nusage : 0;

@@ -76,6 +76,8 @@ typedef struct kvr_vllm_metrics_s {
   uint64_t num_gpu_blocks, block_size; /* vllm:cache_config_info, 0 when absent */
   kvr_vllm_counters_t counters;        /* vLLM's token counters on the page */
   kvr_vllm_lora_info_t lora;           /* vllm:lora_requests_info, the newest series */
+  uint32_t engines; /* distinct engine="R" labels on the page (R 0..63), 0 when none */
+
 } kvr_vllm_metrics_t;
 
 /* Parses the Prometheus text of a vLLM /metrics page taken at now_ms into *out: samples of one name
@@ -84,6 +86,16 @@ typedef struct kvr_vllm_metrics_s {
  * never reaches a policy), a cache usage above 1 counts as 1. Returns 0, or KVR_EPARSE when none of
  * the expected series is present (*out is then unusable). */
 int kvr_vllm_parse_metrics(const char *text, size_t len, uint64_t now_ms, kvr_vllm_metrics_t *out);
+
+/* The same for one engine of a data-parallel server (vLLM labels every per-engine series with
+ * engine="R", the rank as a string: v1/metrics/loggers.py): only the samples labelled
+ * engine="<engine>" count (a page without engine labels gives a rank nothing: the router then
+ * keeps to its own accounting for it), and vllm:lora_requests_info, which has no engine label (the
+ * API server's, shared by its ranks); engine -1 reads every sample, as kvr_vllm_parse_metrics.
+ * out->engines counts the page's engines either way. KVR_EPARSE when that engine has none of the
+ * load series. */
+int kvr_vllm_parse_metrics_engine(const char *text, size_t len, uint64_t now_ms, int engine,
+                                  kvr_vllm_metrics_t *out);
 
 /* Follows one worker's vLLM counters from page to page: st holds the last page's values, cur is the
  * new page's. For each counter on both pages, delta[i] gets its increase; when any counter on both

@@ -119,12 +119,17 @@ static void workers_post(kvr_http_req_t *req, void *data, const char *tail) {
   char err[256];
   const cJSON *ev = cJSON_GetObjectItemCaseSensitive(body, "kv_events");
   const cJSON *rp = cJSON_GetObjectItemCaseSensitive(body, "kv_replay");
+  const cJSON *dp = cJSON_GetObjectItemCaseSensitive(body, "dp_size");
   const char *bad = NULL;
   if ((ev && !cJSON_IsString(ev) && !cJSON_IsNull(ev)) ||
       (rp && !cJSON_IsString(rp) && !cJSON_IsNull(rp)))
     bad = "kv_events and kv_replay must be strings";
   else if (cJSON_IsString(rp) && !cJSON_IsString(ev))
     bad = "kv_replay needs kv_events";
+  else if (dp && !cJSON_IsNull(dp) &&
+           (!cJSON_IsNumber(dp) || dp->valuedouble < 1 || dp->valuedouble > KVR_DP_SIZE_MAX ||
+            dp->valuedouble != (double)(uint32_t)dp->valuedouble))
+    bad = "dp_size must be a whole number of data-parallel ranks, 1..256";
   else if ((cJSON_IsString(ev) && kvr_url_kv_endpoint(ev->valuestring, err, sizeof err) != 0) ||
            (cJSON_IsString(rp) && kvr_url_kv_endpoint(rp->valuestring, err, sizeof err) != 0))
     bad = err;
@@ -135,21 +140,32 @@ static void workers_post(kvr_http_req_t *req, void *data, const char *tail) {
     kvr_http_error(req, 400, NULL, "invalid_value", "%s", msg);
     return;
   }
-  uint64_t refused = r->workers_refused_total;
-  const kvr_worker_t *w = kvr_router_add_worker(r, url->valuestring, err, sizeof err);
-  if (w != NULL && cJSON_IsString(ev))
-    kvr_router_set_worker_kv(r, w->id, ev->valuestring,
-                             cJSON_IsString(rp) ? rp->valuestring : NULL);
+  uint32_t dp_size = cJSON_IsNumber(dp) ? (uint32_t)dp->valuedouble : 0;
+  char norm[512];
+  int n = kvr_router_add_workers(r, url->valuestring, dp_size,
+                                 cJSON_IsString(ev) ? ev->valuestring : NULL,
+                                 cJSON_IsString(rp) ? rp->valuestring : NULL, err, sizeof err);
+  if (n > 0)
+    kvr_url_worker(url->valuestring, norm, sizeof norm, err, sizeof err);
   cJSON_Delete(body);
-  if (w == NULL && r->workers_refused_total != refused) { /* every slot taken (KVR_MAX_WORKERS) */
+  if (n == KVR_ELIMIT) { /* every slot taken (KVR_MAX_WORKERS) */
     kvr_http_error(req, 400, NULL, "too_many_workers", "%s", err);
     return;
   }
-  if (w == NULL) {
-    kvr_http_error(req, 400, NULL, "invalid_value", "url: %s", err);
+  if (n <= 0) {
+    kvr_http_error(req, 400, NULL, "invalid_value", "%s%s", strncmp(err, "KV", 2) ? "url: " : "",
+                   err);
     return;
   }
-  send_json(req, 201, worker_json(r, w));
+  if (dp_size == 0) {
+    send_json(req, 201, worker_json(r, kvr_router_worker_serving(r, norm)));
+    return;
+  }
+  /* A data-parallel server: one worker per rank, in rank order. */
+  cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "workers");
+  for (uint32_t k = 0; k < dp_size; k++)
+    cJSON_AddItemToArray(arr, worker_json(r, kvr_router_worker_serving_rank(r, norm, (int32_t)k)));
+  send_json(req, 201, o);
 }
 
 /* DELETE /admin/workers/{id}: idtext is the route's tail. */
@@ -283,6 +299,10 @@ static void explain_answer(explain_t *x) {
     cJSON *c = cJSON_AddObjectToObject(o, "choice");
     cJSON_AddNumberToObject(c, "worker", r->slots[chosen]->id);
     cJSON_AddStringToObject(c, "url", r->slots[chosen]->url);
+    if (r->slots[chosen]->dp_rank >= 0)
+      cJSON_AddNumberToObject(c, "dp_rank", r->slots[chosen]->dp_rank);
+    else
+      cJSON_AddNullToObject(c, "dp_rank");
   } else {
     cJSON_AddNullToObject(o, "choice");
   }
@@ -295,6 +315,10 @@ static void explain_answer(explain_t *x) {
     cJSON *e = cJSON_CreateObject();
     cJSON_AddNumberToObject(e, "id", w->id);
     cJSON_AddStringToObject(e, "url", w->url);
+    if (w->dp_rank >= 0)
+      cJSON_AddNumberToObject(e, "dp_rank", w->dp_rank);
+    else
+      cJSON_AddNullToObject(e, "dp_rank");
     cJSON_AddStringToObject(e, "state", kvr_worker_state_name(w->state));
     cJSON_AddBoolToObject(e, "serves_model", kvr_router_worker_serves(w, model));
     static const char *const adapter[] = {"none", "loaded", "running"};

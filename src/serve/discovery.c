@@ -50,6 +50,7 @@ struct kvr_discovery_s {
   char *url;         /* the --discover URL in force, owned, or NULL */
   kvr_url_target_t t;
   uint64_t interval_ms, events_port, replay_port;
+  uint32_t dp_size; /* --discover-dp-size: ranks per address for addresses added from now on */
   char *set[KVR_DISCOVERY_MAX_ADDRS]; /* discovered worker URLs, owned */
   size_t nset;
 };
@@ -121,26 +122,49 @@ static char *endpoint_of(const char *url, uint64_t port) {
   return kvr_buf_steal(&b);
 }
 
-/* Sets the derived KV-event endpoints on the discovered worker url, unless static. */
+/* The live (not draining) worker of url after slot `after` (-1: from the start): the whole server
+ * or one of its data-parallel ranks; NULL when none is left. */
+static const kvr_worker_t *next_of_url(const kvr_router_t *r, const char *url, int after) {
+  for (size_t i = (size_t)(after + 1); i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w && w->state != KVR_WORKER_DRAINING && strcmp(w->url, url) == 0)
+      return w;
+  }
+  return NULL;
+}
+
+/* Sets the derived KV-event endpoints on the discovered url's workers (each data-parallel rank
+ * on vLLM's port + rank), unless static. */
 static void set_kv(kvr_discovery_t *d, const char *url) {
-  const kvr_worker_t *w = kvr_router_worker_serving(d->r, url);
-  if (w == NULL || static_worker(d, url))
+  if (static_worker(d, url))
     return;
   char *ev = endpoint_of(url, d->events_port);
   char *rp = ev ? endpoint_of(url, d->replay_port) : NULL;
-  if (!str_eq(w->kv_events, ev) || !str_eq(w->kv_replay, rp))
-    kvr_router_set_worker_kv(d->r, w->id, ev, rp);
+  for (const kvr_worker_t *w = next_of_url(d->r, url, -1); w; w = next_of_url(d->r, url, w->slot)) {
+    char evr[600], rpr[600], err[256];
+    uint32_t rank = w->dp_rank > 0 ? (uint32_t)w->dp_rank : 0;
+    const char *e = ev && kvr_url_kv_endpoint_rank(ev, rank, evr, sizeof evr, err, sizeof err) == 0
+                        ? evr
+                        : NULL;
+    const char *p =
+        e && rp && kvr_url_kv_endpoint_rank(rp, rank, rpr, sizeof rpr, err, sizeof err) == 0 ? rpr
+                                                                                             : NULL;
+    if (!str_eq(w->kv_events, e) || !str_eq(w->kv_replay, p))
+      kvr_router_set_worker_kv(d->r, w->id, e, p);
+  }
   free(ev);
   free(rp);
 }
 
-/* Removes set[i]: drains its worker unless the static list names it. */
+/* Removes set[i]: drains its workers (every rank) unless the static list names it. */
 static void drop(kvr_discovery_t *d, size_t i) {
   const char *url = d->set[i];
-  const kvr_worker_t *w = kvr_router_worker_serving(d->r, url);
-  if (w && !static_worker(d, url)) {
-    KVR_INFO("discovery", "%s is gone from %s: draining worker %u", url, d->t.host, w->id);
-    kvr_router_drain_worker(d->r, w->id);
+  if (!static_worker(d, url)) {
+    const kvr_worker_t *w;
+    while ((w = next_of_url(d->r, url, -1)) != NULL) {
+      KVR_INFO("discovery", "%s is gone from %s: draining worker %u", url, d->t.host, w->id);
+      kvr_router_drain_worker(d->r, w->id);
+    }
   }
   free(d->set[i]);
   d->set[i] = d->set[--d->nset];
@@ -150,14 +174,15 @@ static void drop(kvr_discovery_t *d, size_t i) {
 static void add(kvr_discovery_t *d, const char *url) {
   if (d->nset >= KVR_DISCOVERY_MAX_ADDRS)
     return;
-  if (kvr_router_worker_serving(d->r, url) == NULL) {
+  if (next_of_url(d->r, url, -1) == NULL) {
     char err[256];
-    const kvr_worker_t *w = kvr_router_add_worker(d->r, url, err, sizeof err);
-    if (w == NULL) { /* not in the set: tried again at the next answer */
+    int n = kvr_router_add_workers(d->r, url, d->dp_size, NULL, NULL, err, sizeof err);
+    if (n <= 0) { /* not in the set: tried again at the next answer */
       KVR_ERROR("discovery", "worker %s from %s not added: %s", url, d->t.host, err);
       return;
     }
-    KVR_INFO("discovery", "%s appeared in %s: worker %u", url, d->t.host, w->id);
+    KVR_INFO("discovery", "%s appeared in %s: worker %u%s", url, d->t.host,
+             next_of_url(d->r, url, -1)->id, n > 1 ? " and its other data-parallel ranks" : "");
   }
   d->set[d->nset++] = kvr_xstrdup(url);
   set_kv(d, url);
@@ -316,6 +341,7 @@ static bool take_settings(kvr_discovery_t *d) {
   d->interval_ms = c->discover_interval_ms;
   d->events_port = c->discover_kv_events_port;
   d->replay_port = c->discover_kv_replay_port;
+  d->dp_size = (uint32_t)c->discover_dp_size;
   return changed;
 }
 

@@ -349,14 +349,14 @@ static void on_router_event(void *ctx, kvr_sync_event_t ev, const kvr_router_dis
   kvr_sync_msg_t m = {0};
   if (ev == KVR_SYNC_SCRAPE) {
     m.kind = KVR_SYNC_MSG_SCRAPE;
-    m.url = w->url;
+    m.url = w->key;
     m.running = w->num_requests_running;
     m.waiting = w->num_requests_waiting;
     m.kv_cache_usage = w->kv_cache_usage;
     publish(s, &m);
     return;
   }
-  kvr_sync_entry_t e = {d->id, d->prompt_tokens, d->prefill_tokens, w->url};
+  kvr_sync_entry_t e = {d->id, d->prompt_tokens, d->prefill_tokens, w->key};
   m.id = d->id;
   rec_t *rec = find(s, 0, d->id);
   switch (ev) {
@@ -396,7 +396,7 @@ static void publish_snapshot(kvr_peer_sync_t *s) {
     const kvr_worker_t *w = kvr_router_worker_by_id(s->r, e->worker_id);
     if (w == NULL)
       continue;
-    es[n++] = (kvr_sync_entry_t){e->id, e->prompt_tokens, e->prefill_tokens, w->url};
+    es[n++] = (kvr_sync_entry_t){e->id, e->prompt_tokens, e->prefill_tokens, w->key};
   }
   kvr_sync_msg_t m = {.kind = KVR_SYNC_MSG_SNAPSHOT, .entries = es, .nentries = n};
   publish(s, &m);

@@ -123,6 +123,7 @@ struct kvr_proxy_s {
   size_t neasy_pool;
   kvr_buf_t hdr_lines; /* upstream_headers()'s scratch: the lines, NUL after each */
   size_t nhdr_lines;
+  int32_t hdr_dp_rank; /* upstream_headers()'s worker's data-parallel rank, -1: a whole server */
 };
 
 typedef enum { TM_NONE, TM_FIRST_BYTE, TM_IDLE, TM_QUEUE } tm_kind_t;
@@ -207,6 +208,7 @@ struct px_s {
   const char *outcome;
   int final_status;
   char worker_label[16];
+  int32_t worker_dp_rank; /* the last attempt's worker's data-parallel rank, -1: none */
 };
 
 static void attempt(px_t *px);
@@ -311,12 +313,16 @@ static void learn_dispatch(px_t *px) {
     kvr_router_on_learn(px->r, &px->acct, px->prompt.blocks, px->prompt.nblocks);
 }
 
-/* True for a header line (with or without CRLF) named x-request-id. */
-static bool is_request_id_line(const char *line, size_t len) {
-  static const char name[] = "x-request-id";
-  size_t n = sizeof name - 1;
+/* True for a header line (with or without CRLF) named name (lower case). */
+static bool is_named_line(const char *line, size_t len, const char *name) {
+  size_t n = strlen(name);
   return len > n && strncasecmp(line, name, n) == 0 &&
          (line[n] == ':' || line[n] == ';' || line[n] == ' ' || line[n] == '\t');
+}
+
+/* True for a header line (with or without CRLF) named x-request-id. */
+static bool is_request_id_line(const char *line, size_t len) {
+  return is_named_line(line, len, "x-request-id");
 }
 
 /* A line of the worker's head broke HTTP: counted, and the transfer is aborted (returning 0 from
@@ -680,12 +686,15 @@ static void access_log(px_t *px, const kvr_http_req_t *req) {
   uint64_t now = kvr_now_ns();
   double total = (double)(now - px->t_start_ns) / 1e6;
   double ttfb = px->t_first_byte_ns ? (double)(px->t_first_byte_ns - px->t_start_ns) / 1e6 : -1;
+  char rank[16] = "-";
+  if (px->worker_label[0] && px->worker_dp_rank >= 0)
+    snprintf(rank, sizeof rank, "%d", (int)px->worker_dp_rank);
   kvr_log(KVR_LOG_INFO, "access",
-          "method=%s path=%s status=%d worker=%s model=%s policy=%s bytes=%llu ttfb_ms=%.1f "
-          "total_ms=%.1f attempts=%d outcome=%s client=%s request_id=%s",
+          "method=%s path=%s status=%d worker=%s model=%s dp_rank=%s policy=%s bytes=%llu "
+          "ttfb_ms=%.1f total_ms=%.1f attempts=%d outcome=%s client=%s request_id=%s",
           req->method_str, req->path, px->final_status,
           px->worker_label[0] ? px->worker_label : "-", kvr_router_model_label(px->r, px_model(px)),
-          kvr_policy_name(px->r->policy), (unsigned long long)px->bytes_out, ttfb, total,
+          rank, kvr_policy_name(px->r->policy), (unsigned long long)px->bytes_out, ttfb, total,
           px->attempts, px->outcome ? px->outcome : "ok", req->peer,
           req->request_id[0] ? req->request_id : "-");
 }
@@ -1286,21 +1295,34 @@ static void add_upstream_line(kvr_proxy_t *p, const char *line) {
 }
 
 static void on_upstream_line(void *data, const char *line) {
-  if (is_request_id_line(line, strlen(line)))
+  kvr_proxy_t *p = data;
+  size_t len = strlen(line);
+  if (is_request_id_line(line, len))
     return; /* replaced by the request's id below */
-  add_upstream_line(data, line);
+  if (p->hdr_dp_rank >= 0 && is_named_line(line, len, "x-data-parallel-rank"))
+    return; /* the router chose the rank: replaced below */
+  add_upstream_line(p, line);
 }
 
 /* The header lines for the worker as one curl_slist in a single allocation (the nodes, then the
  * text they point into), freed with free() by transfer_release(): curl only reads the list, and a
  * node and a copy per line (curl_slist_append) were two allocations per line per request. */
-static struct curl_slist *upstream_headers(kvr_proxy_t *p, const kvr_http_req_t *req) {
+static struct curl_slist *upstream_headers(kvr_proxy_t *p, const kvr_http_req_t *req,
+                                           const kvr_worker_t *w) {
   kvr_buf_reset(&p->hdr_lines);
   p->nhdr_lines = 0;
+  p->hdr_dp_rank = w->dp_rank;
   kvr_http_headers_upstream(req->headers, req->nheaders, req->peer, on_upstream_line, p);
   if (req->request_id[0]) {
     char line[sizeof req->request_id + 16];
     snprintf(line, sizeof line, "x-request-id: %s", req->request_id);
+    add_upstream_line(p, line);
+  }
+  /* A data-parallel rank's request names its engine (vLLM's _get_data_parallel_rank, read by
+   * chat, completions and messages; /v1/responses ignores it: vLLM picks the engine there). */
+  if (w->dp_rank >= 0) {
+    char line[48];
+    snprintf(line, sizeof line, "X-data-parallel-rank: %d", (int)w->dp_rank);
     add_upstream_line(p, line);
   }
   /* A bare "Expect:" stops curl from adding "Expect: 100-continue" to large bodies. */
@@ -1350,6 +1372,7 @@ static void attempt_begin(px_t *px, int slot) {
   px->w = w;
   px->tried[px->attempts++] = slot; /* attempt() runs only while attempts < MAX_ATTEMPTS */
   snprintf(px->worker_label, sizeof px->worker_label, "%s", w->label);
+  px->worker_dp_rank = w->dp_rank;
   px->got_byte = false;
   px->status = 0;
   px->resp_err = KVR_HTTP_RESP_OK;
@@ -1409,7 +1432,7 @@ static CURL *upstream_transfer(px_t *px) {
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)px->r->cfg->connect_timeout_ms);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, px);
   curl_easy_setopt(e, CURLOPT_HEADERDATA, px);
-  px->hdrs = upstream_headers(p, req);
+  px->hdrs = upstream_headers(p, req, px->w);
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, px->hdrs);
   upstream_method(e, req, px->resumes > 0 ? &px->resume_body : &req->body);
   return e;
@@ -1487,8 +1510,8 @@ static void local_log_model(kvr_router_t *r, const kvr_http_req_t *req, int stat
   if (!r->cfg->access_log)
     return;
   kvr_log(KVR_LOG_INFO, "access",
-          "method=%s path=%s status=%d worker=- model=%s policy=%s bytes=0 ttfb_ms=-1.0 "
-          "total_ms=%.1f attempts=0 outcome=%s client=%s request_id=%s",
+          "method=%s path=%s status=%d worker=- model=%s dp_rank=- policy=%s bytes=0 "
+          "ttfb_ms=-1.0 total_ms=%.1f attempts=0 outcome=%s client=%s request_id=%s",
           req->method_str, req->path, status, kvr_router_model_label(r, model),
           kvr_policy_name(r->policy), (double)(kvr_now_ns() - req->start_ns) / 1e6, outcome,
           req->peer, req->request_id[0] ? req->request_id : "-");

@@ -76,6 +76,7 @@ static const scalar_t scalars[] = {
     SC("discovery.interval_ms", K_U64, discover_interval_ms, true),
     SC("discovery.kv_events_port", K_U64, discover_kv_events_port, true),
     SC("discovery.kv_replay_port", K_U64, discover_kv_replay_port, true),
+    SC("discovery.dp_size", K_U64, discover_dp_size, true),
     /* Copied by each KV-event stream and the tokenizer when they are created. */
     SC("kv_events.refill_ms", K_U64, kv_events_refill_ms, false),
     SC("kv_events.replay_timeout_ms", K_U64, kv_events_replay_timeout_ms, false),
@@ -232,17 +233,29 @@ static void apply_settings(kvr_config_t *live, kvr_config_t *next, int *applied,
 /* ---- workers -----------------------------------------------------------------------------------
  */
 
-static bool listed(const kvr_config_t *c, const char *url) {
+static uint32_t dp_of(const kvr_config_t *c, size_t i) {
+  return c->worker_dp_size ? c->worker_dp_size[i] : 0;
+}
+
+/* Whether c lists w's URL with w's shape (a whole server, or the same number of ranks). */
+static bool listed(const kvr_config_t *c, const kvr_worker_t *w) {
   for (size_t i = 0; i < c->nworkers; i++)
-    if (strcmp(c->workers[i], url) == 0)
+    if (strcmp(c->workers[i], w->url) == 0 && dp_of(c, i) == w->dp_size)
       return true;
   return false;
 }
 
-/* Whether the worker at url stays: the new list names it, or the discovery found it (the
- * discovery itself drains what it found once its settings or its answers say so). */
-static bool kept(const kvr_config_t *c, const kvr_discovery_t *disc, const char *url) {
-  return listed(c, url) || kvr_discovery_has(disc, url);
+/* Whether worker w stays: the new list names it, or the discovery found it (the discovery itself
+ * drains what it found once its settings or its answers say so). */
+static bool kept(const kvr_config_t *c, const kvr_discovery_t *disc, const kvr_worker_t *w) {
+  return listed(c, w) || kvr_discovery_has(disc, w->url);
+}
+
+/* Whether the router serves c's i-th entry in its shape (its first rank stands for all). */
+static bool served(const kvr_router_t *r, const kvr_config_t *c, size_t i) {
+  uint32_t dp = dp_of(c, i);
+  const kvr_worker_t *w = kvr_router_worker_serving_rank(r, c->workers[i], dp ? 0 : -1);
+  return w != NULL && w->dp_size == dp;
 }
 
 /* Checks that the workers to add find free slots once the ones to drain that have nothing in
@@ -252,12 +265,12 @@ static int check_slots(const kvr_router_t *r, const kvr_config_t *next, const kv
   size_t free_slots = 0, adds = 0;
   for (size_t i = 0; i < KVR_MAX_WORKERS; i++) {
     const kvr_worker_t *w = i < r->nslots ? r->slots[i] : NULL;
-    if (w == NULL ||
-        (w->state != KVR_WORKER_DRAINING && w->inflight == 0 && !kept(next, disc, w->url)))
+    if (w == NULL || (w->state != KVR_WORKER_DRAINING && w->inflight == 0 && !kept(next, disc, w)))
       free_slots++;
   }
   for (size_t i = 0; i < next->nworkers; i++)
-    adds += kvr_router_worker_serving(r, next->workers[i]) == NULL;
+    if (!served(r, next, i))
+      adds += dp_of(next, i) ? dp_of(next, i) : 1;
   if (adds <= free_slots)
     return 0;
   snprintf(err, errlen,
@@ -267,15 +280,38 @@ static int check_slots(const kvr_router_t *r, const kvr_config_t *next, const kv
   return KVR_ELIMIT;
 }
 
-/* Drains the served workers next does not list, adds the listed ones not served, then makes
- * next's list the live one. Adds to *applied. */
+/* Sets next's i-th entry's KV-event endpoints on its workers where they differ (each rank on
+ * vLLM's port + rank). Adds to *applied. */
+static void apply_kv(const kvr_config_t *next, size_t i, kvr_router_t *r, int *applied) {
+  uint32_t dp = dp_of(next, i);
+  const char *ev = next->worker_kv_events[i], *rp = next->worker_kv_replay[i];
+  for (uint32_t k = 0; k < (dp ? dp : 1); k++) {
+    const kvr_worker_t *w =
+        kvr_router_worker_serving_rank(r, next->workers[i], dp ? (int32_t)k : -1);
+    char evr[600], rpr[600], err[256];
+    const char *e =
+        ev && kvr_url_kv_endpoint_rank(ev, k, evr, sizeof evr, err, sizeof err) == 0 ? evr : NULL;
+    const char *p =
+        e && rp && kvr_url_kv_endpoint_rank(rp, k, rpr, sizeof rpr, err, sizeof err) == 0 ? rpr
+                                                                                          : NULL;
+    if (w && (!str_eq(w->kv_events, e) || !str_eq(w->kv_replay, p))) {
+      KVR_INFO("reload", "worker %u: KV events %s", w->id, e ? e : "off");
+      kvr_router_set_worker_kv(r, w->id, e, p);
+      (*applied)++;
+    }
+  }
+}
+
+/* Drains the served workers next does not list (or lists in another shape: a whole server that
+ * became data-parallel ranks, another number of ranks), adds the listed ones not served, then
+ * makes next's list the live one. Adds to *applied. */
 static void apply_workers(kvr_config_t *live, kvr_config_t *next, kvr_router_t *r,
                           const kvr_discovery_t *disc, int *applied) {
   uint32_t drain[KVR_MAX_WORKERS];
   size_t ndrain = 0;
   for (size_t i = 0; i < r->nslots; i++) {
     const kvr_worker_t *w = r->slots[i];
-    if (w && w->state != KVR_WORKER_DRAINING && !kept(next, disc, w->url))
+    if (w && w->state != KVR_WORKER_DRAINING && !kept(next, disc, w))
       drain[ndrain++] = w->id;
   }
   for (size_t i = 0; i < ndrain; i++) {
@@ -285,32 +321,30 @@ static void apply_workers(kvr_config_t *live, kvr_config_t *next, kvr_router_t *
   }
   char err[256];
   for (size_t i = 0; i < next->nworkers; i++) {
-    if (kvr_router_worker_serving(r, next->workers[i]))
+    if (served(r, next, i))
       continue;
-    if (kvr_router_add_worker(r, next->workers[i], err, sizeof err) == NULL)
+    int n =
+        kvr_router_add_workers(r, next->workers[i], dp_of(next, i), NULL, NULL, err, sizeof err);
+    if (n <= 0)
       KVR_ERROR("reload", "worker %s not added: %s", next->workers[i], err);
     else
-      (*applied)++;
+      (*applied) += n;
   }
   /* KV-event endpoints: set on new workers, changed on kept ones whose config changed them */
-  for (size_t i = 0; i < next->nworkers; i++) {
-    const kvr_worker_t *w = kvr_router_worker_serving(r, next->workers[i]);
-    const char *ev = next->worker_kv_events[i], *rp = next->worker_kv_replay[i];
-    if (w && (!str_eq(w->kv_events, ev) || !str_eq(w->kv_replay, rp))) {
-      KVR_INFO("reload", "worker %u: KV events %s", w->id, ev ? ev : "off");
-      kvr_router_set_worker_kv(r, w->id, ev, rp);
-      (*applied)++;
-    }
-  }
+  for (size_t i = 0; i < next->nworkers; i++)
+    apply_kv(next, i, r, applied);
   char **t = live->workers, **te = live->worker_kv_events, **tr = live->worker_kv_replay;
+  uint32_t *td = live->worker_dp_size;
   size_t n = live->nworkers;
   live->workers = next->workers;
   live->worker_kv_events = next->worker_kv_events;
   live->worker_kv_replay = next->worker_kv_replay;
+  live->worker_dp_size = next->worker_dp_size;
   live->nworkers = next->nworkers;
   next->workers = t;
   next->worker_kv_events = te;
   next->worker_kv_replay = tr;
+  next->worker_dp_size = td;
   next->nworkers = n;
 }
 

@@ -25,6 +25,13 @@
  * request. A failed refresh keeps the list read before. With scraping disabled the workers get no
  * /v1/models probe either: every worker then takes every model and the learn cap is the cache's.
  *
+ * Data-parallel ranks (router.h): the workers of one URL's ranks share one API server, so they
+ * share its probes: the first rank in slot order (the lead) is probed, once per tick as any
+ * worker, and its answer is reported to every rank of the URL: health to each, and each its own
+ * engine's figures from the one /metrics page (the engine="R" series, kvr_vllm_parse_metrics_
+ * engine; a rank the page has no series for keeps the router's own accounting), and the one
+ * /v1/models list to each. One scrape per URL, not one per rank.
+ *
  * Structs: kvr_scrape_t holds the timer and probes[slot], at most one probe per worker slot, each
  * tagged with the id of the worker it was started for. Flow: tick -> probe_start (curl easy on the
  * multi) -> on_probe_done -> kvr__scrape_report -> kvr_router_on_health / kvr_router_on_scrape.
@@ -56,6 +63,8 @@ typedef struct probe_s {
   CURL *easy;
   kvr_buf_t body;
   char url[600];
+  char base[520]; /* the worker's URL: a data-parallel lead's answer goes to each rank of it */
+  bool dp;        /* started for a data-parallel lead */
 } probe_t;
 
 struct kvr_scrape_s {
@@ -89,9 +98,21 @@ int kvr__scrape_report(kvr_router_t *r, uint32_t id, bool reachable, bool ok, co
   int rc = kvr_router_on_health(r, id, reachable);
   if (rc != 0 || !reachable || !ok)
     return rc;
+  const kvr_worker_t *w = kvr_router_worker_by_id(r, id);
   kvr_vllm_metrics_t m;
-  rc = kvr_vllm_parse_metrics(page ? page : "", len, now_ms, &m);
+  rc = kvr_vllm_parse_metrics_engine(page ? page : "", len, now_ms, w ? w->dp_rank : -1, &m);
   return rc != 0 ? rc : kvr_router_on_scrape(r, id, &m);
+}
+
+/* The ids of the live data-parallel ranks of url (at most KVR_MAX_WORKERS); their number. */
+static size_t ranks_of(const kvr_router_t *r, const char *url, uint32_t *ids) {
+  size_t n = 0;
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w && w->dp_rank >= 0 && w->state != KVR_WORKER_DRAINING && strcmp(w->url, url) == 0)
+      ids[n++] = w->id;
+  }
+  return n;
 }
 
 /* ---- probes -----------------------------------------------------------------------------------
@@ -102,10 +123,18 @@ static void models_done(probe_t *p, CURLcode result, long status) {
   kvr_vllm_models_t list;
   uint64_t now = kvr_now_ns() / 1000000u;
   p->s->models[p->slot] = NULL;
+  const char *text = p->body.data ? p->body.data : "";
   if (result == CURLE_OK && status == 200 &&
-      kvr_vllm_parse_model_list(p->body.data ? p->body.data : "", p->body.len, &list) == 0) {
+      kvr_vllm_parse_model_list(text, p->body.len, &list) == 0) {
     kvr_router_on_models(p->s->r, p->id, &list);
     kvr_vllm_models_free(&list);
+    uint32_t ids[KVR_MAX_WORKERS];
+    size_t n = p->dp ? ranks_of(p->s->r, p->base, ids) : 0;
+    for (size_t k = 0; k < n; k++) /* the lead's list is every rank's: one server */
+      if (ids[k] != p->id && kvr_vllm_parse_model_list(text, p->body.len, &list) == 0) {
+        kvr_router_on_models(p->s->r, ids[k], &list);
+        kvr_vllm_models_free(&list);
+      }
     p->s->models_next_ms[p->slot] = now + MODELS_REFRESH_MS;
   } else {
     KVR_DEBUG("scrape", "worker %u: GET /v1/models listed no model (status %ld, %s)", p->id, status,
@@ -132,8 +161,14 @@ static void on_probe_done(CURL *easy, CURLcode result, void *data) {
   bool reachable = result == CURLE_OK || status > 0 || connect_us > 0;
   if (!reachable && kvr_router_worker_by_id(p->s->r, p->id) != NULL)
     KVR_DEBUG("scrape", "worker %u: %s", p->id, curl_easy_strerror(result));
-  kvr__scrape_report(p->s->r, p->id, reachable, result == CURLE_OK && status == 200, p->body.data,
-                     p->body.len, kvr_now_ns() / 1000000u);
+  uint64_t now_ms = kvr_now_ns() / 1000000u;
+  bool ok = result == CURLE_OK && status == 200;
+  kvr__scrape_report(p->s->r, p->id, reachable, ok, p->body.data, p->body.len, now_ms);
+  uint32_t ids[KVR_MAX_WORKERS];
+  size_t n = p->dp ? ranks_of(p->s->r, p->base, ids) : 0;
+  for (size_t k = 0; k < n; k++) /* the other ranks behind the same server */
+    if (ids[k] != p->id)
+      kvr__scrape_report(p->s->r, ids[k], reachable, ok, p->body.data, p->body.len, now_ms);
   probe_free(p);
 }
 
@@ -145,6 +180,8 @@ static void probe_start(kvr_scrape_t *s, const kvr_worker_t *w, probe_kind_t kin
   p->id = w->id;
   p->slot = w->slot;
   snprintf(p->url, sizeof p->url, "%s%s", w->url, kind == PROBE_MODELS ? "/v1/models" : "/metrics");
+  snprintf(p->base, sizeof p->base, "%s", w->url);
+  p->dp = w->dp_rank >= 0;
   uint64_t timeout = KVR_MAX(2 * cfg->scrape_interval_ms, (uint64_t)5000);
   p->easy = kvr_curl_easy_new(p->url, (long)cfg->connect_timeout_ms, (long)timeout, on_body, p);
   if (kvr_curlm_add(s->curlm, p->easy, on_probe_done, p) != 0) {
@@ -181,12 +218,31 @@ static void models_tick(kvr_scrape_t *s, const kvr_worker_t *w, uint64_t now_ms)
   probe_start(s, w, PROBE_MODELS);
 }
 
+/* Marks the data-parallel ranks of w's URL after w's slot: w, the lead, is probed for them. */
+static void cover_ranks(const kvr_router_t *r, const kvr_worker_t *w, bool *covered) {
+  for (size_t j = (size_t)w->slot + 1; j < r->nslots; j++) {
+    const kvr_worker_t *o = r->slots[j];
+    if (o && o->dp_rank >= 0 && strcmp(o->url, w->url) == 0)
+      covered[j] = true;
+  }
+}
+
 static void on_tick(uv_timer_t *t) {
   kvr_scrape_t *s = t->data;
   const kvr_router_t *r = s->r;
   uint64_t now_ms = kvr_now_ns() / 1000000u;
+  static bool covered[KVR_MAX_WORKERS]; /* ranks probed through their lead (one loop: static) */
+  memset(covered, 0, sizeof covered);
   for (size_t i = 0; i < KVR_MAX_WORKERS; i++) {
     const kvr_worker_t *w = i < r->nslots ? r->slots[i] : NULL;
+    if (w && covered[i]) { /* a rank whose lead is probed: no probe of its own */
+      probe_cancel(s, &s->probes[i]);
+      probe_cancel(s, &s->models[i]);
+      s->models_for[i] = 0;
+      continue;
+    }
+    if (w && w->dp_rank >= 0 && w->state != KVR_WORKER_DRAINING)
+      cover_ranks(r, w, covered);
     if (s->probes[i] && (w == NULL || s->probes[i]->id != w->id))
       probe_cancel(s, &s->probes[i]); /* its worker was removed */
     if (s->models[i] && (w == NULL || s->models[i]->id != w->id)) {

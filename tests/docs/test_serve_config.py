@@ -52,6 +52,10 @@ FOREIGN = {
     "--lora-modules": "vLLM's static LoRA adapters",
     "--max-loras": "vLLM's adapters per batch",
     "--max-cpu-loras": "vLLM's adapters kept in memory",
+    "--data-parallel-size": "vLLM's data-parallel engines behind one API server",
+    "--api-server-count": "vLLM's API server processes",
+    "--data-parallel-rank": "vLLM's external-LB rank of one API server",
+
     "--ab": "kvrouter bench",
     "--dataset-name": "vllm bench serve's dataset choice (timed_trace reads traces)",
     "--url": "kvrouter bench",

@@ -519,9 +519,85 @@ static void test_reliability_keys(void **state) {
   kvr_config_free(&cfg);
 }
 
-KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_flags),
-              cmocka_unit_test(test_errors), cmocka_unit_test(test_json_and_precedence),
-              cmocka_unit_test(test_engine_wording),
+/* Data-parallel workers (issue 35): dp_size=N on --worker, "dp_size" in the file's objects,
+ * --discover-dp-size; every rank's KV-event port must exist; the ranks count against the bound. */
+static void test_dp_size(void **state) {
+  (void)state;
+  char err[512];
+  kvr_config_t cfg;
+  char *ok[] = {"serve",
+                "--worker",
+                "http://h:8000,dp_size=4,kv_events=tcp://h:5557",
+                "--worker",
+                "http://g:8000",
+                "--discover",
+                "http://vllm:8000",
+                "--discover-dp-size",
+                "2"};
+  assert_int_equal(parse(&cfg, err, sizeof err, 9, ok), 0);
+  assert_int_equal(cfg.nworkers, 2);
+  assert_int_equal(cfg.worker_dp_size[0], 4);
+  assert_int_equal(cfg.worker_dp_size[1], 0);
+  assert_string_equal(cfg.worker_kv_events[0], "tcp://h:5557");
+  assert_int_equal(cfg.discover_dp_size, 2);
+  kvr_config_free(&cfg);
+
+  const char *json = "{\"workers\": [{\"url\": \"http://h:8000\", \"dp_size\": 8, "
+                     "\"kv_events\": \"ipc:///tmp/ev\"}, \"http://g:1\"]}";
+  kvr_config_init(&cfg);
+  assert_int_equal(kvr_config_apply_json(&cfg, json, strlen(json), "t.json", err, sizeof err), 0);
+  assert_int_equal(cfg.nworkers, 2);
+  assert_int_equal(cfg.worker_dp_size[0], 8);
+  assert_int_equal(cfg.worker_dp_size[1], 0);
+  kvr_config_free(&cfg);
+
+  static const struct {
+    const char *spec, *want;
+  } bad[] = {
+      {"http://h:1,dp_size=0", "dp_size '0' must be 1..256"},
+      {"http://h:1,dp_size=257", "dp_size '257' must be 1..256"},
+      {"http://h:1,dp_size=2x", "dp_size '2x' must be 1..256"},
+      {"http://h:1,dp_size=-1", "dp_size '-1' must be 1..256"},
+      {"http://h:1,dp_size=2,dp_size=2", "unknown or repeated option 'dp_size=2'"},
+      {"http://h:1,dp_size=4,kv_events=tcp://h:65533", "rank 3 would publish on port 65536"},
+      {"{\"url\": \"http://h:1\", \"dp_size\": \"2\"}", "wrong type for \"dp_size\""},
+      {"{\"url\": \"http://h:1\", \"dp_size\": 1.5}", "dp_size must be 1..256"},
+      {"{\"url\": \"http://h:1\", \"dp_size\": 0}", "dp_size '0' must be 1..256"},
+  };
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(bad); i++) {
+    kvr_config_init(&cfg);
+    err[0] = '\0';
+    assert_int_not_equal(kvr_config_add_worker_spec(&cfg, bad[i].spec, err, sizeof err), 0);
+    if (strstr(err, bad[i].want) == NULL)
+      fail_msg("%s: '%s' lacks '%s'", bad[i].spec, err, bad[i].want);
+    assert_int_equal(cfg.nworkers, 0);
+    kvr_config_free(&cfg);
+  }
+  char *zero[] = {"serve", "--worker", "http://h:1", "--discover-dp-size", "0"};
+  assert_int_not_equal(parse(&cfg, err, sizeof err, 5, zero), 0);
+  assert_non_null(strstr(err, "--discover-dp-size"));
+  kvr_config_free(&cfg);
+  char *port[] = {"serve", "--discover",         "http://v:1", "--discover-kv-events-port",
+                  "65535", "--discover-dp-size", "2"};
+  assert_int_not_equal(parse(&cfg, err, sizeof err, 7, port), 0);
+  assert_non_null(strstr(err, "--discover-dp-size: rank 1's KV-event port would pass 65535"));
+  kvr_config_free(&cfg);
+
+  /* 17 servers of 256 ranks are 4,352 workers: over the bound, refused before any is added. */
+  kvr_config_init(&cfg);
+  for (int i = 0; i < 17; i++) {
+    char spec[64];
+    snprintf(spec, sizeof spec, "http://h%d:1,dp_size=256", i);
+    assert_int_equal(kvr_config_add_worker_spec(&cfg, spec, err, sizeof err), 0);
+  }
+  assert_int_equal(kvr_config_validate(&cfg, err, sizeof err), KVR_ELIMIT);
+  assert_non_null(strstr(err, "makes 4352 (data-parallel ranks counted)"));
+  kvr_config_free(&cfg);
+}
+
+KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_dp_size),
+              cmocka_unit_test(test_flags), cmocka_unit_test(test_errors),
+              cmocka_unit_test(test_json_and_precedence), cmocka_unit_test(test_engine_wording),
               cmocka_unit_test(test_cli_workers_replace_file), cmocka_unit_test(test_lora_adapters),
               cmocka_unit_test(test_worker_url_check),
               cmocka_unit_test(test_json_syntax_error_position),

@@ -1578,20 +1578,185 @@ static void test_lora_runtime_adapters(void **state) {
   fx_close(&f);
 }
 
-KVR_TEST_MAIN(
-    cmocka_unit_test(test_round_robin_and_tried), cmocka_unit_test(test_response_id_affinity),
-    cmocka_unit_test(test_look_changes_nothing), cmocka_unit_test(test_accounting_and_drain),
-    cmocka_unit_test(test_failures_mark_down), cmocka_unit_test(test_policy_switch),
-    cmocka_unit_test(test_scrape_parse), cmocka_unit_test(test_requests_return_to_zero),
-    cmocka_unit_test(test_index_follows_workers), cmocka_unit_test(test_worker_limit),
-    cmocka_unit_test(test_peer_rows_by_url), cmocka_unit_test(test_scrape_and_reset),
-    cmocka_unit_test(test_drain_remove_add), cmocka_unit_test(test_accounting_invariant_random),
-    cmocka_unit_test(test_injected_clock), cmocka_unit_test(test_metrics_ops_families),
-    cmocka_unit_test(test_metrics_process), cmocka_unit_test(test_learning_refused_and_capped),
-    cmocka_unit_test(test_refused_prefill_leaves_clock),
-    cmocka_unit_test(test_outlier_ejection_backoff_and_trial),
-    cmocka_unit_test(test_ejection_keeps_a_worker), cmocka_unit_test(test_retry_budget),
-    cmocka_unit_test(test_admission_bound), cmocka_unit_test(test_models_eligibility),
-    cmocka_unit_test(test_models_policy_contract), cmocka_unit_test(test_models_union),
-    cmocka_unit_test(test_models_metrics), cmocka_unit_test(test_lora_adapter_state),
-    cmocka_unit_test(test_lora_runtime_adapters))
+/* A batch of one STORED block of 4 tokens (engine hash h), naming dp_rank (-1: none); it points
+ * into static storage, valid until the next call. */
+static void one_block_batch(kvr_kv_batch_t *b, int64_t dp_rank, uint64_t h) {
+  static uint32_t toks[4] = {11, 12, 13, 14};
+  static uint64_t extra[1];
+  static kvr_kv_event_t ev;
+  memset(b, 0, sizeof *b);
+  memset(&ev, 0, sizeof ev);
+  ev.kind = KVR_KV_STORED;
+  ev.nhashes = 1;
+  ev.ntokens = 4;
+  ev.block_size = 4;
+  ev.group_idx = -1;
+  b->ev = &ev;
+  b->nev = 1;
+  b->extra = extra;
+  b->nhashes = 1;
+  b->tokens = toks;
+  b->ntokens = 4;
+  b->dp_rank = dp_rank;
+  static uint64_t hash;
+  hash = h;
+  b->hashes = &hash;
+}
+
+/* Data-parallel ranks (issue 35): one URL with dp_size 3 is three workers, rank 0..2, each with
+ * its key, its slot, vLLM's KV-event endpoint of its rank (port + rank; ipc: _dp<rank>), its own
+ * stream (a batch of another rank is counted and dropped), its own scraped figures; a URL is
+ * served once (whole or by ranks); a whole server whose page shows several engines is flagged. */
+static void test_data_parallel(void **state) {
+  (void)state;
+  fx_t f;
+  kvr_config_init(&f.cfg);
+  char err[256];
+  assert_int_equal(kvr_config_add_worker_spec(&f.cfg,
+                                              "http://10.0.0.1:8000,dp_size=3,kv_events=tcp://"
+                                              "10.0.0.1:5557,kv_replay=tcp://10.0.0.1:6557",
+                                              err, sizeof err),
+                   0);
+  assert_int_equal(kvr_config_add_worker(&f.cfg, "http://10.0.0.2:8000", err, sizeof err), 0);
+  f.cfg.scrape_interval_ms = 0;
+  f.r = kvr_router_new(&f.cfg, err, sizeof err);
+  assert_non_null(f.r);
+  kvr_router_t *r = f.r;
+  assert_int_equal(r->nslots, 4);
+  for (int k = 0; k < 3; k++) {
+    const kvr_worker_t *w = r->slots[k];
+    char key[64], ev[64], rp[64];
+    snprintf(key, sizeof key, "http://10.0.0.1:8000#dp=%d", k);
+    snprintf(ev, sizeof ev, "tcp://10.0.0.1:%d", 5557 + k);
+    snprintf(rp, sizeof rp, "tcp://10.0.0.1:%d", 6557 + k);
+    assert_string_equal(w->url, "http://10.0.0.1:8000");
+    assert_string_equal(w->key, key);
+    assert_int_equal(w->dp_rank, k);
+    assert_int_equal(w->dp_size, 3);
+    assert_string_equal(w->kv_events, ev);
+    assert_string_equal(w->kv_replay, rp);
+    assert_ptr_equal(kvr_router_worker_serving(r, key), w);
+    assert_ptr_equal(kvr_router_worker_serving_rank(r, "http://10.0.0.1:8000", k), w);
+  }
+  const kvr_worker_t *whole = r->slots[3];
+  assert_int_equal(whole->dp_rank, -1);
+  assert_int_equal(whole->dp_size, 0);
+  assert_string_equal(whole->key, "http://10.0.0.2:8000");
+  assert_null(kvr_router_worker_serving(r, "http://10.0.0.1:8000")); /* ranks only */
+
+  /* A URL is served once: whole or by ranks; a refused add adds nothing. */
+  assert_int_equal(
+      kvr_router_add_workers(r, "http://10.0.0.1:8000", 0, NULL, NULL, err, sizeof err),
+      KVR_EINVAL);
+  assert_non_null(strstr(err, "already configured"));
+  assert_int_equal(
+      kvr_router_add_workers(r, "http://10.0.0.2:8000/", 2, NULL, NULL, err, sizeof err),
+      KVR_EINVAL);
+  assert_int_equal(
+      kvr_router_add_workers(r, "http://10.0.0.3:8000", 2, "tcp://h:65535", NULL, err, sizeof err),
+      KVR_EINVAL);
+  assert_non_null(strstr(err, "rank 1 would publish on port 65536"));
+  assert_int_equal(r->nslots, 4);
+  /* ipc endpoints get vLLM's _dp<rank> suffix. */
+  assert_int_equal(
+      kvr_router_add_workers(r, "http://10.0.0.3:8000", 2, "ipc:///run/ev", NULL, err, sizeof err),
+      2);
+  assert_string_equal(r->slots[4]->kv_events, "ipc:///run/ev");
+  assert_string_equal(r->slots[5]->kv_events, "ipc:///run/ev_dp1");
+  assert_null(r->slots[5]->kv_replay);
+
+  /* Each rank's stream feeds its rank: a batch naming another rank is counted and dropped, one
+   * naming none (an older publisher) is the stream's. A whole server takes any rank. */
+  kvr_kv_batch_t b;
+  one_block_batch(&b, 1, 0xb1);
+  kvr_router_on_kv_batch(r, r->slots[1]->id, &b);
+  assert_int_equal(kvr_kv_index_blocks(r->kv_index, 1), 1);
+  one_block_batch(&b, 2, 0xb2);
+  kvr_router_on_kv_batch(r, r->slots[1]->id, &b);
+  assert_int_equal(kvr_kv_index_blocks(r->kv_index, 1), 1);
+  assert_int_equal(kvr_kv_index_blocks(r->kv_index, 2), 0);
+  assert_int_equal(r->slots[1]->kv_rank_dropped, 1);
+  assert_int_equal(r->kv_rank_dropped_total, 1);
+  one_block_batch(&b, -1, 0xb3);
+  kvr_router_on_kv_batch(r, r->slots[0]->id, &b);
+  assert_int_equal(kvr_kv_index_blocks(r->kv_index, 0), 1);
+  one_block_batch(&b, 5, 0xb4);
+  kvr_router_on_kv_batch(r, whole->id, &b);
+  assert_int_equal(kvr_kv_index_blocks(r->kv_index, 3), 1);
+  assert_int_equal(whole->kv_rank_dropped, 0);
+
+  /* Scraped figures: each rank its engine's series of the one page. */
+  static const char page[] = "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 2\n"
+                             "vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 7\n"
+                             "vllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} 3\n"
+                             "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\n"
+                             "vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.75\n";
+  kvr_vllm_metrics_t m;
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(kvr_vllm_parse_metrics_engine(page, strlen(page), 100, k, &m), 0);
+    assert_int_equal(kvr_router_on_scrape(r, r->slots[k]->id, &m), 0);
+  }
+  assert_int_equal(kvr_vllm_parse_metrics_engine(page, strlen(page), 100, 2, &m), KVR_EPARSE);
+  assert_true(r->slots[0]->num_requests_running == 2.0 && r->slots[0]->kv_cache_usage == 0.25);
+  assert_true(r->slots[1]->num_requests_running == 7.0 && r->slots[1]->kv_cache_usage == 0.75);
+  assert_true(r->slots[1]->num_requests_waiting == 3.0);
+  assert_false(r->slots[2]->metrics_seen); /* no engine="2" series: its own accounting only */
+  assert_int_equal(r->slots[1]->engines_seen, 2);
+  /* The whole server showing two engines: logged once, shown, not re-shaped. */
+  assert_int_equal(kvr_vllm_parse_metrics(page, strlen(page), 100, &m), 0);
+  assert_int_equal(kvr_router_on_scrape(r, whole->id, &m), 0);
+  assert_true(whole->num_requests_running == 9.0);
+  assert_int_equal(whole->engines_seen, 2);
+  assert_true(whole->engines_warned);
+  assert_int_equal(whole->dp_rank, -1);
+  cJSON *ws = kvr_router_view_workers(r);
+  cJSON *w3 = cJSON_GetArrayItem(ws, 3), *w1 = cJSON_GetArrayItem(ws, 1);
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(w3, "dp_rank")));
+  assert_non_null(strstr(cJSON_GetObjectItem(w3, "engines_hint")->valuestring, "dp_size=2"));
+  assert_int_equal(cJSON_GetObjectItem(w1, "dp_rank")->valueint, 1);
+  assert_int_equal(cJSON_GetObjectItem(w1, "dp_size")->valueint, 3);
+  assert_string_equal(cJSON_GetObjectItem(w1, "key")->valuestring, "http://10.0.0.1:8000#dp=1");
+  assert_int_equal(
+      cJSON_GetObjectItem(cJSON_GetObjectItem(w1, "kv_events"), "rank_dropped")->valueint, 1);
+  cJSON_Delete(ws);
+  char line[160];
+  snprintf(line, sizeof line,
+           "kvrouter_worker_data_parallel_rank{worker=\"%s\",url=\"http://10.0.0.1:8000\"} 1",
+           r->slots[1]->label);
+  assert_metric(r, line);
+  snprintf(
+      line, sizeof line,
+      "kvrouter_worker_kv_events_rank_dropped_total{worker=\"%s\",url=\"http://10.0.0.1:8000\"} "
+      "1",
+      r->slots[1]->label);
+  assert_metric(r, line);
+
+  /* Ranks are workers to the policy: a decision picks among the four of them and the others. */
+  kvr_route_req_t req;
+  memset(&req, 0, sizeof req);
+  kvr_decision_t d;
+  assert_true(kvr_router_decide(r, &req, NULL, false, &d) >= 0);
+  assert_int_equal(d.nsnaps, 6);
+  fx_close(&f);
+}
+
+KVR_TEST_MAIN(cmocka_unit_test(test_data_parallel), cmocka_unit_test(test_round_robin_and_tried),
+              cmocka_unit_test(test_response_id_affinity),
+              cmocka_unit_test(test_look_changes_nothing),
+              cmocka_unit_test(test_accounting_and_drain),
+              cmocka_unit_test(test_failures_mark_down), cmocka_unit_test(test_policy_switch),
+              cmocka_unit_test(test_scrape_parse), cmocka_unit_test(test_requests_return_to_zero),
+              cmocka_unit_test(test_index_follows_workers), cmocka_unit_test(test_worker_limit),
+              cmocka_unit_test(test_peer_rows_by_url), cmocka_unit_test(test_scrape_and_reset),
+              cmocka_unit_test(test_drain_remove_add),
+              cmocka_unit_test(test_accounting_invariant_random),
+              cmocka_unit_test(test_injected_clock), cmocka_unit_test(test_metrics_ops_families),
+              cmocka_unit_test(test_metrics_process),
+              cmocka_unit_test(test_learning_refused_and_capped),
+              cmocka_unit_test(test_refused_prefill_leaves_clock),
+              cmocka_unit_test(test_outlier_ejection_backoff_and_trial),
+              cmocka_unit_test(test_ejection_keeps_a_worker), cmocka_unit_test(test_retry_budget),
+              cmocka_unit_test(test_admission_bound), cmocka_unit_test(test_models_eligibility),
+              cmocka_unit_test(test_models_policy_contract), cmocka_unit_test(test_models_union),
+              cmocka_unit_test(test_models_metrics), cmocka_unit_test(test_lora_adapter_state),
+              cmocka_unit_test(test_lora_runtime_adapters))

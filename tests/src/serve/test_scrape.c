@@ -102,6 +102,98 @@ static void fx_close(fx_t *f) {
   kvr_config_free(&f->cfg);
 }
 
+/* A /metrics page as vLLM's PrometheusStatLogger writes it for `vllm serve --data-parallel-size 2
+ * --api-server-count 1` (v1/metrics/loggers.py: every per-engine series labelled engine="R" and
+ * model_name, cache_config_info once per engine, counters with _total and _created samples). */
+static const char dp_page[] =
+    "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+    "# TYPE vllm:num_requests_running gauge\n"
+    "vllm:num_requests_running{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B\"} 3.0\n"
+    "vllm:num_requests_running{engine=\"1\",model_name=\"meta-llama/Llama-3.1-8B\"} 1.0\n"
+    "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+    "# TYPE vllm:num_requests_waiting gauge\n"
+    "vllm:num_requests_waiting{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B\"} 5.0\n"
+    "vllm:num_requests_waiting{engine=\"1\",model_name=\"meta-llama/Llama-3.1-8B\"} 0.0\n"
+    "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+    "# TYPE vllm:kv_cache_usage_perc gauge\n"
+    "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B\"} 0.625\n"
+    "vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"meta-llama/Llama-3.1-8B\"} 0.125\n"
+    "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.\n"
+    "# TYPE vllm:prefix_cache_hits_total counter\n"
+    "vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B\"} 480.0\n"
+    "vllm:prefix_cache_hits_total{engine=\"1\",model_name=\"meta-llama/Llama-3.1-8B\"} 32.0\n"
+    "# HELP vllm:prefix_cache_hits_created Prefix cache hits, in terms of number of cached "
+    "tokens.\n"
+    "# TYPE vllm:prefix_cache_hits_created gauge\n"
+    "vllm:prefix_cache_hits_created{engine=\"0\",model_name=\"meta-llama/Llama-3.1-8B\"} "
+    "1.7645e+09\n"
+    "vllm:prefix_cache_hits_created{engine=\"1\",model_name=\"meta-llama/Llama-3.1-8B\"} "
+    "1.7645e+09\n"
+    "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+    "# TYPE vllm:cache_config_info gauge\n"
+    "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",engine=\"0\","
+    "num_gpu_blocks=\"29000\",prefix_caching_hash_algo=\"sha256\"} 1.0\n"
+    "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",engine=\"1\","
+    "num_gpu_blocks=\"27000\",prefix_caching_hash_algo=\"sha256\"} 1.0\n";
+
+/* Per engine: each rank reads its own series; the whole page sums them; a page without engine
+ * labels gives a rank nothing; the report path applies each rank's engine. */
+static void test_parse_engines(void **state) {
+  (void)state;
+  kvr_vllm_metrics_t m;
+  size_t n = sizeof dp_page - 1;
+  assert_int_equal(kvr_vllm_parse_metrics_engine(dp_page, n, 1, 0, &m), 0);
+  assert_true(m.num_requests_running == 3.0 && m.num_requests_waiting == 5.0);
+  assert_true(m.kv_cache_usage == 0.625);
+  assert_int_equal(m.num_gpu_blocks, 29000);
+  assert_int_equal(m.block_size, 16);
+  assert_int_equal(m.counters.v[KVR_VLLM_HITS], 480);
+  assert_int_equal(m.engines, 2);
+  assert_int_equal(kvr_vllm_parse_metrics_engine(dp_page, n, 1, 1, &m), 0);
+  assert_true(m.num_requests_running == 1.0 && m.num_requests_waiting == 0.0);
+  assert_true(m.kv_cache_usage == 0.125);
+  assert_int_equal(m.num_gpu_blocks, 27000);
+  assert_int_equal(m.counters.v[KVR_VLLM_HITS], 32);
+  assert_int_equal(kvr_vllm_parse_metrics_engine(dp_page, n, 1, 2, &m), KVR_EPARSE);
+  assert_int_equal(kvr_vllm_parse_metrics(dp_page, n, 1, &m), 0);
+  assert_true(m.num_requests_running == 4.0 && m.kv_cache_usage == 0.375);
+  assert_int_equal(m.counters.v[KVR_VLLM_HITS], 512);
+  assert_int_equal(m.engines, 2);
+  /* engine="10" is not engine="1"; a label whose name only ends in engine is not it. */
+  const char *tricky = "vllm:num_requests_running{engine=\"10\"} 4\n"
+                       "vllm:num_requests_running{xengine=\"1\"} 6\n"
+                       "vllm:num_requests_running{model_name=\"a}b\",engine=\"1\"} 8\n";
+  assert_int_equal(kvr_vllm_parse_metrics_engine(tricky, strlen(tricky), 1, 1, &m), KVR_EPARSE);
+  assert_int_equal(kvr_vllm_parse_metrics_engine(tricky, strlen(tricky), 1, 10, &m), 0);
+  assert_true(m.num_requests_running == 4.0);
+  /* vllm:lora_requests_info is the server's (no engine label): every rank reads it. */
+  const char *lora = "vllm:num_requests_running{engine=\"1\"} 2\n"
+                     "vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql\","
+                     "waiting_lora_adapters=\"\"} 100\n";
+  assert_int_equal(kvr_vllm_parse_metrics_engine(lora, strlen(lora), 1, 1, &m), 0);
+  assert_true(m.lora.present);
+  assert_true(kvr_vllm_lora_list_has(m.lora.running, "sql"));
+  const char *bare = "vllm:num_requests_running 4\n";
+  assert_int_equal(kvr_vllm_parse_metrics_engine(bare, strlen(bare), 1, 0, &m), KVR_EPARSE);
+  assert_int_equal(kvr_vllm_parse_metrics(bare, strlen(bare), 1, &m), 0);
+  assert_int_equal(m.engines, 0);
+
+  fx_t f;
+  kvr_config_init(&f.cfg);
+  char err[256];
+  assert_int_equal(
+      kvr_config_add_worker_spec(&f.cfg, "http://127.0.0.1:1,dp_size=2", err, sizeof err), 0);
+  f.r = kvr_router_new(&f.cfg, err, sizeof err);
+  assert_non_null(f.r);
+  for (int k = 0; k < 2; k++)
+    assert_int_equal(kvr__scrape_report(f.r, f.r->slots[k]->id, true, true, dp_page, n, 9), 0);
+  assert_true(f.r->slots[0]->num_requests_waiting == 5.0);
+  assert_true(f.r->slots[1]->num_requests_running == 1.0);
+  assert_int_equal(f.r->slots[0]->num_gpu_blocks, 29000);
+  assert_int_equal(f.r->slots[1]->num_gpu_blocks, 27000);
+  fx_close(&f);
+}
+
 /* The path every finished probe takes, fed by hand. */
 static void test_report_path(void **state) {
   (void)state;
@@ -342,7 +434,7 @@ typedef struct {
   kvr_curlm_t *curlm;
   kvr_scrape_t *scrape;
   kvr_http_server_t *srv;
-  int metrics_gets;
+  int metrics_gets, models_gets;
   int gets_at_removal; /* -1 until the refused worker was removed */
   int server_closed;
   bool timed_out;
@@ -357,6 +449,7 @@ static void on_metrics_request(kvr_http_req_t *req, void *data) {
     t->metrics_gets++;
     kvr_http_respond(req, 200, "text/plain", NULL, page, strlen(page));
   } else if (strcmp(req->path, "/v1/models") == 0) {
+    t->models_gets++;
     kvr_http_respond(req, 200, "application/json", NULL, models, sizeof models - 1);
   } else {
     kvr_http_respond(req, 404, "text/plain", NULL, "no\n", 3);
@@ -430,6 +523,59 @@ static void test_scraper_on_loop(void **state) {
   assert_true(kvr_router_worker_serves(w, "m-lora"));
   assert_false(kvr_router_worker_serves(w, "other"));
   assert_null(t.f.r->slots[1]);
+  kvr_http_server_free(t.srv);
+  assert_int_equal(uv_loop_close(&t.loop), 0);
+  fx_close(&t.f);
+}
+
+/* Data parallel on a loop: one server, dp_size=2. Its two rank workers share one /metrics probe
+ * and one /v1/models probe (the lead's), and each takes its own engine's series. */
+static void on_check_dp(uv_timer_t *h) {
+  loop_fx_t *t = h->data;
+  const kvr_worker_t *a = t->f.r->slots[0], *b = t->f.r->slots[1];
+  bool done = a->metrics_seen && b->metrics_seen && a->models_known && b->models_known &&
+              t->metrics_gets >= 6;
+  t->timed_out = !done && kvr_now_ms() > (double)t->deadline_ms;
+  if (done || t->timed_out)
+    shut_down(t);
+}
+
+static void test_scraper_dp_on_loop(void **state) {
+  (void)state;
+  loop_fx_t t;
+  memset(&t, 0, sizeof t);
+  assert_int_equal(uv_loop_init(&t.loop), 0);
+  kvr_http_limits_t limits;
+  kvr_http_limits_default(&limits);
+  t.srv = kvr_http_server_new(&t.loop, &limits, on_metrics_request, &t);
+  char err[256];
+  assert_int_equal(kvr_http_server_listen(t.srv, "127.0.0.1:0", err, sizeof err), 0);
+  char spec[80];
+  snprintf(spec, sizeof spec, "http://127.0.0.1:%d,dp_size=2", kvr_http_server_port(t.srv));
+  kvr_config_init(&t.f.cfg);
+  assert_int_equal(kvr_config_add_worker_spec(&t.f.cfg, spec, err, sizeof err), 0);
+  t.f.cfg.scrape_interval_ms = 20;
+  t.f.r = kvr_router_new(&t.f.cfg, err, sizeof err);
+  assert_non_null(t.f.r);
+  t.curlm = kvr_curlm_new(&t.loop);
+  t.scrape = kvr_scrape_new(&t.loop, t.curlm, t.f.r);
+  uint64_t t0 = (uint64_t)kvr_now_ms();
+  t.deadline_ms = t0 + 10000;
+  uv_timer_init(&t.loop, &t.check);
+  t.check.data = &t;
+  uv_timer_start(&t.check, on_check_dp, 10, 10);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  assert_false(t.timed_out);
+  const kvr_worker_t *a = t.f.r->slots[0], *b = t.f.r->slots[1];
+  assert_true(a->num_requests_running == 2.0 && a->num_requests_waiting == 4.0);
+  assert_true(b->num_requests_running == 3.0 && b->num_requests_waiting == 0.0);
+  assert_true(a->kv_cache_usage > 0.1999 && a->kv_cache_usage < 0.2001);
+  assert_true(b->kv_cache_usage > 0.3999 && b->kv_cache_usage < 0.4001);
+  assert_true(kvr_router_worker_serves(b, "m-lora") && !kvr_router_worker_serves(b, "x"));
+  assert_int_equal(t.models_gets, 1); /* one list for both ranks (the next is due in 30 s) */
+  /* One /metrics GET per tick for the URL, not one per rank: at most one per 20 ms tick, + 1. */
+  uint64_t ticks = ((uint64_t)kvr_now_ms() - t0) / 20 + 1;
+  assert_true((uint64_t)t.metrics_gets <= ticks + 1);
   kvr_http_server_free(t.srv);
   assert_int_equal(uv_loop_close(&t.loop), 0);
   fx_close(&t.f);
@@ -651,9 +797,10 @@ static void test_models_add_adapter(void **state) {
   kvr_vllm_models_free(&m);
 }
 
-KVR_TEST_MAIN(cmocka_unit_test(test_parse), cmocka_unit_test(test_parse_models),
-              cmocka_unit_test(test_parse_lora_info), cmocka_unit_test(test_models_add_adapter),
-              cmocka_unit_test(test_parse_model_list), cmocka_unit_test(test_model_not_found),
-              cmocka_unit_test(test_parse_counters), cmocka_unit_test(test_counters_advance),
-              cmocka_unit_test(test_actual_sources), cmocka_unit_test(test_report_path),
-              cmocka_unit_test(test_scraper_on_loop))
+KVR_TEST_MAIN(cmocka_unit_test(test_parse), cmocka_unit_test(test_parse_engines),
+              cmocka_unit_test(test_parse_models), cmocka_unit_test(test_parse_lora_info),
+              cmocka_unit_test(test_models_add_adapter), cmocka_unit_test(test_parse_model_list),
+              cmocka_unit_test(test_model_not_found), cmocka_unit_test(test_parse_counters),
+              cmocka_unit_test(test_counters_advance), cmocka_unit_test(test_actual_sources),
+              cmocka_unit_test(test_report_path), cmocka_unit_test(test_scraper_on_loop),
+              cmocka_unit_test(test_scraper_dp_on_loop))
