@@ -1731,6 +1731,27 @@ static void test_data_parallel(void **state) {
       r->slots[1]->label);
   assert_metric(r, line);
 
+  /* Replicas find a rank by its key: a peer's row for URL#dp=1 is rank 1's load alone, and its
+   * synced dispatch lands there; /admin/load lists each rank under its key. */
+  kvr_peer_row_t rows[2] = {{.url = "http://10.0.0.1:8000#dp=1", .load = {.inflight = 4}},
+                            {.url = "http://10.0.0.1:8000", .load = {.inflight = 9}}};
+  kvr_router_on_peer_load(r, 0, rows, 2);
+  assert_int_equal(r->slots[0]->peer[0].inflight, 0);
+  assert_int_equal(r->slots[1]->peer[0].inflight, 4);
+  assert_int_equal(r->slots[2]->peer[0].inflight, 0);
+  kvr_router_dispatch_t pd;
+  assert_ptr_equal(kvr_router_on_peer_dispatch(r, 0, "http://10.0.0.1:8000#dp=2", 10, 5, &pd),
+                   r->slots[2]);
+  kvr_router_on_end(r, &pd);
+  assert_null(kvr_router_on_peer_dispatch(r, 0, "http://10.0.0.1:8000", 10, 5, &pd));
+  cJSON *load = kvr_router_view_load(r);
+  cJSON *rows_json = cJSON_GetObjectItem(load, "workers");
+  assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(rows_json, 2), "url")->valuestring,
+                      "http://10.0.0.1:8000#dp=2");
+  assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(rows_json, 3), "url")->valuestring,
+                      "http://10.0.0.2:8000");
+  cJSON_Delete(load);
+
   /* Ranks are workers to the policy: a decision picks among the four of them and the others. */
   kvr_route_req_t req;
   memset(&req, 0, sizeof req);

@@ -477,6 +477,50 @@ static void test_loop_static_worker_not_duplicated_nor_drained(void **state) {
   loop_close(&f);
 }
 
+static bool has_two(loop_fx_t *f) {
+  return count_workers(f->r, false) == 2;
+}
+
+/* --discover-dp-size: each address is one worker per rank, rank R's KV ports N + R; ports turned
+ * off clear every rank's; the discovery removed drains every rank. */
+static void test_loop_dp_ranks(void **state) {
+  (void)state;
+  loop_fx_t f;
+  kvr_config_init(&f.cfg);
+  kvr_log_set_level(KVR_LOG_WARN);
+  assert_int_equal(uv_loop_init(&f.loop), 0);
+  f.cfg.discover_url = kvr_xstrdup("http://127.0.0.1:18020");
+  f.cfg.discover_interval_ms = 50;
+  f.cfg.discover_kv_events_port = 5557;
+  f.cfg.discover_kv_replay_port = 6557;
+  f.cfg.discover_dp_size = 2;
+  char err[256];
+  f.r = kvr_router_new(&f.cfg, err, sizeof err);
+  assert_non_null(f.r);
+  f.d = kvr_discovery_new(&f.loop, f.r, &f.cfg);
+  assert_true(run_until(&f, has_two));
+  for (int k = 0; k < 2; k++) {
+    const kvr_worker_t *w = kvr_router_worker_serving_rank(f.r, "http://127.0.0.1:18020", k);
+    assert_non_null(w);
+    assert_int_equal(w->dp_size, 2);
+    char ev[40], rp[40];
+    snprintf(ev, sizeof ev, "tcp://127.0.0.1:%d", 5557 + k);
+    snprintf(rp, sizeof rp, "tcp://127.0.0.1:%d", 6557 + k);
+    assert_string_equal(w->kv_events, ev);
+    assert_string_equal(w->kv_replay, rp);
+  }
+  assert_int_equal(metric("kvrouter_discovery_workers", NULL), 1); /* one address */
+  f.cfg.discover_kv_events_port = f.cfg.discover_kv_replay_port = 0;
+  kvr_discovery_apply(f.d);
+  for (int k = 0; k < 2; k++)
+    assert_null(kvr_router_worker_serving_rank(f.r, "http://127.0.0.1:18020", k)->kv_events);
+  free(f.cfg.discover_url);
+  f.cfg.discover_url = NULL;
+  kvr_discovery_apply(f.d);
+  assert_int_equal(count_workers(f.r, true), 0);
+  loop_close(&f);
+}
+
 static void test_reload_keeps_discovered(void **state) {
   (void)state;
   char path[64];
@@ -533,4 +577,4 @@ KVR_TEST_MAIN(cmocka_unit_test(test_diff_adds_and_removes),
               cmocka_unit_test(test_loop_error_keeps_then_removed_drains),
               cmocka_unit_test(test_loop_new_answer_drains_gone_address),
               cmocka_unit_test(test_loop_static_worker_not_duplicated_nor_drained),
-              cmocka_unit_test(test_reload_keeps_discovered))
+              cmocka_unit_test(test_loop_dp_ranks), cmocka_unit_test(test_reload_keeps_discovered))

@@ -179,6 +179,62 @@ static void test_apply(void **state) {
   kvr_log_set_level(KVR_LOG_INFO);
 }
 
+/* The kv_events endpoint of url's rank (-1: the whole server), or "" when it has none. */
+static const char *rank_events(const kvr_router_t *r, const char *url, int rank) {
+  const kvr_worker_t *w = kvr_router_worker_serving_rank(r, url, rank);
+  assert_non_null(w);
+  return w->kv_events ? w->kv_events : "";
+}
+
+/* Data-parallel entries: kept with their ids while listed alike, KV endpoints changed on every
+ * rank, another number of ranks (or none) drains the old ranks and adds the new ones. */
+static void test_dp_workers(void **state) {
+  (void)state;
+  kvr_log_set_level(KVR_LOG_OFF);
+  fx_t f;
+  const char *two = "{\"workers\": [{\"url\": \"http://127.0.0.1:9001\", \"dp_size\": 2, "
+                    "\"kv_events\": \"tcp://127.0.0.1:5557\"}, \"http://127.0.0.1:9002\"]}";
+  fx_open(&f, two);
+  assert_int_equal(count_workers(f.r), 3);
+  uint32_t r0 = kvr_router_worker_serving_rank(f.r, "http://127.0.0.1:9001", 0)->id;
+  uint32_t r1 = kvr_router_worker_serving_rank(f.r, "http://127.0.0.1:9001", 1)->id;
+  assert_string_equal(rank_events(f.r, "http://127.0.0.1:9001", 1), "tcp://127.0.0.1:5558");
+  char err[512] = "";
+  assert_int_equal(reload(&f, two, err, sizeof err), 0); /* the same: the same workers */
+  assert_int_equal(kvr_router_worker_serving_rank(f.r, "http://127.0.0.1:9001", 0)->id, r0);
+  assert_int_equal(kvr_router_worker_serving_rank(f.r, "http://127.0.0.1:9001", 1)->id, r1);
+  assert_int_equal(reload(&f,
+                          "{\"workers\": [{\"url\": \"http://127.0.0.1:9001\", \"dp_size\": 2, "
+                          "\"kv_events\": \"tcp://127.0.0.1:7000\"}, \"http://127.0.0.1:9002\"]}",
+                          err, sizeof err),
+                   0);
+  assert_int_equal(kvr_router_worker_serving_rank(f.r, "http://127.0.0.1:9001", 1)->id, r1);
+  assert_string_equal(rank_events(f.r, "http://127.0.0.1:9001", 0), "tcp://127.0.0.1:7000");
+  assert_string_equal(rank_events(f.r, "http://127.0.0.1:9001", 1), "tcp://127.0.0.1:7001");
+  /* Three ranks now: the two are drained (nothing in flight: gone), three added. */
+  assert_int_equal(reload(&f,
+                          "{\"workers\": [{\"url\": \"http://127.0.0.1:9001\", \"dp_size\": 3}, "
+                          "\"http://127.0.0.1:9002\"]}",
+                          err, sizeof err),
+                   0);
+  assert_null(kvr_router_worker_by_id(f.r, r0));
+  assert_null(kvr_router_worker_by_id(f.r, r1));
+  assert_int_equal(count_workers(f.r), 4);
+  assert_non_null(kvr_router_worker_serving_rank(f.r, "http://127.0.0.1:9001", 2));
+  assert_string_equal(rank_events(f.r, "http://127.0.0.1:9001", 2), "");
+  /* The whole server again: one worker. */
+  assert_int_equal(reload(&f,
+                          "{\"workers\": [\"http://127.0.0.1:9001\", \"http://127.0.0.1:9002\"]}",
+                          err, sizeof err),
+                   0);
+  assert_int_equal(count_workers(f.r), 2);
+  assert_non_null(kvr_router_worker_serving_rank(f.r, "http://127.0.0.1:9001", -1));
+  assert_null(kvr_router_worker_serving_rank(f.r, "http://127.0.0.1:9001", 0));
+  assert_int_equal(f.cfg.worker_dp_size[0], 0);
+  fx_close(&f);
+  kvr_log_set_level(KVR_LOG_INFO);
+}
+
 /* Every kind of bad file changes nothing and is counted as a failure with one line. */
 static void test_bad_files_change_nothing(void **state) {
   (void)state;
@@ -251,4 +307,5 @@ static void test_lora_adapters(void **state) {
 }
 
 KVR_TEST_MAIN(cmocka_unit_test(test_config_path), cmocka_unit_test(test_apply),
-              cmocka_unit_test(test_bad_files_change_nothing), cmocka_unit_test(test_lora_adapters))
+              cmocka_unit_test(test_dp_workers), cmocka_unit_test(test_bad_files_change_nothing),
+              cmocka_unit_test(test_lora_adapters))
