@@ -1080,9 +1080,14 @@ static void transfer_failed(px_t *px, CURL *easy, CURLcode rc) {
   kvr_router_on_result(r, &px->acct, false);
   w = px->w; /* still valid: the record is open */
   /* A failure after connecting but before any response byte is retried too (the worker never
-   * answered), except a timeout, which would double the wait. */
+   * answered), except a timeout, which would double the wait. So is a held (non-streamed) answer
+   * of a generation route whose body broke: nothing of it reached the client, and generating it
+   * again elsewhere is the whole effect of the request. */
+  bool held_broke = px->got_byte && !px->streaming && px->has_prompt &&
+                    (retryable(rc) || rc == CURLE_PARTIAL_FILE) && rc != CURLE_OPERATION_TIMEDOUT;
   bool can_retry =
-      !px->got_byte && (unreached || (retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT));
+      (!px->got_byte && (unreached || (retryable(rc) && rc != CURLE_OPERATION_TIMEDOUT))) ||
+      held_broke;
   /* Before any response byte the worker was not reached or dropped the connection unanswered. */
   kvr_req_error_t reason = px->got_byte ? KVR_REQ_ERROR_BROKEN_STREAM : KVR_REQ_ERROR_CONNECT;
   /* A head the checker never saw: libcurl refused it first (no HTTP status line, a NUL byte,
@@ -1111,8 +1116,9 @@ static void transfer_failed(px_t *px, CURL *easy, CURLcode rc) {
   }
   if (can_retry && px->attempts < MAX_ATTEMPTS && retry_allowed(px)) {
     px->retried_error = reason;
-    KVR_WARN("proxy", "worker %s failed before responding (%s); retrying elsewhere",
-             w ? w->label : "-", why);
+    KVR_WARN("proxy", "worker %s failed %s (%s); retrying elsewhere", w ? w->label : "-",
+             held_broke ? "mid-answer, before any byte reached the client" : "before responding",
+             why);
     if (w)
       kvr_router_on_retry(r, &px->acct);
     transfer_release(px);

@@ -121,6 +121,23 @@ class StreamWorker:
             return True
         req = json.loads(body)
         self.bodies.append(req)
+        if not req.get("stream"):  # a whole answer; a breaking one stops halfway through its body
+            port = self.sock.getsockname()[1]
+            whole = json.dumps({"id": "chatcmpl-%d" % port, "object": "chat.completion",
+                                "created": 1, "model": "m", "choices": [{
+                                    "index": 0, "finish_reason": "stop", "message": {
+                                        "role": "assistant", "content": "from %d" % port}}],
+                                "usage": {"prompt_tokens": 5, "completion_tokens": 2,
+                                          "total_tokens": 7}}).encode()
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(whole))
+            if self.breaks.take():
+                c.sendall(whole[:len(whole) // 2])
+                time.sleep(0.05)
+                c.shutdown(socket.SHUT_RDWR)
+                return False
+            c.sendall(whole)
+            return True
         kind = "chat.completion.chunk" if path == b"/v1/chat/completions" else "text_completion"
         c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                   b"Transfer-Encoding: chunked\r\n\r\n")
@@ -254,6 +271,27 @@ def test_error_event_resumed():
         err = json.loads(ev[-2])["error"]
         assert err["code"] == 400 and err["message"] == "engine died" and ev[-1] == "[DONE]", ev
         assert len(w3.bodies) + len(w4.bodies) == 1 and resumes(r2, "resumed") == 0
+
+
+@test(timeout=30)
+def test_held_answer_broken_mid_body_retried_whole():
+    """A non-streamed answer whose body broke halfway never reached the client (the router holds
+    it): the request is retried whole on another worker and the client gets that answer, once."""
+    with Cleanup() as c:
+        b = Breaks(1)
+        w1, w2 = c.add(StreamWorker(b)), c.add(StreamWorker(b))
+        r = c.add(Router([w1.url, w2.url], *FAST, "--policy", "round_robin"))
+        resp = request(r.port, "POST", "/v1/chat/completions", {
+            "model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]},
+            timeout=10)
+        assert resp.status == 200, resp
+        ans = json.loads(resp.body)
+        assert len(w1.bodies) == 1 and len(w2.bodies) == 1, (w1.bodies, w2.bodies)
+        port = ans["id"].split("-")[1]  # the worker that answered whole; the other one broke
+        assert port in (w1.url.rsplit(":", 1)[1], w2.url.rsplit(":", 1)[1]), ans
+        assert ans["choices"][0]["message"]["content"] == "from " + port, ans
+        samples = parse_prom_samples(r.metrics_text())
+        assert prom_value(samples, "kvrouter_worker_retries_total") == 1
 
 
 @test(timeout=30)
