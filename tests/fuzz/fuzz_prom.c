@@ -12,7 +12,10 @@
  *     read across the end of its line);
  *   - a line is read on its own, whatever garbage comes before it: appending a known
  *     num_requests_running sample adds exactly 1 to the sum, appending a cache_config_info line
- *     gives exactly its labels (the last one wins), whatever the page was.
+ *     gives exactly its labels (the last one wins), whatever the page was; appending a
+ *     vllm:lora_requests_info series of the largest value a gauge may have (1e15) makes it the
+ *     chosen one, its lists and max_lora exactly, whatever the page's own series were; the chosen
+ *     lists always hold less than KVR_VLLM_LORA_NAMES_MAX bytes.
  */
 #include "fuzz_util.h"
 
@@ -57,6 +60,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
   const char *page = (const char *)data;
   kvr_vllm_metrics_t m, m2;
   int rc = parse_joined(page, len, NULL, 0, &m);
+  if (rc == 0)
+    FUZZ_CHECK(strlen(m.lora.running) < KVR_VLLM_LORA_NAMES_MAX &&
+               strlen(m.lora.waiting) < KVR_VLLM_LORA_NAMES_MAX);
   FUZZ_CHECK(parse_joined(page, len, NULL, 0, &m2) == rc);
   FUZZ_CHECK(rc != 0 || same(&m, &m2));
 
@@ -82,5 +88,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t len) {
   FUZZ_CHECK(rc2 == rc); /* the info line alone is not a load series */
   if (rc == 0)
     FUZZ_CHECK(m2.block_size == 16 && m2.num_gpu_blocks == 21766);
+
+  static const char lora[] = "\nvllm:lora_requests_info{max_lora=\"3\",running_lora_adapters="
+                             "\"a\\\"b,c\",waiting_lora_adapters=\"\"} 1e15\n";
+  FUZZ_CHECK(parse_joined(page, len, lora, sizeof lora - 1, &m2) == rc); /* not a load series */
+  if (rc == 0)
+    FUZZ_CHECK(m2.lora.present && !m2.lora.cut && m2.lora.max_lora == 3 &&
+               strcmp(m2.lora.running, "a\"b,c") == 0 && m2.lora.waiting[0] == '\0');
   return 0;
 }
