@@ -1159,12 +1159,15 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
  * -----------------------------------------------------------------------------
  *
  * Off unless admission_max_inflight > 0. A new request goes straight to attempt() while some
- * usable worker has fewer than max_inflight requests in flight and nobody is queued; otherwise it
- * waits in proxy->queue (FIFO, at most admission_queue_limit) with a TM_QUEUE timer of
- * admission_max_wait_ms. Whenever a request ends, pump() admits queued requests from the head
- * while a worker has room. A full queue or an expired wait answers 503 with Retry-After; a client
- * that goes away while queued is taken out by px_end() (on_client_close). Retries skip the bound:
- * their request was admitted already and its slot on the failed worker is free again.
+ * usable worker serving its model has fewer than max_inflight requests in flight once the queued
+ * requests that can go have gone; otherwise it waits in proxy->queue (at most
+ * admission_queue_limit) with a TM_QUEUE timer of admission_max_wait_ms. Whenever a request ends,
+ * pump() walks the queue oldest first and admits each request some worker serving its model has
+ * room for: first come, first served among the requests that compete for the same workers, while a
+ * request for a model whose workers have room never waits behind one for another model's full
+ * workers. A full queue or an expired wait answers 503 with Retry-After; a client that goes away
+ * while queued is taken out by px_end() (on_client_close). Retries skip the bound: their request
+ * was admitted already and its slot on the failed worker is free again.
  */
 
 static void attempt(px_t *px);
@@ -1187,12 +1190,19 @@ static bool admission_blocked(const px_t *px) {
   return kvr_router_admission_blocked(px->r, &serving);
 }
 
-/* A new request: attempted now, queued, or refused with 503 when the queue is full. */
+/* A new request: attempted now, queued, or refused with 503 when the queue is full. The queued
+ * requests that can go go first (pump()): whatever is still queued then is waiting for full
+ * workers, so px goes now exactly when a worker serving its model has room. */
 static void admit(px_t *px) {
   kvr_proxy_t *p = px->proxy;
   kvr_router_t *r = px->r;
-  if (r->cfg->admission_max_inflight == 0 ||
-      (kvr_list_empty(&p->queue) && !admission_blocked(px))) {
+  if (r->cfg->admission_max_inflight == 0) {
+    attempt(px);
+    return;
+  }
+  if (!kvr_list_empty(&p->queue))
+    pump(p);
+  if (!admission_blocked(px)) {
     attempt(px);
     return;
   }
@@ -1206,15 +1216,41 @@ static void admit(px_t *px) {
   timer_set(px, TM_QUEUE, r->cfg->admission_max_wait_ms);
 }
 
-/* Admits queued requests, oldest first, while a worker has room. */
+/* Whether model (NULL: any) is among the n models of blocked (found waiting for full workers). */
+static bool model_blocked(const char *const *blocked, size_t n, const char *model) {
+  for (size_t i = 0; i < n; i++)
+    if ((blocked[i] == NULL) == (model == NULL) && (model == NULL || !strcmp(blocked[i], model)))
+      return true;
+  return false;
+}
+
+/* Admits queued requests, oldest first, each that some worker serving its model has room for.
+ * Admitting only fills workers, so a model found blocked stays blocked for the rest of the walk
+ * (remembered for up to PUMP_MODELS of them), and a blocked request for any model (no "model")
+ * means every worker is full: the walk ends. */
+#define PUMP_MODELS 16
 static void pump(kvr_proxy_t *p) {
   if (p->pumping)
     return;
   p->pumping = true;
-  while (!kvr_list_empty(&p->queue)) {
-    px_t *px = KVR_CONTAINER_OF(p->queue.next, px_t, qnode);
-    if (admission_blocked(px))
-      break;
+  const char *blocked[PUMP_MODELS];
+  size_t nblocked = 0;
+  kvr_list_t *n = p->queue.next;
+  while (n != &p->queue) {
+    px_t *px = KVR_CONTAINER_OF(n, px_t, qnode);
+    n = n->next;
+    const char *model = px_model(px);
+    if (model != NULL && model[0] == '\0')
+      model = NULL;
+    if (model_blocked(blocked, nblocked, model))
+      continue;
+    if (admission_blocked(px)) {
+      if (model == NULL)
+        break;
+      if (nblocked < PUMP_MODELS)
+        blocked[nblocked++] = model;
+      continue;
+    }
     unqueue(px);
     timer_set(px, TM_NONE, 0);
     attempt(px);

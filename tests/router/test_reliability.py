@@ -352,6 +352,36 @@ def test_admission_queue_full_and_wait_expired():
 
 
 @test(timeout=30)
+def test_admission_queue_per_model():
+    """The admission queue is first come, first served among requests that compete for the same
+    workers, and no more (issue 35): with model-a's one worker at the bound and a second model-a
+    request queued, a model-b request goes to its idle worker at once instead of waiting behind
+    them; the queued model-a request still goes when the first one ends."""
+    with Cleanup() as c:
+        a = c.add(Sim("--model", "model-a", fixed=(800, 5)))
+        b = c.add(Sim("--model", "model-b", fixed=(20, 5)))
+        r = c.add(Router([a, b], *FAST, "--admission-max-inflight", "1",
+                         "--admission-max-wait-ms", "5000"))
+        wait_for(lambda: all(w["models"]["known"] for w in r.workers()), 5, "models read")
+
+        def send(model):
+            def go():
+                resp = request(r.port, "POST", "/v1/chat/completions",
+                               chat_body(model=model), timeout=10)
+                resp.t_done = time.monotonic()
+                return resp
+            return go
+        t0 = time.monotonic()
+        a1, a2, b1 = concurrently([send("model-a"), send("model-a"), send("model-b")])
+        assert [x.status for x in (a1, a2, b1)] == [200] * 3, (a1, a2, b1)
+        assert b1.t_done - t0 < 0.6, "model-b waited %.2f s behind model-a's queue" % (
+            b1.t_done - t0)
+        assert a2.t_done - a1.t_done > 0.6, "the queued model-a request did not wait its turn"
+        m = metrics(r)
+        assert prom_value(m, "kvrouter_admission_queued_total") == 1  # a2 only
+
+
+@test(timeout=30)
 def test_body_buffer_budget():
     """Bodies still arriving share one budget (--max-body-buffer-bytes, issue 37: 100 connections
     each sending most of an 8 MiB body held 799 MiB): a request whose declared body would go over
