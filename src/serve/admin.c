@@ -6,7 +6,9 @@
  *
  * The exception is POST /admin/reset_prefix_cache, a fan-out: a reset_op_t holds the admin request
  * and one reset_call_t per worker, each a libcurl POST WORKER/reset_prefix_cache on the curl
- * multi serve.c gave kvr_admin_new() (as scrape.c's probes). Each answer is recorded as it arrives;
+ * multi serve.c gave kvr_admin_new() (as scrape.c's probes), but one per server for the
+ * data-parallel ranks of one URL (vLLM resets every engine at once): the other ranks' calls share
+ * their first rank's answer. Each answer is recorded as it arrives;
  * a worker that answered 2xx also has its entries in the cache index forgotten, so the index keeps
  * modelling what the workers hold. When the last call is done the summary is sent and the op freed.
  * Calls hold worker ids, not pointers, because a worker may be removed while its call is in flight.
@@ -442,6 +444,7 @@ typedef struct reset_call_s {
   long status;              /* HTTP status, 0 when none arrived */
   CURLcode result;
   uint64_t forgotten; /* index entries forgotten after a 2xx */
+  int lead;           /* a data-parallel rank's: the call index of its URL's one POST, else -1 */
 } reset_call_t;
 
 struct reset_op_s {
@@ -490,7 +493,8 @@ static void reset_reply(reset_op_t *op) {
     }
     cJSON_AddNumberToObject(x, "index_blocks_forgotten", (double)c->forgotten);
     cJSON_AddItemToArray(arr, x);
-    curl_easy_cleanup(c->easy);
+    if (c->easy)
+      curl_easy_cleanup(c->easy);
     kvr_buf_free(&c->body);
   }
   cJSON_AddNumberToObject(o, "reset", (double)ok);
@@ -508,8 +512,33 @@ static void on_reset_done(CURL *easy, CURLcode result, void *data) {
   if (result == CURLE_OK && c->status >= 200 && c->status <= 299) {
     kvr_router_forget_cache(op->r, c->worker_id, &c->forgotten);
   }
+  /* The other ranks of the URL: vLLM's reset reaches every engine of the server (its
+   * core_client.py), so they share this answer and forget their index entries with it. */
+  for (size_t i = 0; i < op->ncalls; i++) {
+    reset_call_t *rank = &op->calls[i];
+    if (rank->lead < 0 || &op->calls[rank->lead] != c)
+      continue;
+    rank->result = result;
+    rank->status = c->status;
+    kvr_buf_append(&rank->body, c->body.data ? c->body.data : "", c->body.len);
+    if (result == CURLE_OK && c->status >= 200 && c->status <= 299)
+      kvr_router_forget_cache(op->r, rank->worker_id, &rank->forgotten);
+  }
   if (--op->pending == 0)
     reset_reply(op);
+}
+
+/* The call index of an earlier data-parallel rank of w's URL among calls[0..n), or -1. */
+static int reset_lead(const reset_call_t *calls, size_t n, const kvr_router_t *r,
+                      const kvr_worker_t *w) {
+  if (w->dp_rank < 0)
+    return -1;
+  for (size_t i = 0; i < n; i++) {
+    const kvr_worker_t *o = kvr_router_worker_by_id(r, calls[i].worker_id);
+    if (calls[i].lead < 0 && o && o->dp_rank >= 0 && strcmp(calls[i].url, w->url) == 0)
+      return (int)i;
+  }
+  return -1;
 }
 
 static void reset_prefix_cache(kvr_http_req_t *req, void *data, const char *tail) {
@@ -528,6 +557,9 @@ static void reset_prefix_cache(kvr_http_req_t *req, void *data, const char *tail
     c->worker_id = w->id;
     c->state = w->state;
     snprintf(c->url, sizeof c->url, "%s", w->url);
+    c->lead = reset_lead(op->calls, op->ncalls - 1, r, w);
+    if (c->lead >= 0)
+      continue; /* one POST per server: its first rank's */
     char url[640];
     snprintf(url, sizeof url, "%s/reset_prefix_cache", w->url);
     c->easy = kvr_curl_easy_new(url, (long)r->cfg->connect_timeout_ms, RESET_TIMEOUT_MS,

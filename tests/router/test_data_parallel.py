@@ -25,6 +25,7 @@ Tests, one router (`--worker URL,dp_size=2`, kv_aware) shared in order:
     /v1/responses carries it but the server (as vLLM) picks the engine itself: recorded as such;
   - route/explain and the access log show the rank; kvrouter_worker_data_parallel_rank per worker;
   - POST /admin/workers with dp_size adds one worker per rank, a second time 400;
+  - POST /admin/reset_prefix_cache: one POST for the server, both ranks' index entries forgotten;
   - the same server given without dp_size: one worker, engines_seen 2 with a hint, one warning.
 
 Run: python3 tests/router/test_data_parallel.py --kvrouter build/kvrouter [-k substring] [-v]
@@ -64,6 +65,7 @@ class DpServer:
         self.running = [0] * n        # in flight per engine
         self.metrics_gets = 0
         self.models_gets = 0
+        self.resets = 0               # POST /reset_prefix_cache (every engine at once, as vLLM)
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -97,6 +99,11 @@ class DpServer:
                     self._send(404, {"detail": "Not Found"})
 
             def do_POST(self):
+                if self.path.startswith("/reset_prefix_cache"):
+                    with outer.lock:
+                        outer.resets += 1
+                    self._send(200, b"", "text/plain")
+                    return
                 n = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(n) or b"{}")
                 hdr = self.headers.get("X-data-parallel-rank")  # case-insensitive, as Starlette
@@ -329,6 +336,22 @@ def test_explain_log_and_admin():
             assert request(r.admin_port, "DELETE", "/admin/workers/%d" % w["id"]).status == 202
     finally:
         other.kill()
+
+
+@test(timeout=20)
+def test_reset_once_per_server():
+    s, r = STATE["s"], STATE["r"]
+    before = {w["id"]: w["index_blocks"] for w in r.workers()}
+    assert all(v > 0 for v in before.values()), before  # both ranks learnt documents above
+    x = request(r.admin_port, "POST", "/admin/reset_prefix_cache")
+    assert x.status == 200, x.body[:300]
+    rows = x.json()["workers"]
+    assert len(rows) == 2 and all(w["ok"] for w in rows), rows
+    assert s.resets == 1, s.resets  # one POST for the server's two ranks
+    assert all(w["index_blocks_forgotten"] == before[w["id"]] for w in rows), (rows, before)
+    assert all(w["index_blocks"] == 0 for w in r.workers())
+    show("reset: %d POST /reset_prefix_cache for 2 ranks; forgotten %s" % (
+        s.resets, [w["index_blocks_forgotten"] for w in rows]))
 
 
 @test(timeout=20)
