@@ -127,22 +127,7 @@ for w in $WORKLOADS; do
   mkdir -p "$RAW/$w/results"
   cp "$OUT/$w.rates" "$RAW/$w/rates"
   # Kept without the per-request arrays (ab_report.py reads the levels' aggregates only).
-  python3 - "$RAW/$w/results" "$OUT/$w"/results/*.json <<'PY'
-import json, os, sys
-TOP = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
-       "generated_texts", "errors", "queue_times")
-KVR = ("cached_lens", "e2els", "tpots", "turns")
-for src in sys.argv[2:]:
-    with open(src) as f:
-        d = json.load(f)
-    for k in TOP:
-        d.pop(k, None)
-    if isinstance(d.get("kvrouter"), dict):
-        d["kvrouter"] = {k: v for k, v in d["kvrouter"].items() if k not in KVR}
-    with open(os.path.join(sys.argv[1], os.path.basename(src)), "w") as f:
-        json.dump(d, f, separators=(",", ":"))
-        f.write("\n")
-PY
+  python3 "$HERE/../lib/level_json.py" slim "$RAW/$w/results" "$OUT/$w"/results/*.json
   {
     echo "workload=$w"
     echo "commit=$rev"

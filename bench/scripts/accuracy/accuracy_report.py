@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tests", "harness"))
 from kvrharness import percentile, read_stamp, write_report  # noqa: E402
 
 sys.path.insert(0, os.path.join(HERE, "..", "lib"))
+from level_json import slim_level, write_level  # noqa: E402
 from provenance import first_line  # noqa: E402
 
 # The bars each part is held to (the load generator's accuracy targets).
@@ -59,21 +60,7 @@ BUCKETS = [(0, 200), (200, 1000), (1000, 2000), (2000, None)]
 
 # ---- collect -------------------------------------------------------------------------------------
 
-# The per-request arrays of the bench's per-level JSON (bench/report/report_json.c,
-# request_arrays()): top level (vllm's) and in its "kvrouter" object; collect drops them.
-PER_REQUEST_TOP = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
-                   "queue_times",
-                   "generated_texts", "errors")
-PER_REQUEST_KVROUTER = ("cached_lens", "e2els", "tpots", "turns")
 TTFT_CSV_HEADER = ["uncached_tokens", "ttft_ms"]
-
-
-def slim_level(d):
-    """The per-level JSON d without its per-request arrays."""
-    d = {k: v for k, v in d.items() if k not in PER_REQUEST_TOP}
-    if isinstance(d.get("kvrouter"), dict):
-        d["kvrouter"] = {k: v for k, v in d["kvrouter"].items() if k not in PER_REQUEST_KVROUTER}
-    return d
 
 
 def write_ttft_csv(path, rows):
@@ -112,9 +99,7 @@ def collect(src, dest, requests):
     os.makedirs(dest)
     with open(levels[0]) as f:
         level = slim_level(json.load(f))
-    with open(os.path.join(dest, "level.json"), "w") as f:
-        json.dump(level, f, separators=(",", ":"))
-        f.write("\n")
+    write_level(os.path.join(dest, "level.json"), level)
     for name in ("stamp", "cpu"):
         if os.path.exists(os.path.join(src, name)):
             shutil.copyfile(os.path.join(src, name), os.path.join(dest, name))

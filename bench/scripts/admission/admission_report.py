@@ -28,15 +28,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from level_json import slim_file  # noqa: E402
 from provenance import first_line  # noqa: E402
 
 RUNS = ("off", "on")
-# The per-request arrays of the bench's per-level JSON (bench/report/report_json.c,
-# request_arrays()): top level (vllm's) and in its "kvrouter" object.
-PER_REQUEST_TOP = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
-                   "queue_times",
-                   "generated_texts", "errors")
-PER_REQUEST_KVROUTER = ("cached_lens", "e2els", "tpots", "turns")
 
 
 def pct(xs, p):
@@ -49,23 +44,11 @@ def pct(xs, p):
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def slim_level(path):
-    """Rewrites the per-level JSON at path without its per-request arrays."""
-    with open(path) as f:
-        d = json.load(f)
-    d = {k: v for k, v in d.items() if k not in PER_REQUEST_TOP}
-    if isinstance(d.get("kvrouter"), dict):
-        d["kvrouter"] = {k: v for k, v in d["kvrouter"].items() if k not in PER_REQUEST_KVROUTER}
-    with open(path, "w") as f:
-        json.dump(d, f, separators=(",", ":"))
-        f.write("\n")
-
-
 def summarize(out):
     for label in RUNS:
         d = os.path.join(out, label)
         for path in glob.glob(os.path.join(d, "results", "*.json")):
-            slim_level(path)
+            slim_file(path)
         with open(os.path.join(d, "requests.jsonl")) as f:
             recs = [json.loads(line) for line in f if line.strip()]
         measured = [r for r in recs if not r.get("warmup") and not r.get("cooldown")]

@@ -90,6 +90,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tests", "harness"))
 import kvrharness as h  # noqa: E402
 
 sys.path.insert(0, os.path.join(HERE, "..", "lib"))
+from level_json import slim_level as drop_arrays, write_level  # noqa: E402
 from provenance import first_line  # noqa: E402
 
 # ---- seed data -------------------------------------------------------------------------------
@@ -266,15 +267,10 @@ CLOSED_ARGS = [
 # load_levels() computes it the same way for a level that does not carry it (the bench's own).
 VLLM014_MAX_CONC = "max_concurrent_requests_vllm014"
 
-# The per-request arrays of the bench's per-level JSON (bench/report/report_json.c,
-# request_arrays()): top level (vllm's) and in its "kvrouter" object. keep_raw() drops them but
-# for a closed-loop level's CLOSED_COLUMNS, the ones seed 003's checks read (closed_throughput,
-# check_turn_e2e, check_under_load); every other figure of the report is one of the level's
-# aggregates, and the max concurrency above is kept as a figure.
-PER_REQUEST_TOP = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
-                   "queue_times",
-                   "generated_texts", "errors")
-PER_REQUEST_KVROUTER = ("cached_lens", "e2els", "tpots", "turns")
+# The per-request arrays of the bench's per-level JSON (bench/scripts/lib/level_json.py):
+# keep_raw() drops them but for a closed-loop level's CLOSED_COLUMNS, the ones seed 003's checks
+# read (closed_throughput, check_turn_e2e, check_under_load); every other figure of the report is
+# one of the level's aggregates, and the max concurrency above is kept as a figure.
 CLOSED_COLUMNS = ("input_lens", "output_lens", "cached_lens", "e2els")
 
 # A virtual run models one sim swept from rate to rate, as the HTTP parts and the seed's vLLM
@@ -366,18 +362,12 @@ def print_costs(sim_flags):
 
 def slim_level(d):
     """The per-level JSON d as kept in git: VLLM014_MAX_CONC added from the per-request arrays,
-    which are then dropped (PER_REQUEST_*), but for a closed-loop level's CLOSED_COLUMNS."""
+    which are then dropped (level_json.slim_level), but for a closed-loop level's
+    CLOSED_COLUMNS."""
     d = dict(d)
     if VLLM014_MAX_CONC not in d:
         d[VLLM014_MAX_CONC] = max_concurrent_1s(d)
-    keep = CLOSED_COLUMNS if d.get("max_concurrency") else ()
-    for key in PER_REQUEST_TOP:
-        if key not in keep:
-            d.pop(key, None)
-    if isinstance(d.get("kvrouter"), dict):
-        d["kvrouter"] = {k: v for k, v in d["kvrouter"].items()
-                         if k not in PER_REQUEST_KVROUTER or k in keep}
-    return d
+    return drop_arrays(d, CLOSED_COLUMNS if d.get("max_concurrency") else ())
 
 
 def keep_raw(out, raw, folder, stamp, costs):
@@ -391,9 +381,7 @@ def keep_raw(out, raw, folder, stamp, costs):
         if name.endswith(".json"):
             with open(os.path.join(out, "results", name)) as f:
                 d = slim_level(json.load(f))
-            with open(os.path.join(dst, "results", name), "w") as f:
-                json.dump(d, f, separators=(",", ":"))
-                f.write("\n")
+            write_level(os.path.join(dst, "results", name), d)
     with open(os.path.join(dst, "stamp"), "w") as f:
         for k, v in stamp.items():
             f.write("%s=%s\n" % (k, v))

@@ -46,6 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import kvrharness as h  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from level_json import slim_file  # noqa: E402
 from provenance import first_line  # noqa: E402
 from scenarios import FULL_BLOCKS, HALF_BLOCKS, LEVEL, SCENARIOS  # noqa: E402
 
@@ -53,27 +54,6 @@ from scenarios import FULL_BLOCKS, HALF_BLOCKS, LEVEL, SCENARIOS  # noqa: E402
 # REPORT.md, the `precise` column): the load each scenario runs at, times --rate-scale.
 RATES = {"multiturn": 7.76, "documents": 11.84, "control": 2.79, "agentic": 1.00,
          "hot-prefix": 8.41, "bursty": 7.64, "mixed-fleet": 10.76}
-
-# The per-request arrays of the bench's per-level JSON (bench/report/report_json.c,
-# request_arrays()): top level (vllm's) and in its "kvrouter" object. A run's results/*.json is
-# kept in git without them (slim_level): the table reads the level's aggregates only.
-PER_REQUEST_TOP = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
-                   "queue_times",
-                   "generated_texts", "errors")
-PER_REQUEST_KVROUTER = ("cached_lens", "e2els", "tpots", "turns")
-
-
-def slim_level(path):
-    """Rewrites the per-level JSON at path without its per-request arrays."""
-    with open(path) as f:
-        d = json.load(f)
-    d = {k: v for k, v in d.items() if k not in PER_REQUEST_TOP}
-    if isinstance(d.get("kvrouter"), dict):
-        d["kvrouter"] = {k: v for k, v in d["kvrouter"].items() if k not in PER_REQUEST_KVROUTER}
-    with open(path, "w") as f:
-        json.dump(d, f, separators=(",", ":"))
-        f.write("\n")
-
 
 def start_sims(d, scenario, args):
     sims, precise, plain = [], [], []
@@ -129,7 +109,7 @@ def run(scenario, mode, args, d):
         assert len(files) == 1, files
         with open(files[0]) as f:
             j = json.load(f)
-        slim_level(files[0])
+        slim_file(files[0])
         k = j["kvrouter"]
         return {"scenario": scenario, "mode": mode, "flush": args.flush, "rate": rate,
                 "slo_pass": k["slo_pass"], "p50_ttft_ms": j["p50_ttft_ms"],

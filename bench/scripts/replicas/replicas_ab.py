@@ -44,29 +44,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import kvrharness as h  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from level_json import slim_file  # noqa: E402
 from provenance import first_line  # noqa: E402
 from scenarios import LEVEL, SCENARIOS  # noqa: E402
-
-# The per-request arrays of the bench's per-level JSON (bench/report/report_json.c,
-# request_arrays()): top level (vllm's) and in its "kvrouter" object. A run's results/*.json is
-# kept in git without them (slim_level): the table reads the level's aggregates only.
-PER_REQUEST_TOP = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
-                   "queue_times",
-                   "generated_texts", "errors")
-PER_REQUEST_KVROUTER = ("cached_lens", "e2els", "tpots", "turns")
-
-
-def slim_level(path):
-    """Rewrites the per-level JSON at path without its per-request arrays."""
-    with open(path) as f:
-        d = json.load(f)
-    d = {k: v for k, v in d.items() if k not in PER_REQUEST_TOP}
-    if isinstance(d.get("kvrouter"), dict):
-        d["kvrouter"] = {k: v for k, v in d["kvrouter"].items() if k not in PER_REQUEST_KVROUTER}
-    with open(path, "w") as f:
-        json.dump(d, f, separators=(",", ":"))
-        f.write("\n")
-
 
 def start_sims(d, args):
     pairs = [h.kv_event_sim(d, i, "--time-scale", args.time_scale, *args.sim_flag, admin=False)
@@ -128,7 +108,7 @@ def run(setup, args, d):
         subprocess.run(cmd, check=True, timeout=args.timeout_s)
         rate, found, levels = max_rate(out)
         for f in glob.glob(os.path.join(out, "results", "*.json")):
-            slim_level(f)
+            slim_file(f)
         return {"setup": setup, "routers": len(routers), "max_rate": rate, "found": found,
                 "levels": {str(k): {"slo_pass": v["kvrouter"]["slo_pass"],
                                     "p99_ttft_ms": v["p99_ttft_ms"],
