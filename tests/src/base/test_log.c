@@ -8,6 +8,7 @@
 
 #include <cmocka.h>
 
+#include "tests/src/base/log_test_util.h"
 #include "tests/test_util.h"
 
 #include "base/buf.h"
@@ -110,16 +111,6 @@ static void test_json_escaping(void **state) {
   kvr_buf_free(&b);
 }
 
-/* Sends log lines, text, info and above, to a new temporary file. */
-static FILE *log_to_tmpfile(void) {
-  FILE *f = tmpfile();
-  assert_non_null(f);
-  kvr_log_set_stream(f);
-  kvr_log_set_level(KVR_LOG_INFO);
-  kvr_log_set_format(KVR_LOG_TEXT);
-  return f;
-}
-
 /* kvr_log() end to end: level filter, format switch, one line per call with a fresh timestamp. */
 static void test_kvr_log_writes_lines(void **state) {
   (void)state;
@@ -143,26 +134,6 @@ static void test_kvr_log_writes_lines(void **state) {
                       "and\\nnewline\"}\n");
   assert_null(fgets(line, sizeof line, f));
   fclose(f);
-}
-
-/* The file's whole content (the stream stays open, positioned at its end). */
-static char *stream_text(FILE *f) {
-  fflush(f);
-  long n = ftell(f);
-  assert_true(n >= 0);
-  char *out = malloc((size_t)n + 1);
-  assert_non_null(out);
-  rewind(f);
-  assert_int_equal(fread(out, 1, (size_t)n, f), (size_t)n);
-  out[n] = '\0';
-  return out;
-}
-
-static size_t count_lines(const char *s, const char *needle) {
-  size_t n = 0;
-  for (const char *p = s; (p = strstr(p, needle)) != NULL; p += strlen(needle))
-    n++;
-  return n;
 }
 
 /* Holding without a loop: info lines wait for kvr_log_flush(), in order; a warn line writes what

@@ -8,6 +8,7 @@
 
 #include <cmocka.h>
 
+#include "tests/src/base/log_test_util.h"
 #include "tests/test_util.h"
 
 #include "base/buf.h"
@@ -19,36 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <uv.h>
-
-/* Sends log lines, text, info and above, to a new temporary file. */
-static FILE *log_to_tmpfile(void) {
-  FILE *f = tmpfile();
-  assert_non_null(f);
-  kvr_log_set_stream(f);
-  kvr_log_set_level(KVR_LOG_INFO);
-  kvr_log_set_format(KVR_LOG_TEXT);
-  return f;
-}
-
-/* The file's whole content (the stream stays open, positioned at its end). */
-static char *stream_text(FILE *f) {
-  fflush(f);
-  long n = ftell(f);
-  assert_true(n >= 0);
-  char *out = malloc((size_t)n + 1);
-  assert_non_null(out);
-  rewind(f);
-  assert_int_equal(fread(out, 1, (size_t)n, f), (size_t)n);
-  out[n] = '\0';
-  return out;
-}
-
-static size_t count_lines(const char *s, const char *needle) {
-  size_t n = 0;
-  for (const char *p = s; (p = strstr(p, needle)) != NULL; p += strlen(needle))
-    n++;
-  return n;
-}
 
 static void on_tick(uv_timer_t *t) {
   (void)t;
