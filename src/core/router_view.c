@@ -1067,6 +1067,10 @@ static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t
   return o;
 }
 
+cJSON *kvr_router_view_worker(const kvr_router_t *r, const kvr_worker_t *w) {
+  return worker_json(r, w, kvr_router_now_ns(r) / 1000000u);
+}
+
 cJSON *kvr_router_view_workers(const kvr_router_t *r) {
   cJSON *arr = cJSON_CreateArray();
   uint64_t now = kvr_router_now_ns(r) / 1000000u;

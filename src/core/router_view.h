@@ -19,6 +19,10 @@ void kvr_router_view_metrics(const kvr_router_t *r, kvr_buf_t *out);
 /* The JSON array of GET /admin/workers (one object per worker); the caller owns it. */
 cJSON *kvr_router_view_workers(const kvr_router_t *r);
 
+/* One worker's object of that array (what POST and DELETE /admin/workers answer with); the caller
+ * owns it. */
+cJSON *kvr_router_view_worker(const kvr_router_t *r, const kvr_worker_t *w);
+
 /* The JSON object of GET /admin/policy: the active policy, its effective parameters, the
  * available policies and the routing decisions each has taken; the caller owns it. */
 cJSON *kvr_router_view_policy(const kvr_router_t *r);

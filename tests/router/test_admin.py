@@ -297,6 +297,33 @@ def test_workers_list_add_and_errors():
         assert len(r.workers()) == 3
 
 
+@test(timeout=60)
+def test_worker_cap_4096():
+    """KVR_MAX_WORKERS (4,096) workers in one router (16 endpoints of 256 data-parallel ranks, none
+    listening: the router runs with them DOWN) lists every one, and one more is the 400
+    too_many_workers in OpenAI's shape, counted in kvrouter_workers_refused_total; with one
+    endpoint drained a 256-rank one fits again (issue 35)."""
+    with Cleanup() as c:
+        eps = ["http://127.0.0.1:%d,dp_size=256" % (40000 + i) for i in range(16)]
+        r = c.add(Router(eps, "--scrape-interval-ms", "0", "--connect-timeout-ms", "200"))
+        ws = r.workers()
+        assert len(ws) == 4096 and len({w["id"] for w in ws}) == 4096, len(ws)
+        err = assert_openai_error(admin(r, "POST", "/admin/workers",
+                                        {"url": "http://127.0.0.1:39999"}), 400)
+        assert err["code"] == "too_many_workers" and "4096" in err["message"], err
+        assert h.prom_value(h.parse_prom_samples(r.metrics_text()),
+                            "kvrouter_workers_refused_total") == 1
+        first = [w["id"] for w in ws if w["url"] == "http://127.0.0.1:40000"]
+        assert len(first) == 256, len(first)
+        for wid in first:
+            assert admin(r, "DELETE", "/admin/workers/%d" % wid).status in (200, 202)
+        wait_for(lambda: len(r.workers()) == 3840, 10, "the drained endpoint's ranks gone")
+        resp = admin(r, "POST", "/admin/workers", {"url": "http://127.0.0.1:39999",
+                                                   "dp_size": 256})
+        assert resp.status == 201, (resp, resp.body[:300])
+        assert len(r.workers()) == 4096
+
+
 @test(timeout=20)
 def test_delete_worker_drains_in_flight_stream():
     with Cleanup() as c:

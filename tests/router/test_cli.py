@@ -216,6 +216,26 @@ def test_bad_worker_urls_refused_at_start():
                                                            "\n      ".join(failed))
 
 
+@test(timeout=30)
+def test_worker_list_over_the_cap_refused_at_start():
+    """More than KVR_MAX_WORKERS (4,096) workers, data-parallel ranks counted, is one line and exit
+    2 (17 endpoints of 256 ranks: 4,352), whether from --worker flags or the config file."""
+    eps = ["http://127.0.0.1:%d,dp_size=256" % (40000 + i) for i in range(17)]
+    args = []
+    for e in eps:
+        args += ["--worker", e]
+    rc, out, err = serve(*args, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
+    assert rc == 2, (rc, err[-300:])
+    one_line_error(rc, err, "too many workers", "4096")
+    path = os.path.join(tempfile.mkdtemp(), "fleet.json")
+    with open(path, "w") as f:
+        json.dump({"workers": [{"url": e.split(",")[0], "dp_size": 256} for e in eps]}, f)
+    rc, out, err = serve("--config", path, "--listen", "127.0.0.1:0",
+                         "--admin-listen", "127.0.0.1:0")
+    assert rc == 2, (rc, err[-300:])
+    one_line_error(rc, err, "too many workers", "4096")
+
+
 @test(timeout=15)
 def test_https_worker_accepted_at_start():
     with Cleanup() as c:
