@@ -933,8 +933,14 @@ static void names_json(cJSON *o, const char *key, const char *list) {
   for (const char *p = list; p && *p;) {
     const char *comma = strchr(p, ',');
     size_t len = comma ? (size_t)(comma - p) : strlen(p);
-    char *name = kvr_xcalloc(1, len + 1);
-    memcpy(name, p, len);
+    const char *q = p;
+    size_t n = len;
+    while (n > 0 && *q == ' ') /* as kvr_vllm_lora_list_has reads an item */
+      q++, n--;
+    while (n > 0 && q[n - 1] == ' ')
+      n--;
+    char *name = kvr_xcalloc(1, n + 1);
+    memcpy(name, q, n);
     cJSON_AddItemToArray(arr, cJSON_CreateString(name));
     free(name);
     p = comma ? comma + 1 : p + len;

@@ -125,7 +125,12 @@ bool kvr_vllm_lora_list_has(const char *list, const char *name) {
   for (const char *p = list; p && *p;) {
     const char *comma = strchr(p, ',');
     size_t len = comma ? (size_t)(comma - p) : strlen(p);
-    if (len == n && memcmp(p, name, n) == 0)
+    const char *q = p;
+    while (len > 0 && *q == ' ') /* "a, b" (GIE's protocol example) as vLLM's "a,b" */
+      q++, len--;
+    while (len > 0 && q[len - 1] == ' ')
+      len--;
+    if (len == n && memcmp(q, name, n) == 0)
       return true;
     if (comma == NULL)
       break;

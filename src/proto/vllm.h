@@ -65,7 +65,8 @@ typedef struct kvr_vllm_lora_info_s {
   char waiting[KVR_VLLM_LORA_NAMES_MAX];
 } kvr_vllm_lora_info_t;
 
-/* Whether the ','-joined list names name exactly (a whole item). */
+/* Whether the ','-joined list names name exactly (a whole item; spaces around an item are not part
+ * of it: vLLM writes "a,b", the gateway protocol's example "a, b"). */
 bool kvr_vllm_lora_list_has(const char *list, const char *name);
 
 /* One parsed vLLM /metrics page (kvr_vllm_parse_metrics). */

@@ -729,6 +729,9 @@ static void test_parse_lora_info(void **state) {
   assert_true(kvr_vllm_lora_list_has("sql-lora,chat", "chat"));
   assert_false(kvr_vllm_lora_list_has("sql-lora,chat", ""));
   assert_false(kvr_vllm_lora_list_has("", "chat"));
+  assert_true(kvr_vllm_lora_list_has("sql-lora, chat ", "chat"));
+  assert_true(kvr_vllm_lora_list_has(" sql-lora,chat", "sql-lora"));
+  assert_false(kvr_vllm_lora_list_has("sql-lora, chat", " chat"));
   /* Escaped label values (a name with a quote, a backslash) and labels in another order. */
   const char *esc = "vllm:lora_requests_info{waiting_lora_adapters=\"w\\\\1\","
                     "running_lora_adapters=\"a\\\"b,c\",max_lora=\"4\"} 3\n"
