@@ -766,15 +766,19 @@ static req_t *req_prepare(kvr_loadgen_t *lg, conv_t *cv, uint32_t turn) {
   r->keep_answer = !lg->replay && turn + 1 < cv->conv.nturns && lg->o.api != KVR_API_RESPONSES;
   r->rec.conv = cv->conv.id;
   r->rec.turn = r->turn + 1;
+  if (cv->conv.model != NULL)
+    snprintf(r->rec.model, sizeof(r->rec.model), "%s", cv->conv.model);
   r->rec.ttft_ms = r->rec.tpot_ms = r->rec.transport_ms = -1;
   kvr_openai_sse_init(&r->sse, SIZE_MAX);
   r->capitl = cv->conv.turns[turn].max_tokens > 1 ? cv->conv.turns[turn].max_tokens - 1 : 1;
   r->itls = kvr_xmalloc(r->capitl * sizeof(double));
+  /* a mix's conversation names its part's model; the others send --model */
+  const char *model = cv->conv.model ? cv->conv.model : lg->model;
   if (lg->o.api == KVR_API_RESPONSES)
-    kvr_workload_responses_body(&cv->conv, r->turn, turn > 0 ? cv->prev_id : NULL, lg->model,
+    kvr_workload_responses_body(&cv->conv, r->turn, turn > 0 ? cv->prev_id : NULL, model,
                                 lg->o.ignore_eos, &r->body);
   else
-    kvr_workload_body(&cv->conv, r->turn, (const char *const *)cv->answers, lg->model, lg->o.api,
+    kvr_workload_body(&cv->conv, r->turn, (const char *const *)cv->answers, model, lg->o.api,
                       lg->o.ignore_eos, &r->body);
   if (lg->virt)
     return r; /* the virtual transport takes the body as it is */

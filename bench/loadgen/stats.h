@@ -103,7 +103,8 @@ typedef struct kvr_req_rec_s {
   uint32_t cached_tokens; /* usage.prompt_tokens_details.cached_tokens, 0 if absent */
   bool usage_seen;
   char worker[KVR_WORKER_NAME_MAX]; /* x-kvrouter-worker response header, "" if absent */
-  char error[128];                  /* "" when ok */
+  char model[64];  /* the "model" a mix workload's conversation sent ("" otherwise: --model) */
+  char error[128]; /* "" when ok */
   /* --save-detailed, measured requests only (else NULL); owned by the level once added. */
   double *itl_ms; /* its n_itl ITLs in order, report ms */
   char *text;     /* the text it generated */
@@ -179,6 +180,13 @@ typedef struct kvr_level_s {
   size_t engine_workers; /* workers whose /metrics was read before and after; 0 = unknown */
   uint64_t preemptions;  /* increase of vllm:num_preemptions_total over the level, all workers */
   double kv_usage_peak;  /* highest vllm:kv_cache_usage_perc (0-1) seen on any worker */
+  /* A model fleet in virtual time (bench/vcluster/model_fleet.h; models_seen false: none): the
+   * requests that reached a worker, those it answered vLLM's 404 for a model it does not serve
+   * (the router should send none), and the adapter requests by the adapter's state on the chosen
+   * worker as the decision saw it (none, loaded, running: kvr_adapter_state_t). */
+  bool models_seen;
+  uint64_t models_requests, models_not_served;
+  uint64_t adapter_requests, adapter_state[3];
   /* The router's cache prediction over the level (its admin /metrics in a real run, its counters
    * in virtual time): prompt tokens it predicted cached, and those the workers' usage reported
    * cached, over the requests whose answer carried usage. router_cached_seen false: unknown. */

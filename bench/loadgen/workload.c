@@ -11,6 +11,9 @@
  * kvr_workload_body(), passing the answers it actually streamed back. agentic and hot-prefix build
  * their conversations in agentic_conv() and hot_conv(); agentic takes its own output defaults in
  * apply_kind_defaults() (kvr_workload_new) for every --output-* field left at the global default.
+ * A mix (several models) owns one workload per part, made from the same options with the part's
+ * kind and a seed of its own (mix_new); mix_conv() draws the part of conversation k and asks that
+ * part's workload for its conversation k, naming the part's model in it.
  *
  * Invariants: every random choice comes from a kvr_rng_t seeded by kvr_workload_mix() of the
  * workload seed, the level seed and k, so a conversation never depends on what was generated before
@@ -233,6 +236,9 @@ int kvr_workload_parse_kind(const char *spec, kvr_workload_opts_t *o) {
   } else if (strncmp(spec, "trace:", 6) == 0 && spec[6] != '\0') {
     o->kind = KVR_WL_TRACE;
     o->path = spec + 6;
+  } else if (strncmp(spec, "mix:", 4) == 0 && spec[4] != '\0') {
+    o->kind = KVR_WL_MIX;
+    o->path = spec + 4;
   } else
     return KVR_EINVAL;
   return 0;
@@ -254,6 +260,78 @@ int kvr_workload_parse_window(const char *spec, kvr_workload_opts_t *o) {
   return 0;
 }
 
+/* One part of a mix, "MODEL=KIND@WEIGHT" (len bytes at s), into *p. 0 or -1 with err. */
+static int mix_part(const char *s, size_t len, kvr_wl_mix_part_t *p, char *err, size_t errlen) {
+  char buf[256];
+  if (len >= sizeof(buf)) {
+    snprintf(err, errlen, "workload: mix: part '%.40s...' is too long", s);
+    return -1;
+  }
+  memcpy(buf, s, len);
+  buf[len] = '\0';
+  char *eq = strchr(buf, '='), *at = strrchr(buf, '@');
+  if (eq == NULL || at == NULL || at < eq) {
+    snprintf(err, errlen, "workload: mix: part '%s' is not MODEL=KIND@WEIGHT", buf);
+    return -1;
+  }
+  *eq = *at = '\0';
+  size_t mlen = strlen(buf);
+  if (mlen == 0 || mlen >= sizeof(p->model) || strchr(buf, '@') != NULL) {
+    snprintf(err, errlen, "workload: mix: part '%.200s': the model must be 1-%zu bytes, no '@'", s,
+             sizeof(p->model) - 1);
+    return -1;
+  }
+  kvr_workload_opts_t k;
+  kvr_workload_opts_default(&k);
+  if (kvr_workload_parse_kind(eq + 1, &k) != 0 || k.kind == KVR_WL_FILE || k.kind == KVR_WL_TRACE ||
+      k.kind == KVR_WL_MIX) {
+    snprintf(err, errlen,
+             "workload: mix: part '%s': kind '%s' is not multiturn, documents, control, agentic "
+             "or hot-prefix",
+             buf, eq + 1);
+    return -1;
+  }
+  char *end;
+  double w = strtod(at + 1, &end);
+  if (end == at + 1 || *end != '\0' || !(w > 0) || !isfinite(w)) {
+    snprintf(err, errlen, "workload: mix: part '%s': weight '%s' is not a positive number", buf,
+             at + 1);
+    return -1;
+  }
+  snprintf(p->model, sizeof(p->model), "%s", buf);
+  p->kind = k.kind;
+  p->weight = w;
+  return 0;
+}
+
+int kvr_workload_mix_parse(const char *spec, kvr_wl_mix_part_t parts[KVR_WL_MIX_MAX], size_t *n,
+                           char *err, size_t errlen) {
+  *n = 0;
+  if (spec == NULL || spec[0] == '\0') {
+    snprintf(err, errlen, "workload: mix: needs MODEL=KIND@WEIGHT[,...]");
+    return KVR_EINVAL;
+  }
+  for (const char *s = spec;;) {
+    const char *comma = strchr(s, ',');
+    size_t len = comma ? (size_t)(comma - s) : strlen(s);
+    if (*n == KVR_WL_MIX_MAX) {
+      snprintf(err, errlen, "workload: mix: more than %d parts", KVR_WL_MIX_MAX);
+      return KVR_EINVAL;
+    }
+    if (mix_part(s, len, &parts[*n], err, errlen) != 0)
+      return KVR_EINVAL;
+    for (size_t i = 0; i < *n; i++)
+      if (strcmp(parts[i].model, parts[*n].model) == 0) {
+        snprintf(err, errlen, "workload: mix: model '%s' is named twice", parts[i].model);
+        return KVR_EINVAL;
+      }
+    (*n)++;
+    if (comma == NULL)
+      return 0;
+    s = comma + 1;
+  }
+}
+
 /* ---- the workload ---------------------------------------------------------------------------- */
 
 typedef struct file_conv_s {
@@ -271,7 +349,11 @@ struct kvr_workload_s {
   size_t npool;
   file_conv_t *convs; /* file workloads; owned */
   size_t nconvs;
-  kvr_trace_replay_t *trace; /* trace workloads; owned */
+  kvr_trace_replay_t *trace;               /* trace workloads; owned */
+  kvr_wl_mix_part_t parts[KVR_WL_MIX_MAX]; /* mix: the parts, */
+  kvr_workload_t *subs[KVR_WL_MIX_MAX];    /* each one's workload (owned), */
+  size_t nparts;
+  double wsum; /* and the sum of their weights */
 };
 
 static void file_conv_free(file_conv_t *c) {
@@ -295,6 +377,8 @@ void kvr_workload_free(kvr_workload_t *wl) {
   free(wl->convs);
   free(wl->path);
   kvr_trace_replay_free(wl->trace);
+  for (size_t i = 0; i < wl->nparts; i++)
+    kvr_workload_free(wl->subs[i]);
   free(wl);
 }
 
@@ -602,6 +686,33 @@ static int open_trace(kvr_workload_t *wl, char *err, size_t errlen) {
   return 0;
 }
 
+/* mix: the parts and one workload per part (the options with the part's kind, sessions, and the
+ * seed mixed with the part's index: a text pool of its own). 0 or -1 with err. */
+static int mix_new(kvr_workload_t *wl, char *err, size_t errlen) {
+  if (kvr_workload_mix_parse(wl->opts.path, wl->parts, &wl->nparts, err, errlen) != 0)
+    return -1;
+  for (size_t i = 0; i < wl->nparts; i++) {
+    kvr_workload_opts_t so = wl->opts;
+    so.kind = wl->parts[i].kind;
+    so.path = NULL;
+    so.replay = false;
+    so.seed = kvr_workload_mix(wl->opts.seed, 0x313C000 + i);
+    char e2[256];
+    if ((wl->subs[i] = kvr_workload_new(&so, e2, sizeof(e2))) == NULL) {
+      snprintf(err, errlen, "workload: mix: part '%s': %s", wl->parts[i].model, e2);
+      return -1;
+    }
+    wl->wsum += wl->parts[i].weight;
+  }
+  snprintf(wl->name, sizeof(wl->name), "mix");
+  return 0;
+}
+
+const kvr_wl_mix_part_t *kvr_workload_mix_parts(const kvr_workload_t *wl, size_t *n) {
+  *n = wl->nparts;
+  return wl->nparts ? wl->parts : NULL;
+}
+
 kvr_workload_t *kvr_workload_new(const kvr_workload_opts_t *opts, char *err, size_t errlen) {
   const kvr_workload_opts_t *o = opts;
   if (o->turns < 1 || o->turns > 64 || o->starters < 1 || o->documents < 1 || o->questions < 1 ||
@@ -674,6 +785,14 @@ kvr_workload_t *kvr_workload_new(const kvr_workload_opts_t *opts, char *err, siz
   }
   case KVR_WL_TRACE:
     if (open_trace(wl, err, errlen) != 0) {
+      kvr_workload_free(wl);
+      return NULL;
+    }
+    break;
+  case KVR_WL_MIX:
+    wl->path = kvr_xstrdup(o->path ? o->path : "");
+    wl->opts.path = wl->path;
+    if (mix_new(wl, err, errlen) != 0) {
       kvr_workload_free(wl);
       return NULL;
     }
@@ -810,6 +929,14 @@ void kvr_workload_describe(const kvr_workload_t *wl, kvr_buf_t *out) {
   case KVR_WL_TRACE:
     describe_trace(wl, out);
     break;
+  case KVR_WL_MIX:
+    kvr_buf_printf(out, "mix of %zu models (each its own text pool, sessions):", wl->nparts);
+    for (size_t i = 0; i < wl->nparts; i++) {
+      kvr_buf_printf(out, "%s %s %.1f%% ", i ? ";" : "", wl->parts[i].model,
+                     100 * wl->parts[i].weight / wl->wsum);
+      kvr_workload_describe(wl->subs[i], out);
+    }
+    break;
   }
 }
 
@@ -824,6 +951,7 @@ void kvr_workload_conv_free(kvr_conv_t *c) {
   free(c->prefix_owned);
   memset(c, 0, sizeof(*c));
   c->group = -1;
+  c->part = -1;
 }
 
 static void conv_alloc(kvr_conv_t *c, uint32_t nturns) {
@@ -937,11 +1065,31 @@ static void hot_conv(const kvr_workload_t *wl, kvr_rng_t *r, kvr_conv_t *c) {
   c->turns[0].max_tokens = clip_tokens(o, o->out_mean + o->out_std * kvr_workload_rng_normal(r));
 }
 
+/* mix: conversation k's part, drawn from a stream of the level seed and k alone (the parts'
+ * conversations draw from their own seeds), then that part's conversation k. */
+static void mix_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k, kvr_conv_t *c) {
+  kvr_rng_t r;
+  kvr_workload_rng_seed(&r,
+                        kvr_workload_mix(kvr_workload_mix(wl->opts.seed ^ 0x313C, level_seed), k));
+  double u = kvr_workload_rng_unit(&r) * wl->wsum, acc = 0;
+  size_t i = 0;
+  while (i + 1 < wl->nparts && u >= (acc += wl->parts[i].weight))
+    i++;
+  kvr_workload_conv(wl->subs[i], level_seed, k, c);
+  c->model = wl->parts[i].model;
+  c->part = (int32_t)i;
+}
+
 void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k, kvr_conv_t *c) {
   const kvr_workload_opts_t *o = &wl->opts;
   memset(c, 0, sizeof(*c));
   c->id = k;
   c->group = -1;
+  c->part = -1;
+  if (o->kind == KVR_WL_MIX) {
+    mix_conv(wl, level_seed, k, c);
+    return;
+  }
   if (o->kind == KVR_WL_MULTITURN && o->replay && o->replay_sample && o->replay_dataset > 0) {
     /* A fixed dataset: the conversation depends on the dataset entry only, not on the level. */
     uint32_t turn;
@@ -1019,6 +1167,8 @@ void kvr_workload_conv(const kvr_workload_t *wl, uint64_t level_seed, uint64_t k
     c->raw = true;
     break;
   }
+  case KVR_WL_MIX:
+    break; /* mix_conv above */
   case KVR_WL_FILE: {
     /* Each level walks the file from its own seeded offset: distinct conversations, in file order.
      */

@@ -21,6 +21,13 @@
  *              agentic_max_context tokens (default 100,000, under the sim's max_model_len 131072).
  *   hot-prefix single-turn: a share hot_fraction of the requests carry the one shared hot prefix,
  *              the others a unique prompt of the same length range; each ends in a fresh question.
+ *   mix        several models in one traffic (`mix:SPEC`, kvr_workload_mix_parse): each part names
+ *              the model its requests send ("model": a base model or a LoRA adapter), one of the
+ *              kinds above (not file or trace) and a weight; conversation k of a level belongs to
+ *              part i with probability weight_i / sum (a draw of its own from the level seed and
+ *              k), and is that part's own conversation k: each part has its own text pool (its
+ *              seed is the workload's mixed with the part's index), so models share no prefix.
+ *              Sent as sessions (multiturn parts never replay).
  *   trace      a prefix-hashed trace file (trace_replay.h): conversation k is the k-th request a
  *              level sends, single-turn, its prompt synthesised from its hash ids so that requests
  *              share exactly the blocks their id lists share, its max_tokens the trace's output
@@ -84,6 +91,7 @@ typedef enum {
   KVR_WL_AGENTIC,
   KVR_WL_HOT_PREFIX,
   KVR_WL_TRACE,
+  KVR_WL_MIX,
 } kvr_workload_kind_t;
 
 /* agentic: output tokens per turn when no --output-* flag moved the global default (normal(120,
@@ -98,7 +106,7 @@ typedef enum {
 
 typedef struct kvr_workload_opts_s {
   kvr_workload_kind_t kind;
-  const char *path;           /* KVR_WL_FILE: the file (copied) */
+  const char *path;           /* KVR_WL_FILE: the file (copied); KVR_WL_MIX: the spec (copied) */
   uint64_t seed;              /* text pool seed */
   unsigned turns;             /* multiturn: turns per conversation (5) */
   unsigned starters;          /* multiturn, agentic: shared starters / system prompts (10) */
@@ -153,9 +161,31 @@ typedef struct kvr_workload_opts_s {
 void kvr_workload_opts_default(kvr_workload_opts_t *opts);
 
 /* Parses "multiturn", "documents", "control", "agentic", "hot-prefix", "file:PATH",
- * "sharegpt:PATH" (a file with sharegpt_vllm) or "trace:PATH" into opts->kind/opts->path (path
- * points into spec). Returns 0 or KVR_EINVAL. */
+ * "sharegpt:PATH" (a file with sharegpt_vllm), "trace:PATH" or "mix:SPEC" into
+ * opts->kind/opts->path (path points into spec; a mix's SPEC is checked by kvr_workload_new).
+ * Returns 0 or KVR_EINVAL. */
 int kvr_workload_parse_kind(const char *spec, kvr_workload_opts_t *opts);
+
+typedef struct kvr_workload_s kvr_workload_t;
+
+/* A mix's parts: SPEC is MODEL=KIND@WEIGHT[,MODEL=KIND@WEIGHT...], e.g.
+ * "model-a=multiturn@0.45,b-sql=documents@0.1": MODEL the "model" its requests send (1..127
+ * bytes, none of ",=@"), KIND multiturn, documents, control, agentic or hot-prefix, WEIGHT a
+ * positive number (the parts' weights are relative). At most KVR_WL_MIX_MAX parts, a model once. */
+#define KVR_WL_MIX_MAX 16
+typedef struct kvr_wl_mix_part_s {
+  char model[128];
+  kvr_workload_kind_t kind;
+  double weight;
+} kvr_wl_mix_part_t;
+
+/* Parses a mix's SPEC into parts[0..*n). Returns 0, or KVR_EINVAL with a one-line reason in err
+ * naming the part. */
+int kvr_workload_mix_parse(const char *spec, kvr_wl_mix_part_t parts[KVR_WL_MIX_MAX], size_t *n,
+                           char *err, size_t errlen);
+
+/* A mix workload's parts (NULL and *n 0 for other kinds). */
+const kvr_wl_mix_part_t *kvr_workload_mix_parts(const kvr_workload_t *wl, size_t *n);
 
 /* Parses "replay" or "session" into opts->replay. Returns 0 or KVR_EINVAL. */
 int kvr_workload_parse_mode(const char *spec, kvr_workload_opts_t *opts);
@@ -190,9 +220,10 @@ typedef struct kvr_conv_s {
   int32_t group; /* starter/document/hot prefix index shared with other conversations, -1 if none */
   bool raw;      /* trace: the one turn is the whole prompt: completions send it as it is, without
                   * the "User: ... Assistant:" frame */
+  const char *model; /* mix: the part's model, borrowed from the workload (its requests' "model");
+                      * NULL: the run's --model */
+  int32_t part;      /* mix: the part's index, -1 for other kinds */
 } kvr_conv_t;
-
-typedef struct kvr_workload_s kvr_workload_t;
 
 /* Creates a workload: generates the shared text pool or loads the file. Returns NULL and writes a
  * one-line reason into err on failure (bad option, unreadable or malformed file). */

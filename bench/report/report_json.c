@@ -472,6 +472,16 @@ static void verdict_keys(cJSON *k, const kvr_run_t *run, const kvr_level_t *lv) 
     cJSON_AddNullToObject(k, "kv_cache_usage_peak");
   }
   cJSON_AddNumberToObject(k, "engine_metrics_workers", (double)lv->engine_workers);
+  /* A model fleet (virtual time): 404s for a model the worker does not serve, adapter placement */
+  if (lv->models_seen) {
+    cJSON *mf = cJSON_AddObjectToObject(k, "model_fleet");
+    cJSON_AddNumberToObject(mf, "requests", (double)lv->models_requests);
+    cJSON_AddNumberToObject(mf, "not_served_404", (double)lv->models_not_served);
+    cJSON_AddNumberToObject(mf, "adapter_requests", (double)lv->adapter_requests);
+    cJSON_AddNumberToObject(mf, "adapter_running", (double)lv->adapter_state[2]);
+    cJSON_AddNumberToObject(mf, "adapter_loaded", (double)lv->adapter_state[1]);
+    cJSON_AddNumberToObject(mf, "adapter_none", (double)lv->adapter_state[0]);
+  }
   /* The router's predicted against the workers' reported cached prompt tokens (null: unknown).
    * gap = (predicted - reported) / reported. */
   if (lv->router_cached_seen) {
@@ -570,6 +580,10 @@ void kvr_report_jsonl(const kvr_run_t *run, const kvr_level_t *lv, kvr_buf_t *ou
         r->e2e_ms, r->n_itl, r->itl_mean_ms, r->itl_max_ms, r->output_tokens, r->chunks,
         r->prompt_tokens, r->cached_tokens, r->usage_seen ? "true" : "false");
     kvr_buf_json_str(out, r->worker, strlen(r->worker));
+    if (r->model[0] != '\0') { /* a mix workload's model */
+      kvr_buf_puts(out, ",\"model\":");
+      kvr_buf_json_str(out, r->model, strlen(r->model));
+    }
     kvr_buf_puts(out, ",\"error\":");
     kvr_buf_json_str(out, r->error, strlen(r->error));
     kvr_buf_puts(out, "}\n");

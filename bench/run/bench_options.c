@@ -35,7 +35,7 @@ static int set_workload(const kvr_cli_opt_t *o, void *base, const char *text, un
     return 0;
   snprintf(err, errlen,
            "'%s' is not one of multiturn, documents, control, agentic, hot-prefix, file:PATH, "
-           "sharegpt:PATH, trace:FILE",
+           "sharegpt:PATH, trace:FILE, mix:SPEC",
            text);
   return KVR_EINVAL;
 }
@@ -49,10 +49,10 @@ static int set_params(const kvr_cli_opt_t *o, void *base, const char *text, unsi
 
 static void show_workload(const kvr_cli_opt_t *o, const void *base, char *buf, size_t len) {
   static const char *const kinds[] = {
-      "multiturn", "documents", "control", "file:", "agentic", "hot-prefix", "trace:"};
+      "multiturn", "documents", "control", "file:", "agentic", "hot-prefix", "trace:", "mix:"};
   const kvr_workload_opts_t *wl = &((const kvr_runner_opts_t *)base)->wl;
   (void)o;
-  bool path = wl->kind == KVR_WL_FILE || wl->kind == KVR_WL_TRACE;
+  bool path = wl->kind == KVR_WL_FILE || wl->kind == KVR_WL_TRACE || wl->kind == KVR_WL_MIX;
   snprintf(buf, len, "%s%s", wl->sharegpt_vllm ? "sharegpt:" : kinds[wl->kind],
            path && wl->path ? wl->path : "");
 }
@@ -108,7 +108,8 @@ static const kvr_cli_opt_t options[] = {
          "multiturn | documents | control | agentic | hot-prefix | file:PATH | sharegpt:PATH (a "
          "ShareGPT file sampled as vllm bench serve does: the first message of each entry, "
          "single-turn) | trace:FILE (a prefix-hashed trace: timestamp, input_length, "
-         "output_length, hash_ids per line)"},
+         "output_length, hash_ids per line) | mix:MODEL=KIND@WEIGHT[,...] (several models: each "
+         "conversation sends its part's model, each part its own text pool, as sessions)"},
     {KVR_CLI_UINT, "trace-block-tokens", F(wl.trace_block_tokens), .arg = "N",
      KVR_CLI_RANGE(16, 1 << 20),
      .help = "trace: the tokens one hash id stands for (the format's 512)"},
@@ -256,6 +257,12 @@ static const kvr_cli_opt_t options[] = {
      KVR_CLI_ARRAY(kvr_runner_opts_t, vc.worker_blocks, vc.nworker_blocks), .arg = "LIST",
      .elem = KVR_CLI_UINT, KVR_CLI_RANGE(1, 1 << 30),
      .help = "virtual: KV blocks of each worker (one per worker: a mixed fleet)"},
+    {KVR_CLI_STR, "model-fleet", F(vc.model_fleet), .arg = "SPEC",
+     .help =
+         "virtual: workers serving given models, N*MODEL[:ADAPTER+...][@dp] groups joined by "
+         "';' (bench/vcluster/README.md): each worker's GET /v1/models and LoRA state reach the "
+         "router; a request for a model a worker does not serve is vLLM's 404 there; the "
+         "fleet's size replaces --workers"},
     {KVR_CLI_DOUBLE, "net-ms", F(vc.net_ms), .arg = "MS", KVR_CLI_RANGE(0, 1e4),
      .help = "virtual: one-way network delay per hop (client-router, router-worker)"},
     {KVR_CLI_DOUBLE, "router-ms", F(vc.router_ms), .arg = "MS", KVR_CLI_RANGE(0, 1e4),

@@ -21,6 +21,7 @@
 #include "bench/report/report.h"
 #include "bench/sim/sim_preset.h"
 #include "bench/vcluster/fleet.h"
+#include "bench/vcluster/model_fleet.h"
 #include "bench/vcluster/vcluster.h"
 #include "policies/policy.h"
 
@@ -77,6 +78,18 @@ const kvr_study_scenario_t kvr_study_scenarios[] = {
      "agentic", .warmup_s = 120, .num_prompts = 300, .turns_min = 5, .turns_max = 15,
      .tool_min = 250, .tool_max = 1250, .max_context = 12700, .responses = true,
      .no_response_affinity = true},
+    /* Issue 35: the fleet of KVR_MFLEET_STUDY (model_fleet.h) and traffic for each of its models
+     * in proportion to the workers serving it (model-a 10 of 16 workers, 60%; model-b and its
+     * adapters 6, 40%), each model with a prefix structure of its own: model-a's chat sessions,
+     * model-b's documents, and per adapter a task of its own (a shared SQL schema prompt, chat
+     * sessions, code files asked about, one-off maths questions). */
+    {"model-fleet",
+     "16 workers: model-a on 6 and on a 4-rank DP endpoint, model-b on 6 with four LoRA adapters "
+     "(each listed on 3, two per worker); 60% model-a multiturn sessions, 20% model-b documents, "
+     "5% each b-sql hot-prefix, b-chat multiturn, b-code documents, b-math control",
+     "mix:model-a=multiturn@0.6,model-b=documents@0.2,b-sql=hot-prefix@0.05,"
+     "b-chat=multiturn@0.05,b-code=documents@0.05,b-math=control@0.05",
+     .warmup_s = 120, .model_fleet = KVR_MFLEET_STUDY},
     /* The trace's arrivals are its own, scaled to the level's rate (no jitter): the seed moves only
      * the synthesised text, hence the router's block hashes and so the policies' tie-breaks. */
     {"trace",
@@ -156,6 +169,8 @@ static void scenario_opts(const kvr_study_cell_t *c, kvr_runner_opts_t *o) {
     o->lg.api = KVR_API_RESPONSES;
   if (sc->no_response_affinity)
     o->vc.no_response_affinity = true;
+  if (sc->model_fleet)
+    o->vc.model_fleet = sc->model_fleet;
 }
 
 void kvr_study_cell_opts(const kvr_study_cell_t *c, kvr_runner_opts_t *o) {
@@ -242,6 +257,8 @@ static void scenario_words(const kvr_study_cell_t *c, kvr_study_words_t *w) {
     word2(w, "--api", "responses");
   if (sc->no_response_affinity)
     word(w, "--no-response-affinity");
+  if (sc->model_fleet)
+    word2(w, "--model-fleet", sc->model_fleet);
 }
 
 void kvr_study_cell_words(const kvr_study_cell_t *c, kvr_study_words_t *w) {

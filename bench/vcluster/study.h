@@ -58,14 +58,17 @@ typedef struct kvr_study_scenario_s {
   unsigned turns_min, turns_max, tool_min, tool_max, max_context;
   bool responses;            /* --api responses: turns chained by previous_response_id */
   bool no_response_affinity; /* --no-response-affinity: a router that does not pin them */
+  const char *model_fleet;   /* --model-fleet: workers serving given models (model_fleet.h) */
 } kvr_study_scenario_t;
 
 /* The built-in scenarios, NULL-name-terminated: multiturn, documents, control, agentic, hot-prefix,
  * bursty (multiturn at burstiness 0.3), mixed-fleet (documents with one worker at half the KV),
  * agentic-responses (agentic sessions on the Responses API, each turn chained to the previous
  * answer's id, the router pinning it as kvrouter serve does) and agentic-responses-no-id-affinity
- * (the same traffic through a router that does not), then the trace scenarios: trace (max
- * SLO-compliant rate) and trace-fleet (workers needed at the trace's own rate). */
+ * (the same traffic through a router that does not), model-fleet (16 workers serving two base
+ * models, one with four LoRA adapters, and a 4-rank DP endpoint, under a mix of their traffic),
+ * then the trace scenarios: trace (max SLO-compliant rate) and trace-fleet (workers needed at the
+ * trace's own rate). */
 extern const kvr_study_scenario_t kvr_study_scenarios[];
 const kvr_study_scenario_t *kvr_study_scenario(const char *name);
 

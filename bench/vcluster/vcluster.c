@@ -38,8 +38,16 @@
  *   STEP        the last token: the response is finished and stored in the worker's store
  *               (responses_store: the object and its prompt's messages, the next turn's history)
  *   With opts.no_response_affinity the router neither learns nor looks up ids.
+ *
+ * A model fleet (opts.model_fleet, model_fleet.h): at build() each worker's GET /v1/models answer
+ * (kvr_mfleet_models_json) is parsed as scrape.c parses it and given to kvr_router_on_models, so
+ * the router's eligibility is what it would be in front of those vLLM servers; WORKER_IN checks
+ * the request's model as vLLM does (kvr_sim_server_parse_completion_in with the worker's names
+ * and adapters: another name is its 404, counted in mstats.not_served); ROUTER_IN counts each
+ * adapter request by the adapter's state on the chosen worker as the decision saw it.
  */
 #include "vcluster.h"
+#include "model_fleet.h"
 
 #include "base/kvr.h"
 #include "bench/sim/kv_events.h"
@@ -160,6 +168,9 @@ struct kvr_vcluster_s {
   double kv_peak;
   uint64_t pred_base, rep_base; /* the router's cached-token counters at the level's start */
   uint64_t resp_ids;            /* Responses: ids made so far (never reset: unique in the run) */
+  kvr_mfleet_t fleet;           /* opts.model_fleet parsed (fleet.n 0: none) */
+  char *fleet_spec;             /* owned copy of opts.model_fleet */
+  kvr_vcluster_mstats_t mstats;
 };
 
 void kvr_vcluster_opts_default(kvr_vcluster_opts_t *o) {
@@ -288,8 +299,11 @@ static void client_error(kvr_vcluster_t *vc, vreq_t *q, int status) {
  * assistant item last is continued), the context check and max_tokens. With resp != NULL, the
  * response object too (id: its id), owning the prompt's messages. 0 or vLLM's status; the
  * caller frees p->prompt either way. */
-static int parse_responses(const kvr_vcluster_t *vc, cJSON *body, const kvr_sim_rstore_t *store,
-                           kvr_sim_completion_t *p, const char *id, kvr_sim_resp_t **resp) {
+static bool serves(const kvr_vcluster_t *vc, int wi, const char *model);
+
+static int parse_responses(const kvr_vcluster_t *vc, int wi, cJSON *body,
+                           const kvr_sim_rstore_t *store, kvr_sim_completion_t *p, const char *id,
+                           kvr_sim_resp_t **resp) {
   kvr_sim_err_t e;
   kvr_sim_resp_req_t rq;
   cJSON *messages = NULL;
@@ -297,7 +311,7 @@ static int parse_responses(const kvr_vcluster_t *vc, cJSON *body, const kvr_sim_
   int rc = kvr_sim_responses_read(body, &rq, &e);
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(body, "model");
   if (rc == 0 && model != NULL && !cJSON_IsNull(model))
-    rc = !cJSON_IsString(model) ? 400 : strcmp(model->valuestring, vc->model) != 0 ? 404 : 0;
+    rc = !cJSON_IsString(model) ? 400 : !serves(vc, wi, model->valuestring) ? 404 : 0;
   const kvr_sim_stored_t *prev = NULL;
   if (rc == 0 && rq.previous_response_id != NULL &&
       (store == NULL || (prev = kvr_sim_rstore_get(store, rq.previous_response_id)) == NULL))
@@ -335,27 +349,65 @@ static int parse_responses(const kvr_vcluster_t *vc, cJSON *body, const kvr_sim_
   return 0;
 }
 
-/* The body as the worker reads it (sim_server.c's read_completion, or for the Responses API
- * parse_responses with the worker's store; store NULL: a worker holding no response): 0, or
- * vLLM's status (400, 404). The caller frees p->prompt either way. */
-static int parse_body_at(const kvr_vcluster_t *vc, const vreq_t *q, const kvr_sim_rstore_t *store,
-                         kvr_sim_completion_t *p, const char *id, kvr_sim_resp_t **resp) {
+/* Whether worker wi answers a request naming model (wi < 0: some worker of the fleet does):
+ * without a model fleet, the one served name (absent or empty: the base, as vLLM). */
+static bool serves(const kvr_vcluster_t *vc, int wi, const char *model) {
+  int32_t lora;
+  if (vc->fleet.n == 0)
+    return model == NULL || model[0] == '\0' || strcmp(model, vc->model) == 0;
+  if (wi >= 0)
+    return kvr_mfleet_serves(&vc->fleet.w[wi], model, &lora);
+  return model == NULL || model[0] == '\0' || kvr_mfleet_count(&vc->fleet, model) > 0;
+}
+
+/* The worker of the fleet that reads a body for wi < 0 (the oracle, precise mode's /tokenize):
+ * the first serving its model, else 0. */
+static int reader(const kvr_vcluster_t *vc, const cJSON *body) {
+  const cJSON *m = cJSON_GetObjectItemCaseSensitive(body, "model");
+  for (size_t i = 0; i < vc->fleet.n; i++)
+    if (serves(vc, (int)i, cJSON_IsString(m) ? m->valuestring : NULL))
+      return (int)i;
+  return 0;
+}
+
+/* A completion body as worker wi reads it: sim_server.c's read_completion with the names it
+ * answers to (a model fleet: its base and adapters, kvr_sim_server_parse_completion_in). */
+static int parse_completion(const kvr_vcluster_t *vc, int wi, const cJSON *body,
+                            kvr_sim_completion_t *p) {
   char err[256];
+  if (vc->fleet.n == 0)
+    return kvr_sim_server_parse_completion(body, vc->o.chat, vc->model, vc->o.engine.max_model_len,
+                                           p, err, sizeof(err));
+  const kvr_mfleet_worker_t *w = &vc->fleet.w[wi < 0 ? reader(vc, body) : wi];
+  const char *names[1] = {w->model};
+  kvr_sim_models_t models = {
+      .names = names, .nnames = 1, .loras = w->adapter_ptrs, .nloras = w->nadapters};
+  kvr_sim_err_t e;
+  return kvr_sim_server_parse_completion_in(body, vc->o.chat, &models, vc->o.engine.max_model_len,
+                                            p, &e);
+}
+
+/* The body as worker wi reads it (wi < 0: a worker serving its model; sim_server.c's
+ * read_completion, or for the Responses API parse_responses with the worker's store; store NULL:
+ * a worker holding no response): 0, or vLLM's status (400, 404). The caller frees p->prompt
+ * either way. */
+static int parse_body_at(const kvr_vcluster_t *vc, const vreq_t *q, int wi,
+                         const kvr_sim_rstore_t *store, kvr_sim_completion_t *p, const char *id,
+                         kvr_sim_resp_t **resp) {
   cJSON *body = cJSON_ParseWithLength(q->body, q->len);
   int status = 400;
   if (body == NULL)
     memset(p, 0, sizeof(*p));
   else if (vc->o.responses)
-    status = parse_responses(vc, body, store, p, id, resp);
+    status = parse_responses(vc, wi, body, store, p, id, resp);
   else
-    status = kvr_sim_server_parse_completion(body, vc->o.chat, vc->model,
-                                             vc->o.engine.max_model_len, p, err, sizeof(err));
+    status = parse_completion(vc, wi, body, p);
   cJSON_Delete(body);
   return status;
 }
 
 static int parse_body(const kvr_vcluster_t *vc, const vreq_t *q, kvr_sim_completion_t *p) {
-  return parse_body_at(vc, q, NULL, p, NULL, NULL);
+  return parse_body_at(vc, q, -1, NULL, p, NULL, NULL);
 }
 
 /* The oracle: kv_aware's choice made on the engines' true state instead of the router's estimates.
@@ -419,16 +471,23 @@ static uint64_t *tokenize(kvr_vcluster_t *vc, const vreq_t *q, kvr_route_req_t *
   cJSON *body = cJSON_ParseWithLength(q->body, q->len);
   kvr_sim_completion_t p;
   memset(&p, 0, sizeof(p));
-  char err[256];
   uint64_t *chain = NULL;
-  if (body != NULL &&
-      kvr_sim_server_parse_completion(body, vc->o.chat, vc->model, vc->o.engine.max_model_len, &p,
-                                      err, sizeof(err)) == 0) {
+  if (body != NULL && parse_completion(vc, -1, body, &p) == 0)
     chain = kvr_tokenize_route_req(p.prompt.v, p.prompt.n, vc->o.engine.block_size, rreq);
-  }
   kvr_sim_toks_free(&p.prompt);
   cJSON_Delete(body);
   return chain;
+}
+
+/* Whether model names a LoRA adapter some worker of the fleet lists. */
+static bool is_adapter(const kvr_vcluster_t *vc, const char *model) {
+  int32_t lora;
+  if (model == NULL)
+    return false;
+  for (size_t i = 0; i < vc->fleet.n; i++)
+    if (kvr_mfleet_serves(&vc->fleet.w[i], model, &lora) && lora >= 0)
+      return true;
+  return false;
 }
 
 /* The request reached the router: what proxy.c's on_proxied and attempt() do. */
@@ -449,6 +508,11 @@ static void router_in(kvr_vcluster_t *vc, vreq_t *q) {
     return;
   }
   q->has_prompt = true;
+  /* proxy.c's model check: a name no worker lists is vLLM's 404 from the router itself */
+  if (vc->fleet.n > 0 && kvr_router_model_unknown(r, q->prompt.model)) {
+    client_error(vc, q, 404);
+    return;
+  }
   /* proxy.c's pin_response and attempt(): the worker that stored the named response, before and
    * instead of any policy (the oracle too); dispatched with no matched blocks. */
   const char *prev = q->prompt.previous_response_id;
@@ -466,7 +530,9 @@ static void router_in(kvr_vcluster_t *vc, vreq_t *q) {
   /* precise mode tokenizes chat and completions only, as proxy.c does */
   uint64_t *chain = vc->o.kv_events && !vc->o.responses ? tokenize(vc, q, &rreq) : NULL;
   kvr_decision_t d;
-  int slot = kvr_router_decide(r, &rreq, 0, vc->oracle == NULL, &d);
+  /* proxy.c's attempt(): never a worker that does not serve the request's model */
+  kvr_router_avoid_t avoid = {.model = q->prompt.model};
+  int slot = kvr_router_decide(r, &rreq, &avoid, vc->oracle == NULL, &d);
   free(chain);
   if (vc->oracle != NULL && slot >= 0) {
     /* A body no engine would take keeps the router's pick: that worker answers its 400. */
@@ -478,6 +544,11 @@ static void router_in(kvr_vcluster_t *vc, vreq_t *q) {
     return;
   }
   q->slot = slot;
+  if (vc->fleet.n > 0 && is_adapter(vc, q->prompt.model)) {
+    vc->mstats.adapter_requests++;
+    vc->mstats
+        .adapter_state[d.snaps[slot].adapter <= KVR_ADAPTER_RUNNING ? d.snaps[slot].adapter : 0]++;
+  }
   kvr_router_on_dispatch(r, slot, q->prompt.prompt_tokens, d.snaps[slot].matched_blocks, &q->acct);
   /* the /tokenize round trip (precise mode, chat and completions) */
   double tok_s = vc->o.kv_events && !vc->o.responses ? vc->o.tokenize_ms * 1e-3 : 0;
@@ -503,7 +574,11 @@ static void worker_in(kvr_vcluster_t *vc, vreq_t *q) {
   if (vc->o.responses) /* sim_server.c's random_hex: "resp_" + 16 hex, unique in the run */
     snprintf(q->resp_id, sizeof(q->resp_id), "resp_%016llx",
              (unsigned long long)kvr_sim_tokens_mix(vc->o.seed ^ ++vc->resp_ids));
-  int status = parse_body_at(vc, q, w->store, &p, q->resp_id, vc->o.responses ? &q->resp : NULL);
+  int status =
+      parse_body_at(vc, q, q->slot, w->store, &p, q->resp_id, vc->o.responses ? &q->resp : NULL);
+  vc->mstats.requests++;
+  if (status == 404 && vc->fleet.n > 0)
+    vc->mstats.not_served++; /* what the router should never do: count it */
   if (status == 0) {
     kvr_sim_answer_t a;
     kvr_sim_server_answer(&p, (uint64_t)q->slot, vc->o.output_len_mean, &a);
@@ -916,6 +991,26 @@ void kvr_vcluster_transport(kvr_vcluster_t *vc, kvr_loadgen_vt_t *out) {
 
 /* ---- lifecycle and operations ---------------------------------------------------------------- */
 
+/* A model fleet: each worker's GET /v1/models, as scrape.c's probe reads it when the worker is
+ * added (kvr_vllm_parse_model_list, kvr_router_on_models). 0 or -1 with err. */
+static int feed_models(kvr_vcluster_t *vc, char *err, size_t errlen) {
+  kvr_buf_t b = KVR_BUF_INIT;
+  int rc = 0;
+  for (size_t i = 0; i < vc->fleet.n && rc == 0; i++) {
+    kvr_mfleet_models_json(&vc->fleet, i, vc->o.engine.max_model_len,
+                           (long long)(vc->now / 1000000000u), &b);
+    kvr_vllm_models_t m;
+    if (kvr_vllm_parse_model_list(b.data, b.len, &m) != 0 ||
+        kvr_router_on_models(vc->router, vc->router->slots[i]->id, &m) != 0) {
+      snprintf(err, errlen, "worker %zu: its model list was not taken", i);
+      rc = -1;
+    }
+    kvr_vllm_models_free(&m);
+  }
+  kvr_buf_free(&b);
+  return rc;
+}
+
 /* Makes the router and the engines from vc->cfg and vc->o, as at start, and schedules the scrape
  * and flush loops from now. Returns 0, or -1 with err. */
 static int build(kvr_vcluster_t *vc, char *err, size_t errlen) {
@@ -938,6 +1033,8 @@ static int build(kvr_vcluster_t *vc, char *err, size_t errlen) {
       return -1;
     }
   }
+  if (vc->fleet.n > 0 && feed_models(vc, err, errlen) != 0)
+    return -1;
   if (o->kv_events) {
     /* every engine's history is known from its start: precise from the first request */
     for (size_t i = 0; i < o->workers; i++) {
@@ -965,11 +1062,37 @@ static int make_config(kvr_vcluster_t *vc, char *err, size_t errlen) {
   free(vc->cfg.policy);
   vc->cfg.policy = kvr_xstrdup("kv_aware"); /* serve's default */
   for (size_t i = 0; i < o->workers; i++) {
-    char url[64];
-    snprintf(url, sizeof(url), "http://127.0.0.1:%zu", 9001 + i);
-    if (kvr_config_add_worker(&vc->cfg, url, err, errlen) != 0)
+    char url[96];
+    if (vc->fleet.n == 0) {
+      snprintf(url, sizeof(url), "http://127.0.0.1:%zu", 9001 + i);
+    } else {
+      /* a model fleet: one URL per endpoint; a DP endpoint's ranks are its dp_size workers, in
+       * rank order, as `kvrouter serve --worker URL,dp_size=N` makes them */
+      const kvr_mfleet_worker_t *w = &vc->fleet.w[i];
+      if (w->dp_rank > 0)
+        continue;
+      snprintf(url, sizeof(url), "http://127.0.0.1:%d", 9001 + w->endpoint);
+      if (w->dp_size > 1)
+        snprintf(url + strlen(url), sizeof(url) - strlen(url), ",dp_size=%u", w->dp_size);
+    }
+    if (kvr_config_add_worker_spec(&vc->cfg, url, err, errlen) != 0)
       return -1;
   }
+  return 0;
+}
+
+/* opts.model_fleet: parsed, its size the cluster's. 0 or -1 with err. */
+static int use_fleet(kvr_vcluster_t *vc, char *err, size_t errlen) {
+  if (kvr_mfleet_parse(vc->o.model_fleet, KVR_MAX_WORKERS, &vc->fleet, err, errlen) != 0)
+    return -1;
+  if (vc->o.nworker_blocks != 0 && vc->o.nworker_blocks != vc->fleet.n) {
+    snprintf(err, errlen, "--worker-blocks: %zu values for the model fleet's %zu workers",
+             vc->o.nworker_blocks, vc->fleet.n);
+    return -1;
+  }
+  vc->fleet_spec = kvr_xstrdup(vc->o.model_fleet);
+  vc->o.model_fleet = vc->fleet_spec;
+  vc->o.workers = vc->fleet.n;
   return 0;
 }
 
@@ -994,6 +1117,8 @@ kvr_vcluster_t *kvr_vcluster_new(const kvr_vcluster_opts_t *o, char *err, size_t
   vc->o = *o;
   vc->model = kvr_xstrdup(o->model ? o->model : "default");
   vc->o.model = vc->model;
+  if (o->model_fleet != NULL && use_fleet(vc, err, errlen) != 0)
+    goto fail;
   if (make_config(vc, err, errlen) != 0 || build(vc, err, errlen) != 0)
     goto fail;
   return vc;
@@ -1026,6 +1151,8 @@ void kvr_vcluster_free(kvr_vcluster_t *vc) {
   free(vc->policy);
   cJSON_Delete(vc->params);
   free(vc->model);
+  kvr_mfleet_free(&vc->fleet);
+  free(vc->fleet_spec);
   free(vc);
 }
 
@@ -1090,6 +1217,10 @@ int kvr_vcluster_set_workers(kvr_vcluster_t *vc, size_t workers, char *err, size
   }
   if (vc->o.nworker_blocks != 0 && workers != vc->o.workers) {
     snprintf(err, errlen, "a mixed fleet (--worker-blocks) keeps its %zu workers", vc->o.workers);
+    return KVR_EINVAL;
+  }
+  if (vc->fleet.n != 0 && workers != vc->o.workers) {
+    snprintf(err, errlen, "a model fleet (--model-fleet) keeps its %zu workers", vc->o.workers);
     return KVR_EINVAL;
   }
   vc->resize = workers;
@@ -1187,6 +1318,11 @@ void kvr_vcluster_level_begin(kvr_vcluster_t *vc) {
   }
   vc->kv_peak = 0;
   router_cached(vc, &vc->pred_base, &vc->rep_base);
+  memset(&vc->mstats, 0, sizeof(vc->mstats));
+}
+
+void kvr_vcluster_mstats(const kvr_vcluster_t *vc, kvr_vcluster_mstats_t *out) {
+  *out = vc->mstats;
 }
 
 void kvr_vcluster_level_end(kvr_vcluster_t *vc, kvr_level_t *lv) {
@@ -1206,6 +1342,14 @@ void kvr_vcluster_level_end(kvr_vcluster_t *vc, kvr_level_t *lv) {
   lv->router_cached_seen = true;
   lv->router_predicted_cached = pred - vc->pred_base;
   lv->router_reported_cached = rep - vc->rep_base;
+  if (vc->fleet.n > 0) {
+    lv->models_seen = true;
+    lv->models_requests = vc->mstats.requests;
+    lv->models_not_served = vc->mstats.not_served;
+    lv->adapter_requests = vc->mstats.adapter_requests;
+    for (size_t i = 0; i < 3; i++)
+      lv->adapter_state[i] = vc->mstats.adapter_state[i];
+  }
 }
 
 const char *kvr_vcluster_policy(const kvr_vcluster_t *vc) {

@@ -84,7 +84,22 @@ typedef struct kvr_vcluster_opts_s {
   double flush_every_s;
   /* The oracle weighs a worker's predicted TTFT and decode step against these (the run's SLO). */
   double slo_ttft_s, slo_tpot_s;
+  /* Workers serving given models (bench/vcluster/model_fleet.h's spec, NULL: every worker serves
+   * `model`): the fleet's size replaces `workers`; each worker's GET /v1/models (base, adapters)
+   * reaches the router through kvr_router_on_models as scrape.c's probe gives it, its LoRA state
+   * through each scrape's vllm:lora_requests_info; a request naming a model the worker does not
+   * serve is vLLM's 404 there (counted: kvr_vcluster_mstats_t). */
+  const char *model_fleet;
 } kvr_vcluster_opts_t;
+
+/* What a model fleet's requests met, from the cluster's start or kvr_vcluster_level_begin. */
+typedef struct kvr_vcluster_mstats_s {
+  uint64_t requests;         /* requests that reached a worker */
+  uint64_t not_served;       /* of which named a model the worker does not serve: vLLM's 404 */
+  uint64_t adapter_requests; /* requests naming a LoRA adapter the router dispatched */
+  uint64_t adapter_state[3]; /* by the adapter's state on the chosen worker as the decision saw it
+                              * (kvr_adapter_state_t: none, loaded, running) */
+} kvr_vcluster_mstats_t;
 
 /* Defaults: 4 workers of the sim's default engine, chat, net 0.1 ms, router 0.05 ms, the router
  * defaults of `kvrouter serve` (64-character blocks, scrape every 1 s, stale after 5 s, seed 1),
@@ -132,7 +147,7 @@ int kvr_vcluster_restart(kvr_vcluster_t *vc, char *err, size_t errlen);
  * `kvrouter bench --virtual --size-fleet`): the restart makes that many engines, all of the
  * options' engine, and a router with that many workers; the cluster runs on as it is until then.
  * Returns 0, or KVR_EINVAL with err (out of 1..KVR_MAX_WORKERS, or a mixed fleet, whose
- * --worker-blocks fix its size). */
+ * --worker-blocks fix its size, or a model fleet, whose groups do). */
 int kvr_vcluster_set_workers(kvr_vcluster_t *vc, size_t workers, char *err, size_t errlen);
 
 /* Lets seconds of virtual time pass (the runner's cooldown): whatever is still in flight runs on.
@@ -151,6 +166,9 @@ const char *kvr_vcluster_policy(const kvr_vcluster_t *vc);
 /* The current virtual time, seconds, and how many events have run (for the report). */
 double kvr_vcluster_now(const kvr_vcluster_t *vc);
 uint64_t kvr_vcluster_events(const kvr_vcluster_t *vc);
+
+/* The model fleet's counters since the last kvr_vcluster_level_begin (zeros without a fleet). */
+void kvr_vcluster_mstats(const kvr_vcluster_t *vc, kvr_vcluster_mstats_t *out);
 
 /* One line describing the cluster (workers, KV sizes, delays, scrape, seed) for the report. */
 void kvr_vcluster_describe(const kvr_vcluster_t *vc, kvr_buf_t *out);

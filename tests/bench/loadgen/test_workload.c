@@ -1249,7 +1249,158 @@ static void test_responses_needs_sessions(void **state) {
   kvr_workload_free(new_workload(&o));
 }
 
+/* ---- mix: several models in one traffic ---- */
+
+static void test_mix_parse(void **state) {
+  (void)state;
+  kvr_wl_mix_part_t parts[KVR_WL_MIX_MAX];
+  size_t n = 0;
+  char err[256] = "";
+  assert_int_equal(kvr_workload_mix_parse("model-a=multiturn@0.6,b-sql=hot-prefix@0.05,"
+                                          "b-x=documents@2",
+                                          parts, &n, err, sizeof(err)),
+                   0);
+  assert_int_equal(n, 3);
+  assert_string_equal(parts[0].model, "model-a");
+  assert_int_equal(parts[0].kind, KVR_WL_MULTITURN);
+  assert_true(parts[0].weight == 0.6);
+  assert_int_equal(parts[1].kind, KVR_WL_HOT_PREFIX);
+  assert_int_equal(parts[2].kind, KVR_WL_DOCUMENTS);
+  assert_true(parts[2].weight == 2);
+  /* each refusal names what is wrong */
+  static const struct {
+    const char *spec, *says;
+  } bad[] = {
+      {"", "needs MODEL=KIND@WEIGHT"},
+      {"a=multiturn", "is not MODEL=KIND@WEIGHT"},
+      {"a@1", "is not MODEL=KIND@WEIGHT"},
+      {"=multiturn@1", "the model must be"},
+      {"a=trace:x@1", "is not multiturn, documents"},
+      {"a=file:x@1", "is not multiturn, documents"},
+      {"a=mix:b=control@1@1", "is not multiturn, documents"},
+      {"a=sessions@1", "kind 'sessions'"},
+      {"a=control@0", "weight '0' is not a positive number"},
+      {"a=control@-1", "is not a positive number"},
+      {"a=control@x", "is not a positive number"},
+      {"a=control@inf", "is not a positive number"},
+      {"a=control@1,a=documents@1", "model 'a' is named twice"},
+      {"a=control@1,", "is not MODEL=KIND@WEIGHT"},
+  };
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(bad); i++) {
+    err[0] = '\0';
+    assert_int_equal(kvr_workload_mix_parse(bad[i].spec, parts, &n, err, sizeof(err)), KVR_EINVAL);
+    if (strstr(err, bad[i].says) == NULL)
+      fail_msg("'%s': '%s' does not say '%s'", bad[i].spec, err, bad[i].says);
+  }
+  char many[1024] = "";
+  for (int i = 0; i <= KVR_WL_MIX_MAX; i++)
+    snprintf(many + strlen(many), sizeof(many) - strlen(many), "%sm%d=control@1", i ? "," : "", i);
+  assert_int_equal(kvr_workload_mix_parse(many, parts, &n, err, sizeof(err)), KVR_EINVAL);
+  assert_non_null(strstr(err, "more than 16 parts"));
+  /* the kind's word and the workload's own refusal */
+  kvr_workload_opts_t o;
+  kvr_workload_opts_default(&o);
+  assert_int_equal(kvr_workload_parse_kind("mix:a=control@1", &o), 0);
+  assert_int_equal(o.kind, KVR_WL_MIX);
+  assert_string_equal(o.path, "a=control@1");
+  assert_int_equal(kvr_workload_parse_kind("mix:", &o), KVR_EINVAL);
+  assert_int_equal(kvr_workload_parse_kind("mix:a=control@x", &o), 0);
+  assert_null(kvr_workload_new(&o, err, sizeof(err)));
+  assert_non_null(strstr(err, "weight 'x'"));
+}
+
+static kvr_workload_t *mix_workload(const char *spec) {
+  kvr_workload_opts_t o;
+  kvr_workload_opts_default(&o);
+  assert_int_equal(kvr_workload_parse_kind(spec, &o), 0);
+  o.documents = 20;
+  o.starters = 4;
+  return new_workload(&o);
+}
+
+/* Each conversation names its part's model, the parts come in their weights' proportions, a
+ * conversation is a pure function of (seed, level seed, k), and models share no text. */
+static void test_mix_conversations(void **state) {
+  (void)state;
+  kvr_workload_t *wl = mix_workload("mix:model-a=multiturn@0.6,model-b=documents@0.2,"
+                                    "b-sql=hot-prefix@0.1,b-chat=multiturn@0.1");
+  assert_string_equal(kvr_workload_name(wl), "mix");
+  size_t np = 0;
+  const kvr_wl_mix_part_t *parts = kvr_workload_mix_parts(wl, &np);
+  assert_int_equal(np, 4);
+  assert_string_equal(parts[3].model, "b-chat");
+  size_t count[4] = {0};
+  const size_t N = 4000;
+  for (uint64_t k = 0; k < N; k++) {
+    kvr_conv_t c, d;
+    kvr_workload_conv(wl, 99, k, &c);
+    kvr_workload_conv(wl, 99, k, &d);
+    assert_true(c.part >= 0 && c.part < 4);
+    assert_ptr_equal(c.model, parts[c.part].model);
+    assert_int_equal(c.part, d.part);
+    assert_int_equal(c.nturns, d.nturns);
+    assert_same_prompts(&c, &d);
+    assert_int_equal(c.nturns, parts[c.part].kind == KVR_WL_MULTITURN ? 5 : 1);
+    count[c.part]++;
+    kvr_workload_conv_free(&c);
+    kvr_workload_conv_free(&d);
+  }
+  const double want[4] = {0.6, 0.2, 0.1, 0.1};
+  for (size_t i = 0; i < 4; i++) /* binomial: 4 standard deviations at N = 4000 is under 0.031 */
+    if (fabs((double)count[i] / N - want[i]) > 0.031)
+      fail_msg("part %zu: %zu of %zu, want %.2f", i, count[i], N, want[i]);
+  /* model-a's and b-chat's multiturn starters come from different pools */
+  kvr_conv_t a = {0}, b = {0};
+  uint64_t k = 0;
+  for (; a.prefix == NULL || b.prefix == NULL; k++) {
+    kvr_conv_t c;
+    kvr_workload_conv(wl, 5, k, &c);
+    if (c.part == 0 && a.prefix == NULL)
+      a = c;
+    else if (c.part == 3 && b.prefix == NULL)
+      b = c;
+    else
+      kvr_workload_conv_free(&c);
+  }
+  assert_true(strncmp(a.prefix, b.prefix, 200) != 0);
+  /* the body sends the part's model */
+  kvr_buf_t body = KVR_BUF_INIT;
+  kvr_workload_body(&b, 0, NULL, b.model, KVR_API_CHAT, true, &body);
+  assert_non_null(strstr(body.data, "{\"model\":\"b-chat\","));
+  kvr_buf_free(&body);
+  kvr_workload_conv_free(&a);
+  kvr_workload_conv_free(&b);
+  /* another level seed draws other parts for the same k, the same one draws them again */
+  size_t same = 0;
+  for (k = 0; k < 200; k++) {
+    kvr_conv_t c, d;
+    kvr_workload_conv(wl, 1, k, &c);
+    kvr_workload_conv(wl, 2, k, &d);
+    same += c.part == d.part;
+    kvr_workload_conv_free(&c);
+    kvr_workload_conv_free(&d);
+  }
+  assert_true(same < 160);
+  kvr_buf_t desc = KVR_BUF_INIT;
+  kvr_workload_describe(wl, &desc);
+  assert_non_null(strstr(desc.data, "mix of 4 models"));
+  assert_non_null(strstr(desc.data, "; b-sql 10.0% hot-prefix:"));
+  kvr_buf_free(&desc);
+  kvr_workload_free(wl);
+  /* a non-mix conversation names no model of its own */
+  kvr_workload_opts_t o;
+  kvr_workload_opts_default(&o);
+  wl = new_workload(&o);
+  kvr_conv_t c;
+  kvr_workload_conv(wl, 1, 0, &c);
+  assert_null(c.model);
+  assert_int_equal(c.part, -1);
+  kvr_workload_conv_free(&c);
+  kvr_workload_free(wl);
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_rng_deterministic_and_bounded),
+              cmocka_unit_test(test_mix_parse), cmocka_unit_test(test_mix_conversations),
               cmocka_unit_test(test_gamma_mean), cmocka_unit_test(test_text_length_and_determinism),
               cmocka_unit_test(test_multiturn_shape),
               cmocka_unit_test(test_multiturn_replay_answers),

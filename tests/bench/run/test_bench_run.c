@@ -17,6 +17,7 @@
 #include "bench/run/bench_options.h"
 #include "bench/run/bench_run.h"
 #include "bench/run/runner.h"
+#include "bench/vcluster/model_fleet.h"
 #include "bench/vcluster/study.h"
 
 #include <stdio.h>
@@ -74,7 +75,7 @@ static void test_cell_words_parse_to_cell_opts(void **state) {
     assert_true(sc->fleet ? built.size_fleet && !built.search : built.search && !built.size_fleet);
     same_settings(&built, &parsed);
   }
-  assert_int_equal(n, 11);
+  assert_int_equal(n, 12);
   /* The scenario's own settings landed (not only the shared plan). */
   const kvr_study_scenario_t *mixed = kvr_study_scenario("mixed-fleet");
   kvr_study_cell_t c = cell_of(mixed);
@@ -85,6 +86,14 @@ static void test_cell_words_parse_to_cell_opts(void **state) {
   assert_int_equal(o.vc.worker_blocks[3], 10885);
   assert_int_equal(o.wl.kind, KVR_WL_DOCUMENTS);
   assert_true(o.lg.warmup_s == 60);
+  kvr_bench_options_free(&o);
+  /* model-fleet's: the model fleet and the mix of its models' traffic */
+  c = cell_of(kvr_study_scenario("model-fleet"));
+  kvr_runner_opts_default(&o);
+  kvr_study_cell_opts(&c, &o);
+  assert_string_equal(o.vc.model_fleet, KVR_MFLEET_STUDY);
+  assert_int_equal(o.wl.kind, KVR_WL_MIX);
+  assert_non_null(strstr(o.wl.path, "model-a=multiturn@0.6,"));
   kvr_bench_options_free(&o);
   /* A trace scenario's: the study's trace and window, the preset's workers, the long SLO. */
   c = cell_of(kvr_study_scenario("trace-fleet"));
