@@ -24,26 +24,8 @@ N=${RAB_WORKERS:-4} SCALE=${RAB_TIME_SCALE:-4} SEED=${RAB_SEED:-42}
 mkdir -p "$OUT/logs"
 . "$(dirname "$0")/../lib/procs.sh"
 trap stop EXIT INT TERM
-WORKERS=""
-w=0
-while [ $w -lt "$N" ]; do
-  p=$(port)
-  "$KVR" sim --listen "127.0.0.1:$p" --time-scale "$SCALE" --seed "$w" --enable-prompt-tokens-details >"$OUT/logs/worker-$w.log" 2>&1 &
-  PIDS="$PIDS $!"
-  WORKERS="$WORKERS --worker http://127.0.0.1:$p"
-  w=$((w + 1))
-done
-RP=$(port) AP=$(port)
-# shellcheck disable=SC2086
-"$KVR" serve $WORKERS --listen "127.0.0.1:$RP" --admin-listen "127.0.0.1:$AP" --policy round_robin \
-  --access-log false --scrape-interval-ms 100 >"$OUT/logs/router.log" 2>&1 &
-PIDS="$PIDS $!"
-i=0
-until curl -sf "http://127.0.0.1:$RP/health" >/dev/null 2>&1; do
-  i=$((i + 1))
-  [ $i -lt 100 ] || { echo "real_ab.sh: the router did not become healthy" >&2; exit 1; }
-  sleep 0.1
-done
+start_sims "$N" "$SCALE" "$OUT/logs"
+start_router real_ab.sh round_robin "$OUT/logs/router.log"
 MODE=""
 [ "$WORKLOAD" = multiturn ] && MODE="--multiturn-mode session"
 start=$(date -u +%s)

@@ -48,33 +48,13 @@ run_once() {
   dir="$OUT/$label"
   rm -rf "$dir"
   mkdir -p "$dir/logs"
-  workers=""
-  w=0
-  while [ $w -lt "$N" ]; do
-    p=$(port)
-    "$KVR" sim --listen "127.0.0.1:$p" --time-scale "$SCALE" --seed "$w" --enable-prompt-tokens-details \
-      >"$dir/logs/worker-$w.log" 2>&1 &
-    PIDS="$PIDS $!"
-    workers="$workers --worker http://127.0.0.1:$p"
-    w=$((w + 1))
-  done
-  rp=$(port)
-  ap=$(port)
-  # shellcheck disable=SC2086
-  "$KVR" serve $workers --listen "127.0.0.1:$rp" --admin-listen "127.0.0.1:$ap" \
-    --policy "$POLICY" --access-log false --scrape-interval-ms 100 "$@" >"$dir/logs/router.log" 2>&1 &
-  PIDS="$PIDS $!"
-  i=0
-  until curl -sf "http://127.0.0.1:$rp/health" >/dev/null 2>&1; do
-    i=$((i + 1))
-    [ $i -lt 100 ] || { echo "admission_bench.sh: the router did not become healthy" >&2; exit 1; }
-    sleep 0.1
-  done
+  start_sims "$N" "$SCALE" "$dir/logs"
+  start_router admission_bench.sh "$POLICY" "$dir/logs/router.log" "$@"
   echo "router_flags=$*" >"$dir/stamp"
-  "$KVR" bench --url "http://127.0.0.1:$rp" --workload "$WORKLOAD" --rates "$RATE" \
+  "$KVR" bench --url "http://127.0.0.1:$RP" --workload "$WORKLOAD" --rates "$RATE" \
     --num-prompts "$PROMPTS" --time-scale "$SCALE" --seed "$SEED" --cooldown-s 0 \
     --title "admission bound $label" --out "$dir" --quiet >"$dir/logs/bench.txt" 2>&1 || true
-  curl -sf "http://127.0.0.1:$ap/metrics" >"$dir/logs/router-metrics.txt" || true
+  curl -sf "http://127.0.0.1:$AP/metrics" >"$dir/logs/router-metrics.txt" || true
   stop
 }
 
