@@ -58,7 +58,7 @@ class LoraWorker:
     POST (loads) and every completion's model (served)."""
 
     def __init__(self, base=BASE, adapters=None, running=(), runtime=True, load_delay=0.0,
-                 missing=(), hidden=(), hold=0.0):
+                 missing=(), hidden=(), hold=0.0, broken=()):
         self.base = base
         self.adapters = dict(adapters or {})
         self.hidden = set(hidden)
@@ -66,6 +66,7 @@ class LoraWorker:
         self.runtime = runtime
         self.load_delay = load_delay
         self.missing = set(missing)
+        self.broken = set(broken)  # paths the engine fails to load: vLLM's 500
         self.hold = hold  # seconds a completion whose prompt says "hold" takes
         self.loads, self.served = [], []
         self.lock = threading.Lock()
@@ -167,6 +168,9 @@ class LoraWorker:
                 return 404, {"error": {"message": "Loading lora %s failed: No adapter found for %s"
                                        % (name, path), "type": "NotFoundError", "param": None,
                                        "code": 404}}
+            if path in self.broken:
+                return 500, {"error": {"message": "LoRA rank 64 is greater than max_lora_rank 16.",
+                                       "type": "InternalServerError", "param": None, "code": 500}}
             self.adapters[name] = path
         return 200, "Success: LoRA adapter '%s' added successfully." % name
 
@@ -344,14 +348,17 @@ def test_runtime_adapter_base_and_already_loaded():
 
 @test(timeout=30)
 def test_load_failure_is_a_clean_error():
-    """A load the worker refuses (files missing: vLLM's 404) or cannot take (runtime updating off:
-    no such route) is a 502 in the API's shape naming the adapter and the worker's answer; the
+    """A load the worker refuses (files missing: vLLM's 404; the engine fails: its 500) or cannot
+    take (runtime updating off: no such route) is a 502 in the API's shape naming the adapter and the worker's answer; the
     metrics count them as failed, and no completion reaches the worker."""
     with Cleanup() as c:
-        a = c.add(LoraWorker(missing={"/adapters/gone"}))
+        a = c.add(LoraWorker(missing={"/adapters/gone"}, broken={"/adapters/big"}))
         b = c.add(LoraWorker(base="other", runtime=False))
         spec = json.dumps({"name": "off", "path": "/adapters/off", "base_model_name": "other"})
-        r = c.add(Router([a, b], *FAST, "--lora-adapter", "gone=/adapters/gone",
+        gone_spec = json.dumps({"name": "gone", "path": "/adapters/gone", "base_model_name": BASE})
+        r = c.add(Router([a, b], *FAST, "--lora-adapter", gone_spec,
+                         "--lora-adapter", json.dumps({"name": "big", "path": "/adapters/big",
+                                                       "base_model_name": BASE}),
                          "--lora-adapter", spec, "--policy", "round_robin"))
         wait_lists(r)
         gone = [chat(r, "gone") for _ in range(2)]
@@ -369,9 +376,11 @@ def test_load_failure_is_a_clean_error():
         body = anth.json()
         assert body["type"] == "error" and body["error"]["type"] == "api_error", body
         assert "No adapter found" in body["error"]["message"], body
+        big = h.assert_openai_error(chat(r, "big"), 502)
+        assert "HTTP 500" in big["message"] and "max_lora_rank" in big["message"], big
         assert a.served == [] and b.served == [], (a.served, b.served)
-        assert metric(r, "kvrouter_lora_loads_total", result="failed") == 4
-        assert metric(r, "kvrouter_lora_load_attempts_total") == 4
+        assert metric(r, "kvrouter_lora_loads_total", result="failed") == 5
+        assert metric(r, "kvrouter_lora_load_attempts_total") == 5
         show("missing files: 502 %r" % msg[:120])
         show("runtime updating off: 502 %r" % err["message"][:120])
 
