@@ -1,10 +1,12 @@
 /* log_test_util.h -- what the log tests do alike (test_log.c for base/log.c, the loop's side in
  * tests/src/net/test_log_batch.c for net/log_batch.c), written once: send the log to a temporary
- * file, read back what it holds, count what it wrote. static inline only, as tests/test_util.h
- * (each unit test is its own executable). Include after <cmocka.h>.
+ * file, read back what it holds, count what it wrote, check the order lines left in. Macros and
+ * static inline functions only, as tests/test_util.h (each unit test is its own executable).
+ * Include after <cmocka.h>.
  *
  * Flow: f = log_to_tmpfile(); log lines; text = stream_text(f) (the caller frees it) as often as
- * needed, the stream staying open at its end; count_lines(text, needle); fclose(f). */
+ * needed, the stream staying open at its end; count_lines(text, needle), assert_in_order(text,
+ * first, second); fclose(f). */
 #ifndef KVR_TESTS_SRC_BASE_LOG_TEST_UTIL_H
 #define KVR_TESTS_SRC_BASE_LOG_TEST_UTIL_H
 
@@ -44,5 +46,15 @@ static inline size_t count_lines(const char *s, const char *needle) {
     n++;
   return n;
 }
+
+/* Asserts that first and second both stand in text, first's first occurrence before second's. A
+ * macro, so that a failure names the test's line. */
+#define assert_in_order(text, first, second)                                                       \
+  do {                                                                                             \
+    const char *in_order_a_ = strstr((text), (first)), *in_order_b_ = strstr((text), (second));    \
+    assert_non_null(in_order_a_);                                                                  \
+    assert_non_null(in_order_b_);                                                                  \
+    assert_true(in_order_a_ < in_order_b_);                                                        \
+  } while (0)
 
 #endif
