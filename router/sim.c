@@ -25,11 +25,17 @@
 #include <uv.h>
 
 #define SERVED_MAX 64 /* --served-model-name values kept */
+#define LORA_MODULES_MAX 64
 
 typedef struct sim_cli_s {
   kvr_sim_server_opts_t opts;
   const char *served[SERVED_MAX]; /* --served-model-name words, into argv (every occurrence) */
   size_t nserved;
+  kvr_sim_lora_module_t lora_modules[LORA_MODULES_MAX]; /* --lora-modules (every occurrence) */
+  size_t nlora_modules;
+  bool enable_lora;
+  uint32_t max_loras, max_cpu_loras; /* max_cpu_loras 0: max_loras */
+  uint32_t api_server_count;         /* accepted; the sim is one API server */
   kvr_sim_calibrate_opts_t cal;
   bool print_costs, calibrate;
   kvr_log_level_t log_level;
@@ -56,6 +62,23 @@ static int set_served(const kvr_cli_opt_t *o, void *base, const char *text, unsi
   return 0;
 }
 
+/* --lora-modules: one adapter per word (sim_lora.h's kvr_sim_lora_module_parse). */
+static int set_lora_module(const kvr_cli_opt_t *o, void *base, const char *text, unsigned nth,
+                           char *err, size_t errlen) {
+  sim_cli_t *cli = base;
+  (void)o;
+  (void)nth;
+  if (cli->nlora_modules == LORA_MODULES_MAX) {
+    snprintf(err, errlen, "at most %d adapters", LORA_MODULES_MAX);
+    return KVR_EINVAL;
+  }
+  kvr_sim_lora_module_t m;
+  if (kvr_sim_lora_module_parse(text, &m, err, errlen) != 0)
+    return KVR_EINVAL;
+  cli->lora_modules[cli->nlora_modules++] = m;
+  return 0;
+}
+
 #define F(field) KVR_CLI_FIELD(sim_cli_t, field)
 #define E(field) F(opts.engine.field)
 #define FAULT_NAME(name, str) str,
@@ -77,6 +100,29 @@ static const kvr_cli_opt_t options[] = {
      .help = "vLLM's flag: the names the base model is served under, each a card of "
              "GET /v1/models and a name requests may give; the first is the replies' and the "
              "metrics' model name (default: --model)"},
+    {KVR_CLI_SWITCH, "enable-lora", F(enable_lora), .set = 1,
+     .help = "vLLM's flag: serve LoRA adapters (bench/sim/README.md, LoRA)"},
+    {KVR_CLI_CUSTOM, "lora-modules", .arg = "ITEM [ITEM ...]", .parse = set_lora_module,
+     .flags = KVR_CLI_NODEFAULT,
+     .help = "vLLM's flag: adapters loaded at start, each name=path or "
+             "'{\"name\":..,\"path\":..,\"base_model_name\":..}'; path is a folder with an "
+             "adapter_config.json (its \"r\" is the rank); needs --enable-lora"},
+    {KVR_CLI_UINT, "max-loras", F(max_loras), .arg = "N", KVR_CLI_RANGE(1, 1024),
+     .help = "vLLM's flag: the most adapters in one batch (GPU slots)"},
+    {KVR_CLI_UINT, "max-cpu-loras", F(max_cpu_loras), .arg = "N", KVR_CLI_RANGE(1, 65536),
+     .flags = KVR_CLI_NODEFAULT,
+     .help = "vLLM's flag: adapters kept in CPU memory, >= --max-loras (default: --max-loras)"},
+    {KVR_CLI_UINT, "max-lora-rank", F(opts.max_lora_rank), .arg = "N",
+     .help = "vLLM's flag: the largest adapter rank, one of 1, 8, 16, 32, 64, 128, 256, 320, "
+             "512"},
+    {KVR_CLI_UINT, "data-parallel-size", F(opts.data_parallel_size), .arg = "N",
+     KVR_CLI_RANGE(1, KVR_SIM_DP_MAX),
+     .help = "vLLM's flag (also -dp): N engines behind the one API server; X-data-parallel-rank "
+             "pins a request to one (bench/sim/README.md, Data parallel)"},
+    {KVR_CLI_UINT, "api-server-count", F(api_server_count), .arg = "N", KVR_CLI_RANGE(1, 1024),
+     .flags = KVR_CLI_NODEFAULT,
+     .help = "vLLM's flag (also -asc): accepted; the sim is always one API server in front of "
+             "every engine"},
     {KVR_CLI_DOUBLE, "time-scale", F(opts.time_scale), .arg = "N", KVR_CLI_GT(0), KVR_CLI_MAX(1e6),
      .help = "run N times faster than real time; metrics report simulated time"},
     {KVR_CLI_UINT, "seed", F(opts.seed), .arg = "N",
@@ -136,8 +182,10 @@ static const kvr_cli_cmd_t sim_cmd = {
     .name = "sim",
     .usage = "[options]",
     .about = "A simulated vLLM worker (Llama-70B FP8 on one H200). Serves vLLM's OpenAI API\n"
-             "(/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics,\n"
-             "POST /reset_prefix_cache) and POST|GET /sim/fault; see bench/sim/README.md.",
+             "(/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /v1/models,\n"
+             "/health, /metrics, /tokenize, POST /reset_prefix_cache, LoRA adapters with\n"
+             "--enable-lora, data parallel with -dp) and POST|GET /sim/fault; see\n"
+             "bench/sim/README.md.",
     .opts = options,
     .nopts = KVR_ARRAY_SIZE(options),
 };
@@ -174,6 +222,8 @@ static void print_banner(const sim_cli_t *cli, const kvr_sim_server_t *srv) {
   fprintf(stderr, "sim listening on %.*s:%d", hostlen, cli->opts.listen, kvr_sim_server_port(srv));
   if (kvr_sim_server_admin_port(srv) > 0)
     fprintf(stderr, " (admin port %d)", kvr_sim_server_admin_port(srv));
+  if (cli->opts.data_parallel_size > 1)
+    fprintf(stderr, " data_parallel_size=%u", cli->opts.data_parallel_size);
   fprintf(stderr, " model=%s time_scale=%g num_gpu_blocks=%u\n",
           cli->opts.nserved > 0 ? cli->opts.served_names[0] : cli->opts.model, cli->opts.time_scale,
           cli->opts.engine.num_gpu_blocks);
@@ -235,6 +285,19 @@ static int check(sim_cli_t *cli) {
     return kvr_cli_fail(&sim_cmd, "%s: needs %s (give both or neither)",
                         o->fixed_ttft_ms >= 0 ? "--fixed-ttft-ms" : "--fixed-itl-ms",
                         o->fixed_ttft_ms >= 0 ? "--fixed-itl-ms" : "--fixed-ttft-ms");
+  if (!kvr_sim_lora_rank_allowed(o->max_lora_rank))
+    return kvr_cli_fail(&sim_cmd,
+                        "--max-lora-rank: %u is not one of 1, 8, 16, 32, 64, 128, 256, 320, 512",
+                        o->max_lora_rank);
+  if (cli->enable_lora) {
+    o->engine.max_loras = cli->max_loras;
+    o->engine.max_cpu_loras = cli->max_cpu_loras ? cli->max_cpu_loras : cli->max_loras;
+    if (o->engine.max_cpu_loras < o->engine.max_loras) /* vllm/config/lora.py */
+      return kvr_cli_fail(&sim_cmd, "--max-cpu-loras: max_cpu_loras (%u) must be >= max_loras (%u)",
+                          o->engine.max_cpu_loras, o->engine.max_loras);
+  } else if (o->nlora_modules > 0) {
+    return kvr_cli_fail(&sim_cmd, "--lora-modules: needs --enable-lora");
+  }
   if (cli->kv_events_config &&
       kvr_kv_events_config_parse(&o->kv_events, cli->kv_events_config, err, sizeof(err)) != 0)
     return kvr_cli_fail(&sim_cmd, "--%s", err);
@@ -245,14 +308,14 @@ static int check(sim_cli_t *cli) {
  * its short spellings, rewritten into what the option engine reads: `--served-model-name a b`
  * becomes `--served-model-name a --served-model-name b`. Returns a new argv (the caller frees the
  * array, not the strings, which stay argv's) and its length in *n. */
-static const char *const nargs_flags[] = {"--served-model-name"};
+static const char *const nargs_flags[] = {"--served-model-name", "--lora-modules"};
 static const char *const short_flags[][2] = {{"-dp", "--data-parallel-size"},
                                              {"-asc", "--api-server-count"}};
 
-static char **expand_nargs(int argc, char **argv, int *n, size_t *served_skip) {
+static char **expand_nargs(int argc, char **argv, int *n, size_t *skip) {
   char **out = kvr_xcalloc((size_t)argc * 2 + 1, sizeof(*out));
   int k = 0;
-  size_t served_words = 0;
+  size_t words[KVR_ARRAY_SIZE(nargs_flags)] = {0};
   for (int i = 0; i < argc; i++) {
     const char *flag = argv[i];
     for (size_t s = 0; s < KVR_ARRAY_SIZE(short_flags); s++) {
@@ -263,13 +326,12 @@ static char **expand_nargs(int argc, char **argv, int *n, size_t *served_skip) {
     for (size_t f = 0; i > 0 && f < KVR_ARRAY_SIZE(nargs_flags); f++) {
       if (strcmp(argv[i], nargs_flags[f]) != 0)
         continue;
-      if (f == 0)
-        *served_skip = served_words;
+      skip[f] = words[f];
       for (int first = 1; i + 1 < argc && argv[i + 1][0] != '-'; first = 0) {
         if (!first)
           out[k++] = (char *)nargs_flags[f];
         out[k++] = argv[++i];
-        served_words += f == 0;
+        words[f]++;
       }
     }
   }
@@ -283,14 +345,19 @@ int kvr_sim_main(int argc0, char **argv0) {
   kvr_sim_server_opts_default(&cli.opts);
   kvr_sim_calibrate_opts_default(&cli.cal);
   cli.log_level = KVR_LOG_INFO;
+  cli.max_loras = 1; /* vllm/config/lora.py */
   int argc;
-  size_t skip = 0;
-  char **argv = expand_nargs(argc0, argv0, &argc, &skip);
+  size_t skip[KVR_ARRAY_SIZE(nargs_flags)] = {0};
+  char **argv = expand_nargs(argc0, argv0, &argc, skip);
   int rc = kvr_cli_main(&sim_cmd, &cli, argc, argv, NULL);
   free(argv);
-  skip = KVR_MIN(skip, cli.nserved);
-  cli.opts.served_names = cli.served + skip;
-  cli.opts.nserved = cli.nserved - skip;
+  /* argparse keeps the last occurrence's list of a nargs flag */
+  skip[0] = KVR_MIN(skip[0], cli.nserved);
+  cli.opts.served_names = cli.served + skip[0];
+  cli.opts.nserved = cli.nserved - skip[0];
+  skip[1] = KVR_MIN(skip[1], cli.nlora_modules);
+  cli.opts.lora_modules = cli.lora_modules + skip[1];
+  cli.opts.nlora_modules = cli.nlora_modules - skip[1];
   if (rc == KVR_CLI_CONTINUE && (rc = check(&cli)) == 0) {
     kvr_log_set_level(cli.log_level);
     cli.cal.seed = cli.opts.seed;
@@ -302,5 +369,7 @@ int kvr_sim_main(int argc0, char **argv0) {
       rc = serve(&cli);
   }
   kvr_cli_free(&sim_cmd, &cli);
+  for (size_t i = 0; i < cli.nlora_modules; i++)
+    kvr_sim_lora_module_free(&cli.lora_modules[i]);
   return rc;
 }

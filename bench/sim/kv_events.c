@@ -11,10 +11,11 @@
  *
  * Field choices, per vLLM's BlockStored / BlockRemoved (vllm/distributed/kv_events.py): fields
  * without a default are always sent (block_hashes, parent_block_hash, token_ids, block_size,
- * lora_id, medium, lora_name); the map encoding also carries what a plain full-attention engine
- * of vLLM 0.26 sets (extra_keys: nil per block, or ["<cache_salt>"] for the first block of a
- * salted chain; group_idx 0, kv_cache_spec_kind "full_attention"), the array encoding stops at
- * lora_name, as vLLM 0.23 did (so it carries no salt). Engine hashes are
+ * lora_id, medium, lora_name: the adapter's id and name for a LoRA request, else nil); the map
+ * encoding also carries what a plain full-attention engine of vLLM 0.26 sets (extra_keys per
+ * block: nil, or the adapter's name in every block and the cache salt in a salted chain's first
+ * block, e.g. ["<lora>", "<salt>"]; group_idx 0, kv_cache_spec_kind "full_attention"), the array
+ * encoding stops at lora_name, as vLLM 0.23 did (so it carries no salt). Engine hashes are
  * the sim's XXH3 chain values, sent as msgpack uint64 as vLLM sends its 64-bit block hashes.
  */
 #include "kv_events.h"
@@ -162,21 +163,43 @@ static void pack_parent(msgpack_packer *pk, const kvr_sim_kv_event_t *e) {
     msgpack_pack_nil(pk);
 }
 
-/* One entry per block: nil, except the first block of a salted chain, whose extra keys are the
- * tuple (cache_salt,) (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys: the salt
- * only for the block with start_token_idx 0), a one-element array on the wire. */
+static void pack_logstr(msgpack_packer *pk, const kvr_sim_kv_log_t *log, uint32_t off,
+                        uint32_t len) {
+  msgpack_pack_str(pk, len);
+  msgpack_pack_str_body(pk, log->salts + off, len);
+}
+
+/* One entry per block, the block's extra keys (vllm/v1/core/kv_cache_utils.py
+ * generate_block_hash_extra_keys): the LoRA adapter's name in every block of an adapter's
+ * request, then the cache salt only in the block with start_token_idx 0; nil when there are
+ * none; a tuple, an array on the wire. */
 static void pack_extra_keys(msgpack_packer *pk, const kvr_sim_kv_log_t *log,
                             const kvr_sim_kv_event_t *e) {
   msgpack_pack_array(pk, e->nhashes);
   for (uint32_t i = 0; i < e->nhashes; i++) {
-    if (i == 0 && e->salt_len > 0) {
-      msgpack_pack_array(pk, 1);
-      msgpack_pack_str(pk, e->salt_len);
-      msgpack_pack_str_body(pk, log->salts + e->salt_off, e->salt_len);
-    } else {
+    bool salt = i == 0 && e->salt_len > 0, lora = e->lora_len > 0;
+    if (!salt && !lora) {
       msgpack_pack_nil(pk);
+      continue;
     }
+    msgpack_pack_array(pk, (size_t)salt + (size_t)lora);
+    if (lora)
+      pack_logstr(pk, log, e->lora_off, e->lora_len);
+    if (salt)
+      pack_logstr(pk, log, e->salt_off, e->salt_len);
   }
+}
+
+/* BlockStored's lora_id (the adapter's lora_int_id, vllm/v1/core/block_pool.py) and lora_name:
+ * nil for the base model. */
+static void pack_lora(msgpack_packer *pk, const kvr_sim_kv_log_t *log, const kvr_sim_kv_event_t *e,
+                      bool name) {
+  if (e->lora_len == 0)
+    msgpack_pack_nil(pk);
+  else if (name)
+    pack_logstr(pk, log, e->lora_off, e->lora_len);
+  else
+    msgpack_pack_uint32(pk, e->lora_id);
 }
 
 static void pack_event_map(msgpack_packer *pk, const kvr_sim_kv_log_t *log,
@@ -195,11 +218,11 @@ static void pack_event_map(msgpack_packer *pk, const kvr_sim_kv_log_t *log,
     pack_str(pk, "block_size");
     msgpack_pack_uint32(pk, block_size);
     pack_str(pk, "lora_id");
-    msgpack_pack_nil(pk);
+    pack_lora(pk, log, e, false);
     pack_str(pk, "medium");
     pack_str(pk, "GPU");
     pack_str(pk, "lora_name");
-    msgpack_pack_nil(pk);
+    pack_lora(pk, log, e, true);
     pack_str(pk, "extra_keys");
     pack_extra_keys(pk, log, e);
     pack_str(pk, "group_idx");
@@ -236,9 +259,9 @@ static void pack_event_array(msgpack_packer *pk, const kvr_sim_kv_log_t *log,
     pack_parent(pk, e);
     pack_tokens(pk, log, e, block_size);
     msgpack_pack_uint32(pk, block_size);
-    msgpack_pack_nil(pk); /* lora_id */
-    pack_str(pk, "GPU");  /* medium */
-    msgpack_pack_nil(pk); /* lora_name */
+    pack_lora(pk, log, e, false); /* lora_id */
+    pack_str(pk, "GPU");          /* medium */
+    pack_lora(pk, log, e, true);  /* lora_name */
     break;
   case KVR_SIM_KV_REMOVED:
     msgpack_pack_array(pk, 3);
@@ -286,6 +309,7 @@ struct kvr_kv_pub_s {
   uv_poll_t poll;
   bool polling;
   uint64_t next_seq;
+  int dp_rank;  /* the batches' third element */
   kept_t *ring; /* buffer_steps entries; ring[seq % buffer_steps] */
   msgpack_sbuffer sb;
   void (*done)(void *data); /* kvr_kv_pub_close's */
@@ -452,7 +476,8 @@ void kvr_kv_pub_publish(kvr_kv_pub_t *p, const kvr_sim_kv_log_t *log, uint32_t b
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   msgpack_sbuffer_clear(&p->sb);
-  kvr_kv_encode_batch(&p->sb, log, block_size, (double)ts.tv_sec + ts.tv_nsec * 1e-9, 0, p->enc);
+  kvr_kv_encode_batch(&p->sb, log, block_size, (double)ts.tv_sec + ts.tv_nsec * 1e-9, p->dp_rank,
+                      p->enc);
   uint64_t seq = p->next_seq++;
   unsigned char seqb[8];
   be64(seqb, seq);
@@ -469,6 +494,45 @@ void kvr_kv_pub_publish(kvr_kv_pub_t *p, const kvr_sim_kv_log_t *log, uint32_t b
   k->len = p->sb.size;
   if (p->replay)
     replay_drain(p); /* a send may have consumed the fd's edge */
+}
+
+void kvr_kv_pub_set_dp_rank(kvr_kv_pub_t *p, int rank) {
+  p->dp_rank = rank;
+}
+
+/* One endpoint moved to rank (see kvr_kv_events_config_for_rank). */
+static int endpoint_for_rank(char *ep, uint32_t rank, char *err, size_t errlen) {
+  if (rank == 0 || ep[0] == '\0')
+    return 0;
+  char out[KVR_KV_ENDPOINT_MAX];
+  int n;
+  if (strncmp(ep, "tcp://", 6) == 0) {
+    const char *colon = strrchr(ep, ':');
+    char *end;
+    long port = colon ? strtol(colon + 1, &end, 10) : -1;
+    if (colon == NULL || colon[1] == '\0' || *end != '\0' || port < 0 ||
+        port + (long)rank > 65535) {
+      snprintf(err, errlen, "endpoint %s: no numeric port to offset by the rank %u", ep, rank);
+      return KVR_EINVAL;
+    }
+    n = snprintf(out, sizeof(out), "%.*s:%ld", (int)(colon - ep), ep, port + (long)rank);
+  } else {
+    n = snprintf(out, sizeof(out), "%s_dp%u", ep, rank);
+  }
+  if (n < 0 || (size_t)n >= sizeof(out)) {
+    snprintf(err, errlen, "endpoint %s: too long with the rank %u", ep, rank);
+    return KVR_EINVAL;
+  }
+  memcpy(ep, out, (size_t)n + 1);
+  return 0;
+}
+
+int kvr_kv_events_config_for_rank(kvr_kv_events_config_t *cfg, uint32_t rank, char *err,
+                                  size_t errlen) {
+  if (endpoint_for_rank(cfg->endpoint, rank, err, errlen) != 0 ||
+      endpoint_for_rank(cfg->replay_endpoint, rank, err, errlen) != 0)
+    return KVR_EINVAL;
+  return 0;
 }
 
 uint64_t kvr_kv_pub_published(const kvr_kv_pub_t *p) {

@@ -63,12 +63,23 @@ bool kvr_kv_events_config_active(const kvr_kv_events_config_t *cfg);
 void kvr_kv_encode_batch(msgpack_sbuffer *sb, const kvr_sim_kv_log_t *log, uint32_t block_size,
                          double ts, int dp_rank, kvr_kv_encoding_t enc);
 
+/* cfg moved to data-parallel rank `rank`, as vLLM's ZmqEventPublisher.offset_endpoint_port does
+ * for the endpoint and the replay endpoint (vllm/distributed/kv_events.py): a tcp:// port plus
+ * the rank, an inproc:// (and, here, an ipc://) endpoint suffixed "_dp<rank>"; rank 0 unchanged.
+ * Returns 0, or KVR_EINVAL with err when a tcp endpoint has no numeric port or the result is too
+ * long. */
+int kvr_kv_events_config_for_rank(kvr_kv_events_config_t *cfg, uint32_t rank, char *err,
+                                  size_t errlen);
+
 typedef struct kvr_kv_pub_s kvr_kv_pub_t;
 
 /* Opens the PUB (and the replay ROUTER, polled on loop) as cfg says. NULL with err on failure
  * (bad endpoint, address in use). */
 kvr_kv_pub_t *kvr_kv_pub_new(uv_loop_t *loop, const kvr_kv_events_config_t *cfg,
                              kvr_kv_encoding_t enc, char *err, size_t errlen);
+
+/* The data-parallel rank every batch carries as its third element (default 0). */
+void kvr_kv_pub_set_dp_rank(kvr_kv_pub_t *pub, int rank);
 
 /* Publishes log as one batch when it holds any event (vLLM sends nothing for an empty step). */
 void kvr_kv_pub_publish(kvr_kv_pub_t *pub, const kvr_sim_kv_log_t *log, uint32_t block_size);

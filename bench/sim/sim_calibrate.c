@@ -77,6 +77,21 @@ static void print_prefills(FILE *out, const kvr_sim_cost_t *c) {
           step_ms(c, 32, 6000, 7000, 0));
 }
 
+/* The LoRA swap terms (sim_engine.h, sim_preset.h): what an adapter weighs on the preset's model
+ * and what bringing one of rank 16 into a GPU slot adds to the step that needs it. */
+static void print_lora(FILE *out, const kvr_sim_config_t *cfg) {
+  const kvr_sim_cost_t *c = &cfg->cost;
+  double bytes = kvr_sim_preset_lora_bytes_per_rank(kvr_sim_preset_of(cfg)->model);
+  fprintf(out,
+          "lora swap: lora_load_ms_per_rank=%g lora_disk_ms_per_rank=%g (an adapter is %.2f MB "
+          "per unit of rank in BF16: A and B of q, k, v, o in every layer; %.0f GB/s PCIe, %.0f "
+          "GB/s disk); rank 16 (%.0f MB): %.2f ms into a GPU slot from the CPU cache, %.1f ms "
+          "more when read from disk first\n",
+          c->lora_load_ms_per_rank, c->lora_disk_ms_per_rank, bytes / 1e6,
+          KVR_SIM_LORA_PCIE_BYTES_S / 1e9, KVR_SIM_LORA_DISK_BYTES_S / 1e9, 16 * bytes / 1e6,
+          16 * c->lora_load_ms_per_rank, 16 * c->lora_disk_ms_per_rank);
+}
+
 void kvr_sim_calibrate_print_costs(FILE *out, const kvr_sim_config_t *cfg) {
   const kvr_sim_cost_t *c = &cfg->cost;
   const kvr_sim_frontend_t *f = &cfg->frontend;
@@ -99,6 +114,7 @@ void kvr_sim_calibrate_print_costs(FILE *out, const kvr_sim_config_t *cfg) {
           f->req_ms + f->prompt_tok_us * 6000 * 1e-3);
   fprintf(out, "output processing of a step with 100 streams: %.1f ms\n",
           f->stream_tok_us * 100 * 1e-3);
+  print_lora(out, cfg);
 }
 
 /* ---- --calibrate: the multi-turn workload in virtual time ---- */

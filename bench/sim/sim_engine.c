@@ -51,6 +51,67 @@ typedef struct sched_s {
   uint32_t num_new;
 } sched_t;
 
+/* A set of at most cap adapters, least recently used evicted first (vLLM's LRU adapter caches). */
+typedef struct lora_set_s {
+  uint32_t *ids;
+  uint64_t *used; /* the engine's lora_clock at its last use */
+  uint32_t n, cap;
+} lora_set_t;
+
+static int lora_find(const lora_set_t *s, uint32_t id) {
+  for (uint32_t i = 0; i < s->n; i++) {
+    if (s->ids[i] == id)
+      return (int)i;
+  }
+  return -1;
+}
+
+/* Marks id used at stamp; adds it when it was not there, evicting the least recently used one
+ * from a full set (its id into *evicted, else 0). Returns true when it was not there. */
+static bool lora_touch(lora_set_t *s, uint32_t id, uint64_t stamp, uint32_t *evicted) {
+  int i = lora_find(s, id);
+  *evicted = 0;
+  if (i >= 0) {
+    s->used[i] = stamp;
+    return false;
+  }
+  if (s->n == s->cap) {
+    uint32_t lru = 0;
+    for (uint32_t k = 1; k < s->n; k++) {
+      if (s->used[k] < s->used[lru])
+        lru = k;
+    }
+    *evicted = s->ids[lru];
+    s->ids[lru] = s->ids[s->n - 1];
+    s->used[lru] = s->used[s->n - 1];
+    s->n--;
+  }
+  s->ids[s->n] = id;
+  s->used[s->n++] = stamp;
+  return true;
+}
+
+static void lora_drop(lora_set_t *s, uint32_t id) {
+  int i = lora_find(s, id);
+  if (i < 0)
+    return;
+  s->ids[i] = s->ids[s->n - 1];
+  s->used[i] = s->used[s->n - 1];
+  s->n--;
+}
+
+static void lora_set_init(lora_set_t *s, uint32_t cap) {
+  s->cap = cap;
+  s->n = 0;
+  s->ids = cap ? kvr_xcalloc(cap, sizeof(*s->ids)) : NULL;
+  s->used = cap ? kvr_xcalloc(cap, sizeof(*s->used)) : NULL;
+}
+
+static void lora_set_free(lora_set_t *s) {
+  free(s->ids);
+  free(s->used);
+}
+
 /* The batch one step is building: the token budget left, how many requests are in eng->sched,
  * and whether a request was preempted (vLLM then admits nobody in that step). */
 typedef struct batch_s {
@@ -88,6 +149,11 @@ struct kvr_sim_engine_s {
   /* KV events (kvr_sim_engine_kv_events); kv_on false: nothing is logged */
   bool kv_on;
   kvr_sim_kv_log_t kv;
+  /* LoRA (cfg.max_loras > 0): the adapters in the GPU slots and in the CPU cache, each an LRU
+   * set (lora_set_t) */
+  lora_set_t gpu_loras, cpu_loras;
+  uint64_t lora_clock;   /* stamps the sets' uses */
+  double lora_pending_s; /* charged adapter loads, spent before the next step */
 };
 
 void kvr_sim_config_default(kvr_sim_config_t *cfg) {
@@ -107,6 +173,9 @@ void kvr_sim_config_default(kvr_sim_config_t *cfg) {
   cfg->cost.per_seq_ms = 0.03;
   cfg->cost.decode_ctx_ns = 55.0;
   cfg->cost.attn_pair_ns = 2.5;
+  /* a Llama-70B adapter: 8,192,000 B per unit of rank over 50 GB/s and 2 GB/s (sim_preset.h) */
+  cfg->cost.lora_load_ms_per_rank = 0.164;
+  cfg->cost.lora_disk_ms_per_rank = 4.1;
   cfg->frontend.req_ms = 2.0;
   cfg->frontend.prompt_tok_us = 1.1;
   cfg->frontend.stream_tok_us = 40.0;
@@ -136,6 +205,18 @@ int kvr_sim_config_check(const kvr_sim_config_t *cfg, char *err, size_t errlen) 
   CHECK(cfg->cost.per_seq_ms >= 0, "cost.per_seq_ms", "must be >= 0");
   CHECK(cfg->cost.decode_ctx_ns >= 0, "cost.decode_ctx_ns", "must be >= 0");
   CHECK(cfg->cost.attn_pair_ns >= 0, "cost.attn_pair_ns", "must be >= 0");
+  CHECK(cfg->cost.lora_load_ms_per_rank >= 0, "cost.lora_load_ms_per_rank", "must be >= 0");
+  CHECK(cfg->cost.lora_disk_ms_per_rank >= 0, "cost.lora_disk_ms_per_rank", "must be >= 0");
+  CHECK(cfg->max_loras <= 1024, "max_loras", "must be in [1, 1024]");
+  if (cfg->max_loras > 0) {
+    /* vllm/config/lora.py _validate_lora_config */
+    CHECK(cfg->max_cpu_loras <= 65536, "max_cpu_loras", "must be at most 65536");
+    if (cfg->max_cpu_loras < cfg->max_loras) {
+      snprintf(err, errlen, "max_cpu_loras: max_cpu_loras (%u) must be >= max_loras (%u)",
+               cfg->max_cpu_loras, cfg->max_loras);
+      return KVR_EINVAL;
+    }
+  }
   CHECK(cfg->frontend.req_ms >= 0, "frontend.req_ms", "must be >= 0");
   CHECK(cfg->frontend.prompt_tok_us >= 0, "frontend.prompt_tok_us", "must be >= 0");
   CHECK(cfg->frontend.stream_tok_us >= 0, "frontend.stream_tok_us", "must be >= 0");
@@ -152,11 +233,22 @@ double kvr_sim_cost_step(const kvr_sim_cost_t *c, const kvr_sim_step_t *st) {
   double tokens = (double)st->prefill_tokens + (double)st->num_decode;
   double dense = fmax(c->weights_ms * 1e-3, c->dense_tok_us * 1e-6 * tokens);
   return dense + c->step_ms * 1e-3 + c->per_seq_ms * 1e-3 * st->num_seqs +
-         c->decode_ctx_ns * 1e-9 * (double)st->decode_ctx + c->attn_pair_ns * 1e-9 * st->attn_pairs;
+         c->decode_ctx_ns * 1e-9 * (double)st->decode_ctx +
+         c->attn_pair_ns * 1e-9 * st->attn_pairs + st->lora_s;
 }
 
 uint64_t kvr_sim_block_hash(uint64_t parent, const uint32_t *tokens, uint32_t block_size) {
   return XXH3_64bits_withSeed(tokens, block_size * sizeof(*tokens), parent);
+}
+
+/* A block's hash with the request's adapter key (0: none, the plain chained hash). */
+static uint64_t block_hash(uint64_t parent, const uint32_t *tokens, uint32_t block_size,
+                           uint64_t lora_key) {
+  return kvr_sim_block_hash(parent ^ lora_key, tokens, block_size);
+}
+
+uint64_t kvr_sim_lora_key(const char *name, size_t len) {
+  return XXH3_64bits_withSeed(name, len, 0x6c6f7261u /* "lora" */) | 1u;
 }
 
 /* ---- free list: head is the least recently freed block, evicted first ---- */
@@ -250,8 +342,18 @@ static void kv_removed(kvr_sim_engine_t *eng, uint64_t h) {
 }
 
 /* Appends a newly cached block to the last event, a STORED one while *open, else starts one. */
+/* Copies s into the log's string pool; *off and *len say where. */
+static void kv_string(kvr_sim_kv_log_t *l, const char *s, uint32_t *off, uint32_t *len) {
+  size_t n = strlen(s);
+  KVR_GROW(l->salts, l->nsalts, l->salts_cap, n);
+  memcpy(l->salts + l->nsalts, s, n);
+  *off = (uint32_t)l->nsalts;
+  *len = (uint32_t)n;
+  l->nsalts += n;
+}
+
 static void kv_stored(kvr_sim_engine_t *eng, bool *open, bool has_parent, uint64_t parent,
-                      uint64_t h, const uint32_t *tokens, const char *salt) {
+                      uint64_t h, const uint32_t *tokens, const kvr_sim_req_t *req) {
   if (!eng->kv_on)
     return;
   kvr_sim_kv_log_t *l = &eng->kv;
@@ -259,14 +361,12 @@ static void kv_stored(kvr_sim_engine_t *eng, bool *open, bool has_parent, uint64
     kvr_sim_kv_event_t *e = kv_event_new(eng, KVR_SIM_KV_STORED);
     e->has_parent = has_parent;
     e->parent = has_parent ? parent : 0;
-    if (!has_parent && salt != NULL) {
-      /* the chain's first block: vLLM's extra keys carry the salt in plain text */
-      size_t n = strlen(salt);
-      KVR_GROW(l->salts, l->nsalts, l->salts_cap, n);
-      memcpy(l->salts + l->nsalts, salt, n);
-      e->salt_off = (uint32_t)l->nsalts;
-      e->salt_len = (uint32_t)n;
-      l->nsalts += n;
+    /* the chain's first block: vLLM's extra keys carry the salt in plain text */
+    if (!has_parent && req->salt != NULL)
+      kv_string(l, req->salt, &e->salt_off, &e->salt_len);
+    if (req->lora_name != NULL) {
+      kv_string(l, req->lora_name, &e->lora_off, &e->lora_len);
+      e->lora_id = req->lora_id;
     }
     *open = true;
   }
@@ -335,11 +435,14 @@ kvr_sim_engine_t *kvr_sim_engine_new(const kvr_sim_config_t *cfg) {
   eng->events = kvr_xcalloc(2 * (size_t)cfg->max_num_seqs + 1, sizeof(*eng->events));
   eng->scratch = kvr_xcalloc(cfg->max_model_len / cfg->block_size + 1, sizeof(int32_t));
   eng->next_id = 1;
+  lora_set_init(&eng->gpu_loras, cfg->max_loras);
+  lora_set_init(&eng->cpu_loras, cfg->max_loras ? cfg->max_cpu_loras : 0);
   return eng;
 }
 
 static void req_free_mem(kvr_sim_req_t *req) {
   free(req->salt);
+  free(req->lora_name);
   free(req->tokens);
   free(req->blocks);
   free(req);
@@ -366,6 +469,8 @@ void kvr_sim_engine_free(kvr_sim_engine_t *eng) {
   free(eng->kv.hashes);
   free(eng->kv.tokens);
   free(eng->kv.salts);
+  lora_set_free(&eng->gpu_loras);
+  lora_set_free(&eng->cpu_loras);
   free(eng);
 }
 
@@ -476,6 +581,8 @@ kvr_sim_req_t *kvr_sim_engine_add_ex(kvr_sim_engine_t *eng, const kvr_sim_add_t 
   uint64_t need_blocks = ((uint64_t)nprompt + max_output + cfg->block_size - 1) / cfg->block_size;
   if (need_blocks > cfg->num_gpu_blocks)
     return NULL;
+  if (a->lora_id != 0 && (cfg->max_loras == 0 || a->lora_name == NULL || a->lora_name[0] == 0))
+    return NULL;
   kvr_sim_req_t *req = kvr_xcalloc(1, sizeof(*req));
   req->id = eng->next_id++;
   req->data = a->data;
@@ -493,6 +600,12 @@ kvr_sim_req_t *kvr_sim_engine_add_ex(kvr_sim_engine_t *eng, const kvr_sim_add_t 
   }
   req->last_hash = req->salt_root;
   req->skip_prefix_read = a->skip_prefix_read;
+  if (a->lora_id != 0) {
+    req->lora_id = a->lora_id;
+    req->lora_rank = KVR_MAX(a->lora_rank, 1u);
+    req->lora_name = kvr_xstrdup(a->lora_name);
+    req->lora_key = kvr_sim_lora_key(a->lora_name, strlen(a->lora_name));
+  }
   req->num_cached = -1;
   /* The API server templates and tokenizes it before the scheduler sees it, one request or
    * step's output at a time. */
@@ -536,13 +649,13 @@ void kvr_sim_engine_remove(kvr_sim_engine_t *eng, kvr_sim_req_t *req) {
  * sample). Writes the hit blocks' ids into ids when it is not NULL; returns the number of hit
  * blocks. */
 static uint32_t cached_blocks(const kvr_sim_engine_t *eng, const uint32_t *tokens, uint32_t n,
-                              uint64_t root, int32_t *ids) {
+                              uint64_t root, uint64_t lora_key, int32_t *ids) {
   uint32_t bs = eng->cfg.block_size;
   uint32_t max_blocks = n > 0 ? (n - 1) / bs : 0;
   uint64_t parent = root;
   uint32_t hits = 0;
   for (; hits < max_blocks; hits++) {
-    uint64_t h = kvr_sim_block_hash(parent, tokens + (size_t)hits * bs, bs);
+    uint64_t h = block_hash(parent, tokens + (size_t)hits * bs, bs, lora_key);
     int32_t id = hash_find(eng, h);
     if (id < 0)
       break;
@@ -555,21 +668,21 @@ static uint32_t cached_blocks(const kvr_sim_engine_t *eng, const uint32_t *token
 
 /* req's hit blocks into eng->scratch; returns their number. */
 static uint32_t prefix_lookup(kvr_sim_engine_t *eng, const kvr_sim_req_t *req) {
-  return cached_blocks(eng, req->tokens, req->ntokens, req->salt_root, eng->scratch);
+  return cached_blocks(eng, req->tokens, req->ntokens, req->salt_root, req->lora_key, eng->scratch);
 }
 
 /* The tokens of prompt[0..n) the prefix cache holds now, as the scheduler will find them. */
 static uint32_t cached_prefix(const kvr_sim_engine_t *eng, const uint32_t *prompt, uint32_t n,
-                              uint64_t root) {
+                              uint64_t root, uint64_t lora_key) {
   if (!eng->cfg.enable_prefix_caching)
     return 0;
-  return cached_blocks(eng, prompt, n, root, NULL) * eng->cfg.block_size;
+  return cached_blocks(eng, prompt, n, root, lora_key, NULL) * eng->cfg.block_size;
 }
 
 void kvr_sim_engine_probe(const kvr_sim_engine_t *eng, const uint32_t *prompt, uint32_t n,
                           kvr_sim_probe_t *out) {
   memset(out, 0, sizeof(*out));
-  out->cached_tokens = cached_prefix(eng, prompt, n, 0);
+  out->cached_tokens = cached_prefix(eng, prompt, n, 0, 0);
   for (uint32_t i = 0; i < eng->nrunning; i++) {
     const kvr_sim_req_t *r = eng->running[i];
     /* Still to compute: all of it while prefilling; a decoding request's last (sampled) token is
@@ -586,8 +699,9 @@ void kvr_sim_engine_probe(const kvr_sim_engine_t *eng, const uint32_t *prompt, u
     /* A waiting request's prefix hit is taken when it is scheduled: what it will prefill is what
      * the cache does not hold now (a preempted request's computed tokens went with its blocks). */
     uint32_t done =
-        KVR_MAX(r->num_computed,
-                r->skip_prefix_read ? 0 : cached_prefix(eng, r->tokens, r->ntokens, r->salt_root));
+        KVR_MAX(r->num_computed, r->skip_prefix_read ? 0
+                                                     : cached_prefix(eng, r->tokens, r->ntokens,
+                                                                     r->salt_root, r->lora_key));
     out->pending_tokens += r->ntokens - KVR_MIN(r->ntokens, done);
     out->waiting++;
   }
@@ -604,11 +718,11 @@ static void cache_full_blocks(kvr_sim_engine_t *eng, kvr_sim_req_t *req, uint32_
   bool open = false; /* the log's last event is this run's STORED event */
   for (uint32_t i = req->nhashed; i < full; i++) {
     const uint32_t *toks = req->tokens + (size_t)i * bs;
-    uint64_t h = kvr_sim_block_hash(req->last_hash, toks, bs);
+    uint64_t h = block_hash(req->last_hash, toks, bs, req->lora_key);
     int32_t id = req->blocks[i];
     if (!eng->blocks[id].hashed && hash_find(eng, h) < 0) {
       hash_insert(eng, id, h);
-      kv_stored(eng, &open, i > 0, req->last_hash, h, toks, req->salt);
+      kv_stored(eng, &open, i > 0, req->last_hash, h, toks, req);
     } else {
       open = false; /* a duplicate breaks the run: the next new block starts an event */
     }
@@ -769,14 +883,56 @@ static bool admit(kvr_sim_engine_t *eng, batch_t *b, kvr_sim_req_t *req) {
   return true;
 }
 
-/* Step 2: admits the front of the waiting queue while budget, max_num_seqs and blocks allow; the
+/* The distinct adapters of this step's batch so far into ids (max_loras of room); returns how
+ * many (vLLM's scheduled_loras, built from the scheduled running requests). */
+static uint32_t batch_loras(const kvr_sim_engine_t *eng, const batch_t *b, uint32_t *ids) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < b->nsched; i++) {
+    uint32_t id = eng->sched[i].req->lora_id, k = 0;
+    while (k < n && ids[k] != id)
+      k++;
+    if (id != 0 && k == n)
+      ids[n++] = id;
+  }
+  return n;
+}
+
+/* Whether adding req keeps the batch within max_loras adapters (nloras of them in ids). */
+static bool lora_fits(const kvr_sim_engine_t *eng, const kvr_sim_req_t *req, const uint32_t *ids,
+                      uint32_t nloras) {
+  if (req->lora_id == 0 || nloras < eng->cfg.max_loras)
+    return true;
+  for (uint32_t k = 0; k < nloras; k++) {
+    if (ids[k] == req->lora_id)
+      return true;
+  }
+  return false;
+}
+
+/* Step 2: admits waiting requests in queue order while budget, max_num_seqs and blocks allow; the
  * first request that does not fit, or was not ready for the scheduler by cutoff, stops admission
- * (FCFS, no skipping). */
+ * (FCFS). A request whose adapter would exceed max_loras is skipped and keeps its place, as
+ * vLLM's scheduler skips it (step_skipped_waiting, put back in front in order). */
 static void admit_waiting(kvr_sim_engine_t *eng, batch_t *b, double cutoff) {
-  while (b->budget > 0 && eng->nrunning < eng->cfg.max_num_seqs) {
-    kvr_sim_req_t *req = wait_front(eng);
-    if (req == NULL || req->ready_s > cutoff || !admit(eng, b, req))
+  uint32_t ids[1024];
+  uint32_t nloras = eng->cfg.max_loras ? batch_loras(eng, b, ids) : 0;
+  kvr_list_t *q = eng->waiting.next;
+  while (q != &eng->waiting && b->budget > 0 && eng->nrunning < eng->cfg.max_num_seqs) {
+    kvr_sim_req_t *req = KVR_CONTAINER_OF(q, kvr_sim_req_t, wnode);
+    q = q->next; /* admit() unlinks req */
+    if (req->ready_s > cutoff)
       return;
+    if (!lora_fits(eng, req, ids, nloras))
+      continue;
+    if (!admit(eng, b, req))
+      return;
+    if (req->lora_id != 0) {
+      uint32_t k = 0;
+      while (k < nloras && ids[k] != req->lora_id)
+        k++;
+      if (k == nloras)
+        ids[nloras++] = req->lora_id;
+    }
   }
 }
 
@@ -814,6 +970,103 @@ static void sample(kvr_sim_engine_t *eng, kvr_sim_req_t *req, kvr_sim_event_t *e
       eng->extra_ctx += req->ntokens;
     }
   }
+}
+
+/* Puts adapter id in the CPU cache (an adapter it evicts leaves its GPU slot too: vLLM's
+ * remove_adapter deactivates it). Returns true when it had to be read from disk. */
+static bool lora_cpu(kvr_sim_engine_t *eng, uint32_t id) {
+  uint32_t evicted;
+  bool miss = lora_touch(&eng->cpu_loras, id, ++eng->lora_clock, &evicted);
+  if (evicted != 0)
+    lora_drop(&eng->gpu_loras, evicted);
+  return miss;
+}
+
+/* The time to bring adapter id (rank) into a GPU slot, reading it from disk first when it is not
+ * in the CPU cache; both caches are updated. n_load and n_disk count what happened. */
+static double lora_bring(kvr_sim_engine_t *eng, uint32_t id, uint32_t rank, uint32_t *n_load,
+                         uint32_t *n_disk) {
+  const kvr_sim_cost_t *c = &eng->cfg.cost;
+  uint32_t evicted;
+  bool disk = lora_cpu(eng, id);
+  if (!lora_touch(&eng->gpu_loras, id, ++eng->lora_clock, &evicted))
+    return 0;
+  double s = c->lora_load_ms_per_rank * 1e-3 * rank;
+  (*n_load)++;
+  if (disk) {
+    (*n_disk)++;
+    s += c->lora_disk_ms_per_rank * 1e-3 * rank;
+  }
+  return s;
+}
+
+/* Before the batch runs, every adapter it needs gets a GPU slot (vLLM's set_active_adapters in
+ * the model runner, ahead of the forward pass): one not in a slot is copied in from the CPU
+ * cache, and read from disk first when it is not there either. The time goes into the step. */
+static void lora_activate(kvr_sim_engine_t *eng, kvr_sim_step_t *out, const batch_t *b) {
+  out->lora_s = eng->lora_pending_s; /* loads asked for between steps (kvr_sim_engine_lora_add) */
+  eng->lora_pending_s = 0;
+  for (uint32_t i = 0; i < b->nsched; i++) {
+    const kvr_sim_req_t *req = eng->sched[i].req;
+    if (req->lora_id != 0)
+      out->lora_s +=
+          lora_bring(eng, req->lora_id, req->lora_rank, &out->lora_loads, &out->lora_disk_loads);
+  }
+}
+
+double kvr_sim_engine_lora_add(kvr_sim_engine_t *eng, uint32_t lora_id, uint32_t rank,
+                               bool charge) {
+  if (eng->cfg.max_loras == 0 || lora_id == 0)
+    return 0;
+  uint32_t n_load = 0, n_disk = 0;
+  double s = lora_bring(eng, lora_id, KVR_MAX(rank, 1u), &n_load, &n_disk);
+  if (charge)
+    eng->lora_pending_s += s;
+  return s;
+}
+
+void kvr_sim_engine_lora_remove(kvr_sim_engine_t *eng, uint32_t lora_id) {
+  lora_drop(&eng->gpu_loras, lora_id);
+  lora_drop(&eng->cpu_loras, lora_id);
+}
+
+bool kvr_sim_engine_lora_on_gpu(const kvr_sim_engine_t *eng, uint32_t lora_id) {
+  return lora_find(&eng->gpu_loras, lora_id) >= 0;
+}
+
+bool kvr_sim_engine_lora_on_cpu(const kvr_sim_engine_t *eng, uint32_t lora_id) {
+  return lora_find(&eng->cpu_loras, lora_id) >= 0;
+}
+
+/* Adds req's adapter to reqs[0..*n) unless one of its requests is there (n counts all of them,
+ * up to cap kept). */
+static void lora_list_add(const kvr_sim_req_t *req, const kvr_sim_req_t **reqs, size_t cap,
+                          size_t *n, uint32_t *seen, size_t *nseen) {
+  if (req->lora_id == 0)
+    return;
+  for (size_t k = 0; k < *nseen; k++) {
+    if (seen[k] == req->lora_id)
+      return;
+  }
+  if (*nseen < 1024)
+    seen[(*nseen)++] = req->lora_id;
+  if (*n < cap)
+    reqs[*n] = req;
+  (*n)++;
+}
+
+size_t kvr_sim_engine_loras(const kvr_sim_engine_t *eng, bool running, const kvr_sim_req_t **reqs,
+                            size_t cap) {
+  uint32_t seen[1024];
+  size_t n = 0, nseen = 0;
+  if (running) {
+    for (uint32_t i = 0; i < eng->nrunning; i++)
+      lora_list_add(eng->running[i], reqs, cap, &n, seen, &nseen);
+    return n;
+  }
+  for (const kvr_list_t *q = eng->waiting.next; q != &eng->waiting; q = q->next)
+    lora_list_add(KVR_CONTAINER_OF(q, kvr_sim_req_t, wnode), reqs, cap, &n, seen, &nseen);
+  return n;
 }
 
 /* Step 3: "executes" the batch in order: cost, advance num_computed, one event each, sample. */
@@ -894,6 +1147,8 @@ int kvr_sim_engine_step(kvr_sim_engine_t *eng, kvr_sim_step_t *out) {
   schedule_running(eng, out, &b);
   if (!b.preempted) /* vLLM admits nothing in a step that had to preempt */
     admit_waiting(eng, &b, cutoff);
+  if (eng->cfg.max_loras > 0)
+    lora_activate(eng, out, &b);
   run_batch(eng, out, b.nsched);
   out->num_seqs += b.nsched;
   out->num_tokens = out->prefill_tokens + out->num_decode;

@@ -38,6 +38,23 @@
  *     start_token_idx 0 only, and every later block chains from it): a salted request's chain
  *     starts from kvr_sim_salt_root(salt) instead of 0, so requests with different salts (or
  *     none) share no block; the STORED event of a salted chain's first block carries the salt.
+ *   - LoRA (max_loras > 0, vLLM's --enable-lora): a request may name an adapter (lora_id, its
+ *     name and rank). Admission follows vLLM v1's scheduler (vllm/v1/core/sched/scheduler.py,
+ *     schedule(): "Check that adding the request still respects the max_loras constraint"): the
+ *     adapters of the running requests scheduled this step, plus those admitted so far, form
+ *     scheduled_loras; a waiting request whose adapter would make it more than max_loras is
+ *     skipped (it keeps its place; requests behind it may still be admitted), unlike a request
+ *     that does not fit, which stops admission. The GPU holds max_loras adapter slots and the
+ *     CPU max_cpu_loras adapters, both LRU (vllm/lora/worker_manager.py
+ *     LRUCacheWorkerLoRAManager, vllm/lora/model_manager.py LRUCacheLoRAModelManager): a step
+ *     whose batch needs an adapter not in a GPU slot first copies it in, lora_load_ms_per_rank x
+ *     rank, and before that reads it from disk when it is not in the CPU cache either,
+ *     lora_disk_ms_per_rank x rank (kvr_sim_step_t.lora_s; the terms, sim_preset.c's
+ *     kvr_sim_preset_lora_costs, are the adapter's bytes over PCIe and over a disk). The
+ *     adapter's name is an extra key of every block's hash (kv_cache_utils.py
+ *     generate_block_hash_extra_keys: lora_name first), so adapters never share blocks with each
+ *     other or with the base model, and STORED events carry lora_id, lora_name and per-block
+ *     extra_keys [name] ([name, salt] for a salted chain's first block).
  *   - Re-tokenization: a generated token is "non-canonical" with probability retok_drift, i.e.
  *     its id differs from the id the tokenizer gives its text, so when the next turn resends the
  *     answer as text the prefix-cache hit stops at the block holding it.
@@ -70,6 +87,10 @@ typedef struct kvr_sim_cost_s {
   double per_seq_ms;    /* per scheduled sequence: sampling, logits, input preparation */
   double decode_ctx_ns; /* per context token of each decoding sequence: KV reads */
   double attn_pair_ns;  /* per (query, key) pair of prefill attention: the quadratic term */
+  /* LoRA adapter swaps, per unit of the adapter's rank (see above); charged only in a step
+   * that needs an adapter not in a GPU slot */
+  double lora_load_ms_per_rank; /* CPU -> GPU slot (PCIe) */
+  double lora_disk_ms_per_rank; /* disk -> CPU cache, for an adapter not in it */
 } kvr_sim_cost_t;
 
 /* vLLM outside the GPU step: its API server process and its scheduler's pipelining. */
@@ -92,6 +113,8 @@ typedef struct kvr_sim_config_s {
   uint32_t max_num_seqs;           /* default 1024 */
   uint32_t max_num_batched_tokens; /* per-step token budget; default 8192 */
   uint32_t max_model_len;          /* prompt + output limit; default 131072 */
+  uint32_t max_loras;              /* LoRA: adapters per batch (GPU slots); 0 = LoRA off */
+  uint32_t max_cpu_loras;          /* LoRA: adapters in the CPU cache; >= max_loras */
   bool enable_prefix_caching;      /* default true */
   double retok_drift;              /* per generated token: P(its id is non-canonical), see above */
   kvr_sim_cost_t cost;
@@ -126,6 +149,10 @@ struct kvr_sim_req_s {
   char *salt;                   /* cache_salt (owned, NUL-terminated) or NULL */
   uint64_t salt_root;           /* kvr_sim_salt_root(salt), 0 without one: block 0's parent */
   bool skip_prefix_read;        /* vLLM's skip_reading_prefix_cache (chat echo): no lookup */
+  uint32_t lora_id;             /* the adapter's lora_int_id (> 0), 0: the base model */
+  uint32_t lora_rank;           /* its rank (the swap cost's size) */
+  char *lora_name;              /* its name (owned), NULL without one */
+  uint64_t lora_key;            /* kvr_sim_lora_key(lora_name), 0 without: mixed into every hash */
   double arrival_s;             /* simulated time it was added */
   double ready_s;               /* when the API server handed it to the scheduler */
   uint32_t num_drifted;         /* generated tokens whose id is non-canonical */
@@ -159,7 +186,10 @@ typedef struct kvr_sim_step_s {
   uint32_t prefill_tokens;
   uint64_t decode_ctx; /* sum of the decoding sequences' context lengths */
   double attn_pairs;
-  kvr_sim_event_t *events; /* owned by the engine; valid until the next step */
+  uint32_t lora_loads;      /* adapters copied into a GPU slot before this step */
+  uint32_t lora_disk_loads; /* of which read from disk first (not in the CPU cache) */
+  double lora_s;            /* the time those took, part of duration_s */
+  kvr_sim_event_t *events;  /* owned by the engine; valid until the next step */
   size_t nevents;
 } kvr_sim_step_t;
 
@@ -207,11 +237,36 @@ typedef struct kvr_sim_add_s {
   uint32_t gen_offset;   /* the first generated token is word gen_offset (a continued answer) */
   const char *salt;      /* cache_salt, copied; NULL or "" = none */
   bool skip_prefix_read; /* no prefix-cache lookup at admission (and none counted) */
+  uint32_t lora_id;      /* an adapter (needs max_loras > 0): its lora_int_id > 0; 0 = none */
+  uint32_t lora_rank;    /* its rank, >= 1 */
+  const char *lora_name; /* its name, copied: the hashes' and events' extra key */
   void *data;
 } kvr_sim_add_t;
 
-/* kvr_sim_engine_add() with every option. */
+/* kvr_sim_engine_add() with every option. NULL also for an adapter on an engine without LoRA. */
 kvr_sim_req_t *kvr_sim_engine_add_ex(kvr_sim_engine_t *eng, const kvr_sim_add_t *a);
+
+/* The extra key an adapter's name puts into every block hash: nonzero. */
+uint64_t kvr_sim_lora_key(const char *name, size_t len);
+
+/* Loads adapter lora_id of rank as vLLM's add_lora does (POST /v1/load_lora_adapter, and
+ * --lora-modules at startup: LRUCacheWorkerLoRAManager.add_adapter reads it into the CPU cache
+ * unless it is there, then activates it in a GPU slot), each cache evicting its least recently
+ * used adapter when full. Returns the seconds that takes (the swap cost terms); with charge, the
+ * engine core spends them before its next step (vLLM runs the utility call between steps), so
+ * they are added to that step's lora_s; startup loads are not charged. Unload
+ * (kvr_sim_engine_lora_remove) drops it from both caches. No-ops without LoRA. */
+double kvr_sim_engine_lora_add(kvr_sim_engine_t *eng, uint32_t lora_id, uint32_t rank, bool charge);
+void kvr_sim_engine_lora_remove(kvr_sim_engine_t *eng, uint32_t lora_id);
+/* Whether lora_id is in a GPU slot / in the CPU cache (tests, --print-costs). */
+bool kvr_sim_engine_lora_on_gpu(const kvr_sim_engine_t *eng, uint32_t lora_id);
+bool kvr_sim_engine_lora_on_cpu(const kvr_sim_engine_t *eng, uint32_t lora_id);
+
+/* The distinct adapters of the running (running true) or waiting requests, in the order of the
+ * first such request: up to cap of them into reqs (one request of each, whose lora_name and
+ * lora_id the caller reads). Returns how many there are. */
+size_t kvr_sim_engine_loras(const kvr_sim_engine_t *eng, bool running, const kvr_sim_req_t **reqs,
+                            size_t cap);
 
 /* The parent hash of a chain's first block for requests salted with salt[0..len): nonzero, so it
  * never equals the unsalted chain's 0. */
@@ -262,6 +317,10 @@ typedef struct kvr_sim_kv_event_s {
   /* STORED: > 0 when hashes[0] is the first block of a chain salted with log->salts[salt_off ..
    * salt_off + salt_len) (vLLM then sends extra_keys [["<salt>"], nil, ...]) */
   uint32_t salt_off, salt_len;
+  /* STORED: the adapter of the blocks, log->salts[lora_off .. lora_off + lora_len), lora_len 0
+   * without one (vLLM: lora_id and lora_name set, each block's extra keys start with the name) */
+  uint32_t lora_off, lora_len;
+  uint32_t lora_id;
   bool has_parent;   /* STORED: false when the run starts at the chain's first block */
   uint64_t parent;   /* STORED: engine hash of the block before hashes[0] */
   uint32_t hash_off; /* hashes are log->hashes[hash_off .. hash_off + nhashes) */

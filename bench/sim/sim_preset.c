@@ -160,6 +160,11 @@ static double term(double amount, double fraction, double rate, double scale) {
   return strtod(buf, NULL);
 }
 
+double kvr_sim_preset_lora_bytes_per_rank(const kvr_sim_model_t *m) {
+  double q = (double)m->heads * m->head_dim, kv = (double)m->kv_heads * m->head_dim;
+  return (double)m->layers * (4.0 * m->hidden + 2.0 * q + 2.0 * kv) * KVR_SIM_LORA_DTYPE_BYTES;
+}
+
 void kvr_sim_preset_derive(const kvr_sim_preset_t *p, uint32_t block_size, kvr_sim_derived_t *out) {
   kvr_sim_fractions_t f;
   kvr_sim_config_t fit;
@@ -172,6 +177,9 @@ void kvr_sim_preset_derive(const kvr_sim_preset_t *p, uint32_t block_size, kvr_s
   out->cost.dense_tok_us = term(out->dense_flops, f.dense, out->dense_peak, 1e6);
   out->cost.decode_ctx_ns = term(out->kv_bytes, f.kv, hbm, 1e9);
   out->cost.attn_pair_ns = term(out->attn_flops, f.attn, out->attn_peak, 1e9);
+  double lora = kvr_sim_preset_lora_bytes_per_rank(p->model);
+  out->cost.lora_load_ms_per_rank = term(lora, 1.0, KVR_SIM_LORA_PCIE_BYTES_S, 1e3);
+  out->cost.lora_disk_ms_per_rank = term(lora, 1.0, KVR_SIM_LORA_DISK_BYTES_S, 1e3);
   out->kv_mem = KVR_SIM_GPU_MEMORY_UTILIZATION * p->gpu->mem_bytes - out->weights_stored;
   uint32_t bs = block_size ? block_size : 16;
   double blocks = out->kv_mem > 0 ? floor(out->kv_mem / (out->kv_bytes * bs)) : 0;

@@ -89,6 +89,21 @@ typedef struct kvr_sim_derived_s {
   uint32_t max_model_len;  /* min(max_position_embeddings, num_gpu_blocks x block_size) */
 } kvr_sim_derived_t;
 
+/* LoRA adapter swaps (sim_engine.h, kvr_sim_cost_t.lora_*_per_rank). An adapter of rank r holds
+ * A (r x in) and B (out x r) for the attention projections q, k, v and o of every layer, in BF16
+ * (vLLM's lora_dtype "auto" is the model's dtype, vllm/config/lora.py; an FP8 checkpoint still
+ * computes in BF16): r x layers x (4 hidden + 2 heads x head_dim + 2 kv_heads x head_dim) x 2
+ * bytes, 8.19 MB per unit of rank for a Llama-70B (131 MB at rank 16). A GPU slot is filled over
+ * PCIe Gen5 x16 (64 GB/s a direction, ~50 achieved by pinned copies), a CPU-cache miss is read
+ * from an NVMe disk first (~2 GB/s, safetensors read whole): documented constants, the same for
+ * every preset. */
+#define KVR_SIM_LORA_PCIE_BYTES_S 50e9
+#define KVR_SIM_LORA_DISK_BYTES_S 2e9
+#define KVR_SIM_LORA_DTYPE_BYTES 2
+
+/* Bytes per unit of rank of an adapter on model m, as above. */
+double kvr_sim_preset_lora_bytes_per_rank(const kvr_sim_model_t *m);
+
 /* vLLM's default gpu_memory_utilization (vllm/config/cache.py, CacheConfig). */
 #define KVR_SIM_GPU_MEMORY_UTILIZATION 0.9
 

@@ -1,9 +1,12 @@
 /* sim_server.c -- the simulated vLLM worker's HTTP front: vLLM's OpenAI API over the pure engine.
  *
  * Structs:
- *   kvr_sim_server_t  the engine, the listener(s), one step timer, the list of live streams, the
- *                     current fault, the Prometheus figures vLLM exports, the Responses store and
- *                     the clients reading background streams.
+ *   kvr_sim_server_t  the engines, the listener(s), the list of live streams, the current fault,
+ *                     the served names and LoRA adapters, the Responses store and the clients
+ *                     reading background streams.
+ *   engine_t          one data-parallel engine: the simulated engine, its step clock (a timerfd
+ *                     and its uv_poll_t), its KV-event publisher, the Prometheus figures vLLM
+ *                     exports for it, the load balancer's counts.
  *   stream_t          one completion request: its HTTP request (until finished or aborted), its
  *                     engine request, its response framing (api_t: chat, completions, Responses or
  *                     Messages; streamed or not), its timestamps. Owned by the server's stream
@@ -18,12 +21,13 @@
  *         previous response, construct_input_messages); POST /v1/messages: messages_prepare
  *         (kvr_sim_anthropic_read); both render their messages as chat:
  *         kvr_sim_server_chat_prompt)
+ *        -> pick_engine: X-data-parallel-rank (400 out of range) or lb_pick (Responses: lb_pick)
  *        -> stream_new: answer (seed, first word, length), id, SSE head
  *        -> stream_begin: hang fault | disconnect fault | fixed-latency timer
  *                         | kvr_sim_engine_set_now + kvr_sim_engine_add_ex -> engine_kick (idle:
  *                           arm the clock for when the API server hands the request over)
  *
- *   step timer fires (at most one armed; none when the engine is idle):
+ *   an engine's step clock fires (at most one armed per engine; none when it is idle):
  *     deliver the events of the step whose tokens are due (one SSE chunk or event per token in
  *     the stream's API, the ending events: finish_reason, usage, [DONE] or response.completed or
  *     message_stop) -> reap streams whose client went away (their engine request is removed,
@@ -34,8 +38,8 @@
  *
  * Engine state is only changed at step boundaries: a client that disconnects while a step is in
  * flight is marked gone and reaped at the next tick, because that step's events still point at its
- * engine request. Streams outside the engine (fixed-latency mode, hung by the fault) have their own
- * timer or none and are freed at once.
+ * engine request (each engine reaps its own streams). Streams outside the engine (fixed-latency
+ * mode, hung by the fault) have their own timer or none and are freed at once.
  *
  * Times reported (metrics) are simulated time: wall-clock intervals multiplied by time_scale.
  *
@@ -86,12 +90,38 @@ static const double e2e_buckets[] = {0.3,  0.5,   0.8,   1.0,   1.5,   2.0,    2
 
 typedef struct stream_s stream_t;
 
+/* One data-parallel engine (vLLM's EngineCore of rank `rank`): the simulated engine, its clock
+ * (a timerfd watched by a uv_poll_t: at most one step computed and not yet delivered), its KV
+ * event publisher, the figures /metrics reports for it with engine="rank", and the load
+ * balancer's view of its queue. Owned by kvr_sim_server_t.engines. */
+typedef struct engine_s {
+  kvr_sim_server_t *srv;
+  uint32_t rank;
+  kvr_sim_engine_t *eng;
+  int step_fd;         /* timerfd of the engine clock (nanosecond precision) */
+  uv_poll_t step_poll; /* watches step_fd */
+  bool timer_active;   /* the engine clock is armed or its callback running */
+  bool have_step;      /* step holds events not yet delivered */
+  kvr_sim_step_t step;
+  uint64_t due_ns;
+  kvr_kv_pub_t *kv_pub; /* KV-event publisher, NULL when events are off */
+  /* figures for /metrics beyond the engine's counters */
+  kvr_hist_t ttft, itl, e2e;
+  uint64_t finished_stop, finished_length, finished_abort;
+  uint64_t fixed_prompt_tokens, fixed_generation_tokens;
+  size_t nfixed, nhung;
+  /* the API server's copy of (waiting, running), refreshed every 100 ms (simulated) and bumped
+   * by each request it sends (vllm/v1/engine/core_client.py, get_core_engine_for_request) */
+  uint32_t lb_waiting, lb_running;
+} engine_t;
+
 /* The API a stream answers in. */
 typedef enum { API_CHAT, API_COMPLETIONS, API_RESPONSES, API_MESSAGES } api_t;
 
 struct stream_s {
   kvr_sim_server_t *srv;
   kvr_http_req_t *http; /* NULL once finished or aborted */
+  engine_t *e;          /* the data-parallel engine serving it */
   kvr_sim_req_t *ereq;  /* engine request; NULL in fixed-latency mode or when hung */
   kvr_list_t node;      /* in srv->streams until stream_destroy() */
   uv_timer_t timer;     /* fixed-latency mode only */
@@ -131,35 +161,29 @@ struct kvr_sim_server_s {
   char **names;                        /* the served names (owned), names[0] the reply's */
   size_t nnames;
   kvr_sim_models_t models; /* names, and the adapters' names (loras' own strings) */
+  kvr_sim_loras_t loras;   /* the LoRA adapters (sim_lora.h); empty without LoRA */
+  bool lora_on;            /* engine max_loras >= 1 */
+  bool lora_runtime;       /* VLLM_ALLOW_RUNTIME_LORA_UPDATING: the load/unload routes exist */
   char bound[160];         /* main listener's "HOST:PORT" as bound, to listen again */
   int port;                /* its port, also while refusing */
-  kvr_sim_engine_t *eng;
+  engine_t *engines;       /* --data-parallel-size of them, engines[r].rank == r */
+  uint32_t ndp;
+  double lb_stamp_s; /* simulated time the load balancer's counts were last refreshed */
   kvr_http_limits_t limits;
   kvr_http_server_t *http, *admin;
-  int step_fd;         /* timerfd of the engine clock (nanosecond precision) */
-  uv_poll_t step_poll; /* watches step_fd */
   uv_timer_t refuse_timer;
-  bool timer_active; /* the engine clock is armed or its callback running */
-  bool have_step;    /* step holds events not yet delivered */
-  kvr_sim_step_t step;
-  uint64_t due_ns;
   double late_ns; /* moving average of how late timers fire after their due time */
   kvr_sim_fault_t fault;
   kvr_list_t streams; /* live streams (stream_t.node), newest first */
-  size_t nstreams, ngone, nfixed, nhung;
+  size_t nstreams, ngone;
   uint64_t rng, ids;
   uint64_t id_salt; /* random per process: ids are unique across sims whatever their seeds, as
                        vLLM's uuid4-based ids are (vllm/utils random_uuid) */
-  /* figures for /metrics beyond the engine's counters */
-  kvr_hist_t ttft, itl, e2e;
-  uint64_t finished_stop, finished_length, finished_abort;
-  uint64_t fixed_prompt_tokens, fixed_generation_tokens;
   bool closing;
   int pending_closes;
   void (*done)(void *data);
   void *done_data;
   kvr_buf_t scratch;
-  kvr_kv_pub_t *kv_pub;    /* KV-event publisher, NULL when events are off */
   bool store_enabled;      /* VLLM_ENABLE_RESPONSES_API_STORE=1 */
   kvr_sim_rstore_t *store; /* the Responses store (empty unless enabled) */
   kvr_list_t subs;         /* sub_t.node: clients of background streams' events */
@@ -221,6 +245,8 @@ void kvr_sim_server_opts_default(kvr_sim_server_opts_t *opts) {
   kvr_sim_fault_default(&opts->fault, KVR_SIM_FAULT_NONE);
   kvr_kv_events_config_default(&opts->kv_events);
   opts->kv_encoding = KVR_KV_ENCODING_MAP;
+  opts->max_lora_rank = 16;
+  opts->data_parallel_size = 1;
 }
 
 static double sim_seconds(const kvr_sim_server_t *srv, uint64_t wall_ns) {
@@ -339,9 +365,9 @@ static void stream_destroy(stream_t *s) {
   if (s->gone)
     srv->ngone--;
   if (s->hung)
-    srv->nhung--;
+    s->e->nhung--;
   if (s->ereq) {
-    kvr_sim_engine_remove(srv->eng, s->ereq);
+    kvr_sim_engine_remove(s->e->eng, s->ereq);
     s->ereq = NULL;
   }
   if (s->detached) {
@@ -356,7 +382,7 @@ static void stream_destroy(stream_t *s) {
     }
   }
   if (s->has_timer) {
-    srv->nfixed--;
+    s->e->nfixed--;
     srv->pending_closes++;
     uv_close((uv_handle_t *)&s->timer, on_stream_timer_close);
     return;
@@ -372,11 +398,11 @@ static void stream_gone(stream_t *s) {
     return;
   s->gone = true;
   srv->ngone++;
-  srv->finished_abort++;
+  s->e->finished_abort++;
   stream_release(s, true);
   if (s->has_timer)
     uv_timer_stop(&s->timer);
-  if (s->ereq == NULL || !srv->have_step)
+  if (s->ereq == NULL || !s->e->have_step)
     stream_destroy(s);
 }
 
@@ -544,9 +570,9 @@ static bool stream_emit(stream_t *s) {
     return true;
   }
   if (s->sent == 0)
-    kvr_hist_observe(&srv->ttft, sim_seconds(srv, now - s->arrival_ns));
+    kvr_hist_observe(&s->e->ttft, sim_seconds(srv, now - s->arrival_ns));
   else
-    kvr_hist_observe(&srv->itl, sim_seconds(srv, now - s->last_ns));
+    kvr_hist_observe(&s->e->itl, sim_seconds(srv, now - s->last_ns));
   s->last_ns = now;
   if (s->ereq != NULL && s->ereq->num_cached > 0)
     s->cached_tokens = (uint32_t)s->ereq->num_cached;
@@ -556,7 +582,7 @@ static bool stream_emit(stream_t *s) {
   s->sent++;
   bool final = s->sent >= s->max_output;
   if (s->ereq == NULL)
-    srv->fixed_generation_tokens++;
+    s->e->fixed_generation_tokens++;
   if (!s->stream || s->api == API_RESPONSES)
     kvr_buf_append(&s->text, word, sizeof(word));
   if (!s->stream) {
@@ -576,11 +602,11 @@ static bool stream_emit(stream_t *s) {
     if (!final)
       return false;
   }
-  kvr_hist_observe(&srv->e2e, sim_seconds(srv, now - s->arrival_ns));
+  kvr_hist_observe(&s->e->e2e, sim_seconds(srv, now - s->arrival_ns));
   if (s->stop_reason == KVR_SIM_FINISH_STOP)
-    srv->finished_stop++;
+    s->e->finished_stop++;
   else
-    srv->finished_length++;
+    s->e->finished_length++;
   if (s->stream)
     stream_release(s, false);
   else
@@ -611,33 +637,37 @@ static void on_step(uv_poll_t *p, int status, int events);
 /* The engine clock is a timerfd armed at an absolute CLOCK_MONOTONIC time (the clock kvr_now_ns()
  * reads), watched by one uv_poll_t: steps of 2 ms at --time-scale 10 keep their exact length,
  * which libuv's millisecond timers could not give. */
-static void step_clock_arm(kvr_sim_server_t *srv, uint64_t due_ns) {
+static void step_clock_arm(engine_t *e, uint64_t due_ns) {
   struct itimerspec its;
   memset(&its, 0, sizeof(its));
   due_ns = KVR_MAX(due_ns, 1u); /* 0 would disarm; a time in the past fires at once */
   its.it_value.tv_sec = (time_t)(due_ns / 1000000000u);
   its.it_value.tv_nsec = (long)(due_ns % 1000000000u);
-  timerfd_settime(srv->step_fd, TFD_TIMER_ABSTIME, &its, NULL);
-  uv_poll_start(&srv->step_poll, UV_READABLE, on_step);
+  timerfd_settime(e->step_fd, TFD_TIMER_ABSTIME, &its, NULL);
+  uv_poll_start(&e->step_poll, UV_READABLE, on_step);
 }
 
-static void engine_kick(kvr_sim_server_t *srv) {
-  if (srv->timer_active || srv->closing)
+static void engine_kick(engine_t *e) {
+  kvr_sim_server_t *srv = e->srv;
+  if (e->timer_active || srv->closing)
     return;
-  srv->timer_active = true;
-  srv->have_step = false;
+  e->timer_active = true;
+  e->have_step = false;
   /* Idle: the first step starts when the API server has handed the request over. */
-  srv->due_ns = KVR_MAX(wall_ns_of_sim_s(srv, kvr_sim_engine_next_start(srv->eng)), kvr_now_ns());
-  step_clock_arm(srv, srv->due_ns);
+  e->due_ns = KVR_MAX(wall_ns_of_sim_s(srv, kvr_sim_engine_next_start(e->eng)), kvr_now_ns());
+  step_clock_arm(e, e->due_ns);
 }
 
-static void reap_gone(kvr_sim_server_t *srv) {
+/* Frees the streams of engine e whose client went away (at e's step boundary: no step of e holds
+ * events pointing at them). */
+static void reap_gone(engine_t *e) {
+  kvr_sim_server_t *srv = e->srv;
   kvr_list_t *q, *tmp;
   KVR_LIST_FOREACH_SAFE(q, tmp, &srv->streams) {
     if (srv->ngone == 0)
       break;
     stream_t *s = KVR_CONTAINER_OF(q, stream_t, node);
-    if (s->gone)
+    if (s->gone && s->e == e)
       stream_destroy(s);
   }
 }
@@ -653,43 +683,77 @@ static void deliver(kvr_sim_server_t *srv, const kvr_sim_step_t *st) {
   }
 }
 
-/* Sends what the engine logged since the last batch (nothing when events are off). */
-static void publish_kv_events(kvr_sim_server_t *srv) {
-  if (srv->kv_pub == NULL)
+/* Sends what engine e logged since its last batch (nothing when events are off). */
+static void publish_kv_events(engine_t *e) {
+  if (e->kv_pub == NULL)
     return;
-  kvr_kv_pub_publish(srv->kv_pub, kvr_sim_engine_kv_log(srv->eng), srv->opts.engine.block_size);
-  kvr_sim_engine_kv_log_clear(srv->eng);
+  kvr_kv_pub_publish(e->kv_pub, kvr_sim_engine_kv_log(e->eng), e->srv->opts.engine.block_size);
+  kvr_sim_engine_kv_log_clear(e->eng);
+}
+
+/* The adapters of the engine's running or waiting requests, names joined by "," (vLLM's
+ * IterationStats running_lora_adapters / waiting_lora_adapters keys). */
+static void lora_names_of(const engine_t *e, bool running, kvr_buf_t *out) {
+  const kvr_sim_req_t *reqs[64];
+  size_t n = KVR_MIN(kvr_sim_engine_loras(e->eng, running, reqs, 64), (size_t)64);
+  kvr_buf_reset(out);
+  kvr_buf_puts(out, "");
+  for (size_t i = 0; i < n; i++) {
+    if (i > 0)
+      kvr_buf_puts(out, ",");
+    kvr_buf_puts(out, reqs[i]->lora_name);
+  }
+}
+
+/* vllm:lora_requests_info is set to the time at every step's stats (loggers.py record(), once per
+ * engine: with data parallelism each engine's record sets it with that engine's adapters). */
+static void lora_info_update(engine_t *e) {
+  kvr_sim_server_t *srv = e->srv;
+  if (!srv->lora_on)
+    return;
+  kvr_buf_t running = KVR_BUF_INIT, waiting = KVR_BUF_INIT;
+  lora_names_of(e, true, &running);
+  lora_names_of(e, false, &waiting);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  kvr_sim_loras_info_set(&srv->loras, srv->opts.engine.max_loras, waiting.data, running.data,
+                         (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9);
+  kvr_buf_free(&running);
+  kvr_buf_free(&waiting);
 }
 
 static void on_step(uv_poll_t *p, int status, int events) {
-  kvr_sim_server_t *srv = p->data;
+  engine_t *e = p->data;
+  kvr_sim_server_t *srv = e->srv;
   uint64_t expirations;
-  if (read(srv->step_fd, &expirations, sizeof(expirations)) < 0 && status == 0)
+  (void)events;
+  if (read(e->step_fd, &expirations, sizeof(expirations)) < 0 && status == 0)
     return; /* spurious wake-up: not expired yet */
   uv_poll_stop(p);
-  if (srv->have_step) {
-    deliver(srv, &srv->step);
-    publish_kv_events(srv);
+  if (e->have_step) {
+    deliver(srv, &e->step);
+    publish_kv_events(e);
+    lora_info_update(e);
   }
-  srv->have_step = false;
-  reap_gone(srv);
-  if (!kvr_sim_engine_busy(srv->eng)) {
-    srv->timer_active = false;
+  e->have_step = false;
+  reap_gone(e);
+  if (!kvr_sim_engine_busy(e->eng)) {
+    e->timer_active = false;
     return;
   }
   uint64_t now = kvr_now_ns();
-  if (wall_ns_of_sim_s(srv, kvr_sim_engine_next_start(srv->eng)) + LAG_RESET_NS < now)
-    kvr_sim_engine_skip_to(srv->eng, sim_seconds(srv, now)); /* fell behind: do not burst */
+  if (wall_ns_of_sim_s(srv, kvr_sim_engine_next_start(e->eng)) + LAG_RESET_NS < now)
+    kvr_sim_engine_skip_to(e->eng, sim_seconds(srv, now)); /* fell behind: do not burst */
   /* The step is computed now, as it starts in simulated time (its admission cut-off is in the
    * past, so nothing that arrives meanwhile could have joined it); its tokens go out when the
    * API server has processed them. */
-  kvr_sim_engine_step(srv->eng, &srv->step);
-  srv->have_step = true;
-  uint64_t due = wall_ns_of_sim_s(srv, srv->step.deliver_s);
-  if (srv->step.num_seqs == 0 || due <= srv->due_ns)
-    due = srv->due_ns + 100000; /* nothing was scheduled: look again in 0.1 ms */
-  srv->due_ns = due;
-  step_clock_arm(srv, srv->due_ns);
+  kvr_sim_engine_step(e->eng, &e->step);
+  e->have_step = true;
+  uint64_t due = wall_ns_of_sim_s(srv, e->step.deliver_s);
+  if (e->step.num_seqs == 0 || due <= e->due_ns)
+    due = e->due_ns + 100000; /* nothing was scheduled: look again in 0.1 ms */
+  e->due_ns = due;
+  step_clock_arm(e, e->due_ns);
 }
 
 /* Fixed-latency mode: each stream has its own timer, first token at ttft, then one every itl. */
@@ -1053,11 +1117,93 @@ static bool fault_fails(kvr_sim_server_t *srv, kvr_http_req_t *req, bool anthrop
   return true;
 }
 
+/* ---- data parallel: which engine serves a request ---- */
+
+/* The engine the API server's load balancer picks (vllm/v1/engine/core_client.py,
+ * DPLBAsyncMPClient.get_core_engine_for_request): the lowest waiting * 4 + running, the first
+ * rank on a tie (one API server: its client index 0 starts the scan), over counts the DP
+ * coordinator refreshes about every 100 ms, which the client bumps (waiting + 1) for each request
+ * it sends meanwhile. The sim refreshes them from the engines every 100 simulated ms. */
+static engine_t *lb_pick(kvr_sim_server_t *srv) {
+  double now = sim_seconds(srv, kvr_now_ns());
+  if (now - srv->lb_stamp_s >= 0.1 || srv->lb_stamp_s == 0) {
+    for (uint32_t r = 0; r < srv->ndp; r++) {
+      kvr_sim_stats_t st;
+      kvr_sim_engine_stats(srv->engines[r].eng, &st);
+      srv->engines[r].lb_waiting = st.waiting;
+      srv->engines[r].lb_running = st.running;
+    }
+    srv->lb_stamp_s = now;
+  }
+  engine_t *best = &srv->engines[0];
+  uint64_t min = UINT64_MAX;
+  for (uint32_t r = 0; r < srv->ndp; r++) {
+    engine_t *e = &srv->engines[r];
+    uint64_t score = (uint64_t)e->lb_waiting * 4 + e->lb_running;
+    if (score < min) {
+      min = score;
+      best = e;
+    }
+  }
+  best->lb_waiting++;
+  return best;
+}
+
+/* Python's int() of a header value: optional whitespace and sign, decimal digits (an underscore
+ * between two digits allowed). Returns false for anything else (vLLM then ignores the header). */
+static bool py_int(const char *s, long long *out) {
+  while (*s == ' ' || *s == '\t')
+    s++;
+  bool neg = *s == '-';
+  if (*s == '+' || *s == '-')
+    s++;
+  long long v = 0;
+  int digits = 0;
+  for (; *s; s++) {
+    if (*s >= '0' && *s <= '9') {
+      if (v > 1000000000000LL)
+        return false;
+      v = v * 10 + (*s - '0');
+      digits++;
+    } else if (*s == '_' && digits > 0 && s[1] >= '0' && s[1] <= '9') {
+      continue;
+    } else {
+      break;
+    }
+  }
+  while (*s == ' ' || *s == '\t')
+    s++;
+  if (digits == 0 || *s != '\0')
+    return false;
+  *out = neg ? -v : v;
+  return true;
+}
+
+/* The engine for a chat, completions or Messages request: the one X-data-parallel-rank names
+ * (OpenAIServing._get_data_parallel_rank, vllm/entrypoints/openai/engine/serving.py: a value
+ * int() cannot read is ignored), else lb_pick. A rank outside [0, n) is the ValueError of
+ * vllm/v1/engine/input_processor.py, which the serving layer answers 400 BadRequestError
+ * (vllm/entrypoints/serve/utils/error_response.py: ValueError). Returns 0 or 400 with e filled. */
+static int pick_engine(kvr_sim_server_t *srv, kvr_http_req_t *req, engine_t **out,
+                       kvr_sim_err_t *e) {
+  const char *h = kvr_http_header(req, "x-data-parallel-rank");
+  long long rank;
+  if (h == NULL || !py_int(h, &rank)) {
+    *out = lb_pick(srv);
+    return 0;
+  }
+  if (rank < 0 || rank >= (long long)srv->ndp)
+    return kvr_sim_err(e, 400, KVR_SIM_ERR_BAD_REQUEST, NULL,
+                       "data_parallel_rank %lld is out of range [0, %u).", rank, srv->ndp);
+  *out = &srv->engines[rank];
+  return 0;
+}
+
 /* Reads a completion request's body into *p. Returns the body (which p borrows from; the caller
  * deletes it), or NULL when the request was answered instead: 400/404 as vLLM for a bad body, or
  * the error fault's status (p then holds nothing to free). */
 static cJSON *read_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool chat,
-                              kvr_sim_completion_t *p) {
+                              kvr_sim_completion_t *p, engine_t **eng) {
   kvr_sim_err_t e;
   cJSON *body = read_json(req, false, &e);
   if (body == NULL) {
@@ -1066,6 +1212,8 @@ static cJSON *read_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool c
   }
   int status = kvr_sim_server_parse_completion_in(body, chat, &srv->models,
                                                   srv->opts.engine.max_model_len, p, &e);
+  if (status == 0)
+    status = pick_engine(srv, req, eng, &e);
   if (status != 0 || fault_fails(srv, req, false)) {
     if (status != 0)
       respond_error(req, &e, false);
@@ -1151,10 +1299,11 @@ static void stream_name(stream_t *s) {
 /* A new stream answering req (NULL: a background response, detached) in api with p: in srv's
  * list, attached to req (whose close makes it gone); a streamed response's head is sent at once.
  */
-static stream_t *stream_new(kvr_sim_server_t *srv, kvr_http_req_t *req, api_t api,
+static stream_t *stream_new(kvr_sim_server_t *srv, engine_t *eng, kvr_http_req_t *req, api_t api,
                             const kvr_sim_completion_t *p) {
   stream_t *s = kvr_xcalloc(1, sizeof(*s));
   s->srv = srv;
+  s->e = eng;
   s->http = req;
   s->api = api;
   s->chat = api == API_CHAT || api == API_MESSAGES;
@@ -1199,7 +1348,7 @@ static void stream_start_fixed(stream_t *s) {
   uv_timer_init(srv->loop, &s->timer);
   s->timer.data = s;
   s->has_timer = true;
-  srv->nfixed++;
+  s->e->nfixed++;
   s->due_ns = s->arrival_ns + wall_ns_of_sim_ms(srv, srv->opts.fixed_ttft_ms);
   timer_arm(srv, &s->timer, on_fixed_timer, s->due_ns);
 }
@@ -1208,7 +1357,7 @@ static void stream_start_fixed(stream_t *s) {
  * prefix cache (vLLM: echo sets prompt_logprobs, and then skip_reading_prefix_cache). */
 static void stream_start_engine(stream_t *s, const kvr_sim_completion_t *p) {
   kvr_sim_server_t *srv = s->srv;
-  kvr_sim_engine_set_now(srv->eng, sim_seconds(srv, kvr_now_ns()));
+  kvr_sim_engine_set_now(s->e->eng, sim_seconds(srv, kvr_now_ns()));
   kvr_sim_add_t a = {.prompt = p->prompt.v,
                      .nprompt = (uint32_t)p->prompt.n,
                      .max_output = s->max_output,
@@ -1218,14 +1367,20 @@ static void stream_start_engine(stream_t *s, const kvr_sim_completion_t *p) {
                      .salt = p->salt,
                      .skip_prefix_read = p->echo && s->api == API_CHAT,
                      .data = s};
-  s->ereq = kvr_sim_engine_add_ex(srv->eng, &a);
+  if (p->lora >= 0) {
+    const kvr_sim_lora_t *l = &srv->loras.v[p->lora];
+    a.lora_id = l->id;
+    a.lora_rank = l->rank;
+    a.lora_name = l->name;
+  }
+  s->ereq = kvr_sim_engine_add_ex(s->e->eng, &a);
   if (s->ereq == NULL) {
     /* only possible when the KV cache is smaller than max_model_len (tiny test configs) */
     stream_release(s, true);
     stream_destroy(s);
     return;
   }
-  engine_kick(srv);
+  engine_kick(s->e);
 }
 
 /* Sets s going: held by the hang fault, closed at once by the disconnect fault with
@@ -1235,7 +1390,7 @@ static void stream_begin(stream_t *s, const kvr_sim_completion_t *p) {
   kvr_sim_server_t *srv = s->srv;
   if (srv->fault.mode == KVR_SIM_FAULT_HANG) {
     s->hung = true;
-    srv->nhung++;
+    s->e->nhung++;
     return; /* held until the client goes away or the server closes */
   }
   if (s->disconnect_after == 0) {
@@ -1243,7 +1398,7 @@ static void stream_begin(stream_t *s, const kvr_sim_completion_t *p) {
     return;
   }
   if (srv->opts.fixed_ttft_ms >= 0) {
-    srv->fixed_prompt_tokens += p->prompt.n;
+    s->e->fixed_prompt_tokens += p->prompt.n;
     stream_start_fixed(s);
     return;
   }
@@ -1252,10 +1407,11 @@ static void stream_begin(stream_t *s, const kvr_sim_completion_t *p) {
 
 static void handle_completion(kvr_sim_server_t *srv, kvr_http_req_t *req, bool chat) {
   kvr_sim_completion_t p;
-  cJSON *body = read_completion(srv, req, chat, &p);
+  engine_t *eng = NULL;
+  cJSON *body = read_completion(srv, req, chat, &p, &eng);
   if (body == NULL)
     return;
-  stream_t *s = stream_new(srv, req, chat ? API_CHAT : API_COMPLETIONS, &p);
+  stream_t *s = stream_new(srv, eng, req, chat ? API_CHAT : API_COMPLETIONS, &p);
   if (p.echo)
     echo_text(body, chat, &s->echo);
   stream_begin(s, &p);
@@ -1398,7 +1554,7 @@ static void responses_background(kvr_sim_server_t *srv, kvr_http_req_t *req, kvr
   r->messages = NULL;
   kvr_buf_t *b = &srv->scratch;
   kvr_buf_reset(b);
-  stream_t *s = stream_new(srv, NULL, API_RESPONSES, p);
+  stream_t *s = stream_new(srv, lb_pick(srv), NULL, API_RESPONSES, p);
   s->resp = r;
   en->running = s;
   if (p->stream) {
@@ -1445,7 +1601,8 @@ static void handle_responses(kvr_http_req_t *req, void *data, const char *tail) 
   if (rq.background) {
     responses_background(srv, req, r, &p);
   } else {
-    stream_t *s = stream_new(srv, req, API_RESPONSES, &p);
+    /* /v1/responses does not read X-data-parallel-rank (../shared/VLLM-APIS.md section 6) */
+    stream_t *s = stream_new(srv, lb_pick(srv), req, API_RESPONSES, &p);
     s->resp = r;
     if (s->stream) {
       kvr_buf_t *b = &srv->scratch;
@@ -1615,15 +1772,18 @@ static void handle_messages(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_sim_msg_req_t mq;
   kvr_sim_err_t e;
   bool anthropic;
+  engine_t *eng = NULL;
   int rc = messages_prepare(srv, req, false, &p, &mq, &anthropic, &e);
   cJSON_Delete(mq.messages);
+  if (rc == 0)
+    rc = pick_engine(srv, req, &eng, &e);
   if (rc != 0 || fault_fails(srv, req, true)) {
     if (rc != 0)
       respond_error(req, &e, anthropic);
     kvr_sim_toks_free(&p.prompt);
     return;
   }
-  stream_t *s = stream_new(srv, req, API_MESSAGES, &p);
+  stream_t *s = stream_new(srv, eng, req, API_MESSAGES, &p);
   stream_begin(s, &p);
   kvr_sim_toks_free(&p.prompt);
 }
@@ -1692,6 +1852,11 @@ static void handle_models(kvr_http_req_t *req, void *data, const char *tail) {
     if (i > 0)
       kvr_buf_puts(b, ",");
     model_card(b, srv->names[i], srv->model, NULL, srv->opts.engine.max_model_len, created);
+  }
+  for (size_t i = 0; i < srv->loras.n; i++) {
+    const kvr_sim_lora_t *l = &srv->loras.v[i];
+    kvr_buf_puts(b, ",");
+    model_card(b, l->name, l->path, l->base ? l->base : srv->names[0], 0, created);
   }
   kvr_buf_puts(b, "]}");
   kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
@@ -1776,88 +1941,152 @@ static void handle_tokenize(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);
 }
 
-/* A family with one sample (a gauge or a counter). */
-static void metric_one(kvr_buf_t *b, const char *name, const char *type, const char *help,
-                       const char *labels, double v) {
-  kvr_metric_family(b, name, type, help);
-  kvr_metric_sample(b, name, labels, v);
+/* Every engine's labels, engine="R",model_name="<first served name>" (vLLM's per-engine label
+ * values, vllm/v1/metrics/loggers.py), in rank order, each NUL-terminated one after the other. */
+static void engine_labels(const kvr_sim_server_t *srv, kvr_buf_t *out) {
+  for (uint32_t r = 0; r < srv->ndp; r++) {
+    kvr_buf_printf(out, "engine=\"%u\",model_name=\"", r);
+    kvr_metric_escape(out, srv->names[0]);
+    kvr_buf_puts(out, "\"");
+    kvr_buf_append(out, "", 1);
+  }
 }
 
-/* The engine's gauges and counters; requests outside the engine (fixed-latency mode, hung by the
- * fault) count as running, and their tokens count too. */
+/* A family of one gauge or counter, one sample per engine: value(engine, its stats). */
+typedef double (*engine_value_fn)(const engine_t *e, const kvr_sim_stats_t *st);
+
+static void metric_per_engine(kvr_buf_t *b, const kvr_sim_server_t *srv, const char *labels,
+                              const kvr_sim_stats_t *st, const char *name, const char *type,
+                              const char *help, engine_value_fn value) {
+  kvr_metric_family(b, name, type, help);
+  const char *l = labels;
+  for (uint32_t r = 0; r < srv->ndp; r++, l += strlen(l) + 1)
+    kvr_metric_sample(b, name, l, value(&srv->engines[r], &st[r]));
+}
+
+/* Requests outside the engine (fixed-latency mode, hung by the fault) count as running, and their
+ * tokens count too. */
+static double v_running(const engine_t *e, const kvr_sim_stats_t *st) {
+  return (double)(st->running + e->nfixed + e->nhung);
+}
+static double v_waiting(const engine_t *e, const kvr_sim_stats_t *st) {
+  (void)e;
+  return st->waiting;
+}
+static double v_usage(const engine_t *e, const kvr_sim_stats_t *st) {
+  return (double)st->blocks_used / (double)e->srv->opts.engine.num_gpu_blocks;
+}
+static double v_queries(const engine_t *e, const kvr_sim_stats_t *st) {
+  (void)e;
+  return (double)st->prefix_queries;
+}
+static double v_hits(const engine_t *e, const kvr_sim_stats_t *st) {
+  (void)e;
+  return (double)st->prefix_hits;
+}
+static double v_preemptions(const engine_t *e, const kvr_sim_stats_t *st) {
+  (void)e;
+  return (double)st->preemptions;
+}
+static double v_prompt(const engine_t *e, const kvr_sim_stats_t *st) {
+  return (double)(st->prompt_tokens + e->fixed_prompt_tokens);
+}
+static double v_generation(const engine_t *e, const kvr_sim_stats_t *st) {
+  return (double)(st->generation_tokens + e->fixed_generation_tokens);
+}
+
+/* The engines' gauges and counters. */
 static void metrics_engine(kvr_buf_t *b, const kvr_sim_server_t *srv, const kvr_sim_stats_t *st,
                            const char *labels) {
-  metric_one(b, "vllm:num_requests_running", "gauge",
-             "Number of requests in model execution batches.", labels,
-             (double)(st->running + srv->nfixed + srv->nhung));
-  metric_one(b, "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-             labels, st->waiting);
-  metric_one(b, "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
-             labels, (double)st->blocks_used / (double)srv->opts.engine.num_gpu_blocks);
-  metric_one(b, "vllm:prefix_cache_queries_total", "counter",
-             "Prefix cache queries, in terms of number of queried tokens.", labels,
-             (double)st->prefix_queries);
-  metric_one(b, "vllm:prefix_cache_hits_total", "counter",
-             "Prefix cache hits, in terms of number of cached tokens.", labels,
-             (double)st->prefix_hits);
-  metric_one(b, "vllm:num_preemptions_total", "counter",
-             "Cumulative number of preemption from the engine.", labels, (double)st->preemptions);
-  metric_one(b, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-             labels, (double)(st->prompt_tokens + srv->fixed_prompt_tokens));
-  metric_one(b, "vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
-             labels, (double)(st->generation_tokens + srv->fixed_generation_tokens));
+  metric_per_engine(b, srv, labels, st, "vllm:num_requests_running", "gauge",
+                    "Number of requests in model execution batches.", v_running);
+  metric_per_engine(b, srv, labels, st, "vllm:num_requests_waiting", "gauge",
+                    "Number of requests waiting to be processed.", v_waiting);
+  metric_per_engine(b, srv, labels, st, "vllm:kv_cache_usage_perc", "gauge",
+                    "KV-cache usage. 1 means 100 percent usage.", v_usage);
+  metric_per_engine(b, srv, labels, st, "vllm:prefix_cache_queries_total", "counter",
+                    "Prefix cache queries, in terms of number of queried tokens.", v_queries);
+  metric_per_engine(b, srv, labels, st, "vllm:prefix_cache_hits_total", "counter",
+                    "Prefix cache hits, in terms of number of cached tokens.", v_hits);
+  metric_per_engine(b, srv, labels, st, "vllm:num_preemptions_total", "counter",
+                    "Cumulative number of preemption from the engine.", v_preemptions);
+  metric_per_engine(b, srv, labels, st, "vllm:prompt_tokens_total", "counter",
+                    "Number of prefill tokens processed.", v_prompt);
+  metric_per_engine(b, srv, labels, st, "vllm:generation_tokens_total", "counter",
+                    "Number of generation tokens processed.", v_generation);
 }
 
-/* vllm:request_success_total by finished_reason, and vllm:cache_config_info (cache_dtype: "fp8",
- * or "auto", vLLM's default, for a preset whose KV cache is the model's BF16); l2 is scratch. */
+/* vllm:request_success_total by finished_reason, and vllm:cache_config_info, one sample per
+ * engine (loggers.py log_metrics_info: the cache config's labels with engine="R", no model_name;
+ * cache_dtype: "fp8", or "auto", vLLM's default, for a preset whose KV cache is the model's
+ * BF16); l2 is scratch. */
 static void metrics_requests_and_config(kvr_buf_t *b, const kvr_sim_server_t *srv,
                                         const char *labels, kvr_buf_t *l2) {
   const kvr_sim_config_t *cfg = &srv->opts.engine;
   kvr_metric_family(b, "vllm:request_success_total", "counter",
                     "Count of successfully processed requests.");
   const char *reasons[] = {"stop", "length", "abort"};
-  uint64_t counts[] = {srv->finished_stop, srv->finished_length, srv->finished_abort};
-  for (int i = 0; i < 3; i++) {
-    kvr_buf_reset(l2);
-    kvr_buf_printf(l2, "%s,finished_reason=\"%s\"", labels, reasons[i]);
-    kvr_metric_sample(b, "vllm:request_success_total", l2->data, (double)counts[i]);
+  const char *l = labels;
+  for (uint32_t r = 0; r < srv->ndp; r++, l += strlen(l) + 1) {
+    const engine_t *e = &srv->engines[r];
+    uint64_t counts[] = {e->finished_stop, e->finished_length, e->finished_abort};
+    for (int i = 0; i < 3; i++) {
+      kvr_buf_reset(l2);
+      kvr_buf_printf(l2, "%s,finished_reason=\"%s\"", l, reasons[i]);
+      kvr_metric_sample(b, "vllm:request_success_total", l2->data, (double)counts[i]);
+    }
   }
   kvr_metric_family(b, "vllm:cache_config_info", "gauge",
                     "Information of the LLMEngine CacheConfig");
-  kvr_buf_reset(l2);
-  kvr_buf_printf(l2,
-                 "block_size=\"%u\",cache_dtype=\"%s\",enable_prefix_caching=\"%s\",engine=\"0\","
-                 "gpu_memory_utilization=\"0.9\",num_cpu_blocks=\"None\",num_gpu_blocks=\"%u\"",
-                 cfg->block_size, kvr_sim_preset_of(cfg)->model->kv_bytes == 1 ? "fp8" : "auto",
-                 cfg->enable_prefix_caching ? "True" : "False", cfg->num_gpu_blocks);
-  kvr_metric_sample(b, "vllm:cache_config_info", l2->data, 1.0);
+  for (uint32_t r = 0; r < srv->ndp; r++) {
+    kvr_buf_reset(l2);
+    kvr_buf_printf(
+        l2,
+        "block_size=\"%u\",cache_dtype=\"%s\",enable_prefix_caching=\"%s\",engine=\"%u\","
+        "gpu_memory_utilization=\"0.9\",num_cpu_blocks=\"None\",num_gpu_blocks=\"%u\"",
+        cfg->block_size, kvr_sim_preset_of(cfg)->model->kv_bytes == 1 ? "fp8" : "auto",
+        cfg->enable_prefix_caching ? "True" : "False", r, cfg->num_gpu_blocks);
+    kvr_metric_sample(b, "vllm:cache_config_info", l2->data, 1.0);
+  }
 }
 
-/* The three latency histograms, in simulated seconds. */
+/* The three latency histograms, in simulated seconds, one per engine. */
 static void metrics_latency(kvr_buf_t *b, const kvr_sim_server_t *srv, const char *labels) {
-  kvr_metric_histogram(b, "vllm:time_to_first_token_seconds",
-                       "Histogram of time to first token in seconds.", labels, &srv->ttft);
-  kvr_metric_histogram(b, "vllm:inter_token_latency_seconds",
-                       "Histogram of inter-token latency in seconds.", labels, &srv->itl);
-  kvr_metric_histogram(b, "vllm:e2e_request_latency_seconds",
-                       "Histogram of e2e request latency in seconds.", labels, &srv->e2e);
+  static const struct {
+    const char *name, *help;
+    size_t off;
+  } h[] = {{"vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+            offsetof(engine_t, ttft)},
+           {"vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+            offsetof(engine_t, itl)},
+           {"vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+            offsetof(engine_t, e2e)}};
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(h); i++) {
+    kvr_metric_family(b, h[i].name, "histogram", h[i].help);
+    const char *l = labels;
+    for (uint32_t r = 0; r < srv->ndp; r++, l += strlen(l) + 1)
+      kvr_metric_hist(b, h[i].name, l,
+                      (const kvr_hist_t *)((const char *)&srv->engines[r] + h[i].off));
+  }
 }
 
 /* GET /metrics: the figures vLLM exports, in its names, labels and order. */
 static void handle_metrics(kvr_http_req_t *req, void *data, const char *tail) {
   kvr_sim_server_t *srv = data;
   (void)tail;
-  kvr_sim_stats_t st;
-  kvr_sim_engine_stats(srv->eng, &st);
+  kvr_sim_stats_t *st = kvr_xcalloc(srv->ndp, sizeof(*st));
+  for (uint32_t r = 0; r < srv->ndp; r++)
+    kvr_sim_engine_stats(srv->engines[r].eng, &st[r]);
   kvr_buf_t labels = KVR_BUF_INIT, l2 = KVR_BUF_INIT;
-  kvr_buf_puts(&labels, "engine=\"0\",model_name=\"");
-  kvr_metric_escape(&labels, srv->names[0]);
-  kvr_buf_puts(&labels, "\"");
+  engine_labels(srv, &labels);
   kvr_buf_t *b = &srv->scratch;
   kvr_buf_reset(b);
-  metrics_engine(b, srv, &st, labels.data);
+  metrics_engine(b, srv, st, labels.data);
   metrics_requests_and_config(b, srv, labels.data, &l2);
   metrics_latency(b, srv, labels.data);
+  if (srv->lora_on)
+    kvr_sim_loras_info_write(b, &srv->loras);
+  free(st);
   kvr_buf_free(&labels);
   kvr_buf_free(&l2);
   kvr_http_respond(req, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b->data, b->len);
@@ -1928,7 +2157,9 @@ static void refuse_end(kvr_sim_server_t *srv) {
 
 static void apply_fault(kvr_sim_server_t *srv, const kvr_sim_fault_t *f) {
   srv->fault = *f;
-  kvr_sim_engine_set_step_delay(srv->eng, f->mode == KVR_SIM_FAULT_SLOW ? f->delay_ms * 1e-3 : 0.0);
+  for (uint32_t r = 0; r < srv->ndp; r++)
+    kvr_sim_engine_set_step_delay(srv->engines[r].eng,
+                                  f->mode == KVR_SIM_FAULT_SLOW ? f->delay_ms * 1e-3 : 0.0);
   if (f->mode == KVR_SIM_FAULT_REFUSE) {
     if (srv->http != NULL) {
       kvr_http_server_t *h = srv->http;
@@ -2008,10 +2239,136 @@ static void handle_reset_prefix_cache(kvr_http_req_t *req, void *data, const cha
     kvr_http_respond(req, 501, "application/json", NULL, body, sizeof(body) - 1);
     return;
   }
-  uint32_t kept = 0;
-  uint32_t dropped = kvr_sim_engine_reset_prefix_cache(srv->eng, &kept);
+  /* every engine (vllm/v1/engine/core_client.py: the reset is sent to all of them) */
+  uint32_t kept = 0, dropped = 0;
+  for (uint32_t r = 0; r < srv->ndp; r++) {
+    uint32_t k = 0;
+    dropped += kvr_sim_engine_reset_prefix_cache(srv->engines[r].eng, &k);
+    kept += k;
+  }
   KVR_INFO("sim", "prefix cache reset: %u cached blocks dropped, %u in use kept", dropped, kept);
   kvr_http_respond(req, 200, NULL, NULL, "", 0);
+}
+
+/* ---- LoRA adapters at runtime (vllm/entrypoints/serve/lora/api_router.py) ---- */
+
+static void models_sync(kvr_sim_server_t *srv) {
+  srv->models.loras = srv->loras.names;
+  srv->models.nloras = srv->loras.n;
+}
+
+/* Loads (name, path) into the table and the engine (charge: its time goes into the next step).
+ * 0 or the status with e filled. */
+static int lora_load(kvr_sim_server_t *srv, const char *name, const char *path, const char *base,
+                     bool inplace, bool charge, kvr_sim_err_t *e) {
+  if (!srv->lora_on)
+    return kvr_sim_err(e, 500, "InternalServerError", NULL,
+                       "LoRA is not enabled. Use --enable-lora to enable LoRA.");
+  bool existed = kvr_sim_loras_find(&srv->loras, name ? name : "") != NULL;
+  kvr_sim_lora_t *l;
+  int rc = kvr_sim_loras_load(&srv->loras, name, path, base, inplace,
+                              (const char *const *)srv->names, srv->nnames, &l, e);
+  if (rc != 0)
+    return rc;
+  models_sync(srv);
+  /* every engine loads it (vLLM's add_lora goes to each engine core) */
+  for (uint32_t r = 0; r < srv->ndp; r++) {
+    if (existed) /* in place: its weights are read again */
+      kvr_sim_engine_lora_remove(srv->engines[r].eng, l->id);
+    kvr_sim_engine_lora_add(srv->engines[r].eng, l->id, l->rank, charge);
+  }
+  KVR_INFO("sim", "Loaded new LoRA adapter: name '%s', path '%s' (id %u, rank %u)", l->name,
+           l->path, l->id, l->rank);
+  return 0;
+}
+
+/* The route is there only with VLLM_ALLOW_RUNTIME_LORA_UPDATING (else FastAPI's 404), and takes
+ * POST only; the body is a JSON object. Returns it, or NULL when req was answered. */
+static cJSON *lora_route_body(kvr_sim_server_t *srv, kvr_http_req_t *req) {
+  if (!srv->lora_runtime) {
+    respond_fastapi(req, 404, NULL);
+    return NULL;
+  }
+  if (req->method != HTTP_POST) {
+    respond_fastapi(req, 405, "POST");
+    return NULL;
+  }
+  kvr_sim_err_t e;
+  cJSON *body = read_json(req, false, &e);
+  if (body == NULL)
+    respond_error(req, &e, false);
+  return body;
+}
+
+/* A required string field of a LoRA request (pydantic: missing, or not a string: 400). */
+static int lora_field(const cJSON *body, const char *name, const char **out, kvr_sim_err_t *e) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, name);
+  if (v == NULL)
+    return kvr_sim_err_validation(e, name, NULL, "missing", "Field required");
+  if (!cJSON_IsString(v))
+    return kvr_sim_err_validation(e, name, NULL, "string_type", "Input should be a valid string");
+  *out = v->valuestring;
+  return 0;
+}
+
+/* 200 with vLLM's plain-text success line (FastAPI's Response(content=...): no media type). */
+static void lora_success(kvr_http_req_t *req, const char *name, const char *what) {
+  char msg[600];
+  int n = snprintf(msg, sizeof(msg), "Success: LoRA adapter '%.500s' %s successfully.", name, what);
+  kvr_http_respond(req, 200, NULL, NULL, msg, (size_t)KVR_MIN(n, (int)sizeof(msg) - 1));
+}
+
+/* POST /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace"?} */
+static void handle_load_lora(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_sim_server_t *srv = data;
+  (void)tail;
+  cJSON *body = lora_route_body(srv, req);
+  if (body == NULL)
+    return;
+  kvr_sim_err_t e;
+  const char *name = NULL, *path = NULL;
+  bool inplace = false;
+  const cJSON *in = cJSON_GetObjectItemCaseSensitive(body, "load_inplace");
+  int rc = lora_field(body, "lora_name", &name, &e);
+  if (rc == 0)
+    rc = lora_field(body, "lora_path", &path, &e);
+  if (rc == 0 && in != NULL && !cJSON_IsBool(in))
+    rc = kvr_sim_err_validation(&e, "load_inplace", NULL, "bool_type",
+                                "Input should be a valid boolean");
+  inplace = cJSON_IsTrue(in);
+  if (rc == 0)
+    rc = lora_load(srv, name, path, NULL, inplace, true, &e);
+  if (rc != 0)
+    respond_error(req, &e, false);
+  else
+    lora_success(req, name, "added");
+  cJSON_Delete(body);
+}
+
+/* POST /v1/unload_lora_adapter {"lora_name"}: forgotten by the API server and the engine (its
+ * caches); requests already running with it finish with it. */
+static void handle_unload_lora(kvr_http_req_t *req, void *data, const char *tail) {
+  kvr_sim_server_t *srv = data;
+  (void)tail;
+  cJSON *body = lora_route_body(srv, req);
+  if (body == NULL)
+    return;
+  kvr_sim_err_t e;
+  const char *name = NULL;
+  uint32_t id = 0;
+  int rc = lora_field(body, "lora_name", &name, &e);
+  if (rc == 0)
+    rc = kvr_sim_loras_unload(&srv->loras, name, &id, &e);
+  if (rc != 0) {
+    respond_error(req, &e, false);
+  } else {
+    models_sync(srv);
+    for (uint32_t r = 0; r < srv->ndp; r++)
+      kvr_sim_engine_lora_remove(srv->engines[r].eng, id);
+    KVR_INFO("sim", "Removed LoRA adapter: name '%s'", name);
+    lora_success(req, name, "removed");
+  }
+  cJSON_Delete(body);
 }
 
 static void handle_chat(kvr_http_req_t *req, void *data, const char *tail) {
@@ -2042,6 +2399,8 @@ static const kvr_http_route_t routes[] = {
     {"/v1/models", KVR_HTTP_M(GET), handle_models},
     {"/metrics", KVR_HTTP_M(GET), handle_metrics},
     {"/reset_prefix_cache", KVR_HTTP_M(POST), handle_reset_prefix_cache},
+    {"/v1/load_lora_adapter", KVR_HTTP_M_ANY, handle_load_lora},     /* its own 404/405 */
+    {"/v1/unload_lora_adapter", KVR_HTTP_M_ANY, handle_unload_lora}, /* its own 404/405 */
     {"/tokenize", KVR_HTTP_M(POST), handle_tokenize},
     {"/sim/fault", KVR_HTTP_M(GET) | KVR_HTTP_M(POST), handle_fault},
 };
@@ -2067,6 +2426,73 @@ static bool store_env(const char *v) {
   return *end == '\0' && n != 0;
 }
 
+/* Frees the engines (their fds and poll handles already closed, or never made). */
+static void engines_free(kvr_sim_server_t *srv) {
+  for (uint32_t r = 0; r < srv->ndp; r++) {
+    kvr_sim_engine_free(srv->engines[r].eng);
+  }
+  free(srv->engines);
+  srv->engines = NULL;
+  srv->ndp = 0;
+}
+
+/* vllm/envs.py: VLLM_ALLOW_RUNTIME_LORA_UPDATING is on when, stripped and lowercased, it is "1" or
+ * "true". */
+static bool runtime_lora_env(const char *v) {
+  if (v == NULL)
+    return false;
+  while (*v == ' ' || *v == '\t' || *v == '\n')
+    v++;
+  size_t n = strlen(v);
+  while (n > 0 && (v[n - 1] == ' ' || v[n - 1] == '\t' || v[n - 1] == '\n'))
+    n--;
+  return (n == 1 && v[0] == '1') || (n == 4 && strncasecmp(v, "true", 4) == 0);
+}
+
+/* --lora-modules, loaded before the server starts (vLLM's init_static_loras: one that fails
+ * aborts the start with its message). */
+static int load_static_loras(kvr_sim_server_t *srv, char *err, size_t errlen) {
+  for (size_t i = 0; i < srv->opts.nlora_modules; i++) {
+    const kvr_sim_lora_module_t *m = &srv->opts.lora_modules[i];
+    kvr_sim_err_t e;
+    if (lora_load(srv, m->name, m->path, m->base_model_name, false, false, &e) != 0) {
+      snprintf(err, errlen, "lora-modules: %s", e.message);
+      return KVR_EINVAL;
+    }
+  }
+  srv->opts.lora_modules = NULL; /* the caller's: not kept */
+  srv->opts.nlora_modules = 0;
+  return 0;
+}
+
+/* Creates the n data-parallel engines (each a copy of cfg, its histograms, its timerfd; the poll
+ * handles are initialised by the caller). 0, or -1 (errno set) when a timerfd cannot be made. */
+static int engines_new(kvr_sim_server_t *srv, const kvr_sim_config_t *cfg, uint32_t n) {
+  srv->engines = kvr_xcalloc(n, sizeof(*srv->engines));
+  srv->ndp = n;
+  for (uint32_t r = 0; r < n; r++) {
+    engine_t *e = &srv->engines[r];
+    e->srv = srv;
+    e->rank = r;
+    e->step_fd = -1;
+    e->eng = kvr_sim_engine_new(cfg); /* cfg was checked: only out of memory fails, and aborts */
+    kvr_hist_init(&e->ttft, ttft_buckets, KVR_ARRAY_SIZE(ttft_buckets));
+    kvr_hist_init(&e->itl, itl_buckets, KVR_ARRAY_SIZE(itl_buckets));
+    kvr_hist_init(&e->e2e, e2e_buckets, KVR_ARRAY_SIZE(e2e_buckets));
+    e->step_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (e->step_fd < 0) {
+      int saved = errno;
+      for (uint32_t k = 0; k < r; k++)
+        close(srv->engines[k].step_fd);
+      srv->engines[r].step_fd = -1;
+      engines_free(srv);
+      errno = saved;
+      return -1;
+    }
+  }
+  return 0;
+}
+
 static void names_free(kvr_sim_server_t *srv) {
   for (size_t i = 0; i < srv->nnames; i++)
     free(srv->names[i]);
@@ -2087,14 +2513,17 @@ kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_
   uint64_t cache_tokens = (uint64_t)cfg.num_gpu_blocks * cfg.block_size;
   if (cfg.max_model_len > cache_tokens)
     cfg.max_model_len = (uint32_t)KVR_MAX(cache_tokens, 2u);
+  if (opts->data_parallel_size < 1 || opts->data_parallel_size > KVR_SIM_DP_MAX) {
+    snprintf(err, errlen, "data_parallel_size: must be in [1, %d]", KVR_SIM_DP_MAX);
+    return NULL;
+  }
   kvr_sim_server_t *srv = kvr_xcalloc(1, sizeof(*srv));
   srv->port = -1;
   kvr_list_init(&srv->streams);
   kvr_list_init(&srv->subs);
-  srv->eng = kvr_sim_engine_new(&cfg);
-  if (srv->eng == NULL) {
+  if (engines_new(srv, &cfg, opts->data_parallel_size) != 0) {
     free(srv);
-    snprintf(err, errlen, "engine: out of memory");
+    snprintf(err, errlen, "timerfd: %s", strerror(errno));
     return NULL;
   }
   srv->loop = loop;
@@ -2116,17 +2545,13 @@ kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_
   srv->opts.nserved = srv->nnames;
   srv->models.names = (const char *const *)srv->names;
   srv->models.nnames = srv->nnames;
-  kvr_http_limits_default(&srv->limits);
-  srv->limits.max_body = 64 * 1024 * 1024;
-  kvr_hist_init(&srv->ttft, ttft_buckets, KVR_ARRAY_SIZE(ttft_buckets));
-  kvr_hist_init(&srv->itl, itl_buckets, KVR_ARRAY_SIZE(itl_buckets));
-  kvr_hist_init(&srv->e2e, e2e_buckets, KVR_ARRAY_SIZE(e2e_buckets));
-  srv->step_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-  if (srv->step_fd < 0 || uv_poll_init(loop, &srv->step_poll, srv->step_fd) != 0) {
-    snprintf(err, errlen, "timerfd: %s", strerror(errno));
-    if (srv->step_fd >= 0)
-      close(srv->step_fd);
-    kvr_sim_engine_free(srv->eng);
+  srv->lora_on = cfg.max_loras > 0;
+  srv->lora_runtime = runtime_lora_env(getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"));
+  kvr_sim_loras_init(&srv->loras, opts->max_lora_rank);
+  models_sync(srv);
+  if (load_static_loras(srv, err, errlen) != 0) {
+    engines_free(srv);
+    kvr_sim_loras_free(&srv->loras);
     free(srv->listen);
     free(srv->admin_listen);
     free(srv->model);
@@ -2134,7 +2559,14 @@ kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_
     free(srv);
     return NULL;
   }
-  srv->step_poll.data = srv;
+  kvr_http_limits_default(&srv->limits);
+  srv->limits.max_body = 64 * 1024 * 1024;
+  for (uint32_t r = 0; r < srv->ndp; r++) {
+    /* a timerfd (made by engines_new) is always a valid fd for epoll */
+    if (uv_poll_init(loop, &srv->engines[r].step_poll, srv->engines[r].step_fd) != 0)
+      kvr_oom("uv_poll_init of a timerfd", 0);
+    srv->engines[r].step_poll.data = &srv->engines[r];
+  }
   srv->store_enabled = store_env(getenv("VLLM_ENABLE_RESPONSES_API_STORE"));
   srv->store = kvr_sim_rstore_new(RSTORE_MAX);
   uv_timer_init(loop, &srv->refuse_timer);
@@ -2158,12 +2590,18 @@ int kvr_sim_server_start(kvr_sim_server_t *srv, char *err, size_t errlen) {
     if (rc != 0)
       return rc;
   }
-  if (kvr_kv_events_config_active(&srv->opts.kv_events)) {
-    srv->kv_pub =
-        kvr_kv_pub_new(srv->loop, &srv->opts.kv_events, srv->opts.kv_encoding, err, errlen);
-    if (srv->kv_pub == NULL)
+  /* one publisher per engine, on the endpoints moved to its rank (vLLM's EventPublisherFactory
+   * with data_parallel_rank), each batch carrying the rank */
+  for (uint32_t r = 0; kvr_kv_events_config_active(&srv->opts.kv_events) && r < srv->ndp; r++) {
+    engine_t *e = &srv->engines[r];
+    kvr_kv_events_config_t kc = srv->opts.kv_events;
+    if (kvr_kv_events_config_for_rank(&kc, r, err, errlen) != 0)
       return KVR_EINVAL;
-    kvr_sim_engine_kv_events(srv->eng, true);
+    e->kv_pub = kvr_kv_pub_new(srv->loop, &kc, srv->opts.kv_encoding, err, errlen);
+    if (e->kv_pub == NULL)
+      return KVR_EINVAL;
+    kvr_kv_pub_set_dp_rank(e->kv_pub, (int)r);
+    kvr_sim_engine_kv_events(e->eng, true);
   }
   if (srv->opts.fault.mode != KVR_SIM_FAULT_NONE)
     apply_fault(srv, &srv->opts.fault);
@@ -2189,10 +2627,11 @@ static void on_handle_close(uv_handle_t *h) {
 }
 
 static void on_step_poll_close(uv_handle_t *h) {
-  kvr_sim_server_t *srv = h->data;
-  close(srv->step_fd);
-  srv->step_fd = -1;
-  on_handle_close(h);
+  engine_t *e = h->data;
+  close(e->step_fd);
+  e->step_fd = -1;
+  uv_handle_t sh = {.data = e->srv};
+  on_handle_close(&sh);
 }
 
 static void on_kv_pub_closed(void *data) {
@@ -2205,7 +2644,8 @@ void kvr_sim_server_close(kvr_sim_server_t *srv, void (*done)(void *data), void 
   srv->done = done;
   srv->done_data = data;
   srv->pending_closes++; /* held until the end of this function */
-  srv->have_step = false;
+  for (uint32_t r = 0; r < srv->ndp; r++)
+    srv->engines[r].have_step = false;
   while (!kvr_list_empty(&srv->streams)) {
     stream_t *s = KVR_CONTAINER_OF(srv->streams.next, stream_t, node);
     stream_release(s, true);
@@ -2218,13 +2658,17 @@ void kvr_sim_server_close(kvr_sim_server_t *srv, void (*done)(void *data), void 
     kvr_http_abort(sub->req);
     sub_free(sub);
   }
-  if (srv->kv_pub) {
+  for (uint32_t r = 0; r < srv->ndp; r++) {
+    engine_t *e = &srv->engines[r];
+    if (e->kv_pub) {
+      srv->pending_closes++;
+      kvr_kv_pub_close(e->kv_pub, on_kv_pub_closed, srv);
+      e->kv_pub = NULL;
+    }
     srv->pending_closes++;
-    kvr_kv_pub_close(srv->kv_pub, on_kv_pub_closed, srv);
-    srv->kv_pub = NULL;
+    uv_close((uv_handle_t *)&e->step_poll, on_step_poll_close);
   }
-  srv->pending_closes += 2;
-  uv_close((uv_handle_t *)&srv->step_poll, on_step_poll_close);
+  srv->pending_closes++;
   uv_close((uv_handle_t *)&srv->refuse_timer, on_handle_close);
   if (srv->http) {
     retire_http(srv, srv->http);
@@ -2244,12 +2688,13 @@ void kvr_sim_server_close(kvr_sim_server_t *srv, void (*done)(void *data), void 
 void kvr_sim_server_free(kvr_sim_server_t *srv) {
   if (srv == NULL)
     return;
-  kvr_sim_engine_free(srv->eng);
+  engines_free(srv);
   kvr_sim_rstore_free(srv->store);
   free(srv->listen);
   free(srv->admin_listen);
   free(srv->model);
   names_free(srv);
+  kvr_sim_loras_free(&srv->loras);
   kvr_buf_free(&srv->scratch);
   free(srv);
 }

@@ -1,13 +1,19 @@
 /* sim_server.h -- the simulated vLLM worker's HTTP side: vLLM's OpenAI API, /metrics, fault modes.
  *
- * A kvr_sim_server_t owns one kvr_sim_engine_t and drives it from one uv_timer_t: run a step, wait
- * its simulated duration divided by time_scale, deliver the tokens that step produced to the
- * streams, run the next step. An idle engine has no timer armed.
+ * A kvr_sim_server_t owns data_parallel_size kvr_sim_engine_t (one unless --data-parallel-size)
+ * and drives each from its own clock: run a step, wait its simulated duration divided by
+ * time_scale, deliver the tokens that step produced to the streams, run the next step. An idle
+ * engine has no clock armed. A request goes to the engine X-data-parallel-rank names (chat,
+ * completions, Messages), else to the least loaded one (vLLM's waiting*4 + running); /metrics
+ * has one sample per engine (engine="R"), each engine publishes its own KV events (rank R on the
+ * endpoint's port + R), and /reset_prefix_cache, the slow fault and LoRA loads reach them all.
  *
  * Endpoints (as vLLM's OpenAI server): POST /v1/chat/completions, POST /v1/completions,
  * POST /v1/responses, GET /v1/responses/{id}, POST /v1/responses/{id}/cancel (sim_responses.h),
  * POST /v1/messages, POST /v1/messages/count_tokens (sim_anthropic.h), GET /v1/models,
  * GET /health, GET /metrics, POST /tokenize (the ids a completion is served with),
+ * POST /v1/load_lora_adapter and /v1/unload_lora_adapter (with VLLM_ALLOW_RUNTIME_LORA_UPDATING;
+ * the adapters are sim_lora.h's table, each a model name of its own),
  * POST /reset_prefix_cache (vLLM's dev-mode endpoint: cached blocks no running request holds
  * lose their hash); and the admin path GET/POST /sim/fault. Responses and Messages requests are
  * rendered with the chat template, so a conversation gives the same prompt ids through any of
@@ -32,6 +38,7 @@
 #include "kv_events.h"
 #include "sim_api.h"
 #include "sim_engine.h"
+#include "sim_lora.h"
 #include "sim_tokens.h"
 
 #include <stdbool.h>
@@ -74,6 +81,17 @@ typedef struct kvr_sim_server_opts_s {
    * first is the reply's and the metrics' model_name. NULL (nserved 0): model alone, as vLLM. */
   const char *const *served_names;
   size_t nserved;
+  /* LoRA (vLLM's --enable-lora): on when engine.max_loras >= 1 (--max-loras; engine.max_cpu_loras
+   * --max-cpu-loras). lora_modules (--lora-modules) are loaded by kvr_sim_server_new, which
+   * fails with vLLM's message when one cannot be; an adapter's rank may not exceed max_lora_rank
+   * (--max-lora-rank, 16). POST /v1/load_lora_adapter and /v1/unload_lora_adapter exist only when
+   * the environment holds VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 or true at kvr_sim_server_new. */
+  const kvr_sim_lora_module_t *lora_modules;
+  size_t nlora_modules;
+  uint32_t max_lora_rank;
+  /* vLLM's --data-parallel-size (1): that many engines (each with engine's config) behind the one
+   * API server; see "Data parallel" above. */
+  uint32_t data_parallel_size;
   double time_scale;        /* > 0; simulated durations are divided by it */
   uint64_t seed;            /* seeds generated text and the error-rate coin */
   uint32_t output_len_mean; /* natural answer length (EOS) when ignore_eos is off; 0 = never EOS */
@@ -90,6 +108,8 @@ typedef struct kvr_sim_server_opts_s {
    * chunk, as if the request had asked with stream_options.include_usage. */
   bool enable_force_include_usage;
 } kvr_sim_server_opts_t;
+
+#define KVR_SIM_DP_MAX 64 /* --data-parallel-size at most */
 
 typedef struct kvr_sim_server_s kvr_sim_server_t;
 

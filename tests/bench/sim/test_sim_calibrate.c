@@ -48,7 +48,12 @@ static void test_print_costs(void **state) {
   kvr_sim_config_t cfg;
   kvr_sim_config_default(&cfg);
   char *text = capture_costs(&cfg);
-  assert_int_equal(count_lines(text), 24);
+  assert_int_equal(count_lines(text), 25);
+  /* the LoRA swap line (sim_preset.h): 8.19 MB per unit of rank over 50 and 2 GB/s */
+  assert_non_null(strstr(text, "lora swap: lora_load_ms_per_rank=0.164 lora_disk_ms_per_rank=4.1 "
+                               "(an adapter is 8.19 MB per unit of rank"));
+  assert_non_null(strstr(text, "rank 16 (131 MB): 2.62 ms into a GPU slot from the CPU cache, "
+                               "65.6 ms more when read from disk first\n"));
   assert_non_null(strstr(text, "cost model: weights_ms=20 dense_tok_us=110 step_ms=1 "
                                "per_seq_ms=0.03 decode_ctx_ns=55 attn_pair_ns=2.5\n"));
   assert_non_null(strstr(text, "frontend: req_ms=2 prompt_tok_us=1.1 stream_tok_us=40 "

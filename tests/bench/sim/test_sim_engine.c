@@ -2,7 +2,8 @@
  * (tail blocks first), preemption by recompute, the per-step token budget with chunked prefill,
  * max_num_seqs, aborts, the cost model's bookkeeping, cache_salt chains (and the salt in the KV
  * events, encoded as vLLM's extra_keys), continued answers (gen_offset) and requests that skip
- * the prefix cache. */
+ * the prefix cache; LoRA: vLLM's max_loras admission rule, the adapter swap cost in virtual
+ * time, adapters in the block hashes and the KV events. */
 #include "base/kvr.h"
 #include "bench/sim/kv_events.h"
 #include "bench/sim/sim_engine.h"
@@ -908,6 +909,282 @@ static void test_skip_prefix_read(void **state) {
   free(p);
 }
 
+/* ---- LoRA ---- */
+
+static kvr_sim_engine_t *lora_engine(uint32_t max_loras, uint32_t max_cpu_loras) {
+  kvr_sim_config_t cfg;
+  kvr_sim_config_default(&cfg);
+  cfg.num_gpu_blocks = 256;
+  cfg.max_model_len = 4096;
+  cfg.max_loras = max_loras;
+  cfg.max_cpu_loras = max_cpu_loras;
+  memset(&cfg.frontend, 0, sizeof(cfg.frontend));
+  cfg.retok_drift = 0;
+  kvr_sim_engine_t *eng = kvr_sim_engine_new(&cfg);
+  assert_non_null(eng);
+  return eng;
+}
+
+static const char *const lora_names[] = {NULL, "sql-lora", "fr-lora", "code-lora"};
+
+/* A request for prompt[0..n) under adapter id (0: the base model) of rank 16. */
+static kvr_sim_req_t *lora_add(kvr_sim_engine_t *eng, const uint32_t *p, uint32_t n, uint32_t id,
+                               uint32_t max_output) {
+  kvr_sim_add_t a = {.prompt = p,
+                     .nprompt = n,
+                     .max_output = max_output,
+                     .stop_reason = KVR_SIM_FINISH_LENGTH,
+                     .gen_seed = 1,
+                     .lora_id = id,
+                     .lora_rank = 16,
+                     .lora_name = lora_names[id]};
+  kvr_sim_req_t *r = kvr_sim_engine_add_ex(eng, &a);
+  assert_non_null(r);
+  return r;
+}
+
+/* vLLM v1's scheduler: with max_loras 1, a waiting request for a second adapter is skipped while
+ * the first adapter's requests run; requests behind it for the running adapter (or the base
+ * model) are still admitted; it is admitted once no request of the first adapter runs. */
+static void test_lora_admission(void **state) {
+  (void)state;
+  kvr_sim_engine_t *eng = lora_engine(1, 1);
+  uint32_t *p = prompt_seq(100, 32);
+  kvr_sim_req_t *a = lora_add(eng, p, 32, 1, 4);
+  kvr_sim_req_t *b = lora_add(eng, p, 32, 2, 4);
+  kvr_sim_req_t *c = lora_add(eng, p, 32, 1, 4);
+  kvr_sim_req_t *d = lora_add(eng, p, 32, 0, 4);
+  kvr_sim_step_t st;
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(a->state, KVR_SIM_RUNNING);
+  assert_int_equal(b->state, KVR_SIM_WAITING);
+  assert_int_equal(c->state, KVR_SIM_RUNNING);
+  assert_int_equal(d->state, KVR_SIM_RUNNING);
+  const kvr_sim_req_t *l[4];
+  assert_int_equal(kvr_sim_engine_loras(eng, true, l, 4), 1);
+  assert_string_equal(l[0]->lora_name, "sql-lora");
+  assert_int_equal(kvr_sim_engine_loras(eng, false, l, 4), 1);
+  assert_string_equal(l[0]->lora_name, "fr-lora");
+  while (a->state == KVR_SIM_RUNNING || c->state == KVR_SIM_RUNNING) {
+    assert_int_equal(b->state, KVR_SIM_WAITING);
+    kvr_sim_engine_step(eng, &st);
+  }
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(b->state, KVR_SIM_RUNNING);
+  run_until_done(eng, b);
+  kvr_sim_engine_remove(eng, a);
+  kvr_sim_engine_remove(eng, b);
+  kvr_sim_engine_remove(eng, c);
+  kvr_sim_engine_remove(eng, d);
+  /* max_loras 2: both adapters in one batch */
+  kvr_sim_engine_free(eng);
+  eng = lora_engine(2, 2);
+  a = lora_add(eng, p, 32, 1, 4);
+  b = lora_add(eng, p, 32, 2, 4);
+  c = lora_add(eng, p, 32, 3, 4);
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(a->state, KVR_SIM_RUNNING);
+  assert_int_equal(b->state, KVR_SIM_RUNNING);
+  assert_int_equal(c->state, KVR_SIM_WAITING);
+  /* an adapter on an engine without LoRA is refused */
+  kvr_sim_engine_t *plain = small_engine(64, 8192, 16);
+  kvr_sim_add_t x = {
+      .prompt = p, .nprompt = 32, .max_output = 1, .lora_id = 1, .lora_name = "sql-lora"};
+  assert_null(kvr_sim_engine_add_ex(plain, &x));
+  kvr_sim_engine_free(plain);
+  kvr_sim_engine_free(eng);
+  free(p);
+}
+
+/* The swap cost in virtual time: the first step of an adapter not on the GPU costs its copy into
+ * a slot (rank x lora_load_ms_per_rank) and, not in the CPU cache either, its read from disk
+ * (rank x lora_disk_ms_per_rank) on top of what the same batch costs for the base model; a
+ * preloaded adapter (kvr_sim_engine_lora_add, as POST /v1/load_lora_adapter) costs the copy only;
+ * the next steps nothing. With one slot, alternating adapters pays a copy each time. */
+static void test_lora_swap_cost(void **state) {
+  (void)state;
+  kvr_sim_engine_t *eng = lora_engine(1, 2);
+  const kvr_sim_cost_t *c = &kvr_sim_engine_config(eng)->cost;
+  double load = 16 * c->lora_load_ms_per_rank * 1e-3, disk = 16 * c->lora_disk_ms_per_rank * 1e-3;
+  assert_true(load > 0 && disk > load);
+  uint32_t *p = prompt_seq(200, 64);
+  kvr_sim_step_t base, st;
+  kvr_sim_req_t *r = lora_add(eng, p, 64, 0, 2);
+  kvr_sim_engine_step(eng, &base);
+  assert_int_equal(base.lora_loads, 0);
+  assert_true(base.lora_s == 0);
+  run_until_done(eng, r);
+  kvr_sim_engine_remove(eng, r);
+  kvr_sim_engine_reset_prefix_cache(eng, NULL);
+
+  r = lora_add(eng, p, 64, 1, 2);
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(st.lora_loads, 1);
+  assert_int_equal(st.lora_disk_loads, 1);
+  assert_true(fabs(st.lora_s - (load + disk)) < 1e-12);
+  assert_true(fabs(st.duration_s - (base.duration_s + load + disk)) < 1e-9);
+  assert_true(kvr_sim_engine_lora_on_gpu(eng, 1) && kvr_sim_engine_lora_on_cpu(eng, 1));
+  kvr_sim_engine_step(eng, &st); /* its decode: the adapter is in its slot */
+  assert_int_equal(st.lora_loads, 0);
+  assert_true(st.lora_s == 0);
+  run_until_done(eng, r);
+  kvr_sim_engine_remove(eng, r);
+
+  /* loaded at runtime (POST /v1/load_lora_adapter): read and activated between steps, its time
+   * charged to the next step; the request then finds it in its slot */
+  assert_true(fabs(kvr_sim_engine_lora_add(eng, 2, 16, true) - (load + disk)) < 1e-12);
+  assert_true(kvr_sim_engine_lora_on_cpu(eng, 2) && kvr_sim_engine_lora_on_gpu(eng, 2));
+  assert_true(!kvr_sim_engine_lora_on_gpu(eng, 1)); /* one slot: 1 was swapped out */
+  assert_true(kvr_sim_engine_lora_on_cpu(eng, 1));  /* still in the CPU cache (2 entries) */
+  r = lora_add(eng, p, 64, 2, 1);
+  kvr_sim_engine_step(eng, &st);
+  assert_int_equal(st.lora_loads, 0);
+  assert_true(fabs(st.lora_s - (load + disk)) < 1e-12);
+  assert_true(kvr_sim_engine_lora_add(eng, 2, 16, true) == 0); /* there already: nothing */
+  run_until_done(eng, r);
+  kvr_sim_engine_remove(eng, r);
+  r = lora_add(eng, p, 64, 1, 1);
+  kvr_sim_engine_step(eng, &st);
+  assert_true(fabs(st.lora_s - load) < 1e-12); /* back from the CPU cache: the copy only */
+  run_until_done(eng, r);
+  kvr_sim_engine_remove(eng, r);
+  /* a third adapter evicts the least recently used one (2) from the CPU cache */
+  r = lora_add(eng, p, 64, 3, 1);
+  kvr_sim_engine_step(eng, &st);
+  assert_true(fabs(st.lora_s - (load + disk)) < 1e-12);
+  assert_true(!kvr_sim_engine_lora_on_cpu(eng, 2) && kvr_sim_engine_lora_on_cpu(eng, 1));
+  run_until_done(eng, r);
+  kvr_sim_engine_remove(eng, r);
+  kvr_sim_engine_lora_remove(eng, 3);
+  assert_true(!kvr_sim_engine_lora_on_cpu(eng, 3) && !kvr_sim_engine_lora_on_gpu(eng, 3));
+  kvr_sim_engine_free(eng);
+  free(p);
+}
+
+static int32_t lora_hit(kvr_sim_engine_t *eng, const uint32_t *p, uint32_t n, uint32_t id) {
+  kvr_sim_req_t *r = lora_add(eng, p, n, id, 1);
+  run_until_done(eng, r);
+  int32_t hit = r->num_cached;
+  kvr_sim_engine_remove(eng, r);
+  return hit;
+}
+
+/* The adapter's name is an extra key of every block: the same prompt shares blocks only under
+ * the same adapter; the hashes are the plain chain's with the name's key mixed in. */
+static void test_lora_hashes(void **state) {
+  (void)state;
+  kvr_sim_engine_t *eng = lora_engine(2, 4);
+  uint32_t *p = prompt_seq(300, 48);
+  assert_int_equal(lora_hit(eng, p, 48, 0), 0);
+  assert_int_equal(lora_hit(eng, p, 48, 1), 0);
+  assert_int_equal(lora_hit(eng, p, 48, 2), 0);
+  assert_int_equal(lora_hit(eng, p, 48, 1), 32);
+  assert_int_equal(lora_hit(eng, p, 48, 2), 32);
+  assert_int_equal(lora_hit(eng, p, 48, 0), 32);
+  uint64_t key = kvr_sim_lora_key("sql-lora", 8);
+  assert_true(key != 0 && key != kvr_sim_lora_key("fr-lora", 7));
+  uint64_t h0 = kvr_sim_block_hash(key, p, 16);
+  assert_true(kvr_sim_engine_has_hash(eng, h0));
+  assert_true(kvr_sim_engine_has_hash(eng, kvr_sim_block_hash(h0 ^ key, p + 16, 16)));
+  kvr_sim_engine_free(eng);
+  free(p);
+}
+
+/* Find key in a msgpack map. */
+static const msgpack_object *map_get(const msgpack_object *map, const char *key) {
+  for (uint32_t i = 0; i < map->via.map.size; i++) {
+    const msgpack_object_kv *kv = &map->via.map.ptr[i];
+    if (kv->key.via.str.size == strlen(key) &&
+        memcmp(kv->key.via.str.ptr, key, kv->key.via.str.size) == 0)
+      return &kv->val;
+  }
+  return NULL;
+}
+
+static void assert_str(const msgpack_object *o, const char *s) {
+  assert_int_equal(o->type, MSGPACK_OBJECT_STR);
+  assert_int_equal(o->via.str.size, strlen(s));
+  assert_memory_equal(o->via.str.ptr, s, strlen(s));
+}
+
+/* STORED events of an adapter's request carry lora_id and lora_name and, per block, extra keys
+ * [name] ([name, salt] for a salted chain's first block), in the map encoding; the array
+ * encoding carries lora_id and lora_name at their places. */
+static void test_lora_kv_events(void **state) {
+  (void)state;
+  kvr_sim_engine_t *eng = lora_engine(1, 1);
+  kvr_sim_engine_kv_events(eng, true);
+  uint32_t *p = prompt_seq(400, 40);
+  kvr_sim_add_t a = {.prompt = p,
+                     .nprompt = 40,
+                     .max_output = 1,
+                     .gen_seed = 1,
+                     .salt = "s1",
+                     .lora_id = 2,
+                     .lora_rank = 8,
+                     .lora_name = "fr-lora"};
+  kvr_sim_req_t *r = kvr_sim_engine_add_ex(eng, &a);
+  run_until_done(eng, r);
+  kvr_sim_engine_remove(eng, r);
+  const kvr_sim_kv_log_t *log = kvr_sim_engine_kv_log(eng);
+  assert_int_equal(log->nev, 1);
+  assert_int_equal(log->ev[0].lora_id, 2);
+  for (int enc = 0; enc < 2; enc++) {
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    kvr_kv_encode_batch(&sb, log, 16, 1.0, 0,
+                        enc == 0 ? KVR_KV_ENCODING_MAP : KVR_KV_ENCODING_ARRAY);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    assert_int_equal(msgpack_unpack_next(&u, sb.data, sb.size, NULL), MSGPACK_UNPACK_SUCCESS);
+    const msgpack_object *ev = &u.data.via.array.ptr[1].via.array.ptr[0];
+    if (enc == 0) {
+      assert_int_equal(map_get(ev, "lora_id")->via.u64, 2);
+      assert_str(map_get(ev, "lora_name"), "fr-lora");
+      const msgpack_object *extra = map_get(ev, "extra_keys");
+      assert_int_equal(extra->via.array.size, 2);
+      const msgpack_object *k0 = &extra->via.array.ptr[0], *k1 = &extra->via.array.ptr[1];
+      assert_int_equal(k0->via.array.size, 2);
+      assert_str(&k0->via.array.ptr[0], "fr-lora");
+      assert_str(&k0->via.array.ptr[1], "s1");
+      assert_int_equal(k1->via.array.size, 1);
+      assert_str(&k1->via.array.ptr[0], "fr-lora");
+    } else {
+      assert_int_equal(ev->via.array.ptr[5].via.u64, 2);
+      assert_str(&ev->via.array.ptr[7], "fr-lora");
+    }
+    msgpack_unpacked_destroy(&u);
+    msgpack_sbuffer_destroy(&sb);
+  }
+  kvr_sim_engine_free(eng);
+  free(p);
+}
+
+/* Data parallel: each rank's publisher endpoints (vLLM's offset_endpoint_port): a tcp port plus
+ * the rank, other transports suffixed _dp<rank>, rank 0 unchanged, a tcp endpoint without a
+ * numeric port refused. */
+static void test_kv_events_rank_endpoints(void **state) {
+  (void)state;
+  kvr_kv_events_config_t c;
+  char err[256];
+  kvr_kv_events_config_default(&c);
+  snprintf(c.replay_endpoint, sizeof(c.replay_endpoint), "tcp://127.0.0.1:6000");
+  kvr_kv_events_config_t r0 = c, r3 = c;
+  assert_int_equal(kvr_kv_events_config_for_rank(&r0, 0, err, sizeof(err)), 0);
+  assert_string_equal(r0.endpoint, "tcp://*:5557");
+  assert_int_equal(kvr_kv_events_config_for_rank(&r3, 3, err, sizeof(err)), 0);
+  assert_string_equal(r3.endpoint, "tcp://*:5560");
+  assert_string_equal(r3.replay_endpoint, "tcp://127.0.0.1:6003");
+  snprintf(c.endpoint, sizeof(c.endpoint), "inproc://cache");
+  c.replay_endpoint[0] = '\0';
+  assert_int_equal(kvr_kv_events_config_for_rank(&c, 2, err, sizeof(err)), 0);
+  assert_string_equal(c.endpoint, "inproc://cache_dp2");
+  assert_string_equal(c.replay_endpoint, "");
+  snprintf(c.endpoint, sizeof(c.endpoint), "tcp://host");
+  assert_int_not_equal(kvr_kv_events_config_for_rank(&c, 1, err, sizeof(err)), 0);
+  assert_non_null(strstr(err, "no numeric port"));
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_prefix_hits),
               cmocka_unit_test(test_eviction_order), cmocka_unit_test(test_preemption),
               cmocka_unit_test(test_waiting_order),
@@ -919,4 +1196,7 @@ KVR_TEST_MAIN(cmocka_unit_test(test_defaults), cmocka_unit_test(test_prefix_hits
               cmocka_unit_test(test_probe_cached), cmocka_unit_test(test_probe_queues),
               cmocka_unit_test(test_kv_events), cmocka_unit_test(test_salt_chains),
               cmocka_unit_test(test_salt_kv_events), cmocka_unit_test(test_gen_offset),
-              cmocka_unit_test(test_skip_prefix_read))
+              cmocka_unit_test(test_skip_prefix_read), cmocka_unit_test(test_lora_admission),
+              cmocka_unit_test(test_lora_swap_cost), cmocka_unit_test(test_lora_hashes),
+              cmocka_unit_test(test_lora_kv_events),
+              cmocka_unit_test(test_kv_events_rank_endpoints))

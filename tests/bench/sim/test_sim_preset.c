@@ -98,6 +98,12 @@ static void test_h200_preset_is_the_defaults(void **state) {
   assert_true(d.dense_peak == 1979e12 && d.attn_peak == 1979e12);
   assert_true(d.cost.weights_ms == 20 && d.cost.dense_tok_us == 110 && d.cost.decode_ctx_ns == 55 &&
               d.cost.attn_pair_ns == 2.5);
+  /* LoRA: 80 x (4 x 8192 + 2 x 8192 + 2 x 1024) x 2 B = 8,192,000 B per unit of rank, over
+   * 50 GB/s and 2 GB/s: the defaults' swap terms */
+  assert_near(kvr_sim_preset_lora_bytes_per_rank(kvr_sim_preset_default()->model), 8192000, 0);
+  assert_true(d.cost.lora_load_ms_per_rank == def.cost.lora_load_ms_per_rank &&
+              d.cost.lora_disk_ms_per_rank == def.cost.lora_disk_ms_per_rank);
+  assert_true(def.cost.lora_load_ms_per_rank == 0.164 && def.cost.lora_disk_ms_per_rank == 4.1);
   assert_true(d.cost.step_ms == def.cost.step_ms && d.cost.per_seq_ms == def.cost.per_seq_ms);
   /* 0.9 x 141e9 - 72,653,733,888 = 54,246,266,112 B / (163,840 x 16) = 20,693.6 */
   assert_near(d.kv_mem, 54246266112.0, 1);
@@ -121,6 +127,9 @@ static void test_llama_8b_h100(void **state) {
   assert_near(d.kv_bytes, 131072, 0);   /* 32 x 8 x 128 x 2 x 2 */
   assert_near(d.attn_flops, 524288, 0); /* 4 x 128 x 32 x 32 */
   assert_true(d.dense_peak == 989e12 && d.attn_peak == 989e12);
+  /* LoRA: 32 x (4 x 4096 + 2 x 4096 + 2 x 1024) x 2 = 1,703,936 B per unit of rank: 0.0341 ms
+   * over 50 GB/s, 0.852 ms over 2 GB/s */
+  assert_true(d.cost.lora_load_ms_per_rank == 0.0341 && d.cost.lora_disk_ms_per_rank == 0.852);
   /* 15.009 GB / (0.73492 x 3.35 TB/s) = 6.096 ms; 13.959 GFLOP / (0.62889 x 989 TFLOP/s) =
    * 22.44 us; 131,072 B / (0.62061 x 3.35 TB/s) = 63.04 ns; 524,288 / (0.52985 x 989e12) = 1.0005
    * ns */
