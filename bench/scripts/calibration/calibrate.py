@@ -91,7 +91,7 @@ import kvrharness as h  # noqa: E402
 
 sys.path.insert(0, os.path.join(HERE, "..", "lib"))
 from level_json import slim_level as drop_arrays, write_level  # noqa: E402
-from provenance import first_line  # noqa: E402
+from provenance import commit, first_line  # noqa: E402
 
 # ---- seed data -------------------------------------------------------------------------------
 # Tables pasted row by row from shared/seeds/002_03f57bbc2fe6bc6c.txt (the Phase 1 tuning report);
@@ -331,23 +331,6 @@ def phase1_configs():
 PHASE1 = phase1_configs()
 
 # ---- running ---------------------------------------------------------------------------------
-
-
-def commit():
-    """The repository's HEAD, "+dirty" when tracked files other than bench/results/ (which a run
-    itself rewrites) differ from it; "unknown" outside git."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        rev = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-        top = subprocess.run(["git", "-C", here, "rev-parse", "--show-toplevel"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", top, "status", "--porcelain",
-                                "--untracked-files=no", "--", ".", ":!bench/results"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return rev + ("+dirty" if dirty else "")
 
 
 def print_costs(sim_flags):
