@@ -51,6 +51,8 @@ typedef struct sched_s {
   uint32_t num_new;
 } sched_t;
 
+#define LORA_IDS_MAX 1024 /* max_loras at most (kvr_sim_config_check) */
+
 /* A set of at most cap adapters, least recently used evicted first (vLLM's LRU adapter caches). */
 typedef struct lora_set_s {
   uint32_t *ids;
@@ -883,15 +885,17 @@ static bool admit(kvr_sim_engine_t *eng, batch_t *b, kvr_sim_req_t *req) {
   return true;
 }
 
-/* The distinct adapters of this step's batch so far into ids (max_loras of room); returns how
- * many (vLLM's scheduled_loras, built from the scheduled running requests). */
+/* The distinct adapters of this step's batch so far into ids (at most LORA_IDS_MAX, the largest
+ * max_loras; running requests not scheduled this step are not counted, as in vLLM, so the
+ * running set may briefly hold more); returns how many (vLLM's scheduled_loras, built from the
+ * scheduled running requests). */
 static uint32_t batch_loras(const kvr_sim_engine_t *eng, const batch_t *b, uint32_t *ids) {
   uint32_t n = 0;
   for (uint32_t i = 0; i < b->nsched; i++) {
     uint32_t id = eng->sched[i].req->lora_id, k = 0;
     while (k < n && ids[k] != id)
       k++;
-    if (id != 0 && k == n)
+    if (id != 0 && k == n && n < LORA_IDS_MAX)
       ids[n++] = id;
   }
   return n;
@@ -914,7 +918,7 @@ static bool lora_fits(const kvr_sim_engine_t *eng, const kvr_sim_req_t *req, con
  * (FCFS). A request whose adapter would exceed max_loras is skipped and keeps its place, as
  * vLLM's scheduler skips it (step_skipped_waiting, put back in front in order). */
 static void admit_waiting(kvr_sim_engine_t *eng, batch_t *b, double cutoff) {
-  uint32_t ids[1024];
+  uint32_t ids[LORA_IDS_MAX];
   uint32_t nloras = eng->cfg.max_loras ? batch_loras(eng, b, ids) : 0;
   kvr_list_t *q = eng->waiting.next;
   while (q != &eng->waiting && b->budget > 0 && eng->nrunning < eng->cfg.max_num_seqs) {
@@ -930,7 +934,7 @@ static void admit_waiting(kvr_sim_engine_t *eng, batch_t *b, double cutoff) {
       uint32_t k = 0;
       while (k < nloras && ids[k] != req->lora_id)
         k++;
-      if (k == nloras)
+      if (k == nloras && nloras < LORA_IDS_MAX)
         ids[nloras++] = req->lora_id;
     }
   }
