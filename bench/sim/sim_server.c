@@ -2283,7 +2283,8 @@ static int lora_load(kvr_sim_server_t *srv, const char *name, const char *path, 
 }
 
 /* The route is there only with VLLM_ALLOW_RUNTIME_LORA_UPDATING (else FastAPI's 404), and takes
- * POST only; the body is a JSON object. Returns it, or NULL when req was answered. */
+ * POST only, with Content-Type application/json (validate_json_request, a dependency of both
+ * routes) and a JSON object. Returns it, or NULL when req was answered. */
 static cJSON *lora_route_body(kvr_sim_server_t *srv, kvr_http_req_t *req) {
   if (!srv->lora_runtime) {
     respond_fastapi(req, 404, NULL);
@@ -2294,7 +2295,7 @@ static cJSON *lora_route_body(kvr_sim_server_t *srv, kvr_http_req_t *req) {
     return NULL;
   }
   kvr_sim_err_t e;
-  cJSON *body = read_json(req, false, &e);
+  cJSON *body = read_json(req, true, &e);
   if (body == NULL)
     respond_error(req, &e, false);
   return body;

@@ -202,6 +202,10 @@ def test_lora_runtime_updating():
             r = load({"lora_path": a})
             assert r.status == 400 and r.json()["error"]["type"] == "Bad Request", r.json()
             assert r.json()["error"]["param"] == "body.lora_name", r.json()
+            # validate_json_request: another Content-Type is 400 before the body is read
+            r = s.request("POST", "/v1/load_lora_adapter", b'{"lora_name":"z","lora_path":"/x"}',
+                          headers=[("Content-Type", "text/plain")])
+            assert r.status == 400 and "Unsupported Media Type" in r.json()["error"]["message"], r
             r = s.request("GET", "/v1/load_lora_adapter")
             assert r.status == 405 and r.json() == {"detail": "Method Not Allowed"}, r
             unload = lambda body: s.request("POST", "/v1/unload_lora_adapter", body)
