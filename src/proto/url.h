@@ -42,8 +42,10 @@ int kvr_url_kv_endpoint(const char *ep, char *err, size_t errlen);
 /* The endpoint data-parallel rank `rank` of an engine publishes on, given the one configured for
  * the server (vLLM's ZmqEventPublisher.offset_endpoint_port, vllm/distributed/kv_events.py): rank 0
  * keeps it, tcp://HOST:PORT becomes tcp://HOST:(PORT + rank), ipc://PATH becomes
- * ipc://PATH_dp<rank>. ep must pass kvr_url_kv_endpoint. Returns 0, or KVR_EINVAL with err when the
- * port would pass 65535 or out is too small. */
+ * ipc://PATH_dp<rank> (recent vLLM's and kvrouter sim's naming; older vLLM suffixed only inproc://
+ * endpoints, leaving N engines one ipc path they cannot all bind). ep must pass
+ * kvr_url_kv_endpoint. Returns 0, or KVR_EINVAL with err when the port would pass 65535 or out is
+ * too small. */
 int kvr_url_kv_endpoint_rank(const char *ep, uint32_t rank, char *out, size_t outlen, char *err,
                              size_t errlen);
 

@@ -37,7 +37,7 @@ static void describe(const kvr_config_t *c, kvr_buf_t *out) {
                  c->admin_token ? c->admin_token : "-",
                  c->worker_ca_file ? c->worker_ca_file : "-");
   for (size_t i = 0; i < c->nworkers; i++)
-    kvr_buf_printf(out, "w=%s|", c->workers[i]);
+    kvr_buf_printf(out, "w=%s,%u|", c->workers[i], c->worker_dp_size ? c->worker_dp_size[i] : 0);
   const kvr_http_limits_t *l = &c->limits;
   kvr_buf_printf(out, "%zu %zu %zu %zu %llu %llu %zu|", l->max_url, l->max_header_bytes,
                  l->max_header_fields, l->max_body, (unsigned long long)l->header_timeout_ms,
