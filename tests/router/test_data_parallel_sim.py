@@ -3,8 +3,8 @@
 --data-parallel-size 2`, the simulated vLLM worker with two engines behind one API server (its
 engine="R" metric labels, X-data-parallel-rank, and one KV-event publisher per rank on the
 configured port + R with the rank in each batch). Exits 77 (skipped) when this kvrouter's sim has
-no --data-parallel-size; tests/router/test_data_parallel.py covers the router side against a
-python3 loopback server meanwhile.
+no --data-parallel-size (a build from before 832da96); tests/router/test_data_parallel.py covers
+the router side against a python3 loopback server.
 
 Tests, each with its own sim and router:
   - precise: `--worker URL,dp_size=2,kv_events=tcp://127.0.0.1:P,kv_replay=tcp://127.0.0.1:Q`:
@@ -12,9 +12,10 @@ Tests, each with its own sim and router:
     spread over both ranks, each conversation's turns stay on one rank, and the router's predicted
     cached tokens match what the engines report in usage (within 2%); per-rank figures come from
     the engine="R" series;
-  - cache-blind against ranks: the same conversations through a router that sees the server as one
-    worker (vLLM picks the engine by load, not by cache) and through one that sees its ranks: the
-    cached share of prompt tokens each got, printed (the issue's figure).
+  - cache-blind against ranks: 12 conversations of 4 turns at once through a router that sees the
+    server as one worker (vLLM picks the engine by load, not by cache) and through one that sees
+    its ranks: the cached share of prompt tokens each got and the requests per engine, printed (the
+    figure src/serve/README.md quotes); the ranks' share must not be lower.
 
 Run: python3 tests/router/test_data_parallel_sim.py --kvrouter build/kvrouter [-k substring] [-v]
 """
