@@ -152,7 +152,8 @@ static const kvr_cli_opt_t study_options[] = {
      .arg = "LIST", .elem = KVR_CLI_STR,
      .help =
          "scenarios (default all: multiturn, documents, control, agentic, hot-prefix, bursty, "
-         "mixed-fleet, agentic-responses, agentic-responses-no-id-affinity, trace, trace-fleet)"},
+         "mixed-fleet, agentic-responses, agentic-responses-no-id-affinity, model-fleet, trace, "
+         "trace-fleet)"},
     {KVR_CLI_LIST, "policies", KVR_CLI_ARRAY(kvr_study_opts_t, policies, npolicies), .arg = "LIST",
      .elem = KVR_CLI_STR,
      .help = "policies, the first the baseline (default every policy, then the oracle)"},

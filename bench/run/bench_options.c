@@ -263,6 +263,9 @@ static const kvr_cli_opt_t options[] = {
          "';' (bench/vcluster/README.md): each worker's GET /v1/models and LoRA state reach the "
          "router; a request for a model a worker does not serve is vLLM's 404 there; the "
          "fleet's size replaces --workers"},
+    {KVR_CLI_UINT, "max-loras", F(vc.max_loras), .arg = "L", KVR_CLI_RANGE(1, 1024),
+     .help = "virtual, --model-fleet: adapters a LoRA worker batches at once and keeps on the GPU "
+             "(vLLM's --max-loras, default 1; --max-cpu-loras the same)"},
     {KVR_CLI_DOUBLE, "net-ms", F(vc.net_ms), .arg = "MS", KVR_CLI_RANGE(0, 1e4),
      .help = "virtual: one-way network delay per hop (client-router, router-worker)"},
     {KVR_CLI_DOUBLE, "router-ms", F(vc.router_ms), .arg = "MS", KVR_CLI_RANGE(0, 1e4),

@@ -101,6 +101,8 @@ static const char *fleet_rules(const kvr_runner_opts_t *o) {
     return "--size-fleet: give --rates R (a trace workload runs at its own rate by default)";
   if (o->vc.nworker_blocks)
     return "--size-fleet: a mixed fleet (--worker-blocks) has a fixed size";
+  if (o->vc.model_fleet)
+    return "--size-fleet: a model fleet (--model-fleet) has a fixed size";
   if (o->keep_cluster)
     return "--size-fleet: every fleet is a fresh cluster; --keep-cluster does not apply";
   if (o->size_fleet_max < o->vc.workers)
@@ -120,6 +122,11 @@ static const char *load_rules(const kvr_runner_opts_t *o) {
   if (o->vc.no_response_affinity && (!o->virt || o->lg.api != KVR_API_RESPONSES))
     return "--no-response-affinity: virtual time with --api responses only (a router that does "
            "not pin previous_response_id)";
+  if (o->vc.max_loras && !o->vc.model_fleet)
+    return "--max-loras: applies to a model fleet's LoRA workers (--model-fleet)";
+  if (o->vc.model_fleet && !o->virt)
+    return "--model-fleet: virtual time only (add --virtual; a real router reads each worker's "
+           "models from its GET /v1/models)";
   if (!o->search && !o->nrates && !o->nconc && !o->size_fleet)
     return "no load given: give --rates, --concurrency or --search";
   if (o->lg.sessions && o->nconc)

@@ -29,14 +29,19 @@
 
 #define KVR_MFLEET_NAME_MAX 64 /* longest model or adapter name, bytes, with the NUL */
 #define KVR_MFLEET_ADAPTERS_MAX 8
+/* Every adapter's rank (adapter_config.json's r): vLLM's default --max-lora-rank, the usual r. */
+#define KVR_MFLEET_LORA_RANK 16
 
 /* The fleet of issue 35's study scenario (model-fleet): 16 workers, two base models. model-a on 6
- * workers and on one DP endpoint of 4 ranks; model-b on 6 workers with four adapters, each listed
- * on 3 of them (two per worker: every pair of adapters once), as an operator spreads adapters over
- * replicas that can batch two at a time (--max-loras 2). */
+ * workers and on one DP endpoint of 4 ranks; model-b on 6 workers with four adapters: four
+ * workers list three of them (each set of three once), two list all four, so each adapter is on
+ * 5 of the 6 and every worker lists more adapters than it batches at once (--max-loras 2): an
+ * adapter request on a worker whose batch holds two others waits or swaps, which is where the
+ * router's knowledge of the running adapters pays. */
 #define KVR_MFLEET_STUDY                                                                           \
-  "6*model-a;1*model-b:b-sql+b-chat;1*model-b:b-code+b-math;1*model-b:b-sql+b-code;"               \
-  "1*model-b:b-chat+b-math;1*model-b:b-sql+b-math;1*model-b:b-chat+b-code;4*model-a@dp"
+  "6*model-a;1*model-b:b-sql+b-chat+b-code;1*model-b:b-sql+b-chat+b-math;"                         \
+  "1*model-b:b-sql+b-code+b-math;1*model-b:b-chat+b-code+b-math;"                                  \
+  "2*model-b:b-sql+b-chat+b-code+b-math;4*model-a@dp"
 
 typedef struct kvr_mfleet_worker_s {
   char model[KVR_MFLEET_NAME_MAX];                             /* the base model it serves */

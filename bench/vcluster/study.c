@@ -85,11 +85,12 @@ const kvr_study_scenario_t kvr_study_scenarios[] = {
      * sessions, code files asked about, one-off maths questions). */
     {"model-fleet",
      "16 workers: model-a on 6 and on a 4-rank DP endpoint, model-b on 6 with four LoRA adapters "
-     "(each listed on 3, two per worker); 60% model-a multiturn sessions, 20% model-b documents, "
-     "5% each b-sql hot-prefix, b-chat multiturn, b-code documents, b-math control",
+     "(three or four listed per worker, each on 5, --max-loras 2); 60% model-a multiturn "
+     "sessions, 20% model-b documents, 5% each b-sql hot-prefix, b-chat multiturn, b-code "
+     "documents, b-math control",
      "mix:model-a=multiturn@0.6,model-b=documents@0.2,b-sql=hot-prefix@0.05,"
      "b-chat=multiturn@0.05,b-code=documents@0.05,b-math=control@0.05",
-     .warmup_s = 120, .model_fleet = KVR_MFLEET_STUDY},
+     .warmup_s = 120, .model_fleet = KVR_MFLEET_STUDY, .max_loras = 2},
     /* The trace's arrivals are its own, scaled to the level's rate (no jitter): the seed moves only
      * the synthesised text, hence the router's block hashes and so the policies' tie-breaks. */
     {"trace",
@@ -171,6 +172,8 @@ static void scenario_opts(const kvr_study_cell_t *c, kvr_runner_opts_t *o) {
     o->vc.no_response_affinity = true;
   if (sc->model_fleet)
     o->vc.model_fleet = sc->model_fleet;
+  if (sc->max_loras)
+    o->vc.max_loras = sc->max_loras;
 }
 
 void kvr_study_cell_opts(const kvr_study_cell_t *c, kvr_runner_opts_t *o) {
@@ -259,6 +262,10 @@ static void scenario_words(const kvr_study_cell_t *c, kvr_study_words_t *w) {
     word(w, "--no-response-affinity");
   if (sc->model_fleet)
     word2(w, "--model-fleet", sc->model_fleet);
+  if (sc->max_loras) {
+    snprintf(w->loras, sizeof(w->loras), "%u", sc->max_loras);
+    word2(w, "--max-loras", w->loras);
+  }
 }
 
 void kvr_study_cell_words(const kvr_study_cell_t *c, kvr_study_words_t *w) {

@@ -59,6 +59,7 @@ typedef struct kvr_study_scenario_s {
   bool responses;            /* --api responses: turns chained by previous_response_id */
   bool no_response_affinity; /* --no-response-affinity: a router that does not pin them */
   const char *model_fleet;   /* --model-fleet: workers serving given models (model_fleet.h) */
+  unsigned max_loras;        /* --max-loras: the fleet's LoRA workers' (0: the bench's) */
 } kvr_study_scenario_t;
 
 /* The built-in scenarios, NULL-name-terminated: multiturn, documents, control, agentic, hot-prefix,
@@ -129,7 +130,7 @@ typedef struct kvr_study_words_s {
   char *argv[KVR_STUDY_WORDS_MAX]; /* NULL-terminated; into this struct and the cell */
   int argc;
   char seed[32], res[32], warmup[32], prompts[32], burst[32], blocks[256], ab[1024];
-  char slo_ttft[32], slo_tpot[32];
+  char slo_ttft[32], slo_tpot[32], loras[16];
   char shape[5][16]; /* the agentic shape's numbers */
 } kvr_study_words_t;
 

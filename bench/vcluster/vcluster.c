@@ -308,10 +308,13 @@ static int parse_responses(const kvr_vcluster_t *vc, int wi, cJSON *body,
   kvr_sim_resp_req_t rq;
   cJSON *messages = NULL;
   memset(p, 0, sizeof(*p));
+  p->lora = -1;
   int rc = kvr_sim_responses_read(body, &rq, &e);
   const cJSON *model = cJSON_GetObjectItemCaseSensitive(body, "model");
   if (rc == 0 && model != NULL && !cJSON_IsNull(model))
     rc = !cJSON_IsString(model) ? 400 : !serves(vc, wi, model->valuestring) ? 404 : 0;
+  if (rc == 0 && wi >= 0 && vc->fleet.n > 0 && cJSON_IsString(model))
+    kvr_mfleet_serves(&vc->fleet.w[wi], model->valuestring, &p->lora);
   const kvr_sim_stored_t *prev = NULL;
   if (rc == 0 && rq.previous_response_id != NULL &&
       (store == NULL || (prev = kvr_sim_rstore_get(store, rq.previous_response_id)) == NULL))
@@ -587,8 +590,21 @@ static void worker_in(kvr_vcluster_t *vc, vreq_t *q) {
     q->prompt_tokens = (uint32_t)p.prompt.n;
     kvr_sim_engine_set_now(w->eng, secs(vc->now));
     q->length_stop = a.stop_reason == KVR_SIM_FINISH_LENGTH;
-    q->ereq = kvr_sim_engine_add(w->eng, p.prompt.v, (uint32_t)p.prompt.n, a.max_output,
-                                 a.stop_reason, a.gen_seed, q);
+    kvr_sim_add_t add = {.prompt = p.prompt.v,
+                         .nprompt = (uint32_t)p.prompt.n,
+                         .max_output = a.max_output,
+                         .stop_reason = a.stop_reason,
+                         .gen_seed = a.gen_seed,
+                         .data = q};
+    const kvr_mfleet_worker_t *fw = vc->fleet.n > 0 ? &vc->fleet.w[q->slot] : NULL;
+    if (fw != NULL && p.lora >= 0 && (size_t)p.lora < fw->nadapters) {
+      /* sim_server.c: the adapter's lora_int_id (1.. in the order the worker lists them), its
+       * rank and name (every block hash's extra key) */
+      add.lora_id = (uint32_t)p.lora + 1;
+      add.lora_rank = KVR_MFLEET_LORA_RANK;
+      add.lora_name = fw->adapters[p.lora];
+    }
+    q->ereq = kvr_sim_engine_add_ex(w->eng, &add);
     if (q->ereq == NULL)
       status = 400;
   }
@@ -835,6 +851,32 @@ static void worker_abort(kvr_vcluster_t *vc, vreq_t *q) {
     reap(w);
 }
 
+/* The adapters of worker wi's running or waiting requests, names joined by ',' (sim_server.c's
+ * lora_names_of), cut after the last whole name that fits. */
+static void lora_names(const kvr_vcluster_t *vc, size_t wi, bool running, char *out, size_t size) {
+  const kvr_sim_req_t *reqs[KVR_MFLEET_ADAPTERS_MAX];
+  size_t n = KVR_MIN(kvr_sim_engine_loras(vc->w[wi].eng, running, reqs, KVR_MFLEET_ADAPTERS_MAX),
+                     (size_t)KVR_MFLEET_ADAPTERS_MAX);
+  size_t k = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < n; i++) {
+    size_t len = strlen(reqs[i]->lora_name) + (i > 0);
+    if (k + len >= size)
+      break;
+    k += (size_t)snprintf(out + k, size - k, "%s%s", i ? "," : "", reqs[i]->lora_name);
+  }
+}
+
+/* vllm:lora_requests_info of a LoRA worker as scrape.c reads it (kvr_vllm_parse_metrics): the
+ * newest series, max_lora, the running and waiting adapters (sim_server.c's lora_info_update). */
+static void scrape_lora(const kvr_vcluster_t *vc, size_t wi, kvr_vllm_lora_info_t *li) {
+  li->present = true;
+  li->updated = secs(vc->now);
+  li->max_lora = vc->o.max_loras ? vc->o.max_loras : 1;
+  lora_names(vc, wi, true, li->running, sizeof(li->running));
+  lora_names(vc, wi, false, li->waiting, sizeof(li->waiting));
+}
+
 /* What scrape.c reads from each sim's /metrics, straight from the engines. */
 static void scrape(kvr_vcluster_t *vc) {
   for (size_t i = 0; i < vc->o.workers; i++) {
@@ -851,6 +893,8 @@ static void scrape(kvr_vcluster_t *vc) {
         .num_gpu_blocks = vc->w[i].blocks,
         .block_size = vc->o.engine.block_size,
     };
+    if (vc->fleet.n > 0 && vc->fleet.w[i].nadapters > 0)
+      scrape_lora(vc, i, &m.lora);
     kvr_router_on_scrape(vc->router, rw->id, &m);
   }
   push(vc, (ev_t){.t = vc->now + vc->o.scrape_interval_ms * 1000000u, .kind = EV_SCRAPE});
@@ -1023,6 +1067,11 @@ static int build(kvr_vcluster_t *vc, char *err, size_t errlen) {
     kvr_sim_config_t ec = o->engine;
     if (o->nworker_blocks > 0)
       ec.num_gpu_blocks = o->worker_blocks[i];
+    bool lora = vc->fleet.n > 0 && vc->fleet.w[i].nadapters > 0;
+    if (lora) { /* vLLM's --enable-lora --max-loras L (--max-cpu-loras defaults to it) */
+      ec.max_loras = o->max_loras ? o->max_loras : 1;
+      ec.max_cpu_loras = KVR_MAX(ec.max_cpu_loras, ec.max_loras);
+    }
     vc->w[i] =
         (worker_t){.blocks = ec.num_gpu_blocks, .gone = vc->w[i].gone, .capgone = vc->w[i].capgone};
     vc->w[i].eng = kvr_sim_engine_new(&ec);
@@ -1032,6 +1081,10 @@ static int build(kvr_vcluster_t *vc, char *err, size_t errlen) {
       snprintf(err, errlen, "worker %zu: invalid engine configuration", i);
       return -1;
     }
+    /* --lora-modules at startup: each adapter read into the CPU cache and activated, uncharged
+     * (sim_server.c's startup loads; vLLM's LRUCacheWorkerLoRAManager) */
+    for (size_t k = 0; lora && k < vc->fleet.w[i].nadapters; k++)
+      kvr_sim_engine_lora_add(vc->w[i].eng, (uint32_t)k + 1, KVR_MFLEET_LORA_RANK, false);
   }
   if (vc->fleet.n > 0 && feed_models(vc, err, errlen) != 0)
     return -1;

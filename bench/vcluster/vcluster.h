@@ -90,6 +90,10 @@ typedef struct kvr_vcluster_opts_s {
    * through each scrape's vllm:lora_requests_info; a request naming a model the worker does not
    * serve is vLLM's 404 there (counted: kvr_vcluster_mstats_t). */
   const char *model_fleet;
+  /* A model fleet's workers listing adapters run with vLLM's --enable-lora --max-loras L (0: 1,
+   * vLLM's default; --max-cpu-loras L), their adapters of rank KVR_MFLEET_LORA_RANK loaded at
+   * start; a step that needs an adapter not in a GPU slot pays h1's swap cost. */
+  uint32_t max_loras;
 } kvr_vcluster_opts_t;
 
 /* What a model fleet's requests met, from the cluster's start or kvr_vcluster_level_begin. */
