@@ -1492,8 +1492,27 @@ static void attempt_send(px_t *px) {
   timer_set(px, TM_FIRST_BYTE, px->r->cfg->first_byte_timeout_ms);
 }
 
+/* px's adapter could not be loaded on its worker: a 502 lora_load_failed in the API's shape, or,
+ * for a continuation of a broken stream (its client has tokens already), the stream's error
+ * event; then px ends. */
+static void lora_failed(px_t *px, const char *msg) {
+  kvr_router_on_request_error(px->r, KVR_REQ_ERROR_UPSTREAM_5XX);
+  if (px->streaming) {
+    char why[600];
+    snprintf(why, sizeof why, "%s; continuing elsewhere: %s",
+             px->break_why ? px->break_why : "the worker's stream broke", msg);
+    kvr_router_on_upstream_failure(px->r);
+    px->outcome = "lora_load_failed";
+    broken_stream(px, why);
+  } else {
+    fail(px, 502, "lora_load_failed", "lora_load_failed", "%s", msg);
+  }
+  px_end(px);
+}
+
 /* The load of px's adapter on its worker ended (lora.c): the request goes on, or gets a 502 in
- * its API's shape naming the adapter, the worker and the worker's answer. */
+ * its API's shape naming the adapter, the worker and the worker's answer (a continuation of a
+ * broken stream, whose client has tokens already, ends with the stream's error event instead). */
 static void on_lora_loaded(kvr_lora_wait_t *wait, const kvr_lora_outcome_t *o) {
   px_t *px = KVR_CONTAINER_OF(wait, px_t, lora_wait);
   if (o->res != KVR_LORA_LOAD_FAILED) {
@@ -1504,9 +1523,7 @@ static void on_lora_loaded(kvr_lora_wait_t *wait, const kvr_lora_outcome_t *o) {
   snprintf(msg, sizeof msg, "LoRA adapter '%.100s' could not be loaded on worker %s: %s%ld: %s",
            px_model(px), px->worker_label, o->status ? "HTTP " : "no answer ", o->status,
            o->reason);
-  kvr_router_on_request_error(px->r, KVR_REQ_ERROR_UPSTREAM_5XX);
-  fail(px, 502, "lora_load_failed", "lora_load_failed", "%s", msg);
-  px_end(px);
+  lora_failed(px, msg);
 }
 
 /* Routes px to a worker it has not tried and starts the transfer, or answers 503/502. */
@@ -1535,11 +1552,8 @@ static void attempt(px_t *px) {
     return;
   }
   px->lora_wait.cb = on_lora_loaded;
-  if (kvr_lora_load(px->proxy->lora, px->w, a, &px->lora_wait) != 0) {
-    fail(px, 502, "lora_load_failed", "lora_load_failed", "%s",
-         "cannot start loading the request's LoRA adapter");
-    px_end(px);
-  }
+  if (kvr_lora_load(px->proxy->lora, px->w, a, &px->lora_wait) != 0)
+    lora_failed(px, "cannot start loading the request's LoRA adapter");
 }
 
 /* The access-log line of a request naming model (NULL: none) the router answers itself (no

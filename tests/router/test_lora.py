@@ -36,6 +36,7 @@ import concurrent.futures
 import http.server
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -58,7 +59,7 @@ class LoraWorker:
     POST (loads) and every completion's model (served)."""
 
     def __init__(self, base=BASE, adapters=None, running=(), runtime=True, load_delay=0.0,
-                 missing=(), hidden=(), hold=0.0, broken=()):
+                 missing=(), hidden=(), hold=0.0, broken=(), break_streams=0):
         self.base = base
         self.adapters = dict(adapters or {})
         self.hidden = set(hidden)
@@ -67,6 +68,7 @@ class LoraWorker:
         self.load_delay = load_delay
         self.missing = set(missing)
         self.broken = set(broken)  # paths the engine fails to load: vLLM's 500
+        self.break_streams = break_streams  # the first N streamed answers lose the connection
         self.hold = hold  # seconds a completion whose prompt says "hold" takes
         self.loads, self.served = [], []
         self.lock = threading.Lock()
@@ -104,6 +106,8 @@ class LoraWorker:
                         self.send(status, answer.encode(), "text/plain")
                     else:
                         self.send(status, answer)
+                elif self.path == "/v1/chat/completions" and body.get("stream"):
+                    outer.stream(self, body)
                 elif self.path == "/v1/chat/completions":
                     self.send(*outer.complete(body))
                 else:
@@ -173,6 +177,42 @@ class LoraWorker:
                                        "type": "InternalServerError", "param": None, "code": 500}}
             self.adapters[name] = path
         return 200, "Success: LoRA adapter '%s' added successfully." % name
+
+    def stream(self, handler, body):
+        """A streamed chat answer as vLLM writes it (role chunk, a token per chunk, the finish
+        chunk, [DONE]), chunked; a breaking one loses its connection after three tokens."""
+        model = body.get("model")
+        status, answer = self.complete(dict(body, messages=[]))
+        if status != 200:
+            handler.send(status, answer)
+            return
+        with self.lock:
+            breaking = self.break_streams > 0
+            self.break_streams -= breaking
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+
+        def chunk(delta, finish=None):
+            o = {"id": "chatcmpl-s", "object": "chat.completion.chunk", "created": 1,
+                 "model": model, "choices": [{"index": 0, "delta": delta,
+                                              "finish_reason": finish}]}
+            data = ("data: " + json.dumps(o) + "\n\n").encode()
+            handler.wfile.write(b"%x\r\n" % len(data) + data + b"\r\n")
+            handler.wfile.flush()
+        chunk({"role": "assistant", "content": ""})
+        words = ("one ", "two ", "three ") if breaking else ("four ", "five")
+        for w in words:
+            chunk({"content": w})
+        if breaking:
+            time.sleep(0.05)  # the tokens reach the router before the connection goes
+            handler.close_connection = True
+            handler.connection.shutdown(socket.SHUT_RDWR)
+            return
+        chunk({"content": ""}, "stop")
+        done = b"data: [DONE]\n\n"
+        handler.wfile.write(b"%x\r\n" % len(done) + done + b"\r\n0\r\n\r\n")
 
     def complete(self, body):
         model = body.get("model")
@@ -302,6 +342,37 @@ def test_runtime_adapter_one_load_then_routed_there():
                 if m["id"] == "dyn-lora"]
         assert card and card[0]["parent"] == BASE and card[0]["root"] == "/adapters/dyn", card
         show("4 concurrent + 5 later requests, 1 load, all on worker %s" % ids[loader.url])
+
+
+@test(timeout=40)
+def test_continuation_loads_the_adapter():
+    """A stream of a runtime adapter broken mid-answer is continued on another worker of its base,
+    which first loads the adapter: one stream for the client (3 + 2 tokens, [DONE]); when that
+    load fails, the client's stream ends with vLLM's error event naming the adapter."""
+    spec = json.dumps({"name": "dyn", "path": "/adapters/dyn", "base_model_name": BASE})
+    body = {"model": "dyn", "stream": True, "max_tokens": 10,
+            "messages": [{"role": "user", "content": "count"}]}
+    for fails in (False, True):
+        with Cleanup() as c:
+            a = c.add(LoraWorker(adapters={"dyn": "/adapters/dyn"}, break_streams=1))
+            b = c.add(LoraWorker(missing={"/adapters/dyn"} if fails else ()))
+            r = c.add(Router([a, b], *FAST, "--policy", "kv_aware", "--lora-adapter", spec))
+            wait_lists(r)
+            resp = request(r.port, "POST", "/v1/chat/completions", body, timeout=10)
+            events = h.sse_events(resp.body)
+            assert resp.status == 200 and events[-1] == "[DONE]", (resp.status, events[-3:])
+            assert b.loads == [("dyn", "/adapters/dyn")], b.loads
+            errors = [e for e in events if e != "[DONE]" and "error" in json.loads(e)]
+            if fails:
+                assert h.token_events(events) == 3, events
+                assert len(errors) == 1 and "No adapter found" in errors[0], errors
+                assert metric(r, "kvrouter_lora_loads_total", result="failed") == 1
+                show("continuation's load failed: 3 tokens, then %s" % errors[0][:110])
+            else:
+                assert h.token_events(events) == 5 and not errors, events
+                assert b.served == ["dyn"], b.served
+                assert metric(r, "kvrouter_stream_resumes_total", result="resumed") == 1
+                show("continued on the other worker after its load: 5 tokens, one stream")
 
 
 @test(timeout=30)
