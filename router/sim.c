@@ -305,9 +305,9 @@ static int check(sim_cli_t *cli) {
 }
 
 /* vLLM's flags that take several words (argparse nargs '+': every word up to the next option) and
- * its short spellings, rewritten into what the option engine reads: `--served-model-name a b`
- * becomes `--served-model-name a --served-model-name b`. Returns a new argv (the caller frees the
- * array, not the strings, which stay argv's) and its length in *n. */
+ * its short spellings (-dp N or -dp=N), rewritten into what the option engine reads:
+ * `--served-model-name a b` becomes `--served-model-name a --served-model-name b`. Returns a new
+ * argv (the caller frees the array, not the strings, which stay argv's) and its length in *n. */
 static const char *const nargs_flags[] = {"--served-model-name", "--lora-modules"};
 static const char *const short_flags[][2] = {{"-dp", "--data-parallel-size"},
                                              {"-asc", "--api-server-count"}};
@@ -317,12 +317,19 @@ static char **expand_nargs(int argc, char **argv, int *n, size_t *skip) {
   int k = 0;
   size_t words[KVR_ARRAY_SIZE(nargs_flags)] = {0};
   for (int i = 0; i < argc; i++) {
-    const char *flag = argv[i];
-    for (size_t s = 0; s < KVR_ARRAY_SIZE(short_flags); s++) {
-      if (strcmp(argv[i], short_flags[s][0]) == 0)
+    const char *flag = argv[i], *value = NULL;
+    for (size_t s = 0; i > 0 && s < KVR_ARRAY_SIZE(short_flags); s++) {
+      size_t len = strlen(short_flags[s][0]);
+      if (strncmp(argv[i], short_flags[s][0], len) != 0)
+        continue;
+      if (argv[i][len] == '\0' || argv[i][len] == '=') { /* -dp N or -dp=N, as argparse */
         flag = short_flags[s][1];
+        value = argv[i][len] == '=' ? argv[i] + len + 1 : NULL;
+      }
     }
     out[k++] = (char *)flag;
+    if (value != NULL)
+      out[k++] = (char *)value;
     for (size_t f = 0; i > 0 && f < KVR_ARRAY_SIZE(nargs_flags); f++) {
       if (strcmp(argv[i], nargs_flags[f]) != 0)
         continue;

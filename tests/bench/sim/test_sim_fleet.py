@@ -328,6 +328,9 @@ def test_dp_pinning_and_labels():
         assert r.status == 200, r
     rc, err = cli("-dp", "0")
     assert rc == 2 and "--data-parallel-size" in err, err
+    with Sim("-dp=2", "-asc=1", fixed=None, admin=False) as s:  # argparse's -dp=N spelling
+        m = s.metrics()
+        assert sorted(per_engine(m, "vllm:num_requests_running")) == ["0", "1"], m
     rc, err = cli("--data-parallel-size", "65")
     assert rc == 2 and "--data-parallel-size" in err, err
 
