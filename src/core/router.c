@@ -609,16 +609,29 @@ static void scratch_reserve(kvr_router_t *r, size_t n) {
   r->scratch_cap = cap;
 }
 
-/* The policy's tried set for avoid, in the scratch: its tried slots, and with full the workers at
- * the admission bound. */
+/* Adds to set the other data-parallel ranks of the rank in slot: they share its API server, so a
+ * request that failed on one rank is not retried (nor a broken stream continued) on another. */
+static void add_sibling_ranks(const kvr_router_t *r, kvr_workerset_t *set, size_t slot) {
+  const kvr_worker_t *w = r->slots[slot];
+  if (w == NULL || w->dp_rank < 0)
+    return;
+  for (size_t i = 0; i < r->nslots; i++)
+    if (r->slots[i] && r->slots[i]->dp_rank >= 0 && strcmp(r->slots[i]->url, w->url) == 0)
+      kvr_workerset_add(set, i);
+}
+
+/* The policy's tried set for avoid, in the scratch: its tried slots (with the other ranks of a
+ * tried data-parallel server), and with full the workers at the admission bound. */
 static kvr_workerset_t tried_set(kvr_router_t *r, const kvr_router_avoid_t *avoid) {
   kvr_workerset_t set = {r->tried_words, KVR_WORKERSET_WORDS(r->nslots)};
   memset(set.words, 0, set.nwords * sizeof(uint64_t));
   if (avoid == NULL)
     return set;
   for (size_t k = 0; k < avoid->ntried; k++)
-    if (avoid->tried[k] >= 0 && (size_t)avoid->tried[k] < r->nslots)
+    if (avoid->tried[k] >= 0 && (size_t)avoid->tried[k] < r->nslots) {
       kvr_workerset_add(&set, (size_t)avoid->tried[k]);
+      add_sibling_ranks(r, &set, (size_t)avoid->tried[k]);
+    }
   for (size_t i = 0; avoid->full && i < r->nslots; i++)
     if (kvr_router_admission_full(r, i))
       kvr_workerset_add(&set, i);

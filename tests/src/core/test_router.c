@@ -1758,6 +1758,29 @@ static void test_data_parallel(void **state) {
   kvr_decision_t d;
   assert_true(kvr_router_decide(r, &req, NULL, false, &d) >= 0);
   assert_int_equal(d.nsnaps, 6);
+  /* A request that failed on rank 0 is retried off its server: never on its ranks 1 and 2. */
+  int tried[1] = {0};
+  kvr_router_avoid_t avoid = {tried, 1, false, NULL, 0};
+  for (int i = 0; i < 20; i++) {
+    uint64_t blocks[1] = {0x9000u + (uint64_t)i};
+    req.blocks = blocks;
+    req.nblocks = 1;
+    int c = kvr_router_decide(r, &req, &avoid, false, &d);
+    assert_true(c >= 3 && c <= 5);
+  }
+  tried[0] = 3; /* a whole server tried: every rank stays a choice */
+  bool rank_chosen = false;
+  for (int i = 0; i < 40; i++) {
+    uint64_t blocks[1] = {0xa000u + (uint64_t)i};
+    req.blocks = blocks;
+    req.nblocks = 1;
+    int c = kvr_router_decide(r, &req, &avoid, false, &d);
+    assert_true(c >= 0 && c != 3);
+    rank_chosen |= c <= 2;
+  }
+  assert_true(rank_chosen);
+  req.blocks = NULL;
+  req.nblocks = 0;
   fx_close(&f);
 }
 
