@@ -16,7 +16,9 @@ LoRA touches, each answer as vLLM writes it (/work/shared/VLLM-APIS.md section 4
     404 {"detail": "Not Found"} when the server runs without VLLM_ALLOW_RUNTIME_LORA_UPDATING
     (serve/lora/api_router.py registers the route only then);
   - POST /v1/chat/completions: vLLM's 404 for a model it does not list, else a completion.
-The simulator (bench/sim) gains LoRA separately; until then these workers stand in for it.
+tests/router/test_lora_sim.py runs the main cases against `kvrouter sim` with LoRA on; these
+stand-ins also give the answers a sim does not give on cue (a load racing the list, a 500, a stream
+breaking mid-answer).
 
 Cases:
   - a listed adapter lands only where listed (round_robin: only eligibility keeps it off the other
