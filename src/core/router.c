@@ -1451,11 +1451,12 @@ void kvr_router_on_kv_stats(kvr_router_t *r, uint32_t id, const kvr_kv_stream_st
     w->kv_stats = *st;
 }
 
-uint32_t kvr_router_kv_tokenizer(const kvr_router_t *r, const char **url) {
+uint32_t kvr_router_kv_tokenizer(const kvr_router_t *r, const char *model, const char **url) {
   uint64_t now = now_ms(r);
   for (size_t i = 0; i < r->nslots; i++) {
     const kvr_worker_t *w = r->slots[i];
-    if (w && w->kv_precise && kvr_router_worker_usable(w, now)) {
+    if (w && w->kv_precise && kvr_router_worker_usable(w, now) &&
+        kvr_router_worker_serves(w, model)) {
       /* the events' block size, or before any BlockStored the one vllm:cache_config_info gave */
       uint32_t bs = kvr_kv_index_block_size(r->kv_index, (size_t)w->slot);
       if (bs == 0)

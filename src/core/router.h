@@ -499,9 +499,11 @@ typedef enum {
 void kvr_router_observe_tokenize(kvr_router_t *r, kvr_tokenize_result_t res, double seconds);
 /* The latest counters of worker id's stream (copied). */
 void kvr_router_on_kv_stats(kvr_router_t *r, uint32_t id, const kvr_kv_stream_stats_t *st);
-/* The block size of the precise workers and the URL of a usable one to tokenize on; 0 when no
- * usable worker is precise (then requests are routed on the approximate index alone). */
-uint32_t kvr_router_kv_tokenizer(const kvr_router_t *r, const char **url);
+/* The block size of the precise workers and the URL of a usable one serving model (NULL or "":
+ * any; kvr_router_worker_serves) to tokenize on, so a prompt is tokenized by its own model's
+ * tokenizer; 0 when no usable worker serving it is precise (then the request is routed on the
+ * approximate index alone). */
+uint32_t kvr_router_kv_tokenizer(const kvr_router_t *r, const char *model, const char **url);
 
 /* ---- replicas ----------------------------------------------------------------------------------
  */

@@ -393,7 +393,7 @@ static void explain(kvr_http_req_t *req, void *data, const char *tail) {
   }
   kvr_prompt_route_req(&x->prompt, &x->rr);
   const char *url = NULL;
-  x->bs = kvr_router_kv_tokenizer(r, &url);
+  x->bs = kvr_router_kv_tokenizer(r, x->prompt.model, &url);
   if (x->bs) {
     kvr_buf_t body = KVR_BUF_INIT;
     uint32_t *ids = NULL;

@@ -1667,7 +1667,7 @@ static void on_tokenized(void *data, bool ok, const uint32_t *ids, size_t n, boo
  * precise mode not available for it). */
 static bool tokenize(px_t *px, kvr_route_t route) {
   const char *url = NULL;
-  uint32_t bs = kvr_router_kv_tokenizer(px->r, &url);
+  uint32_t bs = kvr_router_kv_tokenizer(px->r, px_model(px), &url);
   if (bs == 0)
     return false;
   px->tok_block_size = bs;

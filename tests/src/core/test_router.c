@@ -1227,6 +1227,33 @@ static void test_models_eligibility(void **state) {
  * hold the prompt's blocks and the even ones carry all the load, so every policy would rather
  * pick an odd worker for an A request. Requests name A or B with random tried sets (picks and
  * looks); a request naming no model may go anywhere. */
+/* Precise mode tokenizes a prompt on a usable precise worker serving its model, so each model's
+ * prompts go through that model's tokenizer (issue 35); a model no precise worker serves is routed
+ * on the approximate index (0). */
+static void test_models_tokenizer(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  kvr_router_t *r = f.r;
+  const char *url = NULL;
+  assert_int_equal(kvr_router_kv_tokenizer(r, "A", &url), 0); /* nobody precise yet */
+  for (int i = 0; i < 3; i++) {
+    feed_model(r, r->slots[i]->id, i == 2 ? "C" : i ? "B" : "A", 8192);
+    kvr_vllm_metrics_t m = {
+        .at_ms = kvr_now_ns() / 1000000u, .num_gpu_blocks = 1000, .block_size = 16u << i};
+    assert_int_equal(kvr_router_on_scrape(r, r->slots[i]->id, &m), 0);
+    if (i < 2)
+      kvr_router_on_kv_mode(r, r->slots[i]->id, true, "precise");
+  }
+  assert_int_equal(kvr_router_kv_tokenizer(r, "B", &url), 32);
+  assert_string_equal(url, r->slots[1]->url);
+  assert_int_equal(kvr_router_kv_tokenizer(r, "A", &url), 16);
+  assert_string_equal(url, r->slots[0]->url);
+  assert_int_equal(kvr_router_kv_tokenizer(r, "C", &url), 0);   /* C's worker is not precise */
+  assert_int_equal(kvr_router_kv_tokenizer(r, NULL, &url), 16); /* any: the first */
+  fx_close(&f);
+}
+
 static void test_models_policy_contract(void **state) {
   (void)state;
   static uint64_t blocks[32];
@@ -1784,23 +1811,21 @@ static void test_data_parallel(void **state) {
   fx_close(&f);
 }
 
-KVR_TEST_MAIN(cmocka_unit_test(test_data_parallel), cmocka_unit_test(test_round_robin_and_tried),
-              cmocka_unit_test(test_response_id_affinity),
-              cmocka_unit_test(test_look_changes_nothing),
-              cmocka_unit_test(test_accounting_and_drain),
-              cmocka_unit_test(test_failures_mark_down), cmocka_unit_test(test_policy_switch),
-              cmocka_unit_test(test_scrape_parse), cmocka_unit_test(test_requests_return_to_zero),
-              cmocka_unit_test(test_index_follows_workers), cmocka_unit_test(test_worker_limit),
-              cmocka_unit_test(test_peer_rows_by_url), cmocka_unit_test(test_scrape_and_reset),
-              cmocka_unit_test(test_drain_remove_add),
-              cmocka_unit_test(test_accounting_invariant_random),
-              cmocka_unit_test(test_injected_clock), cmocka_unit_test(test_metrics_ops_families),
-              cmocka_unit_test(test_metrics_process),
-              cmocka_unit_test(test_learning_refused_and_capped),
-              cmocka_unit_test(test_refused_prefill_leaves_clock),
-              cmocka_unit_test(test_outlier_ejection_backoff_and_trial),
-              cmocka_unit_test(test_ejection_keeps_a_worker), cmocka_unit_test(test_retry_budget),
-              cmocka_unit_test(test_admission_bound), cmocka_unit_test(test_models_eligibility),
-              cmocka_unit_test(test_models_policy_contract), cmocka_unit_test(test_models_union),
-              cmocka_unit_test(test_models_metrics), cmocka_unit_test(test_lora_adapter_state),
-              cmocka_unit_test(test_lora_runtime_adapters))
+KVR_TEST_MAIN(
+    cmocka_unit_test(test_data_parallel), cmocka_unit_test(test_round_robin_and_tried),
+    cmocka_unit_test(test_response_id_affinity), cmocka_unit_test(test_look_changes_nothing),
+    cmocka_unit_test(test_accounting_and_drain), cmocka_unit_test(test_failures_mark_down),
+    cmocka_unit_test(test_policy_switch), cmocka_unit_test(test_scrape_parse),
+    cmocka_unit_test(test_requests_return_to_zero), cmocka_unit_test(test_index_follows_workers),
+    cmocka_unit_test(test_worker_limit), cmocka_unit_test(test_peer_rows_by_url),
+    cmocka_unit_test(test_scrape_and_reset), cmocka_unit_test(test_drain_remove_add),
+    cmocka_unit_test(test_accounting_invariant_random), cmocka_unit_test(test_injected_clock),
+    cmocka_unit_test(test_metrics_ops_families), cmocka_unit_test(test_metrics_process),
+    cmocka_unit_test(test_learning_refused_and_capped),
+    cmocka_unit_test(test_refused_prefill_leaves_clock),
+    cmocka_unit_test(test_outlier_ejection_backoff_and_trial),
+    cmocka_unit_test(test_ejection_keeps_a_worker), cmocka_unit_test(test_retry_budget),
+    cmocka_unit_test(test_admission_bound), cmocka_unit_test(test_models_eligibility),
+    cmocka_unit_test(test_models_tokenizer), cmocka_unit_test(test_models_policy_contract),
+    cmocka_unit_test(test_models_union), cmocka_unit_test(test_models_metrics),
+    cmocka_unit_test(test_lora_adapter_state), cmocka_unit_test(test_lora_runtime_adapters))
