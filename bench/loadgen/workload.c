@@ -298,7 +298,7 @@ static int mix_part(const char *s, size_t len, kvr_wl_mix_part_t *p, char *err, 
              at + 1);
     return -1;
   }
-  snprintf(p->model, sizeof(p->model), "%s", buf);
+  memcpy(p->model, buf, mlen + 1); /* mlen < sizeof(p->model), checked above */
   p->kind = k.kind;
   p->weight = w;
   return 0;
