@@ -104,6 +104,10 @@ ALLOWLIST = [
           present(r"px->route != KVR_ROUTE_CHAT && px->route != KVR_ROUTE_COMPLETIONS",
                   "src/serve/proxy.c"),
           why="resume_stream() refuses every route but chat and completions"),
+    entry("README.md", "Not done: placing `/v1/responses` on a data-parallel rank",
+          present(r"/v1/responses ignores it", "src/serve/proxy.c"),
+          why="the proxy sends X-data-parallel-rank on every route; vLLM's Responses API does not "
+              "read it, and nothing else pins a Responses request to an engine"),
     entry("README.md", "Not done: TLS on kvrouter's own listeners",
           absent(r"SSL_|openssl|gnutls|\btls\b", "src/net/http_server.c", "src/net/http_server.h",
                  flags=re.I),
