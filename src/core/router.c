@@ -1180,6 +1180,19 @@ static const char *first_base(const kvr_worker_t *w) {
   return NULL;
 }
 
+/* The card of adapter a, loaded on w (res: loaded, or already loaded), added to w's list until the
+ * next GET /v1/models read replaces it. */
+static void add_loaded_adapter(kvr_router_t *r, kvr_worker_t *w, const kvr_lora_adapter_t *a,
+                               kvr_lora_load_result_t res) {
+  const char *parent = a->base ? a->base : first_base(w);
+  if (kvr_vllm_models_add_adapter(&w->models, a->name, a->path, parent, (uint64_t)time(NULL)) != 0)
+    return; /* listed already, or the list is full (it then takes any model) */
+  w->labels = kvr_xrealloc(w->labels, w->models.n * sizeof *w->labels);
+  w->labels[w->models.n - 1] = label_listed(r, a->name);
+  KVR_INFO("router", "worker %u: LoRA adapter %s %s (path %s)", w->id, a->name,
+           res == KVR_LORA_LOAD_LOADED ? "loaded" : "was loaded already", a->path);
+}
+
 int kvr_router_on_lora_load_done(kvr_router_t *r, uint32_t id, const kvr_lora_adapter_t *a,
                                  kvr_lora_load_result_t res) {
   r->lora_loads_total[(unsigned)res < KVR_LORA_LOAD_RESULTS ? res : KVR_LORA_LOAD_FAILED]++;
@@ -1194,13 +1207,14 @@ int kvr_router_on_lora_load_done(kvr_router_t *r, uint32_t id, const kvr_lora_ad
     }
   if (res == KVR_LORA_LOAD_FAILED)
     return 0;
-  const char *parent = a->base ? a->base : first_base(w);
-  if (kvr_vllm_models_add_adapter(&w->models, a->name, a->path, parent, (uint64_t)time(NULL)) != 0)
-    return 0; /* listed already, or the list is full (it then takes any model) */
-  w->labels = kvr_xrealloc(w->labels, w->models.n * sizeof *w->labels);
-  w->labels[w->models.n - 1] = label_listed(r, a->name);
-  KVR_INFO("router", "worker %u: LoRA adapter %s %s (path %s)", w->id, a->name,
-           res == KVR_LORA_LOAD_LOADED ? "loaded" : "was loaded already", a->path);
+  add_loaded_adapter(r, w, a, res);
+  /* A data-parallel server loads an adapter into every engine (vLLM's DP client calls add_lora
+   * on each, v1/engine/core_client.py): its other ranks list it too. */
+  for (size_t i = 0; w->dp_rank >= 0 && i < r->nslots; i++) {
+    kvr_worker_t *o = r->slots[i];
+    if (o && o != w && o->dp_rank >= 0 && strcmp(o->url, w->url) == 0)
+      add_loaded_adapter(r, o, a, res);
+  }
   return 0;
 }
 

@@ -1785,6 +1785,15 @@ static void test_data_parallel(void **state) {
   kvr_decision_t d;
   assert_true(kvr_router_decide(r, &req, NULL, false, &d) >= 0);
   assert_int_equal(d.nsnaps, 6);
+  /* A runtime LoRA load on one rank is the server's: every rank of it lists the adapter. */
+  kvr_lora_adapter_t sql = {"sql-lora", "/adapters/sql", NULL};
+  assert_int_equal(kvr_router_on_lora_load_start(r, r->slots[1]->id, "sql-lora"), 0);
+  assert_int_equal(kvr_router_on_lora_load_done(r, r->slots[1]->id, &sql, KVR_LORA_LOAD_LOADED), 0);
+  for (int k = 0; k < 3; k++)
+    assert_non_null(kvr_vllm_models_find(&r->slots[k]->models, "sql-lora"));
+  assert_null(kvr_vllm_models_find(&r->slots[3]->models, "sql-lora")); /* another server */
+  assert_null(kvr_vllm_models_find(&r->slots[4]->models, "sql-lora"));
+
   /* A request that failed on rank 0 is retried off its server: never on its ranks 1 and 2. */
   int tried[1] = {0};
   kvr_router_avoid_t avoid = {tried, 1, false, NULL, 0};
