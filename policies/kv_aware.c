@@ -12,11 +12,21 @@
  * relative to the worker's KV cache)
  *              + inflight_weight * inflight_i                        (per-sequence overhead)
  *              + [metrics fresh]  waiting_weight  * num_requests_waiting_i
- *                               + kv_usage_weight * kv_cache_usage_i
+ *                               + kv_usage_weight * kv_cache_usage_i ^ kv_usage_power
  *
  * C_i is the worker's cache capacity (cache_capacity_blocks, from its /metrics) and C the mean over
  * the eligible workers: on equal workers the factor is 1; on a mixed fleet the same decode tokens
  * weigh more on a smaller cache, which they fill sooner.
+ *
+ * KV usage counts convexly (kv_usage_power 4, kv_usage_weight 8192): what KV usage costs is the
+ * cache running out -- vLLM then preempts running requests and queues new ones, seconds of TTFT --
+ * so the term is large near full (5,375 tokens at 0.9, 8,192 at 1: about two prefills of a
+ * 4k-token document, so a worker about to run out stops attracting requests for their cached
+ * prefix) and small below (512 at 0.5, 66 at 0.3). The linear term it replaces (2048 x usage)
+ * was at most half such a prefill: on a mixed fleet it kept sending documents to the small
+ * worker as it filled. The usage is scraped once a second, so one figure steers every request
+ * until the next scrape; between 0.5 and 0.7 a 0.1 step moves the cost by 550-905 tokens (205
+ * linear), still well under a cached document.
  *
  * Prefill gate: a worker whose ahead_i exceeds the lowest eligible ahead by more than
  * prefill_gate_tokens is out, whatever the rest of its cost: a long conversation whose history one
@@ -71,7 +81,8 @@
   X(decode_weight, 0.01, 0, 1e9, false)                                                            \
   X(inflight_weight, 128, 0, 1e12, false)                                                          \
   X(waiting_weight, 512, 0, 1e12, false)                                                           \
-  X(kv_usage_weight, 2048, 0, 1e12, false)                                                         \
+  X(kv_usage_weight, 8192, 0, 1e12, false)                                                         \
+  X(kv_usage_power, 4, 1, 64, false)                                                               \
   X(balance_epsilon, 0.5, 0, 1e6, false)                                                           \
   X(balance_slack, 8, 0, 1e9, false)                                                               \
   X(prefill_gate_tokens, 4096, 0, 1e12, false)
@@ -122,7 +133,8 @@ static int kv_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t 
                   p->decode_weight * (double)w->active_tokens * rel +
                   p->inflight_weight * (double)w->inflight;
     if (w->metrics_fresh)
-      cost += p->waiting_weight * w->num_requests_waiting + p->kv_usage_weight * w->kv_cache_usage;
+      cost += p->waiting_weight * w->num_requests_waiting +
+              p->kv_usage_weight * pow(w->kv_cache_usage, p->kv_usage_power);
     s[i].cost = cost;
     if (s[i].eligible) {
       neligible++;
