@@ -1161,14 +1161,25 @@ const char *kvr_lora_load_result_name(kvr_lora_load_result_t res) {
   return (unsigned)res < KVR_LORA_LOAD_RESULTS ? names[res] : "failed";
 }
 
-int kvr_router_on_lora_load_start(kvr_router_t *r, uint32_t id, const char *name) {
+/* Whether w is a live (not draining) worker of the API server at url: every data-parallel rank
+ * of one `vllm serve` is a worker of its own, and they share its adapters. */
+static bool of_server(const kvr_worker_t *w, const char *url) {
+  return w && w->state != KVR_WORKER_DRAINING && strcmp(w->url, url) == 0;
+}
+
+int kvr_router_on_lora_load_start(kvr_router_t *r, const char *url, const char *name) {
   r->lora_load_attempts_total++;
-  kvr_worker_t *w = worker_by_id(r, id);
-  if (w == NULL)
-    return KVR_ENOENT;
-  w->lora_loading = kvr_xrealloc(w->lora_loading, (w->nlora_loading + 1) * sizeof *w->lora_loading);
-  w->lora_loading[w->nlora_loading++] = kvr_xstrdup(name);
-  return 0;
+  int rc = KVR_ENOENT;
+  for (size_t i = 0; i < r->nslots; i++) {
+    kvr_worker_t *w = r->slots[i];
+    if (!of_server(w, url))
+      continue;
+    w->lora_loading =
+        kvr_xrealloc(w->lora_loading, (w->nlora_loading + 1) * sizeof *w->lora_loading);
+    w->lora_loading[w->nlora_loading++] = kvr_xstrdup(name);
+    rc = 0;
+  }
+  return rc;
 }
 
 /* The id vLLM gives an adapter loaded without base_model_name as its parent: its first served
@@ -1193,29 +1204,31 @@ static void add_loaded_adapter(kvr_router_t *r, kvr_worker_t *w, const kvr_lora_
            res == KVR_LORA_LOAD_LOADED ? "loaded" : "was loaded already", a->path);
 }
 
-int kvr_router_on_lora_load_done(kvr_router_t *r, uint32_t id, const kvr_lora_adapter_t *a,
-                                 kvr_lora_load_result_t res) {
-  r->lora_loads_total[(unsigned)res < KVR_LORA_LOAD_RESULTS ? res : KVR_LORA_LOAD_FAILED]++;
-  kvr_worker_t *w = worker_by_id(r, id);
-  if (w == NULL)
-    return KVR_ENOENT;
+/* One worker of the server: the load of a ended with res (see kvr_router_on_lora_load_done). */
+static void lora_done(kvr_router_t *r, kvr_worker_t *w, const kvr_lora_adapter_t *a,
+                      kvr_lora_load_result_t res) {
   for (size_t i = 0; i < w->nlora_loading; i++)
     if (strcmp(w->lora_loading[i], a->name) == 0) {
       free(w->lora_loading[i]);
       w->lora_loading[i] = w->lora_loading[--w->nlora_loading];
       break;
     }
-  if (res == KVR_LORA_LOAD_FAILED)
-    return 0;
-  add_loaded_adapter(r, w, a, res);
-  /* A data-parallel server loads an adapter into every engine (vLLM's DP client calls add_lora
-   * on each, v1/engine/core_client.py): its other ranks list it too. */
-  for (size_t i = 0; w->dp_rank >= 0 && i < r->nslots; i++) {
-    kvr_worker_t *o = r->slots[i];
-    if (o && o != w && o->dp_rank >= 0 && strcmp(o->url, w->url) == 0)
-      add_loaded_adapter(r, o, a, res);
-  }
-  return 0;
+  if (res != KVR_LORA_LOAD_FAILED)
+    add_loaded_adapter(r, w, a, res);
+}
+
+/* Every live worker of the server: a data-parallel server loads an adapter into every engine
+ * (vLLM's DP client calls add_lora on each, v1/engine/core_client.py), so each rank lists it. */
+int kvr_router_on_lora_load_done(kvr_router_t *r, const char *url, const kvr_lora_adapter_t *a,
+                                 kvr_lora_load_result_t res) {
+  r->lora_loads_total[(unsigned)res < KVR_LORA_LOAD_RESULTS ? res : KVR_LORA_LOAD_FAILED]++;
+  int rc = KVR_ENOENT;
+  for (size_t i = 0; i < r->nslots; i++)
+    if (of_server(r->slots[i], url)) {
+      lora_done(r, r->slots[i], a, res);
+      rc = 0;
+    }
+  return rc;
 }
 
 bool kvr_router_worker_serves(const kvr_worker_t *w, const char *model) {

@@ -672,13 +672,16 @@ typedef enum {
 
 const char *kvr_lora_load_result_name(kvr_lora_load_result_t res);
 
-/* serve/lora.c started POST /v1/load_lora_adapter of adapter name on worker id: counted, and the
- * adapter counts as loaded there for decisions until _done. Returns 0 or KVR_ENOENT. */
-int kvr_router_on_lora_load_start(kvr_router_t *r, uint32_t id, const char *name);
-/* That load ended with res: counted; LOADED or ALREADY_LOADED add a's card to worker id's list
- * (kvr_vllm_models_add_adapter: parent a->base, else the worker's first id) so requests naming it
- * are routed there, until the next GET /v1/models read. Returns 0 or KVR_ENOENT. */
-int kvr_router_on_lora_load_done(kvr_router_t *r, uint32_t id, const kvr_lora_adapter_t *a,
+/* serve/lora.c started POST /v1/load_lora_adapter of adapter name on the vLLM server at url (a
+ * worker's url: every data-parallel rank of that server is a worker of its own, and they share its
+ * adapters): counted, and the adapter counts as loaded on each of those workers for decisions
+ * until _done. Returns 0, or KVR_ENOENT when no live worker has that url. */
+int kvr_router_on_lora_load_start(kvr_router_t *r, const char *url, const char *name);
+/* That load ended with res: counted; LOADED or ALREADY_LOADED add a's card to the list of every
+ * live worker of url (kvr_vllm_models_add_adapter: parent a->base, else the worker's first id) so
+ * requests naming it are routed there, until the next GET /v1/models read. Returns 0 or
+ * KVR_ENOENT (no such worker any more; still counted). */
+int kvr_router_on_lora_load_done(kvr_router_t *r, const char *url, const kvr_lora_adapter_t *a,
                                  kvr_lora_load_result_t res);
 
 /* Whether w takes a request naming model: always for NULL or "" (vLLM serves its first base name)

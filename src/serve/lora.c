@@ -1,6 +1,6 @@
 /* lora.c -- runtime LoRA loads on the workers, one per (worker, adapter) at a time (lora.h).
  *
- * Flow: kvr_lora_load -> find_op (same worker id and adapter name in flight: join) or op_start
+ * Flow: kvr_lora_load -> find_op (same server URL and adapter name in flight: join) or op_start
  * (kvr_router_on_lora_load_start, POST WORKER/v1/load_lora_adapter on the multi) -> on_done ->
  * classify (vLLM's answers, models/serving.py: 200 "Success: LoRA adapter 'N' added
  * successfully."; 400 InvalidUserInput "The lora adapter 'N' has already been loaded. ..."; 404
@@ -28,7 +28,8 @@
 typedef struct op_s {
   kvr_list_t node; /* in l->ops */
   kvr_lora_t *l;
-  uint32_t worker_id;
+  uint32_t worker_id;         /* the worker whose request started it (for the log) */
+  char *url;                  /* owned: the vLLM server (all its data-parallel ranks) */
   kvr_lora_adapter_t adapter; /* owned copies (base may be NULL) */
   CURL *easy;
   struct curl_slist *hdrs;
@@ -59,6 +60,7 @@ static void op_free(op_t *op) {
   curl_slist_free_all(op->hdrs);
   kvr_buf_free(&op->body);
   kvr_buf_free(&op->answer);
+  free(op->url);
   free(op->adapter.name);
   free(op->adapter.path);
   free(op->adapter.base);
@@ -142,7 +144,7 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
   if (o.res == KVR_LORA_LOAD_FAILED)
     KVR_WARN("lora", "worker %u: loading LoRA adapter %s (%s) failed: HTTP %ld: %s", op->worker_id,
              op->adapter.name, op->adapter.path, o.status, reason);
-  kvr_router_on_lora_load_done(l->r, op->worker_id, &op->adapter, o.res);
+  kvr_router_on_lora_load_done(l->r, op->url, &op->adapter, o.res);
   /* Out of l->ops before the callbacks: they may start another load or end their requests. */
   kvr_list_t waiters;
   kvr_list_init(&waiters);
@@ -162,10 +164,10 @@ static void on_done(CURL *easy, CURLcode rc, void *data) {
   op_free(op);
 }
 
-static op_t *find_op(kvr_lora_t *l, uint32_t id, const char *name) {
+static op_t *find_op(kvr_lora_t *l, const char *url, const char *name) {
   for (kvr_list_t *n = l->ops.next; n != &l->ops; n = n->next) {
     op_t *op = KVR_CONTAINER_OF(n, op_t, node);
-    if (op->worker_id == id && strcmp(op->adapter.name, name) == 0)
+    if (strcmp(op->url, url) == 0 && strcmp(op->adapter.name, name) == 0)
       return op;
   }
   return NULL;
@@ -176,6 +178,7 @@ static op_t *op_start(kvr_lora_t *l, const kvr_worker_t *w, const kvr_lora_adapt
   op_t *op = kvr_xcalloc(1, sizeof *op);
   op->l = l;
   op->worker_id = w->id;
+  op->url = kvr_xstrdup(w->url);
   op->adapter.name = kvr_xstrdup(a->name);
   op->adapter.path = kvr_xstrdup(a->path);
   op->adapter.base = a->base ? kvr_xstrdup(a->base) : NULL;
@@ -193,9 +196,9 @@ static op_t *op_start(kvr_lora_t *l, const kvr_worker_t *w, const kvr_lora_adapt
   curl_easy_setopt(op->easy, CURLOPT_HTTPHEADER, op->hdrs);
   curl_easy_setopt(op->easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)op->body.len);
   curl_easy_setopt(op->easy, CURLOPT_POSTFIELDS, op->body.data);
-  kvr_router_on_lora_load_start(l->r, w->id, a->name);
+  kvr_router_on_lora_load_start(l->r, w->url, a->name);
   if (kvr_curlm_add(l->curlm, op->easy, on_done, op) != 0) {
-    kvr_router_on_lora_load_done(l->r, w->id, a, KVR_LORA_LOAD_FAILED);
+    kvr_router_on_lora_load_done(l->r, w->url, a, KVR_LORA_LOAD_FAILED);
     op_free(op);
     return NULL;
   }
@@ -207,7 +210,7 @@ static op_t *op_start(kvr_lora_t *l, const kvr_worker_t *w, const kvr_lora_adapt
 
 int kvr_lora_load(kvr_lora_t *l, const kvr_worker_t *w, const kvr_lora_adapter_t *a,
                   kvr_lora_wait_t *wait) {
-  op_t *op = find_op(l, w->id, a->name);
+  op_t *op = find_op(l, w->url, a->name);
   if (op == NULL && (op = op_start(l, w, a)) == NULL)
     return KVR_EIO;
   kvr_list_insert_tail(&op->waiters, &wait->node);

@@ -1,4 +1,4 @@
-/* lora.h -- loading a LoRA adapter on a worker at runtime, once per worker and adapter.
+/* lora.h -- loading a LoRA adapter on a vLLM server at runtime, once per server and adapter.
  *
  * With --lora-adapter NAME=PATH the operator says the workers run with
  * VLLM_ALLOW_RUNTIME_LORA_UPDATING and may load that adapter: a request naming it, routed to a
@@ -7,7 +7,8 @@
  * serve/lora/api_router.py, models/serving.py load_lora_adapter), then goes on.
  *
  *   proxy: kvr_lora_load(l, worker, adapter, wait)
- *     -> an op of (worker id, adapter name) in flight? join its waiters
+ *     -> an op of (the worker's URL, adapter name) in flight? join its waiters (the data-parallel
+ *        ranks of one vLLM server are workers of one URL and share its adapters: one load)
  *     -> else a new op: kvr_router_on_lora_load_start, POST on the curl multi
  *   transfer done -> result: 200 loaded; 400 whose message says "has already been loaded"
  *                    already_loaded (as good: it is there); anything else failed, with the
@@ -20,8 +21,8 @@
  * adapter's name and path, its easy handle, its body and its answer (bounded at 64 KiB), and a
  * list of waiters. A kvr_lora_wait_t is embedded in its owner (the proxied request), which may
  * leave at any time with kvr_lora_cancel (the op goes on: the adapter is still worth having).
- * Invariant: an op is in l->ops exactly while its transfer is in the multi; its worker is named
- * by id, never by pointer (a worker removed meanwhile is simply not found by the router).
+ * Invariant: an op is in l->ops exactly while its transfer is in the multi; its server is named
+ * by URL, never by worker pointer (a worker removed meanwhile is simply not found by the router).
  */
 #ifndef KVR_LORA_H
 #define KVR_LORA_H

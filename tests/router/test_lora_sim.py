@@ -12,7 +12,8 @@ Cases:
   - kv_aware sends an adapter's requests to the sim whose batch runs it (a long stream another
     client holds there, straight to the sim) rather than to the sim that merely lists it;
   - a --lora-adapter no sim lists: concurrent first requests make exactly one POST
-    /v1/load_lora_adapter (the sim then lists the adapter), every later request goes there;
+    /v1/load_lora_adapter (the sim then lists the adapter), every later request goes there; a sim
+    with two data-parallel ranks (two router workers of one URL) loads it once for both;
   - load failures from the sim's own answers: files missing (404 NotFoundError), runtime updating
     off (FastAPI's 404): a 502 lora_load_failed naming the adapter and the answer.
 
@@ -167,6 +168,29 @@ def test_runtime_adapter_one_load():
         assert metric(r, "kvrouter_lora_loads_total", result="loaded") == 1
         show("4 concurrent + 4 later requests for dyn-lora: 1 load (sim %s lists it), all there"
              % where)
+
+
+@test(timeout=60)
+def test_runtime_adapter_one_load_per_server():
+    """A sim with two data-parallel ranks is two router workers of one URL (dp_size=2): the
+    adapter is loaded once for both, and requests on either rank need no other load."""
+    with tempfile.TemporaryDirectory() as d, Cleanup() as c:
+        dyn = adapter(d, "dyn")
+        s = c.add(lora_sim("--data-parallel-size", "2"))
+        r = c.add(Router(["%s,dp_size=2" % s.url], *FAST, "--policy", "kv_aware",
+                         "--lora-adapter", "dyn-lora=" + dyn))
+        wait_lists(r)
+        assert len(r.workers()) == 2
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(lambda i: chat(r, "dyn-lora", "q %d" % i, max_tokens=16),
+                                range(12)))
+        assert [x.status for x in got] == [200] * 12, [(x.status, x.body[:200]) for x in got]
+        ranks = {x.header("x-kvrouter-worker") for x in got}
+        assert metric(r, "kvrouter_lora_load_attempts_total") == 1
+        assert listed(s).count("dyn-lora") == 1
+        for w in r.workers():
+            assert "dyn-lora" in [m["id"] for m in w["models"]["ids"]], w["models"]
+        show("sim -dp 2 as 2 workers: 12 requests (workers %s), 1 load" % sorted(ranks))
 
 
 @test(timeout=60)

@@ -1559,7 +1559,7 @@ static void test_lora_runtime_adapters(void **state) {
   assert_null(kvr_router_lora_needs_load(r, w0, "sql-lora")); /* listed, not runtime */
   assert_null(kvr_router_lora_needs_load(r, w0, "llama-70b"));
   /* Loading "any" on w1: loaded there for decisions while in flight. */
-  assert_int_equal(kvr_router_on_lora_load_start(r, w1->id, "any"), 0);
+  assert_int_equal(kvr_router_on_lora_load_start(r, w1->url, "any"), 0);
   kvr_route_req_t req = {.prompt_tokens = 100, .block_chars = 64};
   kvr_router_avoid_t avoid = {NULL, 0, false, "any", 0};
   kvr_decision_t d;
@@ -1569,7 +1569,7 @@ static void test_lora_runtime_adapters(void **state) {
   assert_int_equal(d.snaps[1].adapter, KVR_ADAPTER_LOADED);
   /* It ends "already loaded": the card is added, parent the worker's first base name. */
   const kvr_lora_adapter_t *any = kvr_router_lora_dynamic(r, "any");
-  assert_int_equal(kvr_router_on_lora_load_done(r, w1->id, any, KVR_LORA_LOAD_ALREADY_LOADED), 0);
+  assert_int_equal(kvr_router_on_lora_load_done(r, w1->url, any, KVR_LORA_LOAD_ALREADY_LOADED), 0);
   assert_int_equal(w1->nlora_loading, 0);
   const kvr_vllm_model_t *c = kvr_vllm_models_find(&w1->models, "any");
   assert_non_null(c);
@@ -1580,18 +1580,41 @@ static void test_lora_runtime_adapters(void **state) {
   assert_string_equal(kvr_router_model_label(r, "any"), "any");
   /* "dyn" on w0 fails: nothing added, still to load. */
   const kvr_lora_adapter_t *dyn = kvr_router_lora_dynamic(r, "dyn");
-  assert_int_equal(kvr_router_on_lora_load_start(r, w0->id, "dyn"), 0);
-  assert_int_equal(kvr_router_on_lora_load_done(r, w0->id, dyn, KVR_LORA_LOAD_FAILED), 0);
+  assert_int_equal(kvr_router_on_lora_load_start(r, w0->url, "dyn"), 0);
+  assert_int_equal(kvr_router_on_lora_load_done(r, w0->url, dyn, KVR_LORA_LOAD_FAILED), 0);
   assert_non_null(kvr_router_lora_needs_load(r, w0, "dyn"));
-  assert_int_equal(kvr_router_on_lora_load_start(r, w0->id, "dyn"), 0);
-  assert_int_equal(kvr_router_on_lora_load_done(r, w0->id, dyn, KVR_LORA_LOAD_LOADED), 0);
+  assert_int_equal(kvr_router_on_lora_load_start(r, w0->url, "dyn"), 0);
+  assert_int_equal(kvr_router_on_lora_load_done(r, w0->url, dyn, KVR_LORA_LOAD_LOADED), 0);
   assert_string_equal(kvr_vllm_models_find(&w0->models, "dyn")->parent, "llama-70b");
-  assert_int_equal(kvr_router_on_lora_load_start(r, 999, "dyn"), KVR_ENOENT);
-  assert_int_equal(kvr_router_on_lora_load_done(r, 999, dyn, KVR_LORA_LOAD_FAILED), KVR_ENOENT);
+  assert_int_equal(kvr_router_on_lora_load_start(r, "http://127.0.0.1:999", "dyn"), KVR_ENOENT);
+  assert_int_equal(
+      kvr_router_on_lora_load_done(r, "http://127.0.0.1:999", dyn, KVR_LORA_LOAD_FAILED),
+      KVR_ENOENT);
   assert_metric(r, "kvrouter_lora_load_attempts_total 4");
   assert_metric(r, "kvrouter_lora_loads_total{result=\"loaded\"} 1");
   assert_metric(r, "kvrouter_lora_loads_total{result=\"already_loaded\"} 1");
   assert_metric(r, "kvrouter_lora_loads_total{result=\"failed\"} 2");
+  /* The data-parallel ranks of one server are workers of one URL: one load marks and lists the
+   * adapter on each of them. */
+  assert_int_equal(kvr_router_add_workers(r, "http://127.0.0.1:77", 2, NULL, NULL, err, sizeof err),
+                   2);
+  const kvr_worker_t *rank[2] = {NULL, NULL};
+  for (size_t i = 0; i < r->nslots; i++)
+    if (r->slots[i] && strcmp(r->slots[i]->url, "http://127.0.0.1:77") == 0)
+      rank[r->slots[i]->dp_rank] = r->slots[i];
+  assert_non_null(rank[0]);
+  assert_non_null(rank[1]);
+  assert_int_equal(kvr_router_on_lora_load_start(r, "http://127.0.0.1:77", "any"), 0);
+  assert_int_equal(rank[0]->nlora_loading, 1);
+  assert_int_equal(rank[1]->nlora_loading, 1);
+  assert_int_equal(
+      kvr_router_on_lora_load_done(r, "http://127.0.0.1:77", any, KVR_LORA_LOAD_LOADED), 0);
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(rank[k]->nlora_loading, 0);
+    assert_null(kvr_router_lora_needs_load(r, rank[k], "any"));
+  }
+  assert_int_equal(kvr_router_drain_worker(r, rank[0]->id), 0);
+  assert_int_equal(kvr_router_drain_worker(r, rank[1]->id), 0);
   /* The next list that does not hold it: to be loaded again. */
   assert_int_equal(feed_model(r, w1->id, "qwen-32b", 24704), 0);
   assert_non_null(kvr_router_lora_needs_load(r, w1, "any"));
@@ -1787,8 +1810,9 @@ static void test_data_parallel(void **state) {
   assert_int_equal(d.nsnaps, 6);
   /* A runtime LoRA load on one rank is the server's: every rank of it lists the adapter. */
   kvr_lora_adapter_t sql = {"sql-lora", "/adapters/sql", NULL};
-  assert_int_equal(kvr_router_on_lora_load_start(r, r->slots[1]->id, "sql-lora"), 0);
-  assert_int_equal(kvr_router_on_lora_load_done(r, r->slots[1]->id, &sql, KVR_LORA_LOAD_LOADED), 0);
+  assert_int_equal(kvr_router_on_lora_load_start(r, r->slots[1]->url, "sql-lora"), 0);
+  assert_int_equal(kvr_router_on_lora_load_done(r, r->slots[1]->url, &sql, KVR_LORA_LOAD_LOADED),
+                   0);
   for (int k = 0; k < 3; k++)
     assert_non_null(kvr_vllm_models_find(&r->slots[k]->models, "sql-lora"));
   assert_null(kvr_vllm_models_find(&r->slots[3]->models, "sql-lora")); /* another server */
