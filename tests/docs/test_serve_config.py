@@ -55,6 +55,7 @@ FOREIGN = {
     "--data-parallel-size": "vLLM's data-parallel engines behind one API server",
     "--api-server-count": "vLLM's API server processes",
     "--data-parallel-rank": "vLLM's external-LB rank of one API server",
+    "--out": "a bench script's output folder (bench/scripts/*/)",
 
     "--ab": "kvrouter bench",
     "--dataset-name": "vllm bench serve's dataset choice (timed_trace reads traces)",
