@@ -53,7 +53,8 @@
  * bounded load caps it (so a hot adapter spreads, and its next workers learn it), exactly as a
  * cached prefix does; among equally ready workers the cost decides. The prefill gate comes first:
  * a worker holding this request's prefix under this adapter (the index's blocks are keyed by the
- * model name, prompt.h) has served the adapter, so it is loaded there too.
+ * model name, prompt.h) has served the adapter, so it is loaded there too. adapter_affinity 0 turns
+ * the adapter gate off (the cost alone decides among the workers the router made eligible).
  *
  * prefill_backlog_tokens is the part of the worker's queued prefill it has probably not reached yet
  * (prefill_clock.h): when every worker is busy prefilling, the request joins the one closest to
@@ -85,7 +86,8 @@
   X(kv_usage_power, 4, 1, 64, false)                                                               \
   X(balance_epsilon, 0.5, 0, 1e6, false)                                                           \
   X(balance_slack, 8, 0, 1e9, false)                                                               \
-  X(prefill_gate_tokens, 4096, 0, 1e12, false)
+  X(prefill_gate_tokens, 4096, 0, 1e12, false)                                                     \
+  X(adapter_affinity, 1, 0, 1, true)
 
 typedef struct kv_s {
   kvr_policy_t super;
@@ -174,7 +176,7 @@ static int kv_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t 
   for (size_t i = 0; i < n; i++)
     if (s[i].eligible && !s[i].capped && workers[i].adapter > ready)
       ready = workers[i].adapter;
-  for (size_t i = 0; i < n && ready != KVR_ADAPTER_NONE; i++)
+  for (size_t i = 0; i < n && ready != KVR_ADAPTER_NONE && p->adapter_affinity > 0; i++)
     if (s[i].eligible && !s[i].capped && workers[i].adapter < ready &&
         (double)workers[i].inflight >= mean - p->balance_slack) {
       s[i].capped = true;

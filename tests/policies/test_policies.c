@@ -62,7 +62,7 @@ static void test_param_errors(void **state) {
       {"kv_aware", "{\"load_weight\":1}",
        "params.load_weight: unknown parameter (valid: prefill_weight, decode_weight, "
        "inflight_weight, waiting_weight, kv_usage_weight, kv_usage_power, balance_epsilon, "
-       "balance_slack, prefill_gate_tokens)"},
+       "balance_slack, prefill_gate_tokens, adapter_affinity)"},
       {"kv_aware", "[1]", "params: must be an object"},
       {"round_robin", "{\"x\":1}", "params.x: unknown parameter (valid: none)"},
       {"least_load", "{\"x\":1}", "params.x: unknown parameter (valid: none)"},
@@ -513,6 +513,15 @@ static void test_kv_aware_adapter_affinity(void **state) {
   k = kvr_policy_select(tight, w, 4, &req, 0, s);
   assert_true(s[0].capped && k == 3);
   kvr_policy_destroy(tight);
+  /* adapter_affinity 0: the gate is off, the cost alone decides (the idle workers win). */
+  kvr_policy_t *off = make("kv_aware", "{\"adapter_affinity\":0}");
+  idle_workers(w, 4);
+  w[0].adapter = KVR_ADAPTER_RUNNING;
+  w[0].inflight = 2;
+  k = kvr_policy_select(off, w, 4, &req, 0, s);
+  assert_true(k != 0 && !s[1].capped && !s[2].capped && !s[3].capped);
+  assert_int_equal(kvr_policy_select(p, w, 4, &req, 0, s), 0); /* on: the running one */
+  kvr_policy_destroy(off);
   /* A base model request (no adapter anywhere) is unchanged: the cost decides. */
   idle_workers(w, 4);
   w[0].inflight = 2;
