@@ -13,7 +13,9 @@ table shows both workers and their state; requests sent through the proxy raise 
 of the current policy; a wrong token makes a policy switch show the 401 message and the policy
 stays (checked from Python); the right token switches it (checked from Python), and the new
 policy's decision count rises. With --admin-open-reads the page reads without a token and asks
-for none, and the switch still needs the token.
+for none, and the switch still needs the token. A data-parallel server (a sim with
+--data-parallel-size 2 given as --worker URL,dp_size=2) shows one row per rank, its URL cell
+naming the rank.
 
 Exit 77 (CTest: skipped) when chromium, chromedriver or python3-selenium is missing, after the
 HTTP checks above ran and passed (a failure there still fails the test):
@@ -309,6 +311,23 @@ def open_reads_test(stack):
         assert admin_get(r, "/admin/policy", tok)["policy"] == other
 
 
+def dp_ranks_test(stack):
+    """A data-parallel server (kvrouter sim --data-parallel-size 2, --worker URL,dp_size=2): one
+    row per rank in both tables, keyed by the rank's key, its URL cell naming the rank."""
+    with Cleanup() as c:
+        s = c.add(Sim("--data-parallel-size", 2))
+        r = c.add(Router([s.url + ",dp_size=2"], *FAST))
+        b = c.add(Browser(stack))
+        b.d.get("http://127.0.0.1:%d/dashboard" % r.admin_port)
+        keys = {s.url + "#dp=0": "up", s.url + "#dp=1": "up"}
+        b.wait(lambda: b.worker_rows() == keys, "one row per rank")
+        cells = {k: v[1] for k, v in b.rows("workers")}
+        assert cells[s.url + "#dp=0"] == s.url + " (rank 0 of 2)", cells
+        assert cells[s.url + "#dp=1"] == s.url + " (rank 1 of 2)", cells
+        assert set(b.cached_rows()) == set(keys), b.cached_rows()
+        assert not b.severe_logs(), b.severe_logs()
+
+
 def main():
     stack = browser_stack()
     if isinstance(stack, str):
@@ -326,6 +345,10 @@ def main():
     @test(timeout=120)
     def test_dashboard_open_reads():
         open_reads_test(stack)
+
+    @test(timeout=120)
+    def test_dashboard_dp_ranks():
+        dp_ranks_test(stack)
 
     return h.run(TESTS)
 
