@@ -113,7 +113,7 @@ def run_seed(kvrouter, seed, raw):
 def report(rows, out):
     lines = [first_line(), "", "# kv_aware's LoRA adapter gate, on and off", "",
              "`kvrouter bench --virtual` on the study's model-fleet scenario (16 workers; model-b's "
-             "workers list 3-4 of its 4 adapters with --max-loras 2; 20% of the requests name an "
+             "workers list 3-4 of its 4 adapters with --max-loras 2; 20%% of the requests name an "
              "adapter), labels round_robin, kv_aware, and kv_aware with "
              "`{\"adapter_affinity\":0}`. Max rate: the highest SLO-compliant rate of a search "
              "(TTFT p99 < 1 s, TPOT p99 < 60 ms). At %d req/s: TTFT p99 and mean over all requests, "
