@@ -1426,4 +1426,10 @@ void kvr_vcluster_describe(const kvr_vcluster_t *vc, kvr_buf_t *out) {
                  "router %.3g ms per request, scrape every %llu ms (stale after %llu ms)",
                  vc->o.net_ms, vc->o.router_ms, (unsigned long long)vc->o.scrape_interval_ms,
                  (unsigned long long)vc->o.scrape_stale_ms);
+  if (vc->fleet.n > 0) { /* a model fleet: who serves what */
+    kvr_buf_puts(out, "; models: ");
+    kvr_mfleet_describe(&vc->fleet, out);
+    kvr_buf_printf(out, " (LoRA workers: --max-loras %u, adapters of rank %d)",
+                   vc->o.max_loras ? vc->o.max_loras : 1, KVR_MFLEET_LORA_RANK);
+  }
 }

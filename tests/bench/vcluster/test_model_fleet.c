@@ -247,6 +247,13 @@ static kvr_level_t *fleet_level(const char *policy, kvr_vcluster_mstats_t *ms, d
   assert_true(r->slots[2]->lora.present);
   assert_int_equal(r->slots[2]->lora.max_lora, 1);
   assert_false(r->slots[0]->lora.present);
+  kvr_buf_t d = KVR_BUF_INIT; /* the report's cluster line names the fleet */
+  kvr_vcluster_describe(vc, &d);
+  assert_non_null(strstr(d.data, "7 workers of `kvrouter sim`'s engine"));
+  assert_non_null(strstr(d.data, "; models: 2 x model-a; 1 x model-b + adapters b-x, b-y; "));
+  assert_non_null(strstr(d.data, "2 x model-a as one DP endpoint of 2 ranks (LoRA workers: "
+                                 "--max-loras 1, adapters of rank 16)"));
+  kvr_buf_free(&d);
   kvr_loadgen_free(lg);
   kvr_workload_free(wl);
   kvr_vcluster_free(vc);
