@@ -289,7 +289,10 @@ static void vllm_head(cJSON *o, const kvr_results_t *res, const kvr_run_t *run,
   add_float(o, "total_token_throughput", lv->total_token_throughput);
 }
 
-static const kvr_level_t *g_sort_lv; /* the level send_order() sorts (qsort has no context) */
+/* The level send_order() sorts (qsort has no context), one per thread: `kvrouter bench study`
+ * writes its cells' reports from several threads at once, and a shared pointer let one cell's
+ * sort read another's records (a segfault when two agentic-responses cells ended together). */
+static _Thread_local const kvr_level_t *g_sort_lv;
 
 static int cmp_seq(const void *a, const void *b) {
   const kvr_req_rec_t *x = &g_sort_lv->recs[*(const size_t *)a];
