@@ -14,6 +14,7 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -448,6 +449,63 @@ static void test_vllm_keys(void **state) {
   assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "tokenizer_id")));
   cJSON_Delete(j);
   kvr_buf_free(&b);
+  kvr_stats_results_free(res);
+}
+
+/* Two threads writing level JSONs at once, as `kvrouter bench study` writes its cells' (one
+ * level of 2,000 requests, one of 40, each added in reverse send order): every JSON's start_times
+ * come out in send order. The sort's context was once one pointer for every thread: a sort could
+ * read the other thread's level (out of order, or out of its records: a segfault). A race, so a
+ * regression shows only when the two sorts overlap, as they did in two of six study runs. */
+typedef struct json_job_s {
+  kvr_results_t *res;
+  kvr_run_t *run;
+  kvr_level_t *lv;
+  size_t n;
+  int rounds;
+  bool ok;
+} json_job_t;
+
+static void *write_jsons(void *arg) {
+  json_job_t *jb = arg;
+  jb->ok = true;
+  kvr_buf_t b = KVR_BUF_INIT;
+  for (int i = 0; i < jb->rounds && jb->ok; i++) {
+    kvr_buf_reset(&b);
+    kvr_report_level_json(jb->res, jb->run, jb->lv, &b);
+    cJSON *j = cJSON_Parse(b.data);
+    const cJSON *st = cJSON_GetObjectItem(j, "start_times");
+    jb->ok = j != NULL && (size_t)cJSON_GetArraySize(st) == jb->n;
+    for (int k = 1; jb->ok && k < cJSON_GetArraySize(st); k++)
+      jb->ok = cJSON_GetArrayItem(st, k - 1)->valuedouble < cJSON_GetArrayItem(st, k)->valuedouble;
+    cJSON_Delete(j);
+  }
+  kvr_buf_free(&b);
+  return NULL;
+}
+
+static void test_level_json_threads(void **state) {
+  (void)state;
+  kvr_results_t *res = kvr_stats_results_new();
+  kvr_run_t *run = kvr_stats_results_add_run(res, "base", "", "");
+  json_job_t jobs[2] = {{.n = 2000, .rounds = 30}, {.n = 40, .rounds = 1000}};
+  for (int t = 0; t < 2; t++) {
+    kvr_level_t *lv = kvr_stats_level_new(1, 0);
+    for (size_t i = jobs[t].n; i-- > 0;)
+      add_req(lv, false, 1.0 + (double)i / 100.0, true, 100, 3, 300);
+    kvr_stats_level_finish(lv, &res->slo);
+    kvr_stats_run_add(run, lv);
+    jobs[t].res = res;
+    jobs[t].run = run;
+    jobs[t].lv = lv;
+  }
+  pthread_t th[2];
+  for (int t = 0; t < 2; t++)
+    assert_int_equal(pthread_create(&th[t], NULL, write_jsons, &jobs[t]), 0);
+  for (int t = 0; t < 2; t++)
+    pthread_join(th[t], NULL);
+  assert_true(jobs[0].ok);
+  assert_true(jobs[1].ok);
   kvr_stats_results_free(res);
 }
 
@@ -1297,8 +1355,8 @@ static void test_trace_section(void **state) {
 
 KVR_TEST_MAIN(cmocka_unit_test(test_markdown_structure), cmocka_unit_test(test_no_improvement),
               cmocka_unit_test(test_html_charts), cmocka_unit_test(test_level_json_and_jsonl),
-              cmocka_unit_test(test_vllm_keys), cmocka_unit_test(test_write_files),
-              cmocka_unit_test(test_engine_figures_and_reset),
+              cmocka_unit_test(test_vllm_keys), cmocka_unit_test(test_level_json_threads),
+              cmocka_unit_test(test_write_files), cmocka_unit_test(test_engine_figures_and_reset),
               cmocka_unit_test(test_html_has_every_table), cmocka_unit_test(test_reset_verdicts),
               cmocka_unit_test(test_capacity_not_found),
               cmocka_unit_test(test_capacity_bounds_as_data),
