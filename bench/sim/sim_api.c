@@ -82,3 +82,28 @@ void kvr_sim_err_anthropic_json(kvr_buf_t *b, const kvr_sim_err_t *e) {
   kvr_sim_json_str(b, e->message);
   kvr_buf_puts(b, "}}");
 }
+
+void kvr_sim_model_card(kvr_buf_t *b, const char *id, const char *root, const char *parent,
+                        uint32_t max_len, long long created) {
+  kvr_buf_puts(b, "{\"id\":");
+  kvr_buf_json_str(b, id, strlen(id));
+  kvr_buf_printf(b,
+                 ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"vllm\",\"root\":", created);
+  kvr_buf_json_str(b, root, strlen(root));
+  kvr_buf_puts(b, ",\"parent\":");
+  if (parent != NULL)
+    kvr_buf_json_str(b, parent, strlen(parent));
+  else
+    kvr_buf_puts(b, "null");
+  if (max_len > 0)
+    kvr_buf_printf(b, ",\"max_model_len\":%u", max_len);
+  else
+    kvr_buf_puts(b, ",\"max_model_len\":null");
+  kvr_buf_printf(b,
+                 ",\"permission\":[{\"id\":\"modelperm-sim\",\"object\":\"model_permission\","
+                 "\"created\":%lld,\"allow_create_engine\":false,\"allow_sampling\":true,"
+                 "\"allow_logprobs\":true,\"allow_search_indices\":false,\"allow_view\":true,"
+                 "\"allow_fine_tuning\":false,\"organization\":\"*\",\"group\":null,"
+                 "\"is_blocking\":false}]}",
+                 created);
+}

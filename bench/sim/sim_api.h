@@ -23,6 +23,7 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define KVR_SIM_ERR_VALIDATION "Bad Request"
 #define KVR_SIM_ERR_BAD_REQUEST "BadRequestError"
@@ -59,5 +60,12 @@ void kvr_sim_err_anthropic_json(kvr_buf_t *b, const kvr_sim_err_t *e);
 
 /* Appends a JSON string of the NUL-terminated s (kvr_buf_json_str). */
 void kvr_sim_json_str(kvr_buf_t *b, const char *s);
+
+/* Appends one card of GET /v1/models (vLLM's ModelCard, vllm/entrypoints/openai/engine/protocol.py:
+ * every field, nulls written) to b: parent NULL is null, max_len 0 is null (an adapter's card). The
+ * simulated worker's list and the virtual cluster's (bench/vcluster/model_fleet.c) both write it.
+ */
+void kvr_sim_model_card(kvr_buf_t *b, const char *id, const char *root, const char *parent,
+                        uint32_t max_len, long long created);
 
 #endif

@@ -1811,33 +1811,6 @@ static void handle_count_tokens(kvr_http_req_t *req, void *data, const char *tai
 
 /* ---- other endpoints ---- */
 
-/* One card of GET /v1/models (vLLM's ModelCard, vllm/entrypoints/openai/engine/protocol.py: every
- * field, nulls written): parent NULL is null, max_len 0 is null (an adapter's card). */
-static void model_card(kvr_buf_t *b, const char *id, const char *root, const char *parent,
-                       uint32_t max_len, long long created) {
-  kvr_buf_puts(b, "{\"id\":");
-  kvr_buf_json_str(b, id, strlen(id));
-  kvr_buf_printf(b,
-                 ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"vllm\",\"root\":", created);
-  kvr_buf_json_str(b, root, strlen(root));
-  kvr_buf_puts(b, ",\"parent\":");
-  if (parent != NULL)
-    kvr_buf_json_str(b, parent, strlen(parent));
-  else
-    kvr_buf_puts(b, "null");
-  if (max_len > 0)
-    kvr_buf_printf(b, ",\"max_model_len\":%u", max_len);
-  else
-    kvr_buf_puts(b, ",\"max_model_len\":null");
-  kvr_buf_printf(b,
-                 ",\"permission\":[{\"id\":\"modelperm-sim\",\"object\":\"model_permission\","
-                 "\"created\":%lld,\"allow_create_engine\":false,\"allow_sampling\":true,"
-                 "\"allow_logprobs\":true,\"allow_search_indices\":false,\"allow_view\":true,"
-                 "\"allow_fine_tuning\":false,\"organization\":\"*\",\"group\":null,"
-                 "\"is_blocking\":false}]}",
-                 created);
-}
-
 /* GET /v1/models, as OpenAIServingModels.show_available_models: one base card per served name
  * (root --model, parent null, max_model_len), then one per LoRA adapter (root its path, parent
  * its base model name, max_model_len null). */
@@ -1851,12 +1824,12 @@ static void handle_models(kvr_http_req_t *req, void *data, const char *tail) {
   for (size_t i = 0; i < srv->nnames; i++) {
     if (i > 0)
       kvr_buf_puts(b, ",");
-    model_card(b, srv->names[i], srv->model, NULL, srv->opts.engine.max_model_len, created);
+    kvr_sim_model_card(b, srv->names[i], srv->model, NULL, srv->opts.engine.max_model_len, created);
   }
   for (size_t i = 0; i < srv->loras.n; i++) {
     const kvr_sim_lora_t *l = &srv->loras.v[i];
     kvr_buf_puts(b, ",");
-    model_card(b, l->name, l->path, l->base ? l->base : srv->names[0], 0, created);
+    kvr_sim_model_card(b, l->name, l->path, l->base ? l->base : srv->names[0], 0, created);
   }
   kvr_buf_puts(b, "]}");
   kvr_http_respond(req, 200, "application/json", NULL, b->data, b->len);

@@ -13,6 +13,7 @@
 #include "model_fleet.h"
 
 #include "base/kvr.h"
+#include "bench/sim/sim_api.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,26 +149,6 @@ int kvr_mfleet_parse(const char *spec, size_t max_workers, kvr_mfleet_t *f, char
   return 0;
 }
 
-/* One ModelCard, every field, nulls written (as bench/sim/sim_server.c's model_card). */
-static void card(kvr_buf_t *b, const char *id, const char *root, const char *parent,
-                 uint32_t max_len, long long created) {
-  kvr_buf_puts(b, "{\"id\":");
-  kvr_buf_json_str(b, id, strlen(id));
-  kvr_buf_printf(b,
-                 ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"vllm\",\"root\":", created);
-  kvr_buf_json_str(b, root, strlen(root));
-  kvr_buf_puts(b, ",\"parent\":");
-  if (parent != NULL)
-    kvr_buf_json_str(b, parent, strlen(parent));
-  else
-    kvr_buf_puts(b, "null");
-  if (max_len > 0)
-    kvr_buf_printf(b, ",\"max_model_len\":%u", max_len);
-  else
-    kvr_buf_puts(b, ",\"max_model_len\":null");
-  kvr_buf_puts(b, ",\"permission\":[]}");
-}
-
 void kvr_mfleet_models_json(const kvr_mfleet_t *f, size_t wi, uint32_t max_model_len,
                             long long created, kvr_buf_t *out) {
   const kvr_mfleet_worker_t *w = &f->w[wi];
@@ -175,11 +156,11 @@ void kvr_mfleet_models_json(const kvr_mfleet_t *f, size_t wi, uint32_t max_model
   kvr_buf_reset(out);
   kvr_buf_puts(out, "{\"object\":\"list\",\"data\":[");
   snprintf(root, sizeof(root), "/models/%s", w->model);
-  card(out, w->model, root, NULL, max_model_len, created);
+  kvr_sim_model_card(out, w->model, root, NULL, max_model_len, created);
   for (size_t k = 0; k < w->nadapters; k++) {
     snprintf(root, sizeof(root), "/loras/%s", w->adapters[k]);
     kvr_buf_puts(out, ",");
-    card(out, w->adapters[k], root, w->model, 0, created);
+    kvr_sim_model_card(out, w->adapters[k], root, w->model, 0, created);
   }
   kvr_buf_puts(out, "]}");
 }
