@@ -126,7 +126,7 @@ typedef struct kvr_sim_stored_s {
 
 typedef struct kvr_sim_rstore_s kvr_sim_rstore_t;
 
-/* The bound of a worker's store: `kvrouter sim` (sim_server.c's RSTORE_MAX) and the virtual
+/* The bound of a worker's store: `kvrouter sim` (sim_server.c) and the virtual
  * cluster's workers (bench/vcluster) keep at most this many responses. */
 #define KVR_SIM_RSTORE_MAX 100000
 

@@ -76,7 +76,6 @@
 
 #define BOS_TOKEN 128000u /* Llama-3's <|begin_of_text|>, prepended to text prompts */
 #define LAG_RESET_NS (50 * 1000000ull)
-#define RSTORE_MAX 100000 /* stored responses kept (vLLM keeps all of them) */
 
 /* vLLM's bucket bounds for its three latency histograms (vllm/v1/metrics/loggers.py). */
 static const double ttft_buckets[] = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
@@ -2542,7 +2541,7 @@ kvr_sim_server_t *kvr_sim_server_new(uv_loop_t *loop, const kvr_sim_server_opts_
     srv->engines[r].step_poll.data = &srv->engines[r];
   }
   srv->store_enabled = store_env(getenv("VLLM_ENABLE_RESPONSES_API_STORE"));
-  srv->store = kvr_sim_rstore_new(RSTORE_MAX);
+  srv->store = kvr_sim_rstore_new(KVR_SIM_RSTORE_MAX);
   uv_timer_init(loop, &srv->refuse_timer);
   srv->refuse_timer.data = srv;
   kvr_sim_fault_default(&srv->fault, KVR_SIM_FAULT_NONE);
