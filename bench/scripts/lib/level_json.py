@@ -10,8 +10,9 @@ drops the arrays; a script that reads some of them names those in keep (calibrat
 columns).
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-    from level_json import slim_file, slim_level, write_level
+    from level_json import find, slim_file, slim_level, write_level
     level = slim_level(json.load(f))      # a new dict; the one given is left as it was
+    fleet = find(level, "model_fleet")    # the first value of a key anywhere in the tree
     slim_file(path)                       # the file at path rewritten without its arrays
 
 write_level writes compact JSON and a newline, the form every kept level has. Shell use (ab.sh):
@@ -25,6 +26,20 @@ import os
 PER_REQUEST_TOP = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times",
                    "queue_times", "generated_texts", "errors")
 PER_REQUEST_KVROUTER = ("cached_lens", "e2els", "tpots", "turns")
+
+
+def find(obj, key):
+    """The first value of key anywhere in a JSON tree, or None."""
+    if isinstance(obj, dict):
+        if key in obj:
+            return obj[key]
+        obj = list(obj.values())
+    if isinstance(obj, list):
+        for v in obj:
+            got = find(v, key)
+            if got is not None:
+                return got
+    return None
 
 
 def slim_level(d, keep=()):

@@ -35,7 +35,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from level_json import slim_level, write_level  # noqa: E402
+from level_json import find, slim_level, write_level  # noqa: E402
 from provenance import first_line  # noqa: E402
 
 FLEET = ("6*model-a;1*model-b:b-sql+b-chat+b-code;1*model-b:b-sql+b-chat+b-math;"
@@ -73,19 +73,6 @@ def max_rates(report_md):
     if missing:
         sys.exit("no max rate for %s in %s" % (missing, report_md))
     return out
-
-
-def find(obj, key):
-    if isinstance(obj, dict):
-        if key in obj:
-            return obj[key]
-        obj = list(obj.values())
-    if isinstance(obj, list):
-        for v in obj:
-            got = find(v, key)
-            if got is not None:
-                return got
-    return None
 
 
 def run_seed(kvrouter, seed, raw):

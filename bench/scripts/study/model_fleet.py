@@ -24,19 +24,8 @@ import os
 import re
 import sys
 
-
-def find(obj, key):
-    """The first value of key anywhere in a JSON tree, or None."""
-    if isinstance(obj, dict):
-        if key in obj:
-            return obj[key]
-        obj = list(obj.values())
-    if isinstance(obj, list):
-        for v in obj:
-            got = find(v, key)
-            if got is not None:
-                return got
-    return None
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from level_json import find  # noqa: E402
 
 
 def cells(folder):
