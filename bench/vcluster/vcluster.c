@@ -476,7 +476,8 @@ static uint64_t *tokenize(kvr_vcluster_t *vc, const vreq_t *q, kvr_route_req_t *
   memset(&p, 0, sizeof(p));
   uint64_t *chain = NULL;
   if (body != NULL && parse_completion(vc, -1, body, &p) == 0)
-    chain = kvr_tokenize_route_req(p.prompt.v, p.prompt.n, vc->o.engine.block_size, rreq);
+    chain = kvr_tokenize_route_req(p.prompt.v, p.prompt.n, vc->o.engine.block_size,
+                                   NULL /* no cache_salt or adapter salts modelled here */, rreq);
   kvr_sim_toks_free(&p.prompt);
   cJSON_Delete(body);
   return chain;

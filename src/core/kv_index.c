@@ -273,16 +273,22 @@ const kvr_kv_apply_stats_t *kvr_kv_index_stats(const kvr_kv_index_t *idx, size_t
   return w < idx->nworkers ? &idx->w[w].st : NULL;
 }
 
-size_t kvr_kv_chain(const uint32_t *tokens, size_t n, uint32_t block_size, uint64_t *out) {
+size_t kvr_kv_chain_salted(const uint32_t *tokens, size_t n, uint32_t block_size,
+                           const kvr_kv_salts_t *salts, uint64_t *out) {
   if (block_size == 0)
     return 0;
   size_t nb = n / block_size;
   uint64_t parent = 0;
   for (size_t i = 0; i < nb; i++) {
-    parent = own_hash(tokens + i * block_size, block_size, parent);
+    uint64_t salt = salts == NULL ? 0 : i == 0 ? salts->first : salts->rest;
+    parent = own_hash(tokens + i * block_size, block_size, parent ^ salt);
     out[i] = parent;
   }
   return nb;
+}
+
+size_t kvr_kv_chain(const uint32_t *tokens, size_t n, uint32_t block_size, uint64_t *out) {
+  return kvr_kv_chain_salted(tokens, n, block_size, NULL, out);
 }
 
 size_t kvr_kv_index_match(const kvr_kv_index_t *idx, size_t wi, const uint64_t *chain, size_t n) {

@@ -60,6 +60,12 @@ const kvr_kv_apply_stats_t *kvr_kv_index_stats(const kvr_kv_index_t *idx, size_t
  * least n / block_size entries; returns how many. Base model, no extra keys. */
 size_t kvr_kv_chain(const uint32_t *tokens, size_t n, uint32_t block_size, uint64_t *out);
 
+/* The same for a request whose blocks carry salts (kv_decode.h's kvr_kv_request_salts: an adapter,
+ * a cache_salt): block 0 seeded with salts->first, every later block with parent ^ salts->rest, as
+ * kvr_kv_index_apply seeds an event's blocks. salts NULL is kvr_kv_chain. */
+size_t kvr_kv_chain_salted(const uint32_t *tokens, size_t n, uint32_t block_size,
+                           const kvr_kv_salts_t *salts, uint64_t *out);
+
 /* How many leading blocks of chain (own hashes, from kvr_kv_chain with w's block size) worker w
  * holds. */
 size_t kvr_kv_index_match(const kvr_kv_index_t *idx, size_t w, const uint64_t *chain, size_t n);

@@ -1478,6 +1478,20 @@ void kvr_router_on_kv_stats(kvr_router_t *r, uint32_t id, const kvr_kv_stream_st
     w->kv_stats = *st;
 }
 
+bool kvr_router_model_is_adapter(const kvr_router_t *r, const char *model) {
+  if (model == NULL || model[0] == '\0')
+    return false;
+  if (kvr_router_lora_dynamic(r, model) != NULL)
+    return true;
+  for (size_t i = 0; i < r->nslots; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    const kvr_vllm_model_t *card = w ? kvr_vllm_models_find(&w->models, model) : NULL;
+    if (card != NULL)
+      return card->parent != NULL;
+  }
+  return false;
+}
+
 uint32_t kvr_router_kv_tokenizer(const kvr_router_t *r, const char *model, const char **url) {
   uint64_t now = now_ms(r);
   for (size_t i = 0; i < r->nslots; i++) {

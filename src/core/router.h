@@ -505,6 +505,11 @@ void kvr_router_on_kv_stats(kvr_router_t *r, uint32_t id, const kvr_kv_stream_st
  * approximate index alone). */
 uint32_t kvr_router_kv_tokenizer(const kvr_router_t *r, const char *model, const char **url);
 
+/* Whether model names a LoRA adapter rather than a base model (a card with a parent in some
+ * worker's list, or an adapter of cfg->lora_adapters): vLLM keys such a request's blocks, and its
+ * KV events, with the name (kv_decode.h's kvr_kv_request_salts). */
+bool kvr_router_model_is_adapter(const kvr_router_t *r, const char *model);
+
 /* ---- replicas ----------------------------------------------------------------------------------
  */
 

@@ -81,6 +81,37 @@ static uint64_t salt_of_object(const msgpack_object *o) {
   return h;
 }
 
+/* salt_of_object() of an array of the n strings s, built rather than decoded (the same bytes:
+ * msgpack_pack_object packs a decoded array of strings with these calls). */
+static uint64_t salt_of_strings(const char *const *s, size_t n) {
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_array(&pk, n);
+  for (size_t i = 0; i < n; i++) {
+    size_t len = strlen(s[i]);
+    msgpack_pack_str(&pk, len);
+    msgpack_pack_str_body(&pk, s[i], len);
+  }
+  uint64_t h = XXH3_64bits(sb.data, sb.size) | 1;
+  msgpack_sbuffer_destroy(&sb);
+  return h;
+}
+
+void kvr_kv_request_salts(const char *lora, const char *cache_salt, kvr_kv_salts_t *out) {
+  /* lora_salt as read_event() takes it from lora_name */
+  uint64_t l = lora && lora[0] ? XXH3_64bits(lora, strlen(lora)) | 1 : 0;
+  const char *keys[2];
+  size_t n = 0;
+  if (l)
+    keys[n++] = lora;
+  if (cache_salt && cache_salt[0])
+    keys[n++] = cache_salt;
+  out->first = l ^ (n ? salt_of_strings(keys, n) : 0);
+  out->rest = l ? l ^ salt_of_strings(keys, 1) : 0;
+}
+
 /* Reads the event's hashes into the batch (the event's hash_off/nhashes); false = malformed. */
 static bool take_hashes(kvr_kv_batch_t *b, kvr_kv_event_t *e, const msgpack_object *arr) {
   if (arr == NULL || arr->type != MSGPACK_OBJECT_ARRAY)

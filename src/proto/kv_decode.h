@@ -68,6 +68,22 @@ typedef struct kvr_kv_batch_s {
   uint64_t skipped[KVR_KV_SKIP_COUNT];
 } kvr_kv_batch_t;
 
+/* The salts a request's blocks carry in vLLM's KV events, as the decoder derives an event's
+ * (kvr_kv_event_t.lora_salt ^ the salt of the block's extra_keys entry): vLLM keys every block of
+ * a LoRA request with the adapter's name and the first block also with the request's cache_salt
+ * (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys; ../shared/VLLM-APIS.md section
+ * 7), and its BlockStored carries the name (lora_name) and per block those keys (extra_keys:
+ * ["<lora>", "<salt>"] for the first block, ["<lora>"] after it; without an adapter ["<salt>"],
+ * then nil). first is block 0's salt, rest every later block's; 0 for none. The precise index's
+ * request chain mixes them in (kv_index.h's kvr_kv_chain_salted), so a salted or adapter request
+ * matches exactly the blocks its own salt and adapter stored. */
+typedef struct kvr_kv_salts_s {
+  uint64_t first, rest;
+} kvr_kv_salts_t;
+
+/* The salts of a request naming adapter lora (NULL: a base model) with cache_salt (NULL: none). */
+void kvr_kv_request_salts(const char *lora, const char *cache_salt, kvr_kv_salts_t *out);
+
 /* Decodes one payload (the third frame of a live message, or of a replay reply) into b, which is
  * reset first and may be reused across calls (its arrays grow as needed). Returns 0, or -1 with a
  * one-line reason in err when the payload is not an EventBatch at all (then b holds no events). */

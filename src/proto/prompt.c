@@ -42,6 +42,7 @@ void kvr_prompt_free(kvr_prompt_t *p) {
   free(p->blocks);
   free(p->previous_response_id);
   free(p->cache_key);
+  free(p->cache_salt);
   kvr_buf_free(&p->text);
   kvr_prompt_init(p);
 }
@@ -535,6 +536,8 @@ static int apply_salt(kvr_prompt_t *out, const cJSON *body, char *err, size_t er
   out->model_seed =
       XXH3_64bits_withSeed(salt->valuestring, strlen(salt->valuestring), out->model_seed);
   out->salted = true;
+  free(out->cache_salt);
+  out->cache_salt = kvr_xstrdup(salt->valuestring);
   return 0;
 }
 

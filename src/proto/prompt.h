@@ -77,6 +77,7 @@ typedef struct kvr_prompt_s {
   uint64_t max_tokens;    /* "max_completion_tokens", "max_tokens" or "max_output_tokens", or 0 */
   bool stream;            /* "stream": true */
   bool salted;            /* a "cache_salt" entered model_seed */
+  char *cache_salt; /* that "cache_salt" (owned), or NULL: precise mode's chain takes it too */
   /* Responses: the "previous_response_id" it continues (owned), or NULL. Such a prompt is
    * chained: its history is held by the worker that stored the previous response, so the text
    * here is only the new input and no block is hashed (nblocks 0). */

@@ -165,6 +165,7 @@ struct px_s {
    * call in flight before the decision. */
   uint64_t *kv_chain;
   uint32_t tok_block_size;
+  kvr_kv_salts_t kv_salts; /* its adapter's and cache_salt's, as vLLM's events carry them */
   kvr_tokenize_op_t *tok_op;
   bool tok_sync;             /* inside kvr_tokenize(): a cache hit answers before it returns */
   kvr_lora_wait_t lora_wait; /* waiting for its adapter's load on the chosen worker */
@@ -1640,7 +1641,7 @@ static void on_livez(kvr_http_req_t *req, void *data, const char *tail) {
 static void set_ids(px_t *px, const uint32_t *ids, size_t n, bool prefix) {
   uint64_t estimate = px->rreq.prompt_tokens;
   free(px->kv_chain);
-  px->kv_chain = kvr_tokenize_route_req(ids, n, px->tok_block_size, &px->rreq);
+  px->kv_chain = kvr_tokenize_route_req(ids, n, px->tok_block_size, &px->kv_salts, &px->rreq);
   if (prefix) /* a cached prefix's ids: the prompt is longer; keep the estimate */
     px->rreq.prompt_tokens = KVR_MAX(estimate, (uint64_t)n);
 }
@@ -1671,6 +1672,8 @@ static bool tokenize(px_t *px, kvr_route_t route) {
   if (bs == 0)
     return false;
   px->tok_block_size = bs;
+  kvr_kv_request_salts(kvr_router_model_is_adapter(px->r, px_model(px)) ? px_model(px) : NULL,
+                       px->prompt.cache_salt, &px->kv_salts);
   kvr_buf_t body = KVR_BUF_INIT;
   uint32_t *ids = NULL;
   size_t n = 0;

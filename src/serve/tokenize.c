@@ -203,9 +203,9 @@ int kvr_tokenize_parse_answer(const char *text, size_t len, uint32_t **ids, size
 }
 
 uint64_t *kvr_tokenize_route_req(const uint32_t *ids, size_t n, uint32_t block_size,
-                                 kvr_route_req_t *rr) {
+                                 const kvr_kv_salts_t *salts, kvr_route_req_t *rr) {
   uint64_t *chain = kvr_xmalloc((n / block_size + 1) * sizeof(uint64_t));
-  rr->kv_nchain = kvr_kv_chain(ids, n, block_size, chain);
+  rr->kv_nchain = kvr_kv_chain_salted(ids, n, block_size, salts, chain);
   rr->kv_chain = chain;
   rr->kv_block_size = block_size;
   rr->prompt_tokens = n;

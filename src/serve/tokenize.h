@@ -38,6 +38,7 @@
 
 #include "net/curlm.h"
 #include "policies/policy.h"
+#include "proto/kv_decode.h"
 #include "proto/openai.h"
 
 #include <stdbool.h>
@@ -82,11 +83,12 @@ int kvr_tokenize_body(const char *body, size_t len, kvr_route_t route, kvr_buf_t
 int kvr_tokenize_parse_answer(const char *text, size_t len, uint32_t **ids, size_t *nids);
 
 /* Gives rr the precise-mode inputs of a prompt of token ids[0..n): the chain of its full blocks
- * of block_size tokens (kv_index.h's kvr_kv_chain), that block size, and the exact prompt token
- * count. Returns the chain rr points to, which the caller frees after the decision. What the
- * proxy, route/explain and the virtual cluster do with the ids a worker's /tokenize gives. */
+ * of block_size tokens with the request's salts (kv_index.h's kvr_kv_chain_salted; salts NULL:
+ * none), that block size, and the exact prompt token count. Returns the chain rr points to, which
+ * the caller frees after the decision. What the proxy, route/explain and the virtual cluster do
+ * with the ids a worker's /tokenize gives. */
 uint64_t *kvr_tokenize_route_req(const uint32_t *ids, size_t n, uint32_t block_size,
-                                 kvr_route_req_t *rr);
+                                 const kvr_kv_salts_t *salts, kvr_route_req_t *rr);
 
 /* Starts tokenizing body (a kvr_tokenize_body() result, pre its prefixes or NULL) on worker_url.
  * A cache hit (the body, or a message prefix that covers enough of it) calls done before

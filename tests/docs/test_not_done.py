@@ -92,14 +92,6 @@ ALLOWLIST = [
     entry("README.md", "Not done: a run against real vLLM on GPUs",
           absent(r"vllm serve", "bench/results"),
           why="no committed result was taken against a real `vllm serve`; all come from kvrouter sim"),
-    entry("README.md", "Not done: LoRA adapters in the router's hashes, and `cache_salt` in precise",
-          absent(r"lora|salt", "src/serve/tokenize.c", "src/serve/tokenize.h", flags=re.I),
-          absent(r"lora", "src/proto/prompt.c", "src/proto/prompt.h", flags=re.I),
-          present(r"size_t kvr_kv_chain\(const uint32_t \*tokens, size_t n, uint32_t block_size,"
-                  r" uint64_t \*out\)", "src/core/kv_index.c"),
-          why="the approximate hashes take cache_salt (prompt.c) and the model name (an adapter's "
-              "too) but no LoRA key of their own, and the token-id chain (kvr_kv_chain) takes no LoRA or salt key, while the engine "
-              "side (kv_decode.h) mixes both in"),
     entry("README.md", "Not done: continuing a broken Responses or Messages stream",
           present(r"px->route != KVR_ROUTE_CHAT && px->route != KVR_ROUTE_COMPLETIONS",
                   "src/serve/proxy.c"),

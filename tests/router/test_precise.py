@@ -133,6 +133,36 @@ def precise_predictions_match_both_encodings():
 
 
 @test(timeout=120)
+def precise_salted_requests_match_their_own_blocks():
+    """vLLM keys a request's first block with its cache_salt and its events carry the salt in
+    extra_keys: the router's token chain mixes the same salt in, so a salted prompt sent again is
+    predicted cached exactly as the engine reports it, and the same prompt under another salt is
+    predicted (and is) uncached (issue 35)."""
+    with h.Cleanup() as c:
+        d = c.add(Dir())
+        s0 = c.add(sim_with_events(d, "w0", encoding="map"))
+        r = c.add(Router([spec(d, s0, "w0")], "--tokenize-prefix-coverage", 0, *h.FAST))
+        wait_mode(r, 0, "precise")
+        msgs = [{"role": "user", "content": "Salted context. " * 120}]
+
+        def send(salt):
+            resp = h.request(r.port, "POST", "/v1/chat/completions",
+                             {"model": MODEL, "messages": msgs, "max_tokens": 8,
+                              "cache_salt": salt}, timeout=30)
+            assert resp.status == 200, (resp.status, resp.body[:300])
+            return resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert send("tenant-a") == 0
+        wait_for(lambda: kv_view(r)[0]["blocks"] > 0, 5, "the first answer's blocks stored")
+        p0, _ = gap(r)
+        again = send("tenant-a")
+        p1, _ = gap(r)
+        assert again > 0 and p1 - p0 == again, (again, p1 - p0)
+        other = send("tenant-b")
+        p2, _ = gap(r)
+        assert other == 0 and p2 - p1 == 0, (other, p2 - p1)
+
+
+@test(timeout=120)
 def prefix_store_stands_for_the_next_turn():
     """With --tokenize-prefix-coverage, a conversation's next turn is not tokenized again when its
     earlier messages (tokenized before) hold enough of it: their ids stand for it, the turn goes

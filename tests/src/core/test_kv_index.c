@@ -1,7 +1,11 @@
 /* test_kv_index.c -- src/core/kv_index.c: the precise index built from KV events. Batches are built
- * by hand (kv_decode's output form); the request side uses kvr_kv_chain over the same tokens. */
+ * by hand (kv_decode's output form); the request side uses kvr_kv_chain over the same tokens.
+ * Salted and adapter requests: vLLM's BlockStored packed with msgpack-c as its publisher sends it,
+ * decoded by kv_decode, matched by kvr_kv_chain_salted with kvr_kv_request_salts. */
 #include "base/kvr.h"
 #include "core/kv_index.h"
+
+#include <msgpack.h>
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -203,6 +207,95 @@ static void test_tables_against_model(void **state) {
   kvr_kv_index_free(idx);
 }
 
+static void pack_s(msgpack_packer *pk, const char *s) {
+  msgpack_pack_str(pk, strlen(s));
+  msgpack_pack_str_body(pk, s, strlen(s));
+}
+
+/* One EventBatch [ts, [BlockStored], 0] of two blocks of BS tokens (1..8), vLLM's tagged-array
+ * form [tag, hashes, parent, tokens, block_size, lora_id, medium, lora_name, extra_keys], the
+ * extra keys of a request naming adapter lora (NULL: none) with cache_salt salt (NULL: none). */
+static void stored_salted(kvr_kv_batch_t *b, const char *lora, const char *salt) {
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_array(&pk, 3);
+  msgpack_pack_double(&pk, 1.0);
+  msgpack_pack_array(&pk, 1);
+  msgpack_pack_array(&pk, 9);
+  pack_s(&pk, "BlockStored");
+  msgpack_pack_array(&pk, 2);
+  msgpack_pack_uint64(&pk, 0xaa01);
+  msgpack_pack_uint64(&pk, 0xaa02);
+  msgpack_pack_nil(&pk);
+  msgpack_pack_array(&pk, 2 * BS);
+  for (uint32_t t = 1; t <= 2 * BS; t++)
+    msgpack_pack_uint32(&pk, t);
+  msgpack_pack_uint32(&pk, BS);
+  if (lora)
+    msgpack_pack_uint32(&pk, 1);
+  else
+    msgpack_pack_nil(&pk);
+  msgpack_pack_nil(&pk); /* medium */
+  if (lora)
+    pack_s(&pk, lora);
+  else
+    msgpack_pack_nil(&pk);
+  msgpack_pack_array(&pk, 2); /* extra_keys, one entry per block */
+  for (int blk = 0; blk < 2; blk++) {
+    size_t n = (lora != NULL) + (blk == 0 && salt != NULL);
+    if (n == 0) {
+      msgpack_pack_nil(&pk);
+      continue;
+    }
+    msgpack_pack_array(&pk, n);
+    if (lora)
+      pack_s(&pk, lora);
+    if (blk == 0 && salt)
+      pack_s(&pk, salt);
+  }
+  msgpack_pack_int(&pk, 0);
+  char err[128];
+  assert_int_equal(kvr_kv_decode_batch(sb.data, sb.size, b, err, sizeof err), 0);
+  msgpack_sbuffer_destroy(&sb);
+}
+
+/* A request matches exactly the blocks stored under its own adapter and cache_salt: the chain of
+ * kvr_kv_request_salts(lora, salt) meets both blocks of an event stored with the same, no block of
+ * an event stored with another adapter, salt or none (a different first block breaks the chain). */
+static void test_request_salts_match_events(void **state) {
+  (void)state;
+  const char *loras[] = {NULL, "sql", "chat"}, *salts[] = {NULL, "tenant-a", "tenant-b"};
+  uint32_t toks[2 * BS];
+  for (uint32_t t = 0; t < 2 * BS; t++)
+    toks[t] = t + 1;
+  for (size_t sl = 0; sl < 3; sl++)
+    for (size_t ss = 0; ss < 3; ss++) {
+      kvr_kv_batch_t b;
+      memset(&b, 0, sizeof b);
+      stored_salted(&b, loras[sl], salts[ss]);
+      kvr_kv_index_t *idx = kvr_kv_index_new(1);
+      kvr_kv_index_apply(idx, 0, &b);
+      assert_int_equal(kvr_kv_index_blocks(idx, 0), 2);
+      for (size_t rl = 0; rl < 3; rl++)
+        for (size_t rs = 0; rs < 3; rs++) {
+          kvr_kv_salts_t k;
+          kvr_kv_request_salts(loras[rl], salts[rs], &k);
+          uint64_t chain[2];
+          assert_int_equal(kvr_kv_chain_salted(toks, 2 * BS, BS, &k, chain), 2);
+          size_t want = rl == sl && rs == ss ? 2 : 0;
+          assert_int_equal(kvr_kv_index_match(idx, 0, chain, 2), want);
+        }
+      kvr_kv_salts_t none;
+      kvr_kv_request_salts(NULL, NULL, &none);
+      assert_true(none.first == 0 && none.rest == 0); /* the plain chain */
+      kvr_kv_index_free(idx);
+      kvr_kv_batch_free(&b);
+    }
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_chain_match_remove_clear),
               cmocka_unit_test(test_salts_groups_and_block_size),
-              cmocka_unit_test(test_tables_against_model))
+              cmocka_unit_test(test_tables_against_model),
+              cmocka_unit_test(test_request_salts_match_events))

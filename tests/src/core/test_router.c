@@ -1159,6 +1159,12 @@ static void test_models_eligibility(void **state) {
   assert_int_equal(w0->models.n, 3);
   assert_int_equal(w0->max_model_len, 8192); /* the adapter's null is no context */
   assert_string_equal(w0->models.v[2].parent, "llama-70b");
+  /* an adapter (a card with a parent) keys its blocks with its name in precise mode */
+  assert_true(kvr_router_model_is_adapter(r, "sql-lora"));
+  assert_false(kvr_router_model_is_adapter(r, "llama-70b"));
+  assert_false(kvr_router_model_is_adapter(r, "qwen-32b"));
+  assert_false(kvr_router_model_is_adapter(r, "nope"));
+  assert_false(kvr_router_model_is_adapter(r, NULL));
   const char *yes[] = {"llama-70b", "llama", "sql-lora", "", NULL};
   for (size_t i = 0; i < KVR_ARRAY_SIZE(yes); i++)
     assert_true(kvr_router_worker_serves(w0, yes[i]));
