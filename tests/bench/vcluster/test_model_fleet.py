@@ -26,6 +26,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import kvrharness as h  # noqa: E402
 from kvrharness import Cleanup, Router, Sim  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                "bench", "scripts", "lib"))
+from level_json import find  # noqa: E402  (the first value of a key anywhere in a JSON tree)
+
 TESTS, test = h.registry()
 SCRATCH = h.Scratch("kvr_model_fleet_test_")
 
@@ -64,20 +68,6 @@ def levels_of(out):
         with open(path) as f:
             levels[os.path.basename(path)] = json.load(f)
     return levels
-
-
-def find(obj, key):
-    """The first value of key anywhere in a JSON tree, or None."""
-    if isinstance(obj, dict):
-        if key in obj:
-            return obj[key]
-        obj = list(obj.values())
-    if isinstance(obj, list):
-        for v in obj:
-            got = find(v, key)
-            if got is not None:
-                return got
-    return None
 
 
 POLICIES = "round_robin,kv_aware,dynamo_kv,gie_scorer,oracle"
