@@ -906,6 +906,18 @@ static int vllm_apply(kvr_runner_opts_t *o, const vllm_args_t *v, const split_t 
 
 /* Parses argv into o through both tables. Returns 0, KVR_CLI_EXIT (help or version printed to out)
  * or KVR_EINVAL with one line in err. */
+/* A model fleet (--model-fleet) sets its workers from its spec: --workers given beside it would be
+ * dropped without a word, so it is an error, whether the spec came before it on this command line
+ * or from a study cell's scenario. (--worker-blocks applies: one value per worker of the fleet.) */
+static int fleet_conflicts(const kvr_runner_opts_t *o, const split_t *sp, char *err,
+                           size_t errlen) {
+  if (o->vc.model_fleet == NULL || !given(sp, true, "workers"))
+    return 0;
+  snprintf(err, errlen,
+           "--workers: a model fleet (--model-fleet) sets its own workers; leave --workers out");
+  return KVR_EINVAL;
+}
+
 static int parse_all(kvr_runner_opts_t *o, int argc, char **argv, FILE *out, char *err,
                      size_t errlen) {
   split_t sp;
@@ -919,6 +931,8 @@ static int parse_all(kvr_runner_opts_t *o, int argc, char **argv, FILE *out, cha
     if (rc == 0)
       rc = vllm_apply(o, &v, &sp, err, errlen);
   }
+  if (rc == 0)
+    rc = fleet_conflicts(o, &sp, err, errlen);
   split_free(&sp);
   return rc;
 }

@@ -66,8 +66,8 @@ static void study_opts(kvr_demo_t *d, kvr_study_opts_t *o, char **extra) {
     o->policies[o->npolicies++] = "round_robin";
     o->policies[o->npolicies++] = "kv_aware";
   }
-  o->nextra = kvr__demo_cluster_args(d, extra);
-  o->extra = extra;
+  o->nfleet = kvr__demo_cluster_args(d, extra);
+  o->fleet = extra;
 }
 
 static int run_study(kvr_demo_t *d) {

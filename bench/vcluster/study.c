@@ -308,6 +308,7 @@ typedef struct cell_s {
   char out[1024], title[256], trace[1100];
   kvr_report_cap_t caps[KVR_STUDY_MAX];
   kvr_fleet_answer_t fleets[KVR_STUDY_MAX]; /* a fleet scenario's answers */
+  char **extra; /* the caller's fleet flags where they apply, then its extra flags (owned) */
   int status;
   char err[512];
   double seconds;
@@ -336,6 +337,14 @@ static void cell_init(study_t *st, cell_t *cell, const kvr_study_scenario_t *sc,
   snprintf(cell->out, sizeof(cell->out), "%s/%s/seed%llu", o->out, sc->name, seed);
   snprintf(cell->title, sizeof(cell->title), "kvrouter study: %s, seed %llu", sc->name, seed);
   snprintf(cell->trace, sizeof(cell->trace), "trace:%s", o->trace ? o->trace : "");
+  /* A scenario with a fleet of its own (mixed-fleet's KV caches, model-fleet's models) keeps it:
+   * the caller's --workers/--worker-blocks are for the others. */
+  int nfleet = sc->nworker_blocks || sc->model_fleet ? 0 : o->nfleet;
+  cell->extra = kvr_xcalloc((size_t)(nfleet + o->nextra) + 1, sizeof(char *));
+  for (int i = 0; i < nfleet; i++)
+    cell->extra[i] = o->fleet[i];
+  for (int i = 0; i < o->nextra; i++)
+    cell->extra[nfleet + i] = o->extra[i];
   cell->c = (kvr_study_cell_t){.sc = sc,
                                .seed = seed,
                                .policies = st->policies,
@@ -343,8 +352,8 @@ static void cell_init(study_t *st, cell_t *cell, const kvr_study_scenario_t *sc,
                                .resolution = o->resolution,
                                .out = cell->out,
                                .title = cell->title,
-                               .extra = o->extra,
-                               .nextra = o->nextra,
+                               .extra = cell->extra,
+                               .nextra = nfleet + o->nextra,
                                .trace_workload = cell->trace,
                                .trace_window = o->trace_window};
 }
@@ -767,6 +776,8 @@ int kvr_study_run(const kvr_study_opts_t *o, kvr_study_run_fn run, FILE *out,
     }
   kvr_buf_free(&md);
   kvr_buf_free(&js);
+  for (size_t i = 0; i < st.ncells; i++)
+    free(st.cells[i].extra);
   free(st.order);
   free(st.cells);
   return rc ? 1 : failed ? 1 : 0;

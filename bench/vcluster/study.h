@@ -85,6 +85,10 @@ typedef struct kvr_study_opts_s {
   const char *out;
   char **extra; /* bench flags after --, appended to every cell's (later flags win) */
   int nextra;
+  /* Fleet flags (--workers N, --worker-blocks LIST: the demo's), given to every cell before extra
+   * except a scenario's that sets its own fleet (mixed-fleet, model-fleet), which keeps it. */
+  char **fleet;
+  int nfleet;
   bool quiet;
   /* The trace scenarios' file and its window ("START_S:END_S", trace seconds; NULL: the whole
    * trace). No trace: they are not run (named in --scenarios: an error). The default set takes

@@ -1,7 +1,9 @@
 /* test_bench_run.c -- the bench's option table and a run from its settings (bench/run/): every
  * study scenario's cell, built as a struct, equals its command line parsed by the bench's table (so
  * the command a cell's report shows runs the same bench); a person's flags after -- replace the
- * cell's; --help is no option inside a library; a bad command line is exit status 2 with the
+ * cell's; a model fleet refuses --workers, and a study gives the caller's
+ * fleet flags only to the scenarios without a fleet of their own; --help is no option inside a
+ * library; a bad command line is exit status 2 with the
  * bench's wording; and a tiny virtual run hands its results back in memory. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -164,6 +166,87 @@ static void test_extra_flags_replace(void **state) {
   kvr_bench_options_free(&o);
 }
 
+/* A model fleet sets its own workers: --workers beside it is refused by name, after -- on a study
+ * cell as on a command line, instead of being dropped without a word. */
+static void test_model_fleet_refuses_workers(void **state) {
+  (void)state;
+  kvr_study_cell_t c = cell_of(kvr_study_scenario("model-fleet"));
+  kvr_runner_opts_t o;
+  kvr_runner_opts_default(&o);
+  kvr_study_cell_opts(&c, &o);
+  char *argv[] = {"bench", "--workers", "8"};
+  char cerr[256] = "";
+  assert_int_equal(kvr_bench_options_parse(&o, 3, argv, cerr, sizeof(cerr)), KVR_EINVAL);
+  assert_string_equal(cerr, "--workers: a model fleet (--model-fleet) sets its own workers; leave "
+                            "--workers out");
+  kvr_bench_options_free(&o);
+  kvr_bench_io_t io = {0};
+  kvr_results_t *res = NULL;
+  char err[256] = "";
+  char *line[] = {"bench", "--virtual", "--model-fleet", "2*m", "--workers", "3", "--rates", "1"};
+  assert_int_equal(kvr_bench_run_argv(8, line, &io, &res, err, sizeof(err)), 2);
+  assert_null(res);
+  assert_string_equal(err, "kvrouter bench: --workers: a model fleet (--model-fleet) sets its own "
+                           "workers; leave --workers out");
+}
+
+/* What each cell of a study got after its own settings (recorded by a run function that runs
+ * nothing): the fleet flags reach the scenarios without a fleet of their own, extra every one. */
+static char seen[KVR_STUDY_MAX][256];
+
+static int record_cell(const kvr_study_cell_t *c, kvr_results_t **out, char *err, size_t errlen) {
+  (void)err;
+  (void)errlen;
+  *out = NULL;
+  size_t i = 0;
+  while (i + 1 < KVR_STUDY_MAX && seen[i][0] != '\0')
+    i++;
+  size_t k = (size_t)snprintf(seen[i], sizeof(seen[i]), "%s:", c->sc->name);
+  for (int a = 0; a < c->nextra && k < sizeof(seen[i]); a++)
+    k += (size_t)snprintf(seen[i] + k, sizeof(seen[i]) - k, " %s", c->extra[a]);
+  return 0;
+}
+
+static void test_study_fleet_flags_skip_own_fleets(void **state) {
+  (void)state;
+  char dir[] = "/tmp/kvr_test_study_fleet_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  memset(seen, 0, sizeof(seen));
+  char *fleet[] = {"--workers", "8"};
+  char *extra[] = {"--scrape-interval-ms", "4000"};
+  kvr_study_opts_t o;
+  kvr_study_opts_default(&o);
+  o.scenarios[o.nscenarios++] = "multiturn";
+  o.scenarios[o.nscenarios++] = "mixed-fleet";
+  o.scenarios[o.nscenarios++] = "model-fleet";
+  o.policies[o.npolicies++] = "round_robin";
+  o.seeds = 1;
+  o.jobs = 1;
+  o.quiet = true;
+  o.out = dir;
+  o.fleet = fleet;
+  o.nfleet = 2;
+  o.extra = extra;
+  o.nextra = 2;
+  FILE *sink = fopen("/dev/null", "w");
+  assert_non_null(sink);
+  char err[256] = "";
+  kvr_study_run(&o, record_cell, sink, NULL, err, sizeof(err));
+  fclose(sink);
+  const char *want[] = {"multiturn: --workers 8 --scrape-interval-ms 4000",
+                        "mixed-fleet: --scrape-interval-ms 4000",
+                        "model-fleet: --scrape-interval-ms 4000"};
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(want); i++) {
+    bool found = false;
+    for (size_t j = 0; j < KVR_STUDY_MAX; j++)
+      found = found || strcmp(seen[j], want[i]) == 0;
+    assert_true(found);
+  }
+  char rm[160];
+  snprintf(rm, sizeof(rm), "rm -rf '%s'", dir);
+  assert_int_equal(system(rm), 0);
+}
+
 static void test_help_is_no_option_here(void **state) {
   (void)state;
   kvr_runner_opts_t o;
@@ -220,5 +303,7 @@ static void test_virtual_run_results(void **state) {
 
 KVR_TEST_MAIN(cmocka_unit_test(test_cell_words_parse_to_cell_opts),
               cmocka_unit_test(test_cell_words), cmocka_unit_test(test_extra_flags_replace),
+              cmocka_unit_test(test_model_fleet_refuses_workers),
+              cmocka_unit_test(test_study_fleet_flags_skip_own_fleets),
               cmocka_unit_test(test_help_is_no_option_here),
               cmocka_unit_test(test_run_argv_rejects), cmocka_unit_test(test_virtual_run_results))
