@@ -520,8 +520,8 @@ static const kvr_cli_opt_t options[] = {
              "answer on another worker and splice it into the same stream"},
     {KVR_CLI_UINT, "resume-max", F(resume_max), .arg = "N", .json = "resume.max_per_request",
      KVR_CLI_RANGE(0, 6),
-     .help = "continuations of one stream at most (each also takes the retry "
-             "budget)"},
+     .help = "continuations of one stream at most (not bounded by the retry budget: a "
+             "refused one would lose an answer its client already has part of)"},
     {KVR_CLI_STR, "session-header", F(session_header), .arg = "NAME", .json = "session.header",
      .flags = KVR_CLI_OWNED | KVR_CLI_NONEMPTY | KVR_CLI_NODEFAULT,
      .help = "a request header whose value keys a session (like prompt_cache_key): the next "

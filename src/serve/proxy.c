@@ -94,7 +94,7 @@ typedef struct px_s px_t;
   XX(RESUMED, "resumed")             /* continued on another worker */                             \
   XX(FINISHED, "finished")           /* its finish_reason had been sent: ended with [DONE] */      \
   XX(NOT_RESUMABLE, "not_resumable") /* a tool call, n > 1, echo, a token-id prompt, off... */     \
-  XX(REFUSED, "refused")             /* per-request limit or retry budget spent */                 \
+  XX(REFUSED, "refused")             /* --resume-max continuations already made */                 \
   XX(NO_WORKER, "no_worker")         /* no other worker could take the continuation */
 
 typedef enum {
@@ -148,6 +148,12 @@ struct px_s {
    * request body, and the token events sent before the current continuation began. */
   int resumes;
   uint64_t tokens_out, tokens_prior;
+  /* Which workers a continuation avoids: the slots tried[avoid_from..attempts), the attempts since
+   * the latest break, that is since the last attempt that sent the client a token and then broke
+   * (resume_stream() moves it; an attempt's first token count is tokens_at_begin). Workers tried
+   * before that are left to the router's health and ejection state, as any request's are. */
+  int avoid_from;
+  uint64_t tokens_at_begin;
   bool answer_full, tool_call_seen, finish_seen, resume_bad;
   bool client_sse; /* the client's response is an event stream (sse is the current attempt's) */
   const char *break_why, *break_outcome; /* why the stream last broke (static strings, or
@@ -158,6 +164,9 @@ struct px_s {
   bool error_break;
   size_t error_line_at; /* where the held-back event began in the body chunk being fed */
   char error_why[200];
+  /* Why a broken stream was not continued (resume_stream()), or empty: its error event says so
+   * after why it broke (broken_stream()). */
+  char not_resumed[112];
   char first_id[96];
   kvr_buf_t resume_body;
   kvr_route_req_t rreq;
@@ -178,9 +187,12 @@ struct px_s {
   bool transfer_active;
   bool paused;
   int attempts;
-  int tried[MAX_ATTEMPTS + RESUME_LIMIT]; /* the slots of the attempts so far (attempts of them) */
-  kvr_req_error_t retried_error;          /* why the attempt that was retried failed */
-  kvr_router_dispatch_t acct; /* what the current attempt added to w; open while accounted */
+  /* The slots of the attempts so far (attempts of them): at most MAX_ATTEMPTS (the first and its
+   * retry before any byte reached the client) plus one per continuation (resume_max <=
+   * RESUME_LIMIT); resume_stream() refuses a continuation that would not fit. */
+  int tried[MAX_ATTEMPTS + RESUME_LIMIT];
+  kvr_req_error_t retried_error; /* why the attempt that was retried failed */
+  kvr_router_dispatch_t acct;    /* what the current attempt added to w; open while accounted */
   /* Response. */
   int status;
   kvr_http_resp_check_t resp_check; /* the head being read, checked line by line */
@@ -228,7 +240,7 @@ void kvr_proxy_metrics(const kvr_proxy_t *p, kvr_buf_t *out) {
   kvr_metric_family(out, "kvrouter_stream_resumes_total", "counter",
                     "Streams broken after their client got tokens, by what followed: resumed "
                     "(continued on another worker), finished (every token had been sent), "
-                    "not_resumable, refused (limit or retry budget), no_worker");
+                    "not_resumable, refused (--resume-max reached), no_worker");
   for (int i = 0; i < RESUME_RESULTS; i++) {
     char l[48];
     snprintf(l, sizeof l, "result=\"%s\"", names[i]);
@@ -806,11 +818,16 @@ static void fail(px_t *px, int status, const char *code, const char *outcome, co
 
 /* Client-visible end of a response whose transfer broke after the client response started. */
 static void broken_stream(px_t *px, const char *why) {
+  char full[320];
+  if (px->not_resumed[0]) {
+    snprintf(full, sizeof full, "%s; %s", why, px->not_resumed);
+    why = full;
+  }
   if (px->client_sse) {
     /* The API's own shape for an error inside a stream: vLLM's error event then [DONE] (chat,
      * completions); an "error" event (Responses, Messages: vLLM's anthropic stream converter). */
     kvr_buf_t ev = KVR_BUF_INIT;
-    char msg[256];
+    char msg[360];
     snprintf(msg, sizeof msg, "upstream worker failed mid-stream: %s", why);
     if (px->route == KVR_ROUTE_MESSAGES) {
       kvr_buf_puts(&ev, "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":"
@@ -1044,18 +1061,38 @@ static bool resume_stream(px_t *px, const char *why, const char *outcome) {
     px_end(px);
     return true;
   }
-  if (!r->cfg->resume_streams || px->tool_call_seen || px->answer_full ||
-      (px->route != KVR_ROUTE_CHAT && px->route != KVR_ROUTE_COMPLETIONS) ||
-      !continuation_body(px)) {
+  const char *no = NULL;
+  if (!r->cfg->resume_streams)
+    no = "--resume-streams is off";
+  else if (px->tool_call_seen)
+    no = "a tool call's arguments were streaming";
+  else if (px->answer_full || (px->route != KVR_ROUTE_CHAT && px->route != KVR_ROUTE_COMPLETIONS) ||
+           !continuation_body(px))
+    no = "this request cannot be continued (n, echo, logprobs, a token-id prompt, its API...)";
+  if (no != NULL) {
     resume_count(px, RESUME_NOT_RESUMABLE);
+    snprintf(px->not_resumed, sizeof px->not_resumed, "not continued: %s", no);
     return false;
   }
-  if ((uint64_t)px->resumes >= r->cfg->resume_max || !retry_allowed(px)) {
+  /* Bounded per request, like Dynamo's migration limit, and not by the retry budget: the client
+   * holds part of the answer, so a refused continuation saves the cluster nothing (the client
+   * sends the whole request again: its prefill and every token) and loses the answer, while each
+   * continuation costs one prefill of the prompt and the text so far. */
+  if ((uint64_t)px->resumes >= r->cfg->resume_max ||
+      px->attempts >= (int)KVR_ARRAY_SIZE(px->tried)) {
     resume_count(px, RESUME_REFUSED);
+    snprintf(px->not_resumed, sizeof px->not_resumed,
+             "not continued: %d continuations, the most one stream may have (--resume-max)",
+             px->resumes);
     return false;
   }
   KVR_WARN("proxy", "worker %s broke a stream after %llu tokens; continuing it elsewhere",
            px->worker_label, (unsigned long long)px->tokens_out);
+  /* A break after this attempt sent tokens starts a new window: the continuation avoids only the
+   * worker that broke it. One that failed before sending any keeps the window (every worker that
+   * failed since the client last got a token stays avoided), so the loop moves on. */
+  if (px->tokens_out > px->tokens_at_begin)
+    px->avoid_from = px->attempts - 1;
   px->resumes++;
   px->tokens_prior = px->tokens_out;
   px->resume_bad = false;
@@ -1413,7 +1450,8 @@ static void no_worker(px_t *px) {
 static void attempt_begin(px_t *px, int slot) {
   const kvr_worker_t *w = px->r->slots[slot];
   px->w = w;
-  px->tried[px->attempts++] = slot; /* attempt() runs only while attempts < MAX_ATTEMPTS */
+  px->tried[px->attempts++] = slot; /* fits: see px_t.tried */
+  px->tokens_at_begin = px->tokens_out;
   snprintf(px->worker_label, sizeof px->worker_label, "%s", w->label);
   px->worker_dp_rank = w->dp_rank;
   px->got_byte = false;
@@ -1531,9 +1569,11 @@ static void on_lora_loaded(kvr_lora_wait_t *wait, const kvr_lora_outcome_t *o) {
 static void attempt(px_t *px) {
   kvr_router_t *r = px->r;
   kvr_decision_t d;
-  /* Never a worker this request tried or one that does not serve its model; a first attempt also
-   * avoids workers at the admission bound (admit() saw one with room). */
-  kvr_router_avoid_t avoid = {px->tried, (size_t)px->attempts, px->attempts == 0, px_model(px),
+  /* Never a worker this request tried (a continuation: since the latest break, see
+   * px_t.avoid_from) or one that does not serve its model; a first attempt also avoids workers at
+   * the admission bound (admit() saw one with room). */
+  kvr_router_avoid_t avoid = {px->tried + px->avoid_from, (size_t)(px->attempts - px->avoid_from),
+                              px->attempts == 0, px_model(px),
                               px->attempts == 0 ? px->prefer_slot + 1 : 0};
   int pin = px->attempts == 0 ? px->pin_slot : -1;
   int slot = pin >= 0 ? pin : kvr_router_decide(r, &px->rreq, &avoid, true, &d);

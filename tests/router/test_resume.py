@@ -5,7 +5,10 @@ the partial assistant message with continue_final_message true and add_generatio
 vLLM continues one; completions: the prompt plus the text so far; max_tokens less what was sent)
 and splices the continuation into the client's one stream: one id, one role chunk, usage whose
 tokens add up, the last finish_reason and [DONE]. Not resumed: a tool call in flight, n > 1, the
-switch off; with no other worker the stream ends with the error event naming why it broke.
+switch off; with no other worker, or past --resume-max, the stream ends with the error event naming
+why it broke and why it was not continued. A continuation avoids only the workers that failed since
+the latest break (a worker the request tried before it may take the answer again); the retry budget
+does not refuse continuations.
 
 The workers here are raw-socket stand-ins that break on cue (a real `kvrouter sim` killed
 mid-stream is the chaos soak's case, tests/router/test_chaos.py): the first streamed answer over
@@ -219,6 +222,64 @@ def test_chat_resumed_as_one_stream():
 
 
 @test(timeout=30)
+def test_continuation_goes_back_to_a_worker_tried_before_the_latest_break():
+    """A stream breaks on worker A, its continuation breaks on B after more tokens: A, still
+    usable, takes the second continuation (it avoids only B, the worker of the latest break) and
+    the client gets the whole answer. The old router avoided every worker the request had tried
+    and ended this stream with "no other worker could continue the answer"."""
+    with Cleanup() as c:
+        b = Breaks(2)
+        w1, w2 = c.add(StreamWorker(b)), c.add(StreamWorker(b))
+        r = c.add(Router([w1.url, w2.url], *FAST, "--policy", "round_robin"))
+        resp = stream(r, "/v1/chat/completions", {
+            "model": "m", "stream": True, "max_tokens": 10,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "count"}]})
+        assert resp.status == 200 and resp.complete, resp
+        ev = events_of(resp.body)
+        chunks = [json.loads(e) for e in ev[:-1]]
+        assert ev[-1] == "[DONE]" and not [ch for ch in chunks if "error" in ch], ev
+        text = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks
+                       if ch["choices"])
+        assert text == "one two three one two three four five", text
+        assert chunks[-1]["usage"]["completion_tokens"] == 8, chunks[-1]
+        a, bw = (w1, w2) if len(w1.bodies) == 2 else (w2, w1)
+        assert len(a.bodies) == 2 and len(bw.bodies) == 1, (a.bodies, bw.bodies)
+        assert len(a.bodies[0]["messages"]) == 1  # A got the request first ...
+        assert bw.bodies[0]["messages"][-1]["content"] == "one two three "  # B the first part
+        last = a.bodies[1]  # ... and the second continuation, with both parts
+        assert last["messages"][-1] == {"role": "assistant",
+                                        "content": "one two three one two three "}, last
+        assert last["max_tokens"] == 4, last
+        assert resumes(r, "resumed") == 2 and resumes(r, "no_worker") == 0
+
+
+@test(timeout=30)
+def test_continuations_bounded_per_request_not_by_the_retry_budget():
+    """With the retry budget at nothing (0%, no minimum), a broken stream is still continued: a
+    refused continuation would lose an answer whose client has part of it. --resume-max bounds
+    them: past it the error event says so, counted as refused."""
+    with Cleanup() as c:
+        b = Breaks(1)
+        w1, w2 = c.add(StreamWorker(b)), c.add(StreamWorker(b))
+        r = c.add(Router([w1.url, w2.url], *FAST, "--policy", "round_robin",
+                         "--retry-budget-percent", "0", "--retry-min-concurrency", "0"))
+        body = {"model": "m", "stream": True, "max_tokens": 10,
+                "messages": [{"role": "user", "content": "count"}]}
+        ev = events_of(stream(r, "/v1/chat/completions", body).body)
+        assert ev[-1] == "[DONE]" and "error" not in json.loads(ev[-2]), ev
+        assert resumes(r, "resumed") == 1 and resumes(r, "refused") == 0
+        b2 = Breaks(2)
+        w3, w4 = c.add(StreamWorker(b2)), c.add(StreamWorker(b2))
+        r2 = c.add(Router([w3.url, w4.url], *FAST, "--policy", "round_robin", "--resume-max", "1"))
+        ev = events_of(stream(r2, "/v1/chat/completions", body).body)
+        err = json.loads(ev[-2])["error"]
+        assert "not continued: 1 continuations" in err["message"], err
+        assert "--resume-max" in err["message"] and ev[-1] == "[DONE]", err
+        assert resumes(r2, "resumed") == 1 and resumes(r2, "refused") == 1
+
+
+@test(timeout=30)
 def test_completions_resumed_with_the_text_so_far():
     """A completions stream continues with prompt + text so far."""
     with Cleanup() as c:
@@ -305,7 +366,9 @@ def test_not_resumed_ends_with_the_error_event():
         body = {"model": "m", "stream": True, "max_tokens": 10,
                 "messages": [{"role": "user", "content": "call a tool"}]}
         ev = events_of(stream(r, "/v1/chat/completions", body).body)
-        assert json.loads(ev[-2])["error"]["code"] == "upstream_stream_broken" and ev[-1] == "[DONE]"
+        err = json.loads(ev[-2])["error"]
+        assert err["code"] == "upstream_stream_broken" and ev[-1] == "[DONE]", err
+        assert "not continued: a tool call's arguments were streaming" in err["message"], err
         assert resumes(r, "not_resumable") == 1 and len(w1.bodies) + len(w2.bodies) == 1
         b2 = Breaks(1)
         w3, w4 = c.add(StreamWorker(b2)), c.add(StreamWorker(b2))
