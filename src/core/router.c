@@ -638,6 +638,20 @@ static kvr_workerset_t tried_set(kvr_router_t *r, const kvr_router_avoid_t *avoi
   return set;
 }
 
+/* kvr_router_avoid_t.ejected_last_resort: when no snapshot outside tried is usable, the ejected
+ * workers serving the request's model become usable in d's snapshots (only there). */
+static void ejected_last_resort(const kvr_router_t *r, kvr_decision_t *d,
+                                const kvr_workerset_t *tried, const want_t *want) {
+  for (size_t i = 0; i < d->nsnaps; i++)
+    if (kvr_policy_eligible(&d->snaps[i], i, tried))
+      return;
+  for (size_t i = 0; i < d->nsnaps; i++) {
+    const kvr_worker_t *w = r->slots[i];
+    if (w != NULL && w->state == KVR_WORKER_EJECTED && eligible(w, want))
+      d->snaps[i].usable = true;
+  }
+}
+
 int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, const kvr_router_avoid_t *avoid,
                       bool record, kvr_decision_t *d) {
   uint64_t t0 = kvr_router_now_ns(r), wall0 = kvr_now_ns();
@@ -672,6 +686,8 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, const kvr_rou
                          1;
     any_precise |= precise;
   }
+  if (avoid && avoid->ejected_last_resort)
+    ejected_last_resort(r, d, &tried, &want);
   if (record && req->nblocks) {
     if (any_precise)
       r->kv_routed_precise++;

@@ -457,7 +457,12 @@ typedef struct kvr_decision_s {
  * short list, one per attempt), with full the workers at the admission bound (a first attempt),
  * and the workers that do not serve model (kvr_router_worker_serves). The router turns the first
  * two into the policy's tried set (kvr_workerset_t, sized to the slots) and marks the last
- * unusable in the snapshots, so a policy sees only the workers serving the request's model. */
+ * unusable in the snapshots, so a policy sees only the workers serving the request's model.
+ * ejected_last_resort: when no worker outside the tried set is usable, the ejected ones serving
+ * model count as usable for this decision (not the down or draining ones): outlier ejection is a
+ * guess from past failures, and may_eject's "never the last usable one" no longer holds once the
+ * workers it left went down. The proxy sets it for a continuation of a broken stream, whose client
+ * holds part of the answer; dispatching to an ejected worker makes the request its trial. */
 typedef struct kvr_router_avoid_s {
   const int *tried; /* slots; out-of-range ones are ignored */
   size_t ntried;
@@ -466,6 +471,7 @@ typedef struct kvr_router_avoid_s {
   int prefer_plus1;  /* slot + 1 of the worker its session key last went to (0: none): its match
                         counts as the whole prompt, so the policy keeps the session there unless
                         load outweighs it, as it would a cached prefix */
+  bool ejected_last_resort;
 } kvr_router_avoid_t;
 
 /* Builds snapshots (including the cache-index match of req's blocks) and runs the policy. record

@@ -1571,10 +1571,14 @@ static void attempt(px_t *px) {
   kvr_decision_t d;
   /* Never a worker this request tried (a continuation: since the latest break, see
    * px_t.avoid_from) or one that does not serve its model; a first attempt also avoids workers at
-   * the admission bound (admit() saw one with room). */
-  kvr_router_avoid_t avoid = {px->tried + px->avoid_from, (size_t)(px->attempts - px->avoid_from),
-                              px->attempts == 0, px_model(px),
-                              px->attempts == 0 ? px->prefer_slot + 1 : 0};
+   * the admission bound (admit() saw one with room). A continuation takes an ejected worker when
+   * nothing else is left (kvr_router_avoid_t.ejected_last_resort). */
+  kvr_router_avoid_t avoid = {px->tried + px->avoid_from,
+                              (size_t)(px->attempts - px->avoid_from),
+                              px->attempts == 0,
+                              px_model(px),
+                              px->attempts == 0 ? px->prefer_slot + 1 : 0,
+                              px->resumes > 0};
   int pin = px->attempts == 0 ? px->pin_slot : -1;
   int slot = pin >= 0 ? pin : kvr_router_decide(r, &px->rreq, &avoid, true, &d);
   if (slot < 0) {

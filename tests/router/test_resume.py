@@ -255,6 +255,36 @@ def test_continuation_goes_back_to_a_worker_tried_before_the_latest_break():
 
 
 @test(timeout=30)
+def test_continuation_takes_an_ejected_worker_when_nothing_else_is_left():
+    """Outlier ejection after one failure: A's broken stream ejects A (B is up), the continuation
+    breaks on B (not ejected: the last up worker). The next continuation avoids B; the only worker
+    left is A, ejected for 30 s but not down: it takes the continuation as its trial, the answer
+    completes there and A is up again. Without the last resort the stream ended with "no other
+    worker could continue the answer"."""
+    with Cleanup() as c:
+        b = Breaks(2)
+        w1, w2 = c.add(StreamWorker(b)), c.add(StreamWorker(b))
+        r = c.add(Router([w1.url, w2.url], *FAST, "--policy", "round_robin",
+                         "--outlier-consecutive-failures", "1"))
+        resp = stream(r, "/v1/chat/completions", {
+            "model": "m", "stream": True, "max_tokens": 10,
+            "messages": [{"role": "user", "content": "count"}]})
+        ev = events_of(resp.body)
+        chunks = [json.loads(e) for e in ev[:-1]]
+        assert ev[-1] == "[DONE]" and not [ch for ch in chunks if "error" in ch], ev
+        text = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks
+                       if ch["choices"])
+        assert text == "one two three one two three four five", text
+        a = w1 if len(w1.bodies) == 2 else w2
+        assert len(a.bodies) == 2 and len(w1.bodies) + len(w2.bodies) == 3
+        m = parse_prom_samples(r.metrics_text())
+        assert prom_value(m, "kvrouter_worker_ejections_total", url=a.url) == 1, m
+        assert prom_value(m, "kvrouter_ejections_refused_total") == 1  # B, the last up one
+        assert {w["url"]: w["state"] for w in r.workers()}[a.url] == "up"  # the trial restored A
+        assert resumes(r, "resumed") == 2 and resumes(r, "no_worker") == 0
+
+
+@test(timeout=30)
 def test_continuations_bounded_per_request_not_by_the_retry_budget():
     """With the retry budget at nothing (0%, no minimum), a broken stream is still continued: a
     refused continuation would lose an answer whose client has part of it. --resume-max bounds

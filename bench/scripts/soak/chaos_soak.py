@@ -30,7 +30,12 @@ Outcomes of a request:
                a connection closed or reset without an answer, no complete answer within the
                deadline (first-byte timeout + idle timeout + the longest stream + 5 s)
 
-Asserted (exit 1 and the reasons in the summary when one fails): no bad outcome; the router alive
+Asserted (exit 1 and the reasons in the summary when one fails): no bad outcome; no stream ended
+with an error event while a healthy worker remained (issue 36; the event's message says why it was
+not continued: no other worker, --resume-max, not resumable; a healthy worker is a sim up with no
+fault from 1 s before the request began to its end that the router listed, not draining, at every
+GET /admin/workers poll of that time; a break inside a tool call's arguments is allowed, and the
+soak sends none); the router alive
 all along and every reload that should succeed counted as one, every broken one as a failure;
 every worker's in-flight count exactly 0 at the end (GET /admin/workers) and every sim idle; router
 RSS growth under 5% between the 10th minute and the end (runs under 11 minutes: between 10% of the
@@ -41,7 +46,8 @@ the ASan build to make that check mean something).
 Experiment soak (bench/results/soak/): does the router stay correct and flat in memory for an hour
 of failures? Writes DIR/chaos_summary.json (every figure), DIR/REPORT.md (rendered from it, its
 first line the command and the commit: bench/scripts/lib/provenance.py) and DIR/requests.jsonl (one
-line per request: id, kind, outcome, status, detail, seconds; a per-request log, never committed).
+line per request: id, kind, outcome, status, detail, t0 and t1 in seconds from the start, seconds;
+a per-request log, never committed).
 The committed run is bench/results/soak/ (its REPORT.md and chaos_summary.json; DIR was a scratch
 folder).
 
@@ -72,6 +78,9 @@ FIRST_BYTE_MS = 3000
 IDLE_MS = (2000, 4000)  # the reloads pick the idle timeout in this range
 TTFT_MS, ITL_MS = 30, 10
 MAX_TOKENS = (4, 60)
+# A worker counts as healthy for a request when it was up with no fault from this long before the
+# request began (the router sees a restarted worker within a scrape, --scrape-interval-ms 100)
+HEALTHY_BEFORE_S = 1.0
 PREFIXES = ["You are a careful assistant for team %d. Follow the house rules: be brief, cite "
             "sources, never guess. " % i * 6 for i in range(8)]
 
@@ -115,7 +124,18 @@ class Worker:
         self.sim = None
         self.down_until = None  # killed: restart at this time
         self.fault_until = None  # faulted: back to "none" at this time
+        # (monotonic time, healthy) at every change: healthy is the process up with no fault
+        # (a restart's entry is written once it listens again)
+        self.health = []
         self.start()
+
+    def mark(self, healthy):
+        self.health.append((time.monotonic(), healthy))
+
+    def healthy_during(self, t0, t1):
+        """Whether this sim was up with no fault from t0 to t1 (monotonic times)."""
+        before = [ok for t, ok in self.health if t <= t0]
+        return bool(before) and before[-1] and all(ok for t, ok in self.health if t0 < t <= t1)
 
     def start(self):
         for attempt in range(20):
@@ -130,12 +150,16 @@ class Worker:
         self.port = self.sim.port
         self.url = self.sim.url
         self.down_until = None
+        self.fault_until = None  # a fault lives in the process: a new one has none
+        self.mark(True)
 
     def kill(self, until):
+        self.mark(False)  # before the signal: a stream it breaks ends after this time
         self.sim.kill()
         self.down_until = until
 
     def fault(self, mode, until, **params):
+        self.mark(False)
         self.sim.fault(mode, **params)
         self.fault_until = until
 
@@ -143,6 +167,8 @@ class Worker:
         if self.sim is not None and self.sim.alive():
             self.sim.fault("none")
         self.fault_until = None
+        if self.down_until is None:
+            self.mark(True)
 
     def busy(self):
         m = self.sim.metrics()
@@ -213,8 +239,9 @@ def classify_stream(body, complete, max_tokens):
             objs.append(json.loads(e))
         except ValueError:
             return "bad", "an SSE event that is not JSON: %r" % e[:80]
-    if any(is_openai_error(o) for o in objs):
-        return "clean_error", "error event"
+    errs = [o["error"]["message"] for o in objs if is_openai_error(o)]
+    if errs:
+        return "clean_error", "error event: %s" % errs[-1]
     if not complete:
         return "bad", "stream cut without an error event after %d events" % len(events)
     if not events or events[-1] != "[DONE]":
@@ -258,7 +285,7 @@ async def one_request(port, rng, rid, deadline_s):
     body, stream, max_tokens = make_request(rng, rid)
     payload = json.dumps(body).encode()
     t0 = time.monotonic()
-    rec = {"id": rid, "kind": "stream" if stream else "json", "status": 0, "detail": ""}
+    rec = {"id": rid, "kind": "stream" if stream else "json", "status": 0, "detail": "", "t0": t0}
     writer = None
     try:
         async def go():
@@ -281,7 +308,8 @@ async def one_request(port, rng, rid, deadline_s):
     finally:
         if writer is not None:
             writer.close()
-    rec["seconds"] = round(time.monotonic() - t0, 4)
+    rec["t1"] = time.monotonic()
+    rec["seconds"] = round(rec["t1"] - t0, 4)
     return rec
 
 
@@ -337,12 +365,37 @@ class Chaos:
         self.policy = "kv_aware"
         self.idle_ms = IDLE_MS[1]
         self.log_level = "info"  # the harness reads the router's "listening" line at info
+        self.members = []  # poll_members()
         self.config = os.path.join(tmp, "router.json")
         self.write_config()
         self.router = h.Router([], "--config", self.config, *h.FAST)
 
     def everyone(self):
         return self.workers + self.spares
+
+    def poll_members(self):
+        """Appends (monotonic time, {url: state}) of the router's workers (GET /admin/workers)."""
+        t = time.monotonic()
+        self.members.append((t, {w["url"]: w["state"] for w in self.router.workers()}))
+
+    def members_during(self, t0, t1):
+        """The polls that tell which workers the router had from t0 to t1: the last one before t0
+        and every one up to t1."""
+        before = [m for m in self.members if m[0] <= t0][-1:]
+        return before + [m for m in self.members if t0 < m[0] <= t1]
+
+    def healthy_remained(self, t0, t1):
+        """(names of the sims up and unfaulted from HEALTHY_BEFORE_S before t0 to t1 that the
+        router listed, not draining, at every poll from t0 to t1; the router's state of each at the
+        last poll)."""
+        polls = self.members_during(t0, t1)
+        if not polls:
+            return [], {}
+        names = [w.name for w in self.everyone()
+                 if w.healthy_during(t0 - HEALTHY_BEFORE_S, t1) and
+                 all(w.url in m and m[w.url] != "draining" for _, m in polls)]
+        last = polls[-1][1]
+        return names, {w.name: last.get(w.url) for w in self.everyone() if w.name in names}
 
     def write_config(self, broken=False):
         urls = [w.url for w in self.workers]
@@ -518,7 +571,7 @@ def run(args):
         t0 = time.monotonic()
         load.start()
         next_event = t0 + chaos.rng.expovariate(1.0 / args.event_interval_s)
-        next_rss = t0
+        next_rss = next_poll = t0
         while True:
             now = time.monotonic()
             if now - t0 >= args.duration:
@@ -531,6 +584,9 @@ def run(args):
             if now >= next_event:
                 chaos.event(now)
                 next_event = now + chaos.rng.expovariate(1.0 / args.event_interval_s)
+            if now >= next_poll:
+                chaos.poll_members()
+                next_poll = now + 0.25
             if now >= next_rss:
                 rss.append((round(now - t0, 1), round(rss_mib(chaos.router), 2)))
                 next_rss = now + max(1.0, args.duration / 200.0)
@@ -538,6 +594,7 @@ def run(args):
         rss.append((round(time.monotonic() - t0, 1), round(rss_mib(chaos.router), 2)))
         if not load.finish():
             failures.append("clients still running %.0f s after the load stopped" % deadline_s)
+        chaos.poll_members()
         chaos.heal()
         try:
             h.wait_for(lambda: all(w["in_flight"] == 0 for w in chaos.router.workers()), 5.0,
@@ -556,7 +613,8 @@ def run(args):
     finally:
         failures += chaos.stop_all()
         shutil.rmtree(tmp, ignore_errors=True)
-    return summarize(args, chaos, load.results, rss, final_workers, reloads, failures, deadline_s)
+    return summarize(args, chaos, load.results, rss, final_workers, reloads, failures, deadline_s,
+                     t0)
 
 
 def rss_growth(rss, duration):
@@ -571,11 +629,50 @@ def rss_growth(rss, duration):
             "growth_pct": round(100.0 * (last[1] - ref[1]) / ref[1], 2)}
 
 
+# What an error event at a stream's end says (src/serve/proxy.c broken_stream(): why the stream
+# broke, then why it was not continued), as the kinds of kvrouter_stream_resumes_total.
+END_KINDS = [("no other worker could continue the answer", "no_worker"),
+             ("--resume-max", "refused"),
+             ("not continued: a tool call's arguments were streaming", "tool_call"),
+             ("not continued:", "not_resumable")]
+
+
+def end_kind(detail):
+    """The kind of a stream's error event (detail "error event: MESSAGE"), or None."""
+    if not detail.startswith("error event: "):
+        return None
+    return next((k for text, k in END_KINDS if text in detail), "other")
+
+
+def error_ends(chaos, results, t_base):
+    """Every stream that ended with an error event, by kind, split by whether a healthy worker
+    (healthy_remained()) existed from the request's start to its end; the ones where one did,
+    with the router's state of those workers. A break inside a tool call's arguments is the one
+    kind issue 36 allows while a healthy worker remains (the soak sends no tool calls). Requests
+    answered with an HTTP error instead (no byte of an answer sent) are split the same way, by
+    status and code: reported, not asserted."""
+    counts, http, violations = {}, {}, []
+    for r in results:
+        if r["outcome"] != "clean_error":
+            continue
+        kind = end_kind(r["detail"])
+        names, states = chaos.healthy_remained(r["t0"], r["t1"])
+        c = (counts.setdefault(kind, {"healthy_worker_remained": 0, "no_healthy_worker": 0})
+             if kind else http.setdefault(r["detail"], {"healthy_worker_remained": 0,
+                                                         "no_healthy_worker": 0}))
+        c["healthy_worker_remained" if names else "no_healthy_worker"] += 1
+        if names and kind is not None and kind != "tool_call":
+            violations.append({"id": r["id"], "kind": kind, "detail": r["detail"],
+                               "t0_s": round(r["t0"] - t_base, 2),
+                               "t1_s": round(r["t1"] - t_base, 2), "healthy": states})
+    return counts, http, violations
+
+
 def pct(results, p):
     return round(h.percentile([r["seconds"] for r in results], p), 3) if results else None
 
 
-def summarize(args, chaos, results, rss, final_workers, reloads, failures, deadline_s):
+def summarize(args, chaos, results, rss, final_workers, reloads, failures, deadline_s, t_base):
     by = {"completed": 0, "clean_error": 0, "bad": 0}
     for r in results:
         by[r["outcome"]] += 1
@@ -597,6 +694,10 @@ def summarize(args, chaos, results, rss, final_workers, reloads, failures, deadl
             reloads, chaos.counts["reloads"], chaos.counts["bad_reloads"]))
     if by["completed"] == 0:
         failures.append("no request completed")
+    ends, http_ends, violations = error_ends(chaos, results, t_base)
+    if violations:
+        failures.append("%d streams ended with an error event while a healthy worker remained, "
+                        "e.g. %s" % (len(violations), violations[:3]))
     summary = {
         "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
         "kvrouter": args.kvrouter, "duration_s": args.duration, "seed": args.seed,
@@ -609,6 +710,8 @@ def summarize(args, chaos, results, rss, final_workers, reloads, failures, deadl
         "chaos": chaos.counts,
         "router_reloads_counted": {"success": reloads[0], "failure": reloads[1]},
         "stream_resumes": getattr(chaos, "resume_counts", {}),
+        "error_event_ends": ends, "error_event_ends_with_healthy_worker": violations[:20],
+        "http_error_ends": http_ends,
         "final_in_flight": inflight,
         "rss_mib": rss, "rss_growth": growth, "rss_asserted": rss_asserted,
         "ok": not failures, "failures": failures,
@@ -617,7 +720,8 @@ def summarize(args, chaos, results, rss, final_workers, reloads, failures, deadl
         json.dump(summary, f, indent=1)
     with open(os.path.join(args.out, "requests.jsonl"), "w") as f:
         for r in results:
-            f.write(json.dumps(r) + "\n")
+            rel = dict(r, t0=round(r["t0"] - t_base, 4), t1=round(r.get("t1", r["t0"]) - t_base, 4))
+            f.write(json.dumps(rel) + "\n")
     write_markdown(os.path.join(args.out, "REPORT.md"), summary,
                    command(["python3", os.path.abspath(__file__)] + args.argv))
     return summary
@@ -655,7 +759,20 @@ def write_markdown(path, s, cmd):
         "resumed stream counts as completed only when its token events and usage add up to "
         "max_tokens." % (", ".join("%s %d" % kv for kv in sorted(s["stream_resumes"].items()))
                          or "none"), "",
-    ]
+        "Streams that ended with an error event, by what it says (the client's view), and whether "
+        "a healthy worker remained: a sim up with no fault from 1 s before the request's start to "
+        "its end, "
+        "listed by the router and not draining at every GET /admin/workers poll (4 a second) of "
+        "that time. Asserted: none where one remained, but for a break inside a tool call.", "",
+        "| error event | healthy worker remained | no healthy worker |", "|---|---:|---:|",
+    ] + ["| %s | %d | %d |" % (k, v["healthy_worker_remained"], v["no_healthy_worker"])
+         for k, v in sorted(s["error_event_ends"].items())] + (
+        [] if s["error_event_ends"] else ["| none | 0 | 0 |"]) + [
+        "", "Requests answered with an HTTP error before any byte of an answer (no stream to "
+        "continue; reported, not asserted), split the same way:", "",
+        "| status | healthy worker remained | no healthy worker |", "|---|---:|---:|",
+    ] + ["| %s | %d | %d |" % (k, v["healthy_worker_remained"], v["no_healthy_worker"])
+         for k, v in sorted(s["http_error_ends"].items())] + [""]
     if s["failures"]:
         lines += ["## Failures", ""] + ["- %s" % f for f in s["failures"]]
     with open(path, "w") as f:

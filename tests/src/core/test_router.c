@@ -102,7 +102,7 @@ static const kvr_router_avoid_t *tried_slots(uint64_t mask) {
   for (int i = 0; i < 64; i++)
     if (mask >> i & 1)
       slots[n++] = i;
-  a = (kvr_router_avoid_t){slots, n, false, NULL, 0};
+  a = (kvr_router_avoid_t){slots, n, false, NULL, 0, false};
   return &a;
 }
 
@@ -434,7 +434,7 @@ static void test_worker_limit(void **state) {
   assert_int_equal(kvr_router_decide(r, &req, NULL, true, &d), 0);
   assert_int_equal(d.nsnaps, KVR_MAX_WORKERS);
   int tried[2] = {1, KVR_MAX_WORKERS - 1};
-  kvr_router_avoid_t avoid = {tried, 2, false, NULL, 0};
+  kvr_router_avoid_t avoid = {tried, 2, false, NULL, 0, false};
   assert_int_equal(kvr_router_decide(r, &req, &avoid, true, &d), 2);
   /* The last slot drained frees it for the refused URL. */
   assert_int_equal(kvr_router_drain_worker(r, r->slots[KVR_MAX_WORKERS - 1]->id), 0);
@@ -864,6 +864,50 @@ static void test_ejection_keeps_a_worker(void **state) {
   fx_close(&f);
 }
 
+/* ejected_last_resort (a continuation of a broken stream): worker 0 was ejected while others were
+ * UP, then they went down. A decision without the flag finds no worker; with it the ejected worker
+ * is chosen, and only when nothing else is usable or it is not in the tried set; the dispatch is
+ * its trial and a success restores it. A down worker is never the last resort. */
+static void test_ejected_last_resort(void **state) {
+  (void)state;
+  fx_t f;
+  fx_open(&f, 3, "round_robin");
+  f.cfg.outlier_consecutive = 1;
+  f.cfg.outlier_max_percent = 50;
+  f.cfg.fail_threshold = 1;
+  kvr_router_t *r = f.r;
+  assert_true(attempt_on(r, 0, false));
+  assert_int_equal(r->slots[0]->state, KVR_WORKER_EJECTED);
+  kvr_route_req_t req = {.prompt_tokens = 10};
+  kvr_router_avoid_t plain = {NULL, 0, false, NULL, 0, false};
+  kvr_router_avoid_t last = {NULL, 0, false, NULL, 0, true};
+  int zero = 0, one = 1;
+  kvr_router_avoid_t last_but_0 = {&zero, 1, false, NULL, 0, true};
+  kvr_router_avoid_t last_but_1 = {&one, 1, false, NULL, 0, true};
+  kvr_decision_t d;
+  /* Worker 2 is still UP: the flag changes nothing. */
+  kvr_router_on_health(r, r->slots[1]->id, false);
+  assert_int_equal(r->slots[1]->state, KVR_WORKER_DOWN);
+  assert_int_equal(kvr_router_decide(r, &req, &last, true, &d), 2);
+  assert_false(d.snaps[0].usable);
+  assert_int_equal(kvr_router_decide(r, &req, &last_but_1, true, &d), 2);
+  /* Worker 2 goes down too: only the ejected one is left. */
+  kvr_router_on_health(r, r->slots[2]->id, false);
+  assert_int_equal(kvr_router_decide(r, &req, &plain, true, &d), KVR_POLICY_NONE);
+  assert_int_equal(kvr_router_decide(r, &req, &last_but_0, true, &d), KVR_POLICY_NONE);
+  assert_false(d.snaps[1].usable); /* down: never a last resort */
+  assert_int_equal(kvr_router_decide(r, &req, &last, true, &d), 0);
+  assert_true(d.snaps[0].usable);
+  kvr_router_dispatch_t acct;
+  kvr_router_on_dispatch(r, 0, req.prompt_tokens, 0, &acct);
+  assert_true(acct.trial);
+  kvr_router_on_result(r, &acct, true);
+  kvr_router_on_end(r, &acct);
+  assert_int_equal(r->slots[0]->state, KVR_WORKER_UP); /* the trial restored it */
+  assert_int_equal(kvr_router_decide(r, &req, &plain, true, &d), 0);
+  fx_close(&f);
+}
+
 /* Retries in flight may be budget_percent of the requests in flight, at least min_concurrency. */
 static void test_retry_budget(void **state) {
   (void)state;
@@ -913,10 +957,10 @@ static void test_admission_bound(void **state) {
   /* A first attempt (full set) goes to the worker with room; with it tried, to none. */
   kvr_route_req_t req = {0};
   kvr_decision_t dec;
-  kvr_router_avoid_t first = {NULL, 0, true, NULL, 0};
+  kvr_router_avoid_t first = {NULL, 0, true, NULL, 0, false};
   assert_int_equal(kvr_router_decide(r, &req, &first, false, &dec), 1);
   int one = 1;
-  first = (kvr_router_avoid_t){&one, 1, true, NULL, 0};
+  first = (kvr_router_avoid_t){&one, 1, true, NULL, 0, false};
   assert_int_equal(kvr_router_decide(r, &req, &first, false, &dec), KVR_POLICY_NONE);
   kvr_router_on_queued(r);
   kvr_router_on_queued(r);
@@ -1136,7 +1180,7 @@ static const char *const LLAMA_LIST =
 /* Decides for a request naming model (record true, nothing tried). */
 static int decide_model(kvr_router_t *r, const char *model) {
   kvr_route_req_t req = {0};
-  kvr_router_avoid_t avoid = {NULL, 0, false, model, 0};
+  kvr_router_avoid_t avoid = {NULL, 0, false, model, 0, false};
   kvr_decision_t d;
   return kvr_router_decide(r, &req, &avoid, true, &d);
 }
@@ -1288,7 +1332,7 @@ static void test_models_policy_contract(void **state) {
       int tried[3], ntried = (int)(kvr_splitmix64(&rng) % 4);
       for (int t = 0; t < ntried; t++)
         tried[t] = (int)(kvr_splitmix64(&rng) % 8);
-      kvr_router_avoid_t avoid = {tried, (size_t)ntried, false, model, 0};
+      kvr_router_avoid_t avoid = {tried, (size_t)ntried, false, model, 0, false};
       kvr_decision_t d;
       int pick = kvr_router_decide(r, &req, &avoid, n % 2 == 0, &d);
       if (pick == KVR_POLICY_NONE) { /* only when every worker of the model was tried */
@@ -1501,7 +1545,7 @@ static void test_lora_adapter_state(void **state) {
   assert_true(r->slots[1]->lora.present);
   assert_string_equal(r->slots[1]->lora.running, "other,sql-lora");
   kvr_route_req_t req = {.prompt_tokens = 100, .block_chars = 64};
-  kvr_router_avoid_t avoid = {NULL, 0, false, "sql-lora", 0};
+  kvr_router_avoid_t avoid = {NULL, 0, false, "sql-lora", 0, false};
   kvr_decision_t d;
   for (int i = 0; i < 5; i++)
     assert_int_equal(kvr_router_decide(r, &req, &avoid, true, &d), 1);
@@ -1567,7 +1611,7 @@ static void test_lora_runtime_adapters(void **state) {
   /* Loading "any" on w1: loaded there for decisions while in flight. */
   assert_int_equal(kvr_router_on_lora_load_start(r, w1->url, "any"), 0);
   kvr_route_req_t req = {.prompt_tokens = 100, .block_chars = 64};
-  kvr_router_avoid_t avoid = {NULL, 0, false, "any", 0};
+  kvr_router_avoid_t avoid = {NULL, 0, false, "any", 0, false};
   kvr_decision_t d;
   for (int i = 0; i < 4; i++)
     assert_int_equal(kvr_router_decide(r, &req, &avoid, true, &d), 1);
@@ -1826,7 +1870,7 @@ static void test_data_parallel(void **state) {
 
   /* A request that failed on rank 0 is retried off its server: never on its ranks 1 and 2. */
   int tried[1] = {0};
-  kvr_router_avoid_t avoid = {tried, 1, false, NULL, 0};
+  kvr_router_avoid_t avoid = {tried, 1, false, NULL, 0, false};
   for (int i = 0; i < 20; i++) {
     uint64_t blocks[1] = {0x9000u + (uint64_t)i};
     req.blocks = blocks;
@@ -1863,8 +1907,9 @@ KVR_TEST_MAIN(
     cmocka_unit_test(test_learning_refused_and_capped),
     cmocka_unit_test(test_refused_prefill_leaves_clock),
     cmocka_unit_test(test_outlier_ejection_backoff_and_trial),
-    cmocka_unit_test(test_ejection_keeps_a_worker), cmocka_unit_test(test_retry_budget),
-    cmocka_unit_test(test_admission_bound), cmocka_unit_test(test_models_eligibility),
-    cmocka_unit_test(test_models_tokenizer), cmocka_unit_test(test_models_policy_contract),
-    cmocka_unit_test(test_models_union), cmocka_unit_test(test_models_metrics),
-    cmocka_unit_test(test_lora_adapter_state), cmocka_unit_test(test_lora_runtime_adapters))
+    cmocka_unit_test(test_ejection_keeps_a_worker), cmocka_unit_test(test_ejected_last_resort),
+    cmocka_unit_test(test_retry_budget), cmocka_unit_test(test_admission_bound),
+    cmocka_unit_test(test_models_eligibility), cmocka_unit_test(test_models_tokenizer),
+    cmocka_unit_test(test_models_policy_contract), cmocka_unit_test(test_models_union),
+    cmocka_unit_test(test_models_metrics), cmocka_unit_test(test_lora_adapter_state),
+    cmocka_unit_test(test_lora_runtime_adapters))
