@@ -354,23 +354,42 @@ double kvr_trace_replay_factor(const kvr_trace_replay_t *t, double rate) {
 /* ---- synthesis ------------------------------------------------------------------------------- */
 
 /* Words of 1-4 letters: a BPE tokenizer reads each (with its space) as about one token, and they
- * average about 4 characters with the space, the rate the simulator counts. */
-static const char *const words[] = {
-    "a",    "I",    "of",   "to",   "in",   "is",   "it",   "on",   "at",   "by",   "we",
-    "he",   "as",   "or",   "an",   "be",   "do",   "so",   "up",   "if",   "my",   "no",
-    "go",   "me",   "us",   "am",   "ok",   "oh",   "hi",   "the",  "and",  "for",  "not",
-    "but",  "all",  "can",  "had",  "her",  "was",  "one",  "our",  "out",  "day",  "get",
-    "has",  "him",  "his",  "how",  "man",  "new",  "now",  "old",  "see",  "two",  "way",
-    "who",  "did",  "its",  "let",  "put",  "say",  "she",  "too",  "use",  "any",  "big",
-    "end",  "far",  "few",  "got",  "own",  "run",  "set",  "try",  "why",  "yes",  "ask",
-    "men",  "off",  "sun",  "air",  "that", "with", "have", "this", "from", "they", "will",
-    "what", "when", "your", "said", "each", "more", "time", "some", "like", "into", "them",
-    "than", "then", "made", "many", "over", "such", "only", "also", "back", "even", "most",
-    "well", "work", "year", "life", "very", "just", "know", "take", "good", "come", "long",
+ * average about 4 characters with the space, the rate the simulator counts. Each is stored with
+ * its space in 8 bytes, so that block() copies a word and its space as one 8-byte move. */
+typedef struct word_s {
+  char s[8];   /* the word, its space, then NULs */
+  uint8_t len; /* the word's letters */
+} word_t;
+
+static const word_t words[] = {
+    {"a ", 1},    {"I ", 1},    {"of ", 2},   {"to ", 2},   {"in ", 2},   {"is ", 2},
+    {"it ", 2},   {"on ", 2},   {"at ", 2},   {"by ", 2},   {"we ", 2},   {"he ", 2},
+    {"as ", 2},   {"or ", 2},   {"an ", 2},   {"be ", 2},   {"do ", 2},   {"so ", 2},
+    {"up ", 2},   {"if ", 2},   {"my ", 2},   {"no ", 2},   {"go ", 2},   {"me ", 2},
+    {"us ", 2},   {"am ", 2},   {"ok ", 2},   {"oh ", 2},   {"hi ", 2},   {"the ", 3},
+    {"and ", 3},  {"for ", 3},  {"not ", 3},  {"but ", 3},  {"all ", 3},  {"can ", 3},
+    {"had ", 3},  {"her ", 3},  {"was ", 3},  {"one ", 3},  {"our ", 3},  {"out ", 3},
+    {"day ", 3},  {"get ", 3},  {"has ", 3},  {"him ", 3},  {"his ", 3},  {"how ", 3},
+    {"man ", 3},  {"new ", 3},  {"now ", 3},  {"old ", 3},  {"see ", 3},  {"two ", 3},
+    {"way ", 3},  {"who ", 3},  {"did ", 3},  {"its ", 3},  {"let ", 3},  {"put ", 3},
+    {"say ", 3},  {"she ", 3},  {"too ", 3},  {"use ", 3},  {"any ", 3},  {"big ", 3},
+    {"end ", 3},  {"far ", 3},  {"few ", 3},  {"got ", 3},  {"own ", 3},  {"run ", 3},
+    {"set ", 3},  {"try ", 3},  {"why ", 3},  {"yes ", 3},  {"ask ", 3},  {"men ", 3},
+    {"off ", 3},  {"sun ", 3},  {"air ", 3},  {"that ", 4}, {"with ", 4}, {"have ", 4},
+    {"this ", 4}, {"from ", 4}, {"they ", 4}, {"will ", 4}, {"what ", 4}, {"when ", 4},
+    {"your ", 4}, {"said ", 4}, {"each ", 4}, {"more ", 4}, {"time ", 4}, {"some ", 4},
+    {"like ", 4}, {"into ", 4}, {"them ", 4}, {"than ", 4}, {"then ", 4}, {"made ", 4},
+    {"many ", 4}, {"over ", 4}, {"such ", 4}, {"only ", 4}, {"also ", 4}, {"back ", 4},
+    {"even ", 4}, {"most ", 4}, {"well ", 4}, {"work ", 4}, {"year ", 4}, {"life ", 4},
+    {"very ", 4}, {"just ", 4}, {"know ", 4}, {"take ", 4}, {"good ", 4}, {"come ", 4},
+    {"long ", 4},
 };
 
 static const char digits64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
+/* The id's code, then words with their spaces, cut at chars. The words go straight into the
+ * buffer reserved for them: a word and its space are 2-5 bytes, written as 8, so the last one may
+ * write 7 bytes past chars, inside the chars + 8 reserved (and cut off by the length). */
 void kvr_trace_replay_block(uint64_t seed, uint64_t k, uint64_t id, size_t chars, kvr_buf_t *out) {
   size_t start = out->len;
   kvr_buf_reserve(out, chars + 8);
@@ -380,13 +399,15 @@ void kvr_trace_replay_block(uint64_t seed, uint64_t k, uint64_t id, size_t chars
   for (size_t i = 0; i + 1 < sizeof(code); i++, v >>= 6)
     code[i] = digits64[v & 63];
   code[sizeof(code) - 1] = ' ';
-  kvr_buf_append(out, code, KVR_MIN(chars, sizeof(code)));
+  size_t ncode = KVR_MIN(chars, sizeof(code));
+  memcpy(out->data + start, code, ncode);
   uint64_t st = seed ^ (k * UINT64_C(0x9E3779B97F4A7C15));
   st = kvr_splitmix64(&st) ^ (id * UINT64_C(0xD1B54A32D192ED03));
-  while (out->len - start < chars) {
-    const char *w = words[kvr_splitmix64(&st) % KVR_ARRAY_SIZE(words)];
-    kvr_buf_puts(out, w);
-    kvr_buf_append(out, " ", 1);
+  char *p = out->data + start + ncode, *end = out->data + start + chars;
+  while (p < end) {
+    const word_t *w = &words[kvr_splitmix64(&st) % KVR_ARRAY_SIZE(words)];
+    memcpy(p, w->s, sizeof(w->s));
+    p += w->len + 1;
   }
   out->len = start + chars;
   out->data[out->len] = '\0';

@@ -25,7 +25,11 @@
  * the ones scheduled this step). A request is in the waiting list exactly while its state is
  * KVR_SIM_WAITING, and nwaiting is that list's length. Every waiting request fits in the cache on
  * its own (checked at add), so an idle engine can always admit its queue head.
+ *
+ * Block hashes are libxxhash's XXH3 inlined (XXH_INLINE_ALL, the same function): a block is 64
+ * bytes of token ids, and a call per block cost about as much as the hash.
  */
+#define XXH_INLINE_ALL
 #include "sim_engine.h"
 
 #include "base/kvr.h"

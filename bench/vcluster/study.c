@@ -1,8 +1,8 @@
 /* study.c -- `kvrouter bench study`: cells on a thread pool, then the table.
  *
  * Flow: kvr_study_run() checks the names (and the trace) -> one kvr_study_cell_t per (scenario,
- * seed) -> `jobs` threads take cells from a shared counter, the trace scenarios' first (they are
- * the longest: started last, one of them would finish alone) and the others in table order, and
+ * seed) -> `jobs` threads take cells from a shared counter, longest first (kvr_study_order, by
+ * each scenario's measured cost_s: a long cell started last would run alone at the end), and
  * run each through the caller's kvr_study_run_fn (a whole virtual bench whose settings
  * kvr_study_cell_opts() makes, its command line kvr_study_cell_words(): its report lands in the
  * cell's folder) -> each cell's per-policy max SLO-compliant load (kvr_report_cap), or for a fleet
@@ -39,24 +39,44 @@
 #define TRACE_TTFT_MS 10000
 #define TRACE_TPOT_MS 100
 
+/* What a cell of each scenario costs, CPU seconds (its "seconds" in study.json of a one-seed
+ * study on one thread, the binary at COSTS_AT: `kvrouter bench study --seeds 1 --jobs 1 --quiet
+ * --trace ../shared/traces/mooncake_synthetic_trace.jsonl`). Only kvr_study_order reads them. */
+#define COST_MULTITURN 30.2
+#define COST_DOCUMENTS 32.6
+#define COST_CONTROL 3.7
+#define COST_AGENTIC 17.0
+#define COST_HOT_PREFIX 16.9
+#define COST_BURSTY 27.1
+#define COST_MIXED_FLEET 18.6
+#define COST_AGENTIC_RESPONSES 37.3
+#define COST_NO_ID_AFFINITY 2.6
+#define COST_MODEL_FLEET 61.8
+#define COST_TRACE 91.2
+#define COST_TRACE_FLEET 62.9
+
 /* mixed-fleet: four sims, the last with half the KV cache. */
 static const unsigned mixed_blocks[] = {21770, 21770, 21770, 10885};
 
 const kvr_study_scenario_t kvr_study_scenarios[] = {
     {"multiturn", "multiturn sessions resending the streamed answers", "multiturn", .session = true,
-     .warmup_s = 120},
-    {"documents", "150 long documents, 4 questions each", "documents", .warmup_s = 60},
-    {"control", "unique prompts: nothing to reuse", "control", .warmup_s = 60},
+     .warmup_s = 120, .cost_s = COST_MULTITURN},
+    {"documents", "150 long documents, 4 questions each", "documents", .warmup_s = 60,
+     .cost_s = COST_DOCUMENTS},
+    {"control", "unique prompts: nothing to reuse", "control", .warmup_s = 60,
+     .cost_s = COST_CONTROL},
     /* 300 measured requests, not 100: a level of 100 holds ten-odd turns of ten-odd sessions, and
      * its p99 (the second-worst TTFT) swung the policies' ranking from seed to seed. */
     {"agentic",
      "20-60 turn tool-using sessions growing past 60k tokens (300 measured requests per level)",
-     "agentic", .warmup_s = 300, .num_prompts = 300},
-    {"hot-prefix", "one system prompt in 80% of the requests", "hot-prefix", .warmup_s = 60},
+     "agentic", .warmup_s = 300, .num_prompts = 300, .cost_s = COST_AGENTIC},
+    {"hot-prefix", "one system prompt in 80% of the requests", "hot-prefix", .warmup_s = 60,
+     .cost_s = COST_HOT_PREFIX},
     {"bursty", "multiturn sessions with bursty arrivals (gamma shape 0.3)", "multiturn",
-     .session = true, .warmup_s = 120, .burstiness = 0.3},
+     .session = true, .warmup_s = 120, .burstiness = 0.3, .cost_s = COST_BURSTY},
     {"mixed-fleet", "documents on 4 workers, one with half the KV cache", "documents",
-     .warmup_s = 60, .worker_blocks = mixed_blocks, .nworker_blocks = KVR_ARRAY_SIZE(mixed_blocks)},
+     .warmup_s = 60, .worker_blocks = mixed_blocks, .nworker_blocks = KVR_ARRAY_SIZE(mixed_blocks),
+     .cost_s = COST_MIXED_FLEET},
     /* An agent on a Responses server: each turn sends its new message only (the tool output) and
      * names the previous answer's id; the history is the store of the worker that made it. Shape
      * from ../shared/WORKLOAD.md: 3,500-4,000-token system prompts shared by the sessions (its
@@ -70,14 +90,15 @@ const kvr_study_scenario_t kvr_study_scenarios[] = {
      "router pins each follow-up to the worker that stored its previous response, for every "
      "policy and the oracle, as kvrouter serve does (300 measured requests per level)",
      "agentic", .warmup_s = 120, .num_prompts = 300, .turns_min = 5, .turns_max = 15,
-     .tool_min = 250, .tool_max = 1250, .max_context = 12700, .responses = true},
+     .tool_min = 250, .tool_max = 1250, .max_context = 12700, .responses = true,
+     .cost_s = COST_AGENTIC_RESPONSES},
     {"agentic-responses-no-id-affinity",
      "agentic-responses through a router that does not pin previous_response_id: a follow-up goes "
      "where the policy sends it, and a worker that did not store the response answers vLLM's 404 "
      "(a failed request)",
      "agentic", .warmup_s = 120, .num_prompts = 300, .turns_min = 5, .turns_max = 15,
      .tool_min = 250, .tool_max = 1250, .max_context = 12700, .responses = true,
-     .no_response_affinity = true},
+     .no_response_affinity = true, .cost_s = COST_NO_ID_AFFINITY},
     /* Issue 35: the fleet of KVR_MFLEET_STUDY (model_fleet.h) and traffic for each of its models
      * in proportion to the workers serving it (model-a 10 of 16 workers, 60%; model-b and its
      * adapters 6, 40%), each model with a prefix structure of its own: model-a's chat sessions,
@@ -90,7 +111,7 @@ const kvr_study_scenario_t kvr_study_scenarios[] = {
      "documents, b-math control",
      "mix:model-a=multiturn@0.6,model-b=documents@0.2,b-sql=hot-prefix@0.05,"
      "b-chat=multiturn@0.05,b-code=documents@0.05,b-math=control@0.05",
-     .warmup_s = 120, .model_fleet = KVR_MFLEET_STUDY, .max_loras = 2},
+     .warmup_s = 120, .model_fleet = KVR_MFLEET_STUDY, .max_loras = 2, .cost_s = COST_MODEL_FLEET},
     /* The trace's arrivals are its own, scaled to the level's rate (no jitter): the seed moves only
      * the synthesised text, hence the router's block hashes and so the policies' tie-breaks. */
     {"trace",
@@ -98,12 +119,12 @@ const kvr_study_scenario_t kvr_study_scenarios[] = {
      "the synthesised text, so the router's block hashes and tie-breaks) on 4 Llama-3.1-8B/H100 "
      "workers, TTFT p99 < 10 s, TPOT p99 < 100 ms",
      NULL, .trace = true, .preset = TRACE_PRESET, .slo_ttft_ms = TRACE_TTFT_MS,
-     .slo_tpot_ms = TRACE_TPOT_MS},
+     .slo_tpot_ms = TRACE_TPOT_MS, .cost_s = COST_TRACE},
     {"trace-fleet",
      "the study's trace at its own rate: the fewest Llama-3.1-8B/H100 workers that serve it within "
      "TTFT p99 < 10 s, TPOT p99 < 100 ms",
      NULL, .trace = true, .preset = TRACE_PRESET, .slo_ttft_ms = TRACE_TTFT_MS,
-     .slo_tpot_ms = TRACE_TPOT_MS, .fleet = true},
+     .slo_tpot_ms = TRACE_TPOT_MS, .fleet = true, .cost_s = COST_TRACE_FLEET},
     {.name = NULL},
 };
 
@@ -630,6 +651,18 @@ static int write_in(const char *dir, const char *name, const kvr_buf_t *b, char 
 
 /* ---- the run --------------------------------------------------------------------------------- */
 
+void kvr_study_order(const kvr_study_scenario_t *const *scs, size_t nscs, unsigned seeds,
+                     size_t *order) {
+  size_t n = nscs * seeds;
+  for (size_t i = 0; i < n; i++) { /* insertion sort: stable, and a study has few cells */
+    size_t j = i;
+    double cost = scs[i / seeds]->cost_s;
+    for (; j > 0 && scs[order[j - 1] / seeds]->cost_s < cost; j--)
+      order[j] = order[j - 1];
+    order[j] = i;
+  }
+}
+
 /* The trace scenarios' trace: 0 when it can be read and its window is well formed, else 2 with
  * one line in err. */
 static int check_trace(const kvr_study_opts_t *o, char *err, size_t errlen) {
@@ -721,16 +754,10 @@ int kvr_study_run(const kvr_study_opts_t *o, kvr_study_run_fn run, FILE *out,
   st.ncells = st.nscs * o->seeds;
   st.cells = kvr_xcalloc(st.ncells, sizeof(cell_t));
   st.order = kvr_xcalloc(st.ncells, sizeof(size_t));
-  size_t n = 0;
   for (size_t s = 0; s < st.nscs; s++)
-    for (unsigned k = 0; k < o->seeds; k++) {
+    for (unsigned k = 0; k < o->seeds; k++)
       cell_init(&st, &st.cells[s * o->seeds + k], st.scs[s], o->seed + k);
-      if (st.scs[s]->trace)
-        st.order[n++] = s * o->seeds + k; /* the longest cells first */
-    }
-  for (size_t i = 0; i < st.ncells; i++)
-    if (!st.cells[i].c.sc->trace)
-      st.order[n++] = i;
+  kvr_study_order(st.scs, st.nscs, o->seeds, st.order);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   st.jobs = o->jobs ? o->jobs : cores > 0 ? (unsigned)cores : 1;
   pthread_mutex_init(&st.mu, NULL);

@@ -60,6 +60,9 @@ typedef struct kvr_study_scenario_s {
   bool no_response_affinity; /* --no-response-affinity: a router that does not pin them */
   const char *model_fleet;   /* --model-fleet: workers serving given models (model_fleet.h) */
   unsigned max_loras;        /* --max-loras: the fleet's LoRA workers' (0: the bench's) */
+  /* What one cell costs, CPU seconds as measured (study.c's table names the run): only the order
+   * cells start in follows it (kvr_study_order), never a result. */
+  double cost_s;
 } kvr_study_scenario_t;
 
 /* The built-in scenarios, NULL-name-terminated: multiturn, documents, control, agentic, hot-prefix,
@@ -168,6 +171,13 @@ typedef struct kvr_study_summary_s {
   bool fleet[KVR_STUDY_MAX]; /* scenario s's figures are workers needed, not rates */
   double seconds;
 } kvr_study_summary_t;
+
+/* The order the threads take the cells of scs[0..nscs) over seeds seeds (cell s * seeds + k:
+ * scenario s, its k-th seed) into order[0..nscs * seeds): the costliest scenarios' cells first
+ * (cost_s), ties in table then seed order. Longest first, so that no long cell starts while the
+ * other threads are running out of work: the order moves no figure, only the study's wall time. */
+void kvr_study_order(const kvr_study_scenario_t *const *scs, size_t nscs, unsigned seeds,
+                     size_t *order);
 
 /* Runs the study and writes its files; prints the table (and, unless quiet, a line per finished
  * cell) to out; fills *sum when not NULL. Returns 0, 1 when a cell failed (the others still

@@ -27,7 +27,8 @@ double kvr_quantile(const double *sorted, size_t n, double p);
 /* The same of sorted unsigned integers (e.g. nanosecond timings), as a double. */
 double kvr_quantile_u64(const uint64_t *sorted, size_t n, double p);
 
-/* Sorts v[0..n-1] ascending (qsort), ready for kvr_quantile(). */
+/* Sorts v[0..n-1] ascending, ready for kvr_quantile(): what a stable sort by value (glibc's
+ * qsort) gives, equal values in their order, -0 and +0 equal (quantile.c says how). */
 void kvr_quantile_sort(double *v, size_t n);
 
 #endif

@@ -30,10 +30,12 @@
  * Flow: insert walks the request's blocks from last to first; each block is either touched (its
  * node moves to the front of the worker's list) or gets a node, after evicting the worker's tail
  * node when it is at capacity. When the insert will evict, a first pass touches the blocks the
- * worker already holds so the request never evicts its own beginning. A new block takes a free
- * slot of b1, b2 or b3; when all three are full it displaces a resident into another of that
- * resident's buckets, and so on (a cuckoo walk of at most MAX_KICKS moves, each rewriting the end
- * of the moved block's chain). Removing a worker's last hold on a block empties its slot.
+ * worker already holds so the request never evicts its own beginning; it keeps their nodes (the
+ * `touch` scratch) so that the second pass touches them again without finding them (touch_first
+ * says when that is the same). A new block takes a free slot of b1, b2 or b3; when all three are
+ * full it displaces a resident into another of that resident's buckets, and so on (a cuckoo walk
+ * of at most MAX_KICKS moves, each rewriting the end of the moved block's chain). Removing a
+ * worker's last hold on a block empties its slot.
  *
  * Growth (linear hashing, Litwin 1980, over the cuckoo table): before a new block would take the
  * load past MAX_LOAD_PCT, bucket `split` is split: bucket low + split is appended (zeroed memory,
@@ -65,7 +67,8 @@
  *
  * Memory: 16 bytes per slot at up to 90% load (17.8 per block) and 16 per node: 33.8 bytes per
  * (block, worker) entry with one holder per block, plus the chunk rounding; a wide set is 8 bytes
- * per 64 worker ids up to its highest holder, shared by its three or more holders.
+ * per 64 worker ids up to its highest holder, shared by its three or more holders. Insert's scratch
+ * holds 4 bytes per block of the longest prefix it touched.
  *
  * Invariants: worker w is in a slot's holders <=> exactly one node of worker w is in the slot's
  * chain; the chain ends in END | that slot; workers[w].count == length of w's LRU list <= capacity;
@@ -152,7 +155,9 @@ struct kvr_cache_index_s {
   size_t nworkers;
   uint64_t default_capacity;
   uint64_t inserts, evictions, splits, kicks;
-  uint64_t rng; /* picks the slot a cuckoo walk displaces */
+  uint64_t rng;     /* picks the slot a cuckoo walk displaces */
+  uint32_t *touch;  /* insert's scratch: the nodes its first pass touched, by block */
+  size_t touch_cap; /* entries touch has room for */
 };
 
 /* ---- table addressing ------------------------------------------------------------------------ */
@@ -738,6 +743,7 @@ void kvr_cache_index_free(kvr_cache_index_t *idx) {
     free(idx->pools[c].chunks);
   }
   free(idx->workers);
+  free(idx->touch);
   free(idx);
 }
 
@@ -817,6 +823,38 @@ static size_t prefix_of(const kvr_cache_index_t *idx, uint32_t w, const uint64_t
   return lo;
 }
 
+/* insert's first pass: touches the nodes of blocks[0..held), last to first. Returns them by block
+ * (NIL: a block not held, see match) in idx->touch when insert's second pass can use them instead
+ * of finding them again, else NULL. It can when n <= the worker's capacity: the touched nodes are
+ * then the worker's most recent, and the at most n - held evictions of the second pass, which
+ * take its least recent, reach none of them (they would only after all its count - held others),
+ * so each is still the node insert_one would find for its block. (An insert that drops a block,
+ * a table that can no longer grow, returns before the second pass reaches the touched blocks.) */
+static uint32_t *touch_first(kvr_cache_index_t *idx, worker_t *w, uint32_t worker,
+                             const uint64_t *blocks, size_t n, size_t held) {
+  uint32_t *touched = NULL;
+  if (n <= w->capacity && held <= idx->touch_cap)
+    touched = idx->touch;
+  else if (n <= w->capacity) {
+    size_t cap = KVR_MAX(held, 2 * idx->touch_cap);
+    uint32_t *t = realloc(idx->touch, cap * sizeof *t);
+    if (t != NULL) { /* without it, the second pass finds the nodes again */
+      idx->touch = touched = t;
+      idx->touch_cap = cap;
+    }
+  }
+  for (size_t i = held; i-- > 0;) {
+    uint32_t x = node_of(idx, blocks[i], worker);
+    if (touched != NULL)
+      touched[i] = x;
+    if (x == NIL)
+      continue; /* only after a dropped block (see match): nothing to touch */
+    lru_unlink(idx, w, x);
+    lru_push_front(idx, w, x);
+  }
+  return touched;
+}
+
 int kvr_cache_index_insert(kvr_cache_index_t *idx, size_t worker, const uint64_t *blocks,
                            size_t n) {
   if (worker >= idx->nworkers)
@@ -825,18 +863,22 @@ int kvr_cache_index_insert(kvr_cache_index_t *idx, size_t worker, const uint64_t
   /* When new blocks will evict, first touch the blocks the worker already holds -- a prefix of
    * the chain, its blocks being prefix-closed -- so that the request's new deep blocks never push
    * out its own shared beginning. */
+  size_t held = 0;
+  uint32_t *touched = NULL; /* the first pass's nodes, by block, when they outlive the second */
   if (w->count + n > w->capacity) {
-    size_t held = prefix_of(idx, (uint32_t)worker, blocks, n);
+    held = prefix_of(idx, (uint32_t)worker, blocks, n);
     if (held < n && w->count + (n - held) > w->capacity)
-      for (size_t i = held; i-- > 0;) {
-        uint32_t x = node_of(idx, blocks[i], (uint32_t)worker);
-        if (x == NIL)
-          continue; /* only after a dropped block (see match): nothing to touch */
-        lru_unlink(idx, w, x);
-        lru_push_front(idx, w, x);
-      }
+      touched = touch_first(idx, w, (uint32_t)worker, blocks, n, held);
+    else
+      held = 0;
   }
   for (size_t i = n; i-- > 0;) {
+    if (touched != NULL && i < held && touched[i] != NIL) {
+      /* insert_one's touch of this node, without finding it again */
+      lru_unlink(idx, w, touched[i]);
+      lru_push_front(idx, w, touched[i]);
+      continue;
+    }
     int rc = insert_one(idx, (uint32_t)worker, blocks[i]);
     if (rc) {
       /* Block i failed, so the worker did not hold it, nor (prefix-closed) any block after it:

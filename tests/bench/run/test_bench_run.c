@@ -1,10 +1,10 @@
 /* test_bench_run.c -- the bench's option table and a run from its settings (bench/run/): every
  * study scenario's cell, built as a struct, equals its command line parsed by the bench's table (so
  * the command a cell's report shows runs the same bench); a person's flags after -- replace the
- * cell's; a model fleet refuses --workers, and a study gives the caller's
- * fleet flags only to the scenarios without a fleet of their own; --help is no option inside a
- * library; a bad command line is exit status 2 with the
- * bench's wording; and a tiny virtual run hands its results back in memory. */
+ * cell's; a model fleet refuses --workers, and a study gives the caller's fleet flags only to the
+ * scenarios without a fleet of their own; --help is no option inside a library; a bad command line
+ * is exit status 2 with the bench's wording; a tiny virtual run hands its results back in memory;
+ * and the study starts its cells longest first (kvr_study_order). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -301,9 +301,41 @@ static void test_virtual_run_results(void **state) {
   assert_int_equal(system(rm), 0);
 }
 
+/* The study's cells start costliest first, ties in table then seed order: every built-in
+ * scenario over 3 seeds, then three made-up ones with a tie. */
+static void test_study_order_longest_first(void **state) {
+  (void)state;
+  const kvr_study_scenario_t *scs[KVR_STUDY_MAX] = {NULL};
+  size_t nscs = 0;
+  for (const kvr_study_scenario_t *sc = kvr_study_scenarios; sc->name; sc++) {
+    assert_true(sc->cost_s > 0); /* every scenario has its measured cost */
+    scs[nscs++] = sc;
+  }
+  size_t order[KVR_STUDY_MAX * 3];
+  kvr_study_order(scs, nscs, 3, order);
+  bool taken[KVR_STUDY_MAX * 3] = {false};
+  for (size_t i = 0; i < nscs * 3; i++) {
+    assert_true(order[i] < nscs * 3 && !taken[order[i]]);
+    taken[order[i]] = true;
+    if (i == 0)
+      continue;
+    double prev = scs[order[i - 1] / 3]->cost_s, cur = scs[order[i] / 3]->cost_s;
+    assert_true(prev > cur || (prev == cur && order[i - 1] < order[i]));
+  }
+  assert_string_equal(scs[order[0] / 3]->name, "trace"); /* the costliest today */
+  kvr_study_scenario_t a = {.name = "a", .cost_s = 1}, b = {.name = "b", .cost_s = 5},
+                       c = {.name = "c", .cost_s = 1};
+  const kvr_study_scenario_t *abc[] = {&a, &b, &c};
+  size_t o2[6];
+  kvr_study_order(abc, 3, 2, o2);
+  size_t want[6] = {2, 3, 0, 1, 4, 5}; /* b's two seeds, then a's, then c's */
+  assert_memory_equal(o2, want, sizeof(want));
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_cell_words_parse_to_cell_opts),
               cmocka_unit_test(test_cell_words), cmocka_unit_test(test_extra_flags_replace),
               cmocka_unit_test(test_model_fleet_refuses_workers),
               cmocka_unit_test(test_study_fleet_flags_skip_own_fleets),
               cmocka_unit_test(test_help_is_no_option_here),
-              cmocka_unit_test(test_run_argv_rejects), cmocka_unit_test(test_virtual_run_results))
+              cmocka_unit_test(test_run_argv_rejects), cmocka_unit_test(test_virtual_run_results),
+              cmocka_unit_test(test_study_order_longest_first))

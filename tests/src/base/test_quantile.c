@@ -1,7 +1,8 @@
 /* test_quantile.c -- golden values of the one percentile definition (src/base/quantile.h): numpy's
  * 'linear' method, as np.percentile computes it. Every expected value below is what numpy 1.24
  * (Debian's python3-numpy) printed for np.percentile(x, p), compared exactly: the shortest decimal
- * that round-trips names the very double numpy returned. The first ones are also easy by hand. */
+ * that round-trips names the very double numpy returned. The first ones are also easy by hand.
+ * kvr_quantile_sort is checked bit for bit against the qsort it replaced. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,9 +12,12 @@
 
 #include "tests/test_util.h"
 
+#include "base/kvr.h"
 #include "base/quantile.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define SAME(got, want) assert_true((got) == (want))
 
@@ -121,6 +125,48 @@ static void test_sort(void **state) {
   kvr_quantile_sort(v, 0); /* nothing to do */
 }
 
+static int cmp_ref(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* kvr_quantile_sort against what it replaced, qsort by value (glibc's: a stable merge sort), bit
+ * for bit: random arrays of every length to 300 and a few long ones, values drawn from small sets
+ * (many ties), both zeros, infinities, subnormals and wide random doubles; one in 50 with a NaN. */
+static void test_sort_equals_qsort(void **state) {
+  (void)state;
+  uint64_t rng = 7;
+  static const double pool[] = {0.0,   -0.0,   1.5,      -1.5,      2.0,  1e-310, -1e-310,
+                                1e300, -1e300, INFINITY, -INFINITY, 3.25, 7.0,    0.1};
+  for (int round = 0; round < 3000; round++) {
+    size_t n = round < 2900 ? (size_t)(kvr_splitmix64(&rng) % 300) : 20000 + (size_t)round;
+    double *a = malloc((n + 1) * sizeof *a), *b = malloc((n + 1) * sizeof *b);
+    for (size_t i = 0; i < n; i++) {
+      uint64_t r = kvr_splitmix64(&rng);
+      if (r % 3 == 0) {
+        a[i] = pool[(r >> 8) % KVR_ARRAY_SIZE(pool)];
+      } else if (r % 3 == 1) {
+        a[i] = (double)((r >> 8) % 1000) / 8.0 * ((r >> 40) % 2 ? 1 : -1);
+      } else {
+        uint64_t u = kvr_splitmix64(&rng);
+        memcpy(&a[i], &u, sizeof u);
+        if (isnan(a[i]))
+          a[i] = (double)(u >> 11);
+      }
+    }
+    if (n > 0 && round % 50 == 49)
+      a[kvr_splitmix64(&rng) % n] = NAN;
+    memcpy(b, a, n * sizeof *a);
+    kvr_quantile_sort(a, n);
+    qsort(b, n, sizeof *b, cmp_ref);
+    if (n > 0 && memcmp(a, b, n * sizeof *a) != 0)
+      fail_msg("round %d: %zu values sorted differently", round, n);
+    free(a);
+    free(b);
+  }
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_by_hand), cmocka_unit_test(test_numpy_1_to_100),
               cmocka_unit_test(test_numpy_irregular), cmocka_unit_test(test_numpy_rank_rounding),
-              cmocka_unit_test(test_u64), cmocka_unit_test(test_sort))
+              cmocka_unit_test(test_u64), cmocka_unit_test(test_sort),
+              cmocka_unit_test(test_sort_equals_qsort))
