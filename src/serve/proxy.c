@@ -1043,10 +1043,11 @@ static bool continuation_body(px_t *px) {
 }
 
 /* A stream broke after its client got part of the answer (a reset, a killed worker, an idle
- * timeout). When the client is still there, the answer continues on another worker and its chunks
- * are spliced into the same stream (splice_chunk()): one id, one role chunk, usage that adds up,
- * the last finish_reason and [DONE]. True when that started (or the stream had already finished
- * and is closed cleanly); false leaves the caller to end it with an error event. */
+ * timeout, a continuation's first-byte timeout). When the client is still there, the answer
+ * continues on another worker and its chunks are spliced into the same stream (splice_chunk()): one
+ * id, one role chunk, usage that adds up, the last finish_reason and [DONE]. True when that started
+ * (or the stream had already finished and is closed cleanly); false leaves the caller to end it
+ * with an error event. */
 static bool resume_stream(px_t *px, const char *why, const char *outcome) {
   kvr_router_t *r = px->r;
   px->break_why = why;
@@ -1335,14 +1336,19 @@ static void on_timer(uv_timer_t *t) {
          kind == TM_FIRST_BYTE ? "upstream worker did not start responding in time"
                                : "upstream worker stalled while responding");
   } else {
-    if (kind == TM_IDLE) {
+    /* The client has part of the answer: a silent stream (idle), or a continuation whose worker
+     * never started answering (first byte; e.g. a hung worker), is continued elsewhere. */
+    const char *why = kind == TM_IDLE
+                          ? "no data within the idle timeout"
+                          : "the continuation's worker did not start responding in time";
+    const char *outcome = kind == TM_IDLE ? "stream_idle_timeout" : "stream_first_byte_timeout";
+    if (kind == TM_IDLE)
       kvr_router_on_result(px->r, &px->acct, false);
-      if (resume_stream(px, "no data within the idle timeout", "stream_idle_timeout"))
-        return;
-    }
+    if (resume_stream(px, why, outcome))
+      return;
     kvr_router_on_upstream_failure(px->r);
-    px->outcome = "stream_idle_timeout";
-    broken_stream(px, "no data within the idle timeout");
+    px->outcome = outcome;
+    broken_stream(px, why);
   }
   px_end(px);
 }

@@ -12,7 +12,8 @@ logs that there is nothing to reload and stays alive.
 
 Chaos test: bench/scripts/soak/chaos_soak.py for --chaos-duration seconds (default 75): kills, hangs,
 refusals, cut streams, policy switches, worker adds and drains, good and broken reloads under
-load; it must pass (no bad outcome, in-flight 0 at the end, RSS growth < 5%, clean exit).
+load; it must pass (no bad outcome, no stream ending with an error event while a healthy worker
+remained, in-flight 0 at the end, RSS growth < 5%, clean exit).
 
 Run:  python3 tests/router/test_chaos.py --kvrouter build/kvrouter [--chaos-duration S]
       [-k substring] [-v]

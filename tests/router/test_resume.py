@@ -48,10 +48,12 @@ class StreamWorker:
     answers that breaks.take() allows break after three tokens (whichever worker the policy picks
     first breaks, the continuation goes elsewhere)."""
 
-    def __init__(self, breaks, tool_call=False, error_code=None):
+    def __init__(self, breaks, tool_call=False, error_code=None, hang_continuations=False):
         """error_code: a breaking answer ends with vLLM's error event of that code and [DONE] on a
-        clean stream instead of losing the connection."""
+        clean stream instead of losing the connection. hang_continuations: a continuation (its
+        last message the assistant's) is read and never answered, as a hung engine does."""
         self.breaks, self.tool_call, self.bodies = breaks, tool_call, []
+        self.hang_continuations = hang_continuations
         self.error_code = error_code
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -124,6 +126,10 @@ class StreamWorker:
             return True
         req = json.loads(body)
         self.bodies.append(req)
+        if self.hang_continuations and (req.get("messages") or [{}])[-1].get("role") == "assistant":
+            while not self.stop:  # hung: the connection stays open, nothing is sent
+                time.sleep(0.05)
+            return False
         if not req.get("stream"):  # a whole answer; a breaking one stops halfway through its body
             port = self.sock.getsockname()[1]
             whole = json.dumps({"id": "chatcmpl-%d" % port, "object": "chat.completion",
@@ -282,6 +288,37 @@ def test_continuation_takes_an_ejected_worker_when_nothing_else_is_left():
         assert prom_value(m, "kvrouter_ejections_refused_total") == 1  # B, the last up one
         assert {w["url"]: w["state"] for w in r.workers()}[a.url] == "up"  # the trial restored A
         assert resumes(r, "resumed") == 2 and resumes(r, "no_worker") == 0
+
+
+@test(timeout=30)
+def test_continuation_to_a_hung_worker_moves_on():
+    """A continuation sent to a worker that never answers (hung) is continued again elsewhere when
+    its first-byte timeout fires, avoiding both the worker that broke the stream and the hung one
+    (it sent no token). The old router ended the stream there, saying "no data within the idle
+    timeout"."""
+    with Cleanup() as c:
+        b = Breaks(1)
+        w1 = c.add(StreamWorker(b, hang_continuations=True))
+        w2 = c.add(StreamWorker(b, hang_continuations=True))
+        w3 = c.add(StreamWorker(b))
+        r = c.add(Router([w1.url, w2.url, w3.url], *FAST, "--policy", "round_robin",
+                         "--first-byte-timeout-ms", "500"))
+        resp = stream(r, "/v1/chat/completions", {
+            "model": "m", "stream": True, "max_tokens": 10,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "count"}]})
+        ev = events_of(resp.body)
+        chunks = [json.loads(e) for e in ev[:-1]]
+        assert ev[-1] == "[DONE]" and not [ch for ch in chunks if "error" in ch], ev
+        text = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks
+                       if ch["choices"])
+        assert text == "one two three four five", text
+        assert chunks[-1]["usage"]["completion_tokens"] == 5, chunks[-1]
+        hung = [w for w in (w1, w2) if w.bodies and w.bodies[-1]["messages"][-1]["role"] ==
+                "assistant"]
+        assert len(hung) == 1 and len(w3.bodies) == 1, (w1.bodies, w2.bodies, w3.bodies)
+        assert w3.bodies[0]["messages"][-1]["content"] == "one two three "
+        assert resumes(r, "resumed") == 2
 
 
 @test(timeout=30)
