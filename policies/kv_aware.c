@@ -11,12 +11,25 @@
  *              + decode_weight   * active_tokens_i * C / C_i         (decode batch we join,
  * relative to the worker's KV cache)
  *              + inflight_weight * inflight_i                        (per-sequence overhead)
+ *              + session_weight  * open_sessions_i                   (pinned turns to come)
  *              + [metrics fresh]  waiting_weight  * num_requests_waiting_i
  *                               + kv_usage_weight * kv_cache_usage_i ^ kv_usage_power
  *
  * C_i is the worker's cache capacity (cache_capacity_blocks, from its /metrics) and C the mean over
  * the eligible workers: on equal workers the factor is 1; on a mixed fleet the same decode tokens
  * weigh more on a smaller cache, which they fill sooner.
+ *
+ * Open sessions (open_sessions_i, router_affinity.c): Responses sessions whose latest answer
+ * worker i stored (store, previous_response_id) and whose next turn has not come yet. The router
+ * pins that turn to i whatever any policy says, so each is a request on its way there: its new
+ * input to prefill (an agent's tool output, ~750-900 tokens in ../shared/WORKLOAD.md's per-turn
+ * growth) and a place in the batch, which inflight_i cannot see while the client runs its tool.
+ * It arrives later (after the current answer's decode and the tool), so session_weight 512 counts
+ * about half of that; 256 to 2048 gave the same limits within their noise
+ * (bench/results/study/NOTES.md, "Open sessions"). Without the term a session-starting request
+ * saw only the requests in flight, and a worker whose sessions were between turns looked light;
+ * since a policy places only a session's first turn, that imbalance lasted the session. No
+ * Responses sessions, no term: 0 everywhere.
  *
  * KV usage counts convexly (kv_usage_power 4, kv_usage_weight 8192): what KV usage costs is the
  * cache running out -- vLLM then preempts running requests and queues new ones, seconds of TTFT --
@@ -87,7 +100,8 @@
   X(balance_epsilon, 0.5, 0, 1e6, false)                                                           \
   X(balance_slack, 8, 0, 1e9, false)                                                               \
   X(prefill_gate_tokens, 4096, 0, 1e12, false)                                                     \
-  X(adapter_affinity, 1, 0, 1, true)
+  X(adapter_affinity, 1, 0, 1, true)                                                               \
+  X(session_weight, 512, 0, 1e12, false)
 
 typedef struct kv_s {
   kvr_policy_t super;
@@ -133,7 +147,8 @@ static int kv_pick(kvr_policy_t *base, const kvr_worker_snap_t *workers, size_t 
                      : 1;
     double cost = p->prefill_weight * ((double)w->prefill_backlog_tokens + uncached) +
                   p->decode_weight * (double)w->active_tokens * rel +
-                  p->inflight_weight * (double)w->inflight;
+                  p->inflight_weight * (double)w->inflight +
+                  p->session_weight * (double)w->open_sessions;
     if (w->metrics_fresh)
       cost += p->waiting_weight * w->num_requests_waiting +
               p->kv_usage_weight * pow(w->kv_cache_usage, p->kv_usage_power);

@@ -86,6 +86,10 @@ typedef struct kvr_worker_snap_s {
    * from its measured prefill rate and the time since dispatch (prefill_clock.h); equal to
    * queued_prefill_tokens until the rate is measured. */
   uint64_t prefill_backlog_tokens;
+  /* Router count: Responses sessions whose latest answer this worker stored and whose next turn
+   * (previous_response_id naming it) has not come yet, within a window of twice the usual wait
+   * for it (router_affinity.c): turns the router will pin here, whatever the policy says. */
+  uint32_t open_sessions;
   /* Scraped from the worker's /metrics; valid only when metrics_fresh. */
   bool metrics_fresh;
   double num_requests_running;

@@ -572,6 +572,7 @@ static void snapshot(const kvr_router_t *r, const kvr_worker_t *w, size_t matche
   s->kv_cache_usage = w->kv_cache_usage;
   s->cache_capacity_blocks = w->cache_capacity_blocks;
   s->matched_blocks = matched;
+  s->open_sessions = w->open_sessions;
   s->cached_blocks = kvr_cache_index_entries(r->index, (size_t)w->slot);
 }
 
@@ -665,6 +666,7 @@ int kvr_router_decide(kvr_router_t *r, const kvr_route_req_t *req, const kvr_rou
   d->scores = r->scores;
   d->nsnaps = r->nslots;
   bool any_precise = false;
+  kvr__router_sessions_age(r, t0 / 1000000u);
   want_t want = want_of(r, avoid ? avoid->model : NULL);
   for (size_t i = 0; i < r->nslots; i++) {
     memset(&d->snaps[i], 0, sizeof d->snaps[i]);

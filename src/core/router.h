@@ -207,6 +207,8 @@ typedef struct kvr_worker_s {
   uint32_t inflight;
   uint64_t active_tokens;
   uint64_t queued_prefill_tokens;
+  /* Responses sessions whose next turn will be pinned here (router_affinity.c, the only writer) */
+  uint32_t open_sessions;
   kvr_prefill_clock_t
       prefill; /* how much of queued_prefill_tokens is still ahead (prefill_clock.h) */
   /* Counters. */
@@ -345,6 +347,7 @@ struct kvr_router_s {
   /* Remembered placements (router_affinity.c): Responses API response id -> worker. */
   kvr_affinity_t *response_ids;
   uint64_t response_ids_evicted_total;
+  double response_gap_ms; /* mean (EWMA, 1/64) wait from a stored response id to its follow-up */
   uint64_t response_id_lookups_total[KVR_AFFINITY_RESULTS];
   /* Session keys (prompt_cache_key, --session-header) -> the worker that served them last. */
   kvr_affinity_t *session_keys;
@@ -763,6 +766,9 @@ size_t kvr_affinity_size(const kvr_affinity_t *a);
 void kvr_router_on_response_id(kvr_router_t *r, const kvr_router_dispatch_t *acct, const char *id,
                                size_t len);
 int kvr_router_on_response_lookup(kvr_router_t *r, const char *id, size_t len, uint64_t now_ms);
+/* Closes the open sessions (kvr_worker_t.open_sessions) whose window has passed at now_ms (the
+ * router's clock); kvr_router_decide calls it before taking the snapshots. */
+void kvr__router_sessions_age(kvr_router_t *r, uint64_t now_ms);
 
 /* Session keys: a request naming one (prompt_cache_key, or the --session-header value) prefers
  * the worker the key last went to (kvr_router_avoid_t.prefer_plus1), within the policy's load

@@ -1035,6 +1035,7 @@ static cJSON *worker_json(const kvr_router_t *r, const kvr_worker_t *w, uint64_t
   cJSON_AddNumberToObject(o, "prefill_backlog_tokens",
                           (double)kvr_router_worker_backlog(w, kvr_router_now_ns(r)));
   cJSON_AddNumberToObject(o, "prefill_rate_tokens_per_second", w->prefill.rate);
+  cJSON_AddNumberToObject(o, "open_sessions", w->open_sessions);
   cJSON_AddNumberToObject(o, "index_blocks",
                           (double)kvr_cache_index_entries(r->index, (size_t)w->slot));
   cJSON_AddNumberToObject(o, "cache_capacity_blocks", (double)w->cache_capacity_blocks);

@@ -62,7 +62,7 @@ static void test_param_errors(void **state) {
       {"kv_aware", "{\"load_weight\":1}",
        "params.load_weight: unknown parameter (valid: prefill_weight, decode_weight, "
        "inflight_weight, waiting_weight, kv_usage_weight, kv_usage_power, balance_epsilon, "
-       "balance_slack, prefill_gate_tokens, adapter_affinity)"},
+       "balance_slack, prefill_gate_tokens, adapter_affinity, session_weight)"},
       {"kv_aware", "[1]", "params: must be an object"},
       {"round_robin", "{\"x\":1}", "params.x: unknown parameter (valid: none)"},
       {"least_load", "{\"x\":1}", "params.x: unknown parameter (valid: none)"},

@@ -1161,6 +1161,87 @@ static void test_response_id_affinity(void **state) {
   fx_close(&f);
 }
 
+/* Open sessions (router_affinity.c): a stored response id counts on its worker until its
+ * follow-up names it, its window passes or it is evicted; the window is 30 s until a follow-up
+ * has been seen, then twice the mean wait from an id to its follow-up. The snapshot carries the
+ * count. */
+static void test_open_sessions(void **state) {
+  (void)state;
+  fx_t f;
+  kvr_config_init(&f.cfg);
+  char err[256];
+  for (int i = 0; i < 2; i++) {
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", 1 + i);
+    assert_int_equal(kvr_config_add_worker(&f.cfg, url, err, sizeof err), 0);
+  }
+  f.cfg.scrape_interval_ms = 0;
+  f.cfg.response_ids_max = 8;
+  f.r = kvr_router_new(&f.cfg, err, sizeof err);
+  assert_non_null(f.r);
+  kvr_router_t *r = f.r;
+  uint64_t t = 1000000000ull; /* 1 s */
+  kvr_router_set_clock(r, fake_clock, &t);
+  kvr_router_dispatch_t acct[2];
+  for (int s = 0; s < 2; s++) {
+    memset(&acct[s], 0, sizeof acct[s]);
+    acct[s].worker_id = r->slots[s]->id;
+  }
+  /* Three sessions answered on worker 0, one on worker 1. */
+  kvr_router_on_response_id(r, &acct[0], "resp_a1", 7);
+  kvr_router_on_response_id(r, &acct[0], "resp_b1", 7);
+  kvr_router_on_response_id(r, &acct[0], "resp_c1", 7);
+  kvr_router_on_response_id(r, &acct[1], "resp_d1", 7);
+  assert_int_equal(r->slots[0]->open_sessions, 3);
+  assert_int_equal(r->slots[1]->open_sessions, 1);
+  kvr_route_req_t req = {.block_chars = 64, .prompt_tokens = 100};
+  kvr_decision_t d;
+  kvr_router_decide(r, &req, NULL, false, &d);
+  assert_int_equal(d.snaps[0].open_sessions, 3);
+  assert_int_equal(d.snaps[1].open_sessions, 1);
+  /* Session a's next turn comes 4 s later: closed, and the wait learnt (the window is now 8 s);
+   * its answer opens it again. An id reported again opens nothing new; reported by another
+   * worker, its open session moves there. */
+  t += 4000000000ull;
+  assert_int_equal(kvr_router_on_response_lookup(r, "resp_a1", 7, t / 1000000u), 0);
+  assert_int_equal(r->slots[0]->open_sessions, 2);
+  assert_true(fabs(r->response_gap_ms - 4000) < 1e-9);
+  assert_int_equal(kvr_router_on_response_lookup(r, "resp_a1", 7, t / 1000000u), 0);
+  assert_int_equal(r->slots[0]->open_sessions, 2); /* a GET of it again: nothing left to close */
+  kvr_router_on_response_id(r, &acct[0], "resp_a2", 7);
+  kvr_router_on_response_id(r, &acct[0], "resp_a2", 7);
+  assert_int_equal(r->slots[0]->open_sessions, 3);
+  kvr_router_on_response_id(r, &acct[1], "resp_a2", 7);
+  assert_int_equal(r->slots[0]->open_sessions, 2);
+  assert_int_equal(r->slots[1]->open_sessions, 2);
+  kvr_router_on_response_id(r, &acct[0], "resp_a2", 7);
+  assert_int_equal(r->slots[0]->open_sessions, 3);
+  assert_int_equal(r->slots[1]->open_sessions, 1);
+  /* 9 s after the first answers (b1, c1, d1: 8 s window passed), 5 s after a2: only a2 is open. */
+  t += 4000000000ull + 1000000ull;
+  kvr_router_decide(r, &req, NULL, false, &d);
+  assert_int_equal(d.snaps[0].open_sessions, 1);
+  assert_int_equal(d.snaps[1].open_sessions, 0);
+  /* A follow-up after the window still finds its worker; it has nothing to close. */
+  assert_int_equal(kvr_router_on_response_lookup(r, "resp_b1", 7, t / 1000000u), 0);
+  assert_int_equal(r->slots[0]->open_sessions, 1);
+  /* Past the map's bound the evicted open ids close: 8 new ids on worker 1 push out the rest. */
+  char id[16];
+  for (int i = 0; i < 8; i++) {
+    snprintf(id, sizeof id, "resp_e%d", i);
+    kvr_router_on_response_id(r, &acct[1], id, strlen(id));
+  }
+  assert_int_equal(r->slots[0]->open_sessions, 0);
+  assert_int_equal(r->slots[1]->open_sessions, 8);
+  /* A drained worker's ids close without it (nothing to decrement). */
+  kvr_router_drain_worker(r, r->slots[1]->id);
+  t += 60000000000ull;
+  kvr_router_decide(r, &req, NULL, false, &d);
+  assert_int_equal(d.snaps[0].open_sessions, 0);
+  kvr_router_set_clock(r, NULL, NULL);
+  fx_close(&f);
+}
+
 /* ---- models (issue 35) ------------------------------------------------------------------------
  */
 
@@ -1896,15 +1977,15 @@ static void test_data_parallel(void **state) {
 
 KVR_TEST_MAIN(
     cmocka_unit_test(test_data_parallel), cmocka_unit_test(test_round_robin_and_tried),
-    cmocka_unit_test(test_response_id_affinity), cmocka_unit_test(test_look_changes_nothing),
-    cmocka_unit_test(test_accounting_and_drain), cmocka_unit_test(test_failures_mark_down),
-    cmocka_unit_test(test_policy_switch), cmocka_unit_test(test_scrape_parse),
-    cmocka_unit_test(test_requests_return_to_zero), cmocka_unit_test(test_index_follows_workers),
-    cmocka_unit_test(test_worker_limit), cmocka_unit_test(test_peer_rows_by_url),
-    cmocka_unit_test(test_scrape_and_reset), cmocka_unit_test(test_drain_remove_add),
-    cmocka_unit_test(test_accounting_invariant_random), cmocka_unit_test(test_injected_clock),
-    cmocka_unit_test(test_metrics_ops_families), cmocka_unit_test(test_metrics_process),
-    cmocka_unit_test(test_learning_refused_and_capped),
+    cmocka_unit_test(test_response_id_affinity), cmocka_unit_test(test_open_sessions),
+    cmocka_unit_test(test_look_changes_nothing), cmocka_unit_test(test_accounting_and_drain),
+    cmocka_unit_test(test_failures_mark_down), cmocka_unit_test(test_policy_switch),
+    cmocka_unit_test(test_scrape_parse), cmocka_unit_test(test_requests_return_to_zero),
+    cmocka_unit_test(test_index_follows_workers), cmocka_unit_test(test_worker_limit),
+    cmocka_unit_test(test_peer_rows_by_url), cmocka_unit_test(test_scrape_and_reset),
+    cmocka_unit_test(test_drain_remove_add), cmocka_unit_test(test_accounting_invariant_random),
+    cmocka_unit_test(test_injected_clock), cmocka_unit_test(test_metrics_ops_families),
+    cmocka_unit_test(test_metrics_process), cmocka_unit_test(test_learning_refused_and_capped),
     cmocka_unit_test(test_refused_prefill_leaves_clock),
     cmocka_unit_test(test_outlier_ejection_backoff_and_trial),
     cmocka_unit_test(test_ejection_keeps_a_worker), cmocka_unit_test(test_ejected_last_resort),
