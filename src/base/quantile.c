@@ -121,6 +121,11 @@ void kvr_quantile_sort(double *v, size_t n) {
       qsort(v, n, sizeof(*v), cmp_double);
       return;
     }
+  size_t run = 1;
+  while (run < n && !(v[run - 1] > v[run]))
+    run++;
+  if (run >= n)
+    return; /* sorted already (the stats sort some arrays twice): a stable sort moves nothing */
   if (n < SORT_SMALL) {
     for (size_t i = 1; i < n; i++) {
       double x = v[i];

@@ -1,7 +1,7 @@
 /* test_sim_tokens.c -- the simulated worker's tokenizer: prefix stability, word/id agreement,
  * chat rendering (with continue_final_message), and the multi-turn property (turn 2 carries turn
  * 1's prompt + answer verbatim, so it shares every full block turn 1 cached) checked through the
- * engine. */
+ * engine, and token ids as libxxhash's XXH32 gives them (the 4-byte chunks' spelled-out hash). */
 #include "base/kvr.h"
 #include "bench/sim/sim_engine.h"
 #include "bench/sim/sim_tokens.h"
@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <xxhash.h>
 
 #include "tests/test_util.h"
 
@@ -209,7 +210,27 @@ static void test_render_continue_final(void **state) {
   kvr_buf_free(&user);
 }
 
+/* Every chunk's id is XXH32 of its bytes (seed 0x6b7672) mod the vocabulary: 4-byte chunks of
+ * random bytes, of the words, and shorter ones (a prompt's last). */
+static void test_ids_are_xxh32(void **state) {
+  (void)state;
+  uint64_t rng = 99;
+  for (int i = 0; i < 1000000; i++) {
+    uint64_t r = kvr_splitmix64(&rng);
+    char c[4];
+    memcpy(c, &r, sizeof c);
+    size_t len = i % 10 == 9 ? (size_t)(r >> 40) % 4 : 4;
+    assert_int_equal(kvr_sim_tokens_id(c, len), XXH32(c, len, 0x6b7672u) % KVR_SIM_VOCAB);
+  }
+  for (uint32_t k = 0; k < 10000; k++) {
+    char w[KVR_SIM_TOKEN_BYTES];
+    kvr_sim_tokens_word(42, k, w);
+    assert_int_equal(kvr_sim_tokens_word_id(42, k), XXH32(w, 4, 0x6b7672u) % KVR_SIM_VOCAB);
+  }
+}
+
 KVR_TEST_MAIN(cmocka_unit_test(test_encode_prefix_stable), cmocka_unit_test(test_words),
               cmocka_unit_test(test_render_continue_final),
               cmocka_unit_test(test_render_chat_errors),
-              cmocka_unit_test(test_followup_hits_turn1_blocks))
+              cmocka_unit_test(test_followup_hits_turn1_blocks),
+              cmocka_unit_test(test_ids_are_xxh32))
