@@ -338,6 +338,7 @@ static void explain_answer(explain_t *x) {
     cJSON_AddNumberToObject(e, "active_tokens", (double)s->active_tokens);
     cJSON_AddNumberToObject(e, "queued_prefill_tokens", (double)s->queued_prefill_tokens);
     cJSON_AddNumberToObject(e, "prefill_backlog_tokens", (double)s->prefill_backlog_tokens);
+    cJSON_AddNumberToObject(e, "open_sessions", s->open_sessions);
     cJSON_AddBoolToObject(e, "metrics_fresh", s->metrics_fresh);
     cJSON_AddNumberToObject(e, "num_requests_running", s->num_requests_running);
     cJSON_AddNumberToObject(e, "num_requests_waiting", s->num_requests_waiting);

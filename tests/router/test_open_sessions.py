@@ -66,6 +66,13 @@ def test_open_sessions_are_counted_and_weighed():
             counts = open_sessions(r)
             assert abs(counts[a_worker] - counts[other]) <= 1, (i, counts)
         assert sum(open_sessions(r).values()) == 10
+        # route/explain shows each worker's count beside its cost (a look: nothing changes).
+        resp = request(r.admin_port, "POST", "/admin/route/explain",
+                       {"model": MODEL, "messages": [{"role": "user",
+                                                      "content": start_text("explained")}]})
+        assert resp.status == 200, resp.body[:300]
+        shown = {str(w["id"]): w["open_sessions"] for w in json.loads(resp.body)["workers"]}
+        assert shown == open_sessions(r), (shown, open_sessions(r))
 
 if __name__ == "__main__":
     sys.exit(h.run(TESTS, description=__doc__.splitlines()[0]))
