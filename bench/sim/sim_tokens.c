@@ -68,6 +68,11 @@ uint32_t kvr_sim_tokens_id(const char *chunk, size_t len) {
 }
 
 void kvr_sim_tokens_encode(const char *text, size_t len, kvr_sim_toks_t *out) {
+  size_t need = out->n + (len + KVR_SIM_TOKEN_BYTES - 1) / KVR_SIM_TOKEN_BYTES;
+  if (need > out->cap) { /* room for all of them at once, not a doubling every few thousand */
+    out->cap = KVR_MAX(need, 2 * out->cap);
+    out->v = kvr_xrealloc(out->v, out->cap * sizeof(*out->v));
+  }
   for (size_t i = 0; i < len; i += KVR_SIM_TOKEN_BYTES) {
     size_t n = KVR_MIN((size_t)KVR_SIM_TOKEN_BYTES, len - i);
     kvr_sim_toks_push(out, kvr_sim_tokens_id(text + i, n));

@@ -39,9 +39,12 @@
 #define TRACE_TTFT_MS 10000
 #define TRACE_TPOT_MS 100
 
-/* What a cell of each scenario costs, CPU seconds (its "seconds" in study.json of a one-seed
- * study on one thread, the binary at COSTS_AT: `kvrouter bench study --seeds 1 --jobs 1 --quiet
- * --trace ../shared/traces/mooncake_synthetic_trace.jsonl`). Only kvr_study_order reads them. */
+/* What a cell of each scenario costs, seconds: the mean of its three cells' "seconds" in the
+ * study.json of the whole study on two free cores at 6d67ad6 (`/usr/bin/time build/kvrouter bench
+ * study --quiet --trace ../shared/traces/mooncake_synthetic_trace.jsonl`, 10 min 25 s:
+ * bench/results/study/NOTES.md). The hot paths made faster since cut the scenarios' costs by
+ * different shares, so the order may be a little off; only kvr_study_order reads them, and an
+ * order that is off only delays when a cell starts, never what it finds. */
 #define COST_MULTITURN 30.2
 #define COST_DOCUMENTS 32.6
 #define COST_CONTROL 3.7
