@@ -636,8 +636,9 @@ static void router_head(kvr_vcluster_t *vc, vreq_t *q, int status) {
   }
   if (q->has_prompt)
     kvr_router_on_learn(r, &q->acct, q->prompt.blocks, q->prompt.nblocks);
-  /* proxy.c's take_response_id: the response.created event names the id it stored under */
-  if (q->resp_id[0] != '\0' && !vc->o.no_response_affinity)
+  /* proxy.c's take_response_id: the response.created event names the id it stored under (a
+   * "store": false request's is stored nowhere, and not kept) */
+  if (q->resp_id[0] != '\0' && !vc->o.no_response_affinity && (!q->has_prompt || q->prompt.store))
     kvr_router_on_response_id(r, &q->acct, q->resp_id, strlen(q->resp_id));
   push_q(vc, EV_CLIENT_HEAD, vc->now + ns_of(NET(vc)), q, 0);
 }

@@ -399,10 +399,12 @@ static size_t on_header(char *data, size_t size, size_t n, void *ud) {
 }
 
 /* A Responses answer names its id (its body, or the response.created event): the worker it came
- * from holds it now (when the worker stores responses), so the router remembers where it is. */
+ * from holds it now (when the worker stores responses), so the router remembers where it is. A
+ * request with "store": false is stored nowhere (vLLM answers 404 for its id on every worker):
+ * its id is not kept, nor counted as an open session whose next turn would come back here. */
 static void take_response_id(px_t *px, const kvr_openai_chunk_t *c) {
   if (c->response_id && px->route == KVR_ROUTE_RESPONSES && px->acct.open && px->status >= 200 &&
-      px->status < 300)
+      px->status < 300 && (!px->has_prompt || px->prompt.store))
     kvr_router_on_response_id(px->r, &px->acct, c->response_id, strlen(c->response_id));
 }
 

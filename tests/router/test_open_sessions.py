@@ -19,11 +19,13 @@ TESTS, test = h.registry()
 STORE_ENV = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
 
 
-def turn(r, text, prev=None):
+def turn(r, text, prev=None, store=None):
     """One Responses turn through the router: (the worker it went to, the answer's id)."""
     body = {"model": MODEL, "input": text, "max_output_tokens": 2}
     if prev is not None:
         body["previous_response_id"] = prev
+    if store is not None:
+        body["store"] = store
     resp = request(r.port, "POST", "/v1/responses", body)
     assert resp.status == 200, (resp.status, resp.body[:300])
     return resp.header("x-kvrouter-worker"), json.loads(resp.body)["id"]
@@ -73,6 +75,20 @@ def test_open_sessions_are_counted_and_weighed():
         assert resp.status == 200, resp.body[:300]
         shown = {str(w["id"]): w["open_sessions"] for w in json.loads(resp.body)["workers"]}
         assert shown == open_sessions(r), (shown, open_sessions(r))
+
+
+@test(timeout=40)
+def test_unstored_answers_open_no_session():
+    """"store": false: vLLM keeps nothing, so no next turn can name the answer: its id is not
+    remembered and opens no session (the counts stay 0); a stored answer then opens one."""
+    with Cleanup() as c:
+        sims = [c.add(Sim(fixed=(2, 1), env=STORE_ENV)), c.add(Sim(fixed=(2, 1), env=STORE_ENV))]
+        r = c.add(Router(sims, *FAST, "--worker-header", "true", "--policy", "kv_aware"))
+        for i in range(3):
+            turn(r, start_text("unstored %d" % i), store=False)
+        assert set(open_sessions(r).values()) == {0}, open_sessions(r)
+        w, _ = turn(r, start_text("stored"), store=True)
+        assert open_sessions(r)[w] == 1, open_sessions(r)
 
 if __name__ == "__main__":
     sys.exit(h.run(TESTS, description=__doc__.splitlines()[0]))

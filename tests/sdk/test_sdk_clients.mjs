@@ -336,9 +336,13 @@ async function main() {
   });
 
   // ---- Responses ----
+  // The repeats store nothing ("store": false): a stored answer opens a session whose next turn
+  // the router will pin to its worker, which kv_aware weighs against sending that worker more new
+  // sessions (policies/README.md "Open sessions"); an unstored one opens none, so the repeat
+  // follows its prefix alone. responses.retrieve below stores one.
   const rbody = { model: MODEL, instructions: SYSTEM,
                   input: "Describe the Danube in one line: where it rises, which capitals it passes.",
-                  max_output_tokens: 8 };
+                  max_output_tokens: 8, store: false };
   let respObj, respWorker;
   const respIds = []; // every Responses id handed out in this run
   await check("responses.create", async () => {
@@ -384,11 +388,18 @@ async function main() {
     assert.equal(deltas, respObj.output_text);
   });
   await check("responses.retrieve", async () => {
-    const { data: g, response } = await oai.responses.retrieve(respObj.id).withResponse();
-    assert.equal(g.id, respObj.id);
-    assert.equal(g.output_text, respObj.output_text);
-    assert.deepEqual(g.usage, respObj.usage);
+    // Stored this time: no session is open yet, so it too goes to the prefix's worker.
+    const { data: st, response: sr } = await oai.responses.create({ ...rbody, store: true }).withResponse();
+    assert.equal(workerOf(sr), respWorker, "the stored repeat goes to the worker holding its prefix");
+    assert.equal(st.output_text, respObj.output_text);
+    respIds.push(st.id);
+    const { data: g, response } = await oai.responses.retrieve(st.id).withResponse();
+    assert.equal(g.id, st.id);
+    assert.equal(g.output_text, st.output_text);
+    assert.deepEqual(g.usage, st.usage);
     assert.equal(workerOf(response), respWorker, "GET goes to the worker that stored it");
+    await assert.rejects(oai.responses.retrieve(respObj.id), (e) => e.status === 404,
+                         "an unstored answer is retrieved nowhere");
     return `worker ${respWorker}`;
   });
 
