@@ -10,9 +10,9 @@
  * Invariants: encode(a + b) == encode(a) + encode(b) whenever len(a) % 4 == 0 (prefix stability);
  * kvr_sim_tokens_word_id(s, k) == kvr_sim_tokens_id(word(s, k), 4).
  *
- * XXH32 is inlined (XXH_INLINE_ALL, the same function), and for the 4-byte chunks spelled out
- * (xxh32_of4): a call into libxxhash per chunk cost more than the hash (a 70 KB prompt of the
- * study's trace is 17,000 chunks).
+ * XXH32 is inlined (XXH_INLINE_ALL, the same function), and called with a constant length for the
+ * 4-byte chunks: a call into libxxhash per chunk, or its switch on the length, cost more than the
+ * hash (a 70 KB prompt of the study's trace is 17,000 chunks).
  */
 #define XXH_INLINE_ALL
 #include "sim_tokens.h"
@@ -42,28 +42,10 @@ void kvr_sim_toks_free(kvr_sim_toks_t *t) {
   t->n = t->cap = 0;
 }
 
-/* XXH32(p, 4, seed), spelled out: for fewer than 16 bytes xxHash's XXH32 is the seed plus
- * PRIME32_5 plus the length, one 4-byte round of XXH32_finalize and XXH32_avalanche (xxhash.h,
- * 0.8). Every token chunk but a prompt's last is 4 bytes, and the library's switch on the length
- * cost more than the hash; test_sim_tokens compares it with XXH32. */
-static inline uint32_t xxh32_of4(const char *p, uint32_t seed) {
-  const uint32_t prime2 = 0x85EBCA77u, prime3 = 0xC2B2AE3Du, prime4 = 0x27D4EB2Fu,
-                 prime5 = 0x165667B1u;
-  const unsigned char *b = (const unsigned char *)p;
-  uint32_t v = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-  uint32_t h = seed + prime5 + 4u;
-  h += v * prime3;
-  h = (h << 17 | h >> 15) * prime4;
-  h ^= h >> 15;
-  h *= prime2;
-  h ^= h >> 13;
-  h *= prime3;
-  h ^= h >> 16;
-  return h;
-}
-
+/* Every chunk but a prompt's last is 4 bytes: XXH32 called with the constant 4 lets the compiler
+ * fold the library's switch on the length away (inlined, it then costs what the hash does). */
 uint32_t kvr_sim_tokens_id(const char *chunk, size_t len) {
-  uint32_t h = len == 4 ? xxh32_of4(chunk, 0x6b7672u) : XXH32(chunk, len, 0x6b7672u);
+  uint32_t h = len == 4 ? XXH32(chunk, 4, 0x6b7672u) : XXH32(chunk, len, 0x6b7672u);
   return h % KVR_SIM_VOCAB;
 }
 

@@ -1,7 +1,8 @@
 /* test_sim_tokens.c -- the simulated worker's tokenizer: prefix stability, word/id agreement,
  * chat rendering (with continue_final_message), and the multi-turn property (turn 2 carries turn
  * 1's prompt + answer verbatim, so it shares every full block turn 1 cached) checked through the
- * engine, and token ids as libxxhash's XXH32 gives them (the 4-byte chunks' spelled-out hash). */
+ * engine, and token ids as libxxhash's XXH32 gives them (the 4-byte chunks' constant-length call).
+ */
 #include "base/kvr.h"
 #include "bench/sim/sim_engine.h"
 #include "bench/sim/sim_tokens.h"
