@@ -1302,6 +1302,26 @@ static void pump(kvr_proxy_t *p) {
 /* ---- timers -------------------------------------------------------------------------------------
  */
 
+/* The first-byte timeout fired and nothing of the answer reached the client: the request goes
+ * whole to another worker, as one whose worker failed before answering does (transfer_failed()),
+ * within the same bounds (MAX_ATTEMPTS, the retry budget); the timeout starts again there. Not a
+ * request pinned to the worker that stored the response it names (no other worker holds it: its
+ * 504 says the truth), nor a continuation (px->streaming: resume_stream() moves those on). */
+static bool first_byte_retry(px_t *px) {
+  if (px->got_byte || px->streaming || px->pin_slot >= 0 || px->attempts >= MAX_ATTEMPTS ||
+      !retry_allowed(px))
+    return false;
+  px->retried_error = KVR_REQ_ERROR_FIRST_BYTE_TIMEOUT;
+  KVR_WARN("proxy", "worker %s did not start responding in time; retrying elsewhere",
+           px->w ? px->w->label : "-");
+  if (px->w)
+    kvr_router_on_retry(px->r, &px->acct);
+  transfer_release(px);
+  account_end(px);
+  attempt(px);
+  return true;
+}
+
 static void on_timer(uv_timer_t *t) {
   px_t *px = t->data;
   tm_kind_t kind = px->tm;
@@ -1331,6 +1351,8 @@ static void on_timer(uv_timer_t *t) {
     kvr_router_on_health(px->r, px->w->id, false); /* accepted but never answered */
   if (kind == TM_FIRST_BYTE)
     kvr_router_on_result(px->r, &px->acct, false);
+  if (kind == TM_FIRST_BYTE && first_byte_retry(px))
+    return;
   kvr_router_on_request_error(px->r, kind == TM_FIRST_BYTE ? KVR_REQ_ERROR_FIRST_BYTE_TIMEOUT
                                                            : KVR_REQ_ERROR_IDLE_TIMEOUT);
   if (!px->streaming) {
@@ -1448,8 +1470,13 @@ static void no_worker(px_t *px) {
     /* The retry found no other worker: the request failed for the retried attempt's reason. */
     kvr_router_on_retries_exhausted(px->r);
     kvr_router_on_request_error(px->r, px->retried_error);
-    fail(px, 502, "upstream_error", "worker_failed", "%s",
-         "upstream worker failed and no other worker could take the request");
+    if (px->retried_error == KVR_REQ_ERROR_FIRST_BYTE_TIMEOUT)
+      fail(px, 504, "upstream_timeout", "worker_timeout", "%s",
+           "upstream worker did not start responding in time and no other worker could take the "
+           "request");
+    else
+      fail(px, 502, "upstream_error", "worker_failed", "%s",
+           "upstream worker failed and no other worker could take the request");
   }
   px_end(px);
 }

@@ -445,6 +445,47 @@ def test_silent_worker_first_byte_timeout_504():
             assert 0.35 < dt < 2.0, "504 after %.3fs with a 400 ms first-byte timeout" % dt
 
 
+@test(timeout=30)
+def test_hung_worker_first_byte_timeout_retried_elsewhere():
+    """A worker that takes requests and never answers (hung): a request that got no byte within the
+    first-byte timeout is sent whole to the other worker (nothing of it reached the client; issue
+    36), streamed or not, and answered there; a Responses follow-up pinned to the hung worker,
+    which stored its previous response, is not (no other worker holds that response): 504."""
+    with Cleanup() as c:
+        env = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+        a, b = c.add(Sim(env=env)), c.add(Sim(env=env))
+        r = c.add(Router([a, b], *FAST, "--policy", "round_robin", "--worker-header", "true",
+                         "--first-byte-timeout-ms", "400", "--fail-threshold", "100",
+                         "--outlier-consecutive-failures", "0"))
+        ids = {w["url"]: str(w["id"]) for w in r.workers()}
+        stored = {}
+        for i in range(2):  # round robin: one stored response on each worker
+            resp = request(r.port, "POST", "/v1/responses",
+                           {"model": MODEL, "input": "turn one of session %d" % i,
+                            "max_output_tokens": 2})
+            assert resp.status == 200, resp.body[:300]
+            stored[resp.header("x-kvrouter-worker")] = json.loads(resp.body)["id"]
+        assert set(stored) == set(ids.values()), stored
+        a.fault("hang")
+        for stream in (False, True, False, True):
+            t0 = time.monotonic()
+            resp = request(r.port, "POST", "/v1/chat/completions", chat_body(stream=stream),
+                           timeout=5)
+            assert resp.status == 200, (stream, resp.status, resp.body[:300])
+            assert resp.header("x-kvrouter-worker") == ids[b.url], resp.headers
+            assert time.monotonic() - t0 < 3.0
+        m = parse_prom_samples(r.metrics_text())
+        retried = prom_value(m, "kvrouter_worker_retries_total", worker=ids[a.url])
+        # round robin's turn moves with every decision, a retry's too: a got at least every other
+        assert 2 <= retried <= 4, retried
+        resp = request(r.port, "POST", "/v1/responses",
+                       {"model": MODEL, "input": "turn two", "max_output_tokens": 2,
+                        "previous_response_id": stored[ids[a.url]]}, timeout=5)
+        assert_openai_error(resp, 504)
+        assert resp.header("x-kvrouter-worker") in (None, ids[a.url]), resp.headers
+        a.fault("none")
+
+
 @test(timeout=15)
 def test_worker_dies_mid_stream():
     """A stream cut by the worker ends with an SSE error event and a clean end; a non-streaming
