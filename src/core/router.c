@@ -107,8 +107,7 @@ static uint64_t now_ms(const kvr_router_t *r) {
   return kvr_router_now_ns(r) / 1000000u;
 }
 
-/* The mutable worker of id, or NULL. */
-static kvr_worker_t *worker_by_id(kvr_router_t *r, uint32_t id) {
+kvr_worker_t *kvr__router_worker_by_id(kvr_router_t *r, uint32_t id) {
   for (size_t i = 0; i < r->nslots; i++)
     if (r->slots[i] && r->slots[i]->id == id)
       return r->slots[i];
@@ -262,7 +261,7 @@ static void worker_free(kvr_router_t *r, kvr_worker_t *w) {
 }
 
 int kvr_router_drain_worker(kvr_router_t *r, uint32_t id) {
-  kvr_worker_t *w = worker_by_id(r, id);
+  kvr_worker_t *w = kvr__router_worker_by_id(r, id);
   if (w == NULL)
     return KVR_ENOENT;
   w->state = KVR_WORKER_DRAINING;
@@ -273,10 +272,7 @@ int kvr_router_drain_worker(kvr_router_t *r, uint32_t id) {
 }
 
 const kvr_worker_t *kvr_router_worker_by_id(const kvr_router_t *r, uint32_t id) {
-  for (size_t i = 0; i < r->nslots; i++)
-    if (r->slots[i] && r->slots[i]->id == id)
-      return r->slots[i];
-  return NULL;
+  return kvr__router_worker_by_id((kvr_router_t *)r, id); /* read only: handed back const */
 }
 
 static kvr_worker_t *worker_serving(const kvr_router_t *r, const char *key) {
@@ -994,7 +990,7 @@ void kvr_router_on_retry(kvr_router_t *r, const kvr_router_dispatch_t *d) {
  */
 
 int kvr_router_on_health(kvr_router_t *r, uint32_t id, bool reachable) {
-  kvr_worker_t *w = worker_by_id(r, id);
+  kvr_worker_t *w = kvr__router_worker_by_id(r, id);
   if (w == NULL)
     return KVR_ENOENT;
   if (reachable) {
@@ -1070,7 +1066,7 @@ static void pages_on_end(kvr_router_t *r, kvr_worker_t *w, const kvr_router_disp
 }
 
 int kvr_router_on_scrape(kvr_router_t *r, uint32_t id, const kvr_vllm_metrics_t *m) {
-  kvr_worker_t *w = worker_by_id(r, id);
+  kvr_worker_t *w = kvr__router_worker_by_id(r, id);
   if (w == NULL)
     return KVR_ENOENT;
   w->engines_seen = m->engines;
@@ -1150,7 +1146,7 @@ static void log_models(const kvr_worker_t *w) {
 }
 
 int kvr_router_on_models(kvr_router_t *r, uint32_t id, kvr_vllm_models_t *m) {
-  kvr_worker_t *w = worker_by_id(r, id);
+  kvr_worker_t *w = kvr__router_worker_by_id(r, id);
   if (w == NULL)
     return KVR_ENOENT;
   bool changed = !same_ids(&w->models, m) || w->max_model_len != m->max_model_len;
@@ -1270,7 +1266,7 @@ bool kvr_router_model_unknown(const kvr_router_t *r, const char *model) {
 }
 
 int kvr_router_forget_cache(kvr_router_t *r, uint32_t id, uint64_t *forgotten) {
-  kvr_worker_t *w = worker_by_id(r, id);
+  kvr_worker_t *w = kvr__router_worker_by_id(r, id);
   if (w == NULL)
     return KVR_ENOENT;
   *forgotten = kvr_cache_index_entries(r->index, (size_t)w->slot);
@@ -1434,7 +1430,7 @@ void kvr_router_on_admission_reject(kvr_router_t *r, kvr_admission_reject_t why)
  */
 
 int kvr_router_set_worker_kv(kvr_router_t *r, uint32_t id, const char *events, const char *replay) {
-  kvr_worker_t *w = worker_by_id(r, id);
+  kvr_worker_t *w = kvr__router_worker_by_id(r, id);
   if (w == NULL)
     return KVR_ENOENT;
   free(w->kv_events);
@@ -1448,7 +1444,7 @@ int kvr_router_set_worker_kv(kvr_router_t *r, uint32_t id, const char *events, c
 }
 
 void kvr_router_on_kv_batch(kvr_router_t *r, uint32_t id, const kvr_kv_batch_t *b) {
-  kvr_worker_t *w = worker_by_id(r, id);
+  kvr_worker_t *w = kvr__router_worker_by_id(r, id);
   if (w == NULL)
     return;
   /* vLLM's rank R publishes on its own endpoint (port + R) and always names itself: a batch of
@@ -1466,13 +1462,13 @@ void kvr_router_on_kv_batch(kvr_router_t *r, uint32_t id, const kvr_kv_batch_t *
 }
 
 void kvr_router_on_kv_reset(kvr_router_t *r, uint32_t id) {
-  kvr_worker_t *w = worker_by_id(r, id);
+  kvr_worker_t *w = kvr__router_worker_by_id(r, id);
   if (w)
     kvr_kv_index_clear(r->kv_index, (size_t)w->slot);
 }
 
 void kvr_router_on_kv_mode(kvr_router_t *r, uint32_t id, bool precise, const char *mode) {
-  kvr_worker_t *w = worker_by_id(r, id);
+  kvr_worker_t *w = kvr__router_worker_by_id(r, id);
   if (w == NULL)
     return;
   if (w->kv_precise != precise)
@@ -1491,7 +1487,7 @@ void kvr_router_observe_tokenize(kvr_router_t *r, kvr_tokenize_result_t res, dou
 }
 
 void kvr_router_on_kv_stats(kvr_router_t *r, uint32_t id, const kvr_kv_stream_stats_t *st) {
-  kvr_worker_t *w = worker_by_id(r, id);
+  kvr_worker_t *w = kvr__router_worker_by_id(r, id);
   if (w)
     w->kv_stats = *st;
 }

@@ -769,6 +769,8 @@ int kvr_router_on_response_lookup(kvr_router_t *r, const char *id, size_t len, u
 /* Closes the open sessions (kvr_worker_t.open_sessions) whose window has passed at now_ms (the
  * router's clock); kvr_router_decide calls it before taking the snapshots. */
 void kvr__router_sessions_age(kvr_router_t *r, uint64_t now_ms);
+/* The mutable worker of id, or NULL when it is gone (router*.c only: they write worker state). */
+kvr_worker_t *kvr__router_worker_by_id(kvr_router_t *r, uint32_t id);
 
 /* Session keys: a request naming one (prompt_cache_key, or the --session-header value) prefers
  * the worker the key last went to (kvr_router_avoid_t.prefer_plus1), within the policy's load

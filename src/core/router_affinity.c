@@ -167,20 +167,12 @@ static int lookup(const kvr_router_t *r, const kvr_affinity_t *a, uint64_t *look
   return w->slot;
 }
 
-/* The mutable worker of id, or NULL when it is gone. */
-static kvr_worker_t *worker_of(kvr_router_t *r, uint32_t id) {
-  for (size_t i = 0; i < r->nslots; i++)
-    if (r->slots[i] && r->slots[i]->id == id)
-      return r->slots[i];
-  return NULL;
-}
-
 /* Closes the open session an entry stands for (its follow-up came, it aged out or was evicted). */
 static void session_close(kvr_router_t *r, slot_t *s) {
   if (s->open_ms == 0)
     return;
   s->open_ms = 0;
-  kvr_worker_t *w = worker_of(r, s->worker_id);
+  kvr_worker_t *w = kvr__router_worker_by_id(r, s->worker_id);
   if (w && w->open_sessions > 0)
     w->open_sessions--;
 }
@@ -223,7 +215,7 @@ void kvr_router_on_response_id(kvr_router_t *r, const kvr_router_dispatch_t *acc
     uint32_t open_ms = known->open_ms;
     session_close(r, known);
     known->worker_id = acct->worker_id;
-    kvr_worker_t *to = open_ms ? worker_of(r, acct->worker_id) : NULL;
+    kvr_worker_t *to = open_ms ? kvr__router_worker_by_id(r, acct->worker_id) : NULL;
     if (to) {
       known->open_ms = open_ms; /* its time stays: the ring holds it where it was first stored */
       to->open_sessions++;
@@ -235,7 +227,7 @@ void kvr_router_on_response_id(kvr_router_t *r, const kvr_router_dispatch_t *acc
     r->response_ids_evicted_total++;
     session_close(r, &gone);
   }
-  kvr_worker_t *w = worker_of(r, acct->worker_id);
+  kvr_worker_t *w = kvr__router_worker_by_id(r, acct->worker_id);
   if (w) {
     a->table[find(a, key)].open_ms = (uint32_t)now ? (uint32_t)now : 1;
     w->open_sessions++;
