@@ -1506,6 +1506,11 @@ bool kvr_router_model_is_adapter(const kvr_router_t *r, const char *model) {
   return false;
 }
 
+void kvr_router_kv_salts(const kvr_router_t *r, const char *model, const char *cache_salt,
+                         kvr_kv_salts_t *out) {
+  kvr_kv_request_salts(kvr_router_model_is_adapter(r, model) ? model : NULL, cache_salt, out);
+}
+
 uint32_t kvr_router_kv_tokenizer(const kvr_router_t *r, const char *model, const char **url) {
   uint64_t now = now_ms(r);
   for (size_t i = 0; i < r->nslots; i++) {

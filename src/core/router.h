@@ -518,6 +518,11 @@ uint32_t kvr_router_kv_tokenizer(const kvr_router_t *r, const char *model, const
  * worker's list, or an adapter of cfg->lora_adapters): vLLM keys such a request's blocks, and its
  * KV events, with the name (kv_decode.h's kvr_kv_request_salts). */
 bool kvr_router_model_is_adapter(const kvr_router_t *r, const char *model);
+/* The salts vLLM mixes into the blocks of a request for model with cache_salt (NULL: none): the
+ * adapter's name when model is one (kvr_router_model_is_adapter), and the cache_salt
+ * (kvr_kv_request_salts). */
+void kvr_router_kv_salts(const kvr_router_t *r, const char *model, const char *cache_salt,
+                         kvr_kv_salts_t *out);
 
 /* ---- replicas ----------------------------------------------------------------------------------
  */

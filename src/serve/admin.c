@@ -259,9 +259,7 @@ static void explain_ids(explain_t *x, const uint32_t *ids, size_t n, bool prefix
   uint64_t estimate = x->rr.prompt_tokens;
   free(x->chain);
   kvr_kv_salts_t salts;
-  kvr_kv_request_salts(kvr_router_model_is_adapter(x->a->r, x->prompt.model) ? x->prompt.model
-                                                                             : NULL,
-                       x->prompt.cache_salt, &salts);
+  kvr_router_kv_salts(x->a->r, x->prompt.model, x->prompt.cache_salt, &salts);
   x->chain = kvr_tokenize_route_req(ids, n, x->bs, &salts, &x->rr);
   if (prefix) /* a cached prefix's ids: the prompt is longer than they are */
     x->rr.prompt_tokens = KVR_MAX(estimate, (uint64_t)n);

@@ -1751,8 +1751,7 @@ static bool tokenize(px_t *px, kvr_route_t route) {
   if (bs == 0)
     return false;
   px->tok_block_size = bs;
-  kvr_kv_request_salts(kvr_router_model_is_adapter(px->r, px_model(px)) ? px_model(px) : NULL,
-                       px->prompt.cache_salt, &px->kv_salts);
+  kvr_router_kv_salts(px->r, px_model(px), px->prompt.cache_salt, &px->kv_salts);
   kvr_buf_t body = KVR_BUF_INIT;
   uint32_t *ids = NULL;
   size_t n = 0;
