@@ -1108,6 +1108,18 @@ static bool resume_stream(px_t *px, const char *why, const char *outcome) {
   return true;
 }
 
+/* Sends px's request whole to another worker: its attempt failed before any of the answer reached
+ * the client (transfer_failed(), or the first-byte timeout) and the caller checked the bounds
+ * (MAX_ATTEMPTS, the retry budget). reason is why, for the error a failed retry reports. */
+static void retry_elsewhere(px_t *px, kvr_req_error_t reason) {
+  px->retried_error = reason;
+  if (px->w)
+    kvr_router_on_retry(px->r, &px->acct);
+  transfer_release(px);
+  account_end(px);
+  attempt(px);
+}
+
 /* The transfer failed while the client is still there. */
 static void transfer_failed(px_t *px, CURL *easy, CURLcode rc) {
   kvr_router_t *r = px->r;
@@ -1156,15 +1168,10 @@ static void transfer_failed(px_t *px, CURL *easy, CURLcode rc) {
     return;
   }
   if (can_retry && px->attempts < MAX_ATTEMPTS && retry_allowed(px)) {
-    px->retried_error = reason;
     KVR_WARN("proxy", "worker %s failed %s (%s); retrying elsewhere", w ? w->label : "-",
              held_broke ? "mid-answer, before any byte reached the client" : "before responding",
              why);
-    if (w)
-      kvr_router_on_retry(r, &px->acct);
-    transfer_release(px);
-    account_end(px);
-    attempt(px);
+    retry_elsewhere(px, reason);
     return;
   }
   if (can_retry)
@@ -1311,14 +1318,9 @@ static bool first_byte_retry(px_t *px) {
   if (px->got_byte || px->streaming || px->pin_slot >= 0 || px->attempts >= MAX_ATTEMPTS ||
       !retry_allowed(px))
     return false;
-  px->retried_error = KVR_REQ_ERROR_FIRST_BYTE_TIMEOUT;
   KVR_WARN("proxy", "worker %s did not start responding in time; retrying elsewhere",
            px->w ? px->w->label : "-");
-  if (px->w)
-    kvr_router_on_retry(px->r, &px->acct);
-  transfer_release(px);
-  account_end(px);
-  attempt(px);
+  retry_elsewhere(px, KVR_REQ_ERROR_FIRST_BYTE_TIMEOUT);
   return true;
 }
 
