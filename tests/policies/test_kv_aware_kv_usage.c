@@ -19,15 +19,10 @@
 
 #include "base/kvr.h"
 #include "policies/policy.h"
+#include "tests/policies/policy_test.h"
 
 static kvr_policy_t *make(const char *params) {
-  char err[256] = "";
-  cJSON *j = params ? cJSON_Parse(params) : NULL;
-  kvr_policy_t *p = kvr_policy_create("kv_aware", j, 3, err, sizeof(err));
-  cJSON_Delete(j);
-  if (p == NULL)
-    fail_msg("create kv_aware %s: %s", params ? params : "{}", err);
-  return p;
+  return kvr_test_policy_make("kv_aware", params, 3);
 }
 
 /* n idle, usable workers with fresh metrics (no queue, empty cache) of equal capacity. */
@@ -78,14 +73,8 @@ static void test_defaults_and_bounds(void **state) {
       {"{\"kv_usage_power\":65}", "params.kv_usage_power: must be <= 64"},
       {"{\"kv_usage_power\":\"4\"}", "params.kv_usage_power: must be a number"},
   };
-  for (size_t i = 0; i < KVR_ARRAY_SIZE(bad); i++) {
-    cJSON *j = cJSON_Parse(bad[i].params);
-    char err[256] = "";
-    kvr_policy_t *q = kvr_policy_create("kv_aware", j, 1, err, sizeof(err));
-    cJSON_Delete(j);
-    if (q != NULL || strcmp(err, bad[i].err) != 0)
-      fail_msg("%s: got '%s', want '%s'", bad[i].params, err, bad[i].err);
-  }
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(bad); i++)
+    kvr_test_policy_refuses("kv_aware", bad[i].params, bad[i].err);
   kvr_policy_t *frac = make("{\"kv_usage_power\":2.5}"); /* any real power >= 1 */
   kvr_policy_destroy(frac);
 }

@@ -20,15 +20,10 @@
 
 #include "base/kvr.h"
 #include "policies/policy.h"
+#include "tests/policies/policy_test.h"
 
 static kvr_policy_t *make(const char *params) {
-  char err[256] = "";
-  cJSON *j = params ? cJSON_Parse(params) : NULL;
-  kvr_policy_t *p = kvr_policy_create("kv_aware", j, 5, err, sizeof(err));
-  cJSON_Delete(j);
-  if (p == NULL)
-    fail_msg("create kv_aware %s: %s", params ? params : "{}", err);
-  return p;
+  return kvr_test_policy_make("kv_aware", params, 5);
 }
 
 /* The study's agentic-responses fleet mid-run: 4 workers with 24 requests in flight each (~1,400
@@ -74,14 +69,8 @@ static void test_defaults_and_bounds(void **state) {
       {"{\"session_weight\":\"1024\"}", "params.session_weight: must be a number"},
       {"{\"session_weight\":1e13}", "params.session_weight: must be <= 1e+12"},
   };
-  for (size_t i = 0; i < KVR_ARRAY_SIZE(bad); i++) {
-    cJSON *j = cJSON_Parse(bad[i].params);
-    char err[256] = "";
-    kvr_policy_t *q = kvr_policy_create("kv_aware", j, 1, err, sizeof(err));
-    cJSON_Delete(j);
-    if (q != NULL || strcmp(err, bad[i].err) != 0)
-      fail_msg("%s: got '%s', want '%s'", bad[i].params, err, bad[i].err);
-  }
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(bad); i++)
+    kvr_test_policy_refuses("kv_aware", bad[i].params, bad[i].err);
 }
 
 /* The term is exactly session_weight x open_sessions, added to the rest of the cost; 0 turns it

@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "tests/policies/policy_test.h"
 #include "tests/test_util.h"
 
 #include "base/kvr.h"
@@ -89,15 +90,8 @@ static void test_param_errors(void **state) {
        "params.maxTTFTPenaltyMs: unknown parameter (valid: prefix_weight, kv_cache_weight, "
        "queue_weight, affinity_threshold, exploration_probability, max_ttft_penalty_tokens)"},
   };
-  for (size_t i = 0; i < KVR_ARRAY_SIZE(cases); i++) {
-    cJSON *params = cJSON_Parse(cases[i].params);
-    assert_non_null(params);
-    char err[512] = "";
-    kvr_policy_t *p = kvr_policy_create(cases[i].policy, params, 1, err, sizeof(err));
-    if (p != NULL || strcmp(err, cases[i].err) != 0)
-      fail_msg("case %zu: got '%s', want '%s'", i, err, cases[i].err);
-    cJSON_Delete(params);
-  }
+  for (size_t i = 0; i < KVR_ARRAY_SIZE(cases); i++)
+    kvr_test_policy_refuses(cases[i].policy, cases[i].params, cases[i].err);
   /* Valid values are accepted and written back. */
   cJSON *params = cJSON_Parse("{\"decode_weight\":0.25,\"balance_epsilon\":1}");
   char err[256];
@@ -273,13 +267,7 @@ static void test_contract_all_policies(void **state) {
 /* --- each policy's own rules ------------------------------------------------------------------ */
 
 static kvr_policy_t *make(const char *name, const char *params) {
-  char err[256];
-  cJSON *j = params ? cJSON_Parse(params) : NULL;
-  kvr_policy_t *p = kvr_policy_create(name, j, 3, err, sizeof(err));
-  cJSON_Delete(j);
-  if (p == NULL)
-    fail_msg("create %s: %s", name, err);
-  return p;
+  return kvr_test_policy_make(name, params, 3);
 }
 
 static void idle_workers(kvr_worker_snap_t *w, size_t n) {
